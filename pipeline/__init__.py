@@ -1,0 +1,1 @@
+"""decision-pipeline: the library of stage functions (never imports Prefect)."""

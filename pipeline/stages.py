@@ -1,0 +1,64 @@
+"""The pipeline's stages by name: what `dvc.yaml` runs and what the Prefect flows call.
+
+python -m pipeline.stages dataset      # the command each dvc.yaml stage runs
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from pipeline.config import PARAMS_FILE, load_params
+
+
+def run_dataset(params: dict[str, Any], root: Path) -> dict[str, Any]:
+    """Build the embedded VADER dataset (`dataset` in params.yaml)."""
+    from pipeline.dataset import build_dataset
+
+    return asdict(build_dataset(params["dataset"], root))
+
+
+def run_validate(params: dict[str, Any], root: Path) -> dict[str, Any]:
+    """Validate the dataset, split it, and write the report with the split summary."""
+    from pipeline.split import split_holdout
+    from pipeline.validate import validate_file
+
+    config = params["validate"]
+    data = validate_file(root / config.data)
+    report = data.report.to_dict() | {"split": split_holdout(data.records, config).summary()}
+    out = root / config.report
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=2) + "\n")
+    return report
+
+
+# name -> (function, the module whose code the stage runs); dvc.yaml must list the same stages.
+STAGES: dict[str, tuple[Callable[[dict[str, Any], Path], dict[str, Any]], str]] = {
+    "dataset": (run_dataset, "pipeline/dataset.py"),
+    "validate": (run_validate, "pipeline/validate.py"),
+}
+
+
+def run_stage(name: str, params_file: str | Path = PARAMS_FILE, root: str | Path = ".") -> dict[str, Any]:
+    """Run one stage with the params from `params_file`."""
+    if name not in STAGES:
+        raise KeyError(f"unknown stage {name!r}; stages: {', '.join(STAGES)}")
+    return STAGES[name][0](load_params(Path(root) / params_file), Path(root))
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 1 or args[0] not in STAGES:
+        print(f"usage: python -m pipeline.stages {{{','.join(STAGES)}}}", file=sys.stderr)
+        return 2
+    result = run_stage(args[0])
+    print(json.dumps({k: v for k, v in result.items() if k != "examples"}, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,45 @@
+"""`decision validate`: its exit codes and its JSON output."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from pipeline import synthetic
+from pipeline.cli import main
+
+
+def test_json_report_and_exit_zero(capsys, synthetic_file):
+    assert main(["validate", str(synthetic_file), "--slice", "0:60", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["rows"] == 60 and report["kept"] + report["skipped_total"] == report["decisions"]
+    assert all(set(example) == {"row", "question_id", "value"} for example in report["examples"].values())
+
+
+def test_table_output_names_each_reason(capsys, synthetic_file):
+    assert main(["validate", str(synthetic_file)]) == 0
+    out = capsys.readouterr().out
+    assert "invalid_json" in out and "kept" in out
+
+
+def test_nothing_usable_exits_two(tmp_path, capsys):
+    path = synthetic.write_rows([row for row, _, _ in synthetic.broken_rows()][:4], tmp_path / "bad.jsonl")
+    assert main(["validate", str(path)]) == 2
+    assert "no usable decision" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "args", [["missing.jsonl"], ["rows.jsonl", "--slice", "500:600"], ["rows.jsonl", "--slice", "x"]]
+)
+def test_unreadable_input_or_bad_slice_exits_one(tmp_path, capsys, args):
+    synthetic.write_rows(synthetic.generate_rows(10), tmp_path / "rows.jsonl")
+    assert main(["validate", str(tmp_path / args[0]), *args[1:]]) == 1
+    assert "decision validate:" in capsys.readouterr().err
+
+
+def test_console_script_help():
+    result = subprocess.run(
+        [sys.executable, "-m", "pipeline.cli", "validate", "--help"], capture_output=True, text=True
+    )
+    assert result.returncode == 0 and "--slice" in result.stdout

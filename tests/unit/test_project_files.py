@@ -1,0 +1,52 @@
+"""Every shipped config loads, and dvc.yaml runs exactly the stage functions the library registers."""
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from pipeline.config import ConfigError, DatasetConfig, ValidateConfig, load_params, section_config
+from pipeline.stages import STAGES
+
+
+def test_params_yaml_loads_into_configs(project_root):
+    params = load_params(project_root / "params.yaml")
+    assert isinstance(params["dataset"], DatasetConfig)
+    assert params["validate"].holdout_max_decisions == 400
+    assert params["validate"].holdout_fraction == 0.1
+
+
+def test_dvc_stages_match_the_registered_stage_functions(project_root):
+    dvc = yaml.safe_load((project_root / "dvc.yaml").read_text())["stages"]
+    assert set(dvc) == set(STAGES)
+    for name, stage in dvc.items():
+        assert stage["cmd"] == f"python -m pipeline.stages {name}"
+        module = STAGES[name][1]
+        assert module in stage["deps"], f"dvc.yaml stage {name} must depend on {module}"
+        assert (project_root / module).is_file()
+        assert all(
+            section in yaml.safe_load((project_root / "params.yaml").read_text())
+            for section in stage["params"]
+        )
+
+
+def test_dvc_lock_pins_the_dataset(project_root):
+    lock = yaml.safe_load((project_root / "dvc.lock").read_text())
+    outs = {o["path"] for stage in lock["stages"].values() for o in stage["outs"]}
+    assert "data/processed/vader.jsonl" in outs
+
+
+def test_bad_config_values_name_the_key():
+    with pytest.raises(ConfigError, match="holdout_fraction"):
+        ValidateConfig(holdout_fraction=1.5)
+    with pytest.raises(ConfigError, match="unknown key"):
+        section_config("validate", {"holdout_max": 3})
+
+
+def test_mlflow_folder_is_not_a_python_package(project_root):
+    assert not (Path(project_root) / "mlflow" / "__init__.py").exists()
+
+
+def test_pipeline_never_imports_prefect(project_root):
+    offenders = [p.name for p in (project_root / "pipeline").glob("*.py") if "prefect" in p.read_text()]
+    assert offenders == []

@@ -1,0 +1,43 @@
+"""The held-out split: whole rows, stable under reordering and growth, within its caps."""
+
+import random
+
+from pipeline import synthetic
+from pipeline.config import ValidateConfig
+from pipeline.split import split_holdout
+from pipeline.validate import validate_rows
+
+
+def _ids(records):
+    return {r.content_hash() for r in records}
+
+
+def test_split_is_stable_when_rows_are_reordered_or_added():
+    rows = synthetic.generate_rows(600, seed=1)
+    config = ValidateConfig(holdout_max_decisions=10_000, holdout_fraction=0.1)
+    before = split_holdout(validate_rows(rows).records, config)
+    shuffled = rows[:]
+    random.Random(0).shuffle(shuffled)
+    grown = shuffled + synthetic.generate_rows(300, seed=2)
+    after = split_holdout(validate_rows(grown).records, config)
+    assert _ids(before.heldout) <= _ids(after.heldout)
+    assert _ids(before.train) <= _ids(after.train)
+    assert _ids(before.heldout) == _ids(split_holdout(validate_rows(shuffled).records, config).heldout)
+
+
+def test_split_respects_both_caps_and_keeps_rows_whole():
+    records = validate_rows(synthetic.generate_rows(2000, seed=4)).records
+    for config in (ValidateConfig(holdout_max_decisions=60), ValidateConfig(holdout_fraction=0.02)):
+        split = split_holdout(records, config)
+        decisions = sum(len(r.decisions) for r in split.heldout)
+        assert 0 < decisions <= min(config.holdout_max_decisions, config.holdout_fraction * 6000)
+        assert not _ids(split.heldout) & _ids(split.train)
+        assert len(split.train) + len(split.heldout) == len(records)
+
+
+def test_tiny_sets_hold_out_one_row_but_never_the_last():
+    records = validate_rows(synthetic.generate_rows(3, seed=5)).records
+    split = split_holdout(records, ValidateConfig())
+    assert len(split.heldout) == 1 and len(split.train) == 2
+    single = split_holdout(records[:1], ValidateConfig())
+    assert single.heldout == [] and len(single.train) == 1

@@ -21,7 +21,7 @@ def _validate(args: argparse.Namespace) -> int:
     from pipeline.validate import validate_file
 
     try:
-        data = validate_file(args.data, RowSlice.parse(args.slice))
+        data = validate_file(args.data, RowSlice.parse(args.slice), with_records=False)
     except (UnreadableInput, BadSlice) as error:
         print(f"decision validate: {error}", file=sys.stderr)
         return EXIT_UNREADABLE

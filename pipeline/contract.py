@@ -240,20 +240,26 @@ def _soft_target(spec: QuestionSpec, entry: dict) -> tuple[float, ...] | bool | 
     if raw is None:
         return None
     if isinstance(raw, dict):
-        index = spec.option_index
-        if not all(key in index for key in raw):
-            if not all(str(key) in index for key in raw):
+        if not spec.option_index.keys() >= raw.keys():
+            raw = {str(key): value for key, value in raw.items()}  # e.g. integer level keys of a score
+            if not spec.option_index.keys() >= raw.keys():
                 return False
-            raw = {str(key): value for key, value in raw.items()}
         values = [raw.get(option, 0.0) for option in spec.question.options]
     elif isinstance(raw, list) and len(raw) == spec.n_options:
         values = raw
     else:
         return False
-    if not all(map(_is_probability, values)):
+    return _distribution(values)
+
+
+def _distribution(values: list) -> tuple[float, ...] | bool:
+    """The values as a normalised distribution, or False unless they are probabilities summing to 1."""
+    try:
+        total = sum(values)  # NaN or inf make the total fail the test below; text raises TypeError
+        valid = abs(total - 1.0) <= PROBABILITY_TOLERANCE and min(values) >= 0.0 and max(values) <= 1.0
+    except TypeError:
         return False
-    total = float(sum(values))
-    if abs(total - 1.0) > PROBABILITY_TOLERANCE:
+    if not valid:
         return False
     return tuple(v / total for v in values)
 

@@ -1,6 +1,6 @@
 """Validate decision rows: parse facts per decision, judge them with a pandera schema, count skips by reason.
 
-Parsing (`pipeline.contract`) turns each row into flat per-decision facts; the pandera schema below holds the
+Parsing (`pipeline.facts`) turns each row into flat per-decision facts; the pandera schema below holds the
 rules, one named check per reason code, evaluated column-wise over all decisions at once. A decision that fails
 several checks is counted under the first reason in `contract.REASONS`. Nothing raises on a bad row.
 
@@ -9,10 +9,8 @@ several checks is counted under the first reason in `contract.REASONS`. Nothing 
 
 from __future__ import annotations
 
-import gc
 import hashlib
 import time
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -23,7 +21,8 @@ import pandas as pd
 import pandera.pandas as pa
 
 from pipeline import contract
-from pipeline.contract import Gold, Question, QuestionSpec
+from pipeline.contract import Gold, Question
+from pipeline.facts import Facts, collect_facts, gc_paused
 from pipeline.read import RawColumns, RowSlice, columns_from_rows, read_columns
 
 _EXAMPLE_CHARS = 200
@@ -131,54 +130,22 @@ class ValidatedData:
     report: ValidationReport
 
 
-@dataclass
-class _Facts:
-    """Per-decision facts in columns; question-level facts are indices into a table of distinct specs."""
+def validate_columns(columns: RawColumns, first_row: int = 0, with_records: bool = True) -> ValidatedData:
+    """Validate raw cells (native values or JSON text); never raises on a bad row.
 
-    specs: list[QuestionSpec | None] = field(default_factory=lambda: [None])  # 0: no question (row error)
-    row: list[int] = field(default_factory=list)
-    spec: list[int] = field(default_factory=list)
-    row_error: list[int] = field(default_factory=list)  # 0, or 1 + index in ROW_REASONS
-    state_chars: list[int] = field(default_factory=list)
-    has_gold: list[bool] = field(default_factory=list)
-    label_ok: list[bool] = field(default_factory=list)
-    probabilities_ok: list[bool] = field(default_factory=list)
-    gold: list[Gold | None] = field(default_factory=list)
-    states: dict[int, Any] = field(default_factory=dict)  # parsed state, gold and questions of readable rows
-    golds: dict[int, Any] = field(default_factory=dict)
-    questions: dict[int, bytes] = field(default_factory=dict)
-
-    def add_row_error(self, row: int, code: str, n_decisions: int) -> None:
-        code_id = 1 + contract.ROW_REASONS.index(code)
-        for _ in range(n_decisions):
-            self._add(row, 0, code_id, 0, False, False, False, None)
-
-    def _add(self, row, spec, error, chars, has_gold, label_ok, probabilities_ok, gold) -> None:
-        self.row.append(row)
-        self.spec.append(spec)
-        self.row_error.append(error)
-        self.state_chars.append(chars)
-        self.has_gold.append(has_gold)
-        self.label_ok.append(label_ok)
-        self.probabilities_ok.append(probabilities_ok)
-        self.gold.append(gold)
-
-
-def validate_columns(columns: RawColumns, first_row: int = 0) -> ValidatedData:
-    """Validate raw cells (native values or JSON text); never raises on a bad row."""
+    `with_records=False` gives the report alone (what `decision validate` prints), skipping the records that
+    training needs.
+    """
     started = time.perf_counter()
-    with _gc_paused():
+    with gc_paused():
         facts = collect_facts(columns, first_row)
         parsed = time.perf_counter()
         reasons = judge(facts)
         judged = time.perf_counter()
         report = _report(columns, facts, reasons, first_row)
-        records = _records(facts, reasons)
-    report.seconds = {
-        "parse": parsed - started,
-        "schema": judged - parsed,
-        "collect": time.perf_counter() - judged,
-    }
+        records = _records(facts, reasons) if with_records else []
+    seconds = {"parse": parsed - started, "schema": judged - parsed, "collect": time.perf_counter() - judged}
+    report.seconds = seconds
     return ValidatedData(records, report)
 
 
@@ -187,130 +154,25 @@ def validate_rows(rows: list[dict[str, Any]], first_row: int = 0) -> ValidatedDa
     return validate_columns(columns_from_rows(rows), first_row)
 
 
-def validate_file(path: str | Path, row_slice: RowSlice = RowSlice()) -> ValidatedData:
+def validate_file(
+    path: str | Path, row_slice: RowSlice = RowSlice(), with_records: bool = True
+) -> ValidatedData:
     """Read the slice of a decision file (Arrow first, Python objects for the slice only) and validate it."""
     started = time.perf_counter()
-    with _gc_paused():
+    with gc_paused():
         columns, total = read_columns(path, row_slice)
     read_seconds = time.perf_counter() - started
-    data = validate_columns(columns, first_row=row_slice.start)
+    data = validate_columns(columns, row_slice.start, with_records)
     data.report.source, data.report.slice, data.report.file_rows = str(path), str(row_slice), total
     data.report.seconds["read"] = read_seconds
     return data
 
 
-@contextmanager
-def _gc_paused():
-    # Parsing allocates millions of small containers and none of them form cycles; the cyclic collector
-    # would otherwise rescan the growing heap again and again (measured: 3-4x slower on 1M decisions).
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if enabled:
-            gc.enable()
-
-
-def collect_facts(columns: RawColumns, first_row: int = 0) -> _Facts:
-    """Parse every row into per-decision facts; each distinct `questions` cell is parsed once."""
-    facts = _Facts()
-    cache: dict[Any, tuple[contract.ParsedQuestions, int]] = {}
-    for offset, (state_cell, questions_cell, gold_cell) in enumerate(
-        zip(columns.state, columns.questions, columns.gold)
-    ):
-        parsed, base = _cached_questions(questions_cell, cache, facts.specs)
-        row = first_row + offset
-        if parsed.error in ("invalid_json", "missing_questions"):
-            facts.add_row_error(row, parsed.error, 1)
-            continue
-        error, state, gold = _state_and_gold(state_cell, gold_cell, parsed.error)
-        if error:
-            facts.add_row_error(row, error, len(parsed.specs))
-            continue
-        facts.states[row], facts.golds[row], facts.questions[row] = state, gold, parsed.canonical
-        _add_decisions(facts, row, parsed.specs, base, state, gold)
-    return facts
-
-
-def _cached_questions(cell, cache, specs) -> tuple[contract.ParsedQuestions, int]:
-    key = cell if isinstance(cell, str | bytes) or cell is None else _native_key(cell)
-    hit = cache.get(key)
-    if hit is None:
-        parsed = contract.parse_questions(cell)
-        hit = cache[key] = (parsed, len(specs))
-        specs.extend(parsed.specs)
-    return hit
-
-
-def _native_key(cell: Any) -> Any:
-    try:
-        return ("native", contract.canonical_json(cell))
-    except (TypeError, orjson.JSONEncodeError):
-        return ("unhashable", id(cell))
-
-
-def _state_and_gold(state_cell: Any, gold_cell: Any, questions_error: str | None):
-    try:
-        state = contract.parse_state(state_cell)
-        gold = contract.parse_json_cell(gold_cell)
-    except contract.Unreadable:
-        return "invalid_json", None, None
-    if contract.is_missing(state):
-        return "missing_state", None, None
-    if contract.is_missing(gold) or not isinstance(gold, dict):
-        return "missing_gold", None, None
-    return questions_error, state, gold
-
-
-def _add_decisions(facts: _Facts, row: int, specs, base: int, state: Any, gold: dict) -> None:
-    state_chars = len(state) if isinstance(state, str) else len(contract.state_text(state))
-    judge_gold, n = contract.judge_gold, len(specs)
-    verdicts = [
-        None if entry is None or entry == "" or entry == {} else judge_gold(spec, entry)
-        for spec, entry in ((s, gold.get(s.id) if s.criteria_ok else None) for s in specs)
-    ]
-    verdicts_or_none = [(False, False, None) if v is None else v for v in verdicts]
-    facts.row.extend([row] * n)
-    facts.spec.extend(range(base, base + n))
-    facts.row_error.extend([0] * n)
-    facts.state_chars.extend([state_chars] * n)
-    facts.has_gold.extend([v is not None for v in verdicts])
-    facts.label_ok.extend([v[0] for v in verdicts_or_none])
-    facts.probabilities_ok.extend([v[1] for v in verdicts_or_none])
-    facts.gold.extend([v[2] for v in verdicts_or_none])
-
-
-def facts_frame(facts: _Facts) -> pd.DataFrame:
-    """The facts as the DataFrame the schema validates: question-level columns gathered from the spec table."""
-    spec_ids = np.asarray(facts.spec, dtype=np.int64)
-    specs = facts.specs
-
-    def gather(values: list, dtype) -> np.ndarray:
-        return np.asarray(values, dtype=dtype)[spec_ids]
-
-    types = [s.type if s else None for s in specs]
-    return pd.DataFrame({
-        "row": np.asarray(facts.row, dtype=np.int64),
-        "row_error": pd.Categorical.from_codes(np.asarray(facts.row_error) - 1, categories=contract.ROW_REASONS),
-        "question_ok": gather([bool(s and s.question_ok) for s in specs], bool),
-        "question_type": pd.Categorical(gather(types, object)),
-        "criteria_ok": gather([bool(s and s.criteria_ok) for s in specs], bool),
-        "n_options": gather([s.n_options if s else 0 for s in specs], np.int64),
-        "n_distinct": gather([s.n_distinct if s else 0 for s in specs], np.int64),
-        "question_chars": gather([s.chars if s else 0 for s in specs], np.int64),
-        "state_chars": np.asarray(facts.state_chars, dtype=np.int64),
-        "has_gold": np.asarray(facts.has_gold, dtype=bool),
-        "label_ok": np.asarray(facts.label_ok, dtype=bool),
-        "probabilities_ok": np.asarray(facts.probabilities_ok, dtype=bool),
-    })  # fmt: skip
-
-
-def judge(facts: _Facts) -> np.ndarray:
+def judge(facts: Facts) -> np.ndarray:
     """Per decision, the index in `contract.REASONS` it is skipped for, or -1 when kept (decided by pandera)."""
-    if not facts.row:
+    if not facts.verdicts:
         return np.zeros(0, dtype=np.int64)
-    frame = facts_frame(facts)
+    frame = facts.frame()
     try:
         build_schema().validate(frame, lazy=True)
         return np.full(len(frame), -1, dtype=np.int64)
@@ -331,14 +193,14 @@ def _first_reasons(failure_cases: pd.DataFrame, n: int) -> np.ndarray:
     return best
 
 
-def _report(columns: RawColumns, facts: _Facts, reasons: np.ndarray, first_row: int) -> ValidationReport:
+def _report(columns: RawColumns, facts: Facts, reasons: np.ndarray, first_row: int) -> ValidationReport:
     skipped, examples = {}, {}
     codes, first_index, counts = np.unique(reasons, return_index=True, return_counts=True)
+    rows, spec_ids = facts.decision_rows(), facts.decision_specs()
     for code, index, count in zip(codes.tolist(), first_index.tolist(), counts.tolist()):
         if code < 0:
             continue
-        reason, row = contract.REASONS[code], facts.row[index]
-        spec = facts.specs[facts.spec[index]]
+        reason, row, spec = contract.REASONS[code], int(rows[index]), facts.specs[spec_ids[index]]
         question_id = spec.id if spec else None
         value = _offending_value(reason, columns.row(row - first_row), question_id)
         skipped[reason] = count
@@ -395,14 +257,18 @@ def _truncate(value: Any) -> str:
     return text if len(text) <= _EXAMPLE_CHARS else text[: _EXAMPLE_CHARS - 1] + "…"
 
 
-def _records(facts: _Facts, reasons: np.ndarray) -> list[Record]:
-    by_row: dict[int, list[Decision]] = {}
-    for index in np.flatnonzero(reasons < 0).tolist():
-        row = facts.row[index]
-        by_row.setdefault(row, []).append(
-            Decision(row, facts.specs[facts.spec[index]].question, facts.gold[index])
+def _records(facts: Facts, reasons: np.ndarray) -> list[Record]:
+    """Records of the rows with at least one kept decision, each with its kept decisions in question order."""
+    kept, specs, verdicts, records, start = (reasons < 0).tolist(), facts.specs, facts.verdicts, [], 0
+    for row, base, count, error in zip(facts.row_index, facts.row_base, facts.row_count, facts.row_error):
+        end, first = start + count, start
+        start = end
+        if error or not any(kept[first:end]):
+            continue
+        decisions = tuple(
+            Decision(row, specs[base + i].question, verdicts[first + i][2])
+            for i in range(count)
+            if kept[first + i]
         )
-    return [
-        Record(row, facts.states[row], tuple(decisions), facts.golds[row], facts.questions[row])
-        for row, decisions in by_row.items()
-    ]
+        records.append(Record(row, facts.states[row], decisions, facts.golds[row], facts.questions[row]))
+    return records

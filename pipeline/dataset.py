@@ -136,13 +136,20 @@ def decision_row(source: str, sentence_id: str, text: str, ratings: list[int]) -
         "questions": QUESTIONS,
         "gold": {
             "tone": {"label": _majority(tone, mean), "probabilities": tone},
-            "is_negative": {"label": "true" if p_negative > 0.5 else "false", "noul": p_negative},
-            "is_positive": {"label": "true" if p_positive > 0.5 else "false", "noul": p_positive},
+            "is_negative": _noul_gold(p_negative),
+            "is_positive": _noul_gold(p_positive),
+            # Keyed by level, as other Laya-layout tools read soft score targets.
             "intensity": {"label": max(range(len(intensity)), key=intensity.__getitem__),
-                          "probabilities": intensity},
+                          "probabilities": {str(level): p for level, p in enumerate(intensity)}},
         },
         "mean_rating": round(mean, 4),
     }  # fmt: skip
+
+
+def _noul_gold(p_true: float) -> dict[str, Any]:
+    # `noul` is P(true) (DESIGN.md 2); `probabilities` repeats it in the form other Laya-layout tools read.
+    return {"label": "true" if p_true > 0.5 else "false", "noul": p_true,
+            "probabilities": {"false": 1.0 - p_true, "true": p_true}}  # fmt: skip
 
 
 def _majority(tone: dict[str, float], mean: float) -> str:

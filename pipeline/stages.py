@@ -36,10 +36,30 @@ def run_validate(params: dict[str, Any], root: Path) -> dict[str, Any]:
     return report
 
 
+def run_snapshot(params: dict[str, Any], root: Path) -> dict[str, Any]:
+    """Build the stock base model: the packaged MiniLM encoder plus a seeded, fresh decision head."""
+    from importlib import metadata
+
+    from pipeline.model import write_snapshot
+
+    config = params["snapshot"]
+    installed = metadata.version(config.encoder_package)
+    if installed != config.encoder_version:
+        raise RuntimeError(
+            f"snapshot.encoder_version: params.yaml pins {config.encoder_package}=={config.encoder_version}, "
+            f"but {installed} is installed"
+        )
+    module = __import__(config.encoder_package.replace("-", "_"))
+    out = write_snapshot(root / config.out, module.get_model_path(), config.seed, config.head_layers,
+                         config.max_len, config.head_max_len)  # fmt: skip
+    return {"out": str(config.out), "files": sorted(p.name for p in out.rglob("*") if p.is_file())}
+
+
 # name -> (function, the module whose code the stage runs); dvc.yaml must list the same stages.
 STAGES: dict[str, tuple[Callable[[dict[str, Any], Path], dict[str, Any]], str]] = {
     "dataset": (run_dataset, "pipeline/dataset.py"),
     "validate": (run_validate, "pipeline/validate.py"),
+    "snapshot": (run_snapshot, "pipeline/model.py"),
 }
 
 

@@ -1,0 +1,190 @@
+"""Training speed against laya: the same base, VADER subset, micro-batch and steps, side by side.
+
+Both trainers start from the stock MiniLM snapshot (data/snapshots/minilm) and train one epoch over the same
+training rows (micro-batch 8, accumulation 8), each in a fresh process of this script, one after the other.
+laya runs `laya.train.finetune` (full fine-tuning, soft cross-entropy); its training loop is timed by wrapping
+`laya.train.train_model`. Ours runs `pipeline.finetune.train_on_data` with params.yaml's training settings.
+Both fine-tunes are then scored with the same code on the same held-out rows.
+
+    python benchmarks/bench_train.py [--rows 600] [--heldout 100] [--profile]
+
+Goal: ours >= 1.3x laya's decisions/s at equal held-out accuracy (within one point).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+RESULTS = HERE / "results"
+BASE = ROOT / "data/snapshots/minilm"
+DATA = ROOT / "data/processed/vader.jsonl"
+MICRO_BATCH, GRAD_ACCUM = 8, 8
+
+
+def write_subsets(rows: int, heldout: int, folder: Path) -> tuple[Path, Path]:
+    """Training and held-out rows: the held-out split of the full set, and the first `rows` training rows."""
+    sys.path.insert(0, str(ROOT))
+    import orjson
+
+    from pipeline.config import ValidateConfig
+    from pipeline.split import split_holdout
+    from pipeline.validate import validate_file
+
+    records = validate_file(DATA).records
+    split = split_holdout(records, ValidateConfig(holdout_max_decisions=4 * heldout, holdout_fraction=0.1))
+    lines = DATA.read_bytes().splitlines()
+    folder.mkdir(parents=True, exist_ok=True)
+    train, evaluation = folder / "train.jsonl", folder / "heldout.jsonl"
+    train.write_bytes(b"\n".join(lines[r.row] for r in split.train[:rows]) + b"\n")
+    evaluation.write_bytes(b"\n".join(lines[r.row] for r in split.heldout) + b"\n")
+    assert orjson.loads(lines[split.heldout[0].row])["state"] == split.heldout[0].state
+    return train, evaluation
+
+
+def run_laya(train: Path, out: Path) -> dict:
+    import laya.train as laya_train
+
+    timed: dict[str, float] = {}
+    original = laya_train.train_model
+
+    def timed_train_model(*args, **kwargs):
+        started = time.perf_counter()
+        history = original(*args, **kwargs)
+        timed["train_seconds"] = time.perf_counter() - started
+        timed["items"] = len(args[2])
+        return history
+
+    laya_train.train_model = timed_train_model
+    config = laya_train.TrainConfig(epochs=1, micro_batch=MICRO_BATCH, grad_accum=GRAD_ACCUM, loss="soft-ce",
+                                    calib_max=0, calib_frac=0.0, log_every=0)  # fmt: skip
+    laya_train.finetune(str(train), str(BASE), str(out), config, device="cpu")
+    micro_steps = -(-timed["items"] // MICRO_BATCH)
+    return {"decisions": timed["items"], "train_seconds": timed["train_seconds"], "micro_steps": micro_steps,
+            "steps": -(-micro_steps // GRAD_ACCUM), "model": str(out)}  # fmt: skip
+
+
+def run_ours(train: Path, out: Path, profile: bool) -> dict:
+    sys.path.insert(0, str(ROOT))
+    from dataclasses import replace
+
+    from pipeline.config import load_params
+    from pipeline.finetune import train_on_data
+
+    params = load_params(ROOT / "params.yaml")
+    config = replace(
+        params["train"], epochs=1, micro_batch=MICRO_BATCH, grad_accum=GRAD_ACCUM, max_steps=None
+    )
+    profiler = None
+    if profile:
+        import cProfile
+
+        profiler = cProfile.Profile()
+        profiler.enable()
+    # The held-out rows are given separately, so every training row is trained on, as in laya's run.
+    run = train_on_data(train, BASE, out, config, eval_data=train.with_name("heldout.jsonl"), progress=False)
+    if profiler is not None:
+        profiler.disable()
+        _print_profile(profiler)
+    return {"decisions": run.train_decisions,
+            "train_seconds": run.train_seconds, "steps": run.steps, "s_per_step": run.s_per_step,
+            "precision": run.precision, "method": config.method, "model": str(out)}  # fmt: skip
+
+
+def _print_profile(profiler) -> None:
+    import io
+    import pstats
+
+    text = io.StringIO()
+    pstats.Stats(profiler, stream=text).sort_stats("tottime").print_stats(15)
+    print(text.getvalue(), file=sys.stderr)
+
+
+def heldout_accuracy(model_dir: str, heldout: Path) -> dict:
+    """Accuracy of a fine-tune on the held-out rows, scored by the same code for both trainers."""
+    sys.path.insert(0, str(ROOT))
+    from pipeline.adapters import ADAPTER_FILE, load_adapter
+    from pipeline.forward import score_items
+    from pipeline.items import build_items
+    from pipeline.metrics import heldout_metrics
+    from pipeline.model import load_model
+    from pipeline.validate import validate_file
+
+    folder = Path(model_dir)
+    if (folder / ADAPTER_FILE).is_file():
+        loaded = load_model(BASE)
+        load_adapter(loaded.model, folder)
+    else:
+        loaded = load_model(folder)
+    items, _ = build_items(validate_file(heldout).records, loaded)
+    import torch
+
+    probabilities = score_items(loaded.model, items, loaded.tokenizer.pad_token_id, torch.device("cpu"), 64)
+    return heldout_metrics(items, probabilities)
+
+
+def child(args: argparse.Namespace) -> None:
+    work = Path(args.work)
+    if args.child == "laya":
+        result = run_laya(work / "train.jsonl", work / "laya_model")
+    else:
+        result = run_ours(work / "train.jsonl", work / "ours_model", args.profile)
+    result["heldout"] = heldout_accuracy(result["model"], work / "heldout.jsonl")
+    print(json.dumps(result))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--rows", type=int, default=600, help="training rows (4 decisions each)")
+    parser.add_argument("--heldout", type=int, default=100, help="held-out rows")
+    parser.add_argument("--profile", action="store_true", help="print where our trainer's time goes")
+    parser.add_argument("--child", choices=["laya", "ours"], help=argparse.SUPPRESS)
+    parser.add_argument("--work", default=str(HERE / ".cache/train"), help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        child(args)
+        return
+    write_subsets(args.rows, args.heldout, Path(args.work))
+    results = {}
+    for name in ("laya", "ours"):
+        command = [sys.executable, __file__, "--child", name, "--work", args.work] + (
+            ["--profile"] * args.profile
+        )
+        print(f"training with {name} ...", flush=True)
+        done = subprocess.run(command, capture_output=True, text=True, cwd=ROOT)
+        if done.returncode:
+            sys.exit(f"{name} failed:\n{done.stderr[-4000:]}")
+        if args.profile and name == "ours":
+            print(done.stderr[-6000:])
+        results[name] = json.loads(done.stdout.strip().splitlines()[-1])
+    report(results)
+
+
+def report(results: dict) -> None:
+    print(
+        f"\n{'trainer':<8}{'decisions':>10}{'steps':>7}{'seconds':>9}{'s/step':>8}{'dec/s':>8}{'accuracy':>10}"
+    )
+    for name, r in results.items():
+        r["decisions_per_second"] = r["decisions"] / r["train_seconds"]
+        r["s_per_step"] = r["train_seconds"] / r["steps"]
+        print(f"{name:<8}{r['decisions']:>10}{r['steps']:>7}{r['train_seconds']:>9.1f}{r['s_per_step']:>8.2f}"
+              f"{r['decisions_per_second']:>8.1f}{r['heldout']['accuracy']:>10.4f}")  # fmt: skip
+    ratio = results["ours"]["decisions_per_second"] / results["laya"]["decisions_per_second"]
+    gap = results["ours"]["heldout"]["accuracy"] - results["laya"]["heldout"]["accuracy"]
+    print(f"\nours / laya decisions/s = {ratio:.2f}x (goal >= 1.3x); accuracy ours - laya = {gap:+.4f}")
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    out = RESULTS / "bench_train.json"
+    out.write_text(json.dumps({"results": results, "speed_ratio": ratio, "accuracy_gap": gap}, indent=2))
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,95 @@
+"""Two-way Laya-layout compatibility, and our forward pass against laya's."""
+
+import numpy as np
+import pytest
+import torch
+
+from pipeline.forward import decision_logits
+from pipeline.items import build_items, collate
+from pipeline.model import ModelLayoutError, load_model, save_model
+from pipeline.predict import predict
+from pipeline.validate import validate_rows
+
+QUESTIONS = {
+    "tone": {"type": "choice", "instructions": "what tone", "criteria": {"negative": None, "neutral": "none",
+                                                                         "positive": None}},
+    "level": {"type": "score", "instructions": "how strong", "criteria": ["none", "mild", "strong"]},
+    "good": {"type": "noul", "instructions": "it is good", "criteria": None},
+}  # fmt: skip
+STATES = ["this is great", {"turns": ["i hate the order", "it was late"]}, "okay product"]
+
+
+def _agent_probabilities(folder, state):
+    import laya
+
+    agent = laya.Agent(str(folder), device="cpu")
+    answers = agent.system_one(state, QUESTIONS)["answers"]
+    return {
+        "tone": [answers["tone"]["probabilities"][k] for k in ("negative", "neutral", "positive")],
+        "level": [answers["level"]["probabilities"][str(i)] for i in range(3)],
+        "good": [1 - answers["good"]["noul"], answers["good"]["noul"]],
+    }
+
+
+@pytest.mark.parametrize("state", STATES)
+def test_a_laya_written_checkpoint_loads_here_and_answers_like_laya(tiny_base, state):
+    ours = predict(load_model(tiny_base), state, QUESTIONS)
+    theirs = _agent_probabilities(tiny_base, state)
+    assert max(abs(ours["tone"]).max() for _ in [0]) > 0
+    for qid, probabilities in theirs.items():
+        np.testing.assert_allclose(ours[qid], probabilities, atol=2e-3)  # laya rounds answers to 4 decimals
+    assert max(ours["tone"]) > 0.4, "the tiny model should not be uniform, or this test could not fail"
+
+
+def test_a_checkpoint_we_write_loads_in_laya_agent(tiny_base, tmp_path):
+    loaded = load_model(tiny_base)
+    with torch.no_grad():
+        loaded.model.scorer[1].bias.add_(0.3)  # make it differ from the base
+    loaded.config = {**loaded.config, "temperature": [1.5, 0.8, 2.0]}
+    save_model(loaded, tmp_path / "ours")
+    reloaded = load_model(tmp_path / "ours")
+    for state in STATES:
+        ours = predict(reloaded, state, QUESTIONS)
+        theirs = _agent_probabilities(tmp_path / "ours", state)
+        for qid, probabilities in theirs.items():
+            np.testing.assert_allclose(ours[qid], probabilities, atol=2e-3)
+
+
+def test_our_forward_equals_laya_forward_in_fp32(tiny_base):
+    loaded = load_model(tiny_base)
+    rows = [
+        {"state": s, "questions": QUESTIONS, "gold": {"tone": "neutral", "level": 1, "good": True}}
+        for s in STATES
+    ]
+    items, skipped = build_items(validate_rows(rows).records, loaded)
+    assert skipped == {} and len(items) == 9
+    batch = collate(items, loaded.tokenizer.pad_token_id)
+    with torch.no_grad():
+        ours = decision_logits(loaded.model, batch)
+        theirs, _act = loaded.model(batch["input_ids"], batch["attention_mask"], batch["marker_pos"],
+                                    batch["marker_mask"], batch["qtype"])  # fmt: skip
+    torch.testing.assert_close(ours, theirs, rtol=1e-6, atol=1e-5)
+
+
+def test_questions_that_do_not_fit_are_skipped_with_a_reason(tiny_base):
+    loaded = load_model(tiny_base)
+    many = {
+        "type": "choice",
+        "instructions": "pick",
+        "criteria": [f"option {'x' * 30} {i}" for i in range(40)],
+    }
+    rows = [
+        {
+            "state": "fine",
+            "questions": {"ok": QUESTIONS["good"], "many": many},
+            "gold": {"ok": "true", "many": "option " + "x" * 30 + " 3"},
+        }
+    ]
+    items, skipped = build_items(validate_rows(rows).records, loaded)
+    assert [it.question_id for it in items] == ["ok"]
+    assert sum(skipped.values()) == 1 and set(skipped) <= {"options_collapsed", "options_beyond_max_len"}
+
+
+def test_a_folder_without_the_config_is_not_a_model(tmp_path):
+    with pytest.raises(ModelLayoutError, match="not a decision model"):
+        load_model(tmp_path)

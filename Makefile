@@ -11,9 +11,10 @@ export PYTHONUNBUFFERED := 1
 
 .PHONY: run test lint bench repo data clean-venv
 
-run: $(STAMP) repo  ## the main job: build and pin the data, validate it, print the report
+run: $(STAMP) repo  ## the main job: build and pin data and base, validate, fine-tune, calibrate, export
 	dvc repro
 	decision validate data/processed/vader.jsonl
+	decision finetune --data data/processed/vader.jsonl --base data/snapshots/minilm --out models/vader-minilm
 
 test: $(STAMP) repo data  ## the whole default test suite (CPU, tiny models)
 	python -m pytest

@@ -70,7 +70,7 @@ def run_laya(train: Path, out: Path) -> dict:
             "steps": -(-micro_steps // GRAD_ACCUM), "model": str(out)}  # fmt: skip
 
 
-def run_ours(train: Path, out: Path, profile: bool) -> dict:
+def run_ours(train: Path, out: Path, method: str, precision: str | None, profile: bool) -> dict:
     sys.path.insert(0, str(ROOT))
     from dataclasses import replace
 
@@ -78,9 +78,8 @@ def run_ours(train: Path, out: Path, profile: bool) -> dict:
     from pipeline.finetune import train_on_data
 
     params = load_params(ROOT / "params.yaml")
-    config = replace(
-        params["train"], epochs=1, micro_batch=MICRO_BATCH, grad_accum=GRAD_ACCUM, max_steps=None
-    )
+    config = replace(params["train"], method=method, precision=precision or params["train"].precision, epochs=1,
+                     micro_batch=MICRO_BATCH, grad_accum=GRAD_ACCUM, max_steps=None)  # fmt: skip
     profiler = None
     if profile:
         import cProfile
@@ -134,7 +133,8 @@ def child(args: argparse.Namespace) -> None:
     if args.child == "laya":
         result = run_laya(work / "train.jsonl", work / "laya_model")
     else:
-        result = run_ours(work / "train.jsonl", work / "ours_model", args.profile)
+        method = args.child.removeprefix("ours-")
+        result = run_ours(work / "train.jsonl", work / f"ours_{method}", method, args.precision, args.profile)
     result["heldout"] = heldout_accuracy(result["model"], work / "heldout.jsonl")
     print(json.dumps(result))
 
@@ -146,23 +146,31 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=600, help="training rows (4 decisions each)")
     parser.add_argument("--heldout", type=int, default=100, help="held-out rows")
     parser.add_argument("--profile", action="store_true", help="print where our trainer's time goes")
-    parser.add_argument("--child", choices=["laya", "ours"], help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--methods", default="lora,full", help="our fine-tuning methods to run (comma-separated)"
+    )
+    parser.add_argument("--precision", choices=["auto", "fp32", "bf16"], help="override train.precision")
+    parser.add_argument("--skip-laya", action="store_true", help="reuse laya's last result from the JSON")
+    parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--work", default=str(HERE / ".cache/train"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         child(args)
         return
     write_subsets(args.rows, args.heldout, Path(args.work))
-    results = {}
-    for name in ("laya", "ours"):
-        command = [sys.executable, __file__, "--child", name, "--work", args.work] + (
-            ["--profile"] * args.profile
-        )
+    results, names = {}, [f"ours-{m}" for m in args.methods.split(",")]
+    if args.skip_laya:
+        results["laya"] = json.loads((RESULTS / "bench_train.json").read_text())["results"]["laya"]
+    else:
+        names.insert(0, "laya")
+    for name in names:
+        command = [sys.executable, __file__, "--child", name, "--work", args.work]
+        command += ["--profile"] * args.profile + (["--precision", args.precision] if args.precision else [])
         print(f"training with {name} ...", flush=True)
         done = subprocess.run(command, capture_output=True, text=True, cwd=ROOT)
         if done.returncode:
             sys.exit(f"{name} failed:\n{done.stderr[-4000:]}")
-        if args.profile and name == "ours":
+        if args.profile and name.startswith("ours"):
             print(done.stderr[-6000:])
         results[name] = json.loads(done.stdout.strip().splitlines()[-1])
     report(results)
@@ -175,14 +183,19 @@ def report(results: dict) -> None:
     for name, r in results.items():
         r["decisions_per_second"] = r["decisions"] / r["train_seconds"]
         r["s_per_step"] = r["train_seconds"] / r["steps"]
-        print(f"{name:<8}{r['decisions']:>10}{r['steps']:>7}{r['train_seconds']:>9.1f}{r['s_per_step']:>8.2f}"
+        print(f"{name:<10}{r['decisions']:>10}{r['steps']:>7}{r['train_seconds']:>9.1f}{r['s_per_step']:>8.2f}"
               f"{r['decisions_per_second']:>8.1f}{r['heldout']['accuracy']:>10.4f}")  # fmt: skip
-    ratio = results["ours"]["decisions_per_second"] / results["laya"]["decisions_per_second"]
-    gap = results["ours"]["heldout"]["accuracy"] - results["laya"]["heldout"]["accuracy"]
-    print(f"\nours / laya decisions/s = {ratio:.2f}x (goal >= 1.3x); accuracy ours - laya = {gap:+.4f}")
+    laya = results["laya"]
+    summary = {}
+    for name in [n for n in results if n != "laya"]:
+        ratio = results[name]["decisions_per_second"] / laya["decisions_per_second"]
+        gap = results[name]["heldout"]["accuracy"] - laya["heldout"]["accuracy"]
+        summary[name] = {"speed_ratio": ratio, "accuracy_gap": gap}
+        print(f"{name} / laya decisions/s = {ratio:.2f}x (goal >= 1.3x); accuracy {name} - laya = {gap:+.4f} "
+              f"(goal: within 0.01)")  # fmt: skip
     RESULTS.mkdir(parents=True, exist_ok=True)
     out = RESULTS / "bench_train.json"
-    out.write_text(json.dumps({"results": results, "speed_ratio": ratio, "accuracy_gap": gap}, indent=2))
+    out.write_text(json.dumps({"results": results, "summary": summary}, indent=2))
     print(f"wrote {out}")
 
 

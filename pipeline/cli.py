@@ -70,6 +70,88 @@ def _train(args: argparse.Namespace) -> int:
     return 130 if run.cancelled else EXIT_OK
 
 
+def _evaluate(args: argparse.Namespace) -> int:
+    from pipeline.evaluate import evaluate_model
+    from pipeline.model import ModelLayoutError
+    from pipeline.read import BadSlice, RowSlice, UnreadableInput
+
+    try:
+        report = evaluate_model(args.model, args.data, args.plots, RowSlice.parse(args.slice), args.device,
+                                progress=not args.json)  # fmt: skip
+    except (ModelLayoutError, UnreadableInput, BadSlice, FileNotFoundError) as error:
+        print(f"decision evaluate: {error}", file=sys.stderr)
+        return EXIT_UNREADABLE
+    if args.json:
+        print(json.dumps(report))
+        return EXIT_OK
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(
+        title=f"{report['model']} on {report['data']} ({report['metrics']['overall']['decisions']:,} decisions)"
+    )
+    names = ("accuracy", "record_accuracy", "ece", "brier", "kl_soft", "score_mae")
+    table.add_column("type")
+    for name in names:
+        table.add_column(name, justify="right")
+    for kind, metrics in report["metrics"].items():
+        table.add_row(kind, *(f"{metrics[n]:.4f}" for n in names))
+    Console().print(table)
+    print("plots: " + (", ".join(report["plots"]) or "none (use --plots DIR)"))
+    return EXIT_OK
+
+
+def _export(args: argparse.Namespace) -> int:
+    from pipeline.export import NonFiniteWeights, export_folder
+    from pipeline.model import ModelLayoutError
+
+    try:
+        result = export_folder(args.adapter, args.out)
+    except (ModelLayoutError, NonFiniteWeights, FileNotFoundError) as error:
+        print(f"decision export: {error}", file=sys.stderr)
+        return EXIT_UNREADABLE
+    if args.json:
+        print(json.dumps({"out": result.out, "written": result.written, "manifest": result.manifest}))
+    else:
+        print(
+            f"exported to {result.out}"
+            if result.written
+            else f"{result.out} is already this export; nothing to do"
+        )
+    return EXIT_OK
+
+
+def _finetune(args: argparse.Namespace) -> int:
+    from dataclasses import replace
+
+    from pipeline.config import ConfigError, load_params
+    from pipeline.finetune import finetune
+    from pipeline.pins import PinMismatch
+    from pipeline.read import BadSlice, RowSlice, UnreadableInput
+    from pipeline.train import CancelToken
+
+    try:
+        params = load_params(args.params)
+        overrides = {
+            k: v for k, v in (("method", args.method), ("max_steps", args.max_steps)) if v is not None
+        }
+        cancel = CancelToken()
+        with cancel.on_signals():
+            summary = finetune(args.data, args.base, args.out, replace(params["train"], **overrides),
+                               params["validate"], RowSlice.parse(args.slice), args.device, cancel,
+                               progress=not args.json, eval_data=args.eval_data)  # fmt: skip
+    except (ConfigError, PinMismatch, UnreadableInput, BadSlice, FileNotFoundError, ValueError) as error:
+        print(f"decision finetune: {error}", file=sys.stderr)
+        return EXIT_UNREADABLE
+    if args.json:
+        print(json.dumps(summary))
+    else:
+        print_heldout({**summary, "saved_to": summary["export_dir"], "planned_steps": summary["steps"],
+                       "decisions_per_second": float("nan")})  # fmt: skip
+        print(f"temperatures: {summary['temperatures']}")
+    return 130 if summary["cancelled"] else EXIT_OK
+
+
 def print_heldout(run: dict[str, Any]) -> None:
     """Before/after held-out metrics and the run's speed as a table."""
     from rich.console import Console
@@ -159,6 +241,54 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--save-on-cancel", action="store_true", help="save what was trained when cancelled")
     train.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
     train.set_defaults(handler=_train)
+
+    evaluate = commands.add_parser(
+        "evaluate",
+        help="metrics of a model on decision rows, per question type, with reliability and confusion plots",
+        description="Score every usable decision of DATA with MODEL (temperatures applied, as served): accuracy "
+        "per decision and per record, ECE (15 bins, (lo, hi]), Brier, KL from soft gold, score MAE, per "
+        "question type and overall; --plots DIR writes a reliability diagram and a confusion matrix per question.",
+    )
+    evaluate.add_argument(
+        "--model", required=True, help="a Laya-layout model folder, or a LoRA fine-tune folder"
+    )
+    evaluate.add_argument("--data", required=True, help="decision file (.jsonl, .parquet, .csv)")
+    evaluate.add_argument("--slice", metavar="START:END", help="evaluate rows [START, END) only")
+    evaluate.add_argument("--plots", metavar="DIR", help="write PNG plots here")
+    evaluate.add_argument("--device", default="cpu")
+    evaluate.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
+    evaluate.set_defaults(handler=_evaluate)
+
+    export = commands.add_parser(
+        "export",
+        help="merge a fine-tune into one servable Laya-layout folder, crash-safe",
+        description="Merge LoRA adapters into a copy of the base on the CPU, check every tensor is finite, write "
+        "fp16 weights, temperatures and a lineage manifest into a staging folder and swap it in atomically "
+        "(rl_agent_config.json last). Exporting the same source again is a no-op.",
+    )
+    export.add_argument("--adapter", required=True, help="a LoRA fine-tune folder, or a full model folder")
+    export.add_argument("--out", required=True, help="the export folder")
+    export.add_argument("--json", action="store_true")
+    export.set_defaults(handler=_export)
+
+    chain = commands.add_parser(
+        "finetune",
+        help="validate, slice, split, train, calibrate and export in one command",
+        description="The whole chain: verify pins, validate DATA (--slice taken on the Arrow table), split off "
+        "held-out rows (or use --eval-data), train, fit one temperature per question type on the held-out "
+        "decisions (before/after figures cross-fitted), and export the merged model to OUT.",
+    )
+    chain.add_argument("--data", required=True)
+    chain.add_argument("--eval-data", help="use this file as the held-out set instead of splitting DATA")
+    chain.add_argument("--base", required=True, help="base model folder in the Laya layout")
+    chain.add_argument("--out", required=True, help="the export folder")
+    chain.add_argument("--method", choices=["lora", "full", "qlora"])
+    chain.add_argument("--max-steps", type=int)
+    chain.add_argument("--slice", metavar="START:END")
+    chain.add_argument("--device", default="auto")
+    chain.add_argument("--params", default="params.yaml")
+    chain.add_argument("--json", action="store_true", help="print one JSON object (stable keys)")
+    chain.set_defaults(handler=_finetune)
     return parser
 
 

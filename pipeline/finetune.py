@@ -11,9 +11,11 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from pipeline.adapters import ADAPTER_FILE, save_adapter
+from pipeline.calibrate import softmax
 from pipeline.config import ValidateConfig
 from pipeline.forward import score_items
 from pipeline.items import Item, build_items
@@ -76,11 +78,22 @@ def pick_device(name: str = "auto") -> torch.device:
     return torch.device(name)
 
 
-def train_on_data(data: str | Path, base: str | Path, out: str | Path | None, config: TrainConfig,
-                  split_config: ValidateConfig = ValidateConfig(), row_slice: RowSlice = RowSlice(),
-                  device: str = "auto", cancel: CancelToken | None = None, save_on_cancel: bool = False,
-                  progress: bool = True, eval_data: str | Path | None = None) -> TrainRun:  # fmt: skip
-    """Train a fine-tune of `base` on `data` and save it to `out` (adapters plus head, or full weights).
+@dataclass
+class Trained:
+    """A trained model in memory with its held-out items and their raw logits before and after training."""
+
+    run: TrainRun
+    loaded: LoadedModel
+    heldout_items: list[Item]
+    base_logits: list[np.ndarray]
+    tuned_logits: list[np.ndarray]
+
+
+def fit_on_data(data: str | Path, base: str | Path, config: TrainConfig,
+                split_config: ValidateConfig = ValidateConfig(), row_slice: RowSlice = RowSlice(),
+                device: str = "auto", cancel: CancelToken | None = None, progress: bool = True,
+                eval_data: str | Path | None = None) -> Trained:  # fmt: skip
+    """Verify pins, validate, split, score the base, train, score again; nothing is written.
 
     The held-out decisions are split off `data` by content hash, or are all of `eval_data` when it is given.
     """
@@ -96,31 +109,45 @@ def train_on_data(data: str | Path, base: str | Path, out: str | Path | None, co
     skipped = _merge_counts(validated.report.skipped, skipped_train, skipped_heldout)
     dev = pick_device(device)
     loaded.model.to(dev)
-    base_metrics = _evaluate(loaded, heldout_items, dev, config, progress)
+    base_logits = _logits(loaded, heldout_items, dev, config, progress)
     prepare_model(loaded.model, config)
     result = train(
         loaded.model, train_items, loaded.tokenizer.pad_token_id, config, dev, cancel, progress=progress
     )
-    tuned_metrics = _evaluate(loaded, heldout_items, dev, config, progress)
-    saved = None
-    if out is not None and (not result.cancelled or save_on_cancel):
-        saved = str(save_finetune(loaded, Path(out), base, config, pins, result.steps))
-    return TrainRun(
+    tuned_logits = _logits(loaded, heldout_items, dev, config, progress)
+    run = TrainRun(
         rows=validated.report.rows, decisions=validated.report.decisions, skipped=skipped,
         train_decisions=len(train_items),
-        heldout={"decisions": len(heldout_items), "base": base_metrics, "tuned": tuned_metrics},
+        heldout={"decisions": len(heldout_items), "base": _metrics(heldout_items, base_logits),
+                 "tuned": _metrics(heldout_items, tuned_logits)},
         steps=result.steps, planned_steps=result.planned_steps, cancelled=result.cancelled,
         train_seconds=result.train_seconds, s_per_step=result.s_per_step,
-        decisions_per_second=result.decisions_per_second, saved_to=saved, compile=result.compile,
+        decisions_per_second=result.decisions_per_second, saved_to=None, compile=result.compile,
         precision=result.precision, pins=pins, losses=result.losses,
     )  # fmt: skip
+    return Trained(run, loaded, heldout_items, base_logits, tuned_logits)
 
 
-def _evaluate(loaded: LoadedModel, items: list[Item], device: torch.device, config: TrainConfig,
-              progress: bool) -> dict[str, float]:  # fmt: skip
-    probabilities = score_items(loaded.model, items, loaded.tokenizer.pad_token_id, device,
-                                config.eval_batch_size, progress=progress)  # fmt: skip
-    return heldout_metrics(items, probabilities)
+def train_on_data(data: str | Path, base: str | Path, out: str | Path | None, config: TrainConfig,
+                  split_config: ValidateConfig = ValidateConfig(), row_slice: RowSlice = RowSlice(),
+                  device: str = "auto", cancel: CancelToken | None = None, save_on_cancel: bool = False,
+                  progress: bool = True, eval_data: str | Path | None = None) -> TrainRun:  # fmt: skip
+    """Train a fine-tune of `base` on `data` and save it to `out` (adapters plus head, or full weights)."""
+    trained = fit_on_data(data, base, config, split_config, row_slice, device, cancel, progress, eval_data)
+    run = trained.run
+    if out is not None and (not run.cancelled or save_on_cancel):
+        run.saved_to = str(save_finetune(trained.loaded, Path(out), base, config, run.pins, run.steps))
+    return run
+
+
+def _logits(loaded: LoadedModel, items: list[Item], device: torch.device, config: TrainConfig,
+            progress: bool) -> list[np.ndarray]:  # fmt: skip
+    return score_items(loaded.model, items, loaded.tokenizer.pad_token_id, device, config.eval_batch_size,
+                       progress=progress, logits=True)  # fmt: skip
+
+
+def _metrics(items: list[Item], logits: list[np.ndarray]) -> dict[str, float]:
+    return heldout_metrics(items, [softmax(z) for z in logits])
 
 
 def _merge_counts(*counts: dict[str, int]) -> dict[str, int]:
@@ -149,3 +176,82 @@ def describe_finetune(folder: str | Path) -> dict[str, Any]:
     if (folder / ADAPTER_FILE).is_file():
         return json.loads((folder / ADAPTER_FILE).read_text())
     return json.loads((folder / "rl_agent_config.json").read_text())["training"]
+
+
+def finetune(data: str | Path, base: str | Path, out: str | Path, config: TrainConfig,
+             split_config: ValidateConfig = ValidateConfig(), row_slice: RowSlice = RowSlice(),
+             device: str = "auto", cancel: CancelToken | None = None, progress: bool = True,
+             eval_data: str | Path | None = None, soft_calibration: bool = False) -> dict[str, Any]:  # fmt: skip
+    """validate, slice, split, train, calibrate, export: the whole chain, one JSON-ready summary.
+
+    A cancel during training or calibration exports nothing.
+    """
+    from pipeline.calibrate import cross_fitted_metrics, fit_calibration
+    from pipeline.export import export_model
+
+    peak = _PeakMemory()
+    trained = fit_on_data(data, base, config, split_config, row_slice, device, cancel, progress, eval_data)
+    run, items = trained.run, trained.heldout_items
+    calibration = fit_calibration(items, trained.tuned_logits, soft_calibration)
+    heldout = dict(
+        run.heldout, calibrated=cross_fitted_metrics(items, trained.tuned_logits, soft_calibration)
+    )
+    cancelled = run.cancelled or (cancel is not None and cancel.cancelled)
+    export_dir = None
+    if not cancelled:
+        manifest = lineage(data, base, config, run, calibration.temperatures, heldout)
+        export_dir = export_model(trained.loaded, out, calibration.temperatures, manifest).out
+    return {
+        "rows": run.rows, "decisions": run.decisions, "skipped": run.skipped,
+        "heldout": {k: _summary(v) if isinstance(v, dict) else v for k, v in heldout.items()},
+        "temperatures": dict(zip(("choice", "score", "noul"), calibration.temperatures)),
+        "temperature_notes": calibration.notes, "export_dir": export_dir, "cancelled": cancelled,
+        "train_seconds": run.train_seconds, "s_per_step": run.s_per_step, "steps": run.steps,
+        "peak_memory_mb": peak.read_mb(), "precision": run.precision, "compile": run.compile,
+    }  # fmt: skip
+
+
+def _summary(metrics: dict[str, float]) -> dict[str, float]:
+    return {k: metrics[k] for k in ("accuracy", "record_accuracy", "ece", "loss") if k in metrics}
+
+
+class _PeakMemory:
+    """Peak resident memory of this process (and of the GPU when one is used), in MiB."""
+
+    def read_mb(self) -> float:
+        import resource
+
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            peak = max(peak, torch.cuda.max_memory_allocated() / 2**20)
+        return round(peak, 1)
+
+
+def lineage(data, base, config: TrainConfig, run: TrainRun, temperatures, heldout) -> dict[str, Any]:
+    """What an export came from: data and base hashes, git commit, params, metrics."""
+    from pipeline.pins import current_md5
+
+    return {
+        "data": str(data), "data_md5": current_md5(Path(data)), "base": str(base),
+        "base_md5": current_md5(Path(base)), "pins": run.pins, "git_commit": _git_commit(),
+        "params": {"train": asdict(config)}, "steps": run.steps, "temperatures": list(temperatures),
+        "metrics": {k: v for k, v in heldout.items() if isinstance(v, dict)},
+        "source_digest": _source_digest(data, base, config, run),
+    }  # fmt: skip
+
+
+def _git_commit() -> str | None:
+    import subprocess
+
+    try:
+        done = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return done.stdout.strip() or None
+
+
+def _source_digest(data, base, config: TrainConfig, run: TrainRun) -> str:
+    import hashlib
+
+    parts = json.dumps([str(data), str(base), asdict(config), run.pins, run.steps, run.losses], default=str)
+    return hashlib.sha256(parts.encode()).hexdigest()

@@ -52,8 +52,9 @@ def length_batches(lengths: list[int], batch_size: int) -> list[list[int]]:
 
 @torch.no_grad()
 def score_items(model: torch.nn.Module, items: list[Item], pad_id: int, device: torch.device,
-                batch_size: int = 32, dtype: torch.dtype | None = None, progress: bool = False) -> list[np.ndarray]:  # fmt: skip
-    """Option probabilities for each item, in the caller's order; eager, under no-grad, length-grouped."""
+                batch_size: int = 32, dtype: torch.dtype | None = None, progress: bool = False,
+                logits: bool = False) -> list[np.ndarray]:  # fmt: skip
+    """Option probabilities (or raw logits) for each item, in the caller's order; eager, no-grad, length-grouped."""
     from tqdm.auto import tqdm
 
     was_training = model.training
@@ -62,7 +63,8 @@ def score_items(model: torch.nn.Module, items: list[Item], pad_id: int, device: 
     batches = length_batches([len(it) for it in items], batch_size)
     for indices in tqdm(batches, desc="scoring", unit="batch", disable=not progress, leave=False):
         batch = {k: v.to(device) for k, v in collate([items[i] for i in indices], pad_id).items()}
-        probs = torch.softmax(decision_logits(model, batch, dtype), -1).cpu().numpy()
+        scores = decision_logits(model, batch, dtype)
+        probs = (scores if logits else torch.softmax(scores, -1)).cpu().numpy()
         for row, index in enumerate(indices):
             results[index] = probs[row, : len(items[index].markers)]
     model.train(was_training)

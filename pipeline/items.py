@@ -32,6 +32,7 @@ class Item:
     label: int
     record: int  # index of the record in the list given to `build_items`
     question_id: str
+    soft: bool = False  # the target is a soft gold distribution, not one-hot
 
     def __len__(self) -> int:
         return len(self.ids)
@@ -78,7 +79,8 @@ def _item(decision: Decision, ids: list[int], markers: list[int], record: int) -
     gold = decision.gold
     target = gold.probabilities or tuple(1.0 if i == gold.label else 0.0 for i in range(n))
     qtype = QUESTION_TYPE_IDS[decision.question.type]
-    return Item(tuple(ids), tuple(markers), qtype, tuple(target), gold.label, record, decision.question.id)
+    return Item(tuple(ids), tuple(markers), qtype, tuple(target), gold.label, record, decision.question.id,
+                gold.probabilities is not None)  # fmt: skip
 
 
 def collate(items: list[Item], pad_id: int, length: int | None = None) -> dict[str, torch.Tensor]:

@@ -1,4 +1,4 @@
-"""Held-out metrics of option probabilities against gold: accuracy, record accuracy, loss, ECE.
+"""Held-out metrics of option probabilities against gold: accuracy, record accuracy, loss, ECE, Brier, KL, MAE.
 
 ECE uses 15 equal-width bins on the top-label probability with bins (lo, hi] (the first bin [0, e1]), as laya's
 reference implementation does.
@@ -51,3 +51,36 @@ def heldout_metrics(items: list[Item], probabilities: list[np.ndarray]) -> dict[
         "loss": float(loss.mean()),
         "ece": expected_calibration_error(confidence, correct),
     }
+
+
+TYPE_NAMES = ("choice", "score", "noul")
+
+
+def detailed_metrics(items: list[Item], probabilities: list[np.ndarray]) -> dict[str, float]:
+    """`heldout_metrics` plus Brier score, KL from the soft gold (where present) and score MAE."""
+    metrics = heldout_metrics(items, probabilities)
+    if not items:
+        return metrics | {"brier": float("nan"), "kl_soft": float("nan"), "score_mae": float("nan")}
+    brier = [float(((p - np.eye(len(p))[it.label]) ** 2).sum()) for it, p in zip(items, probabilities)]
+    kl = [float((t * (np.log(np.clip(t, 1e-12, 1)) - np.log(np.clip(p, 1e-12, 1)))).sum())
+          for it, p in zip(items, probabilities) if it.soft for t in [np.asarray(it.target)]]  # fmt: skip
+    mae = [
+        abs(float(np.dot(np.arange(len(p)), p)) - it.label)
+        for it, p in zip(items, probabilities)
+        if it.qtype == 1
+    ]
+    return metrics | {
+        "brier": float(np.mean(brier)),
+        "kl_soft": float(np.mean(kl)) if kl else float("nan"),
+        "score_mae": float(np.mean(mae)) if mae else float("nan"),
+    }
+
+
+def metrics_by_type(items: list[Item], probabilities: list[np.ndarray]) -> dict[str, dict[str, float]]:
+    """`detailed_metrics` overall and for each question type present."""
+    report = {"overall": detailed_metrics(items, probabilities)}
+    for qtype, name in enumerate(TYPE_NAMES):
+        chosen = [i for i, it in enumerate(items) if it.qtype == qtype]
+        if chosen:
+            report[name] = detailed_metrics([items[i] for i in chosen], [probabilities[i] for i in chosen])
+    return report

@@ -120,3 +120,13 @@ def write_snapshot(out: str | Path, encoder_dir: str | Path, seed: int, head_lay
 def describe(path: str | Path) -> dict[str, Any]:
     """The decision config of a saved model."""
     return json.loads((Path(path) / CONFIG_FILE).read_text())
+
+
+def list_models(folder: str | Path) -> list[Path]:
+    """The complete models in a folder: visible subfolders holding the config (a staging folder never does)."""
+    folder = Path(folder)
+    return sorted(
+        p
+        for p in folder.iterdir()
+        if p.is_dir() and not p.name.startswith(".") and (p / CONFIG_FILE).is_file()
+    )

@@ -24,6 +24,14 @@ from typing import Any
 import torch
 
 from pipeline.adapters import apply_lora
+from pipeline.compile import (
+    CompileConfig,
+    bucket_length,
+    compiled_encoder,
+    decide_compile,
+    no_cudnn_sdpa,
+    pad_to_bucket,
+)
 from pipeline.config import TrainConfig
 from pipeline.forward import decision_logits, soft_cross_entropy
 from pipeline.items import Item, collate
@@ -158,17 +166,15 @@ def accumulate_gradients(window: list[int], items: list[Item], micro_batch: int,
 
 def train(model: torch.nn.Module, items: list[Item], pad_id: int, config: TrainConfig, device: torch.device,
           cancel: CancelToken | None = None, on_log: Callable[[dict[str, float]], None] | None = None,
-          progress: bool = True) -> TrainResult:  # fmt: skip
+          progress: bool = True, compile_config: CompileConfig | None = None) -> TrainResult:  # fmt: skip
     """Train `model` in place on `items`; the model must already be prepared (`prepare_model`)."""
     from tqdm.auto import tqdm
-
-    from pipeline.compile import CompileConfig, compiled_encoder, decide_compile, no_cudnn_sdpa, pad_to_bucket
 
     if not items:
         raise ValueError("no training items: every decision was skipped (see the validation report)")
     windows = plan_windows(len(items), config)
     dtype = resolve_precision(config.precision, device)
-    compile_config = CompileConfig()
+    compile_config = compile_config or CompileConfig()
     enabled, reason = decide_compile(device, len(windows) * config.grad_accum, compile_config)
     optimizer, scheduler = build_optimizer(model, config, len(windows))
     params = [p for group in optimizer.param_groups for p in group["params"]]
@@ -186,7 +192,11 @@ def train(model: torch.nn.Module, items: list[Item], pad_id: int, config: TrainC
         )
         return per_item.sum()
 
-    warmup = [batch_of(w, False) for w in _warmup_batches(windows, items, config)] if enabled else []
+    warmup = (
+        [batch_of(w, False) for w in _warmup_batches(windows, items, config, compile_config)]
+        if enabled
+        else []
+    )
     result = TrainResult(0, len(windows), 0, False, 0.0, precision=str(dtype or "fp32").replace("torch.", ""))
     started = time.perf_counter()
     with no_cudnn_sdpa(), compiled_encoder(model, compile_config, enabled, reason, warmup,
@@ -225,11 +235,9 @@ def train(model: torch.nn.Module, items: list[Item], pad_id: int, config: TrainC
     return result
 
 
-def _warmup_batches(windows: list[list[int]], items: list[Item], config: TrainConfig) -> list[list[int]]:
+def _warmup_batches(windows: list[list[int]], items: list[Item], config: TrainConfig,
+                    compile_config: CompileConfig) -> list[list[int]]:  # fmt: skip
     """One micro-batch per compile bucket the run will meet, so compiling happens before the clock starts."""
-    from pipeline.compile import CompileConfig, bucket_length
-
-    compile_config = CompileConfig()
     by_bucket: dict[int, list[int]] = {}
     for window in windows:
         for indices in micro_batches(window, items, config.micro_batch):

@@ -43,6 +43,8 @@ def _fresh(tiny_base, config=FAST):
     for module in loaded.model.modules():  # no dropout: updates must be comparable bit for bit
         if isinstance(module, torch.nn.Dropout):
             module.p = 0.0
+        if isinstance(module, torch.nn.MultiheadAttention):
+            module.dropout = 0.0  # a float attribute, not a Dropout module
     prepare_model(loaded.model, config)
     return loaded
 
@@ -203,3 +205,40 @@ def test_lora_fine_tune_reloads_with_the_same_predictions(tiny_base, tiny_items,
     got = score_items(fresh.model, tiny_items, fresh.tokenizer.pad_token_id, CPU)
     for a, b in zip(expected, got):
         torch.testing.assert_close(torch.from_numpy(a), torch.from_numpy(b), rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.slow
+def test_training_compiled_on_cpu_warms_up_once_and_matches_eager(tiny_base, tiny_items, monkeypatch):
+    from pipeline.compile import CompileConfig
+
+    compile_config = CompileConfig(bucket=16, max_static_len=128, backend="aot_eager")
+    config = replace(FAST, max_steps=4)
+    torch._dynamo.reset()
+    losses = {}
+    for forced in ("1", "0"):
+        monkeypatch.setenv("DECISION_COMPILE", forced)
+        loaded = _fresh(tiny_base, config)
+        names = [n for n, _ in loaded.model.named_parameters()]
+        result = train(loaded.model, tiny_items, loaded.tokenizer.pad_token_id, config, CPU, progress=False,
+                       compile_config=compile_config)  # fmt: skip
+        losses[forced] = [loss for _, loss in result.losses]
+        assert result.compile["enabled"] is (forced == "1")
+        assert [n for n, _ in loaded.model.named_parameters()] == names
+    assert result.compile["recompiles_after_warmup"] == 0 or forced == "0"
+    torch.testing.assert_close(torch.tensor(losses["1"]), torch.tensor(losses["0"]), rtol=1e-4, atol=1e-5)
+
+
+def test_a_failing_compile_still_trains_eagerly(tiny_base, tiny_items, monkeypatch):
+    from pipeline.compile import CompileConfig
+
+    def broken_compile(self, *args, **kwargs):
+        raise RuntimeError("no compiler here")
+
+    monkeypatch.setenv("DECISION_COMPILE", "1")
+    monkeypatch.setattr(torch.nn.Module, "compile", broken_compile)
+    config = replace(FAST, max_steps=3)
+    loaded = _fresh(tiny_base, config)
+    result = train(loaded.model, tiny_items, loaded.tokenizer.pad_token_id, config, CPU, progress=False,
+                   compile_config=CompileConfig(bucket=16, max_static_len=128, backend="aot_eager"))  # fmt: skip
+    assert result.steps == 3 and not result.compile["enabled"]
+    assert "no compiler here" in result.compile["fallback_error"]

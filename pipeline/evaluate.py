@@ -1,0 +1,92 @@
+"""Evaluate a model on decision rows: metrics per question type and overall, reliability and confusion plots.
+
+The model answers as it would when served: its calibrated temperatures are applied. A LoRA fine-tune folder
+(adapters plus head) is evaluated on top of the base it names.
+
+    decision evaluate --model runs/export --data data/processed/vader.jsonl --slice 0:2000
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from pipeline.adapters import ADAPTER_FILE, load_adapter
+from pipeline.forward import score_items
+from pipeline.items import Item, build_items
+from pipeline.metrics import metrics_by_type
+from pipeline.model import LoadedModel, load_model
+from pipeline.plots import confusion_matrix, reliability_diagram
+from pipeline.predict import temperature_for
+from pipeline.read import RowSlice
+from pipeline.validate import validate_file
+
+
+def load_for_inference(folder: str | Path) -> LoadedModel:
+    """A Laya-layout model, or a LoRA fine-tune applied to the base model its description names."""
+    folder = Path(folder)
+    if (folder / ADAPTER_FILE).is_file():
+        description = json.loads((folder / ADAPTER_FILE).read_text())
+        loaded = load_model(description["base"])
+        load_adapter(loaded.model, folder)
+        loaded.config = {**description.get("decision_config", loaded.config), **_temperatures(description)}
+        return loaded
+    return load_model(folder)
+
+
+def _temperatures(description: dict[str, Any]) -> dict[str, Any]:
+    return {"temperature": description["temperature"]} if "temperature" in description else {}
+
+
+def calibrated_probabilities(
+    loaded: LoadedModel, items: list[Item], logits: list[np.ndarray]
+) -> list[np.ndarray]:
+    """Probabilities with the model's own temperatures applied, as the server answers."""
+    out = []
+    for item, z in zip(items, logits):
+        scaled = np.asarray(z, dtype=np.float64) / temperature_for(loaded.config, item.qtype, len(z))
+        p = np.exp(scaled - scaled.max())
+        out.append(p / p.sum())
+    return out
+
+
+def evaluate_model(model_dir: str | Path, data: str | Path, plots_dir: str | Path | None = None,
+                   row_slice: RowSlice = RowSlice(), device: str = "cpu", progress: bool = False) -> dict[str, Any]:  # fmt: skip
+    """Metrics of `model_dir` on every usable decision of `data`, and the PNG plots written to `plots_dir`."""
+    loaded = load_for_inference(model_dir)
+    validated = validate_file(data, row_slice)
+    items, skipped = build_items(validated.records, loaded)
+    loaded.model.to(device)
+    logits = score_items(loaded.model, items, loaded.tokenizer.pad_token_id, torch.device(device), 64,
+                         progress=progress, logits=True)  # fmt: skip
+    probabilities = calibrated_probabilities(loaded, items, logits)
+    report = {
+        "model": str(model_dir), "data": str(data), "rows": validated.report.rows,
+        "decisions": validated.report.decisions, "skipped": {**validated.report.skipped, **skipped},
+        "metrics": metrics_by_type(items, probabilities), "plots": [],
+    }  # fmt: skip
+    if plots_dir is not None:
+        report["plots"] = [
+            str(p) for p in write_plots(validated.records, items, probabilities, Path(plots_dir))
+        ]
+    return report
+
+
+def write_plots(records, items: list[Item], probabilities: list[np.ndarray], folder: Path) -> list[Path]:
+    """The overall reliability diagram and one confusion matrix per question id."""
+    written = [reliability_diagram(items, probabilities, folder / "reliability.png", "all decisions")]
+    options = {d.question.id: d.question.options for r in records for d in r.decisions}
+    for question_id in sorted({it.question_id for it in items}):
+        chosen = [i for i, it in enumerate(items) if it.question_id == question_id]
+        written.append(confusion_matrix([items[i] for i in chosen], [probabilities[i] for i in chosen],
+                                        options[question_id], folder / f"confusion_{_safe(question_id)}.png",
+                                        f"question {question_id}"))  # fmt: skip
+    return written
+
+
+def _safe(name: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_" else "_" for c in name)[:64]

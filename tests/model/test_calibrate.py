@@ -1,0 +1,82 @@
+"""Temperature calibration and the evaluation metrics, checked against known answers and laya's reference ECE."""
+
+import numpy as np
+import pytest
+
+from pipeline.calibrate import cross_fitted_metrics, fit_calibration, fit_temperature, softmax
+from pipeline.items import Item
+from pipeline.metrics import detailed_metrics, expected_calibration_error, metrics_by_type
+
+
+def _sampled(rng, n, k, true_temperature):
+    """Logits whose labels are drawn from softmax(logits / T): the NLL-optimal temperature is about T."""
+    logits = [rng.normal(0, 3, size=k) for _ in range(n)]
+    labels = [int(rng.choice(k, p=softmax(z, true_temperature))) for z in logits]
+    return logits, labels
+
+
+@pytest.mark.parametrize("true_temperature", [0.7, 1.0, 2.0, 3.5])
+def test_fit_temperature_recovers_the_temperature_that_generated_the_labels(true_temperature):
+    rng = np.random.default_rng(0)
+    logits, labels = _sampled(rng, 4000, 4, true_temperature)
+    fitted = fit_temperature(logits, [np.eye(4)[y] for y in labels])
+    assert fitted == pytest.approx(true_temperature, rel=0.1)
+
+
+def test_fit_temperature_is_clamped():
+    rng = np.random.default_rng(1)
+    logits, labels = _sampled(rng, 2000, 3, 20.0)
+    assert fit_temperature(logits, [np.eye(3)[y] for y in labels]) == pytest.approx(5.0)
+    confident = [np.array([10.0, 0.0]) for _ in range(50)]
+    assert fit_temperature(confident, [np.array([1.0, 0.0])] * 50) == pytest.approx(0.5)
+
+
+def _items(labels, qtypes, records=None):
+    return [Item((1,), (0,) * 3, q, tuple(np.eye(3)[y]), y, (records or list(range(len(labels))))[i], "q")
+            for i, (y, q) in enumerate(zip(labels, qtypes))]  # fmt: skip
+
+
+def test_a_type_with_too_few_decisions_keeps_t_1_and_says_so():
+    rng = np.random.default_rng(2)
+    logits, labels = _sampled(rng, 60, 3, 2.0)
+    items = _items(labels, [0] * 55 + [2] * 5)
+    calibration = fit_calibration(items, logits)
+    assert calibration.temperatures[2] == 1.0 and "kept T=1" in calibration.notes["noul"]
+    assert calibration.temperatures[1] == 1.0 and "0 held-out" in calibration.notes["score"]
+    assert calibration.temperatures[0] > 1.2 and "fitted on 55" in calibration.notes["choice"]
+
+
+def test_cross_fitted_calibration_improves_an_overconfident_model():
+    rng = np.random.default_rng(3)
+    logits, labels = _sampled(rng, 600, 3, 3.0)
+    items = _items(labels, [0] * 600)
+    before = detailed_metrics(items, [softmax(z) for z in logits])
+    after = cross_fitted_metrics(items, logits)
+    assert after["ece"] < before["ece"] / 2 and after["loss"] < before["loss"]
+    assert after["accuracy"] == pytest.approx(before["accuracy"])  # temperature never changes the argmax
+
+
+def test_ece_agrees_with_laya_reference_including_bin_edges():
+    from laya.common import ece_score
+
+    rng = np.random.default_rng(4)
+    for trial in range(30):
+        n = int(rng.integers(1, 300))
+        confidence = rng.uniform(0, 1, n)
+        if trial % 2:  # values exactly on the bin edges, and 0 and 1
+            confidence = rng.choice(np.linspace(0, 1, 16), n)
+        correct = rng.integers(0, 2, n).astype(float)
+        assert expected_calibration_error(confidence, correct) == pytest.approx(
+            ece_score(confidence, correct), abs=1e-12
+        )
+
+
+def test_metrics_by_type_report_brier_kl_and_score_mae():
+    items = _items([0, 1, 2], [0, 1, 1])
+    items[1] = Item((1,), (0, 0, 0), 1, (0.2, 0.6, 0.2), 1, 1, "s", True)
+    probabilities = [np.array([1.0, 0, 0]), np.array([0.2, 0.6, 0.2]), np.array([0, 0.5, 0.5])]
+    report = metrics_by_type(items, probabilities)
+    assert set(report) == {"overall", "choice", "score"}
+    assert report["choice"]["brier"] == pytest.approx(0.0)
+    assert report["score"]["kl_soft"] == pytest.approx(0.0)
+    assert report["score"]["score_mae"] == pytest.approx((0.0 + 0.5) / 2)

@@ -1,0 +1,64 @@
+"""`decision finetune` and `decision evaluate` end to end on a tiny model and synthetic rows."""
+
+import json
+
+import pytest
+
+from pipeline.cli import main
+from pipeline.model import load_model
+
+KEYS = {"rows", "decisions", "skipped", "heldout", "temperatures", "export_dir", "train_seconds", "s_per_step",
+        "peak_memory_mb"}  # fmt: skip
+
+
+@pytest.fixture
+def params(tmp_path):
+    path = tmp_path / "params.yaml"
+    path.write_text("train:\n  micro_batch: 4\n  grad_accum: 2\n  lora_r: 4\n  precision: fp32\n"
+                    "validate:\n  holdout_max_decisions: 120\n  holdout_fraction: 0.3\n")  # fmt: skip
+    return path
+
+
+def test_finetune_json_has_the_stable_keys_and_exports_a_model(tiny_base, synthetic_train_file, params, tmp_path,
+                                                              capsys):  # fmt: skip
+    out = tmp_path / "export"
+    code = main(["finetune", "--data", str(synthetic_train_file), "--base", str(tiny_base), "--out", str(out),
+                 "--max-steps", "3", "--params", str(params), "--json"])  # fmt: skip
+    assert code == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert set(summary) >= KEYS
+    assert set(summary["heldout"]) == {"decisions", "base", "tuned", "calibrated"}
+    for model in ("base", "tuned", "calibrated"):
+        assert set(summary["heldout"][model]) >= {"accuracy", "record_accuracy", "ece"}
+    assert summary["export_dir"] == str(out)
+    exported = load_model(out)
+    assert exported.config["temperature"] == [summary["temperatures"][t] for t in ("choice", "score", "noul")]
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert {"data_md5", "base_md5", "git_commit", "params", "metrics"} <= set(manifest)
+
+
+def test_finetune_with_eval_data_and_a_slice(tiny_base, synthetic_train_file, params, tmp_path, capsys):
+    code = main(["finetune", "--data", str(synthetic_train_file), "--eval-data", str(synthetic_train_file),
+                 "--slice", "0:40", "--base", str(tiny_base), "--out", str(tmp_path / "e"), "--max-steps", "2",
+                 "--params", str(params), "--json"])  # fmt: skip
+    assert code == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["rows"] == 40 and summary["heldout"]["decisions"] == 3 * 160
+
+
+def test_evaluate_writes_metrics_and_plots(tiny_base, synthetic_train_file, tmp_path, capsys):
+    plots = tmp_path / "plots"
+    code = main(["evaluate", "--model", str(tiny_base), "--data", str(synthetic_train_file), "--slice", "0:60",
+                 "--plots", str(plots), "--json"])  # fmt: skip
+    assert code == 0
+    report = json.loads(capsys.readouterr().out)
+    assert set(report["metrics"]) == {"overall", "choice", "score", "noul"}
+    assert report["metrics"]["overall"]["decisions"] == 180
+    names = sorted(p.name for p in plots.iterdir())
+    assert names == [
+        "confusion_intensity.png",
+        "confusion_is_negative.png",
+        "confusion_tone.png",
+        "reliability.png",
+    ]
+    assert all((plots / n).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for n in names)

@@ -242,3 +242,15 @@ def test_a_failing_compile_still_trains_eagerly(tiny_base, tiny_items, monkeypat
                    compile_config=CompileConfig(bucket=16, max_static_len=128, backend="aot_eager"))  # fmt: skip
     assert result.steps == 3 and not result.compile["enabled"]
     assert "no compiler here" in result.compile["fallback_error"]
+
+
+def test_a_signal_sets_the_cancel_flag_and_the_old_handler_comes_back():
+    import os
+    import signal
+
+    before = signal.getsignal(signal.SIGINT)
+    cancel = CancelToken()
+    with cancel.on_signals():
+        os.kill(os.getpid(), signal.SIGINT)
+        assert cancel.cancelled and cancel.reason == "signal SIGINT"
+    assert signal.getsignal(signal.SIGINT) is before

@@ -40,27 +40,37 @@ def _validate(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _train(args: argparse.Namespace) -> int:
+def _training_setup(args: argparse.Namespace):
+    """params.yaml with the command's overrides applied, a cancel token, and the errors worth one clear line."""
     from dataclasses import replace
 
     from pipeline.config import ConfigError, load_params
-    from pipeline.finetune import train_on_data
     from pipeline.pins import PinMismatch
-    from pipeline.read import BadSlice, RowSlice, UnreadableInput
+    from pipeline.read import BadSlice, UnreadableInput
     from pipeline.train import CancelToken
 
+    errors = (ConfigError, PinMismatch, UnreadableInput, BadSlice, FileNotFoundError, ValueError)
     try:
         params = load_params(args.params)
         overrides = {
             k: v for k, v in (("method", args.method), ("max_steps", args.max_steps)) if v is not None
         }
-        config = replace(params["train"], **overrides)
-        cancel = CancelToken()
+        return params, replace(params["train"], **overrides), CancelToken(), errors
+    except errors as error:
+        raise SystemExit(f"decision {args.command}: {error}") from None
+
+
+def _train(args: argparse.Namespace) -> int:
+    from pipeline.finetune import train_on_data
+    from pipeline.read import RowSlice
+
+    params, config, cancel, errors = _training_setup(args)
+    try:
         with cancel.on_signals():
             run = train_on_data(args.data, args.base, args.out, config, params["validate"],
                                 RowSlice.parse(args.slice), args.device, cancel, args.save_on_cancel,
                                 progress=not args.json)  # fmt: skip
-    except (ConfigError, PinMismatch, UnreadableInput, BadSlice, FileNotFoundError, ValueError) as error:
+    except errors as error:
         print(f"decision train: {error}", file=sys.stderr)
         return EXIT_UNREADABLE
     if args.json:
@@ -122,25 +132,15 @@ def _export(args: argparse.Namespace) -> int:
 
 
 def _finetune(args: argparse.Namespace) -> int:
-    from dataclasses import replace
-
-    from pipeline.config import ConfigError, load_params
     from pipeline.finetune import finetune
-    from pipeline.pins import PinMismatch
-    from pipeline.read import BadSlice, RowSlice, UnreadableInput
-    from pipeline.train import CancelToken
+    from pipeline.read import RowSlice
 
+    params, config, cancel, errors = _training_setup(args)
     try:
-        params = load_params(args.params)
-        overrides = {
-            k: v for k, v in (("method", args.method), ("max_steps", args.max_steps)) if v is not None
-        }
-        cancel = CancelToken()
         with cancel.on_signals():
-            summary = finetune(args.data, args.base, args.out, replace(params["train"], **overrides),
-                               params["validate"], RowSlice.parse(args.slice), args.device, cancel,
-                               progress=not args.json, eval_data=args.eval_data)  # fmt: skip
-    except (ConfigError, PinMismatch, UnreadableInput, BadSlice, FileNotFoundError, ValueError) as error:
+            summary = finetune(args.data, args.base, args.out, config, params["validate"], RowSlice.parse(args.slice),
+                               args.device, cancel, progress=not args.json, eval_data=args.eval_data)  # fmt: skip
+    except errors as error:
         print(f"decision finetune: {error}", file=sys.stderr)
         return EXIT_UNREADABLE
     if args.json:

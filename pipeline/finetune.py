@@ -189,7 +189,6 @@ def finetune(data: str | Path, base: str | Path, out: str | Path, config: TrainC
     from pipeline.calibrate import cross_fitted_metrics, fit_calibration
     from pipeline.export import export_model
 
-    peak = _PeakMemory()
     trained = fit_on_data(data, base, config, split_config, row_slice, device, cancel, progress, eval_data)
     run, items = trained.run, trained.heldout_items
     calibration = fit_calibration(items, trained.tuned_logits, soft_calibration)
@@ -207,7 +206,7 @@ def finetune(data: str | Path, base: str | Path, out: str | Path, config: TrainC
         "temperatures": dict(zip(("choice", "score", "noul"), calibration.temperatures)),
         "temperature_notes": calibration.notes, "export_dir": export_dir, "cancelled": cancelled,
         "train_seconds": run.train_seconds, "s_per_step": run.s_per_step, "steps": run.steps,
-        "peak_memory_mb": peak.read_mb(), "precision": run.precision, "compile": run.compile,
+        "peak_memory_mb": peak_memory_mb(), "precision": run.precision, "compile": run.compile,
     }  # fmt: skip
 
 
@@ -215,16 +214,14 @@ def _summary(metrics: dict[str, float]) -> dict[str, float]:
     return {k: metrics[k] for k in ("accuracy", "record_accuracy", "ece", "loss") if k in metrics}
 
 
-class _PeakMemory:
-    """Peak resident memory of this process (and of the GPU when one is used), in MiB."""
+def peak_memory_mb() -> float:
+    """Peak resident memory of this process (or of the GPU when it used more), in MiB."""
+    import resource
 
-    def read_mb(self) -> float:
-        import resource
-
-        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
-        if torch.cuda.is_available() and torch.cuda.is_initialized():
-            peak = max(peak, torch.cuda.max_memory_allocated() / 2**20)
-        return round(peak, 1)
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        peak = max(peak, torch.cuda.max_memory_allocated() / 2**20)
+    return round(peak, 1)
 
 
 def lineage(data, base, config: TrainConfig, run: TrainRun, temperatures, heldout) -> dict[str, Any]:

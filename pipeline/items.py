@@ -40,7 +40,7 @@ class Item:
 
 def build_items(records: list[Record], loaded: LoadedModel) -> tuple[list[Item], dict[str, int]]:
     """Items for every usable decision, and counts of the decisions skipped by reason."""
-    from laya.common import build_head, build_sequence, encode_text
+    from laya.common import build_sequence, encode_text
 
     tok, skipped, items = loaded.tokenizer, Counter(), []
     heads: dict = {}
@@ -49,7 +49,7 @@ def build_items(records: list[Record], loaded: LoadedModel) -> tuple[list[Item],
         state_ids = encode_text(tok, text, add_special_tokens=False)["input_ids"][: loaded.max_len]
         for decision in record.decisions:
             question = internal_question(decision.question)
-            reason = _head_problem(heads, decision, question, loaded, build_head)
+            reason = _head_problem(heads, decision, question, loaded)
             if reason:
                 skipped[reason] += 1
                 continue
@@ -59,9 +59,9 @@ def build_items(records: list[Record], loaded: LoadedModel) -> tuple[list[Item],
     return items, dict(skipped)
 
 
-def _head_problem(
-    cache: dict, decision: Decision, question: dict, loaded: LoadedModel, build_head
-) -> str | None:
+def _head_problem(cache: dict, decision: Decision, question: dict, loaded: LoadedModel) -> str | None:
+    from laya.common import build_head
+
     key = decision.question  # questions repeat across rows: check each distinct one once
     if key not in cache:
         _ids, markers, stats = build_head(loaded.tokenizer, question, loaded.head_max_len)

@@ -146,8 +146,7 @@ def _finetune(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(summary))
     else:
-        print_heldout({**summary, "saved_to": summary["export_dir"], "planned_steps": summary["steps"],
-                       "decisions_per_second": float("nan")})  # fmt: skip
+        print_heldout({**summary, "saved_to": summary["export_dir"], "planned_steps": summary["steps"]})  # fmt: skip
         print(f"temperatures: {summary['temperatures']}")
     return 130 if summary["cancelled"] else EXIT_OK
 

@@ -206,6 +206,7 @@ def finetune(data: str | Path, base: str | Path, out: str | Path, config: TrainC
         "temperatures": dict(zip(("choice", "score", "noul"), calibration.temperatures)),
         "temperature_notes": calibration.notes, "export_dir": export_dir, "cancelled": cancelled,
         "train_seconds": run.train_seconds, "s_per_step": run.s_per_step, "steps": run.steps,
+        "decisions_per_second": run.decisions_per_second,
         "peak_memory_mb": peak_memory_mb(), "precision": run.precision, "compile": run.compile,
     }  # fmt: skip
 

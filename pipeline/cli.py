@@ -199,6 +199,21 @@ def print_report(report: dict[str, Any]) -> None:
     console.print(reasons)
 
 
+def _add_training_arguments(command: argparse.ArgumentParser, out_help: str) -> None:
+    """The flags `train` and `finetune` share (the same names as the params.yaml keys they override)."""
+    command.add_argument("--data", required=True, help="decision file (.jsonl, .parquet, .csv)")
+    command.add_argument("--base", required=True, help="base model folder in the Laya layout")
+    command.add_argument("--out", required=True, help=out_help)
+    command.add_argument(
+        "--method", choices=["lora", "full", "qlora"], help="default: train.method in params.yaml"
+    )
+    command.add_argument("--max-steps", type=int, help="cap on optimizer steps (default: train.max_steps)")
+    command.add_argument("--slice", metavar="START:END", help="use rows [START, END) of DATA only")
+    command.add_argument("--device", default="auto", help="auto (cuda if available), cpu, cuda, cuda:1, ...")
+    command.add_argument("--params", default="params.yaml", help="the params file (default: params.yaml)")
+    command.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="decision",
@@ -227,18 +242,8 @@ def build_parser() -> argparse.ArgumentParser:
         "model). Settings come from params.yaml (train:); flags override them. Ctrl-C stops at the next step "
         "and saves nothing unless --save-on-cancel.",
     )
-    train.add_argument("--data", required=True, help="decision file (.jsonl, .parquet, .csv)")
-    train.add_argument("--base", required=True, help="base model folder in the Laya layout")
-    train.add_argument("--out", required=True, help="where to save the fine-tune")
-    train.add_argument(
-        "--method", choices=["lora", "full", "qlora"], help="default: train.method in params.yaml"
-    )
-    train.add_argument("--max-steps", type=int, help="cap on optimizer steps (default: one epoch)")
-    train.add_argument("--slice", metavar="START:END", help="train on rows [START, END) of DATA only")
-    train.add_argument("--device", default="auto", help="auto (cuda if available), cpu, cuda, cuda:1, ...")
-    train.add_argument("--params", default="params.yaml", help="the params file (default: params.yaml)")
+    _add_training_arguments(train, out_help="where to save the fine-tune")
     train.add_argument("--save-on-cancel", action="store_true", help="save what was trained when cancelled")
-    train.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
     train.set_defaults(handler=_train)
 
     evaluate = commands.add_parser(
@@ -277,16 +282,8 @@ def build_parser() -> argparse.ArgumentParser:
         "held-out rows (or use --eval-data), train, fit one temperature per question type on the held-out "
         "decisions (before/after figures cross-fitted), and export the merged model to OUT.",
     )
-    chain.add_argument("--data", required=True)
+    _add_training_arguments(chain, out_help="the export folder")
     chain.add_argument("--eval-data", help="use this file as the held-out set instead of splitting DATA")
-    chain.add_argument("--base", required=True, help="base model folder in the Laya layout")
-    chain.add_argument("--out", required=True, help="the export folder")
-    chain.add_argument("--method", choices=["lora", "full", "qlora"])
-    chain.add_argument("--max-steps", type=int)
-    chain.add_argument("--slice", metavar="START:END")
-    chain.add_argument("--device", default="auto")
-    chain.add_argument("--params", default="params.yaml")
-    chain.add_argument("--json", action="store_true", help="print one JSON object (stable keys)")
     chain.set_defaults(handler=_finetune)
     return parser
 

@@ -26,11 +26,11 @@ import torch
 from pipeline.adapters import apply_lora
 from pipeline.compile import (
     CompileConfig,
-    bucket_length,
     compiled_encoder,
     decide_compile,
     no_cudnn_sdpa,
     pad_to_bucket,
+    pick_warmup_batches,
 )
 from pipeline.config import TrainConfig
 from pipeline.forward import decision_logits, soft_cross_entropy
@@ -193,9 +193,7 @@ def train(model: torch.nn.Module, items: list[Item], pad_id: int, config: TrainC
         return per_item.sum()
 
     warmup = (
-        [batch_of(w, False) for w in _warmup_batches(windows, items, config, compile_config)]
-        if enabled
-        else []
+        pick_warmup_batches(_run_batches(windows, items, config, pad_id), compile_config) if enabled else []
     )
     result = TrainResult(0, len(windows), 0, False, 0.0, precision=str(dtype or "fp32").replace("torch.", ""))
     started = time.perf_counter()
@@ -235,12 +233,8 @@ def train(model: torch.nn.Module, items: list[Item], pad_id: int, config: TrainC
     return result
 
 
-def _warmup_batches(windows: list[list[int]], items: list[Item], config: TrainConfig,
-                    compile_config: CompileConfig) -> list[list[int]]:  # fmt: skip
-    """One micro-batch per compile bucket the run will meet, so compiling happens before the clock starts."""
-    by_bucket: dict[int, list[int]] = {}
+def _run_batches(windows: list[list[int]], items: list[Item], config: TrainConfig, pad_id: int):
+    """Every micro-batch of the run, collated on the CPU, in order (for choosing the warm-up batches)."""
     for window in windows:
         for indices in micro_batches(window, items, config.micro_batch):
-            length = bucket_length(max(len(items[i]) for i in indices), compile_config)
-            by_bucket.setdefault(length, indices)
-    return list(by_bucket.values())
+            yield collate([items[i] for i in indices], pad_id)

@@ -21,7 +21,7 @@ from pipeline.items import Item, build_items
 from pipeline.metrics import metrics_by_type
 from pipeline.model import LoadedModel, load_model
 from pipeline.plots import confusion_matrix, reliability_diagram
-from pipeline.predict import temperature_for
+from pipeline.predict import calibrated_probabilities
 from pipeline.read import RowSlice
 from pipeline.validate import validate_file
 
@@ -40,18 +40,6 @@ def load_for_inference(folder: str | Path) -> LoadedModel:
 
 def _temperatures(description: dict[str, Any]) -> dict[str, Any]:
     return {"temperature": description["temperature"]} if "temperature" in description else {}
-
-
-def calibrated_probabilities(
-    loaded: LoadedModel, items: list[Item], logits: list[np.ndarray]
-) -> list[np.ndarray]:
-    """Probabilities with the model's own temperatures applied, as the server answers."""
-    out = []
-    for item, z in zip(items, logits):
-        scaled = np.asarray(z, dtype=np.float64) / temperature_for(loaded.config, item.qtype, len(z))
-        p = np.exp(scaled - scaled.max())
-        out.append(p / p.sum())
-    return out
 
 
 def evaluate_model(model_dir: str | Path, data: str | Path, plots_dir: str | Path | None = None,

@@ -40,13 +40,12 @@ class Item:
 
 def build_items(records: list[Record], loaded: LoadedModel) -> tuple[list[Item], dict[str, int]]:
     """Items for every usable decision, and counts of the decisions skipped by reason."""
-    from laya.common import build_sequence, encode_text
+    from laya.common import build_sequence
 
     tok, skipped, items = loaded.tokenizer, Counter(), []
     heads: dict = {}
     for index, record in enumerate(records):
-        text = state_text(record.state).replace(tok.mask_token, " ")
-        state_ids = encode_text(tok, text, add_special_tokens=False)["input_ids"][: loaded.max_len]
+        state_ids = state_token_ids(loaded, record.state)
         for decision in record.decisions:
             question = internal_question(decision.question)
             reason = _head_problem(heads, decision, question, loaded)
@@ -57,6 +56,14 @@ def build_items(records: list[Record], loaded: LoadedModel) -> tuple[list[Item],
                                           state_ids=state_ids)  # fmt: skip
             items.append(_item(decision, ids, markers, index))
     return items, dict(skipped)
+
+
+def state_token_ids(loaded: LoadedModel, state) -> list[int]:
+    """The state's token ids as every sequence of it carries them (mask tokens blanked, capped at max_len)."""
+    from laya.common import encode_text
+
+    text = state_text(state).replace(loaded.tokenizer.mask_token, " ")
+    return encode_text(loaded.tokenizer, text, add_special_tokens=False)["input_ids"][: loaded.max_len]
 
 
 def _head_problem(cache: dict, decision: Decision, question: dict, loaded: LoadedModel) -> str | None:

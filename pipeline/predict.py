@@ -13,8 +13,9 @@ import numpy as np
 import torch
 
 from pipeline import contract
+from pipeline.calibrate import softmax
 from pipeline.forward import decision_logits
-from pipeline.items import Item, collate
+from pipeline.items import Item, collate, state_token_ids
 from pipeline.model import QUESTION_TYPE_IDS, LoadedModel, internal_question
 
 
@@ -24,14 +25,13 @@ class BadQuestion(ValueError):
 
 def question_items(loaded: LoadedModel, state: Any, questions: dict[str, Any]) -> list[Item]:
     """One model item per question (targets empty), in the order given."""
-    from laya.common import build_sequence, encode_text
+    from laya.common import build_sequence
 
     parsed = contract.parse_questions(questions)
     if parsed.error:
         raise BadQuestion(f"questions: {parsed.error}")
     tok = loaded.tokenizer
-    text = contract.state_text(state).replace(tok.mask_token, " ")
-    state_ids = encode_text(tok, text, add_special_tokens=False)["input_ids"][: loaded.max_len]
+    state_ids = state_token_ids(loaded, state)
     items = []
     for spec in parsed.specs:
         if not spec.criteria_ok:
@@ -62,9 +62,12 @@ def predict(loaded: LoadedModel, state: Any, questions: dict[str, Any]) -> dict[
     device = next(loaded.model.parameters()).device
     batch = {k: v.to(device) for k, v in collate(items, loaded.tokenizer.pad_token_id).items()}
     logits = decision_logits(loaded.model.eval(), batch).cpu().numpy().astype(np.float64)
-    answers = {}
-    for row, item in enumerate(items):
-        z = logits[row, : len(item.markers)] / temperature_for(loaded.config, item.qtype, len(item.markers))
-        p = np.exp(z - z.max())
-        answers[item.question_id] = p / p.sum()
-    return answers
+    rows = [logits[row, : len(item.markers)] for row, item in enumerate(items)]
+    return {item.question_id: p for item, p in zip(items, calibrated_probabilities(loaded, items, rows))}
+
+
+def calibrated_probabilities(
+    loaded: LoadedModel, items: list[Item], logits: list[np.ndarray]
+) -> list[np.ndarray]:
+    """Probabilities with the model's own temperatures applied, as the server answers."""
+    return [softmax(z, temperature_for(loaded.config, it.qtype, len(z))) for it, z in zip(items, logits)]

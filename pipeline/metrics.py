@@ -15,15 +15,20 @@ from pipeline.items import Item
 ECE_BINS = 15
 
 
+def ece_bin_index(confidence: np.ndarray, bins: int = ECE_BINS) -> np.ndarray:
+    """The bin of each confidence among `bins` equal-width (lo, hi] bins (the first bin is [0, e1])."""
+    edges = np.linspace(0.0, 1.0, bins + 1)
+    # A value on an edge belongs to the bin below it; 0 goes to the first bin.
+    return np.clip(np.searchsorted(edges, np.asarray(confidence), side="left") - 1, 0, bins - 1)
+
+
 def expected_calibration_error(confidence: np.ndarray, correct: np.ndarray, bins: int = ECE_BINS) -> float:
     """Weighted mean |accuracy - confidence| over equal-width (lo, hi] bins of the top-label probability."""
     confidence = np.asarray(confidence, dtype=np.float64)
     correct = np.asarray(correct, dtype=np.float64)
     if confidence.size == 0:
         return float("nan")
-    edges = np.linspace(0.0, 1.0, bins + 1)
-    # (lo, hi]: a value on an edge belongs to the bin below it; 0 goes to the first bin.
-    which = np.clip(np.searchsorted(edges, confidence, side="left") - 1, 0, bins - 1)
+    which = ece_bin_index(confidence, bins)
     total = 0.0
     for b in range(bins):
         in_bin = which == b

@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 
 from pipeline.items import Item
-from pipeline.metrics import ECE_BINS, expected_calibration_error
+from pipeline.metrics import ECE_BINS, ece_bin_index, expected_calibration_error
 
 
 def _pyplot():
@@ -25,7 +25,7 @@ def reliability_diagram(items: list[Item], probabilities: list[np.ndarray], out:
     confidence = np.array([p.max() for p in probabilities])
     correct = np.array([int(p.argmax()) == it.label for it, p in zip(items, probabilities)], dtype=float)
     edges = np.linspace(0, 1, ECE_BINS + 1)
-    which = np.clip(np.searchsorted(edges, confidence, side="left") - 1, 0, ECE_BINS - 1)
+    which = ece_bin_index(confidence)
     centers, accuracy, counts = [], [], []
     for b in range(ECE_BINS):
         chosen = which == b

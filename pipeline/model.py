@@ -13,7 +13,6 @@ The model class and the sequence builder come from `laya` (Apache-2.0), so a che
 
 from __future__ import annotations
 
-import json
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -115,11 +114,6 @@ def write_snapshot(out: str | Path, encoder_dir: str | Path, seed: int, head_lay
     shutil.rmtree(out, ignore_errors=True)
     staging.rename(out)
     return out
-
-
-def describe(path: str | Path) -> dict[str, Any]:
-    """The decision config of a saved model."""
-    return json.loads((Path(path) / CONFIG_FILE).read_text())
 
 
 def list_models(folder: str | Path) -> list[Path]:

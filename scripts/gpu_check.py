@@ -55,6 +55,29 @@ def run(mode: str, steps: int) -> dict:
     }  # fmt: skip
 
 
+def export_memory_check() -> dict:
+    """Merging for export copies to the CPU: device memory must not grow and the training model keeps its adapters."""
+    import torch
+
+    from pipeline.adapters import apply_lora, has_lora
+    from pipeline.export import merged_copy
+    from pipeline.model import load_model
+
+    loaded = load_model(ROOT / "data/snapshots/minilm")
+    apply_lora(loaded.model, r=64, alpha=64, dropout=0.0, targets="all-linear")
+    loaded.model.to("cuda")
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    merged = merged_copy(loaded.model)
+    torch.cuda.synchronize()
+    return {
+        "allocated_before_mb": before / 2**20, "allocated_after_mb": torch.cuda.memory_allocated() / 2**20,
+        "peak_during_merge_mb": torch.cuda.max_memory_allocated() / 2**20,
+        "merged_on": next(merged.parameters()).device.type, "adapters_kept": has_lora(loaded.model),
+    }  # fmt: skip
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -82,8 +105,13 @@ def main() -> int:
         print(f"{r['mode']}: {r['compile'].get('reason')}; fallback: {r['compile'].get('fallback_error')}")
     speedup = rows[0]["s_per_step"] / rows[1]["s_per_step"]
     print(f"\ncompiled / eager speed: {speedup:.2f}x")
+    merge = export_memory_check()
+    growth = merge["allocated_after_mb"] - merge["allocated_before_mb"]
+    print(f"export merge: device memory {merge['allocated_before_mb']:.1f} -> {merge['allocated_after_mb']:.1f} MB "
+          f"(growth {growth:+.1f} MB, peak {merge['peak_during_merge_mb']:.1f} MB), merged copy on "
+          f"{merge['merged_on']}, training model keeps its adapters: {merge['adapters_kept']}")  # fmt: skip
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps({"runs": rows, "compile_speedup": speedup}, indent=2))
+    Path(args.out).write_text(json.dumps({"runs": rows, "compile_speedup": speedup, "export_merge": merge}, indent=2))
     return 0
 
 

@@ -13,6 +13,8 @@ import json
 import sys
 from typing import Any
 
+from pipeline.cli_api import add_api_commands
+
 EXIT_OK, EXIT_UNREADABLE, EXIT_NOTHING_USABLE = 0, 1, 2
 
 
@@ -285,6 +287,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_training_arguments(chain, out_help="the export folder")
     chain.add_argument("--eval-data", help="use this file as the held-out set instead of splitting DATA")
     chain.set_defaults(handler=_finetune)
+    add_api_commands(commands)
     return parser
 
 

@@ -7,14 +7,16 @@ This is the reference the Decision API, the smoke test and the compatibility tes
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
 
 from pipeline import contract
+from pipeline.answers import ParsedRequest, shape_answers
 from pipeline.calibrate import softmax
-from pipeline.forward import decision_logits
+from pipeline.forward import decision_logits, length_batches
 from pipeline.items import Item, collate, state_token_ids
 from pipeline.model import QUESTION_TYPE_IDS, LoadedModel, internal_question
 
@@ -22,27 +24,39 @@ from pipeline.model import QUESTION_TYPE_IDS, LoadedModel, internal_question
 class BadQuestion(ValueError):
     """A question that cannot be answered (its definition is invalid, or its options do not fit)."""
 
+    def __init__(self, message: str, question_id: str | None = None) -> None:
+        super().__init__(message)
+        self.question_id = question_id
+
 
 def question_items(loaded: LoadedModel, state: Any, questions: dict[str, Any]) -> list[Item]:
     """One model item per question (targets empty), in the order given."""
-    from laya.common import build_sequence
-
     parsed = contract.parse_questions(questions)
     if parsed.error:
         raise BadQuestion(f"questions: {parsed.error}")
-    tok = loaded.tokenizer
-    state_ids = state_token_ids(loaded, state)
-    items = []
     for spec in parsed.specs:
         if not spec.criteria_ok:
-            raise BadQuestion(f"questions.{spec.id}: invalid definition (type {spec.type!r})")
-        ids, markers = build_sequence(tok, None, internal_question(spec.question), loaded.max_len,
+            raise BadQuestion(f"questions.{spec.id}: invalid definition (type {spec.type!r})", spec.id)
+    return request_items(loaded, state, [spec.question for spec in parsed.specs])
+
+
+def request_items(loaded: LoadedModel, state: Any, questions: list[contract.Question]) -> list[Item]:
+    """Model items for validated questions about one state; BadQuestion when options do not fit."""
+    from laya.common import build_sequence
+
+    state_ids = state_token_ids(loaded, state)
+    items = []
+    for question in questions:
+        ids, markers = build_sequence(loaded.tokenizer, None, internal_question(question), loaded.max_len,
                                       loaded.head_max_len, state_ids=state_ids)  # fmt: skip
-        if len(markers) != spec.n_options:
+        if len(markers) != len(question.options):
             raise BadQuestion(
-                f"questions.{spec.id}: only {len(markers)} of {spec.n_options} options fit the context"
+                f"questions.{question.id}: only {len(markers)} of {len(question.options)} options fit the context",
+                question.id,
             )
-        items.append(Item(tuple(ids), tuple(markers), QUESTION_TYPE_IDS[spec.type], (), -1, 0, spec.id))
+        items.append(
+            Item(tuple(ids), tuple(markers), QUESTION_TYPE_IDS[question.type], (), -1, 0, question.id)
+        )
     return items
 
 
@@ -55,15 +69,40 @@ def temperature_for(config: dict[str, Any], qtype: int, n_options: int) -> float
     return float(by_options.get(temp_bucket(qtype, n_options), default))
 
 
-@torch.no_grad()
 def predict(loaded: LoadedModel, state: Any, questions: dict[str, Any]) -> dict[str, np.ndarray]:
     """Calibrated option probabilities per question id, options in model order."""
     items = question_items(loaded, state, questions)
+    return {item.question_id: p for item, p in zip(items, predict_items(loaded, [items])[0])}
+
+
+@torch.inference_mode()
+def predict_items(
+    loaded: LoadedModel, requests: list[list[Item]], batch_size: int = 64
+) -> list[list[np.ndarray]]:
+    """Calibrated probabilities for the items of several requests in shared forward passes.
+
+    Items of all requests are grouped by length (little padding), so one pass serves many callers; the
+    result keeps each request's own order. Padding is masked, so a request's answer does not depend on
+    what it was batched with (beyond float rounding).
+    """
+    flat = [item for items in requests for item in items]
     device = next(loaded.model.parameters()).device
-    batch = {k: v.to(device) for k, v in collate(items, loaded.tokenizer.pad_token_id).items()}
-    logits = decision_logits(loaded.model.eval(), batch).cpu().numpy().astype(np.float64)
-    rows = [logits[row, : len(item.markers)] for row, item in enumerate(items)]
-    return {item.question_id: p for item, p in zip(items, calibrated_probabilities(loaded, items, rows))}
+    model = loaded.model.eval()
+    logits: list[np.ndarray | None] = [None] * len(flat)
+    for indices in length_batches([len(it) for it in flat], batch_size):
+        batch = {
+            k: v.to(device)
+            for k, v in collate([flat[i] for i in indices], loaded.tokenizer.pad_token_id).items()
+        }
+        scores = decision_logits(model, batch).cpu().numpy().astype(np.float64)
+        for row, index in enumerate(indices):
+            logits[index] = scores[row, : len(flat[index].markers)]
+    probabilities = calibrated_probabilities(loaded, flat, logits)
+    out, start = [], 0
+    for items in requests:
+        out.append(probabilities[start : start + len(items)])
+        start += len(items)
+    return out
 
 
 def calibrated_probabilities(
@@ -71,3 +110,32 @@ def calibrated_probabilities(
 ) -> list[np.ndarray]:
     """Probabilities with the model's own temperatures applied, as the server answers."""
     return [softmax(z, temperature_for(loaded.config, it.qtype, len(z))) for it, z in zip(items, logits)]
+
+
+@dataclass(frozen=True)
+class Answered:
+    """A request's wire answers and the tokens its questions used."""
+
+    answers: dict[str, dict[str, Any]]
+    input_tokens: int
+
+
+def answer_requests(loaded: LoadedModel, requests: list[ParsedRequest]) -> list[Answered | BadQuestion]:
+    """Answer several parsed requests in shared forward passes; a request that cannot be encoded fails alone."""
+    encoded: list[list[Item] | BadQuestion] = []
+    for request in requests:
+        try:
+            encoded.append(request_items(loaded, request.state, list(request.questions.values())))
+        except BadQuestion as error:
+            encoded.append(error)
+    good = [items for items in encoded if not isinstance(items, BadQuestion)]
+    probabilities = iter(predict_items(loaded, good))
+    results: list[Answered | BadQuestion] = []
+    for request, items in zip(requests, encoded):
+        if isinstance(items, BadQuestion):
+            results.append(items)
+            continue
+        by_id = {item.question_id: p for item, p in zip(items, next(probabilities))}
+        answers = shape_answers(request.questions, by_id, request.legends)
+        results.append(Answered(answers, sum(len(item) for item in items)))
+    return results

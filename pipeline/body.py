@@ -1,0 +1,108 @@
+"""Request bodies for the Decision API: size limits and `Content-Encoding: zstd`, before any JSON is parsed.
+
+Clients compress bodies of 1 KiB or more with zstd (typesafe-sdk does by default). This ASGI middleware reads
+the body once, refuses one over the limit with 413 (the compressed size first, then the decompressed size,
+read through a bounded stream so a small bomb cannot expand in memory), answers 400 for a body that is not
+valid zstd and 415 for an encoding it does not know, and hands the app the plain JSON.
+"""
+
+from __future__ import annotations
+
+import io
+from dataclasses import dataclass
+
+import orjson
+
+PLAIN_ENCODINGS = {"", "identity"}
+
+
+@dataclass(frozen=True)
+class BodyLimits:
+    max_body_bytes: int = 8 * 1024 * 1024  # 64 questions x 20,000 characters, a 200,000-character state, JSON
+    max_compressed_bytes: int = 8 * 1024 * 1024
+
+
+class BodyRejected(Exception):
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class DecodeBodyMiddleware:
+    """Pure ASGI (no per-request task): buffers and decodes request bodies, passes everything else through."""
+
+    def __init__(self, app, limits: BodyLimits = BodyLimits()) -> None:
+        self.app, self.limits = app, limits
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http" or scope["method"] not in ("POST", "PUT", "PATCH"):
+            await self.app(scope, receive, send)
+            return
+        headers = dict(scope["headers"])
+        encoding = headers.get(b"content-encoding", b"").decode("latin-1").strip().lower()
+        try:
+            body = decode_body(
+                await _read_body(receive, self.limits.max_compressed_bytes), encoding, self.limits
+            )
+        except BodyRejected as error:
+            await _reject(send, error.status, str(error))
+            return
+        kept = [(k, v) for k, v in scope["headers"] if k not in (b"content-encoding", b"content-length")]
+        scope = {**scope, "headers": [*kept, (b"content-length", str(len(body)).encode())]}
+        await self.app(scope, _replay(body), send)
+
+
+def decode_body(raw: bytes, encoding: str, limits: BodyLimits) -> bytes:
+    """The plain body, or BodyRejected with the status and reason."""
+    if encoding in PLAIN_ENCODINGS:
+        if len(raw) > limits.max_body_bytes:
+            raise BodyRejected(413, f"body of {len(raw)} bytes, at most {limits.max_body_bytes}")
+        return raw
+    if encoding != "zstd":
+        raise BodyRejected(415, f"Content-Encoding {encoding!r} is not supported (send zstd or none)")
+    import zstandard
+
+    try:
+        with zstandard.ZstdDecompressor().stream_reader(io.BytesIO(raw)) as reader:
+            body = reader.read(limits.max_body_bytes + 1)
+    except zstandard.ZstdError as error:
+        raise BodyRejected(400, f"the body is not valid zstd: {error}") from None
+    if len(body) > limits.max_body_bytes:
+        raise BodyRejected(413, f"decompressed body over {limits.max_body_bytes} bytes")
+    return body
+
+
+async def _read_body(receive, limit: int) -> bytes:
+    chunks, size = [], 0
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            break
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > limit:
+            raise BodyRejected(413, f"body over {limit} bytes")
+        chunks.append(chunk)
+        if not message.get("more_body", False):
+            break
+    return b"".join(chunks)
+
+
+def _replay(body: bytes):
+    sent = False
+
+    async def receive():
+        nonlocal sent
+        if sent:
+            return {"type": "http.disconnect"}
+        sent = True
+        return {"type": "http.request", "body": body, "more_body": False}
+
+    return receive
+
+
+async def _reject(send, status: int, message: str) -> None:
+    payload = orjson.dumps({"detail": message})
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode())]
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": payload})

@@ -1,0 +1,100 @@
+"""API keys for the Decision API: stored hashed, each belonging to an owner.
+
+A key file is JSON, `{"keys": [{"owner": "alice", "sha256": "<hex of the key>"}, ...]}`; the environment
+variable `DECISION_API_KEYS` adds entries as `owner=sha256hex` separated by commas. Only hashes are kept, so
+a leaked file gives no key away. `decision keygen --owner alice --keys keys.json` makes a key, prints it once
+and stores its hash.
+
+With no keys at all the server is open: every caller is answered and sees every model.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import os
+import secrets
+from dataclasses import dataclass, field
+from pathlib import Path
+
+KEYS_ENV = "DECISION_API_KEYS"
+KEY_PREFIX = "dp-"
+
+
+class KeyConfigError(ValueError):
+    """A key file or `DECISION_API_KEYS` entry that cannot be read."""
+
+
+def hash_key(key: str) -> str:
+    return hashlib.sha256(key.strip().encode()).hexdigest()
+
+
+@dataclass(frozen=True)
+class KeyStore:
+    """Owners by key hash; empty means the server is open."""
+
+    owners_by_hash: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def open(self) -> bool:
+        return not self.owners_by_hash
+
+    def owner_of(self, key: str) -> str | None:
+        """The key's owner, or None for an unknown key (compared in constant time per entry)."""
+        digest = hash_key(key)
+        for known, owner in self.owners_by_hash.items():
+            if hmac.compare_digest(known, digest):
+                return owner
+        return None
+
+
+def load_keys(path: str | Path | None = None, environ: dict[str, str] | None = None) -> KeyStore:
+    """Keys from the file (if given) and the environment; every bad entry is named in one error."""
+    environ = os.environ if environ is None else environ
+    entries: list[tuple[str, str]] = []
+    problems: list[str] = []
+    if path is not None:
+        entries += _file_entries(Path(path), problems)
+    entries += _env_entries(environ.get(KEYS_ENV, ""), problems)
+    for owner, digest in entries:
+        if len(digest) != 64 or any(c not in "0123456789abcdef" for c in digest):
+            problems.append(f"owner {owner!r}: sha256 must be 64 lowercase hex characters")
+    if problems:
+        raise KeyConfigError("API keys: " + "; ".join(problems))
+    return KeyStore({digest: owner for owner, digest in entries})
+
+
+def add_key(path: str | Path, owner: str) -> str:
+    """Make a new key for `owner`, store its hash in the key file (created if missing), return the key."""
+    path = Path(path)
+    data = json.loads(path.read_text()) if path.exists() else {"keys": []}
+    key = KEY_PREFIX + secrets.token_urlsafe(32)
+    data["keys"].append({"owner": owner, "sha256": hash_key(key)})
+    staged = path.with_name(path.name + ".tmp")
+    staged.write_text(json.dumps(data, indent=2) + "\n")
+    os.chmod(staged, 0o600)
+    staged.replace(path)
+    return key
+
+
+def _file_entries(path: Path, problems: list[str]) -> list[tuple[str, str]]:
+    try:
+        data = json.loads(path.read_text())
+        return [(str(e["owner"]), str(e["sha256"]).lower()) for e in data["keys"]]
+    except FileNotFoundError:
+        problems.append(f"{path}: no such key file")
+    except (ValueError, KeyError, TypeError) as error:
+        problems.append(f'{path}: expected {{"keys": [{{"owner", "sha256"}}]}} ({error})')
+    return []
+
+
+def _env_entries(text: str, problems: list[str]) -> list[tuple[str, str]]:
+    entries = []
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        owner, sep, digest = item.partition("=")
+        if not sep or not owner:
+            problems.append(f"{KEYS_ENV}: entry {item[:12]!r}... is not owner=sha256hex")
+            continue
+        entries.append((owner.strip(), digest.strip().lower()))
+    return entries

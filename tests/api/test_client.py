@@ -1,0 +1,45 @@
+"""The real client, typesafe-sdk (with zstd), against a live server: all three question types parse."""
+
+import pytest
+
+from tests.api.conftest import live_server, make_app
+
+typesafe_sdk = pytest.importorskip("typesafe_sdk")
+
+
+@pytest.fixture(scope="module")
+def server_url(served_folder):
+    with live_server(make_app(served_folder)) as url:
+        yield url
+
+
+def test_the_typesafe_client_parses_every_answer_type(server_url):
+    from typesafe_sdk import Choice, Noul, Score, TypeSafeClient
+
+    with TypeSafeClient(api_key="any-key", base_url=server_url) as client:
+        result = client.system_one(
+            state="The order came late and the box was broken.",
+            questions={
+                "tone": Choice(
+                    instructions="What is the tone?", criteria={"negative": None, "positive": "happy"}
+                ),
+                "intensity": Score(instructions="How intense?", criteria=["none", "mild", "strong"]),
+                "late": Noul(instructions="The order was late."),
+            },
+        )
+    assert result.choices["tone"].choice in {"negative", "positive"}
+    assert set(result.scores["intensity"].probabilities) == {0, 1, 2}
+    assert result.scores["intensity"].legend[2] == "strong"
+    assert 0.0 <= result.nouls["late"].noul <= 1.0
+    assert result.usage.input_tokens > 0
+
+
+def test_large_bodies_arrive_zstd_compressed_and_are_answered(server_url):
+    from typesafe_sdk import Noul, TypeSafeClient
+
+    state = {"turns": [{"role": "user", "text": "the order was late " * 20} for _ in range(8)]}
+    with TypeSafeClient(api_key="any-key", base_url=server_url, compression="zstd") as client:
+        result = client.system_one(state=state, questions={"late": Noul(instructions="The order was late.")})
+        models = client.models.list()
+    assert 0.0 <= result.nouls["late"].noul <= 1.0
+    assert {"default", "jev-latest"} <= {m.name for m in models.models}

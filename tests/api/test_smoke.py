@@ -1,0 +1,41 @@
+"""`decision smoke`: held-out decisions over HTTP agree with in-process predictions, and a mismatch fails."""
+
+import json
+
+import pytest
+
+from pipeline.cli import main
+from pipeline.smoke import heldout_requests, smoke_test
+from tests.api.conftest import live_server, make_app
+from tests.tiny import write_tiny_base
+
+
+@pytest.fixture(scope="module")
+def server_url(served_folder):
+    with live_server(make_app(served_folder)) as url:
+        yield url
+
+
+def test_smoke_passes_against_the_folder_it_serves(server_url, served_folder, synthetic_train_file, capsys):
+    code = main(["smoke", "--url", server_url, "--data", str(synthetic_train_file), "--n", "20",
+                 "--model-dir", str(served_folder), "--json"])  # fmt: skip
+    result = json.loads(capsys.readouterr().out)
+    assert code == 0 and result["passed"]
+    assert result["decisions"] >= 20 and result["agreement"] == 1.0
+    assert result["max_probability_diff"] < 1e-4  # only the 4-decimal rounding of the wire format
+    assert 0 < result["latency_ms"]["p50"] <= result["latency_ms"]["p95"]
+
+
+def test_smoke_fails_when_the_server_answers_for_another_model(server_url, synthetic_train_file, tmp_path):
+    other = write_tiny_base(tmp_path / "other", seed=5)
+    bodies = heldout_requests(synthetic_train_file, 40)
+    result = smoke_test(server_url, bodies, other)
+    assert not result.passed and result.max_probability_diff > 1e-3
+    code = main(["smoke", "--url", server_url, "--data", str(synthetic_train_file), "--n", "20",
+                 "--model-dir", str(other)])  # fmt: skip
+    assert code == 1
+
+
+def test_smoke_fails_clearly_when_the_server_is_unreachable(synthetic_train_file, served_folder):
+    result = smoke_test("http://127.0.0.1:9", heldout_requests(synthetic_train_file, 8), served_folder)
+    assert not result.passed and any("ConnectError" in f for f in result.failures)

@@ -29,13 +29,33 @@ def decision_logits(model: torch.nn.Module, batch: dict[str, torch.Tensor], dtyp
     with autocast_context(device, dtype):
         hidden = model.encoder(input_ids=batch["input_ids"], attention_mask=attention_mask).last_hidden_state
     hidden = hidden.float() + model.type_emb(batch["qtype"])[:, None, :]
-    if model.head is not None:
-        padding = ~attention_mask.bool()
-        for layer in model.head.layers:
-            hidden = layer(hidden, src_key_padding_mask=padding)
     index = batch["marker_pos"].clamp(min=0)[:, :, None].expand(-1, -1, hidden.size(-1))
-    logits = model.scorer(torch.gather(hidden, 1, index)).squeeze(-1).float()
+    layers = list(model.head.layers) if model.head is not None else []
+    padding = ~attention_mask.bool()
+    for layer in layers[:-1]:
+        hidden = layer(hidden, src_key_padding_mask=padding)
+    if layers and layers[-1].norm_first:
+        at_markers = last_layer_at(layers[-1], hidden, padding, index)
+    else:
+        at_markers = torch.gather(
+            layers[-1](hidden, src_key_padding_mask=padding) if layers else hidden, 1, index
+        )
+    logits = model.scorer(at_markers).squeeze(-1).float()
     return logits.masked_fill(~batch["marker_mask"], MASKED_LOGIT)
+
+
+def last_layer_at(layer: torch.nn.TransformerEncoderLayer, hidden: torch.Tensor, padding: torch.Tensor,
+                  index: torch.Tensor) -> torch.Tensor:  # fmt: skip
+    """A pre-norm encoder layer's output at the gathered positions only (the option markers the scorer reads).
+
+    Keys and values still come from every token, so this equals the full layer at those positions, but the
+    query, output and feed-forward projections run on a few positions instead of the whole sequence.
+    """
+    normed = layer.norm1(hidden)
+    queries = torch.gather(normed, 1, index)
+    attended = layer.self_attn(queries, normed, normed, key_padding_mask=padding, need_weights=False)[0]
+    x = torch.gather(hidden, 1, index) + layer.dropout1(attended)
+    return x + layer.dropout2(layer.linear2(layer.dropout(layer.activation(layer.linear1(layer.norm2(x))))))
 
 
 def soft_cross_entropy(logits: torch.Tensor, target: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

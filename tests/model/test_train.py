@@ -85,7 +85,10 @@ def test_accumulation_is_exact(tiny_base, tiny_items):
     assert grads[0].keys() == grads[1].keys() and len(grads[0]) > 10
     assert max(g.abs().max().item() for g in grads[0].values()) > 1e-4  # so equality below means something
     for name, grad in grads[0].items():
-        torch.testing.assert_close(grads[1][name], grad, rtol=1e-5, atol=1e-7, msg=name)
+        # atol: sums over every token (e.g. the token-type embedding) differ in float order between batch shapes
+        torch.testing.assert_close(
+            grads[1][name], grad, rtol=1e-5, atol=1e-5, msg=lambda m, name=name: f"{name}: {m}"
+        )
 
 
 def test_a_seed_reproduces_a_run_and_another_seed_does_not(tiny_base, tiny_items):

@@ -1,0 +1,202 @@
+"""Serving benchmark: our Decision API against laya's own server, the same checkpoint, the same requests.
+
+Both servers load the same exported folder on the CPU and answer the same 5-question requests (VADER held-out
+states: tone, is_negative, is_positive, intensity and a topic choice) over loopback, at concurrency 1 and 8.
+Each server runs alone (started, warmed up, measured, stopped), so they never share the cores. Prints p50/p95
+latency and throughput per server and concurrency, the ratios ours/peer, the largest probability difference
+between the two servers' answers, and writes JSON to benchmarks/results/bench_serve.json.
+
+Goals: at concurrency 8 at least 2x the peer's throughput; at concurrency 1 a p50 no worse than the peer's.
+
+    python benchmarks/bench_serve.py [--model models/vader-minilm] [--requests 80] [--concurrency 1 8]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+TOPIC = {"type": "choice", "instructions": "Where does this text come from?",
+         "criteria": {"product": "a product review", "movie": "a movie review", "news": "a news editorial",
+                      "social": "a social media post"}}  # fmt: skip
+
+
+def build_requests(data: Path, n: int) -> list[dict]:
+    from pipeline.smoke import heldout_requests
+
+    bodies = heldout_requests(data, 4 * n, ROOT / "params.yaml")
+    return [{"state": b["state"], "questions": {**b["questions"], "topic": TOPIC}} for b in bodies[:n]]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_ours(model: Path, port: int) -> subprocess.Popen:
+    command = [sys.executable, "-m", "pipeline.cli", "serve", "--model", str(model), "--port", str(port)]
+    return subprocess.Popen(command, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def start_laya(model: Path, port: int) -> subprocess.Popen:
+    """laya-serve maps every built-in model name to the folder, or its router reaches for a hub."""
+    folder = str(model.resolve())
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "LAYA_HOST": "127.0.0.1", "LAYA_PORT": str(port),
+           "LAYA_DEVICE": "cpu", "LAYA_MODELS": "english",
+           "LAYA_EXTRA_MODELS": json.dumps({"english": folder, "multilingual": folder, "typed-decisions": folder})}  # fmt: skip
+    laya_serve = Path(sys.executable).with_name("laya-serve")
+    return subprocess.Popen([str(laya_serve)], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def wait_ready(url: str, body: dict, process: subprocess.Popen, timeout_s: float = 180) -> None:
+    import httpx
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"server for {url} exited with {process.returncode}")
+        try:
+            if httpx.post(f"{url}/v1/systemone", json=body, timeout=30).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.5)
+    raise TimeoutError(f"{url} did not answer within {timeout_s} s")
+
+
+def load(url: str, bodies: list[dict], concurrency: int) -> dict:
+    """Send every body once from `concurrency` client threads; latency per request and overall throughput."""
+    import httpx
+
+    latencies: list[float] = []
+    errors: list[int] = []
+    next_index = iter(range(len(bodies)))
+    lock = threading.Lock()
+
+    def worker() -> None:
+        with httpx.Client(base_url=url, timeout=60) as http:
+            while True:
+                with lock:
+                    index = next(next_index, None)
+                if index is None:
+                    return
+                started = time.perf_counter()
+                response = http.post("/v1/systemone", json=bodies[index])
+                elapsed = time.perf_counter() - started
+                with lock:
+                    (
+                        latencies.append(elapsed)
+                        if response.status_code == 200
+                        else errors.append(response.status_code)
+                    )
+
+    threads = [threading.Thread(target=worker) for _ in range(concurrency)]
+    started = time.perf_counter()
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    wall = time.perf_counter() - started
+    ms = np.asarray(latencies) * 1000
+    return {"concurrency": concurrency, "requests": len(latencies), "errors": len(errors),
+            "p50_ms": float(np.percentile(ms, 50)), "p95_ms": float(np.percentile(ms, 95)),
+            "throughput_rps": len(latencies) / wall}  # fmt: skip
+
+
+def answers(url: str, bodies: list[dict]) -> list[dict]:
+    import httpx
+
+    with httpx.Client(base_url=url, timeout=60) as http:
+        return [http.post("/v1/systemone", json=b).json()["answers"] for b in bodies]
+
+
+def measure(name: str, start, model: Path, bodies: list[dict], levels: list[int], warmup: int) -> dict:
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    process = start(model, port)
+    try:
+        wait_ready(url, bodies[0], process)
+        load(url, bodies[:warmup], max(levels))
+        runs = [load(url, bodies, c) for c in levels]
+        sample = answers(url, bodies[:20])
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
+    for run in runs:
+        print(f"  {name:<5} c={run['concurrency']}: {run['throughput_rps']:.1f} req/s, p50 {run['p50_ms']:.0f} ms, "
+              f"p95 {run['p95_ms']:.0f} ms, errors {run['errors']}", flush=True)  # fmt: skip
+    return {"runs": runs, "sample": sample}
+
+
+def max_difference(ours: list[dict], peer: list[dict]) -> float:
+    from pipeline.answers import answer_probabilities
+
+    diffs = [np.abs(np.subtract(answer_probabilities(a[q]), answer_probabilities(b[q]))).max()
+             for a, b in zip(ours, peer) for q in a]  # fmt: skip
+    return float(max(diffs))
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    default_model = ROOT / "models/vader-minilm"
+    parser.add_argument(
+        "--model",
+        type=Path,
+        default=default_model if default_model.exists() else ROOT / "data/snapshots/minilm",
+    )
+    parser.add_argument("--data", type=Path, default=ROOT / "data/processed/vader.jsonl")
+    parser.add_argument("--requests", type=int, default=80, help="requests per concurrency level")
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8])
+    parser.add_argument("--out", type=Path, default=ROOT / "benchmarks/results/bench_serve.json")
+    args = parser.parse_args()
+
+    bodies = build_requests(args.data, args.requests)
+    print(f"model {args.model}, {len(bodies)} requests x {len(bodies[0]['questions'])} questions", flush=True)
+    ours = measure("ours", start_ours, args.model, bodies, args.concurrency, warmup=16)
+    peer = measure("laya", start_laya, args.model, bodies, args.concurrency, warmup=16)
+    table = []
+    print(f"\n{'c':>3} {'server':<6}{'req/s':>8}{'p50 ms':>9}{'p95 ms':>9}")
+    for mine, theirs in zip(ours["runs"], peer["runs"]):
+        for name, run in (("ours", mine), ("laya", theirs)):
+            print(
+                f"{run['concurrency']:>3} {name:<6}{run['throughput_rps']:>8.1f}{run['p50_ms']:>9.0f}{run['p95_ms']:>9.0f}"
+            )
+        table.append({"concurrency": mine["concurrency"], "ours": mine, "laya": theirs,
+                      "throughput_ratio": mine["throughput_rps"] / theirs["throughput_rps"],
+                      "p50_ratio": mine["p50_ms"] / theirs["p50_ms"]})  # fmt: skip
+    print()
+    for row in table:
+        print(f"c={row['concurrency']}: throughput ours/laya {row['throughput_ratio']:.2f}x, "
+              f"p50 ours/laya {row['p50_ratio']:.2f}")  # fmt: skip
+    difference = max_difference(ours["sample"], peer["sample"])
+    print(f"largest probability difference between the servers' answers (20 requests): {difference:.2e}")
+    by_c = {row["concurrency"]: row for row in table}
+    goals = {}
+    if 8 in by_c:
+        goals["c8_throughput_at_least_2x"] = by_c[8]["throughput_ratio"] >= 2.0
+    if 1 in by_c:
+        goals["c1_p50_no_worse"] = by_c[1]["p50_ratio"] <= 1.0
+    print("goals:", ", ".join(f"{k} {'met' if v else 'NOT met'}" for k, v in goals.items()))
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps({"model": str(args.model), "table": table, "goals": goals,
+                                    "max_probability_difference": difference}, indent=2))  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -46,16 +46,17 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_ours(model: Path, port: int) -> subprocess.Popen:
-    command = [sys.executable, "-m", "pipeline.cli", "serve", "--model", str(model), "--port", str(port)]
+def start_ours(model: Path, port: int, device: str) -> subprocess.Popen:
+    command = [sys.executable, "-m", "pipeline.cli", "serve", "--model", str(model), "--port", str(port),
+               "--device", device]  # fmt: skip
     return subprocess.Popen(command, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
-def start_laya(model: Path, port: int) -> subprocess.Popen:
+def start_laya(model: Path, port: int, device: str) -> subprocess.Popen:
     """laya-serve maps every built-in model name to the folder, or its router reaches for a hub."""
     folder = str(model.resolve())
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "LAYA_HOST": "127.0.0.1", "LAYA_PORT": str(port),
-           "LAYA_DEVICE": "cpu", "LAYA_MODELS": "english",
+           "LAYA_DEVICE": device, "LAYA_MODELS": "english",
            "LAYA_EXTRA_MODELS": json.dumps({"english": folder, "multilingual": folder, "typed-decisions": folder})}  # fmt: skip
     laya_serve = Path(sys.executable).with_name("laya-serve")
     return subprocess.Popen([str(laya_serve)], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -123,10 +124,12 @@ def answers(url: str, bodies: list[dict]) -> list[dict]:
         return [http.post("/v1/systemone", json=b).json()["answers"] for b in bodies]
 
 
-def measure(name: str, start, model: Path, bodies: list[dict], levels: list[int], warmup: int) -> dict:
+def measure(
+    name: str, start, model: Path, bodies: list[dict], levels: list[int], warmup: int, device: str
+) -> dict:
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    process = start(model, port)
+    process = start(model, port, device)
     try:
         wait_ready(url, bodies[0], process)
         load(url, bodies[:warmup], max(levels))
@@ -162,13 +165,17 @@ def main() -> int:
     parser.add_argument("--data", type=Path, default=ROOT / "data/processed/vader.jsonl")
     parser.add_argument("--requests", type=int, default=80, help="requests per concurrency level")
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8])
+    parser.add_argument("--device", default="cpu", help="where both servers run the model (cpu or cuda)")
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks/results/bench_serve.json")
     args = parser.parse_args()
 
     bodies = build_requests(args.data, args.requests)
-    print(f"model {args.model}, {len(bodies)} requests x {len(bodies[0]['questions'])} questions", flush=True)
-    ours = measure("ours", start_ours, args.model, bodies, args.concurrency, warmup=16)
-    peer = measure("laya", start_laya, args.model, bodies, args.concurrency, warmup=16)
+    print(
+        f"model {args.model} on {args.device}, {len(bodies)} requests x {len(bodies[0]['questions'])} questions",
+        flush=True,
+    )
+    ours = measure("ours", start_ours, args.model, bodies, args.concurrency, 16, args.device)
+    peer = measure("laya", start_laya, args.model, bodies, args.concurrency, 16, args.device)
     table = []
     print(f"\n{'c':>3} {'server':<6}{'req/s':>8}{'p50 ms':>9}{'p95 ms':>9}")
     for mine, theirs in zip(ours["runs"], peer["runs"]):
@@ -193,7 +200,7 @@ def main() -> int:
         goals["c1_p50_no_worse"] = by_c[1]["p50_ratio"] <= 1.0
     print("goals:", ", ".join(f"{k} {'met' if v else 'NOT met'}" for k, v in goals.items()))
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"model": str(args.model), "table": table, "goals": goals,
+    args.out.write_text(json.dumps({"model": str(args.model), "device": args.device, "table": table, "goals": goals,
                                     "max_probability_difference": difference}, indent=2))  # fmt: skip
     return 0
 

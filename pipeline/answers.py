@@ -113,14 +113,16 @@ def parse_request(state: Any, questions: dict[str, Any]) -> ParsedRequest:
     _check_sizes(state, questions)
     parsed, legends, errors = {}, {}, []
     for qid, raw in questions.items():
-        spec = parse_question(str(qid), _as_text_fields(raw))
+        try:
+            spec = parse_question(str(qid), _as_text_fields(raw))
+        except TypeError as error:  # a JSON-valued field orjson cannot write (see state above)
+            errors.append(_error(["body", "questions", str(qid)], f"cannot be read as JSON text: {error}"))
+            continue
         if spec.chars > MAX_QUESTION_CHARS:  # counted as validation counts it (instructions and options)
             raise RequestTooLarge(f"questions.{qid}: {spec.chars} characters, at most {MAX_QUESTION_CHARS}")
         problem = _question_problem(spec)
         if problem:
-            errors.append(
-                {"loc": ["body", "questions", str(qid), problem[0]], "msg": problem[1], "type": "value_error"}
-            )
+            errors.append(_error(["body", "questions", str(qid), problem[0]], problem[1]))
             continue
         parsed[str(qid)] = spec.question
         if spec.type == "score":
@@ -133,9 +135,18 @@ def parse_request(state: Any, questions: dict[str, Any]) -> ParsedRequest:
 def _check_sizes(state: Any, questions: dict[str, Any]) -> None:
     if len(questions) > MAX_QUESTIONS:
         raise RequestTooLarge(f"questions: {len(questions)} questions, at most {MAX_QUESTIONS}")
-    state_chars = len(state_text(state))
+    try:
+        state_chars = len(state_text(state))
+    except TypeError as error:  # orjson: an integer beyond 64 bits, nesting deeper than 254 levels
+        raise InvalidRequest(
+            [_error(["body", "state"], f"state cannot be read as JSON text: {error}")]
+        ) from None
     if state_chars > MAX_STATE_CHARS:
         raise RequestTooLarge(f"state: {state_chars} characters, at most {MAX_STATE_CHARS}")
+
+
+def _error(loc: list[str], message: str) -> dict[str, Any]:
+    return {"loc": loc, "msg": message, "type": "value_error"}
 
 
 def _as_text_fields(raw: dict[str, Any]) -> dict[str, Any]:

@@ -72,12 +72,12 @@ class Catalog:
     """Resolves model names for callers; loads, follows and swaps the serving model."""
 
     def __init__(self, source: str, finetunes_dir: str | Path | None = None, poll_s: float = 5.0,
-                 max_loaded_finetunes: int = 4) -> None:  # fmt: skip
+                 max_loaded_finetunes: int = 4, device: str = "cpu") -> None:  # fmt: skip
         from pipeline.registry import parse_alias_uri
 
         self.source, self.alias = source, parse_alias_uri(source)
         self.finetunes_dir = Path(finetunes_dir) if finetunes_dir else None
-        self.poll_s, self.max_loaded = poll_s, max_loaded_finetunes
+        self.poll_s, self.max_loaded, self.device = poll_s, max_loaded_finetunes, device
         self.serving: ServedModel | None = None
         self.load_error: str | None = None
         self._finetunes: dict[str, Finetune] = {}
@@ -146,7 +146,7 @@ class Catalog:
         if self.alias is None:
             folder = Path(self.source)
             self.serving = checked(
-                ServedModel(folder.name, load_model(folder), folder, None, _release_date(folder))
+                ServedModel(folder.name, self._load(folder), folder, None, _release_date(folder))
             )
             self._scan_finetune_folder()
             return
@@ -170,7 +170,7 @@ class Catalog:
 
         folder = download_version(name, version, Path(self._cache.name) / f"{name}-{version}")
         return checked(
-            ServedModel(f"{name}/{version}", load_model(folder), folder, None, _release_date(folder))
+            ServedModel(f"{name}/{version}", self._load(folder), folder, None, _release_date(folder))
         )
 
     def _scan_finetune_folder(self) -> None:
@@ -197,7 +197,7 @@ class Catalog:
             if finetune.folder is not None:
                 folder = finetune.folder
                 model = ServedModel(
-                    finetune.name, load_model(folder), folder, finetune.owner, _release_date(folder)
+                    finetune.name, self._load(folder), folder, finetune.owner, _release_date(folder)
                 )
             else:
                 model = self._fetch_version(finetune.name.split("/")[0], finetune.version)
@@ -206,6 +206,11 @@ class Catalog:
             while len(self._loaded_finetunes) > self.max_loaded:
                 self._loaded_finetunes.popitem(last=False)
             return model
+
+    def _load(self, folder: Path) -> LoadedModel:
+        loaded = load_model(folder)
+        loaded.model.to(self.device)
+        return loaded
 
     def _serving_name(self) -> str:
         return self.serving.name if self.serving else "nothing"

@@ -38,7 +38,11 @@ def _serve(args: argparse.Namespace) -> int:
         return EXIT_UNUSABLE
     config = ServerConfig(args.max_batch, args.max_wait_ms / 1000, args.max_queue,
                           BodyLimits(args.max_body_mb * 1024 * 1024, args.max_body_mb * 1024 * 1024))  # fmt: skip
-    catalog = Catalog(args.model, args.finetunes, poll_s=args.poll_seconds)
+    from pipeline.finetune import pick_device
+
+    catalog = Catalog(
+        args.model, args.finetunes, poll_s=args.poll_seconds, device=str(pick_device(args.device))
+    )
     run_server(create_app(catalog, keys, config), args.host, args.port, args.access_log)
     return EXIT_OK
 
@@ -111,6 +115,7 @@ def add_api_commands(commands) -> None:
     serve.add_argument("--max-queue", type=int, default=256, help="waiting requests before 503 (default 256)")
     serve.add_argument("--max-body-mb", type=int, default=8, help="request body limit, decompressed")
     serve.add_argument("--access-log", action="store_true", help="log every request")
+    serve.add_argument("--device", default="cpu", help="cpu (default), cuda, cuda:1, or auto")
     serve.set_defaults(handler=_serve)
 
     smoke = commands.add_parser(

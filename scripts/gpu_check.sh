@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# One command on a machine with a CUDA GPU: the trainer in bf16, compile forced off vs the auto rule.
+# One command on a machine with a CUDA GPU: the trainer in bf16, compile forced off vs the auto rule, the export
+# merge's device memory, then the serving benchmark on the GPU.
 # Uses .venv when the project's Makefile made one, else the python3 on PATH; installs nothing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -16,4 +17,6 @@ if [ -n "$missing" ]; then
   echo "gpu_check: missing Python packages: $missing (install the project first: make test)" >&2
   exit 2
 fi
-exec timeout 480 $PY scripts/gpu_check.py "$@"
+timeout 420 $PY scripts/gpu_check.py "$@"
+# Serving on the GPU, where micro-batching pays: ours vs laya-serve, same checkpoint, same requests.
+timeout 240 $PY benchmarks/bench_serve.py --device cuda --requests 200 --model data/snapshots/minilm

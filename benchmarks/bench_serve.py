@@ -34,9 +34,10 @@ TOPIC = {"type": "choice", "instructions": "Where does this text come from?",
 
 
 def build_requests(data: Path, n: int) -> list[dict]:
+    from pipeline.config import load_params
     from pipeline.smoke import heldout_requests
 
-    bodies = heldout_requests(data, 4 * n, ROOT / "params.yaml")
+    bodies = heldout_requests(data, 4 * n, load_params(ROOT / "params.yaml")["validate"])
     return [{"state": b["state"], "questions": {**b["questions"], "topic": TOPIC}} for b in bodies[:n]]
 
 

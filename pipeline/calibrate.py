@@ -8,13 +8,16 @@ scored with the temperatures fitted on the other, so no figure is measured on th
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from pipeline.items import Item
-from pipeline.metrics import heldout_metrics
+from pipeline.metrics import detailed_metrics
 
 TYPE_NAMES = ("choice", "score", "noul")
 T_MIN, T_MAX = 0.5, 5.0
@@ -102,4 +105,47 @@ def cross_fitted_metrics(items: list[Item], logits: list[np.ndarray], soft: bool
         )
         for i in score_on:
             probabilities[i] = softmax(logits[i], calibration.temperatures[items[i].qtype])
-    return heldout_metrics(items, probabilities)
+    return detailed_metrics(items, probabilities)
+
+
+CALIBRATION_FILE, PLOTS_DIR = "calibration.json", "plots"
+
+
+def calibrate_stage(run_dir: str | Path, soft: bool = False) -> dict[str, Any]:
+    """The flow's calibrate stage: temperatures from `run_dir/heldout.npz`, figures before and after, plots.
+
+    Writes `run_dir/calibration.json` (temperatures, notes, base/tuned/calibrated metrics; the calibrated ones
+    cross-fitted) and, under `run_dir/plots`, reliability diagrams before and after and a confusion matrix per
+    question.
+    """
+    from pipeline.finetune import HELDOUT_FILE
+    from pipeline.heldout import load_heldout
+
+    run_dir = Path(run_dir)
+    held = load_heldout(run_dir / HELDOUT_FILE)
+    calibration = fit_calibration(held.items, held.tuned_logits, soft)
+    result = {
+        "temperatures": dict(zip(TYPE_NAMES, calibration.temperatures)), "notes": calibration.notes,
+        "heldout": {"decisions": len(held.items),
+                    "base": detailed_metrics(held.items, [softmax(z) for z in held.base_logits]),
+                    "tuned": detailed_metrics(held.items, [softmax(z) for z in held.tuned_logits]),
+                    "calibrated": cross_fitted_metrics(held.items, held.tuned_logits, soft)},
+        "plots": _write_plots(held, calibration, run_dir / PLOTS_DIR),
+    }  # fmt: skip
+    (run_dir / CALIBRATION_FILE).write_text(json.dumps(result, indent=2))
+    return result
+
+
+def _write_plots(held, calibration: Calibration, folder: Path) -> list[str]:
+    from pipeline.plots import confusion_matrix, reliability_diagram
+
+    tuned = [softmax(z) for z in held.tuned_logits]
+    calibrated = apply_temperatures(held.items, held.tuned_logits, calibration.temperatures)
+    written = [reliability_diagram(held.items, tuned, folder / "reliability_before.png", "fine-tune, T = 1"),
+               reliability_diagram(held.items, calibrated, folder / "reliability_after.png", "calibrated")]  # fmt: skip
+    for question_id, options in sorted(held.options.items()):
+        chosen = [i for i, it in enumerate(held.items) if it.question_id == question_id]
+        safe = "".join(c if c.isalnum() or c in "-_" else "_" for c in question_id)[:64]
+        written.append(confusion_matrix([held.items[i] for i in chosen], [calibrated[i] for i in chosen], options,
+                                        folder / f"confusion_{safe}.png", f"question {question_id}"))  # fmt: skip
+    return [str(p) for p in written]

@@ -48,11 +48,12 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def _smoke(args: argparse.Namespace) -> int:
+    from pipeline.config import load_params
     from pipeline.read import UnreadableInput
     from pipeline.smoke import heldout_requests, smoke_test
 
     try:
-        bodies = heldout_requests(args.data, args.n, args.params, args.all_rows)
+        bodies = heldout_requests(args.data, args.n, load_params(args.params)["validate"], args.all_rows)
     except (UnreadableInput, FileNotFoundError) as error:
         print(f"decision smoke: {error}", file=sys.stderr)
         return EXIT_UNUSABLE

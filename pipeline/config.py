@@ -131,17 +131,67 @@ class TrainConfig:
         return self.lora_lr if self.method == "lora" else self.full_lr
 
 
+@dataclass(frozen=True)
+class RetrainConfig:
+    """The retraining flow: inputs, where its stages write, the registered model and its smoke test."""
+
+    data: str = "data/processed/vader.jsonl"
+    base: str = "data/snapshots/minilm"
+    slice: str | None = None
+    """START:END rows of `data` to train and evaluate on (None: all)."""
+    runs_dir: str = "runs"
+    """Stage outputs go to runs/<idempotency key>/ (fine-tune, held-out logits, calibration, export)."""
+    model_name: str = "decision-model"
+    smoke_decisions: int = 200
+    device: str = "auto"
+
+    def __post_init__(self) -> None:
+        if self.smoke_decisions < 1:
+            raise ConfigError(f"retrain.smoke_decisions: must be >= 1, got {self.smoke_decisions}")
+        if not self.model_name or "/" in self.model_name or "@" in self.model_name:
+            raise ConfigError(
+                f"retrain.model_name: a registry name without '/' or '@', got {self.model_name!r}"
+            )
+
+
+@dataclass(frozen=True)
+class PromoteConfig:
+    """The promotion gate between a new version and `champion`."""
+
+    min_accuracy_gain: float = 0.0
+    """The candidate's held-out accuracy must reach the champion's plus this."""
+    max_ece: float = 0.05
+    """The candidate's calibrated (cross-fitted) held-out ECE must be at most this."""
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.max_ece <= 1.0:
+            raise ConfigError(f"promote.max_ece: must lie in [0, 1], got {self.max_ece}")
+
+
 _SECTIONS = {
     "dataset": DatasetConfig,
     "validate": ValidateConfig,
     "snapshot": SnapshotConfig,
     "train": TrainConfig,
+    "retrain": RetrainConfig,
+    "promote": PromoteConfig,
 }
+RUN_CONFIGS_DIR = "configs"
 
 
-def load_params(path: str | Path = PARAMS_FILE) -> dict[str, Any]:
-    """Every section of `params.yaml` as its config dataclass; unknown keys are refused by name."""
+def load_params(path: str | Path = PARAMS_FILE, run_config: str | None = None) -> dict[str, Any]:
+    """Every section of `params.yaml` as its config dataclass; unknown keys are refused by name.
+
+    `run_config` names `configs/<name>.yaml` (beside params.yaml), whose sections override single keys, e.g.
+    the `tiny` run the tests and `RUN_CONFIG=tiny make run` use.
+    """
     raw = yaml.safe_load(Path(path).read_text()) or {}
+    if run_config:
+        override_file = Path(path).parent / RUN_CONFIGS_DIR / f"{run_config}.yaml"
+        if not override_file.is_file():
+            raise ConfigError(f"run config {run_config!r}: no file {override_file}")
+        for section, values in (yaml.safe_load(override_file.read_text()) or {}).items():
+            raw[section] = {**raw.get(section, {}), **values}
     return {name: section_config(name, raw.get(name, {})) for name in _SECTIONS}
 
 

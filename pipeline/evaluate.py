@@ -78,3 +78,20 @@ def write_plots(records, items: list[Item], probabilities: list[np.ndarray], fol
 
 def _safe(name: str) -> str:
     return "".join(c if c.isalnum() or c in "-_" else "_" for c in name)[:64]
+
+
+def score_heldout(
+    model_dir: str | Path, data: str | Path, split_config, device: str = "cpu"
+) -> dict[str, Any]:
+    """Metrics of `model_dir` (its own temperatures) on the held-out split of `data`: what the gate compares."""
+    from pipeline.metrics import detailed_metrics
+    from pipeline.split import split_holdout
+
+    loaded = load_for_inference(model_dir)
+    heldout = split_holdout(validate_file(data).records, split_config).heldout
+    items, _ = build_items(heldout, loaded)
+    loaded.model.to(device)
+    logits = score_items(
+        loaded.model, items, loaded.tokenizer.pad_token_id, torch.device(device), 64, logits=True
+    )
+    return detailed_metrics(items, calibrated_probabilities(loaded, items, logits))

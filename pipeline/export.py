@@ -201,3 +201,22 @@ def export_folder(source: str | Path, out: str | Path) -> ExportResult:
 def _read_manifest(folder: Path) -> dict[str, Any]:
     path = folder / MANIFEST
     return json.loads(path.read_text()) if path.is_file() else {}
+
+
+def export_stage(
+    run_dir: str | Path, out: str | Path, data: str | Path, base: str | Path, config
+) -> ExportResult:
+    """The flow's export stage: the fine-tune in `run_dir` with the temperatures of its calibration, merged."""
+    from dataclasses import fields
+
+    from pipeline.calibrate import CALIBRATION_FILE, TYPE_NAMES
+    from pipeline.evaluate import load_for_inference
+    from pipeline.finetune import FINETUNE_DIR, TRAIN_SUMMARY, TrainRun, lineage
+
+    run_dir = Path(run_dir)
+    summary = json.loads((run_dir / TRAIN_SUMMARY).read_text())
+    calibration = json.loads((run_dir / CALIBRATION_FILE).read_text())
+    run = TrainRun(**{f.name: summary[f.name] for f in fields(TrainRun) if f.name in summary})
+    temperatures = [calibration["temperatures"][name] for name in TYPE_NAMES]
+    manifest = lineage(data, base, config, run, temperatures, calibration["heldout"])
+    return export_model(load_for_inference(run_dir / FINETUNE_DIR), out, temperatures, manifest)

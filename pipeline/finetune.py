@@ -87,12 +87,13 @@ class Trained:
     heldout_items: list[Item]
     base_logits: list[np.ndarray]
     tuned_logits: list[np.ndarray]
+    options: dict[str, tuple[str, ...]] = field(default_factory=dict)  # option names per held-out question id
 
 
 def fit_on_data(data: str | Path, base: str | Path, config: TrainConfig,
                 split_config: ValidateConfig = ValidateConfig(), row_slice: RowSlice = RowSlice(),
                 device: str = "auto", cancel: CancelToken | None = None, progress: bool = True,
-                eval_data: str | Path | None = None) -> Trained:  # fmt: skip
+                eval_data: str | Path | None = None, on_log=None) -> Trained:  # fmt: skip
     """Verify pins, validate, split, score the base, train, score again; nothing is written.
 
     The held-out decisions are split off `data` by content hash, or are all of `eval_data` when it is given.
@@ -111,9 +112,8 @@ def fit_on_data(data: str | Path, base: str | Path, config: TrainConfig,
     loaded.model.to(dev)
     base_logits = _logits(loaded, heldout_items, dev, config, progress)
     prepare_model(loaded.model, config)
-    result = train(
-        loaded.model, train_items, loaded.tokenizer.pad_token_id, config, dev, cancel, progress=progress
-    )
+    result = train(loaded.model, train_items, loaded.tokenizer.pad_token_id, config, dev, cancel, on_log,
+                   progress=progress)  # fmt: skip
     tuned_logits = _logits(loaded, heldout_items, dev, config, progress)
     run = TrainRun(
         rows=validated.report.rows, decisions=validated.report.decisions, skipped=skipped,
@@ -125,7 +125,8 @@ def fit_on_data(data: str | Path, base: str | Path, config: TrainConfig,
         decisions_per_second=result.decisions_per_second, saved_to=None, compile=result.compile,
         precision=result.precision, pins=pins, losses=result.losses,
     )  # fmt: skip
-    return Trained(run, loaded, heldout_items, base_logits, tuned_logits)
+    options = {d.question.id: d.question.options for r in split.heldout for d in r.decisions}
+    return Trained(run, loaded, heldout_items, base_logits, tuned_logits, options)
 
 
 def train_on_data(data: str | Path, base: str | Path, out: str | Path | None, config: TrainConfig,
@@ -253,3 +254,33 @@ def _source_digest(data, base, config: TrainConfig, run: TrainRun) -> str:
 
     parts = json.dumps([str(data), str(base), asdict(config), run.pins, run.steps, run.losses], default=str)
     return hashlib.sha256(parts.encode()).hexdigest()
+
+
+TRAIN_SUMMARY, FINETUNE_DIR, HELDOUT_FILE = "train.json", "finetune", "heldout.npz"
+
+
+def train_stage(data: str | Path, base: str | Path, run_dir: str | Path, config: TrainConfig,
+                split_config: ValidateConfig = ValidateConfig(), device: str = "auto",
+                progress: bool = True) -> dict[str, Any]:  # fmt: skip
+    """The flow's train stage: train and write the fine-tune, the held-out logits and a summary to `run_dir`.
+
+    `run_dir/finetune` holds the fine-tune, `run_dir/heldout.npz` the held-out decisions with base and tuned
+    logits (what calibration needs), `run_dir/train.json` the run with its logged steps (loss, lr, s/step).
+    """
+    from pipeline.heldout import HeldOut, save_heldout
+
+    run_dir = Path(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    steps: list[dict[str, float]] = []
+    trained = fit_on_data(
+        data, base, config, split_config, device=device, progress=progress, on_log=steps.append
+    )
+    run = trained.run
+    run.saved_to = str(
+        save_finetune(trained.loaded, run_dir / FINETUNE_DIR, base, config, run.pins, run.steps)
+    )
+    save_heldout(run_dir / HELDOUT_FILE,
+                 HeldOut(trained.heldout_items, trained.base_logits, trained.tuned_logits, trained.options))  # fmt: skip
+    summary = run.to_dict() | {"logged_steps": steps, "peak_memory_mb": peak_memory_mb()}
+    (run_dir / TRAIN_SUMMARY).write_text(json.dumps(summary, indent=2, default=str))
+    return summary

@@ -66,3 +66,20 @@ def confusion_matrix(items: list[Item], probabilities: list[np.ndarray], options
     figure.savefig(out, dpi=110)
     plt.close(figure)
     return out
+
+
+def loss_curve(steps: list[dict[str, float]], out: Path, title: str = "training loss") -> Path:
+    """Mean training loss per logging step, with the learning rate on a second axis."""
+    plt = _pyplot()
+    figure, axis = plt.subplots(figsize=(6, 3.5))
+    x = [s["step"] for s in steps]
+    axis.plot(x, [s["loss"] for s in steps], marker="o", markersize=3, label="loss")
+    axis.set(xlabel="optimizer step", ylabel="mean soft cross-entropy", title=title)
+    rate = axis.twinx()
+    rate.plot(x, [s["lr"] for s in steps], color="grey", linestyle=":", label="learning rate")
+    rate.set_ylabel("learning rate")
+    figure.tight_layout()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(out, dpi=110)
+    plt.close(figure)
+    return out

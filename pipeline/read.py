@@ -217,3 +217,28 @@ def _streamed_slice(batches: Iterator[pa.RecordBatch], row_slice: RowSlice) -> t
     if schema is None:
         return pa.table({_LINE_COLUMN: pa.array([], pa.large_string())}), 0
     return pa.Table.from_batches(kept, schema=schema), offset
+
+
+def write_slice(path: str | Path, row_slice: RowSlice, out_dir: str | Path) -> Path:
+    """The rows of `row_slice` as a file of their own (the same format family), taken on the Arrow table.
+
+    No slice means the file itself. JSONL lines are copied as they are; Parquet and CSV become Parquet. The
+    flow's later stages read the slice file, so only its rows are ever read again.
+    """
+    path = Path(path)
+    if row_slice == RowSlice():
+        return path
+    table, _ = read_slice(path, row_slice)
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    if _LINE_COLUMN in table.column_names:
+        out = out_dir / f"slice-{row_slice.start}-{row_slice.end}.jsonl"
+        with out.open("w", encoding="utf-8") as handle:
+            for line in table.column(_LINE_COLUMN).to_pylist():  # only the slice's lines become Python
+                handle.write(line + "\n")
+        return out
+    import pyarrow.parquet as pq
+
+    out = out_dir / f"slice-{row_slice.start}-{row_slice.end}.parquet"
+    pq.write_table(table, out)
+    return out

@@ -27,6 +27,17 @@ def tracking_uri() -> str:
     return os.environ.get("MLFLOW_TRACKING_URI") or DEFAULT_TRACKING_URI
 
 
+def use_store() -> str:
+    """Point MLflow's fluent API (tracking and registry) at the project store; some calls ignore URI arguments
+    (`download_artifacts` resolves `models:/` through the global registry URI)."""
+    import mlflow
+
+    uri = tracking_uri()
+    mlflow.set_tracking_uri(uri)
+    mlflow.set_registry_uri(uri)
+    return uri
+
+
 def client():
     """An MlflowClient on the project's tracking store (registry on the same store)."""
     from mlflow import MlflowClient
@@ -76,7 +87,7 @@ def download_version(name: str, version: str, dst: str | Path) -> Path:
     """Fetch a version's artifacts into `dst` and return its export folder."""
     import mlflow.artifacts
 
-    uri = tracking_uri()
+    uri = use_store()
     local = Path(mlflow.artifacts.download_artifacts(f"models:/{name}/{version}", dst_path=str(dst),
                                                      tracking_uri=uri, registry_uri=uri))  # fmt: skip
     found = sorted(p.parent for p in local.rglob(CONFIG_FILE))
@@ -85,15 +96,32 @@ def download_version(name: str, version: str, dst: str | Path) -> Path:
     return found[0]
 
 
+def find_version(name: str, key: str) -> str | None:
+    """The version registered under an idempotency key, if any."""
+    from mlflow.exceptions import MlflowException
+
+    try:
+        versions = client().search_model_versions(f"name='{name}' and tags.idempotency_key = '{key}'")
+    except MlflowException:
+        return None
+    return str(versions[0].version) if versions else None
+
+
 def register_export(export_dir: str | Path, name: str, run_id: str | None = None,
                     tags: dict[str, str] | None = None) -> str:  # fmt: skip
-    """Log the export folder as a pyfunc model (in `run_id`, or a new run) and register it; the new version."""
+    """Log the export folder as a pyfunc model (in `run_id`, or a new run) and register it; the new version.
+
+    With an `idempotency_key` tag, a version already registered under that key is returned instead.
+    """
     import mlflow
+
+    key = (tags or {}).get("idempotency_key")
+    if key and (found := find_version(name, key)):
+        return found
 
     from pipeline.pyfunc import EXPORT_ARTIFACT, DecisionPyfunc, decision_signature
 
-    mlflow.set_tracking_uri(tracking_uri())
-    mlflow.set_registry_uri(tracking_uri())
+    use_store()
     experiment_id = None if run_id else ensure_experiment()
     with mlflow.start_run(run_id=run_id, experiment_id=experiment_id, nested=mlflow.active_run() is not None):
         info = mlflow.pyfunc.log_model(

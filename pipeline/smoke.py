@@ -43,16 +43,20 @@ class SmokeResult:
         return asdict(self) | {"passed": self.passed}
 
 
-def heldout_requests(data: str | Path, n: int, params_path: str | Path = "params.yaml",
-                     all_rows: bool = False) -> list[dict[str, Any]]:  # fmt: skip
-    """Request bodies (state and usable questions) of held-out rows, up to `n` decisions."""
+def heldout_requests(
+    data: str | Path, n: int, split_config=None, all_rows: bool = False
+) -> list[dict[str, Any]]:
+    """Request bodies (state and usable questions) of held-out rows, up to `n` decisions.
+
+    The split is params.yaml's (`validate:`) unless `split_config` is given.
+    """
     from pipeline.config import load_params
     from pipeline.split import split_holdout
     from pipeline.validate import validate_file
 
     records = validate_file(data).records
     if not all_rows:
-        records = split_holdout(records, load_params(params_path)["validate"]).heldout
+        records = split_holdout(records, split_config or load_params()["validate"]).heldout
     bodies, decisions = [], 0
     for record in records:
         if decisions >= n:
@@ -138,3 +142,53 @@ def _compare(served: list[dict[str, Any] | None], expected: list[dict[str, Any]]
             diff = np.abs(np.subtract(answer_probabilities(got), answer_probabilities(want))).max()
             max_diff = max(max_diff, float(diff))
     return (agree / total if total else 0.0), max_diff
+
+
+def serve_and_smoke(
+    model_dir: str | Path, bodies: list[dict[str, Any]], timeout_s: float = 180.0
+) -> SmokeResult:
+    """Start `decision serve` on the folder (a real server process on a free loopback port), smoke-test it, stop it."""
+    import subprocess
+    import sys
+    import tempfile
+
+    port = _free_port()
+    url = f"http://127.0.0.1:{port}"
+    command = [sys.executable, "-m", "pipeline.cli", "serve", "--model", str(model_dir), "--port", str(port)]
+    with tempfile.TemporaryFile("w+") as log:  # a file, not a pipe: a chatty server can never block on it
+        server = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=log, text=True)
+        try:
+            _wait_healthy(url, server, log, timeout_s)
+            return smoke_test(url, bodies, model_dir)
+        finally:
+            server.terminate()
+            try:
+                server.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                server.kill()
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _wait_healthy(url: str, server, log, timeout_s: float) -> None:
+    import httpx
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        if server.poll() is not None:
+            log.seek(0)
+            raise RuntimeError(f"decision serve exited with {server.returncode}: {log.read()[-2000:]}")
+        try:
+            if httpx.get(f"{url}/healthz", timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"decision serve on {url} not healthy after {timeout_s:.0f} s")
+        time.sleep(0.2)

@@ -24,15 +24,26 @@ def run_dataset(params: dict[str, Any], root: Path) -> dict[str, Any]:
 
 def run_validate(params: dict[str, Any], root: Path) -> dict[str, Any]:
     """Validate the dataset, split it, and write the report with the split summary."""
+    config = params["validate"]
+    return validate_report(root / config.data, config, root / config.report)
+
+
+def validate_report(
+    data: str | Path, config, out: str | Path | None = None, row_slice: str | None = None
+) -> dict[str, Any]:
+    """The validation report of `data` (or its slice) with the held-out split summary; written to `out` if given.
+
+    The same function for `dvc repro validate` and the retraining flow's validate task.
+    """
+    from pipeline.read import RowSlice
     from pipeline.split import split_holdout
     from pipeline.validate import validate_file
 
-    config = params["validate"]
-    data = validate_file(root / config.data)
+    data = validate_file(data, RowSlice.parse(row_slice))
     report = data.report.to_dict() | {"split": split_holdout(data.records, config).summary()}
-    out = root / config.report
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(report, indent=2) + "\n")
+    if out is not None:
+        Path(out).parent.mkdir(parents=True, exist_ok=True)
+        Path(out).write_text(json.dumps(report, indent=2) + "\n")
     return report
 
 

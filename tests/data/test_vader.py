@@ -33,7 +33,7 @@ def test_question_types_and_label_balance(vader):
 def test_heldout_split_leaks_no_text(vader):
     data, params = vader
     split = split_holdout(data.records, params["validate"])
-    assert sum(len(r.decisions) for r in split.heldout) <= 400
+    assert sum(len(r.decisions) for r in split.heldout) == params["validate"].holdout_max_decisions  # 4 per row
     train_texts = {r.state.casefold() for r in split.train}
     assert not any(r.state.casefold() in train_texts for r in split.heldout)
     assert {r.state for r in split.heldout}  # not empty

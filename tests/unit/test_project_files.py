@@ -12,8 +12,19 @@ from pipeline.stages import STAGES
 def test_params_yaml_loads_into_configs(project_root):
     params = load_params(project_root / "params.yaml")
     assert isinstance(params["dataset"], DatasetConfig)
-    assert params["validate"].holdout_max_decisions == 400
+    assert params["validate"].holdout_max_decisions == 4000
     assert params["validate"].holdout_fraction == 0.1
+    assert params["retrain"].model_name == "decision-model" and params["promote"].max_ece == 0.05
+
+
+def test_every_run_config_loads_and_overrides_only_known_keys(project_root):
+    names = sorted(p.stem for p in (project_root / "configs").glob("*.yaml"))
+    assert "tiny" in names
+    base = load_params(project_root / "params.yaml")
+    for name in names:
+        params = load_params(project_root / "params.yaml", name)
+        assert params["dataset"] == base["dataset"]  # run configs change runs, never the pinned data
+    assert load_params(project_root / "params.yaml", "tiny")["train"].max_steps < base["train"].max_steps
 
 
 def test_dvc_stages_match_the_registered_stage_functions(project_root):

@@ -1,0 +1,276 @@
+"""The `retrain` Prefect flow: pins → validate → slice → train → calibrate → export → MLflow → register →
+smoke test over HTTP → promotion gate → aliases. Every task is a thin call into `pipeline/`.
+
+Task results persist under the project's Prefect home (`.prefect/`, set by the Makefile and `decision
+retrain`), cached on their inputs and source, so a rerun after a crash skips the finished tasks. The
+idempotency key (data + base snapshot + params + code) names the run folder, the MLflow run and the model
+version, so the same key never makes a second run or version. Retries only where I/O can fail transiently:
+the registry and the HTTP smoke test; never training.
+
+    python -m flows.retrain                  # params.yaml (what `make run` does)
+    python -m flows.retrain --run-config tiny
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import sys
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from prefect import flow, get_run_logger, task
+from prefect.artifacts import create_link_artifact, create_markdown_artifact, create_table_artifact
+from prefect.cache_policies import INPUTS, TASK_SOURCE
+from prefect.runtime import flow_run
+
+CACHED = {"cache_policy": INPUTS + TASK_SOURCE, "persist_result": True}
+IO_RETRIES = {"retries": 2, "retry_delay_seconds": 5}
+
+
+@task(name="verify-pins")
+def verify_pins(paths: list[str], lock: str) -> dict[str, str]:
+    from pipeline.finetune import verify_inputs
+
+    pins = verify_inputs(paths, lock)
+    unpinned = [p for p in paths if p not in pins]
+    if unpinned:
+        get_run_logger().warning("not pinned in %s (not verified): %s", lock, ", ".join(unpinned))
+    return pins
+
+
+@task(name="validate", **CACHED)
+def validate(data: str, row_slice: str | None, config, report: str) -> dict[str, Any]:
+    from pipeline.stages import validate_report
+
+    result = validate_report(data, config, report, row_slice)
+    rows = [{"reason": reason, "decisions": n} for reason, n in sorted(result["skipped"].items())]
+    create_table_artifact(rows or [{"reason": "(none)", "decisions": 0}], key="skipped-decisions",
+                          description=f"{result['kept']} of {result['decisions']} decisions usable")  # fmt: skip
+    return result
+
+
+@task(name="slice", **CACHED)
+def take_slice(data: str, row_slice: str | None, run_dir: str) -> str:
+    from pipeline.read import RowSlice, write_slice
+
+    return str(write_slice(data, RowSlice.parse(row_slice), run_dir))
+
+
+@task(name="train", **CACHED)
+def train(data: str, base: str, run_dir: str, config, split_config, device: str) -> dict[str, Any]:
+    from pipeline.finetune import train_stage
+
+    return train_stage(data, base, run_dir, config, split_config, device, progress=False)
+
+
+@task(name="calibrate", **CACHED)
+def calibrate(run_dir: str) -> dict[str, Any]:
+    from pipeline.calibrate import calibrate_stage
+
+    return calibrate_stage(run_dir)
+
+
+@task(name="export", **CACHED)
+def export(run_dir: str, data: str, base: str, config) -> str:
+    from pipeline.export import export_stage
+
+    return export_stage(run_dir, Path(run_dir) / "export", data, base, config).out
+
+
+@task(name="log-to-mlflow", **CACHED, **IO_RETRIES)
+def log_run(record) -> str:
+    from pipeline.tracking import log_training_run
+
+    return log_training_run(record)
+
+
+@task(name="register", **CACHED, **IO_RETRIES)
+def register(export_dir: str, name: str, run_id: str, tags: dict[str, str]) -> str:
+    from pipeline.promote import CHALLENGER, set_alias
+    from pipeline.registry import register_export
+
+    version = register_export(export_dir, name, run_id, tags)
+    set_alias(name, CHALLENGER, version, "new version")
+    return version
+
+
+@task(name="smoke-test", **IO_RETRIES)
+def smoke(name: str, version: str, data: str, n: int, split_config) -> dict[str, Any]:
+    import tempfile
+
+    from pipeline.promote import SMOKE_TAG
+    from pipeline.registry import client, download_version
+    from pipeline.smoke import heldout_requests, serve_and_smoke
+
+    bodies = heldout_requests(data, n, split_config)
+    with tempfile.TemporaryDirectory() as tmp:
+        result = serve_and_smoke(download_version(name, version, tmp), bodies)
+    tags = {SMOKE_TAG: "passed" if result.passed else "failed", "smoke_agreement": str(result.agreement),
+            "smoke_max_probability_diff": str(result.max_probability_diff),
+            "smoke_p50_ms": str(result.latency_ms["p50"]), "smoke_p95_ms": str(result.latency_ms["p95"])}  # fmt: skip
+    for key, value in tags.items():
+        client().set_model_version_tag(name, version, key, value)
+    return result.to_dict()
+
+
+@task(name="promotion-gate", **IO_RETRIES)
+def promotion_gate(name: str, version: str, calibrated: dict[str, float], smoke_passed: bool, data: str,
+                   split_config, config) -> dict[str, Any]:  # fmt: skip
+    from pipeline.evaluate import score_heldout
+    from pipeline.promote import CHAMPION, GATE_REASONS_TAG, GATE_TAG, current, gate, set_alias
+    from pipeline.registry import client, download_version
+
+    champion_version = current(name, CHAMPION)
+    if champion_version == version:
+        return {"promote": False, "reasons": ["already the champion"], "champion": version}
+    champion = None
+    if champion_version is not None:
+        import tempfile
+
+        with tempfile.TemporaryDirectory() as tmp:  # the champion, scored now on this run's held-out split
+            champion = score_heldout(download_version(name, champion_version, tmp), data, split_config)
+    verdict = gate(calibrated, champion, smoke_passed, config)
+    client().set_model_version_tag(name, version, GATE_TAG, "promote" if verdict.promote else "hold")
+    client().set_model_version_tag(name, version, GATE_REASONS_TAG, "; ".join(verdict.reasons))
+    if verdict.promote:
+        set_alias(name, CHAMPION, version, "promotion gate: " + "; ".join(verdict.reasons))
+    return verdict.to_dict() | {"champion": current(name, CHAMPION), "previous_champion": champion_version,
+                                "champion_metrics": champion}  # fmt: skip
+
+
+def _run_name() -> str:
+    from pipeline.pins import current_md5
+
+    params = flow_run.parameters
+    data = _load(params.get("params_file", "params.yaml"), params.get("run_config"))["retrain"].data
+    return f"retrain-{current_md5(Path(data))[:8]}-{dt.date.today().isoformat()}"
+
+
+def _load(params_file: str, run_config: str | None) -> dict[str, Any]:
+    from pipeline.config import load_params
+
+    return load_params(params_file, run_config)
+
+
+@flow(name="retrain", flow_run_name=_run_name, log_prints=True)
+def retrain(
+    params_file: str = "params.yaml", run_config: str | None = None, lock: str = "dvc.lock"
+) -> dict[str, Any]:
+    """Retrain on the pinned data and base, track, register, smoke-test and (through the gate) promote."""
+    from pipeline.pins import current_md5
+    from pipeline.tracking import TrainingRecord, code_digest, idempotency_key
+
+    params = _load(params_file, run_config)
+    config = params["retrain"]
+    pins = verify_pins([config.data, config.base], lock)
+    data_md5, base_md5 = current_md5(Path(config.data)), current_md5(Path(config.base))
+    sections = {k: asdict(v) for k, v in params.items()}
+    key = idempotency_key(data_md5, base_md5, sections, code_digest())
+    run_dir = str(Path(config.runs_dir) / key[:16])
+    report = validate(config.data, config.slice, params["validate"], str(Path(run_dir) / "validation.json"))
+    sliced = take_slice(config.data, config.slice, run_dir)
+    trained = train(sliced, config.base, run_dir, params["train"], params["validate"], config.device)
+    calibration = calibrate(run_dir)
+    export_dir = export(run_dir, config.data, config.base, params["train"])
+    tags = {"prefect_flow_run_id": str(flow_run.id), "git_commit": _git_commit(), "data_md5": data_md5,
+            "base_md5": base_md5, "idempotency_key": key, "data": config.data, "base": config.base}  # fmt: skip
+    run_id = log_run(TrainingRecord(key, sections, trained, calibration, report, config.data, data_md5, export_dir,
+                                    run_dir, tags, flow_run.name))  # fmt: skip
+    version = register(export_dir, config.model_name, run_id, {**tags, "mlflow_run_id": run_id})
+    smoked = smoke(config.model_name, version, sliced, config.smoke_decisions, params["validate"])
+    verdict = promotion_gate(config.model_name, version, calibration["heldout"]["calibrated"], smoked["passed"],
+                             sliced, params["validate"], params["promote"])  # fmt: skip
+    summary = _summary(config, key, pins, report, trained, calibration, run_id, version, smoked, verdict)
+    _publish(summary)
+    return summary
+
+
+def _summary(
+    config, key, pins, report, trained, calibration, run_id, version, smoked, verdict
+) -> dict[str, Any]:
+    return {
+        "model": config.model_name, "version": version, "champion": verdict.get("champion"),
+        "promoted": verdict["promote"], "gate": verdict["reasons"], "mlflow_run_id": run_id,
+        "idempotency_key": key, "pins": pins, "rows": report["rows"], "decisions": report["decisions"],
+        "skipped": report["skipped"], "heldout": calibration["heldout"],
+        "temperatures": calibration["temperatures"], "steps": trained["steps"],
+        "train_seconds": trained["train_seconds"], "s_per_step": trained["s_per_step"],
+        "smoke": {k: smoked[k] for k in ("passed", "agreement", "max_probability_diff", "latency_ms")},
+    }  # fmt: skip
+
+
+def _publish(summary: dict[str, Any]) -> None:
+    from pipeline.registry import ensure_experiment
+
+    create_link_artifact(f"http://127.0.0.1:5000/#/experiments/{ensure_experiment()}/runs/{summary['mlflow_run_id']}",
+                         link_text="MLflow run (make ui)", key="mlflow-run")  # fmt: skip
+    create_markdown_artifact(before_after_markdown(summary), key="before-after")
+
+
+def before_after_markdown(summary: dict[str, Any]) -> str:
+    """The held-out table (base, fine-tune, calibrated) and the gate's verdict, as markdown."""
+    lines = ["| model | accuracy | record accuracy | ECE | Brier |", "|---|---|---|---|---|"]
+    for model in ("base", "tuned", "calibrated"):
+        m = summary["heldout"][model]
+        lines.append(
+            f"| {model} | {m['accuracy']:.4f} | {m['record_accuracy']:.4f} | {m['ece']:.4f} | {m['brier']:.4f} |"
+        )
+    verdict = "promoted to champion" if summary["promoted"] else "held as challenger"
+    lines += [
+        "",
+        f"Version {summary['version']} of `{summary['model']}`: {verdict} ({'; '.join(summary['gate'])}).",
+    ]
+    return "\n".join(lines)
+
+
+def _git_commit() -> str:
+    from pipeline.finetune import _git_commit as commit
+
+    return commit() or "none"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m flows.retrain", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    parser.add_argument("--params", default="params.yaml")
+    parser.add_argument("--run-config", help="configs/<NAME>.yaml overrides, e.g. tiny")
+    parser.add_argument("--json", action="store_true", help="print the summary as one JSON object")
+    args = parser.parse_args(argv)
+    summary = retrain(args.params, args.run_config)
+    if args.json:
+        print(json.dumps(summary, default=str))
+    else:
+        print_summary(summary)
+    return 0
+
+
+def print_summary(summary: dict[str, Any]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    table = Table(
+        title=f"{summary['model']} version {summary['version']}: held-out {summary['heldout']['decisions']} decisions"
+    )
+    for column in ("model", "accuracy", "record acc.", "ECE", "Brier"):
+        table.add_column(column, justify="right" if column != "model" else "left")
+    for model in ("base", "tuned", "calibrated"):
+        m = summary["heldout"][model]
+        table.add_row(model, *(f"{m[k]:.4f}" for k in ("accuracy", "record_accuracy", "ece", "brier")))
+    console.print(table)
+    smoke = summary["smoke"]
+    console.print(f"smoke test: {'passed' if smoke['passed'] else 'FAILED'} (agreement {smoke['agreement']}, "
+                  f"p50 {smoke['latency_ms']['p50']} ms); gate: {'; '.join(summary['gate'])}")  # fmt: skip
+    console.print(f"champion: version {summary['champion']}; {summary['steps']} steps in "
+                  f"{summary['train_seconds']:.0f} s; MLflow run {summary['mlflow_run_id']}")  # fmt: skip
+    console.print(
+        "next: [bold]make ui[/] (MLflow UI), [bold]make serve[/] (Decision API on @champion), "
+        "[bold]make schedule[/] (weekly retraining on a local Prefect server)"
+    )
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -8,16 +8,30 @@ STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | md5sum | cut -c1-12)
 export PATH := $(BIN):$(PATH)
 export DVC_NO_ANALYTICS := 1
 export PYTHONUNBUFFERED := 1
+# Prefect keeps its database and task results in the project (resume after a crash reads them); no telemetry.
+export PREFECT_HOME := $(CURDIR)/.prefect
+export PREFECT_SERVER_ANALYTICS_ENABLED := false
+export MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR := false
+RUN_CONFIG ?=
+MODEL_NAME ?= $(if $(RUN_CONFIG),decision-model-$(RUN_CONFIG),decision-model)
+PORT ?= 8000
+UI_PORT ?= 5000
 
-.PHONY: run test lint bench repo data clean-venv
+.PHONY: run test lint bench repo data serve ui schedule clean-venv
 
-run: $(STAMP) repo  ## the main job: build and pin data and base, validate, fine-tune, calibrate, export
+run: $(STAMP) repo  ## the main job: pin data and base, then the retrain flow (train, calibrate, export, register, smoke, promote)
 	dvc repro
-	decision validate data/processed/vader.jsonl
-	decision finetune --data data/processed/vader.jsonl --base data/snapshots/minilm --out models/vader-minilm
+	python -m flows.retrain $(if $(RUN_CONFIG),--run-config $(RUN_CONFIG))
 
 test: $(STAMP) repo data  ## the whole default test suite (CPU, tiny models)
 	python -m pytest
+
+serve: $(STAMP)  ## the Decision API on the champion version (follows the alias)
+	decision serve --model models:/$(MODEL_NAME)@champion --port $(PORT)
+
+ui: $(STAMP)  ## the MLflow UI on loopback
+	MLFLOW_SERVER_ENABLE_JOB_EXECUTION=false mlflow ui --backend-store-uri sqlite:///mlflow/mlflow.db \
+	  --default-artifact-root $(CURDIR)/mlflow/artifacts --host 127.0.0.1 --port $(UI_PORT) --workers 1
 
 lint: $(STAMP)
 	ruff check pipeline flows tests benchmarks

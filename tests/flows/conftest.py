@@ -1,0 +1,47 @@
+"""Flow fixtures: a Prefect test harness, a private MLflow store, and a tiny project (synthetic rows, tiny base)."""
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+
+@pytest.fixture(scope="session")
+def prefect_harness():
+    """One temporary Prefect API for the session (its start dominates: ~15 s)."""
+    import os
+
+    from prefect.testing.utilities import prefect_test_harness
+
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")  # else a fresh home logs "database is locked"
+    with prefect_test_harness():
+        yield
+
+
+@pytest.fixture
+def mlflow_store(tmp_path, monkeypatch) -> str:
+    uri = f"sqlite:///{tmp_path}/mlflow/mlflow.db"
+    (tmp_path / "mlflow").mkdir()
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    return uri
+
+
+def write_tiny_params(folder: Path, data: Path, base: Path, **overrides) -> Path:
+    """A params.yaml for the whole flow on tiny inputs (a few seconds of training)."""
+    params = {
+        "validate": {"data": str(data), "report": str(folder / "validation.json"), "holdout_max_decisions": 40},
+        "train": {"max_steps": 4, "micro_batch": 4, "grad_accum": 2, "log_every": 1, "lora_r": 4, "lora_alpha": 4},
+        "retrain": {"data": str(data), "base": str(base), "runs_dir": str(folder / "runs"),
+                    "model_name": "tiny-model", "smoke_decisions": 20, "device": "cpu"},
+        "promote": {"min_accuracy_gain": 0.0, "max_ece": 1.0},
+    }  # fmt: skip
+    for section, values in overrides.items():
+        params[section] = {**params.get(section, {}), **values}
+    path = folder / "params.yaml"
+    path.write_text(yaml.safe_dump(params))
+    return path
+
+
+@pytest.fixture
+def tiny_params(tmp_path, synthetic_train_file, tiny_base) -> Path:
+    return write_tiny_params(tmp_path, synthetic_train_file, tiny_base)

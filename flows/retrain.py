@@ -35,9 +35,9 @@ def verify_pins(paths: list[str], lock: str) -> dict[str, str]:
     from pipeline.finetune import verify_inputs
 
     pins = verify_inputs(paths, lock)
-    unpinned = [p for p in paths if p not in pins]
-    if unpinned:
-        get_run_logger().warning("not pinned in %s (not verified): %s", lock, ", ".join(unpinned))
+    if len(pins) < len(paths):
+        get_run_logger().warning("only %d of %d inputs are pinned in %s; the others are not verified: %s",
+                                 len(pins), len(paths), lock, ", ".join(paths))  # fmt: skip
     return pins
 
 

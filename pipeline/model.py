@@ -13,6 +13,7 @@ The model class and the sequence builder come from `laya` (Apache-2.0), so a che
 
 from __future__ import annotations
 
+import json
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -48,14 +49,39 @@ class LoadedModel:
 
 
 def load_model(path: str | Path) -> LoadedModel:
-    """Load a Laya-layout folder on the CPU in fp32; a folder without its config is not a model."""
-    from laya.train import load_checkpoint
+    """Load a Laya-layout folder on the CPU in fp32; a folder without its config is not a model.
+
+    As laya's `load_checkpoint`, except that the folder is only read: laya rewrites an old-style
+    `tokenizer_config.json` in place on first load, which would change the hash of a pinned base or export.
+    """
+    from laya.train import build_model
+    from safetensors.torch import load_file
 
     path = Path(path)
     if not (path / CONFIG_FILE).is_file():
         raise ModelLayoutError(f"{path}: not a decision model (no {CONFIG_FILE}; an unfinished export?)")
-    model, tokenizer, config = load_checkpoint(str(path))
-    return LoadedModel(model.eval(), tokenizer, config)
+    config = json.loads((path / CONFIG_FILE).read_text(encoding="utf-8"))
+    tokenizer = _load_tokenizer(path / "tokenizer")
+    model = build_model(config, encoder_dir=str(path / "encoder"))
+    model.load_state_dict(load_file(str(path / "model.safetensors")), strict=True)
+    return LoadedModel(model.float().eval(), tokenizer, config)
+
+
+def _load_tokenizer(folder: Path):
+    """The tokenizer as saved; one transformers cannot read as is is fixed up (laya's way) in a temporary copy."""
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(str(folder))
+    except (ValueError, KeyError, AttributeError, OSError):
+        import tempfile
+
+        from laya.agent import _fix_tokenizer_config
+
+        with tempfile.TemporaryDirectory() as tmp:
+            shutil.copytree(folder, Path(tmp) / "tokenizer")
+            _fix_tokenizer_config(tmp)
+            return AutoTokenizer.from_pretrained(str(Path(tmp) / "tokenizer"))
 
 
 def save_model(loaded: LoadedModel, path: str | Path) -> Path:

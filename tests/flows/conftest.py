@@ -13,7 +13,9 @@ def prefect_harness():
 
     from prefect.testing.utilities import prefect_test_harness
 
-    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")  # else a fresh home logs "database is locked"
+    os.environ.setdefault(
+        "PREFECT_SERVER_ANALYTICS_ENABLED", "false"
+    )  # else a fresh home logs "database is locked"
     with prefect_test_harness():
         yield
 

@@ -93,3 +93,14 @@ def test_questions_that_do_not_fit_are_skipped_with_a_reason(tiny_base):
 def test_a_folder_without_the_config_is_not_a_model(tmp_path):
     with pytest.raises(ModelLayoutError, match="not a decision model"):
         load_model(tmp_path)
+
+
+def test_loading_never_modifies_the_folder(tmp_path):
+    """laya's own loader rewrites tokenizer_config.json on first load; ours only reads (pinned hashes hold)."""
+    from pipeline.pins import current_md5
+    from tests.tiny import write_tiny_base
+
+    folder = write_tiny_base(tmp_path / "base")
+    before = current_md5(folder)
+    load_model(folder)
+    assert current_md5(folder) == before

@@ -1,0 +1,206 @@
+"""The retrain flow on a tiny project: tracking, registry, smoke test, gate, resume, pins, rollback."""
+
+import hashlib
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.flows.conftest import write_tiny_params
+
+pytestmark = pytest.mark.slow
+
+
+def run_flow(params, lock=None):
+    from flows.retrain import retrain
+
+    return retrain(str(params), lock=str(lock or params.parent / "dvc.lock"))
+
+
+def test_a_first_run_is_tracked_registered_smoke_tested_and_promoted(
+    prefect_harness, mlflow_store, tiny_params
+):
+    from pipeline.promote import CHALLENGER, CHAMPION, current
+    from pipeline.registry import client
+
+    summary = run_flow(tiny_params)
+    assert summary["version"] == "1" and summary["promoted"] and summary["smoke"]["passed"]
+    assert current("tiny-model", CHAMPION) == "1" and current("tiny-model", CHALLENGER) == "1"
+    version = client().get_model_version("tiny-model", "1")
+    assert version.tags["smoke"] == "passed" and version.tags["gate"] == "promote"
+    assert "no champion yet" in version.tags["gate_reasons"]
+    data_md5 = hashlib.md5(
+        Path(yaml.safe_load(tiny_params.read_text())["retrain"]["data"]).read_bytes()
+    ).hexdigest()
+    assert (
+        version.tags["data_md5"] == data_md5 and version.tags["idempotency_key"] == summary["idempotency_key"]
+    )
+
+    run = client().get_run(summary["mlflow_run_id"])
+    assert run.data.params["train.max_steps"] == "4" and run.data.params["promote.max_ece"] == "1.0"
+    assert (
+        run.data.tags["prefect_flow_run_id"]
+        and run.data.tags["idempotency_key"] == summary["idempotency_key"]
+    )
+    for name in ("base_accuracy", "calibrated_accuracy", "calibrated_ece", "tuned_brier", "temperature_noul",
+                 "train_seconds", "peak_memory_mb"):  # fmt: skip
+        assert name in run.data.metrics, name
+    assert len(client().get_metric_history(run.info.run_id, "loss")) == 4  # one point per logged step
+    artifacts = {
+        a.path
+        for folder in ("plots", "validation", "export")
+        for a in client().list_artifacts(run.info.run_id, folder)
+    }
+    assert {"plots/reliability_after.png", "plots/loss_curve.png", "validation/report.json",
+            "export/manifest.json"} <= artifacts  # fmt: skip
+    inputs = run.inputs.dataset_inputs
+    assert [i.dataset.digest for i in inputs] == [data_md5]
+
+
+def test_a_crash_after_export_resumes_without_redoing_finished_work(prefect_harness, mlflow_store, tiny_params,
+                                                                   monkeypatch):  # fmt: skip
+    import pipeline.export
+    import pipeline.finetune
+    import pipeline.tracking
+    from pipeline.registry import client
+    from pipeline.tracking import KEY_TAG
+
+    calls = {"train": 0, "export": 0, "log": 0}
+    real_train, real_export, real_log = (pipeline.finetune.train_stage, pipeline.export.export_stage,
+                                         pipeline.tracking.log_training_run)  # fmt: skip
+
+    def counted(name, real):
+        def wrapper(*args, **kwargs):
+            calls[name] += 1
+            return real(*args, **kwargs)
+
+        return wrapper
+
+    def crashing_log(record):
+        calls["log"] += 1
+        if calls["log"] <= 3:  # the first try and both retries of the first flow run
+            raise ConnectionError("tracking store unreachable")
+        return real_log(record)
+
+    monkeypatch.setattr(pipeline.finetune, "train_stage", counted("train", real_train))
+    monkeypatch.setattr(pipeline.export, "export_stage", counted("export", real_export))
+    monkeypatch.setattr(pipeline.tracking, "log_training_run", crashing_log)
+    with pytest.raises(ConnectionError):
+        run_flow(tiny_params)
+    summary = run_flow(tiny_params)
+    assert calls == {"train": 1, "export": 1, "log": 4}  # training and export ran once, across both runs
+    key = summary["idempotency_key"]
+    runs = client().search_runs(
+        [r.experiment_id for r in client().search_experiments()], f"tags.{KEY_TAG} = '{key}'"
+    )
+    assert len(runs) == 1 and runs[0].info.status == "FINISHED"
+    assert [str(v.version) for v in client().search_model_versions("name='tiny-model'")] == ["1"]
+    assert run_flow(tiny_params)["version"] == "1"  # the same key again: no second run, no second version
+    assert len(client().search_runs([runs[0].info.experiment_id])) == 1
+
+
+def test_a_tampered_dataset_stops_the_flow_before_training(
+    prefect_harness, mlflow_store, tiny_params, monkeypatch
+):
+    import pipeline.finetune
+    from pipeline.pins import PinMismatch, file_md5
+
+    params = yaml.safe_load(tiny_params.read_text())
+    data = tiny_params.parent / "pinned.jsonl"
+    data.write_bytes(Path(params["retrain"]["data"]).read_bytes())
+    lock = tiny_params.parent / "dvc.lock"
+    lock.write_text(
+        yaml.safe_dump(
+            {
+                "schema": "2.0",
+                "stages": {
+                    "dataset": {
+                        "cmd": "python -m pipeline.stages dataset",
+                        "outs": [{"path": "pinned.jsonl", "md5": file_md5(data)}],
+                    }
+                },
+            }
+        )
+    )
+    tampered = write_tiny_params(tiny_params.parent, data, params["retrain"]["base"])
+    with data.open("a") as handle:
+        handle.write(json.dumps({"state": "extra", "questions": {}, "gold": {}}) + "\n")
+    monkeypatch.setattr(
+        pipeline.finetune, "train_stage", lambda *a, **k: pytest.fail("trained on tampered data")
+    )
+    with pytest.raises(PinMismatch, match=r"pinned\.jsonl: bytes differ from dvc\.lock"):
+        run_flow(tampered, lock)
+
+
+def write_learnable_rows(path: Path, n: int, seed: int = 0) -> Path:
+    """Rows whose tone is written in the text (one telling word among filler), so training can learn it."""
+    import random
+
+    from pipeline import synthetic
+
+    rng = random.Random(seed)
+    cues = {
+        "negative": ("bad", "terrible", "hate"),
+        "neutral": ("fine", "okay"),
+        "positive": ("great", "good", "love"),
+    }
+    rows = []
+    for _ in range(n):
+        tone = rng.choice(list(cues))
+        words = [rng.choice(["the", "order", "product", "was", "it", "this"]) for _ in range(5)]
+        words.insert(rng.randrange(6), rng.choice(cues[tone]))
+        question = {
+            "type": "choice",
+            "instructions": "What is the tone?",
+            "criteria": {t: None for t in cues},
+        }
+        rows.append({"state": " ".join(words), "questions": {"tone": question}, "gold": {"tone": tone}})
+    return synthetic.write_rows(rows, path)
+
+
+def test_a_worse_candidate_is_held_as_challenger_and_rollback_restores_the_champion(prefect_harness, mlflow_store,
+                                                                                    tmp_path, synthetic_train_file,
+                                                                                    tiny_base):  # fmt: skip
+    from pipeline.promote import (
+        CHALLENGER,
+        CHAMPION,
+        PromotionRefused,
+        current,
+        history,
+        promote_version,
+        rollback,
+    )
+    from pipeline.registry import client
+
+    data = write_learnable_rows(tmp_path / "learnable.jsonl", 400)
+    trained = write_tiny_params(tmp_path, data, tiny_base, validate={"holdout_max_decisions": 120},
+                                train={"max_steps": 60, "lora_lr": 0.005, "head_lr": 0.003})  # fmt: skip
+    first = run_flow(trained)
+    untrained = write_tiny_params(tmp_path, data, tiny_base, validate={"holdout_max_decisions": 120},
+                                  train={"max_steps": 0})  # fmt: skip
+    second = run_flow(untrained)
+    candidate, champion = (
+        second["heldout"]["calibrated"]["accuracy"],
+        first["heldout"]["calibrated"]["accuracy"],
+    )
+    assert candidate < champion, "the untrained model should be worse for this test to mean anything"
+    assert not second["promoted"] and any("accuracy" in r and "<" in r for r in second["gate"])
+    assert (
+        current("tiny-model", CHAMPION) == first["version"]
+        and current("tiny-model", CHALLENGER) == second["version"]
+    )
+
+    promote_version("tiny-model", second["version"], why="test: by hand")
+    assert current("tiny-model", CHAMPION) == second["version"]
+    assert rollback("tiny-model") == first["version"] and current("tiny-model", CHAMPION) == first["version"]
+    moves = [(h["alias"], h["from"], h["to"]) for h in history("tiny-model")]
+    assert moves[-1] == ("champion", second["version"], first["version"])
+    with pytest.raises(PromotionRefused):
+        rollback("tiny-model")  # version 1 was the first champion: nothing earlier
+
+    client().set_model_version_tag("tiny-model", second["version"], "smoke", "failed")
+    with pytest.raises(PromotionRefused, match="--force"):
+        promote_version("tiny-model", second["version"])
+    promote_version("tiny-model", second["version"], force=True)
+    assert current("tiny-model", CHAMPION) == second["version"]

@@ -14,6 +14,7 @@ import sys
 from typing import Any
 
 from pipeline.cli_api import add_api_commands
+from pipeline.cli_registry import add_registry_commands
 
 EXIT_OK, EXIT_UNREADABLE, EXIT_NOTHING_USABLE = 0, 1, 2
 
@@ -288,6 +289,7 @@ def build_parser() -> argparse.ArgumentParser:
     chain.add_argument("--eval-data", help="use this file as the held-out set instead of splitting DATA")
     chain.set_defaults(handler=_finetune)
     add_api_commands(commands)
+    add_registry_commands(commands)
     return parser
 
 

@@ -119,13 +119,14 @@ def register_export(export_dir: str | Path, name: str, run_id: str | None = None
     if key and (found := find_version(name, key)):
         return found
 
-    from pipeline.pyfunc import EXPORT_ARTIFACT, DecisionPyfunc, decision_signature
+    from pipeline.pyfunc import EXPORT_ARTIFACT, decision_signature
 
     use_store()
     experiment_id = None if run_id else ensure_experiment()
     with mlflow.start_run(run_id=run_id, experiment_id=experiment_id, nested=mlflow.active_run() is not None):
         info = mlflow.pyfunc.log_model(
-            name="model", python_model=DecisionPyfunc(), artifacts={EXPORT_ARTIFACT: str(export_dir)},
+            name="model", python_model=str(Path(__file__).with_name("mlflow_model.py")),
+            artifacts={EXPORT_ARTIFACT: str(export_dir)},
             signature=decision_signature(), registered_model_name=name, pip_requirements=_requirements(),
         )  # fmt: skip
     version = str(info.registered_model_version)

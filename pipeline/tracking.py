@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -117,7 +118,11 @@ def _log_dataset(record: TrainingRecord) -> None:
     from mlflow.data.dataset_source_registry import resolve_dataset_source
     from mlflow.data.meta_dataset import MetaDataset
 
-    source = resolve_dataset_source(Path(record.data).resolve().as_uri())
+    with (
+        warnings.catch_warnings()
+    ):  # a file URI "can be interpreted in multiple ways": all of them local files
+        warnings.simplefilter("ignore", UserWarning)
+        source = resolve_dataset_source(Path(record.data).resolve().as_uri())
     dataset = MetaDataset(source, name=Path(record.data).name, digest=record.data_md5)  # the DVC md5
     mlflow.log_input(dataset, context="training")
 

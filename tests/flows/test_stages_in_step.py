@@ -1,0 +1,34 @@
+"""dvc.yaml and the retrain flow stay in step: the same stage functions, and the flow verifies DVC's outputs."""
+
+import yaml
+
+from pipeline.config import load_params
+
+
+def test_dvc_and_the_flow_validate_with_the_same_function(project_root, monkeypatch, tmp_path):
+    import flows.retrain
+    import pipeline.stages as stages
+
+    calls = []
+
+    def spy(data, config, out=None, row_slice=None):
+        calls.append(str(data))
+        return {"skipped": {}, "kept": 1, "decisions": 1}
+
+    monkeypatch.setattr(stages, "validate_report", spy)
+    monkeypatch.setattr(flows.retrain, "create_table_artifact", lambda *a, **k: None)
+    params = load_params(project_root / "params.yaml")
+    stages.run_stage("validate", root=project_root)  # what `dvc repro validate` runs
+    flows.retrain.validate.fn(params["retrain"].data, None, params["validate"], str(tmp_path / "report.json"))
+    assert (
+        len(calls) == 2 and calls[0].endswith(params["retrain"].data) and calls[1] == params["retrain"].data
+    )
+
+
+def test_the_flow_trains_on_exactly_what_dvc_pins(project_root):
+    dvc = yaml.safe_load((project_root / "dvc.yaml").read_text())["stages"]
+    outs = {out for stage in dvc.values() for out in stage.get("outs", [])}
+    retrain = load_params(project_root / "params.yaml")["retrain"]
+    assert {retrain.data, retrain.base} <= outs  # so verify-pins checks both against dvc.lock
+    source = (project_root / "flows" / "retrain.py").read_text()
+    assert "verify_pins([config.data, config.base], lock)" in source

@@ -16,22 +16,33 @@ RUN_CONFIG ?=
 MODEL_NAME ?= $(if $(RUN_CONFIG),decision-model-$(RUN_CONFIG),decision-model)
 PORT ?= 8000
 UI_PORT ?= 5000
+# The store `make ui` shows: the pipeline's own (pipeline.registry reads the same variable), with artifacts
+# beside the SQLite file as pipeline.registry.artifact_root puts them.
+MLFLOW_TRACKING_URI ?= sqlite:///mlflow/mlflow.db
+UI_ARTIFACTS ?= $(abspath $(dir $(MLFLOW_TRACKING_URI:sqlite:///%=%)))/artifacts
 
-.PHONY: run test lint bench repo data serve ui schedule clean-venv
+.PHONY: run test lint bench repo data serve ui browser schedule clean-venv
 
 run: $(STAMP) repo  ## the main job: pin data and base, then the retrain flow (train, calibrate, export, register, smoke, promote)
 	dvc repro
 	python -m flows.retrain $(if $(RUN_CONFIG),--run-config $(RUN_CONFIG))
 
-test: $(STAMP) repo data  ## the whole default test suite (CPU, tiny models)
+test: $(STAMP) repo data browser  ## the whole default test suite (CPU, tiny models)
 	python -m pytest
 
 serve: $(STAMP)  ## the Decision API on the champion version (follows the alias)
 	decision serve --model models:/$(MODEL_NAME)@champion --port $(PORT)
 
 ui: $(STAMP)  ## the MLflow UI on loopback
-	MLFLOW_SERVER_ENABLE_JOB_EXECUTION=false mlflow ui --backend-store-uri sqlite:///mlflow/mlflow.db \
-	  --default-artifact-root $(CURDIR)/mlflow/artifacts --host 127.0.0.1 --port $(UI_PORT) --workers 1
+	MLFLOW_SERVER_ENABLE_JOB_EXECUTION=false mlflow ui --backend-store-uri $(MLFLOW_TRACKING_URI) \
+	  --default-artifact-root $(UI_ARTIFACTS) --host 127.0.0.1 --port $(UI_PORT) --workers 1
+
+# Headless Chromium for the MLflow UI test, from Debian's package where none is on PATH; never fails the build.
+browser:
+	@command -v chromium >/dev/null || command -v chromium-browser >/dev/null || { \
+	  command -v apt-get >/dev/null && { apt-get update -qq && \
+	    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; } >/dev/null 2>&1; } || \
+	  echo "No chromium (and apt-get install chromium was not possible): the MLflow UI test will be skipped."
 
 lint: $(STAMP)
 	ruff check pipeline flows tests benchmarks
@@ -60,3 +71,37 @@ $(STAMP): pyproject.toml
 
 clean-venv:
 	rm -rf $(VENV)
+
+# Weekly retraining on this machine, as prefect.yaml declares it. `make schedule` starts a Prefect server on
+# loopback in the background unless one answers on PREFECT_PORT (log .prefect/server.log, pid .prefect/server.pid;
+# a cron schedule needs a real server: the temporary API `make run` starts never fires one), deploys `retrain`,
+# then runs a process worker in the foreground. Ctrl-C stops the worker (press it twice: Prefect 3.9's worker
+# takes the first as a graceful stop it does not finish when idle, the second kills it); the server and its UI
+# (http://127.0.0.1:$(PREFECT_PORT)) keep running, for the next `make schedule`, until `make schedule-stop`.
+PREFECT_PORT ?= 4200
+PREFECT_POOL := local-process
+SCHEDULE_API := http://127.0.0.1:$(PREFECT_PORT)/api
+PREFECT_HEALTHY = python -c "import urllib.request as u; u.urlopen('$(SCHEDULE_API)/health', timeout=2)" 2>/dev/null
+.PHONY: schedule-stop
+
+schedule: export PREFECT_API_URL := $(SCHEDULE_API)
+schedule: $(STAMP) repo  ## weekly retraining: a local Prefect server, the `retrain` deployment and a process worker
+	@mkdir -p $(PREFECT_HOME)
+	@if $(PREFECT_HEALTHY); then echo "A Prefect server already answers on 127.0.0.1:$(PREFECT_PORT)."; else \
+	  echo "Starting a Prefect server on 127.0.0.1:$(PREFECT_PORT) (log $(PREFECT_HOME)/server.log)."; \
+	  setsid sh -c 'echo $$$$ >$(PREFECT_HOME)/server.pid; exec prefect server start --host 127.0.0.1 --port $(PREFECT_PORT)' \
+	    >$(PREFECT_HOME)/server.log 2>&1 </dev/null & \
+	  for _ in $$(seq 120); do sleep 0.5; $(PREFECT_HEALTHY) && break; \
+	    kill -0 "$$(cat $(PREFECT_HOME)/server.pid)" 2>/dev/null || { tail -20 $(PREFECT_HOME)/server.log; exit 1; }; done; \
+	  $(PREFECT_HEALTHY) || { echo "No healthy Prefect server after 60 s: see $(PREFECT_HOME)/server.log"; exit 1; }; fi
+	prefect work-pool inspect $(PREFECT_POOL) >/dev/null 2>&1 || prefect work-pool create $(PREFECT_POOL) --type process
+	prefect --no-prompt deploy --name retrain
+	@echo "Worker on $(PREFECT_POOL): Ctrl-C twice stops it; make schedule-stop stops the server."
+	exec prefect worker start --pool $(PREFECT_POOL)
+
+schedule-stop:  ## stop the Prefect server that `make schedule` started
+	@pid=$$(cat $(PREFECT_HOME)/server.pid 2>/dev/null); \
+	if [ -n "$$pid" ] && kill -0 "$$pid" 2>/dev/null; then kill -TERM -- "-$$pid"; \
+	  for _ in $$(seq 40); do kill -0 "$$pid" 2>/dev/null || break; sleep 0.5; done; \
+	  kill -KILL -- "-$$pid" 2>/dev/null; echo "Prefect server (pid $$pid) stopped."; \
+	else echo "No Prefect server from make schedule is running."; fi; rm -f $(PREFECT_HOME)/server.pid

@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
+import os
 import sys
 from dataclasses import asdict
 from pathlib import Path
@@ -35,9 +36,11 @@ def verify_pins(paths: list[str], lock: str) -> dict[str, str]:
     from pipeline.finetune import verify_inputs
 
     pins = verify_inputs(paths, lock)
-    if len(pins) < len(paths):
-        get_run_logger().warning("only %d of %d inputs are pinned in %s; the others are not verified: %s",
-                                 len(pins), len(paths), lock, ", ".join(paths))  # fmt: skip
+    root = Path(lock).resolve().parent
+    unpinned = [p for p in paths if not Path(p).resolve().is_relative_to(root)
+                or Path(p).resolve().relative_to(root).as_posix() not in pins]  # fmt: skip
+    if unpinned:
+        get_run_logger().warning("not pinned in %s, so not verified: %s", lock, ", ".join(unpinned))
     return pins
 
 
@@ -155,7 +158,8 @@ def _load(params_file: str, run_config: str | None) -> dict[str, Any]:
     return load_params(params_file, run_config)
 
 
-@flow(name="retrain", flow_run_name=_run_name, log_prints=True)
+# A hung run (a stuck smoke-test server, say) must not hold the deployment's single slot forever.
+@flow(name="retrain", flow_run_name=_run_name, log_prints=True, timeout_seconds=4 * 3600)
 def retrain(
     params_file: str = "params.yaml", run_config: str | None = None, lock: str = "dvc.lock"
 ) -> dict[str, Any]:
@@ -205,7 +209,8 @@ def _summary(
 def _publish(summary: dict[str, Any]) -> None:
     from pipeline.registry import ensure_experiment
 
-    create_link_artifact(f"http://127.0.0.1:5000/#/experiments/{ensure_experiment()}/runs/{summary['mlflow_run_id']}",
+    ui = os.environ.get("MLFLOW_UI_URL", "http://127.0.0.1:5000")  # where `make ui` serves by default
+    create_link_artifact(f"{ui}/#/experiments/{ensure_experiment()}/runs/{summary['mlflow_run_id']}",
                          link_text="MLflow run (make ui)", key="mlflow-run")  # fmt: skip
     create_markdown_artifact(before_after_markdown(summary), key="before-after")
 

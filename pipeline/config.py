@@ -83,7 +83,7 @@ class TrainConfig:
     """Training settings (`train:` in params.yaml); defaults from the reference recipe (DESIGN.md 4)."""
 
     method: str = "lora"
-    """lora | full (qlora is for decoder backbones)."""
+    """lora | full | qlora (QLoRA quantises a decoder backbone; the encoder family refuses it)."""
     lora_r: int = 64
     lora_alpha: int = 64
     lora_dropout: float = 0.0
@@ -109,13 +109,8 @@ class TrainConfig:
     eval_batch_size: int = 64
 
     def __post_init__(self) -> None:
-        if self.method == "qlora":
-            raise ConfigError(
-                "train.method=qlora: QLoRA quantises a decoder backbone; encoder models (the Laya layout) train "
-                "with --method lora or --method full"
-            )
         if self.method not in METHODS:
-            raise ConfigError(f"train.method: expected one of lora, full; got {self.method!r}")
+            raise ConfigError(f"train.method: expected one of lora, full, qlora; got {self.method!r}")
         if self.precision not in ("auto", "fp32", "bf16"):
             raise ConfigError(f"train.precision: expected auto, fp32 or bf16; got {self.precision!r}")
         for name in ("micro_batch", "grad_accum", "epochs", "lora_r", "log_every"):
@@ -128,7 +123,7 @@ class TrainConfig:
 
     @property
     def encoder_lr(self) -> float:
-        return self.lora_lr if self.method == "lora" else self.full_lr
+        return self.lora_lr if self.method in ("lora", "qlora") else self.full_lr
 
 
 @dataclass(frozen=True)

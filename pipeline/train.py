@@ -16,7 +16,7 @@ import signal
 import statistics
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -32,7 +32,7 @@ from pipeline.compile import (
     pad_to_bucket,
     pick_warmup_batches,
 )
-from pipeline.config import TrainConfig
+from pipeline.config import ConfigError, TrainConfig
 from pipeline.forward import decision_logits, soft_cross_entropy
 from pipeline.items import Item, collate
 
@@ -110,6 +110,11 @@ def _cpu_has_native_bf16() -> bool:
 
 def prepare_model(model: torch.nn.Module, config: TrainConfig) -> None:
     """Set up the trainable parameters: LoRA adapters on the encoder, or the whole model."""
+    if config.method == "qlora":
+        raise ConfigError(
+            "train.method=qlora: QLoRA quantises a decoder backbone; encoder models (the Laya layout) train "
+            "with --method lora or --method full"
+        )
     if config.method == "lora":
         apply_lora(model, config.lora_r, config.lora_alpha, config.lora_dropout, config.lora_target_modules)
     else:
@@ -122,10 +127,12 @@ def prepare_model(model: torch.nn.Module, config: TrainConfig) -> None:
         model.encoder.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
 
 
-def build_optimizer(model: torch.nn.Module, config: TrainConfig, total_steps: int):
-    """AdamW with the encoder and the head in their own groups, and a cosine schedule over the run."""
-    encoder = [p for n, p in model.named_parameters() if n.startswith("encoder.") and p.requires_grad]
-    head = [p for n, p in model.named_parameters() if not n.startswith("encoder.") and p.requires_grad]
+def build_optimizer(
+    model: torch.nn.Module, config: TrainConfig, total_steps: int, backbone: str = "encoder."
+):
+    """AdamW with the backbone (`backbone` prefix) and the head in their own groups, and a cosine schedule."""
+    encoder = [p for n, p in model.named_parameters() if n.startswith(backbone) and p.requires_grad]
+    head = [p for n, p in model.named_parameters() if not n.startswith(backbone) and p.requires_grad]
     groups = [{"params": encoder, "lr": config.encoder_lr}, {"params": head, "lr": config.head_lr}]
     optimizer = torch.optim.AdamW([g for g in groups if g["params"]], weight_decay=config.weight_decay)
     cosine = lambda step: 0.5 * (1.0 + math.cos(math.pi * min(step, total_steps) / max(1, total_steps)))  # noqa: E731
@@ -143,13 +150,13 @@ def plan_windows(n_items: int, config: TrainConfig) -> list[list[int]]:
     return windows if config.max_steps is None else windows[: config.max_steps]
 
 
-def micro_batches(window: list[int], items: list[Item], micro_batch: int) -> list[list[int]]:
+def micro_batches(window: list[int], items: Sequence[Any], micro_batch: int) -> list[list[int]]:
     """A window's items sorted by length and cut into micro-batches: the same items, less padding."""
     ordered = sorted(window, key=lambda i: len(items[i]))
     return [ordered[i : i + micro_batch] for i in range(0, len(ordered), micro_batch)]
 
 
-def accumulate_gradients(window: list[int], items: list[Item], micro_batch: int,
+def accumulate_gradients(window: list[int], items: Sequence[Any], micro_batch: int,
                          summed_loss: Callable[[list[int]], torch.Tensor]) -> torch.Tensor:  # fmt: skip
     """Backpropagate one window in length-grouped micro-batches; the gradient is that of the window's mean loss.
 
@@ -164,10 +171,29 @@ def accumulate_gradients(window: list[int], items: list[Item], micro_batch: int,
     return total
 
 
-def train(model: torch.nn.Module, items: list[Item], pad_id: int, config: TrainConfig, device: torch.device,
+@dataclass(frozen=True)
+class BatchTask:
+    """How another model family turns its examples into batches and a summed loss (default: the encoder's).
+
+    `summed_loss(model, batch, dtype)` sums over the batch's examples, so accumulation stays exact;
+    `backbone` is the parameter-name prefix that gets the backbone learning rate; `decisions(example)` counts
+    the decisions an example holds (a decoder record holds all of its row's questions).
+    """
+
+    collate: Callable[[list[Any]], dict[str, torch.Tensor]]
+    summed_loss: Callable[[torch.nn.Module, dict[str, torch.Tensor], torch.dtype | None], torch.Tensor]
+    backbone: str = "lm."
+    decisions: Callable[[Any], int] = lambda example: 1
+
+
+def train(model: torch.nn.Module, items: Sequence[Any], pad_id: int, config: TrainConfig, device: torch.device,
           cancel: CancelToken | None = None, on_log: Callable[[dict[str, float]], None] | None = None,
-          progress: bool = True, compile_config: CompileConfig | None = None) -> TrainResult:  # fmt: skip
-    """Train `model` in place on `items`; the model must already be prepared (`prepare_model`)."""
+          progress: bool = True, compile_config: CompileConfig | None = None,
+          task: BatchTask | None = None) -> TrainResult:  # fmt: skip
+    """Train `model` in place on `items` (model items, or another family's examples with `task`).
+
+    The model must already be prepared (`prepare_model`, or the family's own preparation).
+    """
     from tqdm.auto import tqdm
 
     if not items:
@@ -176,17 +202,22 @@ def train(model: torch.nn.Module, items: list[Item], pad_id: int, config: TrainC
     dtype = resolve_precision(config.precision, device)
     compile_config = compile_config or CompileConfig()
     enabled, reason = decide_compile(device, len(windows) * config.grad_accum, compile_config)
-    optimizer, scheduler = build_optimizer(model, config, len(windows))
+    if task is not None:
+        enabled, reason = False, "per-layer compile is wired for the encoder family only"
+    optimizer, scheduler = build_optimizer(model, config, len(windows), task.backbone if task else "encoder.")
     params = [p for group in optimizer.param_groups for p in group["params"]]
     torch.manual_seed(config.seed)
     model.to(device).train()
 
     def batch_of(indices: list[int], padded: bool) -> dict[str, torch.Tensor]:
-        batch = collate([items[i] for i in indices], pad_id)
+        examples = [items[i] for i in indices]
+        batch = task.collate(examples) if task else collate(examples, pad_id)
         batch = pad_to_bucket(batch, pad_id, compile_config) if padded else batch
         return {k: v.to(device, non_blocking=True) for k, v in batch.items()}
 
     def loss_of(batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        if task is not None:
+            return task.summed_loss(model, batch, dtype)
         per_item = soft_cross_entropy(
             decision_logits(model, batch, dtype), batch["target"], batch["marker_mask"]
         )
@@ -214,7 +245,7 @@ def train(model: torch.nn.Module, items: list[Item], pad_id: int, config: TrainC
             scheduler.step()
             optimizer.zero_grad(set_to_none=True)
             result.steps += 1
-            result.decisions += len(window)
+            result.decisions += sum(task.decisions(items[i]) for i in window) if task else len(window)
             result.step_seconds.append(time.perf_counter() - step_started)
             bar.update(1)
             if result.steps % config.log_every == 0 or result.steps == len(windows):

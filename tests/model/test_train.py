@@ -167,9 +167,11 @@ def test_scoring_returns_the_callers_order(tiny_base, tiny_items):
     assert collate(tiny_items[:2], 0)["target"].sum(-1).allclose(torch.ones(2))
 
 
-def test_qlora_is_refused_for_encoder_models():
+def test_qlora_is_refused_for_encoder_models(tiny_base):
+    from pipeline.train import prepare_model
+
     with pytest.raises(ConfigError, match="QLoRA"):
-        TrainConfig(method="qlora")
+        prepare_model(load_model(tiny_base).model, TrainConfig(method="qlora"))
 
 
 @pytest.mark.parametrize("method", ["lora", "full"])

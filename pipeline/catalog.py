@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeline.model import LoadedModel, list_models, load_model
+from pipeline.model import LoadedModel, list_models
 
 log = logging.getLogger("decision.serve")
 DEFAULT_NAMES = ("default", "jev-latest", "jev-preview")
@@ -208,7 +208,9 @@ class Catalog:
             return model
 
     def _load(self, folder: Path) -> LoadedModel:
-        loaded = load_model(folder)
+        from pipeline.decoder_layout import load_decision_model
+
+        loaded = load_decision_model(folder)
         loaded.model.to(self.device)
         return loaded
 
@@ -217,11 +219,20 @@ class Catalog:
 
 
 def checked(model: ServedModel) -> ServedModel:
-    """The model, once it answers a canary request with finite probabilities that sum to 1."""
-    from pipeline.predict import predict
+    """The model, once it answers a canary request as the server would, with finite probabilities summing to 1.
 
-    for qid, p in predict(model.loaded, CANARY_STATE, CANARY_QUESTIONS).items():
-        if not np.all(np.isfinite(p)) or abs(float(p.sum()) - 1.0) > 1e-4:
+    The answers are rounded to 4 decimals, so a choice or score sums to 1 within half a unit per option.
+    """
+    from pipeline.answers import answer_probabilities, parse_request
+    from pipeline.predict import answer_requests
+
+    [result] = answer_requests(model.loaded, [parse_request(CANARY_STATE, CANARY_QUESTIONS)])
+    if isinstance(result, Exception):
+        raise ValueError(f"{model.name}: the canary request failed: {result}")
+    for qid, answer in result.answers.items():
+        p = np.asarray(answer_probabilities(answer), dtype=np.float64)
+        rounding = 0.5e-4 * len(p) + 1e-9
+        if not (np.all(np.isfinite(p)) and np.all((p >= 0) & (p <= 1)) and abs(p.sum() - 1.0) <= rounding):
             raise ValueError(f"{model.name}: canary question {qid!r} got probabilities {p.tolist()}")
     return model
 
@@ -232,7 +243,10 @@ def _manifest(folder: Path) -> dict:
 
 
 def _release_date(folder: Path) -> str:
-    mtime = (folder / "rl_agent_config.json").stat().st_mtime
+    from pipeline.decoder_layout import HEAD_FILE
+
+    written_last = HEAD_FILE if (folder / HEAD_FILE).is_file() else "rl_agent_config.json"
+    mtime = (folder / written_last).stat().st_mtime
     return dt.datetime.fromtimestamp(mtime, dt.UTC).date().isoformat()
 
 

@@ -46,11 +46,23 @@ class ExportResult:
 
 def merged_copy(model: torch.nn.Module) -> torch.nn.Module:
     """A CPU copy of `model` with every LoRA adapter merged into its base layer and removed."""
+    return merge_lora_layers(cpu_copy(model).float())
+
+
+def cpu_copy(model: torch.nn.Module, clone=None) -> torch.nn.Module:
+    """A deep copy of `model` on the CPU; `clone` (default `_cpu_clone`) makes each tensor's CPU copy."""
+    clone = clone or _cpu_clone
+    # Copy straight to the CPU: deep-copying the module where it lives would grow the device's memory.
+    memo = {id(t): clone(t) for t in [*model.parameters(), *model.buffers()]}
+    return copy.deepcopy(model, memo)
+
+
+def merge_lora_layers(merged: torch.nn.Module) -> torch.nn.Module:
+    """`merged` (changed in place) with every LoRA layer merged into its base layer and replaced by it."""
+    if not any(type(m).__module__.startswith("peft.") for m in merged.modules()):
+        return merged  # nothing to merge: spare the peft import (seconds, with bitsandbytes installed)
     from peft.tuners.lora import LoraLayer
 
-    # Copy straight to the CPU: deep-copying the module where it lives would grow the device's memory.
-    memo = {id(t): _cpu_clone(t) for t in [*model.parameters(), *model.buffers()]}
-    merged = copy.deepcopy(model, memo).float()
     for name, module in list(merged.named_modules()):
         if isinstance(module, LoraLayer):
             module.merge()
@@ -66,12 +78,12 @@ def _cpu_clone(tensor: torch.Tensor) -> torch.Tensor:
     return torch.nn.Parameter(clone, requires_grad=False) if isinstance(tensor, torch.nn.Parameter) else clone
 
 
-def check_finite(state: dict[str, torch.Tensor]) -> None:
-    """Refuse, naming them, tensors with NaN or infinity (also after the fp16 cast)."""
+def check_finite(state: dict[str, torch.Tensor], dtype: torch.dtype = torch.float16) -> None:
+    """Refuse, naming them, tensors with NaN or infinity (also after the cast to `dtype`, as written)."""
     bad = [
         name
         for name, tensor in state.items()
-        if tensor.is_floating_point() and not torch.isfinite(tensor.half()).all()
+        if tensor.is_floating_point() and not torch.isfinite(tensor.to(dtype)).all()
     ]
     if bad:
         raise NonFiniteWeights(f"refusing to export non-finite weights: {', '.join(bad[:8])}")
@@ -97,15 +109,19 @@ def export_model(loaded: LoadedModel, out: str | Path, temperatures: list[float]
     return ExportResult(str(out), True, manifest)
 
 
-def _already_exported(out: Path, config: dict[str, Any], manifest: dict[str, Any]) -> bool:
-    """The same source (weights digest) and the same decision config are already in place."""
-    if not (out / CONFIG_FILE).is_file() or not (out / MANIFEST).is_file():
+def _already_exported(out: Path, config: dict[str, Any], manifest: dict[str, Any],
+                      config_file: str = CONFIG_FILE, marker: str | None = None) -> bool:  # fmt: skip
+    """The same source (weights digest) and the same decision config are already in place.
+
+    `marker` is the file written last (the config itself unless named): without it the folder is no model.
+    """
+    if not all((out / name).is_file() for name in (config_file, MANIFEST, marker or config_file)):
         return False
     existing = json.loads((out / MANIFEST).read_text())
     same_source = existing.get("source_digest") and existing.get("source_digest") == manifest.get(
         "source_digest"
     )
-    return bool(same_source) and json.loads((out / CONFIG_FILE).read_text()) == config
+    return bool(same_source) and json.loads((out / config_file).read_text()) == config
 
 
 def _staging_dir(out: Path) -> Path:

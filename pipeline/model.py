@@ -143,10 +143,13 @@ def write_snapshot(out: str | Path, encoder_dir: str | Path, seed: int, head_lay
 
 
 def list_models(folder: str | Path) -> list[Path]:
-    """The complete models in a folder: visible subfolders holding the config (a staging folder never does)."""
+    """The complete models in a folder: visible subfolders holding the config (a staging folder never does),
+    or a decoder export's head and config (`pipeline.decoder_layout`)."""
+    from pipeline.decoder_layout import is_decoder_folder  # it imports this module
+
     folder = Path(folder)
     return sorted(
         p
         for p in folder.iterdir()
-        if p.is_dir() and not p.name.startswith(".") and (p / CONFIG_FILE).is_file()
+        if p.is_dir() and not p.name.startswith(".") and ((p / CONFIG_FILE).is_file() or is_decoder_folder(p))
     )

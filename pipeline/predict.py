@@ -128,7 +128,14 @@ class Answered:
 
 
 def answer_requests(loaded: LoadedModel, requests: list[ParsedRequest]) -> list[Answered | BadQuestion]:
-    """Answer several parsed requests in shared forward passes; a request that cannot be encoded fails alone."""
+    """Answer several parsed requests in shared forward passes; a request that cannot be encoded fails alone.
+
+    `loaded` may be a decoder-family model (`pipeline.decoder_layout.LoadedDecoder`), answered by its family.
+    """
+    from pipeline.decoder_layout import LoadedDecoder, answer_decoder_requests  # it imports this module
+
+    if isinstance(loaded, LoadedDecoder):
+        return answer_decoder_requests(loaded, requests)
     encoded: list[list[Item] | BadQuestion] = []
     for request in requests:
         try:

@@ -22,9 +22,9 @@ class DecisionPyfunc(mlflow.pyfunc.PythonModel):
     """Loads the export folder once; answers a batch of requests in shared forward passes."""
 
     def load_context(self, context) -> None:
-        from pipeline.model import load_model
+        from pipeline.decoder_layout import load_decision_model
 
-        self._loaded = load_model(context.artifacts[EXPORT_ARTIFACT])
+        self._loaded = load_decision_model(context.artifacts[EXPORT_ARTIFACT])
 
     def predict(self, context, model_input, params: dict[str, Any] | None = None) -> list[dict[str, Any]]:
         from pipeline.answers import parse_request

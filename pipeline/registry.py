@@ -88,11 +88,15 @@ def download_version(name: str, version: str, dst: str | Path) -> Path:
     import mlflow.artifacts
 
     uri = use_store()
+    from pipeline.decoder_layout import HEAD_FILE
+
     local = Path(mlflow.artifacts.download_artifacts(f"models:/{name}/{version}", dst_path=str(dst),
                                                      tracking_uri=uri, registry_uri=uri))  # fmt: skip
-    found = sorted(p.parent for p in local.rglob(CONFIG_FILE))
+    found = sorted(p.parent for marker in (CONFIG_FILE, HEAD_FILE) for p in local.rglob(marker))
     if not found:
-        raise RegistryError(f"models:/{name}/{version}: no decision model ({CONFIG_FILE}) in its artifacts")
+        raise RegistryError(
+            f"models:/{name}/{version}: no decision model ({CONFIG_FILE} or {HEAD_FILE}) in its artifacts"
+        )
     return found[0]
 
 

@@ -119,10 +119,10 @@ def _send_all(url: str, bodies: list[dict[str, Any]], api_key: str | None, model
 
 def _in_process(model_dir: str | Path, bodies: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The folder's answers, one request per forward pass (no batching with others)."""
-    from pipeline.model import load_model
+    from pipeline.decoder_layout import load_decision_model
     from pipeline.predict import answer_requests
 
-    loaded = load_model(model_dir)
+    loaded = load_decision_model(model_dir)
     return [answer_requests(loaded, [parse_request(b["state"], b["questions"])])[0].answers for b in bodies]
 
 

@@ -188,8 +188,15 @@ def finetune(data: str | Path, base: str | Path, out: str | Path, config: TrainC
     A cancel during training or calibration exports nothing.
     """
     from pipeline.calibrate import cross_fitted_metrics, fit_calibration
+    from pipeline.decoder_layout import is_causal_lm_folder, is_decoder_folder
     from pipeline.export import export_model
 
+    if is_causal_lm_folder(base) or is_decoder_folder(base):  # the decoder family: its own chain
+        from pipeline.decoder_finetune import decoder_finetune
+
+        return decoder_finetune(
+            data, base, out, config, split_config, row_slice, device, cancel, progress, eval_data
+        )
     trained = fit_on_data(data, base, config, split_config, row_slice, device, cancel, progress, eval_data)
     run, items = trained.run, trained.heldout_items
     calibration = fit_calibration(items, trained.tuned_logits, soft_calibration)

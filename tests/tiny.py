@@ -53,3 +53,57 @@ def write_tiny_base(folder: Path, seed: int = 0, max_len: int = 96, head_max_len
            "fine_tuned": False, "training": {}}  # fmt: skip
     save_checkpoint(tiny_model(seed), tokenizer, cfg, str(folder))
     return folder
+
+
+def tiny_bpe_tokenizer(vocab_size: int = 320):
+    """A byte-level BPE tokenizer trained in memory on a few sentences (Qwen/Llama-like; nothing downloaded)."""
+    from tokenizers import ByteLevelBPETokenizer
+    from transformers import PreTrainedTokenizerFast
+
+    text = [" ".join(WORDS), "What is the tone? The order was late and the box was broken.",
+            '{"negative": null, "neutral": null, "positive": null} ["false", "true"] options: - tone (choice):']  # fmt: skip
+    trainer = ByteLevelBPETokenizer()
+    specials = ["<|begin_of_text|>", "<|end_of_text|>", "<|pad|>"]
+    trainer.train_from_iterator(text * 20, vocab_size=vocab_size, min_frequency=1, special_tokens=specials)
+    return PreTrainedTokenizerFast(tokenizer_object=trainer._tokenizer, bos_token=specials[0],
+                                   eos_token=specials[1], pad_token=specials[2])  # fmt: skip
+
+
+def write_tiny_decoder(folder: Path, seed: int = 0, hidden: int = 64) -> Path:
+    """A tiny random Qwen3 causal LM (tied embeddings) with the tiny BPE tokenizer, as a local checkpoint."""
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    tokenizer = tiny_bpe_tokenizer()
+    config = Qwen3Config(vocab_size=512, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=1024,
+                         tie_word_embeddings=True, pad_token_id=tokenizer.pad_token_id)  # fmt: skip
+    torch.manual_seed(seed)
+    Qwen3ForCausalLM(config).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+def write_learnable_rows(path: Path, n: int, seed: int = 0) -> Path:
+    """Rows whose tone is written in the text (one telling word among filler), so training can learn it."""
+    import random
+
+    from pipeline import synthetic
+
+    rng = random.Random(seed)
+    cues = {
+        "negative": ("bad", "terrible", "hate"),
+        "neutral": ("fine", "okay"),
+        "positive": ("great", "good", "love"),
+    }
+    rows = []
+    for _ in range(n):
+        tone = rng.choice(list(cues))
+        words = [rng.choice(["the", "order", "product", "was", "it", "this"]) for _ in range(5)]
+        words.insert(rng.randrange(6), rng.choice(cues[tone]))
+        question = {
+            "type": "choice",
+            "instructions": "What is the tone?",
+            "criteria": {t: None for t in cues},
+        }
+        rows.append({"state": " ".join(words), "questions": {"tone": question}, "gold": {"tone": tone}})
+    return synthetic.write_rows(rows, path)

@@ -21,7 +21,13 @@ def test_no_operation_answers_5xx(served_folder):
         statuses: dict[str, set[int]] = {}
         for operation in operations:
 
-            @settings(max_examples=80, deadline=None, suppress_health_check=list(HealthCheck), database=None)
+            @settings(
+                max_examples=80,
+                deadline=None,
+                suppress_health_check=list(HealthCheck),
+                database=None,
+                derandomize=True,
+            )  # the same cases every run: a finding reproduces, the 200 check holds
             @given(case=operation.as_strategy())
             def no_server_error(case):
                 response = case.call(base_url=url)

@@ -8,6 +8,7 @@ import pytest
 import yaml
 
 from tests.flows.conftest import write_tiny_params
+from tests.tiny import write_learnable_rows
 
 pytestmark = pytest.mark.slow
 
@@ -131,32 +132,6 @@ def test_a_tampered_dataset_stops_the_flow_before_training(
     )
     with pytest.raises(PinMismatch, match=r"pinned\.jsonl: bytes differ from dvc\.lock"):
         run_flow(tampered, lock)
-
-
-def write_learnable_rows(path: Path, n: int, seed: int = 0) -> Path:
-    """Rows whose tone is written in the text (one telling word among filler), so training can learn it."""
-    import random
-
-    from pipeline import synthetic
-
-    rng = random.Random(seed)
-    cues = {
-        "negative": ("bad", "terrible", "hate"),
-        "neutral": ("fine", "okay"),
-        "positive": ("great", "good", "love"),
-    }
-    rows = []
-    for _ in range(n):
-        tone = rng.choice(list(cues))
-        words = [rng.choice(["the", "order", "product", "was", "it", "this"]) for _ in range(5)]
-        words.insert(rng.randrange(6), rng.choice(cues[tone]))
-        question = {
-            "type": "choice",
-            "instructions": "What is the tone?",
-            "criteria": {t: None for t in cues},
-        }
-        rows.append({"state": " ".join(words), "questions": {"tone": question}, "gold": {"tone": tone}})
-    return synthetic.write_rows(rows, path)
 
 
 def test_a_worse_candidate_is_held_as_challenger_and_rollback_restores_the_champion(prefect_harness, mlflow_store,

@@ -1,0 +1,108 @@
+"""`decision finetune` on a decoder base (tiny random Qwen3 on CPU): train, calibrate, export, reload, serve."""
+
+import json
+import time
+
+import numpy as np
+import pytest
+import yaml
+from fastapi.testclient import TestClient
+
+from pipeline.cli import main
+from tests.tiny import write_learnable_rows, write_tiny_decoder
+
+
+@pytest.fixture(scope="module")
+def decoder_base(tmp_path_factory):
+    return write_tiny_decoder(tmp_path_factory.mktemp("decoder") / "qwen3")
+
+
+@pytest.fixture(scope="module")
+def learnable(tmp_path_factory):
+    return write_learnable_rows(tmp_path_factory.mktemp("rows") / "tone.jsonl", 24)
+
+
+def write_params(folder, method: str, steps: int = 150):
+    # A small set seen for many epochs: a random tiny backbone learns slowly in general, but the loss on what
+    # it trains on must fall, through the same trainer, calibration and export as any base.
+    params = {"validate": {"holdout_max_decisions": 6, "holdout_fraction": 0.25},
+              "train": {"method": method, "max_steps": steps, "micro_batch": 4, "grad_accum": 2, "lora_r": 8,
+                        "lora_alpha": 16, "lora_lr": 0.001, "full_lr": 0.0005, "head_lr": 0.001, "log_every": 5,
+                        "precision": "fp32", "epochs": 100}}  # fmt: skip
+    path = folder / f"params-{method}.yaml"
+    path.write_text(yaml.safe_dump(params))
+    return path
+
+
+def finetune(base, data, out, params, capsys) -> dict:
+    code = main(["finetune", "--data", str(data), "--base", str(base), "--out", str(out), "--params", str(params),
+                 "--device", "cpu", "--json"])  # fmt: skip
+    assert code == 0
+    return json.loads(capsys.readouterr().out)
+
+
+@pytest.mark.slow
+def test_lora_finetune_trains_calibrates_exports_and_serves(decoder_base, learnable, tmp_path, capsys):
+    from pipeline.answers import parse_request
+    from pipeline.catalog import Catalog
+    from pipeline.decoder_layout import answer_decoder_requests, load_decoder
+    from pipeline.keys import KeyStore
+    from pipeline.serve import create_app
+
+    summary = finetune(decoder_base, learnable, tmp_path / "export", write_params(tmp_path, "lora"), capsys)
+    losses = [loss for _, loss in summary["losses"]]
+    assert summary["family"] == "decoder" and summary["steps"] == 150
+    assert losses[-1] < 0.5 * losses[0], losses  # training lowers the loss
+    assert summary["heldout"]["decisions"] >= 1
+    assert 0.05 <= summary["temperatures"]["global"] <= 20.0
+    assert all(0.5 <= summary["temperatures"][t] <= 5.0 for t in ("choice", "score", "noul"))
+
+    exported = load_decoder(summary["export_dir"])
+    question = {"type": "choice", "instructions": "What is the tone?",
+                "criteria": {"negative": None, "neutral": None, "positive": None}}  # fmt: skip
+    body = {"state": "this product was great", "questions": {"tone": question}}
+    expected = answer_decoder_requests(exported, [parse_request(body["state"], body["questions"])])[0].answers
+    with TestClient(create_app(Catalog(summary["export_dir"]), KeyStore())) as client:
+        while client.get("/healthz").status_code != 200:
+            time.sleep(0.05)
+        served = client.post("/v1/systemone", json=body).json()["answers"]
+    np.testing.assert_allclose(list(served["tone"]["probabilities"].values()),
+                               list(expected["tone"]["probabilities"].values()), atol=1e-4)  # fmt: skip
+
+
+@pytest.mark.slow
+def test_qlora_trains_on_the_cpu_with_a_4bit_backbone(decoder_base, learnable, tmp_path, capsys):
+    pytest.importorskip("bitsandbytes")
+    summary = finetune(
+        decoder_base, learnable, tmp_path / "export", write_params(tmp_path, "qlora", 12), capsys
+    )
+    assert summary["method"] == "qlora" and summary["steps"] == 12 and summary["export_dir"]
+    assert all(np.isfinite(loss) for _, loss in summary["losses"])
+    from pipeline.decoder_layout import load_decoder
+
+    exported = load_decoder(summary["export_dir"])  # dequantised, 16-bit: loads without bitsandbytes layers
+    assert not any("4bit" in type(m).__name__ for m in exported.model.modules())
+
+
+@pytest.mark.slow
+def test_a_decoder_export_registers_and_answers_as_an_mlflow_model(decoder_base, learnable, tmp_path, capsys,
+                                                                    monkeypatch):  # fmt: skip
+    import mlflow.pyfunc
+
+    from pipeline.answers import parse_request
+    from pipeline.decoder_layout import answer_decoder_requests, load_decoder
+    from pipeline.registry import register_export, use_store
+
+    summary = finetune(
+        decoder_base, learnable, tmp_path / "export", write_params(tmp_path, "lora", 5), capsys
+    )
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path}/mlflow.db")
+    version = register_export(summary["export_dir"], "decoder-model")
+    use_store()
+    model = mlflow.pyfunc.load_model(f"models:/decoder-model/{version}")
+    question = {"type": "noul", "instructions": "The text is positive."}
+    predicted = model.predict([{"state": "it was great", "questions": {"p": question}}])
+    expected = answer_decoder_requests(
+        load_decoder(summary["export_dir"]), [parse_request("it was great", {"p": question})]
+    )
+    assert predicted[0]["answers"] == expected[0].answers

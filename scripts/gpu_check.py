@@ -111,7 +111,9 @@ def main() -> int:
           f"(growth {growth:+.1f} MB, peak {merge['peak_during_merge_mb']:.1f} MB), merged copy on "
           f"{merge['merged_on']}, training model keeps its adapters: {merge['adapters_kept']}")  # fmt: skip
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps({"runs": rows, "compile_speedup": speedup, "export_merge": merge}, indent=2))
+    Path(args.out).write_text(
+        json.dumps({"runs": rows, "compile_speedup": speedup, "export_merge": merge}, indent=2)
+    )
     return 0
 
 

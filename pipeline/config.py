@@ -107,8 +107,19 @@ class TrainConfig:
     gradient_checkpointing: bool = False
     log_every: int = 10
     eval_batch_size: int = 64
+    label_smoothing: float = 0.0
+    """Decoder family: mix the target with uniform over the question's options (off by default)."""
+    brier_weight: float = 0.0
+    """Decoder family: weight of a Brier term against the target (off by default)."""
+    ordinal_weight: float = 0.0
+    """Decoder family: weight of an ordinal term on score questions' expected level (off by default)."""
 
     def __post_init__(self) -> None:
+        for name in ("label_smoothing", "brier_weight", "ordinal_weight"):
+            if getattr(self, name) < 0 or (name == "label_smoothing" and self.label_smoothing >= 1):
+                raise ConfigError(
+                    f"train.{name}: must be >= 0 (label_smoothing below 1), got {getattr(self, name)}"
+                )
         if self.method not in METHODS:
             raise ConfigError(f"train.method: expected one of lora, full, qlora; got {self.method!r}")
         if self.precision not in ("auto", "fp32", "bf16"):

@@ -77,15 +77,19 @@ def collate_examples(examples: list[DecoderExample], pad_id: int) -> dict[str, t
     return batch | {"target": target}
 
 
-def summed_loss(model, batch: dict[str, torch.Tensor], dtype: torch.dtype | None) -> torch.Tensor:
-    """The batch's soft cross-entropy summed over its questions (the trainer divides by its window)."""
+def summed_loss(model, batch: dict[str, torch.Tensor], dtype: torch.dtype | None,
+                config: TrainConfig = TrainConfig()) -> torch.Tensor:  # fmt: skip
+    """The batch's loss summed over its questions (the trainer divides by its window); the optional terms
+    (label smoothing, Brier, ordinal) come from `config` and are off by default."""
     from pipeline.decoder import decoder_loss
     from pipeline.forward import autocast_context
 
     with autocast_context(batch["input_ids"].device, dtype):
         logits = model(batch)
     questions = batch["option_mask"].any(-1).sum()
-    return decoder_loss(logits.float(), batch, batch["target"]) * questions
+    mean = decoder_loss(logits.float(), batch, batch["target"], config.label_smoothing, config.brier_weight,
+                        config.ordinal_weight)  # fmt: skip
+    return mean * questions
 
 
 def prepare_decoder(model, config: TrainConfig) -> None:
@@ -115,10 +119,11 @@ def prepare_decoder(model, config: TrainConfig) -> None:
         model.lm.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
 
 
-def batch_task(pad_id: int):
+def batch_task(pad_id: int, config: TrainConfig):
     from pipeline.train import BatchTask
 
-    return BatchTask(collate=lambda examples: collate_examples(examples, pad_id), summed_loss=summed_loss,
+    return BatchTask(collate=lambda examples: collate_examples(examples, pad_id),
+                     summed_loss=lambda model, batch, dtype: summed_loss(model, batch, dtype, config),
                      backbone="lm.", decisions=lambda example: len(example.targets))  # fmt: skip
 
 
@@ -227,7 +232,7 @@ def decoder_finetune(data, base, out, config: TrainConfig, split_config: Validat
     items, base_logits = score_examples(loaded.model, heldout, pad_id, dev)
     prepare_decoder(loaded.model, config)
     result = train(loaded.model, train_examples, pad_id, config, dev, cancel, progress=progress,
-                   task=batch_task(pad_id))  # fmt: skip
+                   task=batch_task(pad_id, config))  # fmt: skip
     items, tuned_logits = score_examples(loaded.model, heldout, pad_id, dev)
     temperatures = fit_decoder_calibration(items, tuned_logits)
     heldout_metrics = {"decisions": len(items), "base": _plain(items, base_logits),

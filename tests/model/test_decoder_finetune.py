@@ -106,3 +106,45 @@ def test_a_decoder_export_registers_and_answers_as_an_mlflow_model(decoder_base,
         load_decoder(summary["export_dir"]), [parse_request("it was great", {"p": question})]
     )
     assert predicted[0]["answers"] == expected[0].answers
+
+
+def test_optional_loss_terms_come_from_the_train_config_and_are_off_by_default(decoder_base, learnable):
+    from pipeline.config import ConfigError, TrainConfig
+    from pipeline.decoder_finetune import build_examples, collate_examples, summed_loss
+    from pipeline.decoder_layout import load_decoder
+    from pipeline.validate import validate_file
+
+    loaded = load_decoder(decoder_base)
+    examples, _ = build_examples(validate_file(learnable).records[:6], loaded.tokenizer, loaded.max_len)
+    batch = collate_examples(examples, loaded.tokenizer.pad_token_id)
+    plain = summed_loss(loaded.model, batch, None).item()
+    assert summed_loss(loaded.model, batch, None, TrainConfig()).item() == pytest.approx(plain)
+    for knob in ({"label_smoothing": 0.2}, {"brier_weight": 1.0}):
+        assert summed_loss(loaded.model, batch, None, TrainConfig(**knob)).item() != pytest.approx(plain), (
+            knob
+        )
+    with pytest.raises(ConfigError, match="label_smoothing"):
+        TrainConfig(label_smoothing=1.0)
+
+
+def test_a_llama_backbone_loads_and_answers(tmp_path):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from pipeline.answers import parse_request
+    from pipeline.decoder_layout import answer_decoder_requests, load_decoder
+    from tests.tiny import tiny_bpe_tokenizer
+
+    tokenizer = tiny_bpe_tokenizer()
+    config = LlamaConfig(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
+                         tie_word_embeddings=False, pad_token_id=tokenizer.pad_token_id)  # fmt: skip
+    LlamaForCausalLM(config).save_pretrained(tmp_path / "llama")
+    tokenizer.save_pretrained(tmp_path / "llama")
+    loaded = load_decoder(tmp_path / "llama")
+    question = {"type": "score", "instructions": "How intense?", "criteria": ["none", "mild", "strong"]}
+    answer = answer_decoder_requests(loaded, [parse_request("the order was late", {"q": question})])[0]
+    assert answer.answers["q"]["type"] == "score" and set(answer.answers["q"]["probabilities"]) == {
+        "0",
+        "1",
+        "2",
+    }

@@ -22,7 +22,6 @@ from __future__ import annotations
 import copy
 import json
 import math
-import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,11 +41,10 @@ from pipeline.export import (
     _cpu_clone,
     _fsync_file,
     _fsync_tree,
-    _staging_dir,
-    _swap_in,
     check_finite,
     cpu_copy,
     merge_lora_layers,
+    write_staged,
 )
 from pipeline.forward import length_batches
 from pipeline.model import ModelLayoutError
@@ -193,12 +191,7 @@ def export_decoder(loaded: LoadedDecoder, out: str | Path, temperatures: dict[st
     lm.to(dtype)
     check_finite(lm.state_dict(), dtype)
     check_finite(head.state_dict(), torch.float32)
-    staging = _staging_dir(out)
-    try:
-        _write_layout(lm, head, loaded.tokenizer, config, manifest, staging)
-        _swap_in(staging, out)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
+    write_staged(out, lambda staging: _write_layout(lm, head, loaded.tokenizer, config, manifest, staging))
     return ExportResult(str(out), True, manifest)
 
 

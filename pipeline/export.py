@@ -100,13 +100,20 @@ def export_model(loaded: LoadedModel, out: str | Path, temperatures: list[float]
     model = merged_copy(loaded.model)
     state = model.state_dict()
     check_finite(state)
+    write_staged(
+        out, lambda staging: _write_layout(model, state, loaded.tokenizer, config, manifest, staging)
+    )
+    return ExportResult(str(out), True, manifest)
+
+
+def write_staged(out: Path, write) -> None:
+    """`write(folder)` into a staging folder beside `out`, then swap it in atomically; nothing half-written stays."""
     staging = _staging_dir(out)
     try:
-        _write_layout(model, state, loaded.tokenizer, config, manifest, staging)
+        write(staging)
         _swap_in(staging, out)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
-    return ExportResult(str(out), True, manifest)
 
 
 def _already_exported(out: Path, config: dict[str, Any], manifest: dict[str, Any],

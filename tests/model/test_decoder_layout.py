@@ -229,7 +229,7 @@ def test_a_crash_before_the_swap_leaves_the_old_export_loadable(lm_folder, tmp_p
         assert is_decoder_folder(staging)  # the new model was complete, the head written last
         raise KeyboardInterrupt("killed before the swap")
 
-    monkeypatch.setattr("pipeline.decoder_layout._swap_in", crash)
+    monkeypatch.setattr("pipeline.export._swap_in", crash)
     with pytest.raises(KeyboardInterrupt):
         export_decoder(fresh(lm_folder), out, {"global": 3.0, "by_type": [1.0, 1.0, 1.0]}, {"run": "new"})
     assert json.loads((out / "manifest.json").read_text())["run"] == "old"

@@ -205,10 +205,16 @@ def print_report(report: dict[str, Any]) -> None:
 def _add_training_arguments(command: argparse.ArgumentParser, out_help: str) -> None:
     """The flags `train` and `finetune` share (the same names as the params.yaml keys they override)."""
     command.add_argument("--data", required=True, help="decision file (.jsonl, .parquet, .csv)")
-    command.add_argument("--base", required=True, help="base model folder in the Laya layout")
+    command.add_argument(
+        "--base",
+        required=True,
+        help="a Laya-layout folder, or (finetune) a causal LM folder: Qwen3, Llama (decoder family)",
+    )
     command.add_argument("--out", required=True, help=out_help)
     command.add_argument(
-        "--method", choices=["lora", "full", "qlora"], help="default: train.method in params.yaml"
+        "--method",
+        choices=["lora", "full", "qlora"],
+        help="default: train.method in params.yaml; qlora (4-bit nf4 backbone) is for decoder bases",
     )
     command.add_argument("--max-steps", type=int, help="cap on optimizer steps (default: train.max_steps)")
     command.add_argument("--slice", metavar="START:END", help="use rows [START, END) of DATA only")

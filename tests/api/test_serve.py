@@ -159,16 +159,16 @@ def test_fine_tunes_are_visible_to_their_owner_only(keyed_client):
 
 
 def test_503_with_retry_after_while_the_model_loads(served_folder, monkeypatch):
-    from pipeline import catalog
+    from pipeline import decoder_layout
 
     release = threading.Event()
-    real_load = catalog.load_model
+    real_load = decoder_layout.load_decision_model  # what the catalog loads every model with
 
     def slow_load(folder):
         release.wait(30)
         return real_load(folder)
 
-    monkeypatch.setattr(catalog, "load_model", slow_load)
+    monkeypatch.setattr(decoder_layout, "load_decision_model", slow_load)
     with TestClient(make_app(served_folder)) as client:
         for response in (client.get("/healthz"), ask(client)):
             assert response.status_code == 503 and int(response.headers["Retry-After"]) > 0

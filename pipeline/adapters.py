@@ -15,10 +15,13 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
+
+if TYPE_CHECKING:
+    from pipeline.model import LoadedModel
 
 ADAPTER_FILE = "decision_adapter.json"
 HEAD_PREFIXES = ("head.", "type_emb.", "scorer.", "act_head.", "temperature")
@@ -93,3 +96,21 @@ def load_adapter(model: nn.Module, folder: str | Path) -> dict[str, Any]:
 def _peft_kwargs(saved: dict[str, Any]) -> dict[str, Any]:
     keep = ("r", "lora_alpha", "lora_dropout", "target_modules", "bias")
     return {k: saved[k] for k in keep if k in saved}
+
+
+def load_for_inference(folder: str | Path) -> LoadedModel:
+    """A Laya-layout model, or a LoRA fine-tune applied to the base model its description names."""
+    from pipeline.model import load_model
+
+    folder = Path(folder)
+    if (folder / ADAPTER_FILE).is_file():
+        description = json.loads((folder / ADAPTER_FILE).read_text())
+        loaded = load_model(description["base"])
+        load_adapter(loaded.model, folder)
+        loaded.config = {**description.get("decision_config", loaded.config), **_temperatures(description)}
+        return loaded
+    return load_model(folder)
+
+
+def _temperatures(description: dict[str, Any]) -> dict[str, Any]:
+    return {"temperature": description["temperature"]} if "temperature" in description else {}

@@ -8,38 +8,20 @@ The model answers as it would when served: its calibrated temperatures are appli
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
-from pipeline.adapters import ADAPTER_FILE, load_adapter
+from pipeline.adapters import load_for_inference
 from pipeline.forward import score_items
 from pipeline.items import Item, build_items
 from pipeline.metrics import metrics_by_type
-from pipeline.model import LoadedModel, load_model
 from pipeline.plots import confusion_matrix, reliability_diagram
 from pipeline.predict import calibrated_probabilities
 from pipeline.read import RowSlice
 from pipeline.validate import validate_file
-
-
-def load_for_inference(folder: str | Path) -> LoadedModel:
-    """A Laya-layout model, or a LoRA fine-tune applied to the base model its description names."""
-    folder = Path(folder)
-    if (folder / ADAPTER_FILE).is_file():
-        description = json.loads((folder / ADAPTER_FILE).read_text())
-        loaded = load_model(description["base"])
-        load_adapter(loaded.model, folder)
-        loaded.config = {**description.get("decision_config", loaded.config), **_temperatures(description)}
-        return loaded
-    return load_model(folder)
-
-
-def _temperatures(description: dict[str, Any]) -> dict[str, Any]:
-    return {"temperature": description["temperature"]} if "temperature" in description else {}
 
 
 def evaluate_model(model_dir: str | Path, data: str | Path, plots_dir: str | Path | None = None,

@@ -209,7 +209,7 @@ def _fsync_tree(folder: Path) -> None:
 
 def export_folder(source: str | Path, out: str | Path) -> ExportResult:
     """`decision export`: a LoRA fine-tune folder (or a full model folder) to a merged export at `out`."""
-    from pipeline.evaluate import load_for_inference
+    from pipeline.adapters import load_for_inference
     from pipeline.pins import current_md5
 
     source, out = Path(source), Path(out)
@@ -232,8 +232,8 @@ def export_stage(
     """The flow's export stage: the fine-tune in `run_dir` with the temperatures of its calibration, merged."""
     from dataclasses import fields
 
+    from pipeline.adapters import load_for_inference
     from pipeline.calibrate import CALIBRATION_FILE, TYPE_NAMES
-    from pipeline.evaluate import load_for_inference
     from pipeline.finetune import FINETUNE_DIR, TRAIN_SUMMARY, TrainRun, lineage
 
     run_dir = Path(run_dir)

@@ -95,16 +95,19 @@ def apply_temperatures(items: list[Item], logits: list[np.ndarray], temperatures
 
 
 def cross_fitted_metrics(items: list[Item], logits: list[np.ndarray], soft: bool = False,
-                         min_decisions: int = MIN_DECISIONS) -> dict[str, float]:  # fmt: skip
-    """Held-out metrics after calibration, each half scored with the temperatures fitted on the other half."""
+                         min_decisions: int = MIN_DECISIONS, fit=None) -> dict[str, float]:  # fmt: skip
+    """Held-out metrics after calibration, each half scored with the temperatures fitted on the other half.
+
+    `fit(items, logits)` gives the effective temperature per type ([choice, score, noul]); by default one
+    temperature per type (`fit_calibration`), as the encoder family calibrates.
+    """
+    fit = fit or (lambda its, zs: fit_calibration(its, zs, soft, min_decisions).temperatures)
     halves = [[i for i, it in enumerate(items) if it.record % 2 == side] for side in (0, 1)]
     probabilities: list[np.ndarray | None] = [None] * len(items)
     for fit_on, score_on in ((halves[0], halves[1]), (halves[1], halves[0])):
-        calibration = fit_calibration(
-            [items[i] for i in fit_on], [logits[i] for i in fit_on], soft, min_decisions
-        )
+        temperatures = fit([items[i] for i in fit_on], [logits[i] for i in fit_on])
         for i in score_on:
-            probabilities[i] = softmax(logits[i], calibration.temperatures[items[i].qtype])
+            probabilities[i] = softmax(logits[i], temperatures[items[i].qtype])
     return detailed_metrics(items, probabilities)
 
 

@@ -20,7 +20,14 @@ from typing import Any
 import numpy as np
 import torch
 
-from pipeline.calibrate import TYPE_NAMES, fit_temperature, softmax
+from pipeline.calibrate import (
+    MIN_DECISIONS,
+    TYPE_NAMES,
+    cross_fitted_metrics,
+    fit_calibration,
+    fit_temperature,
+    softmax,
+)
 from pipeline.config import TrainConfig, ValidateConfig
 from pipeline.items import Item
 from pipeline.metrics import detailed_metrics
@@ -28,7 +35,6 @@ from pipeline.records import EncodedRecord, RecordTooLong, collate_records, enco
 
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 GLOBAL_T = (0.05, 20.0)
-MIN_DECISIONS = 10
 
 
 @dataclass(frozen=True, slots=True)
@@ -153,32 +159,20 @@ def fit_decoder_calibration(items: list[Item], logits: list[np.ndarray]) -> dict
     """A global head temperature in [0.05, 20], then one relative temperature per type in [0.5, 5] on top."""
     targets = [np.eye(len(z))[it.label] for it, z in zip(items, logits)]
     global_t = fit_temperature(logits, targets, *GLOBAL_T) if len(items) >= MIN_DECISIONS else 1.0
-    by_type, notes = [1.0, 1.0, 1.0], {}
-    for qtype, name in enumerate(TYPE_NAMES):
-        chosen = [i for i, it in enumerate(items) if it.qtype == qtype]
-        if len(chosen) < MIN_DECISIONS:
-            notes[name] = f"kept relative T=1: {len(chosen)} held-out decisions (< {MIN_DECISIONS})"
-            continue
-        by_type[qtype] = fit_temperature([logits[i] / global_t for i in chosen], [targets[i] for i in chosen])
-        notes[name] = f"fitted on {len(chosen)} held-out decisions"
-    return {"global": float(global_t), "by_type": by_type, "notes": notes}
+    relative = fit_calibration(items, [z / global_t for z in logits])  # the encoder's per-type fit, on top
+    return {"global": float(global_t), "by_type": list(relative.temperatures), "notes": relative.notes}
 
 
-def calibrated(items: list[Item], logits: list[np.ndarray], temperatures: dict[str, Any]) -> list[np.ndarray]:
-    return [
-        softmax(z, temperatures["global"] * temperatures["by_type"][it.qtype]) for it, z in zip(items, logits)
-    ]
+def effective_temperatures(temperatures: dict[str, Any]) -> list[float]:
+    """The temperature each type's logits are divided by: global x relative."""
+    return [temperatures["global"] * t for t in temperatures["by_type"]]
 
 
 def cross_fitted(items: list[Item], logits: list[np.ndarray]) -> dict[str, float]:
     """Metrics after calibration, each half of the records scored with temperatures fitted on the other."""
-    halves = [[i for i, it in enumerate(items) if it.record % 2 == side] for side in (0, 1)]
-    probabilities: list[np.ndarray | None] = [None] * len(items)
-    for fit_on, score_on in ((halves[0], halves[1]), (halves[1], halves[0])):
-        t = fit_decoder_calibration([items[i] for i in fit_on], [logits[i] for i in fit_on])
-        for i in score_on:
-            probabilities[i] = calibrated([items[i]], [logits[i]], t)[0]
-    return detailed_metrics(items, probabilities)
+    return cross_fitted_metrics(
+        items, logits, fit=lambda its, zs: effective_temperatures(fit_decoder_calibration(its, zs))
+    )
 
 
 def load_for_training(base: str | Path, config: TrainConfig, device: torch.device):
@@ -201,16 +195,12 @@ def qlora_config(device: torch.device):
                               bnb_4bit_compute_dtype=compute)  # fmt: skip
 
 
-def _summary(metrics: dict[str, float]) -> dict[str, float]:
-    return {k: metrics[k] for k in ("accuracy", "record_accuracy", "ece", "loss") if k in metrics}
-
-
 def decoder_finetune(data, base, out, config: TrainConfig, split_config: ValidateConfig = ValidateConfig(),
                      row_slice=None, device: str = "auto", cancel=None, progress: bool = True,
                      eval_data=None) -> dict[str, Any]:  # fmt: skip
     """validate, slice, split, train, calibrate, export for a decoder base; the summary `finetune` prints."""
     from pipeline.decoder_layout import export_decoder
-    from pipeline.finetune import _merge_counts, peak_memory_mb, pick_device, verify_inputs
+    from pipeline.finetune import _merge_counts, _summary, peak_memory_mb, pick_device, verify_inputs
     from pipeline.read import RowSlice
     from pipeline.split import Split, split_holdout
     from pipeline.train import resolve_precision, train

@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from pipeline import contract
-from pipeline.answers import ParsedRequest, shape_answers
+from pipeline.answers import InvalidRequest, ParsedRequest, RequestTooLarge, parse_request, shape_answers
 from pipeline.calibrate import softmax
 from pipeline.forward import decision_logits, length_batches
 from pipeline.items import Item, collate, state_token_ids
@@ -27,17 +27,6 @@ class BadQuestion(ValueError):
     def __init__(self, message: str, question_id: str | None = None) -> None:
         super().__init__(message)
         self.question_id = question_id
-
-
-def question_items(loaded: LoadedModel, state: Any, questions: dict[str, Any]) -> list[Item]:
-    """One model item per question (targets empty), in the order given."""
-    parsed = contract.parse_questions(questions)
-    if parsed.error:
-        raise BadQuestion(f"questions: {parsed.error}")
-    for spec in parsed.specs:
-        if not spec.criteria_ok:
-            raise BadQuestion(f"questions.{spec.id}: invalid definition (type {spec.type!r})", spec.id)
-    return request_items(loaded, state, [spec.question for spec in parsed.specs])
 
 
 def request_items(loaded: LoadedModel, state: Any, questions: list[contract.Question]) -> list[Item]:
@@ -70,8 +59,16 @@ def temperature_for(config: dict[str, Any], qtype: int, n_options: int) -> float
 
 
 def predict(loaded: LoadedModel, state: Any, questions: dict[str, Any]) -> dict[str, np.ndarray]:
-    """Calibrated option probabilities per question id, options in model order."""
-    items = question_items(loaded, state, questions)
+    """Calibrated option probabilities per question id, options in model order.
+
+    Questions are validated as the Decision API validates them (`answers.parse_request`); any problem is a
+    BadQuestion naming the field.
+    """
+    try:
+        parsed = parse_request(state, questions)
+    except (InvalidRequest, RequestTooLarge) as error:
+        raise BadQuestion(str(error)) from None
+    items = request_items(loaded, parsed.state, list(parsed.questions.values()))
     return {item.question_id: p for item, p in zip(items, predict_items(loaded, [items])[0])}
 
 

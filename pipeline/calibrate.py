@@ -140,15 +140,10 @@ def calibrate_stage(run_dir: str | Path, soft: bool = False) -> dict[str, Any]:
 
 
 def _write_plots(held, calibration: Calibration, folder: Path) -> list[str]:
-    from pipeline.plots import confusion_matrix, reliability_diagram
+    from pipeline.plots import reliability_diagram, write_plots
 
     tuned = [softmax(z) for z in held.tuned_logits]
     calibrated = apply_temperatures(held.items, held.tuned_logits, calibration.temperatures)
-    written = [reliability_diagram(held.items, tuned, folder / "reliability_before.png", "fine-tune, T = 1"),
-               reliability_diagram(held.items, calibrated, folder / "reliability_after.png", "calibrated")]  # fmt: skip
-    for question_id, options in sorted(held.options.items()):
-        chosen = [i for i, it in enumerate(held.items) if it.question_id == question_id]
-        safe = "".join(c if c.isalnum() or c in "-_" else "_" for c in question_id)[:64]
-        written.append(confusion_matrix([held.items[i] for i in chosen], [calibrated[i] for i in chosen], options,
-                                        folder / f"confusion_{safe}.png", f"question {question_id}"))  # fmt: skip
-    return [str(p) for p in written]
+    before = reliability_diagram(held.items, tuned, folder / "reliability_before.png", "fine-tune, T = 1")
+    after = write_plots(held.items, calibrated, held.options, folder, "reliability_after.png", "calibrated")
+    return [str(p) for p in [before, *after]]

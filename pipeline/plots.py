@@ -83,3 +83,20 @@ def loss_curve(steps: list[dict[str, float]], out: Path, title: str = "training 
     figure.savefig(out, dpi=110)
     plt.close(figure)
     return out
+
+
+def write_plots(items: list[Item], probabilities: list[np.ndarray], options: dict[str, tuple[str, ...]],
+                folder: Path, reliability: str = "reliability.png", title: str = "all decisions") -> list[Path]:  # fmt: skip
+    """A reliability diagram of every decision and one confusion matrix per question id (`options` names the
+    axes), as PNG files in `folder`."""
+    written = [reliability_diagram(items, probabilities, folder / reliability, title)]
+    for question_id in sorted({it.question_id for it in items}):
+        chosen = [i for i, it in enumerate(items) if it.question_id == question_id]
+        written.append(confusion_matrix([items[i] for i in chosen], [probabilities[i] for i in chosen],
+                                        options[question_id], folder / f"confusion_{_safe(question_id)}.png",
+                                        f"question {question_id}"))  # fmt: skip
+    return written
+
+
+def _safe(name: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_" else "_" for c in name)[:64]

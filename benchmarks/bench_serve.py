@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import subprocess
 import sys
 import threading
@@ -39,12 +38,6 @@ def build_requests(data: Path, n: int) -> list[dict]:
 
     bodies = heldout_requests(data, 4 * n, load_params(ROOT / "params.yaml")["validate"])
     return [{"state": b["state"], "questions": {**b["questions"], "topic": TOPIC}} for b in bodies[:n]]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def start_ours(model: Path, port: int, device: str) -> subprocess.Popen:
@@ -128,6 +121,8 @@ def answers(url: str, bodies: list[dict]) -> list[dict]:
 def measure(
     name: str, start, model: Path, bodies: list[dict], levels: list[int], warmup: int, device: str
 ) -> dict:
+    from pipeline.smoke import free_port
+
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     process = start(model, port, device)

@@ -152,7 +152,7 @@ def serve_and_smoke(
     import sys
     import tempfile
 
-    port = _free_port()
+    port = free_port()
     url = f"http://127.0.0.1:{port}"
     command = [sys.executable, "-m", "pipeline.cli", "serve", "--model", str(model_dir), "--port", str(port)]
     with tempfile.TemporaryFile("w+") as log:  # a file, not a pipe: a chatty server can never block on it
@@ -168,7 +168,8 @@ def serve_and_smoke(
                 server.kill()
 
 
-def _free_port() -> int:
+def free_port() -> int:
+    """A free TCP port on loopback (for a server this process is about to start)."""
     import socket
 
     with socket.socket() as s:

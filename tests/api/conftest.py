@@ -1,6 +1,5 @@
 """Decision API fixtures: an app on the tiny model, and a live uvicorn server on a free loopback port."""
 
-import socket
 import threading
 import time
 from contextlib import contextmanager
@@ -8,17 +7,13 @@ from pathlib import Path
 
 import pytest
 
+from pipeline.smoke import free_port
+
 TONE = {"type": "choice", "instructions": "What is the tone?",
         "criteria": {"negative": None, "neutral": "neither", "positive": None}}  # fmt: skip
 INTENSITY = {"type": "score", "instructions": "How intense?", "criteria": ["none", "mild", "strong"]}
 POSITIVE = {"type": "noul", "instructions": "The text is positive.", "criteria": None}
 QUESTIONS = {"tone": TONE, "intensity": INTENSITY, "positive": POSITIVE}
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @contextmanager

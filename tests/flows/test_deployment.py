@@ -11,7 +11,6 @@ import contextlib
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -23,17 +22,12 @@ import psutil
 import pytest
 import yaml
 
+from pipeline.smoke import free_port
 from tests.flows.conftest import write_tiny_params
 
 ROOT = Path(__file__).resolve().parents[2]
 PREFECT = [sys.executable, "-m", "prefect"]
 TERMINAL = {"COMPLETED", "FAILED", "CRASHED", "CANCELLED"}
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def _tail(log: Path, chars: int = 6000) -> str:
@@ -107,7 +101,7 @@ def prefect_env(tmp_path, monkeypatch) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
     return env | {
         "PREFECT_HOME": str(home), "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-        "PREFECT_API_URL": f"http://127.0.0.1:{_free_port()}/api", "PREFECT_WORKER_QUERY_SECONDS": "1",
+        "PREFECT_API_URL": f"http://127.0.0.1:{free_port()}/api", "PREFECT_WORKER_QUERY_SECONDS": "1",
         "MLFLOW_TRACKING_URI": uri, "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR": "false", "PYTHONUNBUFFERED": "1",
     }  # fmt: skip
 

@@ -14,7 +14,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import struct
 import subprocess
 import time
@@ -24,6 +23,8 @@ from pathlib import Path
 import httpx
 import psutil
 import pytest
+
+from pipeline.smoke import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 ARTIFACTS = ROOT / "tests" / "artifacts"
@@ -90,7 +91,7 @@ def _make_ui(log: Path) -> Iterator[str]:
     `-o STAMP` keeps make from reinstalling the virtualenv mid-test; the environment drops a parent make's flags
     (under `make test`) so this runs as `make ui` typed in a shell.
     """
-    port = _free_port()
+    port = free_port()
     env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL")}
     command = ["make", "--no-print-directory", "-o", _stamp(env), "ui", f"UI_PORT={port}"]
     with log.open("wb") as out:
@@ -108,12 +109,6 @@ def _stamp(env: dict[str, str]) -> str:
     """The Makefile's virtualenv stamp, asked of make itself so the test never copies its formula."""
     probe = ["make", "-s", "--no-print-directory", "--eval", "print-stamp: ; @echo $(STAMP)", "print-stamp"]
     return subprocess.run(probe, cwd=ROOT, env=env, capture_output=True, text=True, check=True).stdout.strip()
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def _wait_for_http(url: str, process: subprocess.Popen, log: Path, timeout_s: float = 90.0) -> None:

@@ -16,8 +16,8 @@ RUN_CONFIG ?=
 MODEL_NAME ?= $(if $(RUN_CONFIG),decision-model-$(RUN_CONFIG),decision-model)
 PORT ?= 8000
 UI_PORT ?= 5000
-# The store `make ui` shows: the pipeline's own (pipeline.registry reads the same variable), with artifacts
-# beside the SQLite file as pipeline.registry.artifact_root puts them.
+# The store `make ui` shows: the pipeline's own (pipeline.mlops.registry reads the same variable), with artifacts
+# beside the SQLite file as pipeline.mlops.registry.artifact_root puts them.
 MLFLOW_TRACKING_URI ?= sqlite:///mlflow/mlflow.db
 UI_ARTIFACTS ?= $(abspath $(dir $(MLFLOW_TRACKING_URI:sqlite:///%=%)))/artifacts
 

@@ -22,9 +22,9 @@ def main() -> None:
     from sklearn.linear_model import LogisticRegression
 
     from pipeline.config import load_params
-    from pipeline.contract import state_text
-    from pipeline.split import split_holdout
-    from pipeline.validate import validate_file
+    from pipeline.data.contract import state_text
+    from pipeline.data.split import split_holdout
+    from pipeline.data.validate import validate_file
 
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter

@@ -34,14 +34,14 @@ TOPIC = {"type": "choice", "instructions": "Where does this text come from?",
 
 def build_requests(data: Path, n: int) -> list[dict]:
     from pipeline.config import load_params
-    from pipeline.smoke import heldout_requests
+    from pipeline.stages.smoke import heldout_requests
 
     bodies = heldout_requests(data, 4 * n, load_params(ROOT / "params.yaml")["validate"])
     return [{"state": b["state"], "questions": {**b["questions"], "topic": TOPIC}} for b in bodies[:n]]
 
 
 def start_ours(model: Path, port: int, device: str) -> subprocess.Popen:
-    command = [sys.executable, "-m", "pipeline.cli", "serve", "--model", str(model), "--port", str(port),
+    command = [sys.executable, "-m", "pipeline.cli.main", "serve", "--model", str(model), "--port", str(port),
                "--device", device]  # fmt: skip
     return subprocess.Popen(command, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
@@ -121,7 +121,7 @@ def answers(url: str, bodies: list[dict]) -> list[dict]:
 def measure(
     name: str, start, model: Path, bodies: list[dict], levels: list[int], warmup: int, device: str
 ) -> dict:
-    from pipeline.smoke import free_port
+    from pipeline.stages.smoke import free_port
 
     port = free_port()
     url = f"http://127.0.0.1:{port}"
@@ -141,7 +141,7 @@ def measure(
 
 
 def max_difference(ours: list[dict], peer: list[dict]) -> float:
-    from pipeline.answers import answer_probabilities
+    from pipeline.data.answers import answer_probabilities
 
     diffs = [np.abs(np.subtract(answer_probabilities(a[q]), answer_probabilities(b[q]))).max()
              for a, b in zip(ours, peer) for q in a]  # fmt: skip

@@ -36,7 +36,7 @@ def build_file(rows: int, path: Path, chunk: int = 100_000) -> Path:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from pipeline.synthetic import INTENSITY_LEGEND, TONES
+    from pipeline.data.synthetic import INTENSITY_LEGEND, TONES
 
     questions = orjson.dumps({
         "tone": {"type": "choice", "instructions": "What is the tone?", "criteria": list(TONES)},
@@ -69,8 +69,8 @@ def measure_child(method: str, path: str, start: int, end: int) -> dict:
     """Runs in the child: take rows [start, end) with `method`; print what it got."""
     import pyarrow.parquet as pq
 
-    from pipeline.read import RowSlice
-    from pipeline.validate import validate_file
+    from pipeline.data.read import RowSlice
+    from pipeline.data.validate import validate_file
 
     began = time.perf_counter()
     if method == "arrow":

@@ -3,7 +3,7 @@
 Both trainers start from the stock MiniLM snapshot (data/snapshots/minilm) and train one epoch over the same
 training rows (micro-batch 8, accumulation 8), each in a fresh process of this script, one after the other.
 laya runs `laya.train.finetune` (full fine-tuning, soft cross-entropy); its training loop is timed by wrapping
-`laya.train.train_model`. Ours runs `pipeline.finetune.train_on_data` with params.yaml's training settings.
+`laya.train.train_model`. Ours runs `pipeline.stages.finetune.train_on_data` with params.yaml's training settings.
 Both fine-tunes are then scored with the same code on the same held-out rows.
 
     python benchmarks/bench_train.py [--rows 600] [--heldout 100] [--profile]
@@ -34,8 +34,8 @@ def write_subsets(rows: int, heldout: int, folder: Path) -> tuple[Path, Path]:
     import orjson
 
     from pipeline.config import ValidateConfig
-    from pipeline.split import split_holdout
-    from pipeline.validate import validate_file
+    from pipeline.data.split import split_holdout
+    from pipeline.data.validate import validate_file
 
     records = validate_file(DATA).records
     split = split_holdout(records, ValidateConfig(holdout_max_decisions=4 * heldout, holdout_fraction=0.1))
@@ -75,7 +75,7 @@ def run_ours(train: Path, out: Path, method: str, precision: str | None, profile
     from dataclasses import replace
 
     from pipeline.config import load_params
-    from pipeline.finetune import train_on_data
+    from pipeline.stages.finetune import train_on_data
 
     params = load_params(ROOT / "params.yaml")
     config = replace(params["train"], method=method, precision=precision or params["train"].precision, epochs=1,
@@ -108,12 +108,12 @@ def _print_profile(profiler) -> None:
 def heldout_accuracy(model_dir: str, heldout: Path) -> dict:
     """Accuracy of a fine-tune on the held-out rows, scored by the same code for both trainers."""
     sys.path.insert(0, str(ROOT))
-    from pipeline.adapters import ADAPTER_FILE, load_adapter
-    from pipeline.forward import score_items
-    from pipeline.items import build_items
-    from pipeline.metrics import heldout_metrics
-    from pipeline.model import load_model
-    from pipeline.validate import validate_file
+    from pipeline.families.laya.adapters import ADAPTER_FILE, load_adapter
+    from pipeline.families.laya.forward import score_items
+    from pipeline.families.laya.items import build_items
+    from pipeline.scoring.metrics import heldout_metrics
+    from pipeline.families.laya.layout import load_model
+    from pipeline.data.validate import validate_file
 
     folder = Path(model_dir)
     if (folder / ADAPTER_FILE).is_file():

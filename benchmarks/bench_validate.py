@@ -28,7 +28,7 @@ MODES = ("report", "records")
 
 
 def build(name: str, fmt: str) -> Path:
-    from pipeline import synthetic
+    from pipeline.data import synthetic
 
     path = CACHE / f"validate_{name}.{fmt}"
     if not path.exists():
@@ -41,7 +41,7 @@ def build(name: str, fmt: str) -> Path:
 
 
 def child(path: str, with_records: bool) -> dict:
-    from pipeline.validate import validate_file
+    from pipeline.data.validate import validate_file
 
     began = time.perf_counter()
     report = validate_file(path, with_records=with_records).report

@@ -33,7 +33,7 @@ IO_RETRIES = {"retries": 2, "retry_delay_seconds": 5}
 
 @task(name="verify-pins")
 def verify_pins(paths: list[str], lock: str) -> dict[str, str]:
-    from pipeline.finetune import verify_inputs
+    from pipeline.stages.finetune import verify_inputs
 
     pins = verify_inputs(paths, lock)
     root = Path(lock).resolve().parent
@@ -46,7 +46,7 @@ def verify_pins(paths: list[str], lock: str) -> dict[str, str]:
 
 @task(name="validate", **CACHED)
 def validate(data: str, row_slice: str | None, config, report: str) -> dict[str, Any]:
-    from pipeline.stages import validate_report
+    from pipeline.stages.dvc import validate_report
 
     result = validate_report(data, config, report, row_slice)
     rows = [{"reason": reason, "decisions": n} for reason, n in sorted(result["skipped"].items())]
@@ -57,43 +57,43 @@ def validate(data: str, row_slice: str | None, config, report: str) -> dict[str,
 
 @task(name="slice", **CACHED)
 def take_slice(data: str, row_slice: str | None, run_dir: str) -> str:
-    from pipeline.read import RowSlice, write_slice
+    from pipeline.data.read import RowSlice, write_slice
 
     return str(write_slice(data, RowSlice.parse(row_slice), run_dir))
 
 
 @task(name="train", **CACHED)
 def train(data: str, base: str, run_dir: str, config, split_config, device: str) -> dict[str, Any]:
-    from pipeline.finetune import train_stage
+    from pipeline.stages.finetune import train_stage
 
     return train_stage(data, base, run_dir, config, split_config, device, progress=False)
 
 
 @task(name="calibrate", **CACHED)
 def calibrate(run_dir: str) -> dict[str, Any]:
-    from pipeline.calibrate import calibrate_stage
+    from pipeline.scoring.calibration import calibrate_stage
 
     return calibrate_stage(run_dir)
 
 
 @task(name="export", **CACHED)
 def export(run_dir: str, data: str, base: str, config) -> str:
-    from pipeline.export import export_stage
+    from pipeline.families.laya.export import export_stage
 
     return export_stage(run_dir, Path(run_dir) / "export", data, base, config).out
 
 
 @task(name="log-to-mlflow", **CACHED, **IO_RETRIES)
 def log_run(record) -> str:
-    from pipeline.tracking import log_training_run
+    from pipeline.mlops.tracking import log_training_run
 
     return log_training_run(record)
 
 
 @task(name="register", **CACHED, **IO_RETRIES)
 def register(export_dir: str, name: str, run_id: str, tags: dict[str, str]) -> str:
-    from pipeline.promote import CHALLENGER, set_alias
-    from pipeline.registry import register_export
+    from pipeline.mlops.promotion import CHALLENGER, set_alias
+    from pipeline.mlops.registry import register_export
 
     version = register_export(export_dir, name, run_id, tags)
     set_alias(name, CHALLENGER, version, "new version")
@@ -104,9 +104,9 @@ def register(export_dir: str, name: str, run_id: str, tags: dict[str, str]) -> s
 def smoke(name: str, version: str, data: str, n: int, split_config) -> dict[str, Any]:
     import tempfile
 
-    from pipeline.promote import SMOKE_TAG
-    from pipeline.registry import client, download_version
-    from pipeline.smoke import heldout_requests, serve_and_smoke
+    from pipeline.mlops.promotion import SMOKE_TAG
+    from pipeline.mlops.registry import client, download_version
+    from pipeline.stages.smoke import heldout_requests, serve_and_smoke
 
     bodies = heldout_requests(data, n, split_config)
     with tempfile.TemporaryDirectory() as tmp:
@@ -122,9 +122,9 @@ def smoke(name: str, version: str, data: str, n: int, split_config) -> dict[str,
 @task(name="promotion-gate", **IO_RETRIES)
 def promotion_gate(name: str, version: str, calibrated: dict[str, float], smoke_passed: bool, data: str,
                    split_config, config) -> dict[str, Any]:  # fmt: skip
-    from pipeline.evaluate import score_heldout
-    from pipeline.promote import CHAMPION, GATE_REASONS_TAG, GATE_TAG, current, gate, set_alias
-    from pipeline.registry import client, download_version
+    from pipeline.stages.evaluate import score_heldout
+    from pipeline.mlops.promotion import CHAMPION, GATE_REASONS_TAG, GATE_TAG, current, gate, set_alias
+    from pipeline.mlops.registry import client, download_version
 
     champion_version = current(name, CHAMPION)
     if champion_version == version:
@@ -145,7 +145,7 @@ def promotion_gate(name: str, version: str, calibrated: dict[str, float], smoke_
 
 
 def _run_name() -> str:
-    from pipeline.pins import current_md5
+    from pipeline.data.pins import current_md5
 
     params = flow_run.parameters
     data = _load(params.get("params_file", "params.yaml"), params.get("run_config"))["retrain"].data
@@ -164,8 +164,8 @@ def retrain(
     params_file: str = "params.yaml", run_config: str | None = None, lock: str = "dvc.lock"
 ) -> dict[str, Any]:
     """Retrain on the pinned data and base, track, register, smoke-test and (through the gate) promote."""
-    from pipeline.pins import current_md5
-    from pipeline.tracking import TrainingRecord, code_digest, idempotency_key
+    from pipeline.data.pins import current_md5
+    from pipeline.mlops.tracking import TrainingRecord, code_digest, idempotency_key
 
     params = _load(params_file, run_config)
     config = params["retrain"]
@@ -207,7 +207,7 @@ def _summary(
 
 
 def _publish(summary: dict[str, Any]) -> None:
-    from pipeline.registry import ensure_experiment
+    from pipeline.mlops.registry import ensure_experiment
 
     ui = os.environ.get("MLFLOW_UI_URL", "http://127.0.0.1:5000")  # where `make ui` serves by default
     create_link_artifact(f"{ui}/#/experiments/{ensure_experiment()}/runs/{summary['mlflow_run_id']}",
@@ -232,7 +232,7 @@ def before_after_markdown(summary: dict[str, Any]) -> str:
 
 
 def _git_commit() -> str:
-    from pipeline.finetune import _git_commit as commit
+    from pipeline.stages.finetune import _git_commit as commit
 
     return commit() or "none"
 

@@ -23,7 +23,7 @@ sys.path.insert(0, str(ROOT))
 
 def ensure_inputs() -> None:
     """Build the dataset and base snapshot from the files in the repo when they are missing (no network)."""
-    from pipeline.stages import run_stage
+    from pipeline.stages.dvc import run_stage
 
     if not (ROOT / "data/processed/vader.jsonl").exists():
         run_stage("dataset", root=ROOT)
@@ -35,7 +35,7 @@ def run(mode: str, steps: int) -> dict:
     import torch
 
     from pipeline.config import load_params
-    from pipeline.finetune import train_on_data
+    from pipeline.stages.finetune import train_on_data
 
     os.environ["DECISION_COMPILE"] = "0" if mode == "eager" else ""
     if mode == "compile-auto":
@@ -59,9 +59,9 @@ def export_memory_check() -> dict:
     """Merging for export copies to the CPU: device memory must not grow and the training model keeps its adapters."""
     import torch
 
-    from pipeline.adapters import apply_lora, has_lora
-    from pipeline.export import merged_copy
-    from pipeline.model import load_model
+    from pipeline.families.laya.adapters import apply_lora, has_lora
+    from pipeline.families.laya.export import merged_copy
+    from pipeline.families.laya.layout import load_model
 
     loaded = load_model(ROOT / "data/snapshots/minilm")
     apply_lora(loaded.model, r=64, alpha=64, dropout=0.0, targets="all-linear")

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline import synthetic
+from pipeline.data import synthetic
 
 ROOT = Path(__file__).resolve().parents[1]
 

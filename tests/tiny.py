@@ -87,7 +87,7 @@ def write_learnable_rows(path: Path, n: int, seed: int = 0) -> Path:
     """Rows whose tone is written in the text (one telling word among filler), so training can learn it."""
     import random
 
-    from pipeline import synthetic
+    from pipeline.data import synthetic
 
     rng = random.Random(seed)
     cues = {

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.smoke import free_port
+from pipeline.stages.smoke import free_port
 
 TONE = {"type": "choice", "instructions": "What is the tone?",
         "criteria": {"negative": None, "neutral": "neither", "positive": None}}  # fmt: skip
@@ -45,9 +45,9 @@ def live_server(app, timeout_s: float = 60.0):
 
 
 def make_app(source: Path | str, keys=None, finetunes=None, poll_s: float = 5.0, **config):
-    from pipeline.catalog import Catalog
-    from pipeline.keys import KeyStore
-    from pipeline.serve import ServerConfig, create_app
+    from pipeline.serving.catalog import Catalog
+    from pipeline.serving.keys import KeyStore
+    from pipeline.serving.server import ServerConfig, create_app
 
     return create_app(
         Catalog(str(source), finetunes, poll_s=poll_s), keys or KeyStore(), ServerConfig(**config)

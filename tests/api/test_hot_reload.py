@@ -20,7 +20,7 @@ def registry(tmp_path, monkeypatch):
 
 
 def register(folder, alias=None) -> str:
-    from pipeline.registry import client, register_export
+    from pipeline.mlops.registry import client, register_export
 
     version = register_export(folder, NAME)
     if alias:
@@ -30,7 +30,7 @@ def register(folder, alias=None) -> str:
 
 @pytest.mark.slow
 def test_moving_the_alias_swaps_versions_without_failing_a_request(registry, tiny_base):
-    from pipeline.registry import client
+    from pipeline.mlops.registry import client
 
     first = register(tiny_base, "champion")
     second = register(write_tiny_base(registry / "second", seed=7))

@@ -18,8 +18,8 @@ STATES = ["I love this product, it is great", {"text": "the order was late", "st
 
 @pytest.mark.slow
 def test_mlflow_models_serve_answers_like_the_decision_api(tmp_path, monkeypatch, served_folder):
-    from pipeline.promote import CHAMPION, set_alias
-    from pipeline.registry import register_export
+    from pipeline.mlops.promotion import CHAMPION, set_alias
+    from pipeline.mlops.registry import register_export
 
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)

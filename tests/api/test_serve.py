@@ -9,9 +9,9 @@ import pytest
 import zstandard
 from fastapi.testclient import TestClient
 
-from pipeline.keys import KeyStore, hash_key
-from pipeline.model import load_model
-from pipeline.predict import predict
+from pipeline.serving.keys import KeyStore, hash_key
+from pipeline.families.laya.layout import load_model
+from pipeline.families.laya.predict import predict
 from tests.api.conftest import INTENSITY, POSITIVE, QUESTIONS, TONE, make_app
 
 STATE = "I love this product, it is great"
@@ -159,7 +159,7 @@ def test_fine_tunes_are_visible_to_their_owner_only(keyed_client):
 
 
 def test_503_with_retry_after_while_the_model_loads(served_folder, monkeypatch):
-    from pipeline import decoder_layout
+    from pipeline.families.joint import layout as decoder_layout
 
     release = threading.Event()
     real_load = decoder_layout.load_decision_model  # what the catalog loads every model with
@@ -177,7 +177,7 @@ def test_503_with_retry_after_while_the_model_loads(served_folder, monkeypatch):
 
 
 def test_a_full_queue_answers_503_and_a_bad_request_fails_alone(served_folder, monkeypatch):
-    from pipeline import serve
+    from pipeline.serving import server as serve
 
     gate = threading.Event()
     real = serve._run_batch

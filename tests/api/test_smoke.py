@@ -4,8 +4,8 @@ import json
 
 import pytest
 
-from pipeline.cli import main
-from pipeline.smoke import heldout_requests, smoke_test
+from pipeline.cli.main import main
+from pipeline.stages.smoke import heldout_requests, smoke_test
 from tests.api.conftest import live_server, make_app
 from tests.tiny import write_tiny_base
 

@@ -6,8 +6,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pipeline import contract, synthetic
-from pipeline.validate import validate_rows
+from pipeline.data import contract, synthetic
+from pipeline.data.validate import validate_rows
 
 BROKEN = synthetic.broken_rows()
 

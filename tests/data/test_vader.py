@@ -3,8 +3,8 @@
 import pytest
 
 from pipeline.config import load_params
-from pipeline.split import split_holdout
-from pipeline.validate import validate_file
+from pipeline.data.split import split_holdout
+from pipeline.data.validate import validate_file
 
 pytestmark = pytest.mark.data
 
@@ -40,8 +40,8 @@ def test_heldout_split_leaks_no_text(vader):
 
 
 def test_rebuilding_the_dataset_gives_the_pinned_bytes(project_root, tmp_path):
-    from pipeline.dataset import build_dataset
-    from pipeline.pins import file_md5, pinned_outputs
+    from pipeline.data.dataset import build_dataset
+    from pipeline.data.pins import file_md5, pinned_outputs
 
     config = load_params(project_root / "params.yaml")["dataset"]
     out = tmp_path / "vader.jsonl"
@@ -52,7 +52,7 @@ def test_rebuilding_the_dataset_gives_the_pinned_bytes(project_root, tmp_path):
 
 
 def test_a_tampered_archive_is_refused(tmp_path, project_root):
-    from pipeline.dataset import ArchiveMismatch, build_dataset
+    from pipeline.data.dataset import ArchiveMismatch, build_dataset
     from pipeline.config import DatasetConfig
 
     fake = tmp_path / "vaderSentiment-3.3.2.tar.gz"

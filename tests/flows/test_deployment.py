@@ -22,7 +22,7 @@ import psutil
 import pytest
 import yaml
 
-from pipeline.smoke import free_port
+from pipeline.stages.smoke import free_port
 from tests.flows.conftest import write_tiny_params
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -157,7 +157,7 @@ def test_prefect_yaml_deploys_and_a_worker_runs_retrain(
         {"prefect.deployments.steps.set_working_directory": {"directory": str(ROOT)}}
     ]
 
-    from pipeline.registry import client
+    from pipeline.mlops.registry import client
 
     versions = client().search_model_versions("name='tiny-model'")
     assert [v.tags["prefect_flow_run_id"] for v in versions] == [run["id"]]

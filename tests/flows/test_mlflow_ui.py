@@ -24,7 +24,7 @@ import httpx
 import psutil
 import pytest
 
-from pipeline.smoke import free_port
+from pipeline.stages.smoke import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 ARTIFACTS = ROOT / "tests" / "artifacts"
@@ -71,7 +71,7 @@ def test_the_ui_lists_the_run_and_shows_its_metrics(browser, mlflow_store, tmp_p
 
 def _log_run() -> tuple[str, str]:
     """A finished run in the project's experiment; the client API, so MLflow's global tracking URI is untouched."""
-    from pipeline.registry import client, ensure_experiment
+    from pipeline.mlops.registry import client, ensure_experiment
 
     experiment_id = ensure_experiment()
     tracking = client()

@@ -22,8 +22,8 @@ def run_flow(params, lock=None):
 def test_a_first_run_is_tracked_registered_smoke_tested_and_promoted(
     prefect_harness, mlflow_store, tiny_params
 ):
-    from pipeline.promote import CHALLENGER, CHAMPION, current
-    from pipeline.registry import client
+    from pipeline.mlops.promotion import CHALLENGER, CHAMPION, current
+    from pipeline.mlops.registry import client
 
     summary = run_flow(tiny_params)
     assert summary["version"] == "1" and summary["promoted"] and summary["smoke"]["passed"]
@@ -61,15 +61,15 @@ def test_a_first_run_is_tracked_registered_smoke_tested_and_promoted(
 
 def test_a_crash_after_export_resumes_without_redoing_finished_work(prefect_harness, mlflow_store, tiny_params,
                                                                    monkeypatch):  # fmt: skip
-    import pipeline.export
-    import pipeline.finetune
-    import pipeline.tracking
-    from pipeline.registry import client
-    from pipeline.tracking import KEY_TAG
+    import pipeline.families.laya.export
+    import pipeline.stages.finetune
+    import pipeline.mlops.tracking
+    from pipeline.mlops.registry import client
+    from pipeline.mlops.tracking import KEY_TAG
 
     calls = {"train": 0, "export": 0, "log": 0}
-    real_train, real_export, real_log = (pipeline.finetune.train_stage, pipeline.export.export_stage,
-                                         pipeline.tracking.log_training_run)  # fmt: skip
+    real_train, real_export, real_log = (pipeline.stages.finetune.train_stage, pipeline.families.laya.export.export_stage,
+                                         pipeline.mlops.tracking.log_training_run)  # fmt: skip
 
     def counted(name, real):
         def wrapper(*args, **kwargs):
@@ -84,9 +84,9 @@ def test_a_crash_after_export_resumes_without_redoing_finished_work(prefect_harn
             raise ConnectionError("tracking store unreachable")
         return real_log(record)
 
-    monkeypatch.setattr(pipeline.finetune, "train_stage", counted("train", real_train))
-    monkeypatch.setattr(pipeline.export, "export_stage", counted("export", real_export))
-    monkeypatch.setattr(pipeline.tracking, "log_training_run", crashing_log)
+    monkeypatch.setattr(pipeline.stages.finetune, "train_stage", counted("train", real_train))
+    monkeypatch.setattr(pipeline.families.laya.export, "export_stage", counted("export", real_export))
+    monkeypatch.setattr(pipeline.mlops.tracking, "log_training_run", crashing_log)
     with pytest.raises(ConnectionError):
         run_flow(tiny_params)
     summary = run_flow(tiny_params)
@@ -104,8 +104,8 @@ def test_a_crash_after_export_resumes_without_redoing_finished_work(prefect_harn
 def test_a_tampered_dataset_stops_the_flow_before_training(
     prefect_harness, mlflow_store, tiny_params, monkeypatch
 ):
-    import pipeline.finetune
-    from pipeline.pins import PinMismatch, file_md5
+    import pipeline.stages.finetune
+    from pipeline.data.pins import PinMismatch, file_md5
 
     params = yaml.safe_load(tiny_params.read_text())
     data = tiny_params.parent / "pinned.jsonl"
@@ -117,7 +117,7 @@ def test_a_tampered_dataset_stops_the_flow_before_training(
                 "schema": "2.0",
                 "stages": {
                     "dataset": {
-                        "cmd": "python -m pipeline.stages dataset",
+                        "cmd": "python -m pipeline.stages.dvc dataset",
                         "outs": [{"path": "pinned.jsonl", "md5": file_md5(data)}],
                     }
                 },
@@ -128,7 +128,7 @@ def test_a_tampered_dataset_stops_the_flow_before_training(
     with data.open("a") as handle:
         handle.write(json.dumps({"state": "extra", "questions": {}, "gold": {}}) + "\n")
     monkeypatch.setattr(
-        pipeline.finetune, "train_stage", lambda *a, **k: pytest.fail("trained on tampered data")
+        pipeline.stages.finetune, "train_stage", lambda *a, **k: pytest.fail("trained on tampered data")
     )
     with pytest.raises(PinMismatch, match=r"pinned\.jsonl: bytes differ from dvc\.lock"):
         run_flow(tampered, lock)
@@ -137,7 +137,7 @@ def test_a_tampered_dataset_stops_the_flow_before_training(
 def test_a_worse_candidate_is_held_as_challenger_and_rollback_restores_the_champion(prefect_harness, mlflow_store,
                                                                                     tmp_path, synthetic_train_file,
                                                                                     tiny_base):  # fmt: skip
-    from pipeline.promote import (
+    from pipeline.mlops.promotion import (
         CHALLENGER,
         CHAMPION,
         PromotionRefused,
@@ -146,7 +146,7 @@ def test_a_worse_candidate_is_held_as_challenger_and_rollback_restores_the_champ
         promote_version,
         rollback,
     )
-    from pipeline.registry import client
+    from pipeline.mlops.registry import client
 
     data = write_learnable_rows(tmp_path / "learnable.jsonl", 400)
     trained = write_tiny_params(tmp_path, data, tiny_base, validate={"holdout_max_decisions": 120},

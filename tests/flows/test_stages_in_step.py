@@ -7,7 +7,7 @@ from pipeline.config import load_params
 
 def test_dvc_and_the_flow_validate_with_the_same_function(project_root, monkeypatch, tmp_path):
     import flows.retrain
-    import pipeline.stages as stages
+    import pipeline.stages.dvc as stages
 
     calls = []
 

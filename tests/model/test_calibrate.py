@@ -3,9 +3,9 @@
 import numpy as np
 import pytest
 
-from pipeline.calibrate import cross_fitted_metrics, fit_calibration, fit_temperature, softmax
-from pipeline.items import Item
-from pipeline.metrics import detailed_metrics, expected_calibration_error, metrics_by_type
+from pipeline.scoring.calibration import cross_fitted_metrics, fit_calibration, fit_temperature, softmax
+from pipeline.families.laya.items import Item
+from pipeline.scoring.metrics import detailed_metrics, expected_calibration_error, metrics_by_type
 
 
 def _sampled(rng, n, k, true_temperature):

@@ -4,11 +4,11 @@ import numpy as np
 import pytest
 import torch
 
-from pipeline.forward import decision_logits
-from pipeline.items import build_items, collate
-from pipeline.model import ModelLayoutError, load_model, save_model
-from pipeline.predict import predict
-from pipeline.validate import validate_rows
+from pipeline.families.laya.forward import decision_logits
+from pipeline.families.laya.items import build_items, collate
+from pipeline.families.laya.layout import ModelLayoutError, load_model, save_model
+from pipeline.families.laya.predict import predict
+from pipeline.data.validate import validate_rows
 
 QUESTIONS = {
     "tone": {"type": "choice", "instructions": "what tone", "criteria": {"negative": None, "neutral": "none",
@@ -97,7 +97,7 @@ def test_a_folder_without_the_config_is_not_a_model(tmp_path):
 
 def test_loading_never_modifies_the_folder(tmp_path):
     """laya's own loader rewrites tokenizer_config.json on first load; ours only reads (pinned hashes hold)."""
-    from pipeline.pins import current_md5
+    from pipeline.data.pins import current_md5
     from tests.tiny import write_tiny_base
 
     folder = write_tiny_base(tmp_path / "base")

@@ -19,7 +19,7 @@ from torch import nn
 from torch._dynamo.utils import counters
 from transformers import BertConfig, BertModel
 
-from pipeline.compile import (
+from pipeline.training.compile import (
     CompileConfig,
     bucket_length,
     compiled_encoder,
@@ -213,7 +213,7 @@ def test_a_failing_compile_falls_back_to_eager_training(monkeypatch, caplog, fai
     limit = torch._dynamo.config.recompile_limit
 
     with (
-        caplog.at_level(logging.WARNING, logger="pipeline.compile"),
+        caplog.at_level(logging.WARNING, logger="pipeline.training.compile"),
         compiled_encoder(model, FAST, True, "test", batches[:2], loss_fn, PAD_ID) as report,
     ):
         warming[0] = False
@@ -229,7 +229,7 @@ def test_a_failing_compile_falls_back_to_eager_training(monkeypatch, caplog, fai
 
     assert not report.enabled
     assert "RuntimeError" in report.fallback_error and "boom" in report.fallback_error
-    assert len([r for r in caplog.records if r.name == "pipeline.compile"]) == 1
+    assert len([r for r in caplog.records if r.name == "pipeline.training.compile"]) == 1
     assert all(torch.isfinite(torch.tensor(losses)))
     assert _is_eager(model)
 

@@ -1,11 +1,11 @@
-"""The decoder-LLM decision model (`pipeline.decoder`) on a tiny random Qwen3, with hand-built batches."""
+"""The decoder-LLM decision model (`pipeline.families.joint.head`) on a tiny random Qwen3, with hand-built batches."""
 
 from pathlib import Path
 
 import pytest
 import torch
 
-from pipeline.decoder import (
+from pipeline.families.joint.head import (
     DecoderDecisionModel,
     JointHead,
     backbone_body,

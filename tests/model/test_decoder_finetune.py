@@ -8,7 +8,7 @@ import pytest
 import yaml
 from fastapi.testclient import TestClient
 
-from pipeline.cli import main
+from pipeline.cli.main import main
 from tests.tiny import write_learnable_rows, write_tiny_decoder
 
 
@@ -43,11 +43,11 @@ def finetune(base, data, out, params, capsys) -> dict:
 
 @pytest.mark.slow
 def test_lora_finetune_trains_calibrates_exports_and_serves(decoder_base, learnable, tmp_path, capsys):
-    from pipeline.answers import parse_request
-    from pipeline.catalog import Catalog
-    from pipeline.decoder_layout import answer_decoder_requests, load_decoder
-    from pipeline.keys import KeyStore
-    from pipeline.serve import create_app
+    from pipeline.data.answers import parse_request
+    from pipeline.serving.catalog import Catalog
+    from pipeline.families.joint.layout import answer_decoder_requests, load_decoder
+    from pipeline.serving.keys import KeyStore
+    from pipeline.serving.server import create_app
 
     summary = finetune(decoder_base, learnable, tmp_path / "export", write_params(tmp_path, "lora"), capsys)
     losses = [loss for _, loss in summary["losses"]]
@@ -78,7 +78,7 @@ def test_qlora_trains_on_the_cpu_with_a_4bit_backbone(decoder_base, learnable, t
     )
     assert summary["method"] == "qlora" and summary["steps"] == 12 and summary["export_dir"]
     assert all(np.isfinite(loss) for _, loss in summary["losses"])
-    from pipeline.decoder_layout import load_decoder
+    from pipeline.families.joint.layout import load_decoder
 
     exported = load_decoder(summary["export_dir"])  # dequantised, 16-bit: loads without bitsandbytes layers
     assert not any("4bit" in type(m).__name__ for m in exported.model.modules())
@@ -89,9 +89,9 @@ def test_a_decoder_export_registers_and_answers_as_an_mlflow_model(decoder_base,
                                                                     monkeypatch):  # fmt: skip
     import mlflow.pyfunc
 
-    from pipeline.answers import parse_request
-    from pipeline.decoder_layout import answer_decoder_requests, load_decoder
-    from pipeline.registry import register_export, use_store
+    from pipeline.data.answers import parse_request
+    from pipeline.families.joint.layout import answer_decoder_requests, load_decoder
+    from pipeline.mlops.registry import register_export, use_store
 
     summary = finetune(
         decoder_base, learnable, tmp_path / "export", write_params(tmp_path, "lora", 5), capsys
@@ -110,9 +110,9 @@ def test_a_decoder_export_registers_and_answers_as_an_mlflow_model(decoder_base,
 
 def test_optional_loss_terms_come_from_the_train_config_and_are_off_by_default(decoder_base, learnable):
     from pipeline.config import ConfigError, TrainConfig
-    from pipeline.decoder_finetune import build_examples, collate_examples, summed_loss
-    from pipeline.decoder_layout import load_decoder
-    from pipeline.validate import validate_file
+    from pipeline.families.joint.training import build_examples, collate_examples, summed_loss
+    from pipeline.families.joint.layout import load_decoder
+    from pipeline.data.validate import validate_file
 
     loaded = load_decoder(decoder_base)
     examples, _ = build_examples(validate_file(learnable).records[:6], loaded.tokenizer, loaded.max_len)
@@ -130,8 +130,8 @@ def test_optional_loss_terms_come_from_the_train_config_and_are_off_by_default(d
 def test_a_llama_backbone_loads_and_answers(tmp_path):
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from pipeline.answers import parse_request
-    from pipeline.decoder_layout import answer_decoder_requests, load_decoder
+    from pipeline.data.answers import parse_request
+    from pipeline.families.joint.layout import answer_decoder_requests, load_decoder
     from tests.tiny import tiny_bpe_tokenizer
 
     tokenizer = tiny_bpe_tokenizer()

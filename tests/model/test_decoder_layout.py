@@ -13,9 +13,9 @@ import pytest
 import torch
 from fastapi.testclient import TestClient
 
-from pipeline.answers import answer_probabilities, parse_request
-from pipeline.decoder import DecoderDecisionModel
-from pipeline.decoder_layout import (
+from pipeline.data.answers import answer_probabilities, parse_request
+from pipeline.families.joint.head import DecoderDecisionModel
+from pipeline.families.joint.layout import (
     BACKBONE_DIR,
     DECODER_CONFIG,
     HEAD_FILE,
@@ -27,10 +27,10 @@ from pipeline.decoder_layout import (
     is_decoder_folder,
     load_decoder,
 )
-from pipeline.model import ModelLayoutError, list_models
-from pipeline.pins import current_md5
-from pipeline.predict import Answered, BadQuestion, answer_requests
-from pipeline.records import SYSTEM_INSTRUCTION, collate_records, encode_record
+from pipeline.families.laya.layout import ModelLayoutError, list_models
+from pipeline.data.pins import current_md5
+from pipeline.families.laya.predict import Answered, BadQuestion, answer_requests
+from pipeline.families.joint.records import SYSTEM_INSTRUCTION, collate_records, encode_record
 from tests.api.conftest import QUESTIONS
 
 VOCAB = 320  # the model's; the tokenizer's is 300, below it
@@ -229,7 +229,7 @@ def test_a_crash_before_the_swap_leaves_the_old_export_loadable(lm_folder, tmp_p
         assert is_decoder_folder(staging)  # the new model was complete, the head written last
         raise KeyboardInterrupt("killed before the swap")
 
-    monkeypatch.setattr("pipeline.export._swap_in", crash)
+    monkeypatch.setattr("pipeline.families.laya.export._swap_in", crash)
     with pytest.raises(KeyboardInterrupt):
         export_decoder(fresh(lm_folder), out, {"global": 3.0, "by_type": [1.0, 1.0, 1.0]}, {"run": "new"})
     assert json.loads((out / "manifest.json").read_text())["run"] == "old"
@@ -259,9 +259,9 @@ def exported(lm_folder, tmp_path_factory) -> Path:
 
 
 def test_the_decision_api_serves_an_export(exported):
-    from pipeline.catalog import Catalog
-    from pipeline.keys import KeyStore
-    from pipeline.serve import create_app
+    from pipeline.serving.catalog import Catalog
+    from pipeline.serving.keys import KeyStore
+    from pipeline.serving.server import create_app
 
     state = STATES[0]
     with TestClient(create_app(Catalog(str(exported)), KeyStore())) as client:

@@ -12,17 +12,17 @@ import numpy as np
 import pytest
 import torch
 
-from pipeline import synthetic
-from pipeline.adapters import has_lora
+from pipeline.data import synthetic
+from pipeline.families.laya.adapters import has_lora
 from pipeline.config import TrainConfig
-from pipeline.export import MANIFEST, NonFiniteWeights, export_folder, export_model, merged_copy
-from pipeline.finetune import save_finetune
-from pipeline.forward import decision_logits
-from pipeline.items import build_items, collate
-from pipeline.model import list_models, load_model
-from pipeline.predict import predict
-from pipeline.train import prepare_model, train
-from pipeline.validate import validate_rows
+from pipeline.families.laya.export import MANIFEST, NonFiniteWeights, export_folder, export_model, merged_copy
+from pipeline.stages.finetune import save_finetune
+from pipeline.families.laya.forward import decision_logits
+from pipeline.families.laya.items import build_items, collate
+from pipeline.families.laya.layout import list_models, load_model
+from pipeline.families.laya.predict import predict
+from pipeline.training.loop import prepare_model, train
+from pipeline.data.validate import validate_rows
 
 CONFIG = TrainConfig(method="lora", micro_batch=4, grad_accum=2, lora_r=4, lora_lr=2e-2, max_steps=4,
                      precision="fp32", log_every=2)  # fmt: skip
@@ -95,8 +95,8 @@ def test_non_finite_weights_are_refused_and_nothing_is_written(lora_model, tmp_p
 
 EXPORT_LOOP = """
 import sys, torch
-from pipeline.model import load_model
-from pipeline.export import export_model
+from pipeline.families.laya.layout import load_model
+from pipeline.families.laya.export import export_model
 loaded = load_model(sys.argv[1])
 print("ready", flush=True)
 for i in range(10_000):  # export after export, so a kill at any moment lands inside one

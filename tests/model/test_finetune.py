@@ -4,8 +4,8 @@ import json
 
 import pytest
 
-from pipeline.cli import main
-from pipeline.model import load_model
+from pipeline.cli.main import main
+from pipeline.families.laya.layout import load_model
 
 KEYS = {"rows", "decisions", "skipped", "heldout", "temperatures", "export_dir", "train_seconds", "s_per_step",
         "peak_memory_mb"}  # fmt: skip
@@ -65,10 +65,10 @@ def test_evaluate_writes_metrics_and_plots(tiny_base, synthetic_train_file, tmp_
 
 
 def test_a_cancel_during_calibration_exports_nothing(tiny_base, synthetic_train_file, tmp_path, monkeypatch):
-    import pipeline.calibrate as calibrate
+    import pipeline.scoring.calibration as calibrate
     from pipeline.config import TrainConfig
-    from pipeline.finetune import finetune
-    from pipeline.train import CancelToken
+    from pipeline.stages.finetune import finetune
+    from pipeline.training.loop import CancelToken
 
     cancel = CancelToken()
     original = calibrate.fit_calibration

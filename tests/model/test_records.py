@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from pipeline.contract import parse_questions
-from pipeline.records import SYSTEM_INSTRUCTION, EncodedRecord, RecordTooLong, collate_records, encode_record
+from pipeline.data.contract import parse_questions
+from pipeline.families.joint.records import SYSTEM_INSTRUCTION, EncodedRecord, RecordTooLong, collate_records, encode_record
 from tests.tiny import tiny_tokenizer
 
 QUESTIONS = {

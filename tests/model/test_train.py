@@ -8,13 +8,13 @@ from dataclasses import replace
 import pytest
 import torch
 
-from pipeline import synthetic
+from pipeline.data import synthetic
 from pipeline.config import ConfigError, TrainConfig
-from pipeline.finetune import train_on_data
-from pipeline.forward import decision_logits, score_items, soft_cross_entropy
-from pipeline.items import build_items, collate
-from pipeline.model import load_model
-from pipeline.train import (
+from pipeline.stages.finetune import train_on_data
+from pipeline.families.laya.forward import decision_logits, score_items, soft_cross_entropy
+from pipeline.families.laya.items import build_items, collate
+from pipeline.families.laya.layout import load_model
+from pipeline.training.loop import (
     CancelToken,
     accumulate_gradients,
     micro_batches,
@@ -22,7 +22,7 @@ from pipeline.train import (
     prepare_model,
     train,
 )
-from pipeline.validate import validate_rows
+from pipeline.data.validate import validate_rows
 
 CPU = torch.device("cpu")
 FAST = TrainConfig(method="full", micro_batch=4, grad_accum=2, full_lr=1e-3, head_lr=1e-3, lora_r=4,
@@ -168,7 +168,7 @@ def test_scoring_returns_the_callers_order(tiny_base, tiny_items):
 
 
 def test_qlora_is_refused_for_encoder_models(tiny_base):
-    from pipeline.train import prepare_model
+    from pipeline.training.loop import prepare_model
 
     with pytest.raises(ConfigError, match="QLoRA"):
         prepare_model(load_model(tiny_base).model, TrainConfig(method="qlora"))
@@ -176,8 +176,8 @@ def test_qlora_is_refused_for_encoder_models(tiny_base):
 
 @pytest.mark.parametrize("method", ["lora", "full"])
 def test_decision_train_cli_saves_a_fine_tune(tiny_base, synthetic_train_file, tmp_path, capsys, method):
-    from pipeline.cli import main
-    from pipeline.finetune import describe_finetune
+    from pipeline.cli.main import main
+    from pipeline.stages.finetune import describe_finetune
 
     params = tmp_path / "params.yaml"
     params.write_text("train:\n  micro_batch: 4\n  grad_accum: 2\n  lora_r: 4\n  precision: fp32\n")
@@ -197,8 +197,8 @@ def test_decision_train_cli_saves_a_fine_tune(tiny_base, synthetic_train_file, t
 
 
 def test_lora_fine_tune_reloads_with_the_same_predictions(tiny_base, tiny_items, tmp_path):
-    from pipeline.adapters import load_adapter
-    from pipeline.finetune import save_finetune
+    from pipeline.families.laya.adapters import load_adapter
+    from pipeline.stages.finetune import save_finetune
 
     config = replace(FAST, method="lora", max_steps=3, lora_lr=1e-2)
     loaded = _fresh(tiny_base, config)
@@ -214,7 +214,7 @@ def test_lora_fine_tune_reloads_with_the_same_predictions(tiny_base, tiny_items,
 
 @pytest.mark.slow
 def test_training_compiled_on_cpu_warms_up_once_and_matches_eager(tiny_base, tiny_items, monkeypatch):
-    from pipeline.compile import CompileConfig
+    from pipeline.training.compile import CompileConfig
 
     compile_config = CompileConfig(bucket=16, max_static_len=128, backend="aot_eager")
     config = replace(FAST, max_steps=4)
@@ -234,7 +234,7 @@ def test_training_compiled_on_cpu_warms_up_once_and_matches_eager(tiny_base, tin
 
 
 def test_a_failing_compile_still_trains_eagerly(tiny_base, tiny_items, monkeypatch):
-    from pipeline.compile import CompileConfig
+    from pipeline.training.compile import CompileConfig
 
     def broken_compile(self, *args, **kwargs):
         raise RuntimeError("no compiler here")

@@ -6,8 +6,8 @@ import sys
 
 import pytest
 
-from pipeline import synthetic
-from pipeline.cli import main
+from pipeline.data import synthetic
+from pipeline.cli.main import main
 
 
 def test_json_report_and_exit_zero(capsys, synthetic_file):
@@ -40,6 +40,6 @@ def test_unreadable_input_or_bad_slice_exits_one(tmp_path, capsys, args):
 
 def test_console_script_help():
     result = subprocess.run(
-        [sys.executable, "-m", "pipeline.cli", "validate", "--help"], capture_output=True, text=True
+        [sys.executable, "-m", "pipeline.cli.main", "validate", "--help"], capture_output=True, text=True
     )
     assert result.returncode == 0 and "--slice" in result.stdout

@@ -5,7 +5,7 @@ import stat
 
 import pytest
 
-from pipeline.keys import KEYS_ENV, KeyConfigError, add_key, hash_key, load_keys
+from pipeline.serving.keys import KEYS_ENV, KeyConfigError, add_key, hash_key, load_keys
 
 
 def test_no_keys_means_an_open_server(tmp_path):

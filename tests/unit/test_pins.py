@@ -5,7 +5,7 @@ import shutil
 import pytest
 import yaml
 
-from pipeline.pins import PinMismatch, current_md5, verify_pins
+from pipeline.data.pins import PinMismatch, current_md5, verify_pins
 
 
 @pytest.fixture
@@ -67,7 +67,7 @@ def test_project_dataset_matches_its_pin_and_a_tampered_copy_does_not(project_ro
 
 def test_training_refuses_a_tampered_pinned_input_before_it_starts(pinned_copy, monkeypatch):
     from pipeline.config import TrainConfig
-    from pipeline.finetune import train_on_data
+    from pipeline.stages.finetune import train_on_data
 
     monkeypatch.chdir(pinned_copy)
     (pinned_copy / "data/rows.jsonl").write_text('{"state": "changed"}\n')

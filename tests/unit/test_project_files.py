@@ -6,7 +6,7 @@ import pytest
 import yaml
 
 from pipeline.config import ConfigError, DatasetConfig, ValidateConfig, load_params, section_config
-from pipeline.stages import STAGES
+from pipeline.stages.dvc import STAGES
 
 
 def test_params_yaml_loads_into_configs(project_root):
@@ -31,7 +31,7 @@ def test_dvc_stages_match_the_registered_stage_functions(project_root):
     dvc = yaml.safe_load((project_root / "dvc.yaml").read_text())["stages"]
     assert set(dvc) == set(STAGES)
     for name, stage in dvc.items():
-        assert stage["cmd"] == f"python -m pipeline.stages {name}"
+        assert stage["cmd"] == f"python -m pipeline.stages.dvc {name}"
         module = STAGES[name][1]
         assert module in stage["deps"], f"dvc.yaml stage {name} must depend on {module}"
         assert (project_root / module).is_file()
@@ -80,7 +80,7 @@ def test_pipeline_never_imports_prefect(project_root):
 
 def test_dvc_lock_is_in_step_with_the_code_its_stages_run(project_root):
     """A stage whose code changed since `dvc repro` would rebuild on a fresh clone and leave dvc.lock modified."""
-    from pipeline.pins import file_md5
+    from pipeline.data.pins import file_md5
 
     lock = yaml.safe_load((project_root / "dvc.lock").read_text())["stages"]
     stale = [

@@ -4,8 +4,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from pipeline.read import BadSlice, RowSlice, UnreadableInput, read_columns
-from pipeline.validate import validate_file
+from pipeline.data.read import BadSlice, RowSlice, UnreadableInput, read_columns
+from pipeline.data.validate import validate_file
 
 
 def test_slice_returns_exactly_the_requested_rows(synthetic_file, synthetic_rows):
@@ -17,7 +17,7 @@ def test_slice_returns_exactly_the_requested_rows(synthetic_file, synthetic_rows
 
 
 def test_every_format_gives_the_same_report(tmp_path, synthetic_rows):
-    from pipeline import synthetic
+    from pipeline.data import synthetic
 
     reports = [
         validate_file(synthetic.write_rows(synthetic_rows, tmp_path / f"r.{fmt}"), RowSlice(5, 90)).report

@@ -2,10 +2,10 @@
 
 import random
 
-from pipeline import synthetic
+from pipeline.data import synthetic
 from pipeline.config import ValidateConfig
-from pipeline.split import split_holdout
-from pipeline.validate import validate_rows
+from pipeline.data.split import split_holdout
+from pipeline.data.validate import validate_rows
 
 
 def _ids(records):

@@ -1,0 +1,147 @@
+"""The `decision` subcommands of the Decision API: `serve`, `smoke` and `keygen`.
+
+decision serve --model models/vader-minilm --port 8000
+decision smoke --url http://127.0.0.1:8000 --data data/processed/vader.jsonl --model-dir models/vader-minilm
+decision keygen --owner alice --keys keys.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+
+EXIT_OK, EXIT_FAILED, EXIT_UNUSABLE = 0, 1, 2
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from pipeline.serving.body import BodyLimits
+    from pipeline.serving.catalog import Catalog
+    from pipeline.serving.keys import KeyConfigError, load_keys
+    from pipeline.mlops.registry import parse_alias_uri
+    from pipeline.serving.server import ServerConfig, create_app, run_server
+
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    if parse_alias_uri(args.model) is None and not Path(args.model).is_dir():
+        print(
+            f"decision serve: --model {args.model}: no such folder (or use models:/NAME@ALIAS)",
+            file=sys.stderr,
+        )
+        return EXIT_UNUSABLE
+    try:
+        keys = load_keys(args.keys)
+    except KeyConfigError as error:
+        print(f"decision serve: {error}", file=sys.stderr)
+        return EXIT_UNUSABLE
+    config = ServerConfig(args.max_batch, args.max_wait_ms / 1000, args.max_queue,
+                          BodyLimits(args.max_body_mb * 1024 * 1024, args.max_body_mb * 1024 * 1024))  # fmt: skip
+    from pipeline.stages.finetune import pick_device
+
+    catalog = Catalog(
+        args.model, args.finetunes, poll_s=args.poll_seconds, device=str(pick_device(args.device))
+    )
+    run_server(create_app(catalog, keys, config), args.host, args.port, args.access_log)
+    return EXIT_OK
+
+
+def _smoke(args: argparse.Namespace) -> int:
+    from pipeline.config import load_params
+    from pipeline.data.read import UnreadableInput
+    from pipeline.stages.smoke import heldout_requests, smoke_test
+
+    try:
+        bodies = heldout_requests(args.data, args.n, load_params(args.params)["validate"], args.all_rows)
+    except (UnreadableInput, FileNotFoundError) as error:
+        print(f"decision smoke: {error}", file=sys.stderr)
+        return EXIT_UNUSABLE
+    result = smoke_test(args.url, bodies, args.model_dir, args.api_key, args.model, args.timeout)
+    if args.json:
+        print(json.dumps(result.to_dict()))
+    else:
+        _print_smoke(result)
+    return EXIT_OK if result.passed else EXIT_FAILED
+
+
+def _print_smoke(result) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"Smoke test of {result.url} ({result.model})")
+    table.add_column("measure")
+    table.add_column("value", justify="right")
+    agreement = "n/a (no --model-dir)" if result.agreement is None else f"{result.agreement:.4f}"
+    diff = "n/a" if result.max_probability_diff is None else f"{result.max_probability_diff:.2e}"
+    for name, value in (("requests", result.requests), ("decisions", result.decisions),
+                        ("agreement on the chosen option", agreement), ("largest probability difference", diff),
+                        ("latency p50 (ms)", result.latency_ms["p50"]), ("latency p95 (ms)", result.latency_ms["p95"])):  # fmt: skip
+        table.add_row(name, str(value))
+    console = Console()
+    console.print(table)
+    console.print("[green]passed[/]" if result.passed else "[red]failed:[/] " + "; ".join(result.failures))
+
+
+def _keygen(args: argparse.Namespace) -> int:
+    from pipeline.serving.keys import add_key
+
+    key = add_key(args.keys, args.owner)
+    print(json.dumps({"owner": args.owner, "key": key, "keys": args.keys}) if args.json else key)
+    if not args.json:
+        print(
+            f"(stored only as a hash in {args.keys}; this is the one time the key is shown)", file=sys.stderr
+        )
+    return EXIT_OK
+
+
+def add_api_commands(commands) -> None:
+    """Register serve, smoke and keygen on the `decision` subparsers."""
+    serve = commands.add_parser(
+        "serve",
+        help="serve a decision model over HTTP (Decision API: /v1/systemone, /v1/models, /healthz)",
+        description="Start the Decision API on MODEL: an export folder, or models:/NAME@ALIAS, which is followed "
+        "(a moved alias is loaded in the background, checked and swapped in without dropping requests). "
+        "Concurrent requests share forward passes. Keys come from --keys and DECISION_API_KEYS "
+        "(owner=sha256hex,...); without any the server is open.",
+    )
+    serve.add_argument("--model", required=True, help="an export folder, or models:/NAME@ALIAS")
+    serve.add_argument("--host", default="127.0.0.1", help="default: 127.0.0.1 (loopback only)")
+    serve.add_argument("--port", type=int, default=8000)
+    serve.add_argument("--keys", help="API key file (see `decision keygen`)")
+    serve.add_argument("--finetunes", help="a folder of export folders served to their owners by name")
+    serve.add_argument("--poll-seconds", type=float, default=5.0, help="how often to check a followed alias")
+    serve.add_argument("--max-batch", type=int, default=64, help="questions per forward pass (default 64)")
+    serve.add_argument("--max-wait-ms", type=float, default=2.0, help="how long a batch waits to fill")
+    serve.add_argument("--max-queue", type=int, default=256, help="waiting requests before 503 (default 256)")
+    serve.add_argument("--max-body-mb", type=int, default=8, help="request body limit, decompressed")
+    serve.add_argument("--access-log", action="store_true", help="log every request")
+    serve.add_argument("--device", default="cpu", help="cpu (default), cuda, cuda:1, or auto")
+    serve.set_defaults(handler=_serve)
+
+    smoke = commands.add_parser(
+        "smoke",
+        help="send held-out decisions to a Decision API and compare with in-process predictions",
+        description="Send the held-out rows of DATA (one request per row, up to N decisions) to URL, one at a "
+        "time; with --model-dir compare every answer with the same folder's in-process prediction. Fails "
+        "(exit 1) below 99.5%% agreement on the chosen option, above a 1e-3 probability difference, or on any "
+        "failed request.",
+    )
+    smoke.add_argument("--url", required=True, help="the server, e.g. http://127.0.0.1:8000")
+    smoke.add_argument("--data", required=True, help="decision file; its held-out split is sent")
+    smoke.add_argument("--n", type=int, default=200, help="decisions to send (default 200)")
+    smoke.add_argument("--model-dir", help="the folder the server serves, to compare answers with")
+    smoke.add_argument("--model", help="the model name to ask for (default: the serving model)")
+    smoke.add_argument("--api-key", help="sent as Authorization: Bearer")
+    smoke.add_argument("--all-rows", action="store_true", help="send any rows, not only the held-out split")
+    smoke.add_argument("--params", default="params.yaml", help="where the held-out split is defined")
+    smoke.add_argument("--timeout", type=float, default=30.0, help="seconds per request")
+    smoke.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
+    smoke.set_defaults(handler=_smoke)
+
+    keygen = commands.add_parser("keygen", help="make an API key for an owner and store its hash",
+                                 description="Print a new API key once and add its sha256 to the key file.")  # fmt: skip
+    keygen.add_argument("--owner", required=True)
+    keygen.add_argument("--keys", required=True, help="the key file (created if missing)")
+    keygen.add_argument("--json", action="store_true")
+    keygen.set_defaults(handler=_keygen)

@@ -1,0 +1,308 @@
+"""The `decision` command line: one subcommand per stage, each with `--help` and a `--json` mode.
+
+    decision validate data/processed/vader.jsonl --slice 0:1000
+    decision validate big.parquet --slice 1000000:1001000 --json
+
+Heavy libraries are imported inside the subcommands so that `decision --help` answers at once.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from pipeline.cli.api import add_api_commands
+from pipeline.cli.registry import add_registry_commands
+
+EXIT_OK, EXIT_UNREADABLE, EXIT_NOTHING_USABLE = 0, 1, 2
+
+
+def _validate(args: argparse.Namespace) -> int:
+    from pipeline.data.read import BadSlice, RowSlice, UnreadableInput
+    from pipeline.data.validate import validate_file
+
+    try:
+        data = validate_file(args.data, RowSlice.parse(args.slice), with_records=False)
+    except (UnreadableInput, BadSlice) as error:
+        print(f"decision validate: {error}", file=sys.stderr)
+        return EXIT_UNREADABLE
+    report = data.report.to_dict()
+    if args.json:
+        print(json.dumps(report))
+    else:
+        print_report(report)
+    if data.report.kept == 0:
+        print(
+            f"decision validate: no usable decision in {args.data} ({data.report.decisions} decisions, "
+            "all skipped; see the reasons above)",
+            file=sys.stderr,
+        )
+        return EXIT_NOTHING_USABLE
+    return EXIT_OK
+
+
+def _training_setup(args: argparse.Namespace):
+    """params.yaml with the command's overrides applied, a cancel token, and the errors worth one clear line."""
+    from dataclasses import replace
+
+    from pipeline.config import ConfigError, load_params
+    from pipeline.data.pins import PinMismatch
+    from pipeline.data.read import BadSlice, UnreadableInput
+    from pipeline.training.loop import CancelToken
+
+    errors = (ConfigError, PinMismatch, UnreadableInput, BadSlice, FileNotFoundError, ValueError)
+    try:
+        params = load_params(args.params)
+        overrides = {
+            k: v for k, v in (("method", args.method), ("max_steps", args.max_steps)) if v is not None
+        }
+        return params, replace(params["train"], **overrides), CancelToken(), errors
+    except errors as error:
+        raise SystemExit(f"decision {args.command}: {error}") from None
+
+
+def _train(args: argparse.Namespace) -> int:
+    from pipeline.stages.finetune import train_on_data
+    from pipeline.data.read import RowSlice
+
+    params, config, cancel, errors = _training_setup(args)
+    try:
+        with cancel.on_signals():
+            run = train_on_data(args.data, args.base, args.out, config, params["validate"],
+                                RowSlice.parse(args.slice), args.device, cancel, args.save_on_cancel,
+                                progress=not args.json)  # fmt: skip
+    except errors as error:
+        print(f"decision train: {error}", file=sys.stderr)
+        return EXIT_UNREADABLE
+    if args.json:
+        print(json.dumps(run.to_dict()))
+    else:
+        print_heldout(run.to_dict())
+    return 130 if run.cancelled else EXIT_OK
+
+
+def _evaluate(args: argparse.Namespace) -> int:
+    from pipeline.stages.evaluate import evaluate_model
+    from pipeline.families.laya.layout import ModelLayoutError
+    from pipeline.data.read import BadSlice, RowSlice, UnreadableInput
+
+    try:
+        report = evaluate_model(args.model, args.data, args.plots, RowSlice.parse(args.slice), args.device,
+                                progress=not args.json)  # fmt: skip
+    except (ModelLayoutError, UnreadableInput, BadSlice, FileNotFoundError) as error:
+        print(f"decision evaluate: {error}", file=sys.stderr)
+        return EXIT_UNREADABLE
+    if args.json:
+        print(json.dumps(report))
+        return EXIT_OK
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(
+        title=f"{report['model']} on {report['data']} ({report['metrics']['overall']['decisions']:,} decisions)"
+    )
+    names = ("accuracy", "record_accuracy", "ece", "brier", "kl_soft", "score_mae")
+    table.add_column("type")
+    for name in names:
+        table.add_column(name, justify="right")
+    for kind, metrics in report["metrics"].items():
+        table.add_row(kind, *(f"{metrics[n]:.4f}" for n in names))
+    Console().print(table)
+    print("plots: " + (", ".join(report["plots"]) or "none (use --plots DIR)"))
+    return EXIT_OK
+
+
+def _export(args: argparse.Namespace) -> int:
+    from pipeline.families.laya.export import NonFiniteWeights, export_folder
+    from pipeline.families.laya.layout import ModelLayoutError
+
+    try:
+        result = export_folder(args.adapter, args.out)
+    except (ModelLayoutError, NonFiniteWeights, FileNotFoundError) as error:
+        print(f"decision export: {error}", file=sys.stderr)
+        return EXIT_UNREADABLE
+    if args.json:
+        print(json.dumps({"out": result.out, "written": result.written, "manifest": result.manifest}))
+    else:
+        print(
+            f"exported to {result.out}"
+            if result.written
+            else f"{result.out} is already this export; nothing to do"
+        )
+    return EXIT_OK
+
+
+def _finetune(args: argparse.Namespace) -> int:
+    from pipeline.stages.finetune import finetune
+    from pipeline.data.read import RowSlice
+
+    params, config, cancel, errors = _training_setup(args)
+    try:
+        with cancel.on_signals():
+            summary = finetune(args.data, args.base, args.out, config, params["validate"], RowSlice.parse(args.slice),
+                               args.device, cancel, progress=not args.json, eval_data=args.eval_data)  # fmt: skip
+    except errors as error:
+        print(f"decision finetune: {error}", file=sys.stderr)
+        return EXIT_UNREADABLE
+    if args.json:
+        print(json.dumps(summary))
+    else:
+        print_heldout({**summary, "saved_to": summary["export_dir"], "planned_steps": summary["steps"]})  # fmt: skip
+        print(f"temperatures: {summary['temperatures']}")
+    return 130 if summary["cancelled"] else EXIT_OK
+
+
+def print_heldout(run: dict[str, Any]) -> None:
+    """Before/after held-out metrics and the run's speed as a table."""
+    from rich.console import Console
+    from rich.table import Table
+
+    heldout = run["heldout"]
+    table = Table(title=f"Held-out decisions: {heldout['decisions']:,}")
+    table.add_column("model")
+    for name in ("accuracy", "record_accuracy", "loss", "ece"):
+        table.add_column(name, justify="right")
+    for model in [k for k in ("base", "tuned", "calibrated") if k in heldout]:
+        metrics = heldout[model]
+        table.add_row(model, *(f"{metrics[k]:.4f}" for k in ("accuracy", "record_accuracy", "loss", "ece")))
+    console = Console()
+    console.print(table)
+    state = "cancelled after" if run["cancelled"] else "trained"
+    console.print(f"{state} {run['steps']}/{run['planned_steps']} steps in {run['train_seconds']:.1f} s "
+                  f"({run['s_per_step']:.2f} s/step, {run['decisions_per_second']:.1f} decisions/s, "
+                  f"{run['precision']}); skipped: {run['skipped'] or 'none'}")  # fmt: skip
+    console.print(f"saved to {run['saved_to']}" if run["saved_to"] else "nothing saved")
+
+
+def print_report(report: dict[str, Any]) -> None:
+    """The validation report as readable tables."""
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    span = "all" if report["rows"] == report["file_rows"] else f"rows {report['slice']} of"
+    totals = Table(title=f"Validation of {report['source']} ({span} {report['file_rows']:,} rows)")
+    for name in ("rows", "decisions", "kept", "skipped"):
+        totals.add_column(name, justify="right")
+    totals.add_row(*(f"{report[k]:,}" for k in ("rows", "decisions", "kept", "skipped_total")))
+    console.print(totals)
+    if not report["skipped"]:
+        console.print("No decision skipped.")
+        return
+    reasons = Table(title="Skipped decisions by reason (first example of each)")
+    for name, justify in (("reason", "left"), ("count", "right"), ("row", "right"), ("question", "left"),
+                          ("value", "left")):  # fmt: skip
+        reasons.add_column(name, justify=justify, overflow="fold")
+    for reason, count in report["skipped"].items():
+        example = report["examples"][reason]
+        reasons.add_row(reason, f"{count:,}", str(example["row"]), str(example["question_id"] or "-"),
+                        example["value"][:80])  # fmt: skip
+    console.print(reasons)
+
+
+def _add_training_arguments(command: argparse.ArgumentParser, out_help: str) -> None:
+    """The flags `train` and `finetune` share (the same names as the params.yaml keys they override)."""
+    command.add_argument("--data", required=True, help="decision file (.jsonl, .parquet, .csv)")
+    command.add_argument(
+        "--base",
+        required=True,
+        help="a Laya-layout folder, or (finetune) a causal LM folder: Qwen3, Llama (decoder family)",
+    )
+    command.add_argument("--out", required=True, help=out_help)
+    command.add_argument(
+        "--method",
+        choices=["lora", "full", "qlora"],
+        help="default: train.method in params.yaml; qlora (4-bit nf4 backbone) is for decoder bases",
+    )
+    command.add_argument("--max-steps", type=int, help="cap on optimizer steps (default: train.max_steps)")
+    command.add_argument("--slice", metavar="START:END", help="use rows [START, END) of DATA only")
+    command.add_argument("--device", default="auto", help="auto (cuda if available), cpu, cuda, cuda:1, ...")
+    command.add_argument("--params", default="params.yaml", help="the params file (default: params.yaml)")
+    command.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="decision",
+        description="Fine-tune, calibrate, export, serve and promote decision models.",
+    )
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    validate = commands.add_parser(
+        "validate",
+        help="validate a decision file and report skipped decisions by reason",
+        description="Validate decision rows (JSONL, Parquet or CSV). Bad rows never stop the run: each unusable "
+        "decision is skipped and counted by reason. Exit 0 when at least one decision is usable, 2 when none "
+        "is, 1 when the file cannot be read.",
+    )
+    validate.add_argument("data", help="decision file: .jsonl, .parquet or .csv")
+    validate.add_argument(
+        "--slice", metavar="START:END", help="validate rows [START, END) only; taken before rows are parsed"
+    )
+    validate.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
+    validate.set_defaults(handler=_validate)
+
+    train = commands.add_parser(
+        "train",
+        help="fine-tune a base model on decision rows and report held-out metrics before and after",
+        description="Validate DATA, split off the held-out rows, fine-tune BASE (a Laya-layout folder) with "
+        "LoRA or full fine-tuning, and save the fine-tune to OUT (LoRA: adapters plus head; full: a whole "
+        "model). Settings come from params.yaml (train:); flags override them. Ctrl-C stops at the next step "
+        "and saves nothing unless --save-on-cancel.",
+    )
+    _add_training_arguments(train, out_help="where to save the fine-tune")
+    train.add_argument("--save-on-cancel", action="store_true", help="save what was trained when cancelled")
+    train.set_defaults(handler=_train)
+
+    evaluate = commands.add_parser(
+        "evaluate",
+        help="metrics of a model on decision rows, per question type, with reliability and confusion plots",
+        description="Score every usable decision of DATA with MODEL (temperatures applied, as served): accuracy "
+        "per decision and per record, ECE (15 bins, (lo, hi]), Brier, KL from soft gold, score MAE, per "
+        "question type and overall; --plots DIR writes a reliability diagram and a confusion matrix per question.",
+    )
+    evaluate.add_argument(
+        "--model", required=True, help="a Laya-layout model folder, or a LoRA fine-tune folder"
+    )
+    evaluate.add_argument("--data", required=True, help="decision file (.jsonl, .parquet, .csv)")
+    evaluate.add_argument("--slice", metavar="START:END", help="evaluate rows [START, END) only")
+    evaluate.add_argument("--plots", metavar="DIR", help="write PNG plots here")
+    evaluate.add_argument("--device", default="cpu")
+    evaluate.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
+    evaluate.set_defaults(handler=_evaluate)
+
+    export = commands.add_parser(
+        "export",
+        help="merge a fine-tune into one servable Laya-layout folder, crash-safe",
+        description="Merge LoRA adapters into a copy of the base on the CPU, check every tensor is finite, write "
+        "fp16 weights, temperatures and a lineage manifest into a staging folder and swap it in atomically "
+        "(rl_agent_config.json last). Exporting the same source again is a no-op.",
+    )
+    export.add_argument("--adapter", required=True, help="a LoRA fine-tune folder, or a full model folder")
+    export.add_argument("--out", required=True, help="the export folder")
+    export.add_argument("--json", action="store_true")
+    export.set_defaults(handler=_export)
+
+    chain = commands.add_parser(
+        "finetune",
+        help="validate, slice, split, train, calibrate and export in one command",
+        description="The whole chain: verify pins, validate DATA (--slice taken on the Arrow table), split off "
+        "held-out rows (or use --eval-data), train, fit one temperature per question type on the held-out "
+        "decisions (before/after figures cross-fitted), and export the merged model to OUT.",
+    )
+    _add_training_arguments(chain, out_help="the export folder")
+    chain.add_argument("--eval-data", help="use this file as the held-out set instead of splitting DATA")
+    chain.set_defaults(handler=_finetune)
+    add_api_commands(commands)
+    add_registry_commands(commands)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return args.handler(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,105 @@
+"""The `decision` subcommands of the registry: `register`, `promote`, `rollback`, and `retrain` (the flow).
+
+decision promote 3                      # champion -> version 3 (refused if its smoke test failed)
+decision rollback                       # champion back one step
+decision retrain --run-config tiny      # the Prefect retrain flow, in its own process
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+EXIT_OK, EXIT_REFUSED = 0, 1
+
+
+def _register(args: argparse.Namespace) -> int:
+    from pipeline.mlops.registry import register_export
+
+    version = register_export(args.export, args.name, tags={"registered_by": "decision register"})
+    print(
+        json.dumps({"name": args.name, "version": version}) if args.json else f"{args.name} version {version}"
+    )
+    return EXIT_OK
+
+
+def _promote(args: argparse.Namespace) -> int:
+    from pipeline.mlops.promotion import CHAMPION, PromotionRefused, current, promote_version
+
+    try:
+        before = current(args.name, CHAMPION)
+        promote_version(args.name, args.version, args.force)
+    except PromotionRefused as error:
+        print(f"decision promote: {error}", file=sys.stderr)
+        return EXIT_REFUSED
+    _report(args, {"name": args.name, "champion": args.version, "previous": before})
+    return EXIT_OK
+
+
+def _rollback(args: argparse.Namespace) -> int:
+    from pipeline.mlops.promotion import CHAMPION, PromotionRefused, current, rollback
+
+    before = current(args.name, CHAMPION)
+    try:
+        now = rollback(args.name)
+    except PromotionRefused as error:
+        print(f"decision rollback: {error}", file=sys.stderr)
+        return EXIT_REFUSED
+    _report(args, {"name": args.name, "champion": now, "previous": before})
+    return EXIT_OK
+
+
+def _report(args: argparse.Namespace, result: dict) -> None:
+    if args.json:
+        print(json.dumps(result))
+    else:
+        print(f"{result['name']}: champion is version {result['champion']} (was {result['previous']})")
+
+
+def _retrain(args: argparse.Namespace) -> int:
+    """The flow runs in its own process: the library never imports Prefect, so this only launches it."""
+    import os
+    import subprocess
+    from pathlib import Path
+
+    env = {"PREFECT_HOME": str(Path(".prefect").resolve()), "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+           "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR": "false"}  # fmt: skip
+    command = [sys.executable, "-m", "flows.retrain", "--params", args.params]
+    command += ["--run-config", args.run_config] if args.run_config else []
+    command += ["--json"] if args.json else []
+    return subprocess.call(command, env={**env, **os.environ})
+
+
+def add_registry_commands(commands) -> None:
+    """Register register, promote, rollback and retrain on the `decision` subparsers."""
+    name_help = "registered model name (default: decision-model)"
+    register = commands.add_parser("register", help="register an export folder as a new model version",
+                                   description="Log EXPORT as an MLflow pyfunc model and register it; prints the version.")  # fmt: skip
+    register.add_argument("--export", required=True, help="an export folder (decision export / finetune)")
+    register.add_argument("--name", default="decision-model", help=name_help)
+    register.add_argument("--json", action="store_true")
+    register.set_defaults(handler=_register)
+
+    promote = commands.add_parser("promote", help="make a version the champion by hand",
+                                  description="Point the champion alias at VERSION and record the move; a version "
+                                  "whose smoke test did not pass is refused unless --force.")  # fmt: skip
+    promote.add_argument("version")
+    promote.add_argument("--name", default="decision-model", help=name_help)
+    promote.add_argument("--force", action="store_true", help="promote even without a passed smoke test")
+    promote.add_argument("--json", action="store_true")
+    promote.set_defaults(handler=_promote)
+
+    back = commands.add_parser("rollback", help="move the champion back one step",
+                               description="Point champion at the version it held before the latest promotion.")  # fmt: skip
+    back.add_argument("--name", default="decision-model", help=name_help)
+    back.add_argument("--json", action="store_true")
+    back.set_defaults(handler=_rollback)
+
+    retrain = commands.add_parser("retrain", help="run the Prefect retrain flow (what make run does)",
+                                  description="Pins, validation, slice, training, calibration, export, MLflow, "
+                                  "registration, smoke test, promotion gate; reruns skip finished work.")  # fmt: skip
+    retrain.add_argument("--params", default="params.yaml")
+    retrain.add_argument("--run-config", help="configs/<NAME>.yaml overrides, e.g. tiny")
+    retrain.add_argument("--json", action="store_true")
+    retrain.set_defaults(handler=_retrain)

@@ -1,0 +1,196 @@
+"""Answer shaping: option probabilities to the Decision API's wire answers (DESIGN.md 5).
+
+Shared by the HTTP server, the smoke test and the MLflow model, so all three answer byte for byte alike:
+
+    choice  {"type": "choice", "choice": id, "probabilities": {id: p}, "confidence": max p}
+    score   {"type": "score", "score": sum i*p_i, "legend": {"0": text}, "probabilities": {"0": p},
+             "confidence": max p}
+    noul    {"type": "noul", "noul": P(true), "confidence": max(p, 1 - p)}
+
+Figures are rounded to 4 decimals; probabilities arrive in model order (choice in criteria order, score by
+level, noul false then true).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from pipeline.data.contract import (
+    MAX_CHOICE_OPTIONS,
+    MAX_QUESTION_CHARS,
+    MAX_QUESTIONS,
+    MAX_SCORE_LEVELS,
+    MAX_STATE_CHARS,
+    MIN_SCORE_LEVELS,
+    QUESTION_TYPES,
+    Question,
+    QuestionSpec,
+    canonical_json,
+    parse_question,
+    state_text,
+)
+
+DECIMALS = 4
+
+
+def shape_answer(
+    question: Question, probabilities: np.ndarray, legend: list[Any] | None = None
+) -> dict[str, Any]:
+    """The wire answer to one question; `legend` overrides the score level texts (e.g. JSON-valued criteria)."""
+    p = np.asarray(probabilities, dtype=np.float64)
+    if question.type == "noul":
+        p_true = float(p[1])
+        return {"type": "noul", "noul": _round(p_true), "confidence": _round(max(p_true, 1.0 - p_true))}
+    by_option = {option: _round(float(v)) for option, v in zip(question.options, p)}
+    confidence = _round(float(p.max()))
+    if question.type == "choice":
+        return {"type": "choice", "choice": question.options[int(p.argmax())], "probabilities": by_option,
+                "confidence": confidence}  # fmt: skip
+    texts = legend if legend is not None else question.descriptions
+    return {
+        "type": "score",
+        "score": _round(float(np.dot(np.arange(len(p)), p))),
+        "legend": {str(i): text if text is not None else f"level {i}" for i, text in enumerate(texts)},
+        "probabilities": by_option,
+        "confidence": confidence,
+    }
+
+
+def shape_answers(questions: dict[str, Question], probabilities: dict[str, np.ndarray],
+                  legends: dict[str, list[Any]] | None = None) -> dict[str, dict[str, Any]]:  # fmt: skip
+    """Wire answers for every question, in the order the questions were asked."""
+    legends = legends or {}
+    return {qid: shape_answer(q, probabilities[qid], legends.get(qid)) for qid, q in questions.items()}
+
+
+def chosen_option(answer: dict[str, Any]) -> str:
+    """The option an answer picks (choice id, most likely score level, "true"/"false" for noul)."""
+    if answer["type"] == "noul":
+        return "true" if answer["noul"] > 0.5 else "false"  # a tie picks "false", as argmax does
+    if answer["type"] == "choice":
+        return answer["choice"]
+    probabilities = answer["probabilities"]
+    return max(probabilities, key=probabilities.__getitem__)
+
+
+def answer_probabilities(answer: dict[str, Any]) -> list[float]:
+    """An answer's probabilities in model order (noul: [P(false), P(true)])."""
+    if answer["type"] == "noul":
+        return [1.0 - answer["noul"], answer["noul"]]
+    return list(answer["probabilities"].values())
+
+
+def _round(value: float) -> float:
+    return round(value, DECIMALS)
+
+
+class InvalidRequest(ValueError):
+    """A request that cannot be answered; `errors` are FastAPI-style `{"loc", "msg", "type"}` entries."""
+
+    def __init__(self, errors: list[dict[str, Any]]) -> None:
+        super().__init__("; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in errors))
+        self.errors = errors
+
+
+class RequestTooLarge(ValueError):
+    """A request over the Decision API's size limits (DESIGN.md 2: questions, characters)."""
+
+
+@dataclass(frozen=True)
+class ParsedRequest:
+    """A request's state and validated questions, ready for the model."""
+
+    state: Any
+    questions: dict[str, Question]
+    legends: dict[str, list[Any]]  # score criteria as sent (they may be JSON values, not text)
+
+
+def parse_request(state: Any, questions: dict[str, Any]) -> ParsedRequest:
+    """Validate a request's questions against the contract; RequestTooLarge or InvalidRequest naming fields."""
+    _check_sizes(state, questions)
+    parsed, legends, errors = {}, {}, []
+    for qid, raw in questions.items():
+        try:
+            spec = parse_question(str(qid), _as_text_fields(raw))
+        except TypeError as error:  # a JSON-valued field orjson cannot write (see state above)
+            errors.append(_error(["body", "questions", str(qid)], f"cannot be read as JSON text: {error}"))
+            continue
+        if spec.chars > MAX_QUESTION_CHARS:  # counted as validation counts it (instructions and options)
+            raise RequestTooLarge(f"questions.{qid}: {spec.chars} characters, at most {MAX_QUESTION_CHARS}")
+        problem = _question_problem(spec)
+        if problem:
+            errors.append(_error(["body", "questions", str(qid), problem[0]], problem[1]))
+            continue
+        parsed[str(qid)] = spec.question
+        if spec.type == "score":
+            legends[str(qid)] = _score_legend(raw.get("criteria"))
+    if errors:
+        raise InvalidRequest(errors)
+    return ParsedRequest(state, parsed, legends)
+
+
+def _check_sizes(state: Any, questions: dict[str, Any]) -> None:
+    if len(questions) > MAX_QUESTIONS:
+        raise RequestTooLarge(f"questions: {len(questions)} questions, at most {MAX_QUESTIONS}")
+    try:
+        state_chars = len(state_text(state))
+    except TypeError as error:  # orjson: an integer beyond 64 bits, nesting deeper than 254 levels
+        raise InvalidRequest(
+            [_error(["body", "state"], f"state cannot be read as JSON text: {error}")]
+        ) from None
+    if state_chars > MAX_STATE_CHARS:
+        raise RequestTooLarge(f"state: {state_chars} characters, at most {MAX_STATE_CHARS}")
+
+
+def _error(loc: list[str], message: str) -> dict[str, Any]:
+    return {"loc": loc, "msg": message, "type": "value_error"}
+
+
+def _as_text_fields(raw: dict[str, Any]) -> dict[str, Any]:
+    """Instructions and option descriptions sent as JSON values become compact JSON text for the model."""
+    if not isinstance(raw, dict):
+        return raw
+    out = dict(raw)
+    if isinstance(out.get("instructions"), (dict, list)):
+        out["instructions"] = canonical_json(out["instructions"]).decode()
+    criteria = out.get("criteria")
+    if isinstance(criteria, dict):
+        out["criteria"] = {k: _text(v) for k, v in criteria.items()}
+    elif isinstance(criteria, list):
+        out["criteria"] = [_text(v) for v in criteria]
+    return out
+
+
+def _text(value: Any) -> Any:
+    return canonical_json(value).decode() if isinstance(value, (dict, list)) else value
+
+
+def _score_legend(criteria: Any) -> list[Any]:
+    return list(criteria.values()) if isinstance(criteria, dict) else list(criteria)
+
+
+def _question_problem(spec: QuestionSpec) -> tuple[str, str] | None:
+    """(field, message) for a question the model cannot answer, else None."""
+    if not spec.question_ok:
+        return "instructions", "a question is an object whose instructions are text, a JSON value or null"
+    if spec.type not in QUESTION_TYPES:
+        return "type", f"unknown question type {spec.type}; expected one of {', '.join(QUESTION_TYPES)}"
+    if not spec.criteria_ok:
+        return "criteria", _CRITERIA_SHAPES[spec.type]
+    if spec.n_distinct < spec.n_options:
+        return "criteria", "options repeat"
+    if spec.type == "choice" and spec.n_options > MAX_CHOICE_OPTIONS:
+        return "criteria", f"{spec.n_options} options, at most {MAX_CHOICE_OPTIONS}"
+    if spec.type == "score" and spec.n_options > MAX_SCORE_LEVELS:
+        return "criteria", f"{spec.n_options} levels, at most {MAX_SCORE_LEVELS}"
+    return None
+
+
+_CRITERIA_SHAPES = {
+    "choice": "choice criteria: a non-empty object {option_id: description or null} or a list of option ids",
+    "score": f"score criteria: a list of {MIN_SCORE_LEVELS}..{MAX_SCORE_LEVELS} level descriptions",
+    "noul": 'noul criteria: null or {"true": description, "false": description}',
+}

@@ -1,0 +1,273 @@
+"""The decision-row contract (DESIGN.md section 2): limits, reason codes, and parsing of one row.
+
+`parse_questions` turns a `questions` cell (native or JSON text) into per-question specs (shape, type, options
+in model order, size) and `judge_gold` checks one gold entry against a spec. Neither raises on bad input, and
+neither decides a skip: the rules that turn these facts into reason codes are the pandera schema in
+`pipeline.data.validate`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+import orjson
+
+QUESTION_TYPES = ("choice", "score", "noul")
+MAX_QUESTIONS = 64
+MAX_QUESTION_CHARS = 20_000
+MAX_STATE_CHARS = 200_000
+MAX_CHOICE_OPTIONS = 255
+MIN_SCORE_LEVELS, MAX_SCORE_LEVELS = 2, 10
+NOUL_OPTIONS = ("false", "true")  # the order the model scores them in (DESIGN.md 3)
+PROBABILITY_TOLERANCE = 1e-3
+_NOUL_LABELS = {label: i for i, label in enumerate(NOUL_OPTIONS)}
+
+# Stable reason codes, in the order that decides which one a decision is counted under when several apply.
+ROW_REASONS = ("invalid_json", "missing_state", "missing_questions", "missing_gold", "too_many_questions")
+REASONS = (
+    *ROW_REASONS,
+    "bad_question",
+    "unknown_question_type",
+    "bad_criteria",
+    "too_many_options",
+    "repeated_options",
+    "too_long",
+    "no_gold_for_question",
+    "gold_label_not_an_option",
+    "gold_probabilities_invalid",
+)
+
+
+class Unreadable(ValueError):
+    """A cell that should hold JSON could not be parsed."""
+
+
+@dataclass(frozen=True, slots=True)
+class Question:
+    """A question normalised to its ordered options (choice: criteria order, score: by level, noul: false, true)."""
+
+    id: str
+    type: str
+    instructions: str
+    options: tuple[str, ...]
+    descriptions: tuple[str | None, ...]
+
+
+class Gold(NamedTuple):
+    """The gold answer: an index into the question's options, and the soft target over them when given."""
+
+    label: int
+    probabilities: tuple[float, ...] | None  # None: a hard label (the target is one-hot on `label`)
+
+
+class QuestionSpec(NamedTuple):
+    """What validation knows about one question definition; parsed once per distinct `questions` cell."""
+
+    id: str
+    question_ok: bool
+    type: str | None
+    criteria_ok: bool
+    n_options: int
+    n_distinct: int
+    chars: int
+    question: Question | None
+    option_index: dict[str, int] | None
+
+
+class ParsedQuestions(NamedTuple):
+    """A parsed `questions` cell: a row-level error code, or its question specs and canonical JSON bytes."""
+
+    error: str | None
+    specs: tuple[QuestionSpec, ...]
+    canonical: bytes
+
+
+def parse_json_cell(value: Any) -> Any:
+    """Return the native value of a cell that holds JSON text, or the value itself when it is already native."""
+    if isinstance(value, (bytes, str)):
+        try:
+            return orjson.loads(value)
+        except orjson.JSONDecodeError as error:
+            raise Unreadable(str(error)) from None
+    return value
+
+
+def parse_state(value: Any) -> Any:
+    """A state is any JSON value; a string is plain text unless it is a JSON object or list written as text."""
+    if isinstance(value, str):
+        stripped = value.lstrip()
+        if stripped[:1] == "{":
+            return parse_json_cell(value)
+        if stripped[:1] == "[":
+            try:
+                return orjson.loads(value)
+            except orjson.JSONDecodeError:
+                return value  # text that happens to open with a bracket, e.g. "[laughs] ..."
+    return value
+
+
+def state_text(state: Any) -> str:
+    """The state as the model reads it: text stays text, anything else becomes compact JSON."""
+    return state if isinstance(state, str) else orjson.dumps(state).decode()
+
+
+def is_missing(value: Any) -> bool:
+    """None, NaN (an empty CSV or Parquet cell) or the empty string."""
+    return value is None or value == "" or (isinstance(value, float) and math.isnan(value))
+
+
+def parse_questions(cell: Any) -> ParsedQuestions:
+    """Parse a `questions` cell (native or JSON text) into specs; never raises."""
+    try:
+        questions = parse_json_cell(cell)
+    except Unreadable:
+        return ParsedQuestions("invalid_json", (), b"")
+    if is_missing(questions) or not isinstance(questions, dict) or not questions:
+        return ParsedQuestions("missing_questions", (), b"")
+    specs = tuple(parse_question(str(qid), spec) for qid, spec in questions.items())
+    error = "too_many_questions" if len(specs) > MAX_QUESTIONS else None
+    return ParsedQuestions(error, specs, canonical_json(questions))
+
+
+def parse_question(qid: str, spec: Any) -> QuestionSpec:
+    """One question definition to its spec: shape, type, options in model order, size."""
+    if not isinstance(spec, dict) or not isinstance(spec.get("instructions", ""), (str, type(None))):
+        return QuestionSpec(qid, False, None, False, 0, 0, 0, None, None)
+    qtype = spec.get("type")
+    shown_type = qtype if isinstance(qtype, str) else repr(qtype)
+    options, descriptions = _options(qtype, spec.get("criteria")) if qtype in QUESTION_TYPES else (None, [])
+    if options is None:
+        return QuestionSpec(qid, True, shown_type, False, 0, 0, 0, None, None)
+    instructions = spec.get("instructions") or ""
+    chars = len(instructions) + sum(len(o) + len(d or "") for o, d in zip(options, descriptions))
+    question = Question(qid, qtype, instructions, tuple(options), tuple(descriptions))
+    index = {option: i for i, option in enumerate(options)}
+    return QuestionSpec(qid, True, qtype, True, len(options), len(index), chars, question, index)
+
+
+def judge_gold(spec: QuestionSpec, entry: Any) -> tuple[bool, bool, Gold | None]:
+    """(label_ok, probabilities_ok, Gold or None) for one gold entry of a well-formed question."""
+    if not isinstance(entry, dict):
+        label = _label_index(spec, entry)
+        return label is not None, True, None if label is None else Gold(label, None)
+    label_value = entry.get("label")
+    soft = _soft_target(spec, entry)
+    label = _label_index(spec, label_value) if label_value is not None else None
+    if label is None and label_value is None and soft:
+        label = max(range(len(soft)), key=soft.__getitem__)  # a soft-only entry: the consensus label
+    label_ok = label is not None or (label_value is None and soft is False)
+    if label is None or soft is False:
+        return label_ok, soft is not False, None
+    return True, True, Gold(label, soft)
+
+
+def _options(qtype: str, criteria: Any) -> tuple[list[str] | None, list[str | None]]:
+    """Option ids and descriptions in model order, or (None, []) when the criteria have the wrong shape."""
+    if qtype == "choice":
+        return _choice_options(criteria)
+    if qtype == "score":
+        return _score_options(criteria)
+    return _noul_options(criteria)
+
+
+def _choice_options(criteria: Any) -> tuple[list[str] | None, list[str | None]]:
+    if isinstance(criteria, list):
+        if not criteria or not all(isinstance(o, str) and o for o in criteria):
+            return None, []
+        return list(criteria), [None] * len(criteria)
+    if isinstance(criteria, dict) and criteria:
+        if not all(isinstance(d, (str, type(None))) for d in criteria.values()) or "" in criteria:
+            return None, []
+        return [str(o) for o in criteria], list(criteria.values())
+    return None, []
+
+
+def _score_options(criteria: Any) -> tuple[list[str] | None, list[str | None]]:
+    if isinstance(criteria, dict) and list(criteria) == [str(i) for i in range(len(criteria))]:
+        criteria = list(criteria.values())  # the legend form {"0": text, "1": text, ...}
+    if not isinstance(criteria, list) or len(criteria) < MIN_SCORE_LEVELS:
+        return None, []
+    if not all(isinstance(d, (str, type(None))) for d in criteria):
+        return None, []
+    return [str(i) for i in range(len(criteria))], list(criteria)
+
+
+def _noul_options(criteria: Any) -> tuple[list[str] | None, list[str | None]]:
+    if criteria is None or criteria == {}:
+        return list(NOUL_OPTIONS), [None, None]
+    if not isinstance(criteria, dict) or not set(criteria) <= set(NOUL_OPTIONS):
+        return None, []
+    if not all(isinstance(d, (str, type(None))) for d in criteria.values()):
+        return None, []
+    return list(NOUL_OPTIONS), [criteria.get(o) for o in NOUL_OPTIONS]
+
+
+def _label_index(spec: QuestionSpec, value: Any) -> int | None:
+    if spec.type == "noul":
+        if isinstance(value, bool):
+            return int(value)
+        return _NOUL_LABELS.get(value.strip().lower()) if isinstance(value, str) else None
+    if spec.type == "score":
+        level = _integral(value)
+        return level if level is not None and 0 <= level < spec.n_options else None
+    if isinstance(value, bool):
+        return None
+    return spec.option_index.get(str(value) if isinstance(value, int) else value)
+
+
+def _integral(value: Any) -> int | None:
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, str) and value.strip().lstrip("-").isdigit():
+        return int(value)
+    return None
+
+
+def _soft_target(spec: QuestionSpec, entry: dict) -> tuple[float, ...] | bool | None:
+    """The soft distribution in option order; None when absent, False when present but invalid."""
+    raw = entry.get("probabilities")
+    if raw is None and "noul" in entry:
+        p_true = entry["noul"]
+        if spec.type != "noul" or not _is_probability(p_true):
+            return False
+        return (1.0 - p_true, float(p_true))
+    if raw is None:
+        return None
+    if isinstance(raw, dict):
+        if not spec.option_index.keys() >= raw.keys():
+            raw = {str(key): value for key, value in raw.items()}  # e.g. integer level keys of a score
+            if not spec.option_index.keys() >= raw.keys():
+                return False
+        values = [raw.get(option, 0.0) for option in spec.question.options]
+    elif isinstance(raw, list) and len(raw) == spec.n_options:
+        values = raw
+    else:
+        return False
+    return _distribution(values)
+
+
+def _distribution(values: list) -> tuple[float, ...] | bool:
+    """The values as a normalised distribution, or False unless they are probabilities summing to 1."""
+    try:
+        total = sum(values)  # NaN or inf make the total fail the test below; text raises TypeError
+        valid = abs(total - 1.0) <= PROBABILITY_TOLERANCE and min(values) >= 0.0 and max(values) <= 1.0
+    except TypeError:
+        return False
+    if not valid:
+        return False
+    return tuple(v / total for v in values)
+
+
+def _is_probability(value: Any) -> bool:
+    return type(value) in (float, int) and 0.0 <= value <= 1.0  # also rejects NaN, inf and booleans
+
+
+def canonical_json(value: Any) -> bytes:
+    """Compact JSON with sorted keys: equal content gives equal bytes, whatever the key order or cell form."""
+    return orjson.dumps(value, option=orjson.OPT_SORT_KEYS | orjson.OPT_NON_STR_KEYS)

@@ -1,0 +1,187 @@
+"""Encode one decision row ("record") as a single token sequence for a decision head on a decoder LLM.
+
+The second model family reads every question of a row in one causal-LM pass, then pools the hidden states
+over each question's field text and each option's id text. The layout is built from separately tokenised
+pieces whose ids are concatenated, so every recorded span is exact by construction:
+
+    [BOS] <SYSTEM_INSTRUCTION>\\n\\nState:\\n<state text>\\n\\nQuestions:\\n
+    - <id> (<type>): <instructions>\\n  options: ["<option>",...] or {"<option>":"<description>"|null,...}\\n
+
+The question span is the `- <id> ... options:` piece; an option's span is the tokens of its quoted id (JSON
+text, non-ASCII kept). The options are compact JSON: a list of ids, or an object of id to description (null
+where an option has none) when any option is described. The state gets whatever is left of `max_len` after the
+questions and keeps its first tokens when too long.
+
+    record = encode_record(tokenizer, state, questions, max_len=2048)
+    batch = collate_records([record, ...], pad_id=tokenizer.pad_token_id)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import orjson
+import torch
+
+from pipeline.data.contract import Question, state_text
+from pipeline.families.laya.layout import QUESTION_TYPE_IDS
+
+SYSTEM_INSTRUCTION = "Answer each question about the state. Each question lists its allowed options."
+_STATE_OPEN = "\n\nState:\n"
+_QUESTIONS_OPEN = "\n\nQuestions:\n"
+
+Span = tuple[int, int]
+
+
+class RecordTooLong(ValueError):
+    """The questions alone do not fit in max_len (a `too_long` skip, never a crash)."""
+
+
+@dataclass(frozen=True, slots=True)
+class EncodedRecord:
+    """One row as one token sequence, with the [start, end) token spans a head pools over."""
+
+    ids: tuple[int, ...]  # the whole sequence
+    question_spans: tuple[Span, ...]  # per question: its field text (id, type, instructions)
+    option_spans: tuple[tuple[Span, ...], ...]  # per question, per option (model order): the quoted id
+    option_tokens: tuple[tuple[tuple[int, ...], ...], ...]  # per question, per option: ids[start:end]
+    qtypes: tuple[int, ...]  # 0 choice, 1 score, 2 noul (pipeline.families.laya.layout.QUESTION_TYPE_IDS)
+    question_ids: tuple[str, ...]
+    state_tokens: int  # state tokens kept
+    state_truncated: bool
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+
+def encode_record(
+    tokenizer: Any, state: Any, questions: list[Question], max_len: int, min_state_tokens: int = 8
+) -> EncodedRecord:
+    """Encode a row's state and all its questions into at most `max_len` tokens.
+
+    Raises RecordTooLong when the questions leave fewer than `min_state_tokens` for the state (or fewer than
+    the whole state, when it is shorter), or when an option's id tokenises to nothing.
+    """
+    if not questions:
+        raise ValueError("a record needs at least one question")
+    pieces = [_question_pieces(q) for q in questions]
+    texts = [SYSTEM_INSTRUCTION + _STATE_OPEN, state_text(state), _QUESTIONS_OPEN]
+    texts += [text for question in pieces for text, _ in question]
+    tokens = _tokenize(tokenizer, texts)
+    bos = [tokenizer.bos_token_id] if tokenizer.bos_token_id is not None else []
+    prefix, state_ids = bos + tokens[texts[0]], tokens[texts[1]]
+    fixed = len(prefix) + len(tokens[_QUESTIONS_OPEN]) + sum(len(tokens[t]) for q in pieces for t, _ in q)
+    kept = _state_budget(max_len - fixed, len(state_ids), min_state_tokens, fixed, max_len)
+    ids = prefix + state_ids[:kept] + tokens[_QUESTIONS_OPEN]
+    question_spans, option_spans = [], []
+    for question, question_pieces in zip(questions, pieces):
+        question_span, spans = _append_question(ids, question_pieces, tokens, question.id)
+        question_spans.append(question_span)
+        option_spans.append(spans)
+    return EncodedRecord(
+        ids=tuple(ids),
+        question_spans=tuple(question_spans),
+        option_spans=tuple(option_spans),
+        option_tokens=tuple(tuple(tuple(ids[s:e]) for s, e in spans) for spans in option_spans),
+        qtypes=tuple(QUESTION_TYPE_IDS[q.type] for q in questions),
+        question_ids=tuple(q.id for q in questions),
+        state_tokens=kept,
+        state_truncated=kept < len(state_ids),
+    )
+
+
+def _question_pieces(question: Question) -> list[tuple[str, str | None]]:
+    """The question's text pieces in order, each tagged "question", "option" or None (not a span)."""
+    described = any(d is not None for d in question.descriptions)  # valid JSON: an object, or a list of ids
+    opener, closer = (" {", "}\n") if described else (" [", "]\n")
+    pieces: list[tuple[str, str | None]] = [
+        (f"- {question.id} ({question.type}): {question.instructions}\n  options:", "question"),
+        (opener, None),  # the space opens the next piece: byte-level BPE then reads " [" as it would in prose
+    ]
+    for i, (option, description) in enumerate(zip(question.options, question.descriptions)):
+        if i:
+            pieces.append((",", None))
+        pieces.append((_json(option), "option"))
+        if described:
+            pieces.append((":" + orjson.dumps(description).decode(), None))
+    pieces.append((closer, None))
+    return pieces
+
+
+def _json(value: str) -> str:
+    # Same encoder as the state text: non-ASCII stays readable instead of becoming \u escapes.
+    return orjson.dumps(value).decode()
+
+
+def _tokenize(tokenizer: Any, texts: list[str]) -> dict[str, list[int]]:
+    """Token ids of each distinct text, in one batch call; special-token strings in user text stay text."""
+    unique = list(dict.fromkeys(texts))
+    encoded = tokenizer(unique, add_special_tokens=False, split_special_tokens=True)["input_ids"]
+    return dict(zip(unique, encoded))
+
+
+def _state_budget(budget: int, state_len: int, min_state_tokens: int, fixed: int, max_len: int) -> int:
+    """How many state tokens to keep, or RecordTooLong when the questions leave too little room."""
+    if budget < max(0, min(min_state_tokens, state_len)):
+        raise RecordTooLong(
+            f"the questions need {fixed} tokens with the prompt, leaving {max(budget, 0)} of max_len "
+            f"{max_len} for the state (min_state_tokens {min_state_tokens})"
+        )
+    return min(budget, state_len)
+
+
+def _append_question(
+    ids: list[int], pieces: list[tuple[str, str | None]], tokens: dict[str, list[int]], question_id: str
+) -> tuple[Span, tuple[Span, ...]]:
+    """Append one question's pieces to `ids`; return its question span and its option spans."""
+    question_span, option_spans = (0, 0), []
+    for text, kind in pieces:
+        start = len(ids)
+        ids.extend(tokens[text])
+        if kind == "question":
+            question_span = (start, len(ids))
+        elif kind == "option":
+            if len(ids) == start:
+                raise RecordTooLong(f"question {question_id!r}: option {text} tokenises to no tokens")
+            option_spans.append((start, len(ids)))
+    return question_span, tuple(option_spans)
+
+
+def collate_records(records: list[EncodedRecord], pad_id: int) -> dict[str, torch.Tensor]:
+    """Right-pad records into one batch: ids, attention mask, spans, qtypes, option tokens, and their masks."""
+    n, width = len(records), max(len(r) for r in records)
+    q = max(len(r.question_spans) for r in records)
+    k = max(len(spans) for r in records for spans in r.option_spans)
+    length = max(len(t) for r in records for options in r.option_tokens for t in options)
+    batch = {
+        "input_ids": np.full((n, width), pad_id, dtype=np.int64),
+        "attention_mask": np.zeros((n, width), dtype=np.int64),
+        "question_spans": np.zeros((n, q, 2), dtype=np.int64),
+        "question_mask": np.zeros((n, q), dtype=bool),
+        "option_spans": np.zeros((n, q, k, 2), dtype=np.int64),
+        "option_mask": np.zeros((n, q, k), dtype=bool),
+        "option_tokens": np.zeros((n, q, k, length), dtype=np.int64),
+        "option_token_mask": np.zeros((n, q, k, length), dtype=bool),
+        "qtype": np.zeros((n, q), dtype=np.int64),
+    }
+    for row, record in enumerate(records):
+        _fill_row({name: array[row] for name, array in batch.items()}, record)
+    return {name: torch.from_numpy(array) for name, array in batch.items()}
+
+
+def _fill_row(row: dict[str, np.ndarray], record: EncodedRecord) -> None:
+    """Write one record into its (zeroed, padded) rows of the batch arrays; the arrays are views."""
+    nq = len(record.question_spans)
+    row["input_ids"][: len(record)] = record.ids
+    row["attention_mask"][: len(record)] = 1
+    row["question_spans"][:nq] = record.question_spans
+    row["question_mask"][:nq] = True
+    row["qtype"][:nq] = record.qtypes
+    for qi, (spans, tokens) in enumerate(zip(record.option_spans, record.option_tokens)):
+        row["option_spans"][qi, : len(spans)] = spans
+        row["option_mask"][qi, : len(spans)] = True
+        for oi, option in enumerate(tokens):
+            row["option_tokens"][qi, oi, : len(option)] = option
+            row["option_token_mask"][qi, oi, : len(option)] = True

@@ -1,0 +1,91 @@
+"""The decision forward pass used by training and scoring, and length-grouped scoring.
+
+`decision_logits` computes the same option logits as laya's `DecisionModel.forward` (a test holds them equal
+in fp32) but runs only what the loss needs: the encoder (under autocast when asked), then the head in fp32, and
+not the act head, whose output no loss here uses.
+"""
+
+from __future__ import annotations
+
+from contextlib import nullcontext
+
+import numpy as np
+import torch
+
+from pipeline.families.laya.items import Item, collate
+
+MASKED_LOGIT = -1e4
+
+
+def autocast_context(device: torch.device, dtype: torch.dtype | None):
+    """Autocast for the encoder, or nothing for fp32."""
+    return torch.autocast(device.type, dtype=dtype) if dtype is not None else nullcontext()
+
+
+def decision_logits(model: torch.nn.Module, batch: dict[str, torch.Tensor], dtype: torch.dtype | None = None):
+    """Option logits [B, K] in fp32, masked options at -1e4."""
+    device = batch["input_ids"].device
+    attention_mask = batch["attention_mask"]
+    with autocast_context(device, dtype):
+        hidden = model.encoder(input_ids=batch["input_ids"], attention_mask=attention_mask).last_hidden_state
+    hidden = hidden.float() + model.type_emb(batch["qtype"])[:, None, :]
+    index = batch["marker_pos"].clamp(min=0)[:, :, None].expand(-1, -1, hidden.size(-1))
+    layers = list(model.head.layers) if model.head is not None else []
+    padding = ~attention_mask.bool()
+    for layer in layers[:-1]:
+        hidden = layer(hidden, src_key_padding_mask=padding)
+    if layers and layers[-1].norm_first:
+        at_markers = last_layer_at(layers[-1], hidden, padding, index)
+    else:
+        at_markers = torch.gather(
+            layers[-1](hidden, src_key_padding_mask=padding) if layers else hidden, 1, index
+        )
+    logits = model.scorer(at_markers).squeeze(-1).float()
+    return logits.masked_fill(~batch["marker_mask"], MASKED_LOGIT)
+
+
+def last_layer_at(layer: torch.nn.TransformerEncoderLayer, hidden: torch.Tensor, padding: torch.Tensor,
+                  index: torch.Tensor) -> torch.Tensor:  # fmt: skip
+    """A pre-norm encoder layer's output at the gathered positions only (the option markers the scorer reads).
+
+    Keys and values still come from every token, so this equals the full layer at those positions, but the
+    query, output and feed-forward projections run on a few positions instead of the whole sequence.
+    """
+    normed = layer.norm1(hidden)
+    queries = torch.gather(normed, 1, index)
+    attended = layer.self_attn(queries, normed, normed, key_padding_mask=padding, need_weights=False)[0]
+    x = torch.gather(hidden, 1, index) + layer.dropout1(attended)
+    return x + layer.dropout2(layer.linear2(layer.dropout(layer.activation(layer.linear1(layer.norm2(x))))))
+
+
+def soft_cross_entropy(logits: torch.Tensor, target: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Per-item cross-entropy against a target distribution over each item's own options."""
+    log_probs = torch.log_softmax(logits.masked_fill(~mask, MASKED_LOGIT), -1)
+    return -(target * log_probs * mask).sum(-1)
+
+
+def length_batches(lengths: list[int], batch_size: int) -> list[list[int]]:
+    """Indices grouped into batches of similar length (less padding), longest first."""
+    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+    return [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
+
+
+@torch.no_grad()
+def score_items(model: torch.nn.Module, items: list[Item], pad_id: int, device: torch.device,
+                batch_size: int = 32, dtype: torch.dtype | None = None, progress: bool = False,
+                logits: bool = False) -> list[np.ndarray]:  # fmt: skip
+    """Option probabilities (or raw logits) for each item, in the caller's order; eager, no-grad, length-grouped."""
+    from tqdm.auto import tqdm
+
+    was_training = model.training
+    model.eval()
+    results: list[np.ndarray | None] = [None] * len(items)
+    batches = length_batches([len(it) for it in items], batch_size)
+    for indices in tqdm(batches, desc="scoring", unit="batch", disable=not progress, leave=False):
+        batch = {k: v.to(device) for k, v in collate([items[i] for i in indices], pad_id).items()}
+        scores = decision_logits(model, batch, dtype)
+        probs = (scores if logits else torch.softmax(scores, -1)).cpu().numpy()
+        for row, index in enumerate(indices):
+            results[index] = probs[row, : len(items[index].markers)]
+    model.train(was_training)
+    return results

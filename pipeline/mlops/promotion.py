@@ -1,0 +1,129 @@
+"""Promotion to serving: the gate, the `challenger`/`champion` aliases, their history, and rollback.
+
+A new version always gets `challenger`. `champion` moves only through the gate (the candidate's held-out
+accuracy at least the champion's plus `min_accuracy_gain`, on the same held-out split; its calibrated ECE at
+most `max_ece`; its smoke test passed) or by hand (`decision promote VERSION`, which still refuses a version
+whose smoke test failed unless forced). Every alias move is appended to the registered model's history (who,
+when, from, to, why), so `decision rollback` moves `champion` back one step. A server following `@champion`
+picks each move up.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import getpass
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from pipeline.config import PromoteConfig
+from pipeline.mlops.registry import client
+
+CHAMPION, CHALLENGER = "champion", "challenger"
+HISTORY_TAG = "alias_history"
+HISTORY_KEPT = 30  # entries; a registered-model tag holds a few kB
+SMOKE_TAG, GATE_TAG, GATE_REASONS_TAG = "smoke", "gate", "gate_reasons"
+
+
+class PromotionRefused(RuntimeError):
+    """A version that may not become champion (failed smoke test, unknown version, nothing to roll back to)."""
+
+
+@dataclass(frozen=True)
+class Verdict:
+    promote: bool
+    reasons: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"promote": self.promote, "reasons": self.reasons}
+
+
+def gate(candidate: dict[str, float], champion: dict[str, float] | None, smoke_passed: bool,
+         config: PromoteConfig) -> Verdict:  # fmt: skip
+    """Whether the candidate may replace the champion; every reason is given, passing or not."""
+    reasons, ok = [], True
+    if champion is None:
+        reasons.append("no champion yet")
+    else:
+        needed = champion["accuracy"] + config.min_accuracy_gain
+        better = candidate["accuracy"] >= needed
+        ok &= better
+        reasons.append(f"accuracy {candidate['accuracy']:.4f} {'>=' if better else '<'} {needed:.4f} "
+                       f"(champion {champion['accuracy']:.4f} + {config.min_accuracy_gain})")  # fmt: skip
+    calibrated = candidate["ece"] <= config.max_ece
+    ok &= calibrated
+    reasons.append(f"ECE {candidate['ece']:.4f} {'<=' if calibrated else '>'} {config.max_ece}")
+    ok &= smoke_passed
+    reasons.append("smoke test passed" if smoke_passed else "smoke test failed")
+    return Verdict(ok, reasons)
+
+
+def current(name: str, alias: str = CHAMPION) -> str | None:
+    """The version an alias points at, or None."""
+    from mlflow.exceptions import MlflowException
+
+    try:
+        return str(client().get_model_version_by_alias(name, alias).version)
+    except MlflowException:
+        return None
+
+
+def set_alias(name: str, alias: str, version: str, why: str, who: str | None = None) -> None:
+    """Point `alias` at `version` and append the move to the history."""
+    previous = current(name, alias)
+    client().set_registered_model_alias(name, alias, version)
+    entry = {"alias": alias, "from": previous, "to": str(version), "who": who or _who(),
+             "when": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"), "why": why}  # fmt: skip
+    _write_history([*history(name), entry][-HISTORY_KEPT:], name)
+
+
+def history(name: str) -> list[dict[str, Any]]:
+    """Every recorded alias move of the registered model, oldest first."""
+    tags = client().get_registered_model(name).tags
+    return json.loads(tags.get(HISTORY_TAG, "[]"))
+
+
+def promote_version(name: str, version: str, force: bool = False, why: str = "promoted by hand") -> None:
+    """Make `version` the champion; refuses one whose smoke test did not pass unless `force`."""
+    tags = client().get_model_version(name, version).tags
+    if tags.get(SMOKE_TAG) != "passed" and not force:
+        raise PromotionRefused(
+            f"{name} version {version}: smoke test {tags.get(SMOKE_TAG, 'never ran')}; use --force to promote anyway"
+        )
+    set_alias(
+        name, CHAMPION, version, why + (" (forced)" if force and tags.get(SMOKE_TAG) != "passed" else "")
+    )
+
+
+def rollback(name: str) -> str:
+    """Move `champion` back to the version it held before the latest promotion; the version it now names."""
+    stack = champion_stack(history(name))
+    if len(stack) < 2:
+        raise PromotionRefused(f"{name}: no earlier champion to roll back to")
+    target = stack[-2]
+    set_alias(name, CHAMPION, target, f"rollback from version {stack[-1]}")
+    return target
+
+
+def champion_stack(entries: list[dict[str, Any]]) -> list[str]:
+    """The champions in order, promotions pushing and rollbacks popping, so rollback goes one step at a time."""
+    stack: list[str] = []
+    for entry in entries:
+        if entry["alias"] != CHAMPION:
+            continue
+        if entry["why"].startswith("rollback") and stack:
+            stack.pop()
+        else:
+            stack.append(entry["to"])
+    return stack
+
+
+def _write_history(entries: list[dict[str, Any]], name: str) -> None:
+    client().set_registered_model_tag(name, HISTORY_TAG, json.dumps(entries, separators=(",", ":")))
+
+
+def _who() -> str:
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):
+        return "unknown"

@@ -1,0 +1,146 @@
+"""The MLflow model registry: register an export folder as a model version, resolve aliases, fetch versions.
+
+The tracking store defaults to SQLite under `mlflow/` (DESIGN.md 6); `MLFLOW_TRACKING_URI` overrides it. A model
+version is a pyfunc (`pipeline.mlops.pyfunc`) whose artifact is the export folder, so a server needs only the folder:
+
+    version = register_export("models/vader-minilm", "decision-model")
+    folder = download_version("decision-model", alias_version("decision-model", "champion"), "/tmp/v")
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from pipeline.families.laya.layout import CONFIG_FILE
+
+DEFAULT_TRACKING_URI = "sqlite:///mlflow/mlflow.db"
+MODEL_URI_PREFIX = "models:/"
+EXPERIMENT = "decision-pipeline"
+
+
+class RegistryError(RuntimeError):
+    """A registered model, version or alias that cannot be found or fetched."""
+
+
+def tracking_uri() -> str:
+    return os.environ.get("MLFLOW_TRACKING_URI") or DEFAULT_TRACKING_URI
+
+
+def use_store() -> str:
+    """Point MLflow's fluent API (tracking and registry) at the project store; some calls ignore URI arguments
+    (`download_artifacts` resolves `models:/` through the global registry URI)."""
+    import mlflow
+
+    uri = tracking_uri()
+    mlflow.set_tracking_uri(uri)
+    mlflow.set_registry_uri(uri)
+    return uri
+
+
+def client():
+    """An MlflowClient on the project's tracking store (registry on the same store)."""
+    from mlflow import MlflowClient
+
+    uri = tracking_uri()
+    return MlflowClient(tracking_uri=uri, registry_uri=uri)
+
+
+def parse_alias_uri(text: str) -> tuple[str, str] | None:
+    """(name, alias) for `models:/NAME@ALIAS`, None for anything else (e.g. a folder)."""
+    if not text.startswith(MODEL_URI_PREFIX) or "@" not in text:
+        return None
+    name, _, alias = text[len(MODEL_URI_PREFIX) :].partition("@")
+    return (name, alias) if name and alias else None
+
+
+def artifact_root(uri: str) -> str | None:
+    """Artifacts beside a SQLite store (`mlflow/artifacts` by default); a tracking server decides its own."""
+    if not uri.startswith("sqlite:///"):
+        return None
+    return (Path(uri.removeprefix("sqlite:///")).resolve().parent / "artifacts").as_uri()
+
+
+def ensure_experiment(name: str = EXPERIMENT) -> str:
+    """The experiment's id, created with its artifact root on first use."""
+    found = client().get_experiment_by_name(name)
+    if found is not None:
+        return found.experiment_id
+    return client().create_experiment(name, artifact_location=artifact_root(tracking_uri()))
+
+
+def alias_version(name: str, alias: str) -> str:
+    """The version an alias points at now."""
+    from mlflow.exceptions import MlflowException
+
+    try:
+        return str(client().get_model_version_by_alias(name, alias).version)
+    except MlflowException as error:
+        raise RegistryError(f"models:/{name}@{alias}: {error.message}") from error
+
+
+def version_tags(name: str, version: str) -> dict[str, str]:
+    return dict(client().get_model_version(name, version).tags)
+
+
+def download_version(name: str, version: str, dst: str | Path) -> Path:
+    """Fetch a version's artifacts into `dst` and return its export folder."""
+    import mlflow.artifacts
+
+    uri = use_store()
+    from pipeline.families.joint.layout import HEAD_FILE
+
+    local = Path(mlflow.artifacts.download_artifacts(f"models:/{name}/{version}", dst_path=str(dst),
+                                                     tracking_uri=uri, registry_uri=uri))  # fmt: skip
+    found = sorted(p.parent for marker in (CONFIG_FILE, HEAD_FILE) for p in local.rglob(marker))
+    if not found:
+        raise RegistryError(
+            f"models:/{name}/{version}: no decision model ({CONFIG_FILE} or {HEAD_FILE}) in its artifacts"
+        )
+    return found[0]
+
+
+def find_version(name: str, key: str) -> str | None:
+    """The version registered under an idempotency key, if any."""
+    from mlflow.exceptions import MlflowException
+
+    try:
+        versions = client().search_model_versions(f"name='{name}' and tags.idempotency_key = '{key}'")
+    except MlflowException:
+        return None
+    return str(versions[0].version) if versions else None
+
+
+def register_export(export_dir: str | Path, name: str, run_id: str | None = None,
+                    tags: dict[str, str] | None = None) -> str:  # fmt: skip
+    """Log the export folder as a pyfunc model (in `run_id`, or a new run) and register it; the new version.
+
+    With an `idempotency_key` tag, a version already registered under that key is returned instead.
+    """
+    import mlflow
+
+    key = (tags or {}).get("idempotency_key")
+    if key and (found := find_version(name, key)):
+        return found
+
+    from pipeline.mlops.pyfunc import EXPORT_ARTIFACT, decision_signature
+
+    use_store()
+    experiment_id = None if run_id else ensure_experiment()
+    with mlflow.start_run(run_id=run_id, experiment_id=experiment_id, nested=mlflow.active_run() is not None):
+        info = mlflow.pyfunc.log_model(
+            name="model", python_model=str(Path(__file__).with_name("mlflow_model.py")),
+            artifacts={EXPORT_ARTIFACT: str(export_dir)},
+            signature=decision_signature(), registered_model_name=name, pip_requirements=_requirements(),
+        )  # fmt: skip
+    version = str(info.registered_model_version)
+    for key, value in (tags or {}).items():
+        client().set_model_version_tag(name, version, key, value)
+    return version
+
+
+def _requirements() -> list[str]:
+    """Pinned from what runs here, so `mlflow models serve` never resolves packages (no hub, no guessing)."""
+    from importlib.metadata import version
+
+    return [f"{package}=={version(package)}" for package in ("torch", "transformers", "laya", "mlflow")]

@@ -1,0 +1,145 @@
+"""MLflow tracking of a retraining run: params, step and run metrics, plots, lineage, the dataset as an input.
+
+One run per idempotency key (data md5 + base md5 + params + code digest): logging the same key again finds the
+finished run and returns it, so a resumed or repeated flow never makes a second run.
+
+    run_id = log_training_run(TrainingRecord(...))
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pipeline.mlops.registry import client, ensure_experiment, use_store
+
+KEY_TAG = "idempotency_key"
+MODELS = ("base", "tuned", "calibrated")
+RUN_METRICS = ("accuracy", "record_accuracy", "ece", "brier", "loss")
+
+
+@dataclass(frozen=True)
+class TrainingRecord:
+    """Everything a retraining run logs; paths point at the stage outputs."""
+
+    key: str
+    params: dict[str, dict[str, Any]]  # params.yaml sections, logged as section.name
+    train: dict[str, Any]  # train.json
+    calibration: dict[str, Any]  # calibration.json
+    validation: dict[str, Any]  # the validation report
+    data: str
+    data_md5: str
+    export_dir: str
+    run_dir: str
+    tags: dict[str, str] = field(default_factory=dict)
+    run_name: str | None = None
+
+
+def code_digest(root: str | Path = ".") -> str:
+    """sha256 over the library and flow sources, so a code change makes a new key even without a commit."""
+    root = Path(root)
+    digest = hashlib.sha256()
+    for path in sorted([*root.glob("pipeline/**/*.py"), *root.glob("flows/**/*.py")]):
+        digest.update(path.relative_to(root).as_posix().encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()
+
+
+def idempotency_key(data_md5: str, base_md5: str, params: dict[str, Any], code: str) -> str:
+    text = json.dumps({"data": data_md5, "base": base_md5, "params": params, "code": code}, sort_keys=True,
+                      default=str)  # fmt: skip
+    return hashlib.sha256(text.encode()).hexdigest()[:32]
+
+
+def find_run(key: str) -> str | None:
+    """The finished run logged under this key, if any; a run under it that did not finish is deleted."""
+    runs = client().search_runs([ensure_experiment()], f"tags.{KEY_TAG} = '{key}'")
+    for run in runs:
+        if run.info.status == "FINISHED":
+            return run.info.run_id
+    for run in runs:  # a crash mid-logging: its half-logged run gives way to the retry's complete one
+        client().delete_run(run.info.run_id)
+    return None
+
+
+def log_training_run(record: TrainingRecord) -> str:
+    """Log one retraining run (or return the finished run with the same key)."""
+    import mlflow
+
+    existing = find_run(record.key)
+    if existing:
+        return existing
+    use_store()
+    with mlflow.start_run(experiment_id=ensure_experiment(), run_name=record.run_name) as run:
+        mlflow.set_tags({KEY_TAG: record.key, **record.tags})
+        mlflow.log_params(flat_params(record.params))
+        _log_steps(record.train.get("logged_steps", []))
+        mlflow.log_metrics(run_metrics(record))
+        _log_dataset(record)
+        _log_artifacts(record)
+        return run.info.run_id
+
+
+def flat_params(params: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """`section.name` for every setting, exactly as params.yaml spells it."""
+    return {
+        f"{section}.{name}": value for section, values in params.items() for name, value in values.items()
+    }
+
+
+def run_metrics(record: TrainingRecord) -> dict[str, float]:
+    """Held-out figures per model, temperatures, skips by reason, train seconds and peak memory."""
+    heldout = record.calibration["heldout"]
+    metrics = {f"{model}_{name}": float(heldout[model][name]) for model in MODELS for name in RUN_METRICS
+               if name in heldout[model]}  # fmt: skip
+    metrics |= {f"temperature_{qtype}": float(t) for qtype, t in record.calibration["temperatures"].items()}
+    metrics |= {f"skipped_{reason}": float(n) for reason, n in record.validation.get("skipped", {}).items()}
+    metrics |= {"heldout_decisions": float(heldout["decisions"]), "train_seconds": float(record.train["train_seconds"]),
+                "s_per_step": float(record.train["s_per_step"]), "steps": float(record.train["steps"]),
+                "peak_memory_mb": float(record.train.get("peak_memory_mb", 0.0))}  # fmt: skip
+    return metrics
+
+
+def _log_steps(steps: list[dict[str, float]]) -> None:
+    import mlflow
+
+    for entry in steps:
+        step = int(entry["step"])
+        mlflow.log_metrics(
+            {k: float(entry[k]) for k in ("loss", "lr", "s_per_step") if k in entry}, step=step
+        )
+
+
+def _log_dataset(record: TrainingRecord) -> None:
+    import mlflow
+    from mlflow.data.dataset_source_registry import resolve_dataset_source
+    from mlflow.data.meta_dataset import MetaDataset
+
+    with (
+        warnings.catch_warnings()
+    ):  # a file URI "can be interpreted in multiple ways": all of them local files
+        warnings.simplefilter("ignore", UserWarning)
+        source = resolve_dataset_source(Path(record.data).resolve().as_uri())
+    dataset = MetaDataset(source, name=Path(record.data).name, digest=record.data_md5)  # the DVC md5
+    mlflow.log_input(dataset, context="training")
+
+
+def _log_artifacts(record: TrainingRecord) -> None:
+    import mlflow
+
+    from pipeline.scoring.plots import loss_curve
+
+    run_dir = Path(record.run_dir)
+    mlflow.log_dict(record.validation, "validation/report.json")
+    mlflow.log_dict(record.calibration, "calibration/calibration.json")
+    for plot in record.calibration.get("plots", []):
+        mlflow.log_artifact(plot, "plots")
+    steps = record.train.get("logged_steps", [])
+    if steps:
+        mlflow.log_artifact(str(loss_curve(steps, run_dir / "plots" / "loss_curve.png")), "plots")
+    manifest = Path(record.export_dir) / "manifest.json"
+    if manifest.is_file():
+        mlflow.log_artifact(str(manifest), "export")

@@ -1,0 +1,63 @@
+"""Held-out decisions with their raw logits, saved between stages (train writes, calibrate and gates read).
+
+One `.npz`: per decision its type, gold label, record, question id, target distribution and the logits of the
+base and the fine-tune (padded to the widest question), plus the option names of every question id (JSON) so
+plots can label their axes. Logits, not probabilities: calibration needs them.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from pipeline.families.laya.items import Item
+
+
+@dataclass(frozen=True)
+class HeldOut:
+    items: list[Item]
+    base_logits: list[np.ndarray]
+    tuned_logits: list[np.ndarray]
+    options: dict[str, tuple[str, ...]]
+
+
+def save_heldout(path: str | Path, heldout: HeldOut) -> Path:
+    """Write the held-out set to `path` (.npz)."""
+    path = Path(path)
+    widths = [len(z) for z in heldout.tuned_logits]
+    k = max(widths, default=1)
+
+    def padded(rows) -> np.ndarray:
+        out = np.full((len(rows), k), np.nan)
+        for i, row in enumerate(rows):
+            out[i, : len(row)] = row
+        return out
+
+    items = heldout.items
+    np.savez_compressed(
+        path, widths=np.asarray(widths, dtype=np.int64), qtype=np.asarray([it.qtype for it in items], dtype=np.int64),
+        label=np.asarray([it.label for it in items], dtype=np.int64),
+        record=np.asarray([it.record for it in items], dtype=np.int64),
+        soft=np.asarray([it.soft for it in items], dtype=bool), target=padded([it.target for it in items]),
+        base=padded(heldout.base_logits), tuned=padded(heldout.tuned_logits),
+        question_id=np.asarray(json.dumps([it.question_id for it in items])),
+        options=np.asarray(json.dumps({q: list(o) for q, o in heldout.options.items()})),
+    )  # fmt: skip
+    return path
+
+
+def load_heldout(path: str | Path) -> HeldOut:
+    """Read a held-out set written by `save_heldout` (items carry no token ids)."""
+    data = np.load(Path(path))
+    widths, question_ids = data["widths"], json.loads(str(data["question_id"]))
+    items = [
+        Item((), tuple(range(w)), int(q), tuple(t[:w]), int(label), int(record), qid, bool(soft))
+        for w, q, t, label, record, qid, soft in zip(widths, data["qtype"], data["target"], data["label"],
+                                                     data["record"], question_ids, data["soft"])
+    ]  # fmt: skip
+    options = {q: tuple(o) for q, o in json.loads(str(data["options"])).items()}
+    return HeldOut(items, [r[:w] for r, w in zip(data["base"], widths)],
+                   [r[:w] for r, w in zip(data["tuned"], widths)], options)  # fmt: skip

@@ -1,0 +1,102 @@
+"""Plots people would rather look at than read: reliability diagrams and confusion matrices, as PNG files."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from pipeline.families.laya.items import Item
+from pipeline.scoring.metrics import ECE_BINS, ece_bin_index, expected_calibration_error
+
+
+def _pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only; never needs a display
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def reliability_diagram(items: list[Item], probabilities: list[np.ndarray], out: Path, title: str) -> Path:
+    """Accuracy against confidence in 15 equal-width (lo, hi] bins, with the ECE in the title."""
+    plt = _pyplot()
+    confidence = np.array([p.max() for p in probabilities])
+    correct = np.array([int(p.argmax()) == it.label for it, p in zip(items, probabilities)], dtype=float)
+    edges = np.linspace(0, 1, ECE_BINS + 1)
+    which = ece_bin_index(confidence)
+    centers, accuracy, counts = [], [], []
+    for b in range(ECE_BINS):
+        chosen = which == b
+        if chosen.any():
+            centers.append((edges[b] + edges[b + 1]) / 2)
+            accuracy.append(correct[chosen].mean())
+            counts.append(int(chosen.sum()))
+    figure, axis = plt.subplots(figsize=(4.5, 4.5))
+    axis.plot([0, 1], [0, 1], linestyle="--", color="grey", label="perfect calibration")
+    axis.bar(centers, accuracy, width=1 / ECE_BINS, edgecolor="black", alpha=0.7, label="accuracy")
+    axis.set(xlabel="confidence (top probability)", ylabel="accuracy", xlim=(0, 1), ylim=(0, 1),
+             title=f"{title}\nECE {expected_calibration_error(confidence, correct):.4f}, n={len(items)}")  # fmt: skip
+    axis.legend(loc="upper left")
+    figure.tight_layout()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(out, dpi=110)
+    plt.close(figure)
+    return out
+
+
+def confusion_matrix(items: list[Item], probabilities: list[np.ndarray], options: tuple[str, ...], out: Path,
+                     title: str) -> Path:  # fmt: skip
+    """Gold option (rows) against predicted option (columns), counts in the cells."""
+    plt = _pyplot()
+    k = len(options)
+    matrix = np.zeros((k, k), dtype=int)
+    for item, p in zip(items, probabilities):
+        matrix[item.label, int(p.argmax())] += 1
+    figure, axis = plt.subplots(figsize=(1.2 + 0.6 * k, 1.0 + 0.6 * k))
+    axis.imshow(matrix, cmap="Blues")
+    axis.set_xticks(range(k), [o[:12] for o in options], rotation=45, ha="right")
+    axis.set_yticks(range(k), [o[:12] for o in options])
+    for (row, column), value in np.ndenumerate(matrix):
+        axis.text(column, row, str(value), ha="center", va="center", fontsize=8)
+    axis.set(xlabel="predicted", ylabel="gold", title=title)
+    figure.tight_layout()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(out, dpi=110)
+    plt.close(figure)
+    return out
+
+
+def loss_curve(steps: list[dict[str, float]], out: Path, title: str = "training loss") -> Path:
+    """Mean training loss per logging step, with the learning rate on a second axis."""
+    plt = _pyplot()
+    figure, axis = plt.subplots(figsize=(6, 3.5))
+    x = [s["step"] for s in steps]
+    axis.plot(x, [s["loss"] for s in steps], marker="o", markersize=3, label="loss")
+    axis.set(xlabel="optimizer step", ylabel="mean soft cross-entropy", title=title)
+    rate = axis.twinx()
+    rate.plot(x, [s["lr"] for s in steps], color="grey", linestyle=":", label="learning rate")
+    rate.set_ylabel("learning rate")
+    figure.tight_layout()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(out, dpi=110)
+    plt.close(figure)
+    return out
+
+
+def write_plots(items: list[Item], probabilities: list[np.ndarray], options: dict[str, tuple[str, ...]],
+                folder: Path, reliability: str = "reliability.png", title: str = "all decisions") -> list[Path]:  # fmt: skip
+    """A reliability diagram of every decision and one confusion matrix per question id (`options` names the
+    axes), as PNG files in `folder`."""
+    written = [reliability_diagram(items, probabilities, folder / reliability, title)]
+    for question_id in sorted({it.question_id for it in items}):
+        chosen = [i for i, it in enumerate(items) if it.question_id == question_id]
+        written.append(confusion_matrix([items[i] for i in chosen], [probabilities[i] for i in chosen],
+                                        options[question_id], folder / f"confusion_{_safe(question_id)}.png",
+                                        f"question {question_id}"))  # fmt: skip
+    return written
+
+
+def _safe(name: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_" else "_" for c in name)[:64]

@@ -1,0 +1,254 @@
+"""The Decision API's model catalog: the serving model, fine-tunes by owner, model names and who may see what.
+
+The serving model is an export folder or a registry alias (`models:/NAME@ALIAS`). An alias is followed: when
+it moves, the new version is fetched and loaded in the background, checked on a canary request, and swapped
+in; requests already running finish on the model they started with, and a version that fails to load or
+answer is logged while the old one keeps serving.
+
+Names: `default`, `jev-latest` and `jev-preview` (and no name) mean the serving model, which answers under its
+own name (the folder name, or `NAME/VERSION`). Fine-tunes come from a folder of exports (owner from their
+`manifest.json`) and, for a registry source, the other versions of the registered model (owner from the
+version tag `owner`). Visibility: with keys configured, a key sees its owner's fine-tunes and the serving model
+and a keyless caller only the serving model; an open server (no keys) shows everything.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import logging
+import tempfile
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from pipeline.families.laya.layout import LoadedModel, list_models
+
+log = logging.getLogger("decision.serve")
+DEFAULT_NAMES = ("default", "jev-latest", "jev-preview")
+CANARY_STATE = "The delivery was late but the support team was kind."
+CANARY_QUESTIONS = {
+    "tone": {"type": "choice", "instructions": "Tone?", "criteria": {"negative": None, "positive": None}},
+    "urgency": {"type": "score", "instructions": "How urgent?", "criteria": ["low", "high"]},
+    "kind": {"type": "noul", "instructions": "The support team was kind."},
+}
+
+
+class ModelForbidden(PermissionError):
+    """A keyless caller asked for a model other than the serving one."""
+
+
+class ModelNotFound(LookupError):
+    """No model of that name is visible to the caller."""
+
+
+class ModelLoading(RuntimeError):
+    """The serving model is not loaded yet."""
+
+
+@dataclass(eq=False)  # compared and hashed by identity: the batcher groups requests by model object
+class ServedModel:
+    name: str
+    loaded: LoadedModel
+    folder: Path
+    owner: str | None = None
+    release_date: str = ""
+
+
+@dataclass(frozen=True)
+class Finetune:
+    """A fine-tune the catalog can load on first use: a local folder or a registry version."""
+
+    name: str
+    owner: str | None
+    folder: Path | None = None
+    version: str | None = None
+
+
+class Catalog:
+    """Resolves model names for callers; loads, follows and swaps the serving model."""
+
+    def __init__(self, source: str, finetunes_dir: str | Path | None = None, poll_s: float = 5.0,
+                 max_loaded_finetunes: int = 4, device: str = "cpu") -> None:  # fmt: skip
+        from pipeline.mlops.registry import parse_alias_uri
+
+        self.source, self.alias = source, parse_alias_uri(source)
+        self.finetunes_dir = Path(finetunes_dir) if finetunes_dir else None
+        self.poll_s, self.max_loaded, self.device = poll_s, max_loaded_finetunes, device
+        self.serving: ServedModel | None = None
+        self.load_error: str | None = None
+        self._finetunes: dict[str, Finetune] = {}
+        self._loaded_finetunes: OrderedDict[str, ServedModel] = OrderedDict()
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._cache = tempfile.TemporaryDirectory(prefix="decision-serve-")
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        """Load the serving model (and follow its alias) in a background thread."""
+        self._thread = threading.Thread(target=self._run, name="catalog", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+        self._cache.cleanup()
+
+    def resolve(self, requested: str | None, owner: str | None, open_server: bool) -> ServedModel:
+        """The model a caller gets for a name; ModelForbidden before ModelNotFound, so names cannot be probed."""
+        serving = self.serving
+        asks_default = requested is None or requested in DEFAULT_NAMES
+        if not asks_default and owner is None and not open_server:
+            raise ModelForbidden("a request without an API key may only use the default model")
+        if serving is None:
+            raise ModelLoading(self.load_error or "the model is loading")
+        if asks_default or requested == serving.name:
+            return serving
+        finetune = self._finetunes.get(requested)
+        if finetune is None or not (open_server or finetune.owner == owner):
+            raise ModelNotFound(f"model {requested!r} does not exist or is not visible to this key")
+        return self._load_finetune(finetune)
+
+    def listing(self, owner: str | None, open_server: bool) -> list[dict[str, str]]:
+        """The models a caller may name: the default names, the serving model, and visible fine-tunes."""
+        serving = self.serving
+        if serving is None:
+            return []
+        entries = [
+            _metadata(name, f"alias of {serving.name}", serving.release_date) for name in DEFAULT_NAMES
+        ]
+        entries.append(_metadata(serving.name, "the serving model", serving.release_date))
+        if owner is not None or open_server:
+            for finetune in self._finetunes.values():
+                if finetune.name != serving.name and (open_server or finetune.owner == owner):
+                    entries.append(
+                        _metadata(finetune.name, f"fine-tune of {finetune.owner or 'the team'}", "")
+                    )
+        return entries
+
+    def _run(self) -> None:
+        try:
+            self._load_serving()
+        except Exception as error:  # reported on /healthz and in the log; the server stays up
+            self.load_error = f"could not load {self.source}: {error}"
+            log.error(self.load_error)
+        while self.alias is not None and not self._stop.wait(self.poll_s):
+            try:
+                self._follow_alias()
+            except Exception as error:  # a bad version must not stop serving the good one
+                log.error("alias %s: keeping %s: %s", self.source, self._serving_name(), error)
+
+    def _load_serving(self) -> None:
+        if self.alias is None:
+            folder = Path(self.source)
+            self.serving = checked(
+                ServedModel(folder.name, self._load(folder), folder, None, _release_date(folder))
+            )
+            self._scan_finetune_folder()
+            return
+        self._follow_alias()
+
+    def _follow_alias(self) -> None:
+        from pipeline.mlops.registry import alias_version
+
+        name, alias = self.alias
+        version = alias_version(name, alias)
+        self._scan_finetune_folder()
+        self._scan_registry(name)
+        if self.serving is not None and self.serving.name == f"{name}/{version}":
+            return
+        candidate = self._fetch_version(name, version)
+        log.info("alias %s now points at version %s: checked, swapping it in", self.source, version)
+        self.serving, self.load_error = candidate, None
+
+    def _fetch_version(self, name: str, version: str) -> ServedModel:
+        from pipeline.mlops.registry import download_version
+
+        folder = download_version(name, version, Path(self._cache.name) / f"{name}-{version}")
+        return checked(
+            ServedModel(f"{name}/{version}", self._load(folder), folder, None, _release_date(folder))
+        )
+
+    def _scan_finetune_folder(self) -> None:
+        if self.finetunes_dir is None or not self.finetunes_dir.is_dir():
+            return
+        for folder in list_models(self.finetunes_dir):
+            owner = _manifest(folder).get("owner")
+            self._finetunes.setdefault(folder.name, Finetune(folder.name, owner, folder=folder))
+
+    def _scan_registry(self, name: str) -> None:
+        from pipeline.mlops.registry import client
+
+        for version in client().search_model_versions(f"name='{name}'"):
+            key = f"{name}/{version.version}"
+            self._finetunes.setdefault(
+                key, Finetune(key, version.tags.get("owner"), version=str(version.version))
+            )
+
+    def _load_finetune(self, finetune: Finetune) -> ServedModel:
+        with self._lock:
+            if finetune.name in self._loaded_finetunes:
+                self._loaded_finetunes.move_to_end(finetune.name)
+                return self._loaded_finetunes[finetune.name]
+            if finetune.folder is not None:
+                folder = finetune.folder
+                model = ServedModel(
+                    finetune.name, self._load(folder), folder, finetune.owner, _release_date(folder)
+                )
+            else:
+                model = self._fetch_version(finetune.name.split("/")[0], finetune.version)
+                model.owner = finetune.owner
+            self._loaded_finetunes[finetune.name] = model
+            while len(self._loaded_finetunes) > self.max_loaded:
+                self._loaded_finetunes.popitem(last=False)
+            return model
+
+    def _load(self, folder: Path) -> LoadedModel:
+        from pipeline.families.joint.layout import load_decision_model
+
+        loaded = load_decision_model(folder)
+        loaded.model.to(self.device)
+        return loaded
+
+    def _serving_name(self) -> str:
+        return self.serving.name if self.serving else "nothing"
+
+
+def checked(model: ServedModel) -> ServedModel:
+    """The model, once it answers a canary request as the server would, with finite probabilities summing to 1.
+
+    The answers are rounded to 4 decimals, so a choice or score sums to 1 within half a unit per option.
+    """
+    from pipeline.data.answers import answer_probabilities, parse_request
+    from pipeline.families.laya.predict import answer_requests
+
+    [result] = answer_requests(model.loaded, [parse_request(CANARY_STATE, CANARY_QUESTIONS)])
+    if isinstance(result, Exception):
+        raise ValueError(f"{model.name}: the canary request failed: {result}")
+    for qid, answer in result.answers.items():
+        p = np.asarray(answer_probabilities(answer), dtype=np.float64)
+        rounding = 0.5e-4 * len(p) + 1e-9
+        if not (np.all(np.isfinite(p)) and np.all((p >= 0) & (p <= 1)) and abs(p.sum() - 1.0) <= rounding):
+            raise ValueError(f"{model.name}: canary question {qid!r} got probabilities {p.tolist()}")
+    return model
+
+
+def _manifest(folder: Path) -> dict:
+    path = folder / "manifest.json"
+    return json.loads(path.read_text()) if path.is_file() else {}
+
+
+def _release_date(folder: Path) -> str:
+    from pipeline.families.joint.layout import HEAD_FILE
+
+    written_last = HEAD_FILE if (folder / HEAD_FILE).is_file() else "rl_agent_config.json"
+    mtime = (folder / written_last).stat().st_mtime
+    return dt.datetime.fromtimestamp(mtime, dt.UTC).date().isoformat()
+
+
+def _metadata(name: str, description: str, release_date: str) -> dict[str, str]:
+    return {"name": name, "description": description, "release_date": release_date}

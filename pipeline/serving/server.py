@@ -1,0 +1,225 @@
+"""The Decision API over HTTP (DESIGN.md 5): `POST /v1/systemone`, `GET /v1/models`, `GET /healthz`.
+
+A thin FastAPI layer: request and response models, keys and status codes. Parsing, the forward pass,
+temperatures and answer shaping are `pipeline.data.answers` and `pipeline.families.laya.predict`, shared with the smoke test
+and the MLflow model; the model catalog and alias following are `pipeline.serving.catalog`, micro-batching is
+`pipeline.serving.batching`.
+
+    decision serve --model models/vader-minilm --port 8000
+    decision serve --model models:/decision-model@champion --keys keys.json
+"""
+
+import logging
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from typing import Annotated, Any, Literal
+
+import orjson
+from fastapi import Depends, FastAPI, Header, HTTPException
+from fastapi.responses import JSONResponse, Response
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from pipeline.data.answers import InvalidRequest, RequestTooLarge, parse_request
+from pipeline.serving.batching import MicroBatcher, QueueFull
+from pipeline.serving.body import BodyLimits, DecodeBodyMiddleware
+from pipeline.serving.catalog import Catalog, ModelForbidden, ModelLoading, ModelNotFound, ServedModel
+from pipeline.serving.keys import KeyStore
+from pipeline.families.laya.predict import BadQuestion, answer_requests
+
+log = logging.getLogger("decision.serve")
+RETRY_AFTER_LOADING_S = 5
+RETRY_AFTER_BUSY_S = 1
+JSONText = str | dict[str, Any] | list[Any] | None
+
+
+class QuestionIn(BaseModel):
+    """One question: `criteria` per type (choice: object or list of ids; score: list of levels; noul: optional)."""
+
+    model_config = ConfigDict(extra="ignore")
+    type: Literal["choice", "score", "noul"]
+    instructions: JSONText = None
+    criteria: dict[str, JSONText] | list[JSONText] | None = None
+
+
+class DecisionRequest(BaseModel):
+    """A state (text or any JSON) and named questions about it."""
+
+    model_config = ConfigDict(extra="ignore")
+    model: str | None = Field(None, description="default, jev-latest, jev-preview, or a name from /v1/models")
+    state: Any = Field(..., description="text or any JSON value")
+    questions: dict[str, QuestionIn] = Field(..., min_length=1)
+
+    @field_validator("state")
+    @classmethod
+    def _state_present(cls, value: Any) -> Any:
+        if value is None:
+            raise ValueError("state is required (text or any JSON value, not null)")
+        return value
+
+
+class ChoiceAnswer(BaseModel):
+    type: Literal["choice"]
+    choice: str
+    probabilities: dict[str, float]
+    confidence: float
+
+
+class ScoreAnswer(BaseModel):
+    type: Literal["score"]
+    score: float
+    legend: dict[str, Any]
+    probabilities: dict[str, float]
+    confidence: float
+
+
+class NoulAnswer(BaseModel):
+    type: Literal["noul"]
+    noul: float
+    confidence: float
+
+
+class Usage(BaseModel):
+    input_tokens: int
+    output_tokens: int = 0
+
+
+class DecisionResponse(BaseModel):
+    model: str
+    answers: dict[str, Annotated[ChoiceAnswer | ScoreAnswer | NoulAnswer, Field(discriminator="type")]]
+    usage: Usage
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    """Batching and size limits of one server."""
+
+    max_batch_items: int = 64
+    max_wait_s: float = 0.002
+    max_queue: int = 256
+    limits: BodyLimits = field(default_factory=BodyLimits)
+
+
+@dataclass(frozen=True)
+class Caller:
+    owner: str | None  # None: no key (or an open server)
+    open_server: bool
+
+
+def create_app(catalog: Catalog, keys: KeyStore, config: ServerConfig = ServerConfig()) -> FastAPI:
+    """The Decision API app; the catalog starts loading (and following its alias) when the app starts."""
+    batcher = MicroBatcher(_run_batch, config.max_batch_items, config.max_wait_s, config.max_queue)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        if keys.open:
+            log.warning("no API keys configured: the server is open to every caller and shows every model")
+        catalog.start()
+        batcher.start()
+        yield
+        await batcher.stop()
+        catalog.stop()
+
+    app = FastAPI(title="Decision API", version="1", lifespan=lifespan,
+                  description="System One decisions: calibrated probabilities per option in one forward pass.")  # fmt: skip
+    app.add_middleware(DecodeBodyMiddleware, limits=config.limits)
+    app.state.catalog, app.state.batcher = catalog, batcher
+
+    def caller(authorization: Annotated[str | None, Header()] = None,
+               x_api_key: Annotated[str | None, Header()] = None) -> Caller:  # fmt: skip
+        return _authenticate(keys, authorization, x_api_key)
+
+    @app.post("/v1/systemone", response_model=DecisionResponse, responses=_ERROR_RESPONSES)
+    async def systemone(body: DecisionRequest, who: Annotated[Caller, Depends(caller)]) -> Response:
+        model = _resolve(catalog, body.model, who)
+        try:
+            parsed = parse_request(body.state, {qid: q.model_dump() for qid, q in body.questions.items()})
+        except RequestTooLarge as error:
+            raise HTTPException(413, str(error)) from None
+        except InvalidRequest as error:
+            return JSONResponse({"detail": error.errors}, status_code=422)
+        try:
+            result = await batcher.submit(model, parsed, len(parsed.questions))
+        except QueueFull:
+            raise HTTPException(503, "the server is busy", {"Retry-After": str(RETRY_AFTER_BUSY_S)}) from None
+        except BadQuestion as error:
+            return JSONResponse({"detail": [_question_error(error)]}, status_code=422)
+        usage = {"input_tokens": result.input_tokens, "output_tokens": 0}
+        return _json({"model": model.name, "answers": result.answers, "usage": usage})
+
+    @app.get("/v1/models")
+    async def models(who: Annotated[Caller, Depends(caller)]) -> Response:
+        return _json({"models": catalog.listing(who.owner, who.open_server)})
+
+    @app.get("/healthz")
+    async def healthz() -> Response:
+        serving = catalog.serving
+        body = {"status": "ok" if serving else "loading", "model": serving.name if serving else None,
+                "error": catalog.load_error, "queued": batcher.queued, "batches": batcher.batches,
+                "requests": batcher.jobs}  # fmt: skip
+        headers = {} if serving else {"Retry-After": str(RETRY_AFTER_LOADING_S)}
+        return _json(body, 200 if serving else 503, headers)
+
+    return app
+
+
+def _run_batch(model: ServedModel, requests: list[Any]) -> list[Any]:
+    return answer_requests(model.loaded, requests)
+
+
+def _authenticate(keys: KeyStore, authorization: str | None, x_api_key: str | None) -> Caller:
+    """401 for a key the server does not know, or two different keys in one request."""
+    bearer = None
+    if authorization:
+        scheme, _, token = authorization.partition(" ")
+        if scheme.lower() != "bearer" or not token.strip():
+            raise HTTPException(401, "Authorization must be 'Bearer <key>'", {"WWW-Authenticate": "Bearer"})
+        bearer = token.strip()
+    presented = {k.strip() for k in (bearer, x_api_key) if k and k.strip()}
+    if len(presented) > 1:
+        raise HTTPException(
+            401, "Authorization and X-API-Key name different keys", {"WWW-Authenticate": "Bearer"}
+        )
+    if keys.open:
+        return Caller(None, True)
+    if not presented:
+        return Caller(None, False)
+    owner = keys.owner_of(presented.pop())
+    if owner is None:
+        raise HTTPException(401, "unknown API key", {"WWW-Authenticate": "Bearer"})
+    return Caller(owner, False)
+
+
+def _resolve(catalog: Catalog, requested: str | None, who: Caller) -> ServedModel:
+    try:
+        return catalog.resolve(requested, who.owner, who.open_server)
+    except ModelForbidden as error:
+        raise HTTPException(403, str(error)) from None
+    except ModelNotFound as error:
+        raise HTTPException(404, str(error)) from None
+    except ModelLoading as error:
+        raise HTTPException(503, str(error), {"Retry-After": str(RETRY_AFTER_LOADING_S)}) from None
+
+
+def _question_error(error: BadQuestion) -> dict[str, Any]:
+    loc = ["body", "questions", error.question_id] if error.question_id else ["body", "questions"]
+    return {"loc": loc, "msg": str(error), "type": "value_error"}
+
+
+def _json(body: dict[str, Any], status: int = 200, headers: dict[str, str] | None = None) -> Response:
+    return Response(orjson.dumps(body), status, headers, media_type="application/json")
+
+
+_ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
+    401: {"description": "unknown API key"},
+    403: {"description": "a keyless caller asked for a model other than the default"},
+    404: {"description": "no such model visible to this key"},
+    413: {"description": "over the size limits (body, questions, characters)"},
+    503: {"description": "the model is loading or the queue is full; see Retry-After"},
+}
+
+
+def run_server(app: FastAPI, host: str = "127.0.0.1", port: int = 8000, access_log: bool = False) -> None:
+    """Serve until interrupted (uvicorn, one process: the batcher needs every request in one place)."""
+    import uvicorn
+
+    uvicorn.run(app, host=host, port=port, log_level="info", access_log=access_log)

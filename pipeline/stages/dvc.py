@@ -1,0 +1,95 @@
+"""The pipeline's stages by name: what `dvc.yaml` runs and what the Prefect flows call.
+
+python -m pipeline.stages.dvc dataset      # the command each dvc.yaml stage runs
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from pipeline.config import PARAMS_FILE, load_params
+
+
+def run_dataset(params: dict[str, Any], root: Path) -> dict[str, Any]:
+    """Build the embedded VADER dataset (`dataset` in params.yaml)."""
+    from pipeline.data.dataset import build_dataset
+
+    return asdict(build_dataset(params["dataset"], root))
+
+
+def run_validate(params: dict[str, Any], root: Path) -> dict[str, Any]:
+    """Validate the dataset, split it, and write the report with the split summary."""
+    config = params["validate"]
+    return validate_report(root / config.data, config, root / config.report)
+
+
+def validate_report(
+    data: str | Path, config, out: str | Path | None = None, row_slice: str | None = None
+) -> dict[str, Any]:
+    """The validation report of `data` (or its slice) with the held-out split summary; written to `out` if given.
+
+    The same function for `dvc repro validate` and the retraining flow's validate task.
+    """
+    from pipeline.data.read import RowSlice
+    from pipeline.data.split import split_holdout
+    from pipeline.data.validate import validate_file
+
+    data = validate_file(data, RowSlice.parse(row_slice))
+    report = data.report.to_dict() | {"split": split_holdout(data.records, config).summary()}
+    if out is not None:
+        Path(out).parent.mkdir(parents=True, exist_ok=True)
+        Path(out).write_text(json.dumps(report, indent=2) + "\n")
+    return report
+
+
+def run_snapshot(params: dict[str, Any], root: Path) -> dict[str, Any]:
+    """Build the stock base model: the packaged MiniLM encoder plus a seeded, fresh decision head."""
+    from importlib import metadata
+
+    from pipeline.families.laya.layout import write_snapshot
+
+    config = params["snapshot"]
+    installed = metadata.version(config.encoder_package)
+    if installed != config.encoder_version:
+        raise RuntimeError(
+            f"snapshot.encoder_version: params.yaml pins {config.encoder_package}=={config.encoder_version}, "
+            f"but {installed} is installed"
+        )
+    module = __import__(config.encoder_package.replace("-", "_"))
+    out = write_snapshot(root / config.out, module.get_model_path(), config.seed, config.head_layers,
+                         config.max_len, config.head_max_len)  # fmt: skip
+    return {"out": str(config.out), "files": sorted(p.name for p in out.rglob("*") if p.is_file())}
+
+
+# name -> (function, the module whose code the stage runs); dvc.yaml must list the same stages.
+STAGES: dict[str, tuple[Callable[[dict[str, Any], Path], dict[str, Any]], str]] = {
+    "dataset": (run_dataset, "pipeline/data/dataset.py"),
+    "validate": (run_validate, "pipeline/data/validate.py"),
+    "snapshot": (run_snapshot, "pipeline/families/laya/layout.py"),
+}
+
+
+def run_stage(name: str, params_file: str | Path = PARAMS_FILE, root: str | Path = ".") -> dict[str, Any]:
+    """Run one stage with the params from `params_file`."""
+    if name not in STAGES:
+        raise KeyError(f"unknown stage {name!r}; stages: {', '.join(STAGES)}")
+    return STAGES[name][0](load_params(Path(root) / params_file), Path(root))
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 1 or args[0] not in STAGES:
+        print(f"usage: python -m pipeline.stages.dvc {{{','.join(STAGES)}}}", file=sys.stderr)
+        return 2
+    result = run_stage(args[0])
+    print(json.dumps({k: v for k, v in result.items() if k != "examples"}, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

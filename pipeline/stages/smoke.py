@@ -1,0 +1,195 @@
+"""The Decision API smoke test: held-out decisions sent over HTTP, compared with in-process predictions.
+
+Each held-out row of DATA becomes one request (its usable questions). With `--model-dir`, the same folder is
+loaded here and every answer is compared: agreement on the chosen option and the largest probability
+difference. Latency is measured per request, one request at a time. The test fails below 99.5% agreement,
+above a 1e-3 probability difference, or on any failed request.
+
+    decision smoke --url http://127.0.0.1:8000 --data data/processed/vader.jsonl --model-dir models/vader-minilm
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import orjson
+
+from pipeline.data.answers import answer_probabilities, chosen_option, parse_request
+
+MIN_AGREEMENT = 0.995
+MAX_PROBABILITY_DIFF = 1e-3
+
+
+@dataclass(frozen=True)
+class SmokeResult:
+    url: str
+    model: str | None
+    requests: int
+    decisions: int
+    agreement: float | None  # None without a model folder to compare with
+    max_probability_diff: float | None
+    latency_ms: dict[str, float]
+    failures: list[str] = field(default_factory=list)
+
+    @property
+    def passed(self) -> bool:
+        return not self.failures
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self) | {"passed": self.passed}
+
+
+def heldout_requests(
+    data: str | Path, n: int, split_config=None, all_rows: bool = False
+) -> list[dict[str, Any]]:
+    """Request bodies (state and usable questions) of held-out rows, up to `n` decisions.
+
+    The split is params.yaml's (`validate:`) unless `split_config` is given.
+    """
+    from pipeline.config import load_params
+    from pipeline.data.split import split_holdout
+    from pipeline.data.validate import validate_file
+
+    records = validate_file(data).records
+    if not all_rows:
+        records = split_holdout(records, split_config or load_params()["validate"]).heldout
+    bodies, decisions = [], 0
+    for record in records:
+        if decisions >= n:
+            break
+        questions = orjson.loads(record.questions_json)
+        kept = {d.question.id: questions[d.question.id] for d in record.decisions}
+        bodies.append({"state": record.state, "questions": kept})
+        decisions += len(kept)
+    return bodies
+
+
+def smoke_test(url: str, bodies: list[dict[str, Any]], model_dir: str | Path | None = None,
+               api_key: str | None = None, model: str | None = None, timeout_s: float = 30.0) -> SmokeResult:  # fmt: skip
+    """Send each body, time it, and compare the answers with the folder's in-process answers."""
+    served, latencies, failures = _send_all(url, bodies, api_key, model, timeout_s)
+    names = {answer.get("model") for answer in served if answer}
+    agreement = max_diff = None
+    if model_dir is not None:
+        expected = _in_process(model_dir, bodies)
+        agreement, max_diff = _compare(served, expected)
+        if agreement < MIN_AGREEMENT:
+            failures.append(f"agreement {agreement:.4f} below {MIN_AGREEMENT}")
+        if max_diff > MAX_PROBABILITY_DIFF:
+            failures.append(f"largest probability difference {max_diff:.2e} above {MAX_PROBABILITY_DIFF:.0e}")
+    if not bodies:
+        failures.append("no held-out decisions to send")
+    ms = np.asarray(latencies or [float("nan")]) * 1000
+    return SmokeResult(
+        url, ",".join(sorted(n for n in names if n)) or None, len(bodies),
+        sum(len(b["questions"]) for b in bodies), agreement, max_diff,
+        {"p50": round(float(np.percentile(ms, 50)), 2), "p95": round(float(np.percentile(ms, 95)), 2)}, failures,
+    )  # fmt: skip
+
+
+def _send_all(url: str, bodies: list[dict[str, Any]], api_key: str | None, model: str | None,
+              timeout_s: float) -> tuple[list[dict[str, Any] | None], list[float], list[str]]:  # fmt: skip
+    import httpx
+
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    served, latencies, failures = [], [], []
+    with httpx.Client(base_url=url.rstrip("/"), headers=headers, timeout=timeout_s) as http:
+        for index, body in enumerate(bodies):
+            payload = body | ({"model": model} if model else {})
+            started = time.perf_counter()
+            try:
+                response = http.post("/v1/systemone", content=orjson.dumps(payload),
+                                     headers={"Content-Type": "application/json"})  # fmt: skip
+            except httpx.HTTPError as error:
+                failures.append(f"request {index}: {type(error).__name__}: {error}")
+                served.append(None)
+                continue
+            latencies.append(time.perf_counter() - started)
+            if response.status_code != 200:
+                failures.append(f"request {index}: HTTP {response.status_code}: {response.text[:200]}")
+                served.append(None)
+                continue
+            served.append(response.json())
+    return served, latencies, failures
+
+
+def _in_process(model_dir: str | Path, bodies: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The folder's answers, one request per forward pass (no batching with others)."""
+    from pipeline.families.joint.layout import load_decision_model
+    from pipeline.families.laya.predict import answer_requests
+
+    loaded = load_decision_model(model_dir)
+    return [answer_requests(loaded, [parse_request(b["state"], b["questions"])])[0].answers for b in bodies]
+
+
+def _compare(served: list[dict[str, Any] | None], expected: list[dict[str, Any]]) -> tuple[float, float]:
+    """(agreement on the chosen option, largest probability difference); a failed request disagrees."""
+    agree = total = 0
+    max_diff = 0.0
+    for response, answers in zip(served, expected):
+        total += len(answers)
+        if response is None:
+            continue
+        for qid, want in answers.items():
+            got = response["answers"].get(qid)
+            if got is None or got.get("type") != want["type"]:
+                continue
+            agree += chosen_option(got) == chosen_option(want)
+            diff = np.abs(np.subtract(answer_probabilities(got), answer_probabilities(want))).max()
+            max_diff = max(max_diff, float(diff))
+    return (agree / total if total else 0.0), max_diff
+
+
+def serve_and_smoke(
+    model_dir: str | Path, bodies: list[dict[str, Any]], timeout_s: float = 180.0
+) -> SmokeResult:
+    """Start `decision serve` on the folder (a real server process on a free loopback port), smoke-test it, stop it."""
+    import subprocess
+    import sys
+    import tempfile
+
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    command = [sys.executable, "-m", "pipeline.cli.main", "serve", "--model", str(model_dir), "--port", str(port)]
+    with tempfile.TemporaryFile("w+") as log:  # a file, not a pipe: a chatty server can never block on it
+        server = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=log, text=True)
+        try:
+            _wait_healthy(url, server, log, timeout_s)
+            return smoke_test(url, bodies, model_dir)
+        finally:
+            server.terminate()
+            try:
+                server.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                server.kill()
+
+
+def free_port() -> int:
+    """A free TCP port on loopback (for a server this process is about to start)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _wait_healthy(url: str, server, log, timeout_s: float) -> None:
+    import httpx
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        if server.poll() is not None:
+            log.seek(0)
+            raise RuntimeError(f"decision serve exited with {server.returncode}: {log.read()[-2000:]}")
+        try:
+            if httpx.get(f"{url}/healthz", timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"decision serve on {url} not healthy after {timeout_s:.0f} s")
+        time.sleep(0.2)

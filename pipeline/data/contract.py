@@ -15,6 +15,9 @@ from typing import Any, NamedTuple
 import orjson
 
 QUESTION_TYPES = ("choice", "score", "noul")
+# The type id every model family embeds and every per-type figure is indexed by (choice 0, score 1, noul 2).
+QUESTION_TYPE_IDS = {name: i for i, name in enumerate(QUESTION_TYPES)}
+SCORE_TYPE_ID = QUESTION_TYPE_IDS["score"]
 MAX_QUESTIONS = 64
 MAX_QUESTION_CHARS = 20_000
 MAX_STATE_CHARS = 200_000

@@ -3,7 +3,7 @@
 Both trainers start from the stock MiniLM snapshot (data/snapshots/minilm) and train one epoch over the same
 training rows (micro-batch 8, accumulation 8), each in a fresh process of this script, one after the other.
 laya runs `laya.train.finetune` (full fine-tuning, soft cross-entropy); its training loop is timed by wrapping
-`laya.train.train_model`. Ours runs `pipeline.stages.finetune.train_on_data` with params.yaml's training settings.
+`laya.train.train_model`. Ours runs `pipeline.stages.train.train_on_data` with params.yaml's training settings.
 Both fine-tunes are then scored with the same code on the same held-out rows.
 
     python benchmarks/bench_train.py [--rows 600] [--heldout 100] [--profile]
@@ -75,7 +75,7 @@ def run_ours(train: Path, out: Path, method: str, precision: str | None, profile
     from dataclasses import replace
 
     from pipeline.config import load_params
-    from pipeline.stages.finetune import train_on_data
+    from pipeline.stages.train import train_on_data
 
     params = load_params(ROOT / "params.yaml")
     config = replace(params["train"], method=method, precision=precision or params["train"].precision, epochs=1,

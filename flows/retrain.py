@@ -27,28 +27,34 @@ from prefect.artifacts import create_link_artifact, create_markdown_artifact, cr
 from prefect.cache_policies import INPUTS, TASK_SOURCE
 from prefect.runtime import flow_run
 
+from pipeline.config import load_params
+from pipeline.data import pins, read
+from pipeline.lineage import code_digest, git_commit, idempotency_key
+from pipeline.mlops import tracking
+from pipeline.mlops.registry import ensure_experiment
+from pipeline.rundir import RunFolder
+from pipeline.stages import calibrate as calibrate_stage
+from pipeline.stages import export as export_stage
+from pipeline.stages import promote as promote_stage
+from pipeline.stages import smoke as smoke_stage
+from pipeline.stages import train as train_stage
+from pipeline.stages import validate as validate_stage
+
 CACHED = {"cache_policy": INPUTS + TASK_SOURCE, "persist_result": True}
 IO_RETRIES = {"retries": 2, "retry_delay_seconds": 5}
 
 
 @task(name="verify-pins")
 def verify_pins(paths: list[str], lock: str) -> dict[str, str]:
-    from pipeline.stages.finetune import verify_inputs
-
-    pins = verify_inputs(paths, lock)
-    root = Path(lock).resolve().parent
-    unpinned = [p for p in paths if not Path(p).resolve().is_relative_to(root)
-                or Path(p).resolve().relative_to(root).as_posix() not in pins]  # fmt: skip
-    if unpinned:
-        get_run_logger().warning("not pinned in %s, so not verified: %s", lock, ", ".join(unpinned))
-    return pins
+    missing = pins.unpinned(paths, lock)
+    if missing:
+        get_run_logger().warning("not pinned in %s, so not verified: %s", lock, ", ".join(missing))
+    return pins.verify_inputs(paths, lock)
 
 
 @task(name="validate", **CACHED)
 def validate(data: str, row_slice: str | None, config, report: str) -> dict[str, Any]:
-    from pipeline.stages.dvc import validate_report
-
-    result = validate_report(data, config, report, row_slice)
+    result = validate_stage.validate_report(data, config, report, row_slice)
     rows = [{"reason": reason, "decisions": n} for reason, n in sorted(result["skipped"].items())]
     create_table_artifact(rows or [{"reason": "(none)", "decisions": 0}], key="skipped-decisions",
                           description=f"{result['kept']} of {result['decisions']} decisions usable")  # fmt: skip
@@ -57,104 +63,52 @@ def validate(data: str, row_slice: str | None, config, report: str) -> dict[str,
 
 @task(name="slice", **CACHED)
 def take_slice(data: str, row_slice: str | None, run_dir: str) -> str:
-    from pipeline.data.read import RowSlice, write_slice
-
-    return str(write_slice(data, RowSlice.parse(row_slice), run_dir))
+    return str(read.write_slice(data, read.RowSlice.parse(row_slice), run_dir))
 
 
 @task(name="train", **CACHED)
 def train(data: str, base: str, run_dir: str, config, split_config, device: str) -> dict[str, Any]:
-    from pipeline.stages.finetune import train_stage
-
-    return train_stage(data, base, run_dir, config, split_config, device, progress=False)
+    return train_stage.train_stage(data, base, run_dir, config, split_config, device, progress=False)
 
 
 @task(name="calibrate", **CACHED)
 def calibrate(run_dir: str) -> dict[str, Any]:
-    from pipeline.scoring.calibration import calibrate_stage
-
-    return calibrate_stage(run_dir)
+    return calibrate_stage.calibrate_stage(run_dir)
 
 
 @task(name="export", **CACHED)
 def export(run_dir: str, data: str, base: str, config) -> str:
-    from pipeline.families.laya.export import export_stage
-
-    return export_stage(run_dir, Path(run_dir) / "export", data, base, config).out
+    return export_stage.export_stage(run_dir, RunFolder(run_dir).export, data, base, config).out
 
 
 @task(name="log-to-mlflow", **CACHED, **IO_RETRIES)
 def log_run(record) -> str:
-    from pipeline.mlops.tracking import log_training_run
-
-    return log_training_run(record)
+    return tracking.log_training_run(record)
 
 
 @task(name="register", **CACHED, **IO_RETRIES)
 def register(export_dir: str, name: str, run_id: str, tags: dict[str, str]) -> str:
-    from pipeline.mlops.promotion import CHALLENGER, set_alias
-    from pipeline.mlops.registry import register_export
-
-    version = register_export(export_dir, name, run_id, tags)
-    set_alias(name, CHALLENGER, version, "new version")
-    return version
+    return promote_stage.register_stage(export_dir, name, run_id, tags)
 
 
 @task(name="smoke-test", **IO_RETRIES)
 def smoke(name: str, version: str, data: str, n: int, split_config) -> dict[str, Any]:
-    import tempfile
-
-    from pipeline.mlops.promotion import SMOKE_TAG
-    from pipeline.mlops.registry import client, download_version
-    from pipeline.stages.smoke import heldout_requests, serve_and_smoke
-
-    bodies = heldout_requests(data, n, split_config)
-    with tempfile.TemporaryDirectory() as tmp:
-        result = serve_and_smoke(download_version(name, version, tmp), bodies)
-    tags = {SMOKE_TAG: "passed" if result.passed else "failed", "smoke_agreement": str(result.agreement),
-            "smoke_max_probability_diff": str(result.max_probability_diff),
-            "smoke_p50_ms": str(result.latency_ms["p50"]), "smoke_p95_ms": str(result.latency_ms["p95"])}  # fmt: skip
-    for key, value in tags.items():
-        client().set_model_version_tag(name, version, key, value)
-    return result.to_dict()
+    return smoke_stage.smoke_version(name, version, data, n, split_config).to_dict()
 
 
 @task(name="promotion-gate", **IO_RETRIES)
 def promotion_gate(name: str, version: str, calibrated: dict[str, float], smoke_passed: bool, data: str,
                    split_config, config) -> dict[str, Any]:  # fmt: skip
-    from pipeline.stages.evaluate import score_heldout
-    from pipeline.mlops.promotion import CHAMPION, GATE_REASONS_TAG, GATE_TAG, current, gate, set_alias
-    from pipeline.mlops.registry import client, download_version
-
-    champion_version = current(name, CHAMPION)
-    if champion_version == version:
-        return {"promote": False, "reasons": ["already the champion"], "champion": version}
-    champion = None
-    if champion_version is not None:
-        import tempfile
-
-        with tempfile.TemporaryDirectory() as tmp:  # the champion, scored now on this run's held-out split
-            champion = score_heldout(download_version(name, champion_version, tmp), data, split_config)
-    verdict = gate(calibrated, champion, smoke_passed, config)
-    client().set_model_version_tag(name, version, GATE_TAG, "promote" if verdict.promote else "hold")
-    client().set_model_version_tag(name, version, GATE_REASONS_TAG, "; ".join(verdict.reasons))
-    if verdict.promote:
-        set_alias(name, CHAMPION, version, "promotion gate: " + "; ".join(verdict.reasons))
-    return verdict.to_dict() | {"champion": current(name, CHAMPION), "previous_champion": champion_version,
-                                "champion_metrics": champion}  # fmt: skip
+    return promote_stage.promotion_stage(name, version, calibrated, smoke_passed, data, split_config, config)
 
 
 def _run_name() -> str:
-    from pipeline.data.pins import current_md5
-
     params = flow_run.parameters
     data = _load(params.get("params_file", "params.yaml"), params.get("run_config"))["retrain"].data
-    return f"retrain-{current_md5(Path(data))[:8]}-{dt.date.today().isoformat()}"
+    return f"retrain-{pins.current_md5(Path(data))[:8]}-{dt.date.today().isoformat()}"
 
 
 def _load(params_file: str, run_config: str | None) -> dict[str, Any]:
-    from pipeline.config import load_params
-
     return load_params(params_file, run_config)
 
 
@@ -164,41 +118,39 @@ def retrain(
     params_file: str = "params.yaml", run_config: str | None = None, lock: str = "dvc.lock"
 ) -> dict[str, Any]:
     """Retrain on the pinned data and base, track, register, smoke-test and (through the gate) promote."""
-    from pipeline.data.pins import current_md5
-    from pipeline.mlops.tracking import TrainingRecord, code_digest, idempotency_key
-
     params = _load(params_file, run_config)
     config = params["retrain"]
-    pins = verify_pins([config.data, config.base], lock)
-    data_md5, base_md5 = current_md5(Path(config.data)), current_md5(Path(config.base))
+    verified = verify_pins([config.data, config.base], lock)
+    data_md5, base_md5 = pins.current_md5(Path(config.data)), pins.current_md5(Path(config.base))
     sections = {k: asdict(v) for k, v in params.items()}
     key = idempotency_key(data_md5, base_md5, sections, code_digest())
     run_dir = str(Path(config.runs_dir) / key[:16])
-    report = validate(config.data, config.slice, params["validate"], str(Path(run_dir) / "validation.json"))
+    run = RunFolder(run_dir)
+    report = validate(config.data, config.slice, params["validate"], str(run.validation))
     sliced = take_slice(config.data, config.slice, run_dir)
     trained = train(sliced, config.base, run_dir, params["train"], params["validate"], config.device)
     calibration = calibrate(run_dir)
     export_dir = export(run_dir, config.data, config.base, params["train"])
     tags = {"prefect_flow_run_id": str(flow_run.id), "git_commit": _git_commit(), "data_md5": data_md5,
             "base_md5": base_md5, "idempotency_key": key, "data": config.data, "base": config.base}  # fmt: skip
-    run_id = log_run(TrainingRecord(key, sections, trained, calibration, report, config.data, data_md5, export_dir,
+    run_id = log_run(tracking.TrainingRecord(key, sections, trained, calibration, report, config.data, data_md5, export_dir,
                                     run_dir, tags, flow_run.name))  # fmt: skip
     version = register(export_dir, config.model_name, run_id, {**tags, "mlflow_run_id": run_id})
     smoked = smoke(config.model_name, version, sliced, config.smoke_decisions, params["validate"])
     verdict = promotion_gate(config.model_name, version, calibration["heldout"]["calibrated"], smoked["passed"],
                              sliced, params["validate"], params["promote"])  # fmt: skip
-    summary = _summary(config, key, pins, report, trained, calibration, run_id, version, smoked, verdict)
+    summary = _summary(config, key, verified, report, trained, calibration, run_id, version, smoked, verdict)
     _publish(summary)
     return summary
 
 
 def _summary(
-    config, key, pins, report, trained, calibration, run_id, version, smoked, verdict
+    config, key, verified, report, trained, calibration, run_id, version, smoked, verdict
 ) -> dict[str, Any]:
     return {
         "model": config.model_name, "version": version, "champion": verdict.get("champion"),
         "promoted": verdict["promote"], "gate": verdict["reasons"], "mlflow_run_id": run_id,
-        "idempotency_key": key, "pins": pins, "rows": report["rows"], "decisions": report["decisions"],
+        "idempotency_key": key, "pins": verified, "family": trained.get("family"), "rows": report["rows"], "decisions": report["decisions"],
         "skipped": report["skipped"], "heldout": calibration["heldout"],
         "temperatures": calibration["temperatures"], "steps": trained["steps"],
         "train_seconds": trained["train_seconds"], "s_per_step": trained["s_per_step"],
@@ -207,8 +159,6 @@ def _summary(
 
 
 def _publish(summary: dict[str, Any]) -> None:
-    from pipeline.mlops.registry import ensure_experiment
-
     ui = os.environ.get("MLFLOW_UI_URL", "http://127.0.0.1:5000")  # where `make ui` serves by default
     create_link_artifact(f"{ui}/#/experiments/{ensure_experiment()}/runs/{summary['mlflow_run_id']}",
                          link_text="MLflow run (make ui)", key="mlflow-run")  # fmt: skip
@@ -232,9 +182,7 @@ def before_after_markdown(summary: dict[str, Any]) -> str:
 
 
 def _git_commit() -> str:
-    from pipeline.stages.finetune import _git_commit as commit
-
-    return commit() or "none"
+    return git_commit() or "none"
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -6,8 +6,10 @@ Every field name is the key in `params.yaml`, the CLI flag (with dashes) and the
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
+from functools import cache
 from pathlib import Path
-from typing import Any
+from types import UnionType
+from typing import Any, Union, get_args, get_origin, get_type_hints
 
 import yaml
 
@@ -15,7 +17,54 @@ PARAMS_FILE = Path("params.yaml")
 
 
 class ConfigError(ValueError):
-    """A configuration value is missing, unknown or out of range; the message names the key."""
+    """A configuration value is missing, unknown, of the wrong type or out of range; the message names the key."""
+
+
+def _check_types(config: Any, section: str) -> None:
+    """Refuse every field whose value does not fit its annotation, naming each as `section.key` in one error.
+
+    YAML hands over whatever was written (`max_steps: ten` is a str, `epochs: yes` a bool), so each section's
+    `__post_init__` calls this first and its range checks only ever see values of the right type. An int given
+    for a float field (`max_ece: 1`) is stored as a float.
+    """
+    wrong = []
+    for field in fields(config):
+        options, value = _options(_hints(type(config))[field.name]), getattr(config, field.name)
+        if not any(_allows(option, value) for option in options):
+            expected = " or ".join(map(_type_name, options))
+            wrong.append(
+                f"{section}.{field.name}: expected {expected}, got {value!r} ({type(value).__name__})"
+            )
+        elif type(value) is int and float in options:
+            object.__setattr__(config, field.name, float(value))  # the dataclass is frozen
+    if wrong:
+        raise ConfigError("; ".join(wrong))
+
+
+@cache
+def _hints(cls: type) -> dict[str, Any]:
+    # The annotations are strings (`from __future__ import annotations`); this evaluates them once per class.
+    return get_type_hints(cls)
+
+
+def _options(hint: Any) -> tuple[Any, ...]:
+    return get_args(hint) if get_origin(hint) in (Union, UnionType) else (hint,)
+
+
+def _allows(option: Any, value: Any) -> bool:
+    if get_origin(option) is tuple:  # tuple[str, ...]: YAML writes a list (TrainConfig makes it a tuple)
+        return isinstance(value, list | tuple) and all(_allows(get_args(option)[0], item) for item in value)
+    if isinstance(value, bool):  # bool is an int subclass, but `epochs: true` is a slip, not 1
+        return option is bool
+    if option is float:
+        return isinstance(value, int | float)
+    return isinstance(value, option)
+
+
+def _type_name(option: Any) -> str:
+    if get_origin(option) is tuple:
+        return f"list of {_type_name(get_args(option)[0])}"
+    return "null" if option is type(None) else option.__name__
 
 
 @dataclass(frozen=True)
@@ -30,6 +79,7 @@ class DatasetConfig:
     """The built decision rows (pinned in dvc.lock)."""
 
     def __post_init__(self) -> None:
+        _check_types(self, "dataset")
         if len(self.archive_sha256) != 64:
             raise ConfigError(f"dataset.archive_sha256: expected 64 hex digits, got {self.archive_sha256!r}")
 
@@ -48,6 +98,7 @@ class ValidateConfig:
     """... and at most this share of the rows' decisions."""
 
     def __post_init__(self) -> None:
+        _check_types(self, "validate")
         if not 0.0 < self.holdout_fraction < 1.0:
             raise ConfigError(f"validate.holdout_fraction: must lie in (0, 1), got {self.holdout_fraction}")
         if self.holdout_max_decisions < 1:
@@ -74,6 +125,9 @@ class SnapshotConfig:
     head_max_len: int = 128
     """Tokens for the question and its options."""
 
+    def __post_init__(self) -> None:
+        _check_types(self, "snapshot")
+
 
 METHODS = ("lora", "full", "qlora")
 
@@ -82,8 +136,10 @@ METHODS = ("lora", "full", "qlora")
 class TrainConfig:
     """Training settings (`train:` in params.yaml); defaults from the reference recipe (DESIGN.md 4)."""
 
+    family: str | None = None
+    """laya | joint: the model family (None: what the base folder is; `pipeline.families.pick_family`)."""
     method: str = "lora"
-    """lora | full | qlora (QLoRA quantises a decoder backbone; the encoder family refuses it)."""
+    """lora | full | qlora (QLoRA quantises a causal-LM backbone; families that cannot refuse it)."""
     lora_r: int = 64
     lora_alpha: int = 64
     lora_dropout: float = 0.0
@@ -98,6 +154,8 @@ class TrainConfig:
     grad_clip: float = 1.0
     micro_batch: int = 8
     grad_accum: int = 8
+    warmup_steps: int = 0
+    """Optimizer steps of linear learning-rate warm-up before the cosine decay."""
     epochs: int = 1
     max_steps: int | None = None
     """Cap on optimizer steps (None: run every epoch)."""
@@ -115,6 +173,7 @@ class TrainConfig:
     """Decoder family: weight of an ordinal term on score questions' expected level (off by default)."""
 
     def __post_init__(self) -> None:
+        _check_types(self, "train")
         for name in ("label_smoothing", "brier_weight", "ordinal_weight"):
             if getattr(self, name) < 0 or (name == "label_smoothing" and self.label_smoothing >= 1):
                 raise ConfigError(
@@ -129,6 +188,8 @@ class TrainConfig:
                 raise ConfigError(f"train.{name}: must be >= 1, got {getattr(self, name)}")
         if isinstance(self.lora_target_modules, list):
             object.__setattr__(self, "lora_target_modules", tuple(self.lora_target_modules))
+        if self.warmup_steps < 0:
+            raise ConfigError(f"train.warmup_steps: must be >= 0, got {self.warmup_steps}")
         if self.max_steps is not None and self.max_steps < 0:
             raise ConfigError(f"train.max_steps: must be >= 0, got {self.max_steps}")
 
@@ -152,6 +213,7 @@ class RetrainConfig:
     device: str = "auto"
 
     def __post_init__(self) -> None:
+        _check_types(self, "retrain")
         if self.smoke_decisions < 1:
             raise ConfigError(f"retrain.smoke_decisions: must be >= 1, got {self.smoke_decisions}")
         if not self.model_name or "/" in self.model_name or "@" in self.model_name:
@@ -170,6 +232,7 @@ class PromoteConfig:
     """The candidate's calibrated (cross-fitted) held-out ECE must be at most this."""
 
     def __post_init__(self) -> None:
+        _check_types(self, "promote")
         if not 0.0 <= self.max_ece <= 1.0:
             raise ConfigError(f"promote.max_ece: must lie in [0, 1], got {self.max_ece}")
 

@@ -35,7 +35,7 @@ def run(mode: str, steps: int) -> dict:
     import torch
 
     from pipeline.config import load_params
-    from pipeline.stages.finetune import train_on_data
+    from pipeline.stages.train import train_on_data
 
     os.environ["DECISION_COMPILE"] = "0" if mode == "eager" else ""
     if mode == "compile-auto":
@@ -60,7 +60,7 @@ def export_memory_check() -> dict:
     import torch
 
     from pipeline.families.laya.adapters import apply_lora, has_lora
-    from pipeline.families.laya.export import merged_copy
+    from pipeline.families.exporting import merged_copy
     from pipeline.families.laya.layout import load_model
 
     loaded = load_model(ROOT / "data/snapshots/minilm")

@@ -64,18 +64,18 @@ def synthetic_batch(vocab: int, rows: int, length: int, device: str) -> dict[str
 
 def run(method: str, folder: Path, batch: dict, steps: int, device: str) -> dict:
     from pipeline.config import TrainConfig
-    from pipeline.families.joint.training import prepare_decoder, qlora_config, summed_loss
-    from pipeline.families.joint.layout import load_decoder
+    from pipeline.families.joint.training import prepare_joint, qlora_config, summed_loss
+    from pipeline.families.joint.layout import load_joint
 
     if device.startswith("cuda"):
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
     quantization = qlora_config(torch.device(device)) if method == "qlora" else None
-    loaded = load_decoder(folder, dtype=torch.bfloat16, quantization=quantization, device=device)
+    loaded = load_joint(folder, dtype=torch.bfloat16, quantization=quantization, device=device)
     if method != "qlora":
         loaded.model.to(device)
     loaded.model.head.to(device)
-    prepare_decoder(loaded.model, TrainConfig(method=method, lora_r=16, lora_alpha=32))
+    prepare_joint(loaded.model, TrainConfig(method=method, lora_r=16, lora_alpha=32))
     model = loaded.model.train()
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-4)
     times, losses = [], []

@@ -38,7 +38,7 @@ def _serve(args: argparse.Namespace) -> int:
         return EXIT_UNUSABLE
     config = ServerConfig(args.max_batch, args.max_wait_ms / 1000, args.max_queue,
                           BodyLimits(args.max_body_mb * 1024 * 1024, args.max_body_mb * 1024 * 1024))  # fmt: skip
-    from pipeline.stages.finetune import pick_device
+    from pipeline.device import pick_device
 
     catalog = Catalog(
         args.model, args.finetunes, poll_s=args.poll_seconds, device=str(pick_device(args.device))

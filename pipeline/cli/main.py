@@ -50,13 +50,16 @@ def _training_setup(args: argparse.Namespace):
     from pipeline.config import ConfigError, load_params
     from pipeline.data.pins import PinMismatch
     from pipeline.data.read import BadSlice, UnreadableInput
+    from pipeline.families.base import ModelLayoutError
     from pipeline.training.loop import CancelToken
 
-    errors = (ConfigError, PinMismatch, UnreadableInput, BadSlice, FileNotFoundError, ValueError)
+    errors = (ConfigError, ModelLayoutError, PinMismatch, UnreadableInput, BadSlice, FileNotFoundError, ValueError)
     try:
         params = load_params(args.params)
         overrides = {
-            k: v for k, v in (("method", args.method), ("max_steps", args.max_steps)) if v is not None
+            k: v
+            for k, v in (("family", args.family), ("method", args.method), ("max_steps", args.max_steps))
+            if v is not None
         }
         return params, replace(params["train"], **overrides), CancelToken(), errors
     except errors as error:
@@ -64,7 +67,7 @@ def _training_setup(args: argparse.Namespace):
 
 
 def _train(args: argparse.Namespace) -> int:
-    from pipeline.stages.finetune import train_on_data
+    from pipeline.stages.train import train_on_data
     from pipeline.data.read import RowSlice
 
     params, config, cancel, errors = _training_setup(args)
@@ -85,7 +88,7 @@ def _train(args: argparse.Namespace) -> int:
 
 def _evaluate(args: argparse.Namespace) -> int:
     from pipeline.stages.evaluate import evaluate_model
-    from pipeline.families.laya.layout import ModelLayoutError
+    from pipeline.families.base import ModelLayoutError
     from pipeline.data.read import BadSlice, RowSlice, UnreadableInput
 
     try:
@@ -115,8 +118,9 @@ def _evaluate(args: argparse.Namespace) -> int:
 
 
 def _export(args: argparse.Namespace) -> int:
-    from pipeline.families.laya.export import NonFiniteWeights, export_folder
-    from pipeline.families.laya.layout import ModelLayoutError
+    from pipeline.families.exporting import NonFiniteWeights
+    from pipeline.stages.export import export_folder
+    from pipeline.families.base import ModelLayoutError
 
     try:
         result = export_folder(args.adapter, args.out)
@@ -150,7 +154,7 @@ def _finetune(args: argparse.Namespace) -> int:
         print(json.dumps(summary))
     else:
         print_heldout({**summary, "saved_to": summary["export_dir"], "planned_steps": summary["steps"]})  # fmt: skip
-        print(f"temperatures: {summary['temperatures']}")
+        print(f"family: {summary['family']} ({summary['method']}); temperatures: {summary['temperatures']}")
     return 130 if summary["cancelled"] else EXIT_OK
 
 
@@ -208,13 +212,19 @@ def _add_training_arguments(command: argparse.ArgumentParser, out_help: str) -> 
     command.add_argument(
         "--base",
         required=True,
-        help="a Laya-layout folder, or (finetune) a causal LM folder: Qwen3, Llama (decoder family)",
+        help="a Laya-layout folder (laya family) or a causal LM folder: Qwen3, Llama (joint family)",
+    )
+    command.add_argument(
+        "--family",
+        choices=["laya", "joint"],
+        help="the model family (default: train.family in params.yaml, else what BASE is: a Laya-layout folder "
+        "is laya, a causal LM joint); joint on a Laya-layout base trains the joint record head on its encoder",
     )
     command.add_argument("--out", required=True, help=out_help)
     command.add_argument(
         "--method",
         choices=["lora", "full", "qlora"],
-        help="default: train.method in params.yaml; qlora (4-bit nf4 backbone) is for decoder bases",
+        help="default: train.method in params.yaml; qlora (4-bit nf4 backbone) is for causal-LM bases",
     )
     command.add_argument("--max-steps", type=int, help="cap on optimizer steps (default: train.max_steps)")
     command.add_argument("--slice", metavar="START:END", help="use rows [START, END) of DATA only")
@@ -246,9 +256,9 @@ def build_parser() -> argparse.ArgumentParser:
     train = commands.add_parser(
         "train",
         help="fine-tune a base model on decision rows and report held-out metrics before and after",
-        description="Validate DATA, split off the held-out rows, fine-tune BASE (a Laya-layout folder) with "
-        "LoRA or full fine-tuning, and save the fine-tune to OUT (LoRA: adapters plus head; full: a whole "
-        "model). Settings come from params.yaml (train:); flags override them. Ctrl-C stops at the next step "
+        description="Validate DATA, split off the held-out rows, fine-tune BASE in its model family (laya "
+        "or joint) with LoRA, full fine-tuning or QLoRA, and save the fine-tune to OUT (laya LoRA: adapters plus "
+        "head; otherwise a whole model). Settings come from params.yaml (train:); flags override them. Ctrl-C stops at the next step "
         "and saves nothing unless --save-on-cancel.",
     )
     _add_training_arguments(train, out_help="where to save the fine-tune")
@@ -263,7 +273,7 @@ def build_parser() -> argparse.ArgumentParser:
         "question type and overall; --plots DIR writes a reliability diagram and a confusion matrix per question.",
     )
     evaluate.add_argument(
-        "--model", required=True, help="a Laya-layout model folder, or a LoRA fine-tune folder"
+        "--model", required=True, help="an export of any family (Laya layout or joint), or a fine-tune folder"
     )
     evaluate.add_argument("--data", required=True, help="decision file (.jsonl, .parquet, .csv)")
     evaluate.add_argument("--slice", metavar="START:END", help="evaluate rows [START, END) only")
@@ -274,10 +284,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     export = commands.add_parser(
         "export",
-        help="merge a fine-tune into one servable Laya-layout folder, crash-safe",
+        help="merge a fine-tune into one servable, self-describing folder of its family, crash-safe",
         description="Merge LoRA adapters into a copy of the base on the CPU, check every tensor is finite, write "
         "fp16 weights, temperatures and a lineage manifest into a staging folder and swap it in atomically "
-        "(rl_agent_config.json last). Exporting the same source again is a no-op.",
+        "(the family's marker file last: rl_agent_config.json or head.safetensors). Exporting the same source again is a no-op.",
     )
     export.add_argument("--adapter", required=True, help="a LoRA fine-tune folder, or a full model folder")
     export.add_argument("--out", required=True, help="the export folder")

@@ -75,3 +75,32 @@ def verify_pins(
     if problems:
         raise PinMismatch("refusing to train on unpinned data:\n  " + "\n  ".join(problems))
     return verified
+
+
+def verify_inputs(paths: list[str | Path], lock_path: str | Path = LOCK_FILE) -> dict[str, str]:
+    """Verify every input that dvc.lock pins (refusing on a mismatch); unpinned inputs pass through unchecked.
+
+    Returns {path relative to the lock's folder: md5} for the pinned ones.
+    """
+    lock = Path(lock_path)
+    if not lock.is_file():
+        return {}
+    pinned = pinned_outputs(lock)
+    root = lock.resolve().parent
+    relative = [rel for rel in (_relative_to(path, root) for path in paths) if rel in pinned]
+    return verify_pins(relative, root=root) if relative else {}
+
+
+def unpinned(paths: list[str | Path], lock_path: str | Path = LOCK_FILE) -> list[str]:
+    """The inputs dvc.lock does not pin (so `verify_inputs` could not check them)."""
+    lock = Path(lock_path)
+    pinned = pinned_outputs(lock) if lock.is_file() else {}
+    root = lock.resolve().parent
+    return [str(path) for path in paths if _relative_to(path, root) not in pinned]
+
+
+def _relative_to(path: str | Path, root: Path) -> str | None:
+    try:
+        return Path(path).resolve().relative_to(root).as_posix()
+    except ValueError:
+        return None

@@ -1,0 +1,70 @@
+"""The model families and the one function that picks one (`pick_family`); see `pipeline.families.base`.
+
+    family = pick_family("data/snapshots/minilm")                 # laya (what the folder is)
+    family = pick_family("data/snapshots/minilm", "joint")        # the joint head on the same encoder
+    model = load_decision_model("runs/abc/export")                # a family and its loaded model
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pipeline.config import ConfigError
+from pipeline.families.base import DecisionFamily, DecisionModel, ModelLayoutError
+from pipeline.families.joint.family import JointFamily
+from pipeline.families.laya.family import LayaFamily
+
+# Order matters only where a folder could be read as several: a joint export is checked before the rest.
+FAMILIES: dict[str, DecisionFamily] = {family.name: family for family in (JointFamily(), LayaFamily())}
+
+
+def pick_family(folder: str | Path, name: str | None = None) -> DecisionFamily:
+    """The family named (`train.family` / `--family`), or the one whose layout `folder` is."""
+    folder = Path(folder)
+    if name is not None:
+        if name not in FAMILIES:
+            raise ConfigError(f"train.family: expected one of {', '.join(FAMILIES)}; got {name!r}")
+        if not FAMILIES[name].can_load(folder):
+            raise ModelLayoutError(f"{folder}: the {name} family cannot start from this folder")
+        return FAMILIES[name]
+    for family in FAMILIES.values():
+        if family.owns(folder):
+            return family
+    raise ModelLayoutError(
+        f"{folder}: not a model of any family ({', '.join(FAMILIES)}): no rl_agent_config.json (Laya layout), "
+        "decision_config.json + head.safetensors (joint export) or causal-LM config.json; an unfinished export?"
+    )
+
+
+def load_decision_model(folder: str | Path) -> DecisionModel:
+    """A servable model of any family: an export, or a family's fine-tune folder."""
+    family = pick_family(folder)
+    return DecisionModel(family, family.load_trained(folder))
+
+
+def is_complete_export(folder: Path) -> bool:
+    """A folder some family wrote completely (its last file is there); a staging folder never is."""
+    return any(family.is_export(folder) for family in FAMILIES.values())
+
+
+def list_models(folder: str | Path) -> list[Path]:
+    """The complete exports among a folder's visible subfolders."""
+    folder = Path(folder)
+    return sorted(p for p in folder.iterdir() if p.is_dir() and not p.name.startswith(".") and is_complete_export(p))
+
+
+def find_exports(root: str | Path) -> list[Path]:
+    """Every complete export at or below `root` (e.g. inside a downloaded MLflow model)."""
+    root = Path(root)
+    found = {
+        family.written_last(p.parent).parent
+        for family in FAMILIES.values()
+        for p in root.rglob(family.written_last(root).name)
+        if family.is_export(p.parent)
+    }
+    return sorted(found)
+
+
+def written_last(folder: Path) -> Path:
+    """The file the folder's family wrote last (it dates the release)."""
+    return pick_family(folder).written_last(folder)

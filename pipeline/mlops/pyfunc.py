@@ -15,6 +15,10 @@ from typing import Any
 
 import mlflow.pyfunc
 
+from pipeline.data.answers import parse_request
+from pipeline.data.contract import parse_json_cell, parse_state
+from pipeline.families import load_decision_model
+
 EXPORT_ARTIFACT = "decision_model"
 
 
@@ -22,18 +26,12 @@ class DecisionPyfunc(mlflow.pyfunc.PythonModel):
     """Loads the export folder once; answers a batch of requests in shared forward passes."""
 
     def load_context(self, context) -> None:
-        from pipeline.families.joint.layout import load_decision_model
-
-        self._loaded = load_decision_model(context.artifacts[EXPORT_ARTIFACT])
+        self._model = load_decision_model(context.artifacts[EXPORT_ARTIFACT])
 
     def predict(self, context, model_input, params: dict[str, Any] | None = None) -> list[dict[str, Any]]:
-        from pipeline.data.answers import parse_request
-        from pipeline.data.contract import parse_json_cell, parse_state
-        from pipeline.families.laya.predict import answer_requests
-
         records = model_input.to_dict("records") if hasattr(model_input, "to_dict") else list(model_input)
         parsed = [parse_request(parse_state(r["state"]), parse_json_cell(r["questions"])) for r in records]
-        results = answer_requests(self._loaded, parsed)
+        results = self._model.answer(parsed)
         for result in results:
             if isinstance(result, Exception):
                 raise result

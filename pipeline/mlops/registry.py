@@ -12,7 +12,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from pipeline.families.laya.layout import CONFIG_FILE
+from pipeline.families import find_exports
+from pipeline.mlops.pyfunc import EXPORT_ARTIFACT, decision_signature
 
 DEFAULT_TRACKING_URI = "sqlite:///mlflow/mlflow.db"
 MODEL_URI_PREFIX = "models:/"
@@ -88,15 +89,11 @@ def download_version(name: str, version: str, dst: str | Path) -> Path:
     import mlflow.artifacts
 
     uri = use_store()
-    from pipeline.families.joint.layout import HEAD_FILE
-
     local = Path(mlflow.artifacts.download_artifacts(f"models:/{name}/{version}", dst_path=str(dst),
                                                      tracking_uri=uri, registry_uri=uri))  # fmt: skip
-    found = sorted(p.parent for marker in (CONFIG_FILE, HEAD_FILE) for p in local.rglob(marker))
+    found = find_exports(local)
     if not found:
-        raise RegistryError(
-            f"models:/{name}/{version}: no decision model ({CONFIG_FILE} or {HEAD_FILE}) in its artifacts"
-        )
+        raise RegistryError(f"models:/{name}/{version}: no complete decision model export in its artifacts")
     return found[0]
 
 
@@ -122,8 +119,6 @@ def register_export(export_dir: str | Path, name: str, run_id: str | None = None
     key = (tags or {}).get("idempotency_key")
     if key and (found := find_version(name, key)):
         return found
-
-    from pipeline.mlops.pyfunc import EXPORT_ARTIFACT, decision_signature
 
     use_store()
     experiment_id = None if run_id else ensure_experiment()

@@ -8,14 +8,13 @@ finished run and returns it, so a resumed or repeated flow never makes a second 
 
 from __future__ import annotations
 
-import hashlib
-import json
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from pipeline.mlops.registry import client, ensure_experiment, use_store
+from pipeline.scoring.plots import loss_curve
 
 KEY_TAG = "idempotency_key"
 MODELS = ("base", "tuned", "calibrated")
@@ -37,21 +36,6 @@ class TrainingRecord:
     run_dir: str
     tags: dict[str, str] = field(default_factory=dict)
     run_name: str | None = None
-
-
-def code_digest(root: str | Path = ".") -> str:
-    """sha256 over the library and flow sources, so a code change makes a new key even without a commit."""
-    root = Path(root)
-    digest = hashlib.sha256()
-    for path in sorted([*root.glob("pipeline/**/*.py"), *root.glob("flows/**/*.py")]):
-        digest.update(path.relative_to(root).as_posix().encode() + b"\0" + path.read_bytes())
-    return digest.hexdigest()
-
-
-def idempotency_key(data_md5: str, base_md5: str, params: dict[str, Any], code: str) -> str:
-    text = json.dumps({"data": data_md5, "base": base_md5, "params": params, "code": code}, sort_keys=True,
-                      default=str)  # fmt: skip
-    return hashlib.sha256(text.encode()).hexdigest()[:32]
 
 
 def find_run(key: str) -> str | None:
@@ -129,8 +113,6 @@ def _log_dataset(record: TrainingRecord) -> None:
 
 def _log_artifacts(record: TrainingRecord) -> None:
     import mlflow
-
-    from pipeline.scoring.plots import loss_curve
 
     run_dir = Path(record.run_dir)
     mlflow.log_dict(record.validation, "validation/report.json")

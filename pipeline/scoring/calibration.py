@@ -1,35 +1,49 @@
-"""Temperature calibration: one temperature per question type, fitted on held-out decisions against gold.
+"""Temperature calibration, family-free: one temperature per question type, fitted on held-out logits against gold.
 
 The temperature minimises the negative log-likelihood of the gold label (one-hot by default, or the soft gold
-distribution) over log T, clamped to [0.5, 5]. A type with fewer than `min_decisions` held-out decisions keeps
-T = 1. The before/after figures are cross-fitted: the held-out records are split in two halves, each half is
-scored with the temperatures fitted on the other, so no figure is measured on the data that fitted it.
+distribution) over log T in [log 0.5, log 5] (`scipy.optimize.minimize_scalar`, bounded). A type with fewer
+than `min_decisions` held-out decisions keeps T = 1. The before/after figures are cross-fitted: the held-out
+records are split in two halves, each half is scored with the temperatures fitted on the other, so no figure
+is measured on the data that fitted it.
+
+Temperatures have one shape everywhere: a tuple indexed by question type id (choice, score, noul); every
+family writes that tuple into its own export layout.
 """
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any
 
 import numpy as np
+from scipy.optimize import minimize_scalar
+from scipy.special import log_softmax
 
-from pipeline.families.laya.items import Item
+from pipeline.data.contract import QUESTION_TYPES
+from pipeline.scoring.decisions import ScoredDecision
 from pipeline.scoring.metrics import detailed_metrics
 
-TYPE_NAMES = ("choice", "score", "noul")
 T_MIN, T_MAX = 0.5, 5.0
 MIN_DECISIONS = 10
+Temperatures = tuple[float, float, float]  # by question type id: choice, score, noul
+NO_TEMPERATURES: Temperatures = (1.0, 1.0, 1.0)
 
 
 @dataclass(frozen=True)
 class Calibration:
-    """Fitted temperatures ([choice, score, noul]) and a note per type on how each was decided."""
+    """Fitted temperatures (by question type id) and a note per type on how each was decided."""
 
-    temperatures: tuple[float, float, float]
+    temperatures: Temperatures
     notes: dict[str, str] = field(default_factory=dict)
+
+    def by_name(self) -> dict[str, float]:
+        """{"choice": T, "score": T, "noul": T}, as calibration.json and the MLflow metrics name them."""
+        return dict(zip(QUESTION_TYPES, self.temperatures))
+
+
+def temperatures_from_names(by_name: dict[str, float]) -> Temperatures:
+    """The tuple from {"choice": T, "score": T, "noul": T} (a type not named keeps 1)."""
+    return tuple(float(by_name.get(name, 1.0)) for name in QUESTION_TYPES)  # type: ignore[return-value]
 
 
 def softmax(logits: np.ndarray, temperature: float = 1.0) -> np.ndarray:
@@ -38,49 +52,32 @@ def softmax(logits: np.ndarray, temperature: float = 1.0) -> np.ndarray:
     return z / z.sum()
 
 
-def _nll(log_t: float, logits: list[np.ndarray], targets: list[np.ndarray]) -> float:
+def _mean_nll(log_t: float, logits: list[np.ndarray], targets: list[np.ndarray]) -> float:
     t = math.exp(log_t)
-    total = 0.0
-    for z, target in zip(logits, targets):
-        scaled = np.asarray(z, dtype=np.float64) / t
-        log_norm = scaled.max() + math.log(np.exp(scaled - scaled.max()).sum())
-        total -= float(np.dot(target, scaled - log_norm))
+    total = sum(-float(np.dot(y, log_softmax(np.asarray(z, dtype=np.float64) / t))) for z, y in zip(logits, targets))
     return total / max(1, len(logits))
 
 
 def fit_temperature(
     logits: list[np.ndarray], targets: list[np.ndarray], lo: float = T_MIN, hi: float = T_MAX
 ) -> float:
-    """The temperature in [lo, hi] that minimises the mean NLL (golden-section search over log T)."""
-    a, b = math.log(lo), math.log(hi)
-    ratio = (math.sqrt(5) - 1) / 2
-    c, d = b - ratio * (b - a), a + ratio * (b - a)
-    fc, fd = _nll(c, logits, targets), _nll(d, logits, targets)
-    for _ in range(60):  # the bracket shrinks to ~1e-12 of log(10)
-        if fc < fd:
-            b, d, fd = d, c, fc
-            c = b - ratio * (b - a)
-            fc = _nll(c, logits, targets)
-        else:
-            a, c, fc = c, d, fd
-            d = a + ratio * (b - a)
-            fd = _nll(d, logits, targets)
-    return float(min(max(math.exp((a + b) / 2), lo), hi))
+    """The temperature in [lo, hi] that minimises the mean NLL (bounded scalar search over log T)."""
+    found = minimize_scalar(_mean_nll, bounds=(math.log(lo), math.log(hi)), args=(logits, targets),
+                            method="bounded", options={"xatol": 1e-6})  # fmt: skip
+    return float(min(max(math.exp(found.x), lo), hi))
 
 
-def _targets(items: list[Item], soft: bool) -> list[np.ndarray]:
-    return [
-        np.asarray(it.target, dtype=np.float64) if soft else np.eye(len(it.markers))[it.label] for it in items
-    ]
+def _targets(decisions: list[ScoredDecision], soft: bool) -> list[np.ndarray]:
+    return [np.asarray(d.target, dtype=np.float64) if soft else np.eye(d.n_options)[d.label] for d in decisions]
 
 
-def fit_calibration(items: list[Item], logits: list[np.ndarray], soft: bool = False,
+def fit_calibration(decisions: list[ScoredDecision], logits: list[np.ndarray], soft: bool = False,
                     min_decisions: int = MIN_DECISIONS) -> Calibration:  # fmt: skip
-    """One temperature per question type from held-out items and their raw logits."""
-    temperatures, notes = [1.0, 1.0, 1.0], {}
-    targets = _targets(items, soft)
-    for qtype, name in enumerate(TYPE_NAMES):
-        chosen = [i for i, it in enumerate(items) if it.qtype == qtype]
+    """One temperature per question type from held-out decisions and their raw logits."""
+    temperatures, notes = list(NO_TEMPERATURES), {}
+    targets = _targets(decisions, soft)
+    for qtype, name in enumerate(QUESTION_TYPES):
+        chosen = [i for i, d in enumerate(decisions) if d.qtype == qtype]
         if len(chosen) < min_decisions:
             notes[name] = f"kept T=1: {len(chosen)} held-out decisions (< {min_decisions})"
             continue
@@ -89,61 +86,35 @@ def fit_calibration(items: list[Item], logits: list[np.ndarray], soft: bool = Fa
     return Calibration((temperatures[0], temperatures[1], temperatures[2]), notes)
 
 
-def apply_temperatures(items: list[Item], logits: list[np.ndarray], temperatures) -> list[np.ndarray]:
-    """Probabilities with each item's type temperature applied."""
-    return [softmax(z, temperatures[it.qtype]) for it, z in zip(items, logits)]
+def apply_temperatures(decisions: list[ScoredDecision], logits: list[np.ndarray],
+                       temperatures: Temperatures) -> list[np.ndarray]:  # fmt: skip
+    """Probabilities with each decision's type temperature applied."""
+    return [softmax(z, temperatures[d.qtype]) for d, z in zip(decisions, logits)]
 
 
-def cross_fitted_metrics(items: list[Item], logits: list[np.ndarray], soft: bool = False,
-                         min_decisions: int = MIN_DECISIONS, fit=None) -> dict[str, float]:  # fmt: skip
-    """Held-out metrics after calibration, each half scored with the temperatures fitted on the other half.
+def plain_probabilities(logits: list[np.ndarray]) -> list[np.ndarray]:
+    """Probabilities at T = 1 (the uncalibrated model)."""
+    return [softmax(z) for z in logits]
 
-    `fit(items, logits)` gives the effective temperature per type ([choice, score, noul]); by default one
-    temperature per type (`fit_calibration`), as the encoder family calibrates.
-    """
-    fit = fit or (lambda its, zs: fit_calibration(its, zs, soft, min_decisions).temperatures)
-    halves = [[i for i, it in enumerate(items) if it.record % 2 == side] for side in (0, 1)]
-    probabilities: list[np.ndarray | None] = [None] * len(items)
+
+def cross_fitted_metrics(decisions: list[ScoredDecision], logits: list[np.ndarray], soft: bool = False,
+                         min_decisions: int = MIN_DECISIONS) -> dict[str, float]:  # fmt: skip
+    """Held-out metrics after calibration, each half of the records scored with the other half's temperatures."""
+    halves = [[i for i, d in enumerate(decisions) if d.record % 2 == side] for side in (0, 1)]
+    probabilities: list[np.ndarray | None] = [None] * len(decisions)
     for fit_on, score_on in ((halves[0], halves[1]), (halves[1], halves[0])):
-        temperatures = fit([items[i] for i in fit_on], [logits[i] for i in fit_on])
+        fitted = fit_calibration([decisions[i] for i in fit_on], [logits[i] for i in fit_on], soft, min_decisions)
         for i in score_on:
-            probabilities[i] = softmax(logits[i], temperatures[items[i].qtype])
-    return detailed_metrics(items, probabilities)
+            probabilities[i] = softmax(logits[i], fitted.temperatures[decisions[i].qtype])
+    return detailed_metrics(decisions, probabilities)
 
 
-CALIBRATION_FILE, PLOTS_DIR = "calibration.json", "plots"
-
-
-def calibrate_stage(run_dir: str | Path, soft: bool = False) -> dict[str, Any]:
-    """The flow's calibrate stage: temperatures from `run_dir/heldout.npz`, figures before and after, plots.
-
-    Writes `run_dir/calibration.json` (temperatures, notes, base/tuned/calibrated metrics; the calibrated ones
-    cross-fitted) and, under `run_dir/plots`, reliability diagrams before and after and a confusion matrix per
-    question.
-    """
-    from pipeline.stages.finetune import HELDOUT_FILE
-    from pipeline.scoring.heldout import load_heldout
-
-    run_dir = Path(run_dir)
-    held = load_heldout(run_dir / HELDOUT_FILE)
-    calibration = fit_calibration(held.items, held.tuned_logits, soft)
-    result = {
-        "temperatures": dict(zip(TYPE_NAMES, calibration.temperatures)), "notes": calibration.notes,
-        "heldout": {"decisions": len(held.items),
-                    "base": detailed_metrics(held.items, [softmax(z) for z in held.base_logits]),
-                    "tuned": detailed_metrics(held.items, [softmax(z) for z in held.tuned_logits]),
-                    "calibrated": cross_fitted_metrics(held.items, held.tuned_logits, soft)},
-        "plots": _write_plots(held, calibration, run_dir / PLOTS_DIR),
-    }  # fmt: skip
-    (run_dir / CALIBRATION_FILE).write_text(json.dumps(result, indent=2))
-    return result
-
-
-def _write_plots(held, calibration: Calibration, folder: Path) -> list[str]:
-    from pipeline.scoring.plots import reliability_diagram, write_plots
-
-    tuned = [softmax(z) for z in held.tuned_logits]
-    calibrated = apply_temperatures(held.items, held.tuned_logits, calibration.temperatures)
-    before = reliability_diagram(held.items, tuned, folder / "reliability_before.png", "fine-tune, T = 1")
-    after = write_plots(held.items, calibrated, held.options, folder, "reliability_after.png", "calibrated")
-    return [str(p) for p in [before, *after]]
+def heldout_figures(decisions: list[ScoredDecision], base_logits: list[np.ndarray],
+                    tuned_logits: list[np.ndarray], soft: bool = False) -> dict[str, object]:  # fmt: skip
+    """The before/after table: base and fine-tune at T = 1, and the calibrated fine-tune (cross-fitted)."""
+    return {
+        "decisions": len(decisions),
+        "base": detailed_metrics(decisions, plain_probabilities(base_logits)),
+        "tuned": detailed_metrics(decisions, plain_probabilities(tuned_logits)),
+        "calibrated": cross_fitted_metrics(decisions, tuned_logits, soft),
+    }

@@ -13,12 +13,12 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeline.families.laya.items import Item
+from pipeline.scoring.decisions import ScoredDecision
 
 
 @dataclass(frozen=True)
 class HeldOut:
-    items: list[Item]
+    items: list[ScoredDecision]
     base_logits: list[np.ndarray]
     tuned_logits: list[np.ndarray]
     options: dict[str, tuple[str, ...]]
@@ -54,7 +54,7 @@ def load_heldout(path: str | Path) -> HeldOut:
     data = np.load(Path(path))
     widths, question_ids = data["widths"], json.loads(str(data["question_id"]))
     items = [
-        Item((), tuple(range(w)), int(q), tuple(t[:w]), int(label), int(record), qid, bool(soft))
+        ScoredDecision(int(q), int(label), int(record), qid, tuple(float(x) for x in t[:w]), bool(soft))
         for w, q, t, label, record, qid, soft in zip(widths, data["qtype"], data["target"], data["label"],
                                                      data["record"], question_ids, data["soft"])
     ]  # fmt: skip

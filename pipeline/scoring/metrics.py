@@ -10,7 +10,8 @@ from collections import defaultdict
 
 import numpy as np
 
-from pipeline.families.laya.items import Item
+from pipeline.data.contract import QUESTION_TYPES, SCORE_TYPE_ID
+from pipeline.scoring.decisions import ScoredDecision
 
 ECE_BINS = 15
 
@@ -37,7 +38,7 @@ def expected_calibration_error(confidence: np.ndarray, correct: np.ndarray, bins
     return float(total)
 
 
-def heldout_metrics(items: list[Item], probabilities: list[np.ndarray]) -> dict[str, float]:
+def heldout_metrics(items: list[ScoredDecision], probabilities: list[np.ndarray]) -> dict[str, float]:
     """Accuracy per decision and per record (all of a record's decisions right), mean soft-CE loss, and ECE."""
     if not items:
         return {"decisions": 0, "accuracy": float("nan"), "record_accuracy": float("nan"), "loss": float("nan"),
@@ -58,10 +59,8 @@ def heldout_metrics(items: list[Item], probabilities: list[np.ndarray]) -> dict[
     }
 
 
-TYPE_NAMES = ("choice", "score", "noul")
 
-
-def detailed_metrics(items: list[Item], probabilities: list[np.ndarray]) -> dict[str, float]:
+def detailed_metrics(items: list[ScoredDecision], probabilities: list[np.ndarray]) -> dict[str, float]:
     """`heldout_metrics` plus Brier score, KL from the soft gold (where present) and score MAE."""
     metrics = heldout_metrics(items, probabilities)
     if not items:
@@ -72,7 +71,7 @@ def detailed_metrics(items: list[Item], probabilities: list[np.ndarray]) -> dict
     mae = [
         abs(float(np.dot(np.arange(len(p)), p)) - it.label)
         for it, p in zip(items, probabilities)
-        if it.qtype == 1
+        if it.qtype == SCORE_TYPE_ID
     ]
     return metrics | {
         "brier": float(np.mean(brier)),
@@ -81,10 +80,10 @@ def detailed_metrics(items: list[Item], probabilities: list[np.ndarray]) -> dict
     }
 
 
-def metrics_by_type(items: list[Item], probabilities: list[np.ndarray]) -> dict[str, dict[str, float]]:
+def metrics_by_type(items: list[ScoredDecision], probabilities: list[np.ndarray]) -> dict[str, dict[str, float]]:
     """`detailed_metrics` overall and for each question type present."""
     report = {"overall": detailed_metrics(items, probabilities)}
-    for qtype, name in enumerate(TYPE_NAMES):
+    for qtype, name in enumerate(QUESTION_TYPES):
         chosen = [i for i, it in enumerate(items) if it.qtype == qtype]
         if chosen:
             report[name] = detailed_metrics([items[i] for i in chosen], [probabilities[i] for i in chosen])

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeline.families.laya.items import Item
+from pipeline.scoring.decisions import ScoredDecision
 from pipeline.scoring.metrics import ECE_BINS, ece_bin_index, expected_calibration_error
 
 
@@ -19,7 +19,7 @@ def _pyplot():
     return plt
 
 
-def reliability_diagram(items: list[Item], probabilities: list[np.ndarray], out: Path, title: str) -> Path:
+def reliability_diagram(items: list[ScoredDecision], probabilities: list[np.ndarray], out: Path, title: str) -> Path:
     """Accuracy against confidence in 15 equal-width (lo, hi] bins, with the ECE in the title."""
     plt = _pyplot()
     confidence = np.array([p.max() for p in probabilities])
@@ -46,7 +46,7 @@ def reliability_diagram(items: list[Item], probabilities: list[np.ndarray], out:
     return out
 
 
-def confusion_matrix(items: list[Item], probabilities: list[np.ndarray], options: tuple[str, ...], out: Path,
+def confusion_matrix(items: list[ScoredDecision], probabilities: list[np.ndarray], options: tuple[str, ...], out: Path,
                      title: str) -> Path:  # fmt: skip
     """Gold option (rows) against predicted option (columns), counts in the cells."""
     plt = _pyplot()
@@ -85,7 +85,7 @@ def loss_curve(steps: list[dict[str, float]], out: Path, title: str = "training 
     return out
 
 
-def write_plots(items: list[Item], probabilities: list[np.ndarray], options: dict[str, tuple[str, ...]],
+def write_plots(items: list[ScoredDecision], probabilities: list[np.ndarray], options: dict[str, tuple[str, ...]],
                 folder: Path, reliability: str = "reliability.png", title: str = "all decisions") -> list[Path]:  # fmt: skip
     """A reliability diagram of every decision and one confusion matrix per question id (`options` names the
     axes), as PNG files in `folder`."""

@@ -25,7 +25,10 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeline.families.laya.layout import LoadedModel, list_models
+from pipeline.data.answers import answer_probabilities, parse_request
+from pipeline.families import list_models, load_decision_model, written_last
+from pipeline.families.base import DecisionModel
+from pipeline.mlops.registry import alias_version, client, download_version, parse_alias_uri
 
 log = logging.getLogger("decision.serve")
 DEFAULT_NAMES = ("default", "jev-latest", "jev-preview")
@@ -52,7 +55,7 @@ class ModelLoading(RuntimeError):
 @dataclass(eq=False)  # compared and hashed by identity: the batcher groups requests by model object
 class ServedModel:
     name: str
-    loaded: LoadedModel
+    model: DecisionModel
     folder: Path
     owner: str | None = None
     release_date: str = ""
@@ -73,8 +76,6 @@ class Catalog:
 
     def __init__(self, source: str, finetunes_dir: str | Path | None = None, poll_s: float = 5.0,
                  max_loaded_finetunes: int = 4, device: str = "cpu") -> None:  # fmt: skip
-        from pipeline.mlops.registry import parse_alias_uri
-
         self.source, self.alias = source, parse_alias_uri(source)
         self.finetunes_dir = Path(finetunes_dir) if finetunes_dir else None
         self.poll_s, self.max_loaded, self.device = poll_s, max_loaded_finetunes, device
@@ -153,8 +154,6 @@ class Catalog:
         self._follow_alias()
 
     def _follow_alias(self) -> None:
-        from pipeline.mlops.registry import alias_version
-
         name, alias = self.alias
         version = alias_version(name, alias)
         self._scan_finetune_folder()
@@ -166,8 +165,6 @@ class Catalog:
         self.serving, self.load_error = candidate, None
 
     def _fetch_version(self, name: str, version: str) -> ServedModel:
-        from pipeline.mlops.registry import download_version
-
         folder = download_version(name, version, Path(self._cache.name) / f"{name}-{version}")
         return checked(
             ServedModel(f"{name}/{version}", self._load(folder), folder, None, _release_date(folder))
@@ -181,8 +178,6 @@ class Catalog:
             self._finetunes.setdefault(folder.name, Finetune(folder.name, owner, folder=folder))
 
     def _scan_registry(self, name: str) -> None:
-        from pipeline.mlops.registry import client
-
         for version in client().search_model_versions(f"name='{name}'"):
             key = f"{name}/{version.version}"
             self._finetunes.setdefault(
@@ -207,12 +202,8 @@ class Catalog:
                 self._loaded_finetunes.popitem(last=False)
             return model
 
-    def _load(self, folder: Path) -> LoadedModel:
-        from pipeline.families.joint.layout import load_decision_model
-
-        loaded = load_decision_model(folder)
-        loaded.model.to(self.device)
-        return loaded
+    def _load(self, folder: Path) -> DecisionModel:
+        return load_decision_model(folder).to(self.device)
 
     def _serving_name(self) -> str:
         return self.serving.name if self.serving else "nothing"
@@ -223,10 +214,7 @@ def checked(model: ServedModel) -> ServedModel:
 
     The answers are rounded to 4 decimals, so a choice or score sums to 1 within half a unit per option.
     """
-    from pipeline.data.answers import answer_probabilities, parse_request
-    from pipeline.families.laya.predict import answer_requests
-
-    [result] = answer_requests(model.loaded, [parse_request(CANARY_STATE, CANARY_QUESTIONS)])
+    [result] = model.model.answer([parse_request(CANARY_STATE, CANARY_QUESTIONS)])
     if isinstance(result, Exception):
         raise ValueError(f"{model.name}: the canary request failed: {result}")
     for qid, answer in result.answers.items():
@@ -243,10 +231,7 @@ def _manifest(folder: Path) -> dict:
 
 
 def _release_date(folder: Path) -> str:
-    from pipeline.families.joint.layout import HEAD_FILE
-
-    written_last = HEAD_FILE if (folder / HEAD_FILE).is_file() else "rl_agent_config.json"
-    mtime = (folder / written_last).stat().st_mtime
+    mtime = written_last(folder).stat().st_mtime
     return dt.datetime.fromtimestamp(mtime, dt.UTC).date().isoformat()
 
 

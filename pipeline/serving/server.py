@@ -1,7 +1,7 @@
 """The Decision API over HTTP (DESIGN.md 5): `POST /v1/systemone`, `GET /v1/models`, `GET /healthz`.
 
 A thin FastAPI layer: request and response models, keys and status codes. Parsing, the forward pass,
-temperatures and answer shaping are `pipeline.data.answers` and `pipeline.families.laya.predict`, shared with the smoke test
+temperatures and answer shaping are `pipeline.data.answers` and the model family (`pipeline.families`), shared with the smoke test
 and the MLflow model; the model catalog and alias following are `pipeline.serving.catalog`, micro-batching is
 `pipeline.serving.batching`.
 
@@ -15,16 +15,18 @@ from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal
 
 import orjson
-from fastapi import Depends, FastAPI, Header, HTTPException
+from fastapi import Depends, FastAPI, HTTPException, Request
 from fastapi.responses import JSONResponse, Response
+from fastapi.security import APIKeyHeader, HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from pipeline.data.contract import QUESTION_TYPES
 from pipeline.data.answers import InvalidRequest, RequestTooLarge, parse_request
 from pipeline.serving.batching import MicroBatcher, QueueFull
 from pipeline.serving.body import BodyLimits, DecodeBodyMiddleware
 from pipeline.serving.catalog import Catalog, ModelForbidden, ModelLoading, ModelNotFound, ServedModel
 from pipeline.serving.keys import KeyStore
-from pipeline.families.laya.predict import BadQuestion, answer_requests
+from pipeline.families.base import BadQuestion
 
 log = logging.getLogger("decision.serve")
 RETRY_AFTER_LOADING_S = 5
@@ -36,7 +38,7 @@ class QuestionIn(BaseModel):
     """One question: `criteria` per type (choice: object or list of ids; score: list of levels; noul: optional)."""
 
     model_config = ConfigDict(extra="ignore")
-    type: Literal["choice", "score", "noul"]
+    type: Literal[QUESTION_TYPES]  # type: ignore[valid-type]
     instructions: JSONText = None
     criteria: dict[str, JSONText] | list[JSONText] | None = None
 
@@ -99,6 +101,10 @@ class ServerConfig:
     limits: BodyLimits = field(default_factory=BodyLimits)
 
 
+BEARER = HTTPBearer(auto_error=False, description="An API key as `Authorization: Bearer <key>`.")
+API_KEY = APIKeyHeader(name="X-API-Key", auto_error=False, description="An API key (the same keys as Bearer).")
+
+
 @dataclass(frozen=True)
 class Caller:
     owner: str | None  # None: no key (or an open server)
@@ -124,9 +130,11 @@ def create_app(catalog: Catalog, keys: KeyStore, config: ServerConfig = ServerCo
     app.add_middleware(DecodeBodyMiddleware, limits=config.limits)
     app.state.catalog, app.state.batcher = catalog, batcher
 
-    def caller(authorization: Annotated[str | None, Header()] = None,
-               x_api_key: Annotated[str | None, Header()] = None) -> Caller:  # fmt: skip
-        return _authenticate(keys, authorization, x_api_key)
+    def caller(request: Request, bearer: Annotated[HTTPAuthorizationCredentials | None, Depends(BEARER)],
+               x_api_key: Annotated[str | None, Depends(API_KEY)]) -> Caller:  # fmt: skip
+        # The security schemes put both headers in the OpenAPI document; a malformed Authorization header
+        # (which HTTPBearer passes over as absent) must still be a 401, so the raw header is judged.
+        return _authenticate(keys, request.headers.get("authorization"), x_api_key)
 
     @app.post("/v1/systemone", response_model=DecisionResponse, responses=_ERROR_RESPONSES)
     async def systemone(body: DecisionRequest, who: Annotated[Caller, Depends(caller)]) -> Response:
@@ -163,7 +171,7 @@ def create_app(catalog: Catalog, keys: KeyStore, config: ServerConfig = ServerCo
 
 
 def _run_batch(model: ServedModel, requests: list[Any]) -> list[Any]:
-    return answer_requests(model.loaded, requests)
+    return model.model.answer(requests)
 
 
 def _authenticate(keys: KeyStore, authorization: str | None, x_api_key: str | None) -> Caller:

@@ -7,18 +7,20 @@ from __future__ import annotations
 
 import json
 import sys
+from importlib import metadata
 from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 from pipeline.config import PARAMS_FILE, load_params
+from pipeline.data.dataset import build_dataset
+from pipeline.families.laya.layout import write_snapshot
+from pipeline.stages.validate import validate_report
 
 
 def run_dataset(params: dict[str, Any], root: Path) -> dict[str, Any]:
     """Build the embedded VADER dataset (`dataset` in params.yaml)."""
-    from pipeline.data.dataset import build_dataset
-
     return asdict(build_dataset(params["dataset"], root))
 
 
@@ -28,31 +30,8 @@ def run_validate(params: dict[str, Any], root: Path) -> dict[str, Any]:
     return validate_report(root / config.data, config, root / config.report)
 
 
-def validate_report(
-    data: str | Path, config, out: str | Path | None = None, row_slice: str | None = None
-) -> dict[str, Any]:
-    """The validation report of `data` (or its slice) with the held-out split summary; written to `out` if given.
-
-    The same function for `dvc repro validate` and the retraining flow's validate task.
-    """
-    from pipeline.data.read import RowSlice
-    from pipeline.data.split import split_holdout
-    from pipeline.data.validate import validate_file
-
-    data = validate_file(data, RowSlice.parse(row_slice))
-    report = data.report.to_dict() | {"split": split_holdout(data.records, config).summary()}
-    if out is not None:
-        Path(out).parent.mkdir(parents=True, exist_ok=True)
-        Path(out).write_text(json.dumps(report, indent=2) + "\n")
-    return report
-
-
 def run_snapshot(params: dict[str, Any], root: Path) -> dict[str, Any]:
     """Build the stock base model: the packaged MiniLM encoder plus a seeded, fresh decision head."""
-    from importlib import metadata
-
-    from pipeline.families.laya.layout import write_snapshot
-
     config = params["snapshot"]
     installed = metadata.version(config.encoder_package)
     if installed != config.encoder_version:

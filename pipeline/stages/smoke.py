@@ -10,6 +10,7 @@ above a 1e-3 probability difference, or on any failed request.
 
 from __future__ import annotations
 
+import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -18,7 +19,13 @@ from typing import Any
 import numpy as np
 import orjson
 
+from pipeline.config import load_params
 from pipeline.data.answers import answer_probabilities, chosen_option, parse_request
+from pipeline.data.split import split_holdout
+from pipeline.data.validate import validate_file
+from pipeline.families import load_decision_model
+from pipeline.mlops.promotion import SMOKE_TAG
+from pipeline.mlops.registry import client, download_version
 
 MIN_AGREEMENT = 0.995
 MAX_PROBABILITY_DIFF = 1e-3
@@ -50,10 +57,6 @@ def heldout_requests(
 
     The split is params.yaml's (`validate:`) unless `split_config` is given.
     """
-    from pipeline.config import load_params
-    from pipeline.data.split import split_holdout
-    from pipeline.data.validate import validate_file
-
     records = validate_file(data).records
     if not all_rows:
         records = split_holdout(records, split_config or load_params()["validate"]).heldout
@@ -119,11 +122,8 @@ def _send_all(url: str, bodies: list[dict[str, Any]], api_key: str | None, model
 
 def _in_process(model_dir: str | Path, bodies: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The folder's answers, one request per forward pass (no batching with others)."""
-    from pipeline.families.joint.layout import load_decision_model
-    from pipeline.families.laya.predict import answer_requests
-
-    loaded = load_decision_model(model_dir)
-    return [answer_requests(loaded, [parse_request(b["state"], b["questions"])])[0].answers for b in bodies]
+    model = load_decision_model(model_dir)
+    return [model.answer([parse_request(b["state"], b["questions"])])[0].answers for b in bodies]
 
 
 def _compare(served: list[dict[str, Any] | None], expected: list[dict[str, Any]]) -> tuple[float, float]:
@@ -154,7 +154,7 @@ def serve_and_smoke(
 
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    command = [sys.executable, "-m", "pipeline.cli.main", "serve", "--model", str(model_dir), "--port", str(port)]
+    command = [sys.executable, "-m", "pipeline.cli", "serve", "--model", str(model_dir), "--port", str(port)]
     with tempfile.TemporaryFile("w+") as log:  # a file, not a pipe: a chatty server can never block on it
         server = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=log, text=True)
         try:
@@ -193,3 +193,16 @@ def _wait_healthy(url: str, server, log, timeout_s: float) -> None:
         if time.monotonic() > deadline:
             raise TimeoutError(f"decision serve on {url} not healthy after {timeout_s:.0f} s")
         time.sleep(0.2)
+
+
+def smoke_version(name: str, version: str, data: str | Path, n: int, split_config) -> SmokeResult:
+    """The flow's smoke-test stage: serve a registered version over HTTP, smoke-test it, tag the version."""
+    bodies = heldout_requests(data, n, split_config)
+    with tempfile.TemporaryDirectory() as tmp:
+        result = serve_and_smoke(download_version(name, version, tmp), bodies)
+    tags = {SMOKE_TAG: "passed" if result.passed else "failed", "smoke_agreement": str(result.agreement),
+            "smoke_max_probability_diff": str(result.max_probability_diff),
+            "smoke_p50_ms": str(result.latency_ms["p50"]), "smoke_p95_ms": str(result.latency_ms["p95"])}  # fmt: skip
+    for key, value in tags.items():
+        client().set_model_version_tag(name, version, key, value)
+    return result

@@ -213,8 +213,9 @@ def compiled_encoder(
     warmup_batches: list[Batch],
     loss_fn: LossFn,
     pad_id: int = 0,
+    backbone: nn.Module | None = None,
 ) -> Iterator[CompileReport]:
-    """Compile `model.encoder`'s layers in place, warm them up, yield a report; always eager again on exit.
+    """Compile the layers of `backbone` (default `model.encoder`) in place, warm them up, yield a report; always eager again on exit.
 
     `loss_fn(model, batch)` must be the loop's own forward and loss (same autocast, same mode), so the
     warm-up compiles the graphs the loop will ask for (`pick_warmup_batches` chooses one per bucket).
@@ -228,7 +229,7 @@ def compiled_encoder(
     if not enabled:
         yield report
         return
-    layers = encoder_layers(model.encoder)
+    layers = encoder_layers(backbone if backbone is not None else model.encoder)
     start = _dynamo_counts()
     with ExitStack() as stack:
         stack.enter_context(_raised_recompile_limit(config))

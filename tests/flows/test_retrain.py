@@ -61,14 +61,14 @@ def test_a_first_run_is_tracked_registered_smoke_tested_and_promoted(
 
 def test_a_crash_after_export_resumes_without_redoing_finished_work(prefect_harness, mlflow_store, tiny_params,
                                                                    monkeypatch):  # fmt: skip
-    import pipeline.families.laya.export
-    import pipeline.stages.finetune
+    import pipeline.stages.export
+    import pipeline.stages.train
     import pipeline.mlops.tracking
     from pipeline.mlops.registry import client
     from pipeline.mlops.tracking import KEY_TAG
 
     calls = {"train": 0, "export": 0, "log": 0}
-    real_train, real_export, real_log = (pipeline.stages.finetune.train_stage, pipeline.families.laya.export.export_stage,
+    real_train, real_export, real_log = (pipeline.stages.train.train_stage, pipeline.stages.export.export_stage,
                                          pipeline.mlops.tracking.log_training_run)  # fmt: skip
 
     def counted(name, real):
@@ -84,8 +84,8 @@ def test_a_crash_after_export_resumes_without_redoing_finished_work(prefect_harn
             raise ConnectionError("tracking store unreachable")
         return real_log(record)
 
-    monkeypatch.setattr(pipeline.stages.finetune, "train_stage", counted("train", real_train))
-    monkeypatch.setattr(pipeline.families.laya.export, "export_stage", counted("export", real_export))
+    monkeypatch.setattr(pipeline.stages.train, "train_stage", counted("train", real_train))
+    monkeypatch.setattr(pipeline.stages.export, "export_stage", counted("export", real_export))
     monkeypatch.setattr(pipeline.mlops.tracking, "log_training_run", crashing_log)
     with pytest.raises(ConnectionError):
         run_flow(tiny_params)
@@ -104,7 +104,7 @@ def test_a_crash_after_export_resumes_without_redoing_finished_work(prefect_harn
 def test_a_tampered_dataset_stops_the_flow_before_training(
     prefect_harness, mlflow_store, tiny_params, monkeypatch
 ):
-    import pipeline.stages.finetune
+    import pipeline.stages.train
     from pipeline.data.pins import PinMismatch, file_md5
 
     params = yaml.safe_load(tiny_params.read_text())
@@ -128,7 +128,7 @@ def test_a_tampered_dataset_stops_the_flow_before_training(
     with data.open("a") as handle:
         handle.write(json.dumps({"state": "extra", "questions": {}, "gold": {}}) + "\n")
     monkeypatch.setattr(
-        pipeline.stages.finetune, "train_stage", lambda *a, **k: pytest.fail("trained on tampered data")
+        pipeline.stages.train, "train_stage", lambda *a, **k: pytest.fail("trained on tampered data")
     )
     with pytest.raises(PinMismatch, match=r"pinned\.jsonl: bytes differ from dvc\.lock"):
         run_flow(tampered, lock)

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from pipeline.scoring.calibration import cross_fitted_metrics, fit_calibration, fit_temperature, softmax
-from pipeline.families.laya.items import Item
+from pipeline.scoring.decisions import ScoredDecision
 from pipeline.scoring.metrics import detailed_metrics, expected_calibration_error, metrics_by_type
 
 
@@ -32,7 +32,7 @@ def test_fit_temperature_is_clamped():
 
 
 def _items(labels, qtypes, records=None):
-    return [Item((1,), (0,) * 3, q, tuple(np.eye(3)[y]), y, (records or list(range(len(labels))))[i], "q")
+    return [ScoredDecision(q, y, (records or list(range(len(labels))))[i], "q", tuple(np.eye(3)[y]))
             for i, (y, q) in enumerate(zip(labels, qtypes))]  # fmt: skip
 
 
@@ -73,7 +73,7 @@ def test_ece_agrees_with_laya_reference_including_bin_edges():
 
 def test_metrics_by_type_report_brier_kl_and_score_mae():
     items = _items([0, 1, 2], [0, 1, 1])
-    items[1] = Item((1,), (0, 0, 0), 1, (0.2, 0.6, 0.2), 1, 1, "s", True)
+    items[1] = ScoredDecision(1, 1, 1, "s", (0.2, 0.6, 0.2), True)
     probabilities = [np.array([1.0, 0, 0]), np.array([0.2, 0.6, 0.2]), np.array([0, 0.5, 0.5])]
     report = metrics_by_type(items, probabilities)
     assert set(report) == {"overall", "choice", "score"}

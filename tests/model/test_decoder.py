@@ -5,14 +5,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from pipeline.families.joint.head import (
-    DecoderDecisionModel,
-    JointHead,
-    backbone_body,
-    decoder_loss,
-    load_backbone,
-    output_embeddings,
-)
+from pipeline.families.joint.backbone import backbone_body, load_causal_lm
+from pipeline.families.joint.head import JointDecisionModel, JointHead, joint_loss
+
+
+def output_embeddings(lm):
+    return lm.get_output_embeddings()
+
 
 VOCAB = 300  # equal to no other dimension in these tests, so a vocabulary-sized output cannot hide
 HIDDEN = 64
@@ -88,23 +87,23 @@ def qwen_folder(tmp_path_factory) -> Path:
     return tiny_qwen3(tmp_path_factory.mktemp("qwen3") / "tiny")
 
 
-def build_model(folder: Path, lora: bool = False, seed: int = 0) -> DecoderDecisionModel:
-    lm = load_backbone(folder)
+def build_model(folder: Path, lora: bool = False, seed: int = 0) -> JointDecisionModel:
+    lm = load_causal_lm(folder)
     if lora:
         from peft import LoraConfig, get_peft_model
 
         lm = get_peft_model(lm, LoraConfig(r=4, lora_alpha=8, target_modules=LORA_TARGETS))
     torch.manual_seed(seed)
-    return DecoderDecisionModel(lm, JointHead(HIDDEN, width=WIDTH))
+    return JointDecisionModel(lm, JointHead(HIDDEN, width=WIDTH))
 
 
 def test_load_backbone_reads_a_local_folder_and_ties_the_projection(qwen_folder, tmp_path):
-    lm = load_backbone(qwen_folder, dtype=torch.bfloat16)
+    lm = load_causal_lm(qwen_folder, dtype=torch.bfloat16)
     assert lm.dtype == torch.bfloat16 and not lm.training
     assert output_embeddings(lm).weight is lm.get_input_embeddings().weight
     assert backbone_body(lm) is lm.model
     with pytest.raises(FileNotFoundError, match=r"no config\.json"):
-        load_backbone(tmp_path)
+        load_causal_lm(tmp_path)
 
 
 @pytest.mark.parametrize("grad", [False, True])
@@ -162,17 +161,17 @@ def test_the_output_projection_never_sees_a_sequence(qwen_folder, lora):
             )
         )
     batch, target = make_batch()
-    decoder_loss(model(batch), batch, target).backward()
+    joint_loss(model(batch), batch, target).backward()
     assert projection_calls == [] and vocab_sized == []
     assert output_embeddings(model.lm).weight.grad is not None or lora  # full fine-tune: the prior trains it
 
 
-def _train(model: DecoderDecisionModel, steps: int = 30) -> list[float]:
+def _train(model: JointDecisionModel, steps: int = 30) -> list[float]:
     batch, target = make_batch()
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=3e-3)
     losses = []
     for _ in range(steps):
-        loss = decoder_loss(model(batch), batch, target)
+        loss = joint_loss(model(batch), batch, target)
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
@@ -231,10 +230,10 @@ def test_optional_loss_terms_are_off_by_default_and_each_changes_the_loss():
     batch, target = make_batch()
     logits = torch.randn(target.shape, generator=torch.Generator().manual_seed(1))
     logits = logits.masked_fill(~batch["option_mask"], -1e4)
-    plain = decoder_loss(logits, batch, target)
+    plain = joint_loss(logits, batch, target)
     torch.testing.assert_close(plain, _plain_soft_ce(logits, batch, target))
     for option in ({"label_smoothing": 0.1}, {"brier_weight": 1.0}, {"ordinal_weight": 1.0}):
-        assert not torch.isclose(decoder_loss(logits, batch, target, **option), plain), option
+        assert not torch.isclose(joint_loss(logits, batch, target, **option), plain), option
     batch_without_scores = dict(batch, qtype=torch.zeros_like(batch["qtype"]))
-    ordinal_only = decoder_loss(logits, batch_without_scores, target, ordinal_weight=1.0)
+    ordinal_only = joint_loss(logits, batch_without_scores, target, ordinal_weight=1.0)
     torch.testing.assert_close(ordinal_only, plain)  # the ordinal term reads score questions only

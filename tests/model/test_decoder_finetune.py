@@ -45,23 +45,23 @@ def finetune(base, data, out, params, capsys) -> dict:
 def test_lora_finetune_trains_calibrates_exports_and_serves(decoder_base, learnable, tmp_path, capsys):
     from pipeline.data.answers import parse_request
     from pipeline.serving.catalog import Catalog
-    from pipeline.families.joint.layout import answer_decoder_requests, load_decoder
+    from pipeline.families.joint.layout import load_joint
+    from pipeline.families.joint.predict import answer_joint_requests
     from pipeline.serving.keys import KeyStore
     from pipeline.serving.server import create_app
 
     summary = finetune(decoder_base, learnable, tmp_path / "export", write_params(tmp_path, "lora"), capsys)
     losses = [loss for _, loss in summary["losses"]]
-    assert summary["family"] == "decoder" and summary["steps"] == 150
+    assert summary["family"] == "joint" and summary["steps"] == 150
     assert losses[-1] < 0.5 * losses[0], losses  # training lowers the loss
     assert summary["heldout"]["decisions"] >= 1
-    assert 0.05 <= summary["temperatures"]["global"] <= 20.0
     assert all(0.5 <= summary["temperatures"][t] <= 5.0 for t in ("choice", "score", "noul"))
 
-    exported = load_decoder(summary["export_dir"])
+    exported = load_joint(summary["export_dir"])
     question = {"type": "choice", "instructions": "What is the tone?",
                 "criteria": {"negative": None, "neutral": None, "positive": None}}  # fmt: skip
     body = {"state": "this product was great", "questions": {"tone": question}}
-    expected = answer_decoder_requests(exported, [parse_request(body["state"], body["questions"])])[0].answers
+    expected = answer_joint_requests(exported, [parse_request(body["state"], body["questions"])])[0].answers
     with TestClient(create_app(Catalog(summary["export_dir"]), KeyStore())) as client:
         while client.get("/healthz").status_code != 200:
             time.sleep(0.05)
@@ -78,9 +78,9 @@ def test_qlora_trains_on_the_cpu_with_a_4bit_backbone(decoder_base, learnable, t
     )
     assert summary["method"] == "qlora" and summary["steps"] == 12 and summary["export_dir"]
     assert all(np.isfinite(loss) for _, loss in summary["losses"])
-    from pipeline.families.joint.layout import load_decoder
+    from pipeline.families.joint.layout import load_joint
 
-    exported = load_decoder(summary["export_dir"])  # dequantised, 16-bit: loads without bitsandbytes layers
+    exported = load_joint(summary["export_dir"])  # dequantised, 16-bit: loads without bitsandbytes layers
     assert not any("4bit" in type(m).__name__ for m in exported.model.modules())
 
 
@@ -90,7 +90,8 @@ def test_a_decoder_export_registers_and_answers_as_an_mlflow_model(decoder_base,
     import mlflow.pyfunc
 
     from pipeline.data.answers import parse_request
-    from pipeline.families.joint.layout import answer_decoder_requests, load_decoder
+    from pipeline.families.joint.layout import load_joint
+    from pipeline.families.joint.predict import answer_joint_requests
     from pipeline.mlops.registry import register_export, use_store
 
     summary = finetune(
@@ -102,8 +103,8 @@ def test_a_decoder_export_registers_and_answers_as_an_mlflow_model(decoder_base,
     model = mlflow.pyfunc.load_model(f"models:/decoder-model/{version}")
     question = {"type": "noul", "instructions": "The text is positive."}
     predicted = model.predict([{"state": "it was great", "questions": {"p": question}}])
-    expected = answer_decoder_requests(
-        load_decoder(summary["export_dir"]), [parse_request("it was great", {"p": question})]
+    expected = answer_joint_requests(
+        load_joint(summary["export_dir"]), [parse_request("it was great", {"p": question})]
     )
     assert predicted[0]["answers"] == expected[0].answers
 
@@ -111,10 +112,10 @@ def test_a_decoder_export_registers_and_answers_as_an_mlflow_model(decoder_base,
 def test_optional_loss_terms_come_from_the_train_config_and_are_off_by_default(decoder_base, learnable):
     from pipeline.config import ConfigError, TrainConfig
     from pipeline.families.joint.training import build_examples, collate_examples, summed_loss
-    from pipeline.families.joint.layout import load_decoder
+    from pipeline.families.joint.layout import load_joint
     from pipeline.data.validate import validate_file
 
-    loaded = load_decoder(decoder_base)
+    loaded = load_joint(decoder_base)
     examples, _ = build_examples(validate_file(learnable).records[:6], loaded.tokenizer, loaded.max_len)
     batch = collate_examples(examples, loaded.tokenizer.pad_token_id)
     plain = summed_loss(loaded.model, batch, None).item()
@@ -131,7 +132,8 @@ def test_a_llama_backbone_loads_and_answers(tmp_path):
     from transformers import LlamaConfig, LlamaForCausalLM
 
     from pipeline.data.answers import parse_request
-    from pipeline.families.joint.layout import answer_decoder_requests, load_decoder
+    from pipeline.families.joint.layout import load_joint
+    from pipeline.families.joint.predict import answer_joint_requests
     from tests.tiny import tiny_bpe_tokenizer
 
     tokenizer = tiny_bpe_tokenizer()
@@ -140,9 +142,9 @@ def test_a_llama_backbone_loads_and_answers(tmp_path):
                          tie_word_embeddings=False, pad_token_id=tokenizer.pad_token_id)  # fmt: skip
     LlamaForCausalLM(config).save_pretrained(tmp_path / "llama")
     tokenizer.save_pretrained(tmp_path / "llama")
-    loaded = load_decoder(tmp_path / "llama")
+    loaded = load_joint(tmp_path / "llama")
     question = {"type": "score", "instructions": "How intense?", "criteria": ["none", "mild", "strong"]}
-    answer = answer_decoder_requests(loaded, [parse_request("the order was late", {"q": question})])[0]
+    answer = answer_joint_requests(loaded, [parse_request("the order was late", {"q": question})])[0]
     assert answer.answers["q"]["type"] == "score" and set(answer.answers["q"]["probabilities"]) == {
         "0",
         "1",

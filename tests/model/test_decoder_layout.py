@@ -14,22 +14,22 @@ import torch
 from fastapi.testclient import TestClient
 
 from pipeline.data.answers import answer_probabilities, parse_request
-from pipeline.families.joint.head import DecoderDecisionModel
+from pipeline.families.joint.head import JointDecisionModel
 from pipeline.families.joint.layout import (
     BACKBONE_DIR,
-    DECODER_CONFIG,
+    JOINT_CONFIG,
     HEAD_FILE,
-    DecoderExportError,
-    LoadedDecoder,
-    answer_decoder_requests,
-    export_decoder,
-    is_causal_lm_folder,
-    is_decoder_folder,
-    load_decoder,
+    JointExportError,
+    LoadedJoint,
+    export_joint,
+    is_joint_export,
+    load_joint,
 )
-from pipeline.families.laya.layout import ModelLayoutError, list_models
+from pipeline.families import list_models
+from pipeline.families.base import Answered, BadQuestion, ModelLayoutError
+from pipeline.families.joint.backbone import is_causal_lm_folder
+from pipeline.families.joint.predict import answer_joint_requests
 from pipeline.data.pins import current_md5
-from pipeline.families.laya.predict import Answered, BadQuestion, answer_requests
 from pipeline.families.joint.records import SYSTEM_INSTRUCTION, collate_records, encode_record
 from tests.api.conftest import QUESTIONS
 
@@ -38,7 +38,7 @@ TOKENIZER_VOCAB = 300
 MAX_LEN = 512
 WIDTH = 32
 LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
-TEMPERATURES = {"global": 1.7, "by_type": [0.8, 1.2, 1.5]}
+TEMPERATURES = (0.8, 1.2, 1.5)
 STATES = ["I love this product, it is great", {"text": "the order was late", "stars": 2}, "fine, okay"]
 SPECIALS = ["<|begin_of_text|>", "<|end_of_text|>", "<|pad|>"]
 LINES = [
@@ -86,14 +86,14 @@ def requests():
     return [parse_request(state, QUESTIONS) for state in STATES]
 
 
-def fresh(folder: Path, dtype=torch.float32, lora: bool = False, quantization=None) -> LoadedDecoder:
+def fresh(folder: Path, dtype=torch.float32, lora: bool = False, quantization=None) -> LoadedJoint:
     """The LM with a fresh head whose logits are spread (so probability checks can fail), LoRA if asked."""
-    loaded = load_decoder(folder, MAX_LEN, WIDTH, seed=0, dtype=dtype, quantization=quantization)
+    loaded = load_joint(folder, MAX_LEN, WIDTH, seed=0, dtype=dtype, quantization=quantization)
     with torch.no_grad():
         loaded.model.head.scorer[-1].weight.mul_(40.0)
     if lora:
         add_lora(loaded)
-    loaded.config["temperature"] = {"global": TEMPERATURES["global"], "by_type": TEMPERATURES["by_type"]}
+    loaded.config["temperature"] = {"global": 1.0, "by_type": list(TEMPERATURES)}
     return loaded
 
 
@@ -104,8 +104,8 @@ def probabilities(results) -> list[list[float]]:
 
 def test_a_plain_lm_folder_loads_with_a_seeded_head_and_is_only_read(lm_folder, tmp_path):
     before = current_md5(lm_folder)
-    first, again, other = (load_decoder(lm_folder, head_width=WIDTH, seed=s) for s in (3, 3, 4))
-    assert is_causal_lm_folder(lm_folder) and not is_decoder_folder(lm_folder)
+    first, again, other = (load_joint(lm_folder, head_width=WIDTH, seed=s) for s in (3, 3, 4))
+    assert is_causal_lm_folder(lm_folder) and not is_joint_export(lm_folder)
     heads = [loaded.model.head.state_dict() for loaded in (first, again, other)]
     assert all(torch.equal(heads[0][name], heads[1][name]) for name in heads[0])
     assert not all(torch.equal(heads[0][name], heads[2][name]) for name in heads[0])
@@ -115,7 +115,7 @@ def test_a_plain_lm_folder_loads_with_a_seeded_head_and_is_only_read(lm_folder, 
     assert current_md5(lm_folder) == before
 
     no_pad = tiny_lm_folder(tmp_path / "no-pad", pad=False)
-    assert load_decoder(no_pad, head_width=WIDTH).tokenizer.pad_token == "<|end_of_text|>"
+    assert load_joint(no_pad, head_width=WIDTH).tokenizer.pad_token == "<|end_of_text|>"
 
 
 @pytest.mark.parametrize("lora", [False, True])
@@ -126,32 +126,32 @@ def test_export_then_reload_answers_as_the_in_memory_model(tmp_path, dtype, lora
     from safetensors.torch import load_file
 
     loaded = fresh(tiny_lm_folder(tmp_path / "lm", dtype), dtype, lora)
-    expected = probabilities(answer_decoder_requests(loaded, requests()))
+    expected = probabilities(answer_joint_requests(loaded, requests()))
     if lora:  # the adapter matters, so the merge is tested
         with loaded.model.lm.disable_adapter():
-            base = probabilities(answer_decoder_requests(loaded, requests()))
+            base = probabilities(answer_joint_requests(loaded, requests()))
         assert np.abs(np.subtract(base, expected)).max() > 1e-2
-    export_decoder(loaded, tmp_path / "export", TEMPERATURES, {"source": "test"})
-    reloaded = load_decoder(tmp_path / "export", dtype=dtype)
+    export_joint(loaded, tmp_path / "export", TEMPERATURES, {"source": "test"})
+    reloaded = load_joint(tmp_path / "export", dtype=dtype)
     np.testing.assert_allclose(
-        probabilities(answer_decoder_requests(reloaded, requests())), expected, atol=2e-2
+        probabilities(answer_joint_requests(reloaded, requests())), expected, atol=2e-2
     )
 
     written = torch.bfloat16 if dtype == torch.bfloat16 else torch.float16
     backbone = load_file(str(tmp_path / "export" / BACKBONE_DIR / "model.safetensors"))
     assert {t.dtype for t in backbone.values()} == {written} and not any("lora" in k for k in backbone)
     assert {t.dtype for t in load_file(str(tmp_path / "export" / HEAD_FILE)).values()} == {torch.float32}
-    config = json.loads((tmp_path / "export" / DECODER_CONFIG).read_text())
-    assert config["temperature"] == {"global": 1.0, "by_type": [0.8, 1.2, 1.5], "folded_global": 1.7}
-    assert config["family"] == "decoder" and config["max_len"] == MAX_LEN and config["fine_tuned"] is lora
+    config = json.loads((tmp_path / "export" / JOINT_CONFIG).read_text())
+    assert config["temperature"] == {"global": 1.0, "by_type": [0.8, 1.2, 1.5], "folded_global": 1.0}
+    assert config["family"] == "joint" and config["backbone"] == "causal_lm" and config["max_len"] == MAX_LEN and config["fine_tuned"] is lora
     assert config["head"] == {"width": WIDTH, "heads": 4, "layers": 2, "chunk": 2048}
     if lora:  # the training model keeps its adapters and still answers as before
         assert isinstance(loaded.model.lm, PeftModel)
         assert any(isinstance(m, LoraLayer) for m in loaded.model.lm.modules())
-    assert probabilities(answer_decoder_requests(loaded, requests())) == expected
+    assert probabilities(answer_joint_requests(loaded, requests())) == expected
 
 
-def add_lora(loaded: LoadedDecoder) -> None:
+def add_lora(loaded: LoadedJoint) -> None:
     """Wrap the LM with peft LoRA whose B is non-zero (it starts at zero), so merging it changes answers."""
     from peft import LoraConfig, get_peft_model
 
@@ -177,84 +177,69 @@ def test_a_4bit_base_with_lora_exports_dequantised_to_bf16(tmp_path):
     assert type(lm.model.layers[0].mlp.up_proj.weight).__name__ == "Params4bit"
     add_lora(loaded)
     # Once before any inference pass, once after: on the CPU bitsandbytes repacks 4-bit weights at the first.
-    export_decoder(loaded, tmp_path / "before", TEMPERATURES, {})
-    expected = probabilities(answer_decoder_requests(loaded, requests()))
-    export_decoder(loaded, tmp_path / "after", TEMPERATURES, {})
+    export_joint(loaded, tmp_path / "before", TEMPERATURES, {})
+    expected = probabilities(answer_joint_requests(loaded, requests()))
+    export_joint(loaded, tmp_path / "after", TEMPERATURES, {})
     for out in ("before", "after"):
-        reloaded = load_decoder(tmp_path / out, dtype=torch.bfloat16)
+        reloaded = load_joint(tmp_path / out, dtype=torch.bfloat16)
         np.testing.assert_allclose(
-            probabilities(answer_decoder_requests(reloaded, requests())), expected, atol=2e-2
+            probabilities(answer_joint_requests(reloaded, requests())), expected, atol=2e-2
         )
         backbone = json.loads((tmp_path / out / BACKBONE_DIR / "config.json").read_text())
         assert "quantization_config" not in backbone and backbone["dtype"] == "bfloat16"
     assert type(lm.model.layers[0].mlp.up_proj.base_layer.weight).__name__ == "Params4bit"  # left as it was
-    assert probabilities(answer_decoder_requests(loaded, requests())) == expected
+    assert probabilities(answer_joint_requests(loaded, requests())) == expected
 
 
 @torch.inference_mode()
-def test_the_folded_global_temperature_is_exact_on_the_head(lm_folder, tmp_path):
-    loaded = fresh(lm_folder)
-    export_decoder(loaded, tmp_path / "export", TEMPERATURES, {})
-    reloaded = load_decoder(tmp_path / "export", dtype=torch.float32)
-    records = [
-        encode_record(reloaded.tokenizer, r.state, list(r.questions.values()), MAX_LEN) for r in requests()
-    ]
-    batch = collate_records(records, reloaded.tokenizer.pad_token_id)
-    folded = reloaded.model(batch) / 1.0
-    unfolded = DecoderDecisionModel(reloaded.model.lm, loaded.model.head)(batch) / TEMPERATURES["global"]
-    valid = batch["option_mask"] & batch["question_mask"][..., None]
-    assert unfolded[valid].abs().max() > 1.0  # spread logits: the check can fail
-    torch.testing.assert_close(folded[valid], unfolded[valid], atol=1e-5, rtol=0)
-
-
 def test_only_a_complete_export_is_listed_or_loaded(lm_folder, tmp_path):
     out = tmp_path / "models" / "decision-qwen3"
-    assert export_decoder(fresh(lm_folder), out, TEMPERATURES, {"source_digest": "abc"}).written
+    assert export_joint(fresh(lm_folder), out, TEMPERATURES, {"source_digest": "abc"}).written
     unfinished = tmp_path / "models" / "unfinished"
     shutil.copytree(out, unfinished)
     (unfinished / HEAD_FILE).unlink()
-    assert is_decoder_folder(out) and not is_decoder_folder(unfinished)
+    assert is_joint_export(out) and not is_joint_export(unfinished)
     assert list_models(tmp_path / "models") == [out]
     with pytest.raises(ModelLayoutError, match=HEAD_FILE):
-        load_decoder(unfinished)
-    assert not export_decoder(fresh(lm_folder), out, TEMPERATURES, {"source_digest": "abc"}).written
+        load_joint(unfinished)
+    assert not export_joint(fresh(lm_folder), out, TEMPERATURES, {"source_digest": "abc"}).written
 
 
 def test_a_crash_before_the_swap_leaves_the_old_export_loadable(lm_folder, tmp_path, monkeypatch):
     out = tmp_path / "decision-qwen3"
-    export_decoder(fresh(lm_folder), out, TEMPERATURES, {"run": "old"})
-    old = probabilities(answer_decoder_requests(load_decoder(out), requests()))
+    export_joint(fresh(lm_folder), out, TEMPERATURES, {"run": "old"})
+    old = probabilities(answer_joint_requests(load_joint(out), requests()))
 
     def crash(staging, target):
-        assert is_decoder_folder(staging)  # the new model was complete, the head written last
+        assert is_joint_export(staging)  # the new model was complete, the head written last
         raise KeyboardInterrupt("killed before the swap")
 
-    monkeypatch.setattr("pipeline.families.laya.export._swap_in", crash)
+    monkeypatch.setattr("pipeline.families.exporting._swap_in", crash)
     with pytest.raises(KeyboardInterrupt):
-        export_decoder(fresh(lm_folder), out, {"global": 3.0, "by_type": [1.0, 1.0, 1.0]}, {"run": "new"})
+        export_joint(fresh(lm_folder), out, (3.0, 3.0, 3.0), {"run": "new"})
     assert json.loads((out / "manifest.json").read_text())["run"] == "old"
-    assert probabilities(answer_decoder_requests(load_decoder(out), requests())) == old
+    assert probabilities(answer_joint_requests(load_joint(out), requests())) == old
     assert [p.name for p in tmp_path.iterdir()] == [out.name]  # the staging folder is gone
 
 
 def test_bad_temperatures_are_refused_by_name(lm_folder, tmp_path):
-    with pytest.raises(DecoderExportError, match=r"temperatures\.global.*temperatures\.by_type\[1\]"):
-        export_decoder(fresh(lm_folder), tmp_path / "out", {"global": 0.0, "by_type": [1.0, -1.0, 1.0]}, {})
+    with pytest.raises(JointExportError, match=r"temperatures\[0\].*temperatures\[1\]"):
+        export_joint(fresh(lm_folder), tmp_path / "out", (0.0, -1.0, 1.0), {})
     assert not (tmp_path / "out").exists()
 
 
 def test_a_request_that_cannot_fit_fails_alone(lm_folder):
     loaded = fresh(lm_folder)
     long = {"huge": {"type": "choice", "instructions": "why " * 400, "criteria": ["a", "b"]}}
-    results = answer_requests(loaded, [parse_request("ok", long), requests()[0]])
+    results = answer_joint_requests(loaded, [parse_request("ok", long), requests()[0]])
     assert isinstance(results[0], BadQuestion) and "max_len" in str(results[0])
-    assert results[1] == answer_decoder_requests(loaded, requests()[:1])[0]
+    assert results[1] == answer_joint_requests(loaded, requests()[:1])[0]
 
 
 @pytest.fixture(scope="module")
 def exported(lm_folder, tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("served") / "decision-qwen3"
-    export_decoder(fresh(lm_folder), out, TEMPERATURES, {"owner": "team"})
+    export_joint(fresh(lm_folder), out, TEMPERATURES, {"owner": "team"})
     return out
 
 
@@ -274,7 +259,7 @@ def test_the_decision_api_serves_an_export(exported):
         too_long = client.post("/v1/systemone", json={"state": state, "questions": long})
     assert response.status_code == 200, response.text
     body = response.json()
-    [expected] = answer_decoder_requests(load_decoder(exported), [parse_request(state, QUESTIONS)])
+    [expected] = answer_joint_requests(load_joint(exported), [parse_request(state, QUESTIONS)])
     assert body["model"] == exported.name and body["usage"] == {"input_tokens": expected.input_tokens,
                                                                 "output_tokens": 0}  # fmt: skip
     tone, intensity, positive = (body["answers"][q] for q in ("tone", "intensity", "positive"))

@@ -10,7 +10,9 @@ import torch
 
 from pipeline.data import synthetic
 from pipeline.config import ConfigError, TrainConfig
-from pipeline.stages.finetune import train_on_data
+from pipeline.families.laya.family import LayaFamily
+from pipeline.families.laya.training import laya_batch_task, prepare_model
+from pipeline.stages.train import train_on_data
 from pipeline.families.laya.forward import decision_logits, score_items, soft_cross_entropy
 from pipeline.families.laya.items import build_items, collate
 from pipeline.families.laya.layout import load_model
@@ -19,7 +21,6 @@ from pipeline.training.loop import (
     accumulate_gradients,
     micro_batches,
     plan_windows,
-    prepare_model,
     train,
 )
 from pipeline.data.validate import validate_rows
@@ -57,7 +58,7 @@ def _params(model):
 def test_loss_falls_and_parameters_stay_finite(tiny_base, tiny_items, method):
     config = replace(FAST, method=method, epochs=6, lora_lr=5e-3)
     loaded = _fresh(tiny_base, config)
-    result = train(loaded.model, tiny_items, loaded.tokenizer.pad_token_id, config, CPU, progress=False)
+    result = train(loaded.model, tiny_items, config, CPU, laya_batch_task(loaded.tokenizer.pad_token_id), progress=False)
     first, last = result.losses[0][1], result.losses[-1][1]
     assert last < 0.8 * first, result.losses
     assert all(torch.isfinite(p).all() for p in loaded.model.parameters())
@@ -96,7 +97,7 @@ def test_a_seed_reproduces_a_run_and_another_seed_does_not(tiny_base, tiny_items
     for seed in (0, 0, 1):
         config = replace(FAST, max_steps=3, seed=seed)
         loaded = _fresh(tiny_base, config)
-        train(loaded.model, tiny_items, loaded.tokenizer.pad_token_id, config, CPU, progress=False)
+        train(loaded.model, tiny_items, config, CPU, laya_batch_task(loaded.tokenizer.pad_token_id), progress=False)
         runs.append(_params(loaded.model))
     assert all(torch.equal(runs[0][n], runs[1][n]) for n in runs[0])
     assert any(not torch.equal(runs[0][n], runs[2][n]) for n in runs[0])
@@ -127,7 +128,7 @@ def test_one_host_sync_per_logging_step(tiny_base, tiny_items, monkeypatch):
         return original(self)
 
     monkeypatch.setattr(torch.Tensor, "item", counted_item)
-    train(loaded.model, tiny_items, loaded.tokenizer.pad_token_id, config, CPU, progress=False)
+    train(loaded.model, tiny_items, config, CPU, laya_batch_task(loaded.tokenizer.pad_token_id), progress=False)
     assert len(calls) == 2, calls  # steps 3 and 6
 
 
@@ -144,7 +145,7 @@ def test_cancel_stops_at_the_next_step_and_saves_nothing(tiny_base, synthetic_tr
             cancel.cancel("test")
 
     result = train(
-        loaded.model, items, loaded.tokenizer.pad_token_id, config, CPU, cancel, cancel_after_two, False
+        loaded.model, items, config, CPU, laya_batch_task(loaded.tokenizer.pad_token_id), cancel, cancel_after_two, False
     )
     assert result.cancelled and result.steps == 2 and logged == [1, 2]
     cancel = CancelToken()
@@ -167,17 +168,15 @@ def test_scoring_returns_the_callers_order(tiny_base, tiny_items):
     assert collate(tiny_items[:2], 0)["target"].sum(-1).allclose(torch.ones(2))
 
 
-def test_qlora_is_refused_for_encoder_models(tiny_base):
-    from pipeline.training.loop import prepare_model
-
-    with pytest.raises(ConfigError, match="QLoRA"):
-        prepare_model(load_model(tiny_base).model, TrainConfig(method="qlora"))
+def test_qlora_is_refused_for_the_laya_family(tiny_base, synthetic_train_file):
+    with pytest.raises(ConfigError, match="train.method=qlora: the laya family trains with lora or full"):
+        train_on_data(synthetic_train_file, tiny_base, None, TrainConfig(method="qlora"), device="cpu")
 
 
 @pytest.mark.parametrize("method", ["lora", "full"])
 def test_decision_train_cli_saves_a_fine_tune(tiny_base, synthetic_train_file, tmp_path, capsys, method):
     from pipeline.cli.main import main
-    from pipeline.stages.finetune import describe_finetune
+    from pipeline.stages.train import describe_finetune
 
     params = tmp_path / "params.yaml"
     params.write_text("train:\n  micro_batch: 4\n  grad_accum: 2\n  lora_r: 4\n  precision: fp32\n")
@@ -198,13 +197,12 @@ def test_decision_train_cli_saves_a_fine_tune(tiny_base, synthetic_train_file, t
 
 def test_lora_fine_tune_reloads_with_the_same_predictions(tiny_base, tiny_items, tmp_path):
     from pipeline.families.laya.adapters import load_adapter
-    from pipeline.stages.finetune import save_finetune
 
     config = replace(FAST, method="lora", max_steps=3, lora_lr=1e-2)
     loaded = _fresh(tiny_base, config)
-    train(loaded.model, tiny_items, loaded.tokenizer.pad_token_id, config, CPU, progress=False)
+    train(loaded.model, tiny_items, config, CPU, laya_batch_task(loaded.tokenizer.pad_token_id), progress=False)
     expected = score_items(loaded.model, tiny_items, loaded.tokenizer.pad_token_id, CPU)
-    save_finetune(copy.copy(loaded), tmp_path / "lora", tiny_base, config, {}, 3)
+    LayaFamily().save_finetune(copy.copy(loaded), tmp_path / "lora", {"method": "lora", "steps": 3, "base": str(tiny_base)})
     fresh = load_model(tiny_base)
     load_adapter(fresh.model, tmp_path / "lora")
     got = score_items(fresh.model, tiny_items, fresh.tokenizer.pad_token_id, CPU)
@@ -224,7 +222,7 @@ def test_training_compiled_on_cpu_warms_up_once_and_matches_eager(tiny_base, tin
         monkeypatch.setenv("DECISION_COMPILE", forced)
         loaded = _fresh(tiny_base, config)
         names = [n for n, _ in loaded.model.named_parameters()]
-        result = train(loaded.model, tiny_items, loaded.tokenizer.pad_token_id, config, CPU, progress=False,
+        result = train(loaded.model, tiny_items, config, CPU, laya_batch_task(loaded.tokenizer.pad_token_id), progress=False,
                        compile_config=compile_config)  # fmt: skip
         losses[forced] = [loss for _, loss in result.losses]
         assert result.compile["enabled"] is (forced == "1")
@@ -243,7 +241,7 @@ def test_a_failing_compile_still_trains_eagerly(tiny_base, tiny_items, monkeypat
     monkeypatch.setattr(torch.nn.Module, "compile", broken_compile)
     config = replace(FAST, max_steps=3)
     loaded = _fresh(tiny_base, config)
-    result = train(loaded.model, tiny_items, loaded.tokenizer.pad_token_id, config, CPU, progress=False,
+    result = train(loaded.model, tiny_items, config, CPU, laya_batch_task(loaded.tokenizer.pad_token_id), progress=False,
                    compile_config=CompileConfig(bucket=16, max_static_len=128, backend="aot_eager"))  # fmt: skip
     assert result.steps == 3 and not result.compile["enabled"]
     assert "no compiler here" in result.compile["fallback_error"]

@@ -6,49 +6,23 @@ last hidden states into one logit per option. The LM's output projection is used
 head gathers the rows of its weight for each option's tokens (a lexical prior), so no [B, T, vocab] tensor is
 ever computed.
 
-    lm = load_backbone("models/qwen3-0.6b", dtype=torch.bfloat16)
-    model = DecoderDecisionModel(lm)
-    loss = decoder_loss(model(batch), batch, target)
+    lm = load_causal_lm("models/qwen3-0.6b", dtype=torch.bfloat16)
+    model = JointDecisionModel(lm)
+    loss = joint_loss(model(batch), batch, target)
 """
 
 from __future__ import annotations
-
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from pipeline.data.contract import QUESTION_TYPES, SCORE_TYPE_ID
+from pipeline.families.joint.backbone import backbone_body, vocabulary_table
+
 PAD_LOGIT = -1e4
-N_QUESTION_TYPES = 3  # 0 choice, 1 score, 2 noul
-SCORE_TYPE = 1
-
-
-def load_backbone(path: str | Path, dtype: torch.dtype = torch.float32) -> nn.Module:
-    """The causal LM in a local folder (nothing is fetched from a hub), in `dtype`, in eval mode."""
-    from transformers import AutoModelForCausalLM
-
-    path = Path(path)
-    if not (path / "config.json").is_file():
-        raise FileNotFoundError(f"{path}: not a Hugging Face model folder (no config.json)")
-    return AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype, local_files_only=True).eval()
-
-
-def backbone_body(lm: nn.Module) -> nn.Module:
-    """The base model of a causal LM, whose output is the last hidden states (no LM head).
-
-    `get_decoder()` comes first: on a peft-wrapped LM, `lm.model` resolves to the whole causal LM, whose
-    forward would compute the vocabulary logits this module exists to avoid.
-    """
-    if hasattr(lm, "get_decoder"):
-        return lm.get_decoder()
-    return lm.model
-
-
-def output_embeddings(lm: nn.Module) -> nn.Module:
-    """The LM's output projection (tied to the input embeddings on small Qwen and Llama models)."""
-    return lm.get_output_embeddings()
+N_QUESTION_TYPES = len(QUESTION_TYPES)
 
 
 def _span_membership(positions: torch.Tensor, spans: torch.Tensor) -> torch.Tensor:
@@ -181,13 +155,13 @@ class JointHead(nn.Module):
         return self.prior_proj(self.prior_norm(mean))
 
 
-class DecoderDecisionModel(nn.Module):
-    """A causal LM (plain or peft-wrapped) read by its body, and a `JointHead` on its last hidden states."""
+class JointDecisionModel(nn.Module):
+    """A backbone (a causal LM, plain or peft-wrapped, or an encoder) and a `JointHead` on its last hidden states."""
 
     def __init__(self, lm: nn.Module, head: JointHead | None = None):
         super().__init__()
         self.lm = lm
-        self.head = head if head is not None else JointHead(output_embeddings(lm).weight.shape[1])
+        self.head = head if head is not None else JointHead(vocabulary_table(lm).shape[1])
 
     def forward(self, batch: dict) -> torch.Tensor:
         """Logits [B, Q, K]; padded options get -1e4."""
@@ -195,14 +169,14 @@ class DecoderDecisionModel(nn.Module):
         out = backbone_body(self.lm)(
             input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], use_cache=False
         )
-        return self.head(out.last_hidden_state, batch, output_embeddings(self.lm).weight)
+        return self.head(out.last_hidden_state, batch, vocabulary_table(self.lm))
 
     def head_parameters(self) -> list[nn.Parameter]:
         """The head's parameters (for an optimizer group of their own, e.g. a higher learning rate)."""
         return list(self.head.parameters())
 
 
-def decoder_loss(logits: torch.Tensor, batch: dict, target: torch.Tensor, label_smoothing: float = 0.0,
+def joint_loss(logits: torch.Tensor, batch: dict, target: torch.Tensor, label_smoothing: float = 0.0,
                  brier_weight: float = 0.0, ordinal_weight: float = 0.0) -> torch.Tensor:  # fmt: skip
     """Soft cross-entropy over each question's own options, mean over real questions, plus optional terms.
 
@@ -223,7 +197,7 @@ def decoder_loss(logits: torch.Tensor, batch: dict, target: torch.Tensor, label_
         loss = loss + brier_weight * _mean_over(((probs - target) ** 2).sum(-1), real)
     if ordinal_weight:
         loss = loss + ordinal_weight * _ordinal_term(
-            probs, target, n_options, real & (batch["qtype"] == SCORE_TYPE)
+            probs, target, n_options, real & (batch["qtype"] == SCORE_TYPE_ID)
         )
     return loss
 

@@ -1,6 +1,6 @@
-"""Encode one decision row ("record") as a single token sequence for a decision head on a decoder LLM.
+"""Encode one decision row ("record") as a single token sequence for the joint family's head.
 
-The second model family reads every question of a row in one causal-LM pass, then pools the hidden states
+The joint family reads every question of a row in one backbone pass (a causal LM or an encoder), then pools the hidden states
 over each question's field text and each option's id text. The layout is built from separately tokenised
 pieces whose ids are concatenated, so every recorded span is exact by construction:
 
@@ -25,8 +25,7 @@ import numpy as np
 import orjson
 import torch
 
-from pipeline.data.contract import Question, state_text
-from pipeline.families.laya.layout import QUESTION_TYPE_IDS
+from pipeline.data.contract import QUESTION_TYPE_IDS, Question, state_text
 
 SYSTEM_INSTRUCTION = "Answer each question about the state. Each question lists its allowed options."
 _STATE_OPEN = "\n\nState:\n"
@@ -47,7 +46,7 @@ class EncodedRecord:
     question_spans: tuple[Span, ...]  # per question: its field text (id, type, instructions)
     option_spans: tuple[tuple[Span, ...], ...]  # per question, per option (model order): the quoted id
     option_tokens: tuple[tuple[tuple[int, ...], ...], ...]  # per question, per option: ids[start:end]
-    qtypes: tuple[int, ...]  # 0 choice, 1 score, 2 noul (pipeline.families.laya.layout.QUESTION_TYPE_IDS)
+    qtypes: tuple[int, ...]  # pipeline.data.contract.QUESTION_TYPE_IDS
     question_ids: tuple[str, ...]
     state_tokens: int  # state tokens kept
     state_truncated: bool
@@ -70,7 +69,9 @@ def encode_record(
     texts = [SYSTEM_INSTRUCTION + _STATE_OPEN, state_text(state), _QUESTIONS_OPEN]
     texts += [text for question in pieces for text, _ in question]
     tokens = _tokenize(tokenizer, texts)
-    bos = [tokenizer.bos_token_id] if tokenizer.bos_token_id is not None else []
+    # A causal LM's sequence opens with its BOS token, an encoder's with its CLS token (what it was trained on).
+    opener = tokenizer.bos_token_id if tokenizer.bos_token_id is not None else getattr(tokenizer, "cls_token_id", None)
+    bos = [opener] if opener is not None else []
     prefix, state_ids = bos + tokens[texts[0]], tokens[texts[1]]
     fixed = len(prefix) + len(tokens[_QUESTIONS_OPEN]) + sum(len(tokens[t]) for q in pieces for t, _ in q)
     kept = _state_budget(max_len - fixed, len(state_ids), min_state_tokens, fixed, max_len)

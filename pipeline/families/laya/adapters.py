@@ -15,13 +15,12 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from torch import nn
 
-if TYPE_CHECKING:
-    from pipeline.families.laya.layout import LoadedModel
+from pipeline.families.laya.layout import LoadedModel, load_model
 
 ADAPTER_FILE = "decision_adapter.json"
 HEAD_PREFIXES = ("head.", "type_emb.", "scorer.", "act_head.", "temperature")
@@ -100,8 +99,6 @@ def _peft_kwargs(saved: dict[str, Any]) -> dict[str, Any]:
 
 def load_for_inference(folder: str | Path) -> LoadedModel:
     """A Laya-layout model, or a LoRA fine-tune applied to the base model its description names."""
-    from pipeline.families.laya.layout import load_model
-
     folder = Path(folder)
     if (folder / ADAPTER_FILE).is_file():
         description = json.loads((folder / ADAPTER_FILE).read_text())

@@ -7,19 +7,13 @@ not the act head, whose output no loss here uses.
 
 from __future__ import annotations
 
-from contextlib import nullcontext
-
 import numpy as np
 import torch
 
+from pipeline.families.forward_passes import autocast_context, length_batches
 from pipeline.families.laya.items import Item, collate
 
 MASKED_LOGIT = -1e4
-
-
-def autocast_context(device: torch.device, dtype: torch.dtype | None):
-    """Autocast for the encoder, or nothing for fp32."""
-    return torch.autocast(device.type, dtype=dtype) if dtype is not None else nullcontext()
 
 
 def decision_logits(model: torch.nn.Module, batch: dict[str, torch.Tensor], dtype: torch.dtype | None = None):
@@ -62,12 +56,6 @@ def soft_cross_entropy(logits: torch.Tensor, target: torch.Tensor, mask: torch.T
     """Per-item cross-entropy against a target distribution over each item's own options."""
     log_probs = torch.log_softmax(logits.masked_fill(~mask, MASKED_LOGIT), -1)
     return -(target * log_probs * mask).sum(-1)
-
-
-def length_batches(lengths: list[int], batch_size: int) -> list[list[int]]:
-    """Indices grouped into batches of similar length (less padding), longest first."""
-    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
-    return [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
 
 
 @torch.no_grad()

@@ -14,9 +14,10 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from pipeline.data.contract import state_text
-from pipeline.families.laya.layout import QUESTION_TYPE_IDS, LoadedModel, internal_question
+from pipeline.data.contract import QUESTION_TYPE_IDS, state_text
 from pipeline.data.validate import Decision, Record
+from pipeline.families.laya.layout import LoadedModel, internal_question
+from pipeline.scoring.decisions import ScoredDecision
 
 ITEM_REASONS = ("options_collapsed", "options_beyond_max_len")
 
@@ -36,6 +37,10 @@ class Item:
 
     def __len__(self) -> int:
         return len(self.ids)
+
+    def scored(self) -> ScoredDecision:
+        """The decision as metrics and calibration see it."""
+        return ScoredDecision(self.qtype, self.label, self.record, self.question_id, self.target, self.soft)
 
 
 def build_items(records: list[Record], loaded: LoadedModel) -> tuple[list[Item], dict[str, int]]:

@@ -22,13 +22,9 @@ from typing import Any
 import torch
 
 from pipeline.data.contract import NOUL_OPTIONS, Question
+from pipeline.families.base import ModelLayoutError
 
-QUESTION_TYPE_IDS = {"choice": 0, "score": 1, "noul": 2}
 CONFIG_FILE = "rl_agent_config.json"
-
-
-class ModelLayoutError(ValueError):
-    """A folder is not a complete Laya-layout checkpoint."""
 
 
 @dataclass
@@ -141,15 +137,3 @@ def write_snapshot(out: str | Path, encoder_dir: str | Path, seed: int, head_lay
     staging.rename(out)
     return out
 
-
-def list_models(folder: str | Path) -> list[Path]:
-    """The complete models in a folder: visible subfolders holding the config (a staging folder never does),
-    or a decoder export's head and config (`pipeline.families.joint.layout`)."""
-    from pipeline.families.joint.layout import is_decoder_folder  # it imports this module
-
-    folder = Path(folder)
-    return sorted(
-        p
-        for p in folder.iterdir()
-        if p.is_dir() and not p.name.startswith(".") and ((p / CONFIG_FILE).is_file() or is_decoder_folder(p))
-    )

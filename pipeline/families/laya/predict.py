@@ -7,7 +7,6 @@ This is the reference the Decision API, the smoke test and the compatibility tes
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -15,18 +14,13 @@ import torch
 
 from pipeline.data import contract
 from pipeline.data.answers import InvalidRequest, ParsedRequest, RequestTooLarge, parse_request, shape_answers
-from pipeline.scoring.calibration import softmax
-from pipeline.families.laya.forward import decision_logits, length_batches
+from pipeline.data.contract import QUESTION_TYPE_IDS
+from pipeline.families.base import Answered, BadQuestion
+from pipeline.families.forward_passes import forward_batch_size, length_batches
+from pipeline.families.laya.forward import decision_logits
 from pipeline.families.laya.items import Item, collate, state_token_ids
-from pipeline.families.laya.layout import QUESTION_TYPE_IDS, LoadedModel, internal_question
-
-
-class BadQuestion(ValueError):
-    """A question that cannot be answered (its definition is invalid, or its options do not fit)."""
-
-    def __init__(self, message: str, question_id: str | None = None) -> None:
-        super().__init__(message)
-        self.question_id = question_id
+from pipeline.families.laya.layout import LoadedModel, internal_question
+from pipeline.scoring.calibration import softmax
 
 
 def request_items(loaded: LoadedModel, state: Any, questions: list[contract.Question]) -> list[Item]:
@@ -72,11 +66,6 @@ def predict(loaded: LoadedModel, state: Any, questions: dict[str, Any]) -> dict[
     return {item.question_id: p for item, p in zip(items, predict_items(loaded, [items])[0])}
 
 
-def forward_batch_size(device: torch.device) -> int:
-    """Sequences per forward pass: on the CPU, passes of more than ~16 sequences run slower per sequence
-    (measured: 8 five-question requests took 63 ms each in passes of 8-16, 82 ms in one pass of 40)."""
-    return 16 if device.type == "cpu" else 128
-
 
 @torch.inference_mode()
 def predict_items(
@@ -116,23 +105,8 @@ def calibrated_probabilities(
     return [softmax(z, temperature_for(loaded.config, it.qtype, len(z))) for it, z in zip(items, logits)]
 
 
-@dataclass(frozen=True)
-class Answered:
-    """A request's wire answers and the tokens its questions used."""
-
-    answers: dict[str, dict[str, Any]]
-    input_tokens: int
-
-
 def answer_requests(loaded: LoadedModel, requests: list[ParsedRequest]) -> list[Answered | BadQuestion]:
-    """Answer several parsed requests in shared forward passes; a request that cannot be encoded fails alone.
-
-    `loaded` may be a decoder-family model (`pipeline.families.joint.layout.LoadedDecoder`), answered by its family.
-    """
-    from pipeline.families.joint.layout import LoadedDecoder, answer_decoder_requests  # it imports this module
-
-    if isinstance(loaded, LoadedDecoder):
-        return answer_decoder_requests(loaded, requests)
+    """Answer several parsed requests in shared forward passes; a request that cannot be encoded fails alone."""
     encoded: list[list[Item] | BadQuestion] = []
     for request in requests:
         try:

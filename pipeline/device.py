@@ -1,0 +1,50 @@
+"""Device and precision choice, in one place: the device a run uses, the autocast dtype, the memory it peaked at.
+
+    device = pick_device("auto")                    # cuda when available, else cpu
+    dtype = resolve_precision("auto", device)       # bf16 only where the device runs it natively
+"""
+
+from __future__ import annotations
+
+import resource
+
+import torch
+
+
+def pick_device(name: str = "auto") -> torch.device:
+    """cuda when available for "auto", else cpu; an explicit name is taken as given."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+def resolve_precision(precision: str, device: torch.device) -> torch.dtype | None:
+    """The backbone's autocast dtype (None for fp32)."""
+    if precision == "fp32":
+        return None
+    if precision == "bf16":
+        return torch.bfloat16
+    if device.type == "cuda":
+        return torch.bfloat16 if torch.cuda.is_bf16_supported() else None
+    return torch.bfloat16 if cpu_has_native_bf16() else None
+
+
+def precision_name(dtype: torch.dtype | None) -> str:
+    """"fp32" for no autocast, else the dtype's short name ("bfloat16")."""
+    return str(dtype or "fp32").replace("torch.", "")
+
+
+def cpu_has_native_bf16() -> bool:
+    """Whether oneDNN runs bf16 natively on this CPU (AVX-512 bf16 or AMX); emulated bf16 is far slower."""
+    try:
+        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    except (AttributeError, RuntimeError):
+        return False
+
+
+def peak_memory_mb() -> float:
+    """Peak resident memory of this process (or of the GPU when it used more), in MiB."""
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        peak = max(peak, torch.cuda.max_memory_allocated() / 2**20)
+    return round(peak, 1)

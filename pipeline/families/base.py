@@ -1,0 +1,164 @@
+"""The model-family interface: everything a stage needs of a model family, and nothing a stage may ask beyond it.
+
+A family is how a backbone turns decision rows into per-option logits and how it is saved. Every stage (train,
+calibrate, export, evaluate, smoke test, gate, Decision API, MLflow model) holds a `DecisionFamily` and the model
+it loaded, and calls the interface; no stage asks which family it holds. `pipeline.families.pick_family` is the
+only place that chooses one.
+
+    family = pick_family("data/snapshots/minilm")           # laya: a Laya-layout folder
+    loaded = family.load("data/snapshots/minilm", config, device)
+    examples, skipped = family.build_examples(loaded, records)
+    family.prepare(loaded, config)                          # LoRA, full, or QLoRA where the family has it
+    train(loaded.model, examples, config, device, family.batch_task(loaded, config))
+    decisions, logits = family.score(loaded, heldout_examples, device)
+    family.export(loaded, "models/tuned", temperatures, manifest)
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+
+from pipeline.config import TrainConfig
+from pipeline.scoring.calibration import Temperatures
+from pipeline.scoring.decisions import ScoredDecision
+
+if TYPE_CHECKING:  # annotations only: the server need not import the validation schema to answer
+    from pipeline.data.answers import ParsedRequest
+    from pipeline.data.validate import Record
+
+
+class ModelLayoutError(ValueError):
+    """A folder is not a complete model of the family that reads it (or of any family)."""
+
+
+class BadQuestion(ValueError):
+    """A question that cannot be answered (its definition is invalid, or its options do not fit)."""
+
+    def __init__(self, message: str, question_id: str | None = None) -> None:
+        super().__init__(message)
+        self.question_id = question_id
+
+
+@dataclass(frozen=True)
+class Answered:
+    """A request's wire answers and the tokens its questions used."""
+
+    answers: dict[str, dict[str, Any]]
+    input_tokens: int
+
+
+@dataclass(frozen=True)
+class ExportResult:
+    """Where an export went and whether anything had to be written."""
+
+    out: str
+    written: bool
+    manifest: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class BatchTask:
+    """How a family's examples become batches and a summed loss, for the one training loop.
+
+    `summed_loss(model, batch, dtype)` sums over the batch's decisions, so accumulation stays exact;
+    `backbone` is the parameter-name prefix that gets the backbone learning rate; `decisions(example)` counts the
+    decisions an example holds; `layers(model)` is the module whose repeated blocks are compiled on GPU; `pad_id`
+    pads token ids (compile buckets pad with it too).
+    """
+
+    collate: Callable[[list[Any]], dict[str, torch.Tensor]]
+    summed_loss: Callable[[torch.nn.Module, dict[str, torch.Tensor], torch.dtype | None], torch.Tensor]
+    backbone: str
+    pad_id: int
+    layers: Callable[[torch.nn.Module], torch.nn.Module]
+    decisions: Callable[[Any], int] = lambda example: 1
+
+
+class DecisionFamily(ABC):
+    """One model family: how it recognises, loads, trains, scores, exports and serves its models."""
+
+    name: str
+    """The family's name (`train.family`, `--family`, `manifest.json`)."""
+
+    @abstractmethod
+    def owns(self, folder: Path) -> bool:
+        """Whether `folder` is this family's by default: its base layout, fine-tune folder or export."""
+
+    @abstractmethod
+    def can_load(self, folder: Path) -> bool:
+        """Whether this family can start from `folder` when asked for by name (a backbone that fits several)."""
+
+    @abstractmethod
+    def is_export(self, folder: Path) -> bool:
+        """A complete export of this family (its last-written file is there)."""
+
+    @abstractmethod
+    def written_last(self, folder: Path) -> Path:
+        """The file an export writes last: its presence marks the folder complete (and dates the release)."""
+
+    @abstractmethod
+    def load(self, folder: str | Path, config: TrainConfig | None = None, device: torch.device | None = None):
+        """A base or an export as a loaded model on `device` (the CPU by default); `config` picks e.g. QLoRA."""
+
+    @abstractmethod
+    def load_trained(self, folder: str | Path):
+        """A model for inference from an export or from this family's fine-tune folder (adapters applied)."""
+
+    @abstractmethod
+    def build_examples(self, loaded, records: list[Record]) -> tuple[list[Any], dict[str, int]]:
+        """Training examples of validated records, and the decisions skipped by reason."""
+
+    @abstractmethod
+    def prepare(self, loaded, config: TrainConfig) -> None:
+        """Make the trainable parameters for `config.method` (LoRA, full, QLoRA); ConfigError if unsupported."""
+
+    @abstractmethod
+    def batch_task(self, loaded, config: TrainConfig) -> BatchTask:
+        """Collate and summed loss for the training loop."""
+
+    @abstractmethod
+    def score(self, loaded, examples: list[Any], device: torch.device, batch_size: int = 32,
+              progress: bool = False) -> tuple[list[ScoredDecision], list[np.ndarray]]:  # fmt: skip
+        """Raw option logits of every decision the examples hold (eval mode, no grad), in example order."""
+
+    @abstractmethod
+    def served_temperatures(self, loaded, decisions: list[ScoredDecision]) -> list[float]:
+        """The temperature the loaded model applies to each decision when it answers (its calibration)."""
+
+    @abstractmethod
+    def temperatures(self, loaded) -> Temperatures:
+        """The loaded model's own temperatures by question type (what a re-export keeps)."""
+
+    @abstractmethod
+    def save_finetune(self, loaded, out: Path, training: dict[str, Any]) -> Path:
+        """The trained model as this family keeps it before calibration (`load_trained` reads it)."""
+
+    @abstractmethod
+    def export(self, loaded, out: str | Path, temperatures: Temperatures, manifest: dict[str, Any]) -> ExportResult:
+        """Merge, check and write a servable, self-describing folder crash-safe; a no-op when already there."""
+
+    @abstractmethod
+    def answer(self, loaded, requests: list[ParsedRequest]) -> list[Answered | BadQuestion]:
+        """Answer parsed requests in shared forward passes; a request that cannot be encoded fails alone."""
+
+
+@dataclass(eq=False)
+class DecisionModel:
+    """A loaded model with its family: what the server, the smoke test and the MLflow model hold."""
+
+    family: DecisionFamily
+    loaded: Any
+
+    def answer(self, requests: list[ParsedRequest]) -> list[Answered | BadQuestion]:
+        return self.family.answer(self.loaded, requests)
+
+    def to(self, device: str | torch.device) -> DecisionModel:
+        self.loaded.model.to(device)
+        return self

@@ -1,0 +1,174 @@
+"""Crash-safe export mechanics every family shares: CPU copies, LoRA merging, finiteness checks, staged writes.
+
+A family writes its layout into a staging folder beside the target (its marker file last), then the staging
+folder is swapped with the target in one atomic rename (`renameat2` RENAME_EXCHANGE), so a reader sees the old
+model or the new one, never a mix; a folder without the marker is never listed or loaded.
+"""
+
+from __future__ import annotations
+
+import copy
+import ctypes
+import ctypes.util
+import json
+import os
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+MANIFEST = "manifest.json"
+_RENAME_EXCHANGE = 2
+_AT_FDCWD = -100
+
+
+class NonFiniteWeights(ValueError):
+    """A tensor to export holds NaN or infinity; nothing is written."""
+
+
+def cpu_clone(tensor: torch.Tensor) -> torch.Tensor:
+    """A detached CPU copy (a Parameter stays a Parameter, frozen)."""
+    clone = tensor.detach().to("cpu", copy=True)
+    return torch.nn.Parameter(clone, requires_grad=False) if isinstance(tensor, torch.nn.Parameter) else clone
+
+
+def cpu_copy(model: torch.nn.Module, clone: Callable[[torch.Tensor], torch.Tensor] = cpu_clone) -> torch.nn.Module:
+    """A deep copy of `model` on the CPU; `clone` makes each tensor's CPU copy."""
+    # Copy straight to the CPU: deep-copying the module where it lives would grow the device's memory.
+    memo = {id(t): clone(t) for t in [*model.parameters(), *model.buffers()]}
+    return copy.deepcopy(model, memo)
+
+
+def merge_lora_layers(merged: torch.nn.Module) -> torch.nn.Module:
+    """`merged` (changed in place) with every LoRA layer merged into its base layer and replaced by it."""
+    if not any(type(m).__module__.startswith("peft.") for m in merged.modules()):
+        return merged  # nothing to merge: spare the peft import (seconds, with bitsandbytes installed)
+    from peft.tuners.lora import LoraLayer
+
+    for name, module in list(merged.named_modules()):
+        if isinstance(module, LoraLayer):
+            module.merge()
+            set_module(merged, name, module.get_base_layer())
+    return merged
+
+
+def merged_copy(model: torch.nn.Module) -> torch.nn.Module:
+    """A fp32 CPU copy of `model` with every LoRA adapter merged into its base layer and removed."""
+    return merge_lora_layers(cpu_copy(model).float())
+
+
+def set_module(root: torch.nn.Module, name: str, module: torch.nn.Module) -> None:
+    """Replace the submodule at dotted `name`."""
+    parent, _, child = name.rpartition(".")
+    setattr(root.get_submodule(parent) if parent else root, child, module)
+
+
+def check_finite(state: dict[str, torch.Tensor], dtype: torch.dtype = torch.float16) -> None:
+    """Refuse, naming them, tensors with NaN or infinity (also after the cast to `dtype`, as written)."""
+    bad = [
+        name
+        for name, tensor in state.items()
+        if tensor.is_floating_point() and not torch.isfinite(tensor.to(dtype)).all()
+    ]
+    if bad:
+        raise NonFiniteWeights(f"refusing to export non-finite weights: {', '.join(bad[:8])}")
+
+
+def already_exported(out: Path, config: dict[str, Any], manifest: dict[str, Any], config_file: str,
+                     marker: str) -> bool:  # fmt: skip
+    """The same source (weights digest) and the same decision config are already in place at `out`.
+
+    `marker` is the file written last: without it the folder is no model.
+    """
+    if not all((out / name).is_file() for name in (config_file, MANIFEST, marker)):
+        return False
+    existing = json.loads((out / MANIFEST).read_text())
+    digest = existing.get("source_digest")
+    same_source = bool(digest) and digest == manifest.get("source_digest")
+    return same_source and json.loads((out / config_file).read_text()) == config
+
+
+def read_manifest(folder: Path) -> dict[str, Any]:
+    path = Path(folder) / MANIFEST
+    return json.loads(path.read_text()) if path.is_file() else {}
+
+
+def write_marker_last(folder: Path, name: str, write: Callable[[Path], None]) -> None:
+    """Everything else in `folder` synced, then `write(partial)` and one rename to `name`: only now is it a model."""
+    fsync_tree(folder)
+    partial = folder / (name + ".partial")
+    write(partial)
+    fsync_file(partial)
+    partial.replace(folder / name)
+
+
+def write_staged(out: Path, write: Callable[[Path], None]) -> None:
+    """`write(folder)` into a staging folder beside `out`, then swap it in atomically; nothing half-written stays."""
+    staging = _staging_dir(out)
+    try:
+        write(staging)
+        _swap_in(staging, out)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+def fsync_file(path: Path) -> None:
+    with open(path, "rb") as handle:
+        os.fsync(handle.fileno())
+
+
+def fsync_tree(folder: Path) -> None:
+    for path in folder.rglob("*"):
+        if path.is_file():
+            fsync_file(path)
+
+
+def _staging_dir(out: Path) -> Path:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    _remove_stale(out)
+    staging = out.parent / f".{out.name}.partial-{os.getpid()}"
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir()
+    return staging
+
+
+def _remove_stale(out: Path) -> None:
+    """Staging and set-aside folders left by an export that was killed (its process is gone)."""
+    for leftover in out.parent.glob(f".{out.name}.*-*"):
+        pid = leftover.name.rpartition("-")[2]
+        if pid.isdigit() and not _alive(int(pid)):
+            shutil.rmtree(leftover, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _swap_in(staging: Path, out: Path) -> None:
+    """Put the complete staging folder at `out` atomically; the previous model ends up in `staging`."""
+    if out.exists() and _exchange(staging, out):
+        return
+    if out.exists():
+        # No atomic exchange here: move the old one aside first; its marker goes last so it stays loadable.
+        aside = out.parent / f".{out.name}.old-{os.getpid()}"
+        out.rename(aside)
+        staging.rename(out)
+        shutil.rmtree(aside, ignore_errors=True)
+        return
+    staging.rename(out)
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+    if not hasattr(libc, "renameat2"):
+        return False
+    result = libc.renameat2(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE)
+    return result == 0

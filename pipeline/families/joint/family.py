@@ -1,0 +1,92 @@
+"""The `joint` family: one sequence per row with every question, a joint head that pools question and option
+spans and lets the fields attend to the sequence, so one pass answers every question of a row. Its backbone is
+a causal LM (Clef-style; LoRA, full or QLoRA) or an encoder (the MiniLM of a Laya-layout base; LoRA or full).
+
+    family = JointFamily()
+    loaded = family.load("models/qwen3-0.6b", TrainConfig(method="qlora"), torch.device("cuda"))
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from pipeline.config import ConfigError, TrainConfig
+from pipeline.families.base import Answered, BadQuestion, BatchTask, DecisionFamily, ExportResult
+from pipeline.families.joint.backbone import is_causal_lm_folder, is_laya_layout_folder, qlora_config
+from pipeline.families.joint.layout import HEAD_FILE, LoadedJoint, export_joint, is_joint_export, load_joint, temperature_of
+from pipeline.families.joint.predict import answer_joint_requests
+from pipeline.families.joint.training import JointExample, build_examples, joint_batch_task, prepare_joint, score_examples
+from pipeline.scoring.calibration import NO_TEMPERATURES, Temperatures
+from pipeline.scoring.decisions import ScoredDecision
+
+
+class JointFamily(DecisionFamily):
+    """One sequence per row: state, then every question with its options as compact JSON (exact token spans)."""
+
+    name = "joint"
+    methods = ("lora", "full", "qlora")
+
+    def owns(self, folder: Path) -> bool:
+        return is_joint_export(folder) or is_causal_lm_folder(folder)
+
+    def can_load(self, folder: Path) -> bool:
+        return self.owns(folder) or is_laya_layout_folder(folder)
+
+    def is_export(self, folder: Path) -> bool:
+        return is_joint_export(folder)
+
+    def written_last(self, folder: Path) -> Path:
+        return folder / HEAD_FILE
+
+    def load(self, folder, config: TrainConfig | None = None, device: torch.device | None = None) -> LoadedJoint:
+        """QLoRA loads a causal LM's backbone in 4-bit nf4 on `device`; an encoder refuses it."""
+        device = device or torch.device("cpu")
+        if config is None or config.method != "qlora":
+            loaded = load_joint(folder)
+            loaded.model.to(device)
+            return loaded
+        if not (is_causal_lm_folder(folder) or is_joint_export(folder)) or is_laya_layout_folder(folder):
+            raise ConfigError(f"train.method=qlora: {folder} is an encoder backbone; QLoRA quantises causal LMs "
+                              "(use --method lora or --method full)")  # fmt: skip
+        loaded = load_joint(folder, quantization=qlora_config(device), device=str(device))
+        loaded.model.head.to(device)
+        return loaded
+
+    def load_trained(self, folder) -> LoadedJoint:
+        return load_joint(folder)
+
+    def build_examples(self, loaded: LoadedJoint, records) -> tuple[list[JointExample], dict[str, int]]:
+        return build_examples(records, loaded.tokenizer, loaded.max_len)
+
+    def prepare(self, loaded: LoadedJoint, config: TrainConfig) -> None:
+        prepare_joint(loaded.model, config)
+
+    def batch_task(self, loaded: LoadedJoint, config: TrainConfig) -> BatchTask:
+        return joint_batch_task(loaded.tokenizer.pad_token_id, config)
+
+    def score(self, loaded: LoadedJoint, examples: list[JointExample], device: torch.device, batch_size: int = 32,
+              progress: bool = False) -> tuple[list[ScoredDecision], list[np.ndarray]]:  # fmt: skip
+        # A record holds every question of its row: a quarter of the Laya family's batch is about as many tokens.
+        return score_examples(loaded.model, examples, loaded.tokenizer.pad_token_id, device, max(1, batch_size // 4))
+
+    def served_temperatures(self, loaded: LoadedJoint, decisions: list[ScoredDecision]) -> list[float]:
+        return [temperature_of(loaded.config, d.qtype) for d in decisions]
+
+    def temperatures(self, loaded: LoadedJoint) -> Temperatures:
+        return (temperature_of(loaded.config, 0), temperature_of(loaded.config, 1), temperature_of(loaded.config, 2))
+
+    def save_finetune(self, loaded: LoadedJoint, out: Path, training: dict[str, Any]) -> Path:
+        """An export at T = 1 (merged, self-describing): calibration then re-exports it with its temperatures."""
+        loaded.config = {**loaded.config, "training": {**loaded.config.get("training", {}), **training}}
+        manifest = {"family": self.name, "source_digest": training.get("source_digest")}
+        return Path(export_joint(loaded, out, NO_TEMPERATURES, manifest).out)
+
+    def export(self, loaded: LoadedJoint, out, temperatures: Temperatures, manifest: dict[str, Any]) -> ExportResult:
+        return export_joint(loaded, out, temperatures, manifest)
+
+    def answer(self, loaded: LoadedJoint, requests) -> list[Answered | BadQuestion]:
+        return answer_joint_requests(loaded, requests)

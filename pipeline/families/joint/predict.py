@@ -1,0 +1,63 @@
+"""Answering with a joint model: one record per request (every question in one pass), shared forward passes.
+
+    results = answer_joint_requests(load_joint("models/decision-qwen3"), [parse_request(state, questions)])
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from pipeline.data.answers import ParsedRequest, shape_answers
+from pipeline.families.base import Answered, BadQuestion
+from pipeline.families.forward_passes import length_batches
+from pipeline.families.joint.layout import LoadedJoint, temperature_of
+from pipeline.families.joint.records import EncodedRecord, RecordTooLong, collate_records, encode_record
+from pipeline.scoring.calibration import softmax
+
+
+def answer_joint_requests(loaded: LoadedJoint, requests: list[ParsedRequest],
+                          batch_size: int = 8) -> list[Answered | BadQuestion]:  # fmt: skip
+    """Answer parsed requests, one record each, in shared forward passes; a record too long fails alone."""
+    encoded = [_encode(loaded, request) for request in requests]
+    records = [record for record in encoded if isinstance(record, EncodedRecord)]
+    probabilities = iter(record_probabilities(loaded, records, batch_size))
+    results: list[Answered | BadQuestion] = []
+    for request, record in zip(requests, encoded):
+        if isinstance(record, BadQuestion):
+            results.append(record)
+            continue
+        by_id = dict(zip(record.question_ids, next(probabilities)))
+        results.append(Answered(shape_answers(request.questions, by_id, request.legends), len(record)))
+    return results
+
+
+def _encode(loaded: LoadedJoint, request: ParsedRequest) -> EncodedRecord | BadQuestion:
+    questions = list(request.questions.values())
+    try:
+        return encode_record(loaded.tokenizer, request.state, questions, loaded.max_len)
+    except RecordTooLong as error:
+        return BadQuestion(f"questions: {error}")
+
+
+@torch.inference_mode()
+def record_probabilities(loaded: LoadedJoint, records: list[EncodedRecord],
+                         batch_size: int = 8) -> list[list[np.ndarray]]:  # fmt: skip
+    """Per record, per question: the softmax over its own options (model order) at its temperature.
+
+    Records are grouped by length, so a pass pads little; padding is masked, so a record's answer does not
+    depend on what it was batched with (beyond float rounding).
+    """
+    model = loaded.model.eval()
+    device = next(model.parameters()).device
+    out: list[list[np.ndarray]] = [[] for _ in records]
+    for indices in length_batches([len(r) for r in records], batch_size):
+        batch = collate_records([records[i] for i in indices], loaded.tokenizer.pad_token_id)
+        logits = model({k: v.to(device) for k, v in batch.items()}).float().cpu().numpy().astype(np.float64)
+        for row, index in enumerate(indices):
+            record = records[index]
+            out[index] = [
+                softmax(logits[row, q, : len(spans)], temperature_of(loaded.config, qtype))
+                for q, (spans, qtype) in enumerate(zip(record.option_spans, record.qtypes))
+            ]
+    return out

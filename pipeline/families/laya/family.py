@@ -1,0 +1,90 @@
+"""The `laya` family: a Laya-layout encoder, one token sequence per decision, exports that `laya.Agent` loads.
+
+    family = LayaFamily()
+    loaded = family.load("data/snapshots/minilm")
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from pipeline.config import TrainConfig
+from pipeline.families.base import Answered, BadQuestion, BatchTask, DecisionFamily, ExportResult
+from pipeline.families.laya.adapters import ADAPTER_FILE, load_for_inference, save_adapter
+from pipeline.families.laya.export import export_model
+from pipeline.families.laya.forward import score_items
+from pipeline.families.laya.items import Item, build_items
+from pipeline.families.laya.layout import CONFIG_FILE, LoadedModel, load_model, save_model
+from pipeline.families.laya.predict import answer_requests, temperature_for
+from pipeline.families.laya.training import laya_batch_task, prepare_model
+from pipeline.scoring.calibration import Temperatures
+from pipeline.scoring.decisions import ScoredDecision
+
+
+class LayaFamily(DecisionFamily):
+    """One sequence per question: `[CLS] question [SEP] [MASK] option ... [SEP] state [SEP]` (DESIGN.md 3)."""
+
+    name = "laya"
+    methods = ("lora", "full")
+
+    def owns(self, folder: Path) -> bool:
+        return (folder / CONFIG_FILE).is_file() or (folder / ADAPTER_FILE).is_file()
+
+    def can_load(self, folder: Path) -> bool:
+        return (folder / CONFIG_FILE).is_file()
+
+    def is_export(self, folder: Path) -> bool:
+        return (folder / CONFIG_FILE).is_file()
+
+    def written_last(self, folder: Path) -> Path:
+        return folder / CONFIG_FILE
+
+    def load(self, folder, config: TrainConfig | None = None, device: torch.device | None = None) -> LoadedModel:
+        loaded = load_model(folder)
+        loaded.model.to(device or "cpu")
+        return loaded
+
+    def load_trained(self, folder) -> LoadedModel:
+        return load_for_inference(folder)
+
+    def build_examples(self, loaded: LoadedModel, records) -> tuple[list[Item], dict[str, int]]:
+        return build_items(records, loaded)
+
+    def prepare(self, loaded: LoadedModel, config: TrainConfig) -> None:
+        prepare_model(loaded.model, config)
+
+    def batch_task(self, loaded: LoadedModel, config: TrainConfig) -> BatchTask:
+        return laya_batch_task(loaded.tokenizer.pad_token_id)
+
+    def score(self, loaded: LoadedModel, examples: list[Item], device: torch.device, batch_size: int = 32,
+              progress: bool = False) -> tuple[list[ScoredDecision], list[np.ndarray]]:  # fmt: skip
+        logits = score_items(loaded.model, examples, loaded.tokenizer.pad_token_id, device, batch_size,
+                             progress=progress, logits=True)  # fmt: skip
+        return [item.scored() for item in examples], logits
+
+    def served_temperatures(self, loaded: LoadedModel, decisions: list[ScoredDecision]) -> list[float]:
+        return [temperature_for(loaded.config, d.qtype, d.n_options) for d in decisions]
+
+    def temperatures(self, loaded: LoadedModel) -> Temperatures:
+        t = loaded.config.get("temperature") or [1.0, 1.0, 1.0]
+        return (float(t[0]), float(t[1]), float(t[2]))
+
+    def save_finetune(self, loaded: LoadedModel, out: Path, training: dict[str, Any]) -> Path:
+        """LoRA: adapters plus head (`pipeline.families.laya.adapters`); full: a complete Laya-layout model."""
+        training = {**training, "saved_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+        loaded.model.to("cpu")
+        if training["method"] == "lora":
+            return save_adapter(loaded.model, out, {"decision_config": loaded.config, **training})
+        return save_model(replace(loaded, config={**loaded.config, "fine_tuned": True, "training": training}), out)
+
+    def export(self, loaded: LoadedModel, out, temperatures: Temperatures, manifest: dict[str, Any]) -> ExportResult:
+        return export_model(loaded, out, temperatures, manifest)
+
+    def answer(self, loaded: LoadedModel, requests) -> list[Answered | BadQuestion]:
+        return answer_requests(loaded, requests)

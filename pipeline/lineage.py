@@ -1,0 +1,64 @@
+"""Lineage: what a run or an export came from (git commit, data and base hashes, params, code digest).
+
+One place for the digests that name things: `idempotency_key` names a retraining run (its run folder, MLflow run
+and model version); `source_digest` names a trained model, so exporting the same one twice is a no-op.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import subprocess
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from pipeline.config import TrainConfig
+from pipeline.data.pins import current_md5
+
+
+def git_commit() -> str | None:
+    """The checked-out commit, or None outside a git checkout."""
+    try:
+        done = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return done.stdout.strip() or None
+
+
+def code_digest(root: str | Path = ".") -> str:
+    """sha256 over the library and flow sources, so a code change makes a new key even without a commit."""
+    root = Path(root)
+    digest = hashlib.sha256()
+    for path in sorted([*root.glob("pipeline/**/*.py"), *root.glob("flows/**/*.py")]):
+        digest.update(path.relative_to(root).as_posix().encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()
+
+
+def idempotency_key(data_md5: str, base_md5: str, params: dict[str, Any], code: str) -> str:
+    """The key of a retraining run: data, base snapshot, every params section and the code."""
+    text = json.dumps({"data": data_md5, "base": base_md5, "params": params, "code": code}, sort_keys=True,
+                      default=str)  # fmt: skip
+    return hashlib.sha256(text.encode()).hexdigest()[:32]
+
+
+def source_digest(data, base, config: TrainConfig, pins: dict[str, str], steps: int, losses) -> str:
+    """What a trained model is: inputs, settings, pins, and the losses it logged on the way."""
+    parts = json.dumps([str(data), str(base), asdict(config), pins, steps, losses], default=str)
+    return hashlib.sha256(parts.encode()).hexdigest()
+
+
+def export_manifest(data, base, config: TrainConfig, family: str, run: dict[str, Any],
+                    temperatures, heldout: dict[str, Any]) -> dict[str, Any]:  # fmt: skip
+    """The `manifest.json` of an export: data and base hashes, git commit, params, metrics, digest.
+
+    `run` holds the training run's `pins`, `steps` and `losses` (a `TrainRun` as a dict, or `train.json`).
+    """
+    pins, steps, losses = run.get("pins", {}), run["steps"], run.get("losses", [])
+    return {
+        "data": str(data), "data_md5": current_md5(Path(data)), "base": str(base),
+        "base_md5": current_md5(Path(base)), "pins": pins, "git_commit": git_commit(), "family": family,
+        "params": {"train": asdict(config)}, "steps": steps, "temperatures": list(temperatures),
+        "metrics": {k: v for k, v in heldout.items() if isinstance(v, dict)},
+        "source_digest": source_digest(data, base, config, pins, steps, [list(x) for x in losses]),
+    }  # fmt: skip

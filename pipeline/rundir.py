@@ -1,0 +1,54 @@
+"""The files a retraining run writes under `runs/<key>/`, named in one place (every stage reads them from here).
+
+    run = RunFolder("runs/3f2a...")
+    run.train_summary, run.finetune, run.heldout, run.calibration, run.plots, run.export
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class RunFolder:
+    """One run's folder and the name of everything in it."""
+
+    root: Path
+
+    def __init__(self, root: str | Path) -> None:
+        object.__setattr__(self, "root", Path(root))
+
+    @property
+    def validation(self) -> Path:
+        """The validation report of the run's data."""
+        return self.root / "validation.json"
+
+    @property
+    def train_summary(self) -> Path:
+        """The training run: counts, timings, the logged steps."""
+        return self.root / "train.json"
+
+    @property
+    def finetune(self) -> Path:
+        """The trained model as its family saves it before calibration (not yet an export)."""
+        return self.root / "finetune"
+
+    @property
+    def heldout(self) -> Path:
+        """Held-out decisions with the base's and the fine-tune's raw logits."""
+        return self.root / "heldout.npz"
+
+    @property
+    def calibration(self) -> Path:
+        """Temperatures, notes and the before/after held-out figures."""
+        return self.root / "calibration.json"
+
+    @property
+    def plots(self) -> Path:
+        return self.root / "plots"
+
+    @property
+    def export(self) -> Path:
+        """The merged, calibrated, servable model."""
+        return self.root / "export"

@@ -1,0 +1,41 @@
+"""The export stage: a fine-tune becomes one servable, self-describing folder, crash-safe (any family).
+
+    decision export --adapter runs/lora --out runs/export
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from pipeline.config import TrainConfig
+from pipeline.data.pins import current_md5
+from pipeline.families import load_decision_model, pick_family
+from pipeline.families.base import ExportResult
+from pipeline.families.exporting import read_manifest
+from pipeline.lineage import export_manifest
+from pipeline.rundir import RunFolder
+from pipeline.scoring.calibration import temperatures_from_names
+
+
+def export_folder(source: str | Path, out: str | Path) -> ExportResult:
+    """`decision export`: a fine-tune folder (LoRA adapters, a full model, an export) to a merged export at `out`."""
+    source, out = Path(source), Path(out)
+    family = pick_family(source)
+    if source.resolve() == out.resolve() and family.is_export(out):
+        return ExportResult(str(out), False, read_manifest(out))  # already a merged model in place
+    model = load_decision_model(source)
+    manifest = {**read_manifest(source), "source": str(source), "source_digest": current_md5(source)}
+    return family.export(model.loaded, out, family.temperatures(model.loaded), manifest)
+
+
+def export_stage(run_dir: str | Path, out: str | Path, data: str | Path, base: str | Path,
+                 config: TrainConfig) -> ExportResult:  # fmt: skip
+    """The flow's export stage: the run's fine-tune with the temperatures of its calibration, merged."""
+    run = RunFolder(run_dir)
+    summary = json.loads(run.train_summary.read_text())
+    calibration = json.loads(run.calibration.read_text())
+    temperatures = temperatures_from_names(calibration["temperatures"])
+    model = load_decision_model(run.finetune)
+    manifest = export_manifest(data, base, config, model.family.name, summary, temperatures, calibration["heldout"])
+    return model.family.export(model.loaded, out, temperatures, manifest)

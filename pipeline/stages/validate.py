@@ -1,0 +1,26 @@
+"""The validate stage: the validation report of a decision file (or its slice) with the held-out split summary.
+
+The same function for `dvc repro validate` and the retraining flow's validate task.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from pipeline.config import ValidateConfig
+from pipeline.data.read import RowSlice
+from pipeline.data.split import split_holdout
+from pipeline.data.validate import validate_file
+
+
+def validate_report(data: str | Path, config: ValidateConfig, out: str | Path | None = None,
+                    row_slice: str | None = None) -> dict[str, Any]:  # fmt: skip
+    """The report of `data` (or its slice) with the split summary; written to `out` if given."""
+    validated = validate_file(data, RowSlice.parse(row_slice))
+    report = validated.report.to_dict() | {"split": split_holdout(validated.records, config).summary()}
+    if out is not None:
+        Path(out).parent.mkdir(parents=True, exist_ok=True)
+        Path(out).write_text(json.dumps(report, indent=2) + "\n")
+    return report

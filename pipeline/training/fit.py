@@ -1,0 +1,117 @@
+"""The fit chain, family-free: pins, validation, split, examples, base scores, training, tuned scores.
+
+    trained = fit_on_data("data/processed/vader.jsonl", "data/snapshots/minilm", TrainConfig(max_steps=40))
+    trained.run.heldout["tuned"]["accuracy"]
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from pipeline.config import ConfigError, TrainConfig, ValidateConfig
+from pipeline.data.pins import verify_inputs
+from pipeline.data.read import RowSlice
+from pipeline.data.split import Split, split_holdout
+from pipeline.data.validate import validate_file
+from pipeline.device import pick_device
+from pipeline.families import pick_family
+from pipeline.families.base import DecisionFamily
+from pipeline.scoring.calibration import plain_probabilities
+from pipeline.scoring.decisions import ScoredDecision
+from pipeline.scoring.metrics import heldout_metrics
+from pipeline.training.loop import CancelToken, train
+
+
+@dataclass
+class TrainRun:
+    """The outcome of a fit: counts, metrics before and after, timings, where it was saved."""
+
+    rows: int
+    decisions: int
+    skipped: dict[str, int]
+    train_decisions: int
+    heldout: dict[str, Any]
+    steps: int
+    planned_steps: int
+    cancelled: bool
+    train_seconds: float
+    s_per_step: float
+    decisions_per_second: float
+    saved_to: str | None
+    compile: dict[str, Any] = field(default_factory=dict)
+    precision: str = "fp32"
+    pins: dict[str, str] = field(default_factory=dict)
+    losses: list[tuple[int, float]] = field(default_factory=list)
+    family: str = "laya"
+    method: str = "lora"
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class Trained:
+    """A trained model in memory with its family, held-out decisions and their raw logits before and after."""
+
+    run: TrainRun
+    family: DecisionFamily
+    loaded: Any
+    heldout: list[ScoredDecision]
+    base_logits: list[np.ndarray]
+    tuned_logits: list[np.ndarray]
+    options: dict[str, tuple[str, ...]] = field(default_factory=dict)  # option names per held-out question id
+
+
+def fit_on_data(data: str | Path, base: str | Path, config: TrainConfig,
+                split_config: ValidateConfig = ValidateConfig(), row_slice: RowSlice = RowSlice(),
+                device: str = "auto", cancel: CancelToken | None = None, progress: bool = True,
+                eval_data: str | Path | None = None, on_log=None) -> Trained:  # fmt: skip
+    """Verify pins, validate, split, score the base, train, score again; nothing is written.
+
+    The held-out decisions are split off `data` by content hash, or are all of `eval_data` when it is given.
+    """
+    pins = verify_inputs([data, base] + ([eval_data] if eval_data else []))
+    family = pick_family(base, config.family)
+    if config.method not in family.methods:
+        raise ConfigError(f"train.method={config.method}: the {family.name} family trains with "
+                          f"{' or '.join(family.methods)}")  # fmt: skip
+    validated = validate_file(data, row_slice)
+    split = Split(validated.records, validate_file(eval_data).records) if eval_data else split_holdout(
+        validated.records, split_config)  # fmt: skip
+    dev = pick_device(device)
+    loaded = family.load(base, config, dev)
+    train_examples, skipped_train = family.build_examples(loaded, split.train)
+    heldout_examples, skipped_heldout = family.build_examples(loaded, split.heldout)
+    decisions, base_logits = family.score(loaded, heldout_examples, dev, config.eval_batch_size, progress)
+    family.prepare(loaded, config)
+    result = train(loaded.model, train_examples, config, dev, family.batch_task(loaded, config), cancel, on_log,
+                   progress=progress)  # fmt: skip
+    _, tuned_logits = family.score(loaded, heldout_examples, dev, config.eval_batch_size, progress)
+    run = TrainRun(
+        rows=validated.report.rows, decisions=validated.report.decisions,
+        skipped=dict(Counter(validated.report.skipped) + Counter(skipped_train) + Counter(skipped_heldout)),
+        train_decisions=sum(family.batch_task(loaded, config).decisions(e) for e in train_examples),
+        heldout={"decisions": len(decisions), "base": _metrics(decisions, base_logits),
+                 "tuned": _metrics(decisions, tuned_logits)},
+        steps=result.steps, planned_steps=result.planned_steps, cancelled=result.cancelled,
+        train_seconds=result.train_seconds, s_per_step=result.s_per_step,
+        decisions_per_second=result.decisions_per_second, saved_to=None, compile=result.compile,
+        precision=result.precision, pins=pins, losses=result.losses, family=family.name, method=config.method,
+    )  # fmt: skip
+    options = {d.question.id: d.question.options for r in split.heldout for d in r.decisions}
+    return Trained(run, family, loaded, decisions, base_logits, tuned_logits, options)
+
+
+def _metrics(decisions: list[ScoredDecision], logits: list[np.ndarray]) -> dict[str, float]:
+    return heldout_metrics(decisions, plain_probabilities(logits))
+
+
+def training_description(config: TrainConfig, base: str | Path, run: TrainRun, source_digest: str) -> dict[str, Any]:
+    """What a saved fine-tune records of its training (any family)."""
+    return {"family": run.family, "method": config.method, "steps": run.steps, "config": asdict(config),
+            "pins": run.pins, "base": str(base), "source_digest": source_digest}  # fmt: skip

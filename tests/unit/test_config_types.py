@@ -1,0 +1,81 @@
+"""A value of the wrong type in params.yaml (or a run config) is refused by `section.key` before any stage runs."""
+
+import re
+
+import pytest
+import yaml
+
+from pipeline.config import ConfigError, load_params, section_config
+
+
+def test_a_wrong_type_is_refused_naming_section_and_key():
+    with pytest.raises(
+        ConfigError, match=re.escape("train.max_steps: expected int or null, got 'ten' (str)")
+    ):
+        section_config("train", {"max_steps": "ten"})
+    with pytest.raises(ConfigError, match=re.escape("retrain.model_name: expected str, got 5 (int)")):
+        section_config("retrain", {"model_name": 5})
+
+
+def test_every_wrong_key_of_a_section_is_named_in_one_error():
+    with pytest.raises(ConfigError) as caught:
+        section_config("validate", {"holdout_fraction": "a tenth", "holdout_max_decisions": 4.5})
+    message = str(caught.value)
+    assert "validate.holdout_fraction: expected float" in message
+    assert "validate.holdout_max_decisions: expected int" in message
+
+
+def test_an_int_is_accepted_for_a_float_field_and_stored_as_a_float():
+    promote = section_config("promote", {"max_ece": 1, "min_accuracy_gain": 0})
+    assert promote.max_ece == 1.0 and type(promote.max_ece) is float
+    assert type(promote.min_accuracy_gain) is float
+
+
+def test_a_bool_is_refused_for_an_int_or_float_field():
+    with pytest.raises(ConfigError, match=re.escape("train.epochs: expected int, got True (bool)")):
+        section_config("train", {"epochs": True})
+    with pytest.raises(ConfigError, match=re.escape("promote.max_ece: expected float")):
+        section_config("promote", {"max_ece": False})
+
+
+def test_a_bool_field_takes_only_a_bool():
+    assert section_config("train", {"gradient_checkpointing": True}).gradient_checkpointing is True
+    with pytest.raises(ConfigError, match=re.escape("train.gradient_checkpointing: expected bool")):
+        section_config("train", {"gradient_checkpointing": 1})
+
+
+def test_null_is_accepted_only_where_the_field_allows_it():
+    assert section_config("train", {"max_steps": None}).max_steps is None
+    assert section_config("retrain", {"slice": None}).slice is None
+    with pytest.raises(ConfigError, match=re.escape("train.epochs: expected int, got None (NoneType)")):
+        section_config("train", {"epochs": None})
+
+
+def test_a_list_of_strings_is_accepted_for_lora_target_modules():
+    train = section_config("train", {"lora_target_modules": ["query", "value"]})
+    assert train.lora_target_modules == ("query", "value")
+    assert section_config("train", {"lora_target_modules": "all-linear"}).lora_target_modules == "all-linear"
+    with pytest.raises(
+        ConfigError, match=re.escape("train.lora_target_modules: expected str or list of str")
+    ):
+        section_config("train", {"lora_target_modules": ["query", 3]})
+
+
+def test_range_checks_still_hold_after_the_type_check():
+    with pytest.raises(ConfigError, match=re.escape("train.max_steps: must be >= 0, got -1")):
+        section_config("train", {"max_steps": -1})
+
+
+def test_a_wrong_type_in_a_run_config_is_refused(tmp_path, project_root):
+    (tmp_path / "params.yaml").write_text((project_root / "params.yaml").read_text())
+    (tmp_path / "configs").mkdir()
+    (tmp_path / "configs" / "bad.yaml").write_text(yaml.safe_dump({"train": {"max_steps": "six"}}))
+    with pytest.raises(ConfigError, match=re.escape("train.max_steps: expected int or null")):
+        load_params(tmp_path / "params.yaml", "bad")
+
+
+def test_the_shipped_params_and_every_run_config_load(project_root):
+    params = load_params(project_root / "params.yaml")
+    assert type(params["train"].lora_lr) is float and params["train"].max_steps == 150
+    for run_config in sorted(p.stem for p in (project_root / "configs").glob("*.yaml")):
+        load_params(project_root / "params.yaml", run_config)

@@ -108,12 +108,12 @@ def _print_profile(profiler) -> None:
 def heldout_accuracy(model_dir: str, heldout: Path) -> dict:
     """Accuracy of a fine-tune on the held-out rows, scored by the same code for both trainers."""
     sys.path.insert(0, str(ROOT))
+    from pipeline.data.validate import validate_file
     from pipeline.families.laya.adapters import ADAPTER_FILE, load_adapter
     from pipeline.families.laya.forward import score_items
     from pipeline.families.laya.items import build_items
-    from pipeline.scoring.metrics import heldout_metrics
     from pipeline.families.laya.layout import load_model
-    from pipeline.data.validate import validate_file
+    from pipeline.scoring.metrics import heldout_metrics
 
     folder = Path(model_dir)
     if (folder / ADAPTER_FILE).is_file():

@@ -1,7 +1,7 @@
 """Device and precision choice, in one place: the device a run uses, the autocast dtype, the memory it peaked at.
 
-    device = pick_device("auto")                    # cuda when available, else cpu
-    dtype = resolve_precision("auto", device)       # bf16 only where the device runs it natively
+device = pick_device("auto")                    # cuda when available, else cpu
+dtype = resolve_precision("auto", device)       # bf16 only where the device runs it natively
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ def resolve_precision(precision: str, device: torch.device) -> torch.dtype | Non
 
 
 def precision_name(dtype: torch.dtype | None) -> str:
-    """"fp32" for no autocast, else the dtype's short name ("bfloat16")."""
+    """ "fp32" for no autocast, else the dtype's short name ("bfloat16")."""
     return str(dtype or "fp32").replace("torch.", "")
 
 

@@ -1,7 +1,7 @@
 """The files a retraining run writes under `runs/<key>/`, named in one place (every stage reads them from here).
 
-    run = RunFolder("runs/3f2a...")
-    run.train_summary, run.finetune, run.heldout, run.calibration, run.plots, run.export
+run = RunFolder("runs/3f2a...")
+run.train_summary, run.finetune, run.heldout, run.calibration, run.plots, run.export
 """
 
 from __future__ import annotations

@@ -59,8 +59,8 @@ def export_memory_check() -> dict:
     """Merging for export copies to the CPU: device memory must not grow and the training model keeps its adapters."""
     import torch
 
-    from pipeline.families.laya.adapters import apply_lora, has_lora
     from pipeline.families.exporting import merged_copy
+    from pipeline.families.laya.adapters import apply_lora, has_lora
     from pipeline.families.laya.layout import load_model
 
     loaded = load_model(ROOT / "data/snapshots/minilm")

@@ -18,10 +18,10 @@ EXIT_OK, EXIT_FAILED, EXIT_UNUSABLE = 0, 1, 2
 def _serve(args: argparse.Namespace) -> int:
     from pathlib import Path
 
+    from pipeline.mlops.registry import parse_alias_uri
     from pipeline.serving.body import BodyLimits
     from pipeline.serving.catalog import Catalog
     from pipeline.serving.keys import KeyConfigError, load_keys
-    from pipeline.mlops.registry import parse_alias_uri
     from pipeline.serving.server import ServerConfig, create_app, run_server
 
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")

@@ -53,7 +53,15 @@ def _training_setup(args: argparse.Namespace):
     from pipeline.families.base import ModelLayoutError
     from pipeline.training.loop import CancelToken
 
-    errors = (ConfigError, ModelLayoutError, PinMismatch, UnreadableInput, BadSlice, FileNotFoundError, ValueError)
+    errors = (
+        ConfigError,
+        ModelLayoutError,
+        PinMismatch,
+        UnreadableInput,
+        BadSlice,
+        FileNotFoundError,
+        ValueError,
+    )
     try:
         params = load_params(args.params)
         overrides = {
@@ -67,8 +75,8 @@ def _training_setup(args: argparse.Namespace):
 
 
 def _train(args: argparse.Namespace) -> int:
-    from pipeline.stages.train import train_on_data
     from pipeline.data.read import RowSlice
+    from pipeline.stages.train import train_on_data
 
     params, config, cancel, errors = _training_setup(args)
     try:
@@ -87,9 +95,9 @@ def _train(args: argparse.Namespace) -> int:
 
 
 def _evaluate(args: argparse.Namespace) -> int:
-    from pipeline.stages.evaluate import evaluate_model
-    from pipeline.families.base import ModelLayoutError
     from pipeline.data.read import BadSlice, RowSlice, UnreadableInput
+    from pipeline.families.base import ModelLayoutError
+    from pipeline.stages.evaluate import evaluate_model
 
     try:
         report = evaluate_model(args.model, args.data, args.plots, RowSlice.parse(args.slice), args.device,
@@ -118,9 +126,9 @@ def _evaluate(args: argparse.Namespace) -> int:
 
 
 def _export(args: argparse.Namespace) -> int:
+    from pipeline.families.base import ModelLayoutError
     from pipeline.families.exporting import NonFiniteWeights
     from pipeline.stages.export import export_folder
-    from pipeline.families.base import ModelLayoutError
 
     try:
         result = export_folder(args.adapter, args.out)
@@ -139,8 +147,8 @@ def _export(args: argparse.Namespace) -> int:
 
 
 def _finetune(args: argparse.Namespace) -> int:
-    from pipeline.stages.finetune import finetune
     from pipeline.data.read import RowSlice
+    from pipeline.stages.finetune import finetune
 
     params, config, cancel, errors = _training_setup(args)
     try:

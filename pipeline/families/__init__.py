@@ -1,8 +1,8 @@
 """The model families and the one function that picks one (`pick_family`); see `pipeline.families.base`.
 
-    family = pick_family("data/snapshots/minilm")                 # laya (what the folder is)
-    family = pick_family("data/snapshots/minilm", "joint")        # the joint head on the same encoder
-    model = load_decision_model("runs/abc/export")                # a family and its loaded model
+family = pick_family("data/snapshots/minilm")                 # laya (what the folder is)
+family = pick_family("data/snapshots/minilm", "joint")        # the joint head on the same encoder
+model = load_decision_model("runs/abc/export")                # a family and its loaded model
 """
 
 from __future__ import annotations
@@ -50,7 +50,9 @@ def is_complete_export(folder: Path) -> bool:
 def list_models(folder: str | Path) -> list[Path]:
     """The complete exports among a folder's visible subfolders."""
     folder = Path(folder)
-    return sorted(p for p in folder.iterdir() if p.is_dir() and not p.name.startswith(".") and is_complete_export(p))
+    return sorted(
+        p for p in folder.iterdir() if p.is_dir() and not p.name.startswith(".") and is_complete_export(p)
+    )
 
 
 def find_exports(root: str | Path) -> list[Path]:

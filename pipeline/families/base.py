@@ -141,7 +141,9 @@ class DecisionFamily(ABC):
         """The trained model as this family keeps it before calibration (`load_trained` reads it)."""
 
     @abstractmethod
-    def export(self, loaded, out: str | Path, temperatures: Temperatures, manifest: dict[str, Any]) -> ExportResult:
+    def export(
+        self, loaded, out: str | Path, temperatures: Temperatures, manifest: dict[str, Any]
+    ) -> ExportResult:
         """Merge, check and write a servable, self-describing folder crash-safe; a no-op when already there."""
 
     @abstractmethod

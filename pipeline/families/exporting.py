@@ -34,7 +34,9 @@ def cpu_clone(tensor: torch.Tensor) -> torch.Tensor:
     return torch.nn.Parameter(clone, requires_grad=False) if isinstance(tensor, torch.nn.Parameter) else clone
 
 
-def cpu_copy(model: torch.nn.Module, clone: Callable[[torch.Tensor], torch.Tensor] = cpu_clone) -> torch.nn.Module:
+def cpu_copy(
+    model: torch.nn.Module, clone: Callable[[torch.Tensor], torch.Tensor] = cpu_clone
+) -> torch.nn.Module:
     """A deep copy of `model` on the CPU; `clone` makes each tensor's CPU copy."""
     # Copy straight to the CPU: deep-copying the module where it lives would grow the device's memory.
     memo = {id(t): clone(t) for t in [*model.parameters(), *model.buffers()]}

@@ -54,7 +54,9 @@ def softmax(logits: np.ndarray, temperature: float = 1.0) -> np.ndarray:
 
 def _mean_nll(log_t: float, logits: list[np.ndarray], targets: list[np.ndarray]) -> float:
     t = math.exp(log_t)
-    total = sum(-float(np.dot(y, log_softmax(np.asarray(z, dtype=np.float64) / t))) for z, y in zip(logits, targets))
+    total = sum(
+        -float(np.dot(y, log_softmax(np.asarray(z, dtype=np.float64) / t))) for z, y in zip(logits, targets)
+    )
     return total / max(1, len(logits))
 
 
@@ -68,7 +70,9 @@ def fit_temperature(
 
 
 def _targets(decisions: list[ScoredDecision], soft: bool) -> list[np.ndarray]:
-    return [np.asarray(d.target, dtype=np.float64) if soft else np.eye(d.n_options)[d.label] for d in decisions]
+    return [
+        np.asarray(d.target, dtype=np.float64) if soft else np.eye(d.n_options)[d.label] for d in decisions
+    ]
 
 
 def fit_calibration(decisions: list[ScoredDecision], logits: list[np.ndarray], soft: bool = False,
@@ -103,7 +107,9 @@ def cross_fitted_metrics(decisions: list[ScoredDecision], logits: list[np.ndarra
     halves = [[i for i, d in enumerate(decisions) if d.record % 2 == side] for side in (0, 1)]
     probabilities: list[np.ndarray | None] = [None] * len(decisions)
     for fit_on, score_on in ((halves[0], halves[1]), (halves[1], halves[0])):
-        fitted = fit_calibration([decisions[i] for i in fit_on], [logits[i] for i in fit_on], soft, min_decisions)
+        fitted = fit_calibration(
+            [decisions[i] for i in fit_on], [logits[i] for i in fit_on], soft, min_decisions
+        )
         for i in score_on:
             probabilities[i] = softmax(logits[i], fitted.temperatures[decisions[i].qtype])
     return detailed_metrics(decisions, probabilities)

@@ -59,7 +59,6 @@ def heldout_metrics(items: list[ScoredDecision], probabilities: list[np.ndarray]
     }
 
 
-
 def detailed_metrics(items: list[ScoredDecision], probabilities: list[np.ndarray]) -> dict[str, float]:
     """`heldout_metrics` plus Brier score, KL from the soft gold (where present) and score MAE."""
     metrics = heldout_metrics(items, probabilities)
@@ -80,7 +79,9 @@ def detailed_metrics(items: list[ScoredDecision], probabilities: list[np.ndarray
     }
 
 
-def metrics_by_type(items: list[ScoredDecision], probabilities: list[np.ndarray]) -> dict[str, dict[str, float]]:
+def metrics_by_type(
+    items: list[ScoredDecision], probabilities: list[np.ndarray]
+) -> dict[str, dict[str, float]]:
     """`detailed_metrics` overall and for each question type present."""
     report = {"overall": detailed_metrics(items, probabilities)}
     for qtype, name in enumerate(QUESTION_TYPES):

@@ -19,7 +19,9 @@ def _pyplot():
     return plt
 
 
-def reliability_diagram(items: list[ScoredDecision], probabilities: list[np.ndarray], out: Path, title: str) -> Path:
+def reliability_diagram(
+    items: list[ScoredDecision], probabilities: list[np.ndarray], out: Path, title: str
+) -> Path:
     """Accuracy against confidence in 15 equal-width (lo, hi] bins, with the ECE in the title."""
     plt = _pyplot()
     confidence = np.array([p.max() for p in probabilities])

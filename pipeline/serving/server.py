@@ -20,13 +20,13 @@ from fastapi.responses import JSONResponse, Response
 from fastapi.security import APIKeyHeader, HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from pipeline.data.contract import QUESTION_TYPES
 from pipeline.data.answers import InvalidRequest, RequestTooLarge, parse_request
+from pipeline.data.contract import QUESTION_TYPES
+from pipeline.families.base import BadQuestion
 from pipeline.serving.batching import MicroBatcher, QueueFull
 from pipeline.serving.body import BodyLimits, DecodeBodyMiddleware
 from pipeline.serving.catalog import Catalog, ModelForbidden, ModelLoading, ModelNotFound, ServedModel
 from pipeline.serving.keys import KeyStore
-from pipeline.families.base import BadQuestion
 
 log = logging.getLogger("decision.serve")
 RETRY_AFTER_LOADING_S = 5
@@ -102,7 +102,9 @@ class ServerConfig:
 
 
 BEARER = HTTPBearer(auto_error=False, description="An API key as `Authorization: Bearer <key>`.")
-API_KEY = APIKeyHeader(name="X-API-Key", auto_error=False, description="An API key (the same keys as Bearer).")
+API_KEY = APIKeyHeader(
+    name="X-API-Key", auto_error=False, description="An API key (the same keys as Bearer)."
+)
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,13 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.rundir import RunFolder
-from pipeline.scoring.calibration import Calibration, apply_temperatures, fit_calibration, heldout_figures, plain_probabilities
+from pipeline.scoring.calibration import (
+    Calibration,
+    apply_temperatures,
+    fit_calibration,
+    heldout_figures,
+    plain_probabilities,
+)
 from pipeline.scoring.heldout import HeldOut, load_heldout
 from pipeline.scoring.plots import reliability_diagram, write_plots
 

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import json
 import sys
-from importlib import metadata
 from collections.abc import Callable
 from dataclasses import asdict
+from importlib import metadata
 from pathlib import Path
 from typing import Any
 

@@ -1,6 +1,6 @@
 """The export stage: a fine-tune becomes one servable, self-describing folder, crash-safe (any family).
 
-    decision export --adapter runs/lora --out runs/export
+decision export --adapter runs/lora --out runs/export
 """
 
 from __future__ import annotations
@@ -37,5 +37,7 @@ def export_stage(run_dir: str | Path, out: str | Path, data: str | Path, base: s
     calibration = json.loads(run.calibration.read_text())
     temperatures = temperatures_from_names(calibration["temperatures"])
     model = load_decision_model(run.finetune)
-    manifest = export_manifest(data, base, config, model.family.name, summary, temperatures, calibration["heldout"])
+    manifest = export_manifest(
+        data, base, config, model.family.name, summary, temperatures, calibration["heldout"]
+    )
     return model.family.export(model.loaded, out, temperatures, manifest)

@@ -29,11 +29,15 @@ def finetune(data: str | Path, base: str | Path, out: str | Path, config: TrainC
     trained = fit_on_data(data, base, config, split_config, row_slice, device, cancel, progress, eval_data)
     run, decisions = trained.run, trained.heldout
     calibration = fit_calibration(decisions, trained.tuned_logits, soft_calibration)
-    heldout = dict(run.heldout, calibrated=cross_fitted_metrics(decisions, trained.tuned_logits, soft_calibration))
+    heldout = dict(
+        run.heldout, calibrated=cross_fitted_metrics(decisions, trained.tuned_logits, soft_calibration)
+    )
     cancelled = run.cancelled or (cancel is not None and cancel.cancelled)
     export_dir = None
     if not cancelled:
-        manifest = export_manifest(data, base, config, run.family, run.to_dict(), calibration.temperatures, heldout)
+        manifest = export_manifest(
+            data, base, config, run.family, run.to_dict(), calibration.temperatures, heldout
+        )
         export_dir = trained.family.export(trained.loaded, out, calibration.temperatures, manifest).out
     return {
         "family": run.family, "method": run.method, "rows": run.rows, "decisions": run.decisions,

@@ -11,7 +11,15 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.config import PromoteConfig, ValidateConfig
-from pipeline.mlops.promotion import CHALLENGER, CHAMPION, GATE_REASONS_TAG, GATE_TAG, current, gate, set_alias
+from pipeline.mlops.promotion import (
+    CHALLENGER,
+    CHAMPION,
+    GATE_REASONS_TAG,
+    GATE_TAG,
+    current,
+    gate,
+    set_alias,
+)
 from pipeline.mlops.registry import client, download_version, register_export
 from pipeline.stages.evaluate import score_heldout
 

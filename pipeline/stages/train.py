@@ -1,6 +1,6 @@
 """The train stage: fit a fine-tune of a base on decision rows and save it (any family).
 
-    decision train --data data/processed/vader.jsonl --base data/snapshots/minilm --out runs/lora --max-steps 40
+decision train --data data/processed/vader.jsonl --base data/snapshots/minilm --out runs/lora --max-steps 40
 """
 
 from __future__ import annotations
@@ -60,10 +60,15 @@ def train_stage(data: str | Path, base: str | Path, run_dir: str | Path, config:
     run_folder = RunFolder(run_dir)
     run_folder.root.mkdir(parents=True, exist_ok=True)
     steps: list[dict[str, float]] = []
-    trained = fit_on_data(data, base, config, split_config, device=device, progress=progress, on_log=steps.append)
+    trained = fit_on_data(
+        data, base, config, split_config, device=device, progress=progress, on_log=steps.append
+    )
     run = trained.run
     run.saved_to = str(save_trained(trained, run_folder.finetune, data, base, config))
-    save_heldout(run_folder.heldout, HeldOut(trained.heldout, trained.base_logits, trained.tuned_logits, trained.options))
+    save_heldout(
+        run_folder.heldout,
+        HeldOut(trained.heldout, trained.base_logits, trained.tuned_logits, trained.options),
+    )
     summary = run.to_dict() | {"logged_steps": steps, "peak_memory_mb": peak_memory_mb()}
     run_folder.train_summary.write_text(json.dumps(summary, indent=2, default=str))
     return summary

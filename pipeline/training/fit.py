@@ -1,7 +1,7 @@
 """The fit chain, family-free: pins, validation, split, examples, base scores, training, tuned scores.
 
-    trained = fit_on_data("data/processed/vader.jsonl", "data/snapshots/minilm", TrainConfig(max_steps=40))
-    trained.run.heldout["tuned"]["accuracy"]
+trained = fit_on_data("data/processed/vader.jsonl", "data/snapshots/minilm", TrainConfig(max_steps=40))
+trained.run.heldout["tuned"]["accuracy"]
 """
 
 from __future__ import annotations
@@ -111,7 +111,9 @@ def _metrics(decisions: list[ScoredDecision], logits: list[np.ndarray]) -> dict[
     return heldout_metrics(decisions, plain_probabilities(logits))
 
 
-def training_description(config: TrainConfig, base: str | Path, run: TrainRun, source_digest: str) -> dict[str, Any]:
+def training_description(
+    config: TrainConfig, base: str | Path, run: TrainRun, source_digest: str
+) -> dict[str, Any]:
     """What a saved fine-tune records of its training (any family)."""
     return {"family": run.family, "method": config.method, "steps": run.steps, "config": asdict(config),
             "pins": run.pins, "base": str(base), "source_digest": source_digest}  # fmt: skip

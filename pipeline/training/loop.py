@@ -22,6 +22,9 @@ from typing import Any
 
 import torch
 
+from pipeline.config import TrainConfig
+from pipeline.device import precision_name, resolve_precision
+from pipeline.families.base import BatchTask
 from pipeline.training.compile import (
     CompileConfig,
     compiled_encoder,
@@ -30,9 +33,6 @@ from pipeline.training.compile import (
     pad_to_bucket,
     pick_warmup_batches,
 )
-from pipeline.config import TrainConfig
-from pipeline.device import precision_name, resolve_precision
-from pipeline.families.base import BatchTask
 from pipeline.training.progress import StepLog
 
 
@@ -158,7 +158,9 @@ def train(model: torch.nn.Module, examples: Sequence[Any], config: TrainConfig, 
         batch = pad_to_bucket(batch, task.pad_id, compile_config) if padded else batch
         return {k: v.to(device, non_blocking=True) for k, v in batch.items()}
 
-    warmup = pick_warmup_batches(_run_batches(windows, examples, config, task), compile_config) if enabled else []
+    warmup = (
+        pick_warmup_batches(_run_batches(windows, examples, config, task), compile_config) if enabled else []
+    )
     result = TrainResult(0, len(windows), 0, False, 0.0, precision=precision_name(dtype))
     log = StepLog(len(windows), config, on_log, progress)
     started = time.perf_counter()

@@ -1,7 +1,7 @@
 """What the training loop reports as it goes: a progress bar on the terminal and a callback per logging step.
 
-    log = StepLog(total_steps, config, on_log, progress=True)
-    if log.due(step): log.write(result, mean_loss, lr, elapsed) else: log.tick()
+log = StepLog(total_steps, config, on_log, progress=True)
+if log.due(step): log.write(result, mean_loss, lr, elapsed) else: log.tick()
 """
 
 from __future__ import annotations
@@ -33,7 +33,9 @@ class StepLog:
         self.bar.update(1)
         self.bar.set_postfix(loss=f"{mean_loss:.4f}", s_step=f"{result.step_seconds[-1]:.2f}")
         if self.on_log is not None:
-            self.on_log({"step": result.steps, "loss": mean_loss, "lr": lr, "s_per_step": result.step_seconds[-1]})
+            self.on_log(
+                {"step": result.steps, "loss": mean_loss, "lr": lr, "s_per_step": result.step_seconds[-1]}
+            )
 
     def close(self) -> None:
         self.bar.close()

@@ -9,9 +9,9 @@ import pytest
 import zstandard
 from fastapi.testclient import TestClient
 
-from pipeline.serving.keys import KeyStore, hash_key
 from pipeline.families.laya.layout import load_model
 from pipeline.families.laya.predict import predict
+from pipeline.serving.keys import KeyStore, hash_key
 from tests.api.conftest import INTENSITY, POSITIVE, QUESTIONS, TONE, make_app
 
 STATE = "I love this product, it is great"

@@ -61,9 +61,9 @@ def test_a_first_run_is_tracked_registered_smoke_tested_and_promoted(
 
 def test_a_crash_after_export_resumes_without_redoing_finished_work(prefect_harness, mlflow_store, tiny_params,
                                                                    monkeypatch):  # fmt: skip
+    import pipeline.mlops.tracking
     import pipeline.stages.export
     import pipeline.stages.train
-    import pipeline.mlops.tracking
     from pipeline.mlops.registry import client
     from pipeline.mlops.tracking import KEY_TAG
 

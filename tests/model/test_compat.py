@@ -4,11 +4,11 @@ import numpy as np
 import pytest
 import torch
 
+from pipeline.data.validate import validate_rows
 from pipeline.families.laya.forward import decision_logits
 from pipeline.families.laya.items import build_items, collate
 from pipeline.families.laya.layout import ModelLayoutError, load_model, save_model
 from pipeline.families.laya.predict import predict
-from pipeline.data.validate import validate_rows
 
 QUESTIONS = {
     "tone": {"type": "choice", "instructions": "what tone", "criteria": {"negative": None, "neutral": "none",

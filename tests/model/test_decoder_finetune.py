@@ -44,9 +44,9 @@ def finetune(base, data, out, params, capsys) -> dict:
 @pytest.mark.slow
 def test_lora_finetune_trains_calibrates_exports_and_serves(decoder_base, learnable, tmp_path, capsys):
     from pipeline.data.answers import parse_request
-    from pipeline.serving.catalog import Catalog
     from pipeline.families.joint.layout import load_joint
     from pipeline.families.joint.predict import answer_joint_requests
+    from pipeline.serving.catalog import Catalog
     from pipeline.serving.keys import KeyStore
     from pipeline.serving.server import create_app
 
@@ -111,9 +111,9 @@ def test_a_decoder_export_registers_and_answers_as_an_mlflow_model(decoder_base,
 
 def test_optional_loss_terms_come_from_the_train_config_and_are_off_by_default(decoder_base, learnable):
     from pipeline.config import ConfigError, TrainConfig
-    from pipeline.families.joint.training import build_examples, collate_examples, summed_loss
-    from pipeline.families.joint.layout import load_joint
     from pipeline.data.validate import validate_file
+    from pipeline.families.joint.layout import load_joint
+    from pipeline.families.joint.training import build_examples, collate_examples, summed_loss
 
     loaded = load_joint(decoder_base)
     examples, _ = build_examples(validate_file(learnable).records[:6], loaded.tokenizer, loaded.max_len)

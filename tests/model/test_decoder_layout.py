@@ -14,23 +14,22 @@ import torch
 from fastapi.testclient import TestClient
 
 from pipeline.data.answers import answer_probabilities, parse_request
-from pipeline.families.joint.head import JointDecisionModel
+from pipeline.data.pins import current_md5
+from pipeline.families import list_models
+from pipeline.families.base import Answered, BadQuestion, ModelLayoutError
+from pipeline.families.joint.backbone import is_causal_lm_folder
 from pipeline.families.joint.layout import (
     BACKBONE_DIR,
-    JOINT_CONFIG,
     HEAD_FILE,
+    JOINT_CONFIG,
     JointExportError,
     LoadedJoint,
     export_joint,
     is_joint_export,
     load_joint,
 )
-from pipeline.families import list_models
-from pipeline.families.base import Answered, BadQuestion, ModelLayoutError
-from pipeline.families.joint.backbone import is_causal_lm_folder
 from pipeline.families.joint.predict import answer_joint_requests
-from pipeline.data.pins import current_md5
-from pipeline.families.joint.records import SYSTEM_INSTRUCTION, collate_records, encode_record
+from pipeline.families.joint.records import SYSTEM_INSTRUCTION
 from tests.api.conftest import QUESTIONS
 
 VOCAB = 320  # the model's; the tokenizer's is 300, below it
@@ -143,7 +142,12 @@ def test_export_then_reload_answers_as_the_in_memory_model(tmp_path, dtype, lora
     assert {t.dtype for t in load_file(str(tmp_path / "export" / HEAD_FILE)).values()} == {torch.float32}
     config = json.loads((tmp_path / "export" / JOINT_CONFIG).read_text())
     assert config["temperature"] == {"global": 1.0, "by_type": [0.8, 1.2, 1.5], "folded_global": 1.0}
-    assert config["family"] == "joint" and config["backbone"] == "causal_lm" and config["max_len"] == MAX_LEN and config["fine_tuned"] is lora
+    assert (
+        config["family"] == "joint"
+        and config["backbone"] == "causal_lm"
+        and config["max_len"] == MAX_LEN
+        and config["fine_tuned"] is lora
+    )
     assert config["head"] == {"width": WIDTH, "heads": 4, "layers": 2, "chunk": 2048}
     if lora:  # the training model keeps its adapters and still answers as before
         assert isinstance(loaded.model.lm, PeftModel)

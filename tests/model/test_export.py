@@ -12,21 +12,21 @@ import numpy as np
 import pytest
 import torch
 
-from pipeline.data import synthetic
-from pipeline.families.laya.adapters import has_lora
 from pipeline.config import TrainConfig
+from pipeline.data import synthetic
+from pipeline.data.validate import validate_rows
 from pipeline.families import list_models
 from pipeline.families.exporting import MANIFEST, NonFiniteWeights, merged_copy
+from pipeline.families.laya.adapters import has_lora
 from pipeline.families.laya.export import export_model
 from pipeline.families.laya.family import LayaFamily
-from pipeline.families.laya.training import laya_batch_task, prepare_model
-from pipeline.stages.export import export_folder
 from pipeline.families.laya.forward import decision_logits
 from pipeline.families.laya.items import build_items, collate
 from pipeline.families.laya.layout import load_model
 from pipeline.families.laya.predict import predict
+from pipeline.families.laya.training import laya_batch_task, prepare_model
+from pipeline.stages.export import export_folder
 from pipeline.training.loop import train
-from pipeline.data.validate import validate_rows
 
 CONFIG = TrainConfig(method="lora", micro_batch=4, grad_accum=2, lora_r=4, lora_lr=2e-2, max_steps=4,
                      precision="fp32", log_every=2)  # fmt: skip
@@ -40,7 +40,14 @@ def lora_model(tiny_base):
     prepare_model(loaded.model, CONFIG)
     records = validate_rows(synthetic.generate_rows(30, seed=8)).records
     items, _ = build_items(records, loaded)
-    train(loaded.model, items, CONFIG, torch.device("cpu"), laya_batch_task(loaded.tokenizer.pad_token_id), progress=False)
+    train(
+        loaded.model,
+        items,
+        CONFIG,
+        torch.device("cpu"),
+        laya_batch_task(loaded.tokenizer.pad_token_id),
+        progress=False,
+    )
     with torch.no_grad():  # make the adapters matter, so parity below could fail
         for name, parameter in loaded.model.named_parameters():
             if "lora_B" in name:
@@ -78,7 +85,9 @@ def test_export_loads_strictly_and_answers_like_laya(lora_model, tmp_path):
 
 def test_exporting_the_same_fine_tune_again_is_a_no_op(lora_model, tiny_base, tmp_path):
     loaded, _ = lora_model
-    adapter = LayaFamily().save_finetune(loaded, tmp_path / "adapter", {"method": "lora", "steps": 4, "base": str(tiny_base)})
+    adapter = LayaFamily().save_finetune(
+        loaded, tmp_path / "adapter", {"method": "lora", "steps": 4, "base": str(tiny_base)}
+    )
     first = export_folder(adapter, tmp_path / "export")
     stamp = (tmp_path / "export" / "model.safetensors").stat().st_mtime_ns
     second = export_folder(adapter, tmp_path / "export")

@@ -4,7 +4,13 @@ import pytest
 import torch
 
 from pipeline.data.contract import parse_questions
-from pipeline.families.joint.records import SYSTEM_INSTRUCTION, EncodedRecord, RecordTooLong, collate_records, encode_record
+from pipeline.families.joint.records import (
+    SYSTEM_INSTRUCTION,
+    EncodedRecord,
+    RecordTooLong,
+    collate_records,
+    encode_record,
+)
 from tests.tiny import tiny_tokenizer
 
 QUESTIONS = {

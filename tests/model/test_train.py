@@ -8,14 +8,15 @@ from dataclasses import replace
 import pytest
 import torch
 
-from pipeline.data import synthetic
 from pipeline.config import ConfigError, TrainConfig
+from pipeline.data import synthetic
+from pipeline.data.validate import validate_rows
 from pipeline.families.laya.family import LayaFamily
-from pipeline.families.laya.training import laya_batch_task, prepare_model
-from pipeline.stages.train import train_on_data
 from pipeline.families.laya.forward import decision_logits, score_items, soft_cross_entropy
 from pipeline.families.laya.items import build_items, collate
 from pipeline.families.laya.layout import load_model
+from pipeline.families.laya.training import laya_batch_task, prepare_model
+from pipeline.stages.train import train_on_data
 from pipeline.training.loop import (
     CancelToken,
     accumulate_gradients,
@@ -23,7 +24,6 @@ from pipeline.training.loop import (
     plan_windows,
     train,
 )
-from pipeline.data.validate import validate_rows
 
 CPU = torch.device("cpu")
 FAST = TrainConfig(method="full", micro_batch=4, grad_accum=2, full_lr=1e-3, head_lr=1e-3, lora_r=4,
@@ -58,7 +58,9 @@ def _params(model):
 def test_loss_falls_and_parameters_stay_finite(tiny_base, tiny_items, method):
     config = replace(FAST, method=method, epochs=6, lora_lr=5e-3)
     loaded = _fresh(tiny_base, config)
-    result = train(loaded.model, tiny_items, config, CPU, laya_batch_task(loaded.tokenizer.pad_token_id), progress=False)
+    result = train(
+        loaded.model, tiny_items, config, CPU, laya_batch_task(loaded.tokenizer.pad_token_id), progress=False
+    )
     first, last = result.losses[0][1], result.losses[-1][1]
     assert last < 0.8 * first, result.losses
     assert all(torch.isfinite(p).all() for p in loaded.model.parameters())
@@ -97,7 +99,14 @@ def test_a_seed_reproduces_a_run_and_another_seed_does_not(tiny_base, tiny_items
     for seed in (0, 0, 1):
         config = replace(FAST, max_steps=3, seed=seed)
         loaded = _fresh(tiny_base, config)
-        train(loaded.model, tiny_items, config, CPU, laya_batch_task(loaded.tokenizer.pad_token_id), progress=False)
+        train(
+            loaded.model,
+            tiny_items,
+            config,
+            CPU,
+            laya_batch_task(loaded.tokenizer.pad_token_id),
+            progress=False,
+        )
         runs.append(_params(loaded.model))
     assert all(torch.equal(runs[0][n], runs[1][n]) for n in runs[0])
     assert any(not torch.equal(runs[0][n], runs[2][n]) for n in runs[0])
@@ -128,7 +137,9 @@ def test_one_host_sync_per_logging_step(tiny_base, tiny_items, monkeypatch):
         return original(self)
 
     monkeypatch.setattr(torch.Tensor, "item", counted_item)
-    train(loaded.model, tiny_items, config, CPU, laya_batch_task(loaded.tokenizer.pad_token_id), progress=False)
+    train(
+        loaded.model, tiny_items, config, CPU, laya_batch_task(loaded.tokenizer.pad_token_id), progress=False
+    )
     assert len(calls) == 2, calls  # steps 3 and 6
 
 
@@ -145,7 +156,14 @@ def test_cancel_stops_at_the_next_step_and_saves_nothing(tiny_base, synthetic_tr
             cancel.cancel("test")
 
     result = train(
-        loaded.model, items, config, CPU, laya_batch_task(loaded.tokenizer.pad_token_id), cancel, cancel_after_two, False
+        loaded.model,
+        items,
+        config,
+        CPU,
+        laya_batch_task(loaded.tokenizer.pad_token_id),
+        cancel,
+        cancel_after_two,
+        False,
     )
     assert result.cancelled and result.steps == 2 and logged == [1, 2]
     cancel = CancelToken()
@@ -169,7 +187,7 @@ def test_scoring_returns_the_callers_order(tiny_base, tiny_items):
 
 
 def test_qlora_is_refused_for_the_laya_family(tiny_base, synthetic_train_file):
-    with pytest.raises(ConfigError, match="train.method=qlora: the laya family trains with lora or full"):
+    with pytest.raises(ConfigError, match=r"train\.method=qlora: the laya family trains with lora or full"):
         train_on_data(synthetic_train_file, tiny_base, None, TrainConfig(method="qlora"), device="cpu")
 
 
@@ -200,9 +218,13 @@ def test_lora_fine_tune_reloads_with_the_same_predictions(tiny_base, tiny_items,
 
     config = replace(FAST, method="lora", max_steps=3, lora_lr=1e-2)
     loaded = _fresh(tiny_base, config)
-    train(loaded.model, tiny_items, config, CPU, laya_batch_task(loaded.tokenizer.pad_token_id), progress=False)
+    train(
+        loaded.model, tiny_items, config, CPU, laya_batch_task(loaded.tokenizer.pad_token_id), progress=False
+    )
     expected = score_items(loaded.model, tiny_items, loaded.tokenizer.pad_token_id, CPU)
-    LayaFamily().save_finetune(copy.copy(loaded), tmp_path / "lora", {"method": "lora", "steps": 3, "base": str(tiny_base)})
+    LayaFamily().save_finetune(
+        copy.copy(loaded), tmp_path / "lora", {"method": "lora", "steps": 3, "base": str(tiny_base)}
+    )
     fresh = load_model(tiny_base)
     load_adapter(fresh.model, tmp_path / "lora")
     got = score_items(fresh.model, tiny_items, fresh.tokenizer.pad_token_id, CPU)

@@ -6,8 +6,8 @@ import sys
 
 import pytest
 
-from pipeline.data import synthetic
 from pipeline.cli.main import main
+from pipeline.data import synthetic
 
 
 def test_json_report_and_exit_zero(capsys, synthetic_file):

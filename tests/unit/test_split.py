@@ -2,8 +2,8 @@
 
 import random
 
-from pipeline.data import synthetic
 from pipeline.config import ValidateConfig
+from pipeline.data import synthetic
 from pipeline.data.split import split_holdout
 from pipeline.data.validate import validate_rows
 

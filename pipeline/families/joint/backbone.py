@@ -101,7 +101,9 @@ def max_positions(model: nn.Module, wanted: int) -> int:
 def lora_targets(model: nn.Module) -> list[str]:
     """What LoRA wraps: a causal LM's attention and MLP projections, else every linear layer of the encoder's
     blocks (as the Laya family does); never the output projection or a pooler."""
-    present = sorted({n.rsplit(".", 1)[-1] for n, _ in model.named_modules() if n.rsplit(".", 1)[-1] in LORA_TARGETS})
+    present = sorted(
+        {n.rsplit(".", 1)[-1] for n, _ in model.named_modules() if n.rsplit(".", 1)[-1] in LORA_TARGETS}
+    )
     if present:
         return present
     return [name for name, module in model.named_modules()

@@ -17,9 +17,22 @@ import torch
 from pipeline.config import ConfigError, TrainConfig
 from pipeline.families.base import Answered, BadQuestion, BatchTask, DecisionFamily, ExportResult
 from pipeline.families.joint.backbone import is_causal_lm_folder, is_laya_layout_folder, qlora_config
-from pipeline.families.joint.layout import HEAD_FILE, LoadedJoint, export_joint, is_joint_export, load_joint, temperature_of
+from pipeline.families.joint.layout import (
+    HEAD_FILE,
+    LoadedJoint,
+    export_joint,
+    is_joint_export,
+    load_joint,
+    temperature_of,
+)
 from pipeline.families.joint.predict import answer_joint_requests
-from pipeline.families.joint.training import JointExample, build_examples, joint_batch_task, prepare_joint, score_examples
+from pipeline.families.joint.training import (
+    JointExample,
+    build_examples,
+    joint_batch_task,
+    prepare_joint,
+    score_examples,
+)
 from pipeline.scoring.calibration import NO_TEMPERATURES, Temperatures
 from pipeline.scoring.decisions import ScoredDecision
 
@@ -42,7 +55,9 @@ class JointFamily(DecisionFamily):
     def written_last(self, folder: Path) -> Path:
         return folder / HEAD_FILE
 
-    def load(self, folder, config: TrainConfig | None = None, device: torch.device | None = None) -> LoadedJoint:
+    def load(
+        self, folder, config: TrainConfig | None = None, device: torch.device | None = None
+    ) -> LoadedJoint:
         """QLoRA loads a causal LM's backbone in 4-bit nf4 on `device`; an encoder refuses it."""
         device = device or torch.device("cpu")
         if config is None or config.method != "qlora":
@@ -71,13 +86,19 @@ class JointFamily(DecisionFamily):
     def score(self, loaded: LoadedJoint, examples: list[JointExample], device: torch.device, batch_size: int = 32,
               progress: bool = False) -> tuple[list[ScoredDecision], list[np.ndarray]]:  # fmt: skip
         # A record holds every question of its row: a quarter of the Laya family's batch is about as many tokens.
-        return score_examples(loaded.model, examples, loaded.tokenizer.pad_token_id, device, max(1, batch_size // 4))
+        return score_examples(
+            loaded.model, examples, loaded.tokenizer.pad_token_id, device, max(1, batch_size // 4)
+        )
 
     def served_temperatures(self, loaded: LoadedJoint, decisions: list[ScoredDecision]) -> list[float]:
         return [temperature_of(loaded.config, d.qtype) for d in decisions]
 
     def temperatures(self, loaded: LoadedJoint) -> Temperatures:
-        return (temperature_of(loaded.config, 0), temperature_of(loaded.config, 1), temperature_of(loaded.config, 2))
+        return (
+            temperature_of(loaded.config, 0),
+            temperature_of(loaded.config, 1),
+            temperature_of(loaded.config, 2),
+        )
 
     def save_finetune(self, loaded: LoadedJoint, out: Path, training: dict[str, Any]) -> Path:
         """An export at T = 1 (merged, self-describing): calibration then re-exports it with its temperatures."""
@@ -85,7 +106,9 @@ class JointFamily(DecisionFamily):
         manifest = {"family": self.name, "source_digest": training.get("source_digest")}
         return Path(export_joint(loaded, out, NO_TEMPERATURES, manifest).out)
 
-    def export(self, loaded: LoadedJoint, out, temperatures: Temperatures, manifest: dict[str, Any]) -> ExportResult:
+    def export(
+        self, loaded: LoadedJoint, out, temperatures: Temperatures, manifest: dict[str, Any]
+    ) -> ExportResult:
         return export_joint(loaded, out, temperatures, manifest)
 
     def answer(self, loaded: LoadedJoint, requests) -> list[Answered | BadQuestion]:

@@ -31,7 +31,13 @@ import torch
 from torch import nn
 
 from pipeline.families.base import ExportResult, ModelLayoutError
-from pipeline.families.exporting import MANIFEST, already_exported, check_finite, write_marker_last, write_staged
+from pipeline.families.exporting import (
+    MANIFEST,
+    already_exported,
+    check_finite,
+    write_marker_last,
+    write_staged,
+)
 from pipeline.families.joint.backbone import (
     CAUSAL_LM,
     ENCODER,
@@ -91,7 +97,9 @@ def load_joint(path: str | Path, max_len: int = 1024, head_width: int = 256, see
         if quantization is not None:
             raise JointExportError(f"{path}: an encoder backbone is not quantised (QLoRA is for causal LMs)")
         encoder, tokenizer = encoder_from_laya_layout(path)
-        return _with_fresh_head(path, encoder.to(dtype), tokenizer, max_positions(encoder, max_len), head_width, seed)
+        return _with_fresh_head(
+            path, encoder.to(dtype), tokenizer, max_positions(encoder, max_len), head_width, seed
+        )
     raise ModelLayoutError(
         f"{path}: not a joint decision model (no {HEAD_FILE} and {JOINT_CONFIG}; an unfinished export?), "
         "nor a causal LM folder (config.json with a ...ForCausalLM architecture), nor a Laya-layout folder"
@@ -149,12 +157,16 @@ def _with_pad_token(tokenizer):
     """The tokenizer; one without a pad token pads with its eos token (padding is masked anyway)."""
     if tokenizer.pad_token is None:
         if tokenizer.eos_token is None:
-            raise ModelLayoutError(f"{tokenizer.name_or_path}: the tokenizer has neither a pad token nor an eos token")
+            raise ModelLayoutError(
+                f"{tokenizer.name_or_path}: the tokenizer has neither a pad token nor an eos token"
+            )
         tokenizer.pad_token = tokenizer.eos_token
     return tokenizer
 
 
-def export_joint(loaded: LoadedJoint, out: str | Path, temperatures, manifest: dict[str, Any]) -> ExportResult:
+def export_joint(
+    loaded: LoadedJoint, out: str | Path, temperatures, manifest: dict[str, Any]
+) -> ExportResult:
     """Merge, check and write `loaded` to `out` crash-safe; a no-op when `out` already holds this export.
 
     `temperatures` are the calibrated temperatures by question type (choice, score, noul), written into the
@@ -170,7 +182,9 @@ def export_joint(loaded: LoadedJoint, out: str | Path, temperatures, manifest: d
     backbone.to(dtype)
     check_finite(backbone.state_dict(), dtype)
     check_finite(head.state_dict(), torch.float32)
-    write_staged(out, lambda staging: _write_layout(backbone, head, loaded.tokenizer, config, manifest, staging))
+    write_staged(
+        out, lambda staging: _write_layout(backbone, head, loaded.tokenizer, config, manifest, staging)
+    )
     return ExportResult(str(out), True, manifest)
 
 
@@ -192,7 +206,9 @@ def _export_config(loaded: LoadedJoint, temperatures) -> dict[str, Any]:
 def _checked_temperatures(temperatures) -> list[float]:
     """The three type temperatures, or JointExportError naming every bad entry."""
     if not isinstance(temperatures, (list, tuple)) or len(temperatures) != 3:
-        raise JointExportError(f"temperatures must list 3 temperatures (choice, score, noul), got {temperatures!r}")
+        raise JointExportError(
+            f"temperatures must list 3 temperatures (choice, score, noul), got {temperatures!r}"
+        )
     problems = [f"temperatures[{i}] must be positive and finite, got {t!r}"
                 for i, t in enumerate(temperatures) if not _positive(t)]  # fmt: skip
     if problems:

@@ -1,6 +1,6 @@
 """Answering with a joint model: one record per request (every question in one pass), shared forward passes.
 
-    results = answer_joint_requests(load_joint("models/decision-qwen3"), [parse_request(state, questions)])
+results = answer_joint_requests(load_joint("models/decision-qwen3"), [parse_request(state, questions)])
 """
 
 from __future__ import annotations

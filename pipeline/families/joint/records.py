@@ -70,7 +70,11 @@ def encode_record(
     texts += [text for question in pieces for text, _ in question]
     tokens = _tokenize(tokenizer, texts)
     # A causal LM's sequence opens with its BOS token, an encoder's with its CLS token (what it was trained on).
-    opener = tokenizer.bos_token_id if tokenizer.bos_token_id is not None else getattr(tokenizer, "cls_token_id", None)
+    opener = (
+        tokenizer.bos_token_id
+        if tokenizer.bos_token_id is not None
+        else getattr(tokenizer, "cls_token_id", None)
+    )
     bos = [opener] if opener is not None else []
     prefix, state_ids = bos + tokens[texts[0]], tokens[texts[1]]
     fixed = len(prefix) + len(tokens[_QUESTIONS_OPEN]) + sum(len(tokens[t]) for q in pieces for t, _ in q)

@@ -1,7 +1,7 @@
 """The `laya` family: a Laya-layout encoder, one token sequence per decision, exports that `laya.Agent` loads.
 
-    family = LayaFamily()
-    loaded = family.load("data/snapshots/minilm")
+family = LayaFamily()
+loaded = family.load("data/snapshots/minilm")
 """
 
 from __future__ import annotations
@@ -45,7 +45,9 @@ class LayaFamily(DecisionFamily):
     def written_last(self, folder: Path) -> Path:
         return folder / CONFIG_FILE
 
-    def load(self, folder, config: TrainConfig | None = None, device: torch.device | None = None) -> LoadedModel:
+    def load(
+        self, folder, config: TrainConfig | None = None, device: torch.device | None = None
+    ) -> LoadedModel:
         loaded = load_model(folder)
         loaded.model.to(device or "cpu")
         return loaded
@@ -81,9 +83,13 @@ class LayaFamily(DecisionFamily):
         loaded.model.to("cpu")
         if training["method"] == "lora":
             return save_adapter(loaded.model, out, {"decision_config": loaded.config, **training})
-        return save_model(replace(loaded, config={**loaded.config, "fine_tuned": True, "training": training}), out)
+        return save_model(
+            replace(loaded, config={**loaded.config, "fine_tuned": True, "training": training}), out
+        )
 
-    def export(self, loaded: LoadedModel, out, temperatures: Temperatures, manifest: dict[str, Any]) -> ExportResult:
+    def export(
+        self, loaded: LoadedModel, out, temperatures: Temperatures, manifest: dict[str, Any]
+    ) -> ExportResult:
         return export_model(loaded, out, temperatures, manifest)
 
     def answer(self, loaded: LoadedModel, requests) -> list[Answered | BadQuestion]:

@@ -136,4 +136,3 @@ def write_snapshot(out: str | Path, encoder_dir: str | Path, seed: int, head_lay
     shutil.rmtree(out, ignore_errors=True)
     staging.rename(out)
     return out
-

@@ -66,7 +66,6 @@ def predict(loaded: LoadedModel, state: Any, questions: dict[str, Any]) -> dict[
     return {item.question_id: p for item, p in zip(items, predict_items(loaded, [items])[0])}
 
 
-
 @torch.inference_mode()
 def predict_items(
     loaded: LoadedModel, requests: list[list[Item]], batch_size: int | None = None

@@ -9,7 +9,7 @@ from pipeline.config import TrainConfig
 from pipeline.families.base import BatchTask
 from pipeline.families.laya.adapters import apply_lora
 from pipeline.families.laya.forward import decision_logits, soft_cross_entropy
-from pipeline.families.laya.items import Item, collate
+from pipeline.families.laya.items import collate
 
 
 def prepare_model(model: torch.nn.Module, config: TrainConfig) -> None:
@@ -26,7 +26,9 @@ def prepare_model(model: torch.nn.Module, config: TrainConfig) -> None:
         model.encoder.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
 
 
-def summed_loss(model: torch.nn.Module, batch: dict[str, torch.Tensor], dtype: torch.dtype | None) -> torch.Tensor:
+def summed_loss(
+    model: torch.nn.Module, batch: dict[str, torch.Tensor], dtype: torch.dtype | None
+) -> torch.Tensor:
     """Soft cross-entropy of each item against its target, summed over the batch."""
     logits = decision_logits(model, batch, dtype)
     return soft_cross_entropy(logits, batch["target"], batch["marker_mask"]).sum()

@@ -16,7 +16,7 @@ from typing import Any
 from pipeline.config import PARAMS_FILE, load_params
 from pipeline.data.dataset import build_dataset
 from pipeline.families.laya.layout import write_snapshot
-from pipeline.stages.validate import validate_report
+from pipeline.stages import validate as validate_stage
 
 
 def run_dataset(params: dict[str, Any], root: Path) -> dict[str, Any]:
@@ -27,7 +27,7 @@ def run_dataset(params: dict[str, Any], root: Path) -> dict[str, Any]:
 def run_validate(params: dict[str, Any], root: Path) -> dict[str, Any]:
     """Validate the dataset, split it, and write the report with the split summary."""
     config = params["validate"]
-    return validate_report(root / config.data, config, root / config.report)
+    return validate_stage.validate_report(root / config.data, config, root / config.report)
 
 
 def run_snapshot(params: dict[str, Any], root: Path) -> dict[str, Any]:

@@ -159,16 +159,16 @@ def test_fine_tunes_are_visible_to_their_owner_only(keyed_client):
 
 
 def test_503_with_retry_after_while_the_model_loads(served_folder, monkeypatch):
-    from pipeline.families.joint import layout as decoder_layout
+    from pipeline.serving import catalog
 
     release = threading.Event()
-    real_load = decoder_layout.load_decision_model  # what the catalog loads every model with
+    real_load = catalog.load_decision_model  # what the catalog loads every model with
 
     def slow_load(folder):
         release.wait(30)
         return real_load(folder)
 
-    monkeypatch.setattr(decoder_layout, "load_decision_model", slow_load)
+    monkeypatch.setattr(catalog, "load_decision_model", slow_load)
     with TestClient(make_app(served_folder)) as client:
         for response in (client.get("/healthz"), ask(client)):
             assert response.status_code == 503 and int(response.headers["Retry-After"]) > 0

@@ -8,6 +8,7 @@ from pipeline.config import load_params
 def test_dvc_and_the_flow_validate_with_the_same_function(project_root, monkeypatch, tmp_path):
     import flows.retrain
     import pipeline.stages.dvc as stages
+    import pipeline.stages.validate as validate_stage
 
     calls = []
 
@@ -15,7 +16,7 @@ def test_dvc_and_the_flow_validate_with_the_same_function(project_root, monkeypa
         calls.append(str(data))
         return {"skipped": {}, "kept": 1, "decisions": 1}
 
-    monkeypatch.setattr(stages, "validate_report", spy)
+    monkeypatch.setattr(validate_stage, "validate_report", spy)
     monkeypatch.setattr(flows.retrain, "create_table_artifact", lambda *a, **k: None)
     params = load_params(project_root / "params.yaml")
     stages.run_stage("validate", root=project_root)  # what `dvc repro validate` runs

@@ -11,6 +11,7 @@ same answers as the Decision API (the same parsing, forward pass, temperatures a
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import mlflow.pyfunc
@@ -20,6 +21,11 @@ from pipeline.data.contract import parse_json_cell, parse_state
 from pipeline.families import load_decision_model
 
 EXPORT_ARTIFACT = "decision_model"
+
+
+# MLflow warns at class definition that `predict` has no type hints; hints would switch on its own input
+# conversion, and requests are validated by `parse_request` (the Decision API's check) instead.
+warnings.filterwarnings("ignore", message=".*Add type hints to the `predict` method", category=UserWarning)
 
 
 class DecisionPyfunc(mlflow.pyfunc.PythonModel):

@@ -64,8 +64,8 @@ def synthetic_batch(vocab: int, rows: int, length: int, device: str) -> dict[str
 
 def run(method: str, folder: Path, batch: dict, steps: int, device: str) -> dict:
     from pipeline.config import TrainConfig
-    from pipeline.families.joint.layout import load_joint
     from pipeline.families.joint.backbone import qlora_config
+    from pipeline.families.joint.layout import load_joint
     from pipeline.families.joint.training import prepare_joint, summed_loss
 
     if device.startswith("cuda"):

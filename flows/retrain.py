@@ -68,7 +68,9 @@ def take_slice(data: str, row_slice: str | None, run_dir: str) -> str:
 
 @task(name="train", **CACHED)
 def train(data: str, base: str, run_dir: str, config, split_config, device: str) -> dict[str, Any]:
-    return train_stage.train_stage(data, base, run_dir, config, split_config, device, progress=False)
+    # progress=False: no bar in the Prefect log; the run logger gets a line every 10 steps or 30 s instead.
+    return train_stage.train_stage(data, base, run_dir, config, split_config, device, progress=False,
+                                   report=get_run_logger().info)  # fmt: skip
 
 
 @task(name="calibrate", **CACHED)

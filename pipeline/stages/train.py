@@ -6,6 +6,7 @@ decision train --data data/processed/vader.jsonl --base data/snapshots/minilm --
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -51,18 +52,17 @@ def describe_finetune(folder: str | Path) -> dict[str, Any]:
 
 def train_stage(data: str | Path, base: str | Path, run_dir: str | Path, config: TrainConfig,
                 split_config: ValidateConfig = ValidateConfig(), device: str = "auto",
-                progress: bool = True) -> dict[str, Any]:  # fmt: skip
+                progress: bool = True, report: Callable[[str], None] | None = None) -> dict[str, Any]:  # fmt: skip
     """The flow's train stage: the fine-tune, the held-out logits and a summary, into the run folder.
 
     `finetune/` holds the fine-tune, `heldout.npz` the held-out decisions with base and tuned logits (what
-    calibration needs), `train.json` the run with its logged steps (loss, lr, s/step).
+    calibration needs), `train.json` the run with its logged steps (loss, lr, s/step). `report` gets progress lines.
     """
     run_folder = RunFolder(run_dir)
     run_folder.root.mkdir(parents=True, exist_ok=True)
     steps: list[dict[str, float]] = []
-    trained = fit_on_data(
-        data, base, config, split_config, device=device, progress=progress, on_log=steps.append
-    )
+    trained = fit_on_data(data, base, config, split_config, device=device, progress=progress, on_log=steps.append,
+                          report=report)  # fmt: skip
     run = trained.run
     run.saved_to = str(save_trained(trained, run_folder.finetune, data, base, config))
     save_heldout(

@@ -6,7 +6,9 @@ trained.run.heldout["tuned"]["accuracy"]
 
 from __future__ import annotations
 
+import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -70,11 +72,14 @@ class Trained:
 def fit_on_data(data: str | Path, base: str | Path, config: TrainConfig,
                 split_config: ValidateConfig = ValidateConfig(), row_slice: RowSlice = RowSlice(),
                 device: str = "auto", cancel: CancelToken | None = None, progress: bool = True,
-                eval_data: str | Path | None = None, on_log=None) -> Trained:  # fmt: skip
+                eval_data: str | Path | None = None, on_log=None,
+                report: Callable[[str], None] | None = None) -> Trained:  # fmt: skip
     """Verify pins, validate, split, score the base, train, score again; nothing is written.
 
     The held-out decisions are split off `data` by content hash, or are all of `eval_data` when it is given.
+    `report` gets a line at each long step (scoring, every 10 training steps or 30 s).
     """
+    say = report or (lambda line: None)
     pins = verify_inputs([data, base] + ([eval_data] if eval_data else []))
     family = pick_family(base, config.family)
     if config.method not in family.methods:
@@ -87,11 +92,15 @@ def fit_on_data(data: str | Path, base: str | Path, config: TrainConfig,
     loaded = family.load(base, config, dev)
     train_examples, skipped_train = family.build_examples(loaded, split.train)
     heldout_examples, skipped_heldout = family.build_examples(loaded, split.heldout)
-    decisions, base_logits = family.score(loaded, heldout_examples, dev, config.eval_batch_size, progress)
+    say(f"{family.name} family on {dev}: {len(train_examples):,} training and {len(heldout_examples):,} held-out "
+        f"examples; scoring the base")  # fmt: skip
+    decisions, base_logits = _timed_score(
+        family, loaded, heldout_examples, dev, config, progress, say, "base"
+    )
     family.prepare(loaded, config)
     result = train(loaded.model, train_examples, config, dev, family.batch_task(loaded, config), cancel, on_log,
-                   progress=progress)  # fmt: skip
-    _, tuned_logits = family.score(loaded, heldout_examples, dev, config.eval_batch_size, progress)
+                   progress=progress, report=report)  # fmt: skip
+    _, tuned_logits = _timed_score(family, loaded, heldout_examples, dev, config, progress, say, "fine-tune")
     run = TrainRun(
         rows=validated.report.rows, decisions=validated.report.decisions,
         skipped=dict(Counter(validated.report.skipped) + Counter(skipped_train) + Counter(skipped_heldout)),
@@ -105,6 +114,14 @@ def fit_on_data(data: str | Path, base: str | Path, config: TrainConfig,
     )  # fmt: skip
     options = {d.question.id: d.question.options for r in split.heldout for d in r.decisions}
     return Trained(run, family, loaded, decisions, base_logits, tuned_logits, options)
+
+
+def _timed_score(family: DecisionFamily, loaded, examples, device, config: TrainConfig, progress: bool,
+                 say: Callable[[str], None], what: str):  # fmt: skip
+    started = time.perf_counter()
+    decisions, logits = family.score(loaded, examples, device, config.eval_batch_size, progress)
+    say(f"scored {len(decisions):,} held-out decisions ({what}) in {time.perf_counter() - started:.0f} s")
+    return decisions, logits
 
 
 def _metrics(decisions: list[ScoredDecision], logits: list[np.ndarray]) -> dict[str, float]:

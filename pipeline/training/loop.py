@@ -137,10 +137,12 @@ def accumulate_gradients(window: list[int], items: Sequence[Any], micro_batch: i
 def train(model: torch.nn.Module, examples: Sequence[Any], config: TrainConfig, device: torch.device,
           task: BatchTask, cancel: CancelToken | None = None,
           on_log: Callable[[dict[str, float]], None] | None = None, progress: bool = True,
-          compile_config: CompileConfig | None = None) -> TrainResult:  # fmt: skip
+          compile_config: CompileConfig | None = None,
+          report: Callable[[str], None] | None = None) -> TrainResult:  # fmt: skip
     """Train `model` in place on a family's `examples`, batched and scored by the family's `task`.
 
-    The model must already be prepared (the family's `prepare`).
+    The model must already be prepared (the family's `prepare`). `report` gets a progress line (step, loss,
+    s/step, ETA) at least every 10 steps or 30 s.
     """
     if not examples:
         raise ValueError("no training examples: every decision was skipped (see the validation report)")
@@ -162,7 +164,7 @@ def train(model: torch.nn.Module, examples: Sequence[Any], config: TrainConfig, 
         pick_warmup_batches(_run_batches(windows, examples, config, task), compile_config) if enabled else []
     )
     result = TrainResult(0, len(windows), 0, False, 0.0, precision=precision_name(dtype))
-    log = StepLog(len(windows), config, on_log, progress)
+    log = StepLog(len(windows), config, on_log, progress, report)
     started = time.perf_counter()
     loss_fn = lambda _model, batch: task.summed_loss(model, batch, dtype)  # noqa: E731
     with no_cudnn_sdpa(), compiled_encoder(model, compile_config, enabled, reason, warmup, loss_fn, task.pad_id,
@@ -190,7 +192,7 @@ def train(model: torch.nn.Module, examples: Sequence[Any], config: TrainConfig, 
                 result.losses.append((result.steps, mean_loss))
                 log.write(result, mean_loss, scheduler.get_last_lr()[0], time.perf_counter() - started)
             else:
-                log.tick()
+                log.tick(result, time.perf_counter() - started)
         log.close()
     result.compile = asdict(report)
     result.train_seconds = time.perf_counter() - started

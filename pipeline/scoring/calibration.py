@@ -21,7 +21,7 @@ from scipy.special import log_softmax
 
 from pipeline.data.contract import QUESTION_TYPES
 from pipeline.scoring.decisions import ScoredDecision
-from pipeline.scoring.metrics import detailed_metrics
+from pipeline.scoring.metrics import detailed_metrics, expected_calibration_error
 
 T_MIN, T_MAX = 0.5, 5.0
 MIN_DECISIONS = 10
@@ -76,8 +76,12 @@ def _targets(decisions: list[ScoredDecision], soft: bool) -> list[np.ndarray]:
 
 
 def fit_calibration(decisions: list[ScoredDecision], logits: list[np.ndarray], soft: bool = False,
-                    min_decisions: int = MIN_DECISIONS) -> Calibration:  # fmt: skip
-    """One temperature per question type from held-out decisions and their raw logits."""
+                    min_decisions: int = MIN_DECISIONS, guard: bool = True) -> Calibration:  # fmt: skip
+    """One temperature per question type from held-out decisions and their raw logits.
+
+    With `guard`, a type whose fitted temperature makes its cross-fitted ECE worse than T = 1 keeps T = 1 (and its
+    note says so): calibration never makes held-out calibration worse than no calibration.
+    """
     temperatures, notes = list(NO_TEMPERATURES), {}
     targets = _targets(decisions, soft)
     for qtype, name in enumerate(QUESTION_TYPES):
@@ -85,9 +89,41 @@ def fit_calibration(decisions: list[ScoredDecision], logits: list[np.ndarray], s
         if len(chosen) < min_decisions:
             notes[name] = f"kept T=1: {len(chosen)} held-out decisions (< {min_decisions})"
             continue
-        temperatures[qtype] = fit_temperature([logits[i] for i in chosen], [targets[i] for i in chosen])
+        fitted = fit_temperature([logits[i] for i in chosen], [targets[i] for i in chosen])
+        hurt = (
+            _cross_fitted_ece([decisions[i] for i in chosen], [logits[i] for i in chosen], soft)
+            if guard
+            else None
+        )
+        if hurt is not None and hurt[0] > hurt[1]:
+            notes[name] = (f"kept T=1: the fitted T={fitted:.3f} made the cross-fitted ECE worse "
+                           f"({hurt[0]:.4f} vs {hurt[1]:.4f} at T=1)")  # fmt: skip
+            continue
+        temperatures[qtype] = fitted
         notes[name] = f"fitted on {len(chosen)} held-out decisions"
     return Calibration((temperatures[0], temperatures[1], temperatures[2]), notes)
+
+
+def _cross_fitted_ece(decisions: list[ScoredDecision], logits: list[np.ndarray],
+                      soft: bool) -> tuple[float, float] | None:  # fmt: skip
+    """(ECE with each half's temperature fitted on the other half, ECE at T = 1) of one type's decisions, or
+    None when a half is too small to fit on."""
+    halves = [[i for i, d in enumerate(decisions) if d.record % 2 == side] for side in (0, 1)]
+    if min(len(h) for h in halves) < MIN_DECISIONS:
+        return None
+    targets = _targets(decisions, soft)
+    fitted: list[np.ndarray | None] = [None] * len(decisions)
+    for fit_on, score_on in ((halves[0], halves[1]), (halves[1], halves[0])):
+        t = fit_temperature([logits[i] for i in fit_on], [targets[i] for i in fit_on])
+        for i in score_on:
+            fitted[i] = softmax(logits[i], t)
+    return _ece(decisions, fitted), _ece(decisions, plain_probabilities(logits))
+
+
+def _ece(decisions: list[ScoredDecision], probabilities: list[np.ndarray]) -> float:
+    confidence = np.array([p.max() for p in probabilities])
+    correct = np.array([int(p.argmax()) == d.label for d, p in zip(decisions, probabilities)])
+    return expected_calibration_error(confidence, correct)
 
 
 def apply_temperatures(decisions: list[ScoredDecision], logits: list[np.ndarray],
@@ -103,15 +139,20 @@ def plain_probabilities(logits: list[np.ndarray]) -> list[np.ndarray]:
 
 def cross_fitted_metrics(decisions: list[ScoredDecision], logits: list[np.ndarray], soft: bool = False,
                          min_decisions: int = MIN_DECISIONS) -> dict[str, float]:  # fmt: skip
-    """Held-out metrics after calibration, each half of the records scored with the other half's temperatures."""
+    """Held-out metrics after calibration, each half of the records scored with the other half's temperatures.
+
+    A type the guard keeps at T = 1 (`fit_calibration` on all of them) is scored at T = 1, as it will be served.
+    """
+    final = fit_calibration(decisions, logits, soft, min_decisions)
+    kept = {qtype for qtype, t in enumerate(final.temperatures) if t == 1.0}
     halves = [[i for i, d in enumerate(decisions) if d.record % 2 == side] for side in (0, 1)]
     probabilities: list[np.ndarray | None] = [None] * len(decisions)
     for fit_on, score_on in ((halves[0], halves[1]), (halves[1], halves[0])):
-        fitted = fit_calibration(
-            [decisions[i] for i in fit_on], [logits[i] for i in fit_on], soft, min_decisions
-        )
+        part = ([decisions[i] for i in fit_on], [logits[i] for i in fit_on])
+        fitted = fit_calibration(*part, soft, min_decisions, guard=False)
         for i in score_on:
-            probabilities[i] = softmax(logits[i], fitted.temperatures[decisions[i].qtype])
+            qtype = decisions[i].qtype
+            probabilities[i] = softmax(logits[i], 1.0 if qtype in kept else fitted.temperatures[qtype])
     return detailed_metrics(decisions, probabilities)
 
 

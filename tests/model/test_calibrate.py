@@ -80,3 +80,27 @@ def test_metrics_by_type_report_brier_kl_and_score_mae():
     assert report["choice"]["brier"] == pytest.approx(0.0)
     assert report["score"]["kl_soft"] == pytest.approx(0.0)
     assert report["score"]["score_mae"] == pytest.approx((0.0 + 0.5) / 2)
+
+
+def test_a_temperature_that_would_hurt_held_out_calibration_is_not_used():
+    # Even records come from an underconfident model, odd ones from an overconfident one: a temperature fitted
+    # on either half is wrong for the other, and T = 1 (between them) is the better calibrated choice.
+    rng = np.random.default_rng(5)
+    logits, labels = [], []
+    for record in range(800):
+        z = rng.normal(0, 2, size=3)
+        logits.append(z)
+        labels.append(int(rng.choice(3, p=softmax(z, 0.4 if record % 2 else 2.5))))
+    items = _items(labels, [0] * 800, list(range(800)))
+    ece_at_1 = detailed_metrics(items, [softmax(z) for z in logits])["ece"]
+    guarded = fit_calibration(items, logits)
+    unguarded = fit_calibration(items, logits, guard=False)
+    assert guarded.temperatures[0] == 1.0 and "made the cross-fitted ECE worse" in guarded.notes["choice"]
+    assert unguarded.temperatures[0] != 1.0
+    assert cross_fitted_metrics(items, logits)["ece"] <= ece_at_1 + 1e-9
+
+
+def test_a_temperature_that_helps_is_kept():
+    rng = np.random.default_rng(6)
+    logits, labels = _sampled(rng, 800, 3, 3.0)
+    assert fit_calibration(_items(labels, [0] * 800), logits).temperatures[0] > 2.0

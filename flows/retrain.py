@@ -69,8 +69,12 @@ def take_slice(data: str, row_slice: str | None, run_dir: str) -> str:
 @task(name="train", **CACHED)
 def train(data: str, base: str, run_dir: str, config, split_config, device: str) -> dict[str, Any]:
     # progress=False: no bar in the Prefect log; the run logger gets a line every 10 steps or 30 s instead.
-    return train_stage.train_stage(data, base, run_dir, config, split_config, device, progress=False,
-                                   report=get_run_logger().info)  # fmt: skip
+    logger = get_run_logger()
+    summary = train_stage.train_stage(data, base, run_dir, config, split_config, device, progress=False,
+                                      report=logger.info)  # fmt: skip
+    for warning in summary["warnings"]:
+        logger.warning("the fine-tune did not learn: %s", warning)
+    return summary
 
 
 @task(name="calibrate", **CACHED)
@@ -100,8 +104,9 @@ def smoke(name: str, version: str, data: str, n: int, split_config) -> dict[str,
 
 @task(name="promotion-gate", **IO_RETRIES)
 def promotion_gate(name: str, version: str, calibrated: dict[str, float], smoke_passed: bool, data: str,
-                   split_config, config) -> dict[str, Any]:  # fmt: skip
-    return promote_stage.promotion_stage(name, version, calibrated, smoke_passed, data, split_config, config)
+                   split_config, config, learning_warnings: list[str]) -> dict[str, Any]:  # fmt: skip
+    return promote_stage.promotion_stage(name, version, calibrated, smoke_passed, data, split_config, config,
+                                         learning_warnings)  # fmt: skip
 
 
 def _run_name() -> str:
@@ -140,7 +145,7 @@ def retrain(
     version = register(export_dir, config.model_name, run_id, {**tags, "mlflow_run_id": run_id})
     smoked = smoke(config.model_name, version, sliced, config.smoke_decisions, params["validate"])
     verdict = promotion_gate(config.model_name, version, calibration["heldout"]["calibrated"], smoked["passed"],
-                             sliced, params["validate"], params["promote"])  # fmt: skip
+                             sliced, params["validate"], params["promote"], trained["warnings"])  # fmt: skip
     summary = _summary(config, key, verified, report, trained, calibration, run_id, version, smoked, verdict)
     _publish(summary)
     return summary

@@ -230,6 +230,8 @@ class PromoteConfig:
     """The candidate's held-out accuracy must reach the champion's plus this."""
     max_ece: float = 0.05
     """The candidate's calibrated (cross-fitted) held-out ECE must be at most this."""
+    refuse_unlearned: bool = True
+    """Never promote a fine-tune that is no better than its base or the class prior on some question."""
 
     def __post_init__(self) -> None:
         _check_types(self, "promote")

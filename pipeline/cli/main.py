@@ -87,6 +87,7 @@ def _train(args: argparse.Namespace) -> int:
     except errors as error:
         print(f"decision train: {error}", file=sys.stderr)
         return EXIT_UNREADABLE
+    _warn(run.warnings)
     if args.json:
         print(json.dumps(run.to_dict()))
     else:
@@ -158,12 +159,19 @@ def _finetune(args: argparse.Namespace) -> int:
     except errors as error:
         print(f"decision finetune: {error}", file=sys.stderr)
         return EXIT_UNREADABLE
+    _warn(summary["warnings"])
     if args.json:
         print(json.dumps(summary))
     else:
         print_heldout({**summary, "saved_to": summary["export_dir"], "planned_steps": summary["steps"]})  # fmt: skip
         print(f"family: {summary['family']} ({summary['method']}); temperatures: {summary['temperatures']}")
     return 130 if summary["cancelled"] else EXIT_OK
+
+
+def _warn(warnings: list[str]) -> None:
+    """Say plainly, on stderr, where the fine-tune learned nothing (also with --json)."""
+    for warning in warnings:
+        print(f"warning: the fine-tune did not learn: {warning}", file=sys.stderr)
 
 
 def print_heldout(run: dict[str, Any]) -> None:

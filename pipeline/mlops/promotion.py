@@ -39,9 +39,12 @@ class Verdict:
 
 
 def gate(candidate: dict[str, float], champion: dict[str, float] | None, smoke_passed: bool,
-         config: PromoteConfig) -> Verdict:  # fmt: skip
+         config: PromoteConfig, learning_warnings: list[str] | None = None) -> Verdict:  # fmt: skip
     """Whether the candidate may replace the champion; every reason is given, passing or not."""
     reasons, ok = [], True
+    if learning_warnings and config.refuse_unlearned:
+        ok = False
+        reasons.append(f"no better than its base or the class prior on {len(learning_warnings)} check(s)")
     if champion is None:
         reasons.append("no champion yet")
     else:

@@ -58,13 +58,23 @@ def log_training_run(record: TrainingRecord) -> str:
         return existing
     use_store()
     with mlflow.start_run(experiment_id=ensure_experiment(), run_name=record.run_name) as run:
-        mlflow.set_tags({KEY_TAG: record.key, **record.tags})
+        mlflow.set_tags({KEY_TAG: record.key, **record.tags, **learning_tags(record.train)})
         mlflow.log_params(flat_params(record.params))
         _log_steps(record.train.get("logged_steps", []))
         mlflow.log_metrics(run_metrics(record))
         _log_dataset(record)
         _log_artifacts(record)
         return run.info.run_id
+
+
+def learning_tags(train: dict[str, Any]) -> dict[str, str]:
+    """`learned` (true or false) and, when false, `learning_warnings`: the questions it did not learn."""
+    warnings = train.get("warnings", [])
+    return (
+        {"learned": "false", "learning_warnings": "; ".join(warnings)[:5000]}
+        if warnings
+        else {"learned": "true"}
+    )
 
 
 def flat_params(params: dict[str, dict[str, Any]]) -> dict[str, Any]:

@@ -45,7 +45,7 @@ def finetune(data: str | Path, base: str | Path, out: str | Path, config: TrainC
         "temperatures": calibration.by_name(), "temperature_notes": calibration.notes, "export_dir": export_dir,
         "cancelled": cancelled, "train_seconds": run.train_seconds, "s_per_step": run.s_per_step, "steps": run.steps,
         "decisions_per_second": run.decisions_per_second, "peak_memory_mb": peak_memory_mb(),
-        "precision": run.precision, "compile": run.compile, "losses": run.losses,
+        "precision": run.precision, "compile": run.compile, "losses": run.losses, "warnings": run.warnings,
     }  # fmt: skip
 
 

@@ -32,7 +32,8 @@ def register_stage(export_dir: str | Path, name: str, run_id: str, tags: dict[st
 
 
 def promotion_stage(name: str, version: str, calibrated: dict[str, float], smoke_passed: bool, data: str | Path,
-                    split_config: ValidateConfig, config: PromoteConfig) -> dict[str, Any]:  # fmt: skip
+                    split_config: ValidateConfig, config: PromoteConfig,
+                    learning_warnings: list[str] | None = None) -> dict[str, Any]:  # fmt: skip
     """Gate `version` against the champion scored now on the same split; move `champion` when it passes."""
     champion_version = current(name, CHAMPION)
     if champion_version == version:
@@ -41,7 +42,7 @@ def promotion_stage(name: str, version: str, calibrated: dict[str, float], smoke
     if champion_version is not None:
         with tempfile.TemporaryDirectory() as tmp:
             champion = score_heldout(download_version(name, champion_version, tmp), data, split_config)
-    verdict = gate(calibrated, champion, smoke_passed, config)
+    verdict = gate(calibrated, champion, smoke_passed, config, learning_warnings)
     client().set_model_version_tag(name, version, GATE_TAG, "promote" if verdict.promote else "hold")
     client().set_model_version_tag(name, version, GATE_REASONS_TAG, "; ".join(verdict.reasons))
     if verdict.promote:

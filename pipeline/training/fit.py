@@ -23,6 +23,7 @@ from pipeline.data.validate import validate_file
 from pipeline.device import pick_device
 from pipeline.families import pick_family
 from pipeline.families.base import DecisionFamily
+from pipeline.scoring.baselines import learning_warnings, majority_labels
 from pipeline.scoring.calibration import plain_probabilities
 from pipeline.scoring.decisions import ScoredDecision
 from pipeline.scoring.metrics import heldout_metrics
@@ -51,6 +52,8 @@ class TrainRun:
     losses: list[tuple[int, float]] = field(default_factory=list)
     family: str = "laya"
     method: str = "lora"
+    warnings: list[str] = field(default_factory=list)
+    """Questions on which the fine-tune is no better than the base or the class prior (`scoring.baselines`)."""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -111,6 +114,7 @@ def fit_on_data(data: str | Path, base: str | Path, config: TrainConfig,
         train_seconds=result.train_seconds, s_per_step=result.s_per_step,
         decisions_per_second=result.decisions_per_second, saved_to=None, compile=result.compile,
         precision=result.precision, pins=pins, losses=result.losses, family=family.name, method=config.method,
+        warnings=learning_warnings(decisions, base_logits, tuned_logits, majority_labels(split.train)),
     )  # fmt: skip
     options = {d.question.id: d.question.options for r in split.heldout for d in r.decisions}
     return Trained(run, family, loaded, decisions, base_logits, tuned_logits, options)

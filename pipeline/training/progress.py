@@ -43,7 +43,7 @@ class StepLog:
             report,
             clock,
         )
-        self.method, self.loss, self.last_line = config.method, None, clock()
+        self.method, self.loss, self.last_line, self.last_step = config.method, None, clock(), 0
         self.bar = tqdm(total=total, unit="step", desc=f"train {config.method}", disable=not progress)
 
     def due(self, step: int) -> bool:
@@ -67,10 +67,10 @@ class StepLog:
 
     def _line(self, result: Any, elapsed: float) -> None:
         now = self.clock()
-        due = result.steps % LINE_EVERY_STEPS == 0 or now - self.last_line >= LINE_EVERY_S
+        due = result.steps - self.last_step >= LINE_EVERY_STEPS or now - self.last_line >= LINE_EVERY_S
         if self.report is None or not (due or result.steps == self.total):
             return
-        self.last_line = now
+        self.last_line, self.last_step = now, result.steps
         per_step = elapsed / max(1, result.steps)
         loss = "n/a" if self.loss is None else f"{self.loss:.4f}"
         self.report(f"train {self.method}: step {result.steps}/{self.total}, loss {loss}, {per_step:.2f} s/step, "

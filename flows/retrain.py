@@ -157,7 +157,8 @@ def _summary(
     return {
         "model": config.model_name, "version": version, "champion": verdict.get("champion"),
         "promoted": verdict["promote"], "gate": verdict["reasons"], "mlflow_run_id": run_id,
-        "idempotency_key": key, "pins": verified, "family": trained.get("family"), "rows": report["rows"], "decisions": report["decisions"],
+        "idempotency_key": key, "pins": verified, "family": trained.get("family"),
+        "warnings": trained.get("warnings", []), "rows": report["rows"], "decisions": report["decisions"],
         "skipped": report["skipped"], "heldout": calibration["heldout"],
         "temperatures": calibration["temperatures"], "steps": trained["steps"],
         "train_seconds": trained["train_seconds"], "s_per_step": trained["s_per_step"],
@@ -226,6 +227,11 @@ def print_summary(summary: dict[str, Any]) -> None:
                   f"p50 {smoke['latency_ms']['p50']} ms); gate: {'; '.join(summary['gate'])}")  # fmt: skip
     console.print(f"champion: version {summary['champion']}; {summary['steps']} steps in "
                   f"{summary['train_seconds']:.0f} s; MLflow run {summary['mlflow_run_id']}")  # fmt: skip
+    for warning in summary["warnings"]:
+        console.print(f"[bold yellow]warning[/]: the fine-tune did not learn: {warning}")
+    if summary["champion"] is None:
+        console.print(f"[bold yellow]no champion[/]: version {summary['version']} is held as challenger, so "
+                      "make serve has nothing to serve yet (decision promote VERSION promotes it by hand)")  # fmt: skip
     console.print(
         "next: [bold]make ui[/] (MLflow UI), [bold]make serve[/] (Decision API on @champion), "
         "[bold]make schedule[/] (weekly retraining on a local Prefect server)"

@@ -52,20 +52,27 @@ def softmax(logits: np.ndarray, temperature: float = 1.0) -> np.ndarray:
     return z / z.sum()
 
 
-def _mean_nll(log_t: float, logits: list[np.ndarray], targets: list[np.ndarray]) -> float:
+def _by_width(logits: list[np.ndarray], targets: list[np.ndarray]) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Logits and targets stacked into one [n, k] pair per option count, so each NLL is a few array operations."""
+    groups: dict[int, list[int]] = {}
+    for i, z in enumerate(logits):
+        groups.setdefault(len(z), []).append(i)
+    return [(np.asarray([logits[i] for i in rows], dtype=np.float64), np.asarray([targets[i] for i in rows]))
+            for rows in groups.values()]  # fmt: skip
+
+
+def _mean_nll(log_t: float, stacked: list[tuple[np.ndarray, np.ndarray]], n: int) -> float:
     t = math.exp(log_t)
-    total = sum(
-        -float(np.dot(y, log_softmax(np.asarray(z, dtype=np.float64) / t))) for z, y in zip(logits, targets)
-    )
-    return total / max(1, len(logits))
+    return -sum(float((y * log_softmax(z / t, axis=1)).sum()) for z, y in stacked) / max(1, n)
 
 
 def fit_temperature(
     logits: list[np.ndarray], targets: list[np.ndarray], lo: float = T_MIN, hi: float = T_MAX
 ) -> float:
     """The temperature in [lo, hi] that minimises the mean NLL (bounded scalar search over log T)."""
-    found = minimize_scalar(_mean_nll, bounds=(math.log(lo), math.log(hi)), args=(logits, targets),
-                            method="bounded", options={"xatol": 1e-6})  # fmt: skip
+    found = minimize_scalar(_mean_nll, bounds=(math.log(lo), math.log(hi)),
+                            args=(_by_width(logits, targets), len(logits)), method="bounded",
+                            options={"xatol": 1e-6})  # fmt: skip
     return float(min(max(math.exp(found.x), lo), hi))
 
 

@@ -43,7 +43,8 @@ def idempotency_key(data_md5: str, base_md5: str, params: dict[str, Any], code: 
 
 
 def source_digest(data, base, config: TrainConfig, pins: dict[str, str], steps: int, losses) -> str:
-    """What a trained model is: inputs, settings, pins, and the losses it logged on the way."""
+    """What a trained model is: inputs, settings, pins, and the losses it logged on the way (JSON writes a
+    tuple as a list, so losses read back from train.json give the same digest)."""
     parts = json.dumps([str(data), str(base), asdict(config), pins, steps, losses], default=str)
     return hashlib.sha256(parts.encode()).hexdigest()
 
@@ -60,5 +61,5 @@ def export_manifest(data, base, config: TrainConfig, family: str, run: dict[str,
         "base_md5": current_md5(Path(base)), "pins": pins, "git_commit": git_commit(), "family": family,
         "params": {"train": asdict(config)}, "steps": steps, "temperatures": list(temperatures),
         "metrics": {k: v for k, v in heldout.items() if isinstance(v, dict)},
-        "source_digest": source_digest(data, base, config, pins, steps, [list(x) for x in losses]),
+        "source_digest": source_digest(data, base, config, pins, steps, losses),
     }  # fmt: skip

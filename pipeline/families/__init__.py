@@ -58,13 +58,7 @@ def list_models(folder: str | Path) -> list[Path]:
 def find_exports(root: str | Path) -> list[Path]:
     """Every complete export at or below `root` (e.g. inside a downloaded MLflow model)."""
     root = Path(root)
-    found = {
-        family.written_last(p.parent).parent
-        for family in FAMILIES.values()
-        for p in root.rglob(family.written_last(root).name)
-        if family.is_export(p.parent)
-    }
-    return sorted(found)
+    return sorted(p for p in [root, *root.rglob("*")] if p.is_dir() and is_complete_export(p))
 
 
 def written_last(folder: Path) -> Path:

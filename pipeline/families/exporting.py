@@ -45,7 +45,7 @@ def cpu_copy(
 
 def merge_lora_layers(merged: torch.nn.Module) -> torch.nn.Module:
     """`merged` (changed in place) with every LoRA layer merged into its base layer and replaced by it."""
-    if not any(type(m).__module__.startswith("peft.") for m in merged.modules()):
+    if not has_peft_modules(merged):
         return merged  # nothing to merge: spare the peft import (seconds, with bitsandbytes installed)
     from peft.tuners.lora import LoraLayer
 
@@ -54,6 +54,11 @@ def merge_lora_layers(merged: torch.nn.Module) -> torch.nn.Module:
             module.merge()
             set_module(merged, name, module.get_base_layer())
     return merged
+
+
+def has_peft_modules(model: torch.nn.Module) -> bool:
+    """Whether peft put any layer (LoRA, its wrapper) into `model`; asks without importing peft."""
+    return any(type(m).__module__.startswith("peft.") for m in model.modules())
 
 
 def merged_copy(model: torch.nn.Module) -> torch.nn.Module:

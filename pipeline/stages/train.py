@@ -23,7 +23,7 @@ from pipeline.training.loop import CancelToken
 def save_trained(trained: Trained, out: Path, data, base, config: TrainConfig) -> Path:
     """The fine-tune as its family keeps it, with what it was trained on and how."""
     run = trained.run
-    digest = source_digest(data, base, config, run.pins, run.steps, [list(x) for x in run.losses])
+    digest = source_digest(data, base, config, run.pins, run.steps, run.losses)
     return trained.family.save_finetune(trained.loaded, out, training_description(config, base, run, digest))
 
 

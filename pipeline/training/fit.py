@@ -101,13 +101,14 @@ def fit_on_data(data: str | Path, base: str | Path, config: TrainConfig,
         family, loaded, heldout_examples, dev, config, progress, say, "base"
     )
     family.prepare(loaded, config)
-    result = train(loaded.model, train_examples, config, dev, family.batch_task(loaded, config), cancel, on_log,
-                   progress=progress, report=report)  # fmt: skip
+    task = family.batch_task(loaded, config)
+    result = train(loaded.model, train_examples, config, dev, task, cancel, on_log, progress=progress,
+                   report=report)  # fmt: skip
     _, tuned_logits = _timed_score(family, loaded, heldout_examples, dev, config, progress, say, "fine-tune")
     run = TrainRun(
         rows=validated.report.rows, decisions=validated.report.decisions,
         skipped=dict(Counter(validated.report.skipped) + Counter(skipped_train) + Counter(skipped_heldout)),
-        train_decisions=sum(family.batch_task(loaded, config).decisions(e) for e in train_examples),
+        train_decisions=sum(task.decisions(e) for e in train_examples),
         heldout={"decisions": len(decisions), "base": _metrics(decisions, base_logits),
                  "tuned": _metrics(decisions, tuned_logits)},
         steps=result.steps, planned_steps=result.planned_steps, cancelled=result.cancelled,

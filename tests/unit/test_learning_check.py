@@ -23,7 +23,11 @@ def test_a_fine_tune_that_learned_every_question_has_no_warning():
 def test_no_better_than_the_base_or_the_prior_is_named_per_question():
     warnings = learning_warnings(DECISIONS, ALWAYS_0, ALWAYS_0, MAJORITY)
     assert len(warnings) == 4  # both questions, against the base and against the prior
-    assert "question 'a'" in warnings[0] and "base" in warnings[0] and "most common training label" in warnings[1]
+    assert (
+        "question 'a'" in warnings[0]
+        and "base" in warnings[0]
+        and "most common training label" in warnings[1]
+    )
 
 
 def test_the_gate_refuses_an_unlearned_fine_tune_unless_told_not_to():

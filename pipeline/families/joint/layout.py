@@ -30,11 +30,13 @@ from typing import Any
 import torch
 from torch import nn
 
+from pipeline.config import ConfigError
 from pipeline.families.base import ExportResult, ModelLayoutError
 from pipeline.families.exporting import (
     MANIFEST,
     already_exported,
     check_finite,
+    has_peft_modules,
     write_marker_last,
     write_staged,
 )
@@ -94,8 +96,7 @@ def load_joint(path: str | Path, max_len: int = 1024, head_width: int = 256, see
         lm = load_causal_lm(path, dtype, quantization, device)
         return _with_fresh_head(path, lm, _load_tokenizer(path), max_len, head_width, seed)
     if is_laya_layout_folder(path):
-        if quantization is not None:
-            raise JointExportError(f"{path}: an encoder backbone is not quantised (QLoRA is for causal LMs)")
+        _refuse_quantised_encoder(path, quantization)
         encoder, tokenizer = encoder_from_laya_layout(path)
         return _with_fresh_head(
             path, encoder.to(dtype), tokenizer, max_positions(encoder, max_len), head_width, seed
@@ -112,12 +113,19 @@ def _load_export(path: Path, dtype: torch.dtype, quantization: Any | None, devic
     config = json.loads((path / JOINT_CONFIG).read_text(encoding="utf-8"))
     folder = path / BACKBONE_DIR
     if config.get("backbone", CAUSAL_LM) == ENCODER:
+        _refuse_quantised_encoder(path, quantization)
         backbone = load_encoder(folder, dtype)
     else:
         backbone = load_causal_lm(folder, dtype, quantization, device)
     head = _build_head(backbone, config["head"])
     head.load_state_dict(load_file(str(path / HEAD_FILE)), strict=True)
     return _assemble(backbone, head, _load_tokenizer(folder), config)
+
+
+def _refuse_quantised_encoder(path: Path, quantization: Any | None) -> None:
+    if quantization is not None:
+        raise ConfigError(f"train.method=qlora: {path} has an encoder backbone; QLoRA quantises causal LMs "
+                          "(use --method lora or --method full)")  # fmt: skip
 
 
 def _with_fresh_head(path: Path, backbone: nn.Module, tokenizer, max_len: int, head_width: int,
@@ -199,7 +207,7 @@ def _export_config(loaded: LoadedJoint, temperatures) -> dict[str, Any]:
         "max_len": loaded.max_len,
         "head": _head_config(loaded.model.head, loaded.config.get("head") or {}),
         "temperature": {"global": 1.0, "by_type": by_type, "folded_global": folded},
-        "fine_tuned": bool(loaded.config.get("fine_tuned")) or _has_lora(loaded.model.lm),
+        "fine_tuned": bool(loaded.config.get("fine_tuned")) or has_peft_modules(loaded.model.lm),
     }
 
 
@@ -225,10 +233,6 @@ def _head_config(head: JointHead, known: dict[str, Any]) -> dict[str, int]:
     heads = head.blocks[0].self_attn.num_heads if len(head.blocks) else known.get("heads", 4)
     return {"width": head.memory_proj.out_features, "heads": heads, "layers": len(head.blocks),
             "chunk": head.chunk}  # fmt: skip
-
-
-def _has_lora(backbone: nn.Module) -> bool:
-    return any(type(m).__module__.startswith("peft.") for m in backbone.modules())
 
 
 def _export_dtype(backbone: nn.Module) -> torch.dtype:

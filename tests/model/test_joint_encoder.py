@@ -79,3 +79,10 @@ def test_joint_on_an_encoder_trains_exports_serves_and_evaluates(tiny_base, lear
     assert main(["evaluate", "--model", str(folder / "export"), "--data", str(learnable), "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["family"] == "joint" and report["metrics"]["overall"]["decisions"] == 24
+
+
+def test_qlora_on_an_encoder_backbone_is_refused_by_name(tiny_base):
+    from pipeline.config import ConfigError, TrainConfig
+
+    with pytest.raises(ConfigError, match=r"train\.method=qlora: .* has an encoder backbone"):
+        pick_family(tiny_base, "joint").load(tiny_base, TrainConfig(method="qlora"))

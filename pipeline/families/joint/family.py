@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from pipeline.config import ConfigError, TrainConfig
+from pipeline.config import TrainConfig
 from pipeline.families.base import Answered, BadQuestion, BatchTask, DecisionFamily, ExportResult
 from pipeline.families.joint.backbone import is_causal_lm_folder, is_laya_layout_folder, qlora_config
 from pipeline.families.joint.layout import (
@@ -64,9 +64,6 @@ class JointFamily(DecisionFamily):
             loaded = load_joint(folder)
             loaded.model.to(device)
             return loaded
-        if not (is_causal_lm_folder(folder) or is_joint_export(folder)) or is_laya_layout_folder(folder):
-            raise ConfigError(f"train.method=qlora: {folder} is an encoder backbone; QLoRA quantises causal LMs "
-                              "(use --method lora or --method full)")  # fmt: skip
         loaded = load_joint(folder, quantization=qlora_config(device), device=str(device))
         loaded.model.head.to(device)
         return loaded

@@ -78,7 +78,8 @@ def run_ours(train: Path, out: Path, method: str, precision: str | None, profile
     from pipeline.stages.train import train_on_data
 
     params = load_params(ROOT / "params.yaml")
-    config = replace(params["train"], method=method, precision=precision or params["train"].precision, epochs=1,
+    config = replace(params["train"], family="laya", method=method, min_steps=0,
+                     precision=precision or params["train"].precision, epochs=1,
                      micro_batch=MICRO_BATCH, grad_accum=GRAD_ACCUM, max_steps=None)  # fmt: skip
     profiler = None
     if profile:

@@ -67,11 +67,17 @@ def take_slice(data: str, row_slice: str | None, run_dir: str) -> str:
 
 
 @task(name="train", **CACHED)
-def train(data: str, base: str, run_dir: str, config, split_config, device: str) -> dict[str, Any]:
+def train(data: str, base: str, run_dir: str, config, split_config, device: str, key: str,
+          tags: dict[str, str]) -> dict[str, Any]:  # fmt: skip
     # progress=False: no bar in the Prefect log; the run logger gets a line every 10 steps or 30 s instead.
+    # The MLflow run opens now, so its curves fill in the UI while training runs.
     logger = get_run_logger()
+    run_id, live = tracking.open_run(key, flow_run.name, tags)
+    watch = tracking.LiveRun(run_id) if live else None
     summary = train_stage.train_stage(data, base, run_dir, config, split_config, device, progress=False,
-                                      report=logger.info)  # fmt: skip
+                                      report=logger.info, on_log=watch and watch.step,
+                                      on_eval=watch and watch.heldout)  # fmt: skip
+    summary["mlflow_run_id"] = run_id
     for warning in summary["warnings"]:
         logger.warning("the fine-tune did not learn: %s", warning)
     return summary
@@ -88,8 +94,8 @@ def export(run_dir: str, data: str, base: str, config) -> str:
 
 
 @task(name="log-to-mlflow", **CACHED, **IO_RETRIES)
-def log_run(record) -> str:
-    return tracking.log_training_run(record)
+def log_run(record, run_id: str) -> str:
+    return tracking.log_training_run(record, run_id)
 
 
 @task(name="register", **CACHED, **IO_RETRIES)
@@ -135,13 +141,14 @@ def retrain(
     run = RunFolder(run_dir)
     report = validate(config.data, config.slice, params["validate"], str(run.validation))
     sliced = take_slice(config.data, config.slice, run_dir)
-    trained = train(sliced, config.base, run_dir, params["train"], params["validate"], config.device)
+    tags = {"git_commit": _git_commit(), "data_md5": data_md5, "base_md5": base_md5, "idempotency_key": key,
+            "data": config.data, "base": config.base}  # fmt: skip
+    trained = train(sliced, config.base, run_dir, params["train"], params["validate"], config.device, key, tags)
     calibration = calibrate(run_dir)
     export_dir = export(run_dir, config.data, config.base, params["train"])
-    tags = {"prefect_flow_run_id": str(flow_run.id), "git_commit": _git_commit(), "data_md5": data_md5,
-            "base_md5": base_md5, "idempotency_key": key, "data": config.data, "base": config.base}  # fmt: skip
-    run_id = log_run(tracking.TrainingRecord(key, sections, trained, calibration, report, config.data, data_md5, export_dir,
-                                    run_dir, tags, flow_run.name))  # fmt: skip
+    tags |= {"prefect_flow_run_id": str(flow_run.id)}
+    run_id = log_run(tracking.TrainingRecord(key, sections, trained, calibration, report, config.data, data_md5,
+                                             export_dir, run_dir, tags, flow_run.name), trained["mlflow_run_id"])  # fmt: skip
     version = register(export_dir, config.model_name, run_id, {**tags, "mlflow_run_id": run_id})
     smoked = smoke(config.model_name, version, sliced, config.smoke_decisions, params["validate"])
     verdict = promotion_gate(config.model_name, version, calibration["heldout"]["calibrated"], smoked["passed"],
@@ -175,18 +182,11 @@ def _publish(summary: dict[str, Any]) -> None:
 
 def before_after_markdown(summary: dict[str, Any]) -> str:
     """The held-out table (base, fine-tune, calibrated) and the gate's verdict, as markdown."""
-    lines = ["| model | accuracy | record accuracy | ECE | Brier |", "|---|---|---|---|---|"]
-    for model in ("base", "tuned", "calibrated"):
-        m = summary["heldout"][model]
-        lines.append(
-            f"| {model} | {m['accuracy']:.4f} | {m['record_accuracy']:.4f} | {m['ece']:.4f} | {m['brier']:.4f} |"
-        )
     verdict = "promoted to champion" if summary["promoted"] else "held as challenger"
-    lines += [
-        "",
-        f"Version {summary['version']} of `{summary['model']}`: {verdict} ({'; '.join(summary['gate'])}).",
-    ]
-    return "\n".join(lines)
+    return (
+        f"{tracking.heldout_table(summary['heldout'])}\n\n"
+        f"Version {summary['version']} of `{summary['model']}`: {verdict} ({'; '.join(summary['gate'])})."
+    )
 
 
 def _git_commit() -> str:

@@ -129,7 +129,7 @@ class SnapshotConfig:
         _check_types(self, "snapshot")
 
 
-METHODS = ("lora", "full", "qlora")
+METHODS = ("lora", "full", "qlora", "head")
 
 
 @dataclass(frozen=True)
@@ -139,7 +139,8 @@ class TrainConfig:
     family: str | None = None
     """laya | joint: the model family (None: what the base folder is; `pipeline.families.pick_family`)."""
     method: str = "lora"
-    """lora | full | qlora (QLoRA quantises a causal-LM backbone; families that cannot refuse it)."""
+    """lora | full | qlora | head (QLoRA quantises a causal-LM backbone; `head` trains the decision head on a
+    frozen backbone whose features are computed once; families that cannot refuse it)."""
     lora_r: int = 64
     lora_alpha: int = 64
     lora_dropout: float = 0.0
@@ -150,6 +151,8 @@ class TrainConfig:
     """Learning rate of the encoder in full fine-tuning."""
     head_lr: float = 1e-4
     """Learning rate of the decision head (trained in fp32 either way)."""
+    head_width: int = 256
+    """Joint family: width of a fresh head's fields (an export keeps its own)."""
     weight_decay: float = 0.01
     grad_clip: float = 1.0
     micro_batch: int = 8
@@ -157,6 +160,8 @@ class TrainConfig:
     warmup_steps: int = 0
     """Optimizer steps of linear learning-rate warm-up before the cosine decay."""
     epochs: int = 1
+    min_steps: int = 0
+    """Train more epochs than `epochs` until the run has this many optimizer steps (small data sets)."""
     max_steps: int | None = None
     """Cap on optimizer steps (None: run every epoch)."""
     seed: int = 0
@@ -180,16 +185,18 @@ class TrainConfig:
                     f"train.{name}: must be >= 0 (label_smoothing below 1), got {getattr(self, name)}"
                 )
         if self.method not in METHODS:
-            raise ConfigError(f"train.method: expected one of lora, full, qlora; got {self.method!r}")
+            raise ConfigError(f"train.method: expected one of {', '.join(METHODS)}; got {self.method!r}")
         if self.precision not in ("auto", "fp32", "bf16"):
             raise ConfigError(f"train.precision: expected auto, fp32 or bf16; got {self.precision!r}")
-        for name in ("micro_batch", "grad_accum", "epochs", "lora_r", "log_every"):
+        for name in ("micro_batch", "grad_accum", "epochs", "lora_r", "log_every", "head_width"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"train.{name}: must be >= 1, got {getattr(self, name)}")
         if isinstance(self.lora_target_modules, list):
             object.__setattr__(self, "lora_target_modules", tuple(self.lora_target_modules))
         if self.warmup_steps < 0:
             raise ConfigError(f"train.warmup_steps: must be >= 0, got {self.warmup_steps}")
+        if self.min_steps < 0:
+            raise ConfigError(f"train.min_steps: must be >= 0, got {self.min_steps}")
         if self.max_steps is not None and self.max_steps < 0:
             raise ConfigError(f"train.max_steps: must be >= 0, got {self.max_steps}")
 

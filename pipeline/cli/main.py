@@ -66,7 +66,8 @@ def _training_setup(args: argparse.Namespace):
         params = load_params(args.params)
         overrides = {
             k: v
-            for k, v in (("family", args.family), ("method", args.method), ("max_steps", args.max_steps))
+            for k, v in (("family", args.family), ("method", args.method), ("epochs", args.epochs),
+                         ("max_steps", args.max_steps))  # fmt: skip
             if v is not None
         }
         return params, replace(params["train"], **overrides), CancelToken(), errors
@@ -147,6 +148,11 @@ def _export(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _say(line: str) -> None:
+    """A progress line on stderr (stdout stays the command's result)."""
+    print(line, file=sys.stderr, flush=True)
+
+
 def _finetune(args: argparse.Namespace) -> int:
     from pipeline.data.read import RowSlice
     from pipeline.stages.finetune import finetune
@@ -155,7 +161,8 @@ def _finetune(args: argparse.Namespace) -> int:
     try:
         with cancel.on_signals():
             summary = finetune(args.data, args.base, args.out, config, params["validate"], RowSlice.parse(args.slice),
-                               args.device, cancel, progress=not args.json, eval_data=args.eval_data)  # fmt: skip
+                               args.device, cancel, progress=False, eval_data=args.eval_data,
+                               report=None if args.json else _say)  # fmt: skip
     except errors as error:
         print(f"decision finetune: {error}", file=sys.stderr)
         return EXIT_UNREADABLE
@@ -239,9 +246,12 @@ def _add_training_arguments(command: argparse.ArgumentParser, out_help: str) -> 
     command.add_argument("--out", required=True, help=out_help)
     command.add_argument(
         "--method",
-        choices=["lora", "full", "qlora"],
-        help="default: train.method in params.yaml; qlora (4-bit nf4 backbone) is for causal-LM bases",
+        choices=["head", "lora", "full", "qlora"],
+        help="default: train.method in params.yaml; head trains the joint head on the frozen backbone (its "
+        "features computed once); qlora (4-bit nf4 backbone) is for causal-LM bases",
     )
+    command.add_argument("--epochs", type=int, help="epochs (default: train.epochs; a small set trains more, "
+                         "up to train.min_steps steps)")  # fmt: skip
     command.add_argument("--max-steps", type=int, help="cap on optimizer steps (default: train.max_steps)")
     command.add_argument("--slice", metavar="START:END", help="use rows [START, END) of DATA only")
     command.add_argument("--device", default="auto", help="auto (cuda if available), cpu, cuda, cuda:1, ...")

@@ -117,7 +117,13 @@ class DecisionFamily(ABC):
 
     @abstractmethod
     def prepare(self, loaded, config: TrainConfig) -> None:
-        """Make the trainable parameters for `config.method` (LoRA, full, QLoRA); ConfigError if unsupported."""
+        """Make the trainable parameters for `config.method` (LoRA, full, QLoRA, head); ConfigError if unsupported."""
+
+    def training_examples(self, loaded, examples: list[Any], config: TrainConfig, device: torch.device,
+                          report: Callable[[str], None] | None = None) -> list[Any]:  # fmt: skip
+        """The examples as the training loop reads them, after `prepare` (a family may compute a frozen
+        backbone's features once here); as they are by default."""
+        return examples
 
     @abstractmethod
     def batch_task(self, loaded, config: TrainConfig) -> BatchTask:

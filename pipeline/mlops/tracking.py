@@ -1,9 +1,14 @@
 """MLflow tracking of a retraining run: params, step and run metrics, plots, lineage, the dataset as an input.
 
 One run per idempotency key (data md5 + base md5 + params + code digest): logging the same key again finds the
-finished run and returns it, so a resumed or repeated flow never makes a second run.
+finished run and returns it, so a resumed or repeated flow never makes a second run. The run opens when training
+starts (`open_run`) and gets the training curve as it goes (`LiveRun`: loss, lr and s/step per logging step,
+held-out figures at a few points), so the MLflow UI shows a live run; `log_training_run` then adds the rest and
+finishes it.
 
-    run_id = log_training_run(TrainingRecord(...))
+    run_id, live = open_run(key, "retrain-1a2b3c4d-2026-12-01", tags)
+    trained = fit_on_data(..., on_log=LiveRun(run_id).step, on_eval=LiveRun(run_id).heldout)
+    log_training_run(TrainingRecord(...), run_id)
 """
 
 from __future__ import annotations
@@ -49,22 +54,86 @@ def find_run(key: str) -> str | None:
     return None
 
 
-def log_training_run(record: TrainingRecord) -> str:
-    """Log one retraining run (or return the finished run with the same key)."""
+def open_run(key: str, run_name: str | None = None, tags: dict[str, str] | None = None) -> tuple[str, bool]:
+    """The run for `key` and whether it is live: the finished run (not live), else a new running one (a run
+    left unfinished under the key by a crash is deleted first, as `find_run` does)."""
+    existing = find_run(key)
+    if existing:
+        return existing, False
+    use_store()
+    run = client().create_run(ensure_experiment(), tags={KEY_TAG: key, **(tags or {})}, run_name=run_name)
+    return run.info.run_id, True
+
+
+class LiveRun:
+    """Callbacks that log a training run's progress to its MLflow run as it happens."""
+
+    def __init__(self, run_id: str) -> None:
+        self.run_id = run_id
+
+    def step(self, entry: dict[str, float]) -> None:
+        """One logging step of the training loop: loss, lr, s/step."""
+        self._log({k: float(entry[k]) for k in ("loss", "lr", "s_per_step") if k in entry}, int(entry["step"]))
+
+    def heldout(self, step: int, metrics: dict[str, float]) -> None:
+        """Held-out figures at a training step (0: the base)."""
+        names = ("loss", "accuracy", "record_accuracy", "ece")
+        self._log({f"heldout_{k}": float(metrics[k]) for k in names if k in metrics}, step)
+
+    def _log(self, values: dict[str, float], step: int) -> None:
+        import time
+
+        from mlflow.entities import Metric
+
+        now = int(time.time() * 1000)
+        client().log_batch(self.run_id, metrics=[Metric(k, v, now, step) for k, v in values.items()])
+
+
+def log_training_run(record: TrainingRecord, run_id: str | None = None) -> str:
+    """Log one retraining run into `run_id` (opened by `open_run`) or a new run, and finish it; a finished run
+    with the same key is returned as it is."""
     import mlflow
 
-    existing = find_run(record.key)
+    existing = find_run(record.key) if run_id is None else _finished(run_id)
     if existing:
         return existing
     use_store()
-    with mlflow.start_run(experiment_id=ensure_experiment(), run_name=record.run_name) as run:
-        mlflow.set_tags({KEY_TAG: record.key, **record.tags, **learning_tags(record.train)})
+    resumed = run_id is not None and _exists(run_id)
+    opened = {"run_id": run_id} if resumed else {"experiment_id": ensure_experiment(), "run_name": record.run_name}
+    with mlflow.start_run(**opened) as run:
+        mlflow.set_tags({KEY_TAG: record.key, **record.tags, **learning_tags(record.train),
+                         "mlflow.note.content": heldout_table(record.calibration["heldout"])})  # fmt: skip
         mlflow.log_params(flat_params(record.params))
-        _log_steps(record.train.get("logged_steps", []))
+        if not (resumed and "loss" in client().get_run(run_id).data.metrics):  # not logged live
+            _log_steps(record.train.get("logged_steps", []))
         mlflow.log_metrics(run_metrics(record))
         _log_dataset(record)
         _log_artifacts(record)
         return run.info.run_id
+
+
+def _finished(run_id: str) -> str | None:
+    return run_id if _exists(run_id) and client().get_run(run_id).info.status == "FINISHED" else None
+
+
+def _exists(run_id: str) -> bool:
+    from mlflow.exceptions import MlflowException
+
+    try:
+        return client().get_run(run_id).info.lifecycle_stage == "active"
+    except MlflowException:
+        return False
+
+
+def heldout_table(heldout: dict[str, Any]) -> str:
+    """The held-out table (base, fine-tune, calibrated) as markdown: the run's description."""
+    lines = ["| model | accuracy | record accuracy | ECE | Brier |", "|---|---|---|---|---|"]
+    for model in MODELS:
+        m = heldout[model]
+        lines.append(
+            f"| {model} | {m['accuracy']:.4f} | {m['record_accuracy']:.4f} | {m['ece']:.4f} | {m['brier']:.4f} |"
+        )
+    return "\n".join(lines + ["", f"{heldout['decisions']:,} held-out decisions."])
 
 
 def learning_tags(train: dict[str, Any]) -> dict[str, str]:

@@ -18,15 +18,20 @@ from pipeline.scoring.calibration import cross_fitted_metrics, fit_calibration
 from pipeline.training.fit import fit_on_data
 from pipeline.training.loop import CancelToken
 
-SUMMARY_METRICS = ("accuracy", "record_accuracy", "ece", "loss")
+SUMMARY_METRICS = ("accuracy", "record_accuracy", "ece", "brier", "loss")
 
 
 def finetune(data: str | Path, base: str | Path, out: str | Path, config: TrainConfig,
              split_config: ValidateConfig = ValidateConfig(), row_slice: RowSlice = RowSlice(),
              device: str = "auto", cancel: CancelToken | None = None, progress: bool = True,
-             eval_data: str | Path | None = None, soft_calibration: bool = False) -> dict[str, Any]:  # fmt: skip
-    """validate, slice, split, train, calibrate, export. A cancel during training or calibration exports nothing."""
-    trained = fit_on_data(data, base, config, split_config, row_slice, device, cancel, progress, eval_data)
+             eval_data: str | Path | None = None, soft_calibration: bool = False,
+             report=None, on_eval=None) -> dict[str, Any]:  # fmt: skip
+    """validate, slice, split, train, calibrate, export. A cancel during training or calibration exports nothing.
+
+    `report` gets a line at each long step (the budget and why, scoring, training progress); `on_eval(step,
+    metrics)` the held-out figures before, during (a third and two thirds of the way) and after training."""
+    trained = fit_on_data(data, base, config, split_config, row_slice, device, cancel, progress, eval_data,
+                          report=report, on_eval=on_eval)  # fmt: skip
     run, decisions = trained.run, trained.heldout
     calibration = fit_calibration(decisions, trained.tuned_logits, soft_calibration)
     heldout = dict(
@@ -46,6 +51,7 @@ def finetune(data: str | Path, base: str | Path, out: str | Path, config: TrainC
         "cancelled": cancelled, "train_seconds": run.train_seconds, "s_per_step": run.s_per_step, "steps": run.steps,
         "decisions_per_second": run.decisions_per_second, "peak_memory_mb": peak_memory_mb(),
         "precision": run.precision, "compile": run.compile, "losses": run.losses, "warnings": run.warnings,
+        "budget": run.budget,
     }  # fmt: skip
 
 

@@ -52,23 +52,39 @@ def describe_finetune(folder: str | Path) -> dict[str, Any]:
 
 def train_stage(data: str | Path, base: str | Path, run_dir: str | Path, config: TrainConfig,
                 split_config: ValidateConfig = ValidateConfig(), device: str = "auto",
-                progress: bool = True, report: Callable[[str], None] | None = None) -> dict[str, Any]:  # fmt: skip
+                progress: bool = True, report: Callable[[str], None] | None = None, on_log=None,
+                on_eval=None) -> dict[str, Any]:  # fmt: skip
     """The flow's train stage: the fine-tune, the held-out logits and a summary, into the run folder.
 
     `finetune/` holds the fine-tune, `heldout.npz` the held-out decisions with base and tuned logits (what
-    calibration needs), `train.json` the run with its logged steps (loss, lr, s/step). `report` gets progress lines.
+    calibration needs), `train.json` the run with its logged steps (loss, lr, s/step) and held-out checkpoints.
+    `report` gets progress lines; `on_log` each logging step and `on_eval(step, metrics)` each held-out
+    checkpoint, as they happen (the flow sends them to the live MLflow run).
     """
     run_folder = RunFolder(run_dir)
     run_folder.root.mkdir(parents=True, exist_ok=True)
     steps: list[dict[str, float]] = []
-    trained = fit_on_data(data, base, config, split_config, device=device, progress=progress, on_log=steps.append,
-                          report=report)  # fmt: skip
+    checkpoints: list[dict[str, float]] = []
+
+    def logged(entry: dict[str, float]) -> None:
+        steps.append(entry)
+        if on_log:
+            on_log(entry)
+
+    def evaluated(step: int, metrics: dict[str, float]) -> None:
+        checkpoints.append({"step": step, **metrics})
+        if on_eval:
+            on_eval(step, metrics)
+
+    trained = fit_on_data(data, base, config, split_config, device=device, progress=progress, on_log=logged,
+                          report=report, on_eval=evaluated)  # fmt: skip
     run = trained.run
     run.saved_to = str(save_trained(trained, run_folder.finetune, data, base, config))
     save_heldout(
         run_folder.heldout,
         HeldOut(trained.heldout, trained.base_logits, trained.tuned_logits, trained.options),
     )
-    summary = run.to_dict() | {"logged_steps": steps, "peak_memory_mb": peak_memory_mb()}
+    summary = run.to_dict() | {"logged_steps": steps, "heldout_checkpoints": checkpoints,
+                               "peak_memory_mb": peak_memory_mb()}  # fmt: skip
     run_folder.train_summary.write_text(json.dumps(summary, indent=2, default=str))
     return summary

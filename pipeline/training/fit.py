@@ -27,7 +27,7 @@ from pipeline.scoring.baselines import learning_warnings, majority_labels
 from pipeline.scoring.calibration import plain_probabilities
 from pipeline.scoring.decisions import ScoredDecision
 from pipeline.scoring.metrics import heldout_metrics
-from pipeline.training.loop import CancelToken, train
+from pipeline.training.loop import CancelToken, plan_budget, train
 
 
 @dataclass
@@ -54,6 +54,8 @@ class TrainRun:
     method: str = "lora"
     warnings: list[str] = field(default_factory=list)
     """Questions on which the fine-tune is no better than the base or the class prior (`scoring.baselines`)."""
+    budget: str = ""
+    """How many steps the run planned and why (`training.loop.plan_budget`)."""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -76,11 +78,14 @@ def fit_on_data(data: str | Path, base: str | Path, config: TrainConfig,
                 split_config: ValidateConfig = ValidateConfig(), row_slice: RowSlice = RowSlice(),
                 device: str = "auto", cancel: CancelToken | None = None, progress: bool = True,
                 eval_data: str | Path | None = None, on_log=None,
-                report: Callable[[str], None] | None = None) -> Trained:  # fmt: skip
+                report: Callable[[str], None] | None = None,
+                on_eval: Callable[[int, dict[str, float]], None] | None = None) -> Trained:  # fmt: skip
     """Verify pins, validate, split, score the base, train, score again; nothing is written.
 
     The held-out decisions are split off `data` by content hash, or are all of `eval_data` when it is given.
-    `report` gets a line at each long step (scoring, every 10 training steps or 30 s).
+    `report` gets a line at each long step (scoring, every 10 training steps or 30 s). `on_eval(step, metrics)`
+    gets the held-out figures of the base (step 0), at a third and two thirds of the way, and of the fine-tune;
+    they are only looked at: nothing in training reads them.
     """
     say = report or (lambda line: None)
     pins = verify_inputs([data, base] + ([eval_data] if eval_data else []))
@@ -100,11 +105,21 @@ def fit_on_data(data: str | Path, base: str | Path, config: TrainConfig,
     decisions, base_logits = _timed_score(
         family, loaded, heldout_examples, dev, config, progress, say, "base"
     )
+    evaluated = on_eval or (lambda step, metrics: None)
+    evaluated(0, _metrics(decisions, base_logits))
     family.prepare(loaded, config)
     task = family.batch_task(loaded, config)
-    result = train(loaded.model, train_examples, config, dev, task, cancel, on_log, progress=progress,
-                   report=report)  # fmt: skip
+    ready = family.training_examples(loaded, train_examples, config, dev, say)
+
+    def checkpoint(step: int) -> None:
+        _, logits = _timed_score(family, loaded, heldout_examples, dev, config, False, say, f"step {step}")
+        evaluated(step, _metrics(decisions, logits))
+
+    result = train(loaded.model, ready, config, dev, task, cancel, on_log, progress=progress, report=report,
+                   checkpoint=checkpoint if on_eval else None)  # fmt: skip
+    del ready  # a frozen backbone's cached features: not needed once the head is trained
     _, tuned_logits = _timed_score(family, loaded, heldout_examples, dev, config, progress, say, "fine-tune")
+    evaluated(result.steps, _metrics(decisions, tuned_logits))
     run = TrainRun(
         rows=validated.report.rows, decisions=validated.report.decisions,
         skipped=dict(Counter(validated.report.skipped) + Counter(skipped_train) + Counter(skipped_heldout)),
@@ -116,6 +131,7 @@ def fit_on_data(data: str | Path, base: str | Path, config: TrainConfig,
         decisions_per_second=result.decisions_per_second, saved_to=None, compile=result.compile,
         precision=result.precision, pins=pins, losses=result.losses, family=family.name, method=config.method,
         warnings=learning_warnings(decisions, base_logits, tuned_logits, majority_labels(split.train)),
+        budget=plan_budget(len(train_examples), config).reason,
     )  # fmt: skip
     options = {d.question.id: d.question.options for r in split.heldout for d in r.decisions}
     return Trained(run, family, loaded, decisions, base_logits, tuned_logits, options)

@@ -102,15 +102,59 @@ def build_optimizer(model: torch.nn.Module, config: TrainConfig, total_steps: in
     return optimizer, get_cosine_schedule_with_warmup(optimizer, warmup, max(1, total_steps))
 
 
-def plan_windows(n_items: int, config: TrainConfig) -> list[list[int]]:
-    """Item indices of every optimizer step: seeded shuffles per epoch, cut into windows, capped by max_steps."""
+BUCKET_WINDOWS = 50
+"""Windows per length bucket: a shuffled epoch is cut into pools of this many windows, each pool sorted by length
+before it is cut, so a window pads to a length near its own items' (the pools, and the windows, stay random)."""
+
+
+@dataclass(frozen=True)
+class Budget:
+    """How many optimizer steps a run takes, and why, in words a user can check."""
+
+    windows_per_epoch: int
+    epochs: int
+    steps: int
+    reason: str
+
+
+def plan_budget(n_items: int, config: TrainConfig) -> Budget:
+    """`train.epochs`, raised until the run has `train.min_steps` steps (a small set needs several epochs to
+    learn), then capped by `train.max_steps`."""
     window = config.micro_batch * config.grad_accum
+    per_epoch = max(1, -(-n_items // window))
+    epochs = max(config.epochs, -(-config.min_steps // per_epoch))
+    steps = per_epoch * epochs
+    what = f"{n_items:,} examples in windows of {window} = {per_epoch:,} steps per epoch"
+    if epochs > config.epochs:
+        reason = (f"{what}; {config.epochs} epochs (train.epochs) would be {per_epoch * config.epochs:,} steps, "
+                  f"fewer than train.min_steps {config.min_steps}, so {epochs} epochs")  # fmt: skip
+    else:
+        reason = f"{what}; {epochs} epochs (train.epochs)"
+    if config.max_steps is not None and config.max_steps < steps:
+        steps, reason = config.max_steps, f"{reason}, capped at train.max_steps {config.max_steps}"
+    return Budget(per_epoch, epochs, steps, f"{reason}: {steps:,} steps")
+
+
+def plan_windows(n_items: int, config: TrainConfig, lengths: Sequence[int] | None = None) -> list[list[int]]:
+    """Item indices of every optimizer step (`plan_budget`): seeded shuffles per epoch, cut into windows; with
+    `lengths`, each pool of `BUCKET_WINDOWS` windows is sorted by length first and its windows shuffled."""
+    window = config.micro_batch * config.grad_accum
+    budget = plan_budget(n_items, config)
     windows = []
-    for epoch in range(config.epochs):
+    for epoch in range(budget.epochs):
+        rng = random.Random(config.seed * 1_000_003 + epoch)
         order = list(range(n_items))
-        random.Random(config.seed * 1_000_003 + epoch).shuffle(order)
-        windows.extend(order[i : i + window] for i in range(0, n_items, window))
-    return windows if config.max_steps is None else windows[: config.max_steps]
+        rng.shuffle(order)
+        pool = window * BUCKET_WINDOWS if lengths is not None else n_items
+        for start in range(0, n_items, pool):
+            chunk = order[start : start + pool]
+            if lengths is not None:
+                chunk.sort(key=lambda i: lengths[i])
+            cut = [chunk[i : i + window] for i in range(0, len(chunk), window)]
+            if lengths is not None:
+                rng.shuffle(cut)
+            windows.extend(cut)
+    return windows[: budget.steps]
 
 
 def micro_batches(window: list[int], items: Sequence[Any], micro_batch: int) -> list[list[int]]:
@@ -138,15 +182,19 @@ def train(model: torch.nn.Module, examples: Sequence[Any], config: TrainConfig, 
           task: BatchTask, cancel: CancelToken | None = None,
           on_log: Callable[[dict[str, float]], None] | None = None, progress: bool = True,
           compile_config: CompileConfig | None = None,
-          report: Callable[[str], None] | None = None) -> TrainResult:  # fmt: skip
+          report: Callable[[str], None] | None = None,
+          checkpoint: Callable[[int], None] | None = None) -> TrainResult:  # fmt: skip
     """Train `model` in place on a family's `examples`, batched and scored by the family's `task`.
 
     The model must already be prepared (the family's `prepare`). `report` gets a progress line (step, loss,
-    s/step, ETA) at least every 10 steps or 30 s.
+    s/step, ETA) at least every 10 steps or 30 s. `checkpoint(step)` is called after the steps of
+    `checkpoint_steps` (a third and two thirds of the way), e.g. to score held-out decisions; it must not train.
     """
     if not examples:
         raise ValueError("no training examples: every decision was skipped (see the validation report)")
-    windows = plan_windows(len(examples), config)
+    windows = plan_windows(len(examples), config, [len(e) for e in examples])
+    if report is not None:
+        report(f"training budget: {plan_budget(len(examples), config).reason}")
     dtype = resolve_precision(config.precision, device)
     compile_config = compile_config or CompileConfig()
     enabled, reason = decide_compile(device, len(windows) * config.grad_accum, compile_config)
@@ -185,6 +233,9 @@ def train(model: torch.nn.Module, examples: Sequence[Any], config: TrainConfig, 
             result.steps += 1
             result.decisions += sum(task.decisions(examples[i]) for i in window)
             result.step_seconds.append(time.perf_counter() - step_started)
+            if checkpoint is not None and result.steps in checkpoint_steps(len(windows)):
+                checkpoint(result.steps)
+                model.train()
             if log.due(result.steps):
                 mean_loss = running.item() / seen_since_log  # the one host sync of a logging step
                 running.zero_()
@@ -198,6 +249,11 @@ def train(model: torch.nn.Module, examples: Sequence[Any], config: TrainConfig, 
     result.train_seconds = time.perf_counter() - started
     model.eval()
     return result
+
+
+def checkpoint_steps(total: int) -> set[int]:
+    """The steps after which a run looks at its held-out figures: a third and two thirds of the way."""
+    return {step for step in (round(total / 3), round(2 * total / 3)) if 0 < step < total}
 
 
 def _run_batches(windows: list[list[int]], examples: Sequence[Any], config: TrainConfig, task: BatchTask):

@@ -48,6 +48,12 @@ def test_a_first_run_is_tracked_registered_smoke_tested_and_promoted(
                  "train_seconds", "peak_memory_mb"):  # fmt: skip
         assert name in run.data.metrics, name
     assert len(client().get_metric_history(run.info.run_id, "loss")) == 4  # one point per logged step
+    # Logged live, from the run opened when training started: held-out figures of the base (step 0), at a
+    # third and two thirds of the way, and of the fine-tune; the before/after table is the run's description.
+    heldout = client().get_metric_history(run.info.run_id, "heldout_accuracy")
+    assert sorted(m.step for m in heldout) == [0, 1, 3, 4]
+    assert run.info.status == "FINISHED" and run.info.start_time <= min(m.timestamp for m in heldout)
+    assert "| calibrated |" in run.data.tags["mlflow.note.content"]
     artifacts = {
         a.path
         for folder in ("plots", "validation", "export")

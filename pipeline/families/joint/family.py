@@ -29,6 +29,7 @@ from pipeline.families.joint.predict import answer_joint_requests
 from pipeline.families.joint.training import (
     JointExample,
     build_examples,
+    cache_features,
     joint_batch_task,
     prepare_joint,
     score_examples,
@@ -41,7 +42,7 @@ class JointFamily(DecisionFamily):
     """One sequence per row: state, then every question with its options as compact JSON (exact token spans)."""
 
     name = "joint"
-    methods = ("lora", "full", "qlora")
+    methods = ("lora", "full", "qlora", "head")
 
     def owns(self, folder: Path) -> bool:
         return is_joint_export(folder) or is_causal_lm_folder(folder)
@@ -60,11 +61,12 @@ class JointFamily(DecisionFamily):
     ) -> LoadedJoint:
         """QLoRA loads a causal LM's backbone in 4-bit nf4 on `device`; an encoder refuses it."""
         device = device or torch.device("cpu")
+        width = config.head_width if config is not None else TrainConfig().head_width
         if config is None or config.method != "qlora":
-            loaded = load_joint(folder)
+            loaded = load_joint(folder, head_width=width)
             loaded.model.to(device)
             return loaded
-        loaded = load_joint(folder, quantization=qlora_config(device), device=str(device))
+        loaded = load_joint(folder, head_width=width, quantization=qlora_config(device), device=str(device))
         loaded.model.head.to(device)
         return loaded
 
@@ -72,7 +74,15 @@ class JointFamily(DecisionFamily):
         return load_joint(folder)
 
     def build_examples(self, loaded: LoadedJoint, records) -> tuple[list[JointExample], dict[str, int]]:
-        return build_examples(records, loaded.tokenizer, loaded.max_len)
+        return build_examples(records, loaded.tokenizer, loaded.max_len, loaded.fields_apart)
+
+    def training_examples(self, loaded: LoadedJoint, examples: list[JointExample], config: TrainConfig,
+                          device: torch.device, report=None) -> list[JointExample]:  # fmt: skip
+        """`head` trains on a frozen backbone: its hidden states are computed once, not once per epoch."""
+        if config.method != "head":
+            return examples
+        return cache_features(loaded.model.to(device), examples, loaded.tokenizer.pad_token_id, device,
+                              config.eval_batch_size, report)  # fmt: skip
 
     def prepare(self, loaded: LoadedJoint, config: TrainConfig) -> None:
         prepare_joint(loaded.model, config)
@@ -99,7 +109,9 @@ class JointFamily(DecisionFamily):
 
     def save_finetune(self, loaded: LoadedJoint, out: Path, training: dict[str, Any]) -> Path:
         """An export at T = 1 (merged, self-describing): calibration then re-exports it with its temperatures."""
-        loaded.config = {**loaded.config, "training": {**loaded.config.get("training", {}), **training}}
+        # Trained, whatever the method: a head trained on a frozen backbone leaves no adapters to tell.
+        loaded.config = {**loaded.config, "fine_tuned": True,
+                         "training": {**loaded.config.get("training", {}), **training}}  # fmt: skip
         manifest = {"family": self.name, "source_digest": training.get("source_digest")}
         return Path(export_joint(loaded, out, NO_TEMPERATURES, manifest).out)
 

@@ -78,11 +78,13 @@ class JointHead(nn.Module):
     """
 
     def __init__(self, hidden_size: int, width: int = 256, heads: int = 4, layers: int = 2, chunk: int = 2048,
-                 dropout: float = 0.0):  # fmt: skip
+                 dropout: float = 0.0, read_layers: int = 1):  # fmt: skip
         super().__init__()
-        self.chunk = chunk
-        self.memory_norm = nn.LayerNorm(hidden_size)
-        self.memory_proj = nn.Linear(hidden_size, width)
+        self.chunk, self.read_layers = chunk, read_layers
+        # The memory is the backbone's last `read_layers` hidden states side by side, each normalised on its own.
+        # With several, the norm has no affine of its own: the projection after it would absorb one anyway.
+        self.memory_norm = nn.LayerNorm(hidden_size, elementwise_affine=read_layers == 1)
+        self.memory_proj = nn.Linear(hidden_size * read_layers, width)
         self.prior_norm = nn.LayerNorm(hidden_size)
         self.prior_proj = nn.Linear(hidden_size, width)
         self.type_emb = nn.Embedding(N_QUESTION_TYPES, width)
@@ -90,37 +92,67 @@ class JointHead(nn.Module):
         self.out_norm = nn.LayerNorm(width)
         self.scorer = nn.Sequential(nn.Linear(2 * width, width), nn.GELU(), nn.Linear(width, 1))
 
-    def forward(self, hidden: torch.Tensor, batch: dict, prior_weight: torch.Tensor) -> torch.Tensor:
-        """Logits [B, Q, K] from hidden states [B, T, H] and the output-embedding weight [V, H]."""
-        memory, global_vec, questions, options = self._memory_and_pools(hidden, batch)
+    def forward(self, hidden: torch.Tensor, batch: dict, prior_weight: torch.Tensor,
+                field_hidden: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
+        """Logits [B, Q, K] from hidden states [B, T, H] and the output-embedding weight [V, H].
+
+        With the fields apart, `hidden` is the state's and `field_hidden` [U, Tq, H] holds each distinct field
+        sequence of the batch (`batch["field_index"]` says which one a row reads); the spans index those.
+        """
+        if field_hidden is None:
+            memory, global_vec, questions, options = self._memory_and_pools(hidden, batch)
+        else:
+            memory, global_vec, questions, options = self._apart_pools(hidden, field_hidden, batch)
         questions = questions + self.type_emb(batch["qtype"].clamp(0, N_QUESTION_TYPES - 1))
         options = options + self._lexical_prior(batch, prior_weight)
         b, q, k, d = options.shape
         valid = _valid_options(batch)
-        fields = torch.cat([global_vec[:, None], questions, options.reshape(b, q * k, d)], dim=1)
+        # Only real options become fields (a noul question padded to a score's five levels would add three).
+        order = torch.argsort((~valid).reshape(b, q * k).to(torch.int8), dim=1, stable=True)
+        order = order[:, : int(valid.reshape(b, -1).sum(1).max())]
+        packed = options.reshape(b, q * k, d).gather(1, order[..., None].expand(-1, -1, d))
+        fields = torch.cat([global_vec[:, None], questions, packed], dim=1)
         # The global field is never padding, so no row's self-attention has every key masked.
-        field_pad = ~torch.cat([valid.new_ones(b, 1), batch["question_mask"].bool(), valid.reshape(b, -1)], 1)
+        real = valid.reshape(b, q * k).gather(1, order)
+        field_pad = ~torch.cat([valid.new_ones(b, 1), batch["question_mask"].bool(), real], 1)
         memory_pad = ~batch["attention_mask"].bool()
         for block in self.blocks:
             fields = block(fields, field_pad, memory, memory_pad)
-        return self._score(self.out_norm(fields), q, k).masked_fill(~valid, PAD_LOGIT)
+        fields = self.out_norm(fields)
+        unpacked = fields.new_zeros(b, q * k, d).scatter(1, order[..., None].expand(-1, -1, d), fields[:, 1 + q :])
+        return self._score(fields[:, 1 : 1 + q], unpacked.reshape(b, q, k, d)).masked_fill(~valid, PAD_LOGIT)
 
-    def _score(self, fields: torch.Tensor, q: int, k: int) -> torch.Tensor:
-        """[B, Q, K] from the final fields: each option scored beside its own question."""
-        b, _, d = fields.shape
-        questions, options = fields[:, 1 : 1 + q], fields[:, 1 + q :].reshape(b, q, k, d)
-        pair = torch.cat([options, questions[:, :, None].expand(-1, -1, k, -1)], dim=-1)
+    def _score(self, questions: torch.Tensor, options: torch.Tensor) -> torch.Tensor:
+        """[B, Q, K] from the final question [B, Q, d] and option [B, Q, K, d] fields: each option scored beside
+        its own question."""
+        pair = torch.cat([options, questions[:, :, None].expand(-1, -1, options.shape[2], -1)], dim=-1)
         return self.scorer(pair).squeeze(-1)
 
     def _memory_and_pools(self, hidden: torch.Tensor, batch: dict):
-        """The projected memory [B, T, d] and the global, question and option means, one chunk at a time.
-
-        Pooling is a running sum and count per field, so any chunk size gives the same means.
-        """
-        b, t, _ = hidden.shape
-        attended = batch["attention_mask"].bool()
+        """The projected memory [B, T, d] and the global, question and option means (fields in the sequence)."""
+        b = hidden.shape[0]
         spans = (batch["question_spans"], batch["option_spans"].flatten(1, 2))
-        sums, counts, pieces = [0.0] * 3, [0.0] * 3, []
+        memory, means = self._pooled(hidden, batch["attention_mask"].bool(), spans)
+        q, k = batch["option_mask"].shape[1:]
+        return memory, means[0][:, 0], means[1], means[2].reshape(b, q, k, -1)
+
+    def _apart_pools(self, hidden: torch.Tensor, field_hidden: torch.Tensor, batch: dict):
+        """Fields apart: the state's memory and mean; question and option means pooled once per distinct field
+        sequence (rows that share one share its spans), then handed to each row that reads it."""
+        index = batch["field_index"]
+        first = torch.zeros(field_hidden.shape[0], dtype=torch.long, device=index.device)
+        first.scatter_reduce_(0, index, torch.arange(len(index), device=index.device), "amin", include_self=False)
+        spans = (batch["question_spans"][first], batch["option_spans"][first].flatten(1, 2))
+        memory, (state_mean,) = self._pooled(hidden, batch["attention_mask"].bool(), ())
+        _, (_, questions, options) = self._pooled(field_hidden, batch["field_attention_mask"].bool(), spans)
+        q, k = batch["option_mask"].shape[1:]
+        return memory, state_mean[:, 0], questions[index], options[index].reshape(len(index), q, k, -1)
+
+    def _pooled(self, hidden: torch.Tensor, attended: torch.Tensor, spans: tuple[torch.Tensor, ...]):
+        """The projected hidden states [N, T, d] and the means over all attended tokens and over each span set,
+        one chunk at a time: a running sum and count per field, so any chunk size gives the same means."""
+        t = hidden.shape[1]
+        sums, counts, pieces = [0.0] * (1 + len(spans)), [0.0] * (1 + len(spans)), []
         for start in range(0, t, self.chunk):
             end = min(start + self.chunk, t)
             projected = self._project_chunk(hidden[:, start:end])
@@ -129,21 +161,23 @@ class JointHead(nn.Module):
                 sums[i] = sums[i] + torch.einsum("bnc,bcd->bnd", mask, projected)
                 counts[i] = counts[i] + mask.sum(-1, keepdim=True)
         means = [total / count.clamp(min=1.0) for total, count in zip(sums, counts)]
-        q, k = batch["option_mask"].shape[1:]
-        return torch.cat(pieces, dim=1), means[0][:, 0], means[1], means[2].reshape(b, q, k, -1)
+        return torch.cat(pieces, dim=1), means
 
     def _project_chunk(self, chunk: torch.Tensor) -> torch.Tensor:
         """[B, C, d] fp32 from a chunk of hidden states in any dtype.
 
-        Only this chunk is ever cast to fp32. Under autograd the projection is recomputed in the backward
-        pass (checkpoint), so the fp32 copies and normalised activations are not kept for it either.
+        Only this chunk is ever cast to fp32. When gradients flow into the backbone, the projection is recomputed
+        in the backward pass (checkpoint), so the fp32 copies and normalised activations are not kept for it either.
         """
-        if torch.is_grad_enabled():
+        if torch.is_grad_enabled() and chunk.requires_grad:
             return checkpoint(self._project, chunk, use_reentrant=False)
-        return self._project(chunk)
+        return self._project(chunk)  # a frozen backbone's states: the projection's input is all its backward keeps
 
     def _project(self, chunk: torch.Tensor) -> torch.Tensor:
-        return self.memory_proj(self.memory_norm(chunk.float()))
+        x = chunk.float()
+        if self.read_layers > 1:
+            return self.memory_proj(self.memory_norm(x.unflatten(-1, (self.read_layers, -1))).flatten(-2))
+        return self.memory_proj(self.memory_norm(x))
 
     def _lexical_prior(self, batch: dict, prior_weight: torch.Tensor) -> torch.Tensor:
         """[B, Q, K, d]: the mean output-embedding row of each option's tokens, normalised and projected."""
@@ -164,12 +198,27 @@ class JointDecisionModel(nn.Module):
         self.head = head if head is not None else JointHead(vocabulary_table(lm).shape[1])
 
     def forward(self, batch: dict) -> torch.Tensor:
-        """Logits [B, Q, K]; padded options get -1e4."""
+        """Logits [B, Q, K]; padded options get -1e4.
+
+        A batch that carries the backbone's hidden states (`state_hidden`, and `field_hidden` with the fields
+        apart: features of a frozen backbone computed once) goes to the head without a backbone pass.
+        """
+        if "state_hidden" in batch:
+            return self.head(batch["state_hidden"], batch, vocabulary_table(self.lm), batch.get("field_hidden"))
+        hidden = self.hidden_states(batch["input_ids"], batch["attention_mask"])
+        fields = None
+        if "field_input_ids" in batch:
+            fields = self.hidden_states(batch["field_input_ids"], batch["field_attention_mask"])
+        return self.head(hidden, batch, vocabulary_table(self.lm), fields)
+
+    def hidden_states(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        """What the head reads: the backbone's last hidden states [B, T, H], or its last `read_layers` layers'
+        side by side [B, T, read_layers * H]."""
         # use_cache=False: a training or scoring pass never decodes, so a KV cache is only memory.
-        out = backbone_body(self.lm)(
-            input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], use_cache=False
-        )
-        return self.head(out.last_hidden_state, batch, vocabulary_table(self.lm))
+        many = self.head.read_layers > 1
+        out = backbone_body(self.lm)(input_ids=input_ids, attention_mask=attention_mask, use_cache=False,
+                                     output_hidden_states=many)  # fmt: skip
+        return torch.cat(out.hidden_states[-self.head.read_layers :], dim=-1) if many else out.last_hidden_state
 
     def head_parameters(self) -> list[nn.Parameter]:
         """The head's parameters (for an optimizer group of their own, e.g. a higher learning rate)."""

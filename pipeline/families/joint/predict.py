@@ -35,7 +35,9 @@ def answer_joint_requests(loaded: LoadedJoint, requests: list[ParsedRequest],
 def _encode(loaded: LoadedJoint, request: ParsedRequest) -> EncodedRecord | BadQuestion:
     questions = list(request.questions.values())
     try:
-        return encode_record(loaded.tokenizer, request.state, questions, loaded.max_len)
+        return encode_record(
+            loaded.tokenizer, request.state, questions, loaded.max_len, fields_apart=loaded.fields_apart
+        )
     except RecordTooLong as error:
         return BadQuestion(f"questions: {error}")
 

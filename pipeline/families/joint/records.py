@@ -8,7 +8,13 @@ pieces whose ids are concatenated, so every recorded span is exact by constructi
     - <id> (<type>): <instructions>\\n  options: ["<option>",...] or {"<option>":"<description>"|null,...}\\n
 
 The question span is the `- <id> ... options:` piece; an option's span is the tokens of its quoted id (JSON
-text, non-ASCII kept). The options are compact JSON: a list of ids, or an object of id to description (null
+text, non-ASCII kept).
+
+On an encoder the questions can also be read apart from the state (`encode_record(..., fields_apart=True)`): the
+state is its own sequence `[CLS] <state text> [SEP]`, and the questions are one field sequence
+`[CLS] Questions:\n- <id> ... [SEP]` that every row with the same questions shares, so a batch encodes it once
+(and a frozen backbone once per run). The spans then index the field sequence; the head lets the question and
+option fields attend to the state's hidden states. A row then costs its state's tokens, not its questions'. The options are compact JSON: a list of ids, or an object of id to description (null
 where an option has none) when any option is described. The state gets whatever is left of `max_len` after the
 questions and keeps its first tokens when too long.
 
@@ -50,21 +56,28 @@ class EncodedRecord:
     question_ids: tuple[str, ...]
     state_tokens: int  # state tokens kept
     state_truncated: bool
+    field_ids: tuple[int, ...] | None = None  # fields apart: the questions' own sequence, which the spans index
 
     def __len__(self) -> int:
         return len(self.ids)
 
+    @property
+    def fields_apart(self) -> bool:
+        return self.field_ids is not None
 
-def encode_record(
-    tokenizer: Any, state: Any, questions: list[Question], max_len: int, min_state_tokens: int = 8
-) -> EncodedRecord:
-    """Encode a row's state and all its questions into at most `max_len` tokens.
+
+def encode_record(tokenizer: Any, state: Any, questions: list[Question], max_len: int, min_state_tokens: int = 8,
+                  fields_apart: bool = False) -> EncodedRecord:  # fmt: skip
+    """Encode a row's state and all its questions into at most `max_len` tokens (each sequence, fields apart).
 
     Raises RecordTooLong when the questions leave fewer than `min_state_tokens` for the state (or fewer than
-    the whole state, when it is shorter), or when an option's id tokenises to nothing.
+    the whole state, when it is shorter), when the questions alone exceed `max_len` (fields apart), or when an
+    option's id tokenises to nothing.
     """
     if not questions:
         raise ValueError("a record needs at least one question")
+    if fields_apart:
+        return _encode_apart(tokenizer, state, questions, max_len)
     pieces = [_question_pieces(q) for q in questions]
     texts = [SYSTEM_INSTRUCTION + _STATE_OPEN, state_text(state), _QUESTIONS_OPEN]
     texts += [text for question in pieces for text, _ in question]
@@ -95,6 +108,40 @@ def encode_record(
         state_tokens=kept,
         state_truncated=kept < len(state_ids),
     )
+
+
+def _encode_apart(tokenizer: Any, state: Any, questions: list[Question], max_len: int) -> EncodedRecord:
+    pieces = [_question_pieces(q) for q in questions]
+    texts = [state_text(state), _QUESTIONS_OPEN.lstrip()] + [text for q in pieces for text, _ in q]
+    tokens = _tokenize(tokenizer, texts)
+    cls, sep = _encoder_bounds(tokenizer)
+    state_ids = tokens[texts[0]][: max(0, max_len - len(cls) - len(sep))]
+    fields = cls + tokens[texts[1]]
+    question_spans, option_spans = [], []
+    for question, question_pieces in zip(questions, pieces):
+        question_span, spans = _append_question(fields, question_pieces, tokens, question.id)
+        question_spans.append(question_span)
+        option_spans.append(spans)
+    fields += sep
+    if len(fields) > max_len:
+        raise RecordTooLong(f"the questions need {len(fields)} tokens, more than max_len {max_len}")
+    return EncodedRecord(
+        ids=tuple(cls + state_ids + sep),
+        question_spans=tuple(question_spans),
+        option_spans=tuple(option_spans),
+        option_tokens=tuple(tuple(tuple(fields[s:e]) for s, e in spans) for spans in option_spans),
+        qtypes=tuple(QUESTION_TYPE_IDS[q.type] for q in questions),
+        question_ids=tuple(q.id for q in questions),
+        state_tokens=len(state_ids),
+        state_truncated=len(state_ids) < len(tokens[texts[0]]),
+        field_ids=tuple(fields),
+    )
+
+
+def _encoder_bounds(tokenizer: Any) -> tuple[list[int], list[int]]:
+    """An encoder's opening and closing special tokens ([CLS] and [SEP] on BERT), what it was trained on."""
+    cls, sep = getattr(tokenizer, "cls_token_id", None), getattr(tokenizer, "sep_token_id", None)
+    return ([cls] if cls is not None else []), ([sep] if sep is not None else [])
 
 
 def _question_pieces(question: Question) -> list[tuple[str, str | None]]:
@@ -173,7 +220,25 @@ def collate_records(records: list[EncodedRecord], pad_id: int) -> dict[str, torc
     }
     for row, record in enumerate(records):
         _fill_row({name: array[row] for name, array in batch.items()}, record)
+    if records[0].fields_apart:
+        batch |= _field_sequences(records, pad_id)
     return {name: torch.from_numpy(array) for name, array in batch.items()}
+
+
+def _field_sequences(records: list[EncodedRecord], pad_id: int) -> dict[str, np.ndarray]:
+    """Fields apart: each distinct field sequence once [U, Tq], and which one each row reads [B]."""
+    if not all(r.fields_apart for r in records):
+        raise ValueError("a batch mixes records with fields apart and fields in the sequence")
+    distinct = list(dict.fromkeys(r.field_ids for r in records))
+    width = max(len(ids) for ids in distinct)
+    ids = np.full((len(distinct), width), pad_id, dtype=np.int64)
+    mask = np.zeros((len(distinct), width), dtype=np.int64)
+    for row, field_ids in enumerate(distinct):
+        ids[row, : len(field_ids)] = field_ids
+        mask[row, : len(field_ids)] = 1
+    where = {field_ids: i for i, field_ids in enumerate(distinct)}
+    index = np.array([where[r.field_ids] for r in records], dtype=np.int64)
+    return {"field_input_ids": ids, "field_attention_mask": mask, "field_index": index}
 
 
 def _fill_row(row: dict[str, np.ndarray], record: EncodedRecord) -> None:

@@ -1,7 +1,9 @@
-"""How the joint family trains: one example per row (every question in one sequence), LoRA / full / QLoRA on the
-backbone, the head in fp32, soft cross-entropy per question (optional smoothing, Brier and ordinal terms).
+"""How the joint family trains: one example per row (every question in one sequence, or the questions in a field
+sequence apart), LoRA / full / QLoRA on the backbone or the head alone on a frozen backbone (`head`: its hidden
+states computed once, `cache_features`), the head in fp32, soft cross-entropy per question (optional smoothing,
+Brier and ordinal terms).
 
-    examples, skipped = build_examples(records, tokenizer, max_len)
+    examples, skipped = build_examples(records, tokenizer, max_len, fields_apart=True)
     prepare_joint(model, config)
     train(model, examples, config, device, joint_batch_task(pad_id, config))
 """
@@ -10,6 +12,10 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass
+
+import time
+from collections.abc import Callable
+from dataclasses import replace
 
 import numpy as np
 import torch
@@ -32,6 +38,7 @@ class JointExample:
     labels: tuple[int, ...]
     soft: tuple[bool, ...]
     row: int  # index of the record in the list given to `build_examples`
+    features: CachedFeatures | None = None  # a frozen backbone's hidden states (`cache_features`)
 
     def __len__(self) -> int:
         return len(self.record)
@@ -42,12 +49,23 @@ class JointExample:
                                target, self.soft[q]) for q, target in enumerate(self.targets)]  # fmt: skip
 
 
-def build_examples(records, tokenizer, max_len: int) -> tuple[list[JointExample], dict[str, int]]:
+@dataclass(frozen=True, slots=True, eq=False)
+class CachedFeatures:
+    """One row's backbone hidden states, computed once: the sequence's [T, H], and the field sequence's
+    [Tq, H] (fields apart; shared by every row with the same questions)."""
+
+    state: torch.Tensor
+    fields: torch.Tensor | None
+
+
+def build_examples(records, tokenizer, max_len: int,
+                   fields_apart: bool = False) -> tuple[list[JointExample], dict[str, int]]:  # fmt: skip
     """Encode validated records; a row whose questions cannot fit is skipped as `too_long` (per decision)."""
     examples, skipped = [], Counter()
     for index, record in enumerate(records):
+        questions = [d.question for d in record.decisions]
         try:
-            encoded = encode_record(tokenizer, record.state, [d.question for d in record.decisions], max_len)
+            encoded = encode_record(tokenizer, record.state, questions, max_len, fields_apart=fields_apart)
         except RecordTooLong:
             skipped["too_long"] += len(record.decisions)
             continue
@@ -65,13 +83,74 @@ def _target(decision) -> tuple[float, ...]:
 
 
 def collate_examples(examples: list[JointExample], pad_id: int) -> dict[str, torch.Tensor]:
-    """`collate_records` plus the targets [B, Q, K]."""
+    """`collate_records` plus the targets [B, Q, K], and the cached hidden states where the examples have them."""
     batch = collate_records([e.record for e in examples], pad_id)
     target = torch.zeros(batch["option_mask"].shape, dtype=torch.float32)
     for b, example in enumerate(examples):
         for q, values in enumerate(example.targets):
             target[b, q, : len(values)] = torch.tensor(values)
+    if examples[0].features is not None:
+        batch |= _cached_hidden(examples)
     return batch | {"target": target}
+
+
+def _cached_hidden(examples: list[JointExample]) -> dict[str, torch.Tensor]:
+    """Cached hidden states padded as `collate_records` pads the ids (fields: each distinct sequence once, in the
+    order of its `field_index`)."""
+    states = [e.features.state for e in examples]
+    out = {"state_hidden": torch.nn.utils.rnn.pad_sequence(states, batch_first=True)}
+    if examples[0].features.fields is not None:
+        distinct = dict.fromkeys(e.record.field_ids for e in examples)
+        by_ids = {e.record.field_ids: e.features.fields for e in examples}
+        out["field_hidden"] = torch.nn.utils.rnn.pad_sequence([by_ids[ids] for ids in distinct], batch_first=True)
+    return out
+
+
+@torch.inference_mode()
+def cache_features(model: JointDecisionModel, examples: list[JointExample], pad_id: int, device: torch.device,
+                   batch_size: int = 64, report: Callable[[str], None] | None = None) -> list[JointExample]:  # fmt: skip
+    """The examples with their frozen backbone's hidden states (fp16 on the CPU), each sequence encoded once.
+
+    A field sequence that many rows share is encoded once for all of them. `report` gets a line every 30 s.
+    """
+    was_training = model.training
+    model.eval()
+    fields: dict[tuple[int, ...], torch.Tensor] = {}
+    cached: list[JointExample | None] = [None] * len(examples)
+    started = last = time.perf_counter()
+    done = 0
+    for indices in length_batches([len(e) for e in examples], batch_size):
+        batch = collate_records([examples[i].record for i in indices], pad_id)
+        hidden = model.hidden_states(batch["input_ids"].to(device), batch["attention_mask"].to(device))
+        _encode_new_fields([examples[i].record for i in indices], fields, model, pad_id, device)
+        for row, index in enumerate(indices):
+            example = examples[index]
+            state = hidden[row, : len(example)].to("cpu", torch.float16)
+            field = fields.get(example.record.field_ids) if example.record.fields_apart else None
+            cached[index] = replace(example, features=CachedFeatures(state, field))
+        done += len(indices)
+        if report and time.perf_counter() - last >= 30:
+            last = time.perf_counter()
+            report(f"backbone features: {done:,}/{len(examples):,} rows ({last - started:.0f} s)")
+    model.train(was_training)
+    if report:
+        report(f"backbone features of {len(examples):,} rows computed once in {time.perf_counter() - started:.0f} s")
+    return cached
+
+
+def _encode_new_fields(records: list[EncodedRecord], fields: dict, model, pad_id: int, device) -> None:
+    new = [r for r in dict.fromkeys(r.field_ids for r in records if r.fields_apart) if r not in fields]
+    for start in range(0, len(new), 16):
+        chunk = new[start : start + 16]
+        width = max(len(ids) for ids in chunk)
+        ids = torch.full((len(chunk), width), pad_id, dtype=torch.long)
+        mask = torch.zeros((len(chunk), width), dtype=torch.long)
+        for row, field_ids in enumerate(chunk):
+            ids[row, : len(field_ids)] = torch.tensor(field_ids)
+            mask[row, : len(field_ids)] = 1
+        hidden = model.hidden_states(ids.to(device), mask.to(device))
+        for row, field_ids in enumerate(chunk):
+            fields[field_ids] = hidden[row, : len(field_ids)].to("cpu", torch.float16)
 
 
 def summed_loss(model, batch: dict[str, torch.Tensor], dtype: torch.dtype | None,
@@ -87,8 +166,11 @@ def summed_loss(model, batch: dict[str, torch.Tensor], dtype: torch.dtype | None
 
 
 def prepare_joint(model: JointDecisionModel, config: TrainConfig) -> None:
-    """LoRA (also on a 4-bit backbone) on the backbone's projections, or everything; the head trains in fp32."""
-    if config.method in ("lora", "qlora"):
+    """LoRA (also on a 4-bit backbone) on the backbone's projections, everything, or the head alone (`head`: the
+    backbone frozen); the head trains in fp32."""
+    if config.method == "head":
+        model.lm.requires_grad_(False)
+    elif config.method in ("lora", "qlora"):
         from peft import LoraConfig, inject_adapter_in_model
 
         lora = LoraConfig(r=config.lora_r, lora_alpha=config.lora_alpha, lora_dropout=config.lora_dropout,

@@ -1,0 +1,239 @@
+"""Model quality: our default fine-tune against TF-IDF + logistic regression and laya's own trainer, on VADER and
+two more real text data sets (`quality_sets.py` says what they are, where they come from and their licences).
+
+For each data set, one after the other in this process, on the same training rows and the same held-out rows:
+- ours: `decision finetune` with params.yaml's defaults (`pipeline.stages.finetune.finetune`), the held-out rows
+  given as `eval_data`, so every training row is trained on and no held-out row is; accuracy, record accuracy,
+  ECE and Brier are the calibrated (cross-fitted) figures; wall seconds cover the whole chain (validation,
+  features, training, scoring, calibration, export).
+- laya: `laya.train.finetune` (its defaults: full fine-tuning, 4 epochs) from the same MiniLM snapshot, stopped
+  when it has used ours' wall seconds; it trains on the first rows a 15 decisions/s pace (FACTS.md) gets through
+  in that time, so its one epoch ends near the stop. Its model is scored by our code.
+- TF-IDF + LR: word 1-2-grams, one logistic regression per question on the same training rows.
+
+It prints a table with the ratios, writes `benchmarks/results/bench_quality.json` and a learning curve
+(`bench_quality.png`: held-out accuracy against wall seconds for each contender).
+
+    python benchmarks/bench_quality.py [--datasets vader,spam,sotu] [--rows 3000] [--heldout 500] [--no-laya]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(HERE))
+
+import numpy as np  # noqa: E402
+
+from quality_sets import dataset_files  # noqa: E402
+
+RESULTS = HERE / "results"
+BASE = ROOT / "data/snapshots/minilm"
+LAYA_DECISIONS_PER_S = 15.0
+
+
+def heldout_decisions(path: Path):
+    """Validated held-out records and their decisions as metrics see them."""
+    from pipeline.data.contract import QUESTION_TYPE_IDS
+    from pipeline.data.validate import validate_file
+    from pipeline.scoring.decisions import ScoredDecision
+
+    records = validate_file(path).records
+    decisions = []
+    for index, record in enumerate(records):
+        for d in record.decisions:
+            n = len(d.question.options)
+            target = d.gold.probabilities or tuple(float(i == d.gold.label) for i in range(n))
+            decisions.append(ScoredDecision(QUESTION_TYPE_IDS[d.question.type], d.gold.label, index,
+                                            d.question.id, tuple(target), d.gold.probabilities is not None))  # fmt: skip
+    return records, decisions
+
+
+def run_tfidf(train: Path, heldout: Path) -> dict:
+    from sklearn.feature_extraction.text import TfidfVectorizer
+    from sklearn.linear_model import LogisticRegression
+
+    from pipeline.data.contract import state_text
+    from pipeline.data.validate import validate_file
+    from pipeline.scoring.metrics import detailed_metrics
+
+    started = time.perf_counter()
+    train_records = validate_file(train).records
+    held_records, decisions = heldout_decisions(heldout)
+    vectorizer = TfidfVectorizer(ngram_range=(1, 2), min_df=2, sublinear_tf=True)
+    x_train = vectorizer.fit_transform([state_text(r.state) for r in train_records])
+    x_held = vectorizer.transform([state_text(r.state) for r in held_records])
+    probabilities = {}
+    for qid in sorted({d.question.id for r in train_records for d in r.decisions}):
+        rows = [(i, d.gold.label) for i, r in enumerate(train_records) for d in r.decisions if d.question.id == qid]
+        model = LogisticRegression(max_iter=2000).fit(x_train[[i for i, _ in rows]], [y for _, y in rows])
+        probabilities[qid] = (model.classes_, model.predict_proba(x_held))
+    scored = []
+    for d in decisions:
+        classes, proba = probabilities[d.question_id]
+        full = np.full(d.n_options, 1e-9)
+        full[classes] = proba[d.record]
+        scored.append(full / full.sum())
+    seconds = time.perf_counter() - started
+    return {"contender": "tfidf+lr", "wall_seconds": seconds, "curve": [[seconds, None]],
+            **detailed_metrics(decisions, scored)}  # fmt: skip
+
+
+def run_ours(train: Path, heldout: Path, out: Path) -> dict:
+    from pipeline.config import load_params
+    from pipeline.stages.finetune import finetune
+
+    params = load_params(ROOT / "params.yaml")
+    started = time.perf_counter()
+    curve = []
+
+    def checkpoint(step: int, metrics: dict) -> None:
+        curve.append([time.perf_counter() - started, metrics["accuracy"]])
+        print(f"  ours: step {step}, held-out accuracy {metrics['accuracy']:.4f}", file=sys.stderr, flush=True)
+
+    summary = finetune(train, BASE, out, params["train"], params["validate"], eval_data=heldout, progress=False,
+                       report=lambda line: print(f"  ours: {line}", file=sys.stderr, flush=True),
+                       on_eval=checkpoint)  # fmt: skip
+    seconds = time.perf_counter() - started
+    calibrated = summary["heldout"]["calibrated"]
+    curve.append([seconds, calibrated["accuracy"]])
+    return {"contender": "ours", "family": summary["family"], "method": summary["method"],
+            "steps": summary["steps"], "budget": summary["budget"], "wall_seconds": seconds, "curve": curve,
+            "base_accuracy": summary["heldout"]["base"]["accuracy"],
+            "uncalibrated_ece": summary["heldout"]["tuned"]["ece"], "warnings": summary["warnings"],
+            **{k: calibrated[k] for k in ("accuracy", "record_accuracy", "ece", "brier")}}  # fmt: skip
+
+
+def run_laya(train: Path, heldout: Path, out: Path, seconds: float) -> dict:
+    """laya's trainer, stopped after `seconds` of wall time, on the rows its pace gets through in that time."""
+    import laya.train as laya_train
+
+    started = time.perf_counter()
+    lines = train.read_text(encoding="utf-8").splitlines()
+    per_row = max(1, len(json.loads(lines[0])["questions"]))
+    take = max(16, int(seconds * LAYA_DECISIONS_PER_S / per_row))
+    subset = out.with_suffix(".train.jsonl")
+    subset.parent.mkdir(parents=True, exist_ok=True)
+    subset.write_text("\n".join(lines[:take]) + "\n", encoding="utf-8")
+
+    class Stop(Exception):
+        pass
+
+    original_encode, original_train = laya_train.encode_item, laya_train.train_model
+
+    def encode_until_deadline(*args, **kwargs):
+        if time.perf_counter() - started > seconds:
+            raise Stop
+        return original_encode(*args, **kwargs)
+
+    def train_until_deadline(*args, **kwargs):
+        try:
+            return original_train(*args, **kwargs)
+        except Stop:
+            return [float("nan")]
+
+    laya_train.encode_item, laya_train.train_model = encode_until_deadline, train_until_deadline
+    try:
+        config = laya_train.TrainConfig(epochs=1, log_every=0)
+        laya_train.finetune(str(subset), str(BASE), str(out), config, device="cpu")
+    finally:
+        laya_train.encode_item, laya_train.train_model = original_encode, original_train
+    wall = time.perf_counter() - started
+    metrics = score_laya_export(out, heldout)
+    return {"contender": "laya.train", "train_rows": take, "wall_seconds": wall, "curve": [[wall, metrics["accuracy"]]],
+            **metrics}  # fmt: skip
+
+
+def score_laya_export(folder: Path, heldout: Path) -> dict:
+    """A Laya-layout export scored by our code, with the temperatures it carries."""
+    from pipeline.stages.evaluate import evaluate_model
+
+    overall = evaluate_model(str(folder), str(heldout), None, progress=False)["metrics"]["overall"]
+    return {k: overall[k] for k in ("accuracy", "record_accuracy", "ece", "brier")}
+
+
+def run_dataset(name: str, rows: int, heldout_rows: int, laya: bool) -> dict:
+    from pipeline.data.validate import validate_file
+
+    work = HERE / ".cache" / "quality" / name
+    train, heldout = dataset_files(name, work, rows, heldout_rows)
+    train_report, held_report = validate_file(train).report, validate_file(heldout).report
+    print(f"{name}: {train_report.rows:,} training rows ({train_report.decisions:,} decisions), "
+          f"{held_report.rows:,} held-out rows ({held_report.decisions:,} decisions)", file=sys.stderr)  # fmt: skip
+    tfidf = run_tfidf(train, heldout)
+    ours = run_ours(train, heldout, work / "ours")
+    contenders = [ours, tfidf]
+    if laya:
+        contenders.append(run_laya(train, heldout, work / "laya", ours["wall_seconds"]))
+    return {"dataset": name, "train_rows": train_report.rows, "train_decisions": train_report.decisions,
+            "heldout_rows": held_report.rows, "heldout_decisions": held_report.decisions,
+            "contenders": contenders,
+            "ratios": {f"ours/{c['contender']}": c_ratio(ours, c) for c in contenders[1:]}}  # fmt: skip
+
+
+def c_ratio(ours: dict, other: dict) -> dict:
+    return {"accuracy": ours["accuracy"] / other["accuracy"],
+            "accuracy_gain": ours["accuracy"] - other["accuracy"],
+            "record_accuracy": ours["record_accuracy"] / max(other["record_accuracy"], 1e-9)}  # fmt: skip
+
+
+def print_table(results: list[dict]) -> None:
+    header = (f"{'data set':<8} {'rows':>6} {'dec.':>6}  {'contender':<11} {'steps':>5} {'wall s':>7} "
+              f"{'acc':>6} {'rec.acc':>7} {'ECE':>6} {'Brier':>6}")  # fmt: skip
+    print(header)
+    print("-" * len(header))
+    for result in results:
+        for c in result["contenders"]:
+            print(f"{result['dataset']:<8} {result['train_rows']:>6} {result['heldout_decisions']:>6}  "
+                  f"{c['contender']:<11} {c.get('steps', '-')!s:>5} {c['wall_seconds']:>7.0f} {c['accuracy']:>6.4f} "
+                  f"{c['record_accuracy']:>7.4f} {c['ece']:>6.4f} {c['brier']:>6.4f}")  # fmt: skip
+        for name, ratio in result["ratios"].items():
+            print(f"{'':<8} {name}: accuracy x{ratio['accuracy']:.3f} ({ratio['accuracy_gain']:+.4f}), "
+                  f"record accuracy x{ratio['record_accuracy']:.2f}")  # fmt: skip
+
+
+def plot(results: list[dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(results), figsize=(5 * len(results), 4), squeeze=False)
+    for ax, result in zip(axes[0], results):
+        for c in result["contenders"]:
+            points = [(s, a) for s, a in c["curve"] if a is not None] or [(c["wall_seconds"], c["accuracy"])]
+            xs, ys = zip(*points)
+            ax.plot(xs, ys, marker="o", label=c["contender"])
+        ax.set_title(f"{result['dataset']} ({result['train_rows']:,} training rows)")
+        ax.set_xlabel("wall seconds")
+        ax.set_ylabel("held-out accuracy")
+        ax.grid(alpha=0.3)
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--datasets", default="vader,spam,sotu")
+    parser.add_argument("--rows", type=int, default=3000, help="training rows of spam and sotu (VADER: all)")
+    parser.add_argument("--heldout", type=int, default=500, help="held-out rows of spam and sotu")
+    parser.add_argument("--no-laya", action="store_true", help="leave laya's trainer out (it takes as long as ours)")
+    args = parser.parse_args()
+    results = [run_dataset(name, args.rows, args.heldout, not args.no_laya) for name in args.datasets.split(",")]
+    print_table(results)
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    (RESULTS / "bench_quality.json").write_text(json.dumps(results, indent=2, default=str))
+    plot(results, RESULTS / "bench_quality.png")
+    print(f"wrote {RESULTS / 'bench_quality.json'} and {RESULTS / 'bench_quality.png'}")
+
+
+if __name__ == "__main__":
+    main()

@@ -84,11 +84,11 @@ def test_a_crash_after_export_resumes_without_redoing_finished_work(prefect_harn
 
         return wrapper
 
-    def crashing_log(record):
+    def crashing_log(record, run_id=None):
         calls["log"] += 1
         if calls["log"] <= 3:  # the first try and both retries of the first flow run
             raise ConnectionError("tracking store unreachable")
-        return real_log(record)
+        return real_log(record, run_id)
 
     monkeypatch.setattr(pipeline.stages.train, "train_stage", counted("train", real_train))
     monkeypatch.setattr(pipeline.stages.export, "export_stage", counted("export", real_export))
@@ -101,7 +101,9 @@ def test_a_crash_after_export_resumes_without_redoing_finished_work(prefect_harn
     runs = client().search_runs(
         [r.experiment_id for r in client().search_experiments()], f"tags.{KEY_TAG} = '{key}'"
     )
+    # One run: the one opened when training started (its live curve kept), finished by the resumed flow.
     assert len(runs) == 1 and runs[0].info.status == "FINISHED"
+    assert len(client().get_metric_history(runs[0].info.run_id, "loss")) == 4
     assert [str(v.version) for v in client().search_model_versions("name='tiny-model'")] == ["1"]
     assert run_flow(tiny_params)["version"] == "1"  # the same key again: no second run, no second version
     assert len(client().search_runs([runs[0].info.experiment_id])) == 1

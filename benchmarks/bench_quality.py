@@ -31,7 +31,6 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(HERE))
 
 import numpy as np  # noqa: E402
-
 from quality_sets import dataset_files  # noqa: E402
 
 RESULTS = HERE / "results"
@@ -72,7 +71,12 @@ def run_tfidf(train: Path, heldout: Path) -> dict:
     x_held = vectorizer.transform([state_text(r.state) for r in held_records])
     probabilities = {}
     for qid in sorted({d.question.id for r in train_records for d in r.decisions}):
-        rows = [(i, d.gold.label) for i, r in enumerate(train_records) for d in r.decisions if d.question.id == qid]
+        rows = [
+            (i, d.gold.label)
+            for i, r in enumerate(train_records)
+            for d in r.decisions
+            if d.question.id == qid
+        ]
         model = LogisticRegression(max_iter=2000).fit(x_train[[i for i, _ in rows]], [y for _, y in rows])
         probabilities[qid] = (model.classes_, model.predict_proba(x_held))
     scored = []
@@ -96,7 +100,9 @@ def run_ours(train: Path, heldout: Path, out: Path) -> dict:
 
     def checkpoint(step: int, metrics: dict) -> None:
         curve.append([time.perf_counter() - started, metrics["accuracy"]])
-        print(f"  ours: step {step}, held-out accuracy {metrics['accuracy']:.4f}", file=sys.stderr, flush=True)
+        print(
+            f"  ours: step {step}, held-out accuracy {metrics['accuracy']:.4f}", file=sys.stderr, flush=True
+        )
 
     summary = finetune(train, BASE, out, params["train"], params["validate"], eval_data=heldout, progress=False,
                        report=lambda line: print(f"  ours: {line}", file=sys.stderr, flush=True),
@@ -221,13 +227,19 @@ def plot(results: list[dict], path: Path) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--datasets", default="vader,spam,sotu")
     parser.add_argument("--rows", type=int, default=3000, help="training rows of spam and sotu (VADER: all)")
     parser.add_argument("--heldout", type=int, default=500, help="held-out rows of spam and sotu")
-    parser.add_argument("--no-laya", action="store_true", help="leave laya's trainer out (it takes as long as ours)")
+    parser.add_argument(
+        "--no-laya", action="store_true", help="leave laya's trainer out (it takes as long as ours)"
+    )
     args = parser.parse_args()
-    results = [run_dataset(name, args.rows, args.heldout, not args.no_laya) for name in args.datasets.split(",")]
+    results = [
+        run_dataset(name, args.rows, args.heldout, not args.no_laya) for name in args.datasets.split(",")
+    ]
     print_table(results)
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / "bench_quality.json").write_text(json.dumps(results, indent=2, default=str))

@@ -143,7 +143,9 @@ def retrain(
     sliced = take_slice(config.data, config.slice, run_dir)
     tags = {"git_commit": _git_commit(), "data_md5": data_md5, "base_md5": base_md5, "idempotency_key": key,
             "data": config.data, "base": config.base}  # fmt: skip
-    trained = train(sliced, config.base, run_dir, params["train"], params["validate"], config.device, key, tags)
+    trained = train(
+        sliced, config.base, run_dir, params["train"], params["validate"], config.device, key, tags
+    )
     calibration = calibrate(run_dir)
     export_dir = export(run_dir, config.data, config.base, params["train"])
     tags |= {"prefect_flow_run_id": str(flow_run.id)}

@@ -66,8 +66,12 @@ def _training_setup(args: argparse.Namespace):
         params = load_params(args.params)
         overrides = {
             k: v
-            for k, v in (("family", args.family), ("method", args.method), ("epochs", args.epochs),
-                         ("max_steps", args.max_steps))  # fmt: skip
+            for k, v in (
+                ("family", args.family),
+                ("method", args.method),
+                ("epochs", args.epochs),
+                ("max_steps", args.max_steps),
+            )
             if v is not None
         }
         return params, replace(params["train"], **overrides), CancelToken(), errors

@@ -73,7 +73,9 @@ class LiveRun:
 
     def step(self, entry: dict[str, float]) -> None:
         """One logging step of the training loop: loss, lr, s/step."""
-        self._log({k: float(entry[k]) for k in ("loss", "lr", "s_per_step") if k in entry}, int(entry["step"]))
+        self._log(
+            {k: float(entry[k]) for k in ("loss", "lr", "s_per_step") if k in entry}, int(entry["step"])
+        )
 
     def heldout(self, step: int, metrics: dict[str, float]) -> None:
         """Held-out figures at a training step (0: the base)."""
@@ -99,7 +101,9 @@ def log_training_run(record: TrainingRecord, run_id: str | None = None) -> str:
         return existing
     use_store()
     resumed = run_id is not None and _exists(run_id)
-    opened = {"run_id": run_id} if resumed else {"experiment_id": ensure_experiment(), "run_name": record.run_name}
+    opened = (
+        {"run_id": run_id} if resumed else {"experiment_id": ensure_experiment(), "run_name": record.run_name}
+    )
     with mlflow.start_run(**opened) as run:
         mlflow.set_tags({KEY_TAG: record.key, **record.tags, **learning_tags(record.train),
                          "mlflow.note.content": heldout_table(record.calibration["heldout"])})  # fmt: skip
@@ -133,7 +137,7 @@ def heldout_table(heldout: dict[str, Any]) -> str:
         lines.append(
             f"| {model} | {m['accuracy']:.4f} | {m['record_accuracy']:.4f} | {m['ece']:.4f} | {m['brier']:.4f} |"
         )
-    return "\n".join(lines + ["", f"{heldout['decisions']:,} held-out decisions."])
+    return "\n".join([*lines, "", f"{heldout['decisions']:,} held-out decisions."])
 
 
 def learning_tags(train: dict[str, Any]) -> dict[str, str]:

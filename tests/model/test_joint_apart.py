@@ -17,7 +17,9 @@ from pipeline.training.loop import train
 from tests.tiny import write_learnable_rows
 
 CPU = torch.device("cpu")
-TONE = Question("tone", "choice", "What is the tone?", ("negative", "neutral", "positive"), (None, None, None))
+TONE = Question(
+    "tone", "choice", "What is the tone?", ("negative", "neutral", "positive"), (None, None, None)
+)
 GOOD = Question("good", "noul", "The text is positive.", ("false", "true"), (None, None))
 HEAD = TrainConfig(family="joint", method="head", micro_batch=8, grad_accum=1, head_lr=3e-3, head_width=32,
                    epochs=30, log_every=5, precision="fp32")  # fmt: skip

@@ -119,7 +119,9 @@ class JointHead(nn.Module):
         for block in self.blocks:
             fields = block(fields, field_pad, memory, memory_pad)
         fields = self.out_norm(fields)
-        unpacked = fields.new_zeros(b, q * k, d).scatter(1, order[..., None].expand(-1, -1, d), fields[:, 1 + q :])
+        unpacked = fields.new_zeros(b, q * k, d).scatter(
+            1, order[..., None].expand(-1, -1, d), fields[:, 1 + q :]
+        )
         return self._score(fields[:, 1 : 1 + q], unpacked.reshape(b, q, k, d)).masked_fill(~valid, PAD_LOGIT)
 
     def _score(self, questions: torch.Tensor, options: torch.Tensor) -> torch.Tensor:
@@ -141,7 +143,9 @@ class JointHead(nn.Module):
         sequence (rows that share one share its spans), then handed to each row that reads it."""
         index = batch["field_index"]
         first = torch.zeros(field_hidden.shape[0], dtype=torch.long, device=index.device)
-        first.scatter_reduce_(0, index, torch.arange(len(index), device=index.device), "amin", include_self=False)
+        first.scatter_reduce_(
+            0, index, torch.arange(len(index), device=index.device), "amin", include_self=False
+        )
         spans = (batch["question_spans"][first], batch["option_spans"][first].flatten(1, 2))
         memory, (state_mean,) = self._pooled(hidden, batch["attention_mask"].bool(), ())
         _, (_, questions, options) = self._pooled(field_hidden, batch["field_attention_mask"].bool(), spans)
@@ -171,7 +175,9 @@ class JointHead(nn.Module):
         """
         if torch.is_grad_enabled() and chunk.requires_grad:
             return checkpoint(self._project, chunk, use_reentrant=False)
-        return self._project(chunk)  # a frozen backbone's states: the projection's input is all its backward keeps
+        return self._project(
+            chunk
+        )  # a frozen backbone's states: the projection's input is all its backward keeps
 
     def _project(self, chunk: torch.Tensor) -> torch.Tensor:
         x = chunk.float()
@@ -222,7 +228,9 @@ class JointDecisionModel(nn.Module):
         many = self.head.read_layers > 1
         out = backbone_body(self.lm)(input_ids=input_ids, attention_mask=attention_mask, use_cache=False,
                                      output_hidden_states=many)  # fmt: skip
-        return torch.cat(out.hidden_states[-self.head.read_layers :], dim=-1) if many else out.last_hidden_state
+        return (
+            torch.cat(out.hidden_states[-self.head.read_layers :], dim=-1) if many else out.last_hidden_state
+        )
 
     def head_parameters(self) -> list[nn.Parameter]:
         """The head's parameters (for an optimizer group of their own, e.g. a higher learning rate)."""

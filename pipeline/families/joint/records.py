@@ -56,7 +56,9 @@ class EncodedRecord:
     question_ids: tuple[str, ...]
     state_tokens: int  # state tokens kept
     state_truncated: bool
-    field_ids: tuple[int, ...] | None = None  # fields apart: the questions' own sequence, which the spans index
+    field_ids: tuple[int, ...] | None = (
+        None  # fields apart: the questions' own sequence, which the spans index
+    )
 
     def __len__(self) -> int:
         return len(self.ids)

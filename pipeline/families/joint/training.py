@@ -10,12 +10,10 @@ Brier and ordinal terms).
 
 from __future__ import annotations
 
-from collections import Counter
-from dataclasses import dataclass
-
 import time
+from collections import Counter
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
@@ -102,7 +100,9 @@ def _cached_hidden(examples: list[JointExample]) -> dict[str, torch.Tensor]:
     if examples[0].features.fields is not None:
         distinct = dict.fromkeys(e.record.field_ids for e in examples)
         by_ids = {e.record.field_ids: e.features.fields for e in examples}
-        out["field_hidden"] = torch.nn.utils.rnn.pad_sequence([by_ids[ids] for ids in distinct], batch_first=True)
+        out["field_hidden"] = torch.nn.utils.rnn.pad_sequence(
+            [by_ids[ids] for ids in distinct], batch_first=True
+        )
     return out
 
 
@@ -134,7 +134,9 @@ def cache_features(model: JointDecisionModel, examples: list[JointExample], pad_
             report(f"backbone features: {done:,}/{len(examples):,} rows ({last - started:.0f} s)")
     model.train(was_training)
     if report:
-        report(f"backbone features of {len(examples):,} rows computed once in {time.perf_counter() - started:.0f} s")
+        report(
+            f"backbone features of {len(examples):,} rows computed once in {time.perf_counter() - started:.0f} s"
+        )
     return cached
 
 

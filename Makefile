@@ -51,6 +51,7 @@ lint: $(STAMP)
 bench: $(STAMP) repo data  ## the benchmark scripts (each prints a table and ratios, and writes JSON)
 	python benchmarks/bench_slice.py
 	python benchmarks/bench_validate.py
+	python benchmarks/bench_quality.py
 
 data: $(STAMP) repo  ## build the DVC-pinned dataset where it is missing
 	dvc repro dataset

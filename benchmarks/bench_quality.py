@@ -237,12 +237,13 @@ def main() -> None:
         "--no-laya", action="store_true", help="leave laya's trainer out (it takes as long as ours)"
     )
     args = parser.parse_args()
-    results = [
-        run_dataset(name, args.rows, args.heldout, not args.no_laya) for name in args.datasets.split(",")
-    ]
-    print_table(results)
     RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "bench_quality.json").write_text(json.dumps(results, indent=2, default=str))
+    results = []
+    for name in args.datasets.split(","):
+        results.append(run_dataset(name, args.rows, args.heldout, not args.no_laya))
+        # Written after each data set, so a later failure keeps what was measured.
+        (RESULTS / "bench_quality.json").write_text(json.dumps(results, indent=2, default=str))
+    print_table(results)
     plot(results, RESULTS / "bench_quality.png")
     print(f"wrote {RESULTS / 'bench_quality.json'} and {RESULTS / 'bench_quality.png'}")
 

@@ -50,6 +50,11 @@ def write_rows(rows: list[dict], path: Path) -> Path:
     return path
 
 
+def hard_gold(label, options: list) -> dict:
+    """A hard label with its one-hot `probabilities` too (what `laya.train` reads; our validator takes either)."""
+    return {"label": label, "probabilities": {str(o): float(str(o) == str(label)) for o in options}}
+
+
 def _sample(rows: list[dict], n: int, salt: str) -> list[dict]:
     picked = list(rows)
     random.Random(f"{SEED}-{salt}").shuffle(picked)
@@ -89,7 +94,8 @@ def spam_rows() -> list[dict]:
                 continue
             seen.add(digest)
             rows.append({"id": f"{folder.name}/{file.stem}", "state": state, "questions": SPAM_QUESTIONS,
-                         "gold": {"kind": kind, "is_spam": kind == "spam"}})  # fmt: skip
+                         "gold": {"kind": hard_gold(kind, list(KINDS.values())),
+                                  "is_spam": hard_gold(str(kind == "spam").lower(), ["false", "true"])}})  # fmt: skip
     return rows
 
 
@@ -117,7 +123,8 @@ def sotu_rows() -> tuple[list[dict], list[dict]]:
             if len(passage) < 80:
                 continue
             row = {"id": f"{file.stem}/{i // 3}", "state": passage, "questions": SOTU_QUESTIONS,
-                   "gold": {"party": party, "era": era}}  # fmt: skip
+                   "gold": {"party": hard_gold(party, ["Democratic", "Republican", "other"]),
+                            "era": hard_gold(era, list(range(len(ERAS))))}}  # fmt: skip
             (heldout if held else train).append(row)
     return train, heldout
 

@@ -2,7 +2,7 @@
 logits) or an encoder (the MiniLM of a Laya-layout base, or any Hugging Face encoder folder).
 
     lm = load_causal_lm("models/qwen3-0.6b", dtype=torch.bfloat16)
-    encoder, tokenizer = encoder_from_laya_layout("data/snapshots/minilm")
+    encoder, tokenizer, max_len = encoder_from_laya_layout("data/snapshots/minilm")
     hidden = backbone_body(lm)(input_ids=ids, attention_mask=mask, use_cache=False).last_hidden_state
 """
 
@@ -62,10 +62,11 @@ def load_encoder(folder: str | Path, dtype: torch.dtype = torch.float32) -> nn.M
                                      attn_implementation="sdpa").eval()  # fmt: skip
 
 
-def encoder_from_laya_layout(folder: str | Path) -> tuple[nn.Module, Any]:
-    """The pretrained encoder and tokenizer of a Laya-layout folder (its own head is left behind)."""
+def encoder_from_laya_layout(folder: str | Path) -> tuple[nn.Module, Any, int]:
+    """The pretrained encoder, tokenizer and stated sequence length (`max_len`) of a Laya-layout folder (its own
+    head is left behind)."""
     loaded = load_model(folder)
-    return loaded.model.encoder.float().eval(), loaded.tokenizer
+    return loaded.model.encoder.float().eval(), loaded.tokenizer, loaded.max_len
 
 
 def is_causal(model: nn.Module) -> bool:

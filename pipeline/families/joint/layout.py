@@ -93,7 +93,7 @@ def load_joint(path: str | Path, max_len: int = 1024, head_width: int = 256, see
                device: str = "cpu") -> LoadedJoint:  # fmt: skip
     """A joint export, or a base (causal LM, Laya-layout encoder) with a fresh head seeded by `seed`.
 
-    `max_len` and `head_width` apply to a base only (an export carries its own; an encoder's position
+    `max_len` and `head_width` apply to a base only (an export carries its own; a Laya-layout base's own max_len and an encoder's position
     embeddings cap `max_len`). The head is fp32 always. `quantization` (a transformers quantization config, e.g.
     4-bit `BitsAndBytesConfig` for QLoRA) loads a causal LM quantised. The folder is only read.
     """
@@ -105,10 +105,10 @@ def load_joint(path: str | Path, max_len: int = 1024, head_width: int = 256, see
         return _with_fresh_head(path, lm, _load_tokenizer(path), max_len, head_width, seed)
     if is_laya_layout_folder(path):
         _refuse_quantised_encoder(path, quantization)
-        encoder, tokenizer = encoder_from_laya_layout(path)
-        return _with_fresh_head(
-            path, encoder.to(dtype), tokenizer, max_positions(encoder, max_len), head_width, seed
-        )
+        # The base states the sequence length its encoder serves (MiniLM: 256, what it was trained on).
+        encoder, tokenizer, stated = encoder_from_laya_layout(path)
+        length = max_positions(encoder, min(max_len, stated))
+        return _with_fresh_head(path, encoder.to(dtype), tokenizer, length, head_width, seed)
     raise ModelLayoutError(
         f"{path}: not a joint decision model (no {HEAD_FILE} and {JOINT_CONFIG}; an unfinished export?), "
         "nor a causal LM folder (config.json with a ...ForCausalLM architecture), nor a Laya-layout folder"

@@ -239,7 +239,8 @@ def _add_training_arguments(command: argparse.ArgumentParser, out_help: str) -> 
     command.add_argument(
         "--base",
         required=True,
-        help="a Laya-layout folder (laya family) or a causal LM folder: Qwen3, Llama (joint family)",
+        help="a Laya-layout folder (its encoder; joint or laya family) or a causal LM folder: Qwen3, Llama "
+        "(joint family)",
     )
     command.add_argument(
         "--family",

@@ -77,6 +77,11 @@ class LoadedJoint:
         return int(self.config["max_len"])
 
     @property
+    def fields_max_len(self) -> int:
+        """Tokens the field sequence (the questions, fields apart) may take: what the backbone's positions reach."""
+        return int(self.config.get("fields_max_len", self.max_len))
+
+    @property
     def fields_apart(self) -> bool:
         """The questions are a field sequence of their own, not part of the state's (exports before: in it)."""
         return self.config.get("fields", IN_SEQUENCE) == APART
@@ -108,7 +113,9 @@ def load_joint(path: str | Path, max_len: int = 1024, head_width: int = 256, see
         # The base states the sequence length its encoder serves (MiniLM: 256, what it was trained on).
         encoder, tokenizer, stated = encoder_from_laya_layout(path)
         length = max_positions(encoder, min(max_len, stated))
-        return _with_fresh_head(path, encoder.to(dtype), tokenizer, length, head_width, seed)
+        loaded = _with_fresh_head(path, encoder.to(dtype), tokenizer, length, head_width, seed)
+        loaded.config["fields_max_len"] = max_positions(encoder, max_len)
+        return loaded
     raise ModelLayoutError(
         f"{path}: not a joint decision model (no {HEAD_FILE} and {JOINT_CONFIG}; an unfinished export?), "
         "nor a causal LM folder (config.json with a ...ForCausalLM architecture), nor a Laya-layout folder"

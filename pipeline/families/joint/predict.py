@@ -36,7 +36,12 @@ def _encode(loaded: LoadedJoint, request: ParsedRequest) -> EncodedRecord | BadQ
     questions = list(request.questions.values())
     try:
         return encode_record(
-            loaded.tokenizer, request.state, questions, loaded.max_len, fields_apart=loaded.fields_apart
+            loaded.tokenizer,
+            request.state,
+            questions,
+            loaded.max_len,
+            fields_apart=loaded.fields_apart,
+            fields_max_len=loaded.fields_max_len,
         )
     except RecordTooLong as error:
         return BadQuestion(f"questions: {error}")

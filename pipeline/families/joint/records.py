@@ -69,7 +69,7 @@ class EncodedRecord:
 
 
 def encode_record(tokenizer: Any, state: Any, questions: list[Question], max_len: int, min_state_tokens: int = 8,
-                  fields_apart: bool = False) -> EncodedRecord:  # fmt: skip
+                  fields_apart: bool = False, fields_max_len: int | None = None) -> EncodedRecord:  # fmt: skip
     """Encode a row's state and all its questions into at most `max_len` tokens (each sequence, fields apart).
 
     Raises RecordTooLong when the questions leave fewer than `min_state_tokens` for the state (or fewer than
@@ -79,7 +79,7 @@ def encode_record(tokenizer: Any, state: Any, questions: list[Question], max_len
     if not questions:
         raise ValueError("a record needs at least one question")
     if fields_apart:
-        return _encode_apart(tokenizer, state, questions, max_len)
+        return _encode_apart(tokenizer, state, questions, max_len, fields_max_len or max_len)
     pieces = [_question_pieces(q) for q in questions]
     texts = [SYSTEM_INSTRUCTION + _STATE_OPEN, state_text(state), _QUESTIONS_OPEN]
     texts += [text for question in pieces for text, _ in question]
@@ -112,7 +112,8 @@ def encode_record(tokenizer: Any, state: Any, questions: list[Question], max_len
     )
 
 
-def _encode_apart(tokenizer: Any, state: Any, questions: list[Question], max_len: int) -> EncodedRecord:
+def _encode_apart(tokenizer: Any, state: Any, questions: list[Question], max_len: int,
+                  fields_max_len: int) -> EncodedRecord:  # fmt: skip
     pieces = [_question_pieces(q) for q in questions]
     texts = [state_text(state), _QUESTIONS_OPEN.lstrip()] + [text for q in pieces for text, _ in q]
     tokens = _tokenize(tokenizer, texts)
@@ -125,8 +126,8 @@ def _encode_apart(tokenizer: Any, state: Any, questions: list[Question], max_len
         question_spans.append(question_span)
         option_spans.append(spans)
     fields += sep
-    if len(fields) > max_len:
-        raise RecordTooLong(f"the questions need {len(fields)} tokens, more than max_len {max_len}")
+    if len(fields) > fields_max_len:
+        raise RecordTooLong(f"the questions need {len(fields)} tokens, more than {fields_max_len}")
     return EncodedRecord(
         ids=tuple(cls + state_ids + sep),
         question_spans=tuple(question_spans),

@@ -56,14 +56,15 @@ class CachedFeatures:
     fields: torch.Tensor | None
 
 
-def build_examples(records, tokenizer, max_len: int,
-                   fields_apart: bool = False) -> tuple[list[JointExample], dict[str, int]]:  # fmt: skip
+def build_examples(records, tokenizer, max_len: int, fields_apart: bool = False,
+                   fields_max_len: int | None = None) -> tuple[list[JointExample], dict[str, int]]:  # fmt: skip
     """Encode validated records; a row whose questions cannot fit is skipped as `too_long` (per decision)."""
     examples, skipped = [], Counter()
     for index, record in enumerate(records):
         questions = [d.question for d in record.decisions]
         try:
-            encoded = encode_record(tokenizer, record.state, questions, max_len, fields_apart=fields_apart)
+            encoded = encode_record(tokenizer, record.state, questions, max_len, fields_apart=fields_apart,
+                                    fields_max_len=fields_max_len)  # fmt: skip
         except RecordTooLong:
             skipped["too_long"] += len(record.decisions)
             continue

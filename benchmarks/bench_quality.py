@@ -134,16 +134,21 @@ def run_laya(train: Path, heldout: Path, out: Path, seconds: float) -> dict:
 
     original_encode, original_train = laya_train.encode_item, laya_train.train_model
 
+    training = {"now": False}  # the deadline stops training only, not laya's calibration and saving after it
+
     def encode_until_deadline(*args, **kwargs):
-        if time.perf_counter() - started > seconds:
+        if training["now"] and time.perf_counter() - started > seconds:
             raise Stop
         return original_encode(*args, **kwargs)
 
     def train_until_deadline(*args, **kwargs):
+        training["now"] = True
         try:
             return original_train(*args, **kwargs)
         except Stop:
             return [float("nan")]
+        finally:
+            training["now"] = False
 
     laya_train.encode_item, laya_train.train_model = encode_until_deadline, train_until_deadline
     try:

@@ -175,15 +175,12 @@ class JointHead(nn.Module):
         """
         if torch.is_grad_enabled() and chunk.requires_grad:
             return checkpoint(self._project, chunk, use_reentrant=False)
-        return self._project(
-            chunk
-        )  # a frozen backbone's states: the projection's input is all its backward keeps
+        # A frozen backbone's states: the projection's input is all its backward keeps, so nothing to recompute.
+        return self._project(chunk)
 
     def _project(self, chunk: torch.Tensor) -> torch.Tensor:
-        x = chunk.float()
-        if self.read_layers > 1:
-            return self.memory_proj(self.memory_norm(x.unflatten(-1, (self.read_layers, -1))).flatten(-2))
-        return self.memory_proj(self.memory_norm(x))
+        layers = chunk.float().unflatten(-1, (self.read_layers, -1))  # each layer normalised on its own
+        return self.memory_proj(self.memory_norm(layers).flatten(-2))
 
     def _lexical_prior(self, batch: dict, prior_weight: torch.Tensor) -> torch.Tensor:
         """[B, Q, K, d]: the mean output-embedding row of each option's tokens, normalised and projected."""

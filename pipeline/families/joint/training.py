@@ -123,7 +123,7 @@ def cache_features(model: JointDecisionModel, examples: list[JointExample], pad_
     for indices in length_batches([len(e) for e in examples], batch_size):
         batch = collate_records([examples[i].record for i in indices], pad_id)
         hidden = model.hidden_states(batch["input_ids"].to(device), batch["attention_mask"].to(device))
-        _encode_new_fields([examples[i].record for i in indices], fields, model, pad_id, device)
+        _cache_new_fields(batch, [examples[i].record for i in indices], fields, model, device)
         for row, index in enumerate(indices):
             example = examples[index]
             state = hidden[row, : len(example)].to("cpu", torch.float16)
@@ -141,19 +141,19 @@ def cache_features(model: JointDecisionModel, examples: list[JointExample], pad_
     return cached
 
 
-def _encode_new_fields(records: list[EncodedRecord], fields: dict, model, pad_id: int, device) -> None:
-    new = [r for r in dict.fromkeys(r.field_ids for r in records if r.fields_apart) if r not in fields]
-    for start in range(0, len(new), 16):
-        chunk = new[start : start + 16]
-        width = max(len(ids) for ids in chunk)
-        ids = torch.full((len(chunk), width), pad_id, dtype=torch.long)
-        mask = torch.zeros((len(chunk), width), dtype=torch.long)
-        for row, field_ids in enumerate(chunk):
-            ids[row, : len(field_ids)] = torch.tensor(field_ids)
-            mask[row, : len(field_ids)] = 1
-        hidden = model.hidden_states(ids.to(device), mask.to(device))
-        for row, field_ids in enumerate(chunk):
-            fields[field_ids] = hidden[row, : len(field_ids)].to("cpu", torch.float16)
+def _cache_new_fields(batch: dict, records: list[EncodedRecord], fields: dict, model, device) -> None:
+    """Hidden states of the batch's field sequences (`collate_records` put each distinct one in its rows, in
+    first-seen order), encoded only when one of them is not cached yet."""
+    if "field_input_ids" not in batch:
+        return
+    distinct = list(dict.fromkeys(r.field_ids for r in records))
+    if all(ids in fields for ids in distinct):
+        return
+    hidden = model.hidden_states(
+        batch["field_input_ids"].to(device), batch["field_attention_mask"].to(device)
+    )
+    for row, ids in enumerate(distinct):
+        fields.setdefault(ids, hidden[row, : len(ids)].to("cpu", torch.float16))
 
 
 def summed_loss(model, batch: dict[str, torch.Tensor], dtype: torch.dtype | None,

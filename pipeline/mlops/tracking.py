@@ -96,11 +96,15 @@ def log_training_run(record: TrainingRecord, run_id: str | None = None) -> str:
     with the same key is returned as it is."""
     import mlflow
 
-    existing = find_run(record.key) if run_id is None else _finished(run_id)
+    opened_run = _active_run(run_id) if run_id is not None else None
+    if run_id is None:
+        existing = find_run(record.key)
+    else:
+        existing = run_id if opened_run is not None and opened_run.info.status == "FINISHED" else None
     if existing:
         return existing
     use_store()
-    resumed = run_id is not None and _exists(run_id)
+    resumed = opened_run is not None
     opened = (
         {"run_id": run_id} if resumed else {"experiment_id": ensure_experiment(), "run_name": record.run_name}
     )
@@ -108,7 +112,7 @@ def log_training_run(record: TrainingRecord, run_id: str | None = None) -> str:
         mlflow.set_tags({KEY_TAG: record.key, **record.tags, **learning_tags(record.train),
                          "mlflow.note.content": heldout_table(record.calibration["heldout"])})  # fmt: skip
         mlflow.log_params(flat_params(record.params))
-        if not (resumed and "loss" in client().get_run(run_id).data.metrics):  # not logged live
+        if not (resumed and "loss" in opened_run.data.metrics):  # not logged live
             _log_steps(record.train.get("logged_steps", []))
         mlflow.log_metrics(run_metrics(record))
         _log_dataset(record)
@@ -116,17 +120,15 @@ def log_training_run(record: TrainingRecord, run_id: str | None = None) -> str:
         return run.info.run_id
 
 
-def _finished(run_id: str) -> str | None:
-    return run_id if _exists(run_id) and client().get_run(run_id).info.status == "FINISHED" else None
-
-
-def _exists(run_id: str) -> bool:
+def _active_run(run_id: str):
+    """The run (one read of it), or None when it is gone or deleted."""
     from mlflow.exceptions import MlflowException
 
     try:
-        return client().get_run(run_id).info.lifecycle_stage == "active"
+        run = client().get_run(run_id)
     except MlflowException:
-        return False
+        return None
+    return run if run.info.lifecycle_stage == "active" else None
 
 
 def heldout_table(heldout: dict[str, Any]) -> str:

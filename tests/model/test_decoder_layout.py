@@ -148,7 +148,14 @@ def test_export_then_reload_answers_as_the_in_memory_model(tmp_path, dtype, lora
         and config["max_len"] == MAX_LEN
         and config["fine_tuned"] is lora
     )
-    assert config["head"] == {"width": WIDTH, "heads": 4, "layers": 2, "chunk": 2048, "read_layers": 1}
+    assert config["head"] == {
+        "width": WIDTH,
+        "heads": 4,
+        "layers": 2,
+        "chunk": 2048,
+        "read_layers": 1,
+        "lexicon": 0,
+    }
     if lora:  # the training model keeps its adapters and still answers as before
         assert isinstance(loaded.model.lm, PeftModel)
         assert any(isinstance(m, LoraLayer) for m in loaded.model.lm.modules())

@@ -4,8 +4,9 @@ The joint family's layout (the Laya family's is `pipeline.families.laya.layout`)
 
     decision_config.json  family "joint", backbone "causal_lm" | "encoder", fields "in_sequence" | "apart" (an
                           encoder reads the questions apart from the state), max_len, head {width, heads, layers,
-                          chunk, read_layers (the backbone's last layers the head reads; 1 before)}, temperature {global, by_type [choice, score, noul], folded_global}, fine_tuned,
-                          training
+                          chunk, read_layers (the backbone's last layers the head reads; 1 before), lexicon (the
+                          vocabulary size of its bag of the state's words; 0 or absent: none)}, temperature
+                          {global, by_type [choice, score, noul], folded_global}, fine_tuned, training
     backbone/             the backbone, LoRA merged, in 16 bits (bf16 from a bf16 or 4-bit source, else fp16), with
                           its tokenizer
     head.safetensors      the JointHead in fp32, written last: a folder without it is never listed or loaded
@@ -149,7 +150,10 @@ def _with_fresh_head(path: Path, backbone: nn.Module, tokenizer, max_len: int, h
     # states scored 0.6955 from the last layer and 0.7205 from the last four side by side. A causal LM's hidden
     # states are wide already; its head reads the last layer.
     read_layers = 1 if is_causal(backbone) else min(ENCODER_READ_LAYERS, _layer_count(backbone))
-    head_config = {"width": head_width, **HEAD_DEFAULTS, "read_layers": read_layers}
+    # An encoder's head also reads the state's words (`LexicalChannel`); a causal LM's sequence holds the
+    # questions too, so a bag of it would not be the state's.
+    lexicon = 0 if is_causal(backbone) else vocabulary_table(backbone).shape[0]
+    head_config = {"width": head_width, **HEAD_DEFAULTS, "read_layers": read_layers, "lexicon": lexicon}
     with torch.random.fork_rng(devices=[]):  # seeded without moving the caller's random state
         torch.manual_seed(seed)
         head = _build_head(backbone, head_config)
@@ -172,7 +176,7 @@ def _with_fresh_head(path: Path, backbone: nn.Module, tokenizer, max_len: int, h
 def _build_head(backbone: nn.Module, head: dict[str, Any]) -> JointHead:
     hidden = vocabulary_table(backbone).shape[1]
     return JointHead(hidden, head["width"], head["heads"], head["layers"], head["chunk"],
-                     read_layers=int(head.get("read_layers", 1)))  # fmt: skip
+                     read_layers=int(head.get("read_layers", 1)), lexicon=int(head.get("lexicon", 0)))  # fmt: skip
 
 
 def _layer_count(backbone: nn.Module) -> int:
@@ -260,7 +264,8 @@ def _head_config(head: JointHead, known: dict[str, Any]) -> dict[str, int]:
     """The head's shape read from the head itself (a head without blocks keeps the configured heads)."""
     heads = head.blocks[0].self_attn.num_heads if len(head.blocks) else known.get("heads", 4)
     return {"width": head.memory_proj.out_features, "heads": heads, "layers": len(head.blocks),
-            "chunk": head.chunk, "read_layers": head.read_layers}  # fmt: skip
+            "chunk": head.chunk, "read_layers": head.read_layers,
+            "lexicon": head.lexical.table.num_embeddings if head.lexical is not None else 0}  # fmt: skip
 
 
 def _export_dtype(backbone: nn.Module) -> torch.dtype:

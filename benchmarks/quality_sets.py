@@ -55,7 +55,8 @@ def hard_gold(label, options: list) -> dict:
     return {"label": label, "probabilities": {str(o): float(str(o) == str(label)) for o in options}}
 
 
-def _sample(rows: list[dict], n: int, salt: str) -> list[dict]:
+def sample_rows(rows: list[dict], n: int, salt: str) -> list[dict]:
+    """`n` of `rows`, the same ones every run (a fixed seed per `salt`)."""
     picked = list(rows)
     random.Random(f"{SEED}-{salt}").shuffle(picked)
     return picked[:n]
@@ -154,11 +155,14 @@ def dataset_files(name: str, folder: Path, rows: int, heldout_rows: int) -> tupl
         return vader_files(folder)
     if name == "spam":
         every = spam_rows()
-        picked = _sample(every, rows + heldout_rows, "spam")
+        picked = sample_rows(every, rows + heldout_rows, "spam")
         train, held = picked[:rows], picked[rows:]
     elif name == "sotu":
         train_all, held_all = sotu_rows()
-        train, held = _sample(train_all, rows, "sotu-train"), _sample(held_all, heldout_rows, "sotu-heldout")
+        train, held = (
+            sample_rows(train_all, rows, "sotu-train"),
+            sample_rows(held_all, heldout_rows, "sotu-heldout"),
+        )
     else:
         raise ValueError(f"unknown data set {name!r} (vader, spam, sotu)")
     return write_rows(train, folder / "train.jsonl"), write_rows(held, folder / "heldout.jsonl")

@@ -126,12 +126,11 @@ def register_export(export_dir: str | Path, name: str, run_id: str | None = None
         info = mlflow.pyfunc.log_model(
             name="model", python_model=str(Path(__file__).with_name("mlflow_model.py")),
             artifacts={EXPORT_ARTIFACT: str(export_dir)},
-            signature=decision_signature(), registered_model_name=name, pip_requirements=_requirements(),
+            signature=decision_signature(), pip_requirements=_requirements(),
         )  # fmt: skip
-    version = str(info.registered_model_version)
-    for key, value in (tags or {}).items():
-        client().set_model_version_tag(name, version, key, value)
-    return version
+    # The version is created with its tags in one call, so no failure can leave a version without its key for a
+    # retry to miss (and register twice).
+    return str(mlflow.register_model(info.model_uri, name, tags=tags or None).version)
 
 
 def _requirements() -> list[str]:

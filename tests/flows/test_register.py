@@ -1,0 +1,32 @@
+"""Registration is exactly once per idempotency key: a version is created with its tags in one call, so a
+failure after it exists can never leave it without the key a retry looks it up by."""
+
+import pytest
+
+
+@pytest.fixture()
+def store(tmp_path, monkeypatch):
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path}/mlflow.db")
+    folder = tmp_path / "export"
+    folder.mkdir()
+    (folder / "decision_config.json").write_text("{}")
+    return folder
+
+
+def test_a_version_carries_its_key_from_creation_and_a_retry_finds_it(store, monkeypatch):
+    from mlflow import MlflowClient
+
+    from pipeline.mlops.registry import client, register_export
+
+    def fail(*args, **kwargs):
+        raise RuntimeError("the process died after creating the version")
+
+    # A separate tagging call after creation is where a crash used to leave an untagged version behind.
+    monkeypatch.setattr(MlflowClient, "set_model_version_tag", fail)
+    tags = {"idempotency_key": "k1", "data_md5": "abc"}
+    version = register_export(store, "decision-model", tags=tags)
+    assert client().get_model_version("decision-model", version).tags == tags
+    assert register_export(store, "decision-model", tags=tags) == version
+    assert len(client().search_model_versions("name='decision-model'")) == 1
+    other = register_export(store, "decision-model", tags={"idempotency_key": "k2"})
+    assert other != version and len(client().search_model_versions("name='decision-model'")) == 2

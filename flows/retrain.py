@@ -128,9 +128,15 @@ def _load(params_file: str, run_config: str | None) -> dict[str, Any]:
 # A hung run (a stuck smoke-test server, say) must not hold the deployment's single slot forever.
 @flow(name="retrain", flow_run_name=_run_name, log_prints=True, timeout_seconds=4 * 3600)
 def retrain(
-    params_file: str = "params.yaml", run_config: str | None = None, lock: str = "dvc.lock"
+    params_file: str = "params.yaml",
+    run_config: str | None = None,
+    lock: str = "dvc.lock",
+    owner: str | None = None,
 ) -> dict[str, Any]:
-    """Retrain on the pinned data and base, track, register, smoke-test and (through the gate) promote."""
+    """Retrain on the pinned data and base, track, register, smoke-test and (through the gate) promote.
+
+    `owner` tags the run and the version: the Decision API then serves that version by name to the owner's keys.
+    """
     params = _load(params_file, run_config)
     config = params["retrain"]
     verified = verify_pins([config.data, config.base], lock)
@@ -142,7 +148,7 @@ def retrain(
     report = validate(config.data, config.slice, params["validate"], str(run.validation))
     sliced = take_slice(config.data, config.slice, run_dir)
     tags = {"git_commit": _git_commit(), "data_md5": data_md5, "base_md5": base_md5, "idempotency_key": key,
-            "data": config.data, "base": config.base}  # fmt: skip
+            "data": config.data, "base": config.base} | ({"owner": owner} if owner else {})  # fmt: skip
     trained = train(
         sliced, config.base, run_dir, params["train"], params["validate"], config.device, key, tags
     )
@@ -201,8 +207,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--params", default="params.yaml")
     parser.add_argument("--run-config", help="configs/<NAME>.yaml overrides, e.g. tiny")
     parser.add_argument("--json", action="store_true", help="print the summary as one JSON object")
+    parser.add_argument(
+        "--owner", help="tag the version with its owner (the Decision API serves it to their keys)"
+    )
     args = parser.parse_args(argv)
-    summary = retrain(args.params, args.run_config)
+    summary = retrain(args.params, args.run_config, owner=args.owner)
     if args.json:
         print(json.dumps(summary, default=str))
     else:

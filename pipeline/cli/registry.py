@@ -12,12 +12,14 @@ import json
 import sys
 
 EXIT_OK, EXIT_REFUSED = 0, 1
+OWNER_HELP = "tag the version with its owner: the Decision API serves it by name (NAME/VERSION) to their keys"
 
 
 def _register(args: argparse.Namespace) -> int:
     from pipeline.mlops.registry import register_export
 
-    version = register_export(args.export, args.name, tags={"registered_by": "decision register"})
+    tags = {"registered_by": "decision register"} | ({"owner": args.owner} if args.owner else {})
+    version = register_export(args.export, args.name, tags=tags)
     print(
         json.dumps({"name": args.name, "version": version}) if args.json else f"{args.name} version {version}"
     )
@@ -68,6 +70,7 @@ def _retrain(args: argparse.Namespace) -> int:
     command = [sys.executable, "-m", "flows.retrain", "--params", args.params]
     command += ["--run-config", args.run_config] if args.run_config else []
     command += ["--json"] if args.json else []
+    command += ["--owner", args.owner] if args.owner else []
     return subprocess.call(command, env={**env, **os.environ})
 
 
@@ -78,6 +81,7 @@ def add_registry_commands(commands) -> None:
                                    description="Log EXPORT as an MLflow pyfunc model and register it; prints the version.")  # fmt: skip
     register.add_argument("--export", required=True, help="an export folder (decision export / finetune)")
     register.add_argument("--name", default="decision-model", help=name_help)
+    register.add_argument("--owner", help=OWNER_HELP)
     register.add_argument("--json", action="store_true")
     register.set_defaults(handler=_register)
 
@@ -101,5 +105,6 @@ def add_registry_commands(commands) -> None:
                                   "registration, smoke test, promotion gate; reruns skip finished work.")  # fmt: skip
     retrain.add_argument("--params", default="params.yaml")
     retrain.add_argument("--run-config", help="configs/<NAME>.yaml overrides, e.g. tiny")
+    retrain.add_argument("--owner", help=OWNER_HELP)
     retrain.add_argument("--json", action="store_true")
     retrain.set_defaults(handler=_retrain)

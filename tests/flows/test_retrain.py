@@ -13,10 +13,10 @@ from tests.tiny import write_learnable_rows
 pytestmark = pytest.mark.slow
 
 
-def run_flow(params, lock=None):
+def run_flow(params, lock=None, owner=None):
     from flows.retrain import retrain
 
-    return retrain(str(params), lock=str(lock or params.parent / "dvc.lock"))
+    return retrain(str(params), lock=str(lock or params.parent / "dvc.lock"), owner=owner)
 
 
 def test_a_first_run_is_tracked_registered_smoke_tested_and_promoted(
@@ -25,11 +25,12 @@ def test_a_first_run_is_tracked_registered_smoke_tested_and_promoted(
     from pipeline.mlops.promotion import CHALLENGER, CHAMPION, current
     from pipeline.mlops.registry import client
 
-    summary = run_flow(tiny_params)
+    summary = run_flow(tiny_params, owner="alice")
     assert summary["version"] == "1" and summary["promoted"] and summary["smoke"]["passed"]
     assert current("tiny-model", CHAMPION) == "1" and current("tiny-model", CHALLENGER) == "1"
     version = client().get_model_version("tiny-model", "1")
     assert version.tags["smoke"] == "passed" and version.tags["gate"] == "promote"
+    assert version.tags["owner"] == "alice"  # the flow's `owner` parameter
     assert "no champion yet" in version.tags["gate_reasons"]
     data_md5 = hashlib.md5(
         Path(yaml.safe_load(tiny_params.read_text())["retrain"]["data"]).read_bytes()
@@ -43,6 +44,7 @@ def test_a_first_run_is_tracked_registered_smoke_tested_and_promoted(
     assert (
         run.data.tags["prefect_flow_run_id"]
         and run.data.tags["idempotency_key"] == summary["idempotency_key"]
+        and run.data.tags["owner"] == "alice"
     )
     for name in ("base_accuracy", "calibrated_accuracy", "calibrated_ece", "tuned_brier", "temperature_noul",
                  "train_seconds", "peak_memory_mb"):  # fmt: skip

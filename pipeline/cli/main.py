@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from typing import Any
 
@@ -17,6 +18,21 @@ from pipeline.cli.api import add_api_commands
 from pipeline.cli.registry import add_registry_commands
 
 EXIT_OK, EXIT_UNREADABLE, EXIT_NOTHING_USABLE = 0, 1, 2
+
+
+def to_json(value: Any) -> str:
+    """`--json` output as strict JSON: a metric with no value (NaN, e.g. KL without soft gold) becomes null."""
+    return json.dumps(_finite(value), allow_nan=False)
+
+
+def _finite(value: Any) -> Any:
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(v) for v in value]
+    return value
 
 
 def _validate(args: argparse.Namespace) -> int:
@@ -30,7 +46,7 @@ def _validate(args: argparse.Namespace) -> int:
         return EXIT_UNREADABLE
     report = data.report.to_dict()
     if args.json:
-        print(json.dumps(report))
+        print(to_json(report))
     else:
         print_report(report)
     if data.report.kept == 0:
@@ -94,7 +110,7 @@ def _train(args: argparse.Namespace) -> int:
         return EXIT_UNREADABLE
     _warn(run.warnings)
     if args.json:
-        print(json.dumps(run.to_dict()))
+        print(to_json(run.to_dict()))
     else:
         print_heldout(run.to_dict())
     return 130 if run.cancelled else EXIT_OK
@@ -112,7 +128,7 @@ def _evaluate(args: argparse.Namespace) -> int:
         print(f"decision evaluate: {error}", file=sys.stderr)
         return EXIT_UNREADABLE
     if args.json:
-        print(json.dumps(report))
+        print(to_json(report))
         return EXIT_OK
     from rich.console import Console
     from rich.table import Table
@@ -142,7 +158,7 @@ def _export(args: argparse.Namespace) -> int:
         print(f"decision export: {error}", file=sys.stderr)
         return EXIT_UNREADABLE
     if args.json:
-        print(json.dumps({"out": result.out, "written": result.written, "manifest": result.manifest}))
+        print(to_json({"out": result.out, "written": result.written, "manifest": result.manifest}))
     else:
         print(
             f"exported to {result.out}"
@@ -172,7 +188,7 @@ def _finetune(args: argparse.Namespace) -> int:
         return EXIT_UNREADABLE
     _warn(summary["warnings"])
     if args.json:
-        print(json.dumps(summary))
+        print(to_json(summary))
     else:
         print_heldout({**summary, "saved_to": summary["export_dir"], "planned_steps": summary["steps"]})  # fmt: skip
         print(f"family: {summary['family']} ({summary['method']}); temperatures: {summary['temperatures']}")

@@ -58,3 +58,14 @@ def make_app(source: Path | str, keys=None, finetunes=None, poll_s: float = 5.0,
 def served_folder(tiny_base: Path) -> Path:
     """The tiny base as a served model (a Laya-layout folder is servable as it is)."""
     return tiny_base
+
+
+def wait_ready(client, timeout_s: float = 120):
+    """The client once /healthz says the model is loaded; fails with the health body after `timeout_s`."""
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while client.get("/healthz").status_code != 200:
+        assert time.monotonic() < deadline, client.get("/healthz").json()
+        time.sleep(0.05)
+    return client

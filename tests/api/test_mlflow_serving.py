@@ -11,7 +11,7 @@ import httpx
 import pytest
 from fastapi.testclient import TestClient
 
-from tests.api.conftest import QUESTIONS, free_port, make_app
+from tests.api.conftest import QUESTIONS, free_port, make_app, wait_ready
 
 STATES = ["I love this product, it is great", {"text": "the order was late", "stars": 2}]
 
@@ -27,8 +27,7 @@ def test_mlflow_models_serve_answers_like_the_decision_api(tmp_path, monkeypatch
     set_alias("decision-model", CHAMPION, version, "test")
 
     with TestClient(make_app(served_folder)) as api:
-        while api.get("/healthz").status_code != 200:
-            time.sleep(0.05)
+        wait_ready(api)
         expected = [api.post("/v1/systemone", json={"state": s, "questions": QUESTIONS}).json()["answers"]
                     for s in STATES]  # fmt: skip
 
@@ -96,7 +95,6 @@ def test_a_registered_version_answers_from_a_fresh_process_that_cannot_import_th
     assert done.returncode == 0, done.stderr[-3000:]
     answers = json.loads(done.stdout.strip().splitlines()[-1])
     with TestClient(make_app(served_folder)) as api:
-        while api.get("/healthz").status_code != 200:
-            time.sleep(0.05)
+        wait_ready(api)
         expected = [api.post("/v1/systemone", json=r).json()["answers"] for r in requests]
     assert [a["answers"] for a in answers] == expected

@@ -1,13 +1,11 @@
 """Owners through the registry: `decision register --owner` tags a version, and a server on the registered
 model's champion serves that version by name (NAME/VERSION) to its owner's keys and to no one else's."""
 
-import time
-
 import pytest
 from fastapi.testclient import TestClient
 
 from pipeline.serving.keys import KeyStore, hash_key
-from tests.api.conftest import QUESTIONS, make_app
+from tests.api.conftest import QUESTIONS, make_app, wait_ready
 
 NAME = "decision-model"
 KEYS = KeyStore({hash_key("alice-key"): "alice", hash_key("bob-key"): "bob"})
@@ -29,10 +27,7 @@ def registry(tmp_path, monkeypatch, served_folder):
 
 def test_a_registered_fine_tune_is_served_by_name_to_its_owner_only(registry):
     with TestClient(make_app(f"models:/{NAME}@champion", keys=KEYS)) as api:
-        deadline = time.monotonic() + 120
-        while api.get("/healthz").status_code != 200:
-            assert time.monotonic() < deadline, api.get("/healthz").json()
-            time.sleep(0.05)
+        wait_ready(api)
 
         def names(key: str) -> set[str]:
             listing = api.get("/v1/models", headers={"Authorization": f"Bearer {key}"}).json()["models"]

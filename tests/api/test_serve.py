@@ -13,17 +13,10 @@ from pipeline.families.laya.layout import load_model
 from pipeline.families.laya.predict import predict
 from pipeline.serving.keys import KeyStore, hash_key
 from tests.api.conftest import INTENSITY, POSITIVE, QUESTIONS, TONE, make_app
+from tests.api.conftest import wait_ready as ready
 
 STATE = "I love this product, it is great"
 KEYS = KeyStore({hash_key("alice-key"): "alice", hash_key("bob-key"): "bob"})
-
-
-def ready(client: TestClient, timeout_s: float = 60) -> TestClient:
-    deadline = time.monotonic() + timeout_s
-    while client.get("/healthz").status_code != 200:
-        assert time.monotonic() < deadline, client.get("/healthz").json()
-        time.sleep(0.05)
-    return client
 
 
 @pytest.fixture(scope="module")

@@ -3,7 +3,6 @@ joint record head on its encoder, exports a joint folder, and the Decision API, 
 model answer from it, with no branch outside the family."""
 
 import json
-import time
 
 import numpy as np
 import pytest
@@ -13,6 +12,7 @@ from fastapi.testclient import TestClient
 from pipeline.cli.main import main
 from pipeline.data.answers import parse_request
 from pipeline.families import load_decision_model, pick_family
+from tests.api.conftest import wait_ready
 from tests.tiny import write_learnable_rows
 
 QUESTION = {"type": "choice", "instructions": "What is the tone?",
@@ -70,14 +70,14 @@ def test_joint_on_an_encoder_trains_exports_serves_and_evaluates(tiny_base, lear
     body = {"state": "this product was great", "questions": {"tone": QUESTION}}
     expected = model.answer([parse_request(body["state"], body["questions"])])[0].answers
     with TestClient(create_app(Catalog(str(folder / "export")), KeyStore())) as client:
-        while client.get("/healthz").status_code != 200:
-            time.sleep(0.05)
+        wait_ready(client)
         served = client.post("/v1/systemone", json=body).json()["answers"]
     np.testing.assert_allclose(list(served["tone"]["probabilities"].values()),
                                list(expected["tone"]["probabilities"].values()), atol=1e-4)  # fmt: skip
 
     assert main(["evaluate", "--model", str(folder / "export"), "--data", str(learnable), "--json"]) == 0
-    report = json.loads(capsys.readouterr().out)
+    strict = lambda constant: pytest.fail(f"--json printed {constant}, which is not JSON")  # noqa: E731
+    report = json.loads(capsys.readouterr().out, parse_constant=strict)
     assert report["family"] == "joint" and report["metrics"]["overall"]["decisions"] == 24
 
 

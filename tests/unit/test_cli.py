@@ -43,3 +43,13 @@ def test_console_script_help():
         [sys.executable, "-m", "pipeline.cli.main", "validate", "--help"], capture_output=True, text=True
     )
     assert result.returncode == 0 and "--slice" in result.stdout
+
+
+def test_json_output_is_strict_json_with_missing_metrics_as_null():
+    import json
+    import math
+
+    from pipeline.cli.main import to_json
+
+    text = to_json({"kl_soft": math.nan, "per_type": [{"ece": math.inf, "accuracy": 0.5}], "rows": 3})
+    assert json.loads(text) == {"kl_soft": None, "per_type": [{"ece": None, "accuracy": 0.5}], "rows": 3}

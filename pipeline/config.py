@@ -96,6 +96,9 @@ class ValidateConfig:
     """At most this many held-out decisions ..."""
     holdout_fraction: float = 0.1
     """... and at most this share of the rows' decisions."""
+    holdout_ledger: str | None = None
+    """A file of the content hashes of every row ever held out (the `validate` stage adds to it): those rows stay
+    held out as the data grows, and new rows fill what budget is left, in hash order. None: no memory."""
 
     def __post_init__(self) -> None:
         _check_types(self, "validate")

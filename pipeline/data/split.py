@@ -1,13 +1,18 @@
 """The held-out split: whole rows, chosen by a stable hash of each row's content.
 
-A row's place in the hash order depends on its content only, so reordering the file never moves it, and a row
-held out stays held out when rows are added (while the size caps allow). Rows are candidates when their hash
-falls below `holdout_fraction`; candidates are taken in hash order up to `holdout_max_decisions` decisions.
+A row's place in the hash order depends on its content only, so reordering the file never moves it. Rows are
+candidates when their hash falls below `holdout_fraction`; candidates are taken in hash order up to
+`holdout_max_decisions` decisions. Without a memory, a new row that hashes low would push a held-out row into
+training once the cap binds; so with `holdout_ledger` (params.yaml ships one), the rows it lists stay held out
+whatever the budget, new candidates fill only what budget is left, and `record_heldout` adds them to it.
 """
 
 from __future__ import annotations
 
+import os
+import tempfile
 from dataclasses import dataclass
+from pathlib import Path
 
 from pipeline.config import ValidateConfig
 from pipeline.data.validate import Record
@@ -35,15 +40,38 @@ def hash_position(record: Record) -> float:
     return int(record.content_hash()[:16], 16) / 2**64
 
 
+def read_ledger(path: str | Path | None) -> frozenset[str]:
+    """The content hashes a ledger lists (none when there is no ledger, or no file yet)."""
+    if path is None or not Path(path).exists():
+        return frozenset()
+    return frozenset(line.strip() for line in Path(path).read_text(encoding="utf-8").splitlines() if line.strip())
+
+
+def record_heldout(split: Split, path: str | Path) -> int:
+    """Add the split's held-out rows to the ledger at `path` (written whole, then renamed); how many are new."""
+    before = read_ledger(path)
+    after = before | {r.content_hash() for r in split.heldout}
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.NamedTemporaryFile("w", dir=target.parent, delete=False, encoding="utf-8") as tmp:
+        tmp.write("".join(f"{digest}\n" for digest in sorted(after)))
+    os.replace(tmp.name, target)
+    return len(after) - len(before)
+
+
 def split_holdout(records: list[Record], config: ValidateConfig) -> Split:
     """Split records into train and held-out sets (see the module docstring for the rule)."""
+    ledger = read_ledger(config.holdout_ledger)
     positions = {id(r): hash_position(r) for r in records}
     ranked = sorted(records, key=lambda r: positions[id(r)])
     budget = min(
         config.holdout_max_decisions, config.holdout_fraction * sum(len(r.decisions) for r in records)
     )
-    chosen, used = set(), 0
+    chosen = {id(r) for r in records if ledger and r.content_hash() in ledger}
+    used = sum(len(r.decisions) for r in records if id(r) in chosen)
     for record in ranked:
+        if id(record) in chosen:
+            continue
         if positions[id(record)] >= config.holdout_fraction or used + len(record.decisions) > budget:
             break
         chosen.add(id(record))

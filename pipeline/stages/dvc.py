@@ -27,7 +27,8 @@ def run_dataset(params: dict[str, Any], root: Path) -> dict[str, Any]:
 def run_validate(params: dict[str, Any], root: Path) -> dict[str, Any]:
     """Validate the dataset, split it, and write the report with the split summary."""
     config = params["validate"]
-    return validate_stage.validate_report(root / config.data, config, root / config.report)
+    ledger = root / config.holdout_ledger if config.holdout_ledger else None
+    return validate_stage.validate_report(root / config.data, config, root / config.report, ledger=ledger)
 
 
 def run_snapshot(params: dict[str, Any], root: Path) -> dict[str, Any]:

@@ -11,15 +11,22 @@ from typing import Any
 
 from pipeline.config import ValidateConfig
 from pipeline.data.read import RowSlice
-from pipeline.data.split import split_holdout
+from pipeline.data.split import record_heldout, split_holdout
 from pipeline.data.validate import validate_file
 
 
 def validate_report(data: str | Path, config: ValidateConfig, out: str | Path | None = None,
-                    row_slice: str | None = None) -> dict[str, Any]:  # fmt: skip
-    """The report of `data` (or its slice) with the split summary; written to `out` if given."""
+                    row_slice: str | None = None, ledger: str | Path | None = None) -> dict[str, Any]:  # fmt: skip
+    """The report of `data` (or its slice) with the split summary; written to `out` if given.
+
+    With `ledger` (the DVC stage passes `validate.holdout_ledger`), the held-out rows are added to it, so they
+    stay held out as the data grows; the flow's validate task only reads it.
+    """
     validated = validate_file(data, RowSlice.parse(row_slice))
-    report = validated.report.to_dict() | {"split": split_holdout(validated.records, config).summary()}
+    split = split_holdout(validated.records, config)
+    report = validated.report.to_dict() | {"split": split.summary()}
+    if ledger is not None:
+        report["split"]["newly_held_out"] = record_heldout(split, ledger)
     if out is not None:
         Path(out).parent.mkdir(parents=True, exist_ok=True)
         Path(out).write_text(json.dumps(report, indent=2) + "\n")

@@ -41,3 +41,33 @@ def test_tiny_sets_hold_out_one_row_but_never_the_last():
     assert len(split.heldout) == 1 and len(split.train) == 2
     single = split_holdout(records[:1], ValidateConfig())
     assert single.heldout == [] and len(single.train) == 1
+
+
+def test_with_the_shipped_params_a_row_held_out_once_stays_held_out_as_the_data_grows_past_the_cap(tmp_path):
+    from dataclasses import replace
+
+    from pipeline.config import load_params
+    from pipeline.data.split import read_ledger, record_heldout
+
+    shipped = load_params("params.yaml")["validate"]
+    assert shipped.holdout_ledger, "params.yaml ships a ledger"
+    config = replace(shipped, holdout_ledger=str(tmp_path / "ledger.txt"))
+    rows = synthetic.generate_rows(20_000, seed=5)  # 3 decisions a row: the cap binds from ~13,400 rows
+    first = split_holdout(validate_rows(rows[:14_000]).records, config)
+    assert sum(len(r.decisions) for r in first.heldout) <= shipped.holdout_max_decisions
+    assert record_heldout(first, config.holdout_ledger) == len(first.heldout)
+    assert read_ledger(config.holdout_ledger) == _ids(first.heldout)
+
+    grown = rows[:]
+    random.Random(1).shuffle(grown)
+    after = split_holdout(validate_rows(grown).records, config)
+    assert _ids(first.heldout) <= _ids(after.heldout) and _ids(first.train) <= _ids(after.train)
+    new = _ids(after.heldout) - _ids(first.heldout)
+    assert new <= _ids(validate_rows(rows[14_000:]).records)  # only new rows fill what budget is left
+    assert sum(len(r.decisions) for r in after.heldout) <= shipped.holdout_max_decisions
+    record_heldout(after, config.holdout_ledger)
+    assert _ids(split_holdout(validate_rows(grown).records, config).heldout) == _ids(after.heldout)
+
+    # Without the ledger the same growth moves rows that were held out into training.
+    stateless = split_holdout(validate_rows(grown).records, replace(config, holdout_ledger=None))
+    assert _ids(first.heldout) - _ids(stateless.heldout)

@@ -12,8 +12,8 @@ def test_dvc_and_the_flow_validate_with_the_same_function(project_root, monkeypa
 
     calls = []
 
-    def spy(data, config, out=None, row_slice=None):
-        calls.append(str(data))
+    def spy(data, config, out=None, row_slice=None, ledger=None):
+        calls.append((str(data), ledger))
         return {"skipped": {}, "kept": 1, "decisions": 1}
 
     monkeypatch.setattr(validate_stage, "validate_report", spy)
@@ -21,14 +21,20 @@ def test_dvc_and_the_flow_validate_with_the_same_function(project_root, monkeypa
     params = load_params(project_root / "params.yaml")
     stages.run_stage("validate", root=project_root)  # what `dvc repro validate` runs
     flows.retrain.validate.fn(params["retrain"].data, None, params["validate"], str(tmp_path / "report.json"))
-    assert (
-        len(calls) == 2 and calls[0].endswith(params["retrain"].data) and calls[1] == params["retrain"].data
-    )
+    (dvc_data, dvc_ledger), (flow_data, flow_ledger) = calls
+    assert dvc_data.endswith(params["retrain"].data) and flow_data == params["retrain"].data
+    # Only the stage adds to the held-out ledger; the flow reads it through the split.
+    assert str(dvc_ledger).endswith(params["validate"].holdout_ledger) and flow_ledger is None
 
 
 def test_the_flow_trains_on_exactly_what_dvc_pins(project_root):
     dvc = yaml.safe_load((project_root / "dvc.yaml").read_text())["stages"]
-    outs = {out for stage in dvc.values() for out in stage.get("outs", [])}
+    # An out is a path, or {path: options} (persist, cache).
+    outs = {
+        out if isinstance(out, str) else next(iter(out))
+        for stage in dvc.values()
+        for out in stage.get("outs", [])
+    }
     retrain = load_params(project_root / "params.yaml")["retrain"]
     assert {retrain.data, retrain.base} <= outs  # so verify-pins checks both against dvc.lock
     source = (project_root / "flows" / "retrain.py").read_text()

@@ -4,6 +4,8 @@ from pathlib import Path
 
 import torch
 
+from pipeline.config import TrainConfig
+
 WORDS = (
     "the a is of and to in it this that was great good bad terrible fine okay love hate product order late "
     "question choice score noul true false yes no statement holds does not hold level tone negative neutral "
@@ -107,3 +109,17 @@ def write_learnable_rows(path: Path, n: int, seed: int = 0) -> Path:
         }
         rows.append({"state": " ".join(words), "questions": {"tone": question}, "gold": {"tone": tone}})
     return synthetic.write_rows(rows, path)
+
+
+# The joint family's `head` method on a tiny base: a high learning rate and many epochs, so a few dozen learnable
+# rows are learned in seconds.
+JOINT_HEAD = TrainConfig(family="joint", method="head", micro_batch=8, grad_accum=1, head_lr=3e-3, head_width=32,
+                         epochs=30, log_every=5, precision="fp32")  # fmt: skip
+
+
+def load_joint_on(base: Path, config: TrainConfig = JOINT_HEAD):
+    """(the joint family, the tiny base loaded by it on the CPU with a fresh head)."""
+    from pipeline.families import pick_family
+
+    family = pick_family(base, "joint")
+    return family, family.load(base, config, torch.device("cpu"))

@@ -35,9 +35,9 @@ class Split:
         }
 
 
-def hash_position(record: Record) -> float:
-    """The row's content hash as a number in [0, 1)."""
-    return int(record.content_hash()[:16], 16) / 2**64
+def hash_position(digest: str) -> float:
+    """A row's content hash (`Record.content_hash`) as a number in [0, 1)."""
+    return int(digest[:16], 16) / 2**64
 
 
 def read_ledger(path: str | Path | None) -> frozenset[str]:
@@ -62,12 +62,13 @@ def record_heldout(split: Split, path: str | Path) -> int:
 def split_holdout(records: list[Record], config: ValidateConfig) -> Split:
     """Split records into train and held-out sets (see the module docstring for the rule)."""
     ledger = read_ledger(config.holdout_ledger)
-    positions = {id(r): hash_position(r) for r in records}
+    digests = {id(r): r.content_hash() for r in records}  # hashed once: the ledger and the order both read it
+    positions = {key: hash_position(digest) for key, digest in digests.items()}
     ranked = sorted(records, key=lambda r: positions[id(r)])
     budget = min(
         config.holdout_max_decisions, config.holdout_fraction * sum(len(r.decisions) for r in records)
     )
-    chosen = {id(r) for r in records if ledger and r.content_hash() in ledger}
+    chosen = {id(r) for r in records if digests[id(r)] in ledger}
     used = sum(len(r.decisions) for r in records if id(r) in chosen)
     for record in ranked:
         if id(record) in chosen:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import sys
 from collections.abc import Callable
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -27,8 +27,11 @@ def run_dataset(params: dict[str, Any], root: Path) -> dict[str, Any]:
 def run_validate(params: dict[str, Any], root: Path) -> dict[str, Any]:
     """Validate the dataset, split it, and write the report with the split summary."""
     config = params["validate"]
-    ledger = root / config.holdout_ledger if config.holdout_ledger else None
-    return validate_stage.validate_report(root / config.data, config, root / config.report, ledger=ledger)
+    if config.holdout_ledger:  # the split reads the ledger where the stage adds to it
+        config = replace(config, holdout_ledger=str(root / config.holdout_ledger))
+    return validate_stage.validate_report(
+        root / config.data, config, root / config.report, ledger=config.holdout_ledger
+    )
 
 
 def run_snapshot(params: dict[str, Any], root: Path) -> dict[str, Any]:

@@ -7,22 +7,19 @@ from dataclasses import replace
 import pytest
 import torch
 
-from pipeline.config import TrainConfig
 from pipeline.data.contract import Question
 from pipeline.data.validate import validate_file
-from pipeline.families import pick_family
 from pipeline.families.joint.records import RecordTooLong, collate_records, encode_record
 from pipeline.families.joint.training import collate_examples
 from pipeline.training.loop import train
-from tests.tiny import write_learnable_rows
+from tests.tiny import JOINT_HEAD as HEAD
+from tests.tiny import load_joint_on, write_learnable_rows
 
 CPU = torch.device("cpu")
 TONE = Question(
     "tone", "choice", "What is the tone?", ("negative", "neutral", "positive"), (None, None, None)
 )
 GOOD = Question("good", "noul", "The text is positive.", ("false", "true"), (None, None))
-HEAD = TrainConfig(family="joint", method="head", micro_batch=8, grad_accum=1, head_lr=3e-3, head_width=32,
-                   epochs=30, log_every=5, precision="fp32")  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -31,13 +28,8 @@ def rows(tiny_base, tmp_path_factory):
     return validate_file(path).records
 
 
-def _loaded(tiny_base, config=HEAD):
-    family = pick_family(tiny_base, "joint")
-    return family, family.load(tiny_base, config, CPU)
-
-
 def test_a_row_is_its_state_and_the_questions_are_a_shared_field_sequence(tiny_base):
-    _, loaded = _loaded(tiny_base)
+    _, loaded = load_joint_on(tiny_base)
     tok = loaded.tokenizer
     assert loaded.fields_apart
     a = encode_record(tok, "great film", [TONE, GOOD], 96, fields_apart=True)
@@ -53,7 +45,7 @@ def test_a_row_is_its_state_and_the_questions_are_a_shared_field_sequence(tiny_b
 
 
 def test_a_rows_answer_does_not_depend_on_its_batch_mates_questions(tiny_base, rows):
-    family, loaded = _loaded(tiny_base)
+    family, loaded = load_joint_on(tiny_base)
     examples, _ = family.build_examples(loaded, rows[:3])
     other, _ = family.build_examples(loaded, [replace(rows[3], decisions=rows[3].decisions[:1])])
     pad = loaded.tokenizer.pad_token_id
@@ -64,7 +56,7 @@ def test_a_rows_answer_does_not_depend_on_its_batch_mates_questions(tiny_base, r
 
 
 def test_cached_features_give_the_live_forward_pass(tiny_base, rows):
-    family, loaded = _loaded(tiny_base)
+    family, loaded = load_joint_on(tiny_base)
     examples, _ = family.build_examples(loaded, rows[:6])
     cached = family.training_examples(loaded, examples, HEAD, CPU)
     assert all(e.features is not None and e.features.state.dtype == torch.float16 for e in cached)
@@ -76,7 +68,7 @@ def test_cached_features_give_the_live_forward_pass(tiny_base, rows):
 
 
 def test_head_trains_the_head_and_leaves_the_backbone_as_it_was(tiny_base, rows):
-    family, loaded = _loaded(tiny_base)
+    family, loaded = load_joint_on(tiny_base)
     before = {n: p.clone() for n, p in loaded.model.lm.named_parameters()}
     head_before = {n: p.clone() for n, p in loaded.model.head.named_parameters()}
     examples, _ = family.build_examples(loaded, rows)

@@ -6,17 +6,14 @@ from dataclasses import replace
 import pytest
 import torch
 
-from pipeline.config import TrainConfig
 from pipeline.data.validate import validate_file
-from pipeline.families import pick_family
 from pipeline.families.joint.layout import export_joint
 from pipeline.families.joint.training import CachedFeatures, collate_examples
 from pipeline.training.loop import train
-from tests.tiny import write_learnable_rows
+from tests.tiny import JOINT_HEAD as HEAD
+from tests.tiny import load_joint_on, write_learnable_rows
 
 CPU = torch.device("cpu")
-HEAD = TrainConfig(family="joint", method="head", micro_batch=8, grad_accum=1, head_lr=3e-3, head_width=32,
-                   epochs=30, log_every=5, precision="fp32")  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -25,17 +22,12 @@ def rows(tiny_base, tmp_path_factory):
     return validate_file(path).records
 
 
-def _loaded(tiny_base):
-    family = pick_family(tiny_base, "joint")
-    return family, family.load(tiny_base, HEAD, CPU)
-
-
 def _vocabulary(loaded) -> int:
     return loaded.model.lm.get_input_embeddings().num_embeddings
 
 
 def test_an_encoders_fresh_head_has_the_channel_and_it_adds_nothing_until_trained(tiny_base, rows):
-    family, loaded = _loaded(tiny_base)
+    family, loaded = load_joint_on(tiny_base)
     head = loaded.model.head
     assert head.lexical is not None and loaded.config["head"]["lexicon"] == _vocabulary(loaded)
     examples, _ = family.build_examples(loaded, rows[:6])
@@ -60,10 +52,10 @@ def _trained_loss(family, loaded, rows) -> tuple[float, float]:
 
 
 def test_the_channel_learns_the_telling_word_when_the_backbone_features_carry_nothing(tiny_base, rows):
-    family, loaded = _loaded(tiny_base)
+    family, loaded = load_joint_on(tiny_base)
     first, last = _trained_loss(family, loaded, rows)
     assert last < 0.5 * first, (first, last)
-    family, without = _loaded(tiny_base)
+    family, without = load_joint_on(tiny_base)
     without.model.head.lexical = None
     _, prior_only = _trained_loss(family, without, rows)
     assert prior_only > 0.8, prior_only  # three tones: only the class prior is learnable, ln 3 = 1.10
@@ -77,7 +69,7 @@ def test_an_export_keeps_the_channel_and_an_old_head_config_loads_without_it(tin
 
     from pipeline.families.joint.layout import HEAD_FILE, JOINT_CONFIG, load_joint
 
-    _, loaded = _loaded(tiny_base)
+    _, loaded = load_joint_on(tiny_base)
     folder = tmp_path / "export"
     export_joint(loaded, folder, [1.0, 1.0, 1.0], {})
     reloaded = load_joint(folder)

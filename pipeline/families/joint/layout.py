@@ -99,8 +99,8 @@ def load_joint(path: str | Path, max_len: int = 1024, head_width: int = 256, see
                device: str = "cpu") -> LoadedJoint:  # fmt: skip
     """A joint export, or a base (causal LM, Laya-layout encoder) with a fresh head seeded by `seed`.
 
-    `max_len` and `head_width` apply to a base only (an export carries its own; a Laya-layout base's own max_len and an encoder's position
-    embeddings cap `max_len`). The head is fp32 always. `quantization` (a transformers quantization config, e.g.
+    `max_len` and `head_width` apply to a base only (an export carries its own; a Laya-layout base's own max_len
+    and an encoder's position embeddings cap `max_len`). The head is fp32 always. `quantization` (a transformers quantization config, e.g.
     4-bit `BitsAndBytesConfig` for QLoRA) loads a causal LM quantised. The folder is only read.
     """
     path = Path(path)

@@ -25,9 +25,11 @@ def validate_report(data: str | Path, config: ValidateConfig, out: str | Path | 
     validated = validate_file(data, RowSlice.parse(row_slice))
     split = split_holdout(validated.records, config)
     report = validated.report.to_dict() | {"split": split.summary()}
-    if ledger is not None:
-        report["split"]["newly_held_out"] = record_heldout(split, ledger)
     if out is not None:
         Path(out).parent.mkdir(parents=True, exist_ok=True)
         Path(out).write_text(json.dumps(report, indent=2) + "\n")
+    if ledger is not None:
+        # Returned, not written: the count depends on what earlier runs held out, and the written report is a DVC
+        # metric that must depend on the data and params alone.
+        return report | {"split": report["split"] | {"newly_held_out": record_heldout(split, ledger)}}
     return report

@@ -201,8 +201,6 @@ def train(model: torch.nn.Module, examples: Sequence[Any], config: TrainConfig, 
     optimizer, scheduler = build_optimizer(model, config, len(windows), task.backbone)
     params = [p for group in optimizer.param_groups for p in group["params"]]
     torch.manual_seed(config.seed)
-    # A confident model's gradients fall into subnormal floats, which x86 CPUs compute ~100x slower: flush them.
-    torch.set_flush_denormal(True)
     model.to(device).train()
 
     def batch_of(indices: list[int], padded: bool) -> dict[str, torch.Tensor]:
@@ -217,8 +215,13 @@ def train(model: torch.nn.Module, examples: Sequence[Any], config: TrainConfig, 
     log = StepLog(len(windows), config, on_log, progress, report)
     started = time.perf_counter()
     loss_fn = lambda _model, batch: task.summed_loss(model, batch, dtype)  # noqa: E731
-    with no_cudnn_sdpa(), compiled_encoder(model, compile_config, enabled, reason, warmup, loss_fn, task.pad_id,
-                                            backbone=task.layers(model)) as report:  # fmt: skip
+    with (
+        flushed_denormals(),
+        no_cudnn_sdpa(),
+        compiled_encoder(
+            model, compile_config, enabled, reason, warmup, loss_fn, task.pad_id, backbone=task.layers(model)
+        ) as report,
+    ):
         running, seen_since_log = torch.zeros((), device=device), 0
         for window in windows:
             if cancel is not None and cancel.cancelled:
@@ -251,6 +254,21 @@ def train(model: torch.nn.Module, examples: Sequence[Any], config: TrainConfig, 
     result.train_seconds = time.perf_counter() - started
     model.eval()
     return result
+
+
+@contextmanager
+def flushed_denormals() -> Iterator[None]:
+    """Subnormal floats flushed to zero while training, and not after.
+
+    A confident model's gradients fall into subnormals, which x86 CPUs compute ~100x slower. The flag is the
+    processor's, for the whole process, so it is cleared on the way out (torch cannot read it back; off is the
+    process default and nothing else here sets it): left on, it broke float handling elsewhere in the process.
+    """
+    torch.set_flush_denormal(True)
+    try:
+        yield
+    finally:
+        torch.set_flush_denormal(False)
 
 
 def checkpoint_steps(total: int) -> set[int]:

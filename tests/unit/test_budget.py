@@ -46,3 +46,14 @@ def test_held_out_checkpoints_fall_inside_the_run():
     assert checkpoint_steps(300) == {100, 200}
     assert checkpoint_steps(2) == {1}
     assert checkpoint_steps(1) == set()
+
+
+def test_training_flushes_subnormal_floats_only_while_it_runs():
+    import torch
+
+    from pipeline.training.loop import flushed_denormals
+
+    subnormal = torch.tensor([1e-40], dtype=torch.float32)
+    with flushed_denormals():
+        assert (subnormal * 1.0).item() == 0.0
+    assert (subnormal * 1.0).item() > 0.0  # the process's float handling is as it was

@@ -33,6 +33,7 @@ from pipeline.lineage import code_digest, git_commit, idempotency_key
 from pipeline.mlops import tracking
 from pipeline.mlops.registry import ensure_experiment
 from pipeline.rundir import RunFolder
+from pipeline.scoring.report import report_tags
 from pipeline.stages import calibrate as calibrate_stage
 from pipeline.stages import export as export_stage
 from pipeline.stages import promote as promote_stage
@@ -104,8 +105,8 @@ def register(export_dir: str, name: str, run_id: str, tags: dict[str, str]) -> s
 
 
 @task(name="smoke-test", **IO_RETRIES)
-def smoke(name: str, version: str, data: str, n: int, split_config) -> dict[str, Any]:
-    return smoke_stage.smoke_version(name, version, data, n, split_config).to_dict()
+def smoke(name: str, version: str, data: str, n: int, split_config, expected: str) -> dict[str, Any]:
+    return smoke_stage.smoke_version(name, version, data, n, split_config, expected).to_dict()
 
 
 @task(name="promotion-gate", **IO_RETRIES)
@@ -157,8 +158,11 @@ def retrain(
     tags |= {"prefect_flow_run_id": str(flow_run.id)}
     run_id = log_run(tracking.TrainingRecord(key, sections, trained, calibration, report, config.data, data_md5,
                                              export_dir, run_dir, tags, flow_run.name), trained["mlflow_run_id"])  # fmt: skip
-    version = register(export_dir, config.model_name, run_id, {**tags, "mlflow_run_id": run_id})
-    smoked = smoke(config.model_name, version, sliced, config.smoke_decisions, params["validate"])
+    version = register(
+        export_dir, config.model_name, run_id, {**tags, "mlflow_run_id": run_id, **report_tags(calibration)}
+    )
+    smoked = smoke(config.model_name, version, sliced, config.smoke_decisions, params["validate"],
+                   str(run.expected_answers))  # fmt: skip
     verdict = promotion_gate(config.model_name, version, calibration["heldout"]["calibrated"], smoked["passed"],
                              sliced, params["validate"], params["promote"], trained["warnings"])  # fmt: skip
     summary = _summary(config, key, verified, report, trained, calibration, run_id, version, smoked, verdict)
@@ -175,9 +179,12 @@ def _summary(
         "idempotency_key": key, "pins": verified, "family": trained.get("family"),
         "warnings": trained.get("warnings", []), "rows": report["rows"], "decisions": report["decisions"],
         "skipped": report["skipped"], "heldout": calibration["heldout"],
-        "temperatures": calibration["temperatures"], "steps": trained["steps"],
+        "temperatures": calibration["temperatures"], "calibrator": calibration["calibrator"],
+        "calibration_report": calibration["report"], "comparison": verdict.get("comparison"),
+        "steps": trained["steps"],
         "train_seconds": trained["train_seconds"], "s_per_step": trained["s_per_step"],
-        "smoke": {k: smoked[k] for k in ("passed", "agreement", "max_probability_diff", "latency_ms")},
+        "smoke": {k: smoked[k] for k in ("passed", "agreement", "max_probability_diff", "trained_agreement",
+                                         "trained_max_probability_diff", "failures", "latency_ms")},
     }  # fmt: skip
 
 

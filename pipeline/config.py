@@ -236,8 +236,11 @@ class RetrainConfig:
 class PromoteConfig:
     """The promotion gate between a new version and `champion`."""
 
-    min_accuracy_gain: float = 0.0
-    """The candidate's held-out accuracy must reach the champion's plus this."""
+    nll_confidence: float = 0.95
+    """The challenger's NLL gain over the champion (same held-out decisions, both scored now) must be above zero
+    at this one-sided confidence of a paired record bootstrap."""
+    max_accuracy_drop: float = 0.005
+    """...and its held-out accuracy at least the champion's minus this."""
     max_ece: float = 0.05
     """The candidate's calibrated (cross-fitted) held-out ECE must be at most this."""
     refuse_unlearned: bool = True
@@ -247,6 +250,10 @@ class PromoteConfig:
         _check_types(self, "promote")
         if not 0.0 <= self.max_ece <= 1.0:
             raise ConfigError(f"promote.max_ece: must lie in [0, 1], got {self.max_ece}")
+        if not 0.5 <= self.nll_confidence < 1.0:
+            raise ConfigError(f"promote.nll_confidence: must lie in [0.5, 1), got {self.nll_confidence}")
+        if not 0.0 <= self.max_accuracy_drop <= 1.0:
+            raise ConfigError(f"promote.max_accuracy_drop: must lie in [0, 1], got {self.max_accuracy_drop}")
 
 
 _SECTIONS = {

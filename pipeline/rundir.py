@@ -1,7 +1,7 @@
 """The files a retraining run writes under `runs/<key>/`, named in one place (every stage reads them from here).
 
 run = RunFolder("runs/3f2a...")
-run.train_summary, run.finetune, run.heldout, run.calibration, run.plots, run.export
+run.train_summary, run.finetune, run.heldout, run.calibration, run.calibrator, run.expected_answers, run.plots, run.export
 """
 
 from __future__ import annotations
@@ -43,6 +43,21 @@ class RunFolder:
     def calibration(self) -> Path:
         """Temperatures, notes and the before/after held-out figures."""
         return self.root / "calibration.json"
+
+    @property
+    def calibrator(self) -> Path:
+        """The chosen calibrator (`pipeline.scoring.calibrators`), as the export carries it."""
+        return self.root / "calibrator.json"
+
+    @property
+    def expected_answers(self) -> Path:
+        """Every held-out decision's calibrated probabilities from the trained model: what serving must reproduce."""
+        return self.root / "expected_answers.npz"
+
+    @property
+    def calibration_report(self) -> Path:
+        """The calibration report (JSON; a markdown table beside it)."""
+        return self.root / "calibration_report.json"
 
     @property
     def plots(self) -> Path:

@@ -57,7 +57,9 @@ def _smoke(args: argparse.Namespace) -> int:
     except (UnreadableInput, FileNotFoundError) as error:
         print(f"decision smoke: {error}", file=sys.stderr)
         return EXIT_UNUSABLE
-    result = smoke_test(args.url, bodies, args.model_dir, args.api_key, args.model, args.timeout)
+    result = smoke_test(
+        args.url, bodies, args.model_dir, args.api_key, args.model, args.timeout, args.expected
+    )
     if args.json:
         print(json.dumps(result.to_dict()))
     else:
@@ -74,8 +76,12 @@ def _print_smoke(result) -> None:
     table.add_column("value", justify="right")
     agreement = "n/a (no --model-dir)" if result.agreement is None else f"{result.agreement:.4f}"
     diff = "n/a" if result.max_probability_diff is None else f"{result.max_probability_diff:.2e}"
+    trained = "n/a (no --expected)" if result.trained_agreement is None else f"{result.trained_agreement:.4f}"
+    trained_diff = "n/a" if result.trained_agreement is None else f"{result.trained_max_probability_diff:.2e}"
     for name, value in (("requests", result.requests), ("decisions", result.decisions),
                         ("agreement on the chosen option", agreement), ("largest probability difference", diff),
+                        ("agreement with the trained model", trained),
+                        ("largest difference from the trained model", trained_diff),
                         ("latency p50 (ms)", result.latency_ms["p50"]), ("latency p95 (ms)", result.latency_ms["p95"])):  # fmt: skip
         table.add_row(name, str(value))
     console = Console()
@@ -125,13 +131,17 @@ def add_api_commands(commands) -> None:
         description="Send the held-out rows of DATA (one request per row, up to N decisions) to URL, one at a "
         "time; with --model-dir compare every answer with the same folder's in-process prediction. Fails "
         "(exit 1) below 99.5%% agreement on the chosen option, above a 1e-3 probability difference, or on any "
-        "failed request.",
+        "failed request. With --expected (a run's expected_answers.npz) every answer is also compared with what the "
+        "trained model answered before export: below 99.5%% agreement or above a 2e-2 difference fails.",
     )
     smoke.add_argument("--url", required=True, help="the server, e.g. http://127.0.0.1:8000")
     smoke.add_argument("--data", required=True, help="decision file; its held-out split is sent")
     smoke.add_argument("--n", type=int, default=200, help="decisions to send (default 200)")
     smoke.add_argument("--model-dir", help="the folder the server serves, to compare answers with")
     smoke.add_argument("--model", help="the model name to ask for (default: the serving model)")
+    smoke.add_argument(
+        "--expected", metavar="NPZ", help="the trained model's answers (runs/KEY/expected_answers.npz)"
+    )
     smoke.add_argument("--api-key", help="sent as Authorization: Bearer")
     smoke.add_argument("--all-rows", action="store_true", help="send any rows, not only the held-out split")
     smoke.add_argument("--params", default="params.yaml", help="where the held-out split is defined")

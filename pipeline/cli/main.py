@@ -119,12 +119,13 @@ def _train(args: argparse.Namespace) -> int:
 def _evaluate(args: argparse.Namespace) -> int:
     from pipeline.data.read import BadSlice, RowSlice, UnreadableInput
     from pipeline.families.base import ModelLayoutError
+    from pipeline.scoring.report import report_table
     from pipeline.stages.evaluate import evaluate_model
 
     try:
         report = evaluate_model(args.model, args.data, args.plots, RowSlice.parse(args.slice), args.device,
-                                progress=not args.json)  # fmt: skip
-    except (ModelLayoutError, UnreadableInput, BadSlice, FileNotFoundError) as error:
+                                progress=not args.json, conformal=args.conformal)  # fmt: skip
+    except (ModelLayoutError, UnreadableInput, BadSlice, FileNotFoundError, ValueError) as error:
         print(f"decision evaluate: {error}", file=sys.stderr)
         return EXIT_UNREADABLE
     if args.json:
@@ -143,8 +144,24 @@ def _evaluate(args: argparse.Namespace) -> int:
     for kind, metrics in report["metrics"].items():
         table.add_row(kind, *(f"{metrics[n]:.4f}" for n in names))
     Console().print(table)
+    if report["calibration"]:
+        print(
+            "\ncalibration report (ECE-15 interval: 95% record bootstrap)\n"
+            + report_table(report["calibration"])
+        )
+    if "conformal" in report:
+        print_conformal(report["conformal"])
     print("plots: " + (", ".join(report["plots"]) or "none (use --plots DIR)"))
     return EXIT_OK
+
+
+def print_conformal(conformal: dict) -> None:
+    """Coverage and mean set size per type of split-conformal prediction sets."""
+    print(f"\nsplit-conformal prediction sets, alpha {conformal['alpha']} (target coverage "
+          f"{conformal['target_coverage']:.2f}; calibrated on one half of the records, measured on the other):")  # fmt: skip
+    for name, figures in conformal["by_type"].items():
+        print(f"  {name:7s} coverage {figures['coverage']:.4f}, mean set size {figures['mean_set_size']:.2f} "
+              f"of {figures['mean_options']:.2f} options ({figures['decisions']} decisions)")  # fmt: skip
 
 
 def _export(args: argparse.Namespace) -> int:
@@ -315,9 +332,11 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate = commands.add_parser(
         "evaluate",
         help="metrics of a model on decision rows, per question type, with reliability and confusion plots",
-        description="Score every usable decision of DATA with MODEL (temperatures applied, as served): accuracy "
+        description="Score every usable decision of DATA with MODEL (its calibrator applied, as served): accuracy "
         "per decision and per record, ECE (15 bins, (lo, hi]), Brier, KL from soft gold, score MAE, per "
-        "question type and overall; --plots DIR writes a reliability diagram and a confusion matrix per question.",
+        "question type and overall; then the calibration report (NLL, ECE-15 with a 95%% record-bootstrap "
+        "interval, classwise ECE, per type and per question); --plots DIR writes reliability diagrams (all, per "
+        "type) and a confusion matrix per question; --conformal ALPHA adds split-conformal prediction sets.",
     )
     evaluate.add_argument(
         "--model", required=True, help="an export of any family (Laya layout or joint), or a fine-tune folder"
@@ -326,6 +345,10 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--slice", metavar="START:END", help="evaluate rows [START, END) only")
     evaluate.add_argument("--plots", metavar="DIR", help="write PNG plots here")
     evaluate.add_argument("--device", default="cpu")
+    evaluate.add_argument(
+        "--conformal", type=float, metavar="ALPHA",
+        help="add split-conformal prediction sets at miscoverage ALPHA (e.g. 0.1): coverage and mean set size per type",
+    )  # fmt: skip
     evaluate.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
     evaluate.set_defaults(handler=_evaluate)
 

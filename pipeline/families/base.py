@@ -11,7 +11,7 @@ only place that chooses one.
     family.prepare(loaded, config)                          # LoRA, full, or QLoRA where the family has it
     train(loaded.model, examples, config, device, family.batch_task(loaded, config))
     decisions, logits = family.score(loaded, heldout_examples, device)
-    family.export(loaded, "models/tuned", temperatures, manifest)
+    family.export(loaded, "models/tuned", calibrator, manifest)
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ import torch
 
 from pipeline.config import TrainConfig
 from pipeline.scoring.calibration import Temperatures
+from pipeline.scoring.calibrators import Calibrator, type_temperatures
 from pipeline.scoring.decisions import ScoredDecision
 
 if TYPE_CHECKING:  # annotations only: the server need not import the validation schema to answer
@@ -135,12 +136,17 @@ class DecisionFamily(ABC):
         """Raw option logits of every decision the examples hold (eval mode, no grad), in example order."""
 
     @abstractmethod
-    def served_temperatures(self, loaded, decisions: list[ScoredDecision]) -> list[float]:
-        """The temperature the loaded model applies to each decision when it answers (its calibration)."""
+    def served_probabilities(self, loaded, decisions: list[ScoredDecision],
+                             logits: list[np.ndarray]) -> list[np.ndarray]:  # fmt: skip
+        """The probabilities the loaded model answers with for these decisions' logits (its calibration applied)."""
 
     @abstractmethod
     def temperatures(self, loaded) -> Temperatures:
-        """The loaded model's own temperatures by question type (what a re-export keeps)."""
+        """The loaded model's own temperatures by question type (from its config)."""
+
+    def calibrator(self, loaded) -> Calibrator:
+        """The loaded model's calibrator (what a re-export keeps): its calibrator.json, else its type temperatures."""
+        return loaded.calibrator or type_temperatures(self.temperatures(loaded))
 
     @abstractmethod
     def save_finetune(self, loaded, out: Path, training: dict[str, Any]) -> Path:
@@ -148,7 +154,7 @@ class DecisionFamily(ABC):
 
     @abstractmethod
     def export(
-        self, loaded, out: str | Path, temperatures: Temperatures, manifest: dict[str, Any]
+        self, loaded, out: str | Path, calibrator: Calibrator, manifest: dict[str, Any]
     ) -> ExportResult:
         """Merge, check and write a servable, self-describing folder crash-safe; a no-op when already there."""
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import copy
 import ctypes
 import ctypes.util
+import hashlib
 import json
 import os
 import shutil
@@ -18,6 +19,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
+
+from pipeline.families.base import ModelLayoutError
+from pipeline.scoring.calibrators import CALIBRATOR_FILE, Calibrator
 
 MANIFEST = "manifest.json"
 _RENAME_EXCHANGE = 2
@@ -84,22 +88,74 @@ def check_finite(state: dict[str, torch.Tensor], dtype: torch.dtype = torch.floa
 
 
 def already_exported(out: Path, config: dict[str, Any], manifest: dict[str, Any], config_file: str,
-                     marker: str) -> bool:  # fmt: skip
-    """The same source (weights digest) and the same decision config are already in place at `out`.
+                     marker: str, calibrator: Calibrator) -> bool:  # fmt: skip
+    """The same source (weights digest), decision config and calibrator are already in place at `out`.
 
     `marker` is the file written last: without it the folder is no model.
     """
     if not all((out / name).is_file() for name in (config_file, MANIFEST, marker)):
         return False
-    existing = json.loads((out / MANIFEST).read_text())
+    existing = read_manifest(out)
     digest = existing.get("source_digest")
     same_source = bool(digest) and digest == manifest.get("source_digest")
-    return same_source and json.loads((out / config_file).read_text()) == config
+    same_calibrator = (existing.get("calibrator") or {}).get("sha256") == manifest["calibrator"]["sha256"]
+    return same_source and same_calibrator and json.loads((out / config_file).read_text()) == config
 
 
 def read_manifest(folder: Path) -> dict[str, Any]:
     path = Path(folder) / MANIFEST
-    return json.loads(path.read_text()) if path.is_file() else {}
+    if not path.is_file():
+        return {}
+    try:
+        return json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise ModelLayoutError(f"{path}: not valid JSON ({error}); a corrupted export?") from error
+
+
+def calibrator_bytes(calibrator: Calibrator) -> bytes:
+    return json.dumps(calibrator.to_json(), indent=2, sort_keys=True).encode()
+
+
+def calibrator_entry(calibrator: Calibrator, served_by_others: str) -> dict[str, Any]:
+    """The manifest's record of the export's calibrator: its file, kind and hash, and what other readers apply."""
+    return {"file": CALIBRATOR_FILE, "kind": calibrator.kind,
+            "sha256": hashlib.sha256(calibrator_bytes(calibrator)).hexdigest(), "other_readers": served_by_others}  # fmt: skip
+
+
+def write_calibrator(folder: Path, calibrator: Calibrator) -> None:
+    (folder / CALIBRATOR_FILE).write_bytes(calibrator_bytes(calibrator))
+
+
+def read_calibrator(folder: str | Path) -> Calibrator | None:
+    """The calibrator the folder's manifest names, checked against its hash; None for an export without one
+    (older exports: type temperatures in the family's config). A named file missing or changed is an error."""
+    folder = Path(folder)
+    entry = read_manifest(folder).get("calibrator")
+    if not entry:
+        return None
+    path = folder / entry.get("file", CALIBRATOR_FILE)
+    if not path.is_file():
+        raise ModelLayoutError(f"{path}: missing; the manifest names a {entry.get('kind')} calibrator there")
+    data = path.read_bytes()
+    if hashlib.sha256(data).hexdigest() != entry.get("sha256"):
+        raise ModelLayoutError(
+            f"{path}: its bytes differ from the sha256 in {MANIFEST} (corrupted or edited)"
+        )
+    try:
+        return Calibrator.from_json(json.loads(data))
+    except (ValueError, KeyError, TypeError, AttributeError) as error:
+        raise ModelLayoutError(f"{path}: not a calibrator: {error}") from error
+
+
+def load_weights(path: Path, load: Callable[[str], dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+    """`load(path)` (a safetensors reader), with a truncated or corrupted file named in a ModelLayoutError."""
+    if not path.is_file():
+        raise ModelLayoutError(f"{path}: missing; an unfinished or damaged export?")
+    try:
+        return load(str(path))
+    except Exception as error:  # safetensors raises its own SafetensorError (and OSError) on damaged files
+        raise ModelLayoutError(f"{path}: unreadable weights ({type(error).__name__}: {error}); a truncated or "
+                               "corrupted export?") from error  # fmt: skip
 
 
 def write_marker_last(folder: Path, name: str, write: Callable[[Path], None]) -> None:

@@ -1,8 +1,9 @@
 """Promotion to serving: the gate, the `challenger`/`champion` aliases, their history, and rollback.
 
-A new version always gets `challenger`. `champion` moves only through the gate (the candidate's held-out
-accuracy at least the champion's plus `min_accuracy_gain`, on the same held-out split; its calibrated ECE at
-most `max_ece`; its smoke test passed) or by hand (`decision promote VERSION`, which still refuses a version
+A new version always gets `challenger`. `champion` moves only through the gate (champion and challenger
+scored now on the same held-out decisions: the challenger's NLL lower beyond a paired record bootstrap's noise,
+its accuracy not worse than the champion's by more than `max_accuracy_drop`; its calibrated ECE at most
+`max_ece`; its smoke test passed) or by hand (`decision promote VERSION`, which still refuses a version
 whose smoke test failed unless forced). Every alias move is appended to the registered model's history (who,
 when, from, to, why), so `decision rollback` moves `champion` back one step. A server following `@champion`
 picks each move up.
@@ -18,6 +19,7 @@ from typing import Any
 
 from pipeline.config import PromoteConfig
 from pipeline.mlops.registry import client
+from pipeline.scoring.paired import PairedComparison
 
 CHAMPION, CHALLENGER = "champion", "challenger"
 HISTORY_TAG = "alias_history"
@@ -38,27 +40,39 @@ class Verdict:
         return {"promote": self.promote, "reasons": self.reasons}
 
 
-def gate(candidate: dict[str, float], champion: dict[str, float] | None, smoke_passed: bool,
+def gate(candidate: dict[str, float], comparison: PairedComparison | None, smoke_passed: bool,
          config: PromoteConfig, learning_warnings: list[str] | None = None) -> Verdict:  # fmt: skip
-    """Whether the candidate may replace the champion; every reason is given, passing or not."""
+    """Whether the candidate may replace the champion; every reason is given, passing or not.
+
+    `candidate` holds its calibrated (cross-fitted) held-out figures; `comparison` champion and candidate scored
+    now on the same decisions (None: no champion yet).
+    """
     reasons, ok = [], True
     if learning_warnings and config.refuse_unlearned:
         ok = False
         reasons.append(f"no better than its base or the class prior on {len(learning_warnings)} check(s)")
-    if champion is None:
+    if comparison is None:
         reasons.append("no champion yet")
     else:
-        needed = champion["accuracy"] + config.min_accuracy_gain
-        better = candidate["accuracy"] >= needed
-        ok &= better
-        reasons.append(f"accuracy {candidate['accuracy']:.4f} {'>=' if better else '<'} {needed:.4f} "
-                       f"(champion {champion['accuracy']:.4f} + {config.min_accuracy_gain})")  # fmt: skip
+        ok &= _versus_champion(comparison, config, reasons)
     calibrated = candidate["ece"] <= config.max_ece
     ok &= calibrated
     reasons.append(f"ECE {candidate['ece']:.4f} {'<=' if calibrated else '>'} {config.max_ece}")
     ok &= smoke_passed
     reasons.append("smoke test passed" if smoke_passed else "smoke test failed")
     return Verdict(ok, reasons)
+
+
+def _versus_champion(c: PairedComparison, config: PromoteConfig, reasons: list[str]) -> bool:
+    better = c.nll_gain_low > 0
+    reasons.append(f"NLL {c.challenger_nll:.4f} vs champion {c.champion_nll:.4f} on {c.decisions} decisions: gain "
+                   f"{c.nll_gain:+.4f}, its {c.confidence:.0%} lower bound {c.nll_gain_low:+.4f} "
+                   f"{'>' if better else '<='} 0")  # fmt: skip
+    floor = c.champion_accuracy - config.max_accuracy_drop
+    not_worse = c.challenger_accuracy >= floor
+    reasons.append(f"accuracy {c.challenger_accuracy:.4f} {'>=' if not_worse else '<'} {floor:.4f} "
+                   f"(champion {c.champion_accuracy:.4f} - {config.max_accuracy_drop})")  # fmt: skip
+    return better and not_worse
 
 
 def current(name: str, alias: str = CHAMPION) -> str | None:

@@ -100,7 +100,9 @@ def download_version(name: str, version: str, dst: str | Path) -> Path:
                                                      tracking_uri=uri, registry_uri=uri))  # fmt: skip
     found = find_exports(local)
     if not found:
-        raise RegistryError(f"models:/{name}/{version}: no complete decision model export in its artifacts")
+        stored = client().get_model_version_download_uri(name, version)
+        raise RegistryError(f"models:/{name}/{version}: no complete decision model export in its artifacts at "
+                            f"{stored} (files deleted, or an unfinished upload?)")  # fmt: skip
     return found[0]
 
 

@@ -19,7 +19,9 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.mlops.registry import client, ensure_experiment, use_store
+from pipeline.rundir import RunFolder
 from pipeline.scoring.plots import loss_curve
+from pipeline.scoring.report import report_metrics
 
 KEY_TAG = "idempotency_key"
 MODELS = ("base", "tuned", "calibrated")
@@ -165,6 +167,8 @@ def run_metrics(record: TrainingRecord) -> dict[str, float]:
     metrics = {f"{model}_{name}": float(heldout[model][name]) for model in MODELS for name in RUN_METRICS
                if name in heldout[model]}  # fmt: skip
     metrics |= {f"temperature_{qtype}": float(t) for qtype, t in record.calibration["temperatures"].items()}
+    if "report" in record.calibration:
+        metrics |= report_metrics(record.calibration["report"], "calibration")
     metrics |= {f"skipped_{reason}": float(n) for reason, n in record.validation.get("skipped", {}).items()}
     metrics |= {"heldout_decisions": float(heldout["decisions"]), "train_seconds": float(record.train["train_seconds"]),
                 "s_per_step": float(record.train["s_per_step"]), "steps": float(record.train["steps"]),
@@ -202,6 +206,13 @@ def _log_artifacts(record: TrainingRecord) -> None:
     run_dir = Path(record.run_dir)
     mlflow.log_dict(record.validation, "validation/report.json")
     mlflow.log_dict(record.calibration, "calibration/calibration.json")
+    run = RunFolder(run_dir)
+    # The full report (per question too), the chosen calibrator, and the trained model's calibrated answers
+    # (what the smoke test compares serving with) stay with the run.
+    for path in (run.calibration_report, run.calibration_report.with_suffix(".md"), run.calibrator,
+                 run.expected_answers):  # fmt: skip
+        if path.is_file():
+            mlflow.log_artifact(str(path), "calibration")
     for plot in record.calibration.get("plots", []):
         mlflow.log_artifact(plot, "plots")
     steps = record.train.get("logged_steps", [])

@@ -1,4 +1,5 @@
-"""Held-out decisions with their raw logits, saved between stages (train writes, calibrate and gates read).
+"""Held-out decisions with their raw logits, saved between stages (train writes, calibrate and gates read), and
+the calibrated probabilities the trained model gave them (calibrate writes, the smoke test compares serving with).
 
 One `.npz`: per decision its type, gold label, record, question id, target distribution and the logits of the
 base and the fine-tune (padded to the widest question), plus the option names of every question id (JSON) so
@@ -61,3 +62,26 @@ def load_heldout(path: str | Path) -> HeldOut:
     options = {q: tuple(o) for q, o in json.loads(str(data["options"])).items()}
     return HeldOut(items, [r[:w] for r, w in zip(data["base"], widths)],
                    [r[:w] for r, w in zip(data["tuned"], widths)], options)  # fmt: skip
+
+
+def save_expected(path: str | Path, decisions: list[ScoredDecision], probabilities: list[np.ndarray]) -> Path:
+    """Each decision's (record, question id) and the probabilities the trained model gave it (.npz)."""
+    path = Path(path)
+    k = max((len(p) for p in probabilities), default=1)
+    padded = np.full((len(probabilities), k), np.nan)
+    for i, p in enumerate(probabilities):
+        padded[i, : len(p)] = p
+    np.savez_compressed(path, record=np.asarray([d.record for d in decisions], dtype=np.int64),
+                        question_id=np.asarray(json.dumps([d.question_id for d in decisions])),
+                        widths=np.asarray([len(p) for p in probabilities], dtype=np.int64), probabilities=padded)  # fmt: skip
+    return path
+
+
+def load_expected(path: str | Path) -> dict[tuple[int, str], np.ndarray]:
+    """{(record index in the held-out split, question id): probabilities} as `save_expected` wrote them."""
+    data = np.load(Path(path))
+    ids = json.loads(str(data["question_id"]))
+    return {
+        (int(r), q): row[:w]
+        for r, q, w, row in zip(data["record"], ids, data["widths"], data["probabilities"])
+    }

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import numpy as np
 
+from pipeline.data.contract import QUESTION_TYPES
 from pipeline.scoring.decisions import ScoredDecision
 from pipeline.scoring.metrics import ECE_BINS, ece_bin_index, expected_calibration_error
 
@@ -24,23 +25,47 @@ def reliability_diagram(
 ) -> Path:
     """Accuracy against confidence in 15 equal-width (lo, hi] bins, with the ECE in the title."""
     plt = _pyplot()
+    figure, axis = plt.subplots(figsize=(4.5, 4.5))
+    _reliability_axis(axis, items, probabilities, title)
+    return _save(plt, figure, out)
+
+
+def reliability_by_type(
+    items: list[ScoredDecision], probabilities: list[np.ndarray], out: Path, title: str
+) -> Path:
+    """One reliability diagram per question type present, side by side."""
+    plt = _pyplot()
+    present = [(q, name) for q, name in enumerate(QUESTION_TYPES) if any(it.qtype == q for it in items)]
+    figure, axes = plt.subplots(
+        1, max(1, len(present)), figsize=(4.5 * max(1, len(present)), 4.5), squeeze=False
+    )
+    for axis, (qtype, name) in zip(axes[0], present):
+        chosen = [i for i, it in enumerate(items) if it.qtype == qtype]
+        _reliability_axis(
+            axis, [items[i] for i in chosen], [probabilities[i] for i in chosen], f"{title}: {name}"
+        )
+    return _save(plt, figure, out)
+
+
+def _reliability_axis(axis, items: list[ScoredDecision], probabilities: list[np.ndarray], title: str) -> None:
     confidence = np.array([p.max() for p in probabilities])
     correct = np.array([int(p.argmax()) == it.label for it, p in zip(items, probabilities)], dtype=float)
     edges = np.linspace(0, 1, ECE_BINS + 1)
     which = ece_bin_index(confidence)
-    centers, accuracy, counts = [], [], []
+    centers, accuracy = [], []
     for b in range(ECE_BINS):
         chosen = which == b
         if chosen.any():
             centers.append((edges[b] + edges[b + 1]) / 2)
             accuracy.append(correct[chosen].mean())
-            counts.append(int(chosen.sum()))
-    figure, axis = plt.subplots(figsize=(4.5, 4.5))
     axis.plot([0, 1], [0, 1], linestyle="--", color="grey", label="perfect calibration")
     axis.bar(centers, accuracy, width=1 / ECE_BINS, edgecolor="black", alpha=0.7, label="accuracy")
     axis.set(xlabel="confidence (top probability)", ylabel="accuracy", xlim=(0, 1), ylim=(0, 1),
              title=f"{title}\nECE {expected_calibration_error(confidence, correct):.4f}, n={len(items)}")  # fmt: skip
     axis.legend(loc="upper left")
+
+
+def _save(plt, figure, out: Path) -> Path:
     figure.tight_layout()
     out.parent.mkdir(parents=True, exist_ok=True)
     figure.savefig(out, dpi=110)

@@ -1,5 +1,6 @@
-"""The calibrate stage: temperatures per question type from the run's held-out logits, figures before and after
-(the calibrated ones cross-fitted), reliability and confusion plots. Family-free: it reads logits only.
+"""The calibrate stage: the calibrator chosen by cross-fitted NLL from the run's held-out logits, the figures
+before and after (the calibrated ones cross-fitted), the calibration report, the trained model's calibrated
+answers for the smoke test to compare serving with, and the plots. Family-free: it reads logits only.
 """
 
 from __future__ import annotations
@@ -9,34 +10,45 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.rundir import RunFolder
-from pipeline.scoring.calibration import (
-    Calibration,
-    apply_temperatures,
-    fit_calibration,
-    heldout_figures,
-    plain_probabilities,
-)
-from pipeline.scoring.heldout import HeldOut, load_heldout
-from pipeline.scoring.plots import reliability_diagram, write_plots
+from pipeline.scoring.calibration import plain_probabilities
+from pipeline.scoring.calibrators import Calibrator, choose_calibrator
+from pipeline.scoring.heldout import HeldOut, load_heldout, save_expected
+from pipeline.scoring.metrics import detailed_metrics
+from pipeline.scoring.plots import reliability_by_type, reliability_diagram, write_plots
+from pipeline.scoring.report import calibration_report, report_table
 
 
 def calibrate_stage(run_dir: str | Path, soft: bool = False) -> dict[str, Any]:
-    """Temperatures from `heldout.npz`, written to `calibration.json` with the figures; plots under `plots/`."""
+    """Calibrator, figures and report from `heldout.npz` into the run folder; plots under `plots/`."""
     run = RunFolder(run_dir)
     held = load_heldout(run.heldout)
-    calibration = fit_calibration(held.items, held.tuned_logits, soft)
+    choice = choose_calibrator(held.items, held.tuned_logits, soft)
+    calibrator = choice.calibrator
+    run.calibrator.write_text(json.dumps(calibrator.to_json(), indent=2))
+    save_expected(run.expected_answers, held.items, calibrator.apply(held.items, held.tuned_logits))
+    report = calibration_report(held.items, choice.cross_fitted)
+    run.calibration_report.write_text(json.dumps(report, indent=2))
+    run.calibration_report.with_suffix(".md").write_text(report_table(report) + "\n")
     result = {
-        "temperatures": calibration.by_name(), "notes": calibration.notes,
-        "heldout": heldout_figures(held.items, held.base_logits, held.tuned_logits, soft),
-        "plots": _write_plots(held, calibration, run.plots),
+        "temperatures": calibrator.by_name(), "notes": calibrator.notes,
+        "calibrator": {"kind": calibrator.kind, "cross_fitted_nll": choice.nll},
+        "heldout": {
+            "decisions": len(held.items),
+            "base": detailed_metrics(held.items, plain_probabilities(held.base_logits)),
+            "tuned": detailed_metrics(held.items, plain_probabilities(held.tuned_logits)),
+            "calibrated": detailed_metrics(held.items, choice.cross_fitted),
+        },
+        "report": {"overall": report["overall"], "by_type": report["by_type"]},
+        "plots": _write_plots(held, calibrator, choice.cross_fitted, run.plots),
     }  # fmt: skip
     run.calibration.write_text(json.dumps(result, indent=2))
     return result
 
 
-def _write_plots(held: HeldOut, calibration: Calibration, folder: Path) -> list[str]:
+def _write_plots(held: HeldOut, calibrator: Calibrator, cross_fitted, folder: Path) -> list[str]:
     tuned = plain_probabilities(held.tuned_logits)
-    calibrated = apply_temperatures(held.items, held.tuned_logits, calibration.temperatures)
     before = reliability_diagram(held.items, tuned, folder / "reliability_before.png", "fine-tune, T = 1")
-    after = write_plots(held.items, calibrated, held.options, folder, "reliability_after.png", "calibrated")
-    return [str(p) for p in [before, *after]]
+    by_type = reliability_by_type(held.items, cross_fitted, folder / "reliability_by_type.png", "calibrated")
+    after = write_plots(held.items, calibrator.apply(held.items, held.tuned_logits), held.options, folder,
+                        "reliability_after.png", f"calibrated ({calibrator.kind})")  # fmt: skip
+    return [str(p) for p in [before, by_type, *after]]

@@ -20,25 +20,35 @@ from pipeline.data.read import RowSlice
 from pipeline.data.split import split_holdout
 from pipeline.data.validate import Record, validate_file
 from pipeline.families import load_decision_model
-from pipeline.scoring.calibration import softmax
+from pipeline.scoring.conformal import conformal_report
 from pipeline.scoring.decisions import ScoredDecision
-from pipeline.scoring.metrics import detailed_metrics, metrics_by_type
-from pipeline.scoring.plots import write_plots
+from pipeline.scoring.metrics import metrics_by_type
+from pipeline.scoring.plots import reliability_by_type, write_plots
+from pipeline.scoring.report import calibration_report
 
 
 def evaluate_model(model_dir: str | Path, data: str | Path, plots_dir: str | Path | None = None,
-                   row_slice: RowSlice = RowSlice(), device: str = "cpu", progress: bool = False) -> dict[str, Any]:  # fmt: skip
-    """Metrics of `model_dir` on every usable decision of `data`, and the PNG plots written to `plots_dir`."""
+                   row_slice: RowSlice = RowSlice(), device: str = "cpu", progress: bool = False,
+                   conformal: float | None = None) -> dict[str, Any]:  # fmt: skip
+    """Metrics and the calibration report of `model_dir` on every usable decision of `data`, the PNG plots written
+    to `plots_dir`, and with `conformal` (alpha) split-conformal prediction sets per type."""
     validated = validate_file(data, row_slice)
     decisions, skipped, probabilities, family = score_records(model_dir, validated.records, device, progress)
     report = {
         "model": str(model_dir), "family": family, "data": str(data), "rows": validated.report.rows,
         "decisions": validated.report.decisions, "skipped": {**validated.report.skipped, **skipped},
-        "metrics": metrics_by_type(decisions, probabilities), "plots": [],
+        "metrics": metrics_by_type(decisions, probabilities),
+        "calibration": calibration_report(decisions, probabilities) if decisions else None, "plots": [],
     }  # fmt: skip
+    if conformal is not None:
+        report["conformal"] = conformal_report(decisions, probabilities, conformal)
     if plots_dir is not None:
         options = {d.question.id: d.question.options for r in validated.records for d in r.decisions}
-        report["plots"] = [str(p) for p in write_plots(decisions, probabilities, options, Path(plots_dir))]
+        written = write_plots(decisions, probabilities, options, Path(plots_dir))
+        by_type = reliability_by_type(
+            decisions, probabilities, Path(plots_dir) / "reliability_by_type.png", "as served"
+        )
+        report["plots"] = [str(p) for p in [*written, by_type]]
     return report
 
 
@@ -49,13 +59,13 @@ def score_records(model_dir: str | Path, records: list[Record], device: str = "c
     family = model.family
     examples, skipped = family.build_examples(model.loaded, records)
     decisions, logits = family.score(model.loaded, examples, torch.device(device), 64, progress)
-    temperatures = family.served_temperatures(model.loaded, decisions)
-    return decisions, skipped, [softmax(z, t) for z, t in zip(logits, temperatures)], family.name
+    return decisions, skipped, family.served_probabilities(model.loaded, decisions, logits), family.name
 
 
 def score_heldout(model_dir: str | Path, data: str | Path, split_config: ValidateConfig,
-                  device: str = "cpu") -> dict[str, Any]:  # fmt: skip
-    """Metrics of `model_dir` (its own temperatures) on the held-out split of `data`: what the gate compares."""
+                  device: str = "cpu") -> tuple[list[ScoredDecision], list[np.ndarray]]:  # fmt: skip
+    """The decisions of the held-out split of `data` and `model_dir`'s probabilities for them, as served: what the
+    gate compares, champion and challenger alike."""
     heldout = split_holdout(validate_file(data).records, split_config).heldout
     decisions, _, probabilities, _ = score_records(model_dir, heldout, device)
-    return detailed_metrics(decisions, probabilities)
+    return decisions, probabilities

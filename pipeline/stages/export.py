@@ -15,7 +15,7 @@ from pipeline.families.base import ExportResult
 from pipeline.families.exporting import read_manifest
 from pipeline.lineage import export_manifest
 from pipeline.rundir import RunFolder
-from pipeline.scoring.calibration import temperatures_from_names
+from pipeline.scoring.calibrators import Calibrator
 
 
 def export_folder(source: str | Path, out: str | Path) -> ExportResult:
@@ -26,18 +26,18 @@ def export_folder(source: str | Path, out: str | Path) -> ExportResult:
         return ExportResult(str(out), False, read_manifest(out))  # already a merged model in place
     model = load_decision_model(source)
     manifest = {**read_manifest(source), "source": str(source), "source_digest": current_md5(source)}
-    return family.export(model.loaded, out, family.temperatures(model.loaded), manifest)
+    return family.export(model.loaded, out, family.calibrator(model.loaded), manifest)
 
 
 def export_stage(run_dir: str | Path, out: str | Path, data: str | Path, base: str | Path,
                  config: TrainConfig) -> ExportResult:  # fmt: skip
-    """The flow's export stage: the run's fine-tune with the temperatures of its calibration, merged."""
+    """The flow's export stage: the run's fine-tune with the calibrator its calibrate stage chose, merged."""
     run = RunFolder(run_dir)
     summary = json.loads(run.train_summary.read_text())
     calibration = json.loads(run.calibration.read_text())
-    temperatures = temperatures_from_names(calibration["temperatures"])
+    calibrator = Calibrator.from_json(json.loads(run.calibrator.read_text()))
     model = load_decision_model(run.finetune)
     manifest = export_manifest(
-        data, base, config, model.family.name, summary, temperatures, calibration["heldout"]
+        data, base, config, model.family.name, summary, calibrator.temperatures, calibration["heldout"]
     )
-    return model.family.export(model.loaded, out, temperatures, manifest)
+    return model.family.export(model.loaded, out, calibrator, manifest)

@@ -14,7 +14,8 @@ from pipeline.config import TrainConfig, ValidateConfig
 from pipeline.data.read import RowSlice
 from pipeline.device import peak_memory_mb
 from pipeline.lineage import export_manifest
-from pipeline.scoring.calibration import cross_fitted_metrics, fit_calibration
+from pipeline.scoring.calibrators import choose_calibrator
+from pipeline.scoring.metrics import detailed_metrics
 from pipeline.training.fit import fit_on_data
 from pipeline.training.loop import CancelToken
 
@@ -33,21 +34,21 @@ def finetune(data: str | Path, base: str | Path, out: str | Path, config: TrainC
     trained = fit_on_data(data, base, config, split_config, row_slice, device, cancel, progress, eval_data,
                           report=report, on_eval=on_eval)  # fmt: skip
     run, decisions = trained.run, trained.heldout
-    calibration = fit_calibration(decisions, trained.tuned_logits, soft_calibration)
-    heldout = dict(
-        run.heldout, calibrated=cross_fitted_metrics(decisions, trained.tuned_logits, soft_calibration)
-    )
+    choice = choose_calibrator(decisions, trained.tuned_logits, soft_calibration)
+    calibrator = choice.calibrator
+    heldout = dict(run.heldout, calibrated=detailed_metrics(decisions, choice.cross_fitted))
     cancelled = run.cancelled or (cancel is not None and cancel.cancelled)
     export_dir = None
     if not cancelled:
         manifest = export_manifest(
-            data, base, config, run.family, run.to_dict(), calibration.temperatures, heldout
+            data, base, config, run.family, run.to_dict(), calibrator.temperatures, heldout
         )
-        export_dir = trained.family.export(trained.loaded, out, calibration.temperatures, manifest).out
+        export_dir = trained.family.export(trained.loaded, out, calibrator, manifest).out
     return {
         "family": run.family, "method": run.method, "rows": run.rows, "decisions": run.decisions,
         "skipped": run.skipped, "heldout": {k: summary_metrics(v) if isinstance(v, dict) else v for k, v in heldout.items()},
-        "temperatures": calibration.by_name(), "temperature_notes": calibration.notes, "export_dir": export_dir,
+        "temperatures": calibrator.by_name(), "temperature_notes": calibrator.notes, "calibrator": calibrator.kind,
+        "calibrator_nll": choice.nll, "export_dir": export_dir,
         "cancelled": cancelled, "train_seconds": run.train_seconds, "s_per_step": run.s_per_step, "steps": run.steps,
         "decisions_per_second": run.decisions_per_second, "peak_memory_mb": peak_memory_mb(),
         "precision": run.precision, "compile": run.compile, "losses": run.losses, "warnings": run.warnings,

@@ -1,7 +1,8 @@
 """The register and promotion-gate stages: a new version gets `challenger`; `champion` moves through the gate.
 
-The gate scores the current champion now, on the same held-out split as the candidate (any family), and
-compares (`pipeline.mlops.promotion.gate`); the verdict and its reasons are tagged on the version.
+The gate scores the current champion and the candidate now, as registered and served, on the same held-out
+decisions (any family), compares them by a paired bootstrap on NLL (`pipeline.scoring.paired`) and decides
+(`pipeline.mlops.promotion.gate`); the verdict, its reasons and the comparison are tagged on the version.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from pipeline.mlops.promotion import (
     set_alias,
 )
 from pipeline.mlops.registry import client, download_version, register_export
+from pipeline.scoring.paired import PairedComparison, paired_comparison
 from pipeline.stages.evaluate import score_heldout
 
 
@@ -38,14 +40,27 @@ def promotion_stage(name: str, version: str, calibrated: dict[str, float], smoke
     champion_version = current(name, CHAMPION)
     if champion_version == version:
         return {"promote": False, "reasons": ["already the champion"], "champion": version}
-    champion = None
+    comparison = None
     if champion_version is not None:
-        with tempfile.TemporaryDirectory() as tmp:
-            champion = score_heldout(download_version(name, champion_version, tmp), data, split_config)
-    verdict = gate(calibrated, champion, smoke_passed, config, learning_warnings)
-    client().set_model_version_tag(name, version, GATE_TAG, "promote" if verdict.promote else "hold")
-    client().set_model_version_tag(name, version, GATE_REASONS_TAG, "; ".join(verdict.reasons))
+        comparison = compare_versions(
+            name, champion_version, version, data, split_config, config.nll_confidence
+        )
+    verdict = gate(calibrated, comparison, smoke_passed, config, learning_warnings)
+    tags = {GATE_TAG: "promote" if verdict.promote else "hold", GATE_REASONS_TAG: "; ".join(verdict.reasons)}
+    if comparison is not None:
+        tags |= {f"gate_{k}": str(v) for k, v in comparison.to_dict().items()}
+    for key, value in tags.items():
+        client().set_model_version_tag(name, version, key, value)
     if verdict.promote:
         set_alias(name, CHAMPION, version, "promotion gate: " + "; ".join(verdict.reasons))
     return verdict.to_dict() | {"champion": current(name, CHAMPION), "previous_champion": champion_version,
-                                "champion_metrics": champion}  # fmt: skip
+                                "comparison": comparison and comparison.to_dict()}  # fmt: skip
+
+
+def compare_versions(name: str, champion: str, challenger: str, data: str | Path, split_config: ValidateConfig,
+                     confidence: float) -> PairedComparison:  # fmt: skip
+    """Both registered versions downloaded and scored now on the same held-out split, compared decision by decision."""
+    with tempfile.TemporaryDirectory() as tmp:
+        scored = [score_heldout(download_version(name, v, f"{tmp}/{v}"), data, split_config)
+                  for v in (champion, challenger)]  # fmt: skip
+    return paired_comparison(scored[0], scored[1], confidence)

@@ -1,11 +1,17 @@
-"""The Decision API smoke test: held-out decisions sent over HTTP, compared with in-process predictions.
+"""The Decision API smoke test: held-out decisions sent over HTTP, compared with in-process predictions and
+with what the trained model answered.
 
 Each held-out row of DATA becomes one request (its usable questions). With `--model-dir`, the same folder is
 loaded here and every answer is compared: agreement on the chosen option and the largest probability
-difference. Latency is measured per request, one request at a time. The test fails below 99.5% agreement,
-above a 1e-3 probability difference, or on any failed request.
+difference (fails below 99.5% agreement or above 1e-3). With `--expected` (a run's `expected_answers.npz`,
+the calibrated probabilities the trained model gave each held-out decision before export), every answer is
+compared with those too: that is what catches a broken merge or export, which the folder's own in-process
+answers share. It fails below 99.5% agreement or above `TRAINED_MAX_DIFF` (the export stores the backbone in
+16 bits; the measured largest difference on `make run`'s model is in README "Served equals trained").
+Latency is measured per request, one request at a time; any failed request fails the test.
 
     decision smoke --url http://127.0.0.1:8000 --data data/processed/vader.jsonl --model-dir models/vader-minilm
+    decision smoke --url ... --data runs/KEY/slice.jsonl --expected runs/KEY/expected_answers.npz
 """
 
 from __future__ import annotations
@@ -26,9 +32,11 @@ from pipeline.data.validate import validate_file
 from pipeline.families import load_decision_model
 from pipeline.mlops.promotion import SMOKE_TAG
 from pipeline.mlops.registry import client, download_version
+from pipeline.scoring.heldout import load_expected
 
 MIN_AGREEMENT = 0.995
 MAX_PROBABILITY_DIFF = 1e-3
+TRAINED_MAX_DIFF = 0.02  # served against trained: fp16 backbone rounding, not a different model
 
 
 @dataclass(frozen=True)
@@ -41,6 +49,9 @@ class SmokeResult:
     max_probability_diff: float | None
     latency_ms: dict[str, float]
     failures: list[str] = field(default_factory=list)
+    trained_agreement: float | None = None  # None without the trained model's expected answers
+    trained_max_probability_diff: float | None = None
+    trained_mean_probability_diff: float | None = None
 
     @property
     def passed(self) -> bool:
@@ -55,7 +66,8 @@ def heldout_requests(
 ) -> list[dict[str, Any]]:
     """Request bodies (state and usable questions) of held-out rows, up to `n` decisions.
 
-    The split is params.yaml's (`validate:`) unless `split_config` is given.
+    The split is params.yaml's (`validate:`) unless `split_config` is given. The i-th body is the i-th record of
+    the held-out split (the `record` index the trained model's expected answers are keyed by).
     """
     records = validate_file(data).records
     if not all_rows:
@@ -71,10 +83,44 @@ def heldout_requests(
     return bodies
 
 
+def compare_with_trained(served: list[dict[str, Any] | None], expected_path: str | Path,
+                         failures: list[str]) -> dict[str, float]:  # fmt: skip
+    """Served answers (the i-th for held-out record i) against the trained model's; failures appended."""
+    by_record: dict[int, list[tuple[str, np.ndarray]]] = {}
+    for (record, qid), want in load_expected(expected_path).items():
+        by_record.setdefault(record, []).append((qid, want))
+    agree = total = 0
+    diffs = []
+    for record, response in enumerate(served):
+        for qid, want in by_record.get(record, []):
+            total += 1
+            got = None if response is None else response["answers"].get(qid)
+            if got is None:
+                continue
+            p = np.asarray(answer_probabilities(got))
+            if p.shape != want.shape:
+                continue
+            agree += int(p.argmax()) == int(want.argmax())
+            diffs.append(float(np.abs(p - want).max()))
+    figures = {"trained_agreement": agree / total if total else 0.0,
+               "trained_max_probability_diff": max(diffs, default=float("nan")),
+               "trained_mean_probability_diff": float(np.mean(diffs)) if diffs else float("nan")}  # fmt: skip
+    if not total or figures["trained_agreement"] < MIN_AGREEMENT:
+        failures.append(f"agreement with the trained model {figures['trained_agreement']:.4f} below {MIN_AGREEMENT} "
+                        f"({total} decisions)")  # fmt: skip
+    if diffs and figures["trained_max_probability_diff"] > TRAINED_MAX_DIFF:
+        failures.append(f"largest probability difference from the trained model "
+                        f"{figures['trained_max_probability_diff']:.2e} above {TRAINED_MAX_DIFF:.0e}")  # fmt: skip
+    return figures
+
+
 def smoke_test(url: str, bodies: list[dict[str, Any]], model_dir: str | Path | None = None,
-               api_key: str | None = None, model: str | None = None, timeout_s: float = 30.0) -> SmokeResult:  # fmt: skip
-    """Send each body, time it, and compare the answers with the folder's in-process answers."""
+               api_key: str | None = None, model: str | None = None, timeout_s: float = 30.0,
+               expected: str | Path | None = None) -> SmokeResult:  # fmt: skip
+    """Send each body, time it, and compare the answers with the folder's in-process answers and (with `expected`)
+    with the trained model's."""
     served, latencies, failures = _send_all(url, bodies, api_key, model, timeout_s)
+    trained = compare_with_trained(served, expected, failures) if expected is not None else {}
     names = {answer.get("model") for answer in served if answer}
     agreement = max_diff = None
     if model_dir is not None:
@@ -91,6 +137,7 @@ def smoke_test(url: str, bodies: list[dict[str, Any]], model_dir: str | Path | N
         url, ",".join(sorted(n for n in names if n)) or None, len(bodies),
         sum(len(b["questions"]) for b in bodies), agreement, max_diff,
         {"p50": round(float(np.percentile(ms, 50)), 2), "p95": round(float(np.percentile(ms, 95)), 2)}, failures,
+        **trained,
     )  # fmt: skip
 
 
@@ -144,9 +191,8 @@ def _compare(served: list[dict[str, Any] | None], expected: list[dict[str, Any]]
     return (agree / total if total else 0.0), max_diff
 
 
-def serve_and_smoke(
-    model_dir: str | Path, bodies: list[dict[str, Any]], timeout_s: float = 180.0
-) -> SmokeResult:
+def serve_and_smoke(model_dir: str | Path, bodies: list[dict[str, Any]], timeout_s: float = 180.0,
+                    expected: str | Path | None = None) -> SmokeResult:  # fmt: skip
     """Start `decision serve` on the folder (a real server process on a free loopback port), smoke-test it, stop it."""
     import subprocess
     import sys
@@ -159,7 +205,7 @@ def serve_and_smoke(
         server = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=log, text=True)
         try:
             _wait_healthy(url, server, log, timeout_s)
-            return smoke_test(url, bodies, model_dir)
+            return smoke_test(url, bodies, model_dir, expected=expected)
         finally:
             server.terminate()
             try:
@@ -195,13 +241,18 @@ def _wait_healthy(url: str, server, log, timeout_s: float) -> None:
         time.sleep(0.2)
 
 
-def smoke_version(name: str, version: str, data: str | Path, n: int, split_config) -> SmokeResult:
-    """The flow's smoke-test stage: serve a registered version over HTTP, smoke-test it, tag the version."""
+def smoke_version(name: str, version: str, data: str | Path, n: int, split_config,
+                  expected: str | Path | None = None) -> SmokeResult:  # fmt: skip
+    """The flow's smoke-test stage: serve a registered version over HTTP, smoke-test it against its folder and the
+    trained model's `expected` answers, tag the version."""
     bodies = heldout_requests(data, n, split_config)
     with tempfile.TemporaryDirectory() as tmp:
-        result = serve_and_smoke(download_version(name, version, tmp), bodies)
+        result = serve_and_smoke(download_version(name, version, tmp), bodies, expected=expected)
     tags = {SMOKE_TAG: "passed" if result.passed else "failed", "smoke_agreement": str(result.agreement),
             "smoke_max_probability_diff": str(result.max_probability_diff),
+            "smoke_trained_agreement": str(result.trained_agreement),
+            "smoke_trained_max_probability_diff": str(result.trained_max_probability_diff),
+            "smoke_failures": "; ".join(result.failures)[:4000] or "none",
             "smoke_p50_ms": str(result.latency_ms["p50"]), "smoke_p95_ms": str(result.latency_ms["p95"])}  # fmt: skip
     for key, value in tags.items():
         client().set_model_version_tag(name, version, key, value)

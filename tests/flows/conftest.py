@@ -36,7 +36,7 @@ def write_tiny_params(folder: Path, data: Path, base: Path, **overrides) -> Path
         "retrain": {"data": str(data), "base": str(base), "runs_dir": str(folder / "runs"),
                     "model_name": "tiny-model", "smoke_decisions": 20, "device": "cpu"},
         # A few steps on tiny data learn little: the learning check would rightly hold such runs back.
-        "promote": {"min_accuracy_gain": 0.0, "max_ece": 1.0, "refuse_unlearned": False},
+        "promote": {"max_ece": 1.0, "refuse_unlearned": False},
     }  # fmt: skip
     for section, values in overrides.items():
         params[section] = {**params.get(section, {}), **values}

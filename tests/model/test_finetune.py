@@ -60,24 +60,25 @@ def test_evaluate_writes_metrics_and_plots(tiny_base, synthetic_train_file, tmp_
         "confusion_is_negative.png",
         "confusion_tone.png",
         "reliability.png",
+        "reliability_by_type.png",
     ]
     assert all((plots / n).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for n in names)
 
 
 def test_a_cancel_during_calibration_exports_nothing(tiny_base, synthetic_train_file, tmp_path, monkeypatch):
-    import pipeline.scoring.calibration as calibrate
+    import pipeline.stages.finetune as stage
     from pipeline.config import TrainConfig
     from pipeline.stages.finetune import finetune
     from pipeline.training.loop import CancelToken
 
     cancel = CancelToken()
-    original = calibrate.fit_calibration
+    original = stage.choose_calibrator
 
     def cancelled_while_fitting(*args, **kwargs):
-        cancel.cancel("signal SIGINT")  # as a Ctrl-C arriving while temperatures are fitted
+        cancel.cancel("signal SIGINT")  # as a Ctrl-C arriving while the calibrator is fitted
         return original(*args, **kwargs)
 
-    monkeypatch.setattr(calibrate, "fit_calibration", cancelled_while_fitting)
+    monkeypatch.setattr(stage, "choose_calibrator", cancelled_while_fitting)
     config = TrainConfig(micro_batch=4, grad_accum=2, lora_r=4, precision="fp32", max_steps=2)
     summary = finetune(
         synthetic_train_file, tiny_base, tmp_path / "export", config, cancel=cancel, progress=False

@@ -26,9 +26,9 @@ def test_every_wrong_key_of_a_section_is_named_in_one_error():
 
 
 def test_an_int_is_accepted_for_a_float_field_and_stored_as_a_float():
-    promote = section_config("promote", {"max_ece": 1, "min_accuracy_gain": 0})
+    promote = section_config("promote", {"max_ece": 1, "max_accuracy_drop": 0})
     assert promote.max_ece == 1.0 and type(promote.max_ece) is float
-    assert type(promote.min_accuracy_gain) is float
+    assert type(promote.max_accuracy_drop) is float
 
 
 def test_a_bool_is_refused_for_an_int_or_float_field():

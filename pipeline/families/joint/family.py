@@ -34,7 +34,8 @@ from pipeline.families.joint.training import (
     prepare_joint,
     score_examples,
 )
-from pipeline.scoring.calibration import NO_TEMPERATURES, Temperatures
+from pipeline.scoring.calibration import Temperatures
+from pipeline.scoring.calibrators import Calibrator
 from pipeline.scoring.decisions import ScoredDecision
 
 
@@ -99,8 +100,10 @@ class JointFamily(DecisionFamily):
             loaded.model, examples, loaded.tokenizer.pad_token_id, device, max(1, batch_size // 4)
         )
 
-    def served_temperatures(self, loaded: LoadedJoint, decisions: list[ScoredDecision]) -> list[float]:
-        return [temperature_of(loaded.config, d.qtype) for d in decisions]
+    def served_probabilities(self, loaded: LoadedJoint, decisions: list[ScoredDecision],
+                             logits: list[np.ndarray]) -> list[np.ndarray]:  # fmt: skip
+        calibrator = self.calibrator(loaded)
+        return [calibrator.probabilities(d.qtype, d.question_id, z) for d, z in zip(decisions, logits)]
 
     def temperatures(self, loaded: LoadedJoint) -> Temperatures:
         return (
@@ -115,12 +118,12 @@ class JointFamily(DecisionFamily):
         loaded.config = {**loaded.config, "fine_tuned": True,
                          "training": {**loaded.config.get("training", {}), **training}}  # fmt: skip
         manifest = {"family": self.name, "source_digest": training.get("source_digest")}
-        return Path(export_joint(loaded, out, NO_TEMPERATURES, manifest).out)
+        return Path(export_joint(loaded, out, Calibrator(), manifest).out)
 
     def export(
-        self, loaded: LoadedJoint, out, temperatures: Temperatures, manifest: dict[str, Any]
+        self, loaded: LoadedJoint, out, calibrator: Calibrator, manifest: dict[str, Any]
     ) -> ExportResult:
-        return export_joint(loaded, out, temperatures, manifest)
+        return export_joint(loaded, out, calibrator, manifest)
 
     def answer(self, loaded: LoadedJoint, requests) -> list[Answered | BadQuestion]:
         return answer_joint_requests(loaded, requests)

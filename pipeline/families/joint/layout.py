@@ -37,8 +37,12 @@ from pipeline.families.base import ExportResult, ModelLayoutError
 from pipeline.families.exporting import (
     MANIFEST,
     already_exported,
+    calibrator_entry,
     check_finite,
     has_peft_modules,
+    load_weights,
+    read_calibrator,
+    write_calibrator,
     write_marker_last,
     write_staged,
 )
@@ -56,6 +60,7 @@ from pipeline.families.joint.backbone import (
 )
 from pipeline.families.joint.head import JointDecisionModel, JointHead
 from pipeline.families.joint.merge import JointExportError, is_quantised, merged_parts
+from pipeline.scoring.calibrators import Calibrator, as_calibrator
 
 JOINT_CONFIG = "decision_config.json"
 HEAD_FILE = "head.safetensors"
@@ -72,6 +77,7 @@ class LoadedJoint:
     model: JointDecisionModel
     tokenizer: Any
     config: dict[str, Any]
+    calibrator: Calibrator | None = None  # an export's calibrator.json; None: the config's temperatures
 
     @property
     def max_len(self) -> int:
@@ -134,8 +140,10 @@ def _load_export(path: Path, dtype: torch.dtype, quantization: Any | None, devic
     else:
         backbone = load_causal_lm(folder, dtype, quantization, device)
     head = _build_head(backbone, config["head"])
-    head.load_state_dict(load_file(str(path / HEAD_FILE)), strict=True)
-    return _assemble(backbone, head, _load_tokenizer(folder), config)
+    head.load_state_dict(load_weights(path / HEAD_FILE, load_file), strict=True)
+    loaded = _assemble(backbone, head, _load_tokenizer(folder), config)
+    loaded.calibrator = read_calibrator(path)
+    return loaded
 
 
 def _refuse_quantised_encoder(path: Path, quantization: Any | None) -> None:
@@ -205,17 +213,24 @@ def _with_pad_token(tokenizer):
 
 
 def export_joint(
-    loaded: LoadedJoint, out: str | Path, temperatures, manifest: dict[str, Any]
+    loaded: LoadedJoint, out: str | Path, calibrator: Calibrator, manifest: dict[str, Any]
 ) -> ExportResult:
     """Merge, check and write `loaded` to `out` crash-safe; a no-op when `out` already holds this export.
 
-    `temperatures` are the calibrated temperatures by question type (choice, score, noul), written into the
-    config. The training model is left as it is (adapters included); the merge happens on a CPU copy.
+    The calibrator goes to `calibrator.json` (what this project's readers apply) and its type temperatures
+    (choice, score, noul) into the config. The training model is left as it is (adapters included); the merge
+    happens on a CPU copy.
     """
     out = Path(out)
-    config = _export_config(loaded, temperatures)
-    manifest = {**manifest, "exported_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
-    if already_exported(out, config, manifest, JOINT_CONFIG, HEAD_FILE):
+    calibrator = as_calibrator(calibrator)
+    config = _export_config(loaded, calibrator.temperatures)
+    entry = calibrator_entry(calibrator, "every reader of this layout applies calibrator.json")
+    manifest = {
+        **manifest,
+        "calibrator": entry,
+        "exported_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+    if already_exported(out, config, manifest, JOINT_CONFIG, HEAD_FILE, calibrator):
         return ExportResult(str(out), False, json.loads((out / MANIFEST).read_text()))
     dtype = _export_dtype(loaded.model.lm)
     backbone, head = merged_parts(loaded.model)
@@ -223,7 +238,10 @@ def export_joint(
     check_finite(backbone.state_dict(), dtype)
     check_finite(head.state_dict(), torch.float32)
     write_staged(
-        out, lambda staging: _write_layout(backbone, head, loaded.tokenizer, config, manifest, staging)
+        out,
+        lambda staging: _write_layout(
+            backbone, head, loaded.tokenizer, config, manifest, calibrator, staging
+        ),
     )
     return ExportResult(str(out), True, manifest)
 
@@ -275,9 +293,10 @@ def _export_dtype(backbone: nn.Module) -> torch.dtype:
     return torch.bfloat16 if vocabulary_table(backbone).dtype == torch.bfloat16 else torch.float16
 
 
-def _write_layout(backbone, head, tokenizer, config, manifest, folder: Path) -> None:
+def _write_layout(backbone, head, tokenizer, config, manifest, calibrator, folder: Path) -> None:
     from safetensors.torch import save_file
 
+    write_calibrator(folder, calibrator)
     backbone.save_pretrained(str(folder / BACKBONE_DIR))
     tokenizer.save_pretrained(str(folder / BACKBONE_DIR))
     (folder / JOINT_CONFIG).write_text(json.dumps(config, indent=2))

@@ -13,7 +13,7 @@ from pipeline.families.base import Answered, BadQuestion
 from pipeline.families.forward_passes import length_batches
 from pipeline.families.joint.layout import LoadedJoint, temperature_of
 from pipeline.families.joint.records import EncodedRecord, RecordTooLong, collate_records, encode_record
-from pipeline.scoring.calibration import softmax
+from pipeline.scoring.calibrators import type_temperatures
 
 
 def answer_joint_requests(loaded: LoadedJoint, requests: list[ParsedRequest],
@@ -57,6 +57,9 @@ def record_probabilities(loaded: LoadedJoint, records: list[EncodedRecord],
     """
     model = loaded.model.eval()
     device = next(model.parameters()).device
+    calibrator = loaded.calibrator or type_temperatures(
+        tuple(temperature_of(loaded.config, q) for q in range(3))
+    )
     out: list[list[np.ndarray]] = [[] for _ in records]
     for indices in length_batches([len(r) for r in records], batch_size):
         batch = collate_records([records[i] for i in indices], loaded.tokenizer.pad_token_id)
@@ -64,7 +67,9 @@ def record_probabilities(loaded: LoadedJoint, records: list[EncodedRecord],
         for row, index in enumerate(indices):
             record = records[index]
             out[index] = [
-                softmax(logits[row, q, : len(spans)], temperature_of(loaded.config, qtype))
-                for q, (spans, qtype) in enumerate(zip(record.option_spans, record.qtypes))
+                calibrator.probabilities(qtype, qid, logits[row, q, : len(spans)])
+                for q, (spans, qtype, qid) in enumerate(
+                    zip(record.option_spans, record.qtypes, record.question_ids)
+                )
             ]
     return out

@@ -18,34 +18,51 @@ from pipeline.families.base import ExportResult
 from pipeline.families.exporting import (
     MANIFEST,
     already_exported,
+    calibrator_entry,
     check_finite,
     merged_copy,
+    write_calibrator,
     write_marker_last,
     write_staged,
 )
 from pipeline.families.laya.layout import CONFIG_FILE, LoadedModel
+from pipeline.scoring.calibrators import Calibrator, as_calibrator
+
+# laya.Agent reads rl_agent_config.json only: a richer calibrator is folded to its type temperatures there.
+FOLDED = "laya.Agent applies only the per-type temperatures in rl_agent_config.json (the {kind} transform is not in its format)"
+SAME = "laya.Agent applies the same per-type temperatures (rl_agent_config.json)"
 
 
-def export_model(loaded: LoadedModel, out: str | Path, temperatures: list[float] | tuple[float, ...],
+def export_model(loaded: LoadedModel, out: str | Path, calibrator: Calibrator | tuple[float, ...] | list[float],
                  manifest: dict[str, Any]) -> ExportResult:  # fmt: skip
     """Merge, check and write `loaded` to `out` crash-safe; a no-op when `out` already holds this export."""
     out = Path(out)
-    config = {**loaded.config, "temperature": [float(t) for t in temperatures], "fine_tuned": True}
-    manifest = {**manifest, "exported_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
-    if already_exported(out, config, manifest, CONFIG_FILE, CONFIG_FILE):
+    calibrator = as_calibrator(calibrator)
+    config = {**loaded.config, "temperature": [float(t) for t in calibrator.temperatures], "fine_tuned": True}
+    entry = calibrator_entry(
+        calibrator, FOLDED.format(kind=calibrator.kind) if calibrator.questions else SAME
+    )
+    manifest = {
+        **manifest,
+        "calibrator": entry,
+        "exported_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+    if already_exported(out, config, manifest, CONFIG_FILE, CONFIG_FILE, calibrator):
         return ExportResult(str(out), False, json.loads((out / MANIFEST).read_text()))
     model = merged_copy(loaded.model)
     state = model.state_dict()
     check_finite(state)
     write_staged(
-        out, lambda staging: _write_layout(model, state, loaded.tokenizer, config, manifest, staging)
+        out,
+        lambda staging: _write_layout(model, state, loaded.tokenizer, config, manifest, calibrator, staging),
     )
     return ExportResult(str(out), True, manifest)
 
 
-def _write_layout(model, state, tokenizer, config, manifest, folder: Path) -> None:
+def _write_layout(model, state, tokenizer, config, manifest, calibrator, folder: Path) -> None:
     from safetensors.torch import save_file
 
+    write_calibrator(folder, calibrator)
     save_file(
         {k: v.detach().half().contiguous() for k, v in state.items()}, str(folder / "model.safetensors")
     )

@@ -21,9 +21,10 @@ from pipeline.families.laya.export import export_model
 from pipeline.families.laya.forward import score_items
 from pipeline.families.laya.items import Item, build_items
 from pipeline.families.laya.layout import CONFIG_FILE, LoadedModel, load_model, save_model
-from pipeline.families.laya.predict import answer_requests, temperature_for
+from pipeline.families.laya.predict import answer_requests, calibrated_probabilities
 from pipeline.families.laya.training import laya_batch_task, prepare_model
 from pipeline.scoring.calibration import Temperatures
+from pipeline.scoring.calibrators import Calibrator
 from pipeline.scoring.decisions import ScoredDecision
 
 
@@ -70,8 +71,9 @@ class LayaFamily(DecisionFamily):
                              progress=progress, logits=True)  # fmt: skip
         return [item.scored() for item in examples], logits
 
-    def served_temperatures(self, loaded: LoadedModel, decisions: list[ScoredDecision]) -> list[float]:
-        return [temperature_for(loaded.config, d.qtype, d.n_options) for d in decisions]
+    def served_probabilities(self, loaded: LoadedModel, decisions: list[ScoredDecision],
+                             logits: list[np.ndarray]) -> list[np.ndarray]:  # fmt: skip
+        return calibrated_probabilities(loaded, decisions, logits)
 
     def temperatures(self, loaded: LoadedModel) -> Temperatures:
         t = loaded.config.get("temperature") or [1.0, 1.0, 1.0]
@@ -88,9 +90,9 @@ class LayaFamily(DecisionFamily):
         )
 
     def export(
-        self, loaded: LoadedModel, out, temperatures: Temperatures, manifest: dict[str, Any]
+        self, loaded: LoadedModel, out, calibrator: Calibrator, manifest: dict[str, Any]
     ) -> ExportResult:
-        return export_model(loaded, out, temperatures, manifest)
+        return export_model(loaded, out, calibrator, manifest)
 
     def answer(self, loaded: LoadedModel, requests) -> list[Answered | BadQuestion]:
         return answer_requests(loaded, requests)

@@ -23,6 +23,8 @@ import torch
 
 from pipeline.data.contract import NOUL_OPTIONS, Question
 from pipeline.families.base import ModelLayoutError
+from pipeline.families.exporting import load_weights, read_calibrator
+from pipeline.scoring.calibrators import Calibrator
 
 CONFIG_FILE = "rl_agent_config.json"
 
@@ -34,6 +36,7 @@ class LoadedModel:
     model: torch.nn.Module
     tokenizer: Any
     config: dict[str, Any]
+    calibrator: Calibrator | None = None  # an export's calibrator.json; None: the config's temperatures
 
     @property
     def max_len(self) -> int:
@@ -59,8 +62,8 @@ def load_model(path: str | Path) -> LoadedModel:
     config = json.loads((path / CONFIG_FILE).read_text(encoding="utf-8"))
     tokenizer = _load_tokenizer(path / "tokenizer")
     model = build_model(config, encoder_dir=str(path / "encoder"))
-    model.load_state_dict(load_file(str(path / "model.safetensors")), strict=True)
-    return LoadedModel(model.float().eval(), tokenizer, config)
+    model.load_state_dict(load_weights(path / "model.safetensors", load_file), strict=True)
+    return LoadedModel(model.float().eval(), tokenizer, config, read_calibrator(path))
 
 
 def _load_tokenizer(folder: Path):

@@ -97,10 +97,11 @@ def predict_items(
     return out
 
 
-def calibrated_probabilities(
-    loaded: LoadedModel, items: list[Item], logits: list[np.ndarray]
-) -> list[np.ndarray]:
-    """Probabilities with the model's own temperatures applied, as the server answers."""
+def calibrated_probabilities(loaded: LoadedModel, items, logits: list[np.ndarray]) -> list[np.ndarray]:
+    """Probabilities with the model's own calibration applied, as the server answers: its calibrator.json, else
+    the config's temperatures. `items` are Items or ScoredDecisions (a type and a question id each)."""
+    if loaded.calibrator is not None:
+        return [loaded.calibrator.probabilities(it.qtype, it.question_id, z) for it, z in zip(items, logits)]
     return [softmax(z, temperature_for(loaded.config, it.qtype, len(z))) for it, z in zip(items, logits)]
 
 

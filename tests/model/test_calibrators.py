@@ -1,0 +1,188 @@
+"""Calibrator choice by cross-fitted NLL, its file, and every reader applying the identical transform."""
+
+import json
+
+import numpy as np
+import pytest
+
+from pipeline.scoring.calibration import softmax
+from pipeline.scoring.calibrators import (
+    QUESTION_TEMPERATURE,
+    TYPE_TEMPERATURE,
+    VECTOR_SCALING,
+    Calibrator,
+    QuestionTransform,
+    choose_calibrator,
+    mean_nll,
+)
+from pipeline.scoring.decisions import ScoredDecision
+
+
+def _decisions(rng, n, k, question_id, transform, qtype=0, first_record=0):
+    """Logits and labels drawn from softmax(transform(logits)): the calibrator that undoes it is known."""
+    logits = [rng.normal(0, 2.5, size=k) for _ in range(n)]
+    labels = [int(rng.choice(k, p=softmax(transform(z)))) for z in logits]
+    decisions = [
+        ScoredDecision(qtype, y, first_record + i, question_id, tuple(np.eye(k)[y]))
+        for i, y in enumerate(labels)
+    ]
+    return decisions, logits
+
+
+def test_two_questions_miscalibrated_in_opposite_directions_get_their_own_temperatures():
+    rng = np.random.default_rng(0)
+    hot, hot_logits = _decisions(rng, 1500, 3, "hot", lambda z: z / 3.0)
+    cold, cold_logits = _decisions(rng, 1500, 3, "cold", lambda z: z / 0.6, first_record=1500)
+    choice = choose_calibrator(hot + cold, hot_logits + cold_logits)
+    assert choice.calibrator.kind in (QUESTION_TEMPERATURE, VECTOR_SCALING)
+    assert choice.nll[QUESTION_TEMPERATURE] < choice.nll[TYPE_TEMPERATURE] - 0.01
+    if choice.calibrator.kind == QUESTION_TEMPERATURE:
+        assert choice.calibrator.questions["hot"].temperature == pytest.approx(3.0, rel=0.15)
+        assert choice.calibrator.questions["cold"].temperature == pytest.approx(0.6, rel=0.15)
+    assert "lowest cross-fitted NLL" in choice.calibrator.notes["chosen"]
+
+
+def test_a_biased_class_prior_is_what_vector_scaling_corrects_and_it_is_chosen():
+    rng = np.random.default_rng(1)
+    bias = np.array([1.5, 0.0, -1.5])
+    decisions, logits = _decisions(rng, 3000, 3, "tone", lambda z: z + bias)
+    choice = choose_calibrator(decisions, logits)
+    assert choice.calibrator.kind == VECTOR_SCALING
+    assert (
+        choice.nll[VECTOR_SCALING]
+        < min(choice.nll[TYPE_TEMPERATURE], choice.nll[QUESTION_TEMPERATURE]) - 0.02
+    )
+    fitted = choice.calibrator.questions["tone"]
+    assert np.subtract(fitted.bias, np.mean(fitted.bias)) == pytest.approx(bias - bias.mean(), abs=0.3)
+
+
+def test_too_few_decisions_per_question_leave_only_the_type_temperature():
+    rng = np.random.default_rng(2)
+    decisions, logits = [], []
+    for q in range(40):  # 40 questions of 20 decisions each: none is large enough for its own transform
+        d, z = _decisions(rng, 20, 3, f"q{q}", lambda z: z / 2.0, first_record=20 * q)
+        decisions += d
+        logits += z
+    choice = choose_calibrator(decisions, logits)
+    assert set(choice.nll) == {TYPE_TEMPERATURE} and choice.calibrator.kind == TYPE_TEMPERATURE
+    assert choice.calibrator.temperatures[0] == pytest.approx(2.0, rel=0.2)
+
+
+def test_the_winner_is_scored_cross_fitted_not_in_sample():
+    rng = np.random.default_rng(3)
+    decisions, logits = _decisions(rng, 1200, 3, "q", lambda z: z / 2.0)
+    choice = choose_calibrator(decisions, logits)
+    in_sample = choice.calibrator.apply(decisions, logits)
+    assert mean_nll(decisions, choice.cross_fitted) != pytest.approx(mean_nll(decisions, in_sample), abs=1e-9)
+
+
+def test_the_file_round_trips_and_a_reused_id_with_other_options_falls_back_to_its_type():
+    calibrator = Calibrator(
+        VECTOR_SCALING, (1.5, 1.0, 0.8),
+        {"tone": QuestionTransform(0, 3, weights=(0.5, 1.0, 2.0), bias=(0.1, 0.0, -0.1)),
+         "flag": QuestionTransform(2, 2, temperature=2.0)},
+    )  # fmt: skip
+    again = Calibrator.from_json(json.loads(json.dumps(calibrator.to_json())))
+    z = np.array([1.0, -0.5, 0.25])
+    assert again.probabilities(0, "tone", z) == pytest.approx(softmax(z * [0.5, 1.0, 2.0] + [0.1, 0.0, -0.1]))
+    assert again.probabilities(0, "tone", z[:2]) == pytest.approx(softmax(z[:2], 1.5))  # 2 options, not 3
+    assert again.probabilities(1, "flag", z[:2]) == pytest.approx(softmax(z[:2], 1.0))  # another type
+    assert again.probabilities(2, "flag", z[:2]) == pytest.approx(softmax(z[:2], 2.0))
+    with pytest.raises(ValueError, match="unknown calibrator kind"):
+        Calibrator.from_json({"kind": "isotonic", "temperatures": {}})
+
+
+QUESTIONS = {
+    "tone": {"type": "choice", "instructions": "what tone", "criteria": {"negative": None, "neutral": "none",
+                                                                         "positive": None}},
+    "good": {"type": "noul", "instructions": "it is good", "criteria": None},
+}  # fmt: skip
+RICHER = Calibrator(QUESTION_TEMPERATURE, (1.5, 1.0, 2.0), {"tone": QuestionTransform(0, 3, temperature=3.0)})
+
+
+def _raw(loaded, state):
+    """The model's uncalibrated probabilities per question (its calibration removed)."""
+    from dataclasses import replace
+
+    from pipeline.families.laya.predict import predict
+
+    plain = replace(loaded, calibrator=None, config={**loaded.config, "temperature": [1.0, 1.0, 1.0]})
+    return predict(plain, state, QUESTIONS)
+
+
+def test_a_laya_export_keeps_a_richer_calibrator_and_laya_agent_gets_its_type_temperatures(
+    tiny_base, tmp_path
+):
+    import laya
+
+    from pipeline.families.laya.export import export_model
+    from pipeline.families.laya.layout import load_model
+    from pipeline.families.laya.predict import predict
+
+    manifest = export_model(
+        load_model(tiny_base), tmp_path / "export", RICHER, {"source_digest": "x"}
+    ).manifest
+    assert manifest["calibrator"]["kind"] == QUESTION_TEMPERATURE
+    assert "laya.Agent applies only the per-type temperatures" in manifest["calibrator"]["other_readers"]
+    ours = load_model(tmp_path / "export")
+    state = "this is great"
+    raw, served = _raw(ours, state), predict(ours, state, QUESTIONS)
+    logit = np.log(raw["tone"])
+    np.testing.assert_allclose(served["tone"], softmax(logit, 3.0), atol=1e-6)  # its own temperature
+    np.testing.assert_allclose(served["good"], softmax(np.log(raw["good"]), 2.0), atol=1e-6)  # its type's
+    agent = laya.Agent(str(tmp_path / "export"), device="cpu").system_one(state, QUESTIONS)["answers"]
+    theirs = [agent["tone"]["probabilities"][k] for k in ("negative", "neutral", "positive")]
+    np.testing.assert_allclose(
+        theirs, softmax(logit, 1.5), atol=2e-3
+    )  # folded: the choice type's temperature
+    assert np.abs(softmax(logit, 3.0) - softmax(logit, 1.5)).max() > 0.01, (
+        "the two must differ for this to test"
+    )
+
+
+def test_a_joint_export_answers_with_its_calibrator(tiny_base, tmp_path):
+    import torch
+
+    from pipeline.data.answers import answer_probabilities, parse_request
+    from pipeline.data.validate import validate_rows
+    from pipeline.families import load_decision_model
+    from pipeline.families.joint.layout import export_joint
+    from tests.tiny import load_joint_on
+
+    family, loaded = load_joint_on(tiny_base)
+    sharp = Calibrator(
+        QUESTION_TEMPERATURE, (1.0, 1.0, 0.05), {"tone": QuestionTransform(0, 3, temperature=0.02)}
+    )
+    export_joint(loaded, tmp_path / "export", sharp, {"source_digest": "a"})
+    model = load_decision_model(tmp_path / "export")
+    state = "okay product"
+    record = validate_rows(
+        [{"state": state, "questions": QUESTIONS, "gold": {"tone": "neutral", "good": True}}]
+    ).records
+    decisions, logits = family.score(
+        model.loaded, family.build_examples(model.loaded, record)[0], torch.device("cpu")
+    )
+    served = model.answer([parse_request(state, QUESTIONS)])[0].answers
+    for decision, z in zip(decisions, logits):
+        expected = sharp.probabilities(decision.qtype, decision.question_id, z)
+        got = answer_probabilities(served[decision.question_id])
+        np.testing.assert_allclose(got, expected, atol=1e-4)  # answers carry 4 decimals
+        assert np.abs(expected - softmax(z)).max() > 0.01, (
+            "the calibrator must change the answer for this to test"
+        )
+
+
+@pytest.mark.parametrize("damage", ["missing", "edited"])
+def test_a_missing_or_edited_calibrator_file_is_a_clear_error_naming_it(tiny_base, tmp_path, damage):
+    from pipeline.families.base import ModelLayoutError
+    from pipeline.families.laya.export import export_model
+    from pipeline.families.laya.layout import load_model
+
+    export_model(load_model(tiny_base), tmp_path / "export", RICHER, {"source_digest": "x"})
+    path = tmp_path / "export" / "calibrator.json"
+    if damage == "missing":
+        path.unlink()
+    else:
+        path.write_text(path.read_text().replace("3.0", "9.0"))
+    with pytest.raises(ModelLayoutError, match=r"calibrator\.json: (missing|its bytes differ)"):
+        load_model(tmp_path / "export")

@@ -1,0 +1,88 @@
+"""The calibration report's bootstrap interval and classwise ECE, split-conformal sets, and the paired NLL test."""
+
+import numpy as np
+import pytest
+
+from pipeline.config import PromoteConfig
+from pipeline.mlops.promotion import gate
+from pipeline.scoring.calibration import softmax
+from pipeline.scoring.conformal import conformal_report, conformal_threshold
+from pipeline.scoring.decisions import ScoredDecision
+from pipeline.scoring.paired import paired_comparison
+from pipeline.scoring.report import calibration_report, classwise_ece, report_table
+
+
+def _sample(rng, n, k=3, temperature=1.0, per_record=1, qtype=0):
+    """Probabilities and labels drawn from softmax(z / temperature): calibrated at temperature 1."""
+    logits = [rng.normal(0, 2.0, size=k) for _ in range(n)]
+    labels = [int(rng.choice(k, p=softmax(z))) for z in logits]
+    decisions = [ScoredDecision(qtype, y, i // per_record, f"q{i % per_record}", tuple(np.eye(k)[y]))
+                 for i, y in enumerate(labels)]  # fmt: skip
+    return decisions, [softmax(z, temperature) for z in logits], logits
+
+
+def test_the_ece_interval_holds_the_point_and_narrows_with_more_records():
+    rng = np.random.default_rng(0)
+    small = calibration_report(*_sample(rng, 400, per_record=4)[:2], resamples=500)["overall"]
+    large = calibration_report(*_sample(rng, 6400, per_record=4)[:2], resamples=500)["overall"]
+    for figures in (small, large):
+        assert figures["ece_low"] <= figures["ece"] <= figures["ece_high"]
+    assert large["ece_high"] - large["ece_low"] < 0.5 * (small["ece_high"] - small["ece_low"])
+
+
+def test_an_overconfident_model_is_outside_a_calibrated_models_interval():
+    rng = np.random.default_rng(1)
+    decisions, calibrated, logits = _sample(rng, 4000, per_record=4)
+    overconfident = [softmax(z, 0.5) for z in logits]
+    good = calibration_report(decisions, calibrated, resamples=500)["overall"]
+    bad = calibration_report(decisions, overconfident, resamples=500)["overall"]
+    assert bad["ece_low"] > good["ece_high"] and bad["nll"] > good["nll"]
+    assert classwise_ece(decisions, overconfident) > classwise_ece(decisions, calibrated)
+
+
+def test_the_report_has_every_type_and_question_and_a_table():
+    rng = np.random.default_rng(2)
+    a, pa, _ = _sample(rng, 300, per_record=2, qtype=0)
+    b, pb, _ = _sample(rng, 300, k=2, per_record=2, qtype=2)
+    report = calibration_report(a + b, pa + pb, resamples=100)
+    assert set(report["by_type"]) == {"choice", "noul"} and set(report["by_question"]) == {"q0", "q1"}
+    assert report["overall"]["decisions"] == 600 and "| type noul | 300 |" in report_table(report)
+
+
+@pytest.mark.parametrize("alpha", [0.05, 0.1, 0.2])
+def test_split_conformal_sets_reach_their_coverage(alpha):
+    rng = np.random.default_rng(3)
+    decisions, probabilities, _ = _sample(rng, 6000, k=5)
+    figures = conformal_report(decisions, probabilities, alpha)["by_type"]["choice"]
+    assert figures["coverage"] >= 1 - alpha - 0.015
+    assert 1.0 <= figures["mean_set_size"] < 5.0
+
+
+def test_conformal_with_too_few_scores_returns_every_option_and_a_bad_alpha_is_refused():
+    assert conformal_threshold(np.array([0.1, 0.2]), 0.1) == 1.0
+    decisions, probabilities, _ = _sample(np.random.default_rng(4), 10)
+    with pytest.raises(ValueError, match="alpha"):
+        conformal_report(decisions, probabilities, 1.5)
+
+
+def test_the_paired_bootstrap_tells_a_better_challenger_from_the_same_model():
+    rng = np.random.default_rng(5)
+    decisions, calibrated, logits = _sample(rng, 4000, per_record=4)
+    overconfident = [softmax(z, 0.6) for z in logits]
+    better = paired_comparison((decisions, overconfident), (decisions, calibrated))
+    same = paired_comparison((decisions, calibrated), (decisions, calibrated))
+    assert better.nll_gain > 0 and better.nll_gain_low > 0
+    assert same.nll_gain == 0 and same.nll_gain_low <= 0
+    config = PromoteConfig(max_ece=1.0)
+    assert gate({"ece": 0.01}, better, True, config).promote
+    held = gate({"ece": 0.01}, same, True, config)
+    assert not held.promote and any("lower bound" in r and "<= 0" in r for r in held.reasons)
+
+
+def test_the_paired_comparison_uses_only_decisions_both_models_answered():
+    rng = np.random.default_rng(6)
+    decisions, probabilities, _ = _sample(rng, 100)
+    comparison = paired_comparison((decisions, probabilities), (decisions[:60], probabilities[:60]))
+    assert comparison.decisions == 60
+    with pytest.raises(ValueError, match="share no held-out decision"):
+        paired_comparison((decisions[:10], probabilities[:10]), (decisions[50:], probabilities[50:]))

@@ -10,22 +10,17 @@ import yaml
 pytestmark = pytest.mark.slow
 
 
-def _corrupt_one_tensor(export: Path) -> str:
-    """Add noise to the largest decision-head tensor of the export's weight file; the tensor's name."""
+def _corrupt_one_tensor(export: Path, name: str = "scorer.1.weight") -> None:
+    """Add noise to one tensor of the (Laya-layout) export's weights: the option scorer's hidden layer."""
     import torch
     from safetensors.torch import load_file, save_file
 
-    path = next(
-        export / name for name in ("head.safetensors", "model.safetensors") if (export / name).is_file()
-    )
+    path = export / "model.safetensors"
     state = load_file(str(path))
-    name = max((k for k, v in state.items() if v.is_floating_point() and not k.startswith("encoder.")),
-               key=lambda k: state[k].numel())  # fmt: skip
     tensor = state[name].float()
     noise = torch.randn(tensor.shape, generator=torch.Generator().manual_seed(0)) * (3 * tensor.std() + 0.1)
     state[name] = (tensor + noise).to(state[name].dtype)
     save_file(state, str(path))
-    return name
 
 
 def test_a_corrupted_export_fails_smoke_is_tagged_failed_and_champion_stays(prefect_harness, mlflow_store,

@@ -115,33 +115,19 @@ def test_a_tampered_dataset_stops_the_flow_before_training(
     prefect_harness, mlflow_store, tiny_params, monkeypatch
 ):
     import pipeline.stages.train
-    from pipeline.data.pins import PinMismatch, file_md5
+    from pipeline.data.pins import PinMismatch
 
     params = yaml.safe_load(tiny_params.read_text())
     data = tiny_params.parent / "pinned.jsonl"
     data.write_bytes(Path(params["retrain"]["data"]).read_bytes())
-    lock = tiny_params.parent / "dvc.lock"
-    lock.write_text(
-        yaml.safe_dump(
-            {
-                "schema": "2.0",
-                "stages": {
-                    "dataset": {
-                        "cmd": "python -m pipeline.stages.dvc dataset",
-                        "outs": [{"path": "pinned.jsonl", "md5": file_md5(data)}],
-                    }
-                },
-            }
-        )
-    )
-    tampered = write_tiny_params(tiny_params.parent, data, params["retrain"]["base"])
+    tampered = write_tiny_params(tiny_params.parent, data, params["retrain"]["base"])  # pins it in dvc.lock
     with data.open("a") as handle:
         handle.write(json.dumps({"state": "extra", "questions": {}, "gold": {}}) + "\n")
     monkeypatch.setattr(
         pipeline.stages.train, "train_stage", lambda *a, **k: pytest.fail("trained on tampered data")
     )
     with pytest.raises(PinMismatch, match=r"pinned\.jsonl: bytes differ from dvc\.lock"):
-        run_flow(tampered, lock)
+        run_flow(tampered)
 
 
 def test_a_worse_candidate_is_held_as_challenger_and_rollback_restores_the_champion(prefect_harness, mlflow_store,

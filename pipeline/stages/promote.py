@@ -33,8 +33,10 @@ def register_stage(export_dir: str | Path, name: str, run_id: str, tags: dict[st
 
 def promotion_stage(name: str, version: str, calibrated: dict[str, float], smoke_passed: bool, data: str | Path,
                     split_config: ValidateConfig, config: PromoteConfig,
-                    learning_warnings: list[str] | None = None) -> dict[str, Any]:  # fmt: skip
-    """Gate `version` against the champion scored now on the same split; move `champion` when it passes."""
+                    learning_warnings: list[str] | None = None, unpinned: bool = False) -> dict[str, Any]:  # fmt: skip
+    """Gate `version` against the champion scored now on the same split; move `champion` when it passes.
+
+    `unpinned`: the version was trained with --allow-unpinned, and the gate holds it."""
     champion_version = current(name, CHAMPION)
     if champion_version == version:
         return {"promote": False, "reasons": ["already the champion"], "champion": version}
@@ -42,7 +44,7 @@ def promotion_stage(name: str, version: str, calibrated: dict[str, float], smoke
     if champion_version is not None:
         with tempfile.TemporaryDirectory() as tmp:
             champion = score_heldout(download_version(name, champion_version, tmp), data, split_config)
-    verdict = gate(calibrated, champion, smoke_passed, config, learning_warnings)
+    verdict = gate(calibrated, champion, smoke_passed, config, learning_warnings, unpinned=unpinned)
     client().set_model_version_tag(name, version, GATE_TAG, "promote" if verdict.promote else "hold")
     client().set_model_version_tag(name, version, GATE_REASONS_TAG, "; ".join(verdict.reasons))
     if verdict.promote:

@@ -2,10 +2,13 @@
 
 A new version always gets `challenger`. `champion` moves only through the gate (the candidate's held-out
 accuracy at least the champion's plus `min_accuracy_gain`, on the same held-out split; its calibrated ECE at
-most `max_ece`; its smoke test passed; not trained with --allow-unpinned) or by hand (`decision promote
-VERSION`, which still refuses a version whose smoke test failed, or that was trained on unpinned inputs, unless
-forced). Every alias move is appended to the registered model's history (who, when, from, to, why), so
-`decision rollback` moves `champion` back one step. A server following `@champion` picks each move up.
+most `max_ece`; its smoke test passed) or by hand (`decision promote VERSION`, which still refuses a version
+whose smoke test failed unless forced). Every alias move is appended to the registered model's history (who,
+when, from, to, why), so `decision rollback` moves `champion` back one step. A server following `@champion`
+picks each move up.
+
+A version trained with --allow-unpinned (tagged `allow_unpinned=true`) is held by the gate and refused by
+`decision promote` unless forced.
 """
 
 from __future__ import annotations

@@ -66,7 +66,8 @@ def export_manifest(data, base, config: TrainConfig, family: str, run: dict[str,
     pins, steps, losses = run.get("pins", {}), run["steps"], run.get("losses", [])
     return {
         "data": str(data), "data_md5": current_md5(Path(data)), "base": str(base),
-        "base_md5": current_md5(Path(base)), "pins": pins, "inputs": run.get("inputs", {}), "git_commit": git_commit(), "family": family,
+        "base_md5": current_md5(Path(base)), "pins": pins, "inputs": run.get("inputs", {}),
+        "git_commit": git_commit(), "family": family,
         "params": {"train": asdict(config)}, "steps": steps, "temperatures": list(temperatures),
         "metrics": {k: v for k, v in heldout.items() if isinstance(v, dict)},
         "source_digest": source_digest(data, base, config, pins, steps, losses),

@@ -89,8 +89,8 @@ def verify_inputs(paths: list[str | Path], lock_path: str | Path = LOCK_FILE) ->
 
 
 def require_pins(paths: list[str | Path], lock_path: str | Path = LOCK_FILE) -> dict[str, str]:
-    """`verify_inputs`, but an input no pin covers is refused too (`Unpinned`, raised before anything is hashed),
-    naming each path and the command that pins it."""
+    """`verify_inputs`, but an input no pin covers is refused too: `Unpinned`, raised before anything is
+    hashed, naming each path and the command that pins it."""
     missing = unpinned(paths, lock_path)
     if missing:
         raise Unpinned(_unpinned_message(missing, Path(lock_path)))
@@ -129,12 +129,15 @@ def pin_command(rel: str, root: str | Path = ".") -> str:
 def _unpinned_message(missing: list[str], lock: Path) -> str:
     root = lock.resolve().parent
     state = f"{lock} is missing" if not lock.is_file() else f"neither {lock} nor a .dvc file pins them"
-    lines = []
-    for path in missing:
-        rel = _relative_to(path, root)
-        lines.append(f"{path}: not pinned; pin it with `{pin_command(rel, root)}` in {root}" if rel is not None
-                     else f"{path}: outside {root}, where DVC cannot pin it; copy it in and `dvc add` it")  # fmt: skip
+    lines = [_unpinned_line(path, root) for path in missing]
     return f"refusing to train on unpinned inputs ({state}):\n  " + "\n  ".join(lines) + f"\n{OVERRIDE}"
+
+
+def _unpinned_line(path: str, root: Path) -> str:
+    rel = _relative_to(path, root)
+    if rel is None:  # DVC tracks only what lies inside its repository
+        return f"{path}: outside {root}, where DVC cannot pin it; copy it in and `dvc add` it"
+    return f"{path}: not pinned; pin it with `{pin_command(rel, root)}` in {root}"
 
 
 def _is_pinned(path: str | Path, root: Path, lock: Path) -> bool:

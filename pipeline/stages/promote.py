@@ -33,7 +33,8 @@ def register_stage(export_dir: str | Path, name: str, run_id: str, tags: dict[st
 
 def promotion_stage(name: str, version: str, calibrated: dict[str, float], smoke_passed: bool, data: str | Path,
                     split_config: ValidateConfig, config: PromoteConfig,
-                    learning_warnings: list[str] | None = None, unpinned: bool = False) -> dict[str, Any]:  # fmt: skip
+                    learning_warnings: list[str] | None = None,
+                    unpinned: bool = False) -> dict[str, Any]:  # fmt: skip
     """Gate `version` against the champion scored now on the same split; move `champion` when it passes.
 
     `unpinned`: the version was trained with --allow-unpinned, and the gate holds it."""

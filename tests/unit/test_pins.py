@@ -177,3 +177,7 @@ def test_without_dvc_lock_the_strict_check_names_the_lock_and_a_stage_output_get
     assert "dvc.lock is missing" in message
     assert f"{repo / 'out/rows.jsonl'}: not pinned; pin it with `dvc repro build`" in message
     assert "own.csv" not in message  # still pinned by own.csv.dvc
+    elsewhere = tmp_path / "elsewhere.jsonl"
+    elsewhere.write_text("{}\n")
+    with pytest.raises(Unpinned, match=r"elsewhere\.jsonl: outside .*, where DVC cannot pin it"):
+        require_pins([elsewhere], repo / "dvc.lock")

@@ -7,8 +7,13 @@ idempotency key (data + base snapshot + params + code) names the run folder, the
 version, so the same key never makes a second run or version. Retries only where I/O can fail transiently:
 the registry and the HTTP smoke test; never training.
 
+It trains only on inputs DVC pins (`dvc.lock`, or a `.dvc` file) and refuses before any task runs otherwise,
+naming each path and the command that pins it. `--allow-unpinned` trains anyway: the run and the version are
+tagged `allow_unpinned=true`, and the gate holds the version (`decision promote VERSION --force` promotes it).
+
     python -m flows.retrain                  # params.yaml (what `make run` does)
     python -m flows.retrain --run-config tiny
+    python -m flows.retrain --allow-unpinned # data or base not pinned yet: train, never promote by itself
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ from pipeline.config import load_params
 from pipeline.data import pins, read
 from pipeline.lineage import code_digest, git_commit, idempotency_key
 from pipeline.mlops import tracking
+from pipeline.mlops.promotion import UNPINNED_TAG
 from pipeline.mlops.registry import ensure_experiment
 from pipeline.rundir import RunFolder
 from pipeline.scoring.report import report_tags
@@ -46,10 +52,14 @@ IO_RETRIES = {"retries": 2, "retry_delay_seconds": 5}
 
 
 @task(name="verify-pins")
-def verify_pins(paths: list[str], lock: str) -> dict[str, str]:
+def verify_pins(paths: list[str], lock: str, allow_unpinned: bool = False) -> dict[str, str]:
+    if not allow_unpinned:
+        return pins.require_pins(paths, lock)
     missing = pins.unpinned(paths, lock)
     if missing:
-        get_run_logger().warning("not pinned in %s, so not verified: %s", lock, ", ".join(missing))
+        get_run_logger().warning(
+            "--allow-unpinned: training on inputs DVC does not pin: %s", ", ".join(missing)
+        )
     return pins.verify_inputs(paths, lock)
 
 
@@ -69,7 +79,7 @@ def take_slice(data: str, row_slice: str | None, run_dir: str) -> str:
 
 @task(name="train", **CACHED)
 def train(data: str, base: str, run_dir: str, config, split_config, device: str, key: str,
-          tags: dict[str, str]) -> dict[str, Any]:  # fmt: skip
+          tags: dict[str, str], inputs: dict[str, dict[str, Any]]) -> dict[str, Any]:  # fmt: skip
     # progress=False: no bar in the Prefect log; the run logger gets a line every 10 steps or 30 s instead.
     # The MLflow run opens now, so its curves fill in the UI while training runs.
     logger = get_run_logger()
@@ -77,7 +87,7 @@ def train(data: str, base: str, run_dir: str, config, split_config, device: str,
     watch = tracking.LiveRun(run_id) if live else None
     summary = train_stage.train_stage(data, base, run_dir, config, split_config, device, progress=False,
                                       report=logger.info, on_log=watch and watch.step,
-                                      on_eval=watch and watch.heldout)  # fmt: skip
+                                      on_eval=watch and watch.heldout, inputs=inputs)  # fmt: skip
     summary["mlflow_run_id"] = run_id
     for warning in summary["warnings"]:
         logger.warning("the fine-tune did not learn: %s", warning)
@@ -111,9 +121,10 @@ def smoke(name: str, version: str, data: str, n: int, split_config, expected: st
 
 @task(name="promotion-gate", **IO_RETRIES)
 def promotion_gate(name: str, version: str, calibrated: dict[str, float], smoke_passed: bool, data: str,
-                   split_config, config, learning_warnings: list[str]) -> dict[str, Any]:  # fmt: skip
+                   split_config, config, learning_warnings: list[str],
+                   unpinned: bool = False) -> dict[str, Any]:  # fmt: skip
     return promote_stage.promotion_stage(name, version, calibrated, smoke_passed, data, split_config, config,
-                                         learning_warnings)  # fmt: skip
+                                         learning_warnings, unpinned=unpinned)  # fmt: skip
 
 
 def _run_name() -> str:
@@ -133,25 +144,29 @@ def retrain(
     run_config: str | None = None,
     lock: str = "dvc.lock",
     owner: str | None = None,
+    allow_unpinned: bool = False,
 ) -> dict[str, Any]:
     """Retrain on the pinned data and base, track, register, smoke-test and (through the gate) promote.
 
     `owner` tags the run and the version: the Decision API then serves that version by name to the owner's keys.
+    `allow_unpinned` trains on inputs DVC does not pin (refused otherwise); the gate then holds the version.
     """
     params = _load(params_file, run_config)
     config = params["retrain"]
-    verified = verify_pins([config.data, config.base], lock)
+    verified = verify_pins([config.data, config.base], lock, allow_unpinned)
+    inputs = pins.pin_status({"data": config.data, "base": config.base}, lock)
     data_md5, base_md5 = pins.current_md5(Path(config.data)), pins.current_md5(Path(config.base))
     sections = {k: asdict(v) for k, v in params.items()}
-    key = idempotency_key(data_md5, base_md5, sections, code_digest())
+    key = idempotency_key(data_md5, base_md5, sections, code_digest(), unpinned=allow_unpinned)
     run_dir = str(Path(config.runs_dir) / key[:16])
     run = RunFolder(run_dir)
     report = validate(config.data, config.slice, params["validate"], str(run.validation))
     sliced = take_slice(config.data, config.slice, run_dir)
     tags = {"git_commit": _git_commit(), "data_md5": data_md5, "base_md5": base_md5, "idempotency_key": key,
-            "data": config.data, "base": config.base} | ({"owner": owner} if owner else {})  # fmt: skip
+            "data": config.data, "base": config.base, **pins.pin_tags(inputs),
+            **_optional_tags(owner, allow_unpinned)}  # fmt: skip
     trained = train(
-        sliced, config.base, run_dir, params["train"], params["validate"], config.device, key, tags
+        sliced, config.base, run_dir, params["train"], params["validate"], config.device, key, tags, inputs
     )
     calibration = calibrate(run_dir)
     export_dir = export(run_dir, config.data, config.base, params["train"])
@@ -164,10 +179,15 @@ def retrain(
     smoked = smoke(config.model_name, version, sliced, config.smoke_decisions, params["validate"],
                    str(run.expected_answers))  # fmt: skip
     verdict = promotion_gate(config.model_name, version, calibration["heldout"]["calibrated"], smoked["passed"],
-                             sliced, params["validate"], params["promote"], trained["warnings"])  # fmt: skip
+                             sliced, params["validate"], params["promote"], trained["warnings"],
+                             allow_unpinned)  # fmt: skip
     summary = _summary(config, key, verified, report, trained, calibration, run_id, version, smoked, verdict)
     _publish(summary)
     return summary
+
+
+def _optional_tags(owner: str | None, allow_unpinned: bool) -> dict[str, str]:
+    return ({"owner": owner} if owner else {}) | ({UNPINNED_TAG: "true"} if allow_unpinned else {})
 
 
 def _summary(
@@ -176,7 +196,8 @@ def _summary(
     return {
         "model": config.model_name, "version": version, "champion": verdict.get("champion"),
         "promoted": verdict["promote"], "gate": verdict["reasons"], "mlflow_run_id": run_id,
-        "idempotency_key": key, "pins": verified, "family": trained.get("family"),
+        "idempotency_key": key, "pins": verified, "inputs": trained.get("inputs", {}),
+        "family": trained.get("family"),
         "warnings": trained.get("warnings", []), "rows": report["rows"], "decisions": report["decisions"],
         "skipped": report["skipped"], "heldout": calibration["heldout"],
         "temperatures": calibration["temperatures"], "calibrator": calibration["calibrator"],
@@ -217,8 +238,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--owner", help="tag the version with its owner (the Decision API serves it to their keys)"
     )
+    parser.add_argument("--allow-unpinned", action="store_true",
+                        help="train even when DVC does not pin the data or base; the version is then held")  # fmt: skip
     args = parser.parse_args(argv)
-    summary = retrain(args.params, args.run_config, owner=args.owner)
+    summary = retrain(args.params, args.run_config, owner=args.owner, allow_unpinned=args.allow_unpinned)
     if args.json:
         print(json.dumps(summary, default=str))
     else:

@@ -35,10 +35,17 @@ def code_digest(root: str | Path = ".") -> str:
     return digest.hexdigest()
 
 
-def idempotency_key(data_md5: str, base_md5: str, params: dict[str, Any], code: str) -> str:
-    """The key of a retraining run: data, base snapshot, every params section and the code."""
-    text = json.dumps({"data": data_md5, "base": base_md5, "params": params, "code": code}, sort_keys=True,
-                      default=str)  # fmt: skip
+def idempotency_key(
+    data_md5: str, base_md5: str, params: dict[str, Any], code: str, unpinned: bool = False
+) -> str:
+    """The key of a retraining run: data, base snapshot, every params section and the code.
+
+    A run with --allow-unpinned (`unpinned`) gets a key of its own: the same bytes pinned later make a new
+    version the gate may promote, not the held one found again by key.
+    """
+    parts = {"data": data_md5, "base": base_md5, "params": params, "code": code}
+    # Only when set, so the key of every pinned run stays what it was.
+    text = json.dumps(parts | ({"unpinned": True} if unpinned else {}), sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:32]
 
 
@@ -53,12 +60,14 @@ def export_manifest(data, base, config: TrainConfig, family: str, run: dict[str,
                     temperatures, heldout: dict[str, Any]) -> dict[str, Any]:  # fmt: skip
     """The `manifest.json` of an export: data and base hashes, git commit, params, metrics, digest.
 
-    `run` holds the training run's `pins`, `steps` and `losses` (a `TrainRun` as a dict, or `train.json`).
+    `run` holds the training run's `pins`, `inputs` (each with whether DVC pins it), `steps` and `losses` (a
+    `TrainRun` as a dict, or `train.json`).
     """
     pins, steps, losses = run.get("pins", {}), run["steps"], run.get("losses", [])
     return {
         "data": str(data), "data_md5": current_md5(Path(data)), "base": str(base),
-        "base_md5": current_md5(Path(base)), "pins": pins, "git_commit": git_commit(), "family": family,
+        "base_md5": current_md5(Path(base)), "pins": pins, "inputs": run.get("inputs", {}),
+        "git_commit": git_commit(), "family": family,
         "params": {"train": asdict(config)}, "steps": steps, "temperatures": list(temperatures),
         "metrics": {k: v for k, v in heldout.items() if isinstance(v, dict)},
         "source_digest": source_digest(data, base, config, pins, steps, losses),

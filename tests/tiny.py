@@ -1,10 +1,14 @@
-"""Tiny random decision models in the Laya layout, for fast tests (no download, no pretrained weights)."""
+"""Tiny random decision models in the Laya layout, for fast tests (no download, no pretrained weights), and
+the small project files around them (learnable rows, a dvc.lock pinning inputs)."""
 
+import shutil
 from pathlib import Path
 
 import torch
+import yaml
 
 from pipeline.config import TrainConfig
+from pipeline.data.pins import current_md5
 
 WORDS = (
     "the a is of and to in it this that was great good bad terrible fine okay love hate product order late "
@@ -123,3 +127,25 @@ def load_joint_on(base: Path, config: TrainConfig = JOINT_HEAD):
 
     family = pick_family(base, "joint")
     return family, family.load(base, config, torch.device("cpu"))
+
+
+def pin_inputs(folder: Path, *paths: Path) -> list[Path]:
+    """The paths as a DVC repository at `folder` holds them: copied in when outside it, and pinned in
+    `folder/dvc.lock` by DVC's hash (what `dvc repro` would write for stage outputs)."""
+    inside = []
+    for path in map(Path, paths):
+        if not path.resolve().is_relative_to(folder.resolve()):
+            copy = folder / "pinned" / path.name
+            copy.parent.mkdir(exist_ok=True)
+            if path.is_dir():
+                shutil.copytree(path, copy, dirs_exist_ok=True)
+            else:
+                shutil.copy(path, copy)
+            path = copy
+        inside.append(path)
+    outs = [
+        {"path": p.resolve().relative_to(folder.resolve()).as_posix(), "md5": current_md5(p)} for p in inside
+    ]
+    lock = {"schema": "2.0", "stages": {"inputs": {"cmd": "true", "outs": outs}}}
+    (folder / "dvc.lock").write_text(yaml.safe_dump(lock))
+    return inside

@@ -1,6 +1,7 @@
 """The `decision` subcommands of the registry: `register`, `promote`, `rollback`, and `retrain` (the flow).
 
-decision promote 3                      # champion -> version 3 (refused if its smoke test failed)
+decision promote 3                      # champion -> version 3 (refused if its smoke test failed or it
+                                        # was trained with --allow-unpinned, unless --force)
 decision rollback                       # champion back one step
 decision retrain --run-config tiny      # the Prefect retrain flow, in its own process
 """
@@ -16,9 +17,13 @@ OWNER_HELP = "tag the version with its owner: the Decision API serves it by name
 
 
 def _register(args: argparse.Namespace) -> int:
+    from pipeline.data.pins import pin_tags
+    from pipeline.families.exporting import read_manifest
     from pipeline.mlops.registry import register_export
 
-    tags = {"registered_by": "decision register"} | ({"owner": args.owner} if args.owner else {})
+    # An ad-hoc export's manifest says which of its inputs DVC pinned: the version and its run say so too.
+    pinned = pin_tags(read_manifest(args.export).get("inputs", {}))
+    tags = {"registered_by": "decision register"} | pinned | ({"owner": args.owner} if args.owner else {})
     version = register_export(args.export, args.name, tags=tags)
     print(
         json.dumps({"name": args.name, "version": version}) if args.json else f"{args.name} version {version}"
@@ -71,6 +76,7 @@ def _retrain(args: argparse.Namespace) -> int:
     command += ["--run-config", args.run_config] if args.run_config else []
     command += ["--json"] if args.json else []
     command += ["--owner", args.owner] if args.owner else []
+    command += ["--allow-unpinned"] if args.allow_unpinned else []
     return subprocess.call(command, env={**env, **os.environ})
 
 
@@ -87,10 +93,15 @@ def add_registry_commands(commands) -> None:
 
     promote = commands.add_parser("promote", help="make a version the champion by hand",
                                   description="Point the champion alias at VERSION and record the move; a version "
-                                  "whose smoke test did not pass is refused unless --force.")  # fmt: skip
+                                  "whose smoke test did not pass, or trained with --allow-unpinned, is refused "
+                                  "unless --force.")  # fmt: skip
     promote.add_argument("version")
     promote.add_argument("--name", default="decision-model", help=name_help)
-    promote.add_argument("--force", action="store_true", help="promote even without a passed smoke test")
+    promote.add_argument(
+        "--force",
+        action="store_true",
+        help="promote even without a passed smoke test, or trained on unpinned inputs",
+    )
     promote.add_argument("--json", action="store_true")
     promote.set_defaults(handler=_promote)
 
@@ -106,5 +117,9 @@ def add_registry_commands(commands) -> None:
     retrain.add_argument("--params", default="params.yaml")
     retrain.add_argument("--run-config", help="configs/<NAME>.yaml overrides, e.g. tiny")
     retrain.add_argument("--owner", help=OWNER_HELP)
+    retrain.add_argument("--allow-unpinned", action="store_true",
+                         help="train even when dvc.lock is missing or does not pin the data or base (refused "
+                         "otherwise); the run and version are tagged allow_unpinned=true and the gate holds "
+                         "the version: decision promote VERSION --force promotes it")  # fmt: skip
     retrain.add_argument("--json", action="store_true")
     retrain.set_defaults(handler=_retrain)

@@ -1,23 +1,43 @@
-"""Verify data and model files against the md5 pins in `dvc.lock` before anything trains on them.
+"""Check data and model files against their DVC pins before anything trains on them, hashed by DVC itself.
 
-Every training entry point calls `verify_pins`; it refuses, naming the file and both hashes, when the bytes on
-disk are not the bytes DVC pinned.
+A pin is the md5 DVC recorded for a path: a stage output in `dvc.lock` (`dvc repro`) or a `PATH.dvc` file
+(`dvc add PATH`). Hashes come from `dvc_data`, the library `dvc status` compares with, so a folder's `.dir`
+hash is the one DVC writes. The retrain flow calls `require_pins`: every input pinned and matching, or it
+refuses. The ad-hoc commands call `verify_inputs`: a pinned input must match, an unpinned one (a user's own
+file) passes, and `pin_status` records which was which.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
 from pathlib import Path
 
 import yaml
+from dvc_data.hashfile.build import build
+from dvc_data.hashfile.db import HashFileDB
+from dvc_objects.fs import MemoryFileSystem, localfs
 
 LOCK_FILE = "dvc.lock"
-_CHUNK = 1 << 20
+PIPELINE_FILE = "dvc.yaml"
+OVERRIDE = (
+    "or pass --allow-unpinned to train anyway: the run is tagged so, and its version is never promoted to "
+    "champion without `decision promote VERSION --force`"
+)
 
 
 class PinMismatch(RuntimeError):
-    """Files on disk differ from their pins in dvc.lock (or have none)."""
+    """Files on disk differ from their DVC pins (or have none)."""
+
+
+class Unpinned(PinMismatch):
+    """Inputs no DVC pin covers: the retrain flow refuses them unless --allow-unpinned."""
+
+
+def current_md5(path: str | Path) -> str:
+    """The md5 DVC records for a file, or for a folder its `.dir` hash, computed by DVC's own `dvc_data`."""
+    # dry_run: hash only; the objects DVC would cache go nowhere, and the tree's listing to a throwaway store.
+    odb = HashFileDB(MemoryFileSystem(global_store=False), "/")
+    _, _, obj = build(odb, str(Path(path).resolve()), localfs, "md5", dry_run=True)
+    return obj.hash_info.value
 
 
 def pinned_outputs(lock_path: str | Path = LOCK_FILE) -> dict[str, str]:
@@ -30,46 +50,25 @@ def pinned_outputs(lock_path: str | Path = LOCK_FILE) -> dict[str, str]:
     return pins
 
 
-def file_md5(path: Path) -> str:
-    """md5 of a file's bytes, as DVC 3 records it."""
-    digest = hashlib.md5()
-    with path.open("rb") as handle:
-        for chunk in iter(lambda: handle.read(_CHUNK), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
-def dir_md5(path: Path) -> str:
-    """A directory's hash as DVC 3 records it: md5 of its sorted file listing, suffixed `.dir`."""
-    entries = [
-        {"md5": file_md5(f), "relpath": f.relative_to(path).as_posix()}
-        for f in sorted(path.rglob("*"), key=lambda p: p.relative_to(path).as_posix())
-        if f.is_file()
-    ]
-    listing = json.dumps(entries, sort_keys=True).encode()
-    return hashlib.md5(listing).hexdigest() + ".dir"
-
-
-def current_md5(path: Path) -> str:
-    """The hash of a file or directory in DVC's form."""
-    return dir_md5(path) if path.is_dir() else file_md5(path)
-
-
 def verify_pins(
     paths: list[str], root: str | Path = ".", lock_path: str | Path | None = None
 ) -> dict[str, str]:
-    """Check each path against dvc.lock; return {path: md5} or raise PinMismatch listing every problem."""
+    """Check each path (relative to `root`) against its pin; return {path: md5} or raise PinMismatch listing
+    every problem."""
     root = Path(root)
-    pins = pinned_outputs(lock_path or root / LOCK_FILE)
+    lock = Path(lock_path or root / LOCK_FILE)
     problems, verified = [], {}
     for rel in paths:
-        target = root / rel
-        if rel not in pins:
-            problems.append(f"{rel}: not pinned in dvc.lock (add it as a stage output and run `dvc repro`)")
-        elif not target.exists():
-            problems.append(f"{rel}: missing (pinned md5 {pins[rel]}); run `dvc repro` to rebuild it")
-        elif (found := current_md5(target)) != pins[rel]:
-            problems.append(f"{rel}: bytes differ from dvc.lock (pinned md5 {pins[rel]}, found md5 {found})")
+        target, found_pin = root / rel, _pin_of(rel, root, lock)
+        if found_pin is None:
+            problems.append(f"{rel}: not pinned; pin it with `{pin_command(rel, root)}`")
+            continue
+        md5, source = found_pin
+        if not target.exists():
+            problems.append(f"{rel}: missing (pinned md5 {md5}); run `dvc repro` or `dvc pull` to restore it")
+        elif (found := current_md5(target)) != md5:
+            problems.append(f"{rel}: bytes differ from {source} (pinned md5 {md5}, found md5 {found}); "
+                            "`dvc repro` rebuilds the pinned bytes, `dvc commit` pins these")  # fmt: skip
         else:
             verified[rel] = found
     if problems:
@@ -78,25 +77,84 @@ def verify_pins(
 
 
 def verify_inputs(paths: list[str | Path], lock_path: str | Path = LOCK_FILE) -> dict[str, str]:
-    """Verify every input that dvc.lock pins (refusing on a mismatch); unpinned inputs pass through unchecked.
+    """Verify every input that DVC pins (refusing on a mismatch); unpinned inputs pass through unchecked.
 
     Returns {path relative to the lock's folder: md5} for the pinned ones.
     """
     lock = Path(lock_path)
-    if not lock.is_file():
-        return {}
-    pinned = pinned_outputs(lock)
     root = lock.resolve().parent
-    relative = [rel for rel in (_relative_to(path, root) for path in paths) if rel in pinned]
-    return verify_pins(relative, root=root) if relative else {}
+    relative = [_relative_to(path, root) for path in paths]
+    pinned = [rel for rel in relative if rel is not None and _pin_of(rel, root, lock) is not None]
+    return verify_pins(pinned, root=root, lock_path=lock) if pinned else {}
+
+
+def require_pins(paths: list[str | Path], lock_path: str | Path = LOCK_FILE) -> dict[str, str]:
+    """`verify_inputs`, but an input no pin covers is refused too: `Unpinned`, raised before anything is
+    hashed, naming each path and the command that pins it."""
+    missing = unpinned(paths, lock_path)
+    if missing:
+        raise Unpinned(_unpinned_message(missing, Path(lock_path)))
+    return verify_inputs(paths, lock_path)
 
 
 def unpinned(paths: list[str | Path], lock_path: str | Path = LOCK_FILE) -> list[str]:
-    """The inputs dvc.lock does not pin (so `verify_inputs` could not check them)."""
+    """The inputs DVC does not pin (so `verify_inputs` could not check them)."""
     lock = Path(lock_path)
-    pinned = pinned_outputs(lock) if lock.is_file() else {}
     root = lock.resolve().parent
-    return [str(path) for path in paths if _relative_to(path, root) not in pinned]
+    return [str(path) for path in paths if not _is_pinned(path, root, lock)]
+
+
+def pin_status(inputs: dict[str, str | Path], lock_path: str | Path = LOCK_FILE) -> dict[str, dict]:
+    """{name: {"path", "pinned"}} for each named input (data, base, ...): what a run records of its pins."""
+    missing = set(unpinned(list(inputs.values()), lock_path))
+    return {name: {"path": str(path), "pinned": str(path) not in missing} for name, path in inputs.items()}
+
+
+def pin_tags(status: dict[str, dict]) -> dict[str, str]:
+    """`pin_status` as run and version tags: `data_pinned=true`, `base_pinned=false`, ..."""
+    return {f"{name}_pinned": str(entry["pinned"]).lower() for name, entry in status.items()}
+
+
+def pin_command(rel: str, root: str | Path = ".") -> str:
+    """The DVC command that pins `rel`: `dvc repro STAGE` for a stage output of dvc.yaml, else `dvc add`."""
+    pipeline = Path(root) / PIPELINE_FILE
+    stages = (yaml.safe_load(pipeline.read_text()) or {}).get("stages", {}) if pipeline.is_file() else {}
+    for name, stage in stages.items():
+        # An out is a path, or {path: options} when it carries options (persist, cache).
+        if rel in {next(iter(out)) if isinstance(out, dict) else out for out in stage.get("outs", [])}:
+            return f"dvc repro {name}"
+    return f"dvc add {rel}"
+
+
+def _unpinned_message(missing: list[str], lock: Path) -> str:
+    root = lock.resolve().parent
+    state = f"{lock} is missing" if not lock.is_file() else f"neither {lock} nor a .dvc file pins them"
+    lines = [_unpinned_line(path, root) for path in missing]
+    return f"refusing to train on unpinned inputs ({state}):\n  " + "\n  ".join(lines) + f"\n{OVERRIDE}"
+
+
+def _unpinned_line(path: str, root: Path) -> str:
+    rel = _relative_to(path, root)
+    if rel is None:  # DVC tracks only what lies inside its repository
+        return f"{path}: outside {root}, where DVC cannot pin it; copy it in and `dvc add` it"
+    return f"{path}: not pinned; pin it with `{pin_command(rel, root)}` in {root}"
+
+
+def _is_pinned(path: str | Path, root: Path, lock: Path) -> bool:
+    rel = _relative_to(path, root)
+    return rel is not None and _pin_of(rel, root, lock) is not None
+
+
+def _pin_of(rel: str, root: Path, lock: Path) -> tuple[str, str] | None:
+    """(md5, where it is recorded) for `rel`: a stage output in dvc.lock, else `rel.dvc` (`dvc add`)."""
+    if lock.is_file() and (md5 := pinned_outputs(lock).get(rel)):
+        return md5, lock.name
+    dvc_file = root / f"{rel}.dvc"
+    if not dvc_file.is_file():
+        return None
+    outs = (yaml.safe_load(dvc_file.read_text()) or {}).get("outs") or []
+    md5 = next((out["md5"] for out in outs if out.get("path") == Path(rel).name), None)
+    return (md5, dvc_file.name) if md5 else None
 
 
 def _relative_to(path: str | Path, root: Path) -> str | None:

@@ -7,6 +7,9 @@ its accuracy not worse than the champion's by more than `max_accuracy_drop`; its
 whose smoke test failed unless forced). Every alias move is appended to the registered model's history (who,
 when, from, to, why), so `decision rollback` moves `champion` back one step. A server following `@champion`
 picks each move up.
+
+A version trained with --allow-unpinned (tagged `allow_unpinned=true`) is held by the gate and refused by
+`decision promote` unless forced.
 """
 
 from __future__ import annotations
@@ -25,6 +28,10 @@ CHAMPION, CHALLENGER = "champion", "challenger"
 HISTORY_TAG = "alias_history"
 HISTORY_KEPT = 30  # entries; a registered-model tag holds a few kB
 SMOKE_TAG, GATE_TAG, GATE_REASONS_TAG = "smoke", "gate", "gate_reasons"
+UNPINNED_TAG = "allow_unpinned"
+"""Tagged `true` on the run and version of a retraining that ran with --allow-unpinned (not every input pinned
+by DVC): the gate holds such a version and `promote_version` wants force."""
+UNPINNED_REASON = "trained on unpinned inputs (--allow-unpinned); promote by hand with --force"
 
 
 class PromotionRefused(RuntimeError):
@@ -41,13 +48,18 @@ class Verdict:
 
 
 def gate(candidate: dict[str, float], comparison: PairedComparison | None, smoke_passed: bool,
-         config: PromoteConfig, learning_warnings: list[str] | None = None) -> Verdict:  # fmt: skip
+         config: PromoteConfig, learning_warnings: list[str] | None = None,
+         unpinned: bool = False) -> Verdict:  # fmt: skip
     """Whether the candidate may replace the champion; every reason is given, passing or not.
 
     `candidate` holds its calibrated (cross-fitted) held-out figures; `comparison` champion and candidate scored
-    now on the same decisions (None: no champion yet).
+    now on the same decisions (None: no champion yet); `unpinned`: it was trained with --allow-unpinned, so it is
+    held whatever its figures.
     """
     reasons, ok = [], True
+    if unpinned:
+        ok = False
+        reasons.append(UNPINNED_REASON)
     if learning_warnings and config.refuse_unlearned:
         ok = False
         reasons.append(f"no better than its base or the class prior on {len(learning_warnings)} check(s)")
@@ -101,15 +113,16 @@ def history(name: str) -> list[dict[str, Any]]:
 
 
 def promote_version(name: str, version: str, force: bool = False, why: str = "promoted by hand") -> None:
-    """Make `version` the champion; refuses one whose smoke test did not pass unless `force`."""
+    """Make `version` the champion; refuses one whose smoke test did not pass, or one trained on unpinned
+    inputs, unless `force`."""
     tags = client().get_model_version(name, version).tags
-    if tags.get(SMOKE_TAG) != "passed" and not force:
+    problems = [f"smoke test {tags.get(SMOKE_TAG, 'never ran')}"] if tags.get(SMOKE_TAG) != "passed" else []
+    problems += ["trained on unpinned inputs (--allow-unpinned)"] if tags.get(UNPINNED_TAG) == "true" else []
+    if problems and not force:
         raise PromotionRefused(
-            f"{name} version {version}: smoke test {tags.get(SMOKE_TAG, 'never ran')}; use --force to promote anyway"
+            f"{name} version {version}: {'; '.join(problems)}; use --force to promote anyway"
         )
-    set_alias(
-        name, CHAMPION, version, why + (" (forced)" if force and tags.get(SMOKE_TAG) != "passed" else "")
-    )
+    set_alias(name, CHAMPION, version, why + (" (forced)" if problems else ""))
 
 
 def rollback(name: str) -> str:

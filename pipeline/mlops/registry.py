@@ -121,7 +121,8 @@ def register_export(export_dir: str | Path, name: str, run_id: str | None = None
                     tags: dict[str, str] | None = None) -> str:  # fmt: skip
     """Log the export folder as a pyfunc model (in `run_id`, or a new run) and register it; the new version.
 
-    With an `idempotency_key` tag, a version already registered under that key is returned instead.
+    With an `idempotency_key` tag, a version already registered under that key is returned instead. A new run
+    gets the version's tags too (`run_id`'s run has its own).
     """
     import mlflow
 
@@ -132,6 +133,8 @@ def register_export(export_dir: str | Path, name: str, run_id: str | None = None
     use_store()
     experiment_id = None if run_id else ensure_experiment()
     with mlflow.start_run(run_id=run_id, experiment_id=experiment_id, nested=mlflow.active_run() is not None):
+        if run_id is None and tags:
+            mlflow.set_tags(tags)
         info = mlflow.pyfunc.log_model(
             name="model", python_model=str(Path(__file__).with_name("mlflow_model.py")),
             artifacts={EXPORT_ARTIFACT: str(export_dir)}, code_paths=[str(LIBRARY)],

@@ -52,7 +52,7 @@ def finetune(data: str | Path, base: str | Path, out: str | Path, config: TrainC
         "cancelled": cancelled, "train_seconds": run.train_seconds, "s_per_step": run.s_per_step, "steps": run.steps,
         "decisions_per_second": run.decisions_per_second, "peak_memory_mb": peak_memory_mb(),
         "precision": run.precision, "compile": run.compile, "losses": run.losses, "warnings": run.warnings,
-        "budget": run.budget,
+        "budget": run.budget, "pins": run.pins, "inputs": run.inputs,
     }  # fmt: skip
 
 

@@ -35,8 +35,11 @@ def register_stage(export_dir: str | Path, name: str, run_id: str, tags: dict[st
 
 def promotion_stage(name: str, version: str, calibrated: dict[str, float], smoke_passed: bool, data: str | Path,
                     split_config: ValidateConfig, config: PromoteConfig,
-                    learning_warnings: list[str] | None = None) -> dict[str, Any]:  # fmt: skip
-    """Gate `version` against the champion scored now on the same split; move `champion` when it passes."""
+                    learning_warnings: list[str] | None = None,
+                    unpinned: bool = False) -> dict[str, Any]:  # fmt: skip
+    """Gate `version` against the champion scored now on the same split; move `champion` when it passes.
+
+    `unpinned`: the version was trained with --allow-unpinned, and the gate holds it."""
     champion_version = current(name, CHAMPION)
     if champion_version == version:
         return {"promote": False, "reasons": ["already the champion"], "champion": version}
@@ -45,7 +48,7 @@ def promotion_stage(name: str, version: str, calibrated: dict[str, float], smoke
         comparison = compare_versions(
             name, champion_version, version, data, split_config, config.nll_confidence
         )
-    verdict = gate(calibrated, comparison, smoke_passed, config, learning_warnings)
+    verdict = gate(calibrated, comparison, smoke_passed, config, learning_warnings, unpinned=unpinned)
     tags = {GATE_TAG: "promote" if verdict.promote else "hold", GATE_REASONS_TAG: "; ".join(verdict.reasons)}
     if comparison is not None:
         tags |= {f"gate_{k}": str(v) for k, v in comparison.to_dict().items()}

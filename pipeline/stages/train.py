@@ -53,13 +53,14 @@ def describe_finetune(folder: str | Path) -> dict[str, Any]:
 def train_stage(data: str | Path, base: str | Path, run_dir: str | Path, config: TrainConfig,
                 split_config: ValidateConfig = ValidateConfig(), device: str = "auto",
                 progress: bool = True, report: Callable[[str], None] | None = None, on_log=None,
-                on_eval=None) -> dict[str, Any]:  # fmt: skip
+                on_eval=None, inputs: dict[str, dict[str, Any]] | None = None) -> dict[str, Any]:  # fmt: skip
     """The flow's train stage: the fine-tune, the held-out logits and a summary, into the run folder.
 
     `finetune/` holds the fine-tune, `heldout.npz` the held-out decisions with base and tuned logits (what
     calibration needs), `train.json` the run with its logged steps (loss, lr, s/step) and held-out checkpoints.
     `report` gets progress lines; `on_log` each logging step and `on_eval(step, metrics)` each held-out
-    checkpoint, as they happen (the flow sends them to the live MLflow run).
+    checkpoint, as they happen (the flow sends them to the live MLflow run). `inputs` replaces the run's own
+    pin record: the flow trains on a slice of its data, and what it pinned is the data and base it checked.
     """
     run_folder = RunFolder(run_dir)
     run_folder.root.mkdir(parents=True, exist_ok=True)
@@ -80,6 +81,8 @@ def train_stage(data: str | Path, base: str | Path, run_dir: str | Path, config:
                           report=report, on_eval=evaluated)  # fmt: skip
     run = trained.run
     run.saved_to = str(save_trained(trained, run_folder.finetune, data, base, config))
+    if inputs is not None:
+        run.inputs = inputs
     save_heldout(
         run_folder.heldout,
         HeldOut(trained.heldout, trained.base_logits, trained.tuned_logits, trained.options),

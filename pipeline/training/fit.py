@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from pipeline.config import ConfigError, TrainConfig, ValidateConfig
-from pipeline.data.pins import verify_inputs
+from pipeline.data.pins import pin_status, verify_inputs
 from pipeline.data.read import RowSlice
 from pipeline.data.split import Split, split_holdout
 from pipeline.data.validate import validate_file
@@ -49,6 +49,8 @@ class TrainRun:
     compile: dict[str, Any] = field(default_factory=dict)
     precision: str = "fp32"
     pins: dict[str, str] = field(default_factory=dict)
+    inputs: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """Each input (data, base, eval_data) with its path and whether DVC pins it (`data.pins.pin_status`)."""
     losses: list[tuple[int, float]] = field(default_factory=list)
     family: str = "laya"
     method: str = "lora"
@@ -88,7 +90,8 @@ def fit_on_data(data: str | Path, base: str | Path, config: TrainConfig,
     they are only looked at: nothing in training reads them.
     """
     say = report or (lambda line: None)
-    pins = verify_inputs([data, base] + ([eval_data] if eval_data else []))
+    named = {"data": data, "base": base} | ({"eval_data": eval_data} if eval_data else {})
+    pins, inputs = verify_inputs(list(named.values())), pin_status(named)
     family = pick_family(base, config.family)
     if config.method not in family.methods:
         raise ConfigError(f"train.method={config.method}: the {family.name} family trains with "
@@ -129,7 +132,8 @@ def fit_on_data(data: str | Path, base: str | Path, config: TrainConfig,
         steps=result.steps, planned_steps=result.planned_steps, cancelled=result.cancelled,
         train_seconds=result.train_seconds, s_per_step=result.s_per_step,
         decisions_per_second=result.decisions_per_second, saved_to=None, compile=result.compile,
-        precision=result.precision, pins=pins, losses=result.losses, family=family.name, method=config.method,
+        precision=result.precision, pins=pins, inputs=inputs, losses=result.losses, family=family.name,
+        method=config.method,
         warnings=learning_warnings(decisions, base_logits, tuned_logits, majority_labels(split.train)),
         budget=plan_budget(len(train_examples), config).reason,
     )  # fmt: skip

@@ -89,7 +89,11 @@ def test_a_bad_version_behind_the_alias_never_replaces_the_serving_one(registry,
     finally:
         catalog.stop()
     message = next(r.getMessage() for r in caplog.records if f"keeping {NAME}/{good}" in r.getMessage())
-    expected = {"truncated": "model.safetensors", "calibrator_missing": "calibrator.json", "files_gone": "files deleted"}
+    expected = {
+        "truncated": "model.safetensors",
+        "calibrator_missing": "calibrator.json",
+        "files_gone": "files deleted",
+    }
     assert expected[damage] in message, message
 
 

@@ -41,12 +41,12 @@ def test_heldout_split_leaks_no_text(vader):
 
 def test_rebuilding_the_dataset_gives_the_pinned_bytes(project_root, tmp_path):
     from pipeline.data.dataset import build_dataset
-    from pipeline.data.pins import file_md5, pinned_outputs
+    from pipeline.data.pins import current_md5, pinned_outputs
 
     config = load_params(project_root / "params.yaml")["dataset"]
     out = tmp_path / "vader.jsonl"
     result = build_dataset(type(config)(archive=str(project_root / config.archive), out=str(out)))
-    assert file_md5(out) == pinned_outputs(project_root / "dvc.lock")["data/processed/vader.jsonl"]
+    assert current_md5(out) == pinned_outputs(project_root / "dvc.lock")["data/processed/vader.jsonl"]
     assert set(result.by_source) == {"tweets", "movieReviewSnippets", "nytEditorialSnippets", "amazonReviewSnippets"}
     assert b"&amp;" not in out.read_bytes() and b"&quot;" not in out.read_bytes()
 

@@ -5,6 +5,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.tiny import pin_inputs
+
 
 @pytest.fixture(scope="session")
 def prefect_harness():
@@ -28,8 +30,11 @@ def mlflow_store(tmp_path, monkeypatch) -> str:
     return uri
 
 
-def write_tiny_params(folder: Path, data: Path, base: Path, **overrides) -> Path:
-    """A params.yaml for the whole flow on tiny inputs (a few seconds of training)."""
+def write_tiny_params(folder: Path, data: Path, base: Path, pin: bool = True, **overrides) -> Path:
+    """A params.yaml for the whole flow on tiny inputs (a few seconds of training); with `pin`, data and base
+    are pinned in `folder/dvc.lock` (copied into `folder` first when outside it), as the flow requires."""
+    if pin:
+        data, base = pin_inputs(folder, data, base)
     params = {
         "validate": {"data": str(data), "report": str(folder / "validation.json"), "holdout_max_decisions": 40},
         "train": {"max_steps": 4, "micro_batch": 4, "grad_accum": 2, "log_every": 1, "lora_r": 4, "lora_alpha": 4},

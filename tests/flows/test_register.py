@@ -30,3 +30,18 @@ def test_a_version_carries_its_key_from_creation_and_a_retry_finds_it(store, mon
     assert len(client().search_model_versions("name='decision-model'")) == 1
     other = register_export(store, "decision-model", tags={"idempotency_key": "k2"})
     assert other != version and len(client().search_model_versions("name='decision-model'")) == 2
+
+
+def test_decision_register_tags_the_version_and_its_run_with_what_the_manifest_says_was_pinned(store):
+    import json
+
+    from pipeline.cli.main import main
+    from pipeline.mlops.registry import client
+
+    inputs = {"data": {"path": "mine.jsonl", "pinned": False}, "base": {"path": "base", "pinned": True}}
+    (store / "manifest.json").write_text(json.dumps({"inputs": inputs}))
+    assert main(["register", "--export", str(store), "--name", "decision-model"]) == 0
+    version = client().get_model_version("decision-model", "1")
+    run = client().get_run(version.run_id)
+    for tags in (version.tags, run.data.tags):
+        assert tags["data_pinned"] == "false" and tags["base_pinned"] == "true"

@@ -1,4 +1,5 @@
-"""The retrain flow on a tiny project: tracking, registry, smoke test, gate, resume, pins, rollback."""
+"""The retrain flow on a tiny project: tracking, registry, smoke test, gate, resume, pins (and running without
+them), rollback."""
 
 import hashlib
 import json
@@ -8,15 +9,19 @@ import pytest
 import yaml
 
 from tests.flows.conftest import write_tiny_params
-from tests.tiny import write_learnable_rows
+from tests.tiny import pin_inputs, write_learnable_rows
 
 pytestmark = pytest.mark.slow
 
 
 def run_flow(params, lock=None, owner=None):
-    from flows.retrain import retrain
-
     return retrain(str(params), lock=str(lock or params.parent / "dvc.lock"), owner=owner)
+
+
+def retrain(*args, **kwargs):
+    from flows.retrain import retrain as flow
+
+    return flow(*args, **kwargs)
 
 
 def test_a_first_run_is_tracked_registered_smoke_tested_and_promoted(
@@ -31,6 +36,7 @@ def test_a_first_run_is_tracked_registered_smoke_tested_and_promoted(
     version = client().get_model_version("tiny-model", "1")
     assert version.tags["smoke"] == "passed" and version.tags["gate"] == "promote"
     assert version.tags["owner"] == "alice"  # the flow's `owner` parameter
+    assert version.tags["data_pinned"] == "true" and "allow_unpinned" not in version.tags
     assert "no champion yet" in version.tags["gate_reasons"]
     data_md5 = hashlib.md5(
         Path(yaml.safe_load(tiny_params.read_text())["retrain"]["data"]).read_bytes()
@@ -115,33 +121,88 @@ def test_a_tampered_dataset_stops_the_flow_before_training(
     prefect_harness, mlflow_store, tiny_params, monkeypatch
 ):
     import pipeline.stages.train
-    from pipeline.data.pins import PinMismatch, file_md5
+    from pipeline.data.pins import PinMismatch
 
     params = yaml.safe_load(tiny_params.read_text())
     data = tiny_params.parent / "pinned.jsonl"
     data.write_bytes(Path(params["retrain"]["data"]).read_bytes())
-    lock = tiny_params.parent / "dvc.lock"
-    lock.write_text(
-        yaml.safe_dump(
-            {
-                "schema": "2.0",
-                "stages": {
-                    "dataset": {
-                        "cmd": "python -m pipeline.stages.dvc dataset",
-                        "outs": [{"path": "pinned.jsonl", "md5": file_md5(data)}],
-                    }
-                },
-            }
-        )
-    )
-    tampered = write_tiny_params(tiny_params.parent, data, params["retrain"]["base"])
+    tampered = write_tiny_params(tiny_params.parent, data, params["retrain"]["base"])  # pins it in dvc.lock
     with data.open("a") as handle:
         handle.write(json.dumps({"state": "extra", "questions": {}, "gold": {}}) + "\n")
     monkeypatch.setattr(
         pipeline.stages.train, "train_stage", lambda *a, **k: pytest.fail("trained on tampered data")
     )
     with pytest.raises(PinMismatch, match=r"pinned\.jsonl: bytes differ from dvc\.lock"):
-        run_flow(tampered, lock)
+        run_flow(tampered)
+
+
+def test_unpinned_data_stops_the_flow_before_any_task_naming_the_path_and_the_command(
+    prefect_harness, mlflow_store, tmp_path, synthetic_train_file, tiny_base, monkeypatch
+):
+    import pipeline.stages.train
+    import pipeline.stages.validate
+    from pipeline.data.pins import Unpinned
+
+    monkeypatch.setattr(pipeline.stages.validate, "validate_report", lambda *a, **k: pytest.fail("validated"))
+    monkeypatch.setattr(pipeline.stages.train, "train_stage", lambda *a, **k: pytest.fail("trained"))
+    data, base = pin_inputs(tmp_path, synthetic_train_file, tiny_base)
+    params = write_tiny_params(tmp_path, data, base, pin=False)
+    (tmp_path / "dvc.lock").unlink()
+    with pytest.raises(Unpinned) as error:
+        run_flow(params)
+    message = str(error.value)
+    assert "dvc.lock is missing" in message and "--allow-unpinned" in message
+    assert f"{data}: not pinned; pin it with `dvc add pinned/rows.jsonl`" in message
+    assert f"{base}: not pinned; pin it with `dvc add pinned/base`" in message
+
+    pin_inputs(
+        tmp_path, base
+    )  # a dvc.lock that pins the base only; dvc.yaml says which stage writes the data
+    (tmp_path / "dvc.yaml").write_text(
+        yaml.safe_dump({"stages": {"dataset": {"cmd": "make-rows", "outs": ["pinned/rows.jsonl"]}}})
+    )
+    with pytest.raises(Unpinned) as error:
+        run_flow(params)
+    message = str(error.value)
+    assert f"{data}: not pinned; pin it with `dvc repro dataset`" in message and str(base) not in message
+
+
+def test_allow_unpinned_trains_tags_the_run_and_version_and_the_gate_holds_it(
+    prefect_harness, mlflow_store, tmp_path, synthetic_train_file, tiny_base
+):
+    from pipeline.mlops.promotion import (
+        CHAMPION,
+        UNPINNED_REASON,
+        UNPINNED_TAG,
+        PromotionRefused,
+        current,
+        promote_version,
+    )
+    from pipeline.mlops.registry import client
+
+    params = write_tiny_params(tmp_path, synthetic_train_file, tiny_base, pin=False)  # no dvc.lock at all
+    summary = retrain(str(params), lock=str(tmp_path / "dvc.lock"), allow_unpinned=True)
+    # The first version of a model is promoted unless something holds it ("no champion yet"): here the gate does.
+    assert not summary["promoted"] and current("tiny-model", CHAMPION) is None
+    assert UNPINNED_REASON in summary["gate"] and summary["smoke"]["passed"]
+    assert summary["inputs"] == {"data": {"path": str(synthetic_train_file), "pinned": False},
+                                 "base": {"path": str(tiny_base), "pinned": False}}  # fmt: skip
+    version = client().get_model_version("tiny-model", summary["version"])
+    run = client().get_run(summary["mlflow_run_id"])
+    for tags in (version.tags, run.data.tags):
+        assert (
+            tags[UNPINNED_TAG] == "true" and tags["data_pinned"] == "false" and tags["base_pinned"] == "false"
+        )
+    assert version.tags["gate"] == "hold"
+    manifest = json.loads(
+        Path(client().download_artifacts(run.info.run_id, "export/manifest.json", str(tmp_path))).read_text()
+    )
+    assert manifest["inputs"] == summary["inputs"]
+
+    with pytest.raises(PromotionRefused, match=r"unpinned inputs.*--force"):
+        promote_version("tiny-model", summary["version"])
+    promote_version("tiny-model", summary["version"], force=True)
+    assert current("tiny-model", CHAMPION) == summary["version"]
 
 
 def test_a_worse_candidate_is_held_as_challenger_and_rollback_restores_the_champion(prefect_harness, mlflow_store,

@@ -5,7 +5,9 @@ import json
 import pytest
 
 from pipeline.cli.main import main
+from pipeline.data.pins import current_md5
 from pipeline.families.laya.layout import load_model
+from tests.tiny import pin_inputs
 
 KEYS = {"rows", "decisions", "skipped", "heldout", "temperatures", "export_dir", "train_seconds", "s_per_step",
         "peak_memory_mb"}  # fmt: skip
@@ -35,6 +37,48 @@ def test_finetune_json_has_the_stable_keys_and_exports_a_model(tiny_base, synthe
     assert exported.config["temperature"] == [summary["temperatures"][t] for t in ("choice", "score", "noul")]
     manifest = json.loads((out / "manifest.json").read_text())
     assert {"data_md5", "base_md5", "git_commit", "params", "metrics"} <= set(manifest)
+
+
+def test_train_and_finetune_take_a_users_unpinned_base_and_record_which_input_was_pinned(
+    tiny_base, synthetic_train_file, params, tmp_path, capsys, monkeypatch
+):
+    project = tmp_path / "project"
+    project.mkdir()
+    (data,) = pin_inputs(project, synthetic_train_file)  # dvc.lock pins the data; the base is the user's own
+    monkeypatch.chdir(project)
+    expected = {
+        "data": {"path": str(data), "pinned": True},
+        "base": {"path": str(tiny_base), "pinned": False},
+    }
+    common = [
+        "--data",
+        str(data),
+        "--base",
+        str(tiny_base),
+        "--max-steps",
+        "2",
+        "--params",
+        str(params),
+        "--json",
+    ]
+    assert main(["train", *common, "--out", str(tmp_path / "tune")]) == 0
+    run = json.loads(capsys.readouterr().out)
+    assert run["inputs"] == expected and run["pins"] == {"pinned/rows.jsonl": current_md5(data)}
+    assert main(["finetune", *common, "--out", str(tmp_path / "export")]) == 0
+    assert json.loads(capsys.readouterr().out)["inputs"] == expected
+    assert json.loads((tmp_path / "export" / "manifest.json").read_text())["inputs"] == expected
+
+
+def test_train_refuses_a_pinned_input_whose_bytes_differ(tiny_base, synthetic_train_file, params, tmp_path,
+                                                         capsys, monkeypatch):  # fmt: skip
+    (data,) = pin_inputs(tmp_path, synthetic_train_file)
+    monkeypatch.chdir(tmp_path)
+    with data.open("a") as handle:
+        handle.write("\n")
+    code = main(["train", "--data", str(data), "--base", str(tiny_base), "--out", str(tmp_path / "tune"),
+                 "--params", str(params), "--json"])  # fmt: skip
+    assert code == 1 and not (tmp_path / "tune").exists()
+    assert "pinned/rows.jsonl: bytes differ from dvc.lock" in capsys.readouterr().err
 
 
 def test_finetune_with_eval_data_and_a_slice(tiny_base, synthetic_train_file, params, tmp_path, capsys):

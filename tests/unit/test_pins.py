@@ -1,11 +1,23 @@
-"""The pin check refuses bytes that differ from dvc.lock, naming the file and both hashes."""
+"""The pin check refuses bytes that differ from their DVC pin, naming the file and both hashes; hashes are DVC's
+own (checked against what real `dvc repro` and `dvc add` write); the strict check refuses what nothing pins."""
 
+import json
 import shutil
+import subprocess
+import sys
 
 import pytest
 import yaml
 
-from pipeline.data.pins import PinMismatch, current_md5, verify_pins
+from pipeline.data.pins import (
+    PinMismatch,
+    Unpinned,
+    current_md5,
+    pin_status,
+    require_pins,
+    verify_inputs,
+    verify_pins,
+)
 
 
 @pytest.fixture
@@ -73,3 +85,99 @@ def test_training_refuses_a_tampered_pinned_input_before_it_starts(pinned_copy, 
     (pinned_copy / "data/rows.jsonl").write_text('{"state": "changed"}\n')
     with pytest.raises(PinMismatch, match=r"data/rows\.jsonl: bytes differ"):
         train_on_data("data/rows.jsonl", "data/model", None, TrainConfig(), progress=False)
+
+
+BUILD = """import pathlib
+weights = pathlib.Path("out/model/sub")
+weights.mkdir(parents=True)
+(weights / "w.bin").write_bytes(bytes(range(256)) * 9)
+(weights.parent / "a.json").write_text("{}")
+pathlib.Path("out/rows.jsonl").write_text('{"state": "s"}\\n')
+"""
+
+
+def _dvc(repo, *args: str) -> str:
+    done = subprocess.run(
+        [sys.executable, "-m", "dvc", *args], cwd=repo, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, f"dvc {' '.join(args)}:\n{done.stdout}\n{done.stderr}"
+    return done.stdout
+
+
+@pytest.fixture(scope="module")
+def dvc_repo(tmp_path_factory):
+    """A repository pinned by real DVC: a stage writing a file and a nested folder (`dvc repro`), and a file of
+    the user's own (`dvc add`)."""
+    repo = tmp_path_factory.mktemp("dvc-repo")
+    _dvc(repo, "init", "--no-scm", "-q")
+    (repo / "build.py").write_text(BUILD)
+    stage = {
+        "cmd": f"{sys.executable} build.py",
+        "deps": ["build.py"],
+        "outs": ["out/model", "out/rows.jsonl"],
+    }
+    (repo / "dvc.yaml").write_text(yaml.safe_dump({"stages": {"build": stage}}))
+    _dvc(repo, "repro", "-q")
+    (repo / "own.csv").write_text("a,b\n1,2\n")
+    _dvc(repo, "add", "-q", "own.csv")
+    return repo
+
+
+def test_hashes_are_the_ones_real_dvc_records_for_files_and_folders(dvc_repo):
+    lock = yaml.safe_load((dvc_repo / "dvc.lock").read_text())
+    recorded = {out["path"]: out["md5"] for out in lock["stages"]["build"]["outs"]}
+    assert recorded["out/model"].endswith(".dir")
+    assert {path: current_md5(dvc_repo / path) for path in recorded} == recorded
+    added = yaml.safe_load((dvc_repo / "own.csv.dvc").read_text())["outs"][0]["md5"]
+    assert current_md5(dvc_repo / "own.csv") == added
+    paths = ["out/model", "out/rows.jsonl", "own.csv"]
+    assert verify_pins(paths, root=dvc_repo) == {**recorded, "own.csv": added}
+    assert require_pins([dvc_repo / p for p in paths], dvc_repo / "dvc.lock")
+
+
+def test_a_folder_changed_under_a_real_dvc_pin_is_refused_as_dvc_status_sees_it(dvc_repo, tmp_path):
+    repo = tmp_path / "repo"
+    shutil.copytree(dvc_repo, repo)
+    (repo / "out/model/sub/w.bin").write_bytes(b"retrained")
+    assert "modified" in json.dumps(json.loads(_dvc(repo, "status", "--json")))  # DVC agrees it changed
+    with pytest.raises(
+        PinMismatch, match=r"out/model: bytes differ from dvc\.lock .*`dvc commit` pins these"
+    ):
+        verify_inputs([repo / "out/model", repo / "own.csv"], repo / "dvc.lock")
+
+
+def test_the_strict_check_refuses_unpinned_inputs_naming_each_path_and_the_command_that_pins_it(dvc_repo):
+    stray = dvc_repo / "stray.jsonl"
+    stray.write_text("{}\n")
+    lock = dvc_repo / "dvc.lock"
+    with pytest.raises(Unpinned) as error:
+        require_pins([dvc_repo / "out/rows.jsonl", stray], lock)
+    message = str(error.value)
+    assert f"{stray}: not pinned; pin it with `dvc add stray.jsonl`" in message
+    assert "out/rows.jsonl" not in message and "--allow-unpinned" in message
+    # The ad-hoc check lets the user's own file through, and says which input was pinned.
+    assert verify_inputs([dvc_repo / "out/rows.jsonl", stray], lock) == {
+        "out/rows.jsonl": current_md5(stray.parent / "out/rows.jsonl")
+    }
+    assert pin_status({"data": stray, "base": dvc_repo / "out/model"}, lock) == {
+        "data": {"path": str(stray), "pinned": False},
+        "base": {"path": str(dvc_repo / "out/model"), "pinned": True},
+    }
+
+
+def test_without_dvc_lock_the_strict_check_names_the_lock_and_a_stage_output_gets_dvc_repro(
+    dvc_repo, tmp_path
+):
+    repo = tmp_path / "repo"
+    shutil.copytree(dvc_repo, repo)
+    (repo / "dvc.lock").unlink()
+    with pytest.raises(Unpinned) as error:
+        require_pins([repo / "out/rows.jsonl", repo / "own.csv"], repo / "dvc.lock")
+    message = str(error.value)
+    assert "dvc.lock is missing" in message
+    assert f"{repo / 'out/rows.jsonl'}: not pinned; pin it with `dvc repro build`" in message
+    assert "own.csv" not in message  # still pinned by own.csv.dvc
+    elsewhere = tmp_path / "elsewhere.jsonl"
+    elsewhere.write_text("{}\n")
+    with pytest.raises(Unpinned, match=r"elsewhere\.jsonl: outside .*, where DVC cannot pin it"):
+        require_pins([elsewhere], repo / "dvc.lock")

@@ -83,13 +83,13 @@ def test_pipeline_never_imports_prefect(project_root):
 
 def test_dvc_lock_is_in_step_with_the_code_its_stages_run(project_root):
     """A stage whose code changed since `dvc repro` would rebuild on a fresh clone and leave dvc.lock modified."""
-    from pipeline.data.pins import file_md5
+    from pipeline.data.pins import current_md5
 
     lock = yaml.safe_load((project_root / "dvc.lock").read_text())["stages"]
     stale = [
         f"{name}: {dep['path']}"
         for name, stage in lock.items()
         for dep in stage.get("deps", [])
-        if dep["path"].endswith(".py") and file_md5(project_root / dep["path"]) != dep["md5"]
+        if dep["path"].endswith(".py") and current_md5(project_root / dep["path"]) != dep["md5"]
     ]
     assert not stale, f"run `dvc repro` and commit dvc.lock; changed since: {stale}"

@@ -2,13 +2,17 @@
 
 from pipeline.config import PromoteConfig
 from pipeline.mlops.promotion import UNPINNED_REASON, gate
+from pipeline.scoring.paired import PairedComparison
 
 GOOD = {"accuracy": 0.9, "ece": 0.01}
+# The challenger far better than the champion on the same decisions: everything but the pins says promote.
+BETTER = PairedComparison(4000, champion_nll=0.9, challenger_nll=0.3, champion_accuracy=0.5, challenger_accuracy=0.9,
+                          nll_gain=0.6, nll_gain_low=0.55, confidence=0.95)  # fmt: skip
 
 
 def test_a_version_trained_on_unpinned_inputs_is_held_however_good():
-    assert gate(GOOD, {"accuracy": 0.5, "ece": 0.2}, True, PromoteConfig()).promote
-    held = gate(GOOD, {"accuracy": 0.5, "ece": 0.2}, True, PromoteConfig(), unpinned=True)
+    assert gate(GOOD, BETTER, True, PromoteConfig()).promote
+    held = gate(GOOD, BETTER, True, PromoteConfig(), unpinned=True)
     assert not held.promote and held.reasons[0] == UNPINNED_REASON
     assert "--force" in UNPINNED_REASON and any(r.startswith("accuracy 0.9000 >=") for r in held.reasons)
     assert not gate(

@@ -296,12 +296,13 @@ TALLIES = ("steps", "decisions", "losses", "step_seconds", "logged_steps", "trai
 """The parts of a `TrainResult` a checkpoint carries, so a resumed run reports the whole run."""
 
 
-def train_state(fingerprint: str, trainable: dict[str, torch.nn.Parameter], optimizer, scheduler,
+def train_state(expected: str, trainable: dict[str, torch.nn.Parameter], optimizer, scheduler,
                 result: TrainResult, running: torch.Tensor, seen_since_log: int) -> TrainState:  # fmt: skip
-    """The loop's state after `result.steps` steps (the loss summed since the last logging step included)."""
+    """The loop's state after `result.steps` steps (the loss summed since the last logging step included), under
+    the run's `expected` fingerprint (`checkpoint.fingerprint`)."""
     tallies = {name: getattr(result, name) for name in TALLIES}
     return TrainState(
-        step=result.steps, fingerprint=fingerprint,
+        step=result.steps, fingerprint=expected,
         parameters={name: p.detach().to("cpu", copy=True) for name, p in trainable.items()},
         optimizer=optimizer.state_dict(), scheduler=scheduler.state_dict(), rng=rng_states(),
         tallies=tallies | {"running": running.item(), "seen_since_log": seen_since_log},

@@ -32,7 +32,7 @@ def tiny_items(tiny_base):
 
 def _run(tiny_base, items, checkpoints=None, stop_after=None):
     loaded = load_model(tiny_base)
-    torch.manual_seed(0)  # the LoRA weights' initialisation draws from it: every run starts from the same model
+    torch.manual_seed(0)  # LoRA's initialisation draws from it: each run starts from the same model
     prepare_model(loaded.model, RESUMABLE)
     cancel = CancelToken()
 
@@ -85,8 +85,10 @@ def test_a_write_cut_short_leaves_the_previous_checkpoint(tiny_base, tiny_items,
 
 def test_another_configs_checkpoint_is_not_resumed(tiny_base, tiny_items, tmp_path):
     _run(tiny_base, tiny_items, Checkpointer(tmp_path / "checkpoint.pt", RESUMABLE), stop_after=4)
+    path, n = tmp_path / "checkpoint.pt", len(tiny_items)
     other = replace(RESUMABLE, lora_lr=1e-3)
-    assert Checkpointer(tmp_path / "checkpoint.pt", other).load(fingerprint(other, len(tiny_items), 6)) is None
+    assert Checkpointer(path, other).load(fingerprint(other, n, 6)) is None
+    assert Checkpointer(path, RESUMABLE).load(fingerprint(RESUMABLE, n + 1, 6)) is None  # other data
     # How often checkpoints are written is not part of what is trained: a changed interval still resumes.
     every_two = replace(RESUMABLE, checkpoint_every_steps=2)
-    assert Checkpointer(tmp_path / "checkpoint.pt", every_two).load(fingerprint(every_two, len(tiny_items), 6))
+    assert Checkpointer(path, every_two).load(fingerprint(every_two, n, 6)) is not None

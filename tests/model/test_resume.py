@@ -92,3 +92,15 @@ def test_another_configs_checkpoint_is_not_resumed(tiny_base, tiny_items, tmp_pa
     # How often checkpoints are written is not part of what is trained: a changed interval still resumes.
     every_two = replace(RESUMABLE, checkpoint_every_steps=2)
     assert Checkpointer(path, every_two).load(fingerprint(every_two, n, 6)) is not None
+
+
+def test_checkpoints_fall_due_every_n_steps_or_m_minutes_and_at_the_end(tmp_path):
+    now = [0.0]
+    saver = Checkpointer(tmp_path / "c.pt", replace(RESUMABLE, checkpoint_every_steps=10,
+                                                    checkpoint_every_minutes=1.0), clock=lambda: now[0])  # fmt: skip
+    assert [s for s in range(1, 31) if saver.due(s, 25)] == [10, 20, 25, 30]
+    now[0] = 61.0  # a minute since the last save: due at any step
+    assert saver.due(3, 25)
+    never_by_steps = Checkpointer(tmp_path / "c.pt", replace(RESUMABLE, checkpoint_every_steps=0,
+                                                             checkpoint_every_minutes=0.0))  # fmt: skip
+    assert [s for s in range(1, 26) if never_by_steps.due(s, 25)] == [25]

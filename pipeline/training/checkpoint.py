@@ -47,7 +47,11 @@ class TrainState:
 
 
 def fingerprint(config: TrainConfig, n_examples: int, planned_steps: int) -> str:
-    """What a checkpoint must match to be resumed: the training config, the example count and the budget."""
+    """What a checkpoint must match to be resumed: the training config, the example count and the budget.
+
+    The data's bytes are not in it: the flow's run folder is named by the idempotency key (data, base, params
+    and code), so a checkpoint found there was written for the same inputs; this guards the rest.
+    """
     described = {f.name: getattr(config, f.name) for f in fields(config) if f.name not in NOT_FINGERPRINTED}
     text = json.dumps([described, n_examples, planned_steps], sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()

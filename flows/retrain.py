@@ -2,9 +2,10 @@
 smoke test over HTTP → promotion gate → aliases. Every task is a thin call into `pipeline/`.
 
 Task results persist under the project's Prefect home (`.prefect/`, set by the Makefile and `decision
-retrain`), cached on their inputs and source, so a rerun after a crash skips the finished tasks. The
-idempotency key (data + base snapshot + params + code) names the run folder, the MLflow run and the model
-version, so the same key never makes a second run or version. Retries only where I/O can fail transiently:
+retrain`), cached on their inputs and source, so a rerun after a crash skips the finished tasks, and a train
+task killed midway resumes from its last training checkpoint in the run folder. The idempotency key (data +
+base snapshot + params + code) names the run folder, the MLflow run and the model version, so the same key
+never makes a second run or version (a killed flow's unfinished run is reopened). Retries only where I/O can fail transiently:
 the registry and the HTTP smoke test; never training.
 
 It trains only on inputs DVC pins (`dvc.lock`, or a `.dvc` file) and refuses before any task runs otherwise,

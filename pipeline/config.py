@@ -172,6 +172,11 @@ class TrainConfig:
     """auto | fp32 | bf16: autocast dtype of the encoder; auto means bf16 where the device runs it natively."""
     gradient_checkpointing: bool = False
     log_every: int = 10
+    checkpoint_every_steps: int = 100
+    """Save the training state (trainable weights, optimizer, schedule, RNG, data position) every this many
+    optimizer steps, so a killed run resumes there (`pipeline.training.checkpoint`); 0: never by steps."""
+    checkpoint_every_minutes: float = 5.0
+    """... and at least this often in minutes of training, whichever comes first; 0: never by time."""
     eval_batch_size: int = 64
     label_smoothing: float = 0.0
     """Decoder family: mix the target with uniform over the question's options (off by default)."""
@@ -200,6 +205,9 @@ class TrainConfig:
             raise ConfigError(f"train.warmup_steps: must be >= 0, got {self.warmup_steps}")
         if self.min_steps < 0:
             raise ConfigError(f"train.min_steps: must be >= 0, got {self.min_steps}")
+        for name in ("checkpoint_every_steps", "checkpoint_every_minutes"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"train.{name}: must be >= 0 (0: off), got {getattr(self, name)}")
         if self.max_steps is not None and self.max_steps < 0:
             raise ConfigError(f"train.max_steps: must be >= 0, got {self.max_steps}")
 

@@ -1,7 +1,8 @@
 """The files a retraining run writes under `runs/<key>/`, named in one place (every stage reads them from here).
 
 run = RunFolder("runs/3f2a...")
-run.train_summary, run.finetune, run.heldout, run.calibration, run.calibrator, run.expected_answers, run.plots, run.export
+run.train_summary, run.checkpoint, run.finetune, run.heldout, run.calibration, run.calibrator, run.expected_answers,
+run.plots, run.export
 """
 
 from __future__ import annotations
@@ -28,6 +29,13 @@ class RunFolder:
     def train_summary(self) -> Path:
         """The training run: counts, timings, the logged steps."""
         return self.root / "train.json"
+
+    @property
+    def checkpoint(self) -> Path:
+        """The training state at the last checkpoint (`training.checkpoint`): a killed run resumes from it. Kept
+        after training, so a rerun whose train task did not finish resumes at the end instead of retraining; it
+        holds the trainable weights with their optimizer moments and may be deleted once the run is done."""
+        return self.root / "checkpoint.pt"
 
     @property
     def finetune(self) -> Path:

@@ -1,7 +1,8 @@
 """MLflow tracking of a retraining run: params, step and run metrics, plots, lineage, the dataset as an input.
 
 One run per idempotency key (data md5 + base md5 + params + code digest): logging the same key again finds the
-finished run and returns it, so a resumed or repeated flow never makes a second run. The run opens when training
+finished run and returns it, and a flow killed before its run finished reopens that run, so a resumed or
+repeated flow never makes a second run. The run opens when training
 starts (`open_run`) and gets the training curve as it goes (`LiveRun`: loss, lr and s/step per logging step,
 held-out figures at a few points), so the MLflow UI shows a live run; `log_training_run` then adds the rest and
 finishes it.
@@ -45,9 +46,14 @@ class TrainingRecord:
     run_name: str | None = None
 
 
+def runs_under(key: str) -> list:
+    """The runs logged under this key that MLflow's default search shows (deleted runs are not shown)."""
+    return client().search_runs([ensure_experiment()], f"tags.{KEY_TAG} = '{key}'")
+
+
 def find_run(key: str) -> str | None:
     """The finished run logged under this key, if any; a run under it that did not finish is deleted."""
-    runs = client().search_runs([ensure_experiment()], f"tags.{KEY_TAG} = '{key}'")
+    runs = runs_under(key)
     for run in runs:
         if run.info.status == "FINISHED":
             return run.info.run_id
@@ -57,21 +63,38 @@ def find_run(key: str) -> str | None:
 
 
 def open_run(key: str, run_name: str | None = None, tags: dict[str, str] | None = None) -> tuple[str, bool]:
-    """The run for `key` and whether it is live: the finished run (not live), else a new running one (a run
-    left unfinished under the key by a crash is deleted first, as `find_run` does)."""
-    existing = find_run(key)
-    if existing:
-        return existing, False
+    """The run for `key` and whether it is live: the finished run (not live), else the run a killed flow left
+    unfinished under the key, running again (its curves continue where they stopped), else a new running one.
+    Any further unfinished runs under the key are deleted, so the key shows one run."""
+    runs = runs_under(key)
+    finished = [run for run in runs if run.info.status == "FINISHED"]
+    if finished:
+        return finished[0].info.run_id, False
+    if runs:
+        kept, *extra = runs  # newest first: the run the last attempt logged to
+        for run in extra:
+            client().delete_run(run.info.run_id)
+        client().update_run(kept.info.run_id, status="RUNNING")
+        return kept.info.run_id, True
     use_store()
     run = client().create_run(ensure_experiment(), tags={KEY_TAG: key, **(tags or {})}, run_name=run_name)
     return run.info.run_id, True
 
 
 class LiveRun:
-    """Callbacks that log a training run's progress to its MLflow run as it happens."""
+    """Callbacks that log a training run's progress to its MLflow run as it happens.
+
+    A run reopened after a kill already holds the steps logged before it; a resumed training loop logs the
+    steps since its checkpoint again, so each metric skips steps at or below the last one the run holds (one
+    point per step, not two).
+    """
 
     def __init__(self, run_id: str) -> None:
         self.run_id = run_id
+        held = client().get_run(run_id).data.metrics
+        self.last_step = {
+            name: max(m.step for m in client().get_metric_history(run_id, name)) for name in held
+        }
 
     def step(self, entry: dict[str, float]) -> None:
         """One logging step of the training loop: loss, lr, s/step."""
@@ -90,7 +113,10 @@ class LiveRun:
         from mlflow.entities import Metric
 
         now = int(time.time() * 1000)
-        client().log_batch(self.run_id, metrics=[Metric(k, v, now, step) for k, v in values.items()])
+        new = {k: v for k, v in values.items() if step > self.last_step.get(k, -1)}
+        if new:
+            client().log_batch(self.run_id, metrics=[Metric(k, v, now, step) for k, v in new.items()])
+        self.last_step |= dict.fromkeys(new, step)
 
 
 def log_training_run(record: TrainingRecord, run_id: str | None = None) -> str:

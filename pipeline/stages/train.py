@@ -16,6 +16,7 @@ from pipeline.device import peak_memory_mb
 from pipeline.lineage import source_digest
 from pipeline.rundir import RunFolder
 from pipeline.scoring.heldout import HeldOut, save_heldout
+from pipeline.training.checkpoint import Checkpointer
 from pipeline.training.fit import Trained, TrainRun, fit_on_data, training_description
 from pipeline.training.loop import CancelToken
 
@@ -58,27 +59,26 @@ def train_stage(data: str | Path, base: str | Path, run_dir: str | Path, config:
 
     `finetune/` holds the fine-tune, `heldout.npz` the held-out decisions with base and tuned logits (what
     calibration needs), `train.json` the run with its logged steps (loss, lr, s/step) and held-out checkpoints.
-    `report` gets progress lines; `on_log` each logging step and `on_eval(step, metrics)` each held-out
-    checkpoint, as they happen (the flow sends them to the live MLflow run). `inputs` replaces the run's own
+    `checkpoint.pt` holds the training state (every `train.checkpoint_every_steps` steps or
+    `train.checkpoint_every_minutes` minutes): a run killed mid-training resumes from it, and `train.json`
+    says from which step (`resumed_from_step`). `report` gets progress lines; `on_log` each logging step and
+    `on_eval(step, metrics)` each held-out checkpoint, as they happen (the flow sends them to the live MLflow
+    run). A resumed run's held-out checkpoints are those scored after the resume (the earlier ones were sent
+    to `on_eval` before the kill). `inputs` replaces the run's own
     pin record: the flow trains on a slice of its data, and what it pinned is the data and base it checked.
     """
     run_folder = RunFolder(run_dir)
     run_folder.root.mkdir(parents=True, exist_ok=True)
-    steps: list[dict[str, float]] = []
     checkpoints: list[dict[str, float]] = []
-
-    def logged(entry: dict[str, float]) -> None:
-        steps.append(entry)
-        if on_log:
-            on_log(entry)
 
     def evaluated(step: int, metrics: dict[str, float]) -> None:
         checkpoints.append({"step": step, **metrics})
         if on_eval:
             on_eval(step, metrics)
 
-    trained = fit_on_data(data, base, config, split_config, device=device, progress=progress, on_log=logged,
-                          report=report, on_eval=evaluated)  # fmt: skip
+    trained = fit_on_data(data, base, config, split_config, device=device, progress=progress, on_log=on_log,
+                          report=report, on_eval=evaluated,
+                          checkpoints=Checkpointer(run_folder.checkpoint, config))  # fmt: skip
     run = trained.run
     run.saved_to = str(save_trained(trained, run_folder.finetune, data, base, config))
     if inputs is not None:
@@ -87,7 +87,7 @@ def train_stage(data: str | Path, base: str | Path, run_dir: str | Path, config:
         run_folder.heldout,
         HeldOut(trained.heldout, trained.base_logits, trained.tuned_logits, trained.options),
     )
-    summary = run.to_dict() | {"logged_steps": steps, "heldout_checkpoints": checkpoints,
+    summary = run.to_dict() | {"heldout_checkpoints": checkpoints,
                                "peak_memory_mb": peak_memory_mb()}  # fmt: skip
     run_folder.train_summary.write_text(json.dumps(summary, indent=2, default=str))
     return summary

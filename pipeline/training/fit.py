@@ -27,6 +27,7 @@ from pipeline.scoring.baselines import learning_warnings, majority_labels
 from pipeline.scoring.calibration import plain_probabilities
 from pipeline.scoring.decisions import ScoredDecision
 from pipeline.scoring.metrics import heldout_metrics
+from pipeline.training.checkpoint import Checkpointer
 from pipeline.training.loop import CancelToken, plan_budget, train
 
 
@@ -58,6 +59,10 @@ class TrainRun:
     """Questions on which the fine-tune is no better than the base or the class prior (`scoring.baselines`)."""
     budget: str = ""
     """How many steps the run planned and why (`training.loop.plan_budget`)."""
+    logged_steps: list[dict[str, float]] = field(default_factory=list)
+    """Every logging step (step, loss, lr, s/step), a resumed run's from before the kill included."""
+    resumed_from_step: int = 0
+    """The training checkpoint's step this run resumed from (0: trained from the start)."""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -81,13 +86,15 @@ def fit_on_data(data: str | Path, base: str | Path, config: TrainConfig,
                 device: str = "auto", cancel: CancelToken | None = None, progress: bool = True,
                 eval_data: str | Path | None = None, on_log=None,
                 report: Callable[[str], None] | None = None,
-                on_eval: Callable[[int, dict[str, float]], None] | None = None) -> Trained:  # fmt: skip
+                on_eval: Callable[[int, dict[str, float]], None] | None = None,
+                checkpoints: Checkpointer | None = None) -> Trained:  # fmt: skip
     """Verify pins, validate, split, score the base, train, score again; nothing is written.
 
     The held-out decisions are split off `data` by content hash, or are all of `eval_data` when it is given.
     `report` gets a line at each long step (scoring, every 10 training steps or 30 s). `on_eval(step, metrics)`
     gets the held-out figures of the base (step 0), at a third and two thirds of the way, and of the fine-tune;
-    they are only looked at: nothing in training reads them.
+    they are only looked at: nothing in training reads them. `checkpoints` saves the training state as it goes
+    and resumes a run from it (`training.checkpoint`).
     """
     say = report or (lambda line: None)
     named = {"data": data, "base": base} | ({"eval_data": eval_data} if eval_data else {})
@@ -114,12 +121,12 @@ def fit_on_data(data: str | Path, base: str | Path, config: TrainConfig,
     task = family.batch_task(loaded, config)
     ready = family.training_examples(loaded, train_examples, config, dev, say)
 
-    def checkpoint(step: int) -> None:
+    def evaluate(step: int) -> None:
         _, logits = _timed_score(family, loaded, heldout_examples, dev, config, False, say, f"step {step}")
         evaluated(step, _metrics(decisions, logits))
 
     result = train(loaded.model, ready, config, dev, task, cancel, on_log, progress=progress, report=report,
-                   checkpoint=checkpoint if on_eval else None)  # fmt: skip
+                   evaluate=evaluate if on_eval else None, checkpoints=checkpoints)  # fmt: skip
     del ready  # a frozen backbone's cached features: not needed once the head is trained
     _, tuned_logits = _timed_score(family, loaded, heldout_examples, dev, config, progress, say, "fine-tune")
     evaluated(result.steps, _metrics(decisions, tuned_logits))
@@ -135,7 +142,8 @@ def fit_on_data(data: str | Path, base: str | Path, config: TrainConfig,
         precision=result.precision, pins=pins, inputs=inputs, losses=result.losses, family=family.name,
         method=config.method,
         warnings=learning_warnings(decisions, base_logits, tuned_logits, majority_labels(split.train)),
-        budget=plan_budget(len(train_examples), config).reason,
+        budget=plan_budget(len(train_examples), config).reason, logged_steps=result.logged_steps,
+        resumed_from_step=result.resumed_from_step,
     )  # fmt: skip
     options = {d.question.id: d.question.options for r in split.heldout for d in r.decisions}
     return Trained(run, family, loaded, decisions, base_logits, tuned_logits, options)

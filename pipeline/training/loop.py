@@ -3,7 +3,9 @@
 Each optimizer step sees a window of `micro_batch x grad_accum` items drawn in seeded random order; inside the
 window items are sorted by length and cut into micro-batches (less padding), and each micro-batch's summed loss is
 divided by the window's item count, so the accumulated gradient is exactly that of the window's mean loss. The
-loss is read back from the device once per logging step. A cancel (flag or signal) stops at the next step.
+loss is read back from the device once per logging step (and once per checkpoint). A cancel (flag or signal)
+stops at the next step. With a `Checkpointer` the loop saves its state every N steps or M minutes and a rerun
+resumes from it (`pipeline.training.checkpoint`).
 
     decision train --data data/processed/vader.jsonl --base data/snapshots/minilm --out runs/lora
 """
@@ -25,6 +27,15 @@ import torch
 from pipeline.config import TrainConfig
 from pipeline.device import precision_name, resolve_precision
 from pipeline.families.base import BatchTask
+from pipeline.training.checkpoint import (
+    Checkpointer,
+    TrainState,
+    fingerprint,
+    load_parameters,
+    restore_rng,
+    rng_states,
+    trainable_parameters,
+)
 from pipeline.training.compile import (
     CompileConfig,
     compiled_encoder,
@@ -77,6 +88,10 @@ class TrainResult:
     losses: list[tuple[int, float]] = field(default_factory=list)
     compile: dict[str, Any] = field(default_factory=dict)
     precision: str = "fp32"
+    logged_steps: list[dict[str, float]] = field(default_factory=list)
+    """Every logging step's entry (step, loss, lr, s/step), as `on_log` got them."""
+    resumed_from_step: int = 0
+    """The step of the checkpoint this run resumed from (0: it started afresh)."""
 
     @property
     def s_per_step(self) -> float:
@@ -183,12 +198,15 @@ def train(model: torch.nn.Module, examples: Sequence[Any], config: TrainConfig, 
           on_log: Callable[[dict[str, float]], None] | None = None, progress: bool = True,
           compile_config: CompileConfig | None = None,
           report: Callable[[str], None] | None = None,
-          checkpoint: Callable[[int], None] | None = None) -> TrainResult:  # fmt: skip
+          evaluate: Callable[[int], None] | None = None,
+          checkpoints: Checkpointer | None = None) -> TrainResult:  # fmt: skip
     """Train `model` in place on a family's `examples`, batched and scored by the family's `task`.
 
     The model must already be prepared (the family's `prepare`). `report` gets a progress line (step, loss,
-    s/step, ETA) at least every 10 steps or 30 s. `checkpoint(step)` is called after the steps of
-    `checkpoint_steps` (a third and two thirds of the way), e.g. to score held-out decisions; it must not train.
+    s/step, ETA) at least every 10 steps or 30 s. `evaluate(step)` is called after the steps of `eval_steps`
+    (a third and two thirds of the way), e.g. to score held-out decisions; it must not train. With
+    `checkpoints`, the training state is saved as they say and a run whose checkpoint matches this one's
+    config and data resumes from it ("resumed from step N"), on the same data order and schedule.
     """
     if not examples:
         raise ValueError("no training examples: every decision was skipped (see the validation report)")
@@ -200,6 +218,7 @@ def train(model: torch.nn.Module, examples: Sequence[Any], config: TrainConfig, 
     enabled, reason = decide_compile(device, len(windows) * config.grad_accum, compile_config)
     optimizer, scheduler = build_optimizer(model, config, len(windows), task.backbone)
     params = [p for group in optimizer.param_groups for p in group["params"]]
+    trainable = trainable_parameters(model)  # named before a compile wrapper can rename them
     torch.manual_seed(config.seed)
     model.to(device).train()
 
@@ -208,11 +227,25 @@ def train(model: torch.nn.Module, examples: Sequence[Any], config: TrainConfig, 
         batch = pad_to_bucket(batch, task.pad_id, compile_config) if padded else batch
         return {k: v.to(device, non_blocking=True) for k, v in batch.items()}
 
+    def logged(entry: dict[str, float]) -> None:
+        result.logged_steps.append(entry)
+        if on_log is not None:
+            on_log(entry)
+
     warmup = (
         pick_warmup_batches(_run_batches(windows, examples, config, task), compile_config) if enabled else []
     )
     result = TrainResult(0, len(windows), 0, False, 0.0, precision=precision_name(dtype))
-    log = StepLog(len(windows), config, on_log, progress, report)
+    log = StepLog(len(windows), config, logged, progress, report)
+    expected = fingerprint(config, len(examples), len(windows))
+    saved = checkpoints.load(expected) if checkpoints is not None else None
+    running, seen_since_log = torch.zeros((), device=device), 0
+    if saved is not None:
+        running, seen_since_log = resume(saved, trainable, optimizer, scheduler, result, device)
+        log.resume(result.steps)
+        if report is not None:
+            report(f"resumed from step {result.steps} of {len(windows)} ({checkpoints.path})")
+    earlier_seconds = result.train_seconds
     started = time.perf_counter()
     loss_fn = lambda _model, batch: task.summed_loss(model, batch, dtype)  # noqa: E731
     with (
@@ -222,8 +255,7 @@ def train(model: torch.nn.Module, examples: Sequence[Any], config: TrainConfig, 
             model, compile_config, enabled, reason, warmup, loss_fn, task.pad_id, backbone=task.layers(model)
         ) as report,
     ):
-        running, seen_since_log = torch.zeros((), device=device), 0
-        for window in windows:
+        for window in windows[result.steps :]:
             if cancel is not None and cancel.cancelled:
                 result.cancelled = True
                 break
@@ -238,8 +270,8 @@ def train(model: torch.nn.Module, examples: Sequence[Any], config: TrainConfig, 
             result.steps += 1
             result.decisions += sum(task.decisions(examples[i]) for i in window)
             result.step_seconds.append(time.perf_counter() - step_started)
-            if checkpoint is not None and result.steps in checkpoint_steps(len(windows)):
-                checkpoint(result.steps)
+            if evaluate is not None and result.steps in eval_steps(len(windows)):
+                evaluate(result.steps)
                 model.train()
             if log.due(result.steps):
                 mean_loss = running.item() / seen_since_log  # the one host sync of a logging step
@@ -249,11 +281,46 @@ def train(model: torch.nn.Module, examples: Sequence[Any], config: TrainConfig, 
                 log.write(result, mean_loss, scheduler.get_last_lr()[0], time.perf_counter() - started)
             else:
                 log.tick(result, time.perf_counter() - started)
+            if checkpoints is not None and checkpoints.due(result.steps, len(windows)):
+                result.train_seconds = earlier_seconds + time.perf_counter() - started
+                checkpoints.save(train_state(expected, trainable, optimizer, scheduler, result, running,
+                                             seen_since_log))  # fmt: skip
         log.close()
     result.compile = asdict(report)
-    result.train_seconds = time.perf_counter() - started
+    result.train_seconds = earlier_seconds + time.perf_counter() - started
     model.eval()
     return result
+
+
+TALLIES = ("steps", "decisions", "losses", "step_seconds", "logged_steps", "train_seconds")
+"""The parts of a `TrainResult` a checkpoint carries, so a resumed run reports the whole run."""
+
+
+def train_state(expected: str, trainable: dict[str, torch.nn.Parameter], optimizer, scheduler,
+                result: TrainResult, running: torch.Tensor, seen_since_log: int) -> TrainState:  # fmt: skip
+    """The loop's state after `result.steps` steps (the loss summed since the last logging step included), under
+    the run's `expected` fingerprint (`checkpoint.fingerprint`)."""
+    tallies = {name: getattr(result, name) for name in TALLIES}
+    return TrainState(
+        step=result.steps, fingerprint=expected,
+        parameters={name: p.detach().to("cpu", copy=True) for name, p in trainable.items()},
+        optimizer=optimizer.state_dict(), scheduler=scheduler.state_dict(), rng=rng_states(),
+        tallies=tallies | {"running": running.item(), "seen_since_log": seen_since_log},
+    )  # fmt: skip
+
+
+def resume(state: TrainState, trainable: dict[str, torch.nn.Parameter], optimizer, scheduler,
+           result: TrainResult, device: torch.device) -> tuple[torch.Tensor, int]:  # fmt: skip
+    """Put a saved state back into the model, optimizer, schedule, RNGs and `result`; the running loss sum and
+    item count since the last logging step."""
+    load_parameters(trainable, state.parameters)
+    optimizer.load_state_dict(state.optimizer)  # moves the moments to the parameters' device
+    scheduler.load_state_dict(state.scheduler)
+    restore_rng(state.rng)
+    for name in TALLIES:
+        setattr(result, name, state.tallies[name])
+    result.resumed_from_step = state.step
+    return torch.tensor(state.tallies["running"], device=device), state.tallies["seen_since_log"]
 
 
 @contextmanager
@@ -271,7 +338,7 @@ def flushed_denormals() -> Iterator[None]:
         torch.set_flush_denormal(False)
 
 
-def checkpoint_steps(total: int) -> set[int]:
+def eval_steps(total: int) -> set[int]:
     """The steps after which a run looks at its held-out figures: a third and two thirds of the way."""
     return {step for step in (round(total / 3), round(2 * total / 3)) if 0 < step < total}
 

@@ -44,7 +44,13 @@ class StepLog:
             clock,
         )
         self.method, self.loss, self.last_line, self.last_step = config.method, None, clock(), 0
+        self.first_step = 0  # the step this process started from (a resumed run's is its checkpoint's)
         self.bar = tqdm(total=total, unit="step", desc=f"train {config.method}", disable=not progress)
+
+    def resume(self, step: int) -> None:
+        """The run carries on from `step`: the bar starts there and s/step counts only this process's steps."""
+        self.first_step = self.last_step = step
+        self.bar.update(step)
 
     def due(self, step: int) -> bool:
         return step % self.every == 0 or step == self.total
@@ -71,7 +77,7 @@ class StepLog:
         if self.report is None or not (due or result.steps == self.total):
             return
         self.last_line, self.last_step = now, result.steps
-        per_step = elapsed / max(1, result.steps)
+        per_step = elapsed / max(1, result.steps - self.first_step)
         loss = "n/a" if self.loss is None else f"{self.loss:.4f}"
         self.report(f"train {self.method}: step {result.steps}/{self.total}, loss {loss}, {per_step:.2f} s/step, "
                     f"ETA {eta_text(per_step * (self.total - result.steps))}")  # fmt: skip

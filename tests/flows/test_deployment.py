@@ -10,65 +10,22 @@ The server, the worker and the flow run they start live in a temporary Prefect h
 import contextlib
 import os
 import re
-import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
-import psutil
 import pytest
 import yaml
 
 from pipeline.stages.smoke import free_port
 from tests.flows.conftest import write_tiny_params
+from tests.flows.processes import background, tail, wait_healthy
 
 ROOT = Path(__file__).resolve().parents[2]
 PREFECT = [sys.executable, "-m", "prefect"]
 TERMINAL = {"COMPLETED", "FAILED", "CRASHED", "CANCELLED"}
-
-
-def _tail(log: Path, chars: int = 6000) -> str:
-    return log.read_text(errors="replace")[-chars:] if log.exists() else "(no log)"
-
-
-@contextlib.contextmanager
-def _background(command: list[str], env: dict[str, str], log: Path) -> Iterator[subprocess.Popen]:
-    """A process in its own session (so a group signal reaches everything it starts), stopped on exit: SIGINT
-    to the group, then SIGKILL to whatever is left, including children that started sessions of their own (an
-    idle Prefect 3.9 worker never finishes the graceful stop its first SIGINT starts)."""
-    with log.open("wb") as out:
-        proc = subprocess.Popen(command, env=env, cwd=log.parent, stdout=out, stderr=subprocess.STDOUT,
-                                start_new_session=True)  # fmt: skip
-    try:
-        yield proc
-    finally:
-        family: list[psutil.Process] = []
-        with contextlib.suppress(psutil.NoSuchProcess):
-            family = [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGINT)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.wait(timeout=5)
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        for member in family:
-            with contextlib.suppress(psutil.NoSuchProcess):
-                member.kill()
-        proc.wait(timeout=10)
-
-
-def _wait_healthy(api: str, server: subprocess.Popen, log: Path, timeout: float = 90) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        assert server.poll() is None, f"prefect server exited ({server.returncode}):\n{_tail(log)}"
-        with contextlib.suppress(httpx.HTTPError):
-            if httpx.get(f"{api}/health", timeout=2).status_code == 200:
-                return
-        time.sleep(0.5)
-    raise AssertionError(f"prefect server not healthy after {timeout} s:\n{_tail(log)}")
 
 
 def _prefect(args: list[str], env: dict[str, str]) -> str:
@@ -85,7 +42,7 @@ def _wait_finished(api: str, run_id: str, worker_log: Path, timeout: float = 240
             return run
         time.sleep(2)
     raise AssertionError(
-        f"flow run {run_id} still {run['state_type']} after {timeout} s:\n{_tail(worker_log)}"
+        f"flow run {run_id} still {run['state_type']} after {timeout} s:\n{tail(worker_log)}"
     )
 
 
@@ -116,17 +73,17 @@ def _deploy_and_run(
     port = api.removeprefix("http://127.0.0.1:").removesuffix("/api")
     server_cmd = [*PREFECT, "server", "start", "--host", "127.0.0.1", "--port", port, "--no-ui"]
     with contextlib.ExitStack() as stack:  # the worker stops first, then the server
-        server = stack.enter_context(_background(server_cmd, server_env, logs / "server.log"))
-        _wait_healthy(api, server, logs / "server.log")
+        server = stack.enter_context(background(server_cmd, server_env, logs / "server.log"))
+        wait_healthy(api, server, logs / "server.log")
         _prefect(["work-pool", "create", pool, "--type", "process"], env)
         _prefect(["--no-prompt", "deploy", "--name", "retrain"], env)
         deployed = httpx.get(f"{api}/deployments/name/retrain/retrain", timeout=10).json()
         worker_cmd = [*PREFECT, "worker", "start", "--pool", pool]
-        stack.enter_context(_background(worker_cmd, env, logs / "worker.log"))
+        stack.enter_context(background(worker_cmd, env, logs / "worker.log"))
         overrides = [arg for key, value in parameters.items() for arg in ("--param", f"{key}={value}")]
         out = _prefect(["deployment", "run", "retrain/retrain", *overrides], env)
         run = _wait_finished(api, re.search(r"UUID: ([0-9a-f-]{36})", out).group(1), logs / "worker.log")
-        assert run["state_type"] == "COMPLETED", f"{run['state']}\n{_tail(logs / 'worker.log')}"
+        assert run["state_type"] == "COMPLETED", f"{run['state']}\n{tail(logs / 'worker.log')}"
         after = httpx.get(f"{api}/deployments/{deployed['id']}", timeout=10).json()
     return deployed, run, after
 

@@ -4,7 +4,7 @@
 from collections import Counter
 
 from pipeline.config import TrainConfig
-from pipeline.training.loop import checkpoint_steps, plan_budget, plan_windows
+from pipeline.training.loop import eval_steps, plan_budget, plan_windows
 
 CONFIG = TrainConfig(micro_batch=8, grad_accum=8, epochs=4, min_steps=0)
 
@@ -43,9 +43,9 @@ def test_bucketed_windows_hold_every_item_once_per_epoch_and_pad_less():
 
 
 def test_held_out_checkpoints_fall_inside_the_run():
-    assert checkpoint_steps(300) == {100, 200}
-    assert checkpoint_steps(2) == {1}
-    assert checkpoint_steps(1) == set()
+    assert eval_steps(300) == {100, 200}
+    assert eval_steps(2) == {1}
+    assert eval_steps(1) == set()
 
 
 def test_training_flushes_subnormal_floats_only_while_it_runs():

@@ -264,6 +264,10 @@ def print_summary(summary: dict[str, Any]) -> None:
         m = summary["heldout"][model]
         table.add_row(model, *(f"{m[k]:.4f}" for k in ("accuracy", "record_accuracy", "ece", "brier")))
     console.print(table)
+    overall = summary["calibration_report"]["overall"]
+    console.print(f"calibrator: {summary['calibrator']['kind']} (lowest cross-fitted NLL); calibrated ECE "
+                  f"{overall['ece']:.4f}, 95% interval [{overall['ece_low']:.4f}, {overall['ece_high']:.4f}], "
+                  f"NLL {overall['nll']:.4f}")  # fmt: skip
     smoke = summary["smoke"]
     console.print(f"smoke test: {'passed' if smoke['passed'] else 'FAILED'} (agreement {smoke['agreement']}, "
                   f"p50 {smoke['latency_ms']['p50']} ms); gate: {'; '.join(summary['gate'])}")  # fmt: skip

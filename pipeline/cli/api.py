@@ -132,7 +132,7 @@ def add_api_commands(commands) -> None:
         "time; with --model-dir compare every answer with the same folder's in-process prediction. Fails "
         "(exit 1) below 99.5%% agreement on the chosen option, above a 1e-3 probability difference, or on any "
         "failed request. With --expected (a run's expected_answers.npz) every answer is also compared with what the "
-        "trained model answered before export: below 99.5%% agreement or above a 2e-2 difference fails.",
+        "trained model answered before export: below 99.5%% agreement or above a 5e-3 difference fails.",
     )
     smoke.add_argument("--url", required=True, help="the server, e.g. http://127.0.0.1:8000")
     smoke.add_argument("--data", required=True, help="decision file; its held-out split is sent")

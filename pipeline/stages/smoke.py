@@ -6,8 +6,8 @@ loaded here and every answer is compared: agreement on the chosen option and the
 difference (fails below 99.5% agreement or above 1e-3). With `--expected` (a run's `expected_answers.npz`,
 the calibrated probabilities the trained model gave each held-out decision before export), every answer is
 compared with those too: that is what catches a broken merge or export, which the folder's own in-process
-answers share. It fails below 99.5% agreement or above `TRAINED_MAX_DIFF` (the export stores the backbone in
-16 bits; the measured largest difference on `make run`'s model is in README "Served equals trained").
+answers share. It fails below 99.5% agreement or above `TRAINED_MAX_DIFF` (the export stores weights in 16
+bits, so a little more than the answers' rounding is allowed).
 Latency is measured per request, one request at a time; any failed request fails the test.
 
     decision smoke --url http://127.0.0.1:8000 --data data/processed/vader.jsonl --model-dir models/vader-minilm
@@ -36,7 +36,9 @@ from pipeline.scoring.heldout import load_expected
 
 MIN_AGREEMENT = 0.995
 MAX_PROBABILITY_DIFF = 1e-3
-TRAINED_MAX_DIFF = 0.02  # served against trained: fp16 backbone rounding, not a different model
+# Served against trained: measured 5.0e-5 on `make run`'s joint export (the answers' 4-decimal rounding) and up to
+# 6e-4 on the tiny LoRA Laya export (its fp16 weights); a corrupted tensor moves answers by far more.
+TRAINED_MAX_DIFF = 5e-3
 
 
 @dataclass(frozen=True)

@@ -67,8 +67,18 @@ def test_a_first_run_is_tracked_registered_smoke_tested_and_promoted(
         for folder in ("plots", "validation", "export")
         for a in client().list_artifacts(run.info.run_id, folder)
     }
-    assert {"plots/reliability_after.png", "plots/loss_curve.png", "validation/report.json",
-            "export/manifest.json"} <= artifacts  # fmt: skip
+    assert {"plots/reliability_after.png", "plots/reliability_by_type.png", "plots/loss_curve.png",
+            "validation/report.json", "export/manifest.json"} <= artifacts  # fmt: skip
+    # The calibration report travels with the run (artifacts, metrics) and the version (tags).
+    calibration = {a.path for a in client().list_artifacts(run.info.run_id, "calibration")}
+    assert {"calibration/calibration_report.json", "calibration/calibration_report.md", "calibration/calibrator.json",
+            "calibration/expected_answers.npz"} <= calibration  # fmt: skip
+    assert {"calibration_overall_ece", "calibration_overall_ece_high", "calibration_overall_nll",
+            "calibration_choice_classwise_ece"} <= set(run.data.metrics)  # fmt: skip
+    assert version.tags["calibrator"] in ("type_temperature", "question_temperature", "vector_scaling")
+    low, high = (float(x) for x in version.tags["calibration_ece"].split("[")[1].rstrip("]").split(","))
+    assert low <= float(version.tags["calibration_ece"].split()[0]) <= high
+    assert float(version.tags["smoke_trained_agreement"]) >= 0.995
     inputs = run.inputs.dataset_inputs
     assert [i.dataset.digest for i in inputs] == [data_md5]
 

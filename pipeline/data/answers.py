@@ -13,6 +13,7 @@ level, noul false then true).
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -133,6 +134,7 @@ def parse_request(state: Any, questions: dict[str, Any]) -> ParsedRequest:
 
 
 def _check_sizes(state: Any, questions: dict[str, Any]) -> None:
+    _refuse_unpaired_surrogates(state, questions)
     if len(questions) > MAX_QUESTIONS:
         raise RequestTooLarge(f"questions: {len(questions)} questions, at most {MAX_QUESTIONS}")
     try:
@@ -143,6 +145,35 @@ def _check_sizes(state: Any, questions: dict[str, Any]) -> None:
         ) from None
     if state_chars > MAX_STATE_CHARS:
         raise RequestTooLarge(f"state: {state_chars} characters, at most {MAX_STATE_CHARS}")
+
+
+SURROGATE = re.compile("[\ud800-\udfff]")  # what is left of a surrogate after JSON decoding is unpaired
+
+
+def _refuse_unpaired_surrogates(state: Any, questions: dict[str, Any]) -> None:
+    """InvalidRequest naming every field whose text holds an unpaired UTF-16 surrogate (JSON can carry one as a
+    \\u escape; no UTF-8 text, and so no tokenizer, can)."""
+    places = [("state", state)] + [(f"questions.{qid}", raw) for qid, raw in questions.items()]
+    bad = [where for where, value in places if _has_unpaired_surrogate(value) or _has_unpaired_surrogate(where)]
+    if bad:
+        raise InvalidRequest([_error(["body", *where.split(".", 1)], "text holds an unpaired surrogate "
+                                     "(invalid Unicode); send valid UTF-16 pairs or UTF-8") for where in bad])  # fmt: skip
+
+
+def _has_unpaired_surrogate(value: Any) -> bool:
+    # A walk with a stack, not recursion: a deeply nested state must not exhaust the interpreter's stack here.
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            if SURROGATE.search(item):
+                return True
+        elif isinstance(item, dict):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+    return False
 
 
 def _error(loc: list[str], message: str) -> dict[str, Any]:

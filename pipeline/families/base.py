@@ -39,6 +39,11 @@ class ModelLayoutError(ValueError):
     """A folder is not a complete model of the family that reads it (or of any family)."""
 
 
+# What a tokenizer raises on text it cannot take (`tokenizers` raises TypeError for non-UTF-8 input): a family
+# turns these, raised while encoding one request, into that request's BadQuestion.
+UNENCODABLE = (TypeError, ValueError, UnicodeError)
+
+
 class BadQuestion(ValueError):
     """A question that cannot be answered (its definition is invalid, or its options do not fit)."""
 

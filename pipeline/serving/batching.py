@@ -4,7 +4,8 @@ Requests wait in a bounded queue. One worker takes the first waiting request, ga
 `max_wait_s` (or until `max_items` questions), and runs them together in a single inference thread, so
 torch keeps every core for one batch instead of splitting them between requests. While a batch runs, new
 arrivals queue up and form the next batch, so under load batches grow without any added wait. A full queue
-is refused at once (the server answers 503 with Retry-After), and a failing request fails alone.
+is refused at once (the server answers 503 with Retry-After), and a failing request fails alone: a batch that
+raises is run again one job at a time, so only the job that raises gets the exception.
 
     batcher = MicroBatcher(run_batch, max_items=64, max_wait_s=0.002, max_queue=256)
     result = await batcher.submit(key, payload, n_items)
@@ -82,16 +83,25 @@ class MicroBatcher:
         while True:
             jobs = await self._gather()
             for key, group in _by_key(jobs).items():
-                try:
-                    results = await loop.run_in_executor(
-                        self._executor, self._run_batch, key, [j.payload for j in group]
-                    )
-                except Exception as error:  # the failure belongs to these requests only
-                    results = [error] * len(group)
+                results = await self._run_apart_on_failure(loop, key, group)
                 self.batches += 1
                 self.jobs += len(group)
                 for job, result in zip(group, results):
                     _settle(job.future, result)
+
+    async def _run_apart_on_failure(self, loop, key: Hashable, group: list[Job]) -> list[Any]:
+        """The group's results; when the batch raises, each job alone, so the failure stays with its own job."""
+        try:
+            return await loop.run_in_executor(
+                self._executor, self._run_batch, key, [j.payload for j in group]
+            )
+        except Exception as error:
+            if len(group) == 1:
+                return [error]
+        results = []
+        for job in group:
+            results.extend(await self._run_apart_on_failure(loop, key, [job]))
+        return results
 
     async def _gather(self) -> list[Job]:
         assert self._queue is not None

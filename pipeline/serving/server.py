@@ -9,6 +9,7 @@ and the MLflow model; the model catalog and alias following are `pipeline.servin
     decision serve --model models:/decision-model@champion --keys keys.json
 """
 
+import json
 import logging
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -16,9 +17,12 @@ from typing import Annotated, Any, Literal
 
 import orjson
 from fastapi import Depends, FastAPI, HTTPException, Request
-from fastapi.responses import JSONResponse, Response
+from fastapi.encoders import jsonable_encoder
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import Response
 from fastapi.security import APIKeyHeader, HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import BaseModel, ConfigDict, Field, field_validator
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from pipeline.data.answers import InvalidRequest, RequestTooLarge, parse_request
 from pipeline.data.contract import QUESTION_TYPES
@@ -132,6 +136,16 @@ def create_app(catalog: Catalog, keys: KeyStore, config: ServerConfig = ServerCo
     app.add_middleware(DecodeBodyMiddleware, limits=config.limits)
     app.state.catalog, app.state.batcher = catalog, batcher
 
+    # Errors echo what the caller sent (a field name, an input); rendered ASCII-escaped, an unpaired surrogate in
+    # it is written as its \\u escape instead of failing the response (Starlette's handlers encode UTF-8 strictly).
+    @app.exception_handler(RequestValidationError)
+    async def invalid(request: Request, error: RequestValidationError) -> Response:
+        return _error_json({"detail": jsonable_encoder(error.errors())}, 422)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def refused(request: Request, error: StarletteHTTPException) -> Response:
+        return _error_json({"detail": error.detail}, error.status_code, error.headers)
+
     def caller(request: Request, bearer: Annotated[HTTPAuthorizationCredentials | None, Depends(BEARER)],
                x_api_key: Annotated[str | None, Depends(API_KEY)]) -> Caller:  # fmt: skip
         # The security schemes put both headers in the OpenAPI document; a malformed Authorization header
@@ -146,13 +160,16 @@ def create_app(catalog: Catalog, keys: KeyStore, config: ServerConfig = ServerCo
         except RequestTooLarge as error:
             raise HTTPException(413, str(error)) from None
         except InvalidRequest as error:
-            return JSONResponse({"detail": error.errors}, status_code=422)
+            return _error_json({"detail": error.errors}, 422)
         try:
             result = await batcher.submit(model, parsed, len(parsed.questions))
         except QueueFull:
             raise HTTPException(503, "the server is busy", {"Retry-After": str(RETRY_AFTER_BUSY_S)}) from None
         except BadQuestion as error:
-            return JSONResponse({"detail": [_question_error(error)]}, status_code=422)
+            return _error_json({"detail": [_question_error(error)]}, 422)
+        except Exception as error:  # a server fault: a short JSON 500, and the server keeps serving
+            log.exception("request failed in the model: %s", type(error).__name__)
+            return _error_json({"detail": f"internal error ({type(error).__name__}); logged"}, 500)
         usage = {"input_tokens": result.input_tokens, "output_tokens": 0}
         return _json({"model": model.name, "answers": result.answers, "usage": usage})
 
@@ -217,6 +234,12 @@ def _question_error(error: BadQuestion) -> dict[str, Any]:
 
 def _json(body: dict[str, Any], status: int = 200, headers: dict[str, str] | None = None) -> Response:
     return Response(orjson.dumps(body), status, headers, media_type="application/json")
+
+
+def _error_json(body: dict[str, Any], status: int, headers: dict[str, str] | None = None) -> Response:
+    """An error body no text the caller sent can break (non-ASCII escaped, anything else written as text)."""
+    text = json.dumps(body, ensure_ascii=True, default=str)
+    return Response(text, status, headers, media_type="application/json")
 
 
 _ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {

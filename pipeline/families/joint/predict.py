@@ -9,7 +9,7 @@ import numpy as np
 import torch
 
 from pipeline.data.answers import ParsedRequest, shape_answers
-from pipeline.families.base import Answered, BadQuestion
+from pipeline.families.base import UNENCODABLE, Answered, BadQuestion
 from pipeline.families.forward_passes import length_batches
 from pipeline.families.joint.layout import LoadedJoint, temperature_of
 from pipeline.families.joint.records import EncodedRecord, RecordTooLong, collate_records, encode_record
@@ -45,6 +45,10 @@ def _encode(loaded: LoadedJoint, request: ParsedRequest) -> EncodedRecord | BadQ
         )
     except RecordTooLong as error:
         return BadQuestion(f"questions: {error}")
+    except BadQuestion as error:
+        return error
+    except UNENCODABLE as error:  # the tokenizer refused this request's text: its own 422, not its batch's
+        return BadQuestion(f"the tokenizer cannot encode this request: {type(error).__name__}: {error}")
 
 
 @torch.inference_mode()

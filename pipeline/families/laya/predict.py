@@ -15,7 +15,7 @@ import torch
 from pipeline.data import contract
 from pipeline.data.answers import InvalidRequest, ParsedRequest, RequestTooLarge, parse_request, shape_answers
 from pipeline.data.contract import QUESTION_TYPE_IDS
-from pipeline.families.base import Answered, BadQuestion
+from pipeline.families.base import UNENCODABLE, Answered, BadQuestion
 from pipeline.families.forward_passes import forward_batch_size, length_batches
 from pipeline.families.laya.forward import decision_logits
 from pipeline.families.laya.items import Item, collate, state_token_ids
@@ -113,6 +113,12 @@ def answer_requests(loaded: LoadedModel, requests: list[ParsedRequest]) -> list[
             encoded.append(request_items(loaded, request.state, list(request.questions.values())))
         except BadQuestion as error:
             encoded.append(error)
+        except (
+            UNENCODABLE
+        ) as error:  # the tokenizer refused this request's text: its own 422, not its batch's
+            encoded.append(
+                BadQuestion(f"the tokenizer cannot encode this request: {type(error).__name__}: {error}")
+            )
     good = [items for items in encoded if not isinstance(items, BadQuestion)]
     probabilities = iter(predict_items(loaded, good))
     results: list[Answered | BadQuestion] = []

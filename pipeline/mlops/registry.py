@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from pipeline.families import find_exports
+from pipeline.families import find_exports, pick_family
 from pipeline.mlops.pyfunc import EXPORT_ARTIFACT, decision_signature
 
 DEFAULT_TRACKING_URI = "sqlite:///mlflow/mlflow.db"
@@ -129,6 +129,8 @@ def register_export(export_dir: str | Path, name: str, run_id: str | None = None
     key = (tags or {}).get("idempotency_key")
     if key and (found := find_version(name, key)):
         return found
+    # The family travels as a tag, so /v1/models can list a version without downloading it.
+    tags = {"family": pick_family(export_dir).name, **(tags or {})}
 
     use_store()
     experiment_id = None if run_id else ensure_experiment()
@@ -142,7 +144,7 @@ def register_export(export_dir: str | Path, name: str, run_id: str | None = None
         )  # fmt: skip
     # The version is created with its tags in one call, so no failure can leave a version without its key for a
     # retry to miss (and register twice).
-    return str(mlflow.register_model(info.model_uri, name, tags=tags or None).version)
+    return str(mlflow.register_model(info.model_uri, name, tags=tags).version)
 
 
 def _requirements() -> list[str]:

@@ -43,8 +43,9 @@ class MicroBatcher:
     """Bounded queue plus one worker that batches jobs with the same key."""
 
     def __init__(self, run_batch: RunBatch, max_items: int = 64, max_wait_s: float = 0.002,
-                 max_queue: int = 256) -> None:  # fmt: skip
+                 max_queue: int = 256, on_batch: Callable[[int, int], None] | None = None) -> None:  # fmt: skip
         self._run_batch = run_batch
+        self._on_batch = on_batch  # (requests, questions) of every batch run, for the server's metrics
         self.max_items, self.max_wait_s, self.max_queue = max_items, max_wait_s, max_queue
         self._queue: asyncio.Queue[Job] | None = None
         self._worker: asyncio.Task | None = None
@@ -84,6 +85,8 @@ class MicroBatcher:
             jobs = await self._gather()
             for key, group in _by_key(jobs).items():
                 results = await self._run_apart_on_failure(loop, key, group)
+                if self._on_batch is not None:
+                    self._on_batch(len(group), sum(j.n_items for j in group))
                 self.batches += 1
                 self.jobs += len(group)
                 for job, result in zip(group, results):

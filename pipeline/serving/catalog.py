@@ -20,8 +20,9 @@ import logging
 import tempfile
 import threading
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -69,6 +70,7 @@ class Finetune:
     owner: str | None
     folder: Path | None = None
     version: str | None = None
+    facts: dict[str, Any] = field(default_factory=dict)  # family, version, calibration summary, as listed
 
 
 class Catalog:
@@ -114,21 +116,23 @@ class Catalog:
             raise ModelNotFound(f"model {requested!r} does not exist or is not visible to this key")
         return self._load_finetune(finetune)
 
-    def listing(self, owner: str | None, open_server: bool) -> list[dict[str, str]]:
-        """The models a caller may name: the default names, the serving model, and visible fine-tunes."""
+    def listing(self, owner: str | None, open_server: bool) -> list[dict[str, Any]]:
+        """The models a caller may name: the default names, the serving model, and visible fine-tunes, each with
+        its family, version, alias and calibration summary where known."""
         serving = self.serving
         if serving is None:
             return []
+        facts = serving_facts(serving, self.alias[1] if self.alias else None)
         entries = [
-            _metadata(name, f"alias of {serving.name}", serving.release_date) for name in DEFAULT_NAMES
+            _metadata(name, f"alias of {serving.name}", serving.release_date) | facts
+            for name in DEFAULT_NAMES
         ]
-        entries.append(_metadata(serving.name, "the serving model", serving.release_date))
+        entries.append(_metadata(serving.name, "the serving model", serving.release_date) | facts)
         if owner is not None or open_server:
             for finetune in self._finetunes.values():
                 if finetune.name != serving.name and (open_server or finetune.owner == owner):
-                    entries.append(
-                        _metadata(finetune.name, f"fine-tune of {finetune.owner or 'the team'}", "")
-                    )
+                    entries.append(_metadata(finetune.name, f"fine-tune of {finetune.owner or 'the team'}", "")
+                                   | finetune.facts)  # fmt: skip
         return entries
 
     def _run(self) -> None:
@@ -174,15 +178,18 @@ class Catalog:
         if self.finetunes_dir is None or not self.finetunes_dir.is_dir():
             return
         for folder in list_models(self.finetunes_dir):
-            owner = _manifest(folder).get("owner")
-            self._finetunes.setdefault(folder.name, Finetune(folder.name, owner, folder=folder))
+            manifest = _manifest(folder)
+            self._finetunes.setdefault(
+                folder.name,
+                Finetune(folder.name, manifest.get("owner"), folder, facts=manifest_facts(manifest)),
+            )
 
     def _scan_registry(self, name: str) -> None:
         for version in client().search_model_versions(f"name='{name}'"):
             key = f"{name}/{version.version}"
-            self._finetunes.setdefault(
-                key, Finetune(key, version.tags.get("owner"), version=str(version.version))
-            )
+            facts = version_facts(version.tags, str(version.version))
+            self._finetunes.setdefault(key, Finetune(key, version.tags.get("owner"), version=str(version.version),
+                                                     facts=facts))  # fmt: skip
 
     def _load_finetune(self, finetune: Finetune) -> ServedModel:
         with self._lock:
@@ -223,6 +230,27 @@ def checked(model: ServedModel) -> ServedModel:
         if not (np.all(np.isfinite(p)) and np.all((p >= 0) & (p <= 1)) and abs(p.sum() - 1.0) <= rounding):
             raise ValueError(f"{model.name}: canary question {qid!r} got probabilities {p.tolist()}")
     return model
+
+
+def manifest_facts(manifest: dict[str, Any]) -> dict[str, Any]:
+    """Family and calibration summary from an export's manifest (what /v1/models lists)."""
+    calibrated = (manifest.get("metrics") or {}).get("calibrated") or {}
+    calibration = {"calibrator": (manifest.get("calibrator") or {}).get("kind", "type_temperature")}
+    calibration |= {k: calibrated[k] for k in ("accuracy", "ece", "brier") if k in calibrated}
+    return {"family": manifest.get("family"), "calibration": calibration}
+
+
+def version_facts(tags: dict[str, str], version: str) -> dict[str, Any]:
+    """Family, version and calibration summary of a registry version, from its tags (nothing is downloaded)."""
+    calibration = {k: tags[k] for k in ("calibrator", "calibration_ece", "calibration_accuracy") if k in tags}
+    return {"family": tags.get("family"), "version": version, "calibration": calibration}
+
+
+def serving_facts(serving: ServedModel, alias: str | None) -> dict[str, Any]:
+    """The serving model's family, version and alias (when it follows one) and calibration summary."""
+    facts = manifest_facts(_manifest(serving.folder)) | {"family": serving.model.family.name}
+    name, _, version = serving.name.rpartition("/")
+    return facts | ({"version": version, "alias": alias} if alias and name else {})
 
 
 def _manifest(folder: Path) -> dict:

@@ -1,4 +1,5 @@
-"""The Decision API over HTTP (DESIGN.md 5): `POST /v1/systemone`, `GET /v1/models`, `GET /healthz`.
+"""The Decision API over HTTP (DESIGN.md 5): `POST /v1/systemone`, `GET /v1/models`, `GET /healthz`, and
+`GET /metrics` (Prometheus).
 
 A thin FastAPI layer: request and response models, keys and status codes. Parsing, the forward pass,
 temperatures and answer shaping are `pipeline.data.answers` and the model family (`pipeline.families`), shared with the smoke test
@@ -11,6 +12,7 @@ and the MLflow model; the model catalog and alias following are `pipeline.servin
 
 import json
 import logging
+import time
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal
@@ -31,6 +33,7 @@ from pipeline.serving.batching import MicroBatcher, QueueFull
 from pipeline.serving.body import BodyLimits, DecodeBodyMiddleware
 from pipeline.serving.catalog import Catalog, ModelForbidden, ModelLoading, ModelNotFound, ServedModel
 from pipeline.serving.keys import KeyStore
+from pipeline.serving.metrics import ServerMetrics
 
 log = logging.getLogger("decision.serve")
 RETRY_AFTER_LOADING_S = 5
@@ -119,7 +122,10 @@ class Caller:
 
 def create_app(catalog: Catalog, keys: KeyStore, config: ServerConfig = ServerConfig()) -> FastAPI:
     """The Decision API app; the catalog starts loading (and following its alias) when the app starts."""
-    batcher = MicroBatcher(_run_batch, config.max_batch_items, config.max_wait_s, config.max_queue)
+    metrics = ServerMetrics(lambda: batcher.queued)  # read at scrape time, once the batcher exists
+    batcher = MicroBatcher(
+        _run_batch, config.max_batch_items, config.max_wait_s, config.max_queue, metrics.batch
+    )
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -134,7 +140,16 @@ def create_app(catalog: Catalog, keys: KeyStore, config: ServerConfig = ServerCo
     app = FastAPI(title="Decision API", version="1", lifespan=lifespan,
                   description="System One decisions: calibrated probabilities per option in one forward pass.")  # fmt: skip
     app.add_middleware(DecodeBodyMiddleware, limits=config.limits)
-    app.state.catalog, app.state.batcher = catalog, batcher
+    app.state.catalog, app.state.batcher, app.state.metrics = catalog, batcher, metrics
+
+    @app.middleware("http")
+    async def measured(request: Request, call_next):
+        if request.url.path != "/v1/systemone":
+            return await call_next(request)
+        started = time.perf_counter()
+        response = await call_next(request)
+        metrics.answered(response.status_code, time.perf_counter() - started)
+        return response
 
     # Errors echo what the caller sent (a field name, an input); rendered ASCII-escaped, an unpaired surrogate in
     # it is written as its \\u escape instead of failing the response (Starlette's handlers encode UTF-8 strictly).
@@ -176,6 +191,10 @@ def create_app(catalog: Catalog, keys: KeyStore, config: ServerConfig = ServerCo
     @app.get("/v1/models")
     async def models(who: Annotated[Caller, Depends(caller)]) -> Response:
         return _json({"models": catalog.listing(who.owner, who.open_server)})
+
+    @app.get("/metrics", include_in_schema=False)
+    async def prometheus() -> Response:
+        return Response(metrics.exposition(), media_type=metrics.content_type)
 
     @app.get("/healthz")
     async def healthz() -> Response:

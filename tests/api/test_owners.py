@@ -38,6 +38,16 @@ def test_a_registered_fine_tune_is_served_by_name_to_its_owner_only(registry):
             return api.post("/v1/systemone", json=body, headers={"Authorization": f"Bearer {key}"})
 
         assert f"{NAME}/2" in names("alice-key") and f"{NAME}/2" not in names("bob-key")
+        # Each entry says its family, version, alias and calibration summary.
+        listing = {
+            m["name"]: m
+            for m in api.get("/v1/models", headers={"Authorization": "Bearer alice-key"}).json()["models"]
+        }
+        serving = listing[f"{NAME}/1"]
+        assert (serving["family"], serving["version"], serving["alias"]) == ("laya", "1", "champion")
+        assert serving["calibration"]["calibrator"] == "type_temperature"
+        assert listing["default"]["version"] == "1"
+        assert (listing[f"{NAME}/2"]["family"], listing[f"{NAME}/2"]["version"]) == ("laya", "2")
         answered = ask("alice-key")
         assert answered.status_code == 200 and answered.json()["model"] == f"{NAME}/2"
         assert ask("bob-key").status_code == 404

@@ -1,0 +1,56 @@
+"""What the Decision API exposes on `GET /metrics`, in the Prometheus text format (`prometheus-client`).
+
+    decision_requests_total{status}        answered requests of POST /v1/systemone, by HTTP status
+    decision_request_seconds               their latency, from the body read to the answer written (histogram)
+    decision_queue_depth                   requests waiting for a batch, read when scraped
+    decision_batch_requests                requests per forward-pass batch (histogram)
+    decision_batch_questions               questions per batch (histogram)
+
+Each app has its own registry, so two servers in one process (the tests) never share counts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+)
+
+LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+
+
+class ServerMetrics:
+    """The server's counters, latency and batch histograms, and the queue depth as a scrape-time gauge."""
+
+    content_type = CONTENT_TYPE_LATEST
+
+    def __init__(self, queue_depth: Callable[[], int]) -> None:
+        self.registry = CollectorRegistry()
+        self.requests = Counter("decision_requests", "Answered POST /v1/systemone requests, by HTTP status",
+                                ["status"], registry=self.registry)  # fmt: skip
+        self.latency = Histogram("decision_request_seconds", "Latency of POST /v1/systemone",
+                                 buckets=LATENCY_BUCKETS, registry=self.registry)  # fmt: skip
+        self.batch_requests = Histogram("decision_batch_requests", "Requests per forward-pass batch",
+                                        buckets=BATCH_BUCKETS, registry=self.registry)  # fmt: skip
+        self.batch_questions = Histogram("decision_batch_questions", "Questions per forward-pass batch",
+                                         buckets=BATCH_BUCKETS, registry=self.registry)  # fmt: skip
+        depth = Gauge("decision_queue_depth", "Requests waiting for a batch", registry=self.registry)
+        depth.set_function(queue_depth)
+
+    def answered(self, status: int, seconds: float) -> None:
+        self.requests.labels(status=str(status)).inc()
+        self.latency.observe(seconds)
+
+    def batch(self, requests: int, questions: int) -> None:
+        self.batch_requests.observe(requests)
+        self.batch_questions.observe(questions)
+
+    def exposition(self) -> bytes:
+        return generate_latest(self.registry)

@@ -9,11 +9,13 @@ between the two servers' answers, and writes JSON to benchmarks/results/bench_se
 Goals: at concurrency 8 at least 2x the peer's throughput; at concurrency 1 a p50 no worse than the peer's.
 
     python benchmarks/bench_serve.py [--model models/vader-minilm] [--requests 80] [--concurrency 1 8]
+    python benchmarks/bench_serve.py --workers 1 2     # also ours with 2 server processes, ratio to 1
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import subprocess
@@ -40,9 +42,9 @@ def build_requests(data: Path, n: int) -> list[dict]:
     return [{"state": b["state"], "questions": {**b["questions"], "topic": TOPIC}} for b in bodies[:n]]
 
 
-def start_ours(model: Path, port: int, device: str) -> subprocess.Popen:
+def start_ours(model: Path, port: int, device: str, workers: int = 1) -> subprocess.Popen:
     command = [sys.executable, "-m", "pipeline.cli.main", "serve", "--model", str(model), "--port", str(port),
-               "--device", device]  # fmt: skip
+               "--device", device, "--workers", str(workers)]  # fmt: skip
     return subprocess.Popen(command, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
@@ -118,9 +120,8 @@ def answers(url: str, bodies: list[dict]) -> list[dict]:
         return [http.post("/v1/systemone", json=b).json()["answers"] for b in bodies]
 
 
-def measure(
-    name: str, start, model: Path, bodies: list[dict], levels: list[int], warmup: int, device: str
-) -> dict:
+def measure(name: str, start, model: Path, bodies: list[dict], levels: list[int], warmup: int, device: str,
+            processes: int = 1) -> dict:  # fmt: skip
     from pipeline.stages.smoke import free_port
 
     port = free_port()
@@ -128,6 +129,7 @@ def measure(
     process = start(model, port, device)
     try:
         wait_ready(url, bodies[0], process)
+        wait_processes(url, processes)
         load(url, bodies[:warmup], max(levels))
         runs = [load(url, bodies, c) for c in levels]
         sample = answers(url, bodies[:20])
@@ -138,6 +140,21 @@ def measure(
         print(f"  {name:<5} c={run['concurrency']}: {run['throughput_rps']:.1f} req/s, p50 {run['p50_ms']:.0f} ms, "
               f"p95 {run['p95_ms']:.0f} ms, errors {run['errors']}", flush=True)  # fmt: skip
     return {"runs": runs, "sample": sample}
+
+
+def wait_processes(url: str, n: int, timeout_s: float = 180) -> None:
+    """Until `n` server processes have each answered /healthz with a loaded model (new connections reach any)."""
+    import httpx
+
+    seen: set[int] = set()
+    deadline = time.monotonic() + timeout_s
+    while n > 1 and len(seen) < n:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"only {len(seen)} of {n} server processes answered")
+        response = httpx.get(f"{url}/healthz", timeout=10)
+        if response.status_code == 200:
+            seen.add(response.json()["pid"])
+        time.sleep(0.05)
 
 
 def max_difference(ours: list[dict], peer: list[dict]) -> float:
@@ -163,6 +180,8 @@ def main() -> int:
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8])
     parser.add_argument("--device", default="cpu", help="where both servers run the model (cpu or cuda)")
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks/results/bench_serve.json")
+    parser.add_argument("--workers", type=int, nargs="+", default=[1],
+                        help="measure ours with each number of server processes (the first is compared with laya)")  # fmt: skip
     args = parser.parse_args()
 
     bodies = build_requests(args.data, args.requests)
@@ -170,7 +189,9 @@ def main() -> int:
         f"model {args.model} on {args.device}, {len(bodies)} requests x {len(bodies[0]['questions'])} questions",
         flush=True,
     )
-    ours = measure("ours", start_ours, args.model, bodies, args.concurrency, 16, args.device)
+    by_workers = {w: measure(f"ours x{w}", functools.partial(start_ours, workers=w), args.model, bodies,
+                             args.concurrency, 16, args.device, w) for w in args.workers}  # fmt: skip
+    ours = by_workers[args.workers[0]]
     peer = measure("laya", start_laya, args.model, bodies, args.concurrency, 16, args.device)
     table = []
     print(f"\n{'c':>3} {'server':<6}{'req/s':>8}{'p50 ms':>9}{'p95 ms':>9}")
@@ -195,10 +216,26 @@ def main() -> int:
     if 1 in by_c:
         goals["c1_p50_no_worse"] = by_c[1]["p50_ratio"] <= 1.0
     print("goals:", ", ".join(f"{k} {'met' if v else 'NOT met'}" for k, v in goals.items()))
+    workers = workers_table(by_workers, args.workers[0])
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({"model": str(args.model), "device": args.device, "table": table, "goals": goals,
-                                    "max_probability_difference": difference}, indent=2))  # fmt: skip
+                                    "max_probability_difference": difference, "workers": workers}, indent=2))  # fmt: skip
     return 0
+
+
+def workers_table(by_workers: dict[int, dict], first: int) -> list[dict]:
+    """Ours with each number of server processes against the first, per concurrency (printed and returned)."""
+    rows = []
+    for w, measured in by_workers.items():
+        for run, baseline in zip(measured["runs"], by_workers[first]["runs"]):
+            rows.append({"workers": w, "concurrency": run["concurrency"], "throughput_rps": run["throughput_rps"],
+                         "p50_ms": run["p50_ms"], "throughput_ratio": run["throughput_rps"] / baseline["throughput_rps"]})  # fmt: skip
+    if len(by_workers) > 1:
+        print("\nworkers  c   req/s  p50 ms  req/s vs " + f"{first} worker(s)")
+        for row in rows:
+            print(f"{row['workers']:>7} {row['concurrency']:>2} {row['throughput_rps']:>7.1f} {row['p50_ms']:>7.0f} "
+                  f"{row['throughput_ratio']:>8.2f}x")  # fmt: skip
+    return rows
 
 
 if __name__ == "__main__":

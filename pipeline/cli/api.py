@@ -20,9 +20,8 @@ def _serve(args: argparse.Namespace) -> int:
 
     from pipeline.mlops.registry import parse_alias_uri
     from pipeline.serving.body import BodyLimits
-    from pipeline.serving.catalog import Catalog
     from pipeline.serving.keys import KeyConfigError, load_keys
-    from pipeline.serving.server import ServerConfig, create_app, run_server
+    from pipeline.serving.server import ServeOptions, ServerConfig, run_server
 
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     if parse_alias_uri(args.model) is None and not Path(args.model).is_dir():
@@ -31,8 +30,11 @@ def _serve(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return EXIT_UNUSABLE
+    if args.workers < 1:
+        print(f"decision serve: --workers must be at least 1, got {args.workers}", file=sys.stderr)
+        return EXIT_UNUSABLE
     try:
-        keys = load_keys(args.keys)
+        load_keys(args.keys)  # checked here, so a bad key file is one clear error, not one per worker
     except KeyConfigError as error:
         print(f"decision serve: {error}", file=sys.stderr)
         return EXIT_UNUSABLE
@@ -40,10 +42,9 @@ def _serve(args: argparse.Namespace) -> int:
                           BodyLimits(args.max_body_mb * 1024 * 1024, args.max_body_mb * 1024 * 1024))  # fmt: skip
     from pipeline.device import pick_device
 
-    catalog = Catalog(
-        args.model, args.finetunes, poll_s=args.poll_seconds, device=str(pick_device(args.device))
-    )
-    run_server(create_app(catalog, keys, config), args.host, args.port, args.access_log)
+    options = ServeOptions(args.model, args.keys, args.finetunes, args.poll_seconds, str(pick_device(args.device)),
+                           config, args.workers)  # fmt: skip
+    run_server(options, args.host, args.port, args.access_log)
     return EXIT_OK
 
 
@@ -123,6 +124,10 @@ def add_api_commands(commands) -> None:
     serve.add_argument("--max-body-mb", type=int, default=8, help="request body limit, decompressed")
     serve.add_argument("--access-log", action="store_true", help="log every request")
     serve.add_argument("--device", default="cpu", help="cpu (default), cuda, cuda:1, or auto")
+    serve.add_argument(
+        "--workers", type=int, default=1,
+        help="server processes on one port, each with its own model and batcher and cores/N threads (default 1)",
+    )  # fmt: skip
     serve.set_defaults(handler=_serve)
 
     smoke = commands.add_parser(

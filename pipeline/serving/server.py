@@ -12,9 +12,10 @@ and the MLflow model; the model catalog and alias following are `pipeline.servin
 
 import json
 import logging
+import os
 import time
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Annotated, Any, Literal
 
 import orjson
@@ -32,7 +33,7 @@ from pipeline.families.base import BadQuestion
 from pipeline.serving.batching import MicroBatcher, QueueFull
 from pipeline.serving.body import BodyLimits, DecodeBodyMiddleware
 from pipeline.serving.catalog import Catalog, ModelForbidden, ModelLoading, ModelNotFound, ServedModel
-from pipeline.serving.keys import KeyStore
+from pipeline.serving.keys import KeyStore, load_keys
 from pipeline.serving.metrics import ServerMetrics
 
 log = logging.getLogger("decision.serve")
@@ -201,7 +202,7 @@ def create_app(catalog: Catalog, keys: KeyStore, config: ServerConfig = ServerCo
         serving = catalog.serving
         body = {"status": "ok" if serving else "loading", "model": serving.name if serving else None,
                 "error": catalog.load_error, "queued": batcher.queued, "batches": batcher.batches,
-                "requests": batcher.jobs}  # fmt: skip
+                "requests": batcher.jobs, "pid": os.getpid()}  # fmt: skip
         headers = {} if serving else {"Retry-After": str(RETRY_AFTER_LOADING_S)}
         return _json(body, 200 if serving else 503, headers)
 
@@ -270,8 +271,59 @@ _ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
 }
 
 
-def run_server(app: FastAPI, host: str = "127.0.0.1", port: int = 8000, access_log: bool = False) -> None:
-    """Serve until interrupted (uvicorn, one process: the batcher needs every request in one place)."""
+@dataclass(frozen=True)
+class ServeOptions:
+    """Everything a server process needs to build its app: what `--workers` hands to each worker process."""
+
+    model: str
+    keys: str | None = None
+    finetunes: str | None = None
+    poll_s: float = 5.0
+    device: str = "cpu"
+    config: ServerConfig = field(default_factory=ServerConfig)
+    workers: int = 1
+
+    def to_env(self) -> str:
+        return json.dumps(asdict(self))
+
+    @classmethod
+    def from_env(cls, text: str) -> "ServeOptions":
+        data = json.loads(text)
+        limits = BodyLimits(**data["config"].pop("limits"))
+        return cls(**{**data, "config": ServerConfig(**data["config"], limits=limits)})
+
+
+OPTIONS_ENV = "DECISION_SERVE_OPTIONS"
+
+
+def build_app(options: ServeOptions) -> FastAPI:
+    """The app of one server process: its own catalog (the model loaded in this process) and batcher."""
+    catalog = Catalog(options.model, options.finetunes, poll_s=options.poll_s, device=options.device)
+    return create_app(catalog, load_keys(options.keys), options.config)
+
+
+def app_from_environment() -> FastAPI:
+    """uvicorn's app factory in each worker process (`--workers N`): options from the parent's environment.
+
+    The cores are split between the workers, so N processes do not each start a thread per core.
+    """
+    import torch
+
+    options = ServeOptions.from_env(os.environ[OPTIONS_ENV])
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // options.workers))
+    return build_app(options)
+
+
+def run_server(
+    options: ServeOptions, host: str = "127.0.0.1", port: int = 8000, access_log: bool = False
+) -> None:
+    """Serve until interrupted. One process batches every request in one place; `workers` > 1 runs that many
+    processes on one port (uvicorn shares the listening socket), each with its own model and batcher."""
     import uvicorn
 
-    uvicorn.run(app, host=host, port=port, log_level="info", access_log=access_log)
+    if options.workers == 1:
+        uvicorn.run(build_app(options), host=host, port=port, log_level="info", access_log=access_log)
+        return
+    os.environ[OPTIONS_ENV] = options.to_env()
+    uvicorn.run("pipeline.serving.server:app_from_environment", factory=True, workers=options.workers, host=host,
+                port=port, log_level="info", access_log=access_log)  # fmt: skip

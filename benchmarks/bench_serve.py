@@ -10,6 +10,7 @@ Goals: at concurrency 8 at least 2x the peer's throughput; at concurrency 1 a p5
 
     python benchmarks/bench_serve.py [--model models/vader-minilm] [--requests 80] [--concurrency 1 8]
     python benchmarks/bench_serve.py --workers 1 2     # also ours with 2 server processes, ratio to 1
+    python benchmarks/bench_serve.py --shadow-share 0.1   # also ours with a shadow challenger, latency ratio
 """
 
 from __future__ import annotations
@@ -42,9 +43,13 @@ def build_requests(data: Path, n: int) -> list[dict]:
     return [{"state": b["state"], "questions": {**b["questions"], "topic": TOPIC}} for b in bodies[:n]]
 
 
-def start_ours(model: Path, port: int, device: str, workers: int = 1) -> subprocess.Popen:
+def start_ours(
+    model: Path, port: int, device: str, workers: int = 1, shadow_share: float | None = None
+) -> subprocess.Popen:
     command = [sys.executable, "-m", "pipeline.cli.main", "serve", "--model", str(model), "--port", str(port),
                "--device", device, "--workers", str(workers)]  # fmt: skip
+    if shadow_share is not None:  # the same folder as its own challenger: the cost of shadowing alone
+        command += ["--shadow", str(model), "--shadow-share", str(shadow_share)]
     return subprocess.Popen(command, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
@@ -180,6 +185,8 @@ def main() -> int:
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8])
     parser.add_argument("--device", default="cpu", help="where both servers run the model (cpu or cuda)")
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks/results/bench_serve.json")
+    parser.add_argument("--shadow-share", type=float,
+                        help="also measure ours with a shadow challenger scoring this share of requests")  # fmt: skip
     parser.add_argument("--workers", type=int, nargs="+", default=[1],
                         help="measure ours with each number of server processes (the first is compared with laya)")  # fmt: skip
     args = parser.parse_args()
@@ -217,9 +224,17 @@ def main() -> int:
         goals["c1_p50_no_worse"] = by_c[1]["p50_ratio"] <= 1.0
     print("goals:", ", ".join(f"{k} {'met' if v else 'NOT met'}" for k, v in goals.items()))
     workers = workers_table(by_workers, args.workers[0])
+    shadowed = None
+    if args.shadow_share is not None:
+        shadowed = measure(f"ours+shadow {args.shadow_share}", functools.partial(start_ours, shadow_share=args.shadow_share),
+                           args.model, bodies, args.concurrency, 16, args.device)  # fmt: skip
+        for run, plain in zip(shadowed["runs"], ours["runs"]):
+            print(f"c={run['concurrency']}: with the shadow, p50 {run['p50_ms']:.0f} ms vs {plain['p50_ms']:.0f} ms "
+                  f"({run['p50_ms'] / plain['p50_ms']:.2f}x), req/s {run['throughput_rps'] / plain['throughput_rps']:.2f}x")  # fmt: skip
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({"model": str(args.model), "device": args.device, "table": table, "goals": goals,
-                                    "max_probability_difference": difference, "workers": workers}, indent=2))  # fmt: skip
+                                    "max_probability_difference": difference, "workers": workers,
+                                    "shadow": shadowed and shadowed["runs"]}, indent=2))  # fmt: skip
     return 0
 
 

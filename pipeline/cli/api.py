@@ -30,6 +30,9 @@ def _serve(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return EXIT_UNUSABLE
+    if not 0 < args.shadow_share <= 1:
+        print(f"decision serve: --shadow-share must be in (0, 1], got {args.shadow_share}", file=sys.stderr)
+        return EXIT_UNUSABLE
     if args.workers < 1:
         print(f"decision serve: --workers must be at least 1, got {args.workers}", file=sys.stderr)
         return EXIT_UNUSABLE
@@ -43,7 +46,7 @@ def _serve(args: argparse.Namespace) -> int:
     from pipeline.device import pick_device
 
     options = ServeOptions(args.model, args.keys, args.finetunes, args.poll_seconds, str(pick_device(args.device)),
-                           config, args.workers)  # fmt: skip
+                           config, args.workers, args.shadow, args.shadow_share)  # fmt: skip
     run_server(options, args.host, args.port, args.access_log)
     return EXIT_OK
 
@@ -124,6 +127,13 @@ def add_api_commands(commands) -> None:
     serve.add_argument("--max-body-mb", type=int, default=8, help="request body limit, decompressed")
     serve.add_argument("--access-log", action="store_true", help="log every request")
     serve.add_argument("--device", default="cpu", help="cpu (default), cuda, cuda:1, or auto")
+    serve.add_argument("--shadow", metavar="MODEL",
+                       help="a challenger (folder or models:/NAME@challenger) that scores a share of the requests "
+                            "after they are answered: agreement, mean |dp| and its latency on /v1/shadow, in the log "
+                            "and as metrics of its version's MLflow run")  # fmt: skip
+    serve.add_argument(
+        "--shadow-share", type=float, default=0.1, help="share of requests the shadow scores (0.1)"
+    )
     serve.add_argument(
         "--workers", type=int, default=1,
         help="server processes on one port, each with its own model and batcher and cores/N threads (default 1)",

@@ -81,6 +81,22 @@ def open_run(key: str, run_name: str | None = None, tags: dict[str, str] | None 
     return run.info.run_id, True
 
 
+def record_shadow(served_name: str, summary: dict[str, Any]) -> None:
+    """A shadow summary as metrics of the challenger version's run (`NAME/VERSION`) and tags on the version."""
+    name, _, version = served_name.rpartition("/")
+    if not name:
+        return  # a folder, not a registry version: nothing to record it on
+    found = client().get_model_version(name, version)
+    values = {"shadow_agreement": summary["agreement"], "shadow_mean_abs_diff": summary["mean_abs_diff"],
+              "shadow_scored": summary["scored"],
+              "shadow_latency_p50_ms": (summary["challenger_latency_ms"] or {}).get("p50")}  # fmt: skip
+    for key, value in values.items():
+        if value is not None:
+            if found.run_id:
+                client().log_metric(found.run_id, key, float(value), step=int(summary["scored"]))
+            client().set_model_version_tag(name, version, key, f"{float(value):.6g}")
+
+
 class LiveRun:
     """Callbacks that log a training run's progress to its MLflow run as it happens.
 

@@ -30,11 +30,13 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from pipeline.data.answers import InvalidRequest, RequestTooLarge, parse_request
 from pipeline.data.contract import QUESTION_TYPES
 from pipeline.families.base import BadQuestion
+from pipeline.mlops.tracking import record_shadow
 from pipeline.serving.batching import MicroBatcher, QueueFull
 from pipeline.serving.body import BodyLimits, DecodeBodyMiddleware
 from pipeline.serving.catalog import Catalog, ModelForbidden, ModelLoading, ModelNotFound, ServedModel
 from pipeline.serving.keys import KeyStore, load_keys
 from pipeline.serving.metrics import ServerMetrics
+from pipeline.serving.shadow import ShadowScorer
 
 log = logging.getLogger("decision.serve")
 RETRY_AFTER_LOADING_S = 5
@@ -121,8 +123,11 @@ class Caller:
     open_server: bool
 
 
-def create_app(catalog: Catalog, keys: KeyStore, config: ServerConfig = ServerConfig()) -> FastAPI:
-    """The Decision API app; the catalog starts loading (and following its alias) when the app starts."""
+def create_app(catalog: Catalog, keys: KeyStore, config: ServerConfig = ServerConfig(),
+               shadow: ShadowScorer | None = None) -> FastAPI:  # fmt: skip
+    """The Decision API app; the catalog starts loading (and following its alias) when the app starts. With
+    `shadow`, a sampled share of the serving model's answered requests is scored by the challenger after the
+    answer has gone out (`/v1/shadow` reports the comparison)."""
     metrics = ServerMetrics(lambda: batcher.queued)  # read at scrape time, once the batcher exists
     batcher = MicroBatcher(
         _run_batch, config.max_batch_items, config.max_wait_s, config.max_queue, metrics.batch
@@ -134,7 +139,11 @@ def create_app(catalog: Catalog, keys: KeyStore, config: ServerConfig = ServerCo
             log.warning("no API keys configured: the server is open to every caller and shows every model")
         catalog.start()
         batcher.start()
+        if shadow is not None:
+            shadow.start()
         yield
+        if shadow is not None:
+            shadow.stop()
         await batcher.stop()
         catalog.stop()
 
@@ -187,11 +196,22 @@ def create_app(catalog: Catalog, keys: KeyStore, config: ServerConfig = ServerCo
             log.exception("request failed in the model: %s", type(error).__name__)
             return _error_json({"detail": f"internal error ({type(error).__name__}); logged"}, 500)
         usage = {"input_tokens": result.input_tokens, "output_tokens": 0}
-        return _json({"model": model.name, "answers": result.answers, "usage": usage})
+        response = _json({"model": model.name, "answers": result.answers, "usage": usage})
+        if shadow is not None and model is catalog.serving:
+            shadow.offer(parsed, result.answers)  # after the answer is made; offer never blocks
+        return response
 
     @app.get("/v1/models")
     async def models(who: Annotated[Caller, Depends(caller)]) -> Response:
         return _json({"models": catalog.listing(who.owner, who.open_server)})
+
+    @app.get("/v1/shadow")
+    async def shadow_report() -> Response:
+        if shadow is None:
+            return _error_json(
+                {"detail": "no shadow challenger (decision serve --shadow models:/NAME@ALIAS)"}, 404
+            )
+        return _json(shadow.summary())
 
     @app.get("/metrics", include_in_schema=False)
     async def prometheus() -> Response:
@@ -282,6 +302,8 @@ class ServeOptions:
     device: str = "cpu"
     config: ServerConfig = field(default_factory=ServerConfig)
     workers: int = 1
+    shadow: str | None = None  # a challenger (folder or models:/NAME@ALIAS) scored off the hot path
+    shadow_share: float = 0.1
 
     def to_env(self) -> str:
         return json.dumps(asdict(self))
@@ -299,7 +321,11 @@ OPTIONS_ENV = "DECISION_SERVE_OPTIONS"
 def build_app(options: ServeOptions) -> FastAPI:
     """The app of one server process: its own catalog (the model loaded in this process) and batcher."""
     catalog = Catalog(options.model, options.finetunes, poll_s=options.poll_s, device=options.device)
-    return create_app(catalog, load_keys(options.keys), options.config)
+    shadow = None
+    if options.shadow:
+        source = Catalog(options.shadow, poll_s=options.poll_s, device=options.device)
+        shadow = ShadowScorer(source, options.shadow_share, on_report=record_shadow)
+    return create_app(catalog, load_keys(options.keys), options.config, shadow)
 
 
 def app_from_environment() -> FastAPI:

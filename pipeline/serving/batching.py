@@ -52,6 +52,7 @@ class MicroBatcher:
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="inference")
         self.batches = 0  # counters for /healthz and the tests
         self.jobs = 0
+        self.running = 0  # batches in the inference thread now
 
     def start(self) -> None:
         """Start the worker on the running event loop."""
@@ -68,6 +69,11 @@ class MicroBatcher:
     @property
     def queued(self) -> int:
         return 0 if self._queue is None else self._queue.qsize()
+
+    @property
+    def busy(self) -> bool:
+        """A batch is running or a request is waiting (what background work yields to)."""
+        return self.running > 0 or self.queued > 0
 
     async def submit(self, key: Hashable, payload: Any, n_items: int) -> Any:
         """Queue one job and wait for its result; QueueFull at once when the queue is at its bound."""
@@ -94,6 +100,7 @@ class MicroBatcher:
 
     async def _run_apart_on_failure(self, loop, key: Hashable, group: list[Job]) -> list[Any]:
         """The group's results; when the batch raises, each job alone, so the failure stays with its own job."""
+        self.running += 1
         try:
             return await loop.run_in_executor(
                 self._executor, self._run_batch, key, [j.payload for j in group]
@@ -101,6 +108,8 @@ class MicroBatcher:
         except Exception as error:
             if len(group) == 1:
                 return [error]
+        finally:
+            self.running -= 1
         results = []
         for job in group:
             results.extend(await self._run_apart_on_failure(loop, key, [job]))

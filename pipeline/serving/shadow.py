@@ -72,15 +72,13 @@ class ShadowScorer:
     """Scores a sampled share of answered requests with the challenger in a background thread."""
 
     def __init__(self, source, share: float = 0.1, max_queue: int = 64, report_every_s: float = 60.0,
-                 on_report: Callable[[str, dict[str, Any]], None] | None = None, seed: int | None = None) -> None:  # fmt: skip
+                 on_report: Callable[[str, dict[str, Any]], None] | None = None, seed: int | None = None,
+                 busy: Callable[[], bool] = lambda: False) -> None:  # fmt: skip
         if not 0.0 < share <= 1.0:
             raise ValueError(f"--shadow-share must be in (0, 1], got {share}")
-        self.source, self.share, self.report_every_s, self.on_report = (
-            source,
-            share,
-            report_every_s,
-            on_report,
-        )
+        self.source, self.share = source, share
+        self.report_every_s, self.on_report = report_every_s, on_report
+        self.busy = busy  # the serving model's batcher: the shadow waits while it has work
         self.stats = ShadowStats()
         self._queue: queue.Queue[tuple[ParsedRequest, dict[str, Any]]] = queue.Queue(maxsize=max_queue)
         self._random = random.Random(seed)
@@ -124,6 +122,10 @@ class ShadowScorer:
                 request, champion = self._queue.get(timeout=0.2)
             except queue.Empty:
                 continue
+            # The cores belong to the champion's requests: score only while its batcher is idle. Under load the
+            # queue fills and new requests are dropped (counted), so the shadow samples less, never slows answers.
+            while self.busy() and not self._stop.wait(0.002):
+                pass
             self._score(request, champion)
             if time.monotonic() - reported >= self.report_every_s:
                 self._report()

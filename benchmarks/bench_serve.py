@@ -162,6 +162,34 @@ def wait_processes(url: str, n: int, timeout_s: float = 180) -> None:
         time.sleep(0.05)
 
 
+def flops_per_request(model: Path, bodies: list[dict]) -> float:
+    """Mean floating-point operations of one request's forward pass, counted by torch on the model itself."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from pipeline.data.answers import parse_request
+    from pipeline.families import load_decision_model
+
+    loaded = load_decision_model(model)
+    with FlopCounterMode(display=False) as counter:
+        for body in bodies:
+            loaded.answer([parse_request(body["state"], body["questions"])])
+    return counter.get_total_flops() / len(bodies)
+
+
+def matmul_peak_gflops(n: int = 2048, repeats: int = 5) -> float:
+    """The best fp32 GFLOP/s of an n x n matmul here, with torch's default threads: the distance to the limit."""
+    import torch
+
+    a, b = torch.randn(n, n), torch.randn(n, n)
+    a @ b  # warm-up
+    best = float("inf")
+    for _ in range(repeats):
+        started = time.perf_counter()
+        a @ b
+        best = min(best, time.perf_counter() - started)
+    return 2 * n**3 / best / 1e9
+
+
 def max_difference(ours: list[dict], peer: list[dict]) -> float:
     from pipeline.data.answers import answer_probabilities
 
@@ -224,6 +252,14 @@ def main() -> int:
         goals["c1_p50_no_worse"] = by_c[1]["p50_ratio"] <= 1.0
     print("goals:", ", ".join(f"{k} {'met' if v else 'NOT met'}" for k, v in goals.items()))
     workers = workers_table(by_workers, args.workers[0])
+    flops = flops_per_request(args.model, bodies[:20])
+    peak = matmul_peak_gflops()
+    print(f"\n{flops / 1e9:.2f} GFLOP per request (counted by torch.utils.flop_counter); fp32 matmul peak here "
+          f"{peak:.1f} GFLOP/s")  # fmt: skip
+    for row in table:
+        achieved = row["ours"]["throughput_rps"] * flops / 1e9
+        print(f"c={row['concurrency']}: ours {achieved:.1f} GFLOP/s = {achieved / peak:.0%} of the matmul peak; laya "
+              f"{row['laya']['throughput_rps'] * flops / 1e9:.1f} GFLOP/s")  # fmt: skip
     shadowed = None
     if args.shadow_share is not None:
         shadowed = measure(f"ours+shadow {args.shadow_share}", functools.partial(start_ours, shadow_share=args.shadow_share),
@@ -234,6 +270,7 @@ def main() -> int:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({"model": str(args.model), "device": args.device, "table": table, "goals": goals,
                                     "max_probability_difference": difference, "workers": workers,
+                                    "gflop_per_request": flops / 1e9, "matmul_peak_gflops": peak,
                                     "shadow": shadowed and shadowed["runs"]}, indent=2))  # fmt: skip
     return 0
 

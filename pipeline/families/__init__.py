@@ -7,12 +7,19 @@ model = load_decision_model("runs/abc/export")                # a family and its
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 
 from pipeline.config import ConfigError
 from pipeline.families.base import DecisionFamily, DecisionModel, ModelLayoutError
 from pipeline.families.joint.family import JointFamily
 from pipeline.families.laya.family import LayaFamily
+
+# transformers builds models inside `no_init_weights`, which swaps torch.nn.init's functions for no-ops process-wide
+# and puts back what it found: two loads at once in two threads (a server's catalog and its shadow's) can leave
+# the no-ops in place for good, and every model initialised later in the process holds uninitialised memory
+# (NaN). One load at a time.
+_LOADING = threading.Lock()
 
 # Order matters only where a folder could be read as several: a joint export is checked before the rest.
 FAMILIES: dict[str, DecisionFamily] = {family.name: family for family in (JointFamily(), LayaFamily())}
@@ -39,7 +46,8 @@ def pick_family(folder: str | Path, name: str | None = None) -> DecisionFamily:
 def load_decision_model(folder: str | Path) -> DecisionModel:
     """A servable model of any family: an export, or a family's fine-tune folder."""
     family = pick_family(folder)
-    return DecisionModel(family, family.load_trained(folder))
+    with _LOADING:
+        return DecisionModel(family, family.load_trained(folder))
 
 
 def is_complete_export(folder: Path) -> bool:

@@ -13,6 +13,7 @@ import os
 from pathlib import Path
 
 from pipeline.families import find_exports, pick_family
+from pipeline.families.base import ModelLayoutError
 from pipeline.mlops.pyfunc import EXPORT_ARTIFACT, decision_signature
 
 DEFAULT_TRACKING_URI = "sqlite:///mlflow/mlflow.db"
@@ -130,7 +131,7 @@ def register_export(export_dir: str | Path, name: str, run_id: str | None = None
     if key and (found := find_version(name, key)):
         return found
     # The family travels as a tag, so /v1/models can list a version without downloading it.
-    tags = {"family": pick_family(export_dir).name, **(tags or {})}
+    tags = {"family": _family_name(export_dir), **(tags or {})}
 
     use_store()
     experiment_id = None if run_id else ensure_experiment()
@@ -145,6 +146,14 @@ def register_export(export_dir: str | Path, name: str, run_id: str | None = None
     # The version is created with its tags in one call, so no failure can leave a version without its key for a
     # retry to miss (and register twice).
     return str(mlflow.register_model(info.model_uri, name, tags=tags).version)
+
+
+def _family_name(export_dir: str | Path) -> str:
+    """The export's family, or "unknown" for a folder no family reads (registered as given)."""
+    try:
+        return pick_family(export_dir).name
+    except ModelLayoutError:
+        return "unknown"
 
 
 def _requirements() -> list[str]:

@@ -25,7 +25,8 @@ def test_a_version_carries_its_key_from_creation_and_a_retry_finds_it(store, mon
     monkeypatch.setattr(MlflowClient, "set_model_version_tag", fail)
     tags = {"idempotency_key": "k1", "data_md5": "abc"}
     version = register_export(store, "decision-model", tags=tags)
-    assert client().get_model_version("decision-model", version).tags == tags
+    # Every tag from creation on, and the family (this folder is none a family reads: "unknown").
+    assert client().get_model_version("decision-model", version).tags == {**tags, "family": "unknown"}
     assert register_export(store, "decision-model", tags=tags) == version
     assert len(client().search_model_versions("name='decision-model'")) == 1
     other = register_export(store, "decision-model", tags={"idempotency_key": "k2"})

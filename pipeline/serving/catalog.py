@@ -15,7 +15,6 @@ and a keyless caller only the serving model; an open server (no keys) shows ever
 from __future__ import annotations
 
 import datetime as dt
-import json
 import logging
 import tempfile
 import threading
@@ -29,6 +28,7 @@ import numpy as np
 from pipeline.data.answers import answer_probabilities, parse_request
 from pipeline.families import list_models, load_decision_model, written_last
 from pipeline.families.base import DecisionModel
+from pipeline.families.exporting import read_manifest
 from pipeline.mlops.registry import alias_version, client, download_version, parse_alias_uri
 
 log = logging.getLogger("decision.serve")
@@ -178,7 +178,7 @@ class Catalog:
         if self.finetunes_dir is None or not self.finetunes_dir.is_dir():
             return
         for folder in list_models(self.finetunes_dir):
-            manifest = _manifest(folder)
+            manifest = read_manifest(folder)
             self._finetunes.setdefault(
                 folder.name,
                 Finetune(folder.name, manifest.get("owner"), folder, facts=manifest_facts(manifest)),
@@ -248,14 +248,9 @@ def version_facts(tags: dict[str, str], version: str) -> dict[str, Any]:
 
 def serving_facts(serving: ServedModel, alias: str | None) -> dict[str, Any]:
     """The serving model's family, version and alias (when it follows one) and calibration summary."""
-    facts = manifest_facts(_manifest(serving.folder)) | {"family": serving.model.family.name}
+    facts = manifest_facts(read_manifest(serving.folder)) | {"family": serving.model.family.name}
     name, _, version = serving.name.rpartition("/")
     return facts | ({"version": version, "alias": alias} if alias and name else {})
-
-
-def _manifest(folder: Path) -> dict:
-    path = folder / "manifest.json"
-    return json.loads(path.read_text()) if path.is_file() else {}
 
 
 def _release_date(folder: Path) -> str:

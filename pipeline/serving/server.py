@@ -129,8 +129,6 @@ def create_app(catalog: Catalog, keys: KeyStore, config: ServerConfig = ServerCo
     `shadow`, a sampled share of the serving model's answered requests is scored by the challenger after the
     answer has gone out (`/v1/shadow` reports the comparison)."""
     metrics = ServerMetrics(lambda: batcher.queued)  # read at scrape time, once the batcher exists
-    if shadow is not None:
-        shadow.busy = lambda: batcher.busy
     batcher = MicroBatcher(
         _run_batch, config.max_batch_items, config.max_wait_s, config.max_queue, metrics.batch
     )
@@ -142,7 +140,7 @@ def create_app(catalog: Catalog, keys: KeyStore, config: ServerConfig = ServerCo
         catalog.start()
         batcher.start()
         if shadow is not None:
-            shadow.start()
+            shadow.start(busy=lambda: batcher.busy)
         yield
         if shadow is not None:
             shadow.stop()

@@ -72,13 +72,12 @@ class ShadowScorer:
     """Scores a sampled share of answered requests with the challenger in a background thread."""
 
     def __init__(self, source, share: float = 0.1, max_queue: int = 64, report_every_s: float = 60.0,
-                 on_report: Callable[[str, dict[str, Any]], None] | None = None, seed: int | None = None,
-                 busy: Callable[[], bool] = lambda: False) -> None:  # fmt: skip
+                 on_report: Callable[[str, dict[str, Any]], None] | None = None, seed: int | None = None) -> None:  # fmt: skip
         if not 0.0 < share <= 1.0:
             raise ValueError(f"--shadow-share must be in (0, 1], got {share}")
         self.source, self.share = source, share
         self.report_every_s, self.on_report = report_every_s, on_report
-        self.busy = busy  # the serving model's batcher: the shadow waits while it has work
+        self.busy: Callable[[], bool] = lambda: False  # set by start(): the shadow waits while this is true
         self.stats = ShadowStats()
         self._queue: queue.Queue[tuple[ParsedRequest, dict[str, Any]]] = queue.Queue(maxsize=max_queue)
         self._random = random.Random(seed)
@@ -86,7 +85,9 @@ class ShadowScorer:
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
 
-    def start(self) -> None:
+    def start(self, busy: Callable[[], bool] = lambda: False) -> None:
+        """Load the challenger and start scoring; `busy` (the serving batcher's) says when to hold back."""
+        self.busy = busy
         self.source.start()
         self._thread = threading.Thread(target=self._run, name="shadow", daemon=True)
         self._thread.start()

@@ -11,7 +11,7 @@ from typing import Any
 
 from pipeline.rundir import RunFolder
 from pipeline.scoring.calibration import plain_probabilities
-from pipeline.scoring.calibrators import Calibrator, choose_calibrator
+from pipeline.scoring.calibrators import choose_calibrator
 from pipeline.scoring.heldout import HeldOut, load_heldout, save_expected
 from pipeline.scoring.metrics import detailed_metrics
 from pipeline.scoring.plots import reliability_by_type, reliability_diagram, write_plots
@@ -25,7 +25,8 @@ def calibrate_stage(run_dir: str | Path, soft: bool = False) -> dict[str, Any]:
     choice = choose_calibrator(held.items, held.tuned_logits, soft)
     calibrator = choice.calibrator
     run.calibrator.write_text(json.dumps(calibrator.to_json(), indent=2))
-    save_expected(run.expected_answers, held.items, calibrator.apply(held.items, held.tuned_logits))
+    served = calibrator.apply(held.items, held.tuned_logits)  # in-sample: what the export will answer
+    save_expected(run.expected_answers, held.items, served)
     report = calibration_report(held.items, choice.cross_fitted)
     run.calibration_report.write_text(json.dumps(report, indent=2))
     run.calibration_report.with_suffix(".md").write_text(report_table(report) + "\n")
@@ -39,16 +40,16 @@ def calibrate_stage(run_dir: str | Path, soft: bool = False) -> dict[str, Any]:
             "calibrated": detailed_metrics(held.items, choice.cross_fitted),
         },
         "report": {"overall": report["overall"], "by_type": report["by_type"]},
-        "plots": _write_plots(held, calibrator, choice.cross_fitted, run.plots),
+        "plots": _write_plots(held, calibrator.kind, served, choice.cross_fitted, run.plots),
     }  # fmt: skip
     run.calibration.write_text(json.dumps(result, indent=2))
     return result
 
 
-def _write_plots(held: HeldOut, calibrator: Calibrator, cross_fitted, folder: Path) -> list[str]:
+def _write_plots(held: HeldOut, kind: str, served, cross_fitted, folder: Path) -> list[str]:
     tuned = plain_probabilities(held.tuned_logits)
     before = reliability_diagram(held.items, tuned, folder / "reliability_before.png", "fine-tune, T = 1")
     by_type = reliability_by_type(held.items, cross_fitted, folder / "reliability_by_type.png", "calibrated")
-    after = write_plots(held.items, calibrator.apply(held.items, held.tuned_logits), held.options, folder,
-                        "reliability_after.png", f"calibrated ({calibrator.kind})")  # fmt: skip
+    after = write_plots(held.items, served, held.options, folder, "reliability_after.png",
+                        f"calibrated ({kind})")  # fmt: skip
     return [str(p) for p in [before, by_type, *after]]

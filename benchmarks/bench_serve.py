@@ -11,6 +11,7 @@ Goals: at concurrency 8 at least 2x the peer's throughput; at concurrency 1 a p5
     python benchmarks/bench_serve.py [--model models/vader-minilm] [--requests 80] [--concurrency 1 8]
     python benchmarks/bench_serve.py --workers 1 2     # also ours with 2 server processes, ratio to 1
     python benchmarks/bench_serve.py --shadow-share 0.1   # also ours with a shadow challenger, latency ratio
+    python benchmarks/bench_serve.py --joint runs/<key>/export   # also ours on a `joint` export (goal: >= 3x laya)
 """
 
 from __future__ import annotations
@@ -29,6 +30,8 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+
+from pipeline.rundir import RunDir  # noqa: E402  (after the path set-up, as a script run from anywhere)
 
 TOPIC = {"type": "choice", "instructions": "Where does this text come from?",
          "criteria": {"product": "a product review", "movie": "a movie review", "news": "a news editorial",
@@ -217,6 +220,8 @@ def main() -> int:
                         help="also measure ours with a shadow challenger scoring this share of requests")  # fmt: skip
     parser.add_argument("--workers", type=int, nargs="+", default=[1],
                         help="measure ours with each number of server processes (the first is compared with laya)")  # fmt: skip
+    parser.add_argument("--joint", type=Path,
+                        help="a `joint`-family export: also measure ours on it against laya-serve on --model")  # fmt: skip
     args = parser.parse_args()
 
     bodies = build_requests(args.data, args.requests)
@@ -267,12 +272,45 @@ def main() -> int:
         for run, plain in zip(shadowed["runs"], ours["runs"]):
             print(f"c={run['concurrency']}: with the shadow, p50 {run['p50_ms']:.0f} ms vs {plain['p50_ms']:.0f} ms "
                   f"({run['p50_ms'] / plain['p50_ms']:.2f}x), req/s {run['throughput_rps'] / plain['throughput_rps']:.2f}x")  # fmt: skip
+    joint = joint_table(args.joint, bodies, args, peer, goals) if args.joint else None
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({"model": str(args.model), "device": args.device, "table": table, "goals": goals,
+                                    "joint": joint,
                                     "max_probability_difference": difference, "workers": workers,
                                     "gflop_per_request": flops / 1e9, "matmul_peak_gflops": peak,
                                     "shadow": shadowed and shadowed["runs"]}, indent=2))  # fmt: skip
     return 0
+
+
+def joint_table(model: Path, bodies: list[dict], args, peer: dict, goals: dict) -> dict:
+    """Ours on a `joint` export (one pass per request answers every question) against laya-serve's runs."""
+    measured = measure("joint", start_ours, model, bodies, args.concurrency, 16, args.device)
+    flops = flops_per_request(model, bodies[:20])
+    accuracy = heldout_accuracy(model)
+    print(f"\njoint export {model}: {flops / 1e9:.2f} GFLOP per request, held-out accuracy {accuracy}")
+    rows = []
+    for run, theirs in zip(measured["runs"], peer["runs"]):
+        ratio = run["throughput_rps"] / theirs["throughput_rps"]
+        rows.append({"concurrency": run["concurrency"], "joint": run, "throughput_ratio": ratio,
+                     "p50_ratio": run["p50_ms"] / theirs["p50_ms"]})  # fmt: skip
+        print(f"c={run['concurrency']}: joint {run['throughput_rps']:.1f} req/s vs laya {theirs['throughput_rps']:.1f}: "
+              f"{ratio:.2f}x; p50 {run['p50_ms']:.0f} vs {theirs['p50_ms']:.0f} ms")  # fmt: skip
+    by_c = {row["concurrency"]: row for row in rows}
+    if 8 in by_c:
+        goals["joint_c8_throughput_at_least_3x"] = by_c[8]["throughput_ratio"] >= 3.0
+        print(
+            f"goal joint >= 3x laya at c=8: {'met' if goals['joint_c8_throughput_at_least_3x'] else 'NOT met'}"
+        )
+    return {"model": str(model), "runs": rows, "gflop_per_request": flops / 1e9, "heldout_accuracy": accuracy}
+
+
+def heldout_accuracy(model: Path) -> float | None:
+    """The held-out accuracy the calibration report of the export's run measured (runs/<key>/export's report is
+    runs/<key>/calibration_report.json; None for a folder outside a run)."""
+    report = RunDir(model.parent).calibration_report
+    if model.name != "export" or not report.is_file():
+        return None
+    return json.loads(report.read_text())["overall"]["accuracy"]
 
 
 def workers_table(by_workers: dict[int, dict], first: int) -> list[dict]:

@@ -21,9 +21,10 @@ UI_PORT ?= 5000
 MLFLOW_TRACKING_URI ?= sqlite:///mlflow/mlflow.db
 UI_ARTIFACTS ?= $(abspath $(dir $(MLFLOW_TRACKING_URI:sqlite:///%=%)))/artifacts
 
-.PHONY: run test lint bench repo data serve ui browser schedule clean-venv
+.PHONY: run test lint bench repo data pull push serve ui browser schedule clean-venv
 
 run: $(STAMP) repo  ## the main job: pin data and base, then the retrain flow (train, calibrate, export, register, smoke, promote)
+	python -m pipeline.data.remote pull
 	dvc repro
 	python -m flows.retrain $(if $(RUN_CONFIG),--run-config $(RUN_CONFIG))
 
@@ -55,6 +56,14 @@ bench: $(STAMP) repo data  ## the benchmark scripts (each prints a table and rat
 
 data: $(STAMP) repo  ## build the DVC-pinned dataset where it is missing
 	dvc repro dataset
+
+# The DVC remote (`dvc remote add -d NAME URL`; docs/scale-out.md has S3 and GCS): `make run` pulls what it holds
+# before `dvc repro`, so a fresh clone skips the stages whose outputs the remote has; no remote, nothing happens.
+pull: $(STAMP) repo  ## the pinned dataset and base snapshot from the default DVC remote, where it has them
+	python -m pipeline.data.remote pull
+
+push: $(STAMP) repo  ## the pinned dataset and base snapshot (built by `dvc repro`) to the default DVC remote
+	python -m pipeline.data.remote push
 
 # DVC needs a git repository with one commit: a copy without one (an unpacked archive) gets a local snapshot.
 repo:

@@ -31,7 +31,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from pipeline.rundir import RunDir  # noqa: E402  (after the path set-up, as a script run from anywhere)
+from pipeline.rundir import RunFolder  # noqa: E402  (after the path set-up, as a script run from anywhere)
 
 TOPIC = {"type": "choice", "instructions": "Where does this text come from?",
          "criteria": {"product": "a product review", "movie": "a movie review", "news": "a news editorial",
@@ -179,18 +179,43 @@ def flops_per_request(model: Path, bodies: list[dict]) -> float:
     return counter.get_total_flops() / len(bodies)
 
 
-def matmul_peak_gflops(n: int = 2048, repeats: int = 5) -> float:
-    """The best fp32 GFLOP/s of an n x n matmul here, with torch's default threads: the distance to the limit."""
+def matmul_peak_gflops(m: int = 2048, k: int = 2048, n: int = 2048, repeats: int = 5) -> float:
+    """The best fp32 GFLOP/s of an m x k by k x n matmul here, with torch's default threads: the distance to the
+    limit (square: the machine's; the model's own feed-forward shape: what its layers could reach at best)."""
     import torch
 
-    a, b = torch.randn(n, n), torch.randn(n, n)
+    a, b = torch.randn(m, k), torch.randn(k, n)
     a @ b  # warm-up
     best = float("inf")
     for _ in range(repeats):
         started = time.perf_counter()
         a @ b
         best = min(best, time.perf_counter() - started)
-    return 2 * n**3 / best / 1e9
+    return 2 * m * k * n / best / 1e9
+
+
+def feed_forward_shape(model: Path, bodies: list[dict]) -> tuple[int, int, int]:
+    """(tokens in one full serving pass, hidden width, feed-forward width) of the model's encoder on these requests."""
+    import torch
+
+    from pipeline.data.answers import parse_request
+    from pipeline.families import load_decision_model
+    from pipeline.families.forward_passes import forward_batch_size
+
+    loaded = load_decision_model(model)
+    tokens = [loaded.answer([parse_request(b["state"], b["questions"])])[0].input_tokens for b in bodies]
+    per_sequence = sum(tokens) / sum(len(b["questions"]) for b in bodies)
+    encoder = next(
+        m.config
+        for m in loaded.loaded.model.modules()
+        if hasattr(getattr(m, "config", None), "intermediate_size")
+    )
+    rows = int(per_sequence * forward_batch_size(torch.device("cpu")))
+    return rows, int(encoder.hidden_size), int(encoder.intermediate_size)
+
+
+def peer_rps(table: list[dict], concurrency: int) -> float | None:
+    return next((row["laya"]["throughput_rps"] for row in table if row["concurrency"] == concurrency), None)
 
 
 def max_difference(ours: list[dict], peer: list[dict]) -> float:
@@ -259,8 +284,16 @@ def main() -> int:
     workers = workers_table(by_workers, args.workers[0])
     flops = flops_per_request(args.model, bodies[:20])
     peak = matmul_peak_gflops()
+    shape = feed_forward_shape(args.model, bodies[:20])
+    shaped_peak = matmul_peak_gflops(*shape)
     print(f"\n{flops / 1e9:.2f} GFLOP per request (counted by torch.utils.flop_counter); fp32 matmul peak here "
-          f"{peak:.1f} GFLOP/s")  # fmt: skip
+          f"{peak:.1f} GFLOP/s (2048^3), {shaped_peak:.1f} GFLOP/s at the model's feed-forward shape "
+          f"{shape[0]}x{shape[1]}x{shape[2]} (a full serving pass)")  # fmt: skip
+    needed = 2 * peer_rps(table, 8) * flops / 1e9 if peer_rps(table, 8) else None
+    if needed:
+        print(
+            f"2x laya at c=8 needs {needed:.1f} GFLOP/s = {needed / shaped_peak:.0%} of the feed-forward-shape peak"
+        )
     for row in table:
         achieved = row["ours"]["throughput_rps"] * flops / 1e9
         print(f"c={row['concurrency']}: ours {achieved:.1f} GFLOP/s = {achieved / peak:.0%} of the matmul peak; laya "
@@ -278,6 +311,7 @@ def main() -> int:
                                     "joint": joint,
                                     "max_probability_difference": difference, "workers": workers,
                                     "gflop_per_request": flops / 1e9, "matmul_peak_gflops": peak,
+                                    "feed_forward_shape": shape, "feed_forward_peak_gflops": shaped_peak,
                                     "shadow": shadowed and shadowed["runs"]}, indent=2))  # fmt: skip
     return 0
 
@@ -307,7 +341,7 @@ def joint_table(model: Path, bodies: list[dict], args, peer: dict, goals: dict) 
 def heldout_accuracy(model: Path) -> float | None:
     """The held-out accuracy the calibration report of the export's run measured (runs/<key>/export's report is
     runs/<key>/calibration_report.json; None for a folder outside a run)."""
-    report = RunDir(model.parent).calibration_report
+    report = RunFolder(model.parent).calibration_report
     if model.name != "export" or not report.is_file():
         return None
     return json.loads(report.read_text())["overall"]["accuracy"]

@@ -38,7 +38,8 @@ from pipeline.data import pins, read
 from pipeline.lineage import code_digest, git_commit, idempotency_key
 from pipeline.mlops import tracking
 from pipeline.mlops.promotion import UNPINNED_TAG
-from pipeline.mlops.registry import ensure_experiment
+from pipeline.mlops.registry import ensure_experiment, tracking_uri
+from pipeline.mlops.store import check_tracking_store
 from pipeline.rundir import RunFolder
 from pipeline.scoring.report import report_tags
 from pipeline.stages import calibrate as calibrate_stage
@@ -152,6 +153,8 @@ def retrain(
     `owner` tags the run and the version: the Decision API then serves that version by name to the owner's keys.
     `allow_unpinned` trains on inputs DVC does not pin (refused otherwise); the gate then holds the version.
     """
+    # A tracking store that is down fails the run now, not after training when the run is logged.
+    check_tracking_store(tracking_uri())
     params = _load(params_file, run_config)
     config = params["retrain"]
     verified = verify_pins([config.data, config.base], lock, allow_unpinned)

@@ -159,3 +159,26 @@ def wait_answers(url: str, server: subprocess.Popen, log: Path, timeout: float =
                 return
         time.sleep(0.5)
     raise AssertionError(f"{url} did not answer in {timeout} s:\n{tail(log)}")
+
+
+def prefect_env(home: Path, api: str | None = None, **extra: str) -> dict[str, str]:
+    """This process's environment without its PREFECT_* settings (`make test` exports the project's home),
+    with a private Prefect home (and API URL); telemetry off."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
+    env |= {"PREFECT_HOME": str(home), "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "PYTHONUNBUFFERED": "1"}
+    return env | ({"PREFECT_API_URL": api} if api else {}) | extra
+
+
+@contextlib.contextmanager
+def prefect_server(database_url: str | None, home: Path) -> Iterator[str]:
+    """`prefect server start` on a free loopback port, its database at `database_url`
+    (`postgresql+asyncpg://…`; None: SQLite in `home`); its API URL once healthy."""
+    home.mkdir(parents=True, exist_ok=True)
+    port = free_port()
+    database = {"PREFECT_API_DATABASE_CONNECTION_URL": database_url} if database_url else {}
+    command = [sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1", "--port", str(port),
+               "--no-ui"]  # fmt: skip
+    api = f"http://127.0.0.1:{port}/api"
+    with background(command, prefect_env(home, **database), home / "server.log") as server:
+        wait_answers(f"{api}/health", server, home / "server.log")
+        yield api

@@ -51,6 +51,7 @@ from pipeline.stages import validate as validate_stage
 
 CACHED = {"cache_policy": INPUTS + TASK_SOURCE, "persist_result": True}
 IO_RETRIES = {"retries": 2, "retry_delay_seconds": 5}
+LOCAL_UI = "http://127.0.0.1:5000"  # where `make ui` serves the local store
 
 
 @task(name="verify-pins")
@@ -214,7 +215,9 @@ def _summary(
 
 
 def _publish(summary: dict[str, Any]) -> None:
-    ui = os.environ.get("MLFLOW_UI_URL", "http://127.0.0.1:5000")  # where `make ui` serves by default
+    # A tracking server serves its own UI; otherwise `make ui` serves the local store on port 5000.
+    store = tracking_uri()
+    ui = os.environ.get("MLFLOW_UI_URL") or (store if store.startswith(("http://", "https://")) else LOCAL_UI)
     create_link_artifact(f"{ui}/#/experiments/{ensure_experiment()}/runs/{summary['mlflow_run_id']}",
                          link_text="MLflow run (make ui)", key="mlflow-run")  # fmt: skip
     create_markdown_artifact(before_after_markdown(summary), key="before-after")

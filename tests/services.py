@@ -34,6 +34,7 @@ from tests.flows.processes import background, tail
 
 PG_BIN_DIRS = sorted(Path("/usr/lib/postgresql").glob("*/bin"), reverse=True)  # the newest major first
 PG_USER = "decision"
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def postgres_bin() -> Path | None:
@@ -171,14 +172,15 @@ def prefect_env(home: Path, api: str | None = None, **extra: str) -> dict[str, s
 
 @contextlib.contextmanager
 def prefect_server(database_url: str | None, home: Path) -> Iterator[str]:
-    """`prefect server start` on a free loopback port, its database at `database_url`
+    """`python -m flows.server` (`prefect server start`) on a free loopback port, its database at `database_url`
     (`postgresql+asyncpg://…`; None: SQLite in `home`); its API URL once healthy."""
     home.mkdir(parents=True, exist_ok=True)
     port = free_port()
     database = {"PREFECT_API_DATABASE_CONNECTION_URL": database_url} if database_url else {}
-    command = [sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1", "--port", str(port),
-               "--no-ui"]  # fmt: skip
+    # flows.server: `prefect server start` once its database answers (the README's command).
+    command = [sys.executable, "-m", "flows.server", "--host", "127.0.0.1", "--port", str(port), "--no-ui"]
     api = f"http://127.0.0.1:{port}/api"
-    with background(command, prefect_env(home, **database), home / "server.log") as server:
+    path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
+    with background(command, prefect_env(home, PYTHONPATH=path, **database), home / "server.log") as server:
         wait_answers(f"{api}/health", server, home / "server.log")
         yield api

@@ -1,9 +1,11 @@
 """Is the tracking store there? A preflight the retrain flow runs before any task, so a PostgreSQL that is
 down or refuses (or a tracking server that does not answer) fails the run at once, naming the URI with its
-password masked, instead of after training, when the run would be logged.
+password masked, instead of after training, when the run would be logged. `check_database` does the same for
+any SQLAlchemy URI (the Prefect server's database, before `python -m flows.server` starts it).
 
     check_tracking_store("postgresql://mlflow:secret@db:5432/mlflow")   # TrackingStoreError: ... mlflow:***@db ...
     check_tracking_store("http://mlflow.internal:5000")                 # a query that reaches its database
+    check_database("postgresql+asyncpg://prefect:secret@db/prefect", "Prefect database")
 
 SQLite needs no check (the file is created on first use); other schemes are left to MLflow.
 """
@@ -47,9 +49,19 @@ def check_tracking_store(uri: str, timeout: float = TIMEOUT_S) -> None:
         raise TrackingStoreError(_message(uri, error)) from error
 
 
+def check_database(uri: str, what: str, timeout: float = TIMEOUT_S) -> None:
+    """Raise TrackingStoreError naming `what` and `uri` (masked) when the database refuses a connection."""
+    try:
+        _query_database(uri, timeout)
+    except Exception as error:  # the driver's own error types differ per database; each is re-raised here
+        raise TrackingStoreError(_message(uri, error, what)) from error
+
+
 def _query_database(uri: str, timeout: float) -> None:
     import sqlalchemy
 
+    # An async driver (asyncpg, as Prefect's server uses) is checked through the synchronous one.
+    uri = uri.replace("+asyncpg", "").replace("+aiosqlite", "")
     engine = sqlalchemy.create_engine(
         uri, connect_args={"connect_timeout": int(timeout)}, poolclass=sqlalchemy.NullPool
     )
@@ -71,11 +83,13 @@ def _query_server(uri: str, timeout: float) -> None:
         raise TrackingStoreError(_message(uri, f"HTTP {response.status_code}: {response.text[:300]}"))
 
 
-def _message(uri: str, error: object) -> str:
+def _message(uri: str, error: object, what: str = "MLflow tracking store") -> str:
     # A driver's message may quote the URI it was given: never let the password through.
     password = urlsplit(uri).password
     reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
     if password:
         reason = reason.replace(password, "***")
+    if what != "MLflow tracking store":
+        return f"{what} {mask_uri(uri)} is not reachable ({reason})"
     return (f"MLflow tracking store {mask_uri(uri)} is not reachable ({reason}); start it, or point "
             "MLFLOW_TRACKING_URI at one that is (unset, it is the local SQLite store)")  # fmt: skip

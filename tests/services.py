@@ -113,13 +113,13 @@ def postgres_cluster() -> Iterator[Postgres]:
         shutil.chown(root, "postgres")
         shutil.chown(root / "pw", "postgres")
     port = free_port()
-    _run(_as_postgres_user([str(bin_dir / "initdb"), "-D", str(data), "-U", PG_USER, "--auth=scram-sha-256",
-                            f"--pwfile={root / 'pw'}", "-E", "UTF8"]))  # fmt: skip
-    options = f"-p {port} -k {root} -c listen_addresses=127.0.0.1 -c fsync=off -c max_connections=200"
-    _run(_as_postgres_user([str(bin_dir / "pg_ctl"), "-D", str(data), "-l", str(root / "server.log"),
-                            "-o", options, "-w", "-t", "60", "start"]))  # fmt: skip
     cluster = Postgres(port, password, data, bin_dir)
-    try:
+    try:  # a failed initdb or start removes the folder too
+        _run(_as_postgres_user([str(bin_dir / "initdb"), "-D", str(data), "-U", PG_USER, "--auth=scram-sha-256",
+                                f"--pwfile={root / 'pw'}", "-E", "UTF8"]))  # fmt: skip
+        options = f"-p {port} -k {root} -c listen_addresses=127.0.0.1 -c fsync=off -c max_connections=200"
+        _run(_as_postgres_user([str(bin_dir / "pg_ctl"), "-D", str(data), "-l", str(root / "server.log"),
+                                "-o", options, "-w", "-t", "60", "start"]))  # fmt: skip
         yield cluster
     finally:
         if (data / "postmaster.pid").exists():

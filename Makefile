@@ -21,22 +21,29 @@ UI_PORT ?= 5000
 MLFLOW_TRACKING_URI ?= sqlite:///mlflow/mlflow.db
 UI_ARTIFACTS ?= $(abspath $(dir $(MLFLOW_TRACKING_URI:sqlite:///%=%)))/artifacts
 
-.PHONY: run test lint bench repo data pull push serve ui browser schedule clean-venv
+.PHONY: run test lint bench repo data pull push serve ui browser postgres schedule clean-venv
 
 run: $(STAMP) repo  ## the main job: pin data and base, then the retrain flow (train, calibrate, export, register, smoke, promote)
 	python -m pipeline.data.remote pull
 	dvc repro
 	python -m flows.retrain $(if $(RUN_CONFIG),--run-config $(RUN_CONFIG))
 
-test: $(STAMP) repo data browser  ## the whole default test suite (CPU, tiny models)
+test: $(STAMP) repo data browser postgres  ## the whole default test suite (CPU, tiny models)
 	python -m pytest
 
 serve: $(STAMP)  ## the Decision API on the champion version (follows the alias)
 	decision serve --model models:/$(MODEL_NAME)@champion --port $(PORT)
 
-ui: $(STAMP)  ## the MLflow UI on loopback
+# A tracking server (MLFLOW_TRACKING_URI=http://…, e.g. on PostgreSQL) serves its own UI: open that instead.
+ui: $(STAMP)  ## the MLflow UI on loopback (or the address of the tracking server's own UI)
+ifneq ($(filter http://% https://%,$(MLFLOW_TRACKING_URI)),)
+	@echo "MLFLOW_TRACKING_URI is a tracking server: its UI is $(MLFLOW_TRACKING_URI) (open it in a browser)."
+	@python -c "import sys; from pipeline.mlops.store import check_tracking_store as c; c(sys.argv[1])" \
+	  '$(MLFLOW_TRACKING_URI)'
+else
 	MLFLOW_SERVER_ENABLE_JOB_EXECUTION=false mlflow ui --backend-store-uri $(MLFLOW_TRACKING_URI) \
 	  --default-artifact-root $(UI_ARTIFACTS) --host 127.0.0.1 --port $(UI_PORT) --workers 1
+endif
 
 # Headless Chromium for the MLflow UI test, from Debian's package where none is on PATH; never fails the build.
 browser:
@@ -44,6 +51,14 @@ browser:
 	  command -v apt-get >/dev/null && { apt-get update -qq && \
 	    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; } >/dev/null 2>&1; } || \
 	  echo "No chromium (and apt-get install chromium was not possible): the MLflow UI test will be skipped."
+
+# PostgreSQL for the `postgres` tests (tests/services.py starts its own clusters), from Debian's package where
+# no initdb is found; never fails the build (those tests then skip, saying why).
+postgres:
+	@command -v initdb >/dev/null || ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || { \
+	  command -v apt-get >/dev/null && { apt-get update -qq && \
+	    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql; } >/dev/null 2>&1; } || \
+	  echo "No PostgreSQL (and apt-get install postgresql was not possible): the postgres tests will be skipped."
 
 lint: $(STAMP)
 	ruff check pipeline flows tests benchmarks
@@ -76,7 +91,7 @@ repo:
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --disable-pip-version-check torch==2.13.0
-	$(BIN)/python -m pip install -q --disable-pip-version-check -e '.[dev]'
+	$(BIN)/python -m pip install -q --disable-pip-version-check -e '.[dev,postgres]'
 	@rm -f $(VENV)/.installed-* && touch $@
 
 clean-venv:

@@ -38,7 +38,8 @@ from pipeline.data import pins, read
 from pipeline.lineage import code_digest, git_commit, idempotency_key
 from pipeline.mlops import tracking
 from pipeline.mlops.promotion import UNPINNED_TAG
-from pipeline.mlops.registry import ensure_experiment
+from pipeline.mlops.registry import ensure_experiment, tracking_uri
+from pipeline.mlops.store import check_tracking_store
 from pipeline.rundir import RunFolder
 from pipeline.scoring.report import report_tags
 from pipeline.stages import calibrate as calibrate_stage
@@ -50,6 +51,7 @@ from pipeline.stages import validate as validate_stage
 
 CACHED = {"cache_policy": INPUTS + TASK_SOURCE, "persist_result": True}
 IO_RETRIES = {"retries": 2, "retry_delay_seconds": 5}
+LOCAL_UI = "http://127.0.0.1:5000"  # where `make ui` serves the local store
 
 
 @task(name="verify-pins")
@@ -152,6 +154,8 @@ def retrain(
     `owner` tags the run and the version: the Decision API then serves that version by name to the owner's keys.
     `allow_unpinned` trains on inputs DVC does not pin (refused otherwise); the gate then holds the version.
     """
+    # A tracking store that is down fails the run now, not after training when the run is logged.
+    check_tracking_store(tracking_uri())
     params = _load(params_file, run_config)
     config = params["retrain"]
     verified = verify_pins([config.data, config.base], lock, allow_unpinned)
@@ -211,7 +215,9 @@ def _summary(
 
 
 def _publish(summary: dict[str, Any]) -> None:
-    ui = os.environ.get("MLFLOW_UI_URL", "http://127.0.0.1:5000")  # where `make ui` serves by default
+    # A tracking server serves its own UI; otherwise `make ui` serves the local store on port 5000.
+    store = tracking_uri()
+    ui = os.environ.get("MLFLOW_UI_URL") or (store if store.startswith(("http://", "https://")) else LOCAL_UI)
     create_link_artifact(f"{ui}/#/experiments/{ensure_experiment()}/runs/{summary['mlflow_run_id']}",
                          link_text="MLflow run (make ui)", key="mlflow-run")  # fmt: skip
     create_markdown_artifact(before_after_markdown(summary), key="before-after")

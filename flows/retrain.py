@@ -205,7 +205,7 @@ def _summary(
         "skipped": report["skipped"], "heldout": calibration["heldout"],
         "temperatures": calibration["temperatures"], "calibrator": calibration["calibrator"],
         "calibration_report": calibration["report"], "comparison": verdict.get("comparison"),
-        "steps": trained["steps"],
+        "steps": trained["steps"], "world_size": trained.get("world_size", 1),
         "train_seconds": trained["train_seconds"], "s_per_step": trained["s_per_step"],
         "smoke": {k: smoked[k] for k in ("passed", "agreement", "max_probability_diff", "trained_agreement",
                                          "trained_max_probability_diff", "failures", "latency_ms")},

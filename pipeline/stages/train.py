@@ -47,17 +47,26 @@ def train_on_data(data: str | Path, base: str | Path, out: str | Path | None, co
     if config.nproc > 1 and ranks is None:
         if save_on_cancel:
             raise ConfigError("--save-on-cancel: not with train.nproc > 1 (a signal stops every rank)")
-        arguments = {"data": str(data), "base": str(base), "out": out and str(out), "row_slice": asdict(row_slice),
-                     "eval_data": eval_data and str(eval_data), "progress": progress}  # fmt: skip
-        with tempfile.TemporaryDirectory(prefix="decision-ranks-") as folder:
-            described = _run_ranks("train_on_data", Path(folder), arguments, config, split_config, device)
-        return TrainRun(**described)
+        return train_on_ranks(data, base, out, config, split_config, row_slice, device, progress, eval_data)
     trained = fit_on_data(data, base, config, split_config, row_slice, device, cancel, progress, eval_data,
                           ranks=ranks)  # fmt: skip
     run = trained.run
     if out is not None and (not run.cancelled or save_on_cancel):
         run.saved_to = str(save_trained(trained, Path(out), data, base, config))
     return run
+
+
+def train_on_ranks(data: str | Path, base: str | Path, out: str | Path | None, config: TrainConfig,
+                   split_config: ValidateConfig = ValidateConfig(), row_slice: RowSlice = RowSlice(),
+                   device: str = "auto", progress: bool = True, eval_data: str | Path | None = None,
+                   nproc: int | None = None) -> TrainRun:  # fmt: skip
+    """`train_on_data` on `nproc` (default `train.nproc`) torchrun ranks; `nproc=1` measures the launcher."""
+    arguments = {"data": str(data), "base": str(base), "out": out and str(out), "row_slice": asdict(row_slice),
+                 "eval_data": eval_data and str(eval_data), "progress": progress}  # fmt: skip
+    with tempfile.TemporaryDirectory(prefix="decision-ranks-") as folder:
+        described = _run_ranks("train_on_data", Path(folder), arguments, config, split_config, device,
+                               nproc=nproc or config.nproc)  # fmt: skip
+    return TrainRun(**described)
 
 
 def describe_finetune(folder: str | Path) -> dict[str, Any]:
@@ -125,13 +134,14 @@ def train_stage(data: str | Path, base: str | Path, run_dir: str | Path, config:
 
 def _run_ranks(job: str, folder: Path, arguments: dict[str, Any], config: TrainConfig,
                split_config: ValidateConfig, device: str, run_id: str | None = None, report=None, on_log=None,
-               on_eval=None) -> dict[str, Any]:  # fmt: skip
-    """Write the ranks' spec into `folder`, run `job` on `train.nproc` ranks, and return rank 0's result."""
+               on_eval=None, nproc: int | None = None) -> dict[str, Any]:  # fmt: skip
+    """Write the ranks' spec into `folder`, run `job` on `nproc` (default `train.nproc`) ranks, and return rank 0's
+    result."""
     folder.mkdir(parents=True, exist_ok=True)
     spec, result = folder / "spec.json", folder / "result.json"
     result.unlink(missing_ok=True)
     spec.write_text(json.dumps({"job": job, "arguments": arguments, "config": asdict(config),
                                 "split_config": asdict(split_config), "device": device,
                                 "result": str(result)}, indent=2))  # fmt: skip
-    launch_ranks(RANKS_MODULE, spec, config.nproc, run_id, report, on_log, on_eval)
+    launch_ranks(RANKS_MODULE, spec, nproc or config.nproc, run_id, report, on_log, on_eval)
     return json.loads(result.read_text())

@@ -1,6 +1,6 @@
 """Data-parallel training under torchrun on the CPU (gloo, 2 ranks, tiny models, fp32): after k steps the trained
 parameters equal one process's on the same global batch and seed, for both families and for LoRA and full fine-
-tuning; rank 0 alone writes; a rank that is killed or hangs fails the stage with its error, not a hang."""
+tuning and the head alone; rank 0 alone writes; a rank that is killed or hangs fails the stage with its error, not a hang."""
 
 import json
 import os
@@ -32,6 +32,8 @@ BASE = TrainConfig(micro_batch=4, grad_accum=3, max_steps=4, log_every=1, lora_r
 CASES = {
     "laya-lora": replace(BASE, family="laya", method="lora"),
     "joint-full": replace(BASE, family="joint", method="full"),
+    # the default method: the head on a frozen backbone's cached features
+    "joint-head": replace(BASE, family="joint", method="head"),
 }
 
 

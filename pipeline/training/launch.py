@@ -15,8 +15,10 @@ fails after `train.dist_timeout_minutes` (the process group's timeout), which en
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -68,7 +70,8 @@ def launch_ranks(module: str, spec: Path, nproc: int, run_id: str | None = None,
 
     Rank 0's plain stdout lines go to `report` (else to stderr, so a `--json` stdout stays one object)."""
     process = subprocess.Popen(torchrun_command(module, spec, nproc), env=rank_environment(nproc, run_id),
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, bufsize=1)  # fmt: skip
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, bufsize=1,
+                               preexec_fn=_end_with_parent if sys.platform == "linux" else None)  # fmt: skip
     kept: deque[str] = deque(maxlen=STDERR_KEPT)
     echo = threading.Thread(target=_echo_stderr, args=(process.stderr, kept), daemon=True)
     echo.start()
@@ -83,6 +86,13 @@ def launch_ranks(module: str, spec: Path, nproc: int, run_id: str | None = None,
     echo.join()
     if code != 0:
         raise RankFailed(describe_failure(list(kept), code, nproc))
+
+
+def _end_with_parent() -> None:
+    """In torchrun before it starts (Linux): SIGTERM when this process dies, killed or not. torchrun then stops
+    its ranks, so a killed flow leaves no ranks training on into the run folder its rerun resumes from."""
+    PR_SET_PDEATHSIG = 1
+    ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 def _relay(line: str, report, on_log, on_eval) -> None:

@@ -161,6 +161,38 @@ def test_a_killed_rank_fails_the_stage_with_its_signal(tiny_base, synthetic_trai
     assert not _live_children()
 
 
+PARENT = """
+import sys
+from dataclasses import replace
+from pipeline.config import TrainConfig
+from pipeline.stages.train import train_stage
+config = TrainConfig(**{config})
+train_stage(sys.argv[1], sys.argv[2], sys.argv[3], config, device="cpu", progress=False)
+"""
+
+
+def test_killing_the_launching_process_takes_its_ranks_down(tiny_base, synthetic_train_file, tmp_path):
+    """A flow worker killed mid-run (SIGKILL: no cleanup of its own) leaves no rank training on into the run
+    folder a rerun will resume from."""
+    run_dir = tmp_path / "run"
+    script = PARENT.replace("{config}", repr(asdict(_long_run())))
+    parent = subprocess.Popen([sys.executable, "-c", script, str(synthetic_train_file), str(tiny_base), str(run_dir)],
+                              env=rank_environment(1, None), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    try:
+        deadline = time.monotonic() + 180
+        while not RunFolder(run_dir).checkpoint.exists() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        below = psutil.Process(parent.pid).children(recursive=True)  # torchrun, its helpers and the ranks
+        assert sorted(p.environ().get("RANK", "") for p in below if "RANK" in p.environ()) == ["0", "1"]
+        parent.kill()
+        parent.wait()
+        _, alive = psutil.wait_procs(below, timeout=60)
+        assert not alive, [(p.pid, p.name()) for p in alive]
+    finally:
+        for process in psutil.Process().children(recursive=True):
+            process.kill()
+
+
 def test_a_hung_rank_fails_the_stage_after_the_process_group_timeout(
     tiny_base, synthetic_train_file, tmp_path
 ):

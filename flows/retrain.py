@@ -85,12 +85,14 @@ def train(data: str, base: str, run_dir: str, config, split_config, device: str,
           tags: dict[str, str], inputs: dict[str, dict[str, Any]]) -> dict[str, Any]:  # fmt: skip
     # progress=False: no bar in the Prefect log; the run logger gets a line every 10 steps or 30 s instead.
     # The MLflow run opens now, so its curves fill in the UI while training runs.
+    # With train.nproc > 1 the stage runs on torchrun ranks: rank 0's lines and curves come back here, to this
+    # one run (every rank knows its id).
     logger = get_run_logger()
     run_id, live = tracking.open_run(key, flow_run.name, tags)
     watch = tracking.LiveRun(run_id) if live else None
     summary = train_stage.train_stage(data, base, run_dir, config, split_config, device, progress=False,
                                       report=logger.info, on_log=watch and watch.step,
-                                      on_eval=watch and watch.heldout, inputs=inputs)  # fmt: skip
+                                      on_eval=watch and watch.heldout, inputs=inputs, run_id=run_id)  # fmt: skip
     summary["mlflow_run_id"] = run_id
     for warning in summary["warnings"]:
         logger.warning("the fine-tune did not learn: %s", warning)
@@ -207,7 +209,7 @@ def _summary(
         "skipped": report["skipped"], "heldout": calibration["heldout"],
         "temperatures": calibration["temperatures"], "calibrator": calibration["calibrator"],
         "calibration_report": calibration["report"], "comparison": verdict.get("comparison"),
-        "steps": trained["steps"],
+        "steps": trained["steps"], "world_size": trained.get("world_size", 1),
         "train_seconds": trained["train_seconds"], "s_per_step": trained["s_per_step"],
         "smoke": {k: smoked[k] for k in ("passed", "agreement", "max_probability_diff", "trained_agreement",
                                          "trained_max_probability_diff", "failures", "latency_ms")},

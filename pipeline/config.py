@@ -184,6 +184,12 @@ class TrainConfig:
     """Decoder family: weight of a Brier term against the target (off by default)."""
     ordinal_weight: float = 0.0
     """Decoder family: weight of an ordinal term on score questions' expected level (off by default)."""
+    nproc: int = 1
+    """Data-parallel ranks: above 1 the train stage runs under `torch.distributed.run` (torchrun), each rank
+    on its share of every window (gloo on CPU, NCCL on GPUs); 1: in this process."""
+    dist_timeout_minutes: float = 30.0
+    """With `nproc` > 1: how long a rank waits on the others in a collective before it fails the stage (a
+    hung rank); a rank that dies fails it at once."""
 
     def __post_init__(self) -> None:
         _check_types(self, "train")
@@ -196,7 +202,7 @@ class TrainConfig:
             raise ConfigError(f"train.method: expected one of {', '.join(METHODS)}; got {self.method!r}")
         if self.precision not in ("auto", "fp32", "bf16"):
             raise ConfigError(f"train.precision: expected auto, fp32 or bf16; got {self.precision!r}")
-        for name in ("micro_batch", "grad_accum", "epochs", "lora_r", "log_every", "head_width"):
+        for name in ("micro_batch", "grad_accum", "epochs", "lora_r", "log_every", "head_width", "nproc"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"train.{name}: must be >= 1, got {getattr(self, name)}")
         if isinstance(self.lora_target_modules, list):
@@ -210,6 +216,8 @@ class TrainConfig:
                 raise ConfigError(f"train.{name}: must be >= 0 (0: off), got {getattr(self, name)}")
         if self.max_steps is not None and self.max_steps < 0:
             raise ConfigError(f"train.max_steps: must be >= 0, got {self.max_steps}")
+        if self.dist_timeout_minutes <= 0:
+            raise ConfigError(f"train.dist_timeout_minutes: must be > 0, got {self.dist_timeout_minutes}")
 
     @property
     def encoder_lr(self) -> float:

@@ -38,6 +38,11 @@ class RunFolder:
         return self.root / "checkpoint.pt"
 
     @property
+    def ranks(self) -> Path:
+        """A data-parallel run's spec for its ranks and rank 0's result (`stages.train_ranks`)."""
+        return self.root / "ranks"
+
+    @property
     def finetune(self) -> Path:
         """The trained model as its family saves it before calibration (not yet an export)."""
         return self.root / "finetune"

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # One command on a machine with a CUDA GPU: the trainer in bf16, compile forced off vs the auto rule, the export
-# merge's device memory, the decoder family (LoRA vs QLoRA), then the serving benchmark on the GPU.
+# merge's device memory, the decoder family (LoRA vs QLoRA), the serving benchmark on the GPU, then the
+# data-parallel launcher's overhead on one GPU.
 # Uses .venv when the project's Makefile made one, else the python3 on PATH; installs nothing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -22,3 +23,5 @@ timeout 420 $PY scripts/gpu_check.py "$@"
 timeout 300 $PY scripts/gpu_check_decoder.py
 # Serving on the GPU, where micro-batching pays: ours vs laya-serve, same checkpoint, same requests.
 timeout 240 $PY benchmarks/bench_serve.py --device cuda --requests 200 --model data/snapshots/minilm
+# Data-parallel launcher on one GPU (NCCL): the same run in this process and under torchrun with 1 rank.
+timeout 300 $PY benchmarks/bench_ddp.py --device cuda --ranks 1 --steps 40 --rows 1000 --micro-batch 8 --grad-accum 8

@@ -67,10 +67,12 @@ def _training_setup(args: argparse.Namespace):
     from pipeline.data.pins import PinMismatch
     from pipeline.data.read import BadSlice, UnreadableInput
     from pipeline.families.base import ModelLayoutError
+    from pipeline.training.launch import RankFailed
     from pipeline.training.loop import CancelToken
 
     errors = (
         ConfigError,
+        RankFailed,
         ModelLayoutError,
         PinMismatch,
         UnreadableInput,
@@ -87,6 +89,7 @@ def _training_setup(args: argparse.Namespace):
                 ("method", args.method),
                 ("epochs", args.epochs),
                 ("max_steps", args.max_steps),
+                ("nproc", args.nproc),
             )
             if v is not None
         }
@@ -291,6 +294,8 @@ def _add_training_arguments(command: argparse.ArgumentParser, out_help: str) -> 
     command.add_argument("--epochs", type=int, help="epochs (default: train.epochs; a small set trains more, "
                          "up to train.min_steps steps)")  # fmt: skip
     command.add_argument("--max-steps", type=int, help="cap on optimizer steps (default: train.max_steps)")
+    command.add_argument("--nproc", type=int, help="data-parallel ranks under torchrun, each on its share of every "
+                         "window (default: train.nproc; gloo on the CPU, NCCL on GPUs)")  # fmt: skip
     command.add_argument("--slice", metavar="START:END", help="use rows [START, END) of DATA only")
     command.add_argument("--device", default="auto", help="auto (cuda if available), cpu, cuda, cuda:1, ...")
     command.add_argument("--params", default="params.yaml", help="the params file (default: params.yaml)")

@@ -204,7 +204,7 @@ def flat_params(params: dict[str, dict[str, Any]]) -> dict[str, Any]:
 
 
 def run_metrics(record: TrainingRecord) -> dict[str, float]:
-    """Held-out figures per model, temperatures, skips by reason, train seconds and peak memory."""
+    """Held-out figures per model, temperatures, skips by reason, train seconds, peak memory and world size."""
     heldout = record.calibration["heldout"]
     metrics = {f"{model}_{name}": float(heldout[model][name]) for model in MODELS for name in RUN_METRICS
                if name in heldout[model]}  # fmt: skip
@@ -214,7 +214,10 @@ def run_metrics(record: TrainingRecord) -> dict[str, float]:
     metrics |= {f"skipped_{reason}": float(n) for reason, n in record.validation.get("skipped", {}).items()}
     metrics |= {"heldout_decisions": float(heldout["decisions"]), "train_seconds": float(record.train["train_seconds"]),
                 "s_per_step": float(record.train["s_per_step"]), "steps": float(record.train["steps"]),
-                "peak_memory_mb": float(record.train.get("peak_memory_mb", 0.0))}  # fmt: skip
+                "peak_memory_mb": float(record.train.get("peak_memory_mb", 0.0)),
+                # data-parallel ranks (train.nproc) and rank 0's seconds in their gradient all-reduce
+                "world_size": float(record.train.get("world_size", 1)),
+                "allreduce_seconds": float(record.train.get("allreduce_seconds", 0.0))}  # fmt: skip
     return metrics
 
 

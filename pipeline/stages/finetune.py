@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from pipeline.config import TrainConfig, ValidateConfig
+from pipeline.config import ConfigError, TrainConfig, ValidateConfig
 from pipeline.data.read import RowSlice
 from pipeline.device import peak_memory_mb
 from pipeline.lineage import export_manifest
@@ -31,6 +31,9 @@ def finetune(data: str | Path, base: str | Path, out: str | Path, config: TrainC
 
     `report` gets a line at each long step (the budget and why, scoring, training progress); `on_eval(step,
     metrics)` the held-out figures before, during (a third and two thirds of the way) and after training."""
+    if config.nproc > 1:
+        raise ConfigError(f"train.nproc={config.nproc}: finetune trains in one process; train data-parallel with "
+                          "`decision train --nproc N` or the retrain flow (train.nproc in params.yaml)")  # fmt: skip
     trained = fit_on_data(data, base, config, split_config, row_slice, device, cancel, progress, eval_data,
                           report=report, on_eval=on_eval)  # fmt: skip
     run, decisions = trained.run, trained.heldout

@@ -1,16 +1,19 @@
 """The train stage: fit a fine-tune of a base on decision rows and save it (any family).
 
 decision train --data data/processed/vader.jsonl --base data/snapshots/minilm --out runs/lora --max-steps 40
+decision train ... --nproc 2     # data-parallel under torchrun: 2 ranks, each on its share of every window
 """
 
 from __future__ import annotations
 
 import json
+import tempfile
 from collections.abc import Callable
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from pipeline.config import TrainConfig, ValidateConfig
+from pipeline.config import ConfigError, TrainConfig, ValidateConfig
 from pipeline.data.read import RowSlice
 from pipeline.device import peak_memory_mb
 from pipeline.lineage import source_digest
@@ -18,7 +21,12 @@ from pipeline.rundir import RunFolder
 from pipeline.scoring.heldout import HeldOut, save_heldout
 from pipeline.training.checkpoint import Checkpointer
 from pipeline.training.fit import Trained, TrainRun, fit_on_data, training_description
+from pipeline.training.launch import launch_ranks
 from pipeline.training.loop import CancelToken
+from pipeline.training.ranks import Ranks
+
+RANKS_MODULE = "pipeline.stages.train_ranks"
+"""What torchrun runs on each rank when `train.nproc` > 1 (named, not imported: it imports this module)."""
 
 
 def save_trained(trained: Trained, out: Path, data, base, config: TrainConfig) -> Path:
@@ -31,13 +39,34 @@ def save_trained(trained: Trained, out: Path, data, base, config: TrainConfig) -
 def train_on_data(data: str | Path, base: str | Path, out: str | Path | None, config: TrainConfig,
                   split_config: ValidateConfig = ValidateConfig(), row_slice: RowSlice = RowSlice(),
                   device: str = "auto", cancel: CancelToken | None = None, save_on_cancel: bool = False,
-                  progress: bool = True, eval_data: str | Path | None = None) -> TrainRun:  # fmt: skip
-    """Train a fine-tune of `base` on `data` and save it to `out` (nothing when cancelled, unless asked)."""
-    trained = fit_on_data(data, base, config, split_config, row_slice, device, cancel, progress, eval_data)
+                  progress: bool = True, eval_data: str | Path | None = None,
+                  ranks: Ranks | None = None) -> TrainRun:  # fmt: skip
+    """Train a fine-tune of `base` on `data` and save it to `out` (nothing when cancelled, unless asked).
+
+    With `train.nproc` > 1 the ranks train under torchrun (a signal stops them all; nothing is saved then)."""
+    if config.nproc > 1 and ranks is None:
+        if save_on_cancel:
+            raise ConfigError("--save-on-cancel: not with train.nproc > 1 (a signal stops every rank)")
+        return train_on_ranks(data, base, out, config, split_config, row_slice, device, progress, eval_data)
+    trained = fit_on_data(data, base, config, split_config, row_slice, device, cancel, progress, eval_data,
+                          ranks=ranks)  # fmt: skip
     run = trained.run
     if out is not None and (not run.cancelled or save_on_cancel):
         run.saved_to = str(save_trained(trained, Path(out), data, base, config))
     return run
+
+
+def train_on_ranks(data: str | Path, base: str | Path, out: str | Path | None, config: TrainConfig,
+                   split_config: ValidateConfig = ValidateConfig(), row_slice: RowSlice = RowSlice(),
+                   device: str = "auto", progress: bool = True, eval_data: str | Path | None = None,
+                   nproc: int | None = None) -> TrainRun:  # fmt: skip
+    """`train_on_data` on `nproc` (default `train.nproc`) torchrun ranks; `nproc=1` measures the launcher."""
+    arguments = {"data": str(data), "base": str(base), "out": out and str(out), "row_slice": asdict(row_slice),
+                 "eval_data": eval_data and str(eval_data), "progress": progress}  # fmt: skip
+    with tempfile.TemporaryDirectory(prefix="decision-ranks-") as folder:
+        described = _run_ranks("train_on_data", Path(folder), arguments, config, split_config, device,
+                               nproc=nproc or config.nproc)  # fmt: skip
+    return TrainRun(**described)
 
 
 def describe_finetune(folder: str | Path) -> dict[str, Any]:
@@ -54,7 +83,8 @@ def describe_finetune(folder: str | Path) -> dict[str, Any]:
 def train_stage(data: str | Path, base: str | Path, run_dir: str | Path, config: TrainConfig,
                 split_config: ValidateConfig = ValidateConfig(), device: str = "auto",
                 progress: bool = True, report: Callable[[str], None] | None = None, on_log=None,
-                on_eval=None, inputs: dict[str, dict[str, Any]] | None = None) -> dict[str, Any]:  # fmt: skip
+                on_eval=None, inputs: dict[str, dict[str, Any]] | None = None, run_id: str | None = None,
+                ranks: Ranks | None = None) -> dict[str, Any]:  # fmt: skip
     """The flow's train stage: the fine-tune, the held-out logits and a summary, into the run folder.
 
     `finetune/` holds the fine-tune, `heldout.npz` the held-out decisions with base and tuned logits (what
@@ -66,9 +96,18 @@ def train_stage(data: str | Path, base: str | Path, run_dir: str | Path, config:
     run). A resumed run's held-out checkpoints are those scored after the resume (the earlier ones were sent
     to `on_eval` before the kill). `inputs` replaces the run's own
     pin record: the flow trains on a slice of its data, and what it pinned is the data and base it checked.
+
+    With `train.nproc` > 1 the stage runs on that many ranks under torchrun (`stages.train_ranks`): rank 0
+    scores, checkpoints and writes all of the above, its lines and events come back to `report`, `on_log` and
+    `on_eval` here, and every rank knows `run_id` (the MLflow run) as `MLFLOW_RUN_ID`. `ranks` is given only on
+    a rank.
     """
     run_folder = RunFolder(run_dir)
     run_folder.root.mkdir(parents=True, exist_ok=True)
+    if config.nproc > 1 and ranks is None:
+        arguments = {"data": str(data), "base": str(base), "run_dir": str(run_dir), "inputs": inputs}
+        return _run_ranks("train_stage", run_folder.ranks, arguments, config, split_config, device, run_id,
+                          report, on_log, on_eval)  # fmt: skip
     checkpoints: list[dict[str, float]] = []
 
     def evaluated(step: int, metrics: dict[str, float]) -> None:
@@ -78,7 +117,7 @@ def train_stage(data: str | Path, base: str | Path, run_dir: str | Path, config:
 
     trained = fit_on_data(data, base, config, split_config, device=device, progress=progress, on_log=on_log,
                           report=report, on_eval=evaluated,
-                          checkpoints=Checkpointer(run_folder.checkpoint, config))  # fmt: skip
+                          checkpoints=Checkpointer(run_folder.checkpoint, config), ranks=ranks)  # fmt: skip
     run = trained.run
     run.saved_to = str(save_trained(trained, run_folder.finetune, data, base, config))
     if inputs is not None:
@@ -91,3 +130,18 @@ def train_stage(data: str | Path, base: str | Path, run_dir: str | Path, config:
                                "peak_memory_mb": peak_memory_mb()}  # fmt: skip
     run_folder.train_summary.write_text(json.dumps(summary, indent=2, default=str))
     return summary
+
+
+def _run_ranks(job: str, folder: Path, arguments: dict[str, Any], config: TrainConfig,
+               split_config: ValidateConfig, device: str, run_id: str | None = None, report=None, on_log=None,
+               on_eval=None, nproc: int | None = None) -> dict[str, Any]:  # fmt: skip
+    """Write the ranks' spec into `folder`, run `job` on `nproc` (default `train.nproc`) ranks, and return rank 0's
+    result."""
+    folder.mkdir(parents=True, exist_ok=True)
+    spec, result = folder / "spec.json", folder / "result.json"
+    result.unlink(missing_ok=True)
+    spec.write_text(json.dumps({"job": job, "arguments": arguments, "config": asdict(config),
+                                "split_config": asdict(split_config), "device": device,
+                                "result": str(result)}, indent=2))  # fmt: skip
+    launch_ranks(RANKS_MODULE, spec, nproc or config.nproc, run_id, report, on_log, on_eval)
+    return json.loads(result.read_text())

@@ -45,6 +45,7 @@ from pipeline.training.compile import (
     pick_warmup_batches,
 )
 from pipeline.training.progress import StepLog
+from pipeline.training.ranks import Ranks
 
 
 class CancelToken:
@@ -92,6 +93,10 @@ class TrainResult:
     """Every logging step's entry (step, loss, lr, s/step), as `on_log` got them."""
     resumed_from_step: int = 0
     """The step of the checkpoint this run resumed from (0: it started afresh)."""
+    world_size: int = 1
+    """Data-parallel ranks that shared each window (`training.ranks`)."""
+    allreduce_seconds: float = 0.0
+    """Of `train_seconds`, the time this rank spent in the gradient all-reduce (0 on one rank)."""
 
     @property
     def s_per_step(self) -> float:
@@ -179,16 +184,19 @@ def micro_batches(window: list[int], items: Sequence[Any], micro_batch: int) -> 
 
 
 def accumulate_gradients(window: list[int], items: Sequence[Any], micro_batch: int,
-                         summed_loss: Callable[[list[int]], torch.Tensor]) -> torch.Tensor:  # fmt: skip
+                         summed_loss: Callable[[list[int]], torch.Tensor],
+                         window_size: int | None = None) -> torch.Tensor:  # fmt: skip
     """Backpropagate one window in length-grouped micro-batches; the gradient is that of the window's mean loss.
 
     Each micro-batch's summed loss is divided by the window's item count (not the micro-batch's), so splitting
-    a window differently gives the same gradient up to float rounding. Returns the summed loss, on the device.
+    a window differently gives the same gradient up to float rounding. A rank's share of a window is divided by
+    the whole window's `window_size`, so the ranks' summed gradients are the window's. Returns the summed loss,
+    on the device.
     """
     total = torch.zeros(())
     for indices in micro_batches(window, items, micro_batch):
         loss = summed_loss(indices)
-        (loss / len(window)).backward()
+        (loss / (window_size or len(window))).backward()
         total = total.to(loss.device) + loss.detach()
     return total
 
@@ -199,15 +207,18 @@ def train(model: torch.nn.Module, examples: Sequence[Any], config: TrainConfig, 
           compile_config: CompileConfig | None = None,
           report: Callable[[str], None] | None = None,
           evaluate: Callable[[int], None] | None = None,
-          checkpoints: Checkpointer | None = None) -> TrainResult:  # fmt: skip
+          checkpoints: Checkpointer | None = None, ranks: Ranks | None = None) -> TrainResult:  # fmt: skip
     """Train `model` in place on a family's `examples`, batched and scored by the family's `task`.
 
     The model must already be prepared (the family's `prepare`). `report` gets a progress line (step, loss,
     s/step, ETA) at least every 10 steps or 30 s. `evaluate(step)` is called after the steps of `eval_steps`
     (a third and two thirds of the way), e.g. to score held-out decisions; it must not train. With
     `checkpoints`, the training state is saved as they say and a run whose checkpoint matches this one's
-    config and data resumes from it ("resumed from step N"), on the same data order and schedule.
+    config and data resumes from it ("resumed from step N"), on the same data order and schedule. With `ranks`
+    (data-parallel), this process trains on its share of every window and the gradients are all-reduced before
+    each optimizer step; every rank resumes from the checkpoint, only rank 0 writes one.
     """
+    ranks = ranks or Ranks()
     if not examples:
         raise ValueError("no training examples: every decision was skipped (see the validation report)")
     windows = plan_windows(len(examples), config, [len(e) for e in examples])
@@ -221,6 +232,7 @@ def train(model: torch.nn.Module, examples: Sequence[Any], config: TrainConfig, 
     trainable = trainable_parameters(model)  # named before a compile wrapper can rename them
     torch.manual_seed(config.seed)
     model.to(device).train()
+    ranks.broadcast(params)
 
     def batch_of(indices: list[int], padded: bool) -> dict[str, torch.Tensor]:
         batch = task.collate([examples[i] for i in indices])
@@ -235,7 +247,9 @@ def train(model: torch.nn.Module, examples: Sequence[Any], config: TrainConfig, 
     warmup = (
         pick_warmup_batches(_run_batches(windows, examples, config, task), compile_config) if enabled else []
     )
-    result = TrainResult(0, len(windows), 0, False, 0.0, precision=precision_name(dtype))
+    result = TrainResult(
+        0, len(windows), 0, False, 0.0, precision=precision_name(dtype), world_size=ranks.world
+    )
     log = StepLog(len(windows), config, logged, progress, report)
     expected = fingerprint(config, len(examples), len(windows))
     saved = checkpoints.load(expected) if checkpoints is not None else None
@@ -260,8 +274,10 @@ def train(model: torch.nn.Module, examples: Sequence[Any], config: TrainConfig, 
                 result.cancelled = True
                 break
             step_started = time.perf_counter()
-            running += accumulate_gradients(window, examples, config.micro_batch,
-                                            lambda indices: loss_fn(model, batch_of(indices, report.enabled)))  # fmt: skip
+            window_loss = accumulate_gradients(ranks.shard(window), examples, config.micro_batch,
+                                               lambda indices: loss_fn(model, batch_of(indices, report.enabled)),
+                                               len(window))  # fmt: skip
+            running += ranks.reduce(params, window_loss.to(device))
             seen_since_log += len(window)
             torch.nn.utils.clip_grad_norm_(params, config.grad_clip)
             optimizer.step()
@@ -281,13 +297,14 @@ def train(model: torch.nn.Module, examples: Sequence[Any], config: TrainConfig, 
                 log.write(result, mean_loss, scheduler.get_last_lr()[0], time.perf_counter() - started)
             else:
                 log.tick(result, time.perf_counter() - started)
-            if checkpoints is not None and checkpoints.due(result.steps, len(windows)):
+            if checkpoints is not None and ranks.is_main and checkpoints.due(result.steps, len(windows)):
                 result.train_seconds = earlier_seconds + time.perf_counter() - started
                 checkpoints.save(train_state(expected, trainable, optimizer, scheduler, result, running,
                                              seen_since_log))  # fmt: skip
         log.close()
     result.compile = asdict(report)
     result.train_seconds = earlier_seconds + time.perf_counter() - started
+    result.allreduce_seconds = ranks.reduce_seconds
     model.eval()
     return result
 

@@ -1,0 +1,148 @@
+"""Start N data-parallel ranks under `torch.distributed.run` (torchrun) and wait for them, relaying rank 0.
+
+The ranks run a module (`pipeline.stages.train_ranks`) on a spec file; rank 0 prints its progress lines and, as
+tagged JSON lines, its logging steps and held-out checkpoints, which this side hands to the caller's `report`,
+`on_log` and `on_eval` as a run in this process would (so a flow's live MLflow run fills in from here, and no
+rank opens one). Every rank gets the MLflow run id as `MLFLOW_RUN_ID`, so an `mlflow.start_run()` in any of
+them would join that run rather than start another.
+
+A rank that fails ends the stage: torchrun stops the other ranks and prints the root cause (rank, exit code,
+the rank's traceback or the signal that killed it), and `RankFailed` carries that. A rank stuck in a collective
+fails after `train.dist_timeout_minutes` (the process group's timeout), which ends the others the same way.
+
+    result = launch_ranks("pipeline.stages.train_ranks", spec_file, nproc=2, report=print)
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+from collections import deque
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pipeline
+
+RANK_EVENT = "@decision-rank-event "
+"""The prefix of rank 0's event lines on its stdout (the JSON object follows)."""
+STDERR_KEPT = 400
+"""Lines of the ranks' stderr kept to explain a failure (torchrun's summary comes last)."""
+
+
+class RankFailed(RuntimeError):
+    """A data-parallel rank failed (an error, a signal or a collective timeout); the message names it."""
+
+
+def emit_event(kind: str, **payload: Any) -> None:
+    """On rank 0: one event line for the launching process (`log`: a logging step, `eval`: held-out metrics)."""
+    print(RANK_EVENT + json.dumps({"kind": kind, **payload}), flush=True)
+
+
+def torchrun_command(module: str, spec: Path, nproc: int) -> list[str]:
+    """torchrun on this machine (`--standalone`: its own rendezvous on a free port) running `module spec`."""
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
+            "-m", module, str(spec)]  # fmt: skip
+
+
+def rank_environment(nproc: int, run_id: str | None) -> dict[str, str]:
+    """This environment, plus: this checkout first on the path (the ranks import the same code), the MLflow run
+    id, and the CPU threads split between the ranks (torchrun would give each one thread)."""
+    env = dict(os.environ)
+    root = str(Path(pipeline.__file__).resolve().parents[1])
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
+    env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
+    if run_id:
+        env["MLFLOW_RUN_ID"] = run_id
+    return env
+
+
+def launch_ranks(module: str, spec: Path, nproc: int, run_id: str | None = None,
+                 report: Callable[[str], None] | None = None,
+                 on_log: Callable[[dict[str, float]], None] | None = None,
+                 on_eval: Callable[[int, dict[str, float]], None] | None = None) -> None:  # fmt: skip
+    """Run `module spec` on `nproc` ranks and return when all have finished; `RankFailed` when one failed.
+
+    Rank 0's plain stdout lines go to `report` (else to stderr, so a `--json` stdout stays one object)."""
+    process = subprocess.Popen(torchrun_command(module, spec, nproc), env=rank_environment(nproc, run_id),
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, bufsize=1,
+                               preexec_fn=_end_with_parent if sys.platform == "linux" else None)  # fmt: skip
+    kept: deque[str] = deque(maxlen=STDERR_KEPT)
+    echo = threading.Thread(target=_echo_stderr, args=(process.stderr, kept), daemon=True)
+    echo.start()
+    try:
+        for line in process.stdout:
+            _relay(line.rstrip("\n"), report, on_log, on_eval)
+        code = process.wait()
+    finally:
+        if process.poll() is None:  # the caller was interrupted: take the ranks down with it
+            process.terminate()
+            process.wait()
+    echo.join()
+    if code != 0:
+        raise RankFailed(describe_failure(list(kept), code, nproc))
+
+
+def _end_with_parent() -> None:
+    """In torchrun before it starts (Linux): SIGTERM when this process dies, killed or not. torchrun then stops
+    its ranks, so a killed flow leaves no ranks training on into the run folder its rerun resumes from."""
+    PR_SET_PDEATHSIG = 1
+    ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+def _relay(line: str, report, on_log, on_eval) -> None:
+    if not line.startswith(RANK_EVENT):
+        (report or _to_stderr)(line)
+        return
+    event = json.loads(line[len(RANK_EVENT) :])
+    if event["kind"] == "log" and on_log is not None:
+        on_log(event["entry"])
+    elif event["kind"] == "eval" and on_eval is not None:
+        on_eval(event["step"], event["metrics"])
+
+
+def _to_stderr(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+def _echo_stderr(stream, kept: deque[str]) -> None:
+    for line in stream:
+        sys.stderr.write(line)
+        kept.append(line.rstrip("\n"))
+
+
+def describe_failure(stderr: list[str], code: int, nproc: int) -> str:
+    """torchrun's root cause (which rank, its exit code, its error), else the last lines the ranks wrote."""
+    start = next((i for i, line in enumerate(stderr) if line.startswith("Root Cause")), None)
+    if start is None:
+        tail = "\n".join(stderr[-20:])
+        return f"data-parallel training on {nproc} ranks failed (torchrun exit {code}):\n{tail}"
+    block = []
+    for line in stderr[start + 1 :]:
+        if line.startswith("====="):
+            break
+        block.append(line)
+    fields = _root_cause_fields(block)
+    error = fields.get("traceback", "").strip().splitlines()
+    last = next((line.strip() for line in reversed(error) if line.strip()), "no error recorded")
+    return (f"data-parallel training on {nproc} ranks failed: rank {fields.get('rank', '?')} "
+            f"(exit code {fields.get('exitcode', '?')}): {last}\n" + "\n".join(block))  # fmt: skip
+
+
+def _root_cause_fields(block: list[str]) -> dict[str, str]:
+    """`name : value` lines of torchrun's failure record; the traceback runs on to the end of the block."""
+    fields: dict[str, str] = {}
+    for index, line in enumerate(block):
+        name, colon, value = line.strip().partition(":")
+        if not colon or name.strip() not in ("rank", "exitcode", "traceback"):
+            continue
+        fields[name.strip()] = value.strip()
+        if name.strip() == "traceback":
+            fields["traceback"] = "\n".join([value, *block[index + 1 :]])
+            break
+    return fields

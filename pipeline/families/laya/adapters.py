@@ -21,6 +21,8 @@ import torch
 from torch import nn
 
 from pipeline.families.laya.layout import LoadedModel, load_model
+from pipeline.families.planned_layers import configure_plan
+from pipeline.layer_plans import KEY as PLAN_KEY
 
 ADAPTER_FILE = "decision_adapter.json"
 HEAD_PREFIXES = ("head.", "type_emb.", "scorer.", "act_head.", "temperature")
@@ -105,6 +107,7 @@ def load_for_inference(folder: str | Path) -> LoadedModel:
         loaded = load_model(description["base"])
         load_adapter(loaded.model, folder)
         loaded.config = {**description.get("decision_config", loaded.config), **_temperatures(description)}
+        configure_plan(loaded.model.encoder, loaded.config.get(PLAN_KEY), None)
         return loaded
     return load_model(folder)
 

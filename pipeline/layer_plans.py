@@ -48,11 +48,16 @@ def plan_spec_problems(spec: Sequence[Any]) -> list[str]:
     ranges = [isinstance(entry, (list, tuple)) for entry in spec]
     if any(ranges) and not all(ranges):
         return ["train.layer_plan: either layer indices or (start, end, passes) ranges, not both"]
-    if not all(ranges):
-        return [
-            f"train.layer_plan[{i}]: layer index must be >= 0, got {v}" for i, v in enumerate(spec) if v < 0
-        ]
-    return _range_problems([tuple(entry) for entry in spec])
+    entries = [tuple(entry) for entry in spec] if all(ranges) else [(entry,) for entry in spec]
+    wrong = [f"train.layer_plan[{i}]: expected whole numbers, got {list(e) if all(ranges) else e[0]!r}"
+             for i, e in enumerate(entries) if not all(_is_int(v) for v in e)]  # fmt: skip
+    if wrong or all(ranges):
+        return wrong or _range_problems(entries)
+    return [f"train.layer_plan[{i}]: layer index must be >= 0, got {v}" for i, v in enumerate(spec) if v < 0]
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _range_problems(ranges: list[tuple[int, ...]]) -> list[str]:
@@ -73,27 +78,28 @@ def _range_problems(ranges: list[tuple[int, ...]]) -> list[str]:
 
 
 def resolve_plan(spec: Sequence[Any] | None, layers: int) -> LayerPlan | None:
-    """The plan `spec` means on a backbone of `layers` layers; LayerPlanError naming every bad index."""
+    """The plan `spec` means on a backbone of `layers` layers; LayerPlanError naming every bad entry."""
     if spec is None:
         return None
     problems = plan_spec_problems(spec)
-    if not problems and isinstance(spec[0], (list, tuple)):
-        visits = _expand_ranges([tuple(entry) for entry in spec], layers, problems)
-    else:
-        visits = [int(v) for v in spec]
-    problems += [f"train.layer_plan[{i}]: layer {v} is out of range for a backbone of {layers} layers "
-                 f"(0..{layers - 1})" for i, v in enumerate(visits) if v >= layers]  # fmt: skip
     if problems:
         raise LayerPlanError("; ".join(problems))
-    return LayerPlan(tuple(visits), layers)
+    if isinstance(spec[0], (list, tuple)):
+        problems = [f"train.layer_plan[{i}]: range end {entry[1]} is past the last layer of a backbone of "
+                    f"{layers} layers" for i, entry in enumerate(spec) if entry[1] > layers]  # fmt: skip
+    else:
+        problems = [f"train.layer_plan[{i}]: layer {v} is out of range for a backbone of {layers} layers "
+                    f"(0..{layers - 1})" for i, v in enumerate(spec) if v >= layers]  # fmt: skip
+    if problems:
+        raise LayerPlanError("; ".join(problems))
+    ranges = isinstance(spec[0], (list, tuple))
+    return LayerPlan(_expand_ranges(spec, layers) if ranges else tuple(spec), layers)
 
 
-def _expand_ranges(ranges: list[tuple[int, ...]], layers: int, problems: list[str]) -> list[int]:
+def _expand_ranges(ranges: Sequence[Sequence[int]], layers: int) -> tuple[int, ...]:
+    """Native order, each range's layers visited `passes` times in a row."""
     visits, at = [], 0
-    for i, (start, end, passes) in enumerate(ranges):
-        if end > layers:
-            problems.append(f"train.layer_plan[{i}]: range end {end} is past the last layer of a backbone of "
-                            f"{layers} layers")  # fmt: skip
-        visits += list(range(at, start)) + list(range(start, min(end, layers))) * passes
+    for start, end, passes in ranges:
+        visits += list(range(at, start)) + list(range(start, end)) * passes
         at = end
-    return visits + list(range(at, layers))
+    return tuple(visits + list(range(at, layers)))

@@ -52,8 +52,10 @@ class LayaFamily(DecisionFamily):
         self, folder, config: TrainConfig | None = None, device: torch.device | None = None
     ) -> LoadedModel:
         loaded = load_model(folder)
-        if config is not None and config.layer_plan is not None:
-            plan = configure_plan(loaded.model.encoder, loaded.config.get(PLAN_KEY), config.layer_plan)
+        # The run's plan, else the one a fine-tune folder was saved with (a base has none).
+        wanted = config.layer_plan if config is not None else None
+        plan = configure_plan(loaded.model.encoder, loaded.config.get(PLAN_KEY), wanted)
+        if plan is not None:
             loaded.config = {**loaded.config, PLAN_KEY: plan}
         loaded.model.to(device or "cpu")
         return loaded

@@ -24,8 +24,6 @@ import torch
 from pipeline.data.contract import NOUL_OPTIONS, Question
 from pipeline.families.base import ModelLayoutError
 from pipeline.families.exporting import load_weights, read_calibrator
-from pipeline.families.planned_layers import configure_plan
-from pipeline.layer_plans import KEY as PLAN_KEY
 from pipeline.scoring.calibrators import Calibrator
 
 CONFIG_FILE = "rl_agent_config.json"
@@ -65,7 +63,6 @@ def load_model(path: str | Path) -> LoadedModel:
     tokenizer = _load_tokenizer(path / "tokenizer")
     model = build_model(config, encoder_dir=str(path / "encoder"))
     model.load_state_dict(load_weights(path / "model.safetensors", load_file), strict=True)
-    configure_plan(model.encoder, config.get(PLAN_KEY), None)  # a fine-tune saved with a layer plan runs it
     return LoadedModel(model.float().eval(), tokenizer, config, read_calibrator(path))
 
 

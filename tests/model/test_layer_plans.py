@@ -193,3 +193,42 @@ def test_a_decoder_whose_layers_attend_differently_refuses_a_plan_by_name():
 def test_a_backbone_without_a_layer_list_cannot_run_a_plan():
     with pytest.raises(LayerPlanError, match="BERT-like encoder"):
         apply_layer_plan(nn.Sequential(nn.Linear(2, 2)), resolve_plan([0], 1))
+
+
+@pytest.mark.slow
+def test_compiled_layers_run_a_plan_as_eager_does():
+    from pipeline.training.compile import CompileConfig, compiled_encoder
+
+    torch._dynamo.reset()
+    model = tiny_model(seed=1, layers=LAYERS).train()
+    apply_layer_plan(model.encoder, resolve_plan(REPEAT, LAYERS))
+    ids, mask = _inputs()
+    batch = {"input_ids": ids, "attention_mask": mask}
+
+    def loss_fn(m, b):
+        return (
+            m.encoder(input_ids=b["input_ids"], attention_mask=b["attention_mask"])
+            .last_hidden_state.pow(2)
+            .mean()
+        )
+
+    def grads():
+        loss_fn(model, batch).backward()
+        found = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+        model.zero_grad(set_to_none=True)
+        return found
+
+    eager = grads()
+    config = CompileConfig(
+        bucket=16, max_static_len=64, backend="eager"
+    )  # dynamo only: the guards, not Inductor
+    try:
+        with compiled_encoder(model, config, True, "test", [batch], loss_fn) as report:
+            assert report.enabled, report.fallback_error
+            assert all(layer._compiled_call_impl is not None for layer in physical_layers(model.encoder))
+            compiled = grads()
+    finally:
+        torch._dynamo.reset()
+    assert compiled.keys() == eager.keys()
+    for name in eager:
+        torch.testing.assert_close(compiled[name], eager[name], rtol=1e-5, atol=1e-6)

@@ -13,6 +13,8 @@ from typing import Any, Union, get_args, get_origin, get_type_hints
 
 import yaml
 
+from pipeline.layer_plans import plan_spec_problems
+
 PARAMS_FILE = Path("params.yaml")
 
 
@@ -190,9 +192,15 @@ class TrainConfig:
     dist_timeout_minutes: float = 30.0
     """With `nproc` > 1: how long a rank waits on the others in a collective before it fails the stage (a
     hung rank); a rank that dies fails it at once."""
+    layer_plan: tuple[int, ...] | tuple[tuple[int, ...], ...] | None = None
+    """The backbone's layers to run, in order: indices (`[0, 1, 1, 2, 3]` visits layer 1 twice with the same
+    weights; `[0, 1, 2, 3]` skips the rest) or repeat ranges `[[start, end, passes]]` (half open; passes count the
+    first visit). Saved with the model and applied wherever it is served. None: the base folder's own plan, if
+    any, else native (`pipeline.families.layer_plan`)."""
 
     def __post_init__(self) -> None:
         _check_types(self, "train")
+        self._check_layer_plan()
         for name in ("label_smoothing", "brier_weight", "ordinal_weight"):
             if getattr(self, name) < 0 or (name == "label_smoothing" and self.label_smoothing >= 1):
                 raise ConfigError(
@@ -218,6 +226,16 @@ class TrainConfig:
             raise ConfigError(f"train.max_steps: must be >= 0, got {self.max_steps}")
         if self.dist_timeout_minutes <= 0:
             raise ConfigError(f"train.dist_timeout_minutes: must be > 0, got {self.dist_timeout_minutes}")
+
+    def _check_layer_plan(self) -> None:
+        if self.layer_plan is None:
+            return
+        # YAML and JSON write lists; the frozen config keeps tuples (hashable, and asdict gives lists back).
+        plan = tuple(tuple(e) if isinstance(e, list | tuple) else e for e in self.layer_plan)
+        object.__setattr__(self, "layer_plan", plan)
+        problems = plan_spec_problems(plan)
+        if problems:
+            raise ConfigError("; ".join(problems))
 
     @property
     def encoder_lr(self) -> float:

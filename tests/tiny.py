@@ -49,15 +49,17 @@ def tiny_model(seed: int = 0, hidden: int = 32, layers: int = 2, dropout: float 
     return model
 
 
-def write_tiny_base(folder: Path, seed: int = 0, max_len: int = 96, head_max_len: int = 64) -> Path:
-    """A tiny base written by laya's own `save_checkpoint` (the peer's writer)."""
+def write_tiny_base(
+    folder: Path, seed: int = 0, max_len: int = 96, head_max_len: int = 64, layers: int = 2
+) -> Path:
+    """A tiny base written by laya's own `save_checkpoint` (the peer's writer), its encoder `layers` deep."""
     from laya.train import save_checkpoint
 
     tokenizer = tiny_tokenizer()
     cfg = {"encoder": "tiny-bert", "head_layers": 1, "act_costs": {"defer": 0.1}, "temperature": [1.0, 1.0, 1.0],
            "temperature_by_options": {}, "max_len": max_len, "head_max_len": head_max_len, "amp_dtype": "bf16",
            "fine_tuned": False, "training": {}}  # fmt: skip
-    save_checkpoint(tiny_model(seed), tokenizer, cfg, str(folder))
+    save_checkpoint(tiny_model(seed, layers=layers), tokenizer, cfg, str(folder))
     return folder
 
 
@@ -75,16 +77,22 @@ def tiny_bpe_tokenizer(vocab_size: int = 320):
                                    eos_token=specials[1], pad_token=specials[2])  # fmt: skip
 
 
-def write_tiny_decoder(folder: Path, seed: int = 0, hidden: int = 64) -> Path:
-    """A tiny random Qwen3 causal LM (tied embeddings) with the tiny BPE tokenizer, as a local checkpoint."""
-    from transformers import Qwen3Config, Qwen3ForCausalLM
+def write_tiny_decoder(folder: Path, seed: int = 0, hidden: int = 64, layers: int = 2, arch: str = "qwen3",
+                       **extra) -> Path:  # fmt: skip
+    """A tiny random Qwen3 (or `arch="llama"`: Llama) causal LM (tied embeddings) with the tiny BPE tokenizer, as a
+    local checkpoint; `extra` goes to the config (e.g. sliding-window settings)."""
+    from transformers import LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM
 
     tokenizer = tiny_bpe_tokenizer()
-    config = Qwen3Config(vocab_size=512, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=1024,
-                         tie_word_embeddings=True, pad_token_id=tokenizer.pad_token_id)  # fmt: skip
+    config_class, model_class = {
+        "qwen3": (Qwen3Config, Qwen3ForCausalLM),
+        "llama": (LlamaConfig, LlamaForCausalLM),
+    }[arch]
+    config = config_class(vocab_size=512, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
+                          num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=1024,
+                          tie_word_embeddings=True, pad_token_id=tokenizer.pad_token_id, **extra)  # fmt: skip
     torch.manual_seed(seed)
-    Qwen3ForCausalLM(config).save_pretrained(folder)
+    model_class(config).save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     return folder
 

@@ -90,6 +90,7 @@ def _training_setup(args: argparse.Namespace):
                 ("epochs", args.epochs),
                 ("max_steps", args.max_steps),
                 ("nproc", args.nproc),
+                ("layer_plan", args.layer_plan),
             )
             if v is not None
         }
@@ -269,6 +270,19 @@ def print_report(report: dict[str, Any]) -> None:
     console.print(reasons)
 
 
+def parse_layer_plan(text: str) -> list:
+    """`--layer-plan`: comma-separated layer indices, or a JSON list (of indices or [start, end, passes])."""
+    try:
+        plan = json.loads(text) if text.strip().startswith("[") else [int(v) for v in text.split(",")]
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: expected 0,1,1,2 or JSON [[1, 3, 2]] ({error})"
+        ) from None
+    if not isinstance(plan, list):
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a list of layer indices or ranges")
+    return plan
+
+
 def _add_training_arguments(command: argparse.ArgumentParser, out_help: str) -> None:
     """The flags `train` and `finetune` share (the same names as the params.yaml keys they override)."""
     command.add_argument("--data", required=True, help="decision file (.jsonl, .parquet, .csv)")
@@ -296,6 +310,10 @@ def _add_training_arguments(command: argparse.ArgumentParser, out_help: str) -> 
     command.add_argument("--max-steps", type=int, help="cap on optimizer steps (default: train.max_steps)")
     command.add_argument("--nproc", type=int, help="data-parallel ranks under torchrun, each on its share of every "
                          "window (default: train.nproc; gloo on the CPU, NCCL on GPUs)")  # fmt: skip
+    command.add_argument("--layer-plan", type=parse_layer_plan, metavar="PLAN",
+                         help="the backbone's layers to run, in order (default: train.layer_plan): 0,1,1,2,3 "
+                         "visits layer 1 twice with the same weights; 0,1,2,3 skips the rest; JSON "
+                         "[[start,end,passes]] repeats half-open ranges")  # fmt: skip
     command.add_argument("--slice", metavar="START:END", help="use rows [START, END) of DATA only")
     command.add_argument("--device", default="auto", help="auto (cuda if available), cpu, cuda, cuda:1, ...")
     command.add_argument("--params", default="params.yaml", help="the params file (default: params.yaml)")

@@ -44,6 +44,8 @@ import torch._dynamo
 from torch import nn
 from torch._dynamo.utils import counters
 
+from pipeline.families.planned_layers import physical_layers
+
 ENV_VAR = "DECISION_COMPILE"
 _log = logging.getLogger(__name__)
 
@@ -179,7 +181,8 @@ def encoder_layers(encoder: nn.Module) -> nn.ModuleList:
     """The encoder's repeated blocks: BERT's `encoder.layer`, else its largest ModuleList of one block type."""
     inner = getattr(encoder, "encoder", None)
     if isinstance(getattr(inner, "layer", None), nn.ModuleList):
-        return inner.layer
+        # Each physical layer once, even under a layer plan: a layer visited twice is one compiled module.
+        return physical_layers(encoder)
     candidates = [
         module
         for module in encoder.modules()

@@ -23,6 +23,7 @@ from pipeline.families.joint.layout import (
     export_joint,
     is_joint_export,
     load_joint,
+    set_layer_plan,
     temperature_of,
 )
 from pipeline.families.joint.predict import answer_joint_requests
@@ -66,9 +67,13 @@ class JointFamily(DecisionFamily):
         if config is None or config.method != "qlora":
             loaded = load_joint(folder, head_width=width)
             loaded.model.to(device)
-            return loaded
-        loaded = load_joint(folder, head_width=width, quantization=qlora_config(device), device=str(device))
-        loaded.model.head.to(device)
+        else:
+            loaded = load_joint(
+                folder, head_width=width, quantization=qlora_config(device), device=str(device)
+            )
+            loaded.model.head.to(device)
+        if config is not None and config.layer_plan is not None:
+            set_layer_plan(loaded, config.layer_plan)  # the run's plan, over the folder's own
         return loaded
 
     def load_trained(self, folder) -> LoadedJoint:

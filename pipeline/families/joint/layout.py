@@ -60,6 +60,9 @@ from pipeline.families.joint.backbone import (
 )
 from pipeline.families.joint.head import JointDecisionModel, JointHead
 from pipeline.families.joint.merge import JointExportError, is_quantised, merged_parts
+from pipeline.families.planned_layers import configure_plan, current_plan, plan_manifest
+from pipeline.layer_plans import KEY as PLAN_KEY
+from pipeline.layer_plans import LayerPlanError
 from pipeline.scoring.calibrators import Calibrator, as_calibrator
 
 JOINT_CONFIG = "decision_config.json"
@@ -192,7 +195,22 @@ def _layer_count(backbone: nn.Module) -> int:
 
 
 def _assemble(backbone: nn.Module, head: JointHead, tokenizer, config: dict[str, Any]) -> LoadedJoint:
-    return LoadedJoint(JointDecisionModel(backbone, head.float()).eval(), _with_pad_token(tokenizer), config)
+    loaded = LoadedJoint(
+        JointDecisionModel(backbone, head.float()).eval(), _with_pad_token(tokenizer), config
+    )
+    set_layer_plan(loaded, config.get(PLAN_KEY))  # an export saved with a layer plan runs it
+    return loaded
+
+
+def set_layer_plan(loaded: LoadedJoint, spec) -> None:
+    """Run the backbone as `spec` says (None: natively) and record it in the config the export writes; the head
+    must still find the hidden states it reads (its last `read_layers`, embeddings included)."""
+    plan = configure_plan(loaded.model.lm, None, spec)
+    read = loaded.model.head.read_layers
+    if plan is not None and len(plan) + 1 < read:
+        raise LayerPlanError(f"train.layer_plan: the head reads the last {read} hidden states; a plan of "
+                             f"{len(plan)} visits gives {len(plan) + 1} (embeddings included)")  # fmt: skip
+    loaded.config = {**loaded.config, PLAN_KEY: plan}
 
 
 def _load_tokenizer(folder: Path):
@@ -228,6 +246,8 @@ def export_joint(
     manifest = {
         **manifest,
         "calibrator": entry,
+        # The physical layers and the plan in decision_config.json: every reader of this layout applies it.
+        "layer_plan": plan_manifest(current_plan(loaded.model.lm), "plan"),
         "exported_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
     if already_exported(out, config, manifest, JOINT_CONFIG, HEAD_FILE, calibrator):

@@ -24,6 +24,7 @@ from pipeline.families.forward_passes import autocast_context, length_batches
 from pipeline.families.joint.backbone import lora_targets
 from pipeline.families.joint.head import JointDecisionModel, joint_loss
 from pipeline.families.joint.records import EncodedRecord, RecordTooLong, collate_records, encode_record
+from pipeline.families.planned_layers import freeze_skipped
 from pipeline.scoring.decisions import ScoredDecision
 
 
@@ -187,6 +188,7 @@ def prepare_joint(model: JointDecisionModel, config: TrainConfig) -> None:
     for parameter in model.head.parameters():
         parameter.requires_grad_(True)
     model.head.float()
+    freeze_skipped(model.lm)
     if config.gradient_checkpointing:
         model.lm.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
 

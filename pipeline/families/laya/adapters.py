@@ -21,6 +21,8 @@ import torch
 from torch import nn
 
 from pipeline.families.laya.layout import LoadedModel, load_model
+from pipeline.families.planned_layers import configure_plan
+from pipeline.layer_plans import KEY as PLAN_KEY
 
 ADAPTER_FILE = "decision_adapter.json"
 HEAD_PREFIXES = ("head.", "type_emb.", "scorer.", "act_head.", "temperature")
@@ -98,15 +100,18 @@ def _peft_kwargs(saved: dict[str, Any]) -> dict[str, Any]:
 
 
 def load_for_inference(folder: str | Path) -> LoadedModel:
-    """A Laya-layout model, or a LoRA fine-tune applied to the base model its description names."""
+    """A Laya-layout model, or a LoRA fine-tune applied to the base model its description names; either runs the
+    layer plan its config was saved with (a fine-tune; an export is materialised and has none)."""
     folder = Path(folder)
     if (folder / ADAPTER_FILE).is_file():
         description = json.loads((folder / ADAPTER_FILE).read_text())
         loaded = load_model(description["base"])
         load_adapter(loaded.model, folder)
         loaded.config = {**description.get("decision_config", loaded.config), **_temperatures(description)}
-        return loaded
-    return load_model(folder)
+    else:
+        loaded = load_model(folder)
+    configure_plan(loaded.model.encoder, loaded.config.get(PLAN_KEY), None)
+    return loaded
 
 
 def _temperatures(description: dict[str, Any]) -> dict[str, Any]:

@@ -26,6 +26,8 @@ from pipeline.families.exporting import (
     write_staged,
 )
 from pipeline.families.laya.layout import CONFIG_FILE, LoadedModel
+from pipeline.families.planned_layers import current_plan, materialise_plan, plan_manifest
+from pipeline.layer_plans import KEY as PLAN_KEY
 from pipeline.scoring.calibrators import Calibrator, as_calibrator
 
 # laya.Agent reads rl_agent_config.json only: a richer calibrator is folded to its type temperatures there.
@@ -39,17 +41,24 @@ def export_model(loaded: LoadedModel, out: str | Path, calibrator: Calibrator | 
     out = Path(out)
     calibrator = as_calibrator(calibrator)
     config = {**loaded.config, "temperature": [float(t) for t in calibrator.temperatures], "fine_tuned": True}
+    # laya.Agent runs every layer its encoder config lists: a plan is written out as the native stack it runs.
+    plan = current_plan(loaded.model.encoder)
+    config.pop(PLAN_KEY, None)
+    if plan is not None:
+        config["layer_plan_materialised"] = plan_manifest(plan, "materialised")
     entry = calibrator_entry(
         calibrator, FOLDED.format(kind=calibrator.kind) if calibrator.questions else SAME
     )
     manifest = {
         **manifest,
         "calibrator": entry,
+        "layer_plan": plan_manifest(plan, "materialised"),
         "exported_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
     if already_exported(out, config, manifest, CONFIG_FILE, CONFIG_FILE, calibrator):
         return ExportResult(str(out), False, json.loads((out / MANIFEST).read_text()))
     model = merged_copy(loaded.model)
+    materialise_plan(model.encoder)
     state = model.state_dict()
     check_finite(state)
     write_staged(

@@ -23,6 +23,8 @@ from pipeline.families.laya.items import Item, build_items
 from pipeline.families.laya.layout import CONFIG_FILE, LoadedModel, load_model, save_model
 from pipeline.families.laya.predict import answer_requests, calibrated_probabilities
 from pipeline.families.laya.training import laya_batch_task, prepare_model
+from pipeline.families.planned_layers import configure_plan
+from pipeline.layer_plans import KEY as PLAN_KEY
 from pipeline.scoring.calibration import Temperatures
 from pipeline.scoring.calibrators import Calibrator
 from pipeline.scoring.decisions import ScoredDecision
@@ -50,6 +52,11 @@ class LayaFamily(DecisionFamily):
         self, folder, config: TrainConfig | None = None, device: torch.device | None = None
     ) -> LoadedModel:
         loaded = load_model(folder)
+        # The run's plan, else the one a fine-tune folder was saved with (a base has none).
+        wanted = config.layer_plan if config is not None else None
+        plan = configure_plan(loaded.model.encoder, loaded.config.get(PLAN_KEY), wanted)
+        if plan is not None:
+            loaded.config = {**loaded.config, PLAN_KEY: plan}
         loaded.model.to(device or "cpu")
         return loaded
 

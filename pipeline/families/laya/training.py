@@ -10,6 +10,7 @@ from pipeline.families.base import BatchTask
 from pipeline.families.laya.adapters import apply_lora
 from pipeline.families.laya.forward import decision_logits, soft_cross_entropy
 from pipeline.families.laya.items import collate
+from pipeline.families.planned_layers import freeze_skipped
 
 
 def prepare_model(model: torch.nn.Module, config: TrainConfig) -> None:
@@ -22,6 +23,7 @@ def prepare_model(model: torch.nn.Module, config: TrainConfig) -> None:
     for name, parameter in model.named_parameters():
         if not name.startswith("encoder."):
             parameter.requires_grad_(not name.startswith("act_head."))  # no loss reaches the act head
+    freeze_skipped(model.encoder)
     if config.gradient_checkpointing:
         model.encoder.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
 

@@ -173,6 +173,9 @@ def flops_per_request(model: Path, bodies: list[dict]) -> float:
     from pipeline.families import load_decision_model
 
     loaded = load_decision_model(model)
+    # The counter's module tracker hooks every tensor that requires grad, which fails inside the families'
+    # no-grad forward passes: served weights never need grad anyway.
+    loaded.loaded.model.requires_grad_(False)
     with FlopCounterMode(display=False) as counter:
         for body in bodies:
             loaded.answer([parse_request(body["state"], body["questions"])])

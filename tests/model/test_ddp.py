@@ -35,6 +35,9 @@ CASES = {
     "joint-full": replace(BASE, family="joint", method="full"),
     # the default method: the head on a frozen backbone's cached features
     "joint-head": replace(BASE, family="joint", method="head"),
+    # a layer plan visiting the tiny encoder's first layer twice: one shared module, its gradients summed per rank
+    # and then over ranks
+    "laya-lora-plan": replace(BASE, family="laya", method="lora", layer_plan=(0, 0, 1)),
 }
 
 
@@ -78,6 +81,9 @@ def test_two_ranks_train_the_parameters_one_process_trains(case, tiny_base, synt
     for name in alone:
         torch.testing.assert_close(ranked[name][signal[name]], alone[name][signal[name]], rtol=1e-5, atol=1e-6,
                                    msg=name)  # fmt: skip
+    if config.layer_plan is not None:  # the plan ran: without it the same steps train other parameters
+        native, _ = train_tiny(str(synthetic_train_file), str(tiny_base), replace(config, layer_plan=None))
+        assert any(not torch.allclose(native[name], alone[name], atol=1e-6) for name in alone)
     # Not trivially equal: training moved the parameters far beyond that tolerance.
     assert max((alone[n] - initial[n]).abs().max().item() for n in alone) > 1e-3
     # Each logged loss is the whole window's (summed over the ranks), as on one process.

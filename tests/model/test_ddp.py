@@ -129,8 +129,14 @@ def _rank_process(rank: int, timeout_s: float = 120.0) -> psutil.Process:
     raise AssertionError(f"rank {rank} never started")
 
 
-def _live_children() -> list[psutil.Process]:
-    return [c for c in psutil.Process().children(recursive=True) if c.is_running() and c.status() != "zombie"]
+def _live_children(before: set[int] = frozenset()) -> list[psutil.Process]:
+    """This process's live children, leaving out `before` (servers other tests' fixtures keep running)."""
+    return [c for c in psutil.Process().children(recursive=True)
+            if c.pid not in before and c.is_running() and c.status() != "zombie"]  # fmt: skip
+
+
+def _child_pids() -> set[int]:
+    return {c.pid for c in psutil.Process().children(recursive=True)}
 
 
 def _long_run(**overrides) -> TrainConfig:
@@ -156,7 +162,7 @@ def _after_first_checkpoint(run_dir, action, acted: list[float]) -> threading.Th
 
 
 def test_a_killed_rank_fails_the_stage_with_its_signal(tiny_base, synthetic_train_file, tmp_path):
-    run_dir, killed = tmp_path / "run", []
+    run_dir, killed, before = tmp_path / "run", [], _child_pids()
     killer = _after_first_checkpoint(run_dir, lambda rank: os.kill(rank.pid, signal.SIGKILL), killed)
     with pytest.raises(RankFailed, match=r"rank 1 .*SIGKILL"):
         train_stage(synthetic_train_file, tiny_base, run_dir, _long_run(), device="cpu", progress=False)
@@ -164,7 +170,7 @@ def test_a_killed_rank_fails_the_stage_with_its_signal(tiny_base, synthetic_trai
     # torchrun sees the dead rank and stops rank 0 at once, not after the process group's 30 minutes.
     assert time.monotonic() - killed[0] < 60
     assert not RunFolder(run_dir).train_summary.exists()
-    assert not _live_children()
+    assert not _live_children(before)
 
 
 PARENT = """
@@ -204,7 +210,7 @@ def test_a_hung_rank_fails_the_stage_after_the_process_group_timeout(
 ):
     """A rank that stops answering (SIGSTOP) is not dead: rank 0 waits in the all-reduce until the timeout,
     then fails, and the stage fails with rank 0's timeout error."""
-    run_dir, timeout_minutes, stopped = tmp_path / "run", 0.1, []
+    run_dir, timeout_minutes, stopped, before = tmp_path / "run", 0.1, [], _child_pids()
     stopper = _after_first_checkpoint(run_dir, lambda rank: os.kill(rank.pid, signal.SIGSTOP), stopped)
     with pytest.raises(RankFailed, match=r"rank 0 ") as failure:
         train_stage(synthetic_train_file, tiny_base, run_dir, _long_run(dist_timeout_minutes=timeout_minutes),
@@ -215,7 +221,7 @@ def test_a_hung_rank_fails_the_stage_after_the_process_group_timeout(
     # Not before the timeout (rank 0 may have entered the all-reduce a step before the stop), and not long after
     # it (torchrun then takes the stopped rank down too).
     assert 60 * timeout_minutes - 1 <= elapsed < 60 * timeout_minutes + 90
-    assert not _live_children()
+    assert not _live_children(before)
 
 
 def test_finetune_refuses_more_than_one_rank(tiny_base, synthetic_train_file, tmp_path):

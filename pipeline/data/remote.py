@@ -23,6 +23,8 @@ from urllib.parse import urlsplit, urlunsplit
 from dvc.exceptions import CheckoutError, DvcException
 from dvc.repo import Repo
 
+from pipeline.masking import mask_url
+
 
 class RemoteError(RuntimeError):
     """The default remote is configured but cannot be used at all (a missing plugin, a refused push)."""
@@ -55,16 +57,6 @@ class RemoteReport:
             f"{where} has not got {', '.join(self.missing)} (or could not be reached): `dvc repro` builds "
             "them here; `make push` shares them."
         )
-
-
-def mask_url(url: str) -> str:
-    """`url` with the password of its user part replaced by `***` (s3://key:secret@host/... -> s3://key:***@...)."""
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    host = parts.hostname or ""
-    netloc = f"{parts.username}:***@{host}" + (f":{parts.port}" if parts.port else "")
-    return urlunsplit(parts._replace(netloc=netloc))
 
 
 def default_remote(root: str | Path = ".") -> tuple[str, str] | None:

@@ -12,7 +12,9 @@ SQLite needs no check (the file is created on first use); other schemes are left
 
 from __future__ import annotations
 
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import urlsplit
+
+from pipeline.masking import mask_url
 
 DATABASE_SCHEMES = ("postgresql", "mysql", "mssql")
 HTTP_SCHEMES = ("http", "https")
@@ -22,17 +24,6 @@ TIMEOUT_S = 10.0
 
 class TrackingStoreError(RuntimeError):
     """The tracking store named by MLFLOW_TRACKING_URI cannot be reached or refuses the connection."""
-
-
-def mask_uri(uri: str) -> str:
-    """The URI with any password replaced by `***` (safe to print and log)."""
-    parts = urlsplit(uri)
-    if parts.password is None:
-        return uri
-    user = parts.username or ""
-    host = parts.hostname or ""
-    netloc = f"{user}:***@{host}" + (f":{parts.port}" if parts.port else "")
-    return urlunsplit(parts._replace(netloc=netloc))
 
 
 def check_tracking_store(uri: str, timeout: float = TIMEOUT_S) -> None:
@@ -90,6 +81,6 @@ def _message(uri: str, error: object, what: str = "MLflow tracking store") -> st
     if password:
         reason = reason.replace(password, "***")
     if what != "MLflow tracking store":
-        return f"{what} {mask_uri(uri)} is not reachable ({reason})"
-    return (f"MLflow tracking store {mask_uri(uri)} is not reachable ({reason}); start it, or point "
+        return f"{what} {mask_url(uri)} is not reachable ({reason})"
+    return (f"MLflow tracking store {mask_url(uri)} is not reachable ({reason}); start it, or point "
             "MLFLOW_TRACKING_URI at one that is (unset, it is the local SQLite store)")  # fmt: skip

@@ -2,7 +2,8 @@
 
 import pytest
 
-from pipeline.mlops.store import TrackingStoreError, check_tracking_store, mask_uri
+from pipeline.masking import mask_url
+from pipeline.mlops.store import TrackingStoreError, check_tracking_store
 from pipeline.stages.smoke import free_port
 
 
@@ -17,7 +18,7 @@ from pipeline.stages.smoke import free_port
     ],
 )
 def test_mask_uri_hides_only_the_password(uri, shown):
-    assert mask_uri(uri) == shown
+    assert mask_url(uri) == shown
 
 
 def test_a_tracking_server_that_does_not_answer_is_named_with_its_password_masked():

@@ -31,6 +31,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from pipeline.families import load_decision_model  # noqa: E402
 from pipeline.rundir import RunFolder  # noqa: E402  (after the path set-up, as a script run from anywhere)
 
 TOPIC = {"type": "choice", "instructions": "Where does this text come from?",
@@ -165,14 +166,12 @@ def wait_processes(url: str, n: int, timeout_s: float = 180) -> None:
         time.sleep(0.05)
 
 
-def flops_per_request(model: Path, bodies: list[dict]) -> float:
+def flops_per_request(loaded, bodies: list[dict]) -> float:
     """Mean floating-point operations of one request's forward pass, counted by torch on the model itself."""
     from torch.utils.flop_counter import FlopCounterMode
 
     from pipeline.data.answers import parse_request
-    from pipeline.families import load_decision_model
 
-    loaded = load_decision_model(model)
     # The counter's module tracker hooks every tensor that requires grad, which fails inside the families'
     # no-grad forward passes: served weights never need grad anyway.
     loaded.loaded.model.requires_grad_(False)
@@ -197,15 +196,13 @@ def matmul_peak_gflops(m: int = 2048, k: int = 2048, n: int = 2048, repeats: int
     return 2 * m * k * n / best / 1e9
 
 
-def feed_forward_shape(model: Path, bodies: list[dict]) -> tuple[int, int, int]:
+def feed_forward_shape(loaded, bodies: list[dict]) -> tuple[int, int, int]:
     """(tokens in one full serving pass, hidden width, feed-forward width) of the model's encoder on these requests."""
     import torch
 
     from pipeline.data.answers import parse_request
-    from pipeline.families import load_decision_model
     from pipeline.families.forward_passes import forward_batch_size
 
-    loaded = load_decision_model(model)
     tokens = [loaded.answer([parse_request(b["state"], b["questions"])])[0].input_tokens for b in bodies]
     per_sequence = sum(tokens) / sum(len(b["questions"]) for b in bodies)
     encoder = next(
@@ -285,9 +282,10 @@ def main() -> int:
         goals["c1_p50_no_worse"] = by_c[1]["p50_ratio"] <= 1.0
     print("goals:", ", ".join(f"{k} {'met' if v else 'NOT met'}" for k, v in goals.items()))
     workers = workers_table(by_workers, args.workers[0])
-    flops = flops_per_request(args.model, bodies[:20])
+    served = load_decision_model(args.model)  # one load for the FLOP count and the feed-forward shape
+    flops = flops_per_request(served, bodies[:20])
     peak = matmul_peak_gflops()
-    shape = feed_forward_shape(args.model, bodies[:20])
+    shape = feed_forward_shape(served, bodies[:20])
     shaped_peak = matmul_peak_gflops(*shape)
     print(f"\n{flops / 1e9:.2f} GFLOP per request (counted by torch.utils.flop_counter); fp32 matmul peak here "
           f"{peak:.1f} GFLOP/s (2048^3), {shaped_peak:.1f} GFLOP/s at the model's feed-forward shape "
@@ -322,7 +320,7 @@ def main() -> int:
 def joint_table(model: Path, bodies: list[dict], args, peer: dict, goals: dict) -> dict:
     """Ours on a `joint` export (one pass per request answers every question) against laya-serve's runs."""
     measured = measure("joint", start_ours, model, bodies, args.concurrency, 16, args.device)
-    flops = flops_per_request(model, bodies[:20])
+    flops = flops_per_request(load_decision_model(model), bodies[:20])
     accuracy = heldout_accuracy(model)
     print(f"\njoint export {model}: {flops / 1e9:.2f} GFLOP per request, held-out accuracy {accuracy}")
     rows = []

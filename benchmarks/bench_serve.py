@@ -4,7 +4,8 @@ Both servers load the same exported folder on the CPU and answer the same 5-ques
 states: tone, is_negative, is_positive, intensity and a topic choice) over loopback, at concurrency 1 and 8.
 Each server runs alone (started, warmed up, measured, stopped), so they never share the cores. Prints p50/p95
 latency and throughput per server and concurrency, the ratios ours/peer, the largest probability difference
-between the two servers' answers, and writes JSON to benchmarks/results/bench_serve.json.
+between the two servers' answers, ours against the trained model's own forward pass (largest difference and argmax
+agreement: the parity goal), and writes JSON to benchmarks/results/bench_serve.json.
 
 Goals: at concurrency 8 at least 2x the peer's throughput; at concurrency 1 a p50 no worse than the peer's.
 
@@ -12,6 +13,7 @@ Goals: at concurrency 8 at least 2x the peer's throughput; at concurrency 1 a p5
     python benchmarks/bench_serve.py --workers 1 2     # also ours with 2 server processes, ratio to 1
     python benchmarks/bench_serve.py --shadow-share 0.1   # also ours with a shadow challenger, latency ratio
     python benchmarks/bench_serve.py --joint runs/<key>/export   # also ours on a `joint` export (goal: >= 3x laya)
+    python benchmarks/bench_serve.py --bf16   # also ours (and the joint export) with --precision bf16, and its parity
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ sys.path.insert(0, str(ROOT))
 from pipeline.families import load_decision_model  # noqa: E402
 from pipeline.rundir import RunFolder  # noqa: E402  (after the path set-up, as a script run from anywhere)
 
+SAMPLE = 40  # requests whose answers are compared (with laya's, with the trained model's)
 TOPIC = {"type": "choice", "instructions": "Where does this text come from?",
          "criteria": {"product": "a product review", "movie": "a movie review", "news": "a news editorial",
                       "social": "a social media post"}}  # fmt: skip
@@ -48,10 +51,15 @@ def build_requests(data: Path, n: int) -> list[dict]:
 
 
 def start_ours(
-    model: Path, port: int, device: str, workers: int = 1, shadow_share: float | None = None
+    model: Path,
+    port: int,
+    device: str,
+    workers: int = 1,
+    shadow_share: float | None = None,
+    precision: str = "fp32",
 ) -> subprocess.Popen:
     command = [sys.executable, "-m", "pipeline.cli.main", "serve", "--model", str(model), "--port", str(port),
-               "--device", device, "--workers", str(workers)]  # fmt: skip
+               "--device", device, "--workers", str(workers), "--precision", precision]  # fmt: skip
     if shadow_share is not None:  # the same folder as its own challenger: the cost of shadowing alone
         command += ["--shadow", str(model), "--shadow-share", str(shadow_share)]
     return subprocess.Popen(command, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -141,7 +149,7 @@ def measure(name: str, start, model: Path, bodies: list[dict], levels: list[int]
         wait_processes(url, processes)
         load(url, bodies[:warmup], max(levels))
         runs = [load(url, bodies, c) for c in levels]
-        sample = answers(url, bodies[:20])
+        sample = answers(url, bodies[:SAMPLE])
     finally:
         process.terminate()
         process.wait(timeout=30)
@@ -196,21 +204,18 @@ def matmul_peak_gflops(m: int = 2048, k: int = 2048, n: int = 2048, repeats: int
     return 2 * m * k * n / best / 1e9
 
 
-def feed_forward_shape(loaded, bodies: list[dict]) -> tuple[int, int, int]:
-    """(tokens in one full serving pass, hidden width, feed-forward width) of the model's encoder on these requests."""
-    import torch
-
+def feed_forward_shape(loaded, bodies: list[dict], concurrency: int = 8) -> tuple[int, int, int]:
+    """(tokens in one serving pass at `concurrency`: its requests' sequences packed into one pass, hidden width,
+    feed-forward width) of the model's encoder on these requests."""
     from pipeline.data.answers import parse_request
-    from pipeline.families.forward_passes import forward_batch_size
 
     tokens = [loaded.answer([parse_request(b["state"], b["questions"])])[0].input_tokens for b in bodies]
-    per_sequence = sum(tokens) / sum(len(b["questions"]) for b in bodies)
     encoder = next(
         m.config
         for m in loaded.loaded.model.modules()
         if hasattr(getattr(m, "config", None), "intermediate_size")
     )
-    rows = int(per_sequence * forward_batch_size(torch.device("cpu")))
+    rows = int(sum(tokens) / len(tokens) * concurrency)
     return rows, int(encoder.hidden_size), int(encoder.intermediate_size)
 
 
@@ -224,6 +229,41 @@ def max_difference(ours: list[dict], peer: list[dict]) -> float:
     diffs = [np.abs(np.subtract(answer_probabilities(a[q]), answer_probabilities(b[q]))).max()
              for a, b in zip(ours, peer) for q in a]  # fmt: skip
     return float(max(diffs))
+
+
+def trained_answers(served, bodies: list[dict]) -> list[dict] | None:
+    """A laya-family model's answers from the forward pass training uses (`decision_logits`, padded, one sequence
+    at a time, calibrated as served): what the server's packed pass must equal. None for other families."""
+    from pipeline.data.answers import parse_request, shape_answers
+    from pipeline.families.laya.predict import calibrated_probabilities, padded_item_logits, request_items
+
+    if served.family.name != "laya":
+        return None
+    out = []
+    for body in bodies:
+        request = parse_request(body["state"], body["questions"])
+        items = request_items(served.loaded, request.state, list(request.questions.values()))
+        probabilities = calibrated_probabilities(
+            served.loaded, items, padded_item_logits(served.loaded, items, 1)
+        )
+        by_id = {item.question_id: p for item, p in zip(items, probabilities)}
+        out.append(shape_answers(request.questions, by_id, request.legends))
+    return out
+
+
+def in_process_answers(model: Path, bodies: list[dict]) -> list[dict]:
+    from pipeline.data.answers import parse_request
+
+    served = load_decision_model(model)
+    return [r.answers for r in served.answer([parse_request(b["state"], b["questions"]) for b in bodies])]
+
+
+def argmax_agreement(ours: list[dict], reference: list[dict]) -> float:
+    from pipeline.data.answers import answer_probabilities
+
+    same = [np.argmax(answer_probabilities(a[q])) == np.argmax(answer_probabilities(b[q]))
+            for a, b in zip(ours, reference) for q in a]  # fmt: skip
+    return float(np.mean(same))
 
 
 def main() -> int:
@@ -245,6 +285,8 @@ def main() -> int:
                         help="also measure ours with a shadow challenger scoring this share of requests")  # fmt: skip
     parser.add_argument("--workers", type=int, nargs="+", default=[1],
                         help="measure ours with each number of server processes (the first is compared with laya)")  # fmt: skip
+    parser.add_argument("--bf16", action="store_true",
+                        help="also measure ours with --precision bf16 (where the CPU runs bf16 natively) and its parity")  # fmt: skip
     parser.add_argument("--joint", type=Path,
                         help="a `joint`-family export: also measure ours on it against laya-serve on --model")  # fmt: skip
     args = parser.parse_args()
@@ -273,7 +315,10 @@ def main() -> int:
         print(f"c={row['concurrency']}: throughput ours/laya {row['throughput_ratio']:.2f}x, "
               f"p50 ours/laya {row['p50_ratio']:.2f}")  # fmt: skip
     difference = max_difference(ours["sample"], peer["sample"])
-    print(f"largest probability difference between the servers' answers (20 requests): {difference:.2e}")
+    print(
+        f"largest probability difference between the servers' answers ({SAMPLE} requests; laya applies only "
+        f"temperatures, so a vector-scaling calibrator differs): {difference:.2e}"
+    )
     by_c = {row["concurrency"]: row for row in table}
     goals = {}
     if 8 in by_c:
@@ -282,14 +327,24 @@ def main() -> int:
         goals["c1_p50_no_worse"] = by_c[1]["p50_ratio"] <= 1.0
     print("goals:", ", ".join(f"{k} {'met' if v else 'NOT met'}" for k, v in goals.items()))
     workers = workers_table(by_workers, args.workers[0])
-    served = load_decision_model(args.model)  # one load for the FLOP count and the feed-forward shape
+    served = load_decision_model(
+        args.model
+    )  # one load for the parity, the FLOP count and the feed-forward shape
+    reference = trained_answers(served, bodies[:SAMPLE])
+    parity = None
+    if reference is not None:
+        parity = {"max_probability_difference": max_difference(ours["sample"], reference),
+                  "argmax_agreement": argmax_agreement(ours["sample"], reference)}  # fmt: skip
+        print(f"ours served vs the trained model's forward pass ({SAMPLE} requests): largest probability difference "
+              f"{parity['max_probability_difference']:.2e} (goal <= 1e-3), argmax agreement "
+              f"{parity['argmax_agreement']:.1%} (goal 100%)")  # fmt: skip
     flops = flops_per_request(served, bodies[:20])
     peak = matmul_peak_gflops()
     shape = feed_forward_shape(served, bodies[:20])
     shaped_peak = matmul_peak_gflops(*shape)
     print(f"\n{flops / 1e9:.2f} GFLOP per request (counted by torch.utils.flop_counter); fp32 matmul peak here "
           f"{peak:.1f} GFLOP/s (2048^3), {shaped_peak:.1f} GFLOP/s at the model's feed-forward shape "
-          f"{shape[0]}x{shape[1]}x{shape[2]} (a full serving pass)")  # fmt: skip
+          f"{shape[0]}x{shape[1]}x{shape[2]} (one packed pass at c=8)")  # fmt: skip
     needed = 2 * peer_rps(table, 8) * flops / 1e9 if peer_rps(table, 8) else None
     if needed:
         print(
@@ -306,15 +361,48 @@ def main() -> int:
         for run, plain in zip(shadowed["runs"], ours["runs"]):
             print(f"c={run['concurrency']}: with the shadow, p50 {run['p50_ms']:.0f} ms vs {plain['p50_ms']:.0f} ms "
                   f"({run['p50_ms'] / plain['p50_ms']:.2f}x), req/s {run['throughput_rps'] / plain['throughput_rps']:.2f}x")  # fmt: skip
+    bf16 = bf16_table(args.model, bodies, args, peer, reference) if args.bf16 else None
     joint = joint_table(args.joint, bodies, args, peer, goals) if args.joint else None
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({"model": str(args.model), "device": args.device, "table": table, "goals": goals,
-                                    "joint": joint,
-                                    "max_probability_difference": difference, "workers": workers,
+                                    "joint": joint, "bf16": bf16,
+                                    "max_probability_difference": difference, "parity": parity, "workers": workers,
                                     "gflop_per_request": flops / 1e9, "matmul_peak_gflops": peak,
                                     "feed_forward_shape": shape, "feed_forward_peak_gflops": shaped_peak,
                                     "shadow": shadowed and shadowed["runs"]}, indent=2))  # fmt: skip
     return 0
+
+
+def bf16_table(model: Path, bodies: list[dict], args, peer: dict, reference: list[dict] | None) -> dict:
+    """Ours with --precision bf16 on the same model against laya-serve's runs, and how far its answers move."""
+    measured = measure("ours bf16", functools.partial(start_ours, precision="bf16"), model, bodies,
+                       args.concurrency, 16, args.device)  # fmt: skip
+    rows = []
+    for run, theirs in zip(measured["runs"], peer["runs"]):
+        ratio = run["throughput_rps"] / theirs["throughput_rps"]
+        rows.append({"concurrency": run["concurrency"], "bf16": run, "throughput_ratio": ratio})
+        print(f"c={run['concurrency']}: ours bf16 {run['throughput_rps']:.1f} req/s vs laya "
+              f"{theirs['throughput_rps']:.1f}: {ratio:.2f}x; p50 {run['p50_ms']:.0f} vs {theirs['p50_ms']:.0f} ms")  # fmt: skip
+    parity = None
+    if reference is not None:
+        parity = {"max_probability_difference": max_difference(measured["sample"], reference),
+                  "argmax_agreement": argmax_agreement(measured["sample"], reference)}  # fmt: skip
+        print(f"ours bf16 vs the trained model's fp32 forward pass ({SAMPLE} requests): largest probability "
+              f"difference {parity['max_probability_difference']:.2e} (goal <= 1e-3), argmax agreement "
+              f"{parity['argmax_agreement']:.1%}")  # fmt: skip
+    joint = None
+    if args.joint:
+        joint = measure("joint bf16", functools.partial(start_ours, precision="bf16"), args.joint, bodies,
+                        args.concurrency, 16, args.device)  # fmt: skip
+        for run, theirs in zip(joint["runs"], peer["runs"]):
+            print(f"c={run['concurrency']}: joint bf16 {run['throughput_rps']:.1f} req/s vs laya "
+                  f"{theirs['throughput_rps']:.1f}: {run['throughput_rps'] / theirs['throughput_rps']:.2f}x")  # fmt: skip
+        fp32 = in_process_answers(args.joint, bodies[:SAMPLE])
+        moved = max_difference(joint["sample"], fp32)
+        print(f"joint bf16 vs the joint export's fp32 answers in process ({SAMPLE} requests): largest probability "
+              f"difference {moved:.2e}, argmax agreement {argmax_agreement(joint['sample'], fp32):.1%}")  # fmt: skip
+        joint = {"runs": joint["runs"], "max_probability_difference_to_fp32": moved}
+    return {"runs": rows, "parity": parity, "joint": joint}
 
 
 def joint_table(model: Path, bodies: list[dict], args, peer: dict, goals: dict) -> dict:

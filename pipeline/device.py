@@ -29,6 +29,26 @@ def resolve_precision(precision: str, device: torch.device) -> torch.dtype | Non
     return torch.bfloat16 if cpu_has_native_bf16() else None
 
 
+class PrecisionUnavailable(ValueError):
+    """A serving precision this device cannot run natively."""
+
+
+def serving_dtype(precision: str, device: torch.device) -> torch.dtype | None:
+    """The autocast dtype `decision serve --precision` asks for: fp32 (None) or bf16, which is refused where the
+    device only emulates it (FACTS: ~1 GFLOP/s there against ~120 in fp32), so it can never be a silent slowdown."""
+    if precision == "fp32":
+        return None
+    if precision != "bf16":
+        raise PrecisionUnavailable(f"--precision {precision!r}: choose fp32 or bf16")
+    native = torch.cuda.is_bf16_supported() if device.type == "cuda" else cpu_has_native_bf16()
+    if not native:
+        raise PrecisionUnavailable(
+            f"--precision bf16: {device.type} here has no native bf16 (no AVX-512 bf16 or AMX on a CPU), so it would "
+            "be emulated and far slower than fp32; serve with --precision fp32"
+        )
+    return torch.bfloat16
+
+
 def precision_name(dtype: torch.dtype | None) -> str:
     """ "fp32" for no autocast, else the dtype's short name ("bfloat16")."""
     return str(dtype or "fp32").replace("torch.", "")

@@ -164,8 +164,11 @@ class DecisionFamily(ABC):
         """Merge, check and write a servable, self-describing folder crash-safe; a no-op when already there."""
 
     @abstractmethod
-    def answer(self, loaded, requests: list[ParsedRequest]) -> list[Answered | BadQuestion]:
-        """Answer parsed requests in shared forward passes; a request that cannot be encoded fails alone."""
+    def answer(
+        self, loaded, requests: list[ParsedRequest], dtype: torch.dtype | None = None
+    ) -> list[Answered | BadQuestion]:
+        """Answer parsed requests in shared forward passes (the backbone under autocast to `dtype` when given); a
+        request that cannot be encoded fails alone."""
 
 
 @dataclass(eq=False)
@@ -174,10 +177,12 @@ class DecisionModel:
 
     family: DecisionFamily
     loaded: Any
+    dtype: torch.dtype | None = None  # the serving precision's autocast dtype (None: fp32)
 
     def answer(self, requests: list[ParsedRequest]) -> list[Answered | BadQuestion]:
-        return self.family.answer(self.loaded, requests)
+        return self.family.answer(self.loaded, requests, self.dtype)
 
-    def to(self, device: str | torch.device) -> DecisionModel:
+    def to(self, device: str | torch.device, dtype: torch.dtype | None = None) -> DecisionModel:
         self.loaded.model.to(device)
+        self.dtype = dtype
         return self

@@ -98,6 +98,13 @@ def layer_count(backbone: nn.Module) -> int:
     return len(physical_layers(backbone))
 
 
+def visited_layers(backbone: nn.Module) -> list[nn.Module]:
+    """The backbone's layers in the order its forward runs them: its plan's visits, else the physical layers."""
+    plan = current_plan(backbone)
+    layers = physical_layers(backbone)
+    return [layers[i] for i in plan.visits] if plan is not None else list(layers)
+
+
 def current_plan(backbone: nn.Module) -> LayerPlan | None:
     """The plan `backbone` runs (None: native, also for a backbone that could not run one)."""
     view = next((v for v in vars(_home_or_none(backbone)).values() if isinstance(v, PlannedLayers)), None)

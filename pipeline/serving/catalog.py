@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
 
 from pipeline.data.answers import answer_probabilities, parse_request
 from pipeline.families import list_models, load_decision_model, written_last
@@ -77,10 +78,11 @@ class Catalog:
     """Resolves model names for callers; loads, follows and swaps the serving model."""
 
     def __init__(self, source: str, finetunes_dir: str | Path | None = None, poll_s: float = 5.0,
-                 max_loaded_finetunes: int = 4, device: str = "cpu") -> None:  # fmt: skip
+                 max_loaded_finetunes: int = 4, device: str = "cpu", dtype: torch.dtype | None = None) -> None:  # fmt: skip
         self.source, self.alias = source, parse_alias_uri(source)
         self.finetunes_dir = Path(finetunes_dir) if finetunes_dir else None
         self.poll_s, self.max_loaded, self.device = poll_s, max_loaded_finetunes, device
+        self.dtype = dtype  # the serving precision's autocast dtype (None: fp32), for every model it loads
         self.serving: ServedModel | None = None
         self.load_error: str | None = None
         self._finetunes: dict[str, Finetune] = {}
@@ -210,7 +212,7 @@ class Catalog:
             return model
 
     def _load(self, folder: Path) -> DecisionModel:
-        return load_decision_model(folder).to(self.device)
+        return load_decision_model(folder).to(self.device, self.dtype)
 
     def _serving_name(self) -> str:
         return self.serving.name if self.serving else "nothing"

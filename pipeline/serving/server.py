@@ -19,6 +19,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Annotated, Any, Literal
 
 import orjson
+import torch
 from fastapi import Depends, FastAPI, HTTPException, Request
 from fastapi.encoders import jsonable_encoder
 from fastapi.exceptions import RequestValidationError
@@ -29,6 +30,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from pipeline.data.answers import InvalidRequest, RequestTooLarge, parse_request
 from pipeline.data.contract import QUESTION_TYPES
+from pipeline.device import precision_name, serving_dtype
 from pipeline.families.base import BadQuestion
 from pipeline.mlops.tracking import record_shadow
 from pipeline.serving.batching import MicroBatcher, QueueFull
@@ -222,7 +224,7 @@ def create_app(catalog: Catalog, keys: KeyStore, config: ServerConfig = ServerCo
         serving = catalog.serving
         body = {"status": "ok" if serving else "loading", "model": serving.name if serving else None,
                 "error": catalog.load_error, "queued": batcher.queued, "batches": batcher.batches,
-                "requests": batcher.jobs, "pid": os.getpid()}  # fmt: skip
+                "requests": batcher.jobs, "pid": os.getpid(), "precision": precision_name(catalog.dtype)}  # fmt: skip
         headers = {} if serving else {"Retry-After": str(RETRY_AFTER_LOADING_S)}
         return _json(body, 200 if serving else 503, headers)
 
@@ -300,6 +302,7 @@ class ServeOptions:
     finetunes: str | None = None
     poll_s: float = 5.0
     device: str = "cpu"
+    precision: str = "fp32"  # or bf16 (autocast; refused where the device only emulates it)
     config: ServerConfig = field(default_factory=ServerConfig)
     workers: int = 1
     shadow: str | None = None  # a challenger (folder or models:/NAME@ALIAS) scored off the hot path
@@ -320,10 +323,13 @@ OPTIONS_ENV = "DECISION_SERVE_OPTIONS"
 
 def build_app(options: ServeOptions) -> FastAPI:
     """The app of one server process: its own catalog (the model loaded in this process) and batcher."""
-    catalog = Catalog(options.model, options.finetunes, poll_s=options.poll_s, device=options.device)
+    dtype = serving_dtype(options.precision, torch.device(options.device))
+    catalog = Catalog(
+        options.model, options.finetunes, poll_s=options.poll_s, device=options.device, dtype=dtype
+    )
     shadow = None
     if options.shadow:
-        source = Catalog(options.shadow, poll_s=options.poll_s, device=options.device)
+        source = Catalog(options.shadow, poll_s=options.poll_s, device=options.device, dtype=dtype)
         shadow = ShadowScorer(source, options.shadow_share, on_report=record_shadow)
     return create_app(catalog, load_keys(options.keys), options.config, shadow)
 

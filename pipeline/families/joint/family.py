@@ -130,5 +130,7 @@ class JointFamily(DecisionFamily):
     ) -> ExportResult:
         return export_joint(loaded, out, calibrator, manifest)
 
-    def answer(self, loaded: LoadedJoint, requests) -> list[Answered | BadQuestion]:
-        return answer_joint_requests(loaded, requests)
+    def answer(
+        self, loaded: LoadedJoint, requests, dtype: torch.dtype | None = None
+    ) -> list[Answered | BadQuestion]:
+        return answer_joint_requests(loaded, requests, dtype=dtype)

@@ -10,18 +10,18 @@ import torch
 
 from pipeline.data.answers import ParsedRequest, shape_answers
 from pipeline.families.base import UNENCODABLE, Answered, BadQuestion
-from pipeline.families.forward_passes import length_batches
+from pipeline.families.forward_passes import autocast_context, length_batches
 from pipeline.families.joint.layout import LoadedJoint, temperature_of
 from pipeline.families.joint.records import EncodedRecord, RecordTooLong, collate_records, encode_record
 from pipeline.scoring.calibrators import type_temperatures
 
 
-def answer_joint_requests(loaded: LoadedJoint, requests: list[ParsedRequest],
-                          batch_size: int = 8) -> list[Answered | BadQuestion]:  # fmt: skip
+def answer_joint_requests(loaded: LoadedJoint, requests: list[ParsedRequest], batch_size: int = 8,
+                          dtype: torch.dtype | None = None) -> list[Answered | BadQuestion]:  # fmt: skip
     """Answer parsed requests, one record each, in shared forward passes; a record too long fails alone."""
     encoded = [_encode(loaded, request) for request in requests]
     records = [record for record in encoded if isinstance(record, EncodedRecord)]
-    probabilities = iter(record_probabilities(loaded, records, batch_size))
+    probabilities = iter(record_probabilities(loaded, records, batch_size, dtype))
     results: list[Answered | BadQuestion] = []
     for request, record in zip(requests, encoded):
         if isinstance(record, BadQuestion):
@@ -52,8 +52,8 @@ def _encode(loaded: LoadedJoint, request: ParsedRequest) -> EncodedRecord | BadQ
 
 
 @torch.inference_mode()
-def record_probabilities(loaded: LoadedJoint, records: list[EncodedRecord],
-                         batch_size: int = 8) -> list[list[np.ndarray]]:  # fmt: skip
+def record_probabilities(loaded: LoadedJoint, records: list[EncodedRecord], batch_size: int = 8,
+                         dtype: torch.dtype | None = None) -> list[list[np.ndarray]]:  # fmt: skip
     """Per record, per question: the softmax over its own options (model order) at its temperature.
 
     Records are grouped by length, so a pass pads little; padding is masked, so a record's answer does not
@@ -67,7 +67,9 @@ def record_probabilities(loaded: LoadedJoint, records: list[EncodedRecord],
     out: list[list[np.ndarray]] = [[] for _ in records]
     for indices in length_batches([len(r) for r in records], batch_size):
         batch = collate_records([records[i] for i in indices], loaded.tokenizer.pad_token_id)
-        logits = model({k: v.to(device) for k, v in batch.items()}).float().cpu().numpy().astype(np.float64)
+        with autocast_context(device, dtype):
+            logits = model({k: v.to(device) for k, v in batch.items()})
+        logits = logits.float().cpu().numpy().astype(np.float64)
         for row, index in enumerate(indices):
             record = records[index]
             out[index] = [

@@ -101,5 +101,7 @@ class LayaFamily(DecisionFamily):
     ) -> ExportResult:
         return export_model(loaded, out, calibrator, manifest)
 
-    def answer(self, loaded: LoadedModel, requests) -> list[Answered | BadQuestion]:
-        return answer_requests(loaded, requests)
+    def answer(
+        self, loaded: LoadedModel, requests, dtype: torch.dtype | None = None
+    ) -> list[Answered | BadQuestion]:
+        return answer_requests(loaded, requests, dtype)

@@ -20,6 +20,7 @@ from pipeline.families.forward_passes import forward_batch_size, length_batches
 from pipeline.families.laya.forward import decision_logits
 from pipeline.families.laya.items import Item, collate, state_token_ids
 from pipeline.families.laya.layout import LoadedModel, internal_question
+from pipeline.families.laya.packed import PACKED_PASS, packed_logits, packs
 from pipeline.scoring.calibration import softmax
 
 
@@ -68,7 +69,10 @@ def predict(loaded: LoadedModel, state: Any, questions: dict[str, Any]) -> dict[
 
 @torch.inference_mode()
 def predict_items(
-    loaded: LoadedModel, requests: list[list[Item]], batch_size: int | None = None
+    loaded: LoadedModel,
+    requests: list[list[Item]],
+    batch_size: int | None = None,
+    dtype: torch.dtype | None = None,
 ) -> list[list[np.ndarray]]:
     """Calibrated probabilities for the items of several requests in shared forward passes.
 
@@ -77,24 +81,46 @@ def predict_items(
     what it was batched with (beyond float rounding).
     """
     flat = [item for items in requests for item in items]
-    device = next(loaded.model.parameters()).device
-    batch_size = batch_size or forward_batch_size(device)
     model = loaded.model.eval()
-    logits: list[np.ndarray | None] = [None] * len(flat)
-    for indices in length_batches([len(it) for it in flat], batch_size):
-        batch = {
-            k: v.to(device)
-            for k, v in collate([flat[i] for i in indices], loaded.tokenizer.pad_token_id).items()
-        }
-        scores = decision_logits(model, batch).cpu().numpy().astype(np.float64)
-        for row, index in enumerate(indices):
-            logits[index] = scores[row, : len(flat[index].markers)]
+    if packs(model):
+        logits = packed_item_logits(model, flat, dtype)
+    else:
+        logits = padded_item_logits(loaded, flat, batch_size, dtype)
     probabilities = calibrated_probabilities(loaded, flat, logits)
     out, start = [], 0
     for items in requests:
         out.append(probabilities[start : start + len(items)])
         start += len(items)
     return out
+
+
+@torch.inference_mode()
+def packed_item_logits(
+    model: torch.nn.Module, items: list[Item], dtype: torch.dtype | None = None
+) -> list[np.ndarray]:
+    """Every item's option logits from the packed pass, `PACKED_PASS` sequences at a time."""
+    logits = []
+    for start in range(0, len(items), PACKED_PASS):
+        passed = packed_logits(model, items[start : start + PACKED_PASS], dtype)
+        logits += [z.cpu().numpy().astype(np.float64) for z in passed]
+    return logits
+
+
+@torch.inference_mode()
+def padded_item_logits(loaded: LoadedModel, items: list[Item], batch_size: int | None,
+                       dtype: torch.dtype | None = None) -> list[np.ndarray]:  # fmt: skip
+    """Every item's option logits from padded passes of similar lengths (encoders the packed pass does not cover)."""
+    device = next(loaded.model.parameters()).device
+    logits: list[np.ndarray | None] = [None] * len(items)
+    for indices in length_batches([len(it) for it in items], batch_size or forward_batch_size(device)):
+        batch = {
+            k: v.to(device)
+            for k, v in collate([items[i] for i in indices], loaded.tokenizer.pad_token_id).items()
+        }
+        scores = decision_logits(loaded.model, batch, dtype).cpu().numpy().astype(np.float64)
+        for row, index in enumerate(indices):
+            logits[index] = scores[row, : len(items[index].markers)]
+    return logits
 
 
 def calibrated_probabilities(loaded: LoadedModel, items, logits: list[np.ndarray]) -> list[np.ndarray]:
@@ -105,7 +131,8 @@ def calibrated_probabilities(loaded: LoadedModel, items, logits: list[np.ndarray
     return [softmax(z, temperature_for(loaded.config, it.qtype, len(z))) for it, z in zip(items, logits)]
 
 
-def answer_requests(loaded: LoadedModel, requests: list[ParsedRequest]) -> list[Answered | BadQuestion]:
+def answer_requests(loaded: LoadedModel, requests: list[ParsedRequest],
+                    dtype: torch.dtype | None = None) -> list[Answered | BadQuestion]:  # fmt: skip
     """Answer several parsed requests in shared forward passes; a request that cannot be encoded fails alone."""
     encoded: list[list[Item] | BadQuestion] = []
     for request in requests:
@@ -120,7 +147,7 @@ def answer_requests(loaded: LoadedModel, requests: list[ParsedRequest]) -> list[
                 BadQuestion(f"the tokenizer cannot encode this request: {type(error).__name__}: {error}")
             )
     good = [items for items in encoded if not isinstance(items, BadQuestion)]
-    probabilities = iter(predict_items(loaded, good))
+    probabilities = iter(predict_items(loaded, good, dtype=dtype))
     results: list[Answered | BadQuestion] = []
     for request, items in zip(requests, encoded):
         if isinstance(items, BadQuestion):

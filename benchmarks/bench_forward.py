@@ -1,0 +1,169 @@
+"""Forward-pass benchmark: where the laya family's serving time goes, without HTTP, and how close it is to the limit.
+
+On bench_serve.py's 5-question requests, grouped as the server groups them at concurrency 8 (8 requests per
+batch), it runs, side by side in one process: the padded pass (length-grouped passes of 16, the training forward),
+the packed pass in fp32 (what `decision serve` runs) and the packed pass under bf16 autocast (`--precision bf16`).
+It prints requests/s per variant and the ratios to padded, each variant's calibrated answers against the padded
+pass (largest probability difference, argmax agreement), the share of the packed pass's time spent in matrix
+products (torch.profiler), and the GFLOP/s of a matrix product at each of the encoder's own linear shapes: when
+the products already run at those rates, no fp32 change to the same FLOPs can make the pass much faster.
+
+    python benchmarks/bench_forward.py [--model DIR] [--requests 80] [--repeats 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from bench_serve import build_requests  # noqa: E402  (a sibling script)
+
+from pipeline.data.answers import parse_request  # noqa: E402
+from pipeline.families.laya.layout import load_model  # noqa: E402
+from pipeline.families.laya.predict import (  # noqa: E402
+    calibrated_probabilities,
+    packed_item_logits,
+    padded_item_logits,
+    request_items,
+)
+
+
+def batches_of_requests(loaded, bodies: list[dict], concurrency: int) -> list[list]:
+    """The items of each batch the server would form at `concurrency`: that many requests' questions together."""
+    encoded = []
+    for body in bodies:
+        request = parse_request(body["state"], body["questions"])
+        encoded.append(request_items(loaded, request.state, list(request.questions.values())))
+    return [
+        [it for items in encoded[i : i + concurrency] for it in items]
+        for i in range(0, len(encoded), concurrency)
+    ]
+
+
+def variants(loaded) -> dict:
+    return {
+        "padded, passes of 16": lambda items: padded_item_logits(loaded, items, 16),
+        "packed fp32": lambda items: packed_item_logits(loaded.model, items),
+        "packed bf16": lambda items: packed_item_logits(loaded.model, items, torch.bfloat16),
+    }
+
+
+def requests_per_second(run, batches: list[list], n_requests: int, repeats: int) -> float:
+    run(batches[0])  # warm-up
+    best = float("inf")
+    for _ in range(repeats):
+        started = time.perf_counter()
+        for items in batches:
+            run(items)
+        best = min(best, time.perf_counter() - started)
+    return n_requests / best
+
+
+def parity(loaded, run, reference, batches: list[list]) -> tuple[float, float]:
+    """(largest calibrated probability difference, argmax agreement) against the reference variant."""
+    worst, same, total = 0.0, 0, 0
+    for items in batches:
+        ours = calibrated_probabilities(loaded, items, run(items))
+        theirs = calibrated_probabilities(loaded, items, reference(items))
+        for a, b in zip(ours, theirs):
+            worst = max(worst, float(np.abs(a - b).max()))
+            same += int(np.argmax(a) == np.argmax(b))
+            total += 1
+    return worst, same / total
+
+
+def matmul_share(run, batches: list[list]) -> float:
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        for items in batches:
+            run(items)
+    events = prof.key_averages()
+    total = sum(e.self_cpu_time_total for e in events)
+    return (
+        sum(e.self_cpu_time_total for e in events if e.key in ("aten::addmm", "aten::mm", "aten::bmm"))
+        / total
+    )
+
+
+def linear_rate(tokens: int, k: int, n: int, dtype: torch.dtype = torch.float32, repeats: int = 20) -> float:
+    """GFLOP/s of a [tokens, k] x [k, n] product in `dtype`."""
+    x, w = torch.randn(tokens, k, dtype=dtype), torch.randn(n, k, dtype=dtype)
+    for _ in range(3):
+        torch.nn.functional.linear(x, w)
+    started = time.perf_counter()
+    for _ in range(repeats):
+        torch.nn.functional.linear(x, w)
+    return 2 * tokens * k * n * repeats / (time.perf_counter() - started) / 1e9
+
+
+def linear_rates(tokens: int, hidden: int, inner: int) -> dict[str, float]:
+    """GFLOP/s at the encoder's linear shapes in fp32, and its feed-forward product in bf16."""
+    shapes = {"q/k/v/out": (hidden, hidden), "fused qkv": (hidden, 3 * hidden), "ffn up": (hidden, inner),
+              "ffn down": (inner, hidden)}  # fmt: skip
+    rates = {f"{tokens}x{k}x{n} ({name})": linear_rate(tokens, k, n) for name, (k, n) in shapes.items()}
+    rates[f"{tokens}x{hidden}x{inner} (ffn up, bf16)"] = linear_rate(tokens, hidden, inner, torch.bfloat16)
+    return rates
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--model", type=Path, default=ROOT / "data/snapshots/minilm", help="a laya-family folder"
+    )
+    parser.add_argument("--data", type=Path, default=ROOT / "data/processed/vader.jsonl")
+    parser.add_argument("--requests", type=int, default=80)
+    parser.add_argument("--concurrency", type=int, default=8)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--out", type=Path, default=ROOT / "benchmarks/results/bench_forward.json")
+    args = parser.parse_args()
+
+    loaded = load_model(args.model)
+    loaded.model.eval().requires_grad_(False)
+    bodies = build_requests(args.data, args.requests)
+    batches = batches_of_requests(loaded, bodies, args.concurrency)
+    runs = variants(loaded)
+    reference = runs["padded, passes of 16"]
+    print(f"model {args.model}, {len(bodies)} requests in batches of {args.concurrency}, {torch.get_num_threads()} "
+          f"threads; best of {args.repeats}")  # fmt: skip
+    rows = {}
+    for name, run in runs.items():
+        rps = requests_per_second(run, batches, len(bodies), args.repeats)
+        difference, agreement = parity(loaded, run, reference, batches)
+        rows[name] = {
+            "requests_per_s": rps,
+            "max_probability_difference": difference,
+            "argmax_agreement": agreement,
+        }
+    base = rows["padded, passes of 16"]["requests_per_s"]
+    print(f"\n{'variant':<22}{'req/s':>8}{'x padded':>10}{'max |dp|':>11}{'argmax':>9}")
+    for name, row in rows.items():
+        print(f"{name:<22}{row['requests_per_s']:>8.1f}{row['requests_per_s'] / base:>9.2f}x"
+              f"{row['max_probability_difference']:>11.1e}{row['argmax_agreement']:>9.1%}")  # fmt: skip
+    share = matmul_share(runs["packed fp32"], batches)
+    config = loaded.model.encoder.config
+    tokens = int(np.mean([sum(len(it) for it in items) for items in batches]))
+    rates = linear_rates(tokens, config.hidden_size, config.intermediate_size)
+    print(f"\npacked fp32: {share:.0%} of its time in matrix products; GFLOP/s at the encoder's shapes "
+          f"({tokens} tokens = one batch):")  # fmt: skip
+    for shape, rate in rates.items():
+        print(f"  {shape:<28}{rate:>7.0f}")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps({"model": str(args.model), "variants": rows, "matmul_share": share,
+                                    "linear_gflops": rates}, indent=2))  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

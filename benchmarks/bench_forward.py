@@ -8,7 +8,7 @@ pass (largest probability difference, argmax agreement), the share of the packed
 products (torch.profiler), and the GFLOP/s of a matrix product at each of the encoder's own linear shapes: when
 the products already run at those rates, no fp32 change to the same FLOPs can make the pass much faster.
 
-    python benchmarks/bench_forward.py [--model DIR] [--requests 80] [--repeats 3]
+    python benchmarks/bench_forward.py [--model DIR] [--requests 80] [--repeats 3] [--device cuda]
 """
 
 from __future__ import annotations
@@ -95,23 +95,35 @@ def matmul_share(run, batches: list[list]) -> float:
     )
 
 
-def linear_rate(tokens: int, k: int, n: int, dtype: torch.dtype = torch.float32, repeats: int = 20) -> float:
-    """GFLOP/s of a [tokens, k] x [k, n] product in `dtype`."""
-    x, w = torch.randn(tokens, k, dtype=dtype), torch.randn(n, k, dtype=dtype)
+def linear_rate(tokens: int, k: int, n: int, device: torch.device, dtype: torch.dtype = torch.float32,
+                repeats: int = 20) -> float:  # fmt: skip
+    """GFLOP/s of a [tokens, k] x [k, n] product in `dtype` on `device`."""
+    x, w = torch.randn(tokens, k, dtype=dtype, device=device), torch.randn(n, k, dtype=dtype, device=device)
     for _ in range(3):
         torch.nn.functional.linear(x, w)
+    synchronize(device)
     started = time.perf_counter()
     for _ in range(repeats):
         torch.nn.functional.linear(x, w)
+    synchronize(device)
     return 2 * tokens * k * n * repeats / (time.perf_counter() - started) / 1e9
 
 
-def linear_rates(tokens: int, hidden: int, inner: int) -> dict[str, float]:
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def linear_rates(tokens: int, hidden: int, inner: int, device: torch.device) -> dict[str, float]:
     """GFLOP/s at the encoder's linear shapes in fp32, and its feed-forward product in bf16."""
     shapes = {"q/k/v/out": (hidden, hidden), "fused qkv": (hidden, 3 * hidden), "ffn up": (hidden, inner),
               "ffn down": (inner, hidden)}  # fmt: skip
-    rates = {f"{tokens}x{k}x{n} ({name})": linear_rate(tokens, k, n) for name, (k, n) in shapes.items()}
-    rates[f"{tokens}x{hidden}x{inner} (ffn up, bf16)"] = linear_rate(tokens, hidden, inner, torch.bfloat16)
+    rates = {
+        f"{tokens}x{k}x{n} ({name})": linear_rate(tokens, k, n, device) for name, (k, n) in shapes.items()
+    }
+    rates[f"{tokens}x{hidden}x{inner} (ffn up, bf16)"] = linear_rate(
+        tokens, hidden, inner, device, torch.bfloat16
+    )
     return rates
 
 
@@ -126,16 +138,18 @@ def main() -> int:
     parser.add_argument("--requests", type=int, default=80)
     parser.add_argument("--concurrency", type=int, default=8)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--device", default="cpu", help="cpu (default) or cuda")
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks/results/bench_forward.json")
     args = parser.parse_args()
 
     loaded = load_model(args.model)
-    loaded.model.eval().requires_grad_(False)
+    device = torch.device(args.device)
+    loaded.model.eval().requires_grad_(False).to(device)
     bodies = build_requests(args.data, args.requests)
     batches = batches_of_requests(loaded, bodies, args.concurrency)
     runs = variants(loaded)
     reference = runs["padded, passes of 16"]
-    print(f"model {args.model}, {len(bodies)} requests in batches of {args.concurrency}, {torch.get_num_threads()} "
+    print(f"model {args.model} on {device}, {len(bodies)} requests in batches of {args.concurrency}, {torch.get_num_threads()} "
           f"threads; best of {args.repeats}")  # fmt: skip
     rows = {}
     for name, run in runs.items():
@@ -151,12 +165,14 @@ def main() -> int:
     for name, row in rows.items():
         print(f"{name:<22}{row['requests_per_s']:>8.1f}{row['requests_per_s'] / base:>9.2f}x"
               f"{row['max_probability_difference']:>11.1e}{row['argmax_agreement']:>9.1%}")  # fmt: skip
-    share = matmul_share(runs["packed fp32"], batches)
+    # The CPU profiler sees where a CPU pass spends its time; on a GPU it would time kernel launches only.
+    share = matmul_share(runs["packed fp32"], batches) if device.type == "cpu" else None
     config = loaded.model.encoder.config
     tokens = int(np.mean([sum(len(it) for it in items) for items in batches]))
-    rates = linear_rates(tokens, config.hidden_size, config.intermediate_size)
-    print(f"\npacked fp32: {share:.0%} of its time in matrix products; GFLOP/s at the encoder's shapes "
-          f"({tokens} tokens = one batch):")  # fmt: skip
+    rates = linear_rates(tokens, config.hidden_size, config.intermediate_size, device)
+    if share is not None:
+        print(f"\npacked fp32: {share:.0%} of its time in matrix products")
+    print(f"GFLOP/s at the encoder's shapes ({tokens} tokens = one batch):")
     for shape, rate in rates.items():
         print(f"  {shape:<28}{rate:>7.0f}")
     args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -22,6 +22,8 @@ timeout 420 $PY scripts/gpu_check.py "$@"
 # Decoder family: LoRA (bf16) vs QLoRA (nf4) steps on a random ~0.5B Qwen3: s/step, tokens/s, peak memory.
 timeout 300 $PY scripts/gpu_check_decoder.py
 # Serving on the GPU, where micro-batching pays: ours vs laya-serve, same checkpoint, same requests.
-timeout 240 $PY benchmarks/bench_serve.py --device cuda --requests 200 --model data/snapshots/minilm
+timeout 300 $PY benchmarks/bench_serve.py --device cuda --requests 200 --model data/snapshots/minilm --bf16
+# The packed serving pass on the GPU: against the padded pass (speed, parity) and in bf16.
+timeout 120 $PY benchmarks/bench_forward.py --device cuda --model data/snapshots/minilm
 # Data-parallel launcher on one GPU (NCCL): the same run in this process and under torchrun with 1 rank.
 timeout 300 $PY benchmarks/bench_ddp.py --device cuda --ranks 1 --steps 40 --rows 1000 --micro-batch 8 --grad-accum 8

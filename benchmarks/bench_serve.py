@@ -251,6 +251,18 @@ def trained_answers(served, bodies: list[dict]) -> list[dict] | None:
     return out
 
 
+def parity_with(sample: list[dict], reference: list[dict] | None, name: str) -> dict | None:
+    """How far served answers are from the trained model's fp32 forward pass (printed); None without a reference."""
+    if reference is None:
+        return None
+    parity = {"max_probability_difference": max_difference(sample, reference),
+              "argmax_agreement": argmax_agreement(sample, reference)}  # fmt: skip
+    print(f"{name} vs the trained model's fp32 forward pass ({len(sample)} requests): largest probability difference "
+          f"{parity['max_probability_difference']:.2e} (goal <= 1e-3), argmax agreement "
+          f"{parity['argmax_agreement']:.1%} (goal 100%)")  # fmt: skip
+    return parity
+
+
 def in_process_answers(model: Path, bodies: list[dict]) -> list[dict]:
     from pipeline.data.answers import parse_request
 
@@ -327,17 +339,10 @@ def main() -> int:
         goals["c1_p50_no_worse"] = by_c[1]["p50_ratio"] <= 1.0
     print("goals:", ", ".join(f"{k} {'met' if v else 'NOT met'}" for k, v in goals.items()))
     workers = workers_table(by_workers, args.workers[0])
-    served = load_decision_model(
-        args.model
-    )  # one load for the parity, the FLOP count and the feed-forward shape
+    # One load for the parity, the FLOP count and the feed-forward shape.
+    served = load_decision_model(args.model)
     reference = trained_answers(served, bodies[:SAMPLE])
-    parity = None
-    if reference is not None:
-        parity = {"max_probability_difference": max_difference(ours["sample"], reference),
-                  "argmax_agreement": argmax_agreement(ours["sample"], reference)}  # fmt: skip
-        print(f"ours served vs the trained model's forward pass ({SAMPLE} requests): largest probability difference "
-              f"{parity['max_probability_difference']:.2e} (goal <= 1e-3), argmax agreement "
-              f"{parity['argmax_agreement']:.1%} (goal 100%)")  # fmt: skip
+    parity = parity_with(ours["sample"], reference, "ours served")
     flops = flops_per_request(served, bodies[:20])
     peak = matmul_peak_gflops()
     shape = feed_forward_shape(served, bodies[:20])
@@ -383,13 +388,7 @@ def bf16_table(model: Path, bodies: list[dict], args, peer: dict, reference: lis
         rows.append({"concurrency": run["concurrency"], "bf16": run, "throughput_ratio": ratio})
         print(f"c={run['concurrency']}: ours bf16 {run['throughput_rps']:.1f} req/s vs laya "
               f"{theirs['throughput_rps']:.1f}: {ratio:.2f}x; p50 {run['p50_ms']:.0f} vs {theirs['p50_ms']:.0f} ms")  # fmt: skip
-    parity = None
-    if reference is not None:
-        parity = {"max_probability_difference": max_difference(measured["sample"], reference),
-                  "argmax_agreement": argmax_agreement(measured["sample"], reference)}  # fmt: skip
-        print(f"ours bf16 vs the trained model's fp32 forward pass ({SAMPLE} requests): largest probability "
-              f"difference {parity['max_probability_difference']:.2e} (goal <= 1e-3), argmax agreement "
-              f"{parity['argmax_agreement']:.1%}")  # fmt: skip
+    parity = parity_with(measured["sample"], reference, "ours bf16")
     joint = None
     if args.joint:
         joint = measure("joint bf16", functools.partial(start_ours, precision="bf16"), args.joint, bodies,

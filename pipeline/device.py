@@ -24,9 +24,12 @@ def resolve_precision(precision: str, device: torch.device) -> torch.dtype | Non
         return None
     if precision == "bf16":
         return torch.bfloat16
-    if device.type == "cuda":
-        return torch.bfloat16 if torch.cuda.is_bf16_supported() else None
-    return torch.bfloat16 if cpu_has_native_bf16() else None
+    return torch.bfloat16 if has_native_bf16(device) else None
+
+
+def has_native_bf16(device: torch.device) -> bool:
+    """Whether `device` runs bf16 natively (a CUDA GPU that supports it; a CPU with AVX-512 bf16 or AMX)."""
+    return torch.cuda.is_bf16_supported() if device.type == "cuda" else cpu_has_native_bf16()
 
 
 class PrecisionUnavailable(ValueError):
@@ -40,8 +43,7 @@ def serving_dtype(precision: str, device: torch.device) -> torch.dtype | None:
         return None
     if precision != "bf16":
         raise PrecisionUnavailable(f"--precision {precision!r}: choose fp32 or bf16")
-    native = torch.cuda.is_bf16_supported() if device.type == "cuda" else cpu_has_native_bf16()
-    if not native:
+    if not has_native_bf16(device):
         raise PrecisionUnavailable(
             f"--precision bf16: {device.type} here has no native bf16 (no AVX-512 bf16 or AMX on a CPU), so it would "
             "be emulated and far slower than fp32; serve with --precision fp32"

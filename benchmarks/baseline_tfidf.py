@@ -34,7 +34,7 @@ def main() -> None:
         "--train-rows", type=int, default=None, help="train on the first N training rows only"
     )
     args = parser.parse_args()
-    split = split_holdout(validate_file(args.data).records, load_params(ROOT / "params.yaml")["validate"])
+    split = split_holdout(validate_file(args.data).records, load_params(ROOT / "params.yaml").validate)
     train = split.train[: args.train_rows] if args.train_rows else split.train
     vectorizer = TfidfVectorizer(ngram_range=(1, 2), min_df=2, sublinear_tf=True)
     x_train = vectorizer.fit_transform([state_text(r.state) for r in train])

@@ -40,27 +40,28 @@ def run_all(args: argparse.Namespace) -> list[dict]:
     sys.path.insert(0, str(ROOT))
     from pipeline.config import ValidateConfig, load_params
     from pipeline.data.read import RowSlice
+    from pipeline.data.split import TrainSource
     from pipeline.stages.train import train_on_data, train_on_ranks
 
-    config = replace(load_params(ROOT / "params.yaml")["train"], method=args.method, max_steps=args.steps,
+    config = replace(load_params(ROOT / "params.yaml").train, method=args.method, max_steps=args.steps,
                      micro_batch=args.micro_batch, grad_accum=args.grad_accum, precision="fp32", log_every=1000,
                      warmup_steps=0, **({"family": args.family} if args.family else {}))  # fmt: skip
-    split = ValidateConfig(holdout_max_decisions=args.heldout)
-    common = {
-        "split_config": split,
-        "row_slice": RowSlice(0, args.rows),
-        "device": args.device,
-        "progress": False,
-    }
-    rows = [measure("1 process", train_on_data(args.data, args.base, None, config, **common))]
+    source = TrainSource(
+        args.data, RowSlice(0, args.rows), split_config=ValidateConfig(holdout_max_decisions=args.heldout)
+    )
+    data = source.validated()  # validated once; every setup trains on the same split
+    rows = [measure("1 process", train_on_data(source, args.base, None, config, args.device))]
     rows.append(
-        measure("torchrun, 1 rank", train_on_ranks(args.data, args.base, None, config, nproc=1, **common))
+        measure(
+            "torchrun, 1 rank", train_on_ranks(data, args.base, None, config, args.device, False, nproc=1)
+        )
     )
     if args.ranks > 1:  # one GPU: the launcher's row is the comparison
         ranked = replace(config, nproc=args.ranks)
         rows.append(
             measure(
-                f"torchrun, {args.ranks} ranks", train_on_ranks(args.data, args.base, None, ranked, **common)
+                f"torchrun, {args.ranks} ranks",
+                train_on_ranks(data, args.base, None, ranked, args.device, False),
             )
         )
     return rows

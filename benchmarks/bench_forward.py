@@ -28,13 +28,13 @@ sys.path.insert(0, str(ROOT))
 from bench_serve import build_requests  # noqa: E402  (a sibling script)
 
 from pipeline.data.answers import parse_request  # noqa: E402
-from pipeline.families.laya.layout import load_model  # noqa: E402
 from pipeline.families.laya.predict import (  # noqa: E402
     calibrated_probabilities,
     packed_item_logits,
     padded_item_logits,
     request_items,
 )
+from pipeline.families.laya_layout import load_model  # noqa: E402
 
 
 def batches_of_requests(loaded, bodies: list[dict], concurrency: int) -> list[list]:

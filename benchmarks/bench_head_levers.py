@@ -92,7 +92,7 @@ def main() -> None:
     train_file, validation_file = validation_split(
         args.dataset, args.rows, args.heldout, args.validation, folder
     )
-    config = load_params(ROOT / "params.yaml")["train"]
+    config = load_params(ROOT / "params.yaml").train
     family = pick_family(BASE, config.family)
     cpu = torch.device("cpu")
     loaded = family.load(BASE, config, cpu)

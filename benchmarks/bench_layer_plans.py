@@ -51,15 +51,16 @@ def write_subsets(data: Path, rows: int, heldout: int, folder: Path) -> tuple[Pa
 def fine_tune(plan, train: Path, heldout: Path, base: Path, out: Path, steps: int) -> dict:
     """LoRA on the joint family for exactly `steps` optimizer steps under `plan`; the run's figures."""
     from pipeline.config import load_params
+    from pipeline.data.split import TrainSource
     from pipeline.stages.train import train_on_data
 
     params = load_params(ROOT / "params.yaml")
     layer_plan = tuple(tuple(e) if isinstance(e, list) else e for e in plan) if plan else None
-    config = replace(params["train"], family="joint", method="lora", micro_batch=8, grad_accum=1, epochs=100,
+    config = replace(params.train, family="joint", method="lora", micro_batch=8, grad_accum=1, epochs=100,
                      min_steps=0, max_steps=steps, warmup_steps=10, layer_plan=layer_plan, log_every=20,
                      checkpoint_every_steps=0, checkpoint_every_minutes=0.0)  # fmt: skip
-    run = train_on_data(train, base, out, config, params["validate"], device="cpu", progress=False,
-                        eval_data=heldout)  # fmt: skip
+    run = train_on_data(TrainSource(train, eval_data=heldout, split_config=params.validate), base, out, config,
+                        device="cpu")  # fmt: skip
     tuned = run.heldout["tuned"]
     return {"steps": run.steps, "s_per_step": run.s_per_step, "accuracy": tuned["accuracy"], "ece": tuned["ece"],
             "base_accuracy": run.heldout["base"]["accuracy"], "decisions": run.heldout["decisions"]}  # fmt: skip

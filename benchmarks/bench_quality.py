@@ -92,7 +92,9 @@ def run_tfidf(train: Path, heldout: Path) -> dict:
 
 def run_ours(train: Path, heldout: Path, out: Path) -> dict:
     from pipeline.config import load_params
+    from pipeline.data.split import TrainSource
     from pipeline.stages.finetune import finetune
+    from pipeline.training.controls import RunHooks
 
     params = load_params(ROOT / "params.yaml")
     started = time.perf_counter()
@@ -104,9 +106,11 @@ def run_ours(train: Path, heldout: Path, out: Path) -> dict:
             f"  ours: step {step}, held-out accuracy {metrics['accuracy']:.4f}", file=sys.stderr, flush=True
         )
 
-    summary = finetune(train, BASE, out, params["train"], params["validate"], eval_data=heldout, progress=False,
-                       report=lambda line: print(f"  ours: {line}", file=sys.stderr, flush=True),
-                       on_eval=checkpoint)  # fmt: skip
+    hooks = RunHooks(
+        report=lambda line: print(f"  ours: {line}", file=sys.stderr, flush=True), on_eval=checkpoint
+    )
+    source = TrainSource(train, eval_data=heldout, split_config=params.validate)
+    summary = finetune(source, BASE, out, params.train, hooks=hooks).to_dict()
     seconds = time.perf_counter() - started
     calibrated = summary["heldout"]["calibrated"]
     curve.append([seconds, calibrated["accuracy"]])

@@ -44,9 +44,11 @@ TOPIC = {"type": "choice", "instructions": "Where does this text come from?",
 
 def build_requests(data: Path, n: int) -> list[dict]:
     from pipeline.config import load_params
+    from pipeline.data.split import TrainSource
     from pipeline.stages.smoke import heldout_requests
 
-    bodies = heldout_requests(data, 4 * n, load_params(ROOT / "params.yaml")["validate"])
+    validated = TrainSource(data, split_config=load_params(ROOT / "params.yaml").validate).validated()
+    bodies = heldout_requests(validated.split.heldout, 4 * n)
     return [{"state": b["state"], "questions": {**b["questions"], "topic": TOPIC}} for b in bodies[:n]]
 
 

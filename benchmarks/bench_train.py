@@ -75,11 +75,12 @@ def run_ours(train: Path, out: Path, method: str, precision: str | None, profile
     from dataclasses import replace
 
     from pipeline.config import load_params
+    from pipeline.data.split import TrainSource
     from pipeline.stages.train import train_on_data
 
     params = load_params(ROOT / "params.yaml")
-    config = replace(params["train"], family="laya", method=method, min_steps=0,
-                     precision=precision or params["train"].precision, epochs=1,
+    config = replace(params.train, family="laya", method=method, min_steps=0,
+                     precision=precision or params.train.precision, epochs=1,
                      micro_batch=MICRO_BATCH, grad_accum=GRAD_ACCUM, max_steps=None)  # fmt: skip
     profiler = None
     if profile:
@@ -88,7 +89,7 @@ def run_ours(train: Path, out: Path, method: str, precision: str | None, profile
         profiler = cProfile.Profile()
         profiler.enable()
     # The held-out rows are given separately, so every training row is trained on, as in laya's run.
-    run = train_on_data(train, BASE, out, config, eval_data=train.with_name("heldout.jsonl"), progress=False)
+    run = train_on_data(TrainSource(train, eval_data=train.with_name("heldout.jsonl")), BASE, out, config)
     if profiler is not None:
         profiler.disable()
         _print_profile(profiler)
@@ -113,7 +114,7 @@ def heldout_accuracy(model_dir: str, heldout: Path) -> dict:
     from pipeline.families.laya.adapters import ADAPTER_FILE, load_adapter
     from pipeline.families.laya.forward import score_items
     from pipeline.families.laya.items import build_items
-    from pipeline.families.laya.layout import load_model
+    from pipeline.families.laya_layout import load_model
     from pipeline.scoring.metrics import heldout_metrics
 
     folder = Path(model_dir)

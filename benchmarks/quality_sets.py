@@ -140,7 +140,7 @@ def vader_files(folder: Path) -> tuple[Path, Path]:
     from pipeline.data.validate import validate_file
 
     data = ROOT / "data/processed/vader.jsonl"
-    split = split_holdout(validate_file(data).records, load_params(ROOT / "params.yaml")["validate"])
+    split = split_holdout(validate_file(data).records, load_params(ROOT / "params.yaml").validate)
     lines = data.read_bytes().splitlines()
     folder.mkdir(parents=True, exist_ok=True)
     train, heldout = folder / "train.jsonl", folder / "heldout.jsonl"

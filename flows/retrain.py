@@ -1,4 +1,4 @@
-"""The `retrain` Prefect flow: pins → validate → slice → train → calibrate → export → MLflow → register →
+"""The `retrain` Prefect flow: pins → validate (with the slice, once) → train → calibrate → export → MLflow → register →
 smoke test over HTTP → promotion gate → aliases. Every task is a thin call into `pipeline/`.
 
 Task results persist under the project's Prefect home (`.prefect/`, set by the Makefile and `decision
@@ -24,7 +24,6 @@ import datetime as dt
 import json
 import os
 import sys
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -33,8 +32,9 @@ from prefect.artifacts import create_link_artifact, create_markdown_artifact, cr
 from prefect.cache_policies import INPUTS, TASK_SOURCE
 from prefect.runtime import flow_run
 
-from pipeline.config import load_params
-from pipeline.data import pins, read
+from pipeline.config import RetrainConfig, load_params
+from pipeline.data import pins
+from pipeline.data.split import SplitData
 from pipeline.lineage import code_digest, git_commit, idempotency_key
 from pipeline.mlops import tracking
 from pipeline.mlops.promotion import UNPINNED_TAG
@@ -48,6 +48,10 @@ from pipeline.stages import promote as promote_stage
 from pipeline.stages import smoke as smoke_stage
 from pipeline.stages import train as train_stage
 from pipeline.stages import validate as validate_stage
+from pipeline.stages.calibrate import CalibrationResult
+from pipeline.stages.validate import ValidateResult
+from pipeline.training.controls import RunHooks
+from pipeline.training.fit import TrainRun
 
 CACHED = {"cache_policy": INPUTS + TASK_SOURCE, "persist_result": True}
 IO_RETRIES = {"retries": 2, "retry_delay_seconds": 5}
@@ -67,40 +71,35 @@ def verify_pins(paths: list[str], lock: str, allow_unpinned: bool = False) -> di
 
 
 @task(name="validate", **CACHED)
-def validate(data: str, row_slice: str | None, config, report: str) -> dict[str, Any]:
-    result = validate_stage.validate_report(data, config, report, row_slice)
-    rows = [{"reason": reason, "decisions": n} for reason, n in sorted(result["skipped"].items())]
+def validate(data: str, row_slice: str | None, config, report: str, split: str) -> ValidateResult:
+    result = validate_stage.validate_stage(data, config, report, row_slice, split_out=split)
+    rows = [{"reason": reason, "decisions": n} for reason, n in sorted(result.report.skipped.items())]
     create_table_artifact(rows or [{"reason": "(none)", "decisions": 0}], key="skipped-decisions",
-                          description=f"{result['kept']} of {result['decisions']} decisions usable")  # fmt: skip
+                          description=f"{result.report.kept} of {result.report.decisions} decisions usable")  # fmt: skip
     return result
 
 
-@task(name="slice", **CACHED)
-def take_slice(data: str, row_slice: str | None, run_dir: str) -> str:
-    return str(read.write_slice(data, read.RowSlice.parse(row_slice), run_dir))
-
-
 @task(name="train", **CACHED)
-def train(data: str, base: str, run_dir: str, config, split_config, device: str, key: str,
-          tags: dict[str, str], inputs: dict[str, dict[str, Any]]) -> dict[str, Any]:  # fmt: skip
-    # progress=False: no bar in the Prefect log; the run logger gets a line every 10 steps or 30 s instead.
+def train(run_dir: str, base: str, config, device: str, key: str, tags: dict[str, str],
+          inputs: dict[str, dict[str, Any]], pins: dict[str, str]) -> TrainRun:  # fmt: skip
+    # No progress bar in the Prefect log: the run logger gets a line every 10 steps or 30 s instead.
     # The MLflow run opens now, so its curves fill in the UI while training runs.
     # With train.nproc > 1 the stage runs on torchrun ranks: rank 0's lines and curves come back here, to this
     # one run (every rank knows its id).
     logger = get_run_logger()
     run_id, live = tracking.open_run(key, flow_run.name, tags)
     watch = tracking.LiveRun(run_id) if live else None
-    summary = train_stage.train_stage(data, base, run_dir, config, split_config, device, progress=False,
-                                      report=logger.info, on_log=watch and watch.step,
-                                      on_eval=watch and watch.heldout, inputs=inputs, run_id=run_id)  # fmt: skip
-    summary["mlflow_run_id"] = run_id
-    for warning in summary["warnings"]:
+    hooks = RunHooks(logger.info, watch and watch.step, watch and watch.heldout, mlflow_run_id=run_id)
+    run = train_stage.train_stage(
+        run_dir, base, config, device, hooks, checked={"pins": pins, "inputs": inputs}
+    )
+    for warning in run.warnings:
         logger.warning("the fine-tune did not learn: %s", warning)
-    return summary
+    return run
 
 
 @task(name="calibrate", **CACHED)
-def calibrate(run_dir: str) -> dict[str, Any]:
+def calibrate(run_dir: str) -> CalibrationResult:
     return calibrate_stage.calibrate_stage(run_dir)
 
 
@@ -120,26 +119,24 @@ def register(export_dir: str, name: str, run_id: str, tags: dict[str, str]) -> s
 
 
 @task(name="smoke-test", **IO_RETRIES)
-def smoke(name: str, version: str, data: str, n: int, split_config, expected: str) -> dict[str, Any]:
-    return smoke_stage.smoke_version(name, version, data, n, split_config, expected).to_dict()
+def smoke(name: str, version: str, run_dir: str, n: int) -> dict[str, Any]:
+    run = RunFolder(run_dir)
+    heldout = SplitData.load(run.split).split.heldout
+    return smoke_stage.smoke_version(name, version, heldout, n, run.expected_answers).to_dict()
 
 
 @task(name="promotion-gate", **IO_RETRIES)
-def promotion_gate(name: str, version: str, calibrated: dict[str, float], smoke_passed: bool, data: str,
-                   split_config, config, learning_warnings: list[str],
-                   unpinned: bool = False) -> dict[str, Any]:  # fmt: skip
-    return promote_stage.promotion_stage(name, version, calibrated, smoke_passed, data, split_config, config,
+def promotion_gate(name: str, version: str, calibrated: dict[str, float], smoke_passed: bool, run_dir: str,
+                   config, learning_warnings: list[str], unpinned: bool = False) -> dict[str, Any]:  # fmt: skip
+    heldout = SplitData.load(RunFolder(run_dir).split).split.heldout
+    return promote_stage.promotion_stage(name, version, calibrated, smoke_passed, heldout, config,
                                          learning_warnings, unpinned=unpinned)  # fmt: skip
 
 
 def _run_name() -> str:
     params = flow_run.parameters
-    data = _load(params.get("params_file", "params.yaml"), params.get("run_config"))["retrain"].data
+    data = load_params(params.get("params_file", "params.yaml"), params.get("run_config")).retrain.data
     return f"retrain-{pins.current_md5(Path(data))[:8]}-{dt.date.today().isoformat()}"
-
-
-def _load(params_file: str, run_config: str | None) -> dict[str, Any]:
-    return load_params(params_file, run_config)
 
 
 # A hung run (a stuck smoke-test server, say) must not hold the deployment's single slot forever.
@@ -158,37 +155,39 @@ def retrain(
     """
     # A tracking store that is down fails the run now, not after training when the run is logged.
     check_tracking_store(tracking_uri())
-    params = _load(params_file, run_config)
-    config = params["retrain"]
+    params = load_params(params_file, run_config)
+    config = params.retrain
     verified = verify_pins([config.data, config.base], lock, allow_unpinned)
     inputs = pins.pin_status({"data": config.data, "base": config.base}, lock)
     data_md5, base_md5 = pins.current_md5(Path(config.data)), pins.current_md5(Path(config.base))
-    sections = {k: asdict(v) for k, v in params.items()}
-    key = idempotency_key(data_md5, base_md5, sections, code_digest(), unpinned=allow_unpinned)
+    key = idempotency_key(data_md5, base_md5, params.sections(), code_digest(), unpinned=allow_unpinned)
     run_dir = str(Path(config.runs_dir) / key[:16])
     run = RunFolder(run_dir)
-    report = validate(config.data, config.slice, params["validate"], str(run.validation))
-    sliced = take_slice(config.data, config.slice, run_dir)
+    # Validated and split once: every later task reads the run's split (RunFolder.split).
+    validated = validate(config.data, config.slice, params.validate, str(run.validation), str(run.split))
     tags = {"git_commit": _git_commit(), "data_md5": data_md5, "base_md5": base_md5, "idempotency_key": key,
             "data": config.data, "base": config.base, **pins.pin_tags(inputs),
             **_optional_tags(owner, allow_unpinned)}  # fmt: skip
-    trained = train(
-        sliced, config.base, run_dir, params["train"], params["validate"], config.device, key, tags, inputs
-    )
+    trained = train(run_dir, config.base, params.train, config.device, key, tags, inputs, verified)
     calibration = calibrate(run_dir)
-    export_dir = export(run_dir, config.data, config.base, params["train"])
+    export_dir = export(run_dir, config.data, config.base, params.train)
     tags |= {"prefect_flow_run_id": str(flow_run.id)}
-    run_id = log_run(tracking.TrainingRecord(key, sections, trained, calibration, report, config.data, data_md5,
-                                             export_dir, run_dir, tags, flow_run.name), trained["mlflow_run_id"])  # fmt: skip
+    record = tracking.TrainingRecord(key, params.sections(), trained.to_dict(), calibration.to_dict(),
+                                     validated.to_dict(), config.data, data_md5, export_dir, run_dir, tags,
+                                     flow_run.name)  # fmt: skip
+    run_id = log_run(record, trained.mlflow_run_id)
     version = register(
-        export_dir, config.model_name, run_id, {**tags, "mlflow_run_id": run_id, **report_tags(calibration)}
+        export_dir,
+        config.model_name,
+        run_id,
+        {**tags, "mlflow_run_id": run_id, **report_tags(calibration.to_dict())},
     )
-    smoked = smoke(config.model_name, version, sliced, config.smoke_decisions, params["validate"],
-                   str(run.expected_answers))  # fmt: skip
-    verdict = promotion_gate(config.model_name, version, calibration["heldout"]["calibrated"], smoked["passed"],
-                             sliced, params["validate"], params["promote"], trained["warnings"],
-                             allow_unpinned)  # fmt: skip
-    summary = _summary(config, key, verified, report, trained, calibration, run_id, version, smoked, verdict)
+    smoked = smoke(config.model_name, version, run_dir, config.smoke_decisions)
+    verdict = promotion_gate(config.model_name, version, calibration.heldout["calibrated"], smoked["passed"],
+                             run_dir, params.promote, trained.warnings, allow_unpinned)  # fmt: skip
+    summary = _summary(
+        config, key, verified, validated, trained, calibration, run_id, version, smoked, verdict
+    )
     _publish(summary)
     return summary
 
@@ -197,20 +196,19 @@ def _optional_tags(owner: str | None, allow_unpinned: bool) -> dict[str, str]:
     return ({"owner": owner} if owner else {}) | ({UNPINNED_TAG: "true"} if allow_unpinned else {})
 
 
-def _summary(
-    config, key, verified, report, trained, calibration, run_id, version, smoked, verdict
-) -> dict[str, Any]:
+def _summary(config: RetrainConfig, key: str, verified: dict[str, str], validated: ValidateResult,
+             trained: TrainRun, calibration: CalibrationResult, run_id: str, version: str, smoked: dict[str, Any],
+             verdict: dict[str, Any]) -> dict[str, Any]:  # fmt: skip
     return {
         "model": config.model_name, "version": version, "champion": verdict.get("champion"),
         "promoted": verdict["promote"], "gate": verdict["reasons"], "mlflow_run_id": run_id,
-        "idempotency_key": key, "pins": verified, "inputs": trained.get("inputs", {}),
-        "family": trained.get("family"),
-        "warnings": trained.get("warnings", []), "rows": report["rows"], "decisions": report["decisions"],
-        "skipped": report["skipped"], "heldout": calibration["heldout"],
-        "temperatures": calibration["temperatures"], "calibrator": calibration["calibrator"],
-        "calibration_report": calibration["report"], "comparison": verdict.get("comparison"),
-        "steps": trained["steps"], "world_size": trained.get("world_size", 1),
-        "train_seconds": trained["train_seconds"], "s_per_step": trained["s_per_step"],
+        "idempotency_key": key, "pins": verified, "inputs": trained.inputs, "family": trained.family,
+        "warnings": trained.warnings, "rows": validated.report.rows, "decisions": validated.report.decisions,
+        "skipped": validated.report.skipped, "heldout": calibration.heldout,
+        "temperatures": calibration.temperatures, "calibrator": calibration.calibrator,
+        "calibration_report": calibration.report, "comparison": verdict.get("comparison"),
+        "steps": trained.steps, "world_size": trained.world_size,
+        "train_seconds": trained.train_seconds, "s_per_step": trained.s_per_step,
         "smoke": {k: smoked[k] for k in ("passed", "agreement", "max_probability_diff", "trained_agreement",
                                          "trained_max_probability_diff", "failures", "latency_ms")},
     }  # fmt: skip

@@ -5,7 +5,7 @@ Every field name is the key in `params.yaml`, the CLI flag (with dashes) and the
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import asdict, dataclass, fields
 from functools import cache
 from pathlib import Path
 from types import UnionType
@@ -134,18 +134,16 @@ class SnapshotConfig:
         _check_types(self, "snapshot")
 
 
-METHODS = ("lora", "full", "qlora", "head")
-
-
 @dataclass(frozen=True)
 class TrainConfig:
     """Training settings (`train:` in params.yaml); defaults from the reference recipe (DESIGN.md 4)."""
 
     family: str | None = None
     """laya | joint: the model family (None: what the base folder is; `pipeline.families.pick_family`)."""
-    method: str = "lora"
-    """lora | full | qlora | head (QLoRA quantises a causal-LM backbone; `head` trains the decision head on a
-    frozen backbone whose features are computed once; families that cannot refuse it)."""
+    method: str | None = None
+    """lora | full | qlora | head, as the family offers (`decision families` lists them): QLoRA quantises a
+    causal-LM backbone; `head` trains the decision head on a frozen backbone whose features are computed once.
+    None: the family's default (laya: lora; joint: head)."""
     lora_r: int = 64
     lora_alpha: int = 64
     lora_dropout: float = 0.0
@@ -181,11 +179,11 @@ class TrainConfig:
     """... and at least this often in minutes of training, whichever comes first; 0: never by time."""
     eval_batch_size: int = 64
     label_smoothing: float = 0.0
-    """Decoder family: mix the target with uniform over the question's options (off by default)."""
+    """Joint family: mix the target with uniform over the question's options (off by default)."""
     brier_weight: float = 0.0
-    """Decoder family: weight of a Brier term against the target (off by default)."""
+    """Joint family: weight of a Brier term against the target (off by default)."""
     ordinal_weight: float = 0.0
-    """Decoder family: weight of an ordinal term on score questions' expected level (off by default)."""
+    """Joint family: weight of an ordinal term on score questions' expected level (off by default)."""
     nproc: int = 1
     """Data-parallel ranks: above 1 the train stage runs under `torch.distributed.run` (torchrun), each rank
     on its share of every window (gloo on CPU, NCCL on GPUs); 1: in this process."""
@@ -206,8 +204,6 @@ class TrainConfig:
                 raise ConfigError(
                     f"train.{name}: must be >= 0 (label_smoothing below 1), got {getattr(self, name)}"
                 )
-        if self.method not in METHODS:
-            raise ConfigError(f"train.method: expected one of {', '.join(METHODS)}; got {self.method!r}")
         if self.precision not in ("auto", "fp32", "bf16"):
             raise ConfigError(f"train.precision: expected auto, fp32 or bf16; got {self.precision!r}")
         for name in ("micro_batch", "grad_accum", "epochs", "lora_r", "log_every", "head_width", "nproc"):
@@ -290,19 +286,28 @@ class PromoteConfig:
             raise ConfigError(f"promote.max_accuracy_drop: must lie in [0, 1], got {self.max_accuracy_drop}")
 
 
-_SECTIONS = {
-    "dataset": DatasetConfig,
-    "validate": ValidateConfig,
-    "snapshot": SnapshotConfig,
-    "train": TrainConfig,
-    "retrain": RetrainConfig,
-    "promote": PromoteConfig,
-}
+@dataclass(frozen=True)
+class Params:
+    """Every section of `params.yaml` as its config dataclass (`load_params`)."""
+
+    dataset: DatasetConfig = DatasetConfig()
+    validate: ValidateConfig = ValidateConfig()
+    snapshot: SnapshotConfig = SnapshotConfig()
+    train: TrainConfig = TrainConfig()
+    retrain: RetrainConfig = RetrainConfig()
+    promote: PromoteConfig = PromoteConfig()
+
+    def sections(self) -> dict[str, dict[str, Any]]:
+        """{section: {key: value}}, as params.yaml spells them (MLflow params, the idempotency key)."""
+        return {f.name: asdict(getattr(self, f.name)) for f in fields(self)}
+
+
+_SECTIONS = {f.name: f.type for f in fields(Params)}
 RUN_CONFIGS_DIR = "configs"
 
 
-def load_params(path: str | Path = PARAMS_FILE, run_config: str | None = None) -> dict[str, Any]:
-    """Every section of `params.yaml` as its config dataclass; unknown keys are refused by name.
+def load_params(path: str | Path = PARAMS_FILE, run_config: str | None = None) -> Params:
+    """Every section of `params.yaml` as its config dataclass; unknown sections and keys are refused by name.
 
     `run_config` names `configs/<name>.yaml` (beside params.yaml), whose sections override single keys, e.g.
     the `tiny` run the tests and `RUN_CONFIG=tiny make run` use.
@@ -314,12 +319,15 @@ def load_params(path: str | Path = PARAMS_FILE, run_config: str | None = None) -
             raise ConfigError(f"run config {run_config!r}: no file {override_file}")
         for section, values in (yaml.safe_load(override_file.read_text()) or {}).items():
             raw[section] = {**raw.get(section, {}), **values}
-    return {name: section_config(name, raw.get(name, {})) for name in _SECTIONS}
+    unknown = sorted(set(raw) - set(_SECTIONS))
+    if unknown:
+        raise ConfigError(f"{path}: unknown section(s) {', '.join(unknown)}; known: {', '.join(_SECTIONS)}")
+    return Params(**{name: section_config(name, raw.get(name) or {}) for name in _SECTIONS})
 
 
 def section_config(name: str, values: dict[str, Any]):
     """Build one section's dataclass from a mapping, refusing keys it does not know."""
-    cls = _SECTIONS[name]
+    cls = _hints(Params)[name]
     known = {f.name for f in fields(cls)}
     unknown = sorted(set(values) - known)
     if unknown:

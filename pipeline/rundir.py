@@ -26,6 +26,12 @@ class RunFolder:
         return self.root / "validation.json"
 
     @property
+    def split(self) -> Path:
+        """The validated rows split into training and held-out (`data.split.SplitData`): validated once, read by
+        training, the smoke test and the gate."""
+        return self.root / "split.pkl"
+
+    @property
     def train_summary(self) -> Path:
         """The training run: counts, timings, the logged steps."""
         return self.root / "train.json"

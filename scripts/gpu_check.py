@@ -43,10 +43,10 @@ def run(mode: str, steps: int) -> dict:
     torch._dynamo.reset()
     torch.cuda.reset_peak_memory_stats()
     params = load_params(ROOT / "params.yaml")
-    config = replace(params["train"], precision="bf16", max_steps=steps, log_every=50)
+    config = replace(params.train, precision="bf16", max_steps=steps, log_every=50)
     started = time.perf_counter()
     result = train_on_data(ROOT / "data/processed/vader.jsonl", ROOT / "data/snapshots/minilm", None, config,
-                           params["validate"], device="cuda", progress=False)  # fmt: skip
+                           params.validate, device="cuda", progress=False)  # fmt: skip
     return {
         "mode": mode, "steps": result.steps, "s_per_step": result.s_per_step,
         "decisions_per_second": result.decisions_per_second, "compile": result.compile,
@@ -61,7 +61,7 @@ def export_memory_check() -> dict:
 
     from pipeline.families.exporting import merged_copy
     from pipeline.families.laya.adapters import apply_lora, has_lora
-    from pipeline.families.laya.layout import load_model
+    from pipeline.families.laya_layout import load_model
 
     loaded = load_model(ROOT / "data/snapshots/minilm")
     apply_lora(loaded.model, r=64, alpha=64, dropout=0.0, targets="all-linear")
@@ -83,7 +83,7 @@ def layer_plan_compile_check() -> dict:
     outputs and summed gradients match eager (dropout off, so both passes see the same numbers)."""
     import torch
 
-    from pipeline.families.laya.layout import load_model
+    from pipeline.families.laya_layout import load_model
     from pipeline.families.planned_layers import apply_layer_plan, physical_layers
     from pipeline.layer_plans import resolve_plan
 

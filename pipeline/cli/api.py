@@ -60,10 +60,15 @@ def _serve(args: argparse.Namespace) -> int:
 def _smoke(args: argparse.Namespace) -> int:
     from pipeline.config import load_params
     from pipeline.data.read import UnreadableInput
+    from pipeline.data.split import TrainSource
     from pipeline.stages.smoke import heldout_requests, smoke_test
 
     try:
-        bodies = heldout_requests(args.data, args.n, load_params(args.params)["validate"], args.all_rows)
+        validated = TrainSource(args.data, split_config=load_params(args.params).validate).validated()
+        records = (
+            validated.split.train + validated.split.heldout if args.all_rows else validated.split.heldout
+        )
+        bodies = heldout_requests(sorted(records, key=lambda r: r.row) if args.all_rows else records, args.n)
     except (UnreadableInput, FileNotFoundError) as error:
         print(f"decision smoke: {error}", file=sys.stderr)
         return EXIT_UNUSABLE

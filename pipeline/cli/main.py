@@ -67,8 +67,8 @@ def _training_setup(args: argparse.Namespace):
     from pipeline.data.pins import PinMismatch
     from pipeline.data.read import BadSlice, UnreadableInput
     from pipeline.families.base import ModelLayoutError
+    from pipeline.training.controls import CancelToken
     from pipeline.training.launch import RankFailed
-    from pipeline.training.loop import CancelToken
 
     errors = (
         ConfigError,
@@ -94,21 +94,34 @@ def _training_setup(args: argparse.Namespace):
             )
             if v is not None
         }
-        return params, replace(params["train"], **overrides), CancelToken(), errors
+        if args.family is not None and args.method is None:
+            overrides["method"] = (
+                None  # params.yaml's method was chosen for its own family: use this one's default
+            )
+        return params, replace(params.train, **overrides), CancelToken(), errors
     except errors as error:
         raise SystemExit(f"decision {args.command}: {error}") from None
 
 
-def _train(args: argparse.Namespace) -> int:
+def _source(args: argparse.Namespace, params):
+    """Where `train` and `finetune` read their decisions: DATA's slice, split as params.yaml says."""
     from pipeline.data.read import RowSlice
+    from pipeline.data.split import TrainSource
+
+    eval_data = getattr(args, "eval_data", None)
+    return TrainSource(args.data, RowSlice.parse(args.slice), eval_data, params.validate)
+
+
+def _train(args: argparse.Namespace) -> int:
     from pipeline.stages.train import train_on_data
+    from pipeline.training.controls import RunControls, RunHooks
 
     params, config, cancel, errors = _training_setup(args)
     try:
         with cancel.on_signals():
-            run = train_on_data(args.data, args.base, args.out, config, params["validate"],
-                                RowSlice.parse(args.slice), args.device, cancel, args.save_on_cancel,
-                                progress=not args.json)  # fmt: skip
+            run = train_on_data(_source(args, params), args.base, args.out, config, args.device,
+                                RunHooks(report=None if args.json else _say),
+                                RunControls(progress=not args.json, cancel=cancel), args.save_on_cancel)  # fmt: skip
     except errors as error:
         print(f"decision train: {error}", file=sys.stderr)
         return EXIT_UNREADABLE
@@ -195,15 +208,15 @@ def _say(line: str) -> None:
 
 
 def _finetune(args: argparse.Namespace) -> int:
-    from pipeline.data.read import RowSlice
     from pipeline.stages.finetune import finetune
+    from pipeline.training.controls import RunControls, RunHooks
 
     params, config, cancel, errors = _training_setup(args)
     try:
         with cancel.on_signals():
-            summary = finetune(args.data, args.base, args.out, config, params["validate"], RowSlice.parse(args.slice),
-                               args.device, cancel, progress=False, eval_data=args.eval_data,
-                               report=None if args.json else _say)  # fmt: skip
+            summary = finetune(_source(args, params), args.base, args.out, config, args.device,
+                               RunHooks(report=None if args.json else _say), RunControls(cancel=cancel),
+                               args.run_dir).to_dict()  # fmt: skip
     except errors as error:
         print(f"decision finetune: {error}", file=sys.stderr)
         return EXIT_UNREADABLE
@@ -212,8 +225,27 @@ def _finetune(args: argparse.Namespace) -> int:
         print(to_json(summary))
     else:
         print_heldout({**summary, "saved_to": summary["export_dir"], "planned_steps": summary["steps"]})  # fmt: skip
-        print(f"family: {summary['family']} ({summary['method']}); temperatures: {summary['temperatures']}")
+        print(
+            f"family: {summary['family']} ({summary['method']}); temperatures: {summary['temperatures']}; "
+            f"run folder (calibration report, plots, expected answers): {summary['run_dir']}"
+        )
     return 130 if summary["cancelled"] else EXIT_OK
+
+
+def _families(args: argparse.Namespace) -> int:
+    from pipeline.families import FAMILIES
+
+    described = {name: {"methods": list(family.methods), "default_method": family.default_method,
+                        "doc": (type(family).__doc__ or "").strip().splitlines()[0]}
+                 for name, family in FAMILIES.items()}  # fmt: skip
+    if args.json:
+        print(to_json(described))
+        return EXIT_OK
+    for name, entry in described.items():
+        print(
+            f"{name}: methods {', '.join(entry['methods'])} (default {entry['default_method']}); {entry['doc']}"
+        )
+    return EXIT_OK
 
 
 def _warn(warnings: list[str]) -> None:
@@ -294,16 +326,18 @@ def _add_training_arguments(command: argparse.ArgumentParser, out_help: str) -> 
     )
     command.add_argument(
         "--family",
-        choices=["laya", "joint"],
-        help="the model family (default: train.family in params.yaml, else what BASE is: a Laya-layout folder "
-        "is laya, a causal LM joint); joint on a Laya-layout base trains the joint record head on its encoder",
+        metavar="NAME",
+        help="the model family (`decision families` lists them; default: train.family in params.yaml, else what "
+        "BASE is: a Laya-layout folder is laya, a causal LM joint); joint on a Laya-layout base trains the joint "
+        "record head on its encoder",
     )
     command.add_argument("--out", required=True, help=out_help)
     command.add_argument(
         "--method",
-        choices=["head", "lora", "full", "qlora"],
-        help="default: train.method in params.yaml; head trains the joint head on the frozen backbone (its "
-        "features computed once); qlora (4-bit nf4 backbone) is for causal-LM bases",
+        metavar="NAME",
+        help="how to train, as the family offers (`decision families` lists each family's methods, its default "
+        "first; default: train.method in params.yaml, or with --family that family's default): head trains the "
+        "joint head on the frozen backbone (its features computed once); qlora (4-bit nf4) is for causal-LM bases",
     )
     command.add_argument("--epochs", type=int, help="epochs (default: train.epochs; a small set trains more, "
                          "up to train.min_steps steps)")  # fmt: skip
@@ -390,13 +424,24 @@ def build_parser() -> argparse.ArgumentParser:
     chain = commands.add_parser(
         "finetune",
         help="validate, slice, split, train, calibrate and export in one command",
-        description="The whole chain: verify pins, validate DATA (--slice taken on the Arrow table), split off "
-        "held-out rows (or use --eval-data), train, fit one temperature per question type on the held-out "
-        "decisions (before/after figures cross-fitted), and export the merged model to OUT.",
+        description="The whole chain, through the same stages as the retrain flow over a run folder: verify pins, "
+        "validate DATA (--slice taken on the Arrow table) and split off held-out rows (or use --eval-data) once, "
+        "train, calibrate on the held-out decisions (before/after figures cross-fitted; the calibration report, "
+        "expected answers and plots stay in the run folder), and export the merged model to OUT.",
     )
     _add_training_arguments(chain, out_help="the export folder")
     chain.add_argument("--eval-data", help="use this file as the held-out set instead of splitting DATA")
+    chain.add_argument("--run-dir", help="the run folder: split, fine-tune, held-out logits, calibration report, "
+                       "expected answers, plots (default: OUT.run beside the export; rewritten each run)")  # fmt: skip
     chain.set_defaults(handler=_finetune)
+
+    families = commands.add_parser(
+        "families",
+        help="the model families, their training methods (default first) and what base folders they start from",
+        description="Every model family this installation has, from the family interface itself.",
+    )
+    families.add_argument("--json", action="store_true", help="print one JSON object instead of lines")
+    families.set_defaults(handler=_families)
     add_api_commands(commands)
     add_registry_commands(commands)
     return parser

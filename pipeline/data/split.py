@@ -10,12 +10,14 @@ whatever the budget, new candidates fill only what budget is left, and `record_h
 from __future__ import annotations
 
 import os
+import pickle
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from pipeline.config import ValidateConfig
-from pipeline.data.validate import Record
+from pipeline.data.read import RowSlice
+from pipeline.data.validate import Record, ValidationReport, validate_file
 
 
 @dataclass(frozen=True)
@@ -85,3 +87,53 @@ def split_holdout(records: list[Record], config: ValidateConfig) -> Split:
         [r for r in records if id(r) not in chosen],
         [r for r in records if id(r) in chosen],
     )
+
+
+@dataclass(frozen=True)
+class TrainSource:
+    """Where a run's decisions come from and how they split: rows START:END of a file, split by `split_config`,
+    or all of them for training with `eval_data` held out instead."""
+
+    data: str | Path
+    row_slice: RowSlice = field(default_factory=RowSlice)
+    eval_data: str | Path | None = None
+    split_config: ValidateConfig = field(default_factory=ValidateConfig)
+
+    def validated(self) -> SplitData:
+        """Validate the rows (and `eval_data`) and split them: once per run; later steps read the result."""
+        validated = validate_file(self.data, self.row_slice)
+        if self.eval_data is not None:
+            split = Split(validated.records, validate_file(self.eval_data).records)
+        else:
+            split = split_holdout(validated.records, self.split_config)
+        return SplitData(validated.report, split)
+
+
+@dataclass(frozen=True)
+class SplitData:
+    """A run's validated rows split in two, with the report that accounts for the rest.
+
+    Validation and the split run once per run (`TrainSource.validated`, the flow's validate stage); training,
+    the smoke test and the promotion gate read this (`RunFolder.split`) instead of validating again.
+    """
+
+    report: ValidationReport
+    split: Split
+
+    def save(self, path: str | Path) -> Path:
+        """Write beside, then rename: a kill never leaves half a file where a later stage reads."""
+        target = Path(path)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile("wb", dir=target.parent, delete=False) as tmp:
+            pickle.dump(self, tmp, protocol=pickle.HIGHEST_PROTOCOL)
+        os.replace(tmp.name, target)
+        return target
+
+    @staticmethod
+    def load(path: str | Path) -> SplitData:
+        """What `save` wrote (a file of this run's own: pickle is safe to read here, never for foreign files)."""
+        with open(path, "rb") as handle:
+            loaded = pickle.load(handle)
+        if not isinstance(loaded, SplitData):
+            raise TypeError(f"{path}: not a saved split")
+        return loaded

@@ -8,9 +8,10 @@ model = load_decision_model("runs/abc/export")                # a family and its
 from __future__ import annotations
 
 import threading
+from dataclasses import replace
 from pathlib import Path
 
-from pipeline.config import ConfigError
+from pipeline.config import ConfigError, TrainConfig
 from pipeline.families.base import DecisionFamily, DecisionModel, ModelLayoutError
 from pipeline.families.joint.family import JointFamily
 from pipeline.families.laya.family import LayaFamily
@@ -41,6 +42,17 @@ def pick_family(folder: str | Path, name: str | None = None) -> DecisionFamily:
         f"{folder}: not a model of any family ({', '.join(FAMILIES)}): no rl_agent_config.json (Laya layout), "
         "decision_config.json + head.safetensors (joint export) or causal-LM config.json; an unfinished export?"
     )
+
+
+def resolve_training(base: str | Path, config: TrainConfig) -> tuple[DecisionFamily, TrainConfig]:
+    """The family that trains on `base` and `config` with its family and method filled in (`train.method: null`
+    is the family's default); ConfigError naming `train.method` when the family does not train that way."""
+    family = pick_family(base, config.family)
+    method = config.method or family.default_method
+    if method not in family.methods:
+        raise ConfigError(f"train.method={method}: the {family.name} family trains with "
+                          f"{' or '.join(family.methods)}")  # fmt: skip
+    return family, replace(config, family=family.name, method=method)
 
 
 def load_decision_model(folder: str | Path) -> DecisionModel:

@@ -92,6 +92,17 @@ class DecisionFamily(ABC):
 
     name: str
     """The family's name (`train.family`, `--family`, `manifest.json`)."""
+    methods: tuple[str, ...]
+    """The training methods it supports (`train.method`, `--method`), its default first."""
+
+    @property
+    def default_method(self) -> str:
+        """What `train.method: null` trains with in this family."""
+        return self.methods[0]
+
+    @abstractmethod
+    def describe_training(self, folder: Path) -> dict[str, Any]:
+        """What a fine-tune folder or export of this family records of its training (method, steps, config, ...)."""
 
     @abstractmethod
     def owns(self, folder: Path) -> bool:
@@ -123,7 +134,7 @@ class DecisionFamily(ABC):
 
     @abstractmethod
     def prepare(self, loaded, config: TrainConfig) -> None:
-        """Make the trainable parameters for `config.method` (LoRA, full, QLoRA, head); ConfigError if unsupported."""
+        """Make the trainable parameters for `config.method` (one of `methods`)."""
 
     def training_examples(self, loaded, examples: list[Any], config: TrainConfig, device: torch.device,
                           report: Callable[[str], None] | None = None) -> list[Any]:  # fmt: skip

@@ -88,10 +88,6 @@ def alias_version(name: str, alias: str) -> str:
         raise RegistryError(f"models:/{name}@{alias}: {error.message}") from error
 
 
-def version_tags(name: str, version: str) -> dict[str, str]:
-    return dict(client().get_model_version(name, version).tags)
-
-
 def download_version(name: str, version: str, dst: str | Path) -> Path:
     """Fetch a version's artifacts into `dst` and return its export folder."""
     import mlflow.artifacts

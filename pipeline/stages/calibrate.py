@@ -6,6 +6,7 @@ answers for the smoke test to compare serving with, and the plots. Family-free: 
 from __future__ import annotations
 
 import json
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +19,27 @@ from pipeline.scoring.plots import reliability_by_type, reliability_diagram, wri
 from pipeline.scoring.report import calibration_report, report_table
 
 
-def calibrate_stage(run_dir: str | Path, soft: bool = False) -> dict[str, Any]:
+@dataclass(frozen=True)
+class CalibrationResult:
+    """What the calibrate stage chose and measured (`calibration.json`)."""
+
+    temperatures: dict[str, float]
+    """Each question type's temperature, by type name."""
+    notes: dict[str, str]
+    """Why a type kept T = 1 (too few decisions, no gain), by type."""
+    calibrator: dict[str, Any]
+    """The chosen calibrator's kind and its cross-fitted NLL."""
+    heldout: dict[str, Any]
+    """The held-out figures of the base and the fine-tune at T = 1 and of the calibrated fine-tune (cross-fitted)."""
+    report: dict[str, Any]
+    """The calibration report's overall and per-type figures."""
+    plots: list[str]
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def calibrate_stage(run_dir: str | Path, soft: bool = False) -> CalibrationResult:
     """Calibrator, figures and report from `heldout.npz` into the run folder; plots under `plots/`."""
     run = RunFolder(run_dir)
     held = load_heldout(run.heldout)
@@ -30,19 +51,19 @@ def calibrate_stage(run_dir: str | Path, soft: bool = False) -> dict[str, Any]:
     report = calibration_report(held.items, choice.cross_fitted)
     run.calibration_report.write_text(json.dumps(report, indent=2))
     run.calibration_report.with_suffix(".md").write_text(report_table(report) + "\n")
-    result = {
-        "temperatures": calibrator.by_name(), "notes": calibrator.notes,
-        "calibrator": {"kind": calibrator.kind, "cross_fitted_nll": choice.nll},
-        "heldout": {
+    result = CalibrationResult(
+        temperatures=calibrator.by_name(), notes=dict(calibrator.notes),
+        calibrator={"kind": calibrator.kind, "cross_fitted_nll": choice.nll},
+        heldout={
             "decisions": len(held.items),
             "base": detailed_metrics(held.items, plain_probabilities(held.base_logits)),
             "tuned": detailed_metrics(held.items, plain_probabilities(held.tuned_logits)),
             "calibrated": detailed_metrics(held.items, choice.cross_fitted),
         },
-        "report": {"overall": report["overall"], "by_type": report["by_type"]},
-        "plots": _write_plots(held, calibrator.kind, served, choice.cross_fitted, run.plots),
-    }  # fmt: skip
-    run.calibration.write_text(json.dumps(result, indent=2))
+        report={"overall": report["overall"], "by_type": report["by_type"]},
+        plots=_write_plots(held, calibrator.kind, served, choice.cross_fitted, run.plots),
+    )  # fmt: skip
+    run.calibration.write_text(json.dumps(result.to_dict(), indent=2))
     return result
 
 

@@ -8,35 +8,44 @@ from __future__ import annotations
 import json
 import sys
 from collections.abc import Callable
-from dataclasses import asdict, replace
+from dataclasses import asdict, dataclass, replace
 from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from pipeline.config import PARAMS_FILE, load_params
-from pipeline.data.dataset import build_dataset
-from pipeline.families.laya.layout import write_snapshot
+from pipeline.config import PARAMS_FILE, Params, load_params
+from pipeline.data.dataset import DatasetResult, build_dataset
+from pipeline.families.laya_layout import write_snapshot
 from pipeline.stages import validate as validate_stage
+from pipeline.stages.validate import ValidateResult
 
 
-def run_dataset(params: dict[str, Any], root: Path) -> dict[str, Any]:
+@dataclass(frozen=True)
+class SnapshotResult:
+    """Where the stock base went and the files it holds."""
+
+    out: str
+    files: list[str]
+
+
+def run_dataset(params: Params, root: Path) -> DatasetResult:
     """Build the embedded VADER dataset (`dataset` in params.yaml)."""
-    return asdict(build_dataset(params["dataset"], root))
+    return build_dataset(params.dataset, root)
 
 
-def run_validate(params: dict[str, Any], root: Path) -> dict[str, Any]:
+def run_validate(params: Params, root: Path) -> ValidateResult:
     """Validate the dataset, split it, and write the report with the split summary."""
-    config = params["validate"]
+    config = params.validate
     if config.holdout_ledger:  # the split reads the ledger where the stage adds to it
         config = replace(config, holdout_ledger=str(root / config.holdout_ledger))
-    return validate_stage.validate_report(
+    return validate_stage.validate_stage(
         root / config.data, config, root / config.report, ledger=config.holdout_ledger
     )
 
 
-def run_snapshot(params: dict[str, Any], root: Path) -> dict[str, Any]:
+def run_snapshot(params: Params, root: Path) -> SnapshotResult:
     """Build the stock base model: the packaged MiniLM encoder plus a seeded, fresh decision head."""
-    config = params["snapshot"]
+    config = params.snapshot
     installed = metadata.version(config.encoder_package)
     if installed != config.encoder_version:
         raise RuntimeError(
@@ -46,18 +55,18 @@ def run_snapshot(params: dict[str, Any], root: Path) -> dict[str, Any]:
     module = __import__(config.encoder_package.replace("-", "_"))
     out = write_snapshot(root / config.out, module.get_model_path(), config.seed, config.head_layers,
                          config.max_len, config.head_max_len)  # fmt: skip
-    return {"out": str(config.out), "files": sorted(p.name for p in out.rglob("*") if p.is_file())}
+    return SnapshotResult(str(config.out), sorted(p.name for p in out.rglob("*") if p.is_file()))
 
 
 # name -> (function, the module whose code the stage runs); dvc.yaml must list the same stages.
-STAGES: dict[str, tuple[Callable[[dict[str, Any], Path], dict[str, Any]], str]] = {
+STAGES: dict[str, tuple[Callable[[Params, Path], Any], str]] = {
     "dataset": (run_dataset, "pipeline/data/dataset.py"),
     "validate": (run_validate, "pipeline/data/validate.py"),
-    "snapshot": (run_snapshot, "pipeline/families/laya/layout.py"),
+    "snapshot": (run_snapshot, "pipeline/families/laya_layout.py"),
 }
 
 
-def run_stage(name: str, params_file: str | Path = PARAMS_FILE, root: str | Path = ".") -> dict[str, Any]:
+def run_stage(name: str, params_file: str | Path = PARAMS_FILE, root: str | Path = "."):
     """Run one stage with the params from `params_file`."""
     if name not in STAGES:
         raise KeyError(f"unknown stage {name!r}; stages: {', '.join(STAGES)}")
@@ -70,7 +79,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"usage: python -m pipeline.stages.dvc {{{','.join(STAGES)}}}", file=sys.stderr)
         return 2
     result = run_stage(args[0])
-    print(json.dumps({k: v for k, v in result.items() if k != "examples"}, indent=2))
+    shown = result.to_dict() if hasattr(result, "to_dict") else asdict(result)
+    print(json.dumps({k: v for k, v in shown.items() if k != "examples"}, indent=2))
     return 0
 
 

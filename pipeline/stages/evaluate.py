@@ -15,9 +15,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from pipeline.config import ValidateConfig
 from pipeline.data.read import RowSlice
-from pipeline.data.split import split_holdout
 from pipeline.data.validate import Record, validate_file
 from pipeline.families import load_decision_model
 from pipeline.scoring.conformal import conformal_report
@@ -62,10 +60,9 @@ def score_records(model_dir: str | Path, records: list[Record], device: str = "c
     return decisions, skipped, family.served_probabilities(model.loaded, decisions, logits), family.name
 
 
-def score_heldout(model_dir: str | Path, data: str | Path, split_config: ValidateConfig,
+def score_heldout(model_dir: str | Path, heldout: list[Record],
                   device: str = "cpu") -> tuple[list[ScoredDecision], list[np.ndarray]]:  # fmt: skip
-    """The decisions of the held-out split of `data` and `model_dir`'s probabilities for them, as served: what the
+    """The decisions of a run's held-out records and `model_dir`'s probabilities for them, as served: what the
     gate compares, champion and challenger alike."""
-    heldout = split_holdout(validate_file(data).records, split_config).heldout
     decisions, _, probabilities, _ = score_records(model_dir, heldout, device)
     return decisions, probabilities

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from pipeline.config import TrainConfig
 from pipeline.data.pins import current_md5
-from pipeline.families import load_decision_model, pick_family
+from pipeline.families import load_decision_model, pick_family, resolve_training
 from pipeline.families.base import ExportResult
 from pipeline.families.exporting import read_manifest
 from pipeline.lineage import export_manifest
@@ -33,6 +33,7 @@ def export_stage(run_dir: str | Path, out: str | Path, data: str | Path, base: s
                  config: TrainConfig) -> ExportResult:  # fmt: skip
     """The flow's export stage: the run's fine-tune with the calibrator its calibrate stage chose, merged."""
     run = RunFolder(run_dir)
+    _, config = resolve_training(base, config)  # the manifest records the family and method trained
     summary = json.loads(run.train_summary.read_text())
     calibration = json.loads(run.calibration.read_text())
     calibrator = Calibrator.from_json(json.loads(run.calibrator.read_text()))

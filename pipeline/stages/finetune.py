@@ -1,5 +1,6 @@
-"""`decision finetune`: the whole chain for any family: pins, validation, slice, split, training, calibration,
-merged export, one JSON-ready summary.
+"""`decision finetune`: the flow's chain in one command, through the same stage functions over a run folder:
+validate and split once, train, calibrate, export. The run folder keeps what the flow's keeps (the fine-tune,
+held-out logits, calibration report, expected answers, plots), so the files do not depend on the door.
 
     decision finetune --data data/processed/vader.jsonl --base data/snapshots/minilm --out models/tuned
     decision finetune ... --family joint        # the joint record head on the same MiniLM encoder
@@ -7,56 +8,108 @@ merged export, one JSON-ready summary.
 
 from __future__ import annotations
 
+import json
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pipeline.config import ConfigError, TrainConfig, ValidateConfig
-from pipeline.data.read import RowSlice
-from pipeline.device import peak_memory_mb
-from pipeline.lineage import export_manifest
-from pipeline.scoring.calibrators import choose_calibrator
-from pipeline.scoring.metrics import detailed_metrics
-from pipeline.training.fit import fit_on_data
-from pipeline.training.loop import CancelToken
+from pipeline.config import TrainConfig
+from pipeline.data.pins import pin_status, verify_inputs
+from pipeline.data.split import TrainSource
+from pipeline.families import resolve_training
+from pipeline.rundir import RunFolder
+from pipeline.stages.calibrate import CalibrationResult, calibrate_stage
+from pipeline.stages.export import export_stage
+from pipeline.stages.train import train_stage
+from pipeline.training.controls import RunControls, RunHooks
+from pipeline.training.fit import TrainRun
 
 SUMMARY_METRICS = ("accuracy", "record_accuracy", "ece", "brier", "loss")
 
 
-def finetune(data: str | Path, base: str | Path, out: str | Path, config: TrainConfig,
-             split_config: ValidateConfig = ValidateConfig(), row_slice: RowSlice = RowSlice(),
-             device: str = "auto", cancel: CancelToken | None = None, progress: bool = True,
-             eval_data: str | Path | None = None, soft_calibration: bool = False,
-             report=None, on_eval=None) -> dict[str, Any]:  # fmt: skip
-    """validate, slice, split, train, calibrate, export. A cancel during training or calibration exports nothing.
+@dataclass(frozen=True)
+class FinetuneResult:
+    """The chain's summary: the training run, the calibration, where the export and the run folder are."""
 
-    `report` gets a line at each long step (the budget and why, scoring, training progress); `on_eval(step,
-    metrics)` the held-out figures before, during (a third and two thirds of the way) and after training."""
-    if config.nproc > 1:
-        raise ConfigError(f"train.nproc={config.nproc}: finetune trains in one process; train data-parallel with "
-                          "`decision train --nproc N` or the retrain flow (train.nproc in params.yaml)")  # fmt: skip
-    trained = fit_on_data(data, base, config, split_config, row_slice, device, cancel, progress, eval_data,
-                          report=report, on_eval=on_eval)  # fmt: skip
-    run, decisions = trained.run, trained.heldout
-    choice = choose_calibrator(decisions, trained.tuned_logits, soft_calibration)
-    calibrator = choice.calibrator
-    heldout = dict(run.heldout, calibrated=detailed_metrics(decisions, choice.cross_fitted))
-    cancelled = run.cancelled or (cancel is not None and cancel.cancelled)
-    export_dir = None
-    if not cancelled:
-        manifest = export_manifest(
-            data, base, config, run.family, run.to_dict(), calibrator.temperatures, heldout
-        )
-        export_dir = trained.family.export(trained.loaded, out, calibrator, manifest).out
-    return {
-        "family": run.family, "method": run.method, "rows": run.rows, "decisions": run.decisions,
-        "skipped": run.skipped, "heldout": {k: summary_metrics(v) if isinstance(v, dict) else v for k, v in heldout.items()},
-        "temperatures": calibrator.by_name(), "temperature_notes": calibrator.notes, "calibrator": calibrator.kind,
-        "calibrator_nll": choice.nll, "export_dir": export_dir,
-        "cancelled": cancelled, "train_seconds": run.train_seconds, "s_per_step": run.s_per_step, "steps": run.steps,
-        "decisions_per_second": run.decisions_per_second, "peak_memory_mb": peak_memory_mb(),
-        "precision": run.precision, "compile": run.compile, "losses": run.losses, "warnings": run.warnings,
-        "budget": run.budget, "pins": run.pins, "inputs": run.inputs,
-    }  # fmt: skip
+    family: str
+    method: str
+    rows: int
+    decisions: int
+    skipped: dict[str, int]
+    heldout: dict[str, Any]
+    """Base, fine-tune and calibrated (cross-fitted) figures on the held-out decisions."""
+    export_dir: str | None
+    """None when cancelled: a cancel during training or calibration exports nothing."""
+    run_dir: str
+    cancelled: bool
+    steps: int
+    train_seconds: float
+    s_per_step: float
+    decisions_per_second: float
+    peak_memory_mb: float | None
+    precision: str
+    budget: str
+    temperatures: dict[str, float] = field(default_factory=dict)
+    temperature_notes: dict[str, str] = field(default_factory=dict)
+    calibrator: str | None = None
+    calibrator_nll: float | None = None
+    compile: dict[str, Any] = field(default_factory=dict)
+    losses: list[tuple[int, float]] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    pins: dict[str, str] = field(default_factory=dict)
+    inputs: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def default_run_dir(out: str | Path) -> Path:
+    """Where `finetune` keeps its run folder unless told: beside the export, `<out>.run`."""
+    return Path(out).with_name(Path(out).name + ".run")
+
+
+def finetune(source: TrainSource, base: str | Path, out: str | Path, config: TrainConfig, device: str = "auto",
+             hooks: RunHooks = RunHooks(), controls: RunControls = RunControls(),
+             run_dir: str | Path | None = None) -> FinetuneResult:  # fmt: skip
+    """Validate and split `source` once, then the flow's train, calibrate and export stages over `run_dir`
+    (default `<out>.run`, started afresh); the export goes to `out`. A cancel during training or calibration
+    exports nothing."""
+    _, config = resolve_training(base, config)  # refuse a method the family lacks before validating
+    named = {"data": source.data, "base": base, "eval_data": source.eval_data}
+    named = {name: path for name, path in named.items() if path is not None}
+    checked = {"pins": verify_inputs(list(named.values())), "inputs": pin_status(named)}
+    run = RunFolder(run_dir or default_run_dir(out))
+    run.root.mkdir(parents=True, exist_ok=True)
+    run.checkpoint.unlink(missing_ok=True)  # a finetune starts afresh: its folder is not keyed by the data
+    validated = source.validated()
+    validated.save(run.split)
+    run.validation.write_text(json.dumps(validated.report.to_dict(), indent=2) + "\n")
+    hooks.say(f"run folder {run.root}: {validated.split.summary()}")
+    trained = train_stage(run.root, base, config, device, hooks, controls, checked)
+    if trained.cancelled or controls.cancelled:
+        return _result(trained, None, None, run, cancelled=True)
+    calibration = calibrate_stage(run.root)
+    if controls.cancelled:
+        return _result(trained, calibration, None, run, cancelled=True)
+    exported = export_stage(run.root, out, source.data, base, config)
+    return _result(trained, calibration, exported.out, run, cancelled=False)
+
+
+def _result(run: TrainRun, calibration: CalibrationResult | None, export_dir: str | None, folder: RunFolder,
+            cancelled: bool) -> FinetuneResult:  # fmt: skip
+    heldout = dict(run.heldout) | ({"calibrated": calibration.heldout["calibrated"]} if calibration else {})
+    calibrated = {
+        "temperatures": calibration.temperatures, "temperature_notes": calibration.notes,
+        "calibrator": calibration.calibrator["kind"], "calibrator_nll": calibration.calibrator["cross_fitted_nll"],
+    } if calibration else {}  # fmt: skip
+    return FinetuneResult(
+        family=run.family, method=run.method, rows=run.rows, decisions=run.decisions, skipped=run.skipped,
+        heldout={k: summary_metrics(v) if isinstance(v, dict) else v for k, v in heldout.items()},
+        export_dir=export_dir, run_dir=str(folder.root), cancelled=cancelled, steps=run.steps,
+        train_seconds=run.train_seconds, s_per_step=run.s_per_step, decisions_per_second=run.decisions_per_second,
+        peak_memory_mb=run.peak_memory_mb, precision=run.precision, budget=run.budget, compile=run.compile,
+        losses=run.losses, warnings=run.warnings, pins=run.pins, inputs=run.inputs, **calibrated,
+    )  # fmt: skip
 
 
 def summary_metrics(metrics: dict[str, float]) -> dict[str, float]:

@@ -11,7 +11,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from pipeline.config import PromoteConfig, ValidateConfig
+from pipeline.config import PromoteConfig
+from pipeline.data.validate import Record
 from pipeline.mlops.promotion import (
     CHALLENGER,
     CHAMPION,
@@ -33,11 +34,11 @@ def register_stage(export_dir: str | Path, name: str, run_id: str, tags: dict[st
     return version
 
 
-def promotion_stage(name: str, version: str, calibrated: dict[str, float], smoke_passed: bool, data: str | Path,
-                    split_config: ValidateConfig, config: PromoteConfig,
-                    learning_warnings: list[str] | None = None,
+def promotion_stage(name: str, version: str, calibrated: dict[str, float], smoke_passed: bool,
+                    heldout: list[Record], config: PromoteConfig, learning_warnings: list[str] | None = None,
                     unpinned: bool = False) -> dict[str, Any]:  # fmt: skip
-    """Gate `version` against the champion scored now on the same split; move `champion` when it passes.
+    """Gate `version` against the champion, both scored now on the run's `heldout` records; move `champion` when
+    it passes.
 
     `unpinned`: the version was trained with --allow-unpinned, and the gate holds it."""
     champion_version = current(name, CHAMPION)
@@ -45,9 +46,7 @@ def promotion_stage(name: str, version: str, calibrated: dict[str, float], smoke
         return {"promote": False, "reasons": ["already the champion"], "champion": version}
     comparison = None
     if champion_version is not None:
-        comparison = compare_versions(
-            name, champion_version, version, data, split_config, config.nll_confidence
-        )
+        comparison = compare_versions(name, champion_version, version, heldout, config.nll_confidence)
     verdict = gate(calibrated, comparison, smoke_passed, config, learning_warnings, unpinned=unpinned)
     tags = {GATE_TAG: "promote" if verdict.promote else "hold", GATE_REASONS_TAG: "; ".join(verdict.reasons)}
     if comparison is not None:
@@ -60,10 +59,12 @@ def promotion_stage(name: str, version: str, calibrated: dict[str, float], smoke
                                 "comparison": comparison and comparison.to_dict()}  # fmt: skip
 
 
-def compare_versions(name: str, champion: str, challenger: str, data: str | Path, split_config: ValidateConfig,
+def compare_versions(name: str, champion: str, challenger: str, heldout: list[Record],
                      confidence: float) -> PairedComparison:  # fmt: skip
-    """Both registered versions downloaded and scored now on the same held-out split, compared decision by decision."""
+    """Both registered versions downloaded and scored now on the same held-out records, compared decision by
+    decision."""
     with tempfile.TemporaryDirectory() as tmp:
-        scored = [score_heldout(download_version(name, v, f"{tmp}/{v}"), data, split_config)
-                  for v in (champion, challenger)]  # fmt: skip
+        scored = [
+            score_heldout(download_version(name, v, f"{tmp}/{v}"), heldout) for v in (champion, challenger)
+        ]
     return paired_comparison(scored[0], scored[1], confidence)

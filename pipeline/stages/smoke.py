@@ -25,10 +25,8 @@ from typing import Any
 import numpy as np
 import orjson
 
-from pipeline.config import load_params
 from pipeline.data.answers import answer_probabilities, chosen_option, parse_request
-from pipeline.data.split import split_holdout
-from pipeline.data.validate import validate_file
+from pipeline.data.validate import Record
 from pipeline.families import load_decision_model
 from pipeline.mlops.promotion import SMOKE_TAG
 from pipeline.mlops.registry import client, download_version
@@ -63,17 +61,12 @@ class SmokeResult:
         return asdict(self) | {"passed": self.passed}
 
 
-def heldout_requests(
-    data: str | Path, n: int, split_config=None, all_rows: bool = False
-) -> list[dict[str, Any]]:
-    """Request bodies (state and usable questions) of held-out rows, up to `n` decisions.
+def heldout_requests(records: list[Record], n: int) -> list[dict[str, Any]]:
+    """Request bodies (state and usable questions) of validated rows, up to `n` decisions.
 
-    The split is params.yaml's (`validate:`) unless `split_config` is given. The i-th body is the i-th record of
-    the held-out split (the `record` index the trained model's expected answers are keyed by).
+    Given a run's held-out records (`SplitData.split.heldout`), the i-th body is the i-th held-out record (the
+    `record` index the trained model's expected answers are keyed by).
     """
-    records = validate_file(data).records
-    if not all_rows:
-        records = split_holdout(records, split_config or load_params()["validate"]).heldout
     bodies, decisions = [], 0
     for record in records:
         if decisions >= n:
@@ -243,11 +236,11 @@ def _wait_healthy(url: str, server, log, timeout_s: float) -> None:
         time.sleep(0.2)
 
 
-def smoke_version(name: str, version: str, data: str | Path, n: int, split_config,
+def smoke_version(name: str, version: str, heldout: list[Record], n: int,
                   expected: str | Path | None = None) -> SmokeResult:  # fmt: skip
-    """The flow's smoke-test stage: serve a registered version over HTTP, smoke-test it against its folder and the
-    trained model's `expected` answers, tag the version."""
-    bodies = heldout_requests(data, n, split_config)
+    """The flow's smoke-test stage: serve a registered version over HTTP, smoke-test it on the run's `heldout`
+    records against its folder and the trained model's `expected` answers, tag the version."""
+    bodies = heldout_requests(heldout, n)
     with tempfile.TemporaryDirectory() as tmp:
         result = serve_and_smoke(download_version(name, version, tmp), bodies, expected=expected)
     tags = {SMOKE_TAG: "passed" if result.passed else "failed", "smoke_agreement": str(result.agreement),

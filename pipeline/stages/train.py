@@ -1,4 +1,5 @@
-"""The train stage: fit a fine-tune of a base on decision rows and save it (any family).
+"""The train stage: fit a fine-tune of a base on decision rows validated and split once, and save it (any
+family).
 
 decision train --data data/processed/vader.jsonl --base data/snapshots/minilm --out runs/lora --max-steps 40
 decision train ... --nproc 2     # data-parallel under torchrun: 2 ranks, each on its share of every window
@@ -8,140 +9,136 @@ from __future__ import annotations
 
 import json
 import tempfile
-from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from pipeline.config import ConfigError, TrainConfig, ValidateConfig
-from pipeline.data.read import RowSlice
+from pipeline.config import ConfigError, TrainConfig
+from pipeline.data.pins import pin_status, verify_inputs
+from pipeline.data.split import SplitData, TrainSource
 from pipeline.device import peak_memory_mb
 from pipeline.lineage import source_digest
 from pipeline.rundir import RunFolder
 from pipeline.scoring.heldout import HeldOut, save_heldout
 from pipeline.training.checkpoint import Checkpointer
-from pipeline.training.fit import Trained, TrainRun, fit_on_data, training_description
+from pipeline.training.controls import RunControls, RunHooks
+from pipeline.training.fit import Trained, TrainRun, fit, training_description
 from pipeline.training.launch import launch_ranks
-from pipeline.training.loop import CancelToken
-from pipeline.training.ranks import Ranks
 
 RANKS_MODULE = "pipeline.stages.train_ranks"
 """What torchrun runs on each rank when `train.nproc` > 1 (named, not imported: it imports this module)."""
 
 
-def save_trained(trained: Trained, out: Path, data, base, config: TrainConfig) -> Path:
+def save_trained(trained: Trained, out: Path, data: str | Path, base: str | Path) -> Path:
     """The fine-tune as its family keeps it, with what it was trained on and how."""
-    run = trained.run
+    run, config = trained.run, trained.config
     digest = source_digest(data, base, config, run.pins, run.steps, run.losses)
     return trained.family.save_finetune(trained.loaded, out, training_description(config, base, run, digest))
 
 
-def train_on_data(data: str | Path, base: str | Path, out: str | Path | None, config: TrainConfig,
-                  split_config: ValidateConfig = ValidateConfig(), row_slice: RowSlice = RowSlice(),
-                  device: str = "auto", cancel: CancelToken | None = None, save_on_cancel: bool = False,
-                  progress: bool = True, eval_data: str | Path | None = None,
-                  ranks: Ranks | None = None) -> TrainRun:  # fmt: skip
-    """Train a fine-tune of `base` on `data` and save it to `out` (nothing when cancelled, unless asked).
+def record_inputs(run: TrainRun, named: dict[str, str | Path | None]) -> None:
+    """Verify the inputs DVC pins (refusing on a mismatch) and record them and their pin status on the run."""
+    named = {name: path for name, path in named.items() if path is not None}
+    run.pins, run.inputs = verify_inputs(list(named.values())), pin_status(named)
 
-    With `train.nproc` > 1 the ranks train under torchrun (a signal stops them all; nothing is saved then)."""
-    if config.nproc > 1 and ranks is None:
+
+def train_on_data(source: TrainSource, base: str | Path, out: str | Path | None, config: TrainConfig,
+                  device: str = "auto", hooks: RunHooks = RunHooks(), controls: RunControls = RunControls(),
+                  save_on_cancel: bool = False) -> TrainRun:  # fmt: skip
+    """`decision train`: validate and split `source`, train a fine-tune of `base` and save it to `out` (nothing
+    when cancelled, unless asked). With `train.nproc` > 1 the ranks train under torchrun (a signal stops them
+    all; nothing is saved then)."""
+    named = {"data": source.data, "base": base, "eval_data": source.eval_data}
+    verify_inputs([path for path in named.values() if path is not None])  # refuse before validating
+    data = source.validated()
+    if config.nproc > 1 and controls.ranks is None:
         if save_on_cancel:
             raise ConfigError("--save-on-cancel: not with train.nproc > 1 (a signal stops every rank)")
-        return train_on_ranks(data, base, out, config, split_config, row_slice, device, progress, eval_data)
-    trained = fit_on_data(data, base, config, split_config, row_slice, device, cancel, progress, eval_data,
-                          ranks=ranks)  # fmt: skip
-    run = trained.run
-    if out is not None and (not run.cancelled or save_on_cancel):
-        run.saved_to = str(save_trained(trained, Path(out), data, base, config))
+        run = train_on_ranks(data, base, out, config, device, controls.progress, source.data)
+    else:
+        run = fit_and_save(data, base, out, config, device, hooks, controls, save_on_cancel, source.data)
+    record_inputs(run, named)
     return run
 
 
-def train_on_ranks(data: str | Path, base: str | Path, out: str | Path | None, config: TrainConfig,
-                   split_config: ValidateConfig = ValidateConfig(), row_slice: RowSlice = RowSlice(),
-                   device: str = "auto", progress: bool = True, eval_data: str | Path | None = None,
+def fit_and_save(data: SplitData, base: str | Path, out: str | Path | None, config: TrainConfig, device: str,
+                 hooks: RunHooks, controls: RunControls, save_on_cancel: bool, source: str | Path) -> TrainRun:  # fmt: skip
+    """Train on `data` and save the fine-tune to `out` unless cancelled (or asked to save anyway)."""
+    trained = fit(data, base, config, device, hooks, controls)
+    run = trained.run
+    if out is not None and (not run.cancelled or save_on_cancel):
+        run.saved_to = str(save_trained(trained, Path(out), source, base))
+    return run
+
+
+def train_on_ranks(data: SplitData, base: str | Path, out: str | Path | None, config: TrainConfig,
+                   device: str = "auto", progress: bool = True, source: str | Path = "",
                    nproc: int | None = None) -> TrainRun:  # fmt: skip
-    """`train_on_data` on `nproc` (default `train.nproc`) torchrun ranks; `nproc=1` measures the launcher."""
-    arguments = {"data": str(data), "base": str(base), "out": out and str(out), "row_slice": asdict(row_slice),
-                 "eval_data": eval_data and str(eval_data), "progress": progress}  # fmt: skip
+    """`fit_and_save` on `nproc` (default `train.nproc`) torchrun ranks; `nproc=1` measures the launcher."""
     with tempfile.TemporaryDirectory(prefix="decision-ranks-") as folder:
-        described = _run_ranks("train_on_data", Path(folder), arguments, config, split_config, device,
+        split = data.save(Path(folder) / "split.pkl")
+        arguments = {"base": str(base), "out": out and str(out), "progress": progress, "source": str(source)}
+        described = _run_ranks("fit_and_save", Path(folder), split, arguments, config, device,
                                nproc=nproc or config.nproc)  # fmt: skip
     return TrainRun(**described)
 
 
-def describe_finetune(folder: str | Path) -> dict[str, Any]:
-    """What a saved fine-tune folder records of its training."""
-    folder = Path(folder)
-    for name, key in (("decision_adapter.json", None), ("rl_agent_config.json", "training"),
-                      ("decision_config.json", "training")):  # fmt: skip
-        if (folder / name).is_file():
-            described = json.loads((folder / name).read_text())
-            return described[key] if key else described
-    raise FileNotFoundError(f"{folder}: no fine-tune description")
-
-
-def train_stage(data: str | Path, base: str | Path, run_dir: str | Path, config: TrainConfig,
-                split_config: ValidateConfig = ValidateConfig(), device: str = "auto",
-                progress: bool = True, report: Callable[[str], None] | None = None, on_log=None,
-                on_eval=None, inputs: dict[str, dict[str, Any]] | None = None, run_id: str | None = None,
-                ranks: Ranks | None = None) -> dict[str, Any]:  # fmt: skip
-    """The flow's train stage: the fine-tune, the held-out logits and a summary, into the run folder.
+def train_stage(run_dir: str | Path, base: str | Path, config: TrainConfig, device: str = "auto",
+                hooks: RunHooks = RunHooks(), controls: RunControls = RunControls(),
+                checked: dict[str, Any] | None = None) -> TrainRun:  # fmt: skip
+    """The train stage: on the run folder's split (`RunFolder.split`, from the validate stage), the fine-tune,
+    the held-out logits and a summary, into the run folder.
 
     `finetune/` holds the fine-tune, `heldout.npz` the held-out decisions with base and tuned logits (what
     calibration needs), `train.json` the run with its logged steps (loss, lr, s/step) and held-out checkpoints.
     `checkpoint.pt` holds the training state (every `train.checkpoint_every_steps` steps or
-    `train.checkpoint_every_minutes` minutes): a run killed mid-training resumes from it, and `train.json`
-    says from which step (`resumed_from_step`). `report` gets progress lines; `on_log` each logging step and
-    `on_eval(step, metrics)` each held-out checkpoint, as they happen (the flow sends them to the live MLflow
-    run). A resumed run's held-out checkpoints are those scored after the resume (the earlier ones were sent
-    to `on_eval` before the kill). `inputs` replaces the run's own
-    pin record: the flow trains on a slice of its data, and what it pinned is the data and base it checked.
+    `train.checkpoint_every_minutes` minutes): a run killed mid-training resumes from it, and `train.json` says
+    from which step (`resumed_from_step`). A resumed run's held-out checkpoints are those scored after the resume
+    (the earlier ones were sent to `hooks.on_eval` before the kill). `checked` holds the `pins` and `inputs` the
+    caller checked (the flow's pin task), recorded on the run.
 
     With `train.nproc` > 1 the stage runs on that many ranks under torchrun (`stages.train_ranks`): rank 0
-    scores, checkpoints and writes all of the above, its lines and events come back to `report`, `on_log` and
-    `on_eval` here, and every rank knows `run_id` (the MLflow run) as `MLFLOW_RUN_ID`. `ranks` is given only on
-    a rank.
+    scores, checkpoints and writes all of the above, its lines and events come back to `hooks` here, and every
+    rank knows `hooks.mlflow_run_id` as `MLFLOW_RUN_ID`. `controls.ranks` is given only on a rank.
     """
     run_folder = RunFolder(run_dir)
-    run_folder.root.mkdir(parents=True, exist_ok=True)
-    if config.nproc > 1 and ranks is None:
-        arguments = {"data": str(data), "base": str(base), "run_dir": str(run_dir), "inputs": inputs}
-        return _run_ranks("train_stage", run_folder.ranks, arguments, config, split_config, device, run_id,
-                          report, on_log, on_eval)  # fmt: skip
+    if config.nproc > 1 and controls.ranks is None:
+        arguments = {"base": str(base), "run_dir": str(run_dir), "checked": checked}
+        described = _run_ranks("train_stage", run_folder.ranks, run_folder.split, arguments, config, device,
+                               hooks)  # fmt: skip
+        return TrainRun(**described)
     checkpoints: list[dict[str, float]] = []
 
     def evaluated(step: int, metrics: dict[str, float]) -> None:
         checkpoints.append({"step": step, **metrics})
-        if on_eval:
-            on_eval(step, metrics)
+        hooks.evaluated(step, metrics)
 
-    trained = fit_on_data(data, base, config, split_config, device=device, progress=progress, on_log=on_log,
-                          report=report, on_eval=evaluated,
-                          checkpoints=Checkpointer(run_folder.checkpoint, config), ranks=ranks)  # fmt: skip
+    data = SplitData.load(run_folder.split)
+    controls = RunControls(controls.progress, controls.cancel, Checkpointer(run_folder.checkpoint, config),
+                           controls.ranks, controls.compile)  # fmt: skip
+    trained = fit(data, base, config, device, RunHooks(hooks.report, hooks.on_log, evaluated), controls)
     run = trained.run
-    run.saved_to = str(save_trained(trained, run_folder.finetune, data, base, config))
-    if inputs is not None:
-        run.inputs = inputs
+    run.saved_to = str(save_trained(trained, run_folder.finetune, run_folder.split, base))
+    run.heldout_checkpoints, run.peak_memory_mb = checkpoints, peak_memory_mb()
+    run.mlflow_run_id = hooks.mlflow_run_id
+    for name, value in (checked or {}).items():
+        setattr(run, name, value)
     save_heldout(
         run_folder.heldout,
         HeldOut(trained.heldout, trained.base_logits, trained.tuned_logits, trained.options),
     )
-    summary = run.to_dict() | {"heldout_checkpoints": checkpoints,
-                               "peak_memory_mb": peak_memory_mb()}  # fmt: skip
-    run_folder.train_summary.write_text(json.dumps(summary, indent=2, default=str))
-    return summary
+    run_folder.train_summary.write_text(json.dumps(run.to_dict(), indent=2, default=str))
+    return run
 
 
-def _run_ranks(job: str, folder: Path, arguments: dict[str, Any], config: TrainConfig,
-               split_config: ValidateConfig, device: str, run_id: str | None = None, report=None, on_log=None,
-               on_eval=None, nproc: int | None = None) -> dict[str, Any]:  # fmt: skip
-    """Write the ranks' spec into `folder`, run `job` on `nproc` (default `train.nproc`) ranks, and return rank 0's
-    result."""
+def _run_ranks(job: str, folder: Path, split: Path, arguments: dict[str, Any], config: TrainConfig, device: str,
+               hooks: RunHooks = RunHooks(), nproc: int | None = None) -> dict[str, Any]:  # fmt: skip
+    """Write the ranks' spec into `folder`, run `job` on `nproc` (default `train.nproc`) ranks over the saved
+    `split`, and return rank 0's result."""
     folder.mkdir(parents=True, exist_ok=True)
     spec, result = folder / "spec.json", folder / "result.json"
     result.unlink(missing_ok=True)
-    spec.write_text(json.dumps({"job": job, "arguments": arguments, "config": asdict(config),
-                                "split_config": asdict(split_config), "device": device,
-                                "result": str(result)}, indent=2))  # fmt: skip
-    launch_ranks(RANKS_MODULE, spec, nproc or config.nproc, run_id, report, on_log, on_eval)
+    spec.write_text(json.dumps({"job": job, "split": str(split), "arguments": arguments, "config": asdict(config),
+                                "device": device, "result": str(result)}, indent=2))  # fmt: skip
+    launch_ranks(RANKS_MODULE, spec, nproc or config.nproc, hooks)
     return json.loads(result.read_text())

@@ -1,4 +1,5 @@
-"""The validate stage: the validation report of a decision file (or its slice) with the held-out split summary.
+"""The validate stage: the validation report of a decision file (or its slice) with the held-out split summary,
+and, for a run, the validated rows split in two (`RunFolder.split`) for every later stage to read.
 
 The same function for `dvc repro validate` and the retraining flow's validate task.
 """
@@ -6,30 +7,47 @@ The same function for `dvc repro validate` and the retraining flow's validate ta
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from pipeline.config import ValidateConfig
 from pipeline.data.read import RowSlice
-from pipeline.data.split import record_heldout, split_holdout
-from pipeline.data.validate import validate_file
+from pipeline.data.split import TrainSource, record_heldout
+from pipeline.data.validate import ValidationReport
 
 
-def validate_report(data: str | Path, config: ValidateConfig, out: str | Path | None = None,
-                    row_slice: str | None = None, ledger: str | Path | None = None) -> dict[str, Any]:  # fmt: skip
-    """The report of `data` (or its slice) with the split summary; written to `out` if given.
+@dataclass(frozen=True)
+class ValidateResult:
+    """The report, the split's row and decision counts, and (with a ledger) how many rows it newly holds out."""
+
+    report: ValidationReport
+    split: dict[str, int]
+    newly_held_out: int | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """`validation.json`: the report with the split summary."""
+        return self.report.to_dict() | {"split": self.split}
+
+
+def validate_stage(data: str | Path, config: ValidateConfig, out: str | Path | None = None,
+                   row_slice: str | None = None, ledger: str | Path | None = None,
+                   split_out: str | Path | None = None) -> ValidateResult:  # fmt: skip
+    """The report of `data` (or its slice) with the split summary; written to `out` if given, and the split
+    itself to `split_out` (a run's `RunFolder.split`) if given.
 
     With `ledger` (the DVC stage passes `validate.holdout_ledger`), the held-out rows are added to it, so they
     stay held out as the data grows; the flow's validate task only reads it.
     """
-    validated = validate_file(data, RowSlice.parse(row_slice))
-    split = split_holdout(validated.records, config)
-    report = validated.report.to_dict() | {"split": split.summary()}
+    validated = TrainSource(data, RowSlice.parse(row_slice), split_config=config).validated()
+    result = ValidateResult(validated.report, validated.split.summary())
     if out is not None:
         Path(out).parent.mkdir(parents=True, exist_ok=True)
-        Path(out).write_text(json.dumps(report, indent=2) + "\n")
+        Path(out).write_text(json.dumps(result.to_dict(), indent=2) + "\n")
+    if split_out is not None:
+        validated.save(split_out)
     if ledger is not None:
-        # Returned, not written: the count depends on what earlier runs held out, and the written report is a DVC
-        # metric that must depend on the data and params alone.
-        return report | {"split": report["split"] | {"newly_held_out": record_heldout(split, ledger)}}
-    return report
+        # Kept out of the written report: the count depends on what earlier runs held out, and the written report
+        # is a DVC metric that must depend on the data and params alone.
+        return ValidateResult(result.report, result.split, record_heldout(validated.split, ledger))
+    return result

@@ -10,7 +10,7 @@ A rank that fails ends the stage: torchrun stops the other ranks and prints the 
 the rank's traceback or the signal that killed it), and `RankFailed` carries that. A rank stuck in a collective
 fails after `train.dist_timeout_minutes` (the process group's timeout), which ends the others the same way.
 
-    result = launch_ranks("pipeline.stages.train_ranks", spec_file, nproc=2, report=print)
+    launch_ranks("pipeline.stages.train_ranks", spec_file, nproc=2, hooks=RunHooks(report=print))
 """
 
 from __future__ import annotations
@@ -23,11 +23,11 @@ import subprocess
 import sys
 import threading
 from collections import deque
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pipeline
+from pipeline.training.controls import RunHooks
 
 RANK_EVENT = "@decision-rank-event "
 """The prefix of rank 0's event lines on its stdout (the JSON object follows)."""
@@ -62,14 +62,12 @@ def rank_environment(nproc: int, run_id: str | None) -> dict[str, str]:
     return env
 
 
-def launch_ranks(module: str, spec: Path, nproc: int, run_id: str | None = None,
-                 report: Callable[[str], None] | None = None,
-                 on_log: Callable[[dict[str, float]], None] | None = None,
-                 on_eval: Callable[[int, dict[str, float]], None] | None = None) -> None:  # fmt: skip
+def launch_ranks(module: str, spec: Path, nproc: int, hooks: RunHooks = RunHooks()) -> None:
     """Run `module spec` on `nproc` ranks and return when all have finished; `RankFailed` when one failed.
 
-    Rank 0's plain stdout lines go to `report` (else to stderr, so a `--json` stdout stays one object)."""
-    process = subprocess.Popen(torchrun_command(module, spec, nproc), env=rank_environment(nproc, run_id),
+    Rank 0's plain stdout lines go to `hooks.report` (else to stderr, so a `--json` stdout stays one object), its
+    events to `hooks.on_log` and `hooks.on_eval`."""
+    process = subprocess.Popen(torchrun_command(module, spec, nproc), env=rank_environment(nproc, hooks.mlflow_run_id),
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, bufsize=1,
                                preexec_fn=_end_with_parent if sys.platform == "linux" else None)  # fmt: skip
     kept: deque[str] = deque(maxlen=STDERR_KEPT)
@@ -77,7 +75,7 @@ def launch_ranks(module: str, spec: Path, nproc: int, run_id: str | None = None,
     echo.start()
     try:
         for line in process.stdout:
-            _relay(line.rstrip("\n"), report, on_log, on_eval)
+            _relay(line.rstrip("\n"), hooks)
         code = process.wait()
     finally:
         if process.poll() is None:  # the caller was interrupted: take the ranks down with it
@@ -95,15 +93,15 @@ def _end_with_parent() -> None:
     ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
-def _relay(line: str, report, on_log, on_eval) -> None:
+def _relay(line: str, hooks: RunHooks) -> None:
     if not line.startswith(RANK_EVENT):
-        (report or _to_stderr)(line)
+        (hooks.report or _to_stderr)(line)
         return
     event = json.loads(line[len(RANK_EVENT) :])
-    if event["kind"] == "log" and on_log is not None:
-        on_log(event["entry"])
-    elif event["kind"] == "eval" and on_eval is not None:
-        on_eval(event["step"], event["metrics"])
+    if event["kind"] == "log":
+        hooks.logged(event["entry"])
+    elif event["kind"] == "eval":
+        hooks.evaluated(event["step"], event["metrics"])
 
 
 def _to_stderr(line: str) -> None:

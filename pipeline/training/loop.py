@@ -13,9 +13,7 @@ resumes from it (`pipeline.training.checkpoint`).
 from __future__ import annotations
 
 import random
-import signal
 import statistics
-import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -28,7 +26,6 @@ from pipeline.config import TrainConfig
 from pipeline.device import precision_name, resolve_precision
 from pipeline.families.base import BatchTask
 from pipeline.training.checkpoint import (
-    Checkpointer,
     TrainState,
     fingerprint,
     load_parameters,
@@ -44,36 +41,9 @@ from pipeline.training.compile import (
     pad_to_bucket,
     pick_warmup_batches,
 )
+from pipeline.training.controls import RunControls, RunHooks
 from pipeline.training.progress import StepLog
 from pipeline.training.ranks import Ranks
-
-
-class CancelToken:
-    """A flag the training loop checks at each step boundary; signals can set it."""
-
-    def __init__(self) -> None:
-        self._event = threading.Event()
-        self.reason = ""
-
-    def cancel(self, reason: str = "cancelled") -> None:
-        self.reason = reason
-        self._event.set()
-
-    @property
-    def cancelled(self) -> bool:
-        return self._event.is_set()
-
-    @contextmanager
-    def on_signals(self, signals: tuple[int, ...] = (signal.SIGINT, signal.SIGTERM)) -> Iterator[CancelToken]:
-        """Within the block, the first SIGINT/SIGTERM cancels at the next step; the handlers are restored after."""
-        previous = {s: signal.getsignal(s) for s in signals}
-        for sig in signals:
-            signal.signal(sig, lambda number, _frame: self.cancel(f"signal {signal.Signals(number).name}"))
-        try:
-            yield self
-        finally:
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
 
 
 @dataclass
@@ -202,30 +172,26 @@ def accumulate_gradients(window: list[int], items: Sequence[Any], micro_batch: i
 
 
 def train(model: torch.nn.Module, examples: Sequence[Any], config: TrainConfig, device: torch.device,
-          task: BatchTask, cancel: CancelToken | None = None,
-          on_log: Callable[[dict[str, float]], None] | None = None, progress: bool = True,
-          compile_config: CompileConfig | None = None,
-          report: Callable[[str], None] | None = None,
-          evaluate: Callable[[int], None] | None = None,
-          checkpoints: Checkpointer | None = None, ranks: Ranks | None = None) -> TrainResult:  # fmt: skip
+          task: BatchTask, hooks: RunHooks = RunHooks(), controls: RunControls = RunControls(),
+          evaluate: Callable[[int], None] | None = None) -> TrainResult:  # fmt: skip
     """Train `model` in place on a family's `examples`, batched and scored by the family's `task`.
 
-    The model must already be prepared (the family's `prepare`). `report` gets a progress line (step, loss,
-    s/step, ETA) at least every 10 steps or 30 s. `evaluate(step)` is called after the steps of `eval_steps`
-    (a third and two thirds of the way), e.g. to score held-out decisions; it must not train. With
-    `checkpoints`, the training state is saved as they say and a run whose checkpoint matches this one's
-    config and data resumes from it ("resumed from step N"), on the same data order and schedule. With `ranks`
-    (data-parallel), this process trains on its share of every window and the gradients are all-reduced before
-    each optimizer step; every rank resumes from the checkpoint, only rank 0 writes one.
+    The model must already be prepared (the family's `prepare`). `hooks.report` gets a progress line (step,
+    loss, s/step, ETA) at least every 10 steps or 30 s, `hooks.on_log` every logging step. `evaluate(step)` is
+    called after the steps of `eval_steps` (a third and two thirds of the way), e.g. to score held-out decisions;
+    it must not train. With `controls.checkpoints`, the training state is saved as they say and a run whose
+    checkpoint matches this one's config and data resumes from it ("resumed from step N"), on the same data order
+    and schedule. With `controls.ranks` (data-parallel), this process trains on its share of every window and the
+    gradients are all-reduced before each optimizer step; every rank resumes from the checkpoint, only rank 0
+    writes one. `controls.cancel` stops it at the next step.
     """
-    ranks = ranks or Ranks()
+    ranks, checkpoints = controls.ranks or Ranks(), controls.checkpoints
     if not examples:
         raise ValueError("no training examples: every decision was skipped (see the validation report)")
     windows = plan_windows(len(examples), config, [len(e) for e in examples])
-    if report is not None:
-        report(f"training budget: {plan_budget(len(examples), config).reason}")
+    hooks.say(f"training budget: {plan_budget(len(examples), config).reason}")
     dtype = resolve_precision(config.precision, device)
-    compile_config = compile_config or CompileConfig()
+    compile_config = controls.compile or CompileConfig()
     enabled, reason = decide_compile(device, len(windows) * config.grad_accum, compile_config)
     optimizer, scheduler = build_optimizer(model, config, len(windows), task.backbone)
     params = [p for group in optimizer.param_groups for p in group["params"]]
@@ -241,8 +207,7 @@ def train(model: torch.nn.Module, examples: Sequence[Any], config: TrainConfig, 
 
     def logged(entry: dict[str, float]) -> None:
         result.logged_steps.append(entry)
-        if on_log is not None:
-            on_log(entry)
+        hooks.logged(entry)
 
     warmup = (
         pick_warmup_batches(_run_batches(windows, examples, config, task), compile_config) if enabled else []
@@ -250,15 +215,14 @@ def train(model: torch.nn.Module, examples: Sequence[Any], config: TrainConfig, 
     result = TrainResult(
         0, len(windows), 0, False, 0.0, precision=precision_name(dtype), world_size=ranks.world
     )
-    log = StepLog(len(windows), config, logged, progress, report)
+    log = StepLog(len(windows), config, logged, controls.progress, hooks.report)
     expected = fingerprint(config, len(examples), len(windows))
     saved = checkpoints.load(expected) if checkpoints is not None else None
     running, seen_since_log = torch.zeros((), device=device), 0
     if saved is not None:
         running, seen_since_log = resume(saved, trainable, optimizer, scheduler, result, device)
         log.resume(result.steps)
-        if report is not None:
-            report(f"resumed from step {result.steps} of {len(windows)} ({checkpoints.path})")
+        hooks.say(f"resumed from step {result.steps} of {len(windows)} ({checkpoints.path})")
     earlier_seconds = result.train_seconds
     started = time.perf_counter()
     loss_fn = lambda _model, batch: task.summed_loss(model, batch, dtype)  # noqa: E731
@@ -267,15 +231,15 @@ def train(model: torch.nn.Module, examples: Sequence[Any], config: TrainConfig, 
         no_cudnn_sdpa(),
         compiled_encoder(
             model, compile_config, enabled, reason, warmup, loss_fn, task.pad_id, backbone=task.layers(model)
-        ) as report,
+        ) as compiled,
     ):
         for window in windows[result.steps :]:
-            if cancel is not None and cancel.cancelled:
+            if controls.cancelled:
                 result.cancelled = True
                 break
             step_started = time.perf_counter()
             window_loss = accumulate_gradients(ranks.shard(window), examples, config.micro_batch,
-                                               lambda indices: loss_fn(model, batch_of(indices, report.enabled)),
+                                               lambda indices: loss_fn(model, batch_of(indices, compiled.enabled)),
                                                len(window))  # fmt: skip
             running += ranks.reduce(params, window_loss.to(device))
             seen_since_log += len(window)
@@ -302,7 +266,7 @@ def train(model: torch.nn.Module, examples: Sequence[Any], config: TrainConfig, 
                 checkpoints.save(train_state(expected, trainable, optimizer, scheduler, result, running,
                                              seen_since_log))  # fmt: skip
         log.close()
-    result.compile = asdict(report)
+    result.compile = asdict(compiled)
     result.train_seconds = earlier_seconds + time.perf_counter() - started
     result.allreduce_seconds = ranks.reduce_seconds
     model.eval()

@@ -11,7 +11,7 @@ import pytest
 from pipeline.families import load_decision_model
 from pipeline.families.base import ModelLayoutError
 from pipeline.families.laya.export import export_model
-from pipeline.families.laya.layout import load_model
+from pipeline.families.laya_layout import load_model
 from pipeline.scoring.calibrators import Calibrator
 
 NAME = "decision-model"

@@ -9,8 +9,8 @@ import pytest
 import zstandard
 from fastapi.testclient import TestClient
 
-from pipeline.families.laya.layout import load_model
 from pipeline.families.laya.predict import predict
+from pipeline.families.laya_layout import load_model
 from pipeline.serving.keys import KeyStore, hash_key
 from tests.api.conftest import INTENSITY, POSITIVE, QUESTIONS, TONE, make_app
 from tests.api.conftest import wait_ready as ready

@@ -32,8 +32,8 @@ def test_question_types_and_label_balance(vader):
 
 def test_heldout_split_leaks_no_text(vader):
     data, params = vader
-    split = split_holdout(data.records, params["validate"])
-    assert sum(len(r.decisions) for r in split.heldout) == params["validate"].holdout_max_decisions  # 4 per row
+    split = split_holdout(data.records, params.validate)
+    assert sum(len(r.decisions) for r in split.heldout) == params.validate.holdout_max_decisions  # 4 per row
     train_texts = {r.state.casefold() for r in split.train}
     assert not any(r.state.casefold() in train_texts for r in split.heldout)
     assert {r.state for r in split.heldout}  # not empty
@@ -43,7 +43,7 @@ def test_rebuilding_the_dataset_gives_the_pinned_bytes(project_root, tmp_path):
     from pipeline.data.dataset import build_dataset
     from pipeline.data.pins import current_md5, pinned_outputs
 
-    config = load_params(project_root / "params.yaml")["dataset"]
+    config = load_params(project_root / "params.yaml").dataset
     out = tmp_path / "vader.jsonl"
     result = build_dataset(type(config)(archive=str(project_root / config.archive), out=str(out)))
     assert current_md5(out) == pinned_outputs(project_root / "dvc.lock")["data/processed/vader.jsonl"]

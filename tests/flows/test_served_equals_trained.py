@@ -38,21 +38,21 @@ def test_a_corrupted_export_fails_smoke_is_tagged_failed_and_champion_stays(pref
     assert current("tiny-model", CHAMPION) == first["version"]
 
     params = load_params(str(tiny_params))
-    run = RunFolder(Path(params["retrain"].runs_dir) / first["idempotency_key"][:16])
+    run = RunFolder(Path(params.retrain.runs_dir) / first["idempotency_key"][:16])
     corrupted = tmp_path / "corrupted"
     shutil.copytree(run.export, corrupted)
     _corrupt_one_tensor(corrupted)
     version = register_stage(corrupted, "tiny-model", first["mlflow_run_id"],
                              {"idempotency_key": "corrupted-copy", "mlflow_run_id": first["mlflow_run_id"]})  # fmt: skip
     data = yaml.safe_load(tiny_params.read_text())["retrain"]["data"]
-    smoked = smoke_version("tiny-model", version, data, 20, params["validate"], run.expected_answers)
+    smoked = smoke_version("tiny-model", version, data, 20, params.validate, run.expected_answers)
 
     # The folder agrees with itself: the old check alone would have passed this version.
     assert smoked.agreement == 1.0 and smoked.max_probability_diff <= 1e-3
     assert not smoked.passed and any("from the trained model" in f or "with the trained model" in f
                                      for f in smoked.failures)  # fmt: skip
     assert client().get_model_version("tiny-model", version).tags["smoke"] == "failed"
-    verdict = promotion_stage("tiny-model", version, {"ece": 0.0}, smoked.passed, data, params["validate"],
-                              params["promote"])  # fmt: skip
+    verdict = promotion_stage("tiny-model", version, {"ece": 0.0}, smoked.passed, data, params.validate,
+                              params.promote)  # fmt: skip
     assert not verdict["promote"] and "smoke test failed" in verdict["reasons"]
     assert current("tiny-model", CHAMPION) == first["version"]

@@ -20,11 +20,11 @@ def test_dvc_and_the_flow_validate_with_the_same_function(project_root, monkeypa
     monkeypatch.setattr(flows.retrain, "create_table_artifact", lambda *a, **k: None)
     params = load_params(project_root / "params.yaml")
     stages.run_stage("validate", root=project_root)  # what `dvc repro validate` runs
-    flows.retrain.validate.fn(params["retrain"].data, None, params["validate"], str(tmp_path / "report.json"))
+    flows.retrain.validate.fn(params.retrain.data, None, params.validate, str(tmp_path / "report.json"))
     (dvc_data, dvc_ledger), (flow_data, flow_ledger) = calls
-    assert dvc_data.endswith(params["retrain"].data) and flow_data == params["retrain"].data
+    assert dvc_data.endswith(params.retrain.data) and flow_data == params.retrain.data
     # Only the stage adds to the held-out ledger; the flow reads it through the split.
-    assert str(dvc_ledger).endswith(params["validate"].holdout_ledger) and flow_ledger is None
+    assert str(dvc_ledger).endswith(params.validate.holdout_ledger) and flow_ledger is None
 
 
 def test_the_flow_trains_on_exactly_what_dvc_pins(project_root):
@@ -35,7 +35,7 @@ def test_the_flow_trains_on_exactly_what_dvc_pins(project_root):
         for stage in dvc.values()
         for out in stage.get("outs", [])
     }
-    retrain = load_params(project_root / "params.yaml")["retrain"]
+    retrain = load_params(project_root / "params.yaml").retrain
     assert {retrain.data, retrain.base} <= outs  # so verify-pins checks both against dvc.lock
     source = (project_root / "flows" / "retrain.py").read_text()
     assert "verify_pins([config.data, config.base], lock, allow_unpinned)" in source

@@ -116,8 +116,8 @@ def test_a_laya_export_keeps_a_richer_calibrator_and_laya_agent_gets_its_type_te
     import laya
 
     from pipeline.families.laya.export import export_model
-    from pipeline.families.laya.layout import load_model
     from pipeline.families.laya.predict import predict
+    from pipeline.families.laya_layout import load_model
 
     manifest = export_model(
         load_model(tiny_base), tmp_path / "export", RICHER, {"source_digest": "x"}
@@ -176,7 +176,7 @@ def test_a_joint_export_answers_with_its_calibrator(tiny_base, tmp_path):
 def test_a_missing_or_edited_calibrator_file_is_a_clear_error_naming_it(tiny_base, tmp_path, damage):
     from pipeline.families.base import ModelLayoutError
     from pipeline.families.laya.export import export_model
-    from pipeline.families.laya.layout import load_model
+    from pipeline.families.laya_layout import load_model
 
     export_model(load_model(tiny_base), tmp_path / "export", RICHER, {"source_digest": "x"})
     path = tmp_path / "export" / "calibrator.json"

@@ -7,8 +7,8 @@ import torch
 from pipeline.data.validate import validate_rows
 from pipeline.families.laya.forward import decision_logits
 from pipeline.families.laya.items import build_items, collate
-from pipeline.families.laya.layout import ModelLayoutError, load_model, save_model
 from pipeline.families.laya.predict import predict
+from pipeline.families.laya_layout import ModelLayoutError, load_model, save_model
 
 QUESTIONS = {
     "tone": {"type": "choice", "instructions": "what tone", "criteria": {"negative": None, "neutral": "none",

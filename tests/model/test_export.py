@@ -22,9 +22,9 @@ from pipeline.families.laya.export import export_model
 from pipeline.families.laya.family import LayaFamily
 from pipeline.families.laya.forward import decision_logits
 from pipeline.families.laya.items import build_items, collate
-from pipeline.families.laya.layout import load_model
 from pipeline.families.laya.predict import predict
 from pipeline.families.laya.training import laya_batch_task, prepare_model
+from pipeline.families.laya_layout import load_model
 from pipeline.stages.export import export_folder
 from pipeline.training.loop import train
 
@@ -108,7 +108,7 @@ def test_non_finite_weights_are_refused_and_nothing_is_written(lora_model, tmp_p
 
 EXPORT_LOOP = """
 import sys, torch
-from pipeline.families.laya.layout import load_model
+from pipeline.families.laya_layout import load_model
 from pipeline.families.laya.export import export_model
 loaded = load_model(sys.argv[1])
 print("ready", flush=True)

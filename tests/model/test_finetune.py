@@ -6,7 +6,7 @@ import pytest
 
 from pipeline.cli.main import main
 from pipeline.data.pins import current_md5
-from pipeline.families.laya.layout import load_model
+from pipeline.families.laya_layout import load_model
 from tests.tiny import pin_inputs
 
 KEYS = {"rows", "decisions", "skipped", "heldout", "temperatures", "export_dir", "train_seconds", "s_per_step",

@@ -10,8 +10,8 @@ from pipeline.families.laya import packed as packed_module
 from pipeline.families.laya import predict as predict_module
 from pipeline.families.laya.forward import decision_logits
 from pipeline.families.laya.items import Item, collate
-from pipeline.families.laya.layout import load_model
 from pipeline.families.laya.packed import packed_logits, packs
+from pipeline.families.laya_layout import load_model
 from pipeline.families.planned_layers import apply_layer_plan
 from pipeline.layer_plans import resolve_plan
 

@@ -10,8 +10,8 @@ from pipeline.config import TrainConfig
 from pipeline.data import synthetic
 from pipeline.data.validate import validate_rows
 from pipeline.families.laya.items import build_items
-from pipeline.families.laya.layout import load_model
 from pipeline.families.laya.training import laya_batch_task, prepare_model
+from pipeline.families.laya_layout import load_model
 from pipeline.training import checkpoint as checkpoint_module
 from pipeline.training.checkpoint import Checkpointer, fingerprint
 from pipeline.training.loop import CancelToken, train

@@ -14,8 +14,8 @@ from pipeline.data.validate import validate_rows
 from pipeline.families.laya.family import LayaFamily
 from pipeline.families.laya.forward import decision_logits, score_items, soft_cross_entropy
 from pipeline.families.laya.items import build_items, collate
-from pipeline.families.laya.layout import load_model
 from pipeline.families.laya.training import laya_batch_task, prepare_model
+from pipeline.families.laya_layout import load_model
 from pipeline.stages.train import train_on_data
 from pipeline.training.loop import (
     CancelToken,

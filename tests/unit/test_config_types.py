@@ -76,7 +76,7 @@ def test_a_wrong_type_in_a_run_config_is_refused(tmp_path, project_root):
 
 def test_the_shipped_params_and_every_run_config_load(project_root):
     params = load_params(project_root / "params.yaml")
-    assert type(params["train"].lora_lr) is float and params["train"].max_steps is None
-    assert (params["train"].family, params["train"].method, params["train"].epochs) == ("joint", "head", 4)
+    assert type(params.train.lora_lr) is float and params.train.max_steps is None
+    assert (params.train.family, params.train.method, params.train.epochs) == ("joint", "head", 4)
     for run_config in sorted(p.stem for p in (project_root / "configs").glob("*.yaml")):
         load_params(project_root / "params.yaml", run_config)

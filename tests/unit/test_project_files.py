@@ -11,10 +11,10 @@ from pipeline.stages.dvc import STAGES
 
 def test_params_yaml_loads_into_configs(project_root):
     params = load_params(project_root / "params.yaml")
-    assert isinstance(params["dataset"], DatasetConfig)
-    assert params["validate"].holdout_max_decisions == 4000
-    assert params["validate"].holdout_fraction == 0.1
-    assert params["retrain"].model_name == "decision-model" and params["promote"].max_ece == 0.05
+    assert isinstance(params.dataset, DatasetConfig)
+    assert params.validate.holdout_max_decisions == 4000
+    assert params.validate.holdout_fraction == 0.1
+    assert params.retrain.model_name == "decision-model" and params.promote.max_ece == 0.05
 
 
 def test_every_run_config_loads_and_overrides_only_known_keys(project_root):
@@ -23,8 +23,8 @@ def test_every_run_config_loads_and_overrides_only_known_keys(project_root):
     base = load_params(project_root / "params.yaml")
     for name in names:
         params = load_params(project_root / "params.yaml", name)
-        assert params["dataset"] == base["dataset"]  # run configs change runs, never the pinned data
-    tiny = load_params(project_root / "params.yaml", "tiny")["train"]
+        assert params.dataset == base["dataset"]  # run configs change runs, never the pinned data
+    tiny = load_params(project_root / "params.yaml", "tiny").train
     assert (
         base["train"].max_steps is None and tiny.max_steps is not None
     )  # the tiny run is capped, make run is not

@@ -49,7 +49,7 @@ def test_with_the_shipped_params_a_row_held_out_once_stays_held_out_as_the_data_
     from pipeline.config import load_params
     from pipeline.data.split import read_ledger, record_heldout
 
-    shipped = load_params("params.yaml")["validate"]
+    shipped = load_params("params.yaml").validate
     assert shipped.holdout_ledger, "params.yaml ships a ledger"
     config = replace(shipped, holdout_ledger=str(tmp_path / "ledger.txt"))
     rows = synthetic.generate_rows(20_000, seed=5)  # 3 decisions a row: the cap binds from ~13,400 rows

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from pipeline.families.laya.layout import CONFIG_FILE, load_model
+from pipeline.families.laya_layout import CONFIG_FILE, load_model
 
 ENCODER, CAUSAL_LM = "encoder", "causal_lm"
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")

@@ -8,6 +8,7 @@ a causal LM (Clef-style; LoRA, full or QLoRA) or an encoder (the MiniLM of a Lay
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +20,7 @@ from pipeline.families.base import Answered, BadQuestion, BatchTask, DecisionFam
 from pipeline.families.joint.backbone import is_causal_lm_folder, is_laya_layout_folder, qlora_config
 from pipeline.families.joint.layout import (
     HEAD_FILE,
+    JOINT_CONFIG,
     LoadedJoint,
     export_joint,
     is_joint_export,
@@ -44,7 +46,10 @@ class JointFamily(DecisionFamily):
     """One sequence per row: state, then every question with its options as compact JSON (exact token spans)."""
 
     name = "joint"
-    methods = ("lora", "full", "qlora", "head")
+    methods = ("head", "lora", "full", "qlora")
+
+    def describe_training(self, folder: Path) -> dict[str, Any]:
+        return json.loads((folder / JOINT_CONFIG).read_text()).get("training", {})
 
     def owns(self, folder: Path) -> bool:
         return is_joint_export(folder) or is_causal_lm_folder(folder)

@@ -1,6 +1,6 @@
 """Decision head on a decoder LLM: a causal LM read for its last hidden states, never for its vocabulary logits.
 
-The second model family beside the Laya encoder models (`pipeline.families.laya.layout`). A batch from
+The second model family beside the Laya encoder models (`pipeline.families.laya_layout`). A batch from
 `pipeline.families.joint.records.collate_records` goes through the LM's body (`backbone_body`) only; `JointHead` turns the
 last hidden states into one logit per option. The LM's output projection is used as a table, not a layer: the
 head gathers the rows of its weight for each option's tokens (a lexical prior), so no [B, T, vocab] tensor is
@@ -270,10 +270,6 @@ class JointDecisionModel(nn.Module):
         return (
             torch.cat(out.hidden_states[-self.head.read_layers :], dim=-1) if many else out.last_hidden_state
         )
-
-    def head_parameters(self) -> list[nn.Parameter]:
-        """The head's parameters (for an optimizer group of their own, e.g. a higher learning rate)."""
-        return list(self.head.parameters())
 
 
 def joint_loss(logits: torch.Tensor, batch: dict, target: torch.Tensor, label_smoothing: float = 0.0,

@@ -1,6 +1,6 @@
 """Joint decision models on disk: load a base or an export, export one crash-safe.
 
-The joint family's layout (the Laya family's is `pipeline.families.laya.layout`):
+The joint family's layout (the Laya family's is `pipeline.families.laya_layout`):
 
     decision_config.json  family "joint", backbone "causal_lm" | "encoder", fields "in_sequence" | "apart" (an
                           encoder reads the questions apart from the state), max_len, head {width, heads, layers,

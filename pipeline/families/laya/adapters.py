@@ -20,7 +20,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from pipeline.families.laya.layout import LoadedModel, load_model
+from pipeline.families.laya_layout import LoadedModel, load_model
 from pipeline.families.planned_layers import configure_plan
 from pipeline.layer_plans import KEY as PLAN_KEY
 

@@ -25,7 +25,7 @@ from pipeline.families.exporting import (
     write_marker_last,
     write_staged,
 )
-from pipeline.families.laya.layout import CONFIG_FILE, LoadedModel
+from pipeline.families.laya_layout import CONFIG_FILE, LoadedModel
 from pipeline.families.planned_layers import current_plan, materialise_plan, plan_manifest
 from pipeline.layer_plans import KEY as PLAN_KEY
 from pipeline.scoring.calibrators import Calibrator, as_calibrator

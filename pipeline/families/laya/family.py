@@ -6,6 +6,7 @@ loaded = family.load("data/snapshots/minilm")
 
 from __future__ import annotations
 
+import json
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -20,9 +21,9 @@ from pipeline.families.laya.adapters import ADAPTER_FILE, load_for_inference, sa
 from pipeline.families.laya.export import export_model
 from pipeline.families.laya.forward import score_items
 from pipeline.families.laya.items import Item, build_items
-from pipeline.families.laya.layout import CONFIG_FILE, LoadedModel, load_model, save_model
 from pipeline.families.laya.predict import answer_requests, calibrated_probabilities
 from pipeline.families.laya.training import laya_batch_task, prepare_model
+from pipeline.families.laya_layout import CONFIG_FILE, LoadedModel, load_model, save_model
 from pipeline.families.planned_layers import configure_plan
 from pipeline.layer_plans import KEY as PLAN_KEY
 from pipeline.scoring.calibration import Temperatures
@@ -35,6 +36,12 @@ class LayaFamily(DecisionFamily):
 
     name = "laya"
     methods = ("lora", "full")
+
+    def describe_training(self, folder: Path) -> dict[str, Any]:
+        """A LoRA fine-tune's adapter description, else the Laya config's `training`."""
+        if (folder / ADAPTER_FILE).is_file():
+            return json.loads((folder / ADAPTER_FILE).read_text())
+        return json.loads((folder / CONFIG_FILE).read_text()).get("training", {})
 
     def owns(self, folder: Path) -> bool:
         return (folder / CONFIG_FILE).is_file() or (folder / ADAPTER_FILE).is_file()

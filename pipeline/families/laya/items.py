@@ -10,13 +10,14 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
 
-from pipeline.data.contract import QUESTION_TYPE_IDS, state_text
+from pipeline.data.contract import NOUL_OPTIONS, QUESTION_TYPE_IDS, Question, state_text
 from pipeline.data.validate import Decision, Record
-from pipeline.families.laya.layout import LoadedModel, internal_question
+from pipeline.families.laya_layout import LoadedModel
 from pipeline.scoring.decisions import ScoredDecision
 
 ITEM_REASONS = ("options_collapsed", "options_beyond_max_len")
@@ -120,3 +121,14 @@ def collate(items: list[Item], pad_id: int, length: int | None = None) -> dict[s
         "target": torch.from_numpy(target),
         "label": torch.tensor([it.label for it in items], dtype=torch.long),
     }
+
+
+def internal_question(question: Question) -> dict[str, Any]:
+    """A validated question in laya's internal form (`t`, `ins`, `crit`)."""
+    if question.type == "choice":
+        criteria: Any = dict(zip(question.options, question.descriptions))
+    elif question.type == "score":
+        criteria = [d if d is not None else f"level {i}" for i, d in enumerate(question.descriptions)]
+    else:
+        criteria = {o: d for o, d in zip(NOUL_OPTIONS, question.descriptions) if d is not None} or None
+    return {"t": question.type, "ins": question.instructions, "crit": criteria}

@@ -18,9 +18,9 @@ from pipeline.data.contract import QUESTION_TYPE_IDS
 from pipeline.families.base import UNENCODABLE, Answered, BadQuestion
 from pipeline.families.forward_passes import forward_batch_size, length_batches
 from pipeline.families.laya.forward import decision_logits
-from pipeline.families.laya.items import Item, collate, state_token_ids
-from pipeline.families.laya.layout import LoadedModel, internal_question
+from pipeline.families.laya.items import Item, collate, internal_question, state_token_ids
 from pipeline.families.laya.packed import PACKED_PASS, packed_logits, packs
+from pipeline.families.laya_layout import LoadedModel
 from pipeline.scoring.calibration import softmax
 
 

@@ -1,4 +1,5 @@
-"""Decision models in the Laya layout: load, save, build the stock base, and turn decisions into model items.
+"""The Laya layout, read and written: load, save and build the stock base. Both families read it (the laya
+family as its own format, the joint family for the encoder inside), so it sits below both.
 
 The model class and the sequence builder come from `laya` (Apache-2.0), so a checkpoint written here loads in
 `laya.Agent` and one written by laya loads here. The layout (DESIGN.md 3):
@@ -21,7 +22,6 @@ from typing import Any
 
 import torch
 
-from pipeline.data.contract import NOUL_OPTIONS, Question
 from pipeline.families.base import ModelLayoutError
 from pipeline.families.exporting import load_weights, read_calibrator
 from pipeline.scoring.calibrators import Calibrator
@@ -116,17 +116,6 @@ def build_base(encoder_dir: str | Path, seed: int, head_layers: int = 2, max_len
         "training": {"head_seed": seed},
     }
     return LoadedModel(model.eval(), tokenizer, config)
-
-
-def internal_question(question: Question) -> dict[str, Any]:
-    """A validated question in laya's internal form (`t`, `ins`, `crit`)."""
-    if question.type == "choice":
-        criteria: Any = dict(zip(question.options, question.descriptions))
-    elif question.type == "score":
-        criteria = [d if d is not None else f"level {i}" for i, d in enumerate(question.descriptions)]
-    else:
-        criteria = {o: d for o, d in zip(NOUL_OPTIONS, question.descriptions) if d is not None} or None
-    return {"t": question.type, "ins": question.instructions, "crit": criteria}
 
 
 def write_snapshot(out: str | Path, encoder_dir: str | Path, seed: int, head_layers: int, max_len: int,

@@ -15,8 +15,10 @@ from pathlib import Path
 
 import torch
 
-from pipeline.config import TrainConfig, ValidateConfig
-from pipeline.data.read import RowSlice
+from pipeline.config import TrainConfig
+from pipeline.data.split import TrainSource
+from pipeline.families import resolve_training
+from pipeline.training.controls import RunControls
 from pipeline.training.fit import prepare_fit
 from pipeline.training.loop import TrainResult, accumulate_gradients, plan_windows, train
 from pipeline.training.ranks import Ranks, join_ranks, leave_ranks
@@ -33,7 +35,8 @@ def without_dropout(model: torch.nn.Module) -> None:
 
 def _ready(data: str, base: str, config: TrainConfig):
     """The stage's preparation on the CPU (seeded, as `fit` seeds it), dropout off: model, examples, task."""
-    prepared = prepare_fit(data, base, config, ValidateConfig(), RowSlice(), "cpu", None)
+    _, config = resolve_training(base, config)
+    prepared = prepare_fit(TrainSource(data).validated(), base, config, "cpu")
     family, loaded = prepared.family, prepared.loaded
     torch.manual_seed(config.seed)
     family.prepare(loaded, config)
@@ -51,7 +54,7 @@ def _trainable(model: torch.nn.Module) -> dict[str, torch.nn.Parameter]:
 def train_tiny(data: str, base: str, config: TrainConfig, ranks: Ranks | None = None):
     """The training loop after the stage's preparation: the trained parameters and the loop's result."""
     model, ready, task = _ready(data, base, config)
-    result = train(model, ready, config, torch.device("cpu"), task, progress=False, ranks=ranks)
+    result = train(model, ready, config, torch.device("cpu"), task, controls=RunControls(ranks=ranks))
     return {name: p.detach().clone() for name, p in _trainable(model).items()}, result
 
 

@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pipeline.config import TrainConfig
+from pipeline.config import ConfigError, TrainConfig
 from pipeline.data.pins import pin_status, verify_inputs
 from pipeline.data.split import TrainSource
 from pipeline.families import resolve_training
@@ -74,6 +74,9 @@ def finetune(source: TrainSource, base: str | Path, out: str | Path, config: Tra
     """Validate and split `source` once, then the flow's train, calibrate and export stages over `run_dir`
     (default `<out>.run`, started afresh); the export goes to `out`. A cancel during training or calibration
     exports nothing."""
+    if config.nproc > 1:  # a cancel (Ctrl-C) is this process's; the ranks' stage has no cancel to share it
+        raise ConfigError(f"train.nproc={config.nproc}: finetune trains in one process; train data-parallel with "
+                          "`decision train --nproc N` or the retrain flow (train.nproc in params.yaml)")  # fmt: skip
     _, config = resolve_training(base, config)  # refuse a method the family lacks before validating
     named = {"data": source.data, "base": base, "eval_data": source.eval_data}
     named = {name: path for name, path in named.items() if path is not None}

@@ -5,9 +5,15 @@ import json
 import pytest
 
 from pipeline.cli.main import main
+from pipeline.data.split import TrainSource
 from pipeline.stages.smoke import heldout_requests, smoke_test
 from tests.api.conftest import live_server, make_app
 from tests.tiny import write_tiny_base
+
+
+def _heldout(data):
+    """The held-out records of `data` under params.yaml's default split (what a run's split holds)."""
+    return TrainSource(data).validated().split.heldout
 
 
 @pytest.fixture(scope="module")
@@ -28,7 +34,7 @@ def test_smoke_passes_against_the_folder_it_serves(server_url, served_folder, sy
 
 def test_smoke_fails_when_the_server_answers_for_another_model(server_url, synthetic_train_file, tmp_path):
     other = write_tiny_base(tmp_path / "other", seed=5)
-    bodies = heldout_requests(synthetic_train_file, 40)
+    bodies = heldout_requests(_heldout(synthetic_train_file), 40)
     result = smoke_test(server_url, bodies, other)
     assert not result.passed and result.max_probability_diff > 1e-3
     code = main(["smoke", "--url", server_url, "--data", str(synthetic_train_file), "--n", "20",
@@ -37,5 +43,7 @@ def test_smoke_fails_when_the_server_answers_for_another_model(server_url, synth
 
 
 def test_smoke_fails_clearly_when_the_server_is_unreachable(synthetic_train_file, served_folder):
-    result = smoke_test("http://127.0.0.1:9", heldout_requests(synthetic_train_file, 8), served_folder)
+    result = smoke_test(
+        "http://127.0.0.1:9", heldout_requests(_heldout(synthetic_train_file), 8), served_folder
+    )
     assert not result.passed and any("ConnectError" in f for f in result.failures)

@@ -153,7 +153,7 @@ def test_unpinned_data_stops_the_flow_before_any_task_naming_the_path_and_the_co
     import pipeline.stages.validate
     from pipeline.data.pins import Unpinned
 
-    monkeypatch.setattr(pipeline.stages.validate, "validate_report", lambda *a, **k: pytest.fail("validated"))
+    monkeypatch.setattr(pipeline.stages.validate, "validate_stage", lambda *a, **k: pytest.fail("validated"))
     monkeypatch.setattr(pipeline.stages.train, "train_stage", lambda *a, **k: pytest.fail("trained"))
     data, base = pin_inputs(tmp_path, synthetic_train_file, tiny_base)
     params = write_tiny_params(tmp_path, data, base, pin=False)

@@ -5,7 +5,6 @@ import shutil
 from pathlib import Path
 
 import pytest
-import yaml
 
 pytestmark = pytest.mark.slow
 
@@ -27,6 +26,7 @@ def test_a_corrupted_export_fails_smoke_is_tagged_failed_and_champion_stays(pref
                                                                            tiny_params, tmp_path):  # fmt: skip
     from flows.retrain import retrain
     from pipeline.config import load_params
+    from pipeline.data.split import SplitData
     from pipeline.mlops.promotion import CHAMPION, current
     from pipeline.mlops.registry import client
     from pipeline.rundir import RunFolder
@@ -44,15 +44,14 @@ def test_a_corrupted_export_fails_smoke_is_tagged_failed_and_champion_stays(pref
     _corrupt_one_tensor(corrupted)
     version = register_stage(corrupted, "tiny-model", first["mlflow_run_id"],
                              {"idempotency_key": "corrupted-copy", "mlflow_run_id": first["mlflow_run_id"]})  # fmt: skip
-    data = yaml.safe_load(tiny_params.read_text())["retrain"]["data"]
-    smoked = smoke_version("tiny-model", version, data, 20, params.validate, run.expected_answers)
+    heldout = SplitData.load(run.split).split.heldout  # the run's split, as the flow's smoke task reads it
+    smoked = smoke_version("tiny-model", version, heldout, 20, run.expected_answers)
 
     # The folder agrees with itself: the old check alone would have passed this version.
     assert smoked.agreement == 1.0 and smoked.max_probability_diff <= 1e-3
     assert not smoked.passed and any("from the trained model" in f or "with the trained model" in f
                                      for f in smoked.failures)  # fmt: skip
     assert client().get_model_version("tiny-model", version).tags["smoke"] == "failed"
-    verdict = promotion_stage("tiny-model", version, {"ece": 0.0}, smoked.passed, data, params.validate,
-                              params.promote)  # fmt: skip
+    verdict = promotion_stage("tiny-model", version, {"ece": 0.0}, smoked.passed, heldout, params.promote)
     assert not verdict["promote"] and "smoke test failed" in verdict["reasons"]
     assert current("tiny-model", CHAMPION) == first["version"]

@@ -9,18 +9,22 @@ def test_dvc_and_the_flow_validate_with_the_same_function(project_root, monkeypa
     import flows.retrain
     import pipeline.stages.dvc as stages
     import pipeline.stages.validate as validate_stage
+    from pipeline.data.validate import ValidationReport
+    from pipeline.stages.validate import ValidateResult
 
     calls = []
 
-    def spy(data, config, out=None, row_slice=None, ledger=None):
+    def spy(data, config, out=None, row_slice=None, ledger=None, split_out=None):
         calls.append((str(data), ledger))
-        return {"skipped": {}, "kept": 1, "decisions": 1}
+        return ValidateResult(ValidationReport(1, 1, 1, {}, {}), {})
 
-    monkeypatch.setattr(validate_stage, "validate_report", spy)
+    monkeypatch.setattr(validate_stage, "validate_stage", spy)
     monkeypatch.setattr(flows.retrain, "create_table_artifact", lambda *a, **k: None)
     params = load_params(project_root / "params.yaml")
     stages.run_stage("validate", root=project_root)  # what `dvc repro validate` runs
-    flows.retrain.validate.fn(params.retrain.data, None, params.validate, str(tmp_path / "report.json"))
+    flows.retrain.validate.fn(
+        params.retrain.data, None, params.validate, str(tmp_path / "report.json"), str(tmp_path / "split.pkl")
+    )
     (dvc_data, dvc_ledger), (flow_data, flow_ledger) = calls
     assert dvc_data.endswith(params.retrain.data) and flow_data == params.retrain.data
     # Only the stage adds to the held-out ledger; the flow reads it through the split.

@@ -18,8 +18,10 @@ import pytest
 import torch
 
 from pipeline.config import ConfigError, TrainConfig
+from pipeline.data.split import TrainSource
 from pipeline.rundir import RunFolder
 from pipeline.stages.train import train_stage
+from pipeline.training.controls import RunHooks
 from pipeline.training.launch import RankFailed, rank_environment
 from tests.ddp_ranks import first_window_gradients, saved_result, train_tiny
 
@@ -100,9 +102,11 @@ def test_the_stage_on_two_ranks_is_written_and_scored_by_rank_0(tiny_base, synth
     to this process, the fine-tune, held-out logits and summary are written once, and they report 2 ranks."""
     config = replace(CASES["laya-lora"], nproc=2)
     logged, evaluated, lines = [], [], []
-    summary = train_stage(synthetic_train_file, tiny_base, tmp_path / "run", config, device="cpu", progress=False,
-                          report=lines.append, on_log=logged.append,
-                          on_eval=lambda step, metrics: evaluated.append(step))  # fmt: skip
+    hooks = RunHooks(lines.append, logged.append, lambda step, metrics: evaluated.append(step))
+    summary = train_stage(
+        _run_folder(synthetic_train_file, tmp_path / "run"), tiny_base, config, "cpu", hooks
+    )
+    summary = summary.to_dict()
     run = RunFolder(tmp_path / "run")
     assert summary["world_size"] == 2 and summary["steps"] == config.max_steps
     assert json.loads(run.train_summary.read_text())["world_size"] == 2
@@ -111,6 +115,12 @@ def test_the_stage_on_two_ranks_is_written_and_scored_by_rank_0(tiny_base, synth
     assert evaluated == [c["step"] for c in summary["heldout_checkpoints"]] == [0, 1, 3, 4]
     assert any("training budget" in line for line in lines)  # rank 0's progress, relayed line by line
     assert summary["heldout"]["decisions"] > 0 and summary["allreduce_seconds"] > 0
+
+
+def _run_folder(data: Path, run_dir: Path) -> Path:
+    """A run folder holding `data` validated and split, as the validate stage leaves it for the train stage."""
+    TrainSource(data).validated().save(RunFolder(run_dir).split)
+    return run_dir
 
 
 def _rank_process(rank: int, timeout_s: float = 120.0) -> psutil.Process:
@@ -165,7 +175,7 @@ def test_a_killed_rank_fails_the_stage_with_its_signal(tiny_base, synthetic_trai
     run_dir, killed, before = tmp_path / "run", [], _child_pids()
     killer = _after_first_checkpoint(run_dir, lambda rank: os.kill(rank.pid, signal.SIGKILL), killed)
     with pytest.raises(RankFailed, match=r"rank 1 .*SIGKILL"):
-        train_stage(synthetic_train_file, tiny_base, run_dir, _long_run(), device="cpu", progress=False)
+        train_stage(_run_folder(synthetic_train_file, run_dir), tiny_base, _long_run(), "cpu")
     killer.join(timeout=5)
     # torchrun sees the dead rank and stops rank 0 at once, not after the process group's 30 minutes.
     assert time.monotonic() - killed[0] < 60
@@ -175,11 +185,10 @@ def test_a_killed_rank_fails_the_stage_with_its_signal(tiny_base, synthetic_trai
 
 PARENT = """
 import sys
-from dataclasses import replace
 from pipeline.config import TrainConfig
 from pipeline.stages.train import train_stage
 config = TrainConfig(**{config})
-train_stage(sys.argv[1], sys.argv[2], sys.argv[3], config, device="cpu", progress=False)
+train_stage(sys.argv[1], sys.argv[2], config, "cpu")
 """
 
 
@@ -188,7 +197,8 @@ def test_killing_the_launching_process_takes_its_ranks_down(tiny_base, synthetic
     folder a rerun will resume from."""
     run_dir = tmp_path / "run"
     script = PARENT.replace("{config}", repr(asdict(_long_run())))
-    parent = subprocess.Popen([sys.executable, "-c", script, str(synthetic_train_file), str(tiny_base), str(run_dir)],
+    _run_folder(synthetic_train_file, run_dir)
+    parent = subprocess.Popen([sys.executable, "-c", script, str(run_dir), str(tiny_base)],
                               env=rank_environment(1, None), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
     try:
         deadline = time.monotonic() + 180
@@ -213,8 +223,8 @@ def test_a_hung_rank_fails_the_stage_after_the_process_group_timeout(
     run_dir, timeout_minutes, stopped, before = tmp_path / "run", 0.1, [], _child_pids()
     stopper = _after_first_checkpoint(run_dir, lambda rank: os.kill(rank.pid, signal.SIGSTOP), stopped)
     with pytest.raises(RankFailed, match=r"rank 0 ") as failure:
-        train_stage(synthetic_train_file, tiny_base, run_dir, _long_run(dist_timeout_minutes=timeout_minutes),
-                    device="cpu", progress=False)  # fmt: skip
+        train_stage(_run_folder(synthetic_train_file, run_dir), tiny_base,
+                    _long_run(dist_timeout_minutes=timeout_minutes), "cpu")  # fmt: skip
     stopper.join(timeout=5)
     elapsed = time.monotonic() - stopped[0]
     assert "timed out" in str(failure.value).lower() or "timeout" in str(failure.value).lower()

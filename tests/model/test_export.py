@@ -46,7 +46,6 @@ def lora_model(tiny_base):
         CONFIG,
         torch.device("cpu"),
         laya_batch_task(loaded.tokenizer.pad_token_id),
-        progress=False,
     )
     with torch.no_grad():  # make the adapters matter, so parity below could fail
         for name, parameter in loaded.model.named_parameters():

@@ -7,6 +7,7 @@ import pytest
 from pipeline.cli.main import main
 from pipeline.data.pins import current_md5
 from pipeline.families.laya_layout import load_model
+from pipeline.rundir import RunFolder
 from tests.tiny import pin_inputs
 
 KEYS = {"rows", "decisions", "skipped", "heldout", "temperatures", "export_dir", "train_seconds", "s_per_step",
@@ -112,20 +113,38 @@ def test_evaluate_writes_metrics_and_plots(tiny_base, synthetic_train_file, tmp_
 def test_a_cancel_during_calibration_exports_nothing(tiny_base, synthetic_train_file, tmp_path, monkeypatch):
     import pipeline.stages.finetune as stage
     from pipeline.config import TrainConfig
+    from pipeline.data.split import TrainSource
     from pipeline.stages.finetune import finetune
-    from pipeline.training.loop import CancelToken
+    from pipeline.training.controls import CancelToken, RunControls
 
     cancel = CancelToken()
-    original = stage.choose_calibrator
+    original = stage.calibrate_stage
 
     def cancelled_while_fitting(*args, **kwargs):
         cancel.cancel("signal SIGINT")  # as a Ctrl-C arriving while the calibrator is fitted
         return original(*args, **kwargs)
 
-    monkeypatch.setattr(stage, "choose_calibrator", cancelled_while_fitting)
+    monkeypatch.setattr(stage, "calibrate_stage", cancelled_while_fitting)
     config = TrainConfig(micro_batch=4, grad_accum=2, lora_r=4, precision="fp32", max_steps=2)
-    summary = finetune(
-        synthetic_train_file, tiny_base, tmp_path / "export", config, cancel=cancel, progress=False
-    )
-    assert summary["cancelled"] and summary["export_dir"] is None
+    summary = finetune(TrainSource(synthetic_train_file), tiny_base, tmp_path / "export", config,
+                       controls=RunControls(cancel=cancel))  # fmt: skip
+    assert summary.cancelled and summary.export_dir is None
     assert not (tmp_path / "export").exists()
+
+
+def test_finetune_writes_the_flows_run_files(tiny_base, synthetic_train_file, params, tmp_path, capsys):
+    """One chain: the run folder holds what the flow's does (calibration report, expected answers, plots)."""
+    out = tmp_path / "export"
+    code = main(["finetune", "--data", str(synthetic_train_file), "--base", str(tiny_base), "--out", str(out),
+                 "--max-steps", "2", "--params", str(params), "--json"])  # fmt: skip
+    assert code == 0
+    summary = json.loads(capsys.readouterr().out)
+    run = RunFolder(summary["run_dir"])
+    assert run.root == tmp_path / "export.run"
+    for path in (run.split, run.train_summary, run.heldout, run.calibration, run.calibrator, run.expected_answers,
+                 run.calibration_report, run.calibration_report.with_suffix(".md")):  # fmt: skip
+        assert path.is_file(), path
+    assert (run.plots / "reliability_after.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    calibration = json.loads(run.calibration.read_text())
+    assert summary["temperatures"] == calibration["temperatures"]
+    assert summary["heldout"]["calibrated"]["ece"] == calibration["heldout"]["calibrated"]["ece"]

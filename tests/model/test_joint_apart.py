@@ -74,7 +74,7 @@ def test_head_trains_the_head_and_leaves_the_backbone_as_it_was(tiny_base, rows)
     examples, _ = family.build_examples(loaded, rows)
     family.prepare(loaded, HEAD)
     ready = family.training_examples(loaded, examples, HEAD, CPU)
-    result = train(loaded.model, ready, HEAD, CPU, family.batch_task(loaded, HEAD), progress=False)
+    result = train(loaded.model, ready, HEAD, CPU, family.batch_task(loaded, HEAD))
     assert result.losses[-1][1] < 0.6 * result.losses[0][1], result.losses
     assert all(torch.equal(before[n], p) for n, p in loaded.model.lm.named_parameters())
     assert any(not torch.equal(head_before[n], p) for n, p in loaded.model.head.named_parameters())
@@ -82,8 +82,9 @@ def test_head_trains_the_head_and_leaves_the_backbone_as_it_was(tiny_base, rows)
 
 def test_the_laya_family_refuses_head_by_name(tiny_base, tmp_path):
     from pipeline.config import ConfigError
-    from pipeline.training.fit import fit_on_data
+    from pipeline.data.split import TrainSource
+    from pipeline.training.fit import fit
 
     data = write_learnable_rows(tmp_path / "rows.jsonl", 8)
     with pytest.raises(ConfigError, match="laya family trains with"):
-        fit_on_data(data, tiny_base, replace(HEAD, family="laya"), progress=False)
+        fit(TrainSource(data).validated(), tiny_base, replace(HEAD, family="laya"))

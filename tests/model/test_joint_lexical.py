@@ -47,7 +47,7 @@ def _trained_loss(family, loaded, rows) -> tuple[float, float]:
     ready = family.training_examples(loaded, examples, HEAD, CPU)
     blank = [replace(e, features=CachedFeatures(torch.zeros_like(e.features.state),
                                                 torch.zeros_like(e.features.fields))) for e in ready]  # fmt: skip
-    result = train(loaded.model, blank, HEAD, CPU, family.batch_task(loaded, HEAD), progress=False)
+    result = train(loaded.model, blank, HEAD, CPU, family.batch_task(loaded, HEAD))
     return result.losses[0][1], result.losses[-1][1]
 
 

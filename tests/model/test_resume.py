@@ -14,7 +14,8 @@ from pipeline.families.laya.training import laya_batch_task, prepare_model
 from pipeline.families.laya_layout import load_model
 from pipeline.training import checkpoint as checkpoint_module
 from pipeline.training.checkpoint import Checkpointer, fingerprint
-from pipeline.training.loop import CancelToken, train
+from pipeline.training.controls import CancelToken, RunControls, RunHooks
+from pipeline.training.loop import train
 
 CPU = torch.device("cpu")
 # LoRA dropout on, so a resume that did not restore the RNG states would draw other masks and drift.
@@ -41,7 +42,7 @@ def _run(tiny_base, items, checkpoints=None, stop_after=None):
             cancel.cancel("test")
 
     result = train(loaded.model, items, RESUMABLE, CPU, laya_batch_task(loaded.tokenizer.pad_token_id),
-                   cancel=cancel, on_log=on_log, progress=False, checkpoints=checkpoints)  # fmt: skip
+                   RunHooks(on_log=on_log), RunControls(cancel=cancel, checkpoints=checkpoints))  # fmt: skip
     trained = {n: p.detach().clone() for n, p in loaded.model.named_parameters() if p.requires_grad}
     return result, trained
 

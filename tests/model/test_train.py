@@ -10,6 +10,7 @@ import torch
 
 from pipeline.config import ConfigError, TrainConfig
 from pipeline.data import synthetic
+from pipeline.data.split import TrainSource
 from pipeline.data.validate import validate_rows
 from pipeline.families.laya.family import LayaFamily
 from pipeline.families.laya.forward import decision_logits, score_items, soft_cross_entropy
@@ -17,8 +18,8 @@ from pipeline.families.laya.items import build_items, collate
 from pipeline.families.laya.training import laya_batch_task, prepare_model
 from pipeline.families.laya_layout import load_model
 from pipeline.stages.train import train_on_data
+from pipeline.training.controls import CancelToken, RunControls, RunHooks
 from pipeline.training.loop import (
-    CancelToken,
     accumulate_gradients,
     micro_batches,
     plan_windows,
@@ -58,9 +59,7 @@ def _params(model):
 def test_loss_falls_and_parameters_stay_finite(tiny_base, tiny_items, method):
     config = replace(FAST, method=method, epochs=6, lora_lr=5e-3)
     loaded = _fresh(tiny_base, config)
-    result = train(
-        loaded.model, tiny_items, config, CPU, laya_batch_task(loaded.tokenizer.pad_token_id), progress=False
-    )
+    result = train(loaded.model, tiny_items, config, CPU, laya_batch_task(loaded.tokenizer.pad_token_id))
     first, last = result.losses[0][1], result.losses[-1][1]
     assert last < 0.8 * first, result.losses
     assert all(torch.isfinite(p).all() for p in loaded.model.parameters())
@@ -105,7 +104,6 @@ def test_a_seed_reproduces_a_run_and_another_seed_does_not(tiny_base, tiny_items
             config,
             CPU,
             laya_batch_task(loaded.tokenizer.pad_token_id),
-            progress=False,
         )
         runs.append(_params(loaded.model))
     assert all(torch.equal(runs[0][n], runs[1][n]) for n in runs[0])
@@ -137,9 +135,7 @@ def test_one_host_sync_per_logging_step(tiny_base, tiny_items, monkeypatch):
         return original(self)
 
     monkeypatch.setattr(torch.Tensor, "item", counted_item)
-    train(
-        loaded.model, tiny_items, config, CPU, laya_batch_task(loaded.tokenizer.pad_token_id), progress=False
-    )
+    train(loaded.model, tiny_items, config, CPU, laya_batch_task(loaded.tokenizer.pad_token_id))
     assert len(calls) == 2, calls  # steps 3 and 6
 
 
@@ -161,15 +157,18 @@ def test_cancel_stops_at_the_next_step_and_saves_nothing(tiny_base, synthetic_tr
         config,
         CPU,
         laya_batch_task(loaded.tokenizer.pad_token_id),
-        cancel,
-        cancel_after_two,
-        False,
+        RunHooks(on_log=cancel_after_two),
+        RunControls(cancel=cancel),
     )
     assert result.cancelled and result.steps == 2 and logged == [1, 2]
     cancel = CancelToken()
     cancel.cancel("before start")
     run = train_on_data(
-        synthetic_train_file, tiny_base, tmp_path / "out", config, cancel=cancel, progress=False
+        TrainSource(synthetic_train_file),
+        tiny_base,
+        tmp_path / "out",
+        config,
+        controls=RunControls(cancel=cancel),
     )
     assert run.cancelled and run.saved_to is None and not (tmp_path / "out").exists()
 
@@ -188,13 +187,15 @@ def test_scoring_returns_the_callers_order(tiny_base, tiny_items):
 
 def test_qlora_is_refused_for_the_laya_family(tiny_base, synthetic_train_file):
     with pytest.raises(ConfigError, match=r"train\.method=qlora: the laya family trains with lora or full"):
-        train_on_data(synthetic_train_file, tiny_base, None, TrainConfig(method="qlora"), device="cpu")
+        train_on_data(
+            TrainSource(synthetic_train_file), tiny_base, None, TrainConfig(method="qlora"), device="cpu"
+        )
 
 
 @pytest.mark.parametrize("method", ["lora", "full"])
 def test_decision_train_cli_saves_a_fine_tune(tiny_base, synthetic_train_file, tmp_path, capsys, method):
     from pipeline.cli.main import main
-    from pipeline.stages.train import describe_finetune
+    from pipeline.families import pick_family
 
     params = tmp_path / "params.yaml"
     params.write_text("train:\n  micro_batch: 4\n  grad_accum: 2\n  lora_r: 4\n  precision: fp32\n")
@@ -206,7 +207,7 @@ def test_decision_train_cli_saves_a_fine_tune(tiny_base, synthetic_train_file, t
     assert run["steps"] == 3 and run["saved_to"] == str(out)
     assert set(run["heldout"]) == {"decisions", "base", "tuned"}
     assert run["heldout"]["decisions"] > 0 and 0 <= run["heldout"]["tuned"]["accuracy"] <= 1
-    assert describe_finetune(out)["method"] == method
+    assert pick_family(out).describe_training(out)["method"] == method
     if method == "full":
         assert load_model(out).config["fine_tuned"] is True
     else:
@@ -218,9 +219,7 @@ def test_lora_fine_tune_reloads_with_the_same_predictions(tiny_base, tiny_items,
 
     config = replace(FAST, method="lora", max_steps=3, lora_lr=1e-2)
     loaded = _fresh(tiny_base, config)
-    train(
-        loaded.model, tiny_items, config, CPU, laya_batch_task(loaded.tokenizer.pad_token_id), progress=False
-    )
+    train(loaded.model, tiny_items, config, CPU, laya_batch_task(loaded.tokenizer.pad_token_id))
     expected = score_items(loaded.model, tiny_items, loaded.tokenizer.pad_token_id, CPU)
     LayaFamily().save_finetune(
         copy.copy(loaded), tmp_path / "lora", {"method": "lora", "steps": 3, "base": str(tiny_base)}
@@ -244,8 +243,8 @@ def test_training_compiled_on_cpu_warms_up_once_and_matches_eager(tiny_base, tin
         monkeypatch.setenv("DECISION_COMPILE", forced)
         loaded = _fresh(tiny_base, config)
         names = [n for n, _ in loaded.model.named_parameters()]
-        result = train(loaded.model, tiny_items, config, CPU, laya_batch_task(loaded.tokenizer.pad_token_id), progress=False,
-                       compile_config=compile_config)  # fmt: skip
+        result = train(loaded.model, tiny_items, config, CPU, laya_batch_task(loaded.tokenizer.pad_token_id),
+                       controls=RunControls(compile=compile_config))  # fmt: skip
         losses[forced] = [loss for _, loss in result.losses]
         assert result.compile["enabled"] is (forced == "1")
         assert [n for n, _ in loaded.model.named_parameters()] == names
@@ -263,8 +262,8 @@ def test_a_failing_compile_still_trains_eagerly(tiny_base, tiny_items, monkeypat
     monkeypatch.setattr(torch.nn.Module, "compile", broken_compile)
     config = replace(FAST, max_steps=3)
     loaded = _fresh(tiny_base, config)
-    result = train(loaded.model, tiny_items, config, CPU, laya_batch_task(loaded.tokenizer.pad_token_id), progress=False,
-                   compile_config=CompileConfig(bucket=16, max_static_len=128, backend="aot_eager"))  # fmt: skip
+    result = train(loaded.model, tiny_items, config, CPU, laya_batch_task(loaded.tokenizer.pad_token_id),
+                   controls=RunControls(compile=CompileConfig(bucket=16, max_static_len=128, backend="aot_eager")))  # fmt: skip
     assert result.steps == 3 and not result.compile["enabled"]
     assert "no compiler here" in result.compile["fallback_error"]
 

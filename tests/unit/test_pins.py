@@ -79,12 +79,13 @@ def test_project_dataset_matches_its_pin_and_a_tampered_copy_does_not(project_ro
 
 def test_training_refuses_a_tampered_pinned_input_before_it_starts(pinned_copy, monkeypatch):
     from pipeline.config import TrainConfig
+    from pipeline.data.split import TrainSource
     from pipeline.stages.train import train_on_data
 
     monkeypatch.chdir(pinned_copy)
     (pinned_copy / "data/rows.jsonl").write_text('{"state": "changed"}\n')
     with pytest.raises(PinMismatch, match=r"data/rows\.jsonl: bytes differ"):
-        train_on_data("data/rows.jsonl", "data/model", None, TrainConfig(), progress=False)
+        train_on_data(TrainSource("data/rows.jsonl"), "data/model", None, TrainConfig())
 
 
 BUILD = """import pathlib

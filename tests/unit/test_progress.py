@@ -9,7 +9,12 @@ from pipeline.training.progress import StepLog, eta_text
 def _run(step_seconds: list[float], log_every: int = 5) -> list[str]:
     lines, now = [], [0.0]
     log = StepLog(
-        len(step_seconds), TrainConfig(log_every=log_every), None, False, lines.append, lambda: now[0]
+        len(step_seconds),
+        TrainConfig(method="lora", log_every=log_every),
+        None,
+        False,
+        lines.append,
+        lambda: now[0],
     )
     result = SimpleNamespace(steps=0, step_seconds=[])
     for seconds in step_seconds:

@@ -23,10 +23,10 @@ def test_every_run_config_loads_and_overrides_only_known_keys(project_root):
     base = load_params(project_root / "params.yaml")
     for name in names:
         params = load_params(project_root / "params.yaml", name)
-        assert params.dataset == base["dataset"]  # run configs change runs, never the pinned data
+        assert params.dataset == base.dataset  # run configs change runs, never the pinned data
     tiny = load_params(project_root / "params.yaml", "tiny").train
     assert (
-        base["train"].max_steps is None and tiny.max_steps is not None
+        base.train.max_steps is None and tiny.max_steps is not None
     )  # the tiny run is capped, make run is not
 
 

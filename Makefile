@@ -1,10 +1,11 @@
-# decision-pipeline: `make run` runs the main job end to end, `make test` runs the tests.
-# Both create (or reuse) the project virtualenv in .venv and install what they need first.
+# decision-pipeline: `make run` runs the main job end to end, `make test` the fast test tier, `make test-all`
+# every test. Each creates (or reuses) the project virtualenv in .venv and installs what it needs first.
+# Another Python (3.11-3.13): `make PYTHON=python3.12 test` (after `make clean-venv` if .venv exists).
 SHELL := /bin/bash
 PYTHON ?= python3.11
 VENV := .venv
 BIN := $(CURDIR)/$(VENV)/bin
-STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | md5sum | cut -c1-12)
+STAMP := $(VENV)/.installed-$(shell cat pyproject.toml constraints.txt | md5sum | cut -c1-12)
 export PATH := $(BIN):$(PATH)
 export DVC_NO_ANALYTICS := 1
 export PYTHONUNBUFFERED := 1
@@ -21,15 +22,19 @@ UI_PORT ?= 5000
 MLFLOW_TRACKING_URI ?= sqlite:///mlflow/mlflow.db
 UI_ARTIFACTS ?= $(abspath $(dir $(MLFLOW_TRACKING_URI:sqlite:///%=%)))/artifacts
 
-.PHONY: run test lint bench repo data pull push serve ui browser postgres schedule clean-venv
+.PHONY: run test test-all lint bench repo data pull push serve ui browser postgres schedule clean-venv
 
 run: $(STAMP) repo  ## the main job: pin data and base, then the retrain flow (train, calibrate, export, register, smoke, promote)
 	python -m pipeline.data.remote pull
 	dvc repro
 	python -m flows.retrain $(if $(RUN_CONFIG),--run-config $(RUN_CONFIG))
 
-test: $(STAMP) repo data browser postgres  ## the whole default test suite (CPU, tiny models)
-	python -m pytest
+# The fast tier deselects `full` (tests/conftest.py marks it: services, workers, torchrun ranks, Chromium).
+test: $(STAMP) repo data  ## the fast tier: unit, data, model, api and one tiny flow (CPU, tiny models)
+	python -m pytest -m "not full and not gpu"
+
+test-all: $(STAMP) repo data browser postgres  ## every test but the GPU ones (.ci/run runs this)
+	python -m pytest -m "not gpu"
 
 serve: $(STAMP)  ## the Decision API on the champion version (follows the alias)
 	decision serve --model models:/$(MODEL_NAME)@champion --port $(PORT)
@@ -87,11 +92,12 @@ repo:
 	  git init -q && git add -A && \
 	  git -c user.name=decision-pipeline -c user.email=pipeline@localhost commit -qm "Local snapshot for DVC"; }
 
-# PyTorch is pinned to the CPU wheel on this machine's disk; a looser pin would pull a multi-GB CUDA build.
-$(STAMP): pyproject.toml
+# The exact tested versions (constraints.txt); pyproject.toml keeps ranges. torch first, on its own: on this kind
+# of machine the pin resolves to the CPU wheel on its disk, before any other package could pull a CUDA build.
+$(STAMP): pyproject.toml constraints.txt
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install -q --disable-pip-version-check torch==2.13.0
-	$(BIN)/python -m pip install -q --disable-pip-version-check -e '.[dev,postgres]'
+	$(BIN)/python -m pip install -q --disable-pip-version-check -c constraints.txt torch
+	$(BIN)/python -m pip install -q --disable-pip-version-check -c constraints.txt -e '.[dev,postgres]'
 	@rm -f $(VENV)/.installed-* && touch $@
 
 clean-venv:

@@ -1,4 +1,9 @@
-"""Shared fixtures: the project root and small synthetic decision files."""
+"""Shared fixtures (the project root, small synthetic decision files) and the test tiers.
+
+`make test` runs the fast tier (`-m "not full and not gpu"`): unit, data, model, api and one tiny flow.
+`make test-all` (what .ci/run runs) adds the tests below marked `full`: they start services, workers, torchrun
+ranks or a browser, or kill processes and wait for them. Membership is kept here, in one table, with why.
+"""
 
 from pathlib import Path
 
@@ -7,6 +12,27 @@ import pytest
 from pipeline.data import synthetic
 
 ROOT = Path(__file__).resolve().parents[1]
+
+FULL_ONLY = {
+    "tests/flows/": "Prefect flows, work pools, workers, MLflow servers, PostgreSQL clusters, Chromium",
+    "tests/model/test_ddp.py": "torchrun ranks, killed and stopped ranks",
+    "tests/api/test_workers.py": "a multi-process uvicorn server",
+    "tests/api/test_schemathesis.py": "property-based fuzzing of the whole API",
+    "tests/api/test_mlflow_serving.py": "MLflow's own model server",
+    "tests/data/test_remote.py": "DVC pushes and pulls through a remote",
+    "tests/unit/test_store.py": "PostgreSQL clusters and a tracking server",
+    "tests/unit/test_prefect_server_preflight.py": "a Prefect server on PostgreSQL",
+}
+"""Test files (or folders) that run in `make test-all` only, with what makes them slow."""
+FAST_FLOW = "tests/flows/test_retrain.py::test_a_first_run_is_tracked_registered_smoke_tested_and_promoted"
+"""The one tiny flow of the fast tier: the whole retrain chain, end to end, on a tiny model."""
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        where = Path(item.fspath).relative_to(ROOT).as_posix()
+        if item.nodeid.split("[")[0] != FAST_FLOW and any(where.startswith(prefix) for prefix in FULL_ONLY):
+            item.add_marker(pytest.mark.full)
 
 
 @pytest.fixture(scope="session")

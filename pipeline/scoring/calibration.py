@@ -21,7 +21,7 @@ from scipy.special import log_softmax
 
 from pipeline.data.contract import QUESTION_TYPES
 from pipeline.scoring.decisions import ScoredDecision
-from pipeline.scoring.metrics import expected_calibration_error
+from pipeline.scoring.metrics import detailed_metrics, expected_calibration_error
 
 T_MIN, T_MAX = 0.5, 5.0
 MIN_DECISIONS = 10
@@ -131,3 +131,22 @@ def _ece(decisions: list[ScoredDecision], probabilities: list[np.ndarray]) -> fl
 def plain_probabilities(logits: list[np.ndarray]) -> list[np.ndarray]:
     """Probabilities at T = 1 (the uncalibrated model)."""
     return [softmax(z) for z in logits]
+
+
+def cross_fitted_metrics(decisions: list[ScoredDecision], logits: list[np.ndarray], soft: bool = False,
+                         min_decisions: int = MIN_DECISIONS) -> dict[str, float]:  # fmt: skip
+    """Held-out metrics after calibration, each half of the records scored with the other half's temperatures.
+
+    A type the guard keeps at T = 1 (`fit_calibration` on all of them) is scored at T = 1, as it will be served.
+    """
+    final = fit_calibration(decisions, logits, soft, min_decisions)
+    kept = {qtype for qtype, t in enumerate(final.temperatures) if t == 1.0}
+    halves = [[i for i, d in enumerate(decisions) if d.record % 2 == side] for side in (0, 1)]
+    probabilities: list[np.ndarray | None] = [None] * len(decisions)
+    for fit_on, score_on in ((halves[0], halves[1]), (halves[1], halves[0])):
+        part = ([decisions[i] for i in fit_on], [logits[i] for i in fit_on])
+        fitted = fit_calibration(*part, soft, min_decisions, guard=False)
+        for i in score_on:
+            qtype = decisions[i].qtype
+            probabilities[i] = softmax(logits[i], 1.0 if qtype in kept else fitted.temperatures[qtype])
+    return detailed_metrics(decisions, probabilities)

@@ -18,7 +18,8 @@ def prefect_harness():
     os.environ.setdefault(
         "PREFECT_SERVER_ANALYTICS_ENABLED", "false"
     )  # else a fresh home logs "database is locked"
-    with prefect_test_harness():
+    # A busy 2-core machine (xdist workers, other jobs) can take past the 30 s default to start the API.
+    with prefect_test_harness(server_startup_timeout=180):
         yield
 
 

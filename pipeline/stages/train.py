@@ -39,17 +39,19 @@ def save_trained(trained: Trained, out: Path, data, base, config: TrainConfig) -
 def train_on_data(data: str | Path, base: str | Path, out: str | Path | None, config: TrainConfig,
                   split_config: ValidateConfig = ValidateConfig(), row_slice: RowSlice = RowSlice(),
                   device: str = "auto", cancel: CancelToken | None = None, save_on_cancel: bool = False,
-                  progress: bool = True, eval_data: str | Path | None = None,
-                  ranks: Ranks | None = None) -> TrainRun:  # fmt: skip
+                  progress: bool = True, report: Callable[[str], None] | None = None,
+                  eval_data: str | Path | None = None, ranks: Ranks | None = None) -> TrainRun:  # fmt: skip
     """Train a fine-tune of `base` on `data` and save it to `out` (nothing when cancelled, unless asked).
 
+    `progress` shows tqdm bars; `report` gets a line at each long step (scoring, every 10 training steps or 30 s).
     With `train.nproc` > 1 the ranks train under torchrun (a signal stops them all; nothing is saved then)."""
     if config.nproc > 1 and ranks is None:
         if save_on_cancel:
             raise ConfigError("--save-on-cancel: not with train.nproc > 1 (a signal stops every rank)")
-        return train_on_ranks(data, base, out, config, split_config, row_slice, device, progress, eval_data)
+        return train_on_ranks(data, base, out, config, split_config, row_slice, device, progress, eval_data,
+                              report=report)  # fmt: skip
     trained = fit_on_data(data, base, config, split_config, row_slice, device, cancel, progress, eval_data,
-                          ranks=ranks)  # fmt: skip
+                          report=report, ranks=ranks)  # fmt: skip
     run = trained.run
     if out is not None and (not run.cancelled or save_on_cancel):
         run.saved_to = str(save_trained(trained, Path(out), data, base, config))
@@ -59,13 +61,15 @@ def train_on_data(data: str | Path, base: str | Path, out: str | Path | None, co
 def train_on_ranks(data: str | Path, base: str | Path, out: str | Path | None, config: TrainConfig,
                    split_config: ValidateConfig = ValidateConfig(), row_slice: RowSlice = RowSlice(),
                    device: str = "auto", progress: bool = True, eval_data: str | Path | None = None,
-                   nproc: int | None = None) -> TrainRun:  # fmt: skip
-    """`train_on_data` on `nproc` (default `train.nproc`) torchrun ranks; `nproc=1` measures the launcher."""
+                   nproc: int | None = None, report: Callable[[str], None] | None = None) -> TrainRun:  # fmt: skip
+    """`train_on_data` on `nproc` (default `train.nproc`) torchrun ranks; `nproc=1` measures the launcher. Rank 0's
+    progress lines come back to `report` (none are written without one)."""
     arguments = {"data": str(data), "base": str(base), "out": out and str(out), "row_slice": asdict(row_slice),
-                 "eval_data": eval_data and str(eval_data), "progress": progress}  # fmt: skip
+                 "eval_data": eval_data and str(eval_data), "progress": progress,
+                 "report": report is not None}  # fmt: skip
     with tempfile.TemporaryDirectory(prefix="decision-ranks-") as folder:
         described = _run_ranks("train_on_data", Path(folder), arguments, config, split_config, device,
-                               nproc=nproc or config.nproc)  # fmt: skip
+                               report=report, nproc=nproc or config.nproc)  # fmt: skip
     return TrainRun(**described)
 
 

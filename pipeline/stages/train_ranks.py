@@ -46,7 +46,8 @@ def _lead_train_on_data(spec: dict[str, Any], config: TrainConfig, split: Valida
     arguments = spec["arguments"]
     run = train_on_data(arguments["data"], arguments["base"], arguments["out"], config, split,
                         RowSlice(**arguments["row_slice"]), device, progress=arguments["progress"],
-                        eval_data=arguments["eval_data"], ranks=ranks)  # fmt: skip
+                        report=_report if arguments.get("report") else None, eval_data=arguments["eval_data"],
+                        ranks=ranks)  # fmt: skip
     return run.to_dict()
 
 

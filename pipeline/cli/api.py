@@ -109,10 +109,7 @@ def _keygen(args: argparse.Namespace) -> int:
 
     key = add_key(args.keys, args.owner)
     print(json.dumps({"owner": args.owner, "key": key, "keys": args.keys}) if args.json else key)
-    if not args.json:
-        print(
-            f"(stored only as a hash in {args.keys}; this is the one time the key is shown)", file=sys.stderr
-        )
+    print(f"(stored only as a hash in {args.keys}; this is the one time the key is shown)", file=sys.stderr)
     return EXIT_OK
 
 

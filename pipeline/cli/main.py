@@ -3,7 +3,9 @@
     decision validate data/processed/vader.jsonl --slice 0:1000
     decision validate big.parquet --slice 1000000:1001000 --json
 
-Heavy libraries are imported inside the subcommands so that `decision --help` answers at once.
+stdout carries the command's result (tables, or one JSON object with `--json`); progress goes to stderr, with or
+without `--json`, and `--quiet` (-q) is what silences it. Heavy libraries are imported inside the subcommands so
+that `decision --help` answers at once.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import argparse
 import json
 import math
 import sys
+from collections.abc import Callable
 from typing import Any
 
 from pipeline.cli.api import add_api_commands
@@ -117,11 +120,12 @@ def _train(args: argparse.Namespace) -> int:
     from pipeline.training.controls import RunControls, RunHooks
 
     params, config, cancel, errors = _training_setup(args)
+    bars, report = _progress(args)
     try:
         with cancel.on_signals():
             run = train_on_data(_source(args, params), args.base, args.out, config, args.device,
-                                RunHooks(report=None if args.json else _say),
-                                RunControls(progress=not args.json, cancel=cancel), args.save_on_cancel)  # fmt: skip
+                                RunHooks(report=report), RunControls(progress=bars, cancel=cancel),
+                                args.save_on_cancel)  # fmt: skip
     except errors as error:
         print(f"decision train: {error}", file=sys.stderr)
         return EXIT_UNREADABLE
@@ -139,9 +143,10 @@ def _evaluate(args: argparse.Namespace) -> int:
     from pipeline.scoring.report import report_table
     from pipeline.stages.evaluate import evaluate_model
 
+    bars, say = _progress(args)
     try:
         report = evaluate_model(args.model, args.data, args.plots, RowSlice.parse(args.slice), args.device,
-                                progress=not args.json, conformal=args.conformal)  # fmt: skip
+                                progress=bars, conformal=args.conformal, report=say)  # fmt: skip
     except (ModelLayoutError, UnreadableInput, BadSlice, FileNotFoundError, ValueError) as error:
         print(f"decision evaluate: {error}", file=sys.stderr)
         return EXIT_UNREADABLE
@@ -203,8 +208,19 @@ def _export(args: argparse.Namespace) -> int:
 
 
 def _say(line: str) -> None:
-    """A progress line on stderr (stdout stays the command's result)."""
-    print(line, file=sys.stderr, flush=True)
+    """A progress line on stderr (stdout stays the command's result), written above a live tqdm bar."""
+    from tqdm import tqdm
+
+    tqdm.write(line, file=sys.stderr)
+
+
+def _progress(args: argparse.Namespace) -> tuple[bool, Callable[[str], None] | None]:
+    """(tqdm bars?, where progress lines go) for a long command: lines on stderr, bars only where stderr is a
+    terminal (in a log file a bar is a smear of carriage returns; the lines say the same); nothing with --quiet.
+    `--json` plays no part: it changes stdout only."""
+    if args.quiet:
+        return False, None
+    return sys.stderr.isatty(), _say
 
 
 def _finetune(args: argparse.Namespace) -> int:
@@ -212,10 +228,11 @@ def _finetune(args: argparse.Namespace) -> int:
     from pipeline.training.controls import RunControls, RunHooks
 
     params, config, cancel, errors = _training_setup(args)
+    bars, report = _progress(args)
     try:
         with cancel.on_signals():
             summary = finetune(_source(args, params), args.base, args.out, config, args.device,
-                               RunHooks(report=None if args.json else _say), RunControls(cancel=cancel),
+                               RunHooks(report=report), RunControls(progress=bars, cancel=cancel),
                                args.run_dir).to_dict()  # fmt: skip
     except errors as error:
         print(f"decision finetune: {error}", file=sys.stderr)
@@ -249,7 +266,7 @@ def _families(args: argparse.Namespace) -> int:
 
 
 def _warn(warnings: list[str]) -> None:
-    """Say plainly, on stderr, where the fine-tune learned nothing (also with --json)."""
+    """Say plainly, on stderr, where the fine-tune learned nothing (also with --json or --quiet)."""
     for warning in warnings:
         print(f"warning: the fine-tune did not learn: {warning}", file=sys.stderr)
 
@@ -351,7 +368,15 @@ def _add_training_arguments(command: argparse.ArgumentParser, out_help: str) -> 
     command.add_argument("--slice", metavar="START:END", help="use rows [START, END) of DATA only")
     command.add_argument("--device", default="auto", help="auto (cuda if available), cpu, cuda, cuda:1, ...")
     command.add_argument("--params", default="params.yaml", help="the params file (default: params.yaml)")
-    command.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
+    _add_output_flags(command)
+
+
+def _add_output_flags(command: argparse.ArgumentParser) -> None:
+    """`--json` and `--quiet` of a long-running command: one changes stdout, the other silences stderr's progress."""
+    command.add_argument("--json", action="store_true",
+                         help="print one JSON object on stdout instead of tables (progress stays on stderr)")  # fmt: skip
+    command.add_argument("-q", "--quiet", action="store_true",
+                         help="no progress on stderr (warnings and errors still appear)")  # fmt: skip
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -406,7 +431,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--conformal", type=float, metavar="ALPHA",
         help="add split-conformal prediction sets at miscoverage ALPHA (e.g. 0.1): coverage and mean set size per type",
     )  # fmt: skip
-    evaluate.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
+    _add_output_flags(evaluate)
     evaluate.set_defaults(handler=_evaluate)
 
     export = commands.add_parser(

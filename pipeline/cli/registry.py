@@ -72,12 +72,15 @@ def _retrain(args: argparse.Namespace) -> int:
 
     env = {"PREFECT_HOME": str(Path(".prefect").resolve()), "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
            "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR": "false"}  # fmt: skip
+    # The flow's progress is its run logger's lines, which Prefect's console handler writes to stderr (its API
+    # handler still sends them to the server, for the UI); --quiet raises that handler, and MLflow's, to warnings.
+    quiet = {"PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL": "WARNING", "MLFLOW_LOGGING_LEVEL": "WARNING"}
     command = [sys.executable, "-m", "flows.retrain", "--params", args.params]
     command += ["--run-config", args.run_config] if args.run_config else []
     command += ["--json"] if args.json else []
     command += ["--owner", args.owner] if args.owner else []
     command += ["--allow-unpinned"] if args.allow_unpinned else []
-    return subprocess.call(command, env={**env, **os.environ})
+    return subprocess.call(command, env={**env, **os.environ, **(quiet if args.quiet else {})})
 
 
 def add_registry_commands(commands) -> None:
@@ -121,5 +124,8 @@ def add_registry_commands(commands) -> None:
                          help="train even when dvc.lock is missing or does not pin the data or base (refused "
                          "otherwise); the run and version are tagged allow_unpinned=true and the gate holds "
                          "the version: decision promote VERSION --force promotes it")  # fmt: skip
-    retrain.add_argument("--json", action="store_true")
+    retrain.add_argument("--json", action="store_true",
+                         help="print the summary as one JSON object on stdout (progress stays on stderr)")  # fmt: skip
+    retrain.add_argument("-q", "--quiet", action="store_true",
+                         help="no progress on stderr: the flow's console log shows warnings and errors only")  # fmt: skip
     retrain.set_defaults(handler=_retrain)

@@ -175,9 +175,12 @@ def create_app(catalog: Catalog, keys: KeyStore, config: ServerConfig = ServerCo
 
     def caller(request: Request, bearer: Annotated[HTTPAuthorizationCredentials | None, Depends(BEARER)],
                x_api_key: Annotated[str | None, Depends(API_KEY)]) -> Caller:  # fmt: skip
-        # The security schemes put both headers in the OpenAPI document; a malformed Authorization header
-        # (which HTTPBearer passes over as absent) must still be a 401, so the raw header is judged.
-        return _authenticate(keys, request.headers.get("authorization"), x_api_key)
+        # HTTPBearer parses the header, but with auto_error=False (keyless callers are answered) it passes a
+        # malformed one (`Basic ...`, `Bearer` with no key) over as absent; that must stay a 401, so whether
+        # an Authorization header was sent at all is read here.
+        if bearer is None and request.headers.get("authorization"):
+            raise HTTPException(401, "Authorization must be 'Bearer <key>'", {"WWW-Authenticate": "Bearer"})
+        return _authenticate(keys, bearer.credentials if bearer else None, x_api_key)
 
     @app.post("/v1/systemone", response_model=DecisionResponse, responses=_ERROR_RESPONSES)
     async def systemone(body: DecisionRequest, who: Annotated[Caller, Depends(caller)]) -> Response:
@@ -235,14 +238,8 @@ def _run_batch(model: ServedModel, requests: list[Any]) -> list[Any]:
     return model.model.answer(requests)
 
 
-def _authenticate(keys: KeyStore, authorization: str | None, x_api_key: str | None) -> Caller:
+def _authenticate(keys: KeyStore, bearer: str | None, x_api_key: str | None) -> Caller:
     """401 for a key the server does not know, or two different keys in one request."""
-    bearer = None
-    if authorization:
-        scheme, _, token = authorization.partition(" ")
-        if scheme.lower() != "bearer" or not token.strip():
-            raise HTTPException(401, "Authorization must be 'Bearer <key>'", {"WWW-Authenticate": "Bearer"})
-        bearer = token.strip()
     presented = {k.strip() for k in (bearer, x_api_key) if k and k.strip()}
     if len(presented) > 1:
         raise HTTPException(

@@ -9,6 +9,8 @@ The model answers as it would when served: its calibrated temperatures are appli
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -27,11 +29,17 @@ from pipeline.scoring.report import calibration_report
 
 def evaluate_model(model_dir: str | Path, data: str | Path, plots_dir: str | Path | None = None,
                    row_slice: RowSlice = RowSlice(), device: str = "cpu", progress: bool = False,
-                   conformal: float | None = None) -> dict[str, Any]:  # fmt: skip
+                   conformal: float | None = None, report: Callable[[str], None] | None = None
+                   ) -> dict[str, Any]:  # fmt: skip
     """Metrics and the calibration report of `model_dir` on every usable decision of `data`, the PNG plots written
-    to `plots_dir`, and with `conformal` (alpha) split-conformal prediction sets per type."""
+    to `plots_dir`, and with `conformal` (alpha) split-conformal prediction sets per type. `progress` shows a tqdm
+    bar while scoring; `report` gets a line before and after it."""
+    say = report or (lambda line: None)
     validated = validate_file(data, row_slice)
+    say(f"scoring {validated.report.kept:,} decisions of {data} with {model_dir} on {device}")
+    started = time.perf_counter()
     decisions, skipped, probabilities, family = score_records(model_dir, validated.records, device, progress)
+    say(f"scored {len(decisions):,} decisions in {time.perf_counter() - started:.0f} s")
     report = {
         "model": str(model_dir), "family": family, "data": str(data), "rows": validated.report.rows,
         "decisions": validated.report.decisions, "skipped": {**validated.report.skipped, **skipped},

@@ -54,32 +54,34 @@ def train_on_data(source: TrainSource, base: str | Path, out: str | Path | None,
     if config.nproc > 1 and controls.ranks is None:
         if save_on_cancel:
             raise ConfigError("--save-on-cancel: not with train.nproc > 1 (a signal stops every rank)")
-        run = train_on_ranks(data, base, out, config, device, controls.progress, source.data)
+        run = train_on_ranks(data, base, out, config, device, hooks, controls)
     else:
-        run = fit_and_save(data, base, out, config, device, hooks, controls, save_on_cancel, source.data)
+        run = fit_and_save(data, base, out, config, device, hooks, controls, save_on_cancel)
     record_inputs(run, named)
     return run
 
 
 def fit_and_save(data: SplitData, base: str | Path, out: str | Path | None, config: TrainConfig, device: str,
-                 hooks: RunHooks, controls: RunControls, save_on_cancel: bool, source: str | Path) -> TrainRun:  # fmt: skip
+                 hooks: RunHooks, controls: RunControls, save_on_cancel: bool = False) -> TrainRun:  # fmt: skip
     """Train on `data` and save the fine-tune to `out` unless cancelled (or asked to save anyway)."""
     trained = fit(data, base, config, device, hooks, controls)
     run = trained.run
     if out is not None and (not run.cancelled or save_on_cancel):
-        run.saved_to = str(save_trained(trained, Path(out), source, base))
+        run.saved_to = str(save_trained(trained, Path(out), data.report.source, base))
     return run
 
 
 def train_on_ranks(data: SplitData, base: str | Path, out: str | Path | None, config: TrainConfig,
-                   device: str = "auto", progress: bool = True, source: str | Path = "",
+                   device: str = "auto", hooks: RunHooks = RunHooks(), controls: RunControls = RunControls(),
                    nproc: int | None = None) -> TrainRun:  # fmt: skip
-    """`fit_and_save` on `nproc` (default `train.nproc`) torchrun ranks; `nproc=1` measures the launcher."""
+    """`fit_and_save` on `nproc` (default `train.nproc`) torchrun ranks; `nproc=1` measures the launcher. Rank 0's
+    progress lines come back to `hooks.report` (none are written without one)."""
     with tempfile.TemporaryDirectory(prefix="decision-ranks-") as folder:
         split = data.save(Path(folder) / "split.pkl")
-        arguments = {"base": str(base), "out": out and str(out), "progress": progress, "source": str(source)}
-        described = _run_ranks("fit_and_save", Path(folder), split, arguments, config, device,
-                               nproc=nproc or config.nproc)  # fmt: skip
+        arguments = {"base": str(base), "out": out and str(out), "progress": controls.progress,
+                     "report": hooks.report is not None}  # fmt: skip
+        described = _run_ranks("fit_and_save", Path(folder), split, arguments, config, device, hooks,
+                               nproc or config.nproc)  # fmt: skip
     return TrainRun(**described)
 
 

@@ -48,9 +48,9 @@ def _lead_fit_and_save(
     spec: dict[str, Any], config: TrainConfig, device: str, ranks: Ranks
 ) -> dict[str, Any]:
     arguments = spec["arguments"]
-    run = fit_and_save(SplitData.load(spec["split"]), arguments["base"], arguments["out"], config, device,
-                       RunHooks(), RunControls(progress=arguments["progress"], ranks=ranks), False,
-                       arguments["source"])  # fmt: skip
+    hooks = RANK_HOOKS if arguments["report"] else RunHooks()
+    run = fit_and_save(SplitData.load(spec["split"]), arguments["base"], arguments["out"], config, device, hooks,
+                       RunControls(progress=arguments["progress"], ranks=ranks))  # fmt: skip
     return run.to_dict()
 
 

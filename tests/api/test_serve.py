@@ -129,6 +129,20 @@ def test_keys_by_bearer_or_header_and_401_for_unknown(keyed_client):
     assert ask(keyed_client).status_code == 200  # keyless callers get the serving model
 
 
+def test_the_authorization_header_is_read_as_before(keyed_client):
+    # Scheme case, spaces around the key, the same key in both headers, blank headers (as absent).
+    for headers in ({"Authorization": "bearer alice-key"}, {"Authorization": "Bearer   alice-key  "},
+                    {"Authorization": "Bearer alice-key", "X-API-Key": "alice-key"}, {"X-API-Key": " bob-key "},
+                    {"Authorization": ""}, {"X-API-Key": "  "}):  # fmt: skip
+        assert ask(keyed_client, **headers).status_code == 200, headers
+    # A header that is not `Bearer <key>` is refused, not taken for a keyless call.
+    for authorization in ("Basic YWxpY2U6eA==", "Bearer", "Bearer    ", "alice-key", "Token alice-key"):
+        response = ask(keyed_client, Authorization=authorization)
+        assert response.status_code == 401, authorization
+        assert response.json()["detail"] == "Authorization must be 'Bearer <key>'"
+        assert response.headers["WWW-Authenticate"] == "Bearer"
+
+
 def test_keyless_caller_gets_403_before_any_unknown_model_answer(keyed_client):
     for name in ("alice-tune", "no-such-model"):
         response = ask(keyed_client, {"model": name, "state": STATE, "questions": QUESTIONS})

@@ -247,8 +247,9 @@ def test_decision_train_json_reports_the_world_size(tiny_base, synthetic_train_f
     code = main(["train", "--data", str(synthetic_train_file), "--base", str(tiny_base), "--out",
                  str(tmp_path / "out"), "--nproc", "2", "--max-steps", "2", "--method", "lora", "--family", "laya",
                  "--device", "cpu", "--json"])  # fmt: skip
-    printed = capsys.readouterr().out
+    printed, err = capsys.readouterr()
     assert code == 0
     summary = json.loads(printed)  # one JSON object: rank 0's progress lines went to stderr
+    assert "train lora: step 2/2, loss " in err
     assert summary["world_size"] == 2 and summary["steps"] == 2
     assert summary["saved_to"] and (tmp_path / "out").is_dir()

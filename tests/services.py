@@ -177,7 +177,7 @@ def prefect_server(database_url: str | None, home: Path) -> Iterator[str]:
     home.mkdir(parents=True, exist_ok=True)
     port = free_port()
     database = {"PREFECT_API_DATABASE_CONNECTION_URL": database_url} if database_url else {}
-    # flows.server: `prefect server start` once its database answers (the README's command).
+    # flows.server: `prefect server start` once its database answers (docs/scale-out.md's command).
     command = [sys.executable, "-m", "flows.server", "--host", "127.0.0.1", "--port", str(port), "--no-ui"]
     api = f"http://127.0.0.1:{port}/api"
     path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)

@@ -138,8 +138,8 @@ def add_api_commands(commands) -> None:
     serve.add_argument(
         "--precision", choices=["fp32", "bf16"], default="fp32",
         help="fp32 (default: answers equal the trained model's within 1e-3) or bf16 autocast: 1.4x-1.7x the "
-             "requests/s on a 2-core CPU with native bf16, but answers moved by up to 8e-3 (README, Serving); refused "
-             "where bf16 is emulated",
+             "requests/s on a 2-core CPU with native bf16, but answers moved by up to 8e-3 (docs/results.md, "
+             "Serving); refused where bf16 is emulated",
     )  # fmt: skip
     serve.add_argument("--shadow", metavar="MODEL",
                        help="a challenger (folder or models:/NAME@challenger) that scores a share of the requests "

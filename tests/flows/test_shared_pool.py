@@ -62,7 +62,7 @@ def _prefect(args: list[str], env: dict[str, str]) -> str:
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory) -> Iterator[Stack]:
     """PostgreSQL; a Prefect server and an MLflow server on it; the work pool, the shared result storage and
-    the deployment, as README "Scaling out" sets them up."""
+    the deployment, as docs/scale-out.md sets them up."""
     root = tmp_path_factory.mktemp("stack")
     with postgres_cluster() as pg:
         pg.create_database("prefect")

@@ -124,8 +124,8 @@ def _train(args: argparse.Namespace) -> int:
     try:
         with cancel.on_signals():
             run = train_on_data(_source(args, params), args.base, args.out, config, args.device,
-                                RunHooks(report=report), RunControls(progress=bars, cancel=cancel),
-                                args.save_on_cancel)  # fmt: skip
+                                RunHooks(report=report),
+                                RunControls(progress=bars, cancel=cancel, save_on_cancel=args.save_on_cancel))  # fmt: skip
     except errors as error:
         print(f"decision train: {error}", file=sys.stderr)
         return EXIT_UNREADABLE

@@ -43,30 +43,30 @@ def record_inputs(run: TrainRun, named: dict[str, str | Path | None]) -> None:
 
 
 def train_on_data(source: TrainSource, base: str | Path, out: str | Path | None, config: TrainConfig,
-                  device: str = "auto", hooks: RunHooks = RunHooks(), controls: RunControls = RunControls(),
-                  save_on_cancel: bool = False) -> TrainRun:  # fmt: skip
+                  device: str = "auto", hooks: RunHooks = RunHooks(),
+                  controls: RunControls = RunControls()) -> TrainRun:  # fmt: skip
     """`decision train`: validate and split `source`, train a fine-tune of `base` and save it to `out` (nothing
-    when cancelled, unless asked). With `train.nproc` > 1 the ranks train under torchrun (a signal stops them
-    all; nothing is saved then)."""
+    when cancelled, unless `controls.save_on_cancel`). With `train.nproc` > 1 the ranks train under torchrun (a
+    signal stops them all; nothing is saved then)."""
     named = {"data": source.data, "base": base, "eval_data": source.eval_data}
     verify_inputs([path for path in named.values() if path is not None])  # refuse before validating
     data = source.validated()
     if config.nproc > 1 and controls.ranks is None:
-        if save_on_cancel:
+        if controls.save_on_cancel:
             raise ConfigError("--save-on-cancel: not with train.nproc > 1 (a signal stops every rank)")
         run = train_on_ranks(data, base, out, config, device, hooks, controls)
     else:
-        run = fit_and_save(data, base, out, config, device, hooks, controls, save_on_cancel)
+        run = fit_and_save(data, base, out, config, device, hooks, controls)
     record_inputs(run, named)
     return run
 
 
 def fit_and_save(data: SplitData, base: str | Path, out: str | Path | None, config: TrainConfig, device: str,
-                 hooks: RunHooks, controls: RunControls, save_on_cancel: bool = False) -> TrainRun:  # fmt: skip
+                 hooks: RunHooks, controls: RunControls) -> TrainRun:  # fmt: skip
     """Train on `data` and save the fine-tune to `out` unless cancelled (or asked to save anyway)."""
     trained = fit(data, base, config, device, hooks, controls)
     run = trained.run
-    if out is not None and (not run.cancelled or save_on_cancel):
+    if out is not None and (not run.cancelled or controls.save_on_cancel):
         run.saved_to = str(save_trained(trained, Path(out), data.report.source, base))
     return run
 

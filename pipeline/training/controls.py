@@ -78,7 +78,8 @@ class RunHooks:
 @dataclass(frozen=True)
 class RunControls:
     """What steers a run: a progress bar on the terminal, a cancel token (checked at each step; a signal can set
-    it), checkpoints to save and resume from, this process's data-parallel ranks, and how layers compile."""
+    it), checkpoints to save and resume from, this process's data-parallel ranks, how layers compile, and whether
+    a cancelled run is saved."""
 
     progress: bool = False
     cancel: CancelToken | None = None
@@ -87,6 +88,8 @@ class RunControls:
     """Given only on a rank of a data-parallel run (`stages.train_ranks`)."""
     compile: CompileConfig | None = None
     """None: `CompileConfig()`, with `DECISION_COMPILE` deciding on or off."""
+    save_on_cancel: bool = False
+    """`decision train --save-on-cancel`: a cancelled run still saves what it trained."""
 
     @property
     def cancelled(self) -> bool:

@@ -170,7 +170,7 @@ def score_laya_export(folder: Path, heldout: Path) -> dict:
     """A Laya-layout export scored by our code, with the temperatures it carries."""
     from pipeline.stages.evaluate import evaluate_model
 
-    overall = evaluate_model(str(folder), str(heldout), None, progress=False)["metrics"]["overall"]
+    overall = evaluate_model(str(folder), str(heldout), None, progress=False).metrics["overall"]
     return {k: overall[k] for k in ("accuracy", "record_accuracy", "ece", "brier")}
 
 

@@ -49,6 +49,8 @@ from pipeline.stages import smoke as smoke_stage
 from pipeline.stages import train as train_stage
 from pipeline.stages import validate as validate_stage
 from pipeline.stages.calibrate import CalibrationResult
+from pipeline.stages.promote import GateResult
+from pipeline.stages.smoke import SmokeResult
 from pipeline.stages.validate import ValidateResult
 from pipeline.training.controls import RunHooks
 from pipeline.training.fit import TrainRun
@@ -119,15 +121,15 @@ def register(export_dir: str, name: str, run_id: str, tags: dict[str, str]) -> s
 
 
 @task(name="smoke-test", **IO_RETRIES)
-def smoke(name: str, version: str, run_dir: str, n: int) -> dict[str, Any]:
+def smoke(name: str, version: str, run_dir: str, n: int) -> SmokeResult:
     run = RunFolder(run_dir)
     heldout = SplitData.load(run.split).split.heldout
-    return smoke_stage.smoke_version(name, version, heldout, n, run.expected_answers).to_dict()
+    return smoke_stage.smoke_version(name, version, heldout, n, run.expected_answers)
 
 
 @task(name="promotion-gate", **IO_RETRIES)
 def promotion_gate(name: str, version: str, calibrated: dict[str, float], smoke_passed: bool, run_dir: str,
-                   config, learning_warnings: list[str], unpinned: bool = False) -> dict[str, Any]:  # fmt: skip
+                   config, learning_warnings: list[str], unpinned: bool = False) -> GateResult:  # fmt: skip
     heldout = SplitData.load(RunFolder(run_dir).split).split.heldout
     return promote_stage.promotion_stage(name, version, calibrated, smoke_passed, heldout, config,
                                          learning_warnings, unpinned=unpinned)  # fmt: skip
@@ -183,7 +185,7 @@ def retrain(
         {**tags, "mlflow_run_id": run_id, **report_tags(calibration.to_dict())},
     )
     smoked = smoke(config.model_name, version, run_dir, config.smoke_decisions)
-    verdict = promotion_gate(config.model_name, version, calibration.heldout["calibrated"], smoked["passed"],
+    verdict = promotion_gate(config.model_name, version, calibration.heldout["calibrated"], smoked.passed,
                              run_dir, params.promote, trained.warnings, allow_unpinned)  # fmt: skip
     summary = _summary(
         config, key, verified, validated, trained, calibration, run_id, version, smoked, verdict
@@ -197,19 +199,19 @@ def _optional_tags(owner: str | None, allow_unpinned: bool) -> dict[str, str]:
 
 
 def _summary(config: RetrainConfig, key: str, verified: dict[str, str], validated: ValidateResult,
-             trained: TrainRun, calibration: CalibrationResult, run_id: str, version: str, smoked: dict[str, Any],
-             verdict: dict[str, Any]) -> dict[str, Any]:  # fmt: skip
+             trained: TrainRun, calibration: CalibrationResult, run_id: str, version: str, smoked: SmokeResult,
+             verdict: GateResult) -> dict[str, Any]:  # fmt: skip
     return {
-        "model": config.model_name, "version": version, "champion": verdict.get("champion"),
-        "promoted": verdict["promote"], "gate": verdict["reasons"], "mlflow_run_id": run_id,
+        "model": config.model_name, "version": version, "champion": verdict.champion,
+        "promoted": verdict.promote, "gate": verdict.reasons, "mlflow_run_id": run_id,
         "idempotency_key": key, "pins": verified, "inputs": trained.inputs, "family": trained.family,
         "warnings": trained.warnings, "rows": validated.report.rows, "decisions": validated.report.decisions,
         "skipped": validated.report.skipped, "heldout": calibration.heldout,
         "temperatures": calibration.temperatures, "calibrator": calibration.calibrator,
-        "calibration_report": calibration.report, "comparison": verdict.get("comparison"),
+        "calibration_report": calibration.report, "comparison": verdict.comparison,
         "steps": trained.steps, "world_size": trained.world_size,
         "train_seconds": trained.train_seconds, "s_per_step": trained.s_per_step,
-        "smoke": {k: smoked[k] for k in ("passed", "agreement", "max_probability_diff", "trained_agreement",
+        "smoke": {k: smoked.to_dict()[k] for k in ("passed", "agreement", "max_probability_diff", "trained_agreement",
                                          "trained_max_probability_diff", "failures", "latency_ms")},
     }  # fmt: skip
 

@@ -146,7 +146,7 @@ def _evaluate(args: argparse.Namespace) -> int:
     bars, say = _progress(args)
     try:
         report = evaluate_model(args.model, args.data, args.plots, RowSlice.parse(args.slice), args.device,
-                                progress=bars, conformal=args.conformal, report=say)  # fmt: skip
+                                progress=bars, conformal=args.conformal, report=say).to_dict()  # fmt: skip
     except (ModelLayoutError, UnreadableInput, BadSlice, FileNotFoundError, ValueError) as error:
         print(f"decision evaluate: {error}", file=sys.stderr)
         return EXIT_UNREADABLE

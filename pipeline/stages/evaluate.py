@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -27,10 +28,35 @@ from pipeline.scoring.plots import reliability_by_type, write_plots
 from pipeline.scoring.report import calibration_report
 
 
+@dataclass
+class EvaluationReport:
+    """A model's figures on decision rows, as served: metrics per type and overall, the calibration report, the
+    plots written and, when asked, split-conformal prediction sets (`decision evaluate --json` prints it)."""
+
+    model: str
+    family: str
+    data: str
+    rows: int
+    decisions: int
+    skipped: dict[str, int]
+    metrics: dict[str, dict[str, float]]
+    calibration: dict[str, Any] | None
+    plots: list[str] = field(default_factory=list)
+    conformal: dict[str, Any] | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        described = asdict(self)
+        return (
+            described
+            if self.conformal is not None
+            else {k: v for k, v in described.items() if k != "conformal"}
+        )
+
+
 def evaluate_model(model_dir: str | Path, data: str | Path, plots_dir: str | Path | None = None,
                    row_slice: RowSlice = RowSlice(), device: str = "cpu", progress: bool = False,
                    conformal: float | None = None, report: Callable[[str], None] | None = None
-                   ) -> dict[str, Any]:  # fmt: skip
+                   ) -> EvaluationReport:  # fmt: skip
     """Metrics and the calibration report of `model_dir` on every usable decision of `data`, the PNG plots written
     to `plots_dir`, and with `conformal` (alpha) split-conformal prediction sets per type. `progress` shows a tqdm
     bar while scoring; `report` gets a line before and after it."""
@@ -40,22 +66,22 @@ def evaluate_model(model_dir: str | Path, data: str | Path, plots_dir: str | Pat
     started = time.perf_counter()
     decisions, skipped, probabilities, family = score_records(model_dir, validated.records, device, progress)
     say(f"scored {len(decisions):,} decisions in {time.perf_counter() - started:.0f} s")
-    report = {
-        "model": str(model_dir), "family": family, "data": str(data), "rows": validated.report.rows,
-        "decisions": validated.report.decisions, "skipped": {**validated.report.skipped, **skipped},
-        "metrics": metrics_by_type(decisions, probabilities),
-        "calibration": calibration_report(decisions, probabilities) if decisions else None, "plots": [],
-    }  # fmt: skip
+    evaluation = EvaluationReport(
+        model=str(model_dir), family=family, data=str(data), rows=validated.report.rows,
+        decisions=validated.report.decisions, skipped={**validated.report.skipped, **skipped},
+        metrics=metrics_by_type(decisions, probabilities),
+        calibration=calibration_report(decisions, probabilities) if decisions else None,
+    )  # fmt: skip
     if conformal is not None:
-        report["conformal"] = conformal_report(decisions, probabilities, conformal)
+        evaluation.conformal = conformal_report(decisions, probabilities, conformal)
     if plots_dir is not None:
         options = {d.question.id: d.question.options for r in validated.records for d in r.decisions}
         written = write_plots(decisions, probabilities, options, Path(plots_dir))
         by_type = reliability_by_type(
             decisions, probabilities, Path(plots_dir) / "reliability_by_type.png", "as served"
         )
-        report["plots"] = [str(p) for p in [*written, by_type]]
-    return report
+        evaluation.plots = [str(p) for p in [*written, by_type]]
+    return evaluation
 
 
 def score_records(model_dir: str | Path, records: list[Record], device: str = "cpu", progress: bool = False

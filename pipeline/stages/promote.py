@@ -8,6 +8,7 @@ decisions (any family), compares them by a paired bootstrap on NLL (`pipeline.sc
 from __future__ import annotations
 
 import tempfile
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -34,16 +35,31 @@ def register_stage(export_dir: str | Path, name: str, run_id: str, tags: dict[st
     return version
 
 
+@dataclass(frozen=True)
+class GateResult:
+    """The gate's verdict on a version, with every reason, and where `champion` points after it."""
+
+    promote: bool
+    reasons: list[str]
+    champion: str | None
+    previous_champion: str | None = None
+    comparison: dict[str, Any] | None = None
+    """Champion and challenger scored now on the same decisions (None: no champion yet)."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
 def promotion_stage(name: str, version: str, calibrated: dict[str, float], smoke_passed: bool,
                     heldout: list[Record], config: PromoteConfig, learning_warnings: list[str] | None = None,
-                    unpinned: bool = False) -> dict[str, Any]:  # fmt: skip
+                    unpinned: bool = False) -> GateResult:  # fmt: skip
     """Gate `version` against the champion, both scored now on the run's `heldout` records; move `champion` when
     it passes.
 
     `unpinned`: the version was trained with --allow-unpinned, and the gate holds it."""
     champion_version = current(name, CHAMPION)
     if champion_version == version:
-        return {"promote": False, "reasons": ["already the champion"], "champion": version}
+        return GateResult(False, ["already the champion"], version, version)
     comparison = None
     if champion_version is not None:
         comparison = compare_versions(name, champion_version, version, heldout, config.nll_confidence)
@@ -55,8 +71,8 @@ def promotion_stage(name: str, version: str, calibrated: dict[str, float], smoke
         client().set_model_version_tag(name, version, key, value)
     if verdict.promote:
         set_alias(name, CHAMPION, version, "promotion gate: " + "; ".join(verdict.reasons))
-    return verdict.to_dict() | {"champion": current(name, CHAMPION), "previous_champion": champion_version,
-                                "comparison": comparison and comparison.to_dict()}  # fmt: skip
+    return GateResult(verdict.promote, verdict.reasons, current(name, CHAMPION), champion_version,
+                      comparison and comparison.to_dict())  # fmt: skip
 
 
 def compare_versions(name: str, champion: str, challenger: str, heldout: list[Record],

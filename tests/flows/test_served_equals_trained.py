@@ -53,5 +53,5 @@ def test_a_corrupted_export_fails_smoke_is_tagged_failed_and_champion_stays(pref
                                      for f in smoked.failures)  # fmt: skip
     assert client().get_model_version("tiny-model", version).tags["smoke"] == "failed"
     verdict = promotion_stage("tiny-model", version, {"ece": 0.0}, smoked.passed, heldout, params.promote)
-    assert not verdict["promote"] and "smoke test failed" in verdict["reasons"]
+    assert not verdict.promote and "smoke test failed" in verdict.reasons
     assert current("tiny-model", CHAMPION) == first["version"]

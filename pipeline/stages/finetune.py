@@ -14,13 +14,12 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.config import ConfigError, TrainConfig
-from pipeline.data.pins import pin_status, verify_inputs
 from pipeline.data.split import TrainSource
 from pipeline.families import resolve_training
 from pipeline.rundir import RunFolder
 from pipeline.stages.calibrate import CalibrationResult, calibrate_stage
 from pipeline.stages.export import export_stage
-from pipeline.stages.train import train_stage
+from pipeline.stages.train import checked_inputs, train_stage
 from pipeline.training.controls import RunControls, RunHooks
 from pipeline.training.fit import TrainRun
 
@@ -78,9 +77,7 @@ def finetune(source: TrainSource, base: str | Path, out: str | Path, config: Tra
         raise ConfigError(f"train.nproc={config.nproc}: finetune trains in one process; train data-parallel with "
                           "`decision train --nproc N` or the retrain flow (train.nproc in params.yaml)")  # fmt: skip
     _, config = resolve_training(base, config)  # refuse a method the family lacks before validating
-    named = {"data": source.data, "base": base, "eval_data": source.eval_data}
-    named = {name: path for name, path in named.items() if path is not None}
-    checked = {"pins": verify_inputs(list(named.values())), "inputs": pin_status(named)}
+    checked = checked_inputs({"data": source.data, "base": base, "eval_data": source.eval_data})
     run = RunFolder(run_dir or default_run_dir(out))
     run.root.mkdir(parents=True, exist_ok=True)
     run.checkpoint.unlink(missing_ok=True)  # a finetune starts afresh: its folder is not keyed by the data

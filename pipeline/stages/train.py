@@ -36,10 +36,11 @@ def save_trained(trained: Trained, out: Path, data: str | Path, base: str | Path
     return trained.family.save_finetune(trained.loaded, out, training_description(config, base, run, digest))
 
 
-def record_inputs(run: TrainRun, named: dict[str, str | Path | None]) -> None:
-    """Verify the inputs DVC pins (refusing on a mismatch) and record them and their pin status on the run."""
+def checked_inputs(named: dict[str, str | Path | None]) -> dict[str, Any]:
+    """Verify the inputs DVC pins (refusing on a mismatch): their `pins` (md5 by path) and `inputs` (each named
+    input with whether DVC pins it), as a run records them."""
     named = {name: path for name, path in named.items() if path is not None}
-    run.pins, run.inputs = verify_inputs(list(named.values())), pin_status(named)
+    return {"pins": verify_inputs(list(named.values())), "inputs": pin_status(named)}
 
 
 def train_on_data(source: TrainSource, base: str | Path, out: str | Path | None, config: TrainConfig,
@@ -48,24 +49,21 @@ def train_on_data(source: TrainSource, base: str | Path, out: str | Path | None,
     """`decision train`: validate and split `source`, train a fine-tune of `base` and save it to `out` (nothing
     when cancelled, unless `controls.save_on_cancel`). With `train.nproc` > 1 the ranks train under torchrun (a
     signal stops them all; nothing is saved then)."""
-    named = {"data": source.data, "base": base, "eval_data": source.eval_data}
-    verify_inputs([path for path in named.values() if path is not None])  # refuse before validating
+    checked = checked_inputs({"data": source.data, "base": base, "eval_data": source.eval_data})
     data = source.validated()
     if config.nproc > 1 and controls.ranks is None:
         if controls.save_on_cancel:
             raise ConfigError("--save-on-cancel: not with train.nproc > 1 (a signal stops every rank)")
-        run = train_on_ranks(data, base, out, config, device, hooks, controls)
-    else:
-        run = fit_and_save(data, base, out, config, device, hooks, controls)
-    record_inputs(run, named)
-    return run
+        return train_on_ranks(data, base, out, config, device, hooks, controls, checked)
+    return fit_and_save(data, base, out, config, device, hooks, controls, checked)
 
 
 def fit_and_save(data: SplitData, base: str | Path, out: str | Path | None, config: TrainConfig, device: str,
-                 hooks: RunHooks, controls: RunControls) -> TrainRun:  # fmt: skip
-    """Train on `data` and save the fine-tune to `out` unless cancelled (or asked to save anyway)."""
+                 hooks: RunHooks, controls: RunControls, checked: dict[str, Any]) -> TrainRun:  # fmt: skip
+    """Train on `data` and save the fine-tune to `out` unless cancelled (or asked to save anyway); the run
+    records the `checked` pins and inputs (`checked_inputs`)."""
     trained = fit(data, base, config, device, hooks, controls)
-    run = trained.run
+    run = _recorded(trained.run, checked)
     if out is not None and (not run.cancelled or controls.save_on_cancel):
         run.saved_to = str(save_trained(trained, Path(out), data.report.source, base))
     return run
@@ -73,13 +71,13 @@ def fit_and_save(data: SplitData, base: str | Path, out: str | Path | None, conf
 
 def train_on_ranks(data: SplitData, base: str | Path, out: str | Path | None, config: TrainConfig,
                    device: str = "auto", hooks: RunHooks = RunHooks(), controls: RunControls = RunControls(),
-                   nproc: int | None = None) -> TrainRun:  # fmt: skip
+                   checked: dict[str, Any] | None = None, nproc: int | None = None) -> TrainRun:  # fmt: skip
     """`fit_and_save` on `nproc` (default `train.nproc`) torchrun ranks; `nproc=1` measures the launcher. Rank 0's
     progress lines come back to `hooks.report` (none are written without one)."""
     with tempfile.TemporaryDirectory(prefix="decision-ranks-") as folder:
         split = data.save(Path(folder) / "split.pkl")
         arguments = {"base": str(base), "out": out and str(out), "progress": controls.progress,
-                     "report": hooks.report is not None}  # fmt: skip
+                     "report": hooks.report is not None, "checked": checked or {}}  # fmt: skip
         described = _run_ranks("fit_and_save", Path(folder), split, arguments, config, device, hooks,
                                nproc or config.nproc)  # fmt: skip
     return TrainRun(**described)
@@ -119,17 +117,22 @@ def train_stage(run_dir: str | Path, base: str | Path, config: TrainConfig, devi
     controls = RunControls(controls.progress, controls.cancel, Checkpointer(run_folder.checkpoint, config),
                            controls.ranks, controls.compile)  # fmt: skip
     trained = fit(data, base, config, device, RunHooks(hooks.report, hooks.on_log, evaluated), controls)
-    run = trained.run
+    run = _recorded(trained.run, checked or {})
     run.saved_to = str(save_trained(trained, run_folder.finetune, run_folder.split, base))
     run.heldout_checkpoints, run.peak_memory_mb = checkpoints, peak_memory_mb()
     run.mlflow_run_id = hooks.mlflow_run_id
-    for name, value in (checked or {}).items():
-        setattr(run, name, value)
     save_heldout(
         run_folder.heldout,
         HeldOut(trained.heldout, trained.base_logits, trained.tuned_logits, trained.options),
     )
     run_folder.train_summary.write_text(json.dumps(run.to_dict(), indent=2, default=str))
+    return run
+
+
+def _recorded(run: TrainRun, checked: dict[str, Any]) -> TrainRun:
+    """The run with the caller's checked `pins` and `inputs` on it, before anything is saved (the fine-tune's
+    source digest reads the pins)."""
+    run.pins, run.inputs = checked.get("pins", {}), checked.get("inputs", {})
     return run
 
 

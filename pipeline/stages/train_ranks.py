@@ -50,7 +50,7 @@ def _lead_fit_and_save(
     arguments = spec["arguments"]
     hooks = RANK_HOOKS if arguments["report"] else RunHooks()
     run = fit_and_save(SplitData.load(spec["split"]), arguments["base"], arguments["out"], config, device, hooks,
-                       RunControls(progress=arguments["progress"], ranks=ranks))  # fmt: skip
+                       RunControls(progress=arguments["progress"], ranks=ranks), arguments["checked"])  # fmt: skip
     return run.to_dict()
 
 

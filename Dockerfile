@@ -1,5 +1,5 @@
 # The image of the Kubernetes work pool's flow runs (prefect.yaml `retrain-k8s`, deploy/k8s/base-job-template.json):
-# the project installed on Python 3.11 with PyTorch's CPU wheel at the pin the Makefile installs, run from
+# the project installed on Python 3.11 at the versions of constraints.txt (PyTorch's CPU wheel at its pin), run from
 # /opt/decision-pipeline as an unprivileged user. Build it from the project root and tag it for your registry:
 #   docker build -t decision-pipeline:0.1.0 --build-arg GIT_COMMIT=$(git rev-parse HEAD) .
 # For CUDA nodes, pass the CUDA wheel index of the same torch version: --build-arg TORCH_INDEX_URL=.../whl/cu128
@@ -25,14 +25,14 @@ RUN apt-get update \
 
 WORKDIR /opt/decision-pipeline
 
-# torch first and from its own index: the project's `torch==2.13.0` alone would pull a multi-GB CUDA build.
+# torch first and from its own index (constraints.txt's pin): from PyPI it would be a multi-GB CUDA build.
 RUN pip install "torch==${TORCH_VERSION}" --index-url "${TORCH_INDEX_URL}"
 
-# The library, then its dependencies (a layer that changes only with pyproject.toml or the code).
-COPY pyproject.toml README.md ./
+# The library, then its dependencies at the tested versions (a layer that changes only with them or the code).
+COPY pyproject.toml constraints.txt README.md ./
 COPY pipeline/ pipeline/
 COPY flows/ flows/
-RUN pip install ".[${EXTRAS}]"
+RUN pip install -c constraints.txt ".[${EXTRAS}]"
 
 # What the stages and the flow read at run time: params, run configs, the DVC pipeline and its pins, the raw
 # archive the dataset stage builds from, the deployment file, and the store's README (mlflow/ stays empty).

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pipeline.config import ValidateConfig
-from pipeline.data.validate import Record
+from pipeline.data.contract import Record
 
 
 @dataclass(frozen=True)

@@ -16,9 +16,10 @@ import numpy as np
 import torch
 
 from pipeline.config import ValidateConfig
+from pipeline.data.contract import Record
 from pipeline.data.read import RowSlice
 from pipeline.data.split import split_holdout
-from pipeline.data.validate import Record, validate_file
+from pipeline.data.validate import validate_file
 from pipeline.families import load_decision_model
 from pipeline.scoring.conformal import conformal_report
 from pipeline.scoring.decisions import ScoredDecision

@@ -14,8 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from pipeline.data.contract import QUESTION_TYPE_IDS, state_text
-from pipeline.data.validate import Decision, Record
+from pipeline.data.contract import QUESTION_TYPE_IDS, Decision, Record, state_text
 from pipeline.families.laya.layout import LoadedModel, internal_question
 from pipeline.scoring.decisions import ScoredDecision
 

@@ -7,11 +7,14 @@ machine that has no DVC (so `pin_inputs` imports it when called).
 
 import shutil
 from pathlib import Path
+from typing import Any
 
 import torch
 import yaml
 
 from pipeline.config import TrainConfig
+from pipeline.data import contract, synthetic
+from pipeline.data.contract import Decision, Record
 
 WORDS = (
     "the a is of and to in it this that was great good bad terrible fine okay love hate product order late "
@@ -104,11 +107,35 @@ def write_tiny_decoder(folder: Path, seed: int = 0, hidden: int = 64, layers: in
     return folder
 
 
+def synthetic_records(n: int, seed: int = 0, state_chars: int = 120) -> list[Record]:
+    """`n` clean synthetic rows as the records validation would keep of them (every decision of each), read with
+    the contract's own parsers and without the validation schema (pandera), which the lent GPU machine lacks."""
+    return [_record(index, row) for index, row in enumerate(synthetic.generate_rows(n, seed, 0, state_chars))]
+
+
+def _record(index: int, row: dict[str, Any]) -> Record:
+    parsed = contract.parse_questions(row["questions"])
+    decisions = []
+    for spec in parsed.specs:
+        _label_ok, _probabilities_ok, gold = contract.judge_gold(spec, row["gold"][spec.id])
+        if parsed.error or spec.question is None or gold is None:
+            raise ValueError(f"synthetic row {index}, question {spec.id}: not a clean decision")
+        decisions.append(Decision(index, spec.question, gold))
+    return Record(index, contract.parse_state(row["state"]), tuple(decisions), row["gold"], parsed.canonical)
+
+
+def without_dropout(model: torch.nn.Module) -> None:
+    """Every dropout of the model off, in training mode too (modules and the float rates some modules keep)."""
+    for module in model.modules():
+        if isinstance(module, torch.nn.Dropout):
+            module.p = 0.0
+        if isinstance(getattr(module, "dropout", None), float):
+            module.dropout = 0.0
+
+
 def write_learnable_rows(path: Path, n: int, seed: int = 0) -> Path:
     """Rows whose tone is written in the text (one telling word among filler), so training can learn it."""
     import random
-
-    from pipeline.data import synthetic
 
     rng = random.Random(seed)
     cues = {

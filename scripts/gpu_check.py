@@ -40,6 +40,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+# Nothing of the project, nor torch, at module level: `main` hides the packages the GPU machine lacks first.
 from scripts.gpu_check_absent import ABSENT, DRY_RUN_ABSENT, hide_absent  # noqa: E402
 
 ROWS = ("device", "laya_train", "layer_plan", "packed_forward", "export_merge", "data_parallel", "joint_train",
@@ -129,10 +130,9 @@ def print_row(row: dict) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run the rows asked for; 0 when none failed, 1 when one did, 2 when the check cannot start."""
     args = parse_args(argv)
-    hidden = hide_absent(
-        ABSENT if args.device == "cuda" else DRY_RUN_ABSENT
-    )  # before the project is imported
+    hidden = hide_absent(ABSENT if args.device == "cuda" else DRY_RUN_ABSENT)
     if args.device == "cpu":
         # One thread per process (the ranks inherit it): two on a busy 2-core machine ran steps 20x slower.
         os.environ.setdefault("OMP_NUM_THREADS", "1")
@@ -140,7 +140,6 @@ def main(argv: list[str] | None = None) -> int:
     from transformers.utils import logging as transformers_logging
 
     transformers_logging.disable_progress_bar()  # a table, not a progress bar per model written or loaded
-
     if args.device == "cuda" and not torch.cuda.is_available():
         print("gpu_check: no CUDA device visible to torch; run with --dry-run for the CPU", file=sys.stderr)
         return 2
@@ -150,40 +149,50 @@ def main(argv: list[str] | None = None) -> int:
         print(f"gpu_check: {', '.join(missing)} not importable: fetch the wheels here (bash scripts/gpu_check.sh "
               "--fetch-wheels) and carry .whl/; gpu_check.sh installs them", file=sys.stderr)  # fmt: skip
         return 2
-    from scripts.gpu_check_setup import SIZES, Setup, write_bases
-    from tests.tiny import synthetic_records
-
-    started = time.monotonic()
-    deadline = started + args.budget
     results = {"device": args.device, "size": args.size, "backend": args.backend, "budget_seconds": args.budget,
                "hidden_packages": hidden, "carried": carried, "rows": []}  # fmt: skip
-    print(
-        f"gpu check on {args.device} ({args.size} models, compile backend {args.backend}, budget "
-        f"{args.budget:.0f} s); results: {args.out}\n\n{'row':<15}{'status':<8}{'seconds':>8}  result",
-        flush=True,
-    )
+    print(f"gpu check on {args.device} ({args.size} models, compile backend {args.backend}, budget "
+          f"{args.budget:.0f} s); results: {args.out}\n\n{'row':<15}{'status':<8}{'seconds':>8}  result",
+          flush=True)  # fmt: skip
     with tempfile.TemporaryDirectory(prefix="gpu_check_") as work:
-        sizes = SIZES[args.size]
-        setup = Setup(torch.device(args.device), sizes, write_bases(Path(work) / "bases", sizes),
-                      synthetic_records(sizes.rows, 0, sizes.state_chars), args.backend, Path(work))  # fmt: skip
-        checks = row_functions(setup, deadline)
-        for name in args.rows:
-            if time.monotonic() > deadline:
-                row = {"row": name, "status": "skipped", "seconds": 0.0, "numbers": {},
-                       "reason": f"past the check's budget of {args.budget:.0f} s"}  # fmt: skip
-            else:
-                row = run_row(name, checks[name], setup)
-            results["rows"].append(row)
-            results["wall_seconds"] = round(time.monotonic() - started, 1)
-            write_results(args.out, results)
-            print_row(row)
+        run_rows(args, build_setup(args, Path(work)), results)
     statuses = [row["status"] for row in results["rows"]]
     print(f"\n{statuses.count('pass')} passed, {statuses.count('fail')} failed, {statuses.count('skipped')} skipped "
           f"in {results['wall_seconds']:.0f} s; wrote {args.out}")  # fmt: skip
     return 1 if "fail" in statuses else 0
 
 
+def build_setup(args: argparse.Namespace, work: Path):
+    """The device, the random bases written under `work` and the synthetic records the rows share."""
+    import torch
+
+    from scripts.gpu_check_setup import SIZES, Setup, write_bases
+    from tests.tiny import synthetic_records
+
+    sizes = SIZES[args.size]
+    return Setup(torch.device(args.device), sizes, write_bases(work / "bases", sizes),
+                 synthetic_records(sizes.rows, 0, sizes.state_chars), args.backend, work)  # fmt: skip
+
+
+def run_rows(args: argparse.Namespace, setup, results: dict) -> None:
+    """Each row in turn (skipped past the budget), printed as it ends, the JSON rewritten after each."""
+    started = time.monotonic()
+    deadline = started + args.budget
+    checks = row_functions(setup, deadline)
+    for name in args.rows:
+        if time.monotonic() > deadline:
+            row = {"row": name, "status": "skipped", "seconds": 0.0, "numbers": {},
+                   "reason": f"past the check's budget of {args.budget:.0f} s"}  # fmt: skip
+        else:
+            row = run_row(name, checks[name], setup)
+        results["rows"].append(row)
+        results["wall_seconds"] = round(time.monotonic() - started, 1)
+        write_results(args.out, results)
+        print_row(row)
+
+
 def write_results(out: Path, results: dict) -> None:
+    """The results as JSON at `out`, replaced whole (a reader never sees half a file)."""
     out.parent.mkdir(parents=True, exist_ok=True)
     staged = out.with_name(out.name + ".partial")
     staged.write_text(json.dumps(results, indent=2, default=str))

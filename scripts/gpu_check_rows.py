@@ -134,6 +134,7 @@ def check_export_merge(setup: Setup) -> Outcome:
     family = pick_family(setup.bases.laya, "laya")
     loaded = family.load(setup.bases.laya)
     items, _ = family.build_examples(loaded, setup.records)
+    torch.manual_seed(0)  # the adapters' A, as the fit chain seeds it
     apply_lora(loaded.model, setup.sizes.lora_r, 2 * setup.sizes.lora_r, 0.0, "all-linear")
     model = loaded.model.to(setup.device).eval()
     batch = {k: v.to(setup.device) for k, v in collate(items[:16], loaded.tokenizer.pad_token_id).items()}
@@ -147,10 +148,11 @@ def check_export_merge(setup: Setup) -> Outcome:
     adapted = _logits(model, batch)
     allocated = _allocated(setup.device)
     merged = merged_copy(model)
-    growth = (_allocated(setup.device) - allocated) / 2**20 if setup.device.type == "cuda" else None
+    growth, peak = _growth_since(setup.device, allocated)
     merged_logits = _logits(merged, {k: v.cpu() for k, v in batch.items()})
     numbers = {"merged_on": next(merged.parameters()).device.type, "adapters_kept": has_lora(model),
                "merged_has_adapters": has_peft_modules(merged), "device_memory_growth_mib": growth,
+               "device_memory_peak_growth_mib": peak,
                "adapter_effect": relative(adapted, base), "merged_difference": relative(merged_logits, adapted)}  # fmt: skip
     problems = [f"{name} is {numbers[name]!r}, expected {want!r}" for name, want in
                 (("merged_on", "cpu"), ("adapters_kept", True), ("merged_has_adapters", False)) if numbers[name] != want]  # fmt: skip
@@ -160,7 +162,7 @@ def check_export_merge(setup: Setup) -> Outcome:
         problems.append(f"merged logits differ by {numbers['merged_difference']:.1e}")
     summary = (f"merged copy on {numbers['merged_on']}, adapters kept; merged vs adapted logits "
                f"{numbers['merged_difference']:.1e} (adapters moved them by {numbers['adapter_effect']:.1e})"
-               + (f"; device memory {growth:+.1f} MiB" if growth is not None else ""))  # fmt: skip
+               + (f"; device memory {growth:+.1f} MiB (peak {peak:+.1f} MiB)" if growth is not None else ""))  # fmt: skip
     return judged(problems, summary, numbers)
 
 
@@ -171,10 +173,21 @@ def _logits(model, batch: dict[str, torch.Tensor]) -> torch.Tensor:
 
 
 def _allocated(device: torch.device) -> int:
+    """GPU memory allocated now, the peak count restarted from here (0 off CUDA)."""
     if device.type != "cuda":
         return 0
     torch.cuda.synchronize(device)
+    torch.cuda.reset_peak_memory_stats(device)
     return torch.cuda.memory_allocated(device)
+
+
+def _growth_since(device: torch.device, allocated: int) -> tuple[float | None, float | None]:
+    """MiB allocated beyond `allocated`, now and at the peak since (None, None off CUDA)."""
+    if device.type != "cuda":
+        return None, None
+    torch.cuda.synchronize(device)
+    now, peak = torch.cuda.memory_allocated(device), torch.cuda.max_memory_allocated(device)
+    return (now - allocated) / 2**20, (peak - allocated) / 2**20
 
 
 def check_packed_forward(setup: Setup) -> Outcome:

@@ -205,7 +205,8 @@ def compile_problems(report: dict[str, Any]) -> list[str]:
 
 
 def check_qlora(setup: Setup) -> Outcome:
-    """The joint family on the causal LM: LoRA on bf16 weights against QLoRA (nf4 4-bit weights, bf16 compute)."""
+    """The joint family on the causal LM in bf16: LoRA (fp32 weights under bf16 autocast) against QLoRA (nf4 4-bit
+    weights computing in bf16): both train, the backbone really is 4-bit, peak GPU memory of each."""
     if importlib.util.find_spec("bitsandbytes") is None:
         return Outcome("skipped", "bitsandbytes is not importable here (the lent GPU machine has none, and the "
                                   "check cannot carry it: 125 MB installed, its CUDA libraries)")  # fmt: skip
@@ -235,7 +236,9 @@ def check_data_parallel(setup: Setup) -> Outcome:
     """The same fp32 LoRA run in this process and on one torchrun rank started by the stage's own launcher
     (NCCL on CUDA, gloo on the CPU): equal losses, the launcher's cost, one all-reduce through the backend."""
     config = training_config(setup.sizes, "laya")
+    started = time.perf_counter()
     alone = train_run(setup, "laya", setup.bases.laya, config, False)
+    alone_wall = time.perf_counter() - started  # loading and preparing too, as a rank does
     spec, out = setup.work / "ranks.json", setup.work / "rank0.json"
     spec.write_text(json.dumps({"base": str(setup.bases.laya), "config": asdict(config), "device": setup.device.type,
                                 "rows": len(setup.records), "state_chars": setup.sizes.state_chars, "out": str(out)}))  # fmt: skip
@@ -252,10 +255,10 @@ def check_data_parallel(setup: Setup) -> Outcome:
         ("all-reduce of ones", ranked["all_reduce"], 1.0), ("steps", ranked["steps"], alone.result.steps)) if got != want]  # fmt: skip
     if not difference <= RANKED_LOSS:
         problems.append(f"losses differ from this process's by {difference:.1e}")
-    numbers = {"in_process": alone.figures(), "torchrun": ranked, "launcher_wall_seconds": wall,
-               "loss_difference": difference, "rank0_lines": lines[-5:]}  # fmt: skip
+    numbers = {"in_process": alone.figures() | {"wall_seconds": alone_wall}, "torchrun": ranked,
+               "launcher_wall_seconds": wall, "loss_difference": difference, "rank0_lines": lines[-5:]}  # fmt: skip
     ratio = ranked["s_per_step"] / alone.result.s_per_step
     summary = (f"torchrun, 1 rank ({ranked['backend']}): {ranked['s_per_step'] * 1e3:.1f} ms/step, {ratio:.2f}x this "
-               f"process's; launcher {wall:.1f} s wall against {alone.wall_seconds:.1f} s in process; losses within "
+               f"process's; {wall:.1f} s from launch to exit against {alone_wall:.1f} s to load and train here; losses within "
                f"{difference:.1e}")  # fmt: skip
     return judged(problems, summary, numbers)

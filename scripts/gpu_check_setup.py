@@ -24,7 +24,7 @@ from typing import Any
 import torch
 
 from pipeline.data.contract import Record
-from tests.tiny import write_tiny_base, write_tiny_decoder
+from tests.tiny import write_tiny_base, write_tiny_causal_lm
 
 
 @dataclass(frozen=True)
@@ -34,7 +34,7 @@ class Sizes:
     laya: dict[str, Any]
     """`tests.tiny.write_tiny_base` arguments (layers, hidden, heads, intermediate, max_len)."""
     causal_lm: dict[str, Any]
-    """`tests.tiny.write_tiny_decoder` arguments (hidden, layers, and config sizes)."""
+    """`tests.tiny.write_tiny_causal_lm` arguments (hidden, layers, and config sizes)."""
     rows: int
     """Synthetic rows (three decisions each: choice, score, noul)."""
     state_chars: int
@@ -69,7 +69,7 @@ class Bases:
 def write_bases(folder: Path, sizes: Sizes, seed: int = 0) -> Bases:
     """Both random bases under `folder` (seeded: the same sizes and seed give the same weights)."""
     return Bases(write_tiny_base(folder / "laya", seed=seed, **sizes.laya),
-                 write_tiny_decoder(folder / "causal_lm", seed=seed, **sizes.causal_lm))  # fmt: skip
+                 write_tiny_causal_lm(folder / "causal_lm", seed=seed, **sizes.causal_lm))  # fmt: skip
 
 
 @dataclass(frozen=True)

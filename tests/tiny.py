@@ -86,8 +86,8 @@ def tiny_bpe_tokenizer(vocab_size: int = 320):
                                    eos_token=specials[1], pad_token=specials[2])  # fmt: skip
 
 
-def write_tiny_decoder(folder: Path, seed: int = 0, hidden: int = 64, layers: int = 2, arch: str = "qwen3",
-                       **extra) -> Path:  # fmt: skip
+def write_tiny_causal_lm(folder: Path, seed: int = 0, hidden: int = 64, layers: int = 2, arch: str = "qwen3",
+                         **extra) -> Path:  # fmt: skip
     """A tiny random Qwen3 (or `arch="llama"`: Llama) causal LM (tied embeddings) with the tiny BPE tokenizer, as a
     local checkpoint; `extra` goes to the config over the tiny sizes (e.g. sliding-window settings, head counts)."""
     from transformers import LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM

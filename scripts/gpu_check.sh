@@ -8,7 +8,7 @@
 # machine's CPython 3.12, which its image lacks (`--fetch-wheels` downloads them here; installed at the start into a
 # temporary folder on PYTHONPATH). Everything else comes with the image (torch, transformers, peft, numpy, pyarrow,
 # pytest, ...). The models are random, built there: the real MiniLM base would not fit (its fp16 weights alone are
-# 44 MiB, over the 40 MiB this check may carry). The image has no bitsandbytes (125 MB installed, too big to carry),
+# 43 MiB, over the 40 MiB this check may carry). The image has no bitsandbytes (125 MB installed, too big to carry),
 # so the QLoRA row is skipped there, saying so.
 #
 #   bash scripts/gpu_check.sh                   # on the GPU machine; with the device tool: carry .whl and set

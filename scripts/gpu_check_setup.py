@@ -3,7 +3,7 @@
 
 Two sizes: `tiny` (the test suite's tiny models; the CPU dry run) and `small` (a GPU run): a Laya-layout base
 with the MiniLM encoder's shapes (6 layers, width 384, 12 heads, feed-forward 1536; a 152-token vocabulary) and a
-Qwen3 causal LM of similar size. The real MiniLM base does not travel: its fp16 weights alone are 44 MiB (22.7 M
+Qwen3 causal LM of similar size. The real MiniLM base does not travel: its fp16 weights alone are 43 MiB (22.7 M
 parameters), more than the whole check may carry (40 MiB), and the timings depend on its shapes, not its values.
 
 Records are `pipeline.data.synthetic`'s clean rows read without the validation schema

@@ -66,8 +66,8 @@ postgres:
 	  echo "No PostgreSQL (and apt-get install postgresql was not possible): the postgres tests will be skipped."
 
 lint: $(STAMP)
-	ruff check pipeline flows tests benchmarks
-	ruff format --check pipeline flows tests benchmarks
+	ruff check pipeline flows tests benchmarks scripts
+	ruff format --check pipeline flows tests benchmarks scripts
 
 bench: $(STAMP) repo data  ## the benchmark scripts (each prints a table and ratios, and writes JSON)
 	python benchmarks/bench_slice.py

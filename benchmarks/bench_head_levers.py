@@ -118,9 +118,7 @@ def main() -> None:
         run_config = replace(config, **{k: v for k, v in variant.items() if k != "head"})
         family.prepare(loaded, run_config)
         started = time.perf_counter()
-        result = train(
-            loaded.model, ready, run_config, cpu, family.batch_task(loaded, run_config), progress=False
-        )
+        result = train(loaded.model, ready, run_config, cpu, family.batch_task(loaded, run_config))
         seconds = time.perf_counter() - started
         decisions, logits = family.score(loaded, held_ready, cpu, 64, False)
         metrics = heldout_metrics(decisions, plain_probabilities(logits))

@@ -28,8 +28,11 @@ def resolve_precision(precision: str, device: torch.device) -> torch.dtype | Non
 
 
 def has_native_bf16(device: torch.device) -> bool:
-    """Whether `device` runs bf16 natively (a CUDA GPU that supports it; a CPU with AVX-512 bf16 or AMX)."""
-    return torch.cuda.is_bf16_supported() if device.type == "cuda" else cpu_has_native_bf16()
+    """Whether `device` runs bf16 natively: a CUDA GPU with bf16 in hardware (compute capability 8.0 on; an older
+    GPU only emulates it, far slower than fp32), a CPU with AVX-512 bf16 or AMX."""
+    if device.type == "cuda":
+        return torch.cuda.is_bf16_supported(including_emulation=False)
+    return cpu_has_native_bf16()
 
 
 class PrecisionUnavailable(ValueError):

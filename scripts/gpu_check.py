@@ -1,156 +1,202 @@
-"""GPU check: the trainer on CUDA in bf16, compile forced off and on the auto rule, side by side.
+"""GPU check: the trainer, per-layer compile, bf16, layer plans, QLoRA, the export merge, the packed serving pass and
+the data-parallel launcher on one CUDA GPU, as one table and one JSON file, within one device lease.
 
-Prints one table: s/step (median of the steady steps after the first), whether compile ran and why, graphs
-compiled and recompiles after the warm-up, peak GPU memory, and held-out accuracy before and after a short run.
-Needs the project's Python packages already installed (it installs nothing) and a CUDA device.
+    bash scripts/gpu_check.sh                       # on the GPU machine (what it carries and its budget: see there)
+    bash scripts/gpu_check.sh --dry-run             # every row on the CPU with the tiny models
+    python scripts/gpu_check.py --rows laya_train,data_parallel     # some rows again
 
-    bash scripts/gpu_check.sh            # or: python scripts/gpu_check.py --steps 500
+Rows, in order (each pass, fail or skipped, with its reason and numbers):
+  device          torch, CUDA, the GPU and its compute capability; native bf16 and the auto precision
+  laya_train      the laya family (LoRA): fp32 and bf16, eager and compiled per layer (DECISION_COMPILE=1):
+                  s/step, compile report, first-step gradients and losses against fp32 eager
+  layer_plan      a plan visiting every encoder layer twice under per-layer compile: outputs and gradients
+  packed_forward  the packed serving pass in fp32 and bf16 against the padded pass
+  export_merge    LoRA merged into a CPU copy: device memory, adapters kept, merged == adapted
+  data_parallel   one torchrun rank through the stage's launcher (NCCL on CUDA) against this process
+  joint_train     the joint family on a causal LM (LoRA), as laya_train
+  qlora           the joint family's QLoRA (nf4) against LoRA; skipped without bitsandbytes
+  gpu_tests       pytest -m gpu on tests/model/test_gpu.py
+
+The models are random, built where the check runs (`scripts/gpu_check_setup.py`); the packages the GPU machine
+lacks are hidden from this process first (`scripts/gpu_check_absent.py`), so the dry run imports what a GPU run can.
+A row that would start past the time budget is skipped, saying so; the JSON is rewritten after every row, so a run
+killed by its timeout still leaves the rows it finished. Exit status: 0 when no row failed, 1 when one did, 2 when
+there is no CUDA device and no --dry-run.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import sys
+import tempfile
 import time
-from dataclasses import replace
+import traceback
+from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+# Nothing of the project, nor torch, at module level: `main` hides the packages the GPU machine lacks first.
+from scripts.gpu_check_absent import ABSENT, DRY_RUN_ABSENT, hide_absent  # noqa: E402
 
-def ensure_inputs() -> None:
-    """Build the dataset and base snapshot from the files in the repo when they are missing (no network)."""
-    from pipeline.stages.dvc import run_stage
-
-    if not (ROOT / "data/processed/vader.jsonl").exists():
-        run_stage("dataset", root=ROOT)
-    if not (ROOT / "data/snapshots/minilm/rl_agent_config.json").exists():
-        run_stage("snapshot", root=ROOT)
+ROWS = ("device", "laya_train", "layer_plan", "packed_forward", "export_merge", "data_parallel", "joint_train",
+        "qlora", "gpu_tests")  # fmt: skip
+TESTS_TIMEOUT = 180.0
+"""Most seconds the gpu_tests row may take (less when less of the budget is left)."""
 
 
-def run(mode: str, steps: int) -> dict:
-    import torch
-
-    from pipeline.config import load_params
-    from pipeline.stages.train import train_on_data
-
-    os.environ["DECISION_COMPILE"] = "0" if mode == "eager" else ""
-    if mode == "compile-auto":
-        os.environ.pop("DECISION_COMPILE")
-    torch._dynamo.reset()
-    torch.cuda.reset_peak_memory_stats()
-    params = load_params(ROOT / "params.yaml")
-    config = replace(params.train, precision="bf16", max_steps=steps, log_every=50)
-    started = time.perf_counter()
-    result = train_on_data(ROOT / "data/processed/vader.jsonl", ROOT / "data/snapshots/minilm", None, config,
-                           params.validate, device="cuda", progress=False)  # fmt: skip
-    return {
-        "mode": mode, "steps": result.steps, "s_per_step": result.s_per_step,
-        "decisions_per_second": result.decisions_per_second, "compile": result.compile,
-        "peak_memory_gb": torch.cuda.max_memory_allocated() / 2**30, "wall_seconds": time.perf_counter() - started,
-        "accuracy_base": result.heldout["base"]["accuracy"], "accuracy_tuned": result.heldout["tuned"]["accuracy"],
-    }  # fmt: skip
-
-
-def export_memory_check() -> dict:
-    """Merging for export copies to the CPU: device memory must not grow and the training model keeps its adapters."""
-    import torch
-
-    from pipeline.families.exporting import merged_copy
-    from pipeline.families.laya.adapters import apply_lora, has_lora
-    from pipeline.families.laya_layout import load_model
-
-    loaded = load_model(ROOT / "data/snapshots/minilm")
-    apply_lora(loaded.model, r=64, alpha=64, dropout=0.0, targets="all-linear")
-    loaded.model.to("cuda")
-    torch.cuda.synchronize()
-    before = torch.cuda.memory_allocated()
-    torch.cuda.reset_peak_memory_stats()
-    merged = merged_copy(loaded.model)
-    torch.cuda.synchronize()
-    return {
-        "allocated_before_mb": before / 2**20, "allocated_after_mb": torch.cuda.memory_allocated() / 2**20,
-        "peak_during_merge_mb": torch.cuda.max_memory_allocated() / 2**20,
-        "merged_on": next(merged.parameters()).device.type, "adapters_kept": has_lora(loaded.model),
-    }  # fmt: skip
-
-
-def layer_plan_compile_check() -> dict:
-    """A layer plan under per-layer compile: layers 2-3 visited twice are still one compiled module each, and the
-    outputs and summed gradients match eager (dropout off, so both passes see the same numbers)."""
-    import torch
-
-    from pipeline.families.laya_layout import load_model
-    from pipeline.families.planned_layers import apply_layer_plan, physical_layers
-    from pipeline.layer_plans import resolve_plan
-
-    encoder = load_model(ROOT / "data/snapshots/minilm").model.encoder.to("cuda").eval()
-    apply_layer_plan(encoder, resolve_plan([[2, 4, 2]], len(physical_layers(encoder))))
-    ids = torch.randint(1000, 2000, (4, 64), device="cuda")
-    mask = torch.ones_like(ids)
-
-    def forward_backward():
-        out = encoder(input_ids=ids, attention_mask=mask).last_hidden_state
-        out.pow(2).mean().backward()
-        grads = {n: p.grad.clone() for n, p in encoder.named_parameters() if p.grad is not None}
-        encoder.zero_grad(set_to_none=True)
-        return out.detach(), grads
-
-    eager_out, eager = forward_backward()
-    for layer in physical_layers(encoder):
-        layer.compile()
-    compiled_out, compiled = forward_backward()
-    compiled_layers = sum(1 for layer in physical_layers(encoder) if "_compiled_call_impl" in layer.__dict__)
-    return {"visits": 8, "compiled_modules": compiled_layers,
-            "max_output_diff": float((compiled_out - eager_out).abs().max()),
-            "max_grad_diff": max(float((compiled[n] - eager[n]).abs().max()) for n in eager)}  # fmt: skip
-
-
-def main() -> int:
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--steps", type=int, default=500, help="optimizer steps per run (x8 forward passes)")
-    parser.add_argument("--out", default=str(ROOT / "benchmarks/results/gpu_check.json"))
-    args = parser.parse_args()
+    parser.add_argument("--dry-run", action="store_true",
+                        help="the CPU: tiny models, dynamo's eager compile backend, a 240 s budget")  # fmt: skip
+    parser.add_argument("--device", choices=["cuda", "cpu"], help="default: cuda (cpu with --dry-run)")
+    parser.add_argument("--size", choices=["tiny", "small"], help="default: small on CUDA, tiny on the CPU")
+    parser.add_argument(
+        "--backend", help="torch.compile backend (default: inductor on CUDA, eager (dynamo alone) on the CPU)"
+    )
+    parser.add_argument("--rows", default=",".join(ROWS), help=f"comma-separated, of: {', '.join(ROWS)}")
+    parser.add_argument(
+        "--budget", type=float, help="seconds for all rows (default: 420 on CUDA, 240 on the CPU)"
+    )
+    parser.add_argument("--out", type=Path, default=Path(os.environ.get("GPU_CHECK_OUT") or
+                                                         ROOT / "benchmarks/results/gpu_check.json"),
+                        help="the JSON results (default: $GPU_CHECK_OUT, else benchmarks/results/gpu_check.json)")  # fmt: skip
+    args = parser.parse_args(argv)
+    cpu = args.dry_run or args.device == "cpu"
+    args.device = args.device or ("cpu" if cpu else "cuda")
+    args.size = args.size or ("tiny" if cpu else "small")
+    args.backend = args.backend or ("eager" if cpu else "inductor")
+    args.budget = args.budget or (240.0 if cpu else 420.0)
+    args.rows = [r.strip() for r in args.rows.split(",") if r.strip()]
+    unknown = sorted(set(args.rows) - set(ROWS))
+    if unknown:
+        parser.error(f"--rows: unknown {', '.join(unknown)}; choose from {', '.join(ROWS)}")
+    return args
+
+
+def row_functions(setup, deadline: float) -> dict[str, Callable]:
+    from scripts import gpu_check_rows as rows
+    from scripts import gpu_check_train as training
+
+    return {
+        "device": rows.check_device,
+        "laya_train": lambda s: training.check_training(s, "laya", s.bases.laya),
+        "layer_plan": rows.check_layer_plan,
+        "packed_forward": rows.check_packed_forward,
+        "export_merge": rows.check_export_merge,
+        "data_parallel": training.check_data_parallel,
+        "joint_train": lambda s: training.check_training(s, "joint", s.bases.causal_lm),
+        "qlora": training.check_qlora,
+        "gpu_tests": lambda s: rows.check_gpu_tests(s, min(TESTS_TIMEOUT, deadline - time.monotonic())),
+    }
+
+
+def run_row(name: str, check: Callable, setup) -> dict:
+    """One row as the JSON holds it; an error inside a check is that row's failure, named, and the next row runs."""
+    from scripts.gpu_check_setup import Outcome
+
+    started = time.perf_counter()
+    try:
+        outcome = check(setup)
+    # Deliberately broad: a check harness records what broke (type, message, traceback) as the row's failure and
+    # goes on to the next row; the exit status still says that a row failed.
+    except Exception as error:
+        outcome = Outcome("fail", f"{type(error).__name__}: {error}",
+                          {"traceback": traceback.format_exc()[-4000:]})  # fmt: skip
+    return {"row": name, "status": outcome.status, "seconds": round(time.perf_counter() - started, 2),
+            "reason": outcome.reason, "numbers": outcome.numbers}  # fmt: skip
+
+
+CARRIED = ("laya", "orjson")
+"""Packages the GPU machine lacks and the check needs: gpu_check.sh installs their wheels from .whl/."""
+
+
+def carried_packages() -> dict[str, str | None]:
+    """Where each carried package is found (None: not importable)."""
+    specs = {name: importlib.util.find_spec(name) for name in CARRIED}
+    return {
+        name: str(Path(spec.origin).parent) if spec and spec.origin else None for name, spec in specs.items()
+    }
+
+
+def print_row(row: dict) -> None:
+    print(f"{row['row']:<15}{row['status']:<8}{row['seconds']:>8.1f}  {row['reason']}", flush=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the rows asked for; 0 when none failed, 1 when one did, 2 when the check cannot start."""
+    args = parse_args(argv)
+    hidden = hide_absent(ABSENT if args.device == "cuda" else DRY_RUN_ABSENT)
+    if args.device == "cpu":
+        # One thread per process (the ranks inherit it): two on a busy 2-core machine ran steps 20x slower.
+        os.environ.setdefault("OMP_NUM_THREADS", "1")
+    import torch
+    from transformers.utils import logging as transformers_logging
+
+    transformers_logging.disable_progress_bar()  # a table, not a progress bar per model written or loaded
+    if args.device == "cuda" and not torch.cuda.is_available():
+        print("gpu_check: no CUDA device visible to torch; run with --dry-run for the CPU", file=sys.stderr)
+        return 2
+    carried = carried_packages()
+    missing = [name for name, where in carried.items() if where is None]
+    if missing:
+        print(f"gpu_check: {', '.join(missing)} not importable: fetch the wheels here (bash scripts/gpu_check.sh "
+              "--fetch-wheels) and carry .whl/; gpu_check.sh installs them", file=sys.stderr)  # fmt: skip
+        return 2
+    results = {"device": args.device, "size": args.size, "backend": args.backend, "budget_seconds": args.budget,
+               "hidden_packages": hidden, "carried": carried, "rows": []}  # fmt: skip
+    print(f"gpu check on {args.device} ({args.size} models, compile backend {args.backend}, budget "
+          f"{args.budget:.0f} s); results: {args.out}\n\n{'row':<15}{'status':<8}{'seconds':>8}  result",
+          flush=True)  # fmt: skip
+    with tempfile.TemporaryDirectory(prefix="gpu_check_") as work:
+        run_rows(args, build_setup(args, Path(work)), results)
+    statuses = [row["status"] for row in results["rows"]]
+    print(f"\n{statuses.count('pass')} passed, {statuses.count('fail')} failed, {statuses.count('skipped')} skipped "
+          f"in {results['wall_seconds']:.0f} s; wrote {args.out}")  # fmt: skip
+    return 1 if "fail" in statuses else 0
+
+
+def build_setup(args: argparse.Namespace, work: Path):
+    """The device, the random bases written under `work` and the synthetic records the rows share."""
     import torch
 
-    if not torch.cuda.is_available():
-        print("gpu_check: no CUDA device visible to torch; nothing to check", file=sys.stderr)
-        return 2
-    print(f"device: {torch.cuda.get_device_name(0)}, torch {torch.__version__}", flush=True)
-    ensure_inputs()
-    rows = [run(mode, args.steps) for mode in ("eager", "compile-auto")]
-    print(f"\n{'mode':<14}{'compiled':>9}{'s/step':>9}{'dec/s':>9}{'graphs':>8}{'recompiles':>11}"
-          f"{'warmup s':>10}{'peak GB':>9}{'acc base':>10}{'acc tuned':>10}")  # fmt: skip
-    for r in rows:
-        c = r["compile"]
-        print(f"{r['mode']:<14}{'yes' if c.get('enabled') else 'no':>9}{r['s_per_step']:>9.3f}"
-              f"{r['decisions_per_second']:>9.0f}{c.get('graphs_compiled', 0):>8}{c.get('recompiles_after_warmup', 0):>11}"
-              f"{c.get('warmup_seconds', 0.0):>10.1f}{r['peak_memory_gb']:>9.2f}{r['accuracy_base']:>10.4f}"
-              f"{r['accuracy_tuned']:>10.4f}")  # fmt: skip
-    for r in rows:
-        print(f"{r['mode']}: {r['compile'].get('reason')}; fallback: {r['compile'].get('fallback_error')}")
-    speedup = rows[0]["s_per_step"] / rows[1]["s_per_step"]
-    print(f"\ncompiled / eager speed: {speedup:.2f}x")
-    merge = export_memory_check()
-    growth = merge["allocated_after_mb"] - merge["allocated_before_mb"]
-    print(f"export merge: device memory {merge['allocated_before_mb']:.1f} -> {merge['allocated_after_mb']:.1f} MB "
-          f"(growth {growth:+.1f} MB, peak {merge['peak_during_merge_mb']:.1f} MB), merged copy on "
-          f"{merge['merged_on']}, training model keeps its adapters: {merge['adapters_kept']}")  # fmt: skip
-    plan = layer_plan_compile_check()
-    print(f"layer plan [[2, 4, 2]] compiled: {plan['visits']} visits on {plan['compiled_modules']} compiled layers, "
-          f"max |output diff| {plan['max_output_diff']:.2e}, max |grad diff| {plan['max_grad_diff']:.2e} vs eager")  # fmt: skip
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(
-        json.dumps(
-            {"runs": rows, "compile_speedup": speedup, "export_merge": merge, "layer_plan": plan}, indent=2
-        )
-    )
-    return 0
+    from scripts.gpu_check_setup import SIZES, Setup, write_bases
+    from tests.tiny import synthetic_records
+
+    sizes = SIZES[args.size]
+    return Setup(torch.device(args.device), sizes, write_bases(work / "bases", sizes),
+                 synthetic_records(sizes.rows, 0, sizes.state_chars), args.backend, work)  # fmt: skip
+
+
+def run_rows(args: argparse.Namespace, setup, results: dict) -> None:
+    """Each row in turn (skipped past the budget), printed as it ends, the JSON rewritten after each."""
+    started = time.monotonic()
+    deadline = started + args.budget
+    checks = row_functions(setup, deadline)
+    for name in args.rows:
+        if time.monotonic() > deadline:
+            row = {"row": name, "status": "skipped", "seconds": 0.0, "numbers": {},
+                   "reason": f"past the check's budget of {args.budget:.0f} s"}  # fmt: skip
+        else:
+            row = run_row(name, checks[name], setup)
+        results["rows"].append(row)
+        results["wall_seconds"] = round(time.monotonic() - started, 1)
+        write_results(args.out, results)
+        print_row(row)
+
+
+def write_results(out: Path, results: dict) -> None:
+    """The results as JSON at `out`, replaced whole (a reader never sees half a file)."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    staged = out.with_name(out.name + ".partial")
+    staged.write_text(json.dumps(results, indent=2, default=str))
+    staged.replace(out)
 
 
 if __name__ == "__main__":

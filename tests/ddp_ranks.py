@@ -22,15 +22,7 @@ from pipeline.training.controls import RunControls
 from pipeline.training.fit import prepare_fit
 from pipeline.training.loop import TrainResult, accumulate_gradients, plan_windows, train
 from pipeline.training.ranks import Ranks, join_ranks, leave_ranks
-
-
-def without_dropout(model: torch.nn.Module) -> None:
-    """Every dropout of the model off, in training mode too (modules and the float rates some modules keep)."""
-    for module in model.modules():
-        if isinstance(module, torch.nn.Dropout):
-            module.p = 0.0
-        if isinstance(getattr(module, "dropout", None), float):
-            module.dropout = 0.0
+from tests.tiny import without_dropout
 
 
 def _ready(data: str, base: str, config: TrainConfig):

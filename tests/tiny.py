@@ -1,14 +1,20 @@
 """Tiny random decision models in the Laya layout, for fast tests (no download, no pretrained weights), and
-the small project files around them (learnable rows, a dvc.lock pinning inputs)."""
+the small project files around them (learnable rows, a dvc.lock pinning inputs).
+
+The models need torch, transformers, tokenizers and laya only: `scripts/gpu_check.py` builds them on a GPU
+machine that has no DVC (so `pin_inputs` imports it when called).
+"""
 
 import shutil
 from pathlib import Path
+from typing import Any
 
 import torch
 import yaml
 
 from pipeline.config import TrainConfig
-from pipeline.data.pins import current_md5
+from pipeline.data import contract, synthetic
+from pipeline.data.contract import Decision, Record
 
 WORDS = (
     "the a is of and to in it this that was great good bad terrible fine okay love hate product order late "
@@ -33,12 +39,14 @@ def tiny_tokenizer():
                                    cls_token="[CLS]", sep_token="[SEP]", mask_token="[MASK]")  # fmt: skip
 
 
-def tiny_model(seed: int = 0, hidden: int = 32, layers: int = 2, dropout: float = 0.0):
+def tiny_model(seed: int = 0, hidden: int = 32, layers: int = 2, dropout: float = 0.0, heads: int = 2,
+               intermediate: int | None = None):  # fmt: skip
+    """A random BERT encoder (feed-forward `intermediate` wide, 2 x hidden by default) under a Laya head."""
     from laya.common import DecisionModel
     from transformers import BertConfig, BertModel
 
-    config = BertConfig(vocab_size=200, hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=2,
-                        intermediate_size=2 * hidden, max_position_embeddings=256,
+    config = BertConfig(vocab_size=200, hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads,
+                        intermediate_size=intermediate or 2 * hidden, max_position_embeddings=256,
                         hidden_dropout_prob=dropout, attention_probs_dropout_prob=dropout)  # fmt: skip
     torch.manual_seed(seed)
     config._attn_implementation = "sdpa"
@@ -50,16 +58,17 @@ def tiny_model(seed: int = 0, hidden: int = 32, layers: int = 2, dropout: float 
 
 
 def write_tiny_base(
-    folder: Path, seed: int = 0, max_len: int = 96, head_max_len: int = 64, layers: int = 2
+    folder: Path, seed: int = 0, max_len: int = 96, head_max_len: int = 64, layers: int = 2, **sizes
 ) -> Path:
-    """A tiny base written by laya's own `save_checkpoint` (the peer's writer), its encoder `layers` deep."""
+    """A tiny base written by laya's own `save_checkpoint` (the peer's writer), its encoder `layers` deep;
+    `sizes` go to `tiny_model` (hidden, heads, intermediate)."""
     from laya.train import save_checkpoint
 
     tokenizer = tiny_tokenizer()
     cfg = {"encoder": "tiny-bert", "head_layers": 1, "act_costs": {"defer": 0.1}, "temperature": [1.0, 1.0, 1.0],
            "temperature_by_options": {}, "max_len": max_len, "head_max_len": head_max_len, "amp_dtype": "bf16",
            "fine_tuned": False, "training": {}}  # fmt: skip
-    save_checkpoint(tiny_model(seed, layers=layers), tokenizer, cfg, str(folder))
+    save_checkpoint(tiny_model(seed, layers=layers, **sizes), tokenizer, cfg, str(folder))
     return folder
 
 
@@ -77,10 +86,10 @@ def tiny_bpe_tokenizer(vocab_size: int = 320):
                                    eos_token=specials[1], pad_token=specials[2])  # fmt: skip
 
 
-def write_tiny_decoder(folder: Path, seed: int = 0, hidden: int = 64, layers: int = 2, arch: str = "qwen3",
-                       **extra) -> Path:  # fmt: skip
+def write_tiny_causal_lm(folder: Path, seed: int = 0, hidden: int = 64, layers: int = 2, arch: str = "qwen3",
+                         **extra) -> Path:  # fmt: skip
     """A tiny random Qwen3 (or `arch="llama"`: Llama) causal LM (tied embeddings) with the tiny BPE tokenizer, as a
-    local checkpoint; `extra` goes to the config (e.g. sliding-window settings)."""
+    local checkpoint; `extra` goes to the config over the tiny sizes (e.g. sliding-window settings, head counts)."""
     from transformers import LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM
 
     tokenizer = tiny_bpe_tokenizer()
@@ -88,20 +97,45 @@ def write_tiny_decoder(folder: Path, seed: int = 0, hidden: int = 64, layers: in
         "qwen3": (Qwen3Config, Qwen3ForCausalLM),
         "llama": (LlamaConfig, LlamaForCausalLM),
     }[arch]
-    config = config_class(vocab_size=512, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
-                          num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=1024,
-                          tie_word_embeddings=True, pad_token_id=tokenizer.pad_token_id, **extra)  # fmt: skip
+    sizes = {"vocab_size": 512, "intermediate_size": 2 * hidden, "num_attention_heads": 4, "num_key_value_heads": 2,
+             "head_dim": 16, "max_position_embeddings": 1024} | extra  # fmt: skip
+    config = config_class(hidden_size=hidden, num_hidden_layers=layers, tie_word_embeddings=True,
+                          pad_token_id=tokenizer.pad_token_id, **sizes)  # fmt: skip
     torch.manual_seed(seed)
     model_class(config).save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     return folder
 
 
+def synthetic_records(n: int, seed: int = 0, state_chars: int = 120) -> list[Record]:
+    """`n` clean synthetic rows as the records validation would keep of them (every decision of each), read with
+    the contract's own parsers and without the validation schema (pandera), which the lent GPU machine lacks."""
+    return [_record(index, row) for index, row in enumerate(synthetic.generate_rows(n, seed, 0, state_chars))]
+
+
+def _record(index: int, row: dict[str, Any]) -> Record:
+    parsed = contract.parse_questions(row["questions"])
+    decisions = []
+    for spec in parsed.specs:
+        _label_ok, _probabilities_ok, gold = contract.judge_gold(spec, row["gold"][spec.id])
+        if parsed.error or spec.question is None or gold is None:
+            raise ValueError(f"synthetic row {index}, question {spec.id}: not a clean decision")
+        decisions.append(Decision(index, spec.question, gold))
+    return Record(index, contract.parse_state(row["state"]), tuple(decisions), row["gold"], parsed.canonical)
+
+
+def without_dropout(model: torch.nn.Module) -> None:
+    """Every dropout of the model off, in training mode too (modules and the float rates some modules keep)."""
+    for module in model.modules():
+        if isinstance(module, torch.nn.Dropout):
+            module.p = 0.0
+        if isinstance(getattr(module, "dropout", None), float):
+            module.dropout = 0.0
+
+
 def write_learnable_rows(path: Path, n: int, seed: int = 0) -> Path:
     """Rows whose tone is written in the text (one telling word among filler), so training can learn it."""
     import random
-
-    from pipeline.data import synthetic
 
     rng = random.Random(seed)
     cues = {
@@ -140,6 +174,8 @@ def load_joint_on(base: Path, config: TrainConfig = JOINT_HEAD):
 def pin_inputs(folder: Path, *paths: Path) -> list[Path]:
     """The paths as a DVC repository at `folder` holds them: copied in when outside it, and pinned in
     `folder/dvc.lock` by DVC's hash (what `dvc repro` would write for stage outputs)."""
+    from pipeline.data.pins import current_md5
+
     inside = []
     for path in map(Path, paths):
         if not path.resolve().is_relative_to(folder.resolve()):

@@ -3,11 +3,13 @@
 `parse_questions` turns a `questions` cell (native or JSON text) into per-question specs (shape, type, options
 in model order, size) and `judge_gold` checks one gold entry against a spec. Neither raises on bad input, and
 neither decides a skip: the rules that turn these facts into reason codes are the pandera schema in
-`pipeline.data.validate`.
+`pipeline.data.validate`. What validation keeps is a `Record` of `Decision`s, defined here so that the model
+families read records without importing the schema (a GPU machine without pandera trains them).
 """
 
 from __future__ import annotations
 
+import hashlib
 import math
 from dataclasses import dataclass
 from typing import Any, NamedTuple
@@ -63,6 +65,33 @@ class Gold(NamedTuple):
 
     label: int
     probabilities: tuple[float, ...] | None  # None: a hard label (the target is one-hot on `label`)
+
+
+class Decision(NamedTuple):
+    """One usable decision: a question of a row with its gold answer."""
+
+    row: int
+    question: Question
+    gold: Gold
+
+
+@dataclass(frozen=True)
+class Record:
+    """A row with at least one usable decision; `row` is its index in the file (not in the slice)."""
+
+    row: int
+    state: Any
+    decisions: tuple[Decision, ...]
+    gold: dict[str, Any]
+    questions_json: bytes  # the row's questions as canonical JSON
+
+    def content_hash(self) -> str:
+        """blake2b of the row's canonical JSON: the same content gives the same hash in any file form."""
+        canonical = orjson.dumps(
+            {"state": self.state, "questions": orjson.Fragment(self.questions_json), "gold": self.gold},
+            option=orjson.OPT_SORT_KEYS | orjson.OPT_NON_STR_KEYS,
+        )
+        return hashlib.blake2b(canonical, digest_size=16).hexdigest()
 
 
 class QuestionSpec(NamedTuple):

@@ -16,8 +16,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from pipeline.config import ValidateConfig
+from pipeline.data.contract import Record
 from pipeline.data.read import RowSlice
-from pipeline.data.validate import Record, ValidationReport, validate_file
+from pipeline.data.validate import ValidationReport, validate_file
 
 
 @dataclass(frozen=True)

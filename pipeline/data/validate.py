@@ -9,7 +9,6 @@ several checks is counted under the first reason in `contract.REASONS`. Nothing 
 
 from __future__ import annotations
 
-import hashlib
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,7 +20,7 @@ import pandas as pd
 import pandera.pandas as pa
 
 from pipeline.data import contract
-from pipeline.data.contract import Gold, Question
+from pipeline.data.contract import Decision, Record
 from pipeline.data.facts import Facts, collect_facts, gc_paused
 from pipeline.data.read import RawColumns, RowSlice, columns_from_rows, read_columns
 
@@ -70,33 +69,6 @@ def build_schema() -> pa.DataFrameSchema:
         strict=True,
         coerce=False,
     )
-
-
-class Decision(NamedTuple):
-    """One usable decision: a question of a row with its gold answer."""
-
-    row: int
-    question: Question
-    gold: Gold
-
-
-@dataclass(frozen=True)
-class Record:
-    """A row with at least one usable decision; `row` is its index in the file (not in the slice)."""
-
-    row: int
-    state: Any
-    decisions: tuple[Decision, ...]
-    gold: dict[str, Any]
-    questions_json: bytes  # the row's questions as canonical JSON
-
-    def content_hash(self) -> str:
-        """blake2b of the row's canonical JSON: the same content gives the same hash in any file form."""
-        canonical = orjson.dumps(
-            {"state": self.state, "questions": orjson.Fragment(self.questions_json), "gold": self.gold},
-            option=orjson.OPT_SORT_KEYS | orjson.OPT_NON_STR_KEYS,
-        )
-        return hashlib.blake2b(canonical, digest_size=16).hexdigest()
 
 
 @dataclass

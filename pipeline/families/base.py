@@ -32,7 +32,7 @@ from pipeline.scoring.decisions import ScoredDecision
 
 if TYPE_CHECKING:  # annotations only: the server need not import the validation schema to answer
     from pipeline.data.answers import ParsedRequest
-    from pipeline.data.validate import Record
+    from pipeline.data.contract import Record
 
 
 class ModelLayoutError(ValueError):

@@ -8,7 +8,7 @@ held-out figures at a few points), so the MLflow UI shows a live run; `log_train
 finishes it.
 
     run_id, live = open_run(key, "retrain-1a2b3c4d-2026-12-01", tags)
-    trained = fit_on_data(..., on_log=LiveRun(run_id).step, on_eval=LiveRun(run_id).heldout)
+    trained = fit(data, base, config, hooks=RunHooks(on_log=LiveRun(run_id).step, on_eval=LiveRun(run_id).heldout))
     log_training_run(TrainingRecord(...), run_id)
 """
 

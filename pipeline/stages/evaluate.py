@@ -18,8 +18,9 @@ from typing import Any
 import numpy as np
 import torch
 
+from pipeline.data.contract import Record
 from pipeline.data.read import RowSlice
-from pipeline.data.validate import Record, validate_file
+from pipeline.data.validate import validate_file
 from pipeline.families import load_decision_model
 from pipeline.scoring.conformal import conformal_report
 from pipeline.scoring.decisions import ScoredDecision

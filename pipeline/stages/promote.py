@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.config import PromoteConfig
-from pipeline.data.validate import Record
+from pipeline.data.contract import Record
 from pipeline.mlops.promotion import (
     CHALLENGER,
     CHAMPION,

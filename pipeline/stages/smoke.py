@@ -26,7 +26,7 @@ import numpy as np
 import orjson
 
 from pipeline.data.answers import answer_probabilities, chosen_option, parse_request
-from pipeline.data.validate import Record
+from pipeline.data.contract import Record
 from pipeline.families import load_decision_model
 from pipeline.mlops.promotion import SMOKE_TAG
 from pipeline.mlops.registry import client, download_version

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from tests.flows.conftest import write_tiny_params
-from tests.tiny import write_learnable_rows, write_tiny_decoder
+from tests.tiny import write_learnable_rows, write_tiny_causal_lm
 
 pytestmark = pytest.mark.slow
 
@@ -18,7 +18,7 @@ def test_a_decoder_base_is_retrained_registered_smoke_tested_and_gated(prefect_h
     from pipeline.cli.main import main
     from pipeline.mlops.registry import client, download_version
 
-    base = write_tiny_decoder(tmp_path / "qwen3")
+    base = write_tiny_causal_lm(tmp_path / "qwen3")
     data = write_learnable_rows(tmp_path / "rows.jsonl", 60)
     first_params = write_tiny_params(tmp_path, data, base, validate={"holdout_max_decisions": 12})
     first = retrain(str(first_params), lock=str(tmp_path / "dvc.lock"))

@@ -9,12 +9,12 @@ import yaml
 from fastapi.testclient import TestClient
 
 from pipeline.cli.main import main
-from tests.tiny import write_learnable_rows, write_tiny_decoder
+from tests.tiny import write_learnable_rows, write_tiny_causal_lm
 
 
 @pytest.fixture(scope="module")
 def decoder_base(tmp_path_factory):
-    return write_tiny_decoder(tmp_path_factory.mktemp("decoder") / "qwen3")
+    return write_tiny_causal_lm(tmp_path_factory.mktemp("decoder") / "qwen3")
 
 
 @pytest.fixture(scope="module")

@@ -19,7 +19,7 @@ from pipeline.families.laya.predict import predict
 from pipeline.families.planned_layers import apply_layer_plan, current_plan, physical_layers
 from pipeline.scoring.calibrators import Calibrator
 from tests.api.conftest import QUESTIONS, live_server, make_app
-from tests.tiny import write_learnable_rows, write_tiny_base, write_tiny_decoder
+from tests.tiny import write_learnable_rows, write_tiny_base, write_tiny_causal_lm
 
 LAYERS = 4
 STATES = ["this is great", {"turns": ["i hate the order", "it was late"]}, "okay product"]
@@ -35,8 +35,8 @@ def bases(deep_base, tmp_path_factory):
     folder = tmp_path_factory.mktemp("decoders")
     return {
         "encoder": deep_base,
-        "qwen3": write_tiny_decoder(folder / "qwen3", seed=3, layers=LAYERS),
-        "llama": write_tiny_decoder(folder / "llama", seed=4, layers=LAYERS, arch="llama"),
+        "qwen3": write_tiny_causal_lm(folder / "qwen3", seed=3, layers=LAYERS),
+        "llama": write_tiny_causal_lm(folder / "llama", seed=4, layers=LAYERS, arch="llama"),
     }
 
 
@@ -202,8 +202,8 @@ def test_an_empty_plan_is_refused_by_name_before_any_model_loads(deep_base, lear
 
 
 def test_a_decoder_that_cannot_run_a_plan_is_refused_before_training(tmp_path, learnable, capsys):
-    base = write_tiny_decoder(tmp_path / "sliding", layers=LAYERS, use_sliding_window=True, sliding_window=8,
-                              max_window_layers=2)  # fmt: skip
+    base = write_tiny_causal_lm(tmp_path / "sliding", layers=LAYERS, use_sliding_window=True, sliding_window=8,
+                                max_window_layers=2)  # fmt: skip
     assert (
         _train(base, learnable, tmp_path, "0,1,1,2,3") != 0
         and "mixes attention types" in capsys.readouterr().err

@@ -15,6 +15,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from pipeline.device import has_native_bf16
 from pipeline.families.laya_layout import CONFIG_FILE, load_model
 
 ENCODER, CAUSAL_LM = "encoder", "causal_lm"
@@ -112,11 +113,11 @@ def lora_targets(model: nn.Module) -> list[str]:
 
 
 def qlora_config(device: torch.device):
-    """nf4 with double quantisation, computing in bf16 (fp16 where the GPU lacks bf16)."""
+    """nf4 with double quantisation, computing in bf16 (fp16 where the GPU only emulates bf16)."""
     from transformers import BitsAndBytesConfig
 
     compute = torch.bfloat16
-    if device.type == "cuda" and not torch.cuda.is_bf16_supported():
+    if device.type == "cuda" and not has_native_bf16(device):
         compute = torch.float16
     return BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
                               bnb_4bit_compute_dtype=compute)  # fmt: skip

@@ -15,8 +15,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from pipeline.data.contract import NOUL_OPTIONS, QUESTION_TYPE_IDS, Question, state_text
-from pipeline.data.validate import Decision, Record
+from pipeline.data.contract import NOUL_OPTIONS, QUESTION_TYPE_IDS, Decision, Question, Record, state_text
 from pipeline.families.laya_layout import LoadedModel
 from pipeline.scoring.decisions import ScoredDecision
 

@@ -4,8 +4,8 @@
 #
 # Budget: the rows get 420 s (one that would start later is skipped, saying so) under a hard limit of 480 s, so the
 # whole check is one command of at most 8 minutes (a lease allows 10 minutes a command and about 15 in all).
-# Carries: the working tree (tracked files, ~4 MiB) and .whl/ (~0.6 MiB): the laya and orjson wheels for the
-# machine's CPython 3.12, which its image lacks (`--fetch-wheels` downloads them here; installed at the start into a
+# Carries: the working tree (tracked files, ~4 MiB) and .whl/ (~3 MiB): the laya, orjson and pydantic (with
+# pydantic-core, annotated-types, typing-inspection) wheels for the machine's CPython 3.12, which its image lacks (`--fetch-wheels` downloads them here; installed at the start into a
 # temporary folder on PYTHONPATH). Everything else comes with the image (torch, transformers, peft, numpy, pyarrow,
 # pytest, ...). The models are random, built there: the real MiniLM base would not fit (its fp16 weights alone are
 # 43 MiB, over the 40 MiB this check may carry). The image has no bitsandbytes (125 MB installed, too big to carry),
@@ -21,7 +21,9 @@ cd "$(dirname "$0")/.."
 # The machine's python3 (the project's .venv where there is one); GPU_CHECK_PYTHON overrides both.
 PY=${GPU_CHECK_PYTHON:-python3}
 [ -z "${GPU_CHECK_PYTHON:-}" ] && [ -x .venv/bin/python ] && PY=.venv/bin/python
-CARRIED=(laya orjson)
+# What the machine's image lacks and the configs, the contract and the laya family import (pure Python, or
+# small manylinux wheels): carried as wheels in .whl/.
+CARRIED=(laya orjson pydantic pydantic_core annotated_types typing_inspection)
 
 usage() {
   sed -n '2,/^set -euo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'

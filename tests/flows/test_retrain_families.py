@@ -12,7 +12,7 @@ from tests.tiny import write_learnable_rows, write_tiny_causal_lm
 pytestmark = pytest.mark.slow
 
 
-def test_a_decoder_base_is_retrained_registered_smoke_tested_and_gated(prefect_harness, mlflow_store, tmp_path,
+def test_a_causal_lm_base_is_retrained_registered_smoke_tested_and_gated(prefect_harness, mlflow_store, tmp_path,
                                                                        capsys):  # fmt: skip
     from flows.retrain import retrain
     from pipeline.cli.main import main

@@ -32,7 +32,7 @@ def deep_base(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def bases(deep_base, tmp_path_factory):
-    folder = tmp_path_factory.mktemp("decoders")
+    folder = tmp_path_factory.mktemp("causal_lms")
     return {
         "encoder": deep_base,
         "qwen3": write_tiny_causal_lm(folder / "qwen3", seed=3, layers=LAYERS),
@@ -201,7 +201,7 @@ def test_an_empty_plan_is_refused_by_name_before_any_model_loads(deep_base, lear
     assert not (tmp_path / "out").exists()
 
 
-def test_a_decoder_that_cannot_run_a_plan_is_refused_before_training(tmp_path, learnable, capsys):
+def test_a_causal_lm_that_cannot_run_a_plan_is_refused_before_training(tmp_path, learnable, capsys):
     base = write_tiny_causal_lm(tmp_path / "sliding", layers=LAYERS, use_sliding_window=True, sliding_window=8,
                                 max_window_layers=2)  # fmt: skip
     assert (

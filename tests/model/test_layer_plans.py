@@ -28,7 +28,7 @@ def _encoder():
     return tiny_model(seed=1, layers=LAYERS).encoder.train()  # train mode: dropout 0, gradients as trained
 
 
-def _decoder(arch: str):
+def _causal_lm(arch: str):
     from transformers import LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM
 
     config_class, model_class = {
@@ -41,7 +41,7 @@ def _decoder(arch: str):
     return model_class(config).train()
 
 
-BACKBONES = {"bert": _encoder, "qwen3": lambda: _decoder("qwen3"), "llama": lambda: _decoder("llama")}
+BACKBONES = {"bert": _encoder, "qwen3": lambda: _causal_lm("qwen3"), "llama": lambda: _causal_lm("llama")}
 
 
 def _inputs():
@@ -179,7 +179,7 @@ def test_a_materialised_plan_is_a_native_stack_that_runs_alike(kind):
     assert backbone.config.num_hidden_layers == LAYERS  # the original keeps its config
 
 
-def test_a_decoder_whose_layers_attend_differently_refuses_a_plan_by_name():
+def test_a_causal_lm_whose_layers_attend_differently_refuses_a_plan_by_name():
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
     config = Qwen3Config(vocab_size=200, hidden_size=32, intermediate_size=64, num_hidden_layers=LAYERS,

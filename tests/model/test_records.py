@@ -1,4 +1,4 @@
-"""Record encoding for the decoder-LLM head: exact spans, state truncation, too-long skips, batch collation."""
+"""Record encoding for the joint family on a causal LM: exact spans, state truncation, too-long skips, batch collation."""
 
 import pytest
 import torch

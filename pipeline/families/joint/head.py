@@ -1,4 +1,4 @@
-"""Decision head on a decoder LLM: a causal LM read for its last hidden states, never for its vocabulary logits.
+"""Decision head on a causal LM (the joint family): a causal LM read for its last hidden states, never for its vocabulary logits.
 
 The second model family beside the Laya encoder models (`pipeline.families.laya_layout`). A batch from
 `pipeline.families.joint.records.collate_records` goes through the LM's body (`backbone_body`) only; `JointHead` turns the

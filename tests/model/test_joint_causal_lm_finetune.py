@@ -1,4 +1,4 @@
-"""`decision finetune` on a decoder base (tiny random Qwen3 on CPU): train, calibrate, export, reload, serve."""
+"""`decision finetune` on a causal-LM base (joint family) (tiny random Qwen3 on CPU): train, calibrate, export, reload, serve."""
 
 import json
 import time
@@ -13,8 +13,8 @@ from tests.tiny import write_learnable_rows, write_tiny_causal_lm
 
 
 @pytest.fixture(scope="module")
-def decoder_base(tmp_path_factory):
-    return write_tiny_causal_lm(tmp_path_factory.mktemp("decoder") / "qwen3")
+def causal_lm_base(tmp_path_factory):
+    return write_tiny_causal_lm(tmp_path_factory.mktemp("causal_lm") / "qwen3")
 
 
 @pytest.fixture(scope="module")
@@ -42,7 +42,7 @@ def finetune(base, data, out, params, capsys) -> dict:
 
 
 @pytest.mark.slow
-def test_lora_finetune_trains_calibrates_exports_and_serves(decoder_base, learnable, tmp_path, capsys):
+def test_lora_finetune_trains_calibrates_exports_and_serves(causal_lm_base, learnable, tmp_path, capsys):
     from pipeline.data.answers import parse_request
     from pipeline.families.joint.layout import load_joint
     from pipeline.families.joint.predict import answer_joint_requests
@@ -50,7 +50,7 @@ def test_lora_finetune_trains_calibrates_exports_and_serves(decoder_base, learna
     from pipeline.serving.keys import KeyStore
     from pipeline.serving.server import create_app
 
-    summary = finetune(decoder_base, learnable, tmp_path / "export", write_params(tmp_path, "lora"), capsys)
+    summary = finetune(causal_lm_base, learnable, tmp_path / "export", write_params(tmp_path, "lora"), capsys)
     losses = [loss for _, loss in summary["losses"]]
     assert summary["family"] == "joint" and summary["steps"] == 150
     assert losses[-1] < 0.5 * losses[0], losses  # training lowers the loss
@@ -71,10 +71,10 @@ def test_lora_finetune_trains_calibrates_exports_and_serves(decoder_base, learna
 
 
 @pytest.mark.slow
-def test_qlora_trains_on_the_cpu_with_a_4bit_backbone(decoder_base, learnable, tmp_path, capsys):
+def test_qlora_trains_on_the_cpu_with_a_4bit_backbone(causal_lm_base, learnable, tmp_path, capsys):
     pytest.importorskip("bitsandbytes")
     summary = finetune(
-        decoder_base, learnable, tmp_path / "export", write_params(tmp_path, "qlora", 12), capsys
+        causal_lm_base, learnable, tmp_path / "export", write_params(tmp_path, "qlora", 12), capsys
     )
     assert summary["method"] == "qlora" and summary["steps"] == 12 and summary["export_dir"]
     assert all(np.isfinite(loss) for _, loss in summary["losses"])
@@ -85,7 +85,7 @@ def test_qlora_trains_on_the_cpu_with_a_4bit_backbone(decoder_base, learnable, t
 
 
 @pytest.mark.slow
-def test_a_decoder_export_registers_and_answers_as_an_mlflow_model(decoder_base, learnable, tmp_path, capsys,
+def test_a_causal_lm_export_registers_and_answers_as_an_mlflow_model(causal_lm_base, learnable, tmp_path, capsys,
                                                                     monkeypatch):  # fmt: skip
     import mlflow.pyfunc
 
@@ -95,12 +95,12 @@ def test_a_decoder_export_registers_and_answers_as_an_mlflow_model(decoder_base,
     from pipeline.mlops.registry import register_export, use_store
 
     summary = finetune(
-        decoder_base, learnable, tmp_path / "export", write_params(tmp_path, "lora", 5), capsys
+        causal_lm_base, learnable, tmp_path / "export", write_params(tmp_path, "lora", 5), capsys
     )
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path}/mlflow.db")
-    version = register_export(summary["export_dir"], "decoder-model")
+    version = register_export(summary["export_dir"], "causal-lm-model")
     use_store()
-    model = mlflow.pyfunc.load_model(f"models:/decoder-model/{version}")
+    model = mlflow.pyfunc.load_model(f"models:/causal-lm-model/{version}")
     question = {"type": "noul", "instructions": "The text is positive."}
     predicted = model.predict([{"state": "it was great", "questions": {"p": question}}])
     expected = answer_joint_requests(
@@ -109,13 +109,13 @@ def test_a_decoder_export_registers_and_answers_as_an_mlflow_model(decoder_base,
     assert predicted[0]["answers"] == expected[0].answers
 
 
-def test_optional_loss_terms_come_from_the_train_config_and_are_off_by_default(decoder_base, learnable):
+def test_optional_loss_terms_come_from_the_train_config_and_are_off_by_default(causal_lm_base, learnable):
     from pipeline.config import ConfigError, TrainConfig
     from pipeline.data.validate import validate_file
     from pipeline.families.joint.layout import load_joint
     from pipeline.families.joint.training import build_examples, collate_examples, summed_loss
 
-    loaded = load_joint(decoder_base)
+    loaded = load_joint(causal_lm_base)
     examples, _ = build_examples(validate_file(learnable).records[:6], loaded.tokenizer, loaded.max_len)
     batch = collate_examples(examples, loaded.tokenizer.pad_token_id)
     plain = summed_loss(loaded.model, batch, None).item()

@@ -1,4 +1,4 @@
-"""The decoder family's layout: load, merged crash-safe export, parity after reload, and the Decision API.
+"""The joint family's layout: load, merged crash-safe export, parity after reload, and the Decision API.
 
 A tiny random Qwen3 with a byte-level BPE tokenizer trained in memory; nothing is downloaded.
 """

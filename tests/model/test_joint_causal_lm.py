@@ -1,4 +1,4 @@
-"""The decoder-LLM decision model (`pipeline.families.joint.head`) on a tiny random Qwen3, with hand-built batches."""
+"""The joint family on a causal LM (`pipeline.families.joint.head`) on a tiny random Qwen3, with hand-built batches."""
 
 from pathlib import Path
 

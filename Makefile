@@ -14,6 +14,8 @@ export PREFECT_HOME := $(CURDIR)/.prefect
 export PREFECT_SERVER_ANALYTICS_ENABLED := false
 export MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR := false
 RUN_CONFIG ?=
+# Extra pytest arguments for `make test` / `make test-all`, e.g. PYTEST_ARGS="-n 4" (pytest-xdist) on a bigger machine.
+PYTEST_ARGS ?=
 MODEL_NAME ?= $(if $(RUN_CONFIG),decision-model-$(RUN_CONFIG),decision-model)
 PORT ?= 8000
 UI_PORT ?= 5000
@@ -31,10 +33,10 @@ run: $(STAMP) repo  ## the main job: pin data and base, then the retrain flow (t
 
 # The fast tier deselects `full` (tests/conftest.py marks it: services, workers, torchrun ranks, Chromium).
 test: $(STAMP) repo data  ## the fast tier: unit, data, model, api and one tiny flow (CPU, tiny models)
-	python -m pytest -m "not full and not gpu"
+	python -m pytest -m "not full and not gpu" $(PYTEST_ARGS)
 
 test-all: $(STAMP) repo data browser postgres  ## every test but the GPU ones (.ci/run runs this)
-	python -m pytest -m "not gpu"
+	python -m pytest -m "not gpu" $(PYTEST_ARGS)
 
 serve: $(STAMP)  ## the Decision API on the champion version (follows the alias)
 	decision serve --model models:/$(MODEL_NAME)@champion --port $(PORT)

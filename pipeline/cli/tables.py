@@ -1,0 +1,89 @@
+"""The tables the `decision` commands print on stdout (rich), one function per result."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def print_evaluation(report: dict[str, Any]) -> None:
+    """`decision evaluate`: metrics per type, the calibration report, conformal sets and the plots written."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from pipeline.scoring.report import report_table
+
+    table = Table(
+        title=f"{report['model']} on {report['data']} ({report['metrics']['overall']['decisions']:,} decisions)"
+    )
+    names = ("accuracy", "record_accuracy", "ece", "brier", "kl_soft", "score_mae")
+    table.add_column("type")
+    for name in names:
+        table.add_column(name, justify="right")
+    for kind, metrics in report["metrics"].items():
+        table.add_row(kind, *(f"{metrics[n]:.4f}" for n in names))
+    Console().print(table)
+    if report["calibration"]:
+        print(
+            "\ncalibration report (ECE-15 interval: 95% record bootstrap)\n"
+            + report_table(report["calibration"])
+        )
+    if "conformal" in report:
+        print_conformal(report["conformal"])
+    print("plots: " + (", ".join(report["plots"]) or "none (use --plots DIR)"))
+
+
+def print_conformal(conformal: dict) -> None:
+    """Coverage and mean set size per type of split-conformal prediction sets."""
+    print(f"\nsplit-conformal prediction sets, alpha {conformal['alpha']} (target coverage "
+          f"{conformal['target_coverage']:.2f}; calibrated on one half of the records, measured on the other):")  # fmt: skip
+    for name, figures in conformal["by_type"].items():
+        print(f"  {name:7s} coverage {figures['coverage']:.4f}, mean set size {figures['mean_set_size']:.2f} "
+              f"of {figures['mean_options']:.2f} options ({figures['decisions']} decisions)")  # fmt: skip
+
+
+def print_heldout(run: dict[str, Any]) -> None:
+    """Before/after held-out metrics and the run's speed as a table."""
+    from rich.console import Console
+    from rich.table import Table
+
+    heldout = run["heldout"]
+    table = Table(title=f"Held-out decisions: {heldout['decisions']:,}")
+    table.add_column("model")
+    for name in ("accuracy", "record_accuracy", "loss", "ece"):
+        table.add_column(name, justify="right")
+    for model in [k for k in ("base", "tuned", "calibrated") if k in heldout]:
+        metrics = heldout[model]
+        table.add_row(model, *(f"{metrics[k]:.4f}" for k in ("accuracy", "record_accuracy", "loss", "ece")))
+    console = Console()
+    console.print(table)
+    state = "cancelled after" if run["cancelled"] else "trained"
+    console.print(f"{state} {run['steps']}/{run['planned_steps']} steps in {run['train_seconds']:.1f} s "
+                  f"({run['s_per_step']:.2f} s/step, {run['decisions_per_second']:.1f} decisions/s, "
+                  f"{run['precision']}); skipped: {run['skipped'] or 'none'}")  # fmt: skip
+    console.print(f"saved to {run['saved_to']}" if run["saved_to"] else "nothing saved")
+
+
+def print_report(report: dict[str, Any]) -> None:
+    """The validation report as readable tables."""
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    span = "all" if report["rows"] == report["file_rows"] else f"rows {report['slice']} of"
+    totals = Table(title=f"Validation of {report['source']} ({span} {report['file_rows']:,} rows)")
+    for name in ("rows", "decisions", "kept", "skipped"):
+        totals.add_column(name, justify="right")
+    totals.add_row(*(f"{report[k]:,}" for k in ("rows", "decisions", "kept", "skipped_total")))
+    console.print(totals)
+    if not report["skipped"]:
+        console.print("No decision skipped.")
+        return
+    reasons = Table(title="Skipped decisions by reason (first example of each)")
+    for name, justify in (("reason", "left"), ("count", "right"), ("row", "right"), ("question", "left"),
+                          ("value", "left")):  # fmt: skip
+        reasons.add_column(name, justify=justify, overflow="fold")
+    for reason, count in report["skipped"].items():
+        example = report["examples"][reason]
+        reasons.add_row(reason, f"{count:,}", str(example["row"]), str(example["question_id"] or "-"),
+                        example["value"][:80])  # fmt: skip
+    console.print(reasons)

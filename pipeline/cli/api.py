@@ -33,9 +33,10 @@ def _serve(args: argparse.Namespace) -> int:
     if not 0 < args.shadow_share <= 1:
         print(f"decision serve: --shadow-share must be in (0, 1], got {args.shadow_share}", file=sys.stderr)
         return EXIT_UNUSABLE
-    if args.workers < 1:
-        print(f"decision serve: --workers must be at least 1, got {args.workers}", file=sys.stderr)
-        return EXIT_UNUSABLE
+    for flag, value in (("--workers", args.workers), ("--threads", args.threads)):
+        if value is not None and value < 1:
+            print(f"decision serve: {flag} must be at least 1, got {value}", file=sys.stderr)
+            return EXIT_UNUSABLE
     try:
         load_keys(args.keys)  # checked here, so a bad key file is one clear error, not one per worker
     except KeyConfigError as error:
@@ -52,7 +53,7 @@ def _serve(args: argparse.Namespace) -> int:
         print(f"decision serve: {error}", file=sys.stderr)
         return EXIT_UNUSABLE
     options = ServeOptions(args.model, args.keys, args.finetunes, args.poll_seconds, str(device), args.precision,
-                           config, args.workers, args.shadow, args.shadow_share)  # fmt: skip
+                           config, args.workers, args.shadow, args.shadow_share, args.threads)  # fmt: skip
     run_server(options, args.host, args.port, args.access_log)
     return EXIT_OK
 
@@ -150,7 +151,12 @@ def add_api_commands(commands) -> None:
     )
     serve.add_argument(
         "--workers", type=int, default=1,
-        help="server processes on one port, each with its own model and batcher and cores/N threads (default 1)",
+        help="server processes on one port, each with its own model and batcher and 1/N of the threads (default 1)",
+    )  # fmt: skip
+    serve.add_argument(
+        "--threads", type=int, metavar="N",
+        help="torch threads of all workers together (default: the cores this process may use, its affinity mask "
+             "or container CPU quota, whichever is smaller; OMP_NUM_THREADS when set); /healthz reports the choice",
     )  # fmt: skip
     serve.set_defaults(handler=_serve)
 

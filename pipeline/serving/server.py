@@ -28,6 +28,7 @@ from fastapi.security import APIKeyHeader, HTTPAuthorizationCredentials, HTTPBea
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from pipeline.cpu_budget import CpuBudget, apply_threads, plan_threads
 from pipeline.data.answers import InvalidRequest, RequestTooLarge, parse_request
 from pipeline.data.contract import QUESTION_TYPES
 from pipeline.device import precision_name, serving_dtype
@@ -126,10 +127,11 @@ class Caller:
 
 
 def create_app(catalog: Catalog, keys: KeyStore, config: ServerConfig = ServerConfig(),
-               shadow: ShadowScorer | None = None) -> FastAPI:  # fmt: skip
+               shadow: ShadowScorer | None = None, threads: CpuBudget | None = None) -> FastAPI:  # fmt: skip
     """The Decision API app; the catalog starts loading (and following its alias) when the app starts. With
     `shadow`, a sampled share of the serving model's answered requests is scored by the challenger after the
-    answer has gone out (`/v1/shadow` reports the comparison)."""
+    answer has gone out (`/v1/shadow` reports the comparison). `threads` is the CPU budget the process was given
+    (`/healthz` says where its thread count came from)."""
     metrics = ServerMetrics(lambda: batcher.queued)  # read at scrape time, once the batcher exists
     batcher = MicroBatcher(
         _run_batch, config.max_batch_items, config.max_wait_s, config.max_queue, metrics.batch
@@ -227,7 +229,8 @@ def create_app(catalog: Catalog, keys: KeyStore, config: ServerConfig = ServerCo
         serving = catalog.serving
         body = {"status": "ok" if serving else "loading", "model": serving.name if serving else None,
                 "error": catalog.load_error, "queued": batcher.queued, "batches": batcher.batches,
-                "requests": batcher.jobs, "pid": os.getpid(), "precision": precision_name(catalog.dtype)}  # fmt: skip
+                "requests": batcher.jobs, "pid": os.getpid(), "precision": precision_name(catalog.dtype),
+                "threads": torch.get_num_threads(), "threads_source": threads.source if threads else "torch default"}  # fmt: skip
         headers = {} if serving else {"Retry-After": str(RETRY_AFTER_LOADING_S)}
         return _json(body, 200 if serving else 503, headers)
 
@@ -301,9 +304,10 @@ class ServeOptions:
     device: str = "cpu"
     precision: str = "fp32"  # or bf16 (autocast; refused where the device only emulates it)
     config: ServerConfig = field(default_factory=ServerConfig)
-    workers: int = 1
+    workers: int = 1  # server processes, splitting the CPU budget between them
     shadow: str | None = None  # a challenger (folder or models:/NAME@ALIAS) scored off the hot path
     shadow_share: float = 0.1
+    threads: int | None = None  # the CPU budget of all workers together (None: `cpu_budget.usable_cpus`)
 
     def to_env(self) -> str:
         return json.dumps(asdict(self))
@@ -318,8 +322,18 @@ class ServeOptions:
 OPTIONS_ENV = "DECISION_SERVE_OPTIONS"
 
 
+def serving_threads(options: ServeOptions) -> CpuBudget:
+    """Each server process's share of the CPU budget (`--threads`, else the cores it may use), split between the
+    `--workers`."""
+    return plan_threads(options.threads, "--threads", share=options.workers, sharing="workers")
+
+
 def build_app(options: ServeOptions) -> FastAPI:
-    """The app of one server process: its own catalog (the model loaded in this process) and batcher."""
+    """The app of one server process: its torch threads (`serving_threads`), its own catalog (the model loaded
+    in this process) and batcher."""
+    threads = serving_threads(options)
+    apply_threads(threads)  # before the model loads: a thread keeps the pool size it first ran with
+    log.info("torch threads in process %d: %s", os.getpid(), threads.describe())
     dtype = serving_dtype(options.precision, torch.device(options.device))
     catalog = Catalog(
         options.model, options.finetunes, poll_s=options.poll_s, device=options.device, dtype=dtype
@@ -328,19 +342,16 @@ def build_app(options: ServeOptions) -> FastAPI:
     if options.shadow:
         source = Catalog(options.shadow, poll_s=options.poll_s, device=options.device, dtype=dtype)
         shadow = ShadowScorer(source, options.shadow_share, on_report=record_shadow)
-    return create_app(catalog, load_keys(options.keys), options.config, shadow)
+    return create_app(catalog, load_keys(options.keys), options.config, shadow, threads)
 
 
 def app_from_environment() -> FastAPI:
     """uvicorn's app factory in each worker process (`--workers N`): options from the parent's environment.
 
-    The cores are split between the workers, so N processes do not each start a thread per core.
+    The CPU budget is split between the workers (`serving_threads`), so N processes do not each start a thread
+    per core.
     """
-    import torch
-
-    options = ServeOptions.from_env(os.environ[OPTIONS_ENV])
-    torch.set_num_threads(max(1, (os.cpu_count() or 1) // options.workers))
-    return build_app(options)
+    return build_app(ServeOptions.from_env(os.environ[OPTIONS_ENV]))
 
 
 def run_server(
@@ -353,6 +364,7 @@ def run_server(
     if options.workers == 1:
         uvicorn.run(build_app(options), host=host, port=port, log_level="info", access_log=access_log)
         return
+    log.info("%d workers, torch threads in each: %s", options.workers, serving_threads(options).describe())
     os.environ[OPTIONS_ENV] = options.to_env()
     uvicorn.run("pipeline.serving.server:app_from_environment", factory=True, workers=options.workers, host=host,
                 port=port, log_level="info", access_log=access_log)  # fmt: skip

@@ -1,0 +1,39 @@
+"""A server process runs torch on its share of the CPU budget (`--threads`, split between `--workers`) and
+`/healthz` says how many threads and where the number came from."""
+
+import pytest
+import torch
+from fastapi.testclient import TestClient
+
+from pipeline.cli.main import main
+from pipeline.serving.server import ServeOptions, build_app
+from tests.api.conftest import wait_ready
+
+
+@pytest.fixture
+def torch_threads():
+    """Put the test process's torch thread count back (building a server's app sets it)."""
+    before = torch.get_num_threads()
+    yield
+    torch.set_num_threads(before)
+
+
+def test_healthz_reports_the_threads_of_this_workers_share(served_folder, torch_threads):
+    app = build_app(ServeOptions(str(served_folder), threads=4, workers=2))  # this process: one of 2 workers
+    with TestClient(app) as client:
+        health = wait_ready(client).get("/healthz").json()
+    assert (health["threads"], health["threads_source"]) == (2, "--threads 4, split among 2 workers")
+    assert torch.get_num_threads() == 2
+
+
+def test_healthz_names_the_detected_budget_without_a_setting(served_folder, torch_threads, monkeypatch):
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.setattr("os.sched_getaffinity", lambda pid: {0})
+    with TestClient(build_app(ServeOptions(str(served_folder)))) as client:
+        health = wait_ready(client).get("/healthz").json()
+    assert (health["threads"], health["threads_source"]) == (1, "affinity 1")  # a quota can only be 1 or more
+
+
+def test_serve_refuses_fewer_than_one_thread(served_folder, capsys):
+    assert main(["serve", "--model", str(served_folder), "--threads", "0"]) == 2
+    assert "--threads must be at least 1, got 0" in capsys.readouterr().err

@@ -215,6 +215,10 @@ class TrainConfig:
     dist_timeout_minutes: float = 30.0
     """With `nproc` > 1: how long a rank waits on the others in a collective before it fails the stage (a
     hung rank); a rank that dies fails it at once."""
+    threads: int | None = None
+    """torch's CPU threads for the whole run, split between the `nproc` ranks. None: the cores the process may use
+    (its affinity mask or its container's CPU quota, whichever is smaller; `OMP_NUM_THREADS` when set), as
+    `pipeline.cpu_budget` finds them; the run's log and `train.json` say which."""
     layer_plan: Listed[int] | Listed[Listed[int]] | None = None
     """The backbone's layers to run, in order: indices (`[0, 1, 1, 2, 3]` visits layer 1 twice with the same
     weights; `[0, 1, 2, 3]` skips the rest) or repeat ranges `[[start, end, passes]]` (half open; passes count the
@@ -242,6 +246,10 @@ class TrainConfig:
                 raise ConfigError(f"train.{name}: must be >= 0 (0: off), got {getattr(self, name)}")
         if self.max_steps is not None and self.max_steps < 0:
             raise ConfigError(f"train.max_steps: must be >= 0, got {self.max_steps}")
+        if self.threads is not None and self.threads < 1:
+            raise ConfigError(
+                f"train.threads: must be >= 1 (null: the cores this process may use), got {self.threads}"
+            )
         if self.dist_timeout_minutes <= 0:
             raise ConfigError(f"train.dist_timeout_minutes: must be > 0, got {self.dist_timeout_minutes}")
 

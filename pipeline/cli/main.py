@@ -94,6 +94,7 @@ def _training_setup(args: argparse.Namespace):
                 ("epochs", args.epochs),
                 ("max_steps", args.max_steps),
                 ("nproc", args.nproc),
+                ("threads", args.threads),
                 ("layer_plan", args.layer_plan),
             )
             if v is not None
@@ -284,6 +285,9 @@ def _add_training_arguments(command: argparse.ArgumentParser, out_help: str) -> 
     command.add_argument("--max-steps", type=int, help="cap on optimizer steps (default: train.max_steps)")
     command.add_argument("--nproc", type=int, help="data-parallel ranks under torchrun, each on its share of every "
                          "window (default: train.nproc; gloo on the CPU, NCCL on GPUs)")  # fmt: skip
+    command.add_argument("--threads", type=int, metavar="N", help="torch CPU threads, split between the ranks "
+                         "(default: train.threads; null: the cores this process may use, its affinity mask or "
+                         "container CPU quota, whichever is smaller)")  # fmt: skip
     command.add_argument("--layer-plan", type=parse_layer_plan, metavar="PLAN",
                          help="the backbone's layers to run, in order (default: train.layer_plan): 0,1,1,2,3 "
                          "visits layer 1 twice with the same weights; 0,1,2,3 skips the rest; JSON "

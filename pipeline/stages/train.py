@@ -145,5 +145,5 @@ def _run_ranks(job: str, folder: Path, split: Path, arguments: dict[str, Any], c
     result.unlink(missing_ok=True)
     spec.write_text(json.dumps({"job": job, "split": str(split), "arguments": arguments, "config": asdict(config),
                                 "device": device, "result": str(result)}, indent=2))  # fmt: skip
-    launch_ranks(RANKS_MODULE, spec, nproc or config.nproc, hooks)
+    launch_ranks(RANKS_MODULE, spec, nproc or config.nproc, hooks, config.threads)
     return json.loads(result.read_text())

@@ -30,8 +30,14 @@ import torch
 from pipeline.config import TrainConfig
 
 # How often to save is not what is trained, nor how many ranks share a window (a checkpoint holds the whole
-# state): changing either must not orphan a checkpoint.
-NOT_FINGERPRINTED = ("checkpoint_every_steps", "checkpoint_every_minutes", "nproc", "dist_timeout_minutes")
+# state), nor how many CPU threads compute it: changing any must not orphan a checkpoint.
+NOT_FINGERPRINTED = (
+    "checkpoint_every_steps",
+    "checkpoint_every_minutes",
+    "nproc",
+    "dist_timeout_minutes",
+    "threads",
+)
 
 
 @dataclass

@@ -18,6 +18,7 @@ import numpy as np
 import torch
 
 from pipeline.config import TrainConfig
+from pipeline.cpu_budget import CpuBudget, apply_threads, plan_threads
 from pipeline.data.split import SplitData
 from pipeline.device import pick_device
 from pipeline.families import pick_family, resolve_training
@@ -28,6 +29,7 @@ from pipeline.scoring.decisions import ScoredDecision
 from pipeline.scoring.metrics import heldout_metrics
 from pipeline.training.controls import RunControls, RunHooks
 from pipeline.training.loop import TrainResult, plan_budget, train
+from pipeline.training.ranks import Ranks
 
 
 @dataclass
@@ -72,6 +74,10 @@ class TrainRun:
     """The train stage's peak device memory (`device.peak_memory_mb`)."""
     mlflow_run_id: str | None = None
     """The MLflow run the flow's train task opened for it."""
+    threads: int | None = None
+    """torch's CPU threads in each rank (`cpu_budget.plan_threads`) ..."""
+    threads_source: str = ""
+    """... and where that number came from (`train.threads`, the affinity mask, a cgroup quota)."""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -103,17 +109,23 @@ class Prepared:
     train_examples: list[Any]
     heldout_examples: list[Any]
     skipped: Counter
+    threads: CpuBudget
 
 
-def prepare_fit(data: SplitData, base: str | Path, config: TrainConfig, device: str) -> Prepared:
-    """Load the base in its family (`config` resolved: family and method filled in) and build its examples."""
+def prepare_fit(
+    data: SplitData, base: str | Path, config: TrainConfig, device: str, world: int = 1
+) -> Prepared:
+    """Size torch's threads (this process's share of `train.threads` among `world` ranks), load the base in its
+    family (`config` resolved: family and method filled in) and build its examples."""
+    threads = plan_threads(config.threads, "train.threads", share=world, sharing="ranks")
+    apply_threads(threads)  # before anything runs: the base's scoring uses them too
     family = pick_family(base, config.family)
     dev = pick_device(device)
     loaded = family.load(base, config, dev)
     train_examples, skipped_train = family.build_examples(loaded, data.split.train)
     heldout_examples, skipped_heldout = family.build_examples(loaded, data.split.heldout)
     skipped = Counter(data.report.skipped) + Counter(skipped_train) + Counter(skipped_heldout)
-    return Prepared(family, loaded, dev, data, train_examples, heldout_examples, skipped)
+    return Prepared(family, loaded, dev, data, train_examples, heldout_examples, skipped, threads)
 
 
 def fit(data: SplitData, base: str | Path, config: TrainConfig, device: str = "auto",
@@ -126,10 +138,11 @@ def fit(data: SplitData, base: str | Path, config: TrainConfig, device: str = "a
     only this one scores. The run's `pins` and `inputs` are the caller's to record.
     """
     family, config = resolve_training(base, config)
-    prepared = prepare_fit(data, base, config, device)
+    prepared = prepare_fit(data, base, config, device, (controls.ranks or Ranks()).world)
     loaded, dev = prepared.loaded, prepared.device
-    hooks.say(f"{family.name} family ({config.method}) on {dev}: {len(prepared.train_examples):,} training and "
-              f"{len(prepared.heldout_examples):,} held-out examples; scoring the base")  # fmt: skip
+    hooks.say(f"{family.name} family ({config.method}) on {dev}, torch threads {prepared.threads.describe()}: "
+              f"{len(prepared.train_examples):,} training and {len(prepared.heldout_examples):,} held-out examples; "
+              "scoring the base")  # fmt: skip
 
     def scored(what: str, progress: bool) -> tuple[list[ScoredDecision], list[np.ndarray]]:
         started = time.perf_counter()
@@ -158,7 +171,7 @@ def follow_fit(data: SplitData, base: str | Path, config: TrainConfig, device: s
     """A rank other than 0 of a data-parallel run: the same preparation, then its share of every window (it
     resumes from rank 0's checkpoint as rank 0 does); no scoring, nothing written."""
     _, config = resolve_training(base, config)
-    prepared = prepare_fit(data, base, config, device)
+    prepared = prepare_fit(data, base, config, device, (controls.ranks or Ranks()).world)
     return _train_prepared(prepared, config, RunHooks(), controls, None)
 
 
@@ -193,7 +206,8 @@ def _train_run(prepared: Prepared, config: TrainConfig, result: TrainResult, dec
         warnings=learning_warnings(decisions, base_logits, tuned_logits, majority_labels(prepared.data.split.train)),
         budget=plan_budget(len(train_examples), config).reason, logged_steps=result.logged_steps,
         resumed_from_step=result.resumed_from_step, world_size=result.world_size,
-        allreduce_seconds=result.allreduce_seconds,
+        allreduce_seconds=result.allreduce_seconds, threads=prepared.threads.threads,
+        threads_source=prepared.threads.source,
     )  # fmt: skip
 
 

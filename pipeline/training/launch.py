@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import pipeline
+from pipeline.cpu_budget import child_environment, plan_threads
 from pipeline.training.controls import RunHooks
 
 RANK_EVENT = "@decision-rank-event "
@@ -50,24 +51,28 @@ def torchrun_command(module: str, spec: Path, nproc: int) -> list[str]:
             "-m", module, str(spec)]  # fmt: skip
 
 
-def rank_environment(nproc: int, run_id: str | None) -> dict[str, str]:
+def rank_environment(nproc: int, run_id: str | None, threads: int | None = None) -> dict[str, str]:
     """This environment, plus: this checkout first on the path (the ranks import the same code), the MLflow run
-    id, and the CPU threads split between the ranks (torchrun would give each one thread)."""
+    id, and each rank's share of the CPU budget (`threads`: `train.threads`, None: the cores this process may
+    use) as OpenMP's and MKL's thread counts (torchrun would give each rank one thread)."""
     env = dict(os.environ)
     root = str(Path(pipeline.__file__).resolve().parents[1])
     env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
-    env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
+    env |= child_environment(plan_threads(threads, "train.threads", share=nproc, sharing="ranks").threads)
     if run_id:
         env["MLFLOW_RUN_ID"] = run_id
     return env
 
 
-def launch_ranks(module: str, spec: Path, nproc: int, hooks: RunHooks = RunHooks()) -> None:
+def launch_ranks(
+    module: str, spec: Path, nproc: int, hooks: RunHooks = RunHooks(), threads: int | None = None
+) -> None:
     """Run `module spec` on `nproc` ranks and return when all have finished; `RankFailed` when one failed.
 
     Rank 0's plain stdout lines go to `hooks.report` (else to stderr, so a `--json` stdout stays one object), its
-    events to `hooks.on_log` and `hooks.on_eval`."""
-    process = subprocess.Popen(torchrun_command(module, spec, nproc), env=rank_environment(nproc, hooks.mlflow_run_id),
+    events to `hooks.on_log` and `hooks.on_eval`. The ranks split `threads` (`train.threads`) between them."""
+    environment = rank_environment(nproc, hooks.mlflow_run_id, threads)
+    process = subprocess.Popen(torchrun_command(module, spec, nproc), env=environment,
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, bufsize=1,
                                preexec_fn=_end_with_parent if sys.platform == "linux" else None)  # fmt: skip
     kept: deque[str] = deque(maxlen=STDERR_KEPT)

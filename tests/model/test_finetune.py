@@ -3,6 +3,7 @@
 import json
 
 import pytest
+import torch
 
 from pipeline.cli.main import main
 from pipeline.data.pins import current_md5
@@ -80,6 +81,20 @@ def test_train_refuses_a_pinned_input_whose_bytes_differ(tiny_base, synthetic_tr
                  "--params", str(params), "--json"])  # fmt: skip
     assert code == 1 and not (tmp_path / "tune").exists()
     assert "pinned/rows.jsonl: bytes differ from dvc.lock" in capsys.readouterr().err
+
+
+def test_train_runs_on_the_threads_it_was_given_and_records_them(tiny_base, synthetic_train_file, params,
+                                                                 tmp_path, capsys):  # fmt: skip
+    before = torch.get_num_threads()
+    try:
+        code = main(["train", "--data", str(synthetic_train_file), "--slice", "0:40", "--base", str(tiny_base),
+                     "--out", str(tmp_path / "tune"), "--max-steps", "1", "--threads", "1", "--params", str(params),
+                     "--json"])  # fmt: skip
+        assert code == 0 and torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(before)
+    summary = json.loads(capsys.readouterr().out)
+    assert (summary["threads"], summary["threads_source"]) == (1, "train.threads 1")
 
 
 def test_finetune_with_eval_data_and_a_slice(tiny_base, synthetic_train_file, params, tmp_path, capsys):

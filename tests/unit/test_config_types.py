@@ -80,3 +80,14 @@ def test_the_shipped_params_and_every_run_config_load(project_root):
     assert (params.train.family, params.train.method, params.train.epochs) == ("joint", "head", 4)
     for run_config in sorted(p.stem for p in (project_root / "configs").glob("*.yaml")):
         load_params(project_root / "params.yaml", run_config)
+
+
+def test_train_threads_is_a_count_or_null(project_root):
+    shipped = yaml.safe_load((project_root / "params.yaml").read_text())["train"]
+    assert "threads" in shipped and load_params(project_root / "params.yaml").train.threads is None
+    assert section_config("train", {"threads": 2}).threads == 2
+    assert section_config("train", {"threads": None}).threads is None
+    with pytest.raises(ConfigError, match=re.escape("train.threads: expected int or null, got 'two' (str)")):
+        section_config("train", {"threads": "two"})
+    with pytest.raises(ConfigError, match=re.escape("train.threads: must be >= 1")):
+        section_config("train", {"threads": 0})

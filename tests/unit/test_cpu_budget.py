@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from pipeline.cpu_budget import CgroupFiles, CpuBudget, apply_threads, plan_threads, usable_cpus
+from pipeline.training.launch import rank_environment
 
 
 @pytest.fixture
@@ -145,3 +146,13 @@ def test_apply_sets_torchs_threads(torch_threads):
         CpuBudget(2, "--threads 2")
     )  # again: the inter-op pool keeps its first size, without an error
     assert torch.get_num_threads() == 2
+
+
+def test_torchrun_ranks_start_with_their_share(cores, monkeypatch):
+    cores(4)
+    monkeypatch.setattr(
+        "pipeline.cpu_budget.usable_cpus", lambda files: CpuBudget(4, "affinity 4")
+    )  # any cgroup
+    environment = rank_environment(2, None, threads=None)
+    assert (environment["OMP_NUM_THREADS"], environment["MKL_NUM_THREADS"]) == ("2", "2")
+    assert rank_environment(2, None, threads=6)["OMP_NUM_THREADS"] == "3"

@@ -26,6 +26,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -59,22 +60,32 @@ def start_ours(
     workers: int = 1,
     shadow_share: float | None = None,
     precision: str = "fp32",
+    threads: int | None = None,
+    confine: Callable[[], None] | None = None,
 ) -> subprocess.Popen:
+    """`decision serve` on `model`; `confine` runs in the child before it starts (an affinity mask, a cgroup), so
+    the server sees its CPU from the start."""
     command = [sys.executable, "-m", "pipeline.cli.main", "serve", "--model", str(model), "--port", str(port),
                "--device", device, "--workers", str(workers), "--precision", precision]  # fmt: skip
     if shadow_share is not None:  # the same folder as its own challenger: the cost of shadowing alone
         command += ["--shadow", str(model), "--shadow-share", str(shadow_share)]
-    return subprocess.Popen(command, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    if threads is not None:
+        command += ["--threads", str(threads)]
+    return subprocess.Popen(command, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            preexec_fn=confine)  # fmt: skip
 
 
-def start_laya(model: Path, port: int, device: str) -> subprocess.Popen:
+def start_laya(
+    model: Path, port: int, device: str, confine: Callable[[], None] | None = None
+) -> subprocess.Popen:
     """laya-serve maps every built-in model name to the folder, or its router reaches for a hub."""
     folder = str(model.resolve())
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "LAYA_HOST": "127.0.0.1", "LAYA_PORT": str(port),
            "LAYA_DEVICE": device, "LAYA_MODELS": "english",
            "LAYA_EXTRA_MODELS": json.dumps({"english": folder, "multilingual": folder, "typed-decisions": folder})}  # fmt: skip
     laya_serve = Path(sys.executable).with_name("laya-serve")
-    return subprocess.Popen([str(laya_serve)], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return subprocess.Popen([str(laya_serve)], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            preexec_fn=confine)  # fmt: skip
 
 
 def wait_ready(url: str, body: dict, process: subprocess.Popen, timeout_s: float = 180) -> None:
@@ -93,21 +104,23 @@ def wait_ready(url: str, body: dict, process: subprocess.Popen, timeout_s: float
     raise TimeoutError(f"{url} did not answer within {timeout_s} s")
 
 
-def load(url: str, bodies: list[dict], concurrency: int) -> dict:
-    """Send every body once from `concurrency` client threads; latency per request and overall throughput."""
+def load(url: str, bodies: list[dict], concurrency: int, deadline_s: float | None = None) -> dict:
+    """Send every body once from `concurrency` client threads (none started after `deadline_s` seconds);
+    latency per request and overall throughput."""
     import httpx
 
     latencies: list[float] = []
     errors: list[int] = []
     next_index = iter(range(len(bodies)))
     lock = threading.Lock()
+    stop_at = time.perf_counter() + (deadline_s or float("inf"))
 
     def worker() -> None:
         with httpx.Client(base_url=url, timeout=60) as http:
             while True:
                 with lock:
                     index = next(next_index, None)
-                if index is None:
+                if index is None or time.perf_counter() > stop_at:
                     return
                 started = time.perf_counter()
                 response = http.post("/v1/systemone", json=bodies[index])

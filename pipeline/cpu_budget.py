@@ -1,11 +1,11 @@
 """How many CPU threads torch may use: the cores this process can really run on, not every core of the host.
 
-torch starts one intra-op thread per host core. A process pinned to fewer cores (its affinity mask: `taskset`, a
-cpuset) or held to a CPU quota (a container's cgroup: v2 `cpu.max`, v1 `cpu.cfs_quota_us` / `cpu.cfs_period_us`)
-then runs more threads than it has cores, and every parallel region waits for the thread that was descheduled:
-throughput falls far more than the share of the machine it lost. The budget here is the smaller of the affinity
-mask's size and the quota rounded up; one setting overrides it (`decision serve --threads N`, `train.threads`),
-and server workers or training ranks divide it between them, never multiply it.
+torch's default thread count follows the affinity mask (`taskset`, a cpuset: OpenMP reads it) but not a
+container's CPU quota (cgroup v2 `cpu.max`, v1 `cpu.cfs_quota_us` / `cpu.cfs_period_us`), and `os.cpu_count()`
+follows neither: a process held to 1 CPU on a 64-core host runs 64 threads, and every parallel region waits for a
+descheduled thread, so throughput falls far more than the share of the machine it lost. The budget here is the
+smaller of the affinity mask's size and the quota rounded up; one setting overrides it (`decision serve --threads
+N`, `train.threads`), and server workers or training ranks divide it between them, never multiply it.
 
     budget = plan_threads(None, "--threads", share=2, sharing="workers")   # min(affinity, quota) // 2, at least 1
     apply_threads(budget)                                                  # torch's pools on budget.threads

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import tempfile
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
@@ -106,7 +106,8 @@ def train_stage(run_dir: str | Path, base: str | Path, config: TrainConfig, devi
         arguments = {"base": str(base), "run_dir": str(run_dir), "checked": checked}
         described = _run_ranks("train_stage", run_folder.ranks, run_folder.split, arguments, config, device,
                                hooks)  # fmt: skip
-        return TrainRun(**described)
+        # Rank 0 wrote to the run through MLFLOW_RUN_ID; the run it reports back is this process's to name.
+        return replace(TrainRun(**described), mlflow_run_id=hooks.mlflow_run_id)
     checkpoints: list[dict[str, float]] = []
 
     def evaluated(step: int, metrics: dict[str, float]) -> None:

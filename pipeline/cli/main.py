@@ -366,7 +366,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="merge a fine-tune into one servable, self-describing folder of its family, crash-safe",
         description="Merge LoRA adapters into a copy of the base on the CPU, check every tensor is finite, write "
         "fp16 weights, temperatures and a lineage manifest into a staging folder and swap it in atomically "
-        "(the family's marker file last: rl_agent_config.json or head.safetensors). Exporting the same source again is a no-op.",
+        "(the family's marker file last). Exporting the same source again is a no-op.",
     )
     export.add_argument("--adapter", required=True, help="a LoRA fine-tune folder, or a full model folder")
     export.add_argument("--out", required=True, help="the export folder")

@@ -36,7 +36,9 @@ def test_mlflow_models_serve_answers_like_the_decision_api(tmp_path, monkeypatch
     server = subprocess.Popen(
         [str(mlflow_cli), "models", "serve", "-m", "models:/decision-model@champion", "--env-manager", "local",
          "-h", "127.0.0.1", "-p", str(port)],
-        env={**os.environ, "MLFLOW_TRACKING_URI": uri}, start_new_session=True,
+        # mlflow execs `uvicorn` from PATH: the one beside this interpreter, also when pytest runs outside `make`.
+        env={**os.environ, "MLFLOW_TRACKING_URI": uri, "PATH": f"{mlflow_cli.parent}{os.pathsep}{os.environ['PATH']}"},
+        start_new_session=True,
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )  # fmt: skip
     try:

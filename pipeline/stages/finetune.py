@@ -8,7 +8,6 @@ held-out logits, calibration report, expected answers, plots), so the files do n
 
 from __future__ import annotations
 
-import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -20,6 +19,7 @@ from pipeline.rundir import RunFolder
 from pipeline.stages.calibrate import CalibrationResult, calibrate_stage
 from pipeline.stages.export import export_stage
 from pipeline.stages.train import checked_inputs, train_stage
+from pipeline.stages.validate import write_validated
 from pipeline.training.controls import RunControls, RunHooks
 from pipeline.training.fit import TrainRun
 
@@ -81,10 +81,11 @@ def finetune(source: TrainSource, base: str | Path, out: str | Path, config: Tra
     run = RunFolder(run_dir or default_run_dir(out))
     run.root.mkdir(parents=True, exist_ok=True)
     run.checkpoint.unlink(missing_ok=True)  # a finetune starts afresh: its folder is not keyed by the data
-    validated = source.validated()
-    validated.save(run.split)
-    run.validation.write_text(json.dumps(validated.report.to_dict(), indent=2) + "\n")
-    hooks.say(f"run folder {run.root}: {validated.split.summary()}")
+    split = write_validated(
+        source.validated(), run.validation, run.split
+    ).split  # as the flow's validate task
+    hooks.say(f"run folder {run.root}: {split['train_rows']:,} training rows ({split['train_decisions']:,} decisions), "
+              f"{split['heldout_rows']:,} held out ({split['heldout_decisions']:,} decisions)")  # fmt: skip
     trained = train_stage(run.root, base, config, device, hooks, controls, checked)
     if trained.cancelled or controls.cancelled:
         return _result(trained, None, None, run, cancelled=True)

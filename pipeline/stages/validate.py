@@ -13,7 +13,7 @@ from typing import Any
 
 from pipeline.config import ValidateConfig
 from pipeline.data.read import RowSlice
-from pipeline.data.split import TrainSource, record_heldout
+from pipeline.data.split import SplitData, TrainSource, record_heldout
 from pipeline.data.validate import ValidationReport
 
 
@@ -30,6 +30,20 @@ class ValidateResult:
         return self.report.to_dict() | {"split": self.split}
 
 
+def write_validated(
+    validated: SplitData, out: str | Path | None = None, split_out: str | Path | None = None
+) -> ValidateResult:
+    """Validated rows as the validate stage leaves them: the report with the split summary written to `out`, and
+    the split itself to `split_out` (a run's `RunFolder.split`), each where given."""
+    result = ValidateResult(validated.report, validated.split.summary())
+    if out is not None:
+        Path(out).parent.mkdir(parents=True, exist_ok=True)
+        Path(out).write_text(json.dumps(result.to_dict(), indent=2) + "\n")
+    if split_out is not None:
+        validated.save(split_out)
+    return result
+
+
 def validate_stage(data: str | Path, config: ValidateConfig, out: str | Path | None = None,
                    row_slice: str | None = None, ledger: str | Path | None = None,
                    split_out: str | Path | None = None) -> ValidateResult:  # fmt: skip
@@ -40,12 +54,7 @@ def validate_stage(data: str | Path, config: ValidateConfig, out: str | Path | N
     stay held out as the data grows; the flow's validate task only reads it.
     """
     validated = TrainSource(data, RowSlice.parse(row_slice), split_config=config).validated()
-    result = ValidateResult(validated.report, validated.split.summary())
-    if out is not None:
-        Path(out).parent.mkdir(parents=True, exist_ok=True)
-        Path(out).write_text(json.dumps(result.to_dict(), indent=2) + "\n")
-    if split_out is not None:
-        validated.save(split_out)
+    result = write_validated(validated, out, split_out)
     if ledger is not None:
         # Kept out of the written report: the count depends on what earlier runs held out, and the written report
         # is a DVC metric that must depend on the data and params alone.

@@ -160,7 +160,10 @@ def test_finetune_writes_the_flows_run_files(tiny_base, synthetic_train_file, pa
                  run.calibration_report, run.calibration_report.with_suffix(".md")):  # fmt: skip
         assert path.is_file(), path
     assert (run.plots / "reliability_after.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert json.loads(run.validation.read_text())["split"]["heldout_decisions"] > 0  # the flow's report, split included
+    report = json.loads(
+        run.validation.read_text()
+    )  # the flow's validation report, its split summary included
+    assert report["split"]["heldout_decisions"] > 0
     calibration = json.loads(run.calibration.read_text())
     assert summary["temperatures"] == calibration["temperatures"]
     assert summary["heldout"]["calibrated"]["ece"] == calibration["heldout"]["calibrated"]["ece"]

@@ -115,9 +115,8 @@ def train_stage(run_dir: str | Path, base: str | Path, config: TrainConfig, devi
         hooks.evaluated(step, metrics)
 
     data = SplitData.load(run_folder.split)
-    controls = RunControls(controls.progress, controls.cancel, Checkpointer(run_folder.checkpoint, config),
-                           controls.ranks, controls.compile)  # fmt: skip
-    trained = fit(data, base, config, device, RunHooks(hooks.report, hooks.on_log, evaluated), controls)
+    controls = replace(controls, checkpoints=Checkpointer(run_folder.checkpoint, config))
+    trained = fit(data, base, config, device, replace(hooks, on_eval=evaluated), controls)
     run = _recorded(trained.run, checked or {})
     run.saved_to = str(save_trained(trained, run_folder.finetune, run_folder.split, base))
     run.heldout_checkpoints, run.peak_memory_mb = checkpoints, peak_memory_mb()

@@ -116,7 +116,7 @@ def test_optional_loss_terms_come_from_the_train_config_and_are_off_by_default(c
     from pipeline.families.joint.training import build_examples, collate_examples, summed_loss
 
     loaded = load_joint(causal_lm_base)
-    examples, _ = build_examples(validate_file(learnable).records[:6], loaded.tokenizer, loaded.max_len)
+    examples, _ = build_examples(validate_file(learnable).records[:6], loaded.tokenizer, loaded.layout)
     batch = collate_examples(examples, loaded.tokenizer.pad_token_id)
     plain = summed_loss(loaded.model, batch, None).item()
     assert summed_loss(loaded.model, batch, None, TrainConfig()).item() == pytest.approx(plain)

@@ -46,7 +46,8 @@ def _trained_loss(family, loaded, rows) -> tuple[float, float]:
     family.prepare(loaded, HEAD)
     ready = family.training_examples(loaded, examples, HEAD, CPU)
     blank = [replace(e, features=CachedFeatures(torch.zeros_like(e.features.state),
-                                                torch.zeros_like(e.features.fields))) for e in ready]  # fmt: skip
+                                                {k: torch.zeros_like(v) for k, v in e.features.fields.items()}))
+             for e in ready]  # fmt: skip
     result = train(loaded.model, blank, HEAD, CPU, family.batch_task(loaded, HEAD))
     return result.losses[0][1], result.losses[-1][1]
 

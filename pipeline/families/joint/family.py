@@ -85,9 +85,7 @@ class JointFamily(DecisionFamily):
         return load_joint(folder)
 
     def build_examples(self, loaded: LoadedJoint, records) -> tuple[list[JointExample], dict[str, int]]:
-        return build_examples(
-            records, loaded.tokenizer, loaded.max_len, loaded.fields_apart, loaded.fields_max_len
-        )
+        return build_examples(records, loaded.tokenizer, loaded.layout)
 
     def training_examples(self, loaded: LoadedJoint, examples: list[JointExample], config: TrainConfig,
                           device: torch.device, report=None) -> list[JointExample]:  # fmt: skip

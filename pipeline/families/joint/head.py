@@ -111,12 +111,14 @@ class JointHead(nn.Module):
     Fields [global, questions..., options...] are pooled from the memory (the hidden states projected to
     `width`), then refined by `layers` blocks of self-attention among fields and cross-attention to the memory.
     With `lexicon` (a vocabulary size; 0: none), a `LexicalChannel` on the state's tokens adds to each logit.
+    `isolated`: each question's fields (the global field, its own and its options') attend among themselves only,
+    so a question's answer depends on it and the state alone, never on the row's other questions.
     """
 
     def __init__(self, hidden_size: int, width: int = 256, heads: int = 4, layers: int = 2, chunk: int = 2048,
-                 dropout: float = 0.0, read_layers: int = 1, lexicon: int = 0):  # fmt: skip
+                 dropout: float = 0.0, read_layers: int = 1, lexicon: int = 0, isolated: bool = False):  # fmt: skip
         super().__init__()
-        self.chunk, self.read_layers = chunk, read_layers
+        self.chunk, self.read_layers, self.isolated = chunk, read_layers, isolated
         self.lexical = LexicalChannel(lexicon, width) if lexicon else None
         # The memory is the backbone's last `read_layers` hidden states side by side, each normalised on its own.
         # With several, the norm has no affine of its own: the projection after it would absorb one anyway.
@@ -136,12 +138,16 @@ class JointHead(nn.Module):
         With the fields apart, `hidden` is the state's and `field_hidden` [U, Tq, H] holds each distinct field
         sequence of the batch (`batch["field_index"]` says which one a row reads); the spans index those.
         """
-        if field_hidden is None:
+        if "field_spans" in batch:
+            memory, global_vec, questions, options = self._isolated_pools(hidden, field_hidden, batch)
+        elif field_hidden is None:
             memory, global_vec, questions, options = self._memory_and_pools(hidden, batch)
         else:
             memory, global_vec, questions, options = self._apart_pools(hidden, field_hidden, batch)
         questions = questions + self.type_emb(batch["qtype"].clamp(0, N_QUESTION_TYPES - 1))
         options = options + self._lexical_prior(batch, prior_weight)
+        if self.isolated:
+            return self._isolated_logits(memory, global_vec, questions, options, batch)
         b, q, k, d = options.shape
         valid = _valid_options(batch)
         # Only real options become fields (a noul question padded to a score's five levels would add three).
@@ -165,6 +171,41 @@ class JointHead(nn.Module):
         if self.lexical is not None:
             logits = logits + self.lexical(batch, unpacked)
         return logits.masked_fill(~valid, PAD_LOGIT)
+
+    def _isolated_logits(self, memory, global_vec, questions, options, batch: dict) -> torch.Tensor:
+        """[B, Q, K]: each question's fields [global, question, options] refined apart from every other question's,
+        each group attending to its row's memory (padded options and questions are masked keys)."""
+        b, q, k, d = options.shape
+        valid = _valid_options(batch)
+        fields = torch.cat([global_vec[:, None, None].expand(b, q, 1, d), questions[:, :, None], options], 2)
+        field_pad = ~torch.cat([valid.new_ones(b, q, 1), batch["question_mask"].bool()[..., None], valid], 2)
+        t = memory.shape[1]
+        group_memory = memory[:, None].expand(b, q, t, d).reshape(b * q, t, d)
+        memory_pad = (~batch["attention_mask"].bool())[:, None].expand(b, q, t).reshape(b * q, t)
+        fields, field_pad = fields.reshape(b * q, k + 2, d), field_pad.reshape(b * q, k + 2)
+        for block in self.blocks:
+            fields = block(fields, field_pad, group_memory, memory_pad)
+        fields = self.out_norm(fields).reshape(b, q, k + 2, d)
+        logits = self._score(fields[:, :, 1], fields[:, :, 2:])
+        if self.lexical is not None:
+            logits = logits + self.lexical(batch, fields[:, :, 2:])
+        return logits.masked_fill(~valid, PAD_LOGIT)
+
+    def field_vectors(self, field_hidden: torch.Tensor, batch: dict) -> torch.Tensor:
+        """[U, d]: each isolated field sequence's pooled field (the mean of its span), before any attention; a
+        function of the sequence alone, so a server can cache it per question text."""
+        spans = (batch["field_spans"][:, None],)
+        _, (_, pooled) = self._pooled(field_hidden, batch["field_attention_mask"].bool(), spans)
+        return pooled[:, 0]
+
+    def _isolated_pools(self, hidden: torch.Tensor, field_hidden: torch.Tensor | None, batch: dict):
+        """Questions isolated: the state's memory and mean; each question's and option's field from its own sequence
+        (given pooled as `field_vectors` where a cache had them)."""
+        memory, (state_mean,) = self._pooled(hidden, batch["attention_mask"].bool(), ())
+        vectors = batch.get("field_vectors")
+        if vectors is None:
+            vectors = self.field_vectors(field_hidden, batch)
+        return memory, state_mean[:, 0], vectors[batch["question_field"]], vectors[batch["option_field"]]
 
     def _score(self, questions: torch.Tensor, options: torch.Tensor) -> torch.Tensor:
         """[B, Q, K] from the final question [B, Q, d] and option [B, Q, K, d] fields: each option scored beside
@@ -253,7 +294,7 @@ class JointDecisionModel(nn.Module):
         else:
             hidden = self.hidden_states(batch["input_ids"], batch["attention_mask"])
             fields = None
-            if "field_input_ids" in batch:
+            if "field_input_ids" in batch and "field_vectors" not in batch:
                 fields = self.hidden_states(batch["field_input_ids"], batch["field_attention_mask"])
         # The head runs in fp32 even inside the backbone's autocast: under CPU bf16 autocast its many small
         # matrices ran 1.5x slower (measured: 147 vs 92 ms per 64-row batch), and its logits stay exact.

@@ -25,7 +25,7 @@ from __future__ import annotations
 import json
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -58,8 +58,10 @@ from pipeline.families.joint.backbone import (
     max_positions,
     vocabulary_table,
 )
+from pipeline.families.joint.field_cache import FieldCache
 from pipeline.families.joint.head import JointDecisionModel, JointHead
 from pipeline.families.joint.merge import JointExportError, is_quantised, merged_parts
+from pipeline.families.joint.records import RecordLayout
 from pipeline.families.planned_layers import configure_plan, current_plan, plan_manifest
 from pipeline.layer_plans import KEY as PLAN_KEY
 from pipeline.layer_plans import LayerPlanError
@@ -81,6 +83,7 @@ class LoadedJoint:
     tokenizer: Any
     config: dict[str, Any]
     calibrator: Calibrator | None = None  # an export's calibrator.json; None: the config's temperatures
+    field_cache: FieldCache = field(default_factory=FieldCache)  # isolated questions' field vectors, served
 
     @property
     def max_len(self) -> int:
@@ -95,6 +98,15 @@ class LoadedJoint:
     def fields_apart(self) -> bool:
         """The questions are a field sequence of their own, not part of the state's (exports before: in it)."""
         return self.config.get("fields", IN_SEQUENCE) == APART
+
+    @property
+    def isolated(self) -> bool:
+        """No question sees another's text or fields, nor its id (exports before: the row's questions read jointly)."""
+        return bool((self.config.get("head") or {}).get("isolated", False))
+
+    @property
+    def layout(self) -> RecordLayout:
+        return RecordLayout(self.max_len, self.fields_apart, self.fields_max_len, self.isolated)
 
 
 def is_joint_export(path: str | Path) -> bool:
@@ -164,7 +176,9 @@ def _with_fresh_head(path: Path, backbone: nn.Module, tokenizer, max_len: int, h
     # An encoder's head also reads the state's words (`LexicalChannel`); a causal LM's sequence holds the
     # questions too, so a bag of it would not be the state's.
     lexicon = 0 if is_causal(backbone) else vocabulary_table(backbone).shape[0]
-    head_config = {"width": head_width, **HEAD_DEFAULTS, "read_layers": read_layers, "lexicon": lexicon}
+    # Every fresh head isolates its questions: an answer depends on its question and the state alone (DESIGN 5).
+    head_config = {"width": head_width, **HEAD_DEFAULTS, "read_layers": read_layers, "lexicon": lexicon,
+                   "isolated": True}  # fmt: skip
     with torch.random.fork_rng(devices=[]):  # seeded without moving the caller's random state
         torch.manual_seed(seed)
         head = _build_head(backbone, head_config)
@@ -187,7 +201,8 @@ def _with_fresh_head(path: Path, backbone: nn.Module, tokenizer, max_len: int, h
 def _build_head(backbone: nn.Module, head: dict[str, Any]) -> JointHead:
     hidden = vocabulary_table(backbone).shape[1]
     return JointHead(hidden, head["width"], head["heads"], head["layers"], head["chunk"],
-                     read_layers=int(head.get("read_layers", 1)), lexicon=int(head.get("lexicon", 0)))  # fmt: skip
+                     read_layers=int(head.get("read_layers", 1)), lexicon=int(head.get("lexicon", 0)),
+                     isolated=bool(head.get("isolated", False)))  # fmt: skip
 
 
 def _layer_count(backbone: nn.Module) -> int:
@@ -298,12 +313,13 @@ def _positive(value: Any) -> bool:
     return isinstance(value, (int, float)) and math.isfinite(value) and value > 0
 
 
-def _head_config(head: JointHead, known: dict[str, Any]) -> dict[str, int]:
+def _head_config(head: JointHead, known: dict[str, Any]) -> dict[str, Any]:
     """The head's shape read from the head itself (a head without blocks keeps the configured heads)."""
     heads = head.blocks[0].self_attn.num_heads if len(head.blocks) else known.get("heads", 4)
     return {"width": head.memory_proj.out_features, "heads": heads, "layers": len(head.blocks),
             "chunk": head.chunk, "read_layers": head.read_layers,
-            "lexicon": head.lexical.table.num_embeddings if head.lexical is not None else 0}  # fmt: skip
+            "lexicon": head.lexical.table.num_embeddings if head.lexical is not None else 0,
+            "isolated": head.isolated}  # fmt: skip
 
 
 def _export_dtype(backbone: nn.Module) -> torch.dtype:

@@ -1,4 +1,5 @@
-"""Answering with a joint model: one record per request (every question in one pass), shared forward passes.
+"""Answering with a joint model: a request's records (one per row, or one per question with questions isolated in
+the sequence), shared forward passes, and the isolated questions' field vectors cached per question text.
 
 results = answer_joint_requests(load_joint("models/decision-qwen3"), [parse_request(state, questions)])
 """
@@ -12,37 +13,33 @@ from pipeline.data.answers import ParsedRequest, shape_answers
 from pipeline.families.base import UNENCODABLE, Answered, BadQuestion
 from pipeline.families.forward_passes import autocast_context, length_batches
 from pipeline.families.joint.layout import LoadedJoint, temperature_of
-from pipeline.families.joint.records import EncodedRecord, RecordTooLong, collate_records, encode_record
+from pipeline.families.joint.records import EncodedRecord, RecordTooLong, collate_records, encode_row
 from pipeline.scoring.calibrators import type_temperatures
 
 
 def answer_joint_requests(loaded: LoadedJoint, requests: list[ParsedRequest], batch_size: int = 8,
                           dtype: torch.dtype | None = None) -> list[Answered | BadQuestion]:  # fmt: skip
-    """Answer parsed requests, one record each, in shared forward passes; a record too long fails alone."""
+    """Answer parsed requests in shared forward passes; a request that cannot be encoded fails alone.
+
+    `usage` counts every token read: the state's sequences and every field sequence (cached or not).
+    """
     encoded = [_encode(loaded, request) for request in requests]
-    records = [record for record in encoded if isinstance(record, EncodedRecord)]
+    records = [record for entry in encoded if not isinstance(entry, BadQuestion) for record in entry]
     probabilities = iter(record_probabilities(loaded, records, batch_size, dtype))
     results: list[Answered | BadQuestion] = []
-    for request, record in zip(requests, encoded):
-        if isinstance(record, BadQuestion):
-            results.append(record)
+    for request, entry in zip(requests, encoded):
+        if isinstance(entry, BadQuestion):
+            results.append(entry)
             continue
-        by_id = dict(zip(record.question_ids, next(probabilities)))
-        results.append(Answered(shape_answers(request.questions, by_id, request.legends), len(record)))
+        by_id = {qid: p for record in entry for qid, p in zip(record.question_ids, next(probabilities))}
+        answers = shape_answers(request.questions, by_id, request.legends)
+        results.append(Answered(answers, sum(record.tokens_read for record in entry)))
     return results
 
 
-def _encode(loaded: LoadedJoint, request: ParsedRequest) -> EncodedRecord | BadQuestion:
-    questions = list(request.questions.values())
+def _encode(loaded: LoadedJoint, request: ParsedRequest) -> list[EncodedRecord] | BadQuestion:
     try:
-        return encode_record(
-            loaded.tokenizer,
-            request.state,
-            questions,
-            loaded.max_len,
-            fields_apart=loaded.fields_apart,
-            fields_max_len=loaded.fields_max_len,
-        )
+        return encode_row(loaded.tokenizer, request.state, list(request.questions.values()), loaded.layout)
     except RecordTooLong as error:
         return BadQuestion(f"questions: {error}")
     except BadQuestion as error:
@@ -68,6 +65,8 @@ def record_probabilities(loaded: LoadedJoint, records: list[EncodedRecord], batc
     for indices in length_batches([len(r) for r in records], batch_size):
         batch = collate_records([records[i] for i in indices], loaded.tokenizer.pad_token_id)
         with autocast_context(device, dtype):
+            if "field_spans" in batch:
+                batch["field_vectors"] = loaded.field_cache.fill(model, batch, device)
             logits = model({k: v.to(device) for k, v in batch.items()})
         logits = logits.float().cpu().numpy().astype(np.float64)
         for row, index in enumerate(indices):

@@ -25,6 +25,7 @@ questions and keeps its first tokens when too long.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -59,18 +60,32 @@ class EncodedRecord:
     field_ids: tuple[int, ...] | None = (
         None  # fields apart: the questions' own sequence, which the spans index
     )
+    # Questions isolated, on an encoder: per question, its own sequence then one per option; each question's span
+    # indexes its own sequence, each option's span its option's sequence.
+    field_sequences: tuple[tuple[tuple[int, ...], ...], ...] | None = None
 
     def __len__(self) -> int:
         return len(self.ids)
 
     @property
     def fields_apart(self) -> bool:
-        return self.field_ids is not None
+        return self.field_ids is not None or self.field_sequences is not None
+
+    @property
+    def tokens_read(self) -> int:
+        """Every token the backbone reads for this record: the state's sequence and every field sequence."""
+        fields = len(self.field_ids or ()) + sum(len(s) for q in self.field_sequences or () for s in q)
+        return len(self.ids) + fields
 
 
 def encode_record(tokenizer: Any, state: Any, questions: list[Question], max_len: int, min_state_tokens: int = 8,
-                  fields_apart: bool = False, fields_max_len: int | None = None) -> EncodedRecord:  # fmt: skip
+                  fields_apart: bool = False, fields_max_len: int | None = None,
+                  isolated: bool = False) -> EncodedRecord:  # fmt: skip
     """Encode a row's state and all its questions into at most `max_len` tokens (each sequence, fields apart).
+
+    `isolated`: no question id is written (a question is its type, instructions and options); fields apart, each
+    question and each option gets a sequence of its own (`encode_isolated`); in the sequence, call it with one
+    question per record (`encode_row`).
 
     Raises RecordTooLong when the questions leave fewer than `min_state_tokens` for the state (or fewer than
     the whole state, when it is shorter), when the questions alone exceed `max_len` (fields apart), or when an
@@ -78,9 +93,11 @@ def encode_record(tokenizer: Any, state: Any, questions: list[Question], max_len
     """
     if not questions:
         raise ValueError("a record needs at least one question")
+    if fields_apart and isolated:
+        return encode_isolated(tokenizer, state, questions, max_len, fields_max_len or max_len)
     if fields_apart:
         return _encode_apart(tokenizer, state, questions, max_len, fields_max_len or max_len)
-    pieces = [_question_pieces(q) for q in questions]
+    pieces = [_question_pieces(q, with_id=not isolated) for q in questions]
     texts = [SYSTEM_INSTRUCTION + _STATE_OPEN, state_text(state), _QUESTIONS_OPEN]
     texts += [text for question in pieces for text, _ in question]
     tokens = _tokenize(tokenizer, texts)
@@ -141,18 +158,111 @@ def _encode_apart(tokenizer: Any, state: Any, questions: list[Question], max_len
     )
 
 
+def encode_row(
+    tokenizer: Any, state: Any, questions: list[Question], layout: RecordLayout
+) -> list[EncodedRecord]:
+    """A row's records as `layout` reads it: one record, or one per question (isolated in the sequence: a causal
+    LM reads each question after the state alone, so no question sees another)."""
+    encode = partial(encode_record, tokenizer, state, max_len=layout.max_len, fields_apart=layout.fields_apart,
+                     fields_max_len=layout.fields_max_len, isolated=layout.isolated)  # fmt: skip
+    if layout.isolated and not layout.fields_apart:
+        return [encode([question]) for question in questions]
+    return [encode(questions)]
+
+
+@dataclass(frozen=True, slots=True)
+class RecordLayout:
+    """How a joint model reads a row: the state's window, the questions apart or in the sequence, isolated or not."""
+
+    max_len: int
+    fields_apart: bool = False
+    fields_max_len: int | None = None
+    isolated: bool = False
+
+
+def encode_isolated(tokenizer: Any, state: Any, questions: list[Question], max_len: int,
+                    fields_max_len: int) -> EncodedRecord:  # fmt: skip
+    """Fields apart and isolated: the state's sequence `[CLS] <state> [SEP]`; per question a sequence
+    `[CLS] (<type>): <instructions> [SEP]`, and per option `[CLS] (<type>): <instructions> option: "<id>"[:
+    "<description>"] [SEP]`. A question's field depends on its own text alone and an option's on its question
+    and itself, so an answer cannot move with the question's id, the other questions, their order or how many
+    options there are; each sequence is the same in every row that asks it (encoded once per batch, cacheable).
+    """
+    pieces = [_isolated_pieces(q) for q in questions]
+    texts = [state_text(state)] + [t for question, options in pieces for t in (question, *_flat(options))]
+    tokens = _tokenize(tokenizer, texts)
+    cls, sep = _encoder_bounds(tokenizer)
+    state_ids = tokens[texts[0]][: max(0, max_len - len(cls) - len(sep))]
+    sequences, question_spans, option_spans = [], [], []
+    for question, (question_text, options) in zip(questions, pieces):
+        opened = cls + tokens[question_text]
+        own = [tuple(opened + sep)]
+        spans = []
+        for quoted, rest in options:
+            if not tokens[quoted]:
+                raise RecordTooLong(f"question {question.id!r}: option {quoted} tokenises to no tokens")
+            spans.append(
+                (
+                    len(opened) + len(tokens[_OPTION_OPEN]),
+                    len(opened) + len(tokens[_OPTION_OPEN]) + len(tokens[quoted]),
+                )
+            )
+            own.append(tuple(opened + tokens[_OPTION_OPEN] + tokens[quoted] + tokens[rest] + sep))
+        _check_fits(question.id, own, fields_max_len)
+        sequences.append(tuple(own))
+        question_spans.append((len(cls), len(opened)))
+        option_spans.append(tuple(spans))
+    return EncodedRecord(
+        ids=tuple(cls + state_ids + sep),
+        question_spans=tuple(question_spans),
+        option_spans=tuple(option_spans),
+        option_tokens=tuple(
+            tuple(seqs[1 + i][s:e] for i, (s, e) in enumerate(spans))
+            for seqs, spans in zip(sequences, option_spans)
+        ),
+        qtypes=tuple(QUESTION_TYPE_IDS[q.type] for q in questions),
+        question_ids=tuple(q.id for q in questions),
+        state_tokens=len(state_ids),
+        state_truncated=len(state_ids) < len(tokens[texts[0]]),
+        field_sequences=tuple(sequences),
+    )
+
+
+_OPTION_OPEN = " option: "
+
+
+def _isolated_pieces(question: Question) -> tuple[str, list[tuple[str, str]]]:
+    """The question's text, and per option its quoted id and the text after it (its description, or nothing)."""
+    options = [(_json(option), "" if description is None else ": " + _json(description))
+               for option, description in zip(question.options, question.descriptions)]  # fmt: skip
+    return f"({question.type}): {question.instructions}", options
+
+
+def _flat(options: list[tuple[str, str]]) -> list[str]:
+    return [_OPTION_OPEN] + [text for pair in options for text in pair]
+
+
+def _check_fits(question_id: str, sequences: list[tuple[int, ...]], fields_max_len: int) -> None:
+    longest = max(len(s) for s in sequences)
+    if longest > fields_max_len:
+        raise RecordTooLong(f"question {question_id!r}: its text and longest option need {longest} tokens, "
+                            f"more than the model's {fields_max_len}")  # fmt: skip
+
+
 def _encoder_bounds(tokenizer: Any) -> tuple[list[int], list[int]]:
     """An encoder's opening and closing special tokens ([CLS] and [SEP] on BERT), what it was trained on."""
     cls, sep = getattr(tokenizer, "cls_token_id", None), getattr(tokenizer, "sep_token_id", None)
     return ([cls] if cls is not None else []), ([sep] if sep is not None else [])
 
 
-def _question_pieces(question: Question) -> list[tuple[str, str | None]]:
-    """The question's text pieces in order, each tagged "question", "option" or None (not a span)."""
+def _question_pieces(question: Question, with_id: bool = True) -> list[tuple[str, str | None]]:
+    """The question's text pieces in order, each tagged "question", "option" or None (not a span); `with_id`
+    False leaves the question's id out (isolated questions: an answer must not move with its name)."""
     described = any(d is not None for d in question.descriptions)  # valid JSON: an object, or a list of ids
     opener, closer = (" {", "}\n") if described else (" [", "]\n")
+    named = f"{question.id} " if with_id else ""
     pieces: list[tuple[str, str | None]] = [
-        (f"- {question.id} ({question.type}): {question.instructions}\n  options:", "question"),
+        (f"- {named}({question.type}): {question.instructions}\n  options:", "question"),
         (opener, None),  # the space opens the next piece: byte-level BPE then reads " [" as it would in prose
     ]
     for i, (option, description) in enumerate(zip(question.options, question.descriptions)):
@@ -223,9 +333,51 @@ def collate_records(records: list[EncodedRecord], pad_id: int) -> dict[str, torc
     }
     for row, record in enumerate(records):
         _fill_row({name: array[row] for name, array in batch.items()}, record)
-    if records[0].fields_apart:
+    if records[0].field_sequences is not None:
+        batch |= _isolated_sequences(records, pad_id, q, k)
+    elif records[0].fields_apart:
         batch |= _field_sequences(records, pad_id)
     return {name: torch.from_numpy(array) for name, array in batch.items()}
+
+
+FieldKey = tuple[tuple[int, ...], Span]  # an isolated field sequence and the span its field pools
+
+
+def field_keys(record: EncodedRecord) -> list[tuple[FieldKey, list[FieldKey]]]:
+    """Per question of an isolated record: its own field sequence's key, and its options' keys in order."""
+    return [((sequences[0], span), list(zip(sequences[1:], spans)))
+            for sequences, span, spans in zip(record.field_sequences, record.question_spans, record.option_spans)]  # fmt: skip
+
+
+def distinct_field_keys(records: list[EncodedRecord]) -> list[FieldKey]:
+    """The batch's isolated field sequences, each once, in the order `collate_records` lays them out."""
+    keys = (key for r in records for question, options in field_keys(r) for key in (question, *options))
+    return list(dict.fromkeys(keys))
+
+
+def _isolated_sequences(records: list[EncodedRecord], pad_id: int, q: int, k: int) -> dict[str, np.ndarray]:
+    """Questions isolated: each distinct field sequence once [U, T] with the span its field pools [U, 2], and
+    which one each question [B, Q] and each option [B, Q, K] reads (padding reads sequence 0, masked later)."""
+    if not all(r.field_sequences is not None for r in records):
+        raise ValueError("a batch mixes records with isolated questions and records without")
+    where: dict[FieldKey, int] = {}
+    question_field = np.zeros((len(records), q), dtype=np.int64)
+    option_field = np.zeros((len(records), q, k), dtype=np.int64)
+    for row, record in enumerate(records):
+        for qi, (question_key, option_keys) in enumerate(field_keys(record)):
+            question_field[row, qi] = where.setdefault(question_key, len(where))
+            for oi, key in enumerate(option_keys):
+                option_field[row, qi, oi] = where.setdefault(key, len(where))
+    distinct = list(where)
+    width = max(len(ids) for ids, _ in distinct)
+    ids = np.full((len(distinct), width), pad_id, dtype=np.int64)
+    mask = np.zeros((len(distinct), width), dtype=np.int64)
+    for row, (sequence, _) in enumerate(distinct):
+        ids[row, : len(sequence)] = sequence
+        mask[row, : len(sequence)] = 1
+    return {"field_input_ids": ids, "field_attention_mask": mask,
+            "field_spans": np.array([span for _, span in distinct], dtype=np.int64).reshape(-1, 2),
+            "question_field": question_field, "option_field": option_field}  # fmt: skip
 
 
 def _field_sequences(records: list[EncodedRecord], pad_id: int) -> dict[str, np.ndarray]:

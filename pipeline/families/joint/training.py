@@ -23,7 +23,15 @@ from pipeline.families.base import BatchTask
 from pipeline.families.forward_passes import autocast_context, length_batches
 from pipeline.families.joint.backbone import lora_targets
 from pipeline.families.joint.head import JointDecisionModel, joint_loss
-from pipeline.families.joint.records import EncodedRecord, RecordTooLong, collate_records, encode_record
+from pipeline.families.joint.records import (
+    EncodedRecord,
+    FieldKey,
+    RecordLayout,
+    RecordTooLong,
+    collate_records,
+    distinct_field_keys,
+    encode_row,
+)
 from pipeline.families.planned_layers import freeze_skipped
 from pipeline.scoring.decisions import ScoredDecision
 
@@ -51,27 +59,29 @@ class JointExample:
 @dataclass(frozen=True, slots=True, eq=False)
 class CachedFeatures:
     """One row's backbone hidden states, computed once: the sequence's [T, H], and the field sequence's
-    [Tq, H] (fields apart; shared by every row with the same questions)."""
+    [Tq, H] (fields apart; shared by every row with the same questions), or with questions isolated each of its
+    field sequences' by key (each tensor shared by every row that asks the question)."""
 
     state: torch.Tensor
-    fields: torch.Tensor | None
+    fields: torch.Tensor | dict[FieldKey, torch.Tensor] | None
 
 
-def build_examples(records, tokenizer, max_len: int, fields_apart: bool = False,
-                   fields_max_len: int | None = None) -> tuple[list[JointExample], dict[str, int]]:  # fmt: skip
-    """Encode validated records; a row whose questions cannot fit is skipped as `too_long` (per decision)."""
+def build_examples(records, tokenizer, layout: RecordLayout) -> tuple[list[JointExample], dict[str, int]]:
+    """Encode validated records (one example per row, or per question where `layout` reads each question in a
+    sequence of its own); a row whose questions cannot fit is skipped as `too_long` (per decision)."""
     examples, skipped = [], Counter()
     for index, record in enumerate(records):
         questions = [d.question for d in record.decisions]
         try:
-            encoded = encode_record(tokenizer, record.state, questions, max_len, fields_apart=fields_apart,
-                                    fields_max_len=fields_max_len)  # fmt: skip
+            encoded = encode_row(tokenizer, record.state, questions, layout)
         except RecordTooLong:
             skipped["too_long"] += len(record.decisions)
             continue
-        targets = tuple(_target(d) for d in record.decisions)
-        examples.append(JointExample(encoded, targets, tuple(d.gold.label for d in record.decisions),
-                                     tuple(d.gold.probabilities is not None for d in record.decisions), index))  # fmt: skip
+        decisions = iter(record.decisions)
+        for part in encoded:
+            mine = [next(decisions) for _ in part.question_ids]
+            examples.append(JointExample(part, tuple(_target(d) for d in mine), tuple(d.gold.label for d in mine),
+                                         tuple(d.gold.probabilities is not None for d in mine), index))  # fmt: skip
     return examples, dict(skipped)
 
 
@@ -99,7 +109,11 @@ def _cached_hidden(examples: list[JointExample]) -> dict[str, torch.Tensor]:
     order of its `field_index`)."""
     states = [e.features.state for e in examples]
     out = {"state_hidden": torch.nn.utils.rnn.pad_sequence(states, batch_first=True)}
-    if examples[0].features.fields is not None:
+    if examples[0].record.field_sequences is not None:
+        by_key = {key: hidden for e in examples for key, hidden in e.features.fields.items()}
+        hidden = [by_key[key] for key in distinct_field_keys([e.record for e in examples])]
+        out["field_hidden"] = torch.nn.utils.rnn.pad_sequence(hidden, batch_first=True)
+    elif examples[0].features.fields is not None:
         distinct = dict.fromkeys(e.record.field_ids for e in examples)
         by_ids = {e.record.field_ids: e.features.fields for e in examples}
         out["field_hidden"] = torch.nn.utils.rnn.pad_sequence(
@@ -128,8 +142,9 @@ def cache_features(model: JointDecisionModel, examples: list[JointExample], pad_
         for row, index in enumerate(indices):
             example = examples[index]
             state = hidden[row, : len(example)].to("cpu", torch.float16)
-            field = fields.get(example.record.field_ids) if example.record.fields_apart else None
-            cached[index] = replace(example, features=CachedFeatures(state, field))
+            cached[index] = replace(
+                example, features=CachedFeatures(state, _own_fields(example.record, fields))
+            )
         done += len(indices)
         if report and time.perf_counter() - last >= 30:
             last = time.perf_counter()
@@ -142,19 +157,28 @@ def cache_features(model: JointDecisionModel, examples: list[JointExample], pad_
     return cached
 
 
+def _own_fields(record: EncodedRecord, fields: dict):
+    """The cached field hidden states a record reads: none, its field sequence's, or its isolated sequences' by key."""
+    if record.field_sequences is not None:
+        return {key: fields[key] for key in distinct_field_keys([record])}
+    return fields.get(record.field_ids) if record.fields_apart else None
+
+
 def _cache_new_fields(batch: dict, records: list[EncodedRecord], fields: dict, model, device) -> None:
     """Hidden states of the batch's field sequences (`collate_records` put each distinct one in its rows, in
     first-seen order), encoded only when one of them is not cached yet."""
     if "field_input_ids" not in batch:
         return
-    distinct = list(dict.fromkeys(r.field_ids for r in records))
+    isolated = records[0].field_sequences is not None
+    distinct = distinct_field_keys(records) if isolated else list(dict.fromkeys(r.field_ids for r in records))
     if all(ids in fields for ids in distinct):
         return
     hidden = model.hidden_states(
         batch["field_input_ids"].to(device), batch["field_attention_mask"].to(device)
     )
-    for row, ids in enumerate(distinct):
-        fields.setdefault(ids, hidden[row, : len(ids)].to("cpu", torch.float16))
+    for row, key in enumerate(distinct):
+        length = len(key[0]) if isolated else len(key)
+        fields.setdefault(key, hidden[row, :length].to("cpu", torch.float16))
 
 
 def summed_loss(model, batch: dict[str, torch.Tensor], dtype: torch.dtype | None,

@@ -1,0 +1,50 @@
+"""A server's cache of isolated field vectors: a question's (or option's) field sequence pooled once per model.
+
+cache = FieldCache()
+batch["field_vectors"] = cache.fill(model, batch, device)
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+
+import torch
+
+
+class FieldCache:
+    """Pooled field vectors of isolated field sequences, least recently used dropped first.
+
+    A field vector is a function of its sequence and the model's frozen weights, so a server computes each
+    question's (and option's) once; the state is all a repeated question costs.
+    """
+
+    def __init__(self, capacity: int = 8192):
+        self.capacity, self.vectors, self.weights = capacity, OrderedDict(), None
+
+    def fill(self, model, batch: dict, device: torch.device) -> torch.Tensor:
+        """[U, d] vectors of the batch's field sequences: cached ones looked up, the others computed and kept."""
+        self._forget_if_trained(model)
+        keys = [(tuple(ids[: int(m.sum())].tolist()), tuple(span.tolist()))
+                for ids, m, span in zip(batch["field_input_ids"], batch["field_attention_mask"], batch["field_spans"])]  # fmt: skip
+        missing = [i for i, key in enumerate(keys) if key not in self.vectors]
+        if missing:
+            part = {name: batch[name][missing].to(device)
+                    for name in ("field_input_ids", "field_attention_mask", "field_spans")}  # fmt: skip
+            hidden = model.hidden_states(part["field_input_ids"], part["field_attention_mask"])
+            with torch.autocast(device.type, enabled=False):
+                computed = model.head.field_vectors(hidden, part).float().cpu()
+            for i, vector in zip(missing, computed):
+                self.vectors[keys[i]] = vector
+        for key in keys:
+            self.vectors.move_to_end(key)
+        while len(self.vectors) > self.capacity:
+            self.vectors.popitem(last=False)
+        return torch.stack([self.vectors[key] for key in keys]).to(device)
+
+    def _forget_if_trained(self, model) -> None:
+        """Drop every vector when any weight changed since they were computed (an optimizer step, a load): each
+        in-place update bumps a tensor's version counter."""
+        weights = sum(p._version for p in model.parameters())
+        if weights != self.weights:
+            self.vectors.clear()
+            self.weights = weights

@@ -15,6 +15,7 @@ It prints a table with the ratios, writes `benchmarks/results/bench_quality.json
 (`bench_quality.png`: held-out accuracy against wall seconds for each contender).
 
     python benchmarks/bench_quality.py [--datasets vader,spam,sotu] [--rows 3000] [--heldout 500] [--no-laya]
+                                       [--seed N]
 """
 
 from __future__ import annotations
@@ -90,7 +91,9 @@ def run_tfidf(train: Path, heldout: Path) -> dict:
             **detailed_metrics(decisions, scored)}  # fmt: skip
 
 
-def run_ours(train: Path, heldout: Path, out: Path) -> dict:
+def run_ours(train: Path, heldout: Path, out: Path, seed: int | None = None) -> dict:
+    from dataclasses import replace
+
     from pipeline.config import load_params
     from pipeline.data.split import TrainSource
     from pipeline.stages.finetune import finetune
@@ -110,7 +113,8 @@ def run_ours(train: Path, heldout: Path, out: Path) -> dict:
         report=lambda line: print(f"  ours: {line}", file=sys.stderr, flush=True), on_eval=checkpoint
     )
     source = TrainSource(train, eval_data=heldout, split_config=params.validate)
-    summary = finetune(source, BASE, out, params.train, hooks=hooks).to_dict()
+    config = params.train if seed is None else replace(params.train, seed=seed)
+    summary = finetune(source, BASE, out, config, hooks=hooks).to_dict()
     seconds = time.perf_counter() - started
     calibrated = summary["heldout"]["calibrated"]
     curve.append([seconds, calibrated["accuracy"]])
@@ -174,7 +178,7 @@ def score_laya_export(folder: Path, heldout: Path) -> dict:
     return {k: overall[k] for k in ("accuracy", "record_accuracy", "ece", "brier")}
 
 
-def run_dataset(name: str, rows: int, heldout_rows: int, laya: bool) -> dict:
+def run_dataset(name: str, rows: int, heldout_rows: int, laya: bool, seed: int | None = None) -> dict:
     from pipeline.data.validate import validate_file
 
     work = HERE / ".cache" / "quality" / name
@@ -183,7 +187,7 @@ def run_dataset(name: str, rows: int, heldout_rows: int, laya: bool) -> dict:
     print(f"{name}: {train_report.rows:,} training rows ({train_report.decisions:,} decisions), "
           f"{held_report.rows:,} held-out rows ({held_report.decisions:,} decisions)", file=sys.stderr)  # fmt: skip
     tfidf = run_tfidf(train, heldout)
-    ours = run_ours(train, heldout, work / "ours")
+    ours = run_ours(train, heldout, work / ("ours" if seed is None else f"ours-seed{seed}"), seed)
     contenders = [ours, tfidf]
     if laya:
         contenders.append(run_laya(train, heldout, work / "laya", ours["wall_seconds"]))
@@ -245,16 +249,19 @@ def main() -> None:
     parser.add_argument(
         "--no-laya", action="store_true", help="leave laya's trainer out (it takes as long as ours)"
     )
+    parser.add_argument("--seed", type=int, default=None, help="train.seed for ours (default: params.yaml's), "
+                        "to measure the noise from seeds")  # fmt: skip
     args = parser.parse_args()
     RESULTS.mkdir(parents=True, exist_ok=True)
+    name = "bench_quality" if args.seed is None else f"bench_quality_seed{args.seed}"
     results = []
-    for name in args.datasets.split(","):
-        results.append(run_dataset(name, args.rows, args.heldout, not args.no_laya))
+    for dataset in args.datasets.split(","):
+        results.append(run_dataset(dataset, args.rows, args.heldout, not args.no_laya, args.seed))
         # Written after each data set, so a later failure keeps what was measured.
-        (RESULTS / "bench_quality.json").write_text(json.dumps(results, indent=2, default=str))
+        (RESULTS / f"{name}.json").write_text(json.dumps(results, indent=2, default=str))
     print_table(results)
-    plot(results, RESULTS / "bench_quality.png")
-    print(f"wrote {RESULTS / 'bench_quality.json'} and {RESULTS / 'bench_quality.png'}")
+    plot(results, RESULTS / f"{name}.png")
+    print(f"wrote {RESULTS / name}.json and {RESULTS / name}.png")
 
 
 if __name__ == "__main__":

@@ -5,7 +5,8 @@ The joint family's layout (the Laya family's is `pipeline.families.laya_layout`)
     decision_config.json  family "joint", backbone "causal_lm" | "encoder", fields "in_sequence" | "apart" (an
                           encoder reads the questions apart from the state), max_len, head {width, heads, layers,
                           chunk, read_layers (the backbone's last layers the head reads; 1 before), lexicon (the
-                          vocabulary size of its bag of the state's words; 0 or absent: none)}, temperature
+                          vocabulary size of its bag of the state's words; 0 or absent: none), isolated (each
+                          question read apart from the others, without its id; absent before)}, temperature
                           {global, by_type [choice, score, noul], folded_global}, fine_tuned, training
     backbone/             the backbone, LoRA merged, in 16 bits (bf16 from a bf16 or 4-bit source, else fp16), with
                           its tokenizer

@@ -13,7 +13,13 @@ from pipeline.data.answers import ParsedRequest, shape_answers
 from pipeline.families.base import UNENCODABLE, Answered, BadQuestion
 from pipeline.families.forward_passes import autocast_context, length_batches
 from pipeline.families.joint.layout import LoadedJoint, temperature_of
-from pipeline.families.joint.records import EncodedRecord, RecordTooLong, collate_records, encode_row
+from pipeline.families.joint.records import (
+    EncodedRecord,
+    RecordTooLong,
+    collate_records,
+    encode_row,
+    joined_logits,
+)
 from pipeline.scoring.calibrators import type_temperatures
 
 
@@ -21,17 +27,20 @@ def answer_joint_requests(loaded: LoadedJoint, requests: list[ParsedRequest], ba
                           dtype: torch.dtype | None = None) -> list[Answered | BadQuestion]:  # fmt: skip
     """Answer parsed requests in shared forward passes; a request that cannot be encoded fails alone.
 
-    `usage` counts every token read: the state's sequences and every field sequence (cached or not).
+    A question whose options were spread over several records gets one softmax over all of them. `usage` counts
+    every token read: the state's sequences and every field sequence (cached or not).
     """
     encoded = [_encode(loaded, request) for request in requests]
     records = [record for entry in encoded if not isinstance(entry, BadQuestion) for record in entry]
-    probabilities = iter(record_probabilities(loaded, records, batch_size, dtype))
+    logits = iter(record_logits(loaded, records, batch_size, dtype))
+    calibrator = served_calibrator(loaded)
     results: list[Answered | BadQuestion] = []
     for request, entry in zip(requests, encoded):
         if isinstance(entry, BadQuestion):
             results.append(entry)
             continue
-        by_id = {qid: p for record in entry for qid, p in zip(record.question_ids, next(probabilities))}
+        joined = joined_logits(entry, [next(logits) for _ in entry])
+        by_id = {qid: calibrator.probabilities(qtype, qid, z) for qid, (qtype, z) in joined.items()}
         answers = shape_answers(request.questions, by_id, request.legends)
         results.append(Answered(answers, sum(record.tokens_read for record in entry)))
     return results
@@ -48,19 +57,22 @@ def _encode(loaded: LoadedJoint, request: ParsedRequest) -> list[EncodedRecord] 
         return BadQuestion(f"the tokenizer cannot encode this request: {type(error).__name__}: {error}")
 
 
+def served_calibrator(loaded: LoadedJoint):
+    """The export's calibrator, else its config's type temperatures."""
+    return loaded.calibrator or type_temperatures(tuple(temperature_of(loaded.config, q) for q in range(3)))
+
+
 @torch.inference_mode()
-def record_probabilities(loaded: LoadedJoint, records: list[EncodedRecord], batch_size: int = 8,
-                         dtype: torch.dtype | None = None) -> list[list[np.ndarray]]:  # fmt: skip
-    """Per record, per question: the softmax over its own options (model order) at its temperature.
+def record_logits(loaded: LoadedJoint, records: list[EncodedRecord], batch_size: int = 8,
+                  dtype: torch.dtype | None = None) -> list[list[np.ndarray]]:  # fmt: skip
+    """Per record, per question: its options' raw logits (model order).
 
     Records are grouped by length, so a pass pads little; padding is masked, so a record's answer does not
-    depend on what it was batched with (beyond float rounding).
+    depend on what it was batched with (beyond float rounding). Isolated field vectors come from the model's
+    field cache.
     """
     model = loaded.model.eval()
     device = next(model.parameters()).device
-    calibrator = loaded.calibrator or type_temperatures(
-        tuple(temperature_of(loaded.config, q) for q in range(3))
-    )
     out: list[list[np.ndarray]] = [[] for _ in records]
     for indices in length_batches([len(r) for r in records], batch_size):
         batch = collate_records([records[i] for i in indices], loaded.tokenizer.pad_token_id)
@@ -70,11 +82,5 @@ def record_probabilities(loaded: LoadedJoint, records: list[EncodedRecord], batc
             logits = model({k: v.to(device) for k, v in batch.items()})
         logits = logits.float().cpu().numpy().astype(np.float64)
         for row, index in enumerate(indices):
-            record = records[index]
-            out[index] = [
-                calibrator.probabilities(qtype, qid, logits[row, q, : len(spans)])
-                for q, (spans, qtype, qid) in enumerate(
-                    zip(record.option_spans, record.qtypes, record.question_ids)
-                )
-            ]
+            out[index] = [logits[row, q, : len(spans)] for q, spans in enumerate(records[index].option_spans)]
     return out

@@ -18,13 +18,18 @@ option fields attend to the state's hidden states. A row then costs its state's 
 where an option has none) when any option is described. The state gets whatever is left of `max_len` after the
 questions and keeps its first tokens when too long.
 
+Questions isolated (every fresh head since the Decision API's invariance contract, `encode_row`): no question id
+is written; on an encoder each question and each option is a field sequence of its own (`encode_isolated`), on a
+causal LM each question is a record of its own, its options spread over several where they do not fit.
+
     record = encode_record(tokenizer, state, questions, max_len=2048)
     batch = collate_records([record, ...], pad_id=tokenizer.pad_token_id)
+    records = encode_row(tokenizer, state, questions, loaded.layout)
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from typing import Any
 
@@ -166,8 +171,36 @@ def encode_row(
     encode = partial(encode_record, tokenizer, state, max_len=layout.max_len, fields_apart=layout.fields_apart,
                      fields_max_len=layout.fields_max_len, isolated=layout.isolated)  # fmt: skip
     if layout.isolated and not layout.fields_apart:
-        return [encode([question]) for question in questions]
+        return [part for question in questions for part in _option_runs(encode, question)]
     return [encode(questions)]
+
+
+def _option_runs(encode, question: Question) -> list[EncodedRecord]:
+    """One record for the question, or, where its options do not fit one sequence, one per consecutive run of
+    them (halved until each fits): the records share the question's id, and a reader joins their option logits
+    into one softmax (`joined_logits`)."""
+    try:
+        return [encode([question])]
+    except RecordTooLong:
+        if len(question.options) < 2:
+            raise
+    half = len(question.options) // 2
+    runs = []
+    for part in (slice(0, half), slice(half, None)):
+        runs += _option_runs(encode, replace(question, options=question.options[part],
+                                             descriptions=question.descriptions[part]))  # fmt: skip
+    return runs
+
+
+def joined_logits(
+    records: list[EncodedRecord], logits: list[list[np.ndarray]]
+) -> dict[str, tuple[int, np.ndarray]]:
+    """Per question id: its type and its option logits, a question spread over several records joined in order."""
+    joined: dict[str, tuple[int, list[np.ndarray]]] = {}
+    for record, per_question in zip(records, logits):
+        for qid, qtype, z in zip(record.question_ids, record.qtypes, per_question):
+            joined.setdefault(qid, (qtype, []))[1].append(z)
+    return {qid: (qtype, np.concatenate(parts)) for qid, (qtype, parts) in joined.items()}
 
 
 @dataclass(frozen=True, slots=True)

@@ -77,9 +77,16 @@ def build_examples(records, tokenizer, layout: RecordLayout) -> tuple[list[Joint
         except RecordTooLong:
             skipped["too_long"] += len(record.decisions)
             continue
-        decisions = iter(record.decisions)
+        by_id = {d.question.id: d for d in record.decisions}
+        # A question whose options were spread over several sequences is answered as one softmax, not trained on.
+        spread = {
+            qid for qid, n in Counter(q for part in encoded for q in part.question_ids).items() if n > 1
+        }
+        skipped["too_long"] += len(spread)
         for part in encoded:
-            mine = [next(decisions) for _ in part.question_ids]
+            if spread & set(part.question_ids):
+                continue
+            mine = [by_id[qid] for qid in part.question_ids]
             examples.append(JointExample(part, tuple(_target(d) for d in mine), tuple(d.gold.label for d in mine),
                                          tuple(d.gold.probabilities is not None for d in mine), index))  # fmt: skip
     return examples, dict(skipped)

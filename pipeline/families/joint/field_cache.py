@@ -6,6 +6,7 @@ batch["field_vectors"] = cache.fill(model, batch, device)
 
 from __future__ import annotations
 
+import threading
 from collections import OrderedDict
 
 import torch
@@ -20,9 +21,14 @@ class FieldCache:
 
     def __init__(self, capacity: int = 8192):
         self.capacity, self.vectors, self.weights = capacity, OrderedDict(), None
+        self._lock = threading.Lock()  # a server's inference thread and an in-process caller may share a model
 
     def fill(self, model, batch: dict, device: torch.device) -> torch.Tensor:
         """[U, d] vectors of the batch's field sequences: cached ones looked up, the others computed and kept."""
+        with self._lock:
+            return self._fill(model, batch, device)
+
+    def _fill(self, model, batch: dict, device: torch.device) -> torch.Tensor:
         self._forget_if_trained(model)
         keys = [(tuple(ids[: int(m.sum())].tolist()), tuple(span.tolist()))
                 for ids, m, span in zip(batch["field_input_ids"], batch["field_attention_mask"], batch["field_spans"])]  # fmt: skip
@@ -37,9 +43,10 @@ class FieldCache:
                 self.vectors[keys[i]] = vector
         for key in keys:
             self.vectors.move_to_end(key)
-        while len(self.vectors) > self.capacity:
+        vectors = torch.stack([self.vectors[key] for key in keys])
+        while len(self.vectors) > self.capacity:  # after the lookup: one request may hold more than the capacity
             self.vectors.popitem(last=False)
-        return torch.stack([self.vectors[key] for key in keys]).to(device)
+        return vectors.to(device)
 
     def _forget_if_trained(self, model) -> None:
         """Drop every vector when any weight changed since they were computed (an optimizer step, a load): each

@@ -11,6 +11,8 @@ from collections import OrderedDict
 
 import torch
 
+PASS = 256
+
 
 class FieldCache:
     """Pooled field vectors of isolated field sequences, least recently used dropped first.
@@ -21,7 +23,9 @@ class FieldCache:
 
     def __init__(self, capacity: int = 8192):
         self.capacity, self.vectors, self.weights = capacity, OrderedDict(), None
-        self._lock = threading.Lock()  # a server's inference thread and an in-process caller may share a model
+        self._lock = (
+            threading.Lock()
+        )  # a server's inference thread and an in-process caller may share a model
 
     def fill(self, model, batch: dict, device: torch.device) -> torch.Tensor:
         """[U, d] vectors of the batch's field sequences: cached ones looked up, the others computed and kept."""
@@ -33,20 +37,27 @@ class FieldCache:
         keys = [(tuple(ids[: int(m.sum())].tolist()), tuple(span.tolist()))
                 for ids, m, span in zip(batch["field_input_ids"], batch["field_attention_mask"], batch["field_spans"])]  # fmt: skip
         missing = [i for i, key in enumerate(keys) if key not in self.vectors]
-        if missing:
-            part = {name: batch[name][missing].to(device)
-                    for name in ("field_input_ids", "field_attention_mask", "field_spans")}  # fmt: skip
-            hidden = model.hidden_states(part["field_input_ids"], part["field_attention_mask"])
-            with torch.autocast(device.type, enabled=False):
-                computed = model.head.field_vectors(hidden, part).float().cpu()
-            for i, vector in zip(missing, computed):
+        # A pass of at most PASS sequences: a request of 64 questions with 255 options each has 16,384 of them.
+        for start in range(0, len(missing), PASS):
+            part = missing[start : start + PASS]
+            for i, vector in zip(part, self._computed(model, batch, part, device)):
                 self.vectors[keys[i]] = vector
         for key in keys:
             self.vectors.move_to_end(key)
         vectors = torch.stack([self.vectors[key] for key in keys])
-        while len(self.vectors) > self.capacity:  # after the lookup: one request may hold more than the capacity
+        while (
+            len(self.vectors) > self.capacity
+        ):  # after the lookup: one request may hold more than the capacity
             self.vectors.popitem(last=False)
         return vectors.to(device)
+
+    @staticmethod
+    def _computed(model, batch: dict, rows: list[int], device: torch.device) -> torch.Tensor:
+        part = {name: batch[name][rows].to(device)
+                for name in ("field_input_ids", "field_attention_mask", "field_spans")}  # fmt: skip
+        hidden = model.hidden_states(part["field_input_ids"], part["field_attention_mask"])
+        with torch.autocast(device.type, enabled=False):  # the head's pooling in fp32, as in its forward pass
+            return model.head.field_vectors(hidden, part).float().cpu()
 
     def _forget_if_trained(self, model) -> None:
         """Drop every vector when any weight changed since they were computed (an optimizer step, a load): each

@@ -228,23 +228,11 @@ def encode_isolated(tokenizer: Any, state: Any, questions: list[Question], max_l
     state_ids = tokens[texts[0]][: max(0, max_len - len(cls) - len(sep))]
     sequences, question_spans, option_spans = [], [], []
     for question, (question_text, options) in zip(questions, pieces):
-        opened = cls + tokens[question_text]
-        own = [tuple(opened + sep)]
-        spans = []
-        for quoted, rest in options:
-            if not tokens[quoted]:
-                raise RecordTooLong(f"question {question.id!r}: option {quoted} tokenises to no tokens")
-            spans.append(
-                (
-                    len(opened) + len(tokens[_OPTION_OPEN]),
-                    len(opened) + len(tokens[_OPTION_OPEN]) + len(tokens[quoted]),
-                )
-            )
-            own.append(tuple(opened + tokens[_OPTION_OPEN] + tokens[quoted] + tokens[rest] + sep))
+        own, spans = _isolated_sequences_of(question.id, cls + tokens[question_text], options, tokens, sep)
         _check_fits(question.id, own, fields_max_len)
-        sequences.append(tuple(own))
-        question_spans.append((len(cls), len(opened)))
-        option_spans.append(tuple(spans))
+        sequences.append(own)
+        question_spans.append((len(cls), len(cls) + len(tokens[question_text])))
+        option_spans.append(spans)
     return EncodedRecord(
         ids=tuple(cls + state_ids + sep),
         question_spans=tuple(question_spans),
@@ -262,6 +250,20 @@ def encode_isolated(tokenizer: Any, state: Any, questions: list[Question], max_l
 
 
 _OPTION_OPEN = " option: "
+
+
+def _isolated_sequences_of(question_id: str, opened: list[int], options: list[tuple[str, str]],
+                           tokens: dict[str, list[int]], sep: list[int]) -> tuple[tuple[tuple[int, ...], ...], tuple[Span, ...]]:  # fmt: skip
+    """A question's own sequence then one per option (`opened` is `[CLS]` and the question's text), and each
+    option's span (its quoted id) in its sequence."""
+    start = len(opened) + len(tokens[_OPTION_OPEN])
+    sequences, spans = [tuple(opened + sep)], []
+    for quoted, rest in options:
+        if not tokens[quoted]:
+            raise RecordTooLong(f"question {question_id!r}: option {quoted} tokenises to no tokens")
+        spans.append((start, start + len(tokens[quoted])))
+        sequences.append(tuple(opened + tokens[_OPTION_OPEN] + tokens[quoted] + tokens[rest] + sep))
+    return tuple(sequences), tuple(spans)
 
 
 def _isolated_pieces(question: Question) -> tuple[str, list[tuple[str, str]]]:

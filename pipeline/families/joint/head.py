@@ -60,13 +60,15 @@ class _FieldBlock(nn.Module):
             nn.Linear(width, 4 * width), nn.GELU(), nn.Dropout(dropout), nn.Linear(4 * width, width)
         )
 
-    def forward(self, fields, field_pad, memory, memory_pad):
+    def forward(self, fields, field_pad, memory, memory_pad, groups: int = 1):
+        """`groups` > 1: `fields` [B * groups, G, d] are groups that attend among themselves, and a row's groups
+        together query its memory [B, T, d] (each query on its own, so the keys are projected once per row)."""
         x = self.self_norm(fields)
         fields = fields + self.self_attn(x, x, x, key_padding_mask=field_pad, need_weights=False)[0]
         x = self.cross_norm(fields)
-        fields = (
-            fields + self.cross_attn(x, memory, memory, key_padding_mask=memory_pad, need_weights=False)[0]
-        )
+        rows = x.reshape(memory.shape[0], groups * x.shape[1], x.shape[2])
+        attended = self.cross_attn(rows, memory, memory, key_padding_mask=memory_pad, need_weights=False)[0]
+        fields = fields + attended.reshape(fields.shape)
         return fields + self.ff(self.ff_norm(fields))
 
 
@@ -179,12 +181,10 @@ class JointHead(nn.Module):
         valid = _valid_options(batch)
         fields = torch.cat([global_vec[:, None, None].expand(b, q, 1, d), questions[:, :, None], options], 2)
         field_pad = ~torch.cat([valid.new_ones(b, q, 1), batch["question_mask"].bool()[..., None], valid], 2)
-        t = memory.shape[1]
-        group_memory = memory[:, None].expand(b, q, t, d).reshape(b * q, t, d)
-        memory_pad = (~batch["attention_mask"].bool())[:, None].expand(b, q, t).reshape(b * q, t)
+        memory_pad = ~batch["attention_mask"].bool()
         fields, field_pad = fields.reshape(b * q, k + 2, d), field_pad.reshape(b * q, k + 2)
         for block in self.blocks:
-            fields = block(fields, field_pad, group_memory, memory_pad)
+            fields = block(fields, field_pad, memory, memory_pad, groups=q)
         fields = self.out_norm(fields).reshape(b, q, k + 2, d)
         logits = self._score(fields[:, :, 1], fields[:, :, 2:])
         if self.lexical is not None:

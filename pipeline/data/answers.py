@@ -127,7 +127,7 @@ def parse_request(state: Any, questions: dict[str, Any]) -> ParsedRequest:
             continue
         parsed[str(qid)] = spec.question
         if spec.type == "score":
-            legends[str(qid)] = _score_legend(raw.get("criteria"))
+            legends[str(qid)] = list(raw["criteria"])  # as sent: a level may be a JSON value, not text
     if errors:
         raise InvalidRequest(errors)
     return ParsedRequest(state, parsed, legends)
@@ -199,10 +199,6 @@ def _text(value: Any) -> Any:
     return canonical_json(value).decode() if isinstance(value, (dict, list)) else value
 
 
-def _score_legend(criteria: Any) -> list[Any]:
-    return list(criteria.values()) if isinstance(criteria, dict) else list(criteria)
-
-
 def _question_problem(spec: QuestionSpec) -> tuple[str, str] | None:
     """(field, message) for a question the model cannot answer, else None."""
     if not spec.question_ok:
@@ -222,6 +218,7 @@ def _question_problem(spec: QuestionSpec) -> tuple[str, str] | None:
 
 _CRITERIA_SHAPES = {
     "choice": "choice criteria: a non-empty object {option_id: description or null} or a list of option ids",
-    "score": f"score criteria: a list of {MIN_SCORE_LEVELS}..{MAX_SCORE_LEVELS} level descriptions",
+    "score": f"score criteria: a list (not an object) of {MIN_SCORE_LEVELS}..{MAX_SCORE_LEVELS} level descriptions; "
+    "level i is item i",
     "noul": 'noul criteria: null or {"true": description, "false": description}',
 }

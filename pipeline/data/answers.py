@@ -2,13 +2,16 @@
 
 Shared by the HTTP server, the smoke test and the MLflow model, so all three answer byte for byte alike:
 
-    choice  {"type": "choice", "choice": id, "probabilities": {id: p}, "confidence": max p}
+    choice  {"type": "choice", "choice": id, "probabilities": {id: p}, "confidence": c,
+             "x_top_probability": max p}
     score   {"type": "score", "score": sum i*p_i, "legend": {"0": text}, "probabilities": {"0": p},
-             "confidence": max p}
-    noul    {"type": "noul", "noul": P(true), "confidence": max(p, 1 - p)}
+             "confidence": c, "x_top_probability": max p}
+    noul    {"type": "noul", "noul": P(true), "x_confidence": max(p, 1 - p)}
 
-Figures are rounded to 4 decimals; probabilities arrive in model order (choice in criteria order, score by
-level, noul false then true).
+`confidence` is the Jev confidence `c = (max p - 1/n) / (1 - 1/n)` over the n options or levels: 0 for a uniform
+answer, 1 for a certain one (a one-level score is certain: 1). A noul answer carries none; fields beyond the Jev
+answer start with `x_`. Figures are rounded to 4 decimals; probabilities arrive in model order (choice in
+criteria order, score by level, noul false then true).
 """
 
 from __future__ import annotations
@@ -44,20 +47,31 @@ def shape_answer(
     p = np.asarray(probabilities, dtype=np.float64)
     if question.type == "noul":
         p_true = float(p[1])
-        return {"type": "noul", "noul": _round(p_true), "confidence": _round(max(p_true, 1.0 - p_true))}
+        return {"type": "noul", "noul": _round(p_true), "x_confidence": _round(max(p_true, 1.0 - p_true))}
     by_option = {option: _round(float(v)) for option, v in zip(question.options, p)}
-    confidence = _round(float(p.max()))
+    sureness = {"confidence": _round(jev_confidence(p)), "x_top_probability": _round(float(p.max()))}
     if question.type == "choice":
         return {"type": "choice", "choice": question.options[int(p.argmax())], "probabilities": by_option,
-                "confidence": confidence}  # fmt: skip
+                **sureness}  # fmt: skip
     texts = legend if legend is not None else question.descriptions
     return {
         "type": "score",
         "score": _round(float(np.dot(np.arange(len(p)), p))),
         "legend": {str(i): text if text is not None else f"level {i}" for i, text in enumerate(texts)},
         "probabilities": by_option,
-        "confidence": confidence,
+        **sureness,
     }
+
+
+def jev_confidence(probabilities: np.ndarray) -> float:
+    """`(max p - 1/n) / (1 - 1/n)` over n options: 0 for a uniform answer, 1 for a certain one (and for n = 1,
+    where the one option is certain)."""
+    n = len(probabilities)
+    if n == 1:
+        return 1.0
+    chance = 1.0 / n
+    # Clipped: probabilities that sum to 1 only within float error must not give -0.0 or 1.0000000001.
+    return min(1.0, max(0.0, (float(np.max(probabilities)) - chance) / (1.0 - chance)))
 
 
 def shape_answers(questions: dict[str, Question], probabilities: dict[str, np.ndarray],

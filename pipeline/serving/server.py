@@ -72,11 +72,16 @@ class DecisionRequest(BaseModel):
         return value
 
 
+JEV_CONFIDENCE = "the Jev confidence (max p - 1/n) / (1 - 1/n) over the n options: 0 uniform, 1 certain"
+TOP_PROBABILITY = "max p: the chosen option's probability (not a Jev field)"
+
+
 class ChoiceAnswer(BaseModel):
     type: Literal["choice"]
     choice: str
     probabilities: dict[str, float]
-    confidence: float
+    confidence: float = Field(description=JEV_CONFIDENCE)
+    x_top_probability: float = Field(description=TOP_PROBABILITY)
 
 
 class ScoreAnswer(BaseModel):
@@ -84,13 +89,16 @@ class ScoreAnswer(BaseModel):
     score: float
     legend: dict[str, Any]
     probabilities: dict[str, float]
-    confidence: float
+    confidence: float = Field(description=JEV_CONFIDENCE.replace("options", "levels"))
+    x_top_probability: float = Field(description=TOP_PROBABILITY.replace("option", "level"))
 
 
 class NoulAnswer(BaseModel):
+    """P(true), and no confidence (DESIGN.md 5)."""
+
     type: Literal["noul"]
     noul: float
-    confidence: float
+    x_confidence: float = Field(description="max(P(true), 1 - P(true)) (not a Jev field)")
 
 
 class Usage(BaseModel):

@@ -27,11 +27,20 @@ def test_the_typesafe_client_parses_every_answer_type(server_url):
                 "late": Noul(instructions="The order was late."),
             },
         )
-    assert result.choices["tone"].choice in {"negative", "positive"}
-    assert set(result.scores["intensity"].probabilities) == {0, 1, 2}
-    assert result.scores["intensity"].legend[2] == "strong"
+    tone, intensity = result.choices["tone"], result.scores["intensity"]
+    assert tone.choice in {"negative", "positive"}
+    assert set(intensity.probabilities) == {0, 1, 2}
+    assert intensity.legend[2] == "strong"
     assert 0.0 <= result.nouls["late"].noul <= 1.0
     assert result.usage.input_tokens > 0
+    # The SDK reads the Jev confidence; the x_ extras (and no confidence on noul) pass its strict models.
+    for answer in (tone, intensity):
+        p = max(answer.probabilities.values())
+        n = len(answer.probabilities)
+        assert answer.confidence == pytest.approx((p - 1 / n) / (1 - 1 / n), abs=2e-4)
+    raw = result.raw_http_response.json()["answers"]
+    assert raw["tone"]["x_top_probability"] == max(raw["tone"]["probabilities"].values())
+    assert set(raw["late"]) == {"type", "noul", "x_confidence"}
 
 
 def test_large_bodies_arrive_zstd_compressed_and_are_answered(server_url):

@@ -51,22 +51,29 @@ def test_answers_have_the_wire_shape_and_match_in_process_predictions(open_clien
     tone, intensity, positive = (body["answers"][q] for q in ("tone", "intensity", "positive"))
     expected = predict(load_model(served_folder), STATE, QUESTIONS)
 
-    assert set(tone) == {"type", "choice", "probabilities", "confidence"} and tone["type"] == "choice"
-    assert list(tone["probabilities"]) == ["negative", "neutral", "positive"]
+    assert set(tone) == {"type", "choice", "probabilities", "confidence", "x_top_probability"}
+    assert tone["type"] == "choice" and list(tone["probabilities"]) == ["negative", "neutral", "positive"]
     np.testing.assert_allclose(list(tone["probabilities"].values()), expected["tone"], atol=1e-4)
     assert tone["choice"] == ["negative", "neutral", "positive"][int(np.argmax(expected["tone"]))]
-    assert tone["confidence"] == max(tone["probabilities"].values())
+    assert tone["x_top_probability"] == max(tone["probabilities"].values())
+    assert tone["confidence"] == pytest.approx(jev(expected["tone"]), abs=1e-4)
 
     assert intensity["legend"] == {"0": "none", "1": "mild", "2": "strong"}
     assert list(intensity["probabilities"]) == ["0", "1", "2"]
     assert intensity["score"] == pytest.approx(float(np.dot([0, 1, 2], expected["intensity"])), abs=1e-4)
-    assert intensity["confidence"] == pytest.approx(float(expected["intensity"].max()), abs=1e-4)
+    assert intensity["confidence"] == pytest.approx(jev(expected["intensity"]), abs=1e-4)
+    assert intensity["x_top_probability"] == pytest.approx(float(expected["intensity"].max()), abs=1e-4)
 
-    assert set(positive) == {"type", "noul", "confidence"}
+    assert set(positive) == {"type", "noul", "x_confidence"}  # no confidence on a noul answer
     assert positive["noul"] == pytest.approx(float(expected["positive"][1]), abs=1e-4)
-    assert positive["confidence"] == pytest.approx(max(positive["noul"], 1 - positive["noul"]), abs=1e-4)
-    for value in (tone["confidence"], positive["noul"], intensity["score"]):
+    assert positive["x_confidence"] == pytest.approx(max(positive["noul"], 1 - positive["noul"]), abs=1e-4)
+    for value in (tone["confidence"], positive["noul"], intensity["score"], intensity["confidence"]):
         assert value == round(value, 4)
+
+
+def jev(p) -> float:
+    """The Jev confidence written out: (max p - 1/n) / (1 - 1/n)."""
+    return (float(np.max(p)) - 1 / len(p)) / (1 - 1 / len(p))
 
 
 @pytest.mark.parametrize("model", [None, "default", "jev-latest", "jev-preview"])

@@ -274,11 +274,11 @@ def test_the_decision_api_serves_an_export(exported):
     assert body["model"] == exported.name and body["usage"] == {"input_tokens": expected.input_tokens,
                                                                 "output_tokens": 0}  # fmt: skip
     tone, intensity, positive = (body["answers"][q] for q in ("tone", "intensity", "positive"))
-    assert set(tone) == {"type", "choice", "probabilities", "confidence"}
+    assert set(tone) == {"type", "choice", "probabilities", "confidence", "x_top_probability"}
     assert list(tone["probabilities"]) == ["negative", "neutral", "positive"]
-    assert set(intensity) == {"type", "score", "legend", "probabilities", "confidence"}
+    assert set(intensity) == {"type", "score", "legend", "probabilities", "confidence", "x_top_probability"}
     assert intensity["legend"] == {"0": "none", "1": "mild", "2": "strong"}
-    assert set(positive) == {"type", "noul", "confidence"}
+    assert set(positive) == {"type", "noul", "x_confidence"}
     np.testing.assert_allclose(
         probabilities([Answered(body["answers"], 0)]), probabilities([expected]), atol=1e-4
     )

@@ -38,6 +38,9 @@ from pipeline.data.contract import (
 )
 
 DECIMALS = 4
+# The Decision API's own floor (DESIGN.md 5): a question with one option asks nothing. A data row may hold one
+# (DESIGN.md 2); it trains, but a request with one is refused.
+MIN_CHOICE_OPTIONS = 2
 
 
 def shape_answer(
@@ -168,7 +171,9 @@ def _refuse_unpaired_surrogates(state: Any, questions: dict[str, Any]) -> None:
     """InvalidRequest naming every field whose text holds an unpaired UTF-16 surrogate (JSON can carry one as a
     \\u escape; no UTF-8 text, and so no tokenizer, can)."""
     places = [("state", state)] + [(f"questions.{qid}", raw) for qid, raw in questions.items()]
-    bad = [where for where, value in places if _has_unpaired_surrogate(value) or _has_unpaired_surrogate(where)]
+    bad = [
+        where for where, value in places if _has_unpaired_surrogate(value) or _has_unpaired_surrogate(where)
+    ]
     if bad:
         raise InvalidRequest([_error(["body", *where.split(".", 1)], "text holds an unpaired surrogate "
                                      "(invalid Unicode); send valid UTF-16 pairs or UTF-8") for where in bad])  # fmt: skip
@@ -223,8 +228,9 @@ def _question_problem(spec: QuestionSpec) -> tuple[str, str] | None:
         return "criteria", _CRITERIA_SHAPES[spec.type]
     if spec.n_distinct < spec.n_options:
         return "criteria", "options repeat"
-    if spec.type == "choice" and spec.n_options > MAX_CHOICE_OPTIONS:
-        return "criteria", f"{spec.n_options} options, at most {MAX_CHOICE_OPTIONS}"
+    if spec.type == "choice" and not MIN_CHOICE_OPTIONS <= spec.n_options <= MAX_CHOICE_OPTIONS:
+        limits = f"{MIN_CHOICE_OPTIONS} to {MAX_CHOICE_OPTIONS}"
+        return "criteria", f"a choice takes {limits} options, got {spec.n_options}"
     if spec.type == "score" and spec.n_options > MAX_SCORE_LEVELS:
         return "criteria", f"{spec.n_options} levels, at most {MAX_SCORE_LEVELS}"
     return None

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from pipeline.data.answers import jev_confidence, parse_request, shape_answer
+from pipeline.data.answers import InvalidRequest, jev_confidence, parse_request, shape_answer
 from pipeline.data.contract import Question
 
 CHOICE = Question("tone", "choice", "Tone?", ("negative", "neutral", "positive"), (None, None, None))
@@ -66,3 +66,21 @@ def test_every_extra_starts_with_x_and_every_figure_has_four_decimals():
 def test_a_request_answers_through_the_same_shapes():
     parsed = parse_request("s", {"q": {"type": "score", "criteria": [{"level": "low"}, "high"]}})
     assert parsed.legends == {"q": [{"level": "low"}, "high"]}  # a JSON-valued level is kept as sent
+
+
+@pytest.mark.parametrize(
+    ("question", "words"),
+    [
+        (
+            {"type": "score", "criteria": {"0": "low", "1": "high"}},
+            "a list (not an object)",
+        ),  # the legend form
+        ({"type": "score", "criteria": {"low": "a", "high": "b"}}, "a list (not an object)"),
+        ({"type": "choice", "criteria": ["only"]}, "a choice takes 2 to 255 options, got 1"),
+    ],
+)
+def test_requests_the_contract_refuses_name_the_criteria_field(question, words):
+    with pytest.raises(InvalidRequest) as refused:
+        parse_request("s", {"q": question})
+    [error] = refused.value.errors
+    assert error["loc"] == ["body", "questions", "q", "criteria"] and words in error["msg"]

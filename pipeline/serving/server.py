@@ -37,6 +37,7 @@ from pipeline.mlops.tracking import record_shadow
 from pipeline.serving.batching import MicroBatcher, QueueFull
 from pipeline.serving.body import BodyLimits, DecodeBodyMiddleware
 from pipeline.serving.catalog import Catalog, ModelForbidden, ModelLoading, ModelNotFound, ServedModel
+from pipeline.serving.errors import api_error, error_detail, error_json
 from pipeline.serving.keys import KeyStore, load_keys
 from pipeline.serving.metrics import ServerMetrics
 from pipeline.serving.shadow import ShadowScorer
@@ -101,6 +102,18 @@ class NoulAnswer(BaseModel):
     x_confidence: float = Field(description="max(P(true), 1 - P(true)) (not a Jev field)")
 
 
+class ErrorDetail(BaseModel):
+    error_type: str = Field(description="authentication_error, permission_error, not_found_error, "
+                            "request_too_large, overloaded_error, model_loading, internal_error, ...")  # fmt: skip
+    message: str
+
+
+class ErrorBody(BaseModel):
+    """Every error but 422 (which is FastAPI's `{"detail": [{"loc", "msg", "type"}]}`)."""
+
+    detail: ErrorDetail
+
+
 class Usage(BaseModel):
     input_tokens: int
     output_tokens: int = 0
@@ -117,9 +130,13 @@ class ServerConfig:
     """Batching and size limits of one server."""
 
     max_batch_items: int = 64
+    """Questions per forward pass (`--max-batch`)."""
     max_wait_s: float = 0.002
+    """How long a batch waits to fill (`--max-wait-ms`)."""
     max_queue: int = 256
+    """Waiting requests before a 503 (`--max-queue`)."""
     limits: BodyLimits = field(default_factory=BodyLimits)
+    """Request body limits, compressed and decompressed (`--max-body-mb`)."""
 
 
 BEARER = HTTPBearer(auto_error=False, description="An API key as `Authorization: Bearer <key>`.")
@@ -173,15 +190,19 @@ def create_app(catalog: Catalog, keys: KeyStore, config: ServerConfig = ServerCo
         metrics.answered(response.status_code, time.perf_counter() - started)
         return response
 
-    # Errors echo what the caller sent (a field name, an input); rendered ASCII-escaped, an unpaired surrogate in
-    # it is written as its \\u escape instead of failing the response (Starlette's handlers encode UTF-8 strictly).
+    # Every error leaves through `error_json` (pipeline.serving.errors): one body shape, safe for any input echoed.
     @app.exception_handler(RequestValidationError)
     async def invalid(request: Request, error: RequestValidationError) -> Response:
-        return _error_json({"detail": jsonable_encoder(error.errors())}, 422)
+        return error_json(422, jsonable_encoder(error.errors()))
 
     @app.exception_handler(StarletteHTTPException)
     async def refused(request: Request, error: StarletteHTTPException) -> Response:
-        return _error_json({"detail": error.detail}, error.status_code, error.headers)
+        return error_json(error.status_code, error.detail, error.headers)
+
+    @app.exception_handler(Exception)
+    async def crashed(request: Request, error: Exception) -> Response:
+        # Starlette still logs the traceback; the caller gets the JSON body instead of its plain text.
+        return error_json(500, error_detail(500, f"internal error ({type(error).__name__}); logged"))
 
     def caller(request: Request, bearer: Annotated[HTTPAuthorizationCredentials | None, Depends(BEARER)],
                x_api_key: Annotated[str | None, Depends(API_KEY)]) -> Caller:  # fmt: skip
@@ -189,7 +210,7 @@ def create_app(catalog: Catalog, keys: KeyStore, config: ServerConfig = ServerCo
         # malformed one (`Basic ...`, `Bearer` with no key) over as absent; that must stay a 401, so whether
         # an Authorization header was sent at all is read here.
         if bearer is None and request.headers.get("authorization"):
-            raise HTTPException(401, "Authorization must be 'Bearer <key>'", {"WWW-Authenticate": "Bearer"})
+            raise _unauthorized("Authorization must be 'Bearer <key>'")
         return _authenticate(keys, bearer.credentials if bearer else None, x_api_key)
 
     @app.post("/v1/systemone", response_model=DecisionResponse, responses=_ERROR_RESPONSES)
@@ -198,34 +219,34 @@ def create_app(catalog: Catalog, keys: KeyStore, config: ServerConfig = ServerCo
         try:
             parsed = parse_request(body.state, {qid: q.model_dump() for qid, q in body.questions.items()})
         except RequestTooLarge as error:
-            raise HTTPException(413, str(error)) from None
+            raise api_error(413, str(error)) from None
         except InvalidRequest as error:
-            return _error_json({"detail": error.errors}, 422)
+            return error_json(422, error.errors)
         try:
             result = await batcher.submit(model, parsed, len(parsed.questions))
         except QueueFull:
-            raise HTTPException(503, "the server is busy", {"Retry-After": str(RETRY_AFTER_BUSY_S)}) from None
+            raise api_error(
+                503, "the server is busy", "overloaded_error", _retry_after(RETRY_AFTER_BUSY_S)
+            ) from None
         except BadQuestion as error:
-            return _error_json({"detail": [_question_error(error)]}, 422)
+            return error_json(422, [_question_error(error)])
         except Exception as error:  # a server fault: a short JSON 500, and the server keeps serving
             log.exception("request failed in the model: %s", type(error).__name__)
-            return _error_json({"detail": f"internal error ({type(error).__name__}); logged"}, 500)
+            return error_json(500, error_detail(500, f"internal error ({type(error).__name__}); logged"))
         usage = {"input_tokens": result.input_tokens, "output_tokens": 0}
         response = _json({"model": model.name, "answers": result.answers, "usage": usage})
         if shadow is not None and model is catalog.serving:
             shadow.offer(parsed, result.answers)  # after the answer is made; offer never blocks
         return response
 
-    @app.get("/v1/models")
+    @app.get("/v1/models", responses=_ERROR_RESPONSES)
     async def models(who: Annotated[Caller, Depends(caller)]) -> Response:
         return _json({"models": catalog.listing(who.owner, who.open_server)})
 
-    @app.get("/v1/shadow")
-    async def shadow_report() -> Response:
+    @app.get("/v1/shadow", responses=_ERROR_RESPONSES)
+    async def shadow_report(who: Annotated[Caller, Depends(caller)]) -> Response:
         if shadow is None:
-            return _error_json(
-                {"detail": "no shadow challenger (decision serve --shadow models:/NAME@ALIAS)"}, 404
-            )
+            raise api_error(404, "no shadow challenger (decision serve --shadow models:/NAME@ALIAS)")
         return _json(shadow.summary())
 
     @app.get("/metrics", include_in_schema=False)
@@ -253,28 +274,34 @@ def _authenticate(keys: KeyStore, bearer: str | None, x_api_key: str | None) -> 
     """401 for a key the server does not know, or two different keys in one request."""
     presented = {k.strip() for k in (bearer, x_api_key) if k and k.strip()}
     if len(presented) > 1:
-        raise HTTPException(
-            401, "Authorization and X-API-Key name different keys", {"WWW-Authenticate": "Bearer"}
-        )
+        raise _unauthorized("Authorization and X-API-Key name different keys")
     if keys.open:
         return Caller(None, True)
     if not presented:
         return Caller(None, False)
     owner = keys.owner_of(presented.pop())
     if owner is None:
-        raise HTTPException(401, "unknown API key", {"WWW-Authenticate": "Bearer"})
+        raise _unauthorized("unknown API key")
     return Caller(owner, False)
+
+
+def _unauthorized(message: str) -> HTTPException:
+    return api_error(401, message, "authentication_error", {"WWW-Authenticate": "Bearer"})
+
+
+def _retry_after(seconds: int) -> dict[str, str]:
+    return {"Retry-After": str(seconds)}
 
 
 def _resolve(catalog: Catalog, requested: str | None, who: Caller) -> ServedModel:
     try:
         return catalog.resolve(requested, who.owner, who.open_server)
     except ModelForbidden as error:
-        raise HTTPException(403, str(error)) from None
+        raise api_error(403, str(error), "permission_error") from None
     except ModelNotFound as error:
-        raise HTTPException(404, str(error)) from None
+        raise api_error(404, str(error), "not_found_error") from None
     except ModelLoading as error:
-        raise HTTPException(503, str(error), {"Retry-After": str(RETRY_AFTER_LOADING_S)}) from None
+        raise api_error(503, str(error), "model_loading", _retry_after(RETRY_AFTER_LOADING_S)) from None
 
 
 def _question_error(error: BadQuestion) -> dict[str, Any]:
@@ -286,18 +313,16 @@ def _json(body: dict[str, Any], status: int = 200, headers: dict[str, str] | Non
     return Response(orjson.dumps(body), status, headers, media_type="application/json")
 
 
-def _error_json(body: dict[str, Any], status: int, headers: dict[str, str] | None = None) -> Response:
-    """An error body no text the caller sent can break (non-ASCII escaped, anything else written as text)."""
-    text = json.dumps(body, ensure_ascii=True, default=str)
-    return Response(text, status, headers, media_type="application/json")
-
-
 _ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
-    401: {"description": "unknown API key"},
-    403: {"description": "a keyless caller asked for a model other than the default"},
-    404: {"description": "no such model visible to this key"},
-    413: {"description": "over the size limits (body, questions, characters)"},
-    503: {"description": "the model is loading or the queue is full; see Retry-After"},
+    status: {"model": ErrorBody, "description": description}
+    for status, description in {
+        401: "authentication_error: an unknown API key",
+        403: "permission_error: a keyless caller asked for a model other than the default",
+        404: "not_found_error: no such model visible to this key",
+        413: "request_too_large: over the size limits (body, questions, characters)",
+        500: "internal_error: a server fault, logged",
+        503: "model_loading or overloaded_error (the queue is full); see Retry-After",
+    }.items()
 }
 
 

@@ -52,3 +52,17 @@ def test_large_bodies_arrive_zstd_compressed_and_are_answered(server_url):
         models = client.models.list()
     assert 0.0 <= result.nouls["late"].noul <= 1.0
     assert {"default", "jev-latest"} <= {m.name for m in models.models}
+
+
+def test_the_client_raises_our_refusals_with_their_message(server_url):
+    from typesafe_sdk import Noul, TypeSafeClient, TypeSafeNotFoundError, TypeSafeUnprocessableEntityError
+
+    with TypeSafeClient(api_key="any-key", base_url=server_url) as client:
+        with pytest.raises(TypeSafeNotFoundError) as missing:
+            client.system_one(state="s", questions={"q": Noul(instructions="?")}, model="no-such-model")
+        body = missing.value.body["detail"]
+        assert body["error_type"] == "not_found_error" and "no-such-model" in str(missing.value)
+        levels_as_a_map = {"type": "score", "criteria": {"0": "low", "1": "high"}}
+        with pytest.raises(TypeSafeUnprocessableEntityError) as refused:
+            client.system_one(state="s", questions={"q": levels_as_a_map})
+    assert "q.criteria" in str(refused.value)

@@ -146,7 +146,8 @@ def test_the_authorization_header_is_read_as_before(keyed_client):
     for authorization in ("Basic YWxpY2U6eA==", "Bearer", "Bearer    ", "alice-key", "Token alice-key"):
         response = ask(keyed_client, Authorization=authorization)
         assert response.status_code == 401, authorization
-        assert response.json()["detail"] == "Authorization must be 'Bearer <key>'"
+        assert response.json()["detail"] == {"error_type": "authentication_error",
+                                             "message": "Authorization must be 'Bearer <key>'"}  # fmt: skip
         assert response.headers["WWW-Authenticate"] == "Bearer"
 
 
@@ -154,6 +155,7 @@ def test_keyless_caller_gets_403_before_any_unknown_model_answer(keyed_client):
     for name in ("alice-tune", "no-such-model"):
         response = ask(keyed_client, {"model": name, "state": STATE, "questions": QUESTIONS})
         assert response.status_code == 403, name
+        assert response.json()["detail"]["error_type"] == "permission_error"
 
 
 def test_fine_tunes_are_visible_to_their_owner_only(keyed_client):
@@ -186,6 +188,9 @@ def test_503_with_retry_after_while_the_model_loads(served_folder, monkeypatch):
     with TestClient(make_app(served_folder)) as client:
         for response in (client.get("/healthz"), ask(client)):
             assert response.status_code == 503 and int(response.headers["Retry-After"]) > 0
+        assert ask(client).json()["detail"]["error_type"] == "model_loading"
+        # /healthz answers its health body (a probe reads the status), not an error body.
+        assert client.get("/healthz").json()["status"] == "loading"
         release.set()
         assert ready(client) and ask(client).status_code == 200
 
@@ -216,6 +221,7 @@ def test_a_full_queue_answers_503_and_a_bad_request_fails_alone(served_folder, m
             gate.set()
             statuses = [first.result().status_code, *(f.result().status_code for f in queued)]
         assert refused.status_code == 503 and int(refused.headers["Retry-After"]) > 0
+        assert refused.json()["detail"] == {"error_type": "overloaded_error", "message": "the server is busy"}
         assert statuses == [200, 422, 200]
         assert ask(client).status_code == 200
 

@@ -127,7 +127,7 @@ class DecisionResponse(BaseModel):
 
 @dataclass(frozen=True)
 class ServerConfig:
-    """Batching and size limits of one server."""
+    """Batching, size limits and key policy of one server."""
 
     max_batch_items: int = 64
     """Questions per forward pass (`--max-batch`)."""
@@ -137,6 +137,8 @@ class ServerConfig:
     """Waiting requests before a 503 (`--max-queue`)."""
     limits: BodyLimits = field(default_factory=BodyLimits)
     """Request body limits, compressed and decompressed (`--max-body-mb`)."""
+    require_key: bool = False
+    """Every keyless request is a 401, the default model's too (`--require-key`); needs keys configured."""
 
 
 BEARER = HTTPBearer(auto_error=False, description="An API key as `Authorization: Bearer <key>`.")
@@ -157,6 +159,8 @@ def create_app(catalog: Catalog, keys: KeyStore, config: ServerConfig = ServerCo
     `shadow`, a sampled share of the serving model's answered requests is scored by the challenger after the
     answer has gone out (`/v1/shadow` reports the comparison). `threads` is the CPU budget the process was given
     (`/healthz` says where its thread count came from)."""
+    if config.require_key and keys.open:
+        raise ValueError("--require-key: no API keys are configured (--keys or DECISION_API_KEYS)")
     metrics = ServerMetrics(lambda: batcher.queued)  # read at scrape time, once the batcher exists
     batcher = MicroBatcher(
         _run_batch, config.max_batch_items, config.max_wait_s, config.max_queue, metrics.batch
@@ -211,7 +215,7 @@ def create_app(catalog: Catalog, keys: KeyStore, config: ServerConfig = ServerCo
         # an Authorization header was sent at all is read here.
         if bearer is None and request.headers.get("authorization"):
             raise _unauthorized("Authorization must be 'Bearer <key>'")
-        return _authenticate(keys, bearer.credentials if bearer else None, x_api_key)
+        return _authenticate(keys, bearer.credentials if bearer else None, x_api_key, config.require_key)
 
     @app.post("/v1/systemone", response_model=DecisionResponse, responses=_ERROR_RESPONSES)
     async def systemone(body: DecisionRequest, who: Annotated[Caller, Depends(caller)]) -> Response:
@@ -270,14 +274,17 @@ def _run_batch(model: ServedModel, requests: list[Any]) -> list[Any]:
     return model.model.answer(requests)
 
 
-def _authenticate(keys: KeyStore, bearer: str | None, x_api_key: str | None) -> Caller:
-    """401 for a key the server does not know, or two different keys in one request."""
+def _authenticate(keys: KeyStore, bearer: str | None, x_api_key: str | None, require_key: bool) -> Caller:
+    """401 for a key the server does not know, two different keys in one request, or no key where one is
+    required."""
     presented = {k.strip() for k in (bearer, x_api_key) if k and k.strip()}
     if len(presented) > 1:
         raise _unauthorized("Authorization and X-API-Key name different keys")
     if keys.open:
         return Caller(None, True)
     if not presented:
+        if require_key:
+            raise _unauthorized("this server requires an API key (Authorization: Bearer <key> or X-API-Key)")
         return Caller(None, False)
     owner = keys.owner_of(presented.pop())
     if owner is None:
@@ -316,7 +323,7 @@ def _json(body: dict[str, Any], status: int = 200, headers: dict[str, str] | Non
 _ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
     status: {"model": ErrorBody, "description": description}
     for status, description in {
-        401: "authentication_error: an unknown API key",
+        401: "authentication_error: an unknown API key, or none where the server requires one",
         403: "permission_error: a keyless caller asked for a model other than the default",
         404: "not_found_error: no such model visible to this key",
         413: "request_too_large: over the size limits (body, questions, characters)",

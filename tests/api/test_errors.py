@@ -1,4 +1,4 @@
-"""Every refusal of the Decision API has one body shape (DESIGN.md 5).
+"""Every refusal of the Decision API has one body shape (DESIGN.md 5), and `--require-key` refuses keyless callers.
 
 422: FastAPI's `{"detail": [{"loc", "msg", "type"}]}`; every other error: `{"detail": {"error_type", "message"}}`.
 """
@@ -7,6 +7,7 @@ import pytest
 import zstandard
 from fastapi.testclient import TestClient
 
+from pipeline.cli.main import main
 from pipeline.serving.keys import KeyStore, hash_key
 from tests.api.conftest import INTENSITY, POSITIVE, QUESTIONS, make_app
 from tests.api.conftest import wait_ready as ready
@@ -18,6 +19,12 @@ KEYS = KeyStore({hash_key("alice-key"): "alice"})
 @pytest.fixture(scope="module")
 def keyed_client(served_folder):
     with TestClient(make_app(served_folder, keys=KEYS)) as client:
+        yield ready(client)
+
+
+@pytest.fixture(scope="module")
+def strict_client(served_folder):
+    with TestClient(make_app(served_folder, keys=KEYS, require_key=True)) as client:
         yield ready(client)
 
 
@@ -95,3 +102,40 @@ def test_a_fault_in_the_model_is_a_500_with_the_same_shape(served_folder, monkey
     with TestClient(make_app(served_folder)) as client:
         ready(client)
         assert "RuntimeError" in refusal(ask(client), 500, "internal_error")
+
+
+def test_require_key_refuses_every_keyless_request_with_401(strict_client):
+    for model in (None, "default", "jev-latest", "no-such-model"):
+        body = {"state": STATE, "questions": QUESTIONS} | ({"model": model} if model else {})
+        assert "requires an API key" in refusal(ask(strict_client, body), 401, "authentication_error"), model
+    refusal(strict_client.get("/v1/models"), 401, "authentication_error")
+    assert ask(strict_client, Authorization="Bearer alice-key").status_code == 200
+    assert ask(strict_client, **{"X-API-Key": "alice-key"}).status_code == 200
+    assert strict_client.get("/healthz").status_code == 200  # probes need no key
+
+
+def test_without_require_key_a_keyless_caller_keeps_the_default_model(keyed_client):
+    assert ask(keyed_client).status_code == 200
+    assert (
+        ask(keyed_client, {"model": "jev-latest", "state": STATE, "questions": QUESTIONS}).status_code == 200
+    )
+
+
+def test_require_key_without_keys_is_refused_before_serving(served_folder, monkeypatch, capsys):
+    monkeypatch.delenv("DECISION_API_KEYS", raising=False)
+    with pytest.raises(ValueError, match="--require-key"):
+        make_app(served_folder, require_key=True)
+    assert main(["serve", "--model", str(served_folder), "--require-key"]) == 2
+    assert "--require-key" in capsys.readouterr().err
+
+
+def test_the_require_key_flag_reaches_the_server_config(served_folder, monkeypatch):
+    from pipeline.serving import server as serve
+
+    started = []
+    monkeypatch.setattr(serve, "run_server", lambda options, *args: started.append(options))
+    monkeypatch.setenv("DECISION_API_KEYS", f"alice={hash_key('alice-key')}")
+    assert main(["serve", "--model", str(served_folder), "--require-key"]) == 0
+    assert main(["serve", "--model", str(served_folder)]) == 0
+    assert [options.config.require_key for options in started] == [True, False]
+    assert serve.ServeOptions.from_env(started[0].to_env()).config.require_key  # what each worker reads

@@ -6,15 +6,18 @@ in; requests already running finish on the model they started with, and a versio
 answer is logged while the old one keeps serving.
 
 Names: `default`, `jev-latest` and `jev-preview` (and no name) mean the serving model, which answers under its
-own name (the folder name, or `NAME/VERSION`). Fine-tunes come from a folder of exports (owner from their
-`manifest.json`) and, for a registry source, the other versions of the registered model (owner from the
-version tag `owner`). Visibility: with keys configured, a key sees its owner's fine-tunes and the serving model
-and a keyless caller only the serving model; an open server (no keys) shows everything.
+own name: `NAME/VERSION` from the registry, or for an export folder the name its `manifest.json` gives or one
+derived from its lineage (`export_name`), never the folder's name (every flow run's export is called `export`).
+Fine-tunes come from a folder of exports (named by their folder, owner from their `manifest.json`) and, for a
+registry source, the other versions of the registered model (owner from the version tag `owner`). Visibility:
+with keys configured, a key sees its owner's fine-tunes and the serving model and a keyless caller only the
+serving model; an open server (no keys) shows everything.
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import hashlib
 import logging
 import tempfile
 import threading
@@ -27,6 +30,7 @@ import numpy as np
 import torch
 
 from pipeline.data.answers import answer_probabilities, parse_request
+from pipeline.data.contract import canonical_json
 from pipeline.families import list_models, load_decision_model, written_last
 from pipeline.families.base import DecisionModel
 from pipeline.families.exporting import read_manifest
@@ -153,7 +157,7 @@ class Catalog:
         if self.alias is None:
             folder = Path(self.source)
             self.serving = checked(
-                ServedModel(folder.name, self._load(folder), folder, None, _release_date(folder))
+                ServedModel(export_name(folder), self._load(folder), folder, None, _release_date(folder))
             )
             self._scan_finetune_folder()
             return
@@ -232,6 +236,31 @@ def checked(model: ServedModel) -> ServedModel:
         if not (np.all(np.isfinite(p)) and np.all((p >= 0) & (p <= 1)) and abs(p.sum() - 1.0) <= rounding):
             raise ValueError(f"{model.name}: canary question {qid!r} got probabilities {p.tolist()}")
     return model
+
+
+def export_name(folder: Path) -> str:
+    """The name an export folder is served under: its manifest's `name` (`name/version` with a `version`), else
+    one derived from its lineage (`_lineage_name`); a folder without a manifest (a base, another tool's
+    checkpoint) keeps its folder name."""
+    manifest = read_manifest(folder)
+    if manifest.get("name"):
+        version = manifest.get("version")
+        return f"{manifest['name']}/{version}" if version else str(manifest["name"])
+    return _lineage_name(manifest) if manifest else folder.name
+
+
+def _lineage_name(manifest: dict[str, Any]) -> str:
+    """`<base>-<family>-<8 hex>` (`model-<8 hex>` when neither is known): what it was trained from, and a hash
+    of what it is."""
+    if manifest.get("source_digest"):
+        # The trained model and the calibration it answers with: the same pair is the same model, re-exported.
+        identity = {"source_digest": manifest["source_digest"], "calibrator": manifest.get("calibrator")}
+    else:
+        identity = {k: v for k, v in manifest.items() if k != "exported_at"}
+    digest = hashlib.sha256(canonical_json(identity)).hexdigest()[:8]
+    base = Path(str(manifest["base"])).name if manifest.get("base") else None
+    stem = "-".join(filter(None, [base, manifest.get("family")])) or "model"
+    return f"{stem}-{digest}"
 
 
 def manifest_facts(manifest: dict[str, Any]) -> dict[str, Any]:

@@ -77,6 +77,18 @@ def jev_confidence(probabilities: np.ndarray) -> float:
     return min(1.0, max(0.0, (float(np.max(probabilities)) - chance) / (1.0 - chance)))
 
 
+def request_limits() -> dict[str, Any]:
+    """What one request may hold (DESIGN.md 5), as `/v1/models` states it; the same figures `parse_request`
+    enforces."""
+    return {
+        "max_questions": MAX_QUESTIONS,
+        "choice_options": {"min": MIN_CHOICE_OPTIONS, "max": MAX_CHOICE_OPTIONS},
+        "score_levels": {"min": MIN_SCORE_LEVELS, "max": MAX_SCORE_LEVELS},
+        "max_question_chars": MAX_QUESTION_CHARS,
+        "max_state_chars": MAX_STATE_CHARS,
+    }
+
+
 def shape_answers(questions: dict[str, Question], probabilities: dict[str, np.ndarray],
                   legends: dict[str, list[Any]] | None = None) -> dict[str, dict[str, Any]]:  # fmt: skip
     """Wire answers for every question, in the order the questions were asked."""

@@ -122,13 +122,15 @@ class Catalog:
             raise ModelNotFound(f"model {requested!r} does not exist or is not visible to this key")
         return self._load_finetune(finetune)
 
-    def listing(self, owner: str | None, open_server: bool) -> list[dict[str, Any]]:
+    def listing(self, owner: str | None, open_server: bool, limits: dict[str, Any]) -> list[dict[str, Any]]:
         """The models a caller may name: the default names, the serving model, and visible fine-tunes, each with
-        its family, version, alias and calibration summary where known."""
+        its family, version, alias and calibration summary where known, and its `limits`: the request `limits`
+        and the model's `max_len` (null for a fine-tune not loaded yet)."""
         serving = self.serving
         if serving is None:
             return []
         facts = serving_facts(serving, self.alias[1] if self.alias else None)
+        facts["limits"] = limits | {"max_len": model_max_len(serving)}
         entries = [
             _metadata(name, f"alias of {serving.name}", serving.release_date) | facts
             for name in DEFAULT_NAMES
@@ -137,8 +139,9 @@ class Catalog:
         if owner is not None or open_server:
             for finetune in self._finetunes.values():
                 if finetune.name != serving.name and (open_server or finetune.owner == owner):
+                    loaded = self._loaded_finetunes.get(finetune.name)
                     entries.append(_metadata(finetune.name, f"fine-tune of {finetune.owner or 'the team'}", "")
-                                   | finetune.facts)  # fmt: skip
+                                   | finetune.facts | {"limits": limits | {"max_len": model_max_len(loaded)}})  # fmt: skip
         return entries
 
     def _run(self) -> None:
@@ -261,6 +264,13 @@ def _lineage_name(manifest: dict[str, Any]) -> str:
     base = Path(str(manifest["base"])).name if manifest.get("base") else None
     stem = "-".join(filter(None, [base, manifest.get("family")])) or "model"
     return f"{stem}-{digest}"
+
+
+def model_max_len(model: ServedModel | None) -> int | None:
+    """The most tokens the model reads of one sequence (the state is cut to fit), None when not loaded. Every
+    family's loaded model carries it; the family interface does not declare it (yet)."""
+    found = getattr(model.model.loaded, "max_len", None) if model is not None else None
+    return int(found) if found is not None else None
 
 
 def manifest_facts(manifest: dict[str, Any]) -> dict[str, Any]:

@@ -29,7 +29,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from pipeline.cpu_budget import CpuBudget, apply_threads, plan_threads
-from pipeline.data.answers import InvalidRequest, RequestTooLarge, parse_request
+from pipeline.data.answers import InvalidRequest, RequestTooLarge, parse_request, request_limits
 from pipeline.data.contract import QUESTION_TYPES
 from pipeline.device import precision_name, serving_dtype
 from pipeline.families.base import BadQuestion
@@ -161,6 +161,8 @@ def create_app(catalog: Catalog, keys: KeyStore, config: ServerConfig = ServerCo
     (`/healthz` says where its thread count came from)."""
     if config.require_key and keys.open:
         raise ValueError("--require-key: no API keys are configured (--keys or DECISION_API_KEYS)")
+    limits = request_limits() | {"max_body_bytes": config.limits.max_body_bytes,
+                                 "max_compressed_body_bytes": config.limits.max_compressed_bytes}  # fmt: skip
     metrics = ServerMetrics(lambda: batcher.queued)  # read at scrape time, once the batcher exists
     batcher = MicroBatcher(
         _run_batch, config.max_batch_items, config.max_wait_s, config.max_queue, metrics.batch
@@ -245,7 +247,7 @@ def create_app(catalog: Catalog, keys: KeyStore, config: ServerConfig = ServerCo
 
     @app.get("/v1/models", responses=_ERROR_RESPONSES)
     async def models(who: Annotated[Caller, Depends(caller)]) -> Response:
-        return _json({"models": catalog.listing(who.owner, who.open_server)})
+        return _json({"models": catalog.listing(who.owner, who.open_server, limits)})
 
     @app.get("/v1/shadow", responses=_ERROR_RESPONSES)
     async def shadow_report(who: Annotated[Caller, Depends(caller)]) -> Response:

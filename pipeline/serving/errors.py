@@ -13,6 +13,7 @@ import json
 from typing import Any
 
 from fastapi import HTTPException
+from pydantic import BaseModel, Field
 from starlette.responses import Response
 
 # The error type of each status when the code raising it names none (Starlette's own 404 and 405, say).
@@ -29,6 +30,34 @@ ERROR_TYPES = {
     503: "overloaded_error",
 }
 FALLBACK_TYPE = "api_error"
+
+
+class ErrorDetail(BaseModel):
+    error_type: str = Field(description="authentication_error, permission_error, not_found_error, "
+                            "request_too_large, overloaded_error, model_loading, internal_error, ...")  # fmt: skip
+    message: str
+
+
+class ErrorBody(BaseModel):
+    """Every error but 422 (which is FastAPI's `{"detail": [{"loc", "msg", "type"}]}`)."""
+
+    detail: ErrorDetail
+
+
+# What the OpenAPI schema says each route may answer besides 200 and 422.
+ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
+    status: {"model": ErrorBody, "description": description}
+    for status, description in {
+        400: "invalid_request_error: a body sent as zstd that is not valid zstd",
+        401: "authentication_error: an unknown API key, or none where the server requires one",
+        403: "permission_error: a keyless caller asked for a model other than the default",
+        404: "not_found_error: no such model visible to this key",
+        413: "request_too_large: over the size limits (body, questions, characters)",
+        415: "unsupported_media_type: a Content-Encoding other than zstd or none",
+        500: "internal_error: a server fault, logged",
+        503: "model_loading or overloaded_error (the queue is full); see Retry-After",
+    }.items()
+}
 
 
 def error_detail(status: int, message: str, error_type: str | None = None) -> dict[str, str]:

@@ -37,7 +37,7 @@ from pipeline.mlops.tracking import record_shadow
 from pipeline.serving.batching import MicroBatcher, QueueFull
 from pipeline.serving.body import BodyLimits, DecodeBodyMiddleware
 from pipeline.serving.catalog import Catalog, ModelForbidden, ModelLoading, ModelNotFound, ServedModel
-from pipeline.serving.errors import api_error, error_detail, error_json
+from pipeline.serving.errors import ERROR_RESPONSES, api_error, error_detail, error_json
 from pipeline.serving.keys import KeyStore, load_keys
 from pipeline.serving.metrics import ServerMetrics
 from pipeline.serving.shadow import ShadowScorer
@@ -100,18 +100,6 @@ class NoulAnswer(BaseModel):
     type: Literal["noul"]
     noul: float
     x_confidence: float = Field(description="max(P(true), 1 - P(true)) (not a Jev field)")
-
-
-class ErrorDetail(BaseModel):
-    error_type: str = Field(description="authentication_error, permission_error, not_found_error, "
-                            "request_too_large, overloaded_error, model_loading, internal_error, ...")  # fmt: skip
-    message: str
-
-
-class ErrorBody(BaseModel):
-    """Every error but 422 (which is FastAPI's `{"detail": [{"loc", "msg", "type"}]}`)."""
-
-    detail: ErrorDetail
 
 
 class Usage(BaseModel):
@@ -219,7 +207,7 @@ def create_app(catalog: Catalog, keys: KeyStore, config: ServerConfig = ServerCo
             raise _unauthorized("Authorization must be 'Bearer <key>'")
         return _authenticate(keys, bearer.credentials if bearer else None, x_api_key, config.require_key)
 
-    @app.post("/v1/systemone", response_model=DecisionResponse, responses=_ERROR_RESPONSES)
+    @app.post("/v1/systemone", response_model=DecisionResponse, responses=ERROR_RESPONSES)
     async def systemone(body: DecisionRequest, who: Annotated[Caller, Depends(caller)]) -> Response:
         model = _resolve(catalog, body.model, who)
         try:
@@ -245,11 +233,11 @@ def create_app(catalog: Catalog, keys: KeyStore, config: ServerConfig = ServerCo
             shadow.offer(parsed, result.answers)  # after the answer is made; offer never blocks
         return response
 
-    @app.get("/v1/models", responses=_ERROR_RESPONSES)
+    @app.get("/v1/models", responses=ERROR_RESPONSES)
     async def models(who: Annotated[Caller, Depends(caller)]) -> Response:
         return _json({"models": catalog.listing(who.owner, who.open_server, limits)})
 
-    @app.get("/v1/shadow", responses=_ERROR_RESPONSES)
+    @app.get("/v1/shadow", responses=ERROR_RESPONSES)
     async def shadow_report(who: Annotated[Caller, Depends(caller)]) -> Response:
         if shadow is None:
             raise api_error(404, "no shadow challenger (decision serve --shadow models:/NAME@ALIAS)")
@@ -320,19 +308,6 @@ def _question_error(error: BadQuestion) -> dict[str, Any]:
 
 def _json(body: dict[str, Any], status: int = 200, headers: dict[str, str] | None = None) -> Response:
     return Response(orjson.dumps(body), status, headers, media_type="application/json")
-
-
-_ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
-    status: {"model": ErrorBody, "description": description}
-    for status, description in {
-        401: "authentication_error: an unknown API key, or none where the server requires one",
-        403: "permission_error: a keyless caller asked for a model other than the default",
-        404: "not_found_error: no such model visible to this key",
-        413: "request_too_large: over the size limits (body, questions, characters)",
-        500: "internal_error: a server fault, logged",
-        503: "model_loading or overloaded_error (the queue is full); see Retry-After",
-    }.items()
-}
 
 
 @dataclass(frozen=True)

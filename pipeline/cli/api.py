@@ -38,12 +38,17 @@ def _serve(args: argparse.Namespace) -> int:
             print(f"decision serve: {flag} must be at least 1, got {value}", file=sys.stderr)
             return EXIT_UNUSABLE
     try:
-        load_keys(args.keys)  # checked here, so a bad key file is one clear error, not one per worker
+        keys = load_keys(args.keys)  # checked here, so a bad key file is one clear error, not one per worker
     except KeyConfigError as error:
         print(f"decision serve: {error}", file=sys.stderr)
         return EXIT_UNUSABLE
+    if args.require_key and keys.open:
+        print("decision serve: --require-key: no API keys are configured (--keys or DECISION_API_KEYS)",
+              file=sys.stderr)  # fmt: skip
+        return EXIT_UNUSABLE
     config = ServerConfig(args.max_batch, args.max_wait_ms / 1000, args.max_queue,
-                          BodyLimits(args.max_body_mb * 1024 * 1024, args.max_body_mb * 1024 * 1024))  # fmt: skip
+                          BodyLimits(args.max_body_mb * 1024 * 1024, args.max_body_mb * 1024 * 1024),
+                          args.require_key)  # fmt: skip
     from pipeline.device import PrecisionUnavailable, pick_device, serving_dtype
 
     device = pick_device(args.device)
@@ -122,12 +127,18 @@ def add_api_commands(commands) -> None:
         description="Start the Decision API on MODEL: an export folder, or models:/NAME@ALIAS, which is followed "
         "(a moved alias is loaded in the background, checked and swapped in without dropping requests). "
         "Concurrent requests share forward passes. Keys come from --keys and DECISION_API_KEYS "
-        "(owner=sha256hex,...); without any the server is open.",
+        "(owner=sha256hex,...); without any the server is open. With keys, a keyless caller may use the default "
+        "model only, unless --require-key makes every keyless request a 401.",
     )
     serve.add_argument("--model", required=True, help="an export folder, or models:/NAME@ALIAS")
     serve.add_argument("--host", default="127.0.0.1", help="default: 127.0.0.1 (loopback only)")
     serve.add_argument("--port", type=int, default=8000)
     serve.add_argument("--keys", help="API key file (see `decision keygen`)")
+    serve.add_argument(
+        "--require-key", action="store_true",
+        help="answer every keyless request 401 (authentication_error), the default model's too; without it a "
+             "keyless caller may use the default model (and gets 403 for any other); needs keys",
+    )  # fmt: skip
     serve.add_argument("--finetunes", help="a folder of export folders served to their owners by name")
     serve.add_argument("--poll-seconds", type=float, default=5.0, help="how often to check a followed alias")
     serve.add_argument("--max-batch", type=int, default=64, help="questions per forward pass (default 64)")

@@ -2,13 +2,16 @@
 
 Shared by the HTTP server, the smoke test and the MLflow model, so all three answer byte for byte alike:
 
-    choice  {"type": "choice", "choice": id, "probabilities": {id: p}, "confidence": max p}
+    choice  {"type": "choice", "choice": id, "probabilities": {id: p}, "confidence": c,
+             "x_top_probability": max p}
     score   {"type": "score", "score": sum i*p_i, "legend": {"0": text}, "probabilities": {"0": p},
-             "confidence": max p}
-    noul    {"type": "noul", "noul": P(true), "confidence": max(p, 1 - p)}
+             "confidence": c, "x_top_probability": max p}
+    noul    {"type": "noul", "noul": P(true), "x_confidence": max(p, 1 - p)}
 
-Figures are rounded to 4 decimals; probabilities arrive in model order (choice in criteria order, score by
-level, noul false then true).
+`confidence` is the Jev confidence `c = (max p - 1/n) / (1 - 1/n)` over the n options or levels: 0 for a uniform
+answer, 1 for a certain one (a one-level score is certain: 1). A noul answer carries none; fields beyond the Jev
+answer start with `x_`. Figures are rounded to 4 decimals; probabilities arrive in model order (choice in
+criteria order, score by level, noul false then true).
 """
 
 from __future__ import annotations
@@ -35,6 +38,9 @@ from pipeline.data.contract import (
 )
 
 DECIMALS = 4
+# The Decision API's own floor (DESIGN.md 5): a question with one option asks nothing. A data row may hold one
+# (DESIGN.md 2); it trains, but a request with one is refused.
+MIN_CHOICE_OPTIONS = 2
 
 
 def shape_answer(
@@ -44,19 +50,42 @@ def shape_answer(
     p = np.asarray(probabilities, dtype=np.float64)
     if question.type == "noul":
         p_true = float(p[1])
-        return {"type": "noul", "noul": _round(p_true), "confidence": _round(max(p_true, 1.0 - p_true))}
+        return {"type": "noul", "noul": _round(p_true), "x_confidence": _round(max(p_true, 1.0 - p_true))}
     by_option = {option: _round(float(v)) for option, v in zip(question.options, p)}
-    confidence = _round(float(p.max()))
+    sureness = {"confidence": _round(jev_confidence(p)), "x_top_probability": _round(float(p.max()))}
     if question.type == "choice":
         return {"type": "choice", "choice": question.options[int(p.argmax())], "probabilities": by_option,
-                "confidence": confidence}  # fmt: skip
+                **sureness}  # fmt: skip
     texts = legend if legend is not None else question.descriptions
     return {
         "type": "score",
         "score": _round(float(np.dot(np.arange(len(p)), p))),
         "legend": {str(i): text if text is not None else f"level {i}" for i, text in enumerate(texts)},
         "probabilities": by_option,
-        "confidence": confidence,
+        **sureness,
+    }
+
+
+def jev_confidence(probabilities: np.ndarray) -> float:
+    """`(max p - 1/n) / (1 - 1/n)` over n options: 0 for a uniform answer, 1 for a certain one (and for n = 1,
+    where the one option is certain)."""
+    n = len(probabilities)
+    if n == 1:
+        return 1.0
+    chance = 1.0 / n
+    # Clipped: probabilities that sum to 1 only within float error must not give -0.0 or 1.0000000001.
+    return min(1.0, max(0.0, (float(np.max(probabilities)) - chance) / (1.0 - chance)))
+
+
+def request_limits() -> dict[str, Any]:
+    """What one request may hold (DESIGN.md 5), as `/v1/models` states it; the same figures `parse_request`
+    enforces."""
+    return {
+        "max_questions": MAX_QUESTIONS,
+        "choice_options": {"min": MIN_CHOICE_OPTIONS, "max": MAX_CHOICE_OPTIONS},
+        "score_levels": {"min": MIN_SCORE_LEVELS, "max": MAX_SCORE_LEVELS},
+        "max_question_chars": MAX_QUESTION_CHARS,
+        "max_state_chars": MAX_STATE_CHARS,
     }
 
 
@@ -127,7 +156,7 @@ def parse_request(state: Any, questions: dict[str, Any]) -> ParsedRequest:
             continue
         parsed[str(qid)] = spec.question
         if spec.type == "score":
-            legends[str(qid)] = _score_legend(raw.get("criteria"))
+            legends[str(qid)] = list(raw["criteria"])  # as sent: a level may be a JSON value, not text
     if errors:
         raise InvalidRequest(errors)
     return ParsedRequest(state, parsed, legends)
@@ -154,7 +183,9 @@ def _refuse_unpaired_surrogates(state: Any, questions: dict[str, Any]) -> None:
     """InvalidRequest naming every field whose text holds an unpaired UTF-16 surrogate (JSON can carry one as a
     \\u escape; no UTF-8 text, and so no tokenizer, can)."""
     places = [("state", state)] + [(f"questions.{qid}", raw) for qid, raw in questions.items()]
-    bad = [where for where, value in places if _has_unpaired_surrogate(value) or _has_unpaired_surrogate(where)]
+    bad = [
+        where for where, value in places if _has_unpaired_surrogate(value) or _has_unpaired_surrogate(where)
+    ]
     if bad:
         raise InvalidRequest([_error(["body", *where.split(".", 1)], "text holds an unpaired surrogate "
                                      "(invalid Unicode); send valid UTF-16 pairs or UTF-8") for where in bad])  # fmt: skip
@@ -199,10 +230,6 @@ def _text(value: Any) -> Any:
     return canonical_json(value).decode() if isinstance(value, (dict, list)) else value
 
 
-def _score_legend(criteria: Any) -> list[Any]:
-    return list(criteria.values()) if isinstance(criteria, dict) else list(criteria)
-
-
 def _question_problem(spec: QuestionSpec) -> tuple[str, str] | None:
     """(field, message) for a question the model cannot answer, else None."""
     if not spec.question_ok:
@@ -213,8 +240,9 @@ def _question_problem(spec: QuestionSpec) -> tuple[str, str] | None:
         return "criteria", _CRITERIA_SHAPES[spec.type]
     if spec.n_distinct < spec.n_options:
         return "criteria", "options repeat"
-    if spec.type == "choice" and spec.n_options > MAX_CHOICE_OPTIONS:
-        return "criteria", f"{spec.n_options} options, at most {MAX_CHOICE_OPTIONS}"
+    if spec.type == "choice" and not MIN_CHOICE_OPTIONS <= spec.n_options <= MAX_CHOICE_OPTIONS:
+        limits = f"{MIN_CHOICE_OPTIONS} to {MAX_CHOICE_OPTIONS}"
+        return "criteria", f"a choice takes {limits} options, got {spec.n_options}"
     if spec.type == "score" and spec.n_options > MAX_SCORE_LEVELS:
         return "criteria", f"{spec.n_options} levels, at most {MAX_SCORE_LEVELS}"
     return None
@@ -222,6 +250,7 @@ def _question_problem(spec: QuestionSpec) -> tuple[str, str] | None:
 
 _CRITERIA_SHAPES = {
     "choice": "choice criteria: a non-empty object {option_id: description or null} or a list of option ids",
-    "score": f"score criteria: a list of {MIN_SCORE_LEVELS}..{MAX_SCORE_LEVELS} level descriptions",
+    "score": f"score criteria: a list (not an object) of {MIN_SCORE_LEVELS}..{MAX_SCORE_LEVELS} level descriptions; "
+    "level i is item i",
     "noul": 'noul criteria: null or {"true": description, "false": description}',
 }

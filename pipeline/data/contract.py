@@ -217,8 +217,7 @@ def _choice_options(criteria: Any) -> tuple[list[str] | None, list[str | None]]:
 
 
 def _score_options(criteria: Any) -> tuple[list[str] | None, list[str | None]]:
-    if isinstance(criteria, dict) and list(criteria) == [str(i) for i in range(len(criteria))]:
-        criteria = list(criteria.values())  # the legend form {"0": text, "1": text, ...}
+    # A list only (DESIGN.md 2 and 5): a level is its position, and a map's keys are no order a reader agrees on.
     if not isinstance(criteria, list) or len(criteria) < MIN_SCORE_LEVELS:
         return None, []
     if not all(isinstance(d, (str, type(None))) for d in criteria):

@@ -3,7 +3,8 @@
 Clients compress bodies of 1 KiB or more with zstd (typesafe-sdk does by default). This ASGI middleware reads
 the body once, refuses one over the limit with 413 (the compressed size first, then the decompressed size,
 read through a bounded stream so a small bomb cannot expand in memory), answers 400 for a body that is not
-valid zstd and 415 for an encoding it does not know, and hands the app the plain JSON.
+valid zstd and 415 for an encoding it does not know (each as `pipeline.serving.errors` writes every error), and
+hands the app the plain JSON.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from __future__ import annotations
 import io
 from dataclasses import dataclass
 
-import orjson
+from pipeline.serving.errors import error_detail, error_text
 
 PLAIN_ENCODINGS = {"", "identity"}
 
@@ -102,7 +103,7 @@ def _replay(body: bytes):
 
 
 async def _reject(send, status: int, message: str) -> None:
-    payload = orjson.dumps({"detail": message})
+    payload = error_text(error_detail(status, message))
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode())]
     await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": payload})

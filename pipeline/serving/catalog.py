@@ -6,15 +6,18 @@ in; requests already running finish on the model they started with, and a versio
 answer is logged while the old one keeps serving.
 
 Names: `default`, `jev-latest` and `jev-preview` (and no name) mean the serving model, which answers under its
-own name (the folder name, or `NAME/VERSION`). Fine-tunes come from a folder of exports (owner from their
-`manifest.json`) and, for a registry source, the other versions of the registered model (owner from the
-version tag `owner`). Visibility: with keys configured, a key sees its owner's fine-tunes and the serving model
-and a keyless caller only the serving model; an open server (no keys) shows everything.
+own name: `NAME/VERSION` from the registry, or for an export folder the name its `manifest.json` gives or one
+derived from its lineage (`export_name`), never the folder's name (every flow run's export is called `export`).
+Fine-tunes come from a folder of exports (named by their folder, owner from their `manifest.json`) and, for a
+registry source, the other versions of the registered model (owner from the version tag `owner`). Visibility:
+with keys configured, a key sees its owner's fine-tunes and the serving model and a keyless caller only the
+serving model; an open server (no keys) shows everything.
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import hashlib
 import logging
 import tempfile
 import threading
@@ -27,6 +30,7 @@ import numpy as np
 import torch
 
 from pipeline.data.answers import answer_probabilities, parse_request
+from pipeline.data.contract import canonical_json
 from pipeline.families import list_models, load_decision_model, written_last
 from pipeline.families.base import DecisionModel
 from pipeline.families.exporting import read_manifest
@@ -118,13 +122,15 @@ class Catalog:
             raise ModelNotFound(f"model {requested!r} does not exist or is not visible to this key")
         return self._load_finetune(finetune)
 
-    def listing(self, owner: str | None, open_server: bool) -> list[dict[str, Any]]:
+    def listing(self, owner: str | None, open_server: bool, limits: dict[str, Any]) -> list[dict[str, Any]]:
         """The models a caller may name: the default names, the serving model, and visible fine-tunes, each with
-        its family, version, alias and calibration summary where known."""
+        its family, version, alias and calibration summary where known, and its `limits`: the request `limits`
+        and the model's `max_len` (null for a fine-tune not loaded yet)."""
         serving = self.serving
         if serving is None:
             return []
         facts = serving_facts(serving, self.alias[1] if self.alias else None)
+        facts["limits"] = limits | {"max_len": model_max_len(serving)}
         entries = [
             _metadata(name, f"alias of {serving.name}", serving.release_date) | facts
             for name in DEFAULT_NAMES
@@ -133,8 +139,9 @@ class Catalog:
         if owner is not None or open_server:
             for finetune in self._finetunes.values():
                 if finetune.name != serving.name and (open_server or finetune.owner == owner):
+                    loaded = self._loaded_finetunes.get(finetune.name)
                     entries.append(_metadata(finetune.name, f"fine-tune of {finetune.owner or 'the team'}", "")
-                                   | finetune.facts)  # fmt: skip
+                                   | finetune.facts | {"limits": limits | {"max_len": model_max_len(loaded)}})  # fmt: skip
         return entries
 
     def _run(self) -> None:
@@ -153,7 +160,7 @@ class Catalog:
         if self.alias is None:
             folder = Path(self.source)
             self.serving = checked(
-                ServedModel(folder.name, self._load(folder), folder, None, _release_date(folder))
+                ServedModel(export_name(folder), self._load(folder), folder, None, _release_date(folder))
             )
             self._scan_finetune_folder()
             return
@@ -232,6 +239,38 @@ def checked(model: ServedModel) -> ServedModel:
         if not (np.all(np.isfinite(p)) and np.all((p >= 0) & (p <= 1)) and abs(p.sum() - 1.0) <= rounding):
             raise ValueError(f"{model.name}: canary question {qid!r} got probabilities {p.tolist()}")
     return model
+
+
+def export_name(folder: Path) -> str:
+    """The name an export folder is served under: its manifest's `name` (`name/version` with a `version`), else
+    one derived from its lineage (`_lineage_name`); a folder without a manifest (a base, another tool's
+    checkpoint) keeps its folder name."""
+    manifest = read_manifest(folder)
+    if manifest.get("name"):
+        version = manifest.get("version")
+        return f"{manifest['name']}/{version}" if version else str(manifest["name"])
+    return _lineage_name(manifest) if manifest else folder.name
+
+
+def _lineage_name(manifest: dict[str, Any]) -> str:
+    """`<base>-<family>-<8 hex>` (`model-<8 hex>` when neither is known): what it was trained from, and a hash
+    of what it is."""
+    if manifest.get("source_digest"):
+        # The trained model and the calibration it answers with: the same pair is the same model, re-exported.
+        identity = {"source_digest": manifest["source_digest"], "calibrator": manifest.get("calibrator")}
+    else:
+        identity = {k: v for k, v in manifest.items() if k != "exported_at"}
+    digest = hashlib.sha256(canonical_json(identity)).hexdigest()[:8]
+    base = Path(str(manifest["base"])).name if manifest.get("base") else None
+    stem = "-".join(filter(None, [base, manifest.get("family")])) or "model"
+    return f"{stem}-{digest}"
+
+
+def model_max_len(model: ServedModel | None) -> int | None:
+    """The most tokens the model reads of one sequence (the state is cut to fit), None when not loaded. Every
+    family's loaded model carries it; the family interface does not declare it (yet)."""
+    found = getattr(model.model.loaded, "max_len", None) if model is not None else None
+    return int(found) if found is not None else None
 
 
 def manifest_facts(manifest: dict[str, Any]) -> dict[str, Any]:

@@ -29,7 +29,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from pipeline.cpu_budget import CpuBudget, apply_threads, plan_threads
-from pipeline.data.answers import InvalidRequest, RequestTooLarge, parse_request
+from pipeline.data.answers import InvalidRequest, RequestTooLarge, parse_request, request_limits
 from pipeline.data.contract import QUESTION_TYPES
 from pipeline.device import precision_name, serving_dtype
 from pipeline.families.base import BadQuestion
@@ -37,6 +37,7 @@ from pipeline.mlops.tracking import record_shadow
 from pipeline.serving.batching import MicroBatcher, QueueFull
 from pipeline.serving.body import BodyLimits, DecodeBodyMiddleware
 from pipeline.serving.catalog import Catalog, ModelForbidden, ModelLoading, ModelNotFound, ServedModel
+from pipeline.serving.errors import ERROR_RESPONSES, api_error, error_detail, error_json
 from pipeline.serving.keys import KeyStore, load_keys
 from pipeline.serving.metrics import ServerMetrics
 from pipeline.serving.shadow import ShadowScorer
@@ -72,11 +73,16 @@ class DecisionRequest(BaseModel):
         return value
 
 
+JEV_CONFIDENCE = "the Jev confidence (max p - 1/n) / (1 - 1/n) over the n options: 0 uniform, 1 certain"
+TOP_PROBABILITY = "max p: the chosen option's probability (not a Jev field)"
+
+
 class ChoiceAnswer(BaseModel):
     type: Literal["choice"]
     choice: str
     probabilities: dict[str, float]
-    confidence: float
+    confidence: float = Field(description=JEV_CONFIDENCE)
+    x_top_probability: float = Field(description=TOP_PROBABILITY)
 
 
 class ScoreAnswer(BaseModel):
@@ -84,13 +90,16 @@ class ScoreAnswer(BaseModel):
     score: float
     legend: dict[str, Any]
     probabilities: dict[str, float]
-    confidence: float
+    confidence: float = Field(description=JEV_CONFIDENCE.replace("options", "levels"))
+    x_top_probability: float = Field(description=TOP_PROBABILITY.replace("option", "level"))
 
 
 class NoulAnswer(BaseModel):
+    """P(true), and no confidence (DESIGN.md 5)."""
+
     type: Literal["noul"]
     noul: float
-    confidence: float
+    x_confidence: float = Field(description="max(P(true), 1 - P(true)) (not a Jev field)")
 
 
 class Usage(BaseModel):
@@ -106,12 +115,18 @@ class DecisionResponse(BaseModel):
 
 @dataclass(frozen=True)
 class ServerConfig:
-    """Batching and size limits of one server."""
+    """Batching, size limits and key policy of one server."""
 
     max_batch_items: int = 64
+    """Questions per forward pass (`--max-batch`)."""
     max_wait_s: float = 0.002
+    """How long a batch waits to fill (`--max-wait-ms`)."""
     max_queue: int = 256
+    """Waiting requests before a 503 (`--max-queue`)."""
     limits: BodyLimits = field(default_factory=BodyLimits)
+    """Request body limits, compressed and decompressed (`--max-body-mb`)."""
+    require_key: bool = False
+    """Every keyless request is a 401, the default model's too (`--require-key`); needs keys configured."""
 
 
 BEARER = HTTPBearer(auto_error=False, description="An API key as `Authorization: Bearer <key>`.")
@@ -132,6 +147,10 @@ def create_app(catalog: Catalog, keys: KeyStore, config: ServerConfig = ServerCo
     `shadow`, a sampled share of the serving model's answered requests is scored by the challenger after the
     answer has gone out (`/v1/shadow` reports the comparison). `threads` is the CPU budget the process was given
     (`/healthz` says where its thread count came from)."""
+    if config.require_key and keys.open:
+        raise ValueError("--require-key: no API keys are configured (--keys or DECISION_API_KEYS)")
+    limits = request_limits() | {"max_body_bytes": config.limits.max_body_bytes,
+                                 "max_compressed_body_bytes": config.limits.max_compressed_bytes}  # fmt: skip
     metrics = ServerMetrics(lambda: batcher.queued)  # read at scrape time, once the batcher exists
     batcher = MicroBatcher(
         _run_batch, config.max_batch_items, config.max_wait_s, config.max_queue, metrics.batch
@@ -165,15 +184,19 @@ def create_app(catalog: Catalog, keys: KeyStore, config: ServerConfig = ServerCo
         metrics.answered(response.status_code, time.perf_counter() - started)
         return response
 
-    # Errors echo what the caller sent (a field name, an input); rendered ASCII-escaped, an unpaired surrogate in
-    # it is written as its \\u escape instead of failing the response (Starlette's handlers encode UTF-8 strictly).
+    # Every error leaves through `error_json` (pipeline.serving.errors): one body shape, safe for any input echoed.
     @app.exception_handler(RequestValidationError)
     async def invalid(request: Request, error: RequestValidationError) -> Response:
-        return _error_json({"detail": jsonable_encoder(error.errors())}, 422)
+        return error_json(422, jsonable_encoder(error.errors()))
 
     @app.exception_handler(StarletteHTTPException)
     async def refused(request: Request, error: StarletteHTTPException) -> Response:
-        return _error_json({"detail": error.detail}, error.status_code, error.headers)
+        return error_json(error.status_code, error.detail, error.headers)
+
+    @app.exception_handler(Exception)
+    async def crashed(request: Request, error: Exception) -> Response:
+        # Starlette still logs the traceback; the caller gets the JSON body instead of its plain text.
+        return error_json(500, error_detail(500, f"internal error ({type(error).__name__}); logged"))
 
     def caller(request: Request, bearer: Annotated[HTTPAuthorizationCredentials | None, Depends(BEARER)],
                x_api_key: Annotated[str | None, Depends(API_KEY)]) -> Caller:  # fmt: skip
@@ -181,43 +204,43 @@ def create_app(catalog: Catalog, keys: KeyStore, config: ServerConfig = ServerCo
         # malformed one (`Basic ...`, `Bearer` with no key) over as absent; that must stay a 401, so whether
         # an Authorization header was sent at all is read here.
         if bearer is None and request.headers.get("authorization"):
-            raise HTTPException(401, "Authorization must be 'Bearer <key>'", {"WWW-Authenticate": "Bearer"})
-        return _authenticate(keys, bearer.credentials if bearer else None, x_api_key)
+            raise _unauthorized("Authorization must be 'Bearer <key>'")
+        return _authenticate(keys, bearer.credentials if bearer else None, x_api_key, config.require_key)
 
-    @app.post("/v1/systemone", response_model=DecisionResponse, responses=_ERROR_RESPONSES)
+    @app.post("/v1/systemone", response_model=DecisionResponse, responses=ERROR_RESPONSES)
     async def systemone(body: DecisionRequest, who: Annotated[Caller, Depends(caller)]) -> Response:
         model = _resolve(catalog, body.model, who)
         try:
             parsed = parse_request(body.state, {qid: q.model_dump() for qid, q in body.questions.items()})
         except RequestTooLarge as error:
-            raise HTTPException(413, str(error)) from None
+            raise api_error(413, str(error)) from None
         except InvalidRequest as error:
-            return _error_json({"detail": error.errors}, 422)
+            return error_json(422, error.errors)
         try:
             result = await batcher.submit(model, parsed, len(parsed.questions))
         except QueueFull:
-            raise HTTPException(503, "the server is busy", {"Retry-After": str(RETRY_AFTER_BUSY_S)}) from None
+            raise api_error(
+                503, "the server is busy", "overloaded_error", _retry_after(RETRY_AFTER_BUSY_S)
+            ) from None
         except BadQuestion as error:
-            return _error_json({"detail": [_question_error(error)]}, 422)
+            return error_json(422, [_question_error(error)])
         except Exception as error:  # a server fault: a short JSON 500, and the server keeps serving
             log.exception("request failed in the model: %s", type(error).__name__)
-            return _error_json({"detail": f"internal error ({type(error).__name__}); logged"}, 500)
+            return error_json(500, error_detail(500, f"internal error ({type(error).__name__}); logged"))
         usage = {"input_tokens": result.input_tokens, "output_tokens": 0}
         response = _json({"model": model.name, "answers": result.answers, "usage": usage})
         if shadow is not None and model is catalog.serving:
             shadow.offer(parsed, result.answers)  # after the answer is made; offer never blocks
         return response
 
-    @app.get("/v1/models")
+    @app.get("/v1/models", responses=ERROR_RESPONSES)
     async def models(who: Annotated[Caller, Depends(caller)]) -> Response:
-        return _json({"models": catalog.listing(who.owner, who.open_server)})
+        return _json({"models": catalog.listing(who.owner, who.open_server, limits)})
 
-    @app.get("/v1/shadow")
-    async def shadow_report() -> Response:
+    @app.get("/v1/shadow", responses=ERROR_RESPONSES)
+    async def shadow_report(who: Annotated[Caller, Depends(caller)]) -> Response:
         if shadow is None:
-            return _error_json(
-                {"detail": "no shadow challenger (decision serve --shadow models:/NAME@ALIAS)"}, 404
-            )
+            raise api_error(404, "no shadow challenger (decision serve --shadow models:/NAME@ALIAS)")
         return _json(shadow.summary())
 
     @app.get("/metrics", include_in_schema=False)
@@ -241,32 +264,41 @@ def _run_batch(model: ServedModel, requests: list[Any]) -> list[Any]:
     return model.model.answer(requests)
 
 
-def _authenticate(keys: KeyStore, bearer: str | None, x_api_key: str | None) -> Caller:
-    """401 for a key the server does not know, or two different keys in one request."""
+def _authenticate(keys: KeyStore, bearer: str | None, x_api_key: str | None, require_key: bool) -> Caller:
+    """401 for a key the server does not know, two different keys in one request, or no key where one is
+    required."""
     presented = {k.strip() for k in (bearer, x_api_key) if k and k.strip()}
     if len(presented) > 1:
-        raise HTTPException(
-            401, "Authorization and X-API-Key name different keys", {"WWW-Authenticate": "Bearer"}
-        )
+        raise _unauthorized("Authorization and X-API-Key name different keys")
     if keys.open:
         return Caller(None, True)
     if not presented:
+        if require_key:
+            raise _unauthorized("this server requires an API key (Authorization: Bearer <key> or X-API-Key)")
         return Caller(None, False)
     owner = keys.owner_of(presented.pop())
     if owner is None:
-        raise HTTPException(401, "unknown API key", {"WWW-Authenticate": "Bearer"})
+        raise _unauthorized("unknown API key")
     return Caller(owner, False)
+
+
+def _unauthorized(message: str) -> HTTPException:
+    return api_error(401, message, "authentication_error", {"WWW-Authenticate": "Bearer"})
+
+
+def _retry_after(seconds: int) -> dict[str, str]:
+    return {"Retry-After": str(seconds)}
 
 
 def _resolve(catalog: Catalog, requested: str | None, who: Caller) -> ServedModel:
     try:
         return catalog.resolve(requested, who.owner, who.open_server)
     except ModelForbidden as error:
-        raise HTTPException(403, str(error)) from None
+        raise api_error(403, str(error), "permission_error") from None
     except ModelNotFound as error:
-        raise HTTPException(404, str(error)) from None
+        raise api_error(404, str(error), "not_found_error") from None
     except ModelLoading as error:
-        raise HTTPException(503, str(error), {"Retry-After": str(RETRY_AFTER_LOADING_S)}) from None
+        raise api_error(503, str(error), "model_loading", _retry_after(RETRY_AFTER_LOADING_S)) from None
 
 
 def _question_error(error: BadQuestion) -> dict[str, Any]:
@@ -276,21 +308,6 @@ def _question_error(error: BadQuestion) -> dict[str, Any]:
 
 def _json(body: dict[str, Any], status: int = 200, headers: dict[str, str] | None = None) -> Response:
     return Response(orjson.dumps(body), status, headers, media_type="application/json")
-
-
-def _error_json(body: dict[str, Any], status: int, headers: dict[str, str] | None = None) -> Response:
-    """An error body no text the caller sent can break (non-ASCII escaped, anything else written as text)."""
-    text = json.dumps(body, ensure_ascii=True, default=str)
-    return Response(text, status, headers, media_type="application/json")
-
-
-_ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
-    401: {"description": "unknown API key"},
-    403: {"description": "a keyless caller asked for a model other than the default"},
-    404: {"description": "no such model visible to this key"},
-    413: {"description": "over the size limits (body, questions, characters)"},
-    503: {"description": "the model is loading or the queue is full; see Retry-After"},
-}
 
 
 @dataclass(frozen=True)

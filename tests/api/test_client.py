@@ -27,11 +27,20 @@ def test_the_typesafe_client_parses_every_answer_type(server_url):
                 "late": Noul(instructions="The order was late."),
             },
         )
-    assert result.choices["tone"].choice in {"negative", "positive"}
-    assert set(result.scores["intensity"].probabilities) == {0, 1, 2}
-    assert result.scores["intensity"].legend[2] == "strong"
+    tone, intensity = result.choices["tone"], result.scores["intensity"]
+    assert tone.choice in {"negative", "positive"}
+    assert set(intensity.probabilities) == {0, 1, 2}
+    assert intensity.legend[2] == "strong"
     assert 0.0 <= result.nouls["late"].noul <= 1.0
     assert result.usage.input_tokens > 0
+    # The SDK reads the Jev confidence; the x_ extras (and no confidence on noul) pass its strict models.
+    for answer in (tone, intensity):
+        p = max(answer.probabilities.values())
+        n = len(answer.probabilities)
+        assert answer.confidence == pytest.approx((p - 1 / n) / (1 - 1 / n), abs=2e-4)
+    raw = result.raw_http_response.json()["answers"]
+    assert raw["tone"]["x_top_probability"] == max(raw["tone"]["probabilities"].values())
+    assert set(raw["late"]) == {"type", "noul", "x_confidence"}
 
 
 def test_large_bodies_arrive_zstd_compressed_and_are_answered(server_url):
@@ -43,3 +52,17 @@ def test_large_bodies_arrive_zstd_compressed_and_are_answered(server_url):
         models = client.models.list()
     assert 0.0 <= result.nouls["late"].noul <= 1.0
     assert {"default", "jev-latest"} <= {m.name for m in models.models}
+
+
+def test_the_client_raises_our_refusals_with_their_message(server_url):
+    from typesafe_sdk import Noul, TypeSafeClient, TypeSafeNotFoundError, TypeSafeUnprocessableEntityError
+
+    with TypeSafeClient(api_key="any-key", base_url=server_url) as client:
+        with pytest.raises(TypeSafeNotFoundError) as missing:
+            client.system_one(state="s", questions={"q": Noul(instructions="?")}, model="no-such-model")
+        body = missing.value.body["detail"]
+        assert body["error_type"] == "not_found_error" and "no-such-model" in str(missing.value)
+        levels_as_a_map = {"type": "score", "criteria": {"0": "low", "1": "high"}}
+        with pytest.raises(TypeSafeUnprocessableEntityError) as refused:
+            client.system_one(state="s", questions={"q": levels_as_a_map})
+    assert "q.criteria" in str(refused.value)

@@ -51,22 +51,29 @@ def test_answers_have_the_wire_shape_and_match_in_process_predictions(open_clien
     tone, intensity, positive = (body["answers"][q] for q in ("tone", "intensity", "positive"))
     expected = predict(load_model(served_folder), STATE, QUESTIONS)
 
-    assert set(tone) == {"type", "choice", "probabilities", "confidence"} and tone["type"] == "choice"
-    assert list(tone["probabilities"]) == ["negative", "neutral", "positive"]
+    assert set(tone) == {"type", "choice", "probabilities", "confidence", "x_top_probability"}
+    assert tone["type"] == "choice" and list(tone["probabilities"]) == ["negative", "neutral", "positive"]
     np.testing.assert_allclose(list(tone["probabilities"].values()), expected["tone"], atol=1e-4)
     assert tone["choice"] == ["negative", "neutral", "positive"][int(np.argmax(expected["tone"]))]
-    assert tone["confidence"] == max(tone["probabilities"].values())
+    assert tone["x_top_probability"] == max(tone["probabilities"].values())
+    assert tone["confidence"] == pytest.approx(jev(expected["tone"]), abs=1e-4)
 
     assert intensity["legend"] == {"0": "none", "1": "mild", "2": "strong"}
     assert list(intensity["probabilities"]) == ["0", "1", "2"]
     assert intensity["score"] == pytest.approx(float(np.dot([0, 1, 2], expected["intensity"])), abs=1e-4)
-    assert intensity["confidence"] == pytest.approx(float(expected["intensity"].max()), abs=1e-4)
+    assert intensity["confidence"] == pytest.approx(jev(expected["intensity"]), abs=1e-4)
+    assert intensity["x_top_probability"] == pytest.approx(float(expected["intensity"].max()), abs=1e-4)
 
-    assert set(positive) == {"type", "noul", "confidence"}
+    assert set(positive) == {"type", "noul", "x_confidence"}  # no confidence on a noul answer
     assert positive["noul"] == pytest.approx(float(expected["positive"][1]), abs=1e-4)
-    assert positive["confidence"] == pytest.approx(max(positive["noul"], 1 - positive["noul"]), abs=1e-4)
-    for value in (tone["confidence"], positive["noul"], intensity["score"]):
+    assert positive["x_confidence"] == pytest.approx(max(positive["noul"], 1 - positive["noul"]), abs=1e-4)
+    for value in (tone["confidence"], positive["noul"], intensity["score"], intensity["confidence"]):
         assert value == round(value, 4)
+
+
+def jev(p) -> float:
+    """The Jev confidence written out: (max p - 1/n) / (1 - 1/n)."""
+    return (float(np.max(p)) - 1 / len(p)) / (1 - 1 / len(p))
 
 
 @pytest.mark.parametrize("model", [None, "default", "jev-latest", "jev-preview"])
@@ -139,7 +146,8 @@ def test_the_authorization_header_is_read_as_before(keyed_client):
     for authorization in ("Basic YWxpY2U6eA==", "Bearer", "Bearer    ", "alice-key", "Token alice-key"):
         response = ask(keyed_client, Authorization=authorization)
         assert response.status_code == 401, authorization
-        assert response.json()["detail"] == "Authorization must be 'Bearer <key>'"
+        assert response.json()["detail"] == {"error_type": "authentication_error",
+                                             "message": "Authorization must be 'Bearer <key>'"}  # fmt: skip
         assert response.headers["WWW-Authenticate"] == "Bearer"
 
 
@@ -147,6 +155,7 @@ def test_keyless_caller_gets_403_before_any_unknown_model_answer(keyed_client):
     for name in ("alice-tune", "no-such-model"):
         response = ask(keyed_client, {"model": name, "state": STATE, "questions": QUESTIONS})
         assert response.status_code == 403, name
+        assert response.json()["detail"]["error_type"] == "permission_error"
 
 
 def test_fine_tunes_are_visible_to_their_owner_only(keyed_client):
@@ -179,6 +188,9 @@ def test_503_with_retry_after_while_the_model_loads(served_folder, monkeypatch):
     with TestClient(make_app(served_folder)) as client:
         for response in (client.get("/healthz"), ask(client)):
             assert response.status_code == 503 and int(response.headers["Retry-After"]) > 0
+        assert ask(client).json()["detail"]["error_type"] == "model_loading"
+        # /healthz answers its health body (a probe reads the status), not an error body.
+        assert client.get("/healthz").json()["status"] == "loading"
         release.set()
         assert ready(client) and ask(client).status_code == 200
 
@@ -209,6 +221,7 @@ def test_a_full_queue_answers_503_and_a_bad_request_fails_alone(served_folder, m
             gate.set()
             statuses = [first.result().status_code, *(f.result().status_code for f in queued)]
         assert refused.status_code == 503 and int(refused.headers["Retry-After"]) > 0
+        assert refused.json()["detail"] == {"error_type": "overloaded_error", "message": "the server is busy"}
         assert statuses == [200, 422, 200]
         assert ask(client).status_code == 200
 

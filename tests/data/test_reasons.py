@@ -42,7 +42,6 @@ def test_clean_row_is_kept_with_normalised_gold():
         ({"type": "choice", "criteria": ["a", "b"]}, {"label": "a", "probabilities": [0.6, 0.4]}, 0, (0.6, 0.4)),
         ({"type": "score", "criteria": ["lo", "mid", "hi"]}, 2, 2, None),
         ({"type": "score", "criteria": ["lo", "mid", "hi"]}, 1.0, 1, None),  # integral float
-        ({"type": "score", "criteria": {"0": "lo", "1": "hi"}}, "1", 1, None),  # legend form
         ({"type": "noul", "criteria": None}, True, 1, None),
         ({"type": "noul"}, "false", 0, None),
         ({"type": "noul", "criteria": {"true": "yes", "false": "no"}}, {"noul": 0.8}, 1, (0.2, 0.8)),
@@ -80,6 +79,15 @@ def test_cells_as_json_text_and_answers_column_are_accepted():
 def test_bad_gold_is_skipped(gold, reason):
     row = {"state": "s", "questions": {"q": {"type": "choice", "criteria": ["a", "b"]}}, "gold": gold}
     assert validate_rows([row]).report.skipped == {reason: 1}
+
+
+@pytest.mark.parametrize("criteria", [{"0": "lo", "1": "hi"}, {"low": "lo", "high": "hi"}])
+def test_score_criteria_given_as_a_map_are_skipped_as_bad_criteria(criteria):
+    # A level is its position in a list (DESIGN.md 2); the Decision API refuses a map too, so no row trains on
+    # a question the served model would refuse.
+    row = {"state": "s", "questions": {"q": {"type": "score", "criteria": criteria}}, "gold": {"q": 1}}
+    report = validate_rows([row]).report
+    assert report.skipped == {"bad_criteria": 1} and report.examples["bad_criteria"]["question_id"] == "q"
 
 
 def test_mixed_rows_count_up(synthetic_rows):

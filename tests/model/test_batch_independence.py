@@ -13,7 +13,7 @@ QUESTIONS = {
     "tone": {"type": "choice", "instructions": "What is the tone?",
              "criteria": {"negative": "unhappy", "neutral": "neither", "positive": "happy"}},
     "good": {"type": "noul", "instructions": "The text is positive."},
-    "level": {"type": "score", "instructions": "How intense is it?", "criteria": {"0": "calm", "1": "mild", "2": "strong"}},
+    "level": {"type": "score", "instructions": "How intense is it?", "criteria": ["calm", "mild", "strong"]},
 }  # fmt: skip
 MATES = [
     ("a " + "very " * 60 + "long review of a phone that broke", QUESTIONS),

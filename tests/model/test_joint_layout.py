@@ -256,7 +256,7 @@ def exported(lm_folder, tmp_path_factory) -> Path:
 
 
 def test_the_decision_api_serves_an_export(exported):
-    from pipeline.serving.catalog import Catalog
+    from pipeline.serving.catalog import Catalog, export_name
     from pipeline.serving.keys import KeyStore
     from pipeline.serving.server import create_app
 
@@ -272,14 +272,14 @@ def test_the_decision_api_serves_an_export(exported):
     assert response.status_code == 200, response.text
     body = response.json()
     [expected] = answer_joint_requests(load_joint(exported), [parse_request(state, QUESTIONS)])
-    assert body["model"] == exported.name and body["usage"] == {"input_tokens": expected.input_tokens,
-                                                                "output_tokens": 0}  # fmt: skip
+    assert body["model"] == export_name(exported) != exported.name  # named by its manifest, not its folder
+    assert body["usage"] == {"input_tokens": expected.input_tokens, "output_tokens": 0}
     tone, intensity, positive = (body["answers"][q] for q in ("tone", "intensity", "positive"))
-    assert set(tone) == {"type", "choice", "probabilities", "confidence"}
+    assert set(tone) == {"type", "choice", "probabilities", "confidence", "x_top_probability"}
     assert list(tone["probabilities"]) == ["negative", "neutral", "positive"]
-    assert set(intensity) == {"type", "score", "legend", "probabilities", "confidence"}
+    assert set(intensity) == {"type", "score", "legend", "probabilities", "confidence", "x_top_probability"}
     assert intensity["legend"] == {"0": "none", "1": "mild", "2": "strong"}
-    assert set(positive) == {"type", "noul", "confidence"}
+    assert set(positive) == {"type", "noul", "x_confidence"}
     np.testing.assert_allclose(
         probabilities([Answered(body["answers"], 0)]), probabilities([expected]), atol=1e-4
     )

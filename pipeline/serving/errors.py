@@ -1,0 +1,90 @@
+"""Error bodies of the Decision API (DESIGN.md 5): one shape for every error but 422.
+
+    {"detail": {"error_type": "authentication_error", "message": "unknown API key"}}
+
+A 422 keeps FastAPI's list, `{"detail": [{"loc", "msg", "type"}]}`, which clients parse field by field. Every
+other refusal (the app's, Starlette's own 404 and 405, the body middleware's 400, 413 and 415, a 500) is built
+here, so a client reads `detail.error_type` to decide what to do and `detail.message` to tell a person why.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from fastapi import HTTPException
+from pydantic import BaseModel, Field
+from starlette.responses import Response
+
+# The error type of each status when the code raising it names none (Starlette's own 404 and 405, say).
+ERROR_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    405: "method_not_allowed",
+    413: "request_too_large",
+    415: "unsupported_media_type",
+    429: "rate_limit_error",
+    500: "internal_error",
+    503: "overloaded_error",
+}
+FALLBACK_TYPE = "api_error"
+
+
+class ErrorDetail(BaseModel):
+    error_type: str = Field(description="authentication_error, permission_error, not_found_error, "
+                            "request_too_large, overloaded_error, model_loading, internal_error, ...")  # fmt: skip
+    message: str
+
+
+class ErrorBody(BaseModel):
+    """Every error but 422 (which is FastAPI's `{"detail": [{"loc", "msg", "type"}]}`)."""
+
+    detail: ErrorDetail
+
+
+# What the OpenAPI schema says each route may answer besides 200 and 422.
+ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
+    status: {"model": ErrorBody, "description": description}
+    for status, description in {
+        400: "invalid_request_error: a body sent as zstd that is not valid zstd",
+        401: "authentication_error: an unknown API key, or none where the server requires one",
+        403: "permission_error: a keyless caller asked for a model other than the default",
+        404: "not_found_error: no such model visible to this key",
+        413: "request_too_large: over the size limits (body, questions, characters)",
+        415: "unsupported_media_type: a Content-Encoding other than zstd or none",
+        500: "internal_error: a server fault, logged",
+        503: "model_loading or overloaded_error (the queue is full); see Retry-After",
+    }.items()
+}
+
+
+def error_detail(status: int, message: str, error_type: str | None = None) -> dict[str, str]:
+    """`{"error_type", "message"}`; the type defaults to the status's (ERROR_TYPES)."""
+    return {"error_type": error_type or ERROR_TYPES.get(status, FALLBACK_TYPE), "message": message}
+
+
+def api_error(status: int, message: str, error_type: str | None = None,
+              headers: dict[str, str] | None = None) -> HTTPException:  # fmt: skip
+    """An exception for a handler to raise; the app's HTTPException handler writes it as `error_json`."""
+    return HTTPException(status, error_detail(status, message, error_type), headers)
+
+
+def error_json(status: int, detail: Any, headers: dict[str, str] | None = None) -> Response:
+    """The error response: a 422's list as it is, anything else as `{"error_type", "message"}` (a bare message,
+    from Starlette or older code, gets its status's type)."""
+    if status != 422 and not _is_detail(detail):
+        detail = error_detail(status, str(detail))
+    return Response(error_text(detail), status, headers, media_type="application/json")
+
+
+def error_text(detail: Any) -> bytes:
+    """`{"detail": ...}` as bytes no text the caller sent can break: errors may echo a field name or an input,
+    so non-ASCII is escaped (an unpaired surrogate becomes its \\u escape instead of failing the response, as
+    Starlette's strict UTF-8 would) and anything JSON has no form for is written as text."""
+    return json.dumps({"detail": detail}, ensure_ascii=True, default=str).encode("ascii")
+
+
+def _is_detail(detail: Any) -> bool:
+    return isinstance(detail, dict) and isinstance(detail.get("error_type"), str) and "message" in detail

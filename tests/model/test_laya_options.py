@@ -1,5 +1,6 @@
 """The laya family on questions whose options do not fit one Laya sequence: several ordinary sequences, one softmax
-across them, in serving, scoring and training; a question that fits is read as before, bit for bit."""
+across them, in serving, scoring and training; a question that fits is read as before, bit for bit; score
+questions of 1 to 10 levels."""
 
 from dataclasses import replace
 
@@ -20,7 +21,7 @@ from pipeline.families.laya.predict import predict, request_items, temperature_f
 from pipeline.families.laya.sequences import Part, internal_question, question_parts, state_token_ids
 from pipeline.families.laya.training import laya_batch_task, summed_loss
 from pipeline.families.laya_layout import load_model
-from pipeline.scoring.calibration import softmax
+from pipeline.scoring.calibration import fit_calibration, softmax
 from pipeline.scoring.calibrators import QUESTION_TEMPERATURE, Calibrator, QuestionTransform
 from pipeline.training.loop import train
 
@@ -179,3 +180,36 @@ def test_training_on_split_decisions_lowers_their_loss(tiny_base):
     result = train(loaded.model, items, config, CPU, task)
     assert result.losses[-1][1] < 0.8 * result.losses[0][1], result.losses
     assert all(torch.isfinite(p).all() for p in loaded.model.parameters())
+
+
+@pytest.mark.parametrize("levels", [1, 10])
+def test_score_questions_of_one_to_ten_levels(loaded, levels):
+    raw = {
+        "type": "score",
+        "instructions": "how late",
+        "criteria": [f"level text {i}" for i in range(levels)],
+    }
+    cold = replace(loaded, config={**loaded.config, "temperature": [1.0, 0.5, 1.0]})
+    (answered,) = LayaFamily().answer(cold, [parse_request(STATE, {"s": raw})])
+    answer = answered.answers["s"]
+    assert list(answer["probabilities"]) == [str(i) for i in range(levels)]
+    assert sum(answer["probabilities"].values()) == pytest.approx(1.0, abs=levels * 5e-5)
+    if levels == 1:
+        assert predict(cold, STATE, {"s": raw})["s"].tolist() == [1.0]
+        assert (
+            answer["probabilities"] == {"0": 1.0} and answer["score"] == 0.0 and answer["confidence"] == 1.0
+        )
+
+
+def test_a_one_level_score_trains_and_calibrates(loaded):
+    raw = {"type": "score", "instructions": "how late", "criteria": ["late"]}
+    rows = [
+        {"state": s, "questions": {"s": raw}, "gold": {"s": 0}} for s in ("late", "fine", "okay", "great")
+    ]
+    items, skipped = build_items(validate_rows(rows).records, loaded)
+    assert skipped == {} and len(items) == 4
+    assert summed_loss(loaded.model, collate(items, loaded.tokenizer.pad_token_id), None).item() == 0.0
+    decisions, logits = LayaFamily().score(loaded, items, CPU)
+    calibration = fit_calibration(decisions, logits, min_decisions=2)
+    assert all(np.isfinite(calibration.temperatures))
+    assert [p.tolist() for p in LayaFamily().served_probabilities(loaded, decisions, logits)] == [[1.0]] * 4

@@ -24,7 +24,7 @@ MAX_QUESTIONS = 64
 MAX_QUESTION_CHARS = 20_000
 MAX_STATE_CHARS = 200_000
 MAX_CHOICE_OPTIONS = 255
-MIN_SCORE_LEVELS, MAX_SCORE_LEVELS = 2, 10
+MIN_SCORE_LEVELS, MAX_SCORE_LEVELS = 1, 10  # DESIGN.md 5; a 1-level score is answered P(level 0) = 1
 NOUL_OPTIONS = ("false", "true")  # the order the model scores them in (DESIGN.md 3)
 PROBABILITY_TOLERANCE = 1e-3
 _NOUL_LABELS = {label: i for i, label in enumerate(NOUL_OPTIONS)}

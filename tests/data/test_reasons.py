@@ -38,10 +38,21 @@ def test_clean_row_is_kept_with_normalised_gold():
         ({"type": "choice", "criteria": ["a", "b"]}, "b", 1, None),
         ({"type": "choice", "criteria": {"x": "desc", "y": None}}, {"label": "x"}, 0, None),
         ({"type": "choice", "criteria": ["1", "2"]}, 2, 1, None),  # numeric labels of numeric ids
-        ({"type": "choice", "criteria": ["a", "b"]}, {"probabilities": {"a": 0.25, "b": 0.75}}, 1, (0.25, 0.75)),
-        ({"type": "choice", "criteria": ["a", "b"]}, {"label": "a", "probabilities": [0.6, 0.4]}, 0, (0.6, 0.4)),
+        (
+            {"type": "choice", "criteria": ["a", "b"]},
+            {"probabilities": {"a": 0.25, "b": 0.75}},
+            1,
+            (0.25, 0.75),
+        ),
+        (
+            {"type": "choice", "criteria": ["a", "b"]},
+            {"label": "a", "probabilities": [0.6, 0.4]},
+            0,
+            (0.6, 0.4),
+        ),
         ({"type": "score", "criteria": ["lo", "mid", "hi"]}, 2, 2, None),
         ({"type": "score", "criteria": ["lo", "mid", "hi"]}, 1.0, 1, None),  # integral float
+        ({"type": "score", "criteria": ["the only level"]}, 0, 0, None),  # one level: certain, but a decision
         ({"type": "noul", "criteria": None}, True, 1, None),
         ({"type": "noul"}, "false", 0, None),
         ({"type": "noul", "criteria": {"true": "yes", "false": "no"}}, {"noul": 0.8}, 1, (0.2, 0.8)),
@@ -57,6 +68,15 @@ def test_gold_forms_are_parsed(question, gold, label, probabilities):
         assert decided.probabilities is None
     else:
         assert all(math.isclose(a, b) for a, b in zip(decided.probabilities, probabilities))
+
+
+@pytest.mark.parametrize(
+    ("levels", "reason"), [(0, "bad_criteria"), (1, None), (10, None), (11, "too_many_options")]
+)
+def test_score_questions_take_one_to_ten_levels(levels, reason):
+    question = {"type": "score", "criteria": [f"level {i}" for i in range(levels)]}
+    report = validate_rows([{"state": "s", "questions": {"q": question}, "gold": {"q": 0}}]).report
+    assert report.skipped == ({reason: 1} if reason else {})
 
 
 def test_cells_as_json_text_and_answers_column_are_accepted():

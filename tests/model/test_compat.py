@@ -1,5 +1,7 @@
 """Two-way Laya-layout compatibility, and our forward pass against laya's."""
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 import torch
@@ -71,23 +73,28 @@ def test_our_forward_equals_laya_forward_in_fp32(tiny_base):
     torch.testing.assert_close(ours, theirs, rtol=1e-6, atol=1e-5)
 
 
-def test_questions_that_do_not_fit_are_skipped_with_a_reason(tiny_base):
+def test_questions_the_model_cannot_read_are_skipped_with_a_reason(tiny_base):
     loaded = load_model(tiny_base)
-    many = {
-        "type": "choice",
-        "instructions": "pick",
-        "criteria": [f"option {'x' * 30} {i}" for i in range(40)],
-    }
+    alike = "x " * 60  # both options cut to the same first tokens
     rows = [
         {
             "state": "fine",
-            "questions": {"ok": QUESTIONS["good"], "many": many},
-            "gold": {"ok": "true", "many": "option " + "x" * 30 + " 3"},
+            "questions": {
+                "ok": QUESTIONS["good"],
+                "alike": {"type": "choice", "criteria": [alike + "a", alike + "b"]},
+            },
+            "gold": {"ok": "true", "alike": alike + "a"},
         }
     ]
     items, skipped = build_items(validate_rows(rows).records, loaded)
-    assert [it.question_id for it in items] == ["ok"]
-    assert sum(skipped.values()) == 1 and set(skipped) <= {"options_collapsed", "options_beyond_max_len"}
+    assert [it.question_id for it in items] == ["ok"] and skipped == {"options_collapsed": 1}
+
+    # max_len shorter than the head_max_len a run of options may fill
+    cramped = replace(loaded, config={**loaded.config, "max_len": 40})
+    many = {"type": "choice", "instructions": "pick", "criteria": [f"o{i}" for i in range(60)]}
+    rows[0]["questions"], rows[0]["gold"] = {"many": many}, {"many": many["criteria"][3]}
+    items, skipped = build_items(validate_rows(rows).records, cramped)
+    assert items == [] and skipped == {"options_beyond_max_len": 1}
 
 
 def test_a_folder_without_the_config_is_not_a_model(tmp_path):

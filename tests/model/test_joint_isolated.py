@@ -117,10 +117,7 @@ def test_choice_questions_take_2_to_255_options_in_one_softmax(loaded, n_options
 
 
 @pytest.mark.parametrize("levels", [1, 2, 10])
-def test_score_questions_take_1_to_10_levels(loaded, levels, monkeypatch):
-    import pipeline.data.contract as contract
-
-    monkeypatch.setattr(contract, "MIN_SCORE_LEVELS", min(contract.MIN_SCORE_LEVELS, levels))
+def test_score_questions_take_1_to_10_levels(loaded, levels):
     criteria = [f"level {i}" for i in range(levels)]
     answer = answers(loaded, {"s": {"type": "score", "instructions": "How much?", "criteria": criteria}})["s"]
     assert len(answer["probabilities"]) == levels

@@ -1,4 +1,4 @@
-"""The packed serving pass (no padding) gives the padded pass's option logits, for every item, in the caller's
+"""The packed serving pass (no padding) gives the padded pass's option logits, for every sequence, in the caller's
 order: across attention chunks, with markers near the end of long sequences, under a layer plan, and alone or
 among batch-mates. predict_items takes it for BERT encoders and keeps the padded pass for the rest."""
 
@@ -9,31 +9,32 @@ import torch
 from pipeline.families.laya import packed as packed_module
 from pipeline.families.laya import predict as predict_module
 from pipeline.families.laya.forward import decision_logits
-from pipeline.families.laya.items import Item, collate
+from pipeline.families.laya.items import Item, collate_parts
 from pipeline.families.laya.packed import packed_logits, packs
+from pipeline.families.laya.sequences import Part
 from pipeline.families.laya_layout import load_model
 from pipeline.families.planned_layers import apply_layer_plan
 from pipeline.layer_plans import resolve_plan
 
 
-def random_items(n: int, vocab: int, seed: int = 0) -> list[Item]:
-    """Items of lengths 6..60 with 2-5 option markers anywhere after [CLS]."""
+def random_items(n: int, vocab: int, seed: int = 0) -> list[Part]:
+    """Sequences of lengths 6..60 with 2-5 option markers anywhere after [CLS]."""
     rng = np.random.default_rng(seed)
     items = []
-    for i in range(n):
+    for _ in range(n):
         length = int(rng.integers(6, 61))
         markers = sorted(
             rng.choice(np.arange(1, length), size=int(rng.integers(2, 6)), replace=False).tolist()
         )
         ids = rng.integers(5, vocab, size=length).tolist()
-        items.append(Item(tuple(ids), tuple(markers), int(rng.integers(0, 3)), (), -1, 0, f"q{i}"))
+        items.append(Part(tuple(ids), tuple(markers), int(rng.integers(0, 3))))
     return items
 
 
-def padded(model, items: list[Item], pad_id: int) -> list[torch.Tensor]:
-    """Each item alone through the padded pass: no batch-mates, no padding at all."""
+def padded(model, items: list[Part], pad_id: int) -> list[torch.Tensor]:
+    """Each sequence alone through the padded pass: no batch-mates, no padding at all."""
     with torch.inference_mode():
-        return [decision_logits(model, collate([it], pad_id))[0, : len(it.markers)] for it in items]
+        return [decision_logits(model, collate_parts([it], pad_id))[0, : len(it.markers)] for it in items]
 
 
 @pytest.fixture(scope="module")
@@ -82,7 +83,10 @@ def test_packed_pass_follows_a_layer_plan(tiny_base):
 
 def test_predict_items_keeps_the_padded_pass_for_encoders_it_does_not_cover(loaded, monkeypatch):
     vocab = loaded.model.encoder.config.vocab_size
-    items = random_items(12, vocab, seed=3)
+    items = [
+        Item((part,), part.qtype, (), -1, 0, f"q{i}")
+        for i, part in enumerate(random_items(12, vocab, seed=3))
+    ]
     via_packed = predict_module.predict_items(loaded, [items[:5], items[5:]])
     monkeypatch.setattr(predict_module, "packs", lambda model: False)
     calls = []

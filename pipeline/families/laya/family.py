@@ -1,4 +1,5 @@
-"""The `laya` family: a Laya-layout encoder, one token sequence per decision, exports that `laya.Agent` loads.
+"""The `laya` family: a Laya-layout encoder, one token sequence per decision (several, under one softmax, for a
+question whose options do not fit one), exports that `laya.Agent` loads.
 
 family = LayaFamily()
 loaded = family.load("data/snapshots/minilm")
@@ -32,7 +33,8 @@ from pipeline.scoring.decisions import ScoredDecision
 
 
 class LayaFamily(DecisionFamily):
-    """One sequence per question: `[CLS] question [SEP] [MASK] option ... [SEP] state [SEP]` (DESIGN.md 3)."""
+    """One sequence per question: `[CLS] question [SEP] [MASK] option ... [SEP] state [SEP]` (DESIGN.md 3); a
+    question whose options do not fit one is read in several (`sequences.question_parts`)."""
 
     name = "laya"
     methods = ("lora", "full")

@@ -1,8 +1,9 @@
 """The decision forward pass used by training and scoring, and length-grouped scoring.
 
-`decision_logits` computes the same option logits as laya's `DecisionModel.forward` (a test holds them equal
-in fp32) but runs only what the loss needs: the encoder (under autocast when asked), then the head in fp32, and
-not the act head, whose output no loss here uses.
+`decision_logits` computes the same option logits per sequence as laya's `DecisionModel.forward` (a test holds
+them equal in fp32) but runs only what the loss needs: the encoder (under autocast when asked), then the head in
+fp32, and not the act head, whose output no loss here uses. `item_logits` gathers them per decision, across the
+sequences of a decision whose options did not fit one.
 """
 
 from __future__ import annotations
@@ -11,13 +12,14 @@ import numpy as np
 import torch
 
 from pipeline.families.forward_passes import autocast_context, length_batches
-from pipeline.families.laya.items import Item, collate
+from pipeline.families.laya.items import Item, collate_parts, item_parts, join_logits
+from pipeline.scoring.calibration import softmax
 
 MASKED_LOGIT = -1e4
 
 
 def decision_logits(model: torch.nn.Module, batch: dict[str, torch.Tensor], dtype: torch.dtype | None = None):
-    """Option logits [B, K] in fp32, masked options at -1e4."""
+    """Option logits [sequences, markers] in fp32, masked options at -1e4."""
     device = batch["input_ids"].device
     attention_mask = batch["attention_mask"]
     with autocast_context(device, dtype):
@@ -52,6 +54,12 @@ def last_layer_at(layer: torch.nn.TransformerEncoderLayer, hidden: torch.Tensor,
     return x + layer.dropout2(layer.linear2(layer.dropout(layer.activation(layer.linear1(layer.norm2(x))))))
 
 
+def item_logits(logits: torch.Tensor, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    """Each item's option logits [items, options] from its sequences' (`decision_logits`, in `items.collate`'s
+    batch), masked options at -1e4; for items of one sequence each, the same values as `logits`."""
+    return logits.reshape(-1)[batch["options"]].masked_fill(~batch["option_mask"], MASKED_LOGIT)
+
+
 def soft_cross_entropy(logits: torch.Tensor, target: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """Per-item cross-entropy against a target distribution over each item's own options."""
     log_probs = torch.log_softmax(logits.masked_fill(~mask, MASKED_LOGIT), -1)
@@ -62,18 +70,20 @@ def soft_cross_entropy(logits: torch.Tensor, target: torch.Tensor, mask: torch.T
 def score_items(model: torch.nn.Module, items: list[Item], pad_id: int, device: torch.device,
                 batch_size: int = 32, dtype: torch.dtype | None = None, progress: bool = False,
                 logits: bool = False) -> list[np.ndarray]:  # fmt: skip
-    """Option probabilities (or raw logits) for each item, in the caller's order; eager, no-grad, length-grouped."""
+    """Option probabilities (or raw logits) for each item, in the caller's order; eager, no-grad, sequences grouped
+    by length. An item of several sequences gets one softmax over all its options."""
     from tqdm.auto import tqdm
 
     was_training = model.training
     model.eval()
-    results: list[np.ndarray | None] = [None] * len(items)
-    batches = length_batches([len(it) for it in items], batch_size)
+    parts = item_parts(items)
+    results: list[np.ndarray | None] = [None] * len(parts)
+    batches = length_batches([len(part) for part in parts], batch_size)
     for indices in tqdm(batches, desc="scoring", unit="batch", disable=not progress, leave=False):
-        batch = {k: v.to(device) for k, v in collate([items[i] for i in indices], pad_id).items()}
-        scores = decision_logits(model, batch, dtype)
-        probs = (scores if logits else torch.softmax(scores, -1)).cpu().numpy()
+        batch = {k: v.to(device) for k, v in collate_parts([parts[i] for i in indices], pad_id).items()}
+        scores = decision_logits(model, batch, dtype).cpu().numpy()
         for row, index in enumerate(indices):
-            results[index] = probs[row, : len(items[index].markers)]
+            results[index] = scores[row, : len(parts[index].markers)]
     model.train(was_training)
-    return results
+    joined = join_logits(items, results)
+    return joined if logits else [softmax(z) for z in joined]

@@ -9,7 +9,7 @@ markers only, as in the padded pass. The answer equals `decision_logits` up to f
 test_packed_forward.py), and a sequence's answer does not depend on its batch-mates (padding is never attended).
 
     if packs(model):
-        logits = packed_logits(model, items)      # one [options] tensor per item, in the caller's order
+        logits = packed_logits(model, parts)      # one [options] tensor per sequence, in the caller's order
 
 It covers BERT-style encoders (absolute positions, post-norm layers: MiniLM and the BERT family) under the Laya
 head; any other encoder keeps the padded pass.
@@ -25,7 +25,7 @@ from torch import nn
 from transformers import BertModel
 
 from pipeline.families.forward_passes import autocast_context, length_batches
-from pipeline.families.laya.items import Item
+from pipeline.families.laya.sequences import Part
 from pipeline.families.planned_layers import visited_layers
 
 PACKED_PASS = 64  # sequences per pass: a concurrency-8 batch of 5-question requests (40) is one pass, 1.08x
@@ -51,7 +51,7 @@ class Chunk:
 
 @dataclass(frozen=True)
 class PackedBatch:
-    """Items sorted longest first and laid end to end."""
+    """Sequences sorted longest first and laid end to end."""
 
     ids: torch.Tensor  # [tokens]
     positions: torch.Tensor  # [tokens], from 0 in each sequence
@@ -74,10 +74,10 @@ def packs(model: nn.Module) -> bool:
     )
 
 
-def pack(items: list[Item], device: torch.device, chunk: int = ATTENTION_CHUNK) -> PackedBatch:
-    """The packed layout of `items` (longest first, so each attention chunk holds similar lengths)."""
-    order = length_batches([len(it) for it in items], len(items))[0]
-    ordered = [items[i] for i in order]
+def pack(parts: list[Part], device: torch.device, chunk: int = ATTENTION_CHUNK) -> PackedBatch:
+    """The packed layout of `parts` (longest first, so each attention chunk holds similar lengths)."""
+    order = length_batches([len(part) for part in parts], len(parts))[0]
+    ordered = [parts[i] for i in order]
     lengths = torch.tensor([len(it) for it in ordered])
     starts = torch.cumsum(lengths, 0) - lengths
     sequence = torch.repeat_interleave(torch.arange(len(ordered)), lengths)
@@ -109,12 +109,12 @@ def _chunk(group: range, lengths, starts, counts: list[int], marker_start: int, 
 
 @torch.inference_mode()
 def packed_logits(
-    model: nn.Module, items: list[Item], dtype: torch.dtype | None = None
+    model: nn.Module, parts: list[Part], dtype: torch.dtype | None = None
 ) -> list[torch.Tensor]:
-    """Option logits (fp32) per item in the caller's order; the encoder under autocast when `dtype` is given,
+    """Option logits (fp32) per sequence in the caller's order; the encoder under autocast when `dtype` is given,
     the head in fp32, as `decision_logits` runs them."""
     device = next(model.parameters()).device
-    batch = pack(items, device)
+    batch = pack(parts, device)
     with autocast_context(device, dtype):
         hidden = encoder_states(model.encoder, batch)
     hidden = hidden.float() + model.type_emb(batch.qtype)[batch.sequence]
@@ -123,7 +123,7 @@ def packed_logits(
         hidden = head_layer(layer, hidden, batch)
     logits = model.scorer(head_layer(layers[-1], hidden, batch, at_markers=True)).squeeze(-1).float()
     packed = torch.split(logits, batch.marker_counts)
-    out: list[torch.Tensor | None] = [None] * len(items)
+    out: list[torch.Tensor | None] = [None] * len(parts)
     for j, index in enumerate(batch.order):
         out[index] = packed[j]
     return out

@@ -18,29 +18,21 @@ from pipeline.data.contract import QUESTION_TYPE_IDS
 from pipeline.families.base import UNENCODABLE, Answered, BadQuestion
 from pipeline.families.forward_passes import forward_batch_size, length_batches
 from pipeline.families.laya.forward import decision_logits
-from pipeline.families.laya.items import Item, collate, internal_question, state_token_ids
+from pipeline.families.laya.items import Item, collate_parts, item_parts, join_logits
 from pipeline.families.laya.packed import PACKED_PASS, packed_logits, packs
+from pipeline.families.laya.sequences import question_parts, state_token_ids
 from pipeline.families.laya_layout import LoadedModel
 from pipeline.scoring.calibration import softmax
 
 
 def request_items(loaded: LoadedModel, state: Any, questions: list[contract.Question]) -> list[Item]:
-    """Model items for validated questions about one state; BadQuestion when options do not fit."""
-    from laya.common import build_sequence
-
+    """Model items for validated questions about one state (several sequences for a question whose options do not
+    fit one); BadQuestion when they do not fit even so."""
     state_ids = state_token_ids(loaded, state)
     items = []
     for question in questions:
-        ids, markers = build_sequence(loaded.tokenizer, None, internal_question(question), loaded.max_len,
-                                      loaded.head_max_len, state_ids=state_ids)  # fmt: skip
-        if len(markers) != len(question.options):
-            raise BadQuestion(
-                f"questions.{question.id}: only {len(markers)} of {len(question.options)} options fit the context",
-                question.id,
-            )
-        items.append(
-            Item(tuple(ids), tuple(markers), QUESTION_TYPE_IDS[question.type], (), -1, 0, question.id)
-        )
+        parts = question_parts(loaded, question, state_ids)
+        items.append(Item(parts, QUESTION_TYPE_IDS[question.type], (), -1, 0, question.id))
     return items
 
 
@@ -76,9 +68,10 @@ def predict_items(
 ) -> list[list[np.ndarray]]:
     """Calibrated probabilities for the items of several requests in shared forward passes.
 
-    Items of all requests are grouped by length (little padding), so one pass serves many callers; the
-    result keeps each request's own order. Padding is masked, so a request's answer does not depend on
-    what it was batched with (beyond float rounding).
+    The sequences of all requests are grouped by length (little padding), so one pass serves many callers; the
+    result keeps each request's own order. An item of several sequences gets its calibration applied once, to
+    all its options' logits joined. Padding is masked, so a request's answer does not depend on what it was
+    batched with (beyond float rounding).
     """
     flat = [item for items in requests for item in items]
     model = loaded.model.eval()
@@ -99,11 +92,11 @@ def packed_item_logits(
     model: torch.nn.Module, items: list[Item], dtype: torch.dtype | None = None
 ) -> list[np.ndarray]:
     """Every item's option logits from the packed pass, `PACKED_PASS` sequences at a time."""
-    logits = []
-    for start in range(0, len(items), PACKED_PASS):
-        passed = packed_logits(model, items[start : start + PACKED_PASS], dtype)
+    parts, logits = item_parts(items), []
+    for start in range(0, len(parts), PACKED_PASS):
+        passed = packed_logits(model, parts[start : start + PACKED_PASS], dtype)
         logits += [z.cpu().numpy().astype(np.float64) for z in passed]
-    return logits
+    return join_logits(items, logits)
 
 
 @torch.inference_mode()
@@ -111,16 +104,17 @@ def padded_item_logits(loaded: LoadedModel, items: list[Item], batch_size: int |
                        dtype: torch.dtype | None = None) -> list[np.ndarray]:  # fmt: skip
     """Every item's option logits from padded passes of similar lengths (encoders the packed pass does not cover)."""
     device = next(loaded.model.parameters()).device
-    logits: list[np.ndarray | None] = [None] * len(items)
-    for indices in length_batches([len(it) for it in items], batch_size or forward_batch_size(device)):
+    parts = item_parts(items)
+    logits: list[np.ndarray | None] = [None] * len(parts)
+    for indices in length_batches([len(part) for part in parts], batch_size or forward_batch_size(device)):
         batch = {
             k: v.to(device)
-            for k, v in collate([items[i] for i in indices], loaded.tokenizer.pad_token_id).items()
+            for k, v in collate_parts([parts[i] for i in indices], loaded.tokenizer.pad_token_id).items()
         }
         scores = decision_logits(loaded.model, batch, dtype).cpu().numpy().astype(np.float64)
         for row, index in enumerate(indices):
-            logits[index] = scores[row, : len(items[index].markers)]
-    return logits
+            logits[index] = scores[row, : len(parts[index].markers)]
+    return join_logits(items, logits)
 
 
 def calibrated_probabilities(loaded: LoadedModel, items, logits: list[np.ndarray]) -> list[np.ndarray]:

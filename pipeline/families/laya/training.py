@@ -1,5 +1,6 @@
 """How the Laya family trains: LoRA on every linear layer of the encoder (or full fine-tuning) and soft
-cross-entropy over each question's own options, one sequence per decision."""
+cross-entropy over each question's own options, one softmax per decision even when its options fill several
+sequences."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import torch
 from pipeline.config import TrainConfig
 from pipeline.families.base import BatchTask
 from pipeline.families.laya.adapters import apply_lora
-from pipeline.families.laya.forward import decision_logits, soft_cross_entropy
+from pipeline.families.laya.forward import decision_logits, item_logits, soft_cross_entropy
 from pipeline.families.laya.items import collate
 from pipeline.families.planned_layers import freeze_skipped
 
@@ -31,9 +32,9 @@ def prepare_model(model: torch.nn.Module, config: TrainConfig) -> None:
 def summed_loss(
     model: torch.nn.Module, batch: dict[str, torch.Tensor], dtype: torch.dtype | None
 ) -> torch.Tensor:
-    """Soft cross-entropy of each item against its target, summed over the batch."""
-    logits = decision_logits(model, batch, dtype)
-    return soft_cross_entropy(logits, batch["target"], batch["marker_mask"]).sum()
+    """Soft cross-entropy of each item against its target over all its options, summed over the batch."""
+    logits = item_logits(decision_logits(model, batch, dtype), batch)
+    return soft_cross_entropy(logits, batch["target"], batch["option_mask"]).sum()
 
 
 def laya_batch_task(pad_id: int) -> BatchTask:

@@ -2,6 +2,7 @@
 
 family = pick_family("data/snapshots/minilm")                 # laya (what the folder is)
 family = pick_family("data/snapshots/minilm", "joint")        # the joint head on the same encoder
+family = pick_family("models/deberta-v3-small")               # joint (a plain encoder folder)
 model = load_decision_model("runs/abc/export")                # a family and its loaded model
 """
 
@@ -35,13 +36,19 @@ def pick_family(folder: str | Path, name: str | None = None) -> DecisionFamily:
         if not FAMILIES[name].can_load(folder):
             raise ModelLayoutError(f"{folder}: the {name} family cannot start from this folder")
         return FAMILIES[name]
-    for family in FAMILIES.values():
-        if family.owns(folder):
-            return family
-    raise ModelLayoutError(
-        f"{folder}: not a model of any family ({', '.join(FAMILIES)}): no rl_agent_config.json (Laya layout), "
-        "decision_config.json + head.safetensors (joint export) or causal-LM config.json; an unfinished export?"
-    )
+    owner = _owner(folder)
+    if owner is None:
+        raise ModelLayoutError(
+            f"{folder}: not a model of any family ({', '.join(FAMILIES)}): no rl_agent_config.json (Laya layout), "
+            "decision_config.json + head.safetensors (joint export), or Hugging Face causal LM or encoder "
+            "config.json with its tokenizer; an unfinished export?"
+        )
+    return owner
+
+
+def _owner(folder: Path) -> DecisionFamily | None:
+    """The family whose layout `folder` is (the first that owns it)."""
+    return next((family for family in FAMILIES.values() if family.owns(folder)), None)
 
 
 def resolve_training(base: str | Path, config: TrainConfig) -> tuple[DecisionFamily, TrainConfig]:
@@ -53,6 +60,20 @@ def resolve_training(base: str | Path, config: TrainConfig) -> tuple[DecisionFam
         raise ConfigError(f"train.method={method}: the {family.name} family trains with "
                           f"{' or '.join(family.methods)}")  # fmt: skip
     return family, replace(config, family=family.name, method=method)
+
+
+def explain_training(base: str | Path, family: DecisionFamily, config: TrainConfig) -> str:
+    """Which family and method train on `base` and why, in one line (a run's first lines say it); `config` is
+    resolved (`resolve_training`)."""
+    folder = Path(base)
+    owner = _owner(folder) or family
+    why_family = (
+        "what the base is" if owner is family else f"asked for; the base's own family is {owner.name}"
+    )
+    why_method = (f"the {family.name} family's default" if config.method == family.default_method
+                  else "asked for (train.method / --method)")  # fmt: skip
+    return (f"{family.name} family ({why_family}): {base} is {family.describe_base(folder)}; method "
+            f"{config.method} ({why_method})")  # fmt: skip
 
 
 def load_decision_model(folder: str | Path) -> DecisionModel:

@@ -94,6 +94,8 @@ class DecisionFamily(ABC):
     """The family's name (`train.family`, `--family`, `manifest.json`)."""
     methods: tuple[str, ...]
     """The training methods it supports (`train.method`, `--method`), its default first."""
+    bases: str
+    """The base folders it starts from, in words (`decision families` prints them)."""
 
     @property
     def default_method(self) -> str:
@@ -111,6 +113,11 @@ class DecisionFamily(ABC):
     @abstractmethod
     def can_load(self, folder: Path) -> bool:
         """Whether this family can start from `folder` when asked for by name (a backbone that fits several)."""
+
+    @abstractmethod
+    def describe_base(self, folder: Path) -> str:
+        """What this family makes of `folder` as a base, in words: `a plain encoder folder (BertModel): the joint
+        head on its last hidden states, ...` (a run's first lines say it)."""
 
     @abstractmethod
     def is_export(self, folder: Path) -> bool:

@@ -22,6 +22,7 @@ from pipeline.cli.registry import add_registry_commands
 from pipeline.cli.tables import print_evaluation, print_heldout, print_report
 
 EXIT_OK, EXIT_UNREADABLE, EXIT_NOTHING_USABLE = 0, 1, 2
+EXIT_BAD_BASE = 2  # a base no family starts from: refused before anything trains
 
 
 def to_json(value: Any) -> str:
@@ -108,6 +109,13 @@ def _training_setup(args: argparse.Namespace):
         raise SystemExit(f"decision {args.command}: {error}") from None
 
 
+def _exit_code(error: Exception) -> int:
+    """2 for a bad base (`BadBase`: the user's input, refused before training), else 1."""
+    from pipeline.families.base import BadBase
+
+    return EXIT_BAD_BASE if isinstance(error, BadBase) else EXIT_UNREADABLE
+
+
 def _source(args: argparse.Namespace, params):
     """Where `train` and `finetune` read their decisions: DATA's slice, split as params.yaml says."""
     from pipeline.data.read import RowSlice
@@ -130,7 +138,7 @@ def _train(args: argparse.Namespace) -> int:
                                 RunControls(progress=bars, cancel=cancel, save_on_cancel=args.save_on_cancel))  # fmt: skip
     except errors as error:
         print(f"decision train: {error}", file=sys.stderr)
-        return EXIT_UNREADABLE
+        return _exit_code(error)
     _warn(run.warnings)
     if args.json:
         print(to_json(run.to_dict()))
@@ -208,7 +216,7 @@ def _finetune(args: argparse.Namespace) -> int:
                                args.run_dir).to_dict()  # fmt: skip
     except errors as error:
         print(f"decision finetune: {error}", file=sys.stderr)
-        return EXIT_UNREADABLE
+        return _exit_code(error)
     _warn(summary["warnings"])
     if args.json:
         print(to_json(summary))
@@ -262,15 +270,16 @@ def _add_training_arguments(command: argparse.ArgumentParser, out_help: str) -> 
     command.add_argument(
         "--base",
         required=True,
-        help="a Laya-layout folder (its encoder; joint or laya family) or a causal LM folder: Qwen3, Llama "
-        "(joint family)",
+        help="a Laya-layout folder (its encoder; joint or laya family), or a plain Hugging Face encoder (BERT, "
+        "RoBERTa, DeBERTa-v2, ModernBERT, ...) or causal LM (Qwen3, Llama, ...) folder with its tokenizer (joint "
+        "family). Exit 2 when it is none of these",
     )
     command.add_argument(
         "--family",
         metavar="NAME",
         help="the model family (`decision families` lists them; default: train.family in params.yaml, else what "
-        "BASE is: a Laya-layout folder is laya, a causal LM joint); joint on a Laya-layout base trains the joint "
-        "record head on its encoder",
+        "BASE is: a Laya-layout folder is laya, a plain encoder or causal LM folder joint); joint on a Laya-layout "
+        "base trains the joint head on its encoder",
     )
     command.add_argument("--out", required=True, help=out_help)
     command.add_argument(

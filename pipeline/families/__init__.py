@@ -13,7 +13,8 @@ from dataclasses import replace
 from pathlib import Path
 
 from pipeline.config import ConfigError, TrainConfig
-from pipeline.families.base import DecisionFamily, DecisionModel, ModelLayoutError
+from pipeline.families.base import BadBase, DecisionFamily, DecisionModel
+from pipeline.families.base_folders import folder_problem
 from pipeline.families.joint.family import JointFamily
 from pipeline.families.laya.family import LayaFamily
 
@@ -28,22 +29,20 @@ FAMILIES: dict[str, DecisionFamily] = {family.name: family for family in (JointF
 
 
 def pick_family(folder: str | Path, name: str | None = None) -> DecisionFamily:
-    """The family named (`train.family` / `--family`), or the one whose layout `folder` is."""
+    """The family named (`train.family` / `--family`), or the one whose layout `folder` is; BadBase, one line
+    naming the folder and what to do, when that family cannot start from it."""
     folder = Path(folder)
-    if name is not None:
-        if name not in FAMILIES:
-            raise ConfigError(f"train.family: expected one of {', '.join(FAMILIES)}; got {name!r}")
-        if not FAMILIES[name].can_load(folder):
-            raise ModelLayoutError(f"{folder}: the {name} family cannot start from this folder")
-        return FAMILIES[name]
+    if name is not None and name not in FAMILIES:
+        raise ConfigError(f"train.family: expected one of {', '.join(FAMILIES)}; got {name!r}")
     owner = _owner(folder)
+    if name is not None and FAMILIES[name].can_load(folder):
+        return FAMILIES[name]
     if owner is None:
-        raise ModelLayoutError(
-            f"{folder}: not a model of any family ({', '.join(FAMILIES)}): no rl_agent_config.json (Laya layout), "
-            "decision_config.json + head.safetensors (joint export), or Hugging Face causal LM or encoder "
-            "config.json with its tokenizer; an unfinished export?"
-        )
-    return owner
+        raise BadBase(folder_problem(folder))
+    if name is None:
+        return owner
+    raise BadBase(f"{folder}: the {name} family cannot start from it: it is {owner.describe_base(folder)}; "
+                  f"train it in the {owner.name} family (--family {owner.name}, or train.family: null)")  # fmt: skip
 
 
 def _owner(folder: Path) -> DecisionFamily | None:

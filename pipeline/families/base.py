@@ -39,6 +39,11 @@ class ModelLayoutError(ValueError):
     """A folder is not a complete model of the family that reads it (or of any family)."""
 
 
+class BadBase(ModelLayoutError):
+    """A folder no family starts from (or not the family asked for), in one line naming it and what to do: the
+    CLI refuses it with exit code 2 before anything is trained or written."""
+
+
 # What a tokenizer raises on text it cannot take (`tokenizers` raises TypeError for non-UTF-8 input): a family
 # turns these, raised while encoding one request, into that request's BadQuestion.
 UNENCODABLE = (TypeError, ValueError, UnicodeError)

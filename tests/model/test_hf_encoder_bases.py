@@ -2,7 +2,8 @@
 tokenizer built the way its own is (`tests/tiny.py`; nothing downloaded), load as the joint family's base with a
 fresh isolated head; `decision finetune` picks the family and method from the folder and says why, trains the
 head, exports, and the export answers as the trained model did; LoRA wraps every linear layer of each encoder's
-blocks and is merged on export."""
+blocks and is merged on export. A folder that is no base is refused in one line, exit code 2, before anything
+is written."""
 
 import json
 from dataclasses import replace
@@ -16,7 +17,8 @@ from pipeline.config import TrainConfig
 from pipeline.data.answers import parse_request
 from pipeline.data.pins import current_md5
 from pipeline.data.split import SplitData
-from pipeline.families import explain_training, load_decision_model, resolve_training
+from pipeline.families import explain_training, load_decision_model, pick_family, resolve_training
+from pipeline.families.joint.backbone import TOKENIZER_FILES
 from pipeline.families.joint.predict import answer_joint_requests
 from pipeline.families.joint.records import encode_row
 from pipeline.families.joint.training import prepare_joint
@@ -150,3 +152,68 @@ def test_lora_on_a_plain_bert_trains_and_the_merged_export_answers_as_trained(le
     assert config["fine_tuned"] is True
     assert not any("lora" in line for line in (tmp_path / "export" / "backbone" / "config.json").read_text())
     assert_export_answers_as_trained(summary)
+
+
+def no_tokenizer(folder):
+    for name in (*TOKENIZER_FILES, "tokenizer_config.json"):
+        (folder / name).unlink(missing_ok=True)
+    return "no tokenizer beside config.json"
+
+
+def unknown_architecture(folder):
+    (folder / "config.json").write_text(json.dumps({"architectures": ["T5ForConditionalGeneration"],
+                                                    "model_type": "t5"}))  # fmt: skip
+    return "neither a causal LM"
+
+
+def unknown_model_type(folder):
+    (folder / "config.json").write_text(json.dumps({"model_type": "no-such-model"}))
+    return "neither a causal LM"
+
+
+def no_config(folder):
+    (folder / "config.json").unlink()
+    return "not a model folder: no config.json"
+
+
+@pytest.mark.parametrize("damage", [no_config, unknown_architecture, unknown_model_type, no_tokenizer])
+def test_a_folder_that_is_no_base_is_refused_in_one_line_before_anything_is_written(damage, learnable, tmp_path,
+                                                                                     capsys):  # fmt: skip
+    folder = write_tiny_encoder(tmp_path / "base", "bert", positions=POSITIONS)
+    said = damage(folder)
+    code, _, err = finetune(folder, learnable, tmp_path / "export", write_params(tmp_path), capsys)
+    assert code == 2
+    [line] = err.strip().splitlines()
+    assert line.startswith(f"decision finetune: {folder}: ") and said in line, line
+    assert not (tmp_path / "export").exists() and not (tmp_path / "export.run").exists()
+
+
+def test_train_refuses_a_folder_that_is_no_base_too(learnable, tmp_path, capsys):
+    (tmp_path / "empty").mkdir()
+    capsys.readouterr()
+    code = main(["train", "--data", str(learnable), "--base", str(tmp_path / "empty"), "--out", str(tmp_path / "tune"),
+                 "--params", str(write_params(tmp_path)), "--device", "cpu", "--json"])  # fmt: skip
+    assert code == 2 and "empty: not a model folder: no config.json" in capsys.readouterr().err
+    assert not (tmp_path / "tune").exists()
+
+
+def test_a_hub_id_is_refused_while_offline_with_what_to_do(learnable, tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    code, _, err = finetune("google-bert/bert-base-uncased", learnable, tmp_path / "export", write_params(tmp_path),
+                            capsys)  # fmt: skip
+    assert code == 2
+    [line] = err.strip().splitlines()
+    assert "google-bert/bert-base-uncased: no such folder" in line
+    assert "decision snapshot --from google-bert/bert-base-uncased" in line
+    assert not (tmp_path / "export").exists()
+
+
+def test_a_family_that_cannot_start_from_the_folder_names_the_one_that_can(tmp_path):
+    from pipeline.families.base import BadBase
+
+    folder = write_tiny_encoder(tmp_path / "base", "bert", positions=POSITIONS)
+    assert pick_family(folder).name == "joint"
+    with pytest.raises(BadBase, match=r"the laya family cannot start from it: it is a plain encoder folder "
+                       r"\(BertModel\).* \(--family joint"):  # fmt: skip
+        pick_family(folder, "laya")

@@ -245,6 +245,31 @@ def _families(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _snapshot(args: argparse.Namespace) -> int:
+    from pipeline.families.base import BadBase
+    from pipeline.stages.snapshot import PinFailed, snapshot_base
+
+    try:
+        pinned = snapshot_base(args.source, args.out)
+    except BadBase as error:
+        print(f"decision snapshot: {error}", file=sys.stderr)
+        return EXIT_BAD_BASE
+    except (PinFailed, OSError) as error:
+        print(f"decision snapshot: {error}", file=sys.stderr)
+        return EXIT_UNREADABLE
+    if args.json:
+        print(to_json(pinned.to_dict()))
+        return EXIT_OK
+    print(f"{pinned.out}: {pinned.family} family, {pinned.base}")
+    if pinned.md5 is not None:
+        print(f"pinned by {pinned.pinned_by}: md5 {pinned.md5} (commit it; `dvc push` shares the bytes)")
+    elif pinned.pinned_by is not None:
+        print(f"a dvc.yaml stage's output: `{pinned.pinned_by}` pins it")
+    else:
+        print("outside a DVC repository: not pinned")
+    return EXIT_OK
+
+
 def _warn(warnings: list[str]) -> None:
     """Say plainly, on stderr, where the fine-tune learned nothing (also with --json or --quiet)."""
     for warning in warnings:
@@ -272,7 +297,7 @@ def _add_training_arguments(command: argparse.ArgumentParser, out_help: str) -> 
         required=True,
         help="a Laya-layout folder (its encoder; joint or laya family), or a plain Hugging Face encoder (BERT, "
         "RoBERTa, DeBERTa-v2, ModernBERT, ...) or causal LM (Qwen3, Llama, ...) folder with its tokenizer (joint "
-        "family). Exit 2 when it is none of these",
+        "family); `decision snapshot --from` pins one. Exit 2 when it is none of these",
     )
     command.add_argument(
         "--family",
@@ -403,6 +428,20 @@ def build_parser() -> argparse.ArgumentParser:
     )
     families.add_argument("--json", action="store_true", help="print one JSON object instead of lines")
     families.set_defaults(handler=_families)
+
+    snapshot = commands.add_parser(
+        "snapshot",
+        help="make a base folder (or a Hugging Face Hub id, where online) a pinned base: checked, copied, dvc add",
+        description="Check that SOURCE loads as a base of some family (`decision families` says which), copy it "
+        "whole into OUT with one rename (a Hub id is downloaded once, where the Hub is reachable; nothing is "
+        "fetched at training time) and pin OUT with `dvc add` inside a DVC repository. Exit 2 when SOURCE is no "
+        "base, or a Hub id while offline; OUT is then left as it was.",
+    )
+    snapshot.add_argument("--from", dest="source", required=True, metavar="SOURCE",
+                          help="a model folder (Hugging Face encoder or causal LM, Laya layout) or a Hub id")  # fmt: skip
+    snapshot.add_argument("--out", required=True, help="the pinned copy, e.g. data/snapshots/NAME")
+    snapshot.add_argument("--json", action="store_true", help="print one JSON object instead of lines")
+    snapshot.set_defaults(handler=_snapshot)
     add_api_commands(commands)
     add_registry_commands(commands)
     return parser

@@ -230,10 +230,10 @@ def _finetune(args: argparse.Namespace) -> int:
 
 
 def _families(args: argparse.Namespace) -> int:
-    from pipeline.families import FAMILIES
+    from pipeline.families import FAMILIES, PICKING_RULE
 
     described = {name: {"methods": list(family.methods), "default_method": family.default_method,
-                        "doc": (type(family).__doc__ or "").strip().splitlines()[0]}
+                        "bases": family.bases, "doc": (type(family).__doc__ or "").strip().splitlines()[0]}
                  for name, family in FAMILIES.items()}  # fmt: skip
     if args.json:
         print(to_json(described))
@@ -242,6 +242,8 @@ def _families(args: argparse.Namespace) -> int:
         print(
             f"{name}: methods {', '.join(entry['methods'])} (default {entry['default_method']}); {entry['doc']}"
         )
+        print(f"  starts from: {entry['bases']}")
+    print(f"rule: {PICKING_RULE}")
     return EXIT_OK
 
 

@@ -28,6 +28,15 @@ _LOADING = threading.Lock()
 FAMILIES: dict[str, DecisionFamily] = {family.name: family for family in (JointFamily(), LayaFamily())}
 
 
+PICKING_RULE = (
+    "with no --family (train.family: null) a base trains in the family whose base it is (`starts from` above; "
+    "a Laya-layout folder: laya, a plain Hugging Face encoder or causal LM folder: joint); --family picks another "
+    "that can start from it. The method is that family's default unless --method (train.method) names another. "
+    "A run's first lines say which and why."
+)
+"""How a family and method follow from a base (`decision families` states it)."""
+
+
 def pick_family(folder: str | Path, name: str | None = None) -> DecisionFamily:
     """The family named (`train.family` / `--family`), or the one whose layout `folder` is; BadBase, one line
     naming the folder and what to do, when that family cannot start from it."""

@@ -76,6 +76,16 @@ def test_the_family_and_method_follow_from_the_folder_by_the_stated_rule(encoder
     )
 
 
+def test_decision_families_states_the_bases_and_the_rule(capsys):
+    assert main(["families", "--json"]) == 0
+    described = json.loads(capsys.readouterr().out)
+    assert "ModernBERT" in described["joint"]["bases"] and "Laya-layout" in described["laya"]["bases"]
+    assert main(["families"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[-1].startswith("rule: with no --family") and "default" in lines[-1]
+    assert sum(line.startswith("  starts from: ") for line in lines) == len(described)
+
+
 def test_a_plain_encoder_loads_with_a_fresh_isolated_head_and_is_only_read(encoder):
     before = current_md5(encoder)
     _, loaded = load_joint_on(encoder)

@@ -51,7 +51,7 @@ from pipeline.scoring.decisions import ScoredDecision
 
 
 class JointFamily(DecisionFamily):
-    """One sequence per row: state, then every question with its options as compact JSON (exact token spans)."""
+    """The state once per row, each question isolated: apart on an encoder, after the state on a causal LM."""
 
     name = "joint"
     methods = ("head", "lora", "full", "qlora")

@@ -72,18 +72,92 @@ def write_tiny_base(
     return folder
 
 
+SENTENCES = [" ".join(WORDS), "What is the tone? The order was late and the box was broken.",
+             '{"negative": null, "neutral": null, "positive": null} ["false", "true"] options: - tone (choice):']  # fmt: skip
+"""What the tiny BPE and Unigram tokenizers are trained on, in memory."""
+
+
+def _trained_bpe(specials: list[str], vocab_size: int):
+    from tokenizers import ByteLevelBPETokenizer
+
+    trainer = ByteLevelBPETokenizer()
+    trainer.train_from_iterator(
+        SENTENCES * 20, vocab_size=vocab_size, min_frequency=1, special_tokens=specials
+    )
+    return trainer._tokenizer
+
+
 def tiny_bpe_tokenizer(vocab_size: int = 320):
     """A byte-level BPE tokenizer trained in memory on a few sentences (Qwen/Llama-like; nothing downloaded)."""
-    from tokenizers import ByteLevelBPETokenizer
     from transformers import PreTrainedTokenizerFast
 
-    text = [" ".join(WORDS), "What is the tone? The order was late and the box was broken.",
-            '{"negative": null, "neutral": null, "positive": null} ["false", "true"] options: - tone (choice):']  # fmt: skip
-    trainer = ByteLevelBPETokenizer()
     specials = ["<|begin_of_text|>", "<|end_of_text|>", "<|pad|>"]
-    trainer.train_from_iterator(text * 20, vocab_size=vocab_size, min_frequency=1, special_tokens=specials)
-    return PreTrainedTokenizerFast(tokenizer_object=trainer._tokenizer, bos_token=specials[0],
+    return PreTrainedTokenizerFast(tokenizer_object=_trained_bpe(specials, vocab_size), bos_token=specials[0],
                                    eos_token=specials[1], pad_token=specials[2])  # fmt: skip
+
+
+ENCODER_ARCHITECTURES = ("bert", "roberta", "deberta-v2", "modernbert")
+"""The plain Hugging Face encoders `write_tiny_encoder` builds (model_type names)."""
+BERT_SPECIALS = {"pad_token": "[PAD]", "unk_token": "[UNK]", "cls_token": "[CLS]", "sep_token": "[SEP]",
+                 "mask_token": "[MASK]"}  # fmt: skip
+
+
+def tiny_encoder_tokenizer(arch: str):
+    """A tokenizer built the way `arch`'s own is: WordPiece with [CLS]/[SEP] (BERT), byte-level BPE whose cls and
+    sep are <s> and </s> (RoBERTa), a SentencePiece-style Unigram with [CLS]/[SEP] (DeBERTa-v2), byte-level BPE
+    with [CLS]/[SEP] (ModernBERT)."""
+    from tokenizers import SentencePieceUnigramTokenizer
+    from transformers import PreTrainedTokenizerFast
+
+    if arch == "bert":
+        return tiny_tokenizer()
+    if arch == "roberta":
+        specials = ["<s>", "<pad>", "</s>", "<unk>", "<mask>"]  # RoBERTa's ids: <s> 0, <pad> 1, </s> 2
+        return PreTrainedTokenizerFast(tokenizer_object=_trained_bpe(specials, 320), bos_token="<s>", eos_token="</s>",
+                                       cls_token="<s>", sep_token="</s>", pad_token="<pad>", unk_token="<unk>",
+                                       mask_token="<mask>")  # fmt: skip
+    specials = list(BERT_SPECIALS.values())
+    if arch == "deberta-v2":
+        trainer = SentencePieceUnigramTokenizer()
+        trainer.train_from_iterator(
+            SENTENCES * 20, vocab_size=200, special_tokens=specials, unk_token="[UNK]"
+        )
+        return PreTrainedTokenizerFast(tokenizer_object=trainer._tokenizer, **BERT_SPECIALS)
+    return PreTrainedTokenizerFast(tokenizer_object=_trained_bpe(specials, 320), **BERT_SPECIALS)
+
+
+def write_tiny_encoder(folder: Path, arch: str = "bert", seed: int = 0, hidden: int = 32, layers: int = 2,
+                       positions: int = 128) -> Path:  # fmt: skip
+    """A tiny random plain Hugging Face encoder of `arch` (one of `ENCODER_ARCHITECTURES`) with its tokenizer, as
+    `save_pretrained` writes a checkpoint; it reaches `positions` tokens."""
+    from transformers import AutoModel
+
+    tokenizer = tiny_encoder_tokenizer(arch)
+    config = _tiny_encoder_config(arch, tokenizer, hidden, layers, positions)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        AutoModel.from_config(config).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+def _tiny_encoder_config(arch: str, tokenizer, hidden: int, layers: int, positions: int):
+    from transformers import BertConfig, DebertaV2Config, ModernBertConfig, RobertaConfig
+
+    sizes = {"vocab_size": len(tokenizer), "hidden_size": hidden, "num_hidden_layers": layers,
+             "num_attention_heads": 2, "intermediate_size": 2 * hidden, "pad_token_id": tokenizer.pad_token_id}  # fmt: skip
+    if arch == "bert":
+        return BertConfig(max_position_embeddings=positions, **sizes)
+    if arch == "roberta":  # positions are numbered from pad_token_id + 1, as RoBERTa's 514 reach 512 tokens
+        return RobertaConfig(max_position_embeddings=positions + tokenizer.pad_token_id + 1,
+                             bos_token_id=tokenizer.cls_token_id, eos_token_id=tokenizer.sep_token_id, **sizes)  # fmt: skip
+    if arch == "deberta-v2":  # DeBERTa-v3's settings: relative attention only, no absolute positions
+        return DebertaV2Config(max_position_embeddings=positions, relative_attention=True, position_buckets=64,
+                               position_biased_input=False, pos_att_type=["p2c", "c2p"], norm_rel_ebd="layer_norm",
+                               share_att_key=True, **sizes)  # fmt: skip
+    ids = {"cls_token_id": tokenizer.cls_token_id, "sep_token_id": tokenizer.sep_token_id,
+           "bos_token_id": tokenizer.cls_token_id, "eos_token_id": tokenizer.sep_token_id}  # fmt: skip
+    return ModernBertConfig(max_position_embeddings=positions, local_attention=64, **ids, **sizes)
 
 
 def write_tiny_causal_lm(folder: Path, seed: int = 0, hidden: int = 64, layers: int = 2, arch: str = "qwen3",

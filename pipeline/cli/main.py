@@ -22,6 +22,7 @@ from pipeline.cli.registry import add_registry_commands
 from pipeline.cli.tables import print_evaluation, print_heldout, print_report
 
 EXIT_OK, EXIT_UNREADABLE, EXIT_NOTHING_USABLE = 0, 1, 2
+EXIT_BAD_BASE = 2  # a base no family starts from: refused before anything trains
 
 
 def to_json(value: Any) -> str:
@@ -108,6 +109,13 @@ def _training_setup(args: argparse.Namespace):
         raise SystemExit(f"decision {args.command}: {error}") from None
 
 
+def _exit_code(error: Exception) -> int:
+    """2 for a bad base (`BadBase`: the user's input, refused before training), else 1."""
+    from pipeline.families.base import BadBase
+
+    return EXIT_BAD_BASE if isinstance(error, BadBase) else EXIT_UNREADABLE
+
+
 def _source(args: argparse.Namespace, params):
     """Where `train` and `finetune` read their decisions: DATA's slice, split as params.yaml says."""
     from pipeline.data.read import RowSlice
@@ -130,7 +138,7 @@ def _train(args: argparse.Namespace) -> int:
                                 RunControls(progress=bars, cancel=cancel, save_on_cancel=args.save_on_cancel))  # fmt: skip
     except errors as error:
         print(f"decision train: {error}", file=sys.stderr)
-        return EXIT_UNREADABLE
+        return _exit_code(error)
     _warn(run.warnings)
     if args.json:
         print(to_json(run.to_dict()))
@@ -208,7 +216,7 @@ def _finetune(args: argparse.Namespace) -> int:
                                args.run_dir).to_dict()  # fmt: skip
     except errors as error:
         print(f"decision finetune: {error}", file=sys.stderr)
-        return EXIT_UNREADABLE
+        return _exit_code(error)
     _warn(summary["warnings"])
     if args.json:
         print(to_json(summary))
@@ -222,10 +230,10 @@ def _finetune(args: argparse.Namespace) -> int:
 
 
 def _families(args: argparse.Namespace) -> int:
-    from pipeline.families import FAMILIES
+    from pipeline.families import FAMILIES, PICKING_RULE
 
     described = {name: {"methods": list(family.methods), "default_method": family.default_method,
-                        "doc": (type(family).__doc__ or "").strip().splitlines()[0]}
+                        "bases": family.bases, "doc": (type(family).__doc__ or "").strip().splitlines()[0]}
                  for name, family in FAMILIES.items()}  # fmt: skip
     if args.json:
         print(to_json(described))
@@ -234,6 +242,33 @@ def _families(args: argparse.Namespace) -> int:
         print(
             f"{name}: methods {', '.join(entry['methods'])} (default {entry['default_method']}); {entry['doc']}"
         )
+        print(f"  starts from: {entry['bases']}")
+    print(f"rule: {PICKING_RULE}")
+    return EXIT_OK
+
+
+def _snapshot(args: argparse.Namespace) -> int:
+    from pipeline.families.base import BadBase
+    from pipeline.stages.snapshot import PinFailed, snapshot_base
+
+    try:
+        pinned = snapshot_base(args.source, args.out)
+    except BadBase as error:
+        print(f"decision snapshot: {error}", file=sys.stderr)
+        return EXIT_BAD_BASE
+    except (PinFailed, OSError) as error:
+        print(f"decision snapshot: {error}", file=sys.stderr)
+        return EXIT_UNREADABLE
+    if args.json:
+        print(to_json(pinned.to_dict()))
+        return EXIT_OK
+    print(f"{pinned.out}: {pinned.family} family, {pinned.base}")
+    if pinned.md5 is not None:
+        print(f"pinned by {pinned.pinned_by}: md5 {pinned.md5} (commit it; `dvc push` shares the bytes)")
+    elif pinned.pinned_by is not None:
+        print(f"a dvc.yaml stage's output: `{pinned.pinned_by}` pins it")
+    else:
+        print("outside a DVC repository: not pinned")
     return EXIT_OK
 
 
@@ -262,15 +297,16 @@ def _add_training_arguments(command: argparse.ArgumentParser, out_help: str) -> 
     command.add_argument(
         "--base",
         required=True,
-        help="a Laya-layout folder (its encoder; joint or laya family) or a causal LM folder: Qwen3, Llama "
-        "(joint family)",
+        help="a Laya-layout folder (its encoder; joint or laya family), or a plain Hugging Face encoder (BERT, "
+        "RoBERTa, DeBERTa-v2, ModernBERT, ...) or causal LM (Qwen3, Llama, ...) folder with its tokenizer (joint "
+        "family); `decision snapshot --from` pins one. Exit 2 when it is none of these",
     )
     command.add_argument(
         "--family",
         metavar="NAME",
         help="the model family (`decision families` lists them; default: train.family in params.yaml, else what "
-        "BASE is: a Laya-layout folder is laya, a causal LM joint); joint on a Laya-layout base trains the joint "
-        "record head on its encoder",
+        "BASE is: a Laya-layout folder is laya, a plain encoder or causal LM folder joint); joint on a Laya-layout "
+        "base trains the joint head on its encoder",
     )
     command.add_argument("--out", required=True, help=out_help)
     command.add_argument(
@@ -394,6 +430,20 @@ def build_parser() -> argparse.ArgumentParser:
     )
     families.add_argument("--json", action="store_true", help="print one JSON object instead of lines")
     families.set_defaults(handler=_families)
+
+    snapshot = commands.add_parser(
+        "snapshot",
+        help="make a base folder (or a Hugging Face Hub id, where online) a pinned base: checked, copied, dvc add",
+        description="Check that SOURCE loads as a base of some family (`decision families` says which), copy it "
+        "whole into OUT with one rename (a Hub id is downloaded once, where the Hub is reachable; nothing is "
+        "fetched at training time) and pin OUT with `dvc add` inside a DVC repository. Exit 2 when SOURCE is no "
+        "base, or a Hub id while offline; OUT is then left as it was.",
+    )
+    snapshot.add_argument("--from", dest="source", required=True, metavar="SOURCE",
+                          help="a model folder (Hugging Face encoder or causal LM, Laya layout) or a Hub id")  # fmt: skip
+    snapshot.add_argument("--out", required=True, help="the pinned copy, e.g. data/snapshots/NAME")
+    snapshot.add_argument("--json", action="store_true", help="print one JSON object instead of lines")
+    snapshot.set_defaults(handler=_snapshot)
     add_api_commands(commands)
     add_registry_commands(commands)
     return parser

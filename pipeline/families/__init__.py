@@ -2,6 +2,7 @@
 
 family = pick_family("data/snapshots/minilm")                 # laya (what the folder is)
 family = pick_family("data/snapshots/minilm", "joint")        # the joint head on the same encoder
+family = pick_family("models/deberta-v3-small")               # joint (a plain encoder folder)
 model = load_decision_model("runs/abc/export")                # a family and its loaded model
 """
 
@@ -12,7 +13,8 @@ from dataclasses import replace
 from pathlib import Path
 
 from pipeline.config import ConfigError, TrainConfig
-from pipeline.families.base import DecisionFamily, DecisionModel, ModelLayoutError
+from pipeline.families.base import BadBase, DecisionFamily, DecisionModel
+from pipeline.families.base_folders import folder_problem
 from pipeline.families.joint.family import JointFamily
 from pipeline.families.laya.family import LayaFamily
 
@@ -26,22 +28,35 @@ _LOADING = threading.Lock()
 FAMILIES: dict[str, DecisionFamily] = {family.name: family for family in (JointFamily(), LayaFamily())}
 
 
+PICKING_RULE = (
+    "with no --family (train.family: null) a base trains in the family whose base it is (`starts from` above; "
+    "a Laya-layout folder: laya, a plain Hugging Face encoder or causal LM folder: joint); --family picks another "
+    "that can start from it. The method is that family's default unless --method (train.method) names another. "
+    "A run's first lines say which and why."
+)
+"""How a family and method follow from a base (`decision families` states it)."""
+
+
 def pick_family(folder: str | Path, name: str | None = None) -> DecisionFamily:
-    """The family named (`train.family` / `--family`), or the one whose layout `folder` is."""
+    """The family named (`train.family` / `--family`), or the one whose layout `folder` is; BadBase, one line
+    naming the folder and what to do, when that family cannot start from it."""
     folder = Path(folder)
-    if name is not None:
-        if name not in FAMILIES:
-            raise ConfigError(f"train.family: expected one of {', '.join(FAMILIES)}; got {name!r}")
-        if not FAMILIES[name].can_load(folder):
-            raise ModelLayoutError(f"{folder}: the {name} family cannot start from this folder")
+    if name is not None and name not in FAMILIES:
+        raise ConfigError(f"train.family: expected one of {', '.join(FAMILIES)}; got {name!r}")
+    owner = _owner(folder)
+    if name is not None and FAMILIES[name].can_load(folder):
         return FAMILIES[name]
-    for family in FAMILIES.values():
-        if family.owns(folder):
-            return family
-    raise ModelLayoutError(
-        f"{folder}: not a model of any family ({', '.join(FAMILIES)}): no rl_agent_config.json (Laya layout), "
-        "decision_config.json + head.safetensors (joint export) or causal-LM config.json; an unfinished export?"
-    )
+    if owner is None:
+        raise BadBase(folder_problem(folder))
+    if name is None:
+        return owner
+    raise BadBase(f"{folder}: the {name} family cannot start from it: it is {owner.describe_base(folder)}; "
+                  f"train it in the {owner.name} family (--family {owner.name}, or train.family: null)")  # fmt: skip
+
+
+def _owner(folder: Path) -> DecisionFamily | None:
+    """The family whose layout `folder` is (the first that owns it)."""
+    return next((family for family in FAMILIES.values() if family.owns(folder)), None)
 
 
 def resolve_training(base: str | Path, config: TrainConfig) -> tuple[DecisionFamily, TrainConfig]:
@@ -53,6 +68,20 @@ def resolve_training(base: str | Path, config: TrainConfig) -> tuple[DecisionFam
         raise ConfigError(f"train.method={method}: the {family.name} family trains with "
                           f"{' or '.join(family.methods)}")  # fmt: skip
     return family, replace(config, family=family.name, method=method)
+
+
+def explain_training(base: str | Path, family: DecisionFamily, config: TrainConfig) -> str:
+    """Which family and method train on `base` and why, in one line (a run's first lines say it); `config` is
+    resolved (`resolve_training`)."""
+    folder = Path(base)
+    owner = _owner(folder) or family
+    why_family = (
+        "what the base is" if owner is family else f"asked for; the base's own family is {owner.name}"
+    )
+    why_method = (f"the {family.name} family's default" if config.method == family.default_method
+                  else "asked for (train.method / --method)")  # fmt: skip
+    return (f"{family.name} family ({why_family}): {base} is {family.describe_base(folder)}; method "
+            f"{config.method} ({why_method})")  # fmt: skip
 
 
 def load_decision_model(folder: str | Path) -> DecisionModel:

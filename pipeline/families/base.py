@@ -39,6 +39,11 @@ class ModelLayoutError(ValueError):
     """A folder is not a complete model of the family that reads it (or of any family)."""
 
 
+class BadBase(ModelLayoutError):
+    """A folder no family starts from (or not the family asked for), in one line naming it and what to do: the
+    CLI refuses it with exit code 2 before anything is trained or written."""
+
+
 # What a tokenizer raises on text it cannot take (`tokenizers` raises TypeError for non-UTF-8 input): a family
 # turns these, raised while encoding one request, into that request's BadQuestion.
 UNENCODABLE = (TypeError, ValueError, UnicodeError)
@@ -94,6 +99,8 @@ class DecisionFamily(ABC):
     """The family's name (`train.family`, `--family`, `manifest.json`)."""
     methods: tuple[str, ...]
     """The training methods it supports (`train.method`, `--method`), its default first."""
+    bases: str
+    """The base folders it starts from, in words (`decision families` prints them)."""
 
     @property
     def default_method(self) -> str:
@@ -111,6 +118,11 @@ class DecisionFamily(ABC):
     @abstractmethod
     def can_load(self, folder: Path) -> bool:
         """Whether this family can start from `folder` when asked for by name (a backbone that fits several)."""
+
+    @abstractmethod
+    def describe_base(self, folder: Path) -> str:
+        """What this family makes of `folder` as a base, in words: `a plain encoder folder (BertModel): the joint
+        head on its last hidden states, ...` (a run's first lines say it)."""
 
     @abstractmethod
     def is_export(self, folder: Path) -> bool:

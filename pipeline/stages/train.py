@@ -17,6 +17,7 @@ from pipeline.config import ConfigError, TrainConfig
 from pipeline.data.pins import pin_status, verify_inputs
 from pipeline.data.split import SplitData, TrainSource
 from pipeline.device import peak_memory_mb
+from pipeline.families import resolve_training
 from pipeline.lineage import source_digest
 from pipeline.rundir import RunFolder
 from pipeline.scoring.heldout import HeldOut, save_heldout
@@ -50,6 +51,7 @@ def train_on_data(source: TrainSource, base: str | Path, out: str | Path | None,
     when cancelled, unless `controls.save_on_cancel`). With `train.nproc` > 1 the ranks train under torchrun (a
     signal stops them all; nothing is saved then)."""
     checked = checked_inputs({"data": source.data, "base": base, "eval_data": source.eval_data})
+    resolve_training(base, config)  # refuse a base no family starts from before the data is read
     data = source.validated()
     if config.nproc > 1 and controls.ranks is None:
         if controls.save_on_cancel:

@@ -21,7 +21,7 @@ from pipeline.config import TrainConfig
 from pipeline.cpu_budget import CpuBudget, apply_threads, plan_threads
 from pipeline.data.split import SplitData
 from pipeline.device import pick_device
-from pipeline.families import pick_family, resolve_training
+from pipeline.families import explain_training, pick_family, resolve_training
 from pipeline.families.base import DecisionFamily
 from pipeline.scoring.baselines import learning_warnings, majority_labels
 from pipeline.scoring.calibration import plain_probabilities
@@ -138,6 +138,7 @@ def fit(data: SplitData, base: str | Path, config: TrainConfig, device: str = "a
     only this one scores. The run's `pins` and `inputs` are the caller's to record.
     """
     family, config = resolve_training(base, config)
+    hooks.say(explain_training(base, family, config))  # said before the base loads, which can take minutes
     prepared = prepare_fit(data, base, config, device, (controls.ranks or Ranks()).world)
     loaded, dev = prepared.loaded, prepared.device
     hooks.say(f"{family.name} family ({config.method}) on {dev}, torch threads {prepared.threads.describe()}: "

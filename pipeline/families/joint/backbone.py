@@ -1,8 +1,10 @@
 """The joint family's backbones: a causal LM (Qwen3, Llama: read for its last hidden states, never its vocabulary
-logits) or an encoder (the MiniLM of a Laya-layout base, or any Hugging Face encoder folder).
+logits) or an encoder (the MiniLM of a Laya-layout base, or a plain Hugging Face encoder folder: BERT, RoBERTa,
+DeBERTa-v2, ModernBERT, ...).
 
     lm = load_causal_lm("models/qwen3-0.6b", dtype=torch.bfloat16)
     encoder, tokenizer, max_len = encoder_from_laya_layout("data/snapshots/minilm")
+    encoder = load_encoder("models/deberta-v3-small")      # is_encoder_folder says it is one
     hidden = backbone_body(lm)(input_ids=ids, attention_mask=mask, use_cache=False).last_hidden_state
 """
 
@@ -20,15 +22,59 @@ from pipeline.families.laya_layout import CONFIG_FILE, load_model
 
 ENCODER, CAUSAL_LM = "encoder", "causal_lm"
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+HF_CONFIG = "config.json"
+# What a tokenizer is saved as: the fast tokenizer's one file, or a slow one's vocabulary (WordPiece, BPE,
+# SentencePiece). `tokenizer_config.json` alone names a class but holds no vocabulary.
+TOKENIZER_FILES = ("tokenizer.json", "vocab.txt", "vocab.json", "spm.model", "tokenizer.model",
+                   "sentencepiece.bpe.model")  # fmt: skip
+
+
+def read_hf_config(path: str | Path) -> dict[str, Any] | None:
+    """A Hugging Face folder's config.json, or None where there is none (or it is not a JSON object)."""
+    config = Path(path) / HF_CONFIG
+    if not config.is_file():
+        return None
+    try:
+        found = json.loads(config.read_text(encoding="utf-8"))
+    except (ValueError, UnicodeError):
+        return None
+    return found if isinstance(found, dict) else None
+
+
+def has_tokenizer(path: str | Path) -> bool:
+    """A tokenizer is saved in the folder (one of `TOKENIZER_FILES`)."""
+    return any((Path(path) / name).is_file() for name in TOKENIZER_FILES)
 
 
 def is_causal_lm_folder(path: str | Path) -> bool:
     """A plain Hugging Face causal LM checkpoint (config.json naming a `...ForCausalLM` architecture)."""
-    config = Path(path) / "config.json"
-    if not config.is_file():
-        return False
-    architectures = json.loads(config.read_text(encoding="utf-8")).get("architectures") or []
+    architectures = (read_hf_config(path) or {}).get("architectures") or []
     return any(str(name).endswith("ForCausalLM") for name in architectures)
+
+
+def is_encoder_folder(path: str | Path) -> bool:
+    """A plain Hugging Face text encoder checkpoint: config.json whose model type transformers runs as a
+    masked-language encoder (BERT, RoBERTa, DeBERTa-v2, ModernBERT, ELECTRA, XLM-R, ...), not an encoder-decoder
+    (BART) nor a causal LM, and with no custom code (never run here)."""
+    found = read_hf_config(path)
+    if found is None or "auto_map" in found or is_causal_lm_folder(path):
+        return False
+    from transformers.models.auto.modeling_auto import MODEL_FOR_MASKED_LM_MAPPING_NAMES
+
+    if found.get("model_type") not in MODEL_FOR_MASKED_LM_MAPPING_NAMES:
+        return False
+    # config.json leaves out what equals its class's default (BART's is_encoder_decoder): the full config says.
+    config = _auto_config(path)
+    return config is not None and not config.is_encoder_decoder and not getattr(config, "is_decoder", False)
+
+
+def _auto_config(path: str | Path):
+    from transformers import AutoConfig
+
+    try:
+        return AutoConfig.from_pretrained(str(path), local_files_only=True)
+    except (ValueError, KeyError, OSError):
+        return None
 
 
 def is_laya_layout_folder(path: str | Path) -> bool:
@@ -56,11 +102,14 @@ def load_causal_lm(folder: str | Path, dtype: torch.dtype = torch.float32, quant
 
 
 def load_encoder(folder: str | Path, dtype: torch.dtype = torch.float32) -> nn.Module:
-    """A Hugging Face encoder saved by a joint export (`backbone/`)."""
+    """A plain Hugging Face encoder folder, or the one a joint export saved (`backbone/`), in eval mode.
+
+    transformers picks the attention: sdpa where the architecture has it (BERT, RoBERTa, ModernBERT), eager where
+    it has not (DeBERTa-v2, which refuses an explicit sdpa).
+    """
     from transformers import AutoModel
 
-    return AutoModel.from_pretrained(str(folder), dtype=dtype, local_files_only=True,
-                                     attn_implementation="sdpa").eval()  # fmt: skip
+    return AutoModel.from_pretrained(str(folder), dtype=dtype, local_files_only=True).eval()
 
 
 def encoder_from_laya_layout(folder: str | Path) -> tuple[nn.Module, Any, int]:
@@ -97,7 +146,11 @@ def vocabulary_table(model: nn.Module) -> torch.Tensor:
 def max_positions(model: nn.Module, wanted: int) -> int:
     """`wanted`, capped by what the backbone's position embeddings reach."""
     limit = getattr(model.config, "max_position_embeddings", None)
-    return min(wanted, int(limit)) if limit else wanted
+    if not limit:
+        return wanted
+    # RoBERTa-like embeddings number positions from padding_idx + 1 (514 embeddings reach 512 tokens).
+    offset = getattr(getattr(model, "embeddings", None), "padding_idx", None)
+    return min(wanted, int(limit) - (offset + 1 if isinstance(offset, int) else 0))
 
 
 def lora_targets(model: nn.Module) -> list[str]:

@@ -1,6 +1,7 @@
 """The `joint` family: one sequence per row with every question, a joint head that pools question and option
 spans and lets the fields attend to the sequence, so one pass answers every question of a row. Its backbone is
-a causal LM (Clef-style; LoRA, full or QLoRA) or an encoder (the MiniLM of a Laya-layout base; LoRA or full).
+a causal LM (Clef-style; LoRA, full or QLoRA) or an encoder (a plain Hugging Face encoder folder, or the MiniLM of a
+Laya-layout base; LoRA or full); `head` trains the head alone on either.
 
     family = JointFamily()
     loaded = family.load("models/qwen3-0.6b", TrainConfig(method="qlora"), torch.device("cuda"))
@@ -17,11 +18,18 @@ import torch
 
 from pipeline.config import TrainConfig
 from pipeline.families.base import Answered, BadQuestion, BatchTask, DecisionFamily, ExportResult
-from pipeline.families.joint.backbone import is_causal_lm_folder, is_laya_layout_folder, qlora_config
+from pipeline.families.joint.backbone import (
+    has_tokenizer,
+    is_causal_lm_folder,
+    is_encoder_folder,
+    is_laya_layout_folder,
+    qlora_config,
+)
 from pipeline.families.joint.layout import (
     HEAD_FILE,
     JOINT_CONFIG,
     LoadedJoint,
+    describe_base,
     export_joint,
     is_joint_export,
     load_joint,
@@ -43,19 +51,26 @@ from pipeline.scoring.decisions import ScoredDecision
 
 
 class JointFamily(DecisionFamily):
-    """One sequence per row: state, then every question with its options as compact JSON (exact token spans)."""
+    """The state once per row, each question isolated: apart on an encoder, after the state on a causal LM."""
 
     name = "joint"
     methods = ("head", "lora", "full", "qlora")
+    bases = ("a plain Hugging Face encoder folder (BERT, RoBERTa, DeBERTa-v2, ModernBERT, ...) or causal LM folder "
+             "(Qwen3, Llama, ...) with its tokenizer, a joint export; a Laya-layout folder when asked for by name")  # fmt: skip
 
     def describe_training(self, folder: Path) -> dict[str, Any]:
         return json.loads((folder / JOINT_CONFIG).read_text()).get("training", {})
 
     def owns(self, folder: Path) -> bool:
-        return is_joint_export(folder) or is_causal_lm_folder(folder)
+        if is_joint_export(folder):
+            return True
+        return (is_causal_lm_folder(folder) or is_encoder_folder(folder)) and has_tokenizer(folder)
 
     def can_load(self, folder: Path) -> bool:
         return self.owns(folder) or is_laya_layout_folder(folder)
+
+    def describe_base(self, folder: Path) -> str:
+        return describe_base(folder)
 
     def is_export(self, folder: Path) -> bool:
         return is_joint_export(folder)

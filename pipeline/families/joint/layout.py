@@ -13,8 +13,8 @@ The joint family's layout (the Laya family's is `pipeline.families.laya_layout`)
     head.safetensors      the JointHead in fp32, written last: a folder without it is never listed or loaded
     manifest.json         lineage, as every export's
 
-A base is a plain Hugging Face causal LM folder, or a Laya-layout folder whose encoder carries the joint head
-instead of its own; either gets a fresh seeded head. Exports written before the interface (family "decoder", a
+A base is a plain Hugging Face causal LM or encoder folder (BERT, RoBERTa, DeBERTa-v2, ModernBERT, ...), or a
+Laya-layout folder whose encoder carries the joint head instead of its own; each gets a fresh seeded head. Exports written before the interface (family "decoder", a
 global temperature folded into the head) load as they are.
 
     loaded = load_joint("models/qwen3-0.6b", max_len=2048)
@@ -53,10 +53,12 @@ from pipeline.families.joint.backbone import (
     encoder_from_laya_layout,
     is_causal,
     is_causal_lm_folder,
+    is_encoder_folder,
     is_laya_layout_folder,
     load_causal_lm,
     load_encoder,
     max_positions,
+    read_hf_config,
     vocabulary_table,
 )
 from pipeline.families.joint.field_cache import FieldCache
@@ -74,6 +76,9 @@ BACKBONE_DIR = "backbone"
 HEAD_DEFAULTS = {"heads": 4, "layers": 2, "chunk": 2048}
 IN_SEQUENCE, APART = "in_sequence", "apart"
 ENCODER_READ_LAYERS = 4
+# A plain encoder's sequence length unless its tokenizer states less: what BERT-sized encoders were pretrained on
+# (ModernBERT reaches 8192 positions, at a cost quadratic in the length).
+ENCODER_MAX_LEN = 512
 
 
 @dataclass
@@ -116,13 +121,27 @@ def is_joint_export(path: str | Path) -> bool:
     return (path / HEAD_FILE).is_file() and (path / JOINT_CONFIG).is_file()
 
 
+def describe_base(path: str | Path) -> str:
+    """What the joint family makes of a base folder, in words (a run's first lines say it)."""
+    path = Path(path)
+    if is_joint_export(path):
+        return "a joint export: its trained head and backbone, trained further"
+    if is_laya_layout_folder(path):
+        return "a Laya-layout folder: the joint head on its encoder (its own head left behind), each question apart"
+    config = read_hf_config(path) or {}
+    name = ", ".join(config.get("architectures") or []) or config.get("model_type", "?")
+    if is_causal_lm_folder(path):
+        return f"a causal LM folder ({name}): the joint head on its last hidden state, each question after the state"
+    return f"a plain encoder folder ({name}): the joint head on its last hidden states, each question apart"
+
+
 def load_joint(path: str | Path, max_len: int = 1024, head_width: int = 256, seed: int = 0,
                dtype: torch.dtype = torch.float32, quantization: Any | None = None,
                device: str = "cpu") -> LoadedJoint:  # fmt: skip
-    """A joint export, or a base (causal LM, Laya-layout encoder) with a fresh head seeded by `seed`.
+    """A joint export, or a base (causal LM, encoder, Laya-layout encoder) with a fresh head seeded by `seed`.
 
-    `max_len` and `head_width` apply to a base only (an export carries its own; a Laya-layout base's own max_len
-    and an encoder's position embeddings cap `max_len`). The head is fp32 always. `quantization` (a transformers quantization config, e.g.
+    `max_len` and `head_width` apply to a base only (an export carries its own; a Laya-layout base's own max_len,
+    a plain encoder's `ENCODER_MAX_LEN` and an encoder's position embeddings cap `max_len`). The head is fp32 always. `quantization` (a transformers quantization config, e.g.
     4-bit `BitsAndBytesConfig` for QLoRA) loads a causal LM quantised. The folder is only read.
     """
     path = Path(path)
@@ -135,14 +154,27 @@ def load_joint(path: str | Path, max_len: int = 1024, head_width: int = 256, see
         _refuse_quantised_encoder(path, quantization)
         # The base states the sequence length its encoder serves (MiniLM: 256, what it was trained on).
         encoder, tokenizer, stated = encoder_from_laya_layout(path)
-        length = max_positions(encoder, min(max_len, stated))
-        loaded = _with_fresh_head(path, encoder.to(dtype), tokenizer, length, head_width, seed)
-        loaded.config["fields_max_len"] = max_positions(encoder, max_len)
-        return loaded
+        return _encoder_base(path, encoder.to(dtype), tokenizer, stated, max_len, head_width, seed)
+    if is_encoder_folder(path):
+        _refuse_quantised_encoder(path, quantization)
+        tokenizer = _load_tokenizer(path)
+        stated = min(ENCODER_MAX_LEN, tokenizer.model_max_length)  # huge when the tokenizer states none
+        return _encoder_base(path, load_encoder(path, dtype), tokenizer, stated, max_len, head_width, seed)
     raise ModelLayoutError(
         f"{path}: not a joint decision model (no {HEAD_FILE} and {JOINT_CONFIG}; an unfinished export?), "
-        "nor a causal LM folder (config.json with a ...ForCausalLM architecture), nor a Laya-layout folder"
+        "nor a causal LM or encoder folder (config.json with a ...ForCausalLM architecture, or a masked-language "
+        "encoder's model_type), nor a Laya-layout folder"
     )
+
+
+def _encoder_base(path: Path, encoder: nn.Module, tokenizer, stated: int, max_len: int, head_width: int,
+                  seed: int) -> LoadedJoint:  # fmt: skip
+    """An encoder with a fresh head: the state's sequence `stated` tokens at most, a field sequence what the
+    encoder's positions reach (both within `max_len`)."""
+    length = max_positions(encoder, min(max_len, stated))
+    loaded = _with_fresh_head(path, encoder, tokenizer, length, head_width, seed)
+    loaded.config["fields_max_len"] = max_positions(encoder, max_len)
+    return loaded
 
 
 def _load_export(path: Path, dtype: torch.dtype, quantization: Any | None, device: str) -> LoadedJoint:

@@ -38,6 +38,7 @@ class LayaFamily(DecisionFamily):
 
     name = "laya"
     methods = ("lora", "full")
+    bases = "a Laya-layout folder (rl_agent_config.json): the stock MiniLM snapshot, a laya checkpoint"
 
     def describe_training(self, folder: Path) -> dict[str, Any]:
         """A LoRA fine-tune's adapter description, else the Laya config's `training`."""
@@ -50,6 +51,9 @@ class LayaFamily(DecisionFamily):
 
     def can_load(self, folder: Path) -> bool:
         return (folder / CONFIG_FILE).is_file()
+
+    def describe_base(self, folder: Path) -> str:
+        return "a Laya-layout folder: its encoder and its own decision head, one sequence per question"
 
     def is_export(self, folder: Path) -> bool:
         return (folder / CONFIG_FILE).is_file()

@@ -1,0 +1,131 @@
+"""`decision snapshot --from`: make any base a pinned input. A local folder (or a Hugging Face Hub id, downloaded
+once where the Hub is reachable) is copied beside `--out`, checked to load as some family's base, swapped in with
+one rename, and pinned with `dvc add` when `--out` lies inside a DVC repository (a dvc.yaml stage's output is
+pinned by `dvc repro` instead). Nothing is fetched from the Hub at training time: training reads the pinned copy.
+
+    decision snapshot --from ~/models/deberta-v3-small --out data/snapshots/deberta-v3-small
+    decision snapshot --from answerdotai/ModernBERT-base --out data/snapshots/modernbert     # where online
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+from safetensors import SafetensorError
+
+from pipeline.data.pins import pin_command
+from pipeline.families import pick_family
+from pipeline.families.base import BadBase
+from pipeline.families.base_folders import looks_like_hub_id
+from pipeline.families.exporting import fsync_tree, write_staged
+
+# What a Hub download takes: configs, safetensors weights and tokenizer files (no pickled .bin weights, no
+# ONNX, TensorFlow or Flax copies).
+HUB_FILES = ["*.json", "*.safetensors", "*.txt", "*.model"]
+
+
+class PinFailed(RuntimeError):
+    """`dvc add` refused the snapshot (its output names the reason)."""
+
+
+@dataclass(frozen=True)
+class PinnedBase:
+    """Where the base went, what it is, and its DVC pin."""
+
+    source: str
+    out: str
+    family: str
+    base: str
+    """What the family makes of it, in words (`DecisionFamily.describe_base`)."""
+    md5: str | None
+    """DVC's md5 of the folder (its `.dir` hash); None where nothing pins it."""
+    pinned_by: str | None
+    """The `.dvc` file that pins it, `dvc repro STAGE` for a stage output, or None outside a DVC repository."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def snapshot_base(source: str, out: str | Path) -> PinnedBase:
+    """Copy (or download) `source` to `out` whole, once it loads as a base, and pin it; BadBase, naming `source`
+    and what to do, when it is no base or a Hub id cannot be fetched, and `out` is left as it was."""
+    out = Path(out)
+    folder = Path(source).expanduser()
+    if folder.exists():
+        pick_family(folder)  # a folder no family starts from is refused before anything is copied
+    elif not looks_like_hub_id(source):
+        raise BadBase(f"{source}: no such folder, nor a Hugging Face Hub id (org/name)")
+    elif _hub_offline():
+        raise BadBase(f"{source}: a Hugging Face Hub id, and the Hub is offline here (HF_HUB_OFFLINE); run this "
+                      f"where it is reachable, or download it there (`hf download {source} --local-dir DIR`) and "
+                      "`decision snapshot --from DIR` here")  # fmt: skip
+    write_staged(out, lambda staging: _fill(source, folder, staging))
+    family = pick_family(out)
+    md5, pinned_by = pin_folder(out)
+    return PinnedBase(source, str(out), family.name, family.describe_base(out), md5, pinned_by)
+
+
+def _fill(source: str, folder: Path, staging: Path) -> None:
+    if folder.exists():
+        # Hidden entries (.git, a download's .cache) are no part of the model; links are copied as the files.
+        shutil.copytree(folder, staging, ignore=shutil.ignore_patterns(".*"), dirs_exist_ok=True)
+    else:
+        _download_from_hub(source, staging)
+    try:
+        family = pick_family(staging)
+        family.load(staging)  # weights and tokenizer read whole: a truncated file fails here, not in training
+    except (BadBase, OSError, ValueError, RuntimeError, KeyError, SafetensorError) as error:
+        said = " ".join(str(error).split())  # one line, whatever the loader wrote
+        raise BadBase(f"{source}: does not load as a base ({said})") from error
+    fsync_tree(staging)
+
+
+def _hub_offline() -> bool:
+    """Whether the Hub is off for this process (HF_HUB_OFFLINE or TRANSFORMERS_OFFLINE, read now)."""
+    from huggingface_hub import constants
+
+    flags = (os.environ.get("HF_HUB_OFFLINE"), os.environ.get("TRANSFORMERS_OFFLINE"))
+    return constants.is_offline_mode() or any(f and f.upper() in {"1", "ON", "YES", "TRUE"} for f in flags)
+
+
+def _download_from_hub(hub_id: str, folder: Path) -> None:
+    """The Hub repository's model files into `folder`; BadBase saying what to do where the Hub cannot be reached."""
+    from huggingface_hub import snapshot_download
+
+    try:
+        snapshot_download(hub_id, local_dir=str(folder), allow_patterns=HUB_FILES)
+    except (OSError, ValueError) as error:  # unreachable, unknown, gated: huggingface_hub raises OSErrors
+        raise BadBase(f"{hub_id}: cannot download it from the Hugging Face Hub ({error}); "
+                      "check the id and the connection, or snapshot a local folder") from error  # fmt: skip
+    # The download's own bookkeeping (.cache/huggingface) is no part of the model.
+    shutil.rmtree(folder / ".cache", ignore_errors=True)
+
+
+def pin_folder(out: Path) -> tuple[str | None, str | None]:
+    """(md5, what pins it) for `out`: `dvc add` inside a DVC repository, unless dvc.yaml makes it a stage
+    output (then `dvc repro` pins it); (None, None) outside any repository."""
+    root = _dvc_root(out)
+    if root is None:
+        return None, None
+    rel = out.resolve().relative_to(root).as_posix()
+    command = pin_command(rel, root)
+    if command.startswith("dvc repro"):
+        return None, command
+    done = subprocess.run([sys.executable, "-m", "dvc", "add", "-q", rel], cwd=root, capture_output=True,
+                          text=True, timeout=3600)  # fmt: skip
+    if done.returncode != 0:
+        raise PinFailed(f"dvc add {rel} (in {root}) failed: {(done.stderr or done.stdout).strip()}")
+    pin = root / f"{rel}.dvc"
+    return yaml.safe_load(pin.read_text())["outs"][0]["md5"], pin.relative_to(root).as_posix()
+
+
+def _dvc_root(path: Path) -> Path | None:
+    """The DVC repository `path` lies in (the nearest folder above it holding `.dvc/`), or None."""
+    return next((p for p in path.resolve().parents if (p / ".dvc").is_dir()), None)

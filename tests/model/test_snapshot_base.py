@@ -1,0 +1,119 @@
+"""`decision snapshot --from`: any base becomes a pinned input. A folder that loads as some family's base is copied
+whole into `--out` and pinned by real DVC (`dvc add`) inside a DVC repository; a folder that is no base, one that
+does not load, or a Hub id while offline is refused in one line, exit code 2, and `--out` is left as it was."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from pipeline.cli.main import main
+from pipeline.data.pins import current_md5, verify_inputs
+from pipeline.families import pick_family
+from tests.tiny import write_tiny_encoder
+
+
+@pytest.fixture
+def repo(tmp_path):
+    """An empty DVC repository (no git)."""
+    folder = tmp_path / "repo"
+    folder.mkdir()
+    done = subprocess.run([sys.executable, "-m", "dvc", "init", "--no-scm", "-q"], cwd=folder, capture_output=True,
+                          text=True, timeout=120)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    return folder
+
+
+@pytest.fixture(scope="module")
+def encoder(tmp_path_factory):
+    return write_tiny_encoder(tmp_path_factory.mktemp("source") / "modernbert", "modernbert")
+
+
+def snapshot(capsys, source, out, *flags) -> tuple[int, str, str]:
+    capsys.readouterr()
+    code = main(["snapshot", "--from", str(source), "--out", str(out), *flags])
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def files(folder) -> dict[str, bytes]:
+    return {
+        p.relative_to(folder).as_posix(): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()
+    }
+
+
+@pytest.mark.parametrize("kind", ["encoder", "laya"])
+def test_a_base_is_copied_whole_and_pinned_by_dvc(kind, encoder, tiny_base, repo, capsys):
+    source = encoder if kind == "encoder" else tiny_base
+    out = repo / "data" / "snapshots" / "mine"
+    code, printed, err = snapshot(capsys, source, out, "--json")
+    assert code == 0, err
+    pinned = json.loads(printed)
+    assert files(out) == files(source)
+    assert pinned["family"] == pick_family(source).name == ("joint" if kind == "encoder" else "laya")
+    recorded = yaml.safe_load((repo / "data" / "snapshots" / "mine.dvc").read_text())["outs"][0]["md5"]
+    assert pinned["md5"] == recorded == current_md5(out) and pinned["pinned_by"] == "data/snapshots/mine.dvc"
+    # What `decision finetune --base` checks: the base is pinned, and matches its pin.
+    assert verify_inputs([out], repo / "dvc.lock") == {"data/snapshots/mine": recorded}
+
+
+def test_a_stage_output_is_left_to_dvc_repro(encoder, repo, capsys):
+    stage = {
+        "cmd": f"decision snapshot --from {encoder} --out data/snapshots/staged",
+        "outs": ["data/snapshots/staged"],
+    }
+    (repo / "dvc.yaml").write_text(yaml.safe_dump({"stages": {"staged": stage}}))
+    code, printed, _ = snapshot(capsys, encoder, repo / "data" / "snapshots" / "staged")
+    assert code == 0 and "`dvc repro staged` pins it" in printed
+    assert not (repo / "data" / "snapshots" / "staged.dvc").exists()
+
+
+def test_outside_a_dvc_repository_it_is_copied_and_said_unpinned(encoder, tmp_path, capsys):
+    code, printed, _ = snapshot(capsys, encoder, tmp_path / "mine")
+    assert code == 0 and files(tmp_path / "mine") == files(encoder)
+    assert printed.splitlines() == [
+        f"{tmp_path / 'mine'}: joint family, a plain encoder folder (ModernBertModel): the joint head on its last "
+        "hidden states, each question apart",
+        "outside a DVC repository: not pinned",
+    ]
+
+
+def truncated_weights(folder) -> str:
+    weights = folder / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+    return "does not load as a base"
+
+
+def no_config(folder) -> str:
+    (folder / "config.json").unlink()
+    return "not a model folder: no config.json"
+
+
+@pytest.mark.parametrize("damage", [truncated_weights, no_config])
+def test_a_folder_that_is_no_base_is_refused_and_out_is_left_as_it_was(damage, repo, capsys):
+    source = write_tiny_encoder(repo.parent / "source", "bert")
+    said = damage(source)
+    out = repo / "data" / "snapshots" / "mine"
+    out.mkdir(parents=True)
+    (out / "kept.txt").write_text("the snapshot before")
+    code, _, err = snapshot(capsys, source, out)
+    assert code == 2
+    [line] = err.strip().splitlines()
+    assert line.startswith(f"decision snapshot: {source}: ") and said in line, line
+    assert files(out) == {"kept.txt": b"the snapshot before"}
+    assert sorted(p.name for p in out.parent.iterdir()) == ["mine"]  # no staging folder left beside it
+    assert not (out.parent / "mine.dvc").exists()
+
+
+def test_a_hub_id_while_offline_is_refused_saying_what_to_do(repo, capsys, monkeypatch):
+    monkeypatch.chdir(repo)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    code, _, err = snapshot(capsys, "answerdotai/ModernBERT-base", "data/snapshots/modernbert")
+    assert code == 2
+    [line] = err.strip().splitlines()
+    assert line.startswith("decision snapshot: answerdotai/ModernBERT-base: a Hugging Face Hub id, and the Hub is "
+                           "offline here")  # fmt: skip
+    assert "hf download answerdotai/ModernBERT-base --local-dir DIR" in line
+    assert not (repo / "data").exists()

@@ -9,24 +9,12 @@ import json
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
-import numpy as np
 import pytest
 import yaml
 
 from pipeline.cli.main import main
 from tests.api.conftest import live_server, make_app
-
-TOL = 1e-4
-TONE = {"type": "choice", "instructions": "What is the tone?",
-        "criteria": {"negative": None, "neutral": "neither", "positive": None}}  # fmt: skip
-INTENSITY = {"type": "score", "instructions": "How intense?", "criteria": ["none", "mild", "strong"]}
-POSITIVE = {"type": "noul", "instructions": "The text is positive.", "criteria": None}
-OTHERS = {
-    "topic": {"type": "choice", "instructions": "What is it about?", "criteria": ["food", "film", "phone"]},
-    "sarcastic": {"type": "noul", "instructions": "The text is sarcastic.", "criteria": None},
-    "length": {"type": "score", "instructions": "How long?", "criteria": ["short", "long"]},
-}
-STATE = "the order came late but the food was great"
+from tests.invariance import INTENSITY, OTHERS, POSITIVE, STATE, TONE, assert_same, probabilities
 
 
 @pytest.fixture(scope="module", params=["laya", "joint"])
@@ -57,16 +45,6 @@ def answers(url: str, questions: dict, state=STATE) -> dict:
     response = ask(url, questions, state)
     assert response.status_code == 200, response.text
     return response.json()["answers"]
-
-
-def probabilities(answer: dict) -> np.ndarray:
-    if answer["type"] == "noul":
-        return np.array([answer["noul"]])
-    return np.array(list(answer["probabilities"].values()))
-
-
-def assert_same(a: dict, b: dict) -> None:
-    np.testing.assert_allclose(probabilities(a), probabilities(b), atol=TOL)
 
 
 def test_an_answer_does_not_move_with_the_question_id(server):
@@ -113,7 +91,9 @@ def test_choice_takes_2_to_255_options(server, n):
     ]
     assert list(answer["probabilities"]) == options
     assert sum(answer["probabilities"].values()) == pytest.approx(1.0, abs=n * 1e-4)
-    assert answer["probabilities"][answer["choice"]] == max(answer["probabilities"].values())  # ties: rounding
+    assert answer["probabilities"][answer["choice"]] == max(
+        answer["probabilities"].values()
+    )  # ties: rounding
 
 
 @pytest.mark.parametrize("levels", [1, 10])

@@ -6,26 +6,14 @@ question, adding or removing others, reordering them or changing batch-mates lea
 question with 255 options or a one-level score is answered like any other.
 """
 
-import numpy as np
 import pytest
 import torch
 
 from pipeline.data.answers import parse_request
 from pipeline.families.joint.predict import answer_joint_requests
 from pipeline.families.joint.records import collate_records, encode_row
+from tests.invariance import INTENSITY, OTHERS, POSITIVE, STATE, TONE, assert_same
 from tests.tiny import load_joint_on, write_tiny_causal_lm
-
-TOL = 1e-4
-TONE = {"type": "choice", "instructions": "What is the tone?",
-        "criteria": {"negative": None, "neutral": "neither", "positive": None}}  # fmt: skip
-INTENSITY = {"type": "score", "instructions": "How intense?", "criteria": ["none", "mild", "strong"]}
-POSITIVE = {"type": "noul", "instructions": "The text is positive.", "criteria": None}
-OTHERS = {
-    "topic": {"type": "choice", "instructions": "What is it about?", "criteria": ["food", "film", "phone"]},
-    "sarcastic": {"type": "noul", "instructions": "The text is sarcastic.", "criteria": None},
-    "length": {"type": "score", "instructions": "How long?", "criteria": ["short", "long"]},
-}
-STATE = "the order came late but the food was great"
 
 
 @pytest.fixture(scope="module", params=["encoder", "causal_lm"])
@@ -41,16 +29,6 @@ def loaded(request, tiny_base, tmp_path_factory):
 def answers(loaded, questions: dict, state=STATE) -> dict:
     [result] = answer_joint_requests(loaded, [parse_request(state, questions)])
     return result.answers
-
-
-def probabilities(answer: dict) -> np.ndarray:
-    if answer["type"] == "noul":
-        return np.array([answer["noul"]])
-    return np.array(list(answer["probabilities"].values()))
-
-
-def assert_same(a: dict, b: dict) -> None:
-    np.testing.assert_allclose(probabilities(a), probabilities(b), atol=TOL)
 
 
 def test_renaming_a_question_leaves_its_answer(loaded):

@@ -1,5 +1,6 @@
-"""The `joint` family: one sequence per row with every question, a joint head that pools question and option
-spans and lets the fields attend to the sequence, so one pass answers every question of a row. Its backbone is
+"""The `joint` family: a row's state read once, each of its questions isolated (its own field sequences on an
+encoder, its own sequence after the state on a causal LM), and a head that pools question and option spans and lets
+each question's fields attend to the state, so one pass answers every question of a row. Its backbone is
 a causal LM (Clef-style; LoRA, full or QLoRA) or an encoder (a plain Hugging Face encoder folder, or the MiniLM of a
 Laya-layout base; LoRA or full); `head` trains the head alone on either.
 

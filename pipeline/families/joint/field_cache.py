@@ -1,7 +1,7 @@
 """A server's cache of isolated field vectors: a question's (or option's) field sequence pooled once per model.
 
 cache = FieldCache()
-batch["field_vectors"] = cache.fill(model, batch, device)
+batch["field_vectors"] = cache.fill(model, batch, distinct_field_keys(records), device)
 """
 
 from __future__ import annotations
@@ -10,6 +10,8 @@ import threading
 from collections import OrderedDict
 
 import torch
+
+from pipeline.families.joint.records import FieldKey
 
 PASS = 256
 
@@ -23,19 +25,17 @@ class FieldCache:
 
     def __init__(self, capacity: int = 8192):
         self.capacity, self.vectors, self.weights = capacity, OrderedDict(), None
-        self._lock = (
-            threading.Lock()
-        )  # a server's inference thread and an in-process caller may share a model
+        # A server's inference thread and an in-process caller may share a model.
+        self._lock = threading.Lock()
 
-    def fill(self, model, batch: dict, device: torch.device) -> torch.Tensor:
-        """[U, d] vectors of the batch's field sequences: cached ones looked up, the others computed and kept."""
+    def fill(self, model, batch: dict, keys: list[FieldKey], device: torch.device) -> torch.Tensor:
+        """[U, d] vectors of the batch's field sequences (`keys`: `distinct_field_keys` of its records, in the
+        batch's order): cached ones looked up, the others computed and kept."""
         with self._lock:
-            return self._fill(model, batch, device)
+            return self._fill(model, batch, keys, device)
 
-    def _fill(self, model, batch: dict, device: torch.device) -> torch.Tensor:
+    def _fill(self, model, batch: dict, keys: list[FieldKey], device: torch.device) -> torch.Tensor:
         self._forget_if_trained(model)
-        keys = [(tuple(ids[: int(m.sum())].tolist()), tuple(span.tolist()))
-                for ids, m, span in zip(batch["field_input_ids"], batch["field_attention_mask"], batch["field_spans"])]  # fmt: skip
         missing = [i for i, key in enumerate(keys) if key not in self.vectors]
         # A pass of at most PASS sequences: a request of 64 questions with 255 options each has 16,384 of them.
         for start in range(0, len(missing), PASS):
@@ -45,9 +45,8 @@ class FieldCache:
         for key in keys:
             self.vectors.move_to_end(key)
         vectors = torch.stack([self.vectors[key] for key in keys])
-        while (
-            len(self.vectors) > self.capacity
-        ):  # after the lookup: one request may hold more than the capacity
+        # Evicted after the lookup: one request may hold more sequences than the capacity.
+        while len(self.vectors) > self.capacity:
             self.vectors.popitem(last=False)
         return vectors.to(device)
 

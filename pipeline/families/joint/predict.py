@@ -17,6 +17,7 @@ from pipeline.families.joint.records import (
     EncodedRecord,
     RecordTooLong,
     collate_records,
+    distinct_field_keys,
     encode_row,
     joined_logits,
 )
@@ -75,10 +76,12 @@ def record_logits(loaded: LoadedJoint, records: list[EncodedRecord], batch_size:
     device = next(model.parameters()).device
     out: list[list[np.ndarray]] = [[] for _ in records]
     for indices in length_batches([len(r) for r in records], batch_size):
-        batch = collate_records([records[i] for i in indices], loaded.tokenizer.pad_token_id)
+        chosen = [records[i] for i in indices]
+        batch = collate_records(chosen, loaded.tokenizer.pad_token_id)
         with autocast_context(device, dtype):
             if "field_spans" in batch:
-                batch["field_vectors"] = loaded.field_cache.fill(model, batch, device)
+                keys = distinct_field_keys(chosen)
+                batch["field_vectors"] = loaded.field_cache.fill(model, batch, keys, device)
             logits = model({k: v.to(device) for k, v in batch.items()})
         logits = logits.float().cpu().numpy().astype(np.float64)
         for row, index in enumerate(indices):

@@ -403,15 +403,9 @@ def _isolated_sequences(records: list[EncodedRecord], pad_id: int, q: int, k: in
             question_field[row, qi] = where.setdefault(question_key, len(where))
             for oi, key in enumerate(option_keys):
                 option_field[row, qi, oi] = where.setdefault(key, len(where))
-    distinct = list(where)
-    width = max(len(ids) for ids, _ in distinct)
-    ids = np.full((len(distinct), width), pad_id, dtype=np.int64)
-    mask = np.zeros((len(distinct), width), dtype=np.int64)
-    for row, (sequence, _) in enumerate(distinct):
-        ids[row, : len(sequence)] = sequence
-        mask[row, : len(sequence)] = 1
+    ids, mask = _padded([sequence for sequence, _ in where], pad_id)
     return {"field_input_ids": ids, "field_attention_mask": mask,
-            "field_spans": np.array([span for _, span in distinct], dtype=np.int64).reshape(-1, 2),
+            "field_spans": np.array([span for _, span in where], dtype=np.int64).reshape(-1, 2),
             "question_field": question_field, "option_field": option_field}  # fmt: skip
 
 
@@ -420,15 +414,21 @@ def _field_sequences(records: list[EncodedRecord], pad_id: int) -> dict[str, np.
     if not all(r.fields_apart for r in records):
         raise ValueError("a batch mixes records with fields apart and fields in the sequence")
     distinct = list(dict.fromkeys(r.field_ids for r in records))
-    width = max(len(ids) for ids in distinct)
-    ids = np.full((len(distinct), width), pad_id, dtype=np.int64)
-    mask = np.zeros((len(distinct), width), dtype=np.int64)
-    for row, field_ids in enumerate(distinct):
-        ids[row, : len(field_ids)] = field_ids
-        mask[row, : len(field_ids)] = 1
+    ids, mask = _padded(distinct, pad_id)
     where = {field_ids: i for i, field_ids in enumerate(distinct)}
     index = np.array([where[r.field_ids] for r in records], dtype=np.int64)
     return {"field_input_ids": ids, "field_attention_mask": mask, "field_index": index}
+
+
+def _padded(sequences: list[tuple[int, ...]], pad_id: int) -> tuple[np.ndarray, np.ndarray]:
+    """Right-padded ids [N, T] and their attention mask."""
+    width = max(len(sequence) for sequence in sequences)
+    ids = np.full((len(sequences), width), pad_id, dtype=np.int64)
+    mask = np.zeros((len(sequences), width), dtype=np.int64)
+    for row, sequence in enumerate(sequences):
+        ids[row, : len(sequence)] = sequence
+        mask[row, : len(sequence)] = 1
+    return ids, mask
 
 
 def _fill_row(row: dict[str, np.ndarray], record: EncodedRecord) -> None:

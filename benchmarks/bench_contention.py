@@ -8,7 +8,7 @@ Conditions, each measured with fresh processes (so a server's thread choice sees
   quota1    the servers and the training run in a cgroup with a 1-CPU quota (v2 `cpu.max`, v1 `cpu.cfs_quota_us`)
             where /sys/fs/cgroup is writable, else pinned to core 0 (taskset -c 0); the output says which
 In each: ours (`decision serve`, default threads, and `--threads N` for each `--also-threads`) and laya-serve on the
-same folder, one at a time, warmed up, then the same requests at each concurrency (bench_serve's client); then
+same folder (and ours on a joint-family export with `--joint`), one at a time, warmed up, then the same requests at each concurrency (bench_serve's client); then
 `decision train --max-steps STEPS` on a slice of the data, its median s/step (the first step left out).
 
 Prints requests/s and steps/s per condition with the ratios to quiet and ours/laya, the threads ours chose and why
@@ -44,7 +44,7 @@ sys.path.insert(0, str(ROOT))
 
 from bench_serve import build_requests, load, start_laya, start_ours, wait_ready  # noqa: E402
 
-from pipeline.cpu_budget import CgroupFiles, affinity_cpus, cgroup_paths  # noqa: E402
+from pipeline.cpu.budget import CgroupFiles, affinity_cpus, cgroup_paths  # noqa: E402
 from pipeline.stages.smoke import free_port  # noqa: E402
 
 CONDITIONS = ("quiet", "busy1", "busy2", "quota1")
@@ -209,6 +209,10 @@ def run_condition(condition: Condition, model: Path, bodies: list[dict], args, p
         if pinned:
             print(f"{condition.name}: busy processes on cores {pinned}", flush=True)
         servers = {"ours": measure_server("ours", start_ours, condition, model, bodies, args)}
+        if args.joint:
+            servers["ours joint"] = measure_server(
+                "ours joint", start_ours, condition, args.joint, bodies, args
+            )
         for threads in args.also_threads:
             start = functools.partial(start_ours, threads=threads)
             servers[f"ours --threads {threads}"] = measure_server(
@@ -262,7 +266,7 @@ def goals(rows: list[dict], conditions: dict[str, Condition]) -> dict[str, bool]
     """Ours keeps kept_share / 1.1 of its quiet speed where the condition has a goal, and beats laya everywhere."""
     met = {}
     for row in rows:
-        if row["what"] not in ("ours", "train"):
+        if row["what"] not in ("ours", "ours joint", "train"):
             continue
         kept = conditions[row["condition"]].kept_share
         label = f"{row['condition']} {row['what']}" + (
@@ -307,6 +311,9 @@ def main() -> int:
     )
     parser.add_argument("--warmup", type=int, default=8, help="requests before measuring")
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8])
+    parser.add_argument(
+        "--joint", type=Path, help="also ours on this joint-family export (the default family)"
+    )
     parser.add_argument("--also-threads", type=int, nargs="*", default=[], help="also ours with --threads N")
     parser.add_argument("--steps", type=int, default=8, help="training steps per condition (0: no training)")
     parser.add_argument("--train-data", type=Path, help="what the training run reads (default: --data)")

@@ -218,7 +218,7 @@ class TrainConfig:
     threads: int | None = None
     """torch's CPU threads for the whole run, split between the `nproc` ranks. None: the cores the process may use
     (its affinity mask or its container's CPU quota, whichever is smaller; `OMP_NUM_THREADS` when set), as
-    `pipeline.cpu_budget` finds them; the run's log and `train.json` say which."""
+    `pipeline.cpu.budget` finds them; the run's log and `train.json` say which."""
     layer_plan: Listed[int] | Listed[Listed[int]] | None = None
     """The backbone's layers to run, in order: indices (`[0, 1, 1, 2, 3]` visits layer 1 twice with the same
     weights; `[0, 1, 2, 3]` skips the rest) or repeat ranges `[[start, end, passes]]` (half open; passes count the

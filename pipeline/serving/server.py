@@ -10,6 +10,7 @@ and the MLflow model; the model catalog and alias following are `pipeline.servin
     decision serve --model models:/decision-model@champion --keys keys.json
 """
 
+import functools
 import json
 import logging
 import os
@@ -28,7 +29,8 @@ from fastapi.security import APIKeyHeader, HTTPAuthorizationCredentials, HTTPBea
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from pipeline.cpu_budget import CpuBudget, apply_threads, plan_threads
+from pipeline.cpu.budget import CpuBudget, apply_threads, plan_threads
+from pipeline.cpu.load import ThreadGovernor
 from pipeline.data.answers import InvalidRequest, RequestTooLarge, parse_request, request_limits
 from pipeline.data.contract import QUESTION_TYPES
 from pipeline.device import precision_name, serving_dtype
@@ -142,18 +144,23 @@ class Caller:
 
 
 def create_app(catalog: Catalog, keys: KeyStore, config: ServerConfig = ServerConfig(),
-               shadow: ShadowScorer | None = None, threads: CpuBudget | None = None) -> FastAPI:  # fmt: skip
+               shadow: ShadowScorer | None = None, threads: ThreadGovernor | None = None) -> FastAPI:  # fmt: skip
     """The Decision API app; the catalog starts loading (and following its alias) when the app starts. With
     `shadow`, a sampled share of the serving model's answered requests is scored by the challenger after the
-    answer has gone out (`/v1/shadow` reports the comparison). `threads` is the CPU budget the process was given
-    (`/healthz` says where its thread count came from)."""
+    answer has gone out (`/v1/shadow` reports the comparison). `threads` follows the CPU budget the process was
+    given (and other processes' load, where the budget was found, not set); every batch runs on its count, and
+    `/healthz` says how many threads and why."""
     if config.require_key and keys.open:
         raise ValueError("--require-key: no API keys are configured (--keys or DECISION_API_KEYS)")
     limits = request_limits() | {"max_body_bytes": config.limits.max_body_bytes,
                                  "max_compressed_body_bytes": config.limits.max_compressed_bytes}  # fmt: skip
     metrics = ServerMetrics(lambda: batcher.queued)  # read at scrape time, once the batcher exists
     batcher = MicroBatcher(
-        _run_batch, config.max_batch_items, config.max_wait_s, config.max_queue, metrics.batch
+        functools.partial(_run_batch, threads),
+        config.max_batch_items,
+        config.max_wait_s,
+        config.max_queue,
+        metrics.batch,
     )
 
     @asynccontextmanager
@@ -162,12 +169,16 @@ def create_app(catalog: Catalog, keys: KeyStore, config: ServerConfig = ServerCo
             log.warning("no API keys configured: the server is open to every caller and shows every model")
         catalog.start()
         batcher.start()
+        if threads is not None:
+            threads.start()
         if shadow is not None:
             shadow.start(busy=lambda: batcher.busy)
         yield
         if shadow is not None:
             shadow.stop()
         await batcher.stop()
+        if threads is not None:
+            threads.stop()
         catalog.stop()
 
     app = FastAPI(title="Decision API", version="1", lifespan=lifespan,
@@ -253,14 +264,16 @@ def create_app(catalog: Catalog, keys: KeyStore, config: ServerConfig = ServerCo
         body = {"status": "ok" if serving else "loading", "model": serving.name if serving else None,
                 "error": catalog.load_error, "queued": batcher.queued, "batches": batcher.batches,
                 "requests": batcher.jobs, "pid": os.getpid(), "precision": precision_name(catalog.dtype),
-                "threads": torch.get_num_threads(), "threads_source": threads.source if threads else "torch default"}  # fmt: skip
+                **(threads.state() if threads else {"threads": torch.get_num_threads(), "threads_source": "torch default"})}  # fmt: skip
         headers = {} if serving else {"Retry-After": str(RETRY_AFTER_LOADING_S)}
         return _json(body, 200 if serving else 503, headers)
 
     return app
 
 
-def _run_batch(model: ServedModel, requests: list[Any]) -> list[Any]:
+def _run_batch(threads: ThreadGovernor | None, model: ServedModel, requests: list[Any]) -> list[Any]:
+    if threads is not None:
+        threads.follow()  # in the inference thread: a torch thread count belongs to the thread that sets it
     return model.model.answer(requests)
 
 
@@ -324,7 +337,7 @@ class ServeOptions:
     workers: int = 1  # server processes, splitting the CPU budget between them
     shadow: str | None = None  # a challenger (folder or models:/NAME@ALIAS) scored off the hot path
     shadow_share: float = 0.1
-    threads: int | None = None  # the CPU budget of all workers together (None: `cpu_budget.usable_cpus`)
+    threads: int | None = None  # the CPU budget of all workers together (None: `cpu.budget.usable_cpus`)
 
     def to_env(self) -> str:
         return json.dumps(asdict(self))
@@ -359,7 +372,7 @@ def build_app(options: ServeOptions) -> FastAPI:
     if options.shadow:
         source = Catalog(options.shadow, poll_s=options.poll_s, device=options.device, dtype=dtype)
         shadow = ShadowScorer(source, options.shadow_share, on_report=record_shadow)
-    return create_app(catalog, load_keys(options.keys), options.config, shadow, threads)
+    return create_app(catalog, load_keys(options.keys), options.config, shadow, ThreadGovernor(threads))
 
 
 def app_from_environment() -> FastAPI:

@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
+from pipeline.cpu.load import ThreadGovernor
 from pipeline.training.checkpoint import Checkpointer
 from pipeline.training.compile import CompileConfig
 from pipeline.training.ranks import Ranks
@@ -90,6 +91,8 @@ class RunControls:
     """None: `CompileConfig()`, with `DECISION_COMPILE` deciding on or off."""
     save_on_cancel: bool = False
     """`decision train --save-on-cancel`: a cancelled run still saves what it trained."""
+    threads: ThreadGovernor | None = None
+    """Followed before each step: fewer torch threads while other processes keep some of the cores busy."""
 
     @property
     def cancelled(self) -> bool:

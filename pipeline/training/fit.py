@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +18,8 @@ import numpy as np
 import torch
 
 from pipeline.config import TrainConfig
-from pipeline.cpu_budget import CpuBudget, apply_threads, plan_threads
+from pipeline.cpu.budget import apply_threads, plan_threads
+from pipeline.cpu.load import ThreadGovernor
 from pipeline.data.split import SplitData
 from pipeline.device import pick_device
 from pipeline.families import explain_training, pick_family, resolve_training
@@ -75,9 +76,10 @@ class TrainRun:
     mlflow_run_id: str | None = None
     """The MLflow run the flow's train task opened for it."""
     threads: int | None = None
-    """torch's CPU threads in each rank (`cpu_budget.plan_threads`) ..."""
+    """torch's CPU threads in each rank at the end (`cpu.budget.plan_threads`, fewer while other processes kept
+    cores busy: `cpu.load`) ..."""
     threads_source: str = ""
-    """... and where that number came from (`train.threads`, the affinity mask, a cgroup quota)."""
+    """... and where that number came from (`train.threads`, the affinity mask, a cgroup quota, others' load)."""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -109,7 +111,8 @@ class Prepared:
     train_examples: list[Any]
     heldout_examples: list[Any]
     skipped: Counter
-    threads: CpuBudget
+    threads: ThreadGovernor
+    """Started here; whoever prepared it stops it."""
 
 
 def prepare_fit(
@@ -117,8 +120,9 @@ def prepare_fit(
 ) -> Prepared:
     """Size torch's threads (this process's share of `train.threads` among `world` ranks), load the base in its
     family (`config` resolved: family and method filled in) and build its examples."""
-    threads = plan_threads(config.threads, "train.threads", share=world, sharing="ranks")
-    apply_threads(threads)  # before anything runs: the base's scoring uses them too
+    budget = plan_threads(config.threads, "train.threads", share=world, sharing="ranks")
+    apply_threads(budget)  # before anything runs: the base's scoring uses them too
+    threads = ThreadGovernor(budget).start()
     family = pick_family(base, config.family)
     dev = pick_device(device)
     loaded = family.load(base, config, dev)
@@ -140,12 +144,21 @@ def fit(data: SplitData, base: str | Path, config: TrainConfig, device: str = "a
     family, config = resolve_training(base, config)
     hooks.say(explain_training(base, family, config))  # said before the base loads, which can take minutes
     prepared = prepare_fit(data, base, config, device, (controls.ranks or Ranks()).world)
-    loaded, dev = prepared.loaded, prepared.device
-    hooks.say(f"{family.name} family ({config.method}) on {dev}, torch threads {prepared.threads.describe()}: "
+    try:
+        return _fit_prepared(prepared, config, hooks, controls)
+    finally:
+        prepared.threads.stop()
+
+
+def _fit_prepared(prepared: Prepared, config: TrainConfig, hooks: RunHooks, controls: RunControls) -> Trained:
+    family, loaded, dev, data = prepared.family, prepared.loaded, prepared.device, prepared.data
+    hooks.say(f"{family.name} family ({config.method}) on {dev}, torch threads "
+              f"{prepared.threads.threads} ({prepared.threads.describe()}): "
               f"{len(prepared.train_examples):,} training and {len(prepared.heldout_examples):,} held-out examples; "
               "scoring the base")  # fmt: skip
 
     def scored(what: str, progress: bool) -> tuple[list[ScoredDecision], list[np.ndarray]]:
+        prepared.threads.follow()
         started = time.perf_counter()
         result = family.score(loaded, prepared.heldout_examples, dev, config.eval_batch_size, progress)
         hooks.say(
@@ -173,7 +186,10 @@ def follow_fit(data: SplitData, base: str | Path, config: TrainConfig, device: s
     resumes from rank 0's checkpoint as rank 0 does); no scoring, nothing written."""
     _, config = resolve_training(base, config)
     prepared = prepare_fit(data, base, config, device, (controls.ranks or Ranks()).world)
-    return _train_prepared(prepared, config, RunHooks(), controls, None)
+    try:
+        return _train_prepared(prepared, config, RunHooks(), controls, None)
+    finally:
+        prepared.threads.stop()
 
 
 def _train_prepared(prepared: Prepared, config: TrainConfig, hooks: RunHooks, controls: RunControls,
@@ -186,6 +202,7 @@ def _train_prepared(prepared: Prepared, config: TrainConfig, hooks: RunHooks, co
     task = family.batch_task(loaded, config)
     ready = family.training_examples(loaded, prepared.train_examples, config, prepared.device, hooks.report)
     # `ready` may hold a frozen backbone's cached features: dropped on return, once the head is trained.
+    controls = replace(controls, threads=prepared.threads)
     return train(loaded.model, ready, config, prepared.device, task, hooks, controls, evaluate)
 
 
@@ -208,7 +225,7 @@ def _train_run(prepared: Prepared, config: TrainConfig, result: TrainResult, dec
         budget=plan_budget(len(train_examples), config).reason, logged_steps=result.logged_steps,
         resumed_from_step=result.resumed_from_step, world_size=result.world_size,
         allreduce_seconds=result.allreduce_seconds, threads=prepared.threads.threads,
-        threads_source=prepared.threads.source,
+        threads_source=prepared.threads.describe(),
     )  # fmt: skip
 
 

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import pipeline
-from pipeline.cpu_budget import child_environment, plan_threads
+from pipeline.cpu.budget import child_environment, plan_threads
 from pipeline.training.controls import RunHooks
 
 RANK_EVENT = "@decision-rank-event "

@@ -237,6 +237,8 @@ def train(model: torch.nn.Module, examples: Sequence[Any], config: TrainConfig, 
             if controls.cancelled:
                 result.cancelled = True
                 break
+            if controls.threads is not None:
+                controls.threads.follow()
             step_started = time.perf_counter()
             window_loss = accumulate_gradients(ranks.shard(window), examples, config.micro_batch,
                                                lambda indices: loss_fn(model, batch_of(indices, compiled.enabled)),

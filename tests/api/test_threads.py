@@ -23,6 +23,7 @@ def test_healthz_reports_the_threads_of_this_workers_share(served_folder, torch_
     with TestClient(app) as client:
         health = wait_ready(client).get("/healthz").json()
     assert (health["threads"], health["threads_source"]) == (2, "--threads 4, split among 2 workers")
+    assert (health["threads_budget"], health["threads_adaptive"]) == (2, False)  # a set count is held
     assert torch.get_num_threads() == 2
 
 
@@ -31,7 +32,9 @@ def test_healthz_names_the_detected_budget_without_a_setting(served_folder, torc
     monkeypatch.setattr("os.sched_getaffinity", lambda pid: {0})
     with TestClient(build_app(ServeOptions(str(served_folder)))) as client:
         health = wait_ready(client).get("/healthz").json()
-    assert (health["threads"], health["threads_source"]) == (1, "affinity 1")  # a quota can only be 1 or more
+    # a quota can only be 1 or more; a found budget follows other processes' load
+    assert (health["threads"], health["threads_budget"], health["threads_adaptive"]) == (1, 1, True)
+    assert health["threads_source"] == "affinity 1; following other processes' load"
 
 
 def test_serve_refuses_fewer_than_one_thread(served_folder, capsys):

@@ -5,7 +5,7 @@ budget between them."""
 import pytest
 import torch
 
-from pipeline.cpu_budget import CgroupFiles, CpuBudget, apply_threads, plan_threads, usable_cpus
+from pipeline.cpu.budget import CgroupFiles, CpuBudget, apply_threads, plan_threads, usable_cpus
 from pipeline.training.launch import rank_environment
 
 
@@ -50,13 +50,13 @@ def test_a_v2_quota_of_one_cpu_gives_one_thread(cores, tree):
     files = tree(
         "0::/app.slice/decision.service\n", {"app.slice/decision.service/cpu.max": "100000 100000\n"}
     )
-    assert usable_cpus(files) == CpuBudget(1, "cgroup v2 quota 1 cpu (affinity 4)")
+    assert usable_cpus(files) == CpuBudget(1, "cgroup v2 quota 1 cpu (affinity 4)", automatic=True)
 
 
 def test_no_v2_quota_leaves_the_affinity_mask(cores, tree):
     cores(4)
     files = tree("0::/app\n", {"app/cpu.max": "max 100000\n"})
-    assert usable_cpus(files) == CpuBudget(4, "affinity 4")
+    assert usable_cpus(files) == CpuBudget(4, "affinity 4", automatic=True)
 
 
 def test_a_fractional_quota_rounds_up_and_a_parent_cgroups_quota_applies(cores, tree):
@@ -64,13 +64,13 @@ def test_a_fractional_quota_rounds_up_and_a_parent_cgroups_quota_applies(cores, 
     files = tree(
         "0::/pod/container\n", {"pod/cpu.max": "150000 100000\n", "pod/container/cpu.max": "max 100000\n"}
     )
-    assert usable_cpus(files) == CpuBudget(2, "cgroup v2 quota 1.5 cpu (affinity 8)")
+    assert usable_cpus(files) == CpuBudget(2, "cgroup v2 quota 1.5 cpu (affinity 8)", automatic=True)
 
 
 def test_a_quota_above_the_affinity_mask_leaves_the_mask(cores, tree):
     cores(2)
     files = tree("0::/\n", {"cpu.max": "400000 100000\n"})  # a container's own cgroup, seen as the root
-    assert usable_cpus(files) == CpuBudget(2, "affinity 2")
+    assert usable_cpus(files) == CpuBudget(2, "affinity 2", automatic=True)
 
 
 def test_a_v1_quota_over_its_period_gives_the_threads(cores, tree):
@@ -78,13 +78,13 @@ def test_a_v1_quota_over_its_period_gives_the_threads(cores, tree):
     membership = "5:memory:/docker/ab\n4:cpu,cpuacct:/docker/ab\n0::/\n"
     files = tree(membership, {"cpu,cpuacct/docker/ab/cpu.cfs_quota_us": "200000\n",
                               "cpu,cpuacct/docker/ab/cpu.cfs_period_us": "100000\n"})  # fmt: skip
-    assert usable_cpus(files) == CpuBudget(2, "cgroup v1 quota 2 cpu (affinity 4)")
+    assert usable_cpus(files) == CpuBudget(2, "cgroup v1 quota 2 cpu (affinity 4)", automatic=True)
 
 
 def test_a_v1_quota_of_minus_one_is_no_limit(cores, tree):
     cores(4)
     files = tree("1:cpu:/\n", {"cpu/cpu.cfs_quota_us": "-1\n", "cpu/cpu.cfs_period_us": "100000\n"})
-    assert usable_cpus(files) == CpuBudget(4, "affinity 4")
+    assert usable_cpus(files) == CpuBudget(4, "affinity 4", automatic=True)
 
 
 def test_a_container_that_mounts_only_its_own_v1_cgroup_reads_the_mount(cores, tree):
@@ -93,17 +93,19 @@ def test_a_container_that_mounts_only_its_own_v1_cgroup_reads_the_mount(cores, t
     files = tree(
         "3:cpu:/docker/0123abcd\n", {"cpu/cpu.cfs_quota_us": "100000\n", "cpu/cpu.cfs_period_us": "100000\n"}
     )
-    assert usable_cpus(files) == CpuBudget(1, "cgroup v1 quota 1 cpu (affinity 4)")
+    assert usable_cpus(files) == CpuBudget(1, "cgroup v1 quota 1 cpu (affinity 4)", automatic=True)
 
 
 def test_an_affinity_mask_of_one_core_gives_one_thread(cores, tree):
     cores(1)
-    assert usable_cpus(tree("0::/\n", {})) == CpuBudget(1, "affinity 1")
+    assert usable_cpus(tree("0::/\n", {})) == CpuBudget(1, "affinity 1", automatic=True)
 
 
 def test_no_proc_self_cgroup_leaves_the_affinity_mask(cores, tmp_path):
     cores(3)
-    assert usable_cpus(CgroupFiles(tmp_path / "none", tmp_path / "none")) == CpuBudget(3, "affinity 3")
+    assert usable_cpus(CgroupFiles(tmp_path / "none", tmp_path / "none")) == CpuBudget(
+        3, "affinity 3", automatic=True
+    )
 
 
 def test_the_setting_wins_over_the_quota_and_omp_num_threads(cores, tree, monkeypatch):
@@ -119,14 +121,14 @@ def test_omp_num_threads_is_one_process_count_and_wins_over_detection(cores, tre
     files = tree("0::/\n", {})
     assert plan_threads(None, "--threads", share=2, files=files) == CpuBudget(2, "OMP_NUM_THREADS=2")
     monkeypatch.setenv("OMP_NUM_THREADS", "not a number")
-    assert plan_threads(None, "--threads", files=files) == CpuBudget(4, "affinity 4")
+    assert plan_threads(None, "--threads", files=files) == CpuBudget(4, "affinity 4", automatic=True)
 
 
 def test_workers_divide_the_budget_never_below_one_thread(cores, tree):
     cores(4)
     files = tree("0::/\n", {})
     assert plan_threads(None, "--threads", share=2, files=files) == CpuBudget(
-        2, "affinity 4, split among 2 workers"
+        2, "affinity 4, split among 2 workers", automatic=True
     )
     assert plan_threads(6, "--threads", share=3, files=files).threads == 2
     assert plan_threads(1, "train.threads", share=2, sharing="ranks", files=files) == CpuBudget(
@@ -151,7 +153,7 @@ def test_apply_sets_torchs_threads(torch_threads):
 def test_torchrun_ranks_start_with_their_share(cores, monkeypatch):
     cores(4)
     monkeypatch.setattr(
-        "pipeline.cpu_budget.usable_cpus", lambda files: CpuBudget(4, "affinity 4")
+        "pipeline.cpu.budget.usable_cpus", lambda files: CpuBudget(4, "affinity 4")
     )  # any cgroup
     environment = rank_environment(2, None, threads=None)
     assert (environment["OMP_NUM_THREADS"], environment["MKL_NUM_THREADS"]) == ("2", "2")

@@ -17,7 +17,7 @@ from __future__ import annotations
 import contextlib
 import math
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -32,6 +32,9 @@ class CpuBudget:
     threads: int
     source: str
     """e.g. "affinity 2", "cgroup v2 quota 1.5 cpu (affinity 4)", "--threads 3", "OMP_NUM_THREADS=1"."""
+    automatic: bool = False
+    """Found from the CPU the process has (not set): `cpu.load.ThreadGovernor` may then run fewer threads while
+    other processes keep some of those cores busy."""
 
     def describe(self) -> str:
         return f"{self.threads} ({self.source})"
@@ -94,9 +97,9 @@ def usable_cpus(files: CgroupFiles = CgroupFiles()) -> CpuBudget:
     for version, quota in (("v2", cgroup_v2_quota(files)), ("v1", cgroup_v1_quota(files))):
         if quota is not None and math.ceil(quota) < cores:
             return CpuBudget(
-                max(1, math.ceil(quota)), f"cgroup {version} quota {quota:g} cpu (affinity {cores})"
+                max(1, math.ceil(quota)), f"cgroup {version} quota {quota:g} cpu (affinity {cores})", True
             )
-    return CpuBudget(cores, f"affinity {cores}")
+    return CpuBudget(cores, f"affinity {cores}", True)
 
 
 def plan_threads(setting: int | None, name: str, share: int = 1, sharing: str = "workers",
@@ -140,7 +143,11 @@ def child_environment(threads: int) -> dict[str, str]:
 def _split(budget: CpuBudget, share: int, sharing: str) -> CpuBudget:
     if share <= 1:
         return budget
-    return CpuBudget(max(1, budget.threads // share), f"{budget.source}, split among {share} {sharing}")
+    return replace(
+        budget,
+        threads=max(1, budget.threads // share),
+        source=f"{budget.source}, split among {share} {sharing}",
+    )
 
 
 def _upwards(mount: Path, path: str) -> list[Path]:

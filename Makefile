@@ -13,10 +13,14 @@ export PYTHONUNBUFFERED := 1
 export PREFECT_HOME := $(CURDIR)/.prefect
 export PREFECT_SERVER_ANALYTICS_ENABLED := false
 export MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR := false
-RUN_CONFIG ?=
+# Your own run: `make run DATA=SOURCE [BASE=SOURCE] [NAME=NAME]` pins DATA and BASE and writes configs/NAME.yaml
+# (`decision init`), then trains it; `make run NAME=NAME` reruns it and `make serve NAME=NAME` serves its champion.
+DATA ?=
+BASE ?=
+NAME ?= $(if $(DATA),$(basename $(notdir $(patsubst %/,%,$(DATA)))))
+RUN_CONFIG ?= $(NAME)
 # Extra pytest arguments for `make test` / `make test-all`, e.g. PYTEST_ARGS="-n 4" (pytest-xdist) on a bigger machine.
 PYTEST_ARGS ?=
-MODEL_NAME ?= $(if $(RUN_CONFIG),decision-model-$(RUN_CONFIG),decision-model)
 PORT ?= 8000
 UI_PORT ?= 5000
 # The store `make ui` shows: the pipeline's own (pipeline.mlops.registry reads the same variable), with artifacts
@@ -28,7 +32,12 @@ UI_ARTIFACTS ?= $(abspath $(dir $(MLFLOW_TRACKING_URI:sqlite:///%=%)))/artifacts
 
 run: $(STAMP) repo  ## the main job: pin data and base, then the retrain flow (train, calibrate, export, register, smoke, promote)
 	python -m pipeline.data.remote pull
+ifeq ($(DATA),)
 	dvc repro
+else
+	$(if $(BASE),,dvc repro snapshot)
+	decision init --data '$(DATA)' --name '$(RUN_CONFIG)' $(if $(BASE),--base '$(BASE)')
+endif
 	python -m flows.retrain $(if $(RUN_CONFIG),--run-config $(RUN_CONFIG))
 
 # The fast tier deselects `full` (tests/conftest.py marks it: services, workers, torchrun ranks, Chromium).
@@ -39,7 +48,7 @@ test-all: $(STAMP) repo data browser postgres  ## every test but the GPU ones (.
 	python -m pytest -m "not gpu" $(PYTEST_ARGS)
 
 serve: $(STAMP)  ## the Decision API on the champion version (follows the alias)
-	decision serve --model models:/$(MODEL_NAME)@champion --port $(PORT)
+	decision serve $(if $(RUN_CONFIG),--run-config $(RUN_CONFIG),--model models:/decision-model@champion) --port $(PORT)
 
 # A tracking server (MLFLOW_TRACKING_URI=http://…, e.g. on PostgreSQL) serves its own UI: open that instead.
 ui: $(STAMP)  ## the MLflow UI on loopback (or the address of the tracking server's own UI)

@@ -24,6 +24,14 @@ def _serve(args: argparse.Namespace) -> int:
     from pipeline.serving.server import ServeOptions, ServerConfig, run_server
 
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    if args.run_config:
+        from pipeline.config import ConfigError, load_params
+
+        try:
+            args.model = f"models:/{load_params(run_config=args.run_config).retrain.model_name}@champion"
+        except ConfigError as error:
+            print(f"decision serve: --run-config {args.run_config}: {error}", file=sys.stderr)
+            return EXIT_UNUSABLE
     if parse_alias_uri(args.model) is None and not Path(args.model).is_dir():
         print(
             f"decision serve: --model {args.model}: no such folder (or use models:/NAME@ALIAS)",
@@ -130,7 +138,10 @@ def add_api_commands(commands) -> None:
         "(owner=sha256hex,...); without any the server is open. With keys, a keyless caller may use the default "
         "model only, unless --require-key makes every keyless request a 401.",
     )
-    serve.add_argument("--model", required=True, help="an export folder, or models:/NAME@ALIAS")
+    which = serve.add_mutually_exclusive_group(required=True)
+    which.add_argument("--model", help="an export folder, or models:/NAME@ALIAS")
+    which.add_argument("--run-config", metavar="NAME",
+                       help="the champion of the model that configs/NAME.yaml registers (make serve NAME=...)")  # fmt: skip
     serve.add_argument("--host", default="127.0.0.1", help="default: 127.0.0.1 (loopback only)")
     serve.add_argument("--port", type=int, default=8000)
     serve.add_argument("--keys", help="API key file (see `decision keygen`)")

@@ -19,6 +19,7 @@ from typing import Any
 
 from pipeline.cli.api import add_api_commands
 from pipeline.cli.registry import add_registry_commands
+from pipeline.cli.runs import add_run_commands
 from pipeline.cli.tables import print_evaluation, print_heldout, print_report
 
 EXIT_OK, EXIT_UNREADABLE, EXIT_NOTHING_USABLE = 0, 1, 2
@@ -446,6 +447,7 @@ def build_parser() -> argparse.ArgumentParser:
     snapshot.set_defaults(handler=_snapshot)
     add_api_commands(commands)
     add_registry_commands(commands)
+    add_run_commands(commands)
     return parser
 
 

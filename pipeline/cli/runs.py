@@ -1,0 +1,57 @@
+"""`decision init`: a user's data and base as the pinned inputs of a named run (what `make run DATA=...` calls).
+
+decision init --data ~/exports/tickets.csv                 # configs/tickets.yaml; data copied in and pinned
+decision init --data data/shards/ --base ~/models/deberta --name support
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+EXIT_OK, EXIT_UNUSABLE = 0, 2
+
+
+def _init(args: argparse.Namespace) -> int:
+    from pipeline.families.base import BadBase
+    from pipeline.stages.init import BadInit, init_run
+    from pipeline.stages.snapshot import PinFailed
+
+    try:
+        result = init_run(args.data, args.base, args.name)
+    except (BadInit, BadBase, PinFailed) as error:
+        print(f"decision init: {error}", file=sys.stderr)
+        return EXIT_UNUSABLE
+    if args.json:
+        print(json.dumps(result.to_dict()))
+        return EXIT_OK
+    revision = "unchanged" if result.previous_data_md5 == result.data_md5 else (
+        f"a new revision (was {result.previous_data_md5})" if result.data_changed else "pinned for the first time")  # fmt: skip
+    copied = " (copied in: DVC pins only what lies inside the project)" if result.copied else ""
+    print(f"data  {result.data}{copied}: md5 {result.data_md5}, {revision}")
+    print(f"base  {result.base}: md5 {result.base_md5 or 'built by `dvc repro snapshot`'}")
+    print(
+        f"wrote {result.run_config}: the run's data, base, runs/{result.name}/ and model name {result.name}"
+    )
+    print(f"next: python -m flows.retrain --run-config {result.name}   (or make run NAME={result.name}),\n"
+          f"      then make serve NAME={result.name}")  # fmt: skip
+    return EXIT_OK
+
+
+def add_run_commands(commands) -> None:
+    init = commands.add_parser(
+        "init",
+        help="pin your data and base and write the run config that `make run NAME=...` trains",
+        description="Make DATA (and BASE) the pinned inputs of the run NAME: DATA is pinned with `dvc add` "
+        "(copied into data/own/ first when it lies outside the project), BASE is pinned as it is when it lies "
+        "inside the project, else snapshotted into data/snapshots/ (`decision snapshot --from`), and "
+        "configs/NAME.yaml names them, the run folder runs/NAME/ and the registered model NAME (keys you add to it "
+        "are kept). A rerun re-pins: changed data is a new revision, and it says so. Exit 2 on a bad name, "
+        "missing data or a base that is no model.",
+    )
+    init.add_argument("--data", required=True, help="a decision or table file, or a folder of shards")
+    init.add_argument("--base", help="a model folder or Hub id (default: the stock MiniLM snapshot)")
+    init.add_argument("--name", help="the run and model name (default: DATA's file or folder name)")
+    init.add_argument("--json", action="store_true", help="print one JSON object instead of lines")
+    init.set_defaults(handler=_init)

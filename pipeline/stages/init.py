@@ -1,0 +1,159 @@
+"""`decision init` (and `make run DATA=...`): make a user's data and base the inputs of a named run.
+
+One call pins the data (`dvc add`, copied into `data/own/` first when it lies outside the project, as DVC tracks
+only what is inside), pins the base (`decision snapshot --from` for anything not pinned already; the stock MiniLM
+snapshot by default), and writes the run config `configs/NAME.yaml` that the retrain flow reads
+(`python -m flows.retrain --run-config NAME`): the data, the base, the run folder and the registered model name,
+all NAME. Keys a user added to that file by hand are kept. A rerun re-pins: a changed file or shard is a new data
+revision, and the result says so.
+
+    init_run("~/exports/tickets.csv", name="tickets")          # configs/tickets.yaml, data/own/tickets.csv pinned
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from pipeline.config import RUN_CONFIGS_DIR, ConfigError, RetrainConfig, load_params
+from pipeline.data.pins import PinMismatch, pin_command, verify_pins
+from pipeline.families import pick_family
+from pipeline.stages.snapshot import pin_folder, snapshot_base
+
+OWN_DATA_DIR = Path("data/own")
+SNAPSHOTS_DIR = Path("data/snapshots")
+NAME_PATTERN = re.compile(r"^[a-z0-9][a-z0-9._-]{0,62}$")
+
+
+class BadInit(ValueError):
+    """The run cannot be set up as asked (a bad name, no such data); the message says what to do."""
+
+
+@dataclass(frozen=True)
+class InitResult:
+    """The run config written, and what was pinned for it."""
+
+    name: str
+    run_config: str
+    data: str
+    data_md5: str | None
+    previous_data_md5: str | None
+    """The data's pin before this call (None: it had none); differs from `data_md5` when the data changed."""
+    base: str
+    base_md5: str | None
+    copied: bool
+    """The data lay outside the project and was copied in."""
+
+    @property
+    def data_changed(self) -> bool:
+        return self.previous_data_md5 is not None and self.previous_data_md5 != self.data_md5
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self) | {"data_changed": self.data_changed}
+
+
+def run_name(data: str, name: str | None) -> str:
+    """`name`, or the data's file or folder name without its suffix, lower-cased; BadInit when not usable as a
+    registry and file name."""
+    chosen = name or Path(data.rstrip("/")).name.split(".")[0].lower()
+    if not NAME_PATTERN.match(chosen):
+        raise BadInit(f"run name {chosen!r}: use 1-63 of a-z, 0-9, '.', '_', '-' (starting with a letter or "
+                      "digit); pass NAME=... (make) or --name")  # fmt: skip
+    return chosen
+
+
+def init_run(
+    data: str, base: str | None = None, name: str | None = None, root: str | Path = "."
+) -> InitResult:
+    """Pin `data` and `base` (None: the stock snapshot) and write `configs/<name>.yaml` under `root`."""
+    root = Path(root).resolve()
+    name = run_name(data, name)
+    if not Path(data).expanduser().exists():
+        raise BadInit(
+            f"{data}: no such file or folder (DATA is a decision or table file, or a folder of shards)"
+        )
+    rel_base, base_md5 = _pinned_base(
+        base, root
+    )  # checked (it loads as a base) before anything else is pinned
+    data_path, copied = _inside(Path(data).expanduser(), root, name)
+    rel_data = data_path.relative_to(root).as_posix()
+    previous = _current_pin(rel_data, root)
+    data_md5, _ = pin_folder(data_path)
+    config = _write_run_config(root, name, {"data": rel_data, "base": rel_base, "runs_dir": f"runs/{name}",
+                                            "model_name": name})  # fmt: skip
+    return InitResult(name, config, rel_data, data_md5, previous, rel_base, base_md5, copied)
+
+
+def _inside(path: Path, root: Path, name: str) -> tuple[Path, bool]:
+    """`path` when it lies inside the project, else a copy of it under data/own/ (replaced whole each time)."""
+    resolved = path.resolve()
+    if resolved.is_relative_to(root):
+        return resolved, False
+    target = root / OWN_DATA_DIR / (name + "".join(path.suffixes) if path.is_file() else name)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = target.with_name(f".{target.name}.copying")
+    shutil.rmtree(staging, ignore_errors=True)
+    if resolved.is_dir():
+        shutil.copytree(resolved, staging, ignore=shutil.ignore_patterns(".*"))
+    else:
+        shutil.copy2(resolved, staging)
+    if target.is_dir():
+        shutil.rmtree(target)
+    staging.replace(target)  # a crash mid-copy leaves the old copy, never half a new one
+    return target, True
+
+
+def _current_pin(rel: str, root: Path) -> str | None:
+    pin = root / f"{rel}.dvc"
+    if not pin.is_file():
+        return None
+    return (yaml.safe_load(pin.read_text()) or {}).get("outs", [{}])[0].get("md5")
+
+
+def _pinned_base(base: str | None, root: Path) -> tuple[str, str | None]:
+    """(the base's path in the project, its md5): the stock snapshot by default, a pinned folder as it is, and
+    anything else (a folder elsewhere, a Hub id) snapshotted to data/snapshots/<its name> and pinned."""
+    if base is None:
+        stock = RetrainConfig().base
+        return stock, _stage_md5(stock, root)
+    folder = Path(base).expanduser()
+    if folder.exists() and folder.resolve().is_relative_to(root):
+        pick_family(folder)  # BadBase, naming it, when no family starts from it
+        rel = folder.resolve().relative_to(root).as_posix()
+        if pin_command(rel, root).startswith("dvc repro"):
+            return rel, _stage_md5(rel, root)
+        md5, _ = pin_folder(folder.resolve())
+        return rel, md5
+    out = root / SNAPSHOTS_DIR / Path(base.rstrip("/")).name.lower()
+    pinned = snapshot_base(base, out)
+    return out.relative_to(root).as_posix(), pinned.md5
+
+
+def _stage_md5(rel: str, root: Path) -> str | None:
+    """A dvc.yaml stage output's pin in dvc.lock (None until `dvc repro` has built it)."""
+    try:
+        return verify_pins([rel], root)[rel]
+    except PinMismatch:  # not built yet: `make run` builds it with `dvc repro` before the flow starts
+        return None
+
+
+def _write_run_config(root: Path, name: str, retrain: dict[str, str]) -> str:
+    """configs/<name>.yaml with `retrain`'s keys set (the file's other keys kept), checked by loading it."""
+    path = root / RUN_CONFIGS_DIR / f"{name}.yaml"
+    existing = (yaml.safe_load(path.read_text()) or {}) if path.is_file() else {}
+    existing["retrain"] = {**(existing.get("retrain") or {}), **retrain}
+    path.parent.mkdir(exist_ok=True)
+    staging = path.with_name(f".{path.name}.tmp")
+    staging.write_text(f"# Written by `decision init` (make run DATA=... NAME={name}); keys you add are kept.\n"
+                       + yaml.safe_dump(existing, sort_keys=False))  # fmt: skip
+    staging.replace(path)
+    try:
+        load_params(root / "params.yaml", name)
+    except ConfigError as error:
+        raise BadInit(f"{path}: {error}") from None
+    return path.relative_to(root).as_posix()

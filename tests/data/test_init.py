@@ -1,0 +1,116 @@
+"""`decision init` (what `make run DATA=...` calls): a user's data, inside the project or outside it (copied in),
+and base become pinned inputs (real DVC) of a run config the retrain flow loads; a rerun on changed data says it
+is a new revision; a bad name, missing data or a base that is no model is one line, exit code 2, and no config is
+written."""
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from pipeline.cli.main import main
+from pipeline.config import load_params
+from pipeline.data.pins import current_md5, require_pins
+from pipeline.stages.init import BadInit, run_name
+from tests.tiny import write_tiny_encoder
+
+ROOT = Path(__file__).resolve().parents[2]
+ROW = {"state": "late again", "questions": {"late": {"type": "noul", "instructions": "It was late."}}, "gold": {"late": True}}  # fmt: skip
+
+
+@pytest.fixture
+def project(tmp_path, monkeypatch):
+    """A DVC project (no git) with this repository's params.yaml, as the working directory."""
+    folder = tmp_path / "project"
+    folder.mkdir()
+    shutil.copy(ROOT / "params.yaml", folder / "params.yaml")
+    done = subprocess.run([sys.executable, "-m", "dvc", "init", "--no-scm", "-q"], cwd=folder, capture_output=True,
+                          text=True, timeout=120)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    monkeypatch.chdir(folder)
+    return folder
+
+
+def write_rows(path: Path, n: int) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps(ROW | {"state": f"late {i}"}) + "\n" for i in range(n)))
+    return path
+
+
+def init(capsys, *flags) -> tuple[int, dict | None, str]:
+    capsys.readouterr()
+    code = main(["init", *flags, "--json"])
+    out, err = capsys.readouterr()
+    return code, json.loads(out) if code == 0 else None, err
+
+
+def test_data_outside_the_project_is_copied_in_pinned_and_named_in_a_run_config(project, tmp_path, capsys):
+    source = write_rows(tmp_path / "exports" / "Tickets.jsonl", 5)
+    code, result, err = init(capsys, "--data", str(source))
+    assert code == 0, err
+    assert (result["name"], result["data"], result["copied"]) == ("tickets", "data/own/tickets.jsonl", True)
+    assert (project / "data/own/tickets.jsonl").read_bytes() == source.read_bytes()
+    assert require_pins([project / "data/own/tickets.jsonl"], project / "dvc.lock") == {
+        "data/own/tickets.jsonl": result["data_md5"]
+    }
+    retrain = load_params(project / "params.yaml", "tickets").retrain
+    assert (retrain.data, retrain.base, retrain.runs_dir, retrain.model_name) == (
+        "data/own/tickets.jsonl", "data/snapshots/minilm", "runs/tickets", "tickets")  # fmt: skip
+    assert result["previous_data_md5"] is None and not result["data_changed"]
+
+
+def test_a_rerun_on_changed_shards_is_a_new_revision_and_keeps_added_keys(project, capsys):
+    shards = project / "data" / "shards"
+    write_rows(shards / "part-0.jsonl", 3)
+    write_rows(shards / "part-1.jsonl", 3)
+    code, first, err = init(capsys, "--data", "data/shards", "--name", "support")
+    assert code == 0, err
+    assert first["copied"] is False and first["data_md5"] == current_md5(shards)
+    config = project / "configs" / "support.yaml"
+    edited = yaml.safe_load(config.read_text()) | {"train": {"max_steps": 7}}
+    config.write_text(yaml.safe_dump(edited))
+    code, same, _ = init(capsys, "--data", "data/shards", "--name", "support")
+    assert (same["data_md5"], same["data_changed"]) == (first["data_md5"], False)
+    write_rows(shards / "part-1.jsonl", 4)  # one shard changed
+    code, changed, _ = init(capsys, "--data", "data/shards", "--name", "support")
+    assert (
+        changed["data_changed"] and changed["previous_data_md5"] == first["data_md5"] != changed["data_md5"]
+    )
+    assert load_params(project / "params.yaml", "support").train.max_steps == 7
+
+
+def test_a_base_outside_the_project_is_snapshotted_and_pinned(project, tmp_path, capsys):
+    write_rows(project / "data" / "mine.jsonl", 3)
+    base = write_tiny_encoder(tmp_path / "models" / "BertTiny", "bert")
+    code, result, err = init(capsys, "--data", "data/mine.jsonl", "--base", str(base))
+    assert code == 0, err
+    assert result["base"] == "data/snapshots/berttiny"
+    assert result["base_md5"] == current_md5(project / "data/snapshots/berttiny")
+    assert load_params(project / "params.yaml", "mine").retrain.base == "data/snapshots/berttiny"
+
+
+@pytest.mark.parametrize(
+    ("flags", "said"),
+    [
+        (["--data", "data/none.jsonl"], "data/none.jsonl: no such file or folder"),
+        (["--data", "data/mine.jsonl", "--name", "Bad Name"], "run name 'Bad Name': use 1-63 of"),
+        (["--data", "data/mine.jsonl", "--base", "data/mine.jsonl"], "data/mine.jsonl"),
+    ],
+)
+def test_bad_input_is_one_line_exit_2_and_writes_no_config(project, capsys, flags, said):
+    write_rows(project / "data" / "mine.jsonl", 3)
+    code, _, err = init(capsys, *flags)
+    assert code == 2 and said in err and err.count("\n") == 1
+    assert not (project / "configs").exists()
+
+
+def test_the_run_name_comes_from_the_data_unless_given():
+    assert run_name("data/shards/", None) == "shards"
+    assert run_name("~/exports/Q3.tickets.csv", None) == "q3"
+    assert run_name("x.csv", "my-run_2") == "my-run_2"
+    with pytest.raises(BadInit, match="pass NAME="):
+        run_name("x.csv", "a/b")

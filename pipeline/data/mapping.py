@@ -13,12 +13,15 @@ validation like the rows of any decision file, so unusable ones are counted by r
 from __future__ import annotations
 
 import math
+import os
 from collections import Counter
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import orjson
+import pyarrow as pa
+import pyarrow.parquet as pq
 import yaml
 
 from pipeline.data.contract import QUESTION_TYPES
@@ -91,13 +94,14 @@ def load_mapping(value: str | Path | dict) -> Mapping:
     return mapping_from_dict(raw, str(path))
 
 
-def mapping_from_flags(state_columns: list[str], label_column: str, question: str | None = None,
-                       type: str = "choice", instructions: str | None = None,
-                       options: list[str] | None = None) -> Mapping:  # fmt: skip
-    """The common case: one or more state columns and one question whose labels are `label_column`."""
+def flags_mapping(state_columns: list[str], label_column: str, question: str | None = None,
+                  type: str = "choice", instructions: str | None = None,
+                  options: list[str] | None = None) -> dict[str, Any]:  # fmt: skip
+    """The mapping the flags of the common case stand for (one or more state columns, one question whose labels
+    are `label_column`), as YAML would write it: `load_mapping` checks it."""
     raw_question = {"column": label_column, "type": type, "instructions": instructions, "options": options}
     state = state_columns[0] if len(state_columns) == 1 else list(state_columns)
-    return mapping_from_dict({"state": state, "questions": {question or label_column: raw_question}}, "flags")
+    return {"state": state, "questions": {question or label_column: raw_question}}
 
 
 def mapping_from_dict(raw: Any, where: str) -> Mapping:
@@ -348,3 +352,72 @@ def _state_cells(cells: dict[str, list[Any]], state: str | tuple[str, ...], n: i
         return cells[state]
     values = zip(*(cells[name] for name in state))
     return [None if all(map(is_blank, row)) else dict(zip(state, row)) for row in values]
+
+
+def decision_rows(mapped: MappedColumns, limit: int | None = None) -> list[dict[str, Any]]:
+    """The first `limit` mapped rows (all with None) as the row format writes them, `id` first where mapped."""
+    columns = mapped.columns
+    count = len(columns) if limit is None else min(limit, len(columns))
+    questions = orjson.loads(columns.questions[0]) if count else {}
+    ids = mapped.ids if mapped.ids is not None else None
+    return [
+        ({"id": ids[i]} if ids is not None else {})
+        | {"state": columns.state[i], "questions": questions, "gold": columns.gold[i]}
+        for i in range(count)
+    ]
+
+
+def write_rows(mapped: MappedColumns, out: str | Path) -> Path:
+    """Write the mapped rows as a decision file (`.jsonl`, or `.parquet` with JSON-text cells), written beside
+    and renamed into place, so a failed write never leaves half a file at `out`."""
+    out = Path(out)
+    if out.suffix.lower() not in (".jsonl", ".parquet"):
+        raise MappingError(f"{out}: write mapped rows to a .jsonl or .parquet file")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    staged = out.with_name(f".{out.name}.partial")
+    try:
+        if out.suffix.lower() == ".jsonl":
+            _write_jsonl(mapped, staged)
+        else:
+            _write_parquet(mapped, staged)
+        os.replace(staged, out)
+    finally:
+        staged.unlink(missing_ok=True)
+    return out
+
+
+def _write_jsonl(mapped: MappedColumns, path: Path) -> None:
+    columns = mapped.columns
+    questions = orjson.Fragment(columns.questions[0]) if len(columns) else None
+    with path.open("wb") as handle:
+        for i in range(len(columns)):
+            row = {"id": mapped.ids[i]} if mapped.ids is not None else {}
+            row |= {"state": columns.state[i], "questions": questions, "gold": columns.gold[i]}
+            handle.write(orjson.dumps(row, option=orjson.OPT_SERIALIZE_NUMPY) + b"\n")
+
+
+def _write_parquet(mapped: MappedColumns, path: Path) -> None:
+    columns = mapped.columns
+    text = lambda value: value if isinstance(value, str) or value is None else orjson.dumps(value).decode()  # noqa: E731
+    table = {"id": pa.array(mapped.ids)} if mapped.ids is not None else {}
+    table |= {
+        "state": pa.array([text(state) for state in columns.state], pa.large_string()),
+        "questions": pa.array(columns.questions, pa.large_string()),
+        "gold": pa.array([orjson.dumps(gold).decode() for gold in columns.gold], pa.large_string()),
+    }
+    pq.write_table(pa.table(table), path)
+
+
+def option_counts(mapped: MappedColumns) -> dict[str, dict[str, int]]:
+    """Per question, how many rows give each option (in model order; a noul's labels counted as false/true)."""
+    counted = {}
+    for qid, question in mapped.mapping.questions.items():
+        by_option = Counter()
+        for text, count in mapped.counts[qid].items():
+            by_option[_noul_option(text) if question.type == "noul" else text] += count
+        counted[qid] = {option: by_option[option] for option in question.options}
+    return counted
+
+
+def _noul_option(text: str) -> str:
+    return "true" if NOUL_LABELS[text.strip().lower()] else "false"

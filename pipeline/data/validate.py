@@ -21,7 +21,7 @@ import pandera.pandas as pa
 from pipeline.data import contract
 from pipeline.data.contract import Decision, Record
 from pipeline.data.facts import Facts, collect_facts, gc_paused
-from pipeline.data.mapping import Mapping, read_mapped
+from pipeline.data.mapping import Mapping, option_counts, read_mapped
 from pipeline.data.read import RawColumns, RowSlice, columns_from_rows, read_columns
 
 _EXAMPLE_CHARS = 200
@@ -152,7 +152,7 @@ def validate_file(
     data = validate_columns(columns, row_slice.start, with_records)
     data.report.source, data.report.slice, data.report.file_rows = str(path), str(row_slice), total
     data.mapping = mapping
-    data.report.labels = mapped.counts if mapping is not None else {}
+    data.report.labels = option_counts(mapped) if mapping is not None else {}
     data.report.seconds["read"] = read_seconds
     return data
 

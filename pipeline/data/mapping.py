@@ -84,14 +84,21 @@ def load_mapping(value: str | Path | dict) -> Mapping:
     """A mapping from a YAML file (a path) or an already parsed one (a dict, e.g. inline in params.yaml)."""
     if isinstance(value, dict):
         return mapping_from_dict(value, "mapping")
+    return mapping_from_dict(mapping_content(value), str(value))
+
+
+def mapping_content(value: str | Path | dict) -> Any:
+    """What a mapping says, as parsed YAML: a file's content (so a run keyed on it changes when the file is
+    edited), or the dict itself."""
+    if isinstance(value, dict):
+        return value
     path = Path(value)
     if not path.is_file():
         raise MappingError(f"mapping {path}: no such file (write one as docs/data-format.md shows)")
     try:
-        raw = yaml.safe_load(path.read_text())
+        return yaml.safe_load(path.read_text())
     except yaml.YAMLError as error:
         raise MappingError(f"mapping {path}: not YAML ({error})".replace("\n", " ")) from None
-    return mapping_from_dict(raw, str(path))
 
 
 def flags_mapping(state_columns: list[str], label_column: str, question: str | None = None,

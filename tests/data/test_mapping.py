@@ -173,7 +173,7 @@ def test_a_label_outside_the_given_options_is_refused_with_its_count(tickets):
 def test_a_noul_label_that_is_not_yes_or_no_is_refused(tmp_path):
     path = tmp_path / "plain.csv"
     path.write_text("text,flag\na,yes\nb,maybe\n")
-    with pytest.raises(MappingError, match="'maybe' .* true/false, yes/no or 1/0"):
+    with pytest.raises(MappingError, match=r"'maybe' .* true/false, yes/no or 1/0"):
         read_mapped(path, load_mapping(flags_mapping(["text"], "flag", type="noul")))
 
 
@@ -216,7 +216,7 @@ def test_eval_data_is_mapped_with_the_options_fixed_on_the_training_data(tmp_pat
 
 
 def test_params_take_a_mapping_file_or_inline_and_the_run_key_reads_the_file(tmp_path, mapping_file):
-    with pytest.raises(ConfigError, match="validate.mapping: questions.q: unknown key"):
+    with pytest.raises(ConfigError, match=r"validate\.mapping: questions\.q: unknown key"):
         ValidateConfig(mapping={"state": "text", "questions": {"q": {"column": "l", "kind": "x"}}})
     params_file = tmp_path / "params.yaml"
     params_file.write_text(f"validate:\n  mapping: {mapping_file}\n")

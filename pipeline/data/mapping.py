@@ -71,8 +71,8 @@ class Mapping:
 
 @dataclass(frozen=True)
 class MappedColumns:
-    """A mapped slice: decision cells for validation, the mapping with every option fixed, and the label
-    counts per question (the options' counts in the slice, and labels outside them)."""
+    """A mapped slice: decision cells for validation, the mapping with every option fixed, each question's
+    label counts (by label text) and the row ids where the mapping names an id column."""
 
     columns: RawColumns
     mapping: Mapping
@@ -250,15 +250,10 @@ def map_cells(table: TableCells, mapping: Mapping, where: str = "the table") -> 
     })  # fmt: skip
     questions = orjson.dumps({qid: _question_json(q) for qid, q in fixed.questions.items()}).decode()
     gold_columns = {qid: _gold_cells(cells[q.column], q) for qid, q in fixed.questions.items()}
-    n = table_rows(table)
+    n = len(cells[mapping.columns[0]])
     gold = [{qid: g[i] for qid, g in gold_columns.items() if g[i] is not None} for i in range(n)]
-    columns = RawColumns(_state_cells(cells, mapping.state, n), [questions] * n, gold)
+    columns = RawColumns(_state_cells(cells, mapping.state), [questions] * n, gold)
     return MappedColumns(columns, fixed, counts, cells[mapping.id] if mapping.id else None)
-
-
-def table_rows(table: TableCells) -> int:
-    """The number of rows the cells hold."""
-    return len(next(iter(table.cells.values()), []))
 
 
 def _label_counts(values: list[Any]) -> dict[str, int]:
@@ -353,7 +348,7 @@ def _gold_cells(values: list[Any], question: QuestionMapping) -> list[Any]:
     return gold
 
 
-def _state_cells(cells: dict[str, list[Any]], state: str | tuple[str, ...], n: int) -> list[Any]:
+def _state_cells(cells: dict[str, list[Any]], state: str | tuple[str, ...]) -> list[Any]:
     """The state per row: the one column's cell, or {column: cell} (None when every cell is blank)."""
     if isinstance(state, str):
         return cells[state]

@@ -35,7 +35,7 @@ from prefect.runtime import flow_run
 from pipeline.config import RetrainConfig, load_params
 from pipeline.data import pins
 from pipeline.data.split import SplitData
-from pipeline.lineage import code_digest, git_commit, idempotency_key
+from pipeline.lineage import code_digest, git_commit, idempotency_key, keyed_sections
 from pipeline.mlops import tracking
 from pipeline.mlops.promotion import UNPINNED_TAG
 from pipeline.mlops.registry import ensure_experiment, tracking_uri
@@ -162,7 +162,7 @@ def retrain(
     verified = verify_pins([config.data, config.base], lock, allow_unpinned)
     inputs = pins.pin_status({"data": config.data, "base": config.base}, lock)
     data_md5, base_md5 = pins.current_md5(Path(config.data)), pins.current_md5(Path(config.base))
-    key = idempotency_key(data_md5, base_md5, params.sections(), code_digest(), unpinned=allow_unpinned)
+    key = idempotency_key(data_md5, base_md5, keyed_sections(params), code_digest(), unpinned=allow_unpinned)
     run_dir = str(Path(config.runs_dir) / key[:16])
     run = RunFolder(run_dir)
     # Validated and split once: every later task reads the run's split (RunFolder.split).

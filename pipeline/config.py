@@ -17,6 +17,7 @@ import pydantic
 import yaml
 from pydantic import ConfigDict, Strict
 
+from pipeline.data.mapping import MappingError, mapping_from_dict
 from pipeline.layer_plans import plan_spec_problems
 
 PARAMS_FILE = Path("params.yaml")
@@ -130,8 +131,16 @@ class ValidateConfig:
     holdout_ledger: str | None = None
     """A file of the content hashes of every row ever held out (the `validate` stage adds to it): those rows stay
     held out as the data grows, and new rows fill what budget is left, in hash order. None: no memory."""
+    mapping: str | dict[str, Any] | None = None
+    """`data` is a plain table: a mapping YAML file, or the mapping itself (`{state, questions}`, as
+    docs/data-format.md, "Mapping a table", writes it), turns its rows into decision rows. None: decision rows."""
 
     def __post_init__(self) -> None:
+        if isinstance(self.mapping, dict):
+            try:
+                mapping_from_dict(self.mapping, "validate.mapping")
+            except MappingError as error:
+                raise ConfigError(str(error)) from None
         if not 0.0 < self.holdout_fraction < 1.0:
             raise ConfigError(f"validate.holdout_fraction: must lie in (0, 1), got {self.holdout_fraction}")
         if self.holdout_max_decisions < 1:

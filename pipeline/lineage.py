@@ -13,7 +13,8 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from pipeline.config import TrainConfig
+from pipeline.config import Params, TrainConfig
+from pipeline.data.mapping import mapping_content
 from pipeline.data.pins import current_md5
 
 
@@ -47,6 +48,15 @@ def idempotency_key(
     # Only when set, so the key of every pinned run stays what it was.
     text = json.dumps(parts | ({"unpinned": True} if unpinned else {}), sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:32]
+
+
+def keyed_sections(params: Params) -> dict[str, Any]:
+    """Every params section as the idempotency key reads it: a mapping file's path replaced by what the file says,
+    so an edited mapping (new decision rows from the same table) makes a new run."""
+    sections = params.sections()
+    if isinstance(params.validate.mapping, str):
+        sections["validate"]["mapping"] = mapping_content(params.validate.mapping)
+    return sections
 
 
 def source_digest(data, base, config: TrainConfig, pins: dict[str, str], steps: int, losses) -> str:

@@ -18,12 +18,14 @@ from collections.abc import Callable
 from typing import Any
 
 from pipeline.cli.api import add_api_commands
+from pipeline.cli.data import BadMappingFlags, add_data_commands, add_mapping_arguments, mapping_value
 from pipeline.cli.registry import add_registry_commands
 from pipeline.cli.runs import add_run_commands
 from pipeline.cli.tables import print_evaluation, print_heldout, print_report
 
 EXIT_OK, EXIT_UNREADABLE, EXIT_NOTHING_USABLE = 0, 1, 2
 EXIT_BAD_BASE = 2  # a base no family starts from: refused before anything trains
+EXIT_BAD_MAPPING = 2  # a mapping that cannot apply to the table: refused before anything trains
 
 
 def to_json(value: Any) -> str:
@@ -42,11 +44,17 @@ def _finite(value: Any) -> Any:
 
 
 def _validate(args: argparse.Namespace) -> int:
+    from pipeline.data.mapping import MappingError, load_mapping
     from pipeline.data.read import BadSlice, RowSlice, UnreadableInput
     from pipeline.data.validate import validate_file
 
     try:
-        data = validate_file(args.data, RowSlice.parse(args.slice), with_records=False)
+        value = mapping_value(args)
+        mapping = load_mapping(value) if value is not None else None
+        data = validate_file(args.data, RowSlice.parse(args.slice), with_records=False, mapping=mapping)
+    except (BadMappingFlags, MappingError) as error:
+        print(f"decision validate: {error}", file=sys.stderr)
+        return EXIT_BAD_MAPPING
     except (UnreadableInput, BadSlice) as error:
         print(f"decision validate: {error}", file=sys.stderr)
         return EXIT_UNREADABLE
@@ -69,7 +77,7 @@ def _training_setup(args: argparse.Namespace):
     """params.yaml with the command's overrides applied, a cancel token, and the errors worth one clear line."""
     from dataclasses import replace
 
-    from pipeline.config import ConfigError, load_params
+    from pipeline.config import ConfigError
     from pipeline.data.pins import PinMismatch
     from pipeline.data.read import BadSlice, UnreadableInput
     from pipeline.families.base import ModelLayoutError
@@ -86,8 +94,8 @@ def _training_setup(args: argparse.Namespace):
         FileNotFoundError,
         ValueError,
     )
+    params = _with_mapping(_load_params(args), args)
     try:
-        params = load_params(args.params)
         overrides = {
             k: v
             for k, v in (
@@ -110,11 +118,43 @@ def _training_setup(args: argparse.Namespace):
         raise SystemExit(f"decision {args.command}: {error}") from None
 
 
+def _load_params(args: argparse.Namespace):
+    """params.yaml, or one line naming the bad key and exit 1."""
+    from pipeline.config import ConfigError, load_params
+
+    try:
+        return load_params(args.params)
+    except ConfigError as error:
+        raise SystemExit(f"decision {args.command}: {error}") from None
+
+
+def _with_mapping(params, args: argparse.Namespace):
+    """params with `validate.mapping` from --mapping or the mapping flags, checked now: a mapping that is no
+    mapping exits 2 before anything is read or trained."""
+    from dataclasses import replace
+
+    from pipeline.config import ConfigError
+    from pipeline.data.mapping import MappingError, load_mapping
+
+    try:
+        value = mapping_value(args)
+        if value is None:
+            value = params.validate.mapping
+        if value is not None:
+            load_mapping(value)
+        return replace(params, validate=replace(params.validate, mapping=value))
+    except (BadMappingFlags, MappingError, ConfigError) as error:
+        print(f"decision {args.command}: {error}", file=sys.stderr)
+        raise SystemExit(EXIT_BAD_MAPPING) from None
+
+
 def _exit_code(error: Exception) -> int:
-    """2 for a bad base (`BadBase`: the user's input, refused before training), else 1."""
+    """2 for a bad base (`BadBase`) or a mapping that does not fit the table (`MappingError`): the user's input,
+    refused before training; else 1."""
+    from pipeline.data.mapping import MappingError
     from pipeline.families.base import BadBase
 
-    return EXIT_BAD_BASE if isinstance(error, BadBase) else EXIT_UNREADABLE
+    return EXIT_BAD_BASE if isinstance(error, (BadBase, MappingError)) else EXIT_UNREADABLE
 
 
 def _source(args: argparse.Namespace, params):
@@ -333,6 +373,7 @@ def _add_training_arguments(command: argparse.ArgumentParser, out_help: str) -> 
     command.add_argument("--device", default="auto", help="auto (cuda if available), cpu, cuda, cuda:1, ...")
     command.add_argument("--params", default="params.yaml", help="the params file (default: params.yaml)")
     _add_output_flags(command)
+    add_mapping_arguments(command)
 
 
 def _add_output_flags(command: argparse.ArgumentParser) -> None:
@@ -361,6 +402,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--slice", metavar="START:END", help="validate rows [START, END) only; taken before rows are parsed"
     )
     validate.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
+    add_mapping_arguments(validate)
     validate.set_defaults(handler=_validate)
 
     train = commands.add_parser(
@@ -448,6 +490,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_api_commands(commands)
     add_registry_commands(commands)
     add_run_commands(commands)
+    add_data_commands(commands)
     return parser
 
 

@@ -75,6 +75,9 @@ def print_report(report: dict[str, Any]) -> None:
         totals.add_column(name, justify="right")
     totals.add_row(*(f"{report[k]:,}" for k in ("rows", "decisions", "kept", "skipped_total")))
     console.print(totals)
+    for question, counts in report.get("labels", {}).items():  # a mapped table: its labels, as `decision map`
+        shown = ", ".join(f"{label} {count:,}" for label, count in counts.items())
+        console.print(f"labels of {question}: {shown}", highlight=False)
     if not report["skipped"]:
         console.print("No decision skipped.")
         return

@@ -9,10 +9,11 @@ Arrow as one raw text column, so a line is decoded only when it falls inside the
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import csv
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import orjson
 import pyarrow as pa
@@ -80,20 +81,26 @@ def detect_format(path: Path) -> str:
     raise UnreadableInput(f"{path}: unknown table format (use .jsonl, .parquet or .csv)")
 
 
-def read_slice(path: str | Path, row_slice: RowSlice = RowSlice()) -> tuple[pa.Table, int]:
-    """The Arrow table of the rows in `row_slice`, and the total number of rows in the file."""
+def read_slice(
+    path: str | Path, row_slice: RowSlice = RowSlice(), columns: Sequence[str] | None = None
+) -> tuple[pa.Table, int]:
+    """The Arrow table of the rows in `row_slice`, and the total number of rows in the file.
+
+    `columns`: read these columns of any table (those it has; CSV cells as text) instead of a decision table's.
+    """
     path = Path(path)
     if not path.is_file():
         raise UnreadableInput(f"{path}: no such file")
     fmt = detect_format(path)
     try:
         if fmt == "parquet":
-            table, total = _parquet_slice(path, row_slice)
+            table, total = _parquet_slice(path, row_slice, columns or COLUMNS)
         else:
-            table, total = _streamed_slice(_batches(path, fmt), row_slice)
+            table, total = _streamed_slice(_batches(path, fmt, columns), row_slice)
     except (pa.ArrowException, OSError, UnicodeDecodeError) as error:
         raise UnreadableInput(f"{path}: not a readable {fmt} table ({error})") from None
-    _check_columns(path, table, fmt)
+    if columns is None:
+        _check_columns(path, table, fmt)
     if table.num_rows == 0:
         raise BadSlice(f"{path}: slice {row_slice} selects no rows (the file has {total} rows)")
     return table, total
@@ -167,7 +174,7 @@ def _check_columns(path: Path, table: pa.Table, fmt: str) -> None:
         )
 
 
-def _parquet_slice(path: Path, row_slice: RowSlice) -> tuple[pa.Table, int]:
+def _parquet_slice(path: Path, row_slice: RowSlice, wanted: Sequence[str]) -> tuple[pa.Table, int]:
     parquet = pq.ParquetFile(path, memory_map=True)
     total = parquet.metadata.num_rows
     end = total if row_slice.end is None else min(row_slice.end, total)
@@ -180,22 +187,28 @@ def _parquet_slice(path: Path, row_slice: RowSlice) -> tuple[pa.Table, int]:
         offset += size
     if not groups:
         return parquet.schema_arrow.empty_table(), total
-    table = parquet.read_row_groups(groups, columns=_present(parquet.schema_arrow.names))
+    table = parquet.read_row_groups(groups, columns=_present(parquet.schema_arrow.names, wanted))
     return table.slice(row_slice.start - first_row, end - row_slice.start), total
 
 
-def _present(names: list[str]) -> list[str] | None:
-    wanted = [n for n in names if n in COLUMNS]
-    return wanted or None
+def _present(names: list[str], wanted: Sequence[str]) -> list[str] | None:
+    present = [n for n in names if n in wanted]
+    return present or None
 
 
-def _batches(path: Path, fmt: str) -> Iterator[pa.RecordBatch]:
+def _batches(path: Path, fmt: str, wanted: Sequence[str] | None = None) -> Iterator[pa.RecordBatch]:
     read_options = pa_csv.ReadOptions(block_size=_BLOCK_SIZE)
     if fmt == "jsonl":
         # One text column per line: JSON never holds a raw \x1f, and quoting is off, so lines stay intact.
         read_options = pa_csv.ReadOptions(block_size=_BLOCK_SIZE, column_names=[_LINE_COLUMN])
         parse = pa_csv.ParseOptions(delimiter="\x1f", quote_char=False, escape_char=False)
         convert = pa_csv.ConvertOptions(column_types={_LINE_COLUMN: pa.large_string()})
+    elif wanted is not None:
+        # Every cell as text: types inferred from the first batch could clash with a later one.
+        parse = pa_csv.ParseOptions(newlines_in_values=True)
+        present = [name for name in csv_header(path) if name in wanted]
+        convert = pa_csv.ConvertOptions(column_types={name: pa.large_string() for name in present},
+                                        include_columns=present, strings_can_be_null=True)  # fmt: skip
     else:
         parse = pa_csv.ParseOptions(newlines_in_values=True)
         convert = pa_csv.ConvertOptions(
@@ -217,6 +230,34 @@ def _streamed_slice(batches: Iterator[pa.RecordBatch], row_slice: RowSlice) -> t
     if schema is None:
         return pa.table({_LINE_COLUMN: pa.array([], pa.large_string())}), 0
     return pa.Table.from_batches(kept, schema=schema), offset
+
+
+class TableCells(NamedTuple):
+    """Named columns of a slice of any table as Python lists, the columns the table has, and its row count."""
+
+    cells: dict[str, list[Any]]
+    columns: tuple[str, ...]
+    total: int
+
+
+def read_cells(path: str | Path, names: Sequence[str], row_slice: RowSlice = RowSlice()) -> TableCells:
+    """The named columns of any table (not only a decision file) for the slice only; a name the table lacks is
+    left out of `cells` (the caller says what to do). CSV cells stay text; JSONL lines are decoded in the slice
+    only, and its columns are the keys its rows there use."""
+    path = Path(path)
+    table, total = read_slice(path, row_slice, names)
+    if _LINE_COLUMN in table.column_names:
+        rows = [_decode_line(line) for line in table.column(_LINE_COLUMN).to_pylist()]
+        found = tuple(dict.fromkeys(key for row in rows for key in row))
+        return TableCells({n: [row.get(n) for row in rows] for n in names if n in found}, found, total)
+    found = tuple(pq.read_schema(path).names if detect_format(path) == "parquet" else csv_header(path))
+    return TableCells({n: _column_values(table, n) for n in names if n in table.column_names}, found, total)
+
+
+def csv_header(path: str | Path) -> list[str]:
+    """The column names of a CSV file (its first record)."""
+    with open(path, newline="", encoding="utf-8") as handle:
+        return next(csv.reader(handle), [])
 
 
 def write_slice(path: str | Path, row_slice: RowSlice, out_dir: str | Path) -> Path:

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from pipeline.config import ValidateConfig
 from pipeline.data.contract import Record
+from pipeline.data.mapping import load_mapping
 from pipeline.data.read import RowSlice
 from pipeline.data.validate import ValidationReport, validate_file
 
@@ -47,7 +48,9 @@ def read_ledger(path: str | Path | None) -> frozenset[str]:
     """The content hashes a ledger lists (none when there is no ledger, or no file yet)."""
     if path is None or not Path(path).exists():
         return frozenset()
-    return frozenset(line.strip() for line in Path(path).read_text(encoding="utf-8").splitlines() if line.strip())
+    return frozenset(
+        line.strip() for line in Path(path).read_text(encoding="utf-8").splitlines() if line.strip()
+    )
 
 
 def record_heldout(split: Split, path: str | Path) -> int:
@@ -101,10 +104,14 @@ class TrainSource:
     split_config: ValidateConfig = field(default_factory=ValidateConfig)
 
     def validated(self) -> SplitData:
-        """Validate the rows (and `eval_data`) and split them: once per run; later steps read the result."""
-        validated = validate_file(self.data, self.row_slice)
+        """Validate the rows (and `eval_data`) and split them: once per run; later steps read the result.
+
+        With `split_config.mapping` both files are plain tables mapped to decision rows, `eval_data` with the
+        options fixed on `data` (so both ask the same questions)."""
+        mapping = load_mapping(self.split_config.mapping) if self.split_config.mapping is not None else None
+        validated = validate_file(self.data, self.row_slice, mapping=mapping)
         if self.eval_data is not None:
-            split = Split(validated.records, validate_file(self.eval_data).records)
+            split = Split(validated.records, validate_file(self.eval_data, mapping=validated.mapping).records)
         else:
             split = split_holdout(validated.records, self.split_config)
         return SplitData(validated.report, split)

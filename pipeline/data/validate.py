@@ -12,16 +12,16 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
-import orjson
 import pandas as pd
 import pandera.pandas as pa
 
 from pipeline.data import contract
 from pipeline.data.contract import Decision, Record
 from pipeline.data.facts import Facts, collect_facts, gc_paused
+from pipeline.data.mapping import Mapping, option_counts, read_mapped
 from pipeline.data.read import RawColumns, RowSlice, columns_from_rows, read_columns
 
 _EXAMPLE_CHARS = 200
@@ -84,6 +84,8 @@ class ValidationReport:
     slice: str = ""
     file_rows: int = 0
     seconds: dict[str, float] = field(default_factory=dict)
+    labels: dict[str, dict[str, int]] = field(default_factory=dict)
+    """A mapped table's label counts per question (`pipeline.data.mapping`); empty for decision files."""
 
     def to_dict(self) -> dict[str, Any]:
         """The report as a JSON-ready dict (the `--json` output and `validation.json`)."""
@@ -91,7 +93,7 @@ class ValidationReport:
             "source": self.source, "slice": self.slice, "file_rows": self.file_rows, "rows": self.rows,
             "decisions": self.decisions, "kept": self.kept, "skipped_total": self.decisions - self.kept,
             "skipped": dict(self.skipped), "examples": dict(self.examples),
-        }  # fmt: skip
+        } | ({"labels": self.labels} if self.labels else {})  # fmt: skip
 
 
 @dataclass
@@ -100,6 +102,8 @@ class ValidatedData:
 
     records: list[Record]
     report: ValidationReport
+    mapping: Mapping | None = None
+    """The mapping the rows were read with, its options fixed (another file read with it gets the same ones)."""
 
 
 def validate_columns(columns: RawColumns, first_row: int = 0, with_records: bool = True) -> ValidatedData:
@@ -127,15 +131,28 @@ def validate_rows(rows: list[dict[str, Any]], first_row: int = 0) -> ValidatedDa
 
 
 def validate_file(
-    path: str | Path, row_slice: RowSlice = RowSlice(), with_records: bool = True
+    path: str | Path,
+    row_slice: RowSlice = RowSlice(),
+    with_records: bool = True,
+    mapping: Mapping | None = None,
 ) -> ValidatedData:
-    """Read the slice of a decision file (Arrow first, Python objects for the slice only) and validate it."""
+    """Read the slice of a decision file (Arrow first, Python objects for the slice only) and validate it.
+
+    With `mapping`, the file is a plain table and the slice's mapped rows are validated (`pipeline.data.mapping`;
+    raises MappingError for a column the table lacks or a label outside given options).
+    """
     started = time.perf_counter()
     with gc_paused():
-        columns, total = read_columns(path, row_slice)
+        if mapping is None:
+            columns, total = read_columns(path, row_slice)
+        else:
+            mapped, total = read_mapped(path, mapping, row_slice)
+            columns, mapping = mapped.columns, mapped.mapping
     read_seconds = time.perf_counter() - started
     data = validate_columns(columns, row_slice.start, with_records)
     data.report.source, data.report.slice, data.report.file_rows = str(path), str(row_slice), total
+    data.mapping = mapping
+    data.report.labels = option_counts(mapped) if mapping is not None else {}
     data.report.seconds["read"] = read_seconds
     return data
 

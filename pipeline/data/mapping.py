@@ -1,0 +1,425 @@
+"""Turn a plain table into decision rows: which column is the state, which columns are gold for which question.
+
+A mapping (a YAML file, a params.yaml `validate.mapping`, or the flags of the common case) names the state
+column (several columns make a JSON-object state `{column: value}`) and, per question, the column holding its
+labels, its type, instructions and options: given, or taken from the labels found. It is applied to the cells
+of the row slice only (the slice is taken on the Arrow table first), and the mapped rows then go through
+validation like the rows of any decision file, so unusable ones are counted by reason.
+
+    decision map --data tickets.csv --state-column text --label-column label --preview 5
+    decision validate tickets.csv --mapping tickets.mapping.yaml
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections import Counter
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pyarrow as pa
+import pyarrow.parquet as pq
+import yaml
+
+from pipeline.data.contract import QUESTION_TYPES
+from pipeline.data.read import RawColumns, RowSlice, TableCells, read_cells
+
+_MAPPING_KEYS = ("state", "questions", "id")
+_QUESTION_KEYS = ("column", "type", "instructions", "options")
+# Label cells a yes/no (noul) question accepts, compared in lower case; booleans too.
+NOUL_LABELS = {"true": True, "false": False, "yes": True, "no": False, "1": True, "0": False}
+
+
+class MappingError(ValueError):
+    """A mapping that cannot apply (an unknown key, a wrong type, a column the table lacks, a label outside the
+    given options); the message names the thing and what to do."""
+
+
+@dataclass(frozen=True)
+class QuestionMapping:
+    """One question asked of every row: its gold labels are the cells of `column`."""
+
+    column: str
+    type: str = "choice"
+    instructions: str | None = None
+    options: tuple[str, ...] | None = None
+    """Label values (as text) in the model's order; a score's levels low to high. None: the labels found."""
+    descriptions: tuple[str | None, ...] | None = None
+    """One per option (None: no description); noul: (false, true)."""
+
+
+@dataclass(frozen=True)
+class Mapping:
+    """A table's columns as decision rows: the state and the questions (with their gold columns)."""
+
+    state: str | tuple[str, ...]
+    """One column (its cell is the state), or several (the state is the object {column: cell})."""
+    questions: dict[str, QuestionMapping]
+    id: str | None = None
+    """A column that names each row (kept in `decision map` output, ignored by training)."""
+
+    @property
+    def columns(self) -> tuple[str, ...]:
+        """Every column the mapping reads, each once."""
+        state = (self.state,) if isinstance(self.state, str) else self.state
+        named = (*state, *(q.column for q in self.questions.values()), *([self.id] if self.id else []))
+        return tuple(dict.fromkeys(named))
+
+
+@dataclass(frozen=True)
+class MappedColumns:
+    """A mapped slice: decision cells for validation, the mapping with every option fixed, each question's
+    label counts (by label text) and the row ids where the mapping names an id column."""
+
+    columns: RawColumns
+    mapping: Mapping
+    counts: dict[str, dict[str, int]]
+    ids: list[Any] | None = None
+
+
+def load_mapping(value: str | Path | dict) -> Mapping:
+    """A mapping from a YAML file (a path) or an already parsed one (a dict, e.g. inline in params.yaml)."""
+    if isinstance(value, dict):
+        return mapping_from_dict(value, "mapping")
+    return mapping_from_dict(mapping_content(value), str(value))
+
+
+def mapping_content(value: str | Path | dict) -> Any:
+    """What a mapping says, as parsed YAML: a file's content (so a run keyed on it changes when the file is
+    edited), or the dict itself."""
+    if isinstance(value, dict):
+        return value
+    path = Path(value)
+    if not path.is_file():
+        raise MappingError(f"mapping {path}: no such file (write one as docs/data-format.md shows)")
+    try:
+        return yaml.safe_load(path.read_text())
+    except yaml.YAMLError as error:
+        raise MappingError(f"mapping {path}: not YAML ({error})".replace("\n", " ")) from None
+
+
+def flags_mapping(state_columns: list[str], label_column: str, question: str | None = None,
+                  type: str = "choice", instructions: str | None = None,
+                  options: list[str] | None = None) -> dict[str, Any]:  # fmt: skip
+    """The mapping the flags of the common case stand for (one or more state columns, one question whose labels
+    are `label_column`), as YAML would write it: `load_mapping` checks it."""
+    raw_question = {"column": label_column, "type": type, "instructions": instructions, "options": options}
+    state = state_columns[0] if len(state_columns) == 1 else list(state_columns)
+    return {"state": state, "questions": {question or label_column: raw_question}}
+
+
+def mapping_from_dict(raw: Any, where: str) -> Mapping:
+    """Check a parsed mapping and build it; every problem is collected and raised once, each naming its key."""
+    if not isinstance(raw, dict):
+        raise MappingError(f"{where}: expected a mapping with keys state and questions, got {raw!r:.80}")
+    problems = _unknown_keys(raw, _MAPPING_KEYS, where)
+    state = raw.get("state")
+    if not (_is_name(state) or (isinstance(state, list) and state and all(map(_is_name, state)))):
+        problems.append(f"{where}: state: expected a column name or a list of column names, got {state!r}")
+    questions = raw.get("questions")
+    if not isinstance(questions, dict) or not questions:
+        problems.append(
+            f"{where}: questions: expected {{question_id: {{column, type, ...}}}}, got {questions!r}"
+        )
+        questions = {}
+    if raw.get("id") is not None and not _is_name(raw.get("id")):
+        problems.append(f"{where}: id: expected a column name, got {raw.get('id')!r}")
+    built = {}
+    for qid, spec in questions.items():
+        question, found = _question(str(qid), spec, f"{where}: questions.{qid}")
+        problems += found
+        built[str(qid)] = question
+    if problems:
+        raise MappingError("; ".join(problems))
+    return Mapping(state if isinstance(state, str) else tuple(state), built, raw.get("id"))
+
+
+def _question(qid: str, spec: Any, where: str) -> tuple[QuestionMapping | None, list[str]]:
+    if not isinstance(spec, dict):
+        return None, [f"{where}: expected {{column, type, instructions, options}}, got {spec!r:.80}"]
+    problems = _unknown_keys(spec, _QUESTION_KEYS, where)
+    column, qtype, instructions = spec.get("column"), spec.get("type") or "choice", spec.get("instructions")
+    if not _is_name(column):
+        problems.append(f"{where}.column: expected the name of the column holding its labels, got {column!r}")
+    if qtype not in QUESTION_TYPES:
+        problems.append(f"{where}.type: expected one of {', '.join(QUESTION_TYPES)}, got {qtype!r}")
+    if instructions is not None and not isinstance(instructions, str):
+        problems.append(f"{where}.instructions: expected text, got {instructions!r}")
+    options, descriptions, problem = _options(spec.get("options"), qtype)
+    if problem:
+        problems.append(f"{where}.options: {problem}")
+    if problems:
+        return None, problems
+    return QuestionMapping(column, qtype, instructions, options, descriptions), []
+
+
+def _options(raw: Any, qtype: str) -> tuple[tuple | None, tuple | None, str | None]:
+    """(option texts, descriptions, problem) from a mapping's `options`: a list of labels, or {label: text}."""
+    if raw is None:
+        return (("false", "true"), (None, None), None) if qtype == "noul" else (None, None, None)
+    if qtype == "noul":
+        keys = {label_text(k): v for k, v in raw.items()} if isinstance(raw, dict) else None
+        if (
+            keys is None
+            or not set(keys) <= {"false", "true"}
+            or not all(_is_description(v) for v in keys.values())
+        ):
+            return (
+                None,
+                None,
+                f"a noul question's options are {{true: description, false: description}}, got {raw!r}",
+            )
+        return ("false", "true"), (keys.get("false"), keys.get("true")), None
+    if isinstance(raw, list) and raw and all(_is_label(v) for v in raw):
+        texts = tuple(label_text(v) for v in raw)
+        return texts, texts if qtype == "score" else (None,) * len(texts), _repeated(texts)
+    if isinstance(raw, dict) and raw and all(map(_is_label, raw)) and all(map(_is_description, raw.values())):
+        texts = tuple(label_text(v) for v in raw)
+        return texts, tuple(raw.values()), _repeated(texts)
+    return None, None, f"expected a list of labels or {{label: description}}, got {raw!r:.80}"
+
+
+def _repeated(texts: tuple[str, ...]) -> str | None:
+    twice = [t for t, n in Counter(texts).items() if n > 1]
+    return f"{', '.join(map(repr, twice))} given twice" if twice else None
+
+
+def _unknown_keys(raw: dict, known: tuple[str, ...], where: str) -> list[str]:
+    unknown = [str(k) for k in raw if k not in known]
+    return [f"{where}: unknown key(s) {', '.join(unknown)} (known: {', '.join(known)})"] if unknown else []
+
+
+def _is_name(value: Any) -> bool:
+    return isinstance(value, str) and bool(value)
+
+
+def _is_label(value: Any) -> bool:
+    return isinstance(value, (str, int, float)) and not is_blank(value)
+
+
+def _is_description(value: Any) -> bool:
+    return value is None or isinstance(value, str)
+
+
+def is_blank(value: Any) -> bool:
+    """A cell that holds no label: null, NaN or empty text."""
+    return (
+        value is None
+        or (isinstance(value, str) and not value.strip())
+        or (isinstance(value, float) and math.isnan(value))
+    )
+
+
+def label_text(value: Any) -> str:
+    """A label cell as the text its option is named by: `3`, `3.0` and `"3"` alike, booleans `true`/`false`."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    if isinstance(value, (dict, list)):
+        return orjson.dumps(value).decode()
+    return str(value)
+
+
+def read_mapped(
+    path: str | Path, mapping: Mapping, row_slice: RowSlice = RowSlice()
+) -> tuple[MappedColumns, int]:
+    """The slice of a table mapped to decision cells (only the mapped columns are read), and the file's row
+    count. Raises MappingError for a column the table lacks or a label outside given options."""
+    table = read_cells(path, mapping.columns, row_slice)
+    missing = [name for name in mapping.columns if name not in table.cells]
+    if missing:
+        raise MappingError(
+            f"{path}: the mapping names column(s) {', '.join(map(repr, missing))} that the table lacks (its "
+            f"columns: {', '.join(table.columns[:20]) or 'none'}); fix the mapping's state or column"
+        )
+    where = str(path) if row_slice == RowSlice() else f"rows {row_slice} of {path}"
+    return map_cells(table, mapping, where), table.total
+
+
+def map_cells(table: TableCells, mapping: Mapping, where: str = "the table") -> MappedColumns:
+    """Decision cells from a table's cells: the state per row, the same questions on every row, and gold from
+    each question's column (a blank cell: no gold for that question in that row)."""
+    cells = table.cells
+    counts = {qid: _label_counts(cells[q.column]) for qid, q in mapping.questions.items()}
+    fixed = replace(mapping, questions={
+        qid: _fixed_options(qid, q, counts[qid], where) for qid, q in mapping.questions.items()
+    })  # fmt: skip
+    questions = orjson.dumps({qid: _question_json(q) for qid, q in fixed.questions.items()}).decode()
+    gold_columns = {qid: _gold_cells(cells[q.column], q) for qid, q in fixed.questions.items()}
+    n = len(cells[mapping.columns[0]])
+    gold = [{qid: g[i] for qid, g in gold_columns.items() if g[i] is not None} for i in range(n)]
+    columns = RawColumns(_state_cells(cells, mapping.state), [questions] * n, gold)
+    return MappedColumns(columns, fixed, counts, cells[mapping.id] if mapping.id else None)
+
+
+def _label_counts(values: list[Any]) -> dict[str, int]:
+    """How often each label occurs, by its text (distinct cells are converted once, not every row)."""
+    merged: Counter[str] = Counter()
+    for value, count in Counter(label_text(v) if isinstance(v, (dict, list)) else v for v in values).items():
+        if not is_blank(value):
+            merged[label_text(value)] += count
+    return dict(merged)
+
+
+def _fixed_options(
+    qid: str, question: QuestionMapping, counts: dict[str, int], where: str
+) -> QuestionMapping:
+    """The question with its options fixed: given ones checked against the labels found, or the labels found."""
+    if question.type == "noul":
+        unknown = {t: n for t, n in counts.items() if t.strip().lower() not in NOUL_LABELS}
+        _refuse_unknown(
+            qid, question, unknown, where, "a noul question's labels are true/false, yes/no or 1/0"
+        )
+        return question
+    if question.options is not None:
+        unknown = {t: n for t, n in counts.items() if t not in question.options}
+        _refuse_unknown(qid, question, unknown, where, "add them to its options, or leave options out to take "
+                        "them from the labels")  # fmt: skip
+        return question
+    if not counts:
+        raise MappingError(f"question {qid!r}: column {question.column!r} holds no label in {where}; give its "
+                           "options in the mapping")  # fmt: skip
+    options = _levels(counts) if question.type == "score" else tuple(sorted(counts, key=_option_order))
+    descriptions = options if question.type == "score" else (None,) * len(options)
+    return replace(question, options=options, descriptions=descriptions)
+
+
+def _refuse_unknown(
+    qid: str, question: QuestionMapping, unknown: dict[str, int], where: str, fix: str
+) -> None:
+    if unknown:
+        shown = ", ".join(
+            f"{t!r} ({n} row{'s' if n > 1 else ''})"
+            for t, n in sorted(unknown.items(), key=lambda i: -i[1])[:10]
+        )
+        raise MappingError(f"question {qid!r}: column {question.column!r} holds labels that are not among its "
+                           f"options in {where}: {shown}; {fix}")  # fmt: skip
+
+
+def _levels(counts: dict[str, int]) -> tuple[str, ...]:
+    """A score's levels from its labels: whole numbers give every level from the smallest to the largest found
+    (ratings 1..5 stay five levels when no row says 4), anything else the labels found in order."""
+    if all(text.strip().lstrip("-").isdigit() for text in counts):
+        numbers = [int(text) for text in counts]
+        return tuple(str(level) for level in range(min(numbers), max(numbers) + 1))
+    return tuple(sorted(counts, key=_option_order))
+
+
+def _option_order(text: str) -> tuple:
+    """Numbers by value (so score levels 1..10 stay in order), then text."""
+    try:
+        return (0, float(text), text)
+    except ValueError:
+        return (1, 0.0, text)
+
+
+def _question_json(question: QuestionMapping) -> dict[str, Any]:
+    """The question as the row format writes it (docs/data-format.md, "Questions")."""
+    if question.type == "noul":
+        criteria = {o: d for o, d in zip(("false", "true"), question.descriptions) if d is not None} or None
+    elif question.type == "score":
+        criteria = [d if d is not None else o for o, d in zip(question.options, question.descriptions)]
+    elif all(d is None for d in question.descriptions):
+        criteria = list(question.options)
+    else:
+        criteria = dict(zip(question.options, question.descriptions))
+    return {"type": question.type, "instructions": question.instructions, "criteria": criteria}
+
+
+def _gold_cells(values: list[Any], question: QuestionMapping) -> list[Any]:
+    """Each row's gold entry for the question (None for a blank cell): an option id, a level, or true/false."""
+    if question.type == "noul":
+        entry = lambda text: NOUL_LABELS[text.strip().lower()]  # noqa: E731
+    elif question.type == "score":
+        entry = {text: level for level, text in enumerate(question.options)}.__getitem__
+    else:
+        entry = lambda text: text  # noqa: E731
+    cache: dict[Any, Any] = {}
+    gold = []
+    for value in values:
+        key = label_text(value) if isinstance(value, (dict, list)) else value
+        if key not in cache:
+            cache[key] = None if is_blank(key) else entry(label_text(key))
+        gold.append(cache[key])
+    return gold
+
+
+def _state_cells(cells: dict[str, list[Any]], state: str | tuple[str, ...]) -> list[Any]:
+    """The state per row: the one column's cell, or {column: cell} (None when every cell is blank)."""
+    if isinstance(state, str):
+        return cells[state]
+    values = zip(*(cells[name] for name in state))
+    return [None if all(map(is_blank, row)) else dict(zip(state, row)) for row in values]
+
+
+def decision_rows(mapped: MappedColumns, limit: int | None = None) -> list[dict[str, Any]]:
+    """The first `limit` mapped rows (all with None) as the row format writes them, `id` first where mapped."""
+    columns = mapped.columns
+    count = len(columns) if limit is None else min(limit, len(columns))
+    questions = orjson.loads(columns.questions[0]) if count else {}
+    ids = mapped.ids if mapped.ids is not None else None
+    return [
+        ({"id": ids[i]} if ids is not None else {})
+        | {"state": columns.state[i], "questions": questions, "gold": columns.gold[i]}
+        for i in range(count)
+    ]
+
+
+def write_rows(mapped: MappedColumns, out: str | Path) -> Path:
+    """Write the mapped rows as a decision file (`.jsonl`, or `.parquet` with JSON-text cells), written beside
+    and renamed into place, so a failed write never leaves half a file at `out`."""
+    out = Path(out)
+    if out.suffix.lower() not in (".jsonl", ".parquet"):
+        raise MappingError(f"{out}: write mapped rows to a .jsonl or .parquet file")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    staged = out.with_name(f".{out.name}.partial")
+    try:
+        if out.suffix.lower() == ".jsonl":
+            _write_jsonl(mapped, staged)
+        else:
+            _write_parquet(mapped, staged)
+        os.replace(staged, out)
+    finally:
+        staged.unlink(missing_ok=True)
+    return out
+
+
+def _write_jsonl(mapped: MappedColumns, path: Path) -> None:
+    columns = mapped.columns
+    questions = orjson.Fragment(columns.questions[0]) if len(columns) else None
+    with path.open("wb") as handle:
+        for i in range(len(columns)):
+            row = {"id": mapped.ids[i]} if mapped.ids is not None else {}
+            row |= {"state": columns.state[i], "questions": questions, "gold": columns.gold[i]}
+            handle.write(orjson.dumps(row, option=orjson.OPT_SERIALIZE_NUMPY) + b"\n")
+
+
+def _write_parquet(mapped: MappedColumns, path: Path) -> None:
+    columns = mapped.columns
+    text = lambda value: value if isinstance(value, str) or value is None else orjson.dumps(value).decode()  # noqa: E731
+    table = {"id": pa.array(mapped.ids)} if mapped.ids is not None else {}
+    table |= {
+        "state": pa.array([text(state) for state in columns.state], pa.large_string()),
+        "questions": pa.array(columns.questions, pa.large_string()),
+        "gold": pa.array([orjson.dumps(gold).decode() for gold in columns.gold], pa.large_string()),
+    }
+    pq.write_table(pa.table(table), path)
+
+
+def option_counts(mapped: MappedColumns) -> dict[str, dict[str, int]]:
+    """Per question, how many rows give each option (in model order; a noul's labels counted as false/true)."""
+    counted = {}
+    for qid, question in mapped.mapping.questions.items():
+        by_option = Counter()
+        for text, count in mapped.counts[qid].items():
+            by_option[_noul_option(text) if question.type == "noul" else text] += count
+        counted[qid] = {option: by_option[option] for option in question.options}
+    return counted
+
+
+def _noul_option(text: str) -> str:
+    return "true" if NOUL_LABELS[text.strip().lower()] else "false"

@@ -9,6 +9,10 @@
     decision validate data/my_dataset:test       # ... or the split named after the colon
     decision validate hf:owner/name[/config][:split]   # the Hub, where `datasets` is installed and online
 
+A Hub id is loaded with the optional `datasets` package, which prepares the split once in its cache (or reads
+the cache when offline); the Arrow files it prepared are then read as a `save_to_disk` folder's are. Without the
+package, or offline without a cached copy, the source is refused in one line saying how to bring the data here.
+
 Shards of one source must share one format and one schema (column names and types); a source that breaks this,
 an empty folder or a glob that matches nothing is a `BadSource`, raised before any row is read.
 """
@@ -23,7 +27,6 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.dataset as ds
 
-from pipeline.data.hub import DEFAULT_SPLIT, hub_shards
 from pipeline.data.shards import (
     JSONL_SUFFIXES,
     PARQUET_SUFFIXES,
@@ -34,6 +37,7 @@ from pipeline.data.shards import (
 )
 
 HUB_PREFIX = "hf:"
+DEFAULT_SPLIT = "train"
 _GLOB_CHARS = set("*?[")
 _SHARD_FORMATS = {**{s: "jsonl" for s in JSONL_SUFFIXES}, **{s: "parquet" for s in PARQUET_SUFFIXES}}
 
@@ -214,3 +218,39 @@ def _difference(first: dict[str, str], other: dict[str, str]) -> str:
     problems += [f"extra column {n}" for n in other if n not in first]
     problems += [f"{n} is {other[n]}, not {t}" for n, t in first.items() if n in other and other[n] != t]
     return "; ".join(problems[:4])
+
+
+_OFFLINE_HELP = (
+    "on a machine that is online, run `datasets.load_dataset(...).save_to_disk(FOLDER)` and pass FOLDER"
+)
+
+
+def parse_hub_id(spec: str) -> tuple[str, str | None, str]:
+    """(repository id, config or None, split) from `owner/name[/config][:split]`."""
+    name, _, split = spec.partition(":")
+    parts = name.strip("/").split("/")
+    if len(parts) not in (2, 3) or not all(parts):
+        raise BadSource(f"hf:{spec}: expected hf:OWNER/NAME[/CONFIG][:SPLIT], e.g. hf:stanfordnlp/imdb:test")
+    return "/".join(parts[:2]), parts[2] if len(parts) == 3 else None, split or DEFAULT_SPLIT
+
+
+def hub_shards(spec: str) -> tuple[Shard, ...]:
+    """The Arrow files `datasets` prepared for the split, in order; refused in one line when it cannot load."""
+    repo, config, split = parse_hub_id(spec)
+    try:
+        import datasets  # optional: only a Hub id needs it, so it is imported only for one
+    except ImportError:
+        raise BadSource(f"hf:{spec}: the `datasets` package is not installed; `pip install datasets`, "
+                             f"or {_OFFLINE_HELP}") from None  # fmt: skip
+    try:
+        dataset = datasets.load_dataset(repo, config, split=split)
+    except (ConnectionError, OSError, ValueError) as error:
+        reason = (str(error).strip().splitlines() or [type(error).__name__])[0][:200]
+        raise BadSource(f"hf:{spec}: cannot load it from the Hugging Face Hub ({reason}); "
+                             f"{_OFFLINE_HELP}") from None  # fmt: skip
+    files = [Path(entry["filename"]) for entry in dataset.cache_files]
+    if not files:
+        raise BadSource(
+            f"hf:{spec}: `datasets` kept the split in memory, not in Arrow files; {_OFFLINE_HELP}"
+        )
+    return tuple(Shard(path, "arrow") for path in files)

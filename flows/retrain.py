@@ -35,10 +35,10 @@ from prefect.runtime import flow_run
 from pipeline.config import RetrainConfig, load_params
 from pipeline.data import pins
 from pipeline.data.split import SplitData
-from pipeline.lineage import code_digest, git_commit, idempotency_key, keyed_sections
+from pipeline.lineage import DataRevision, code_digest, git_commit, idempotency_key, keyed_sections
 from pipeline.mlops import tracking
 from pipeline.mlops.promotion import UNPINNED_TAG
-from pipeline.mlops.registry import ensure_experiment, tracking_uri
+from pipeline.mlops.registry import ensure_experiment, previous_data_revision, tracking_uri
 from pipeline.mlops.store import check_tracking_store
 from pipeline.rundir import RunFolder
 from pipeline.scoring.report import report_tags
@@ -138,7 +138,7 @@ def promotion_gate(name: str, version: str, calibrated: dict[str, float], smoke_
 def _run_name() -> str:
     params = flow_run.parameters
     data = load_params(params.get("params_file", "params.yaml"), params.get("run_config")).retrain.data
-    return f"retrain-{pins.current_md5(Path(data))[:8]}-{dt.date.today().isoformat()}"
+    return f"retrain-{pins.data_revision(data)[:8]}-{dt.date.today().isoformat()}"
 
 
 # A hung run (a stuck smoke-test server, say) must not hold the deployment's single slot forever.
@@ -161,8 +161,10 @@ def retrain(
     config = params.retrain
     verified = verify_pins([config.data, config.base], lock, allow_unpinned)
     inputs = pins.pin_status({"data": config.data, "base": config.base}, lock)
-    data_md5, base_md5 = pins.current_md5(Path(config.data)), pins.current_md5(Path(config.base))
+    data_md5, base_md5 = pins.data_revision(config.data), pins.current_md5(Path(config.base))
     key = idempotency_key(data_md5, base_md5, keyed_sections(params), code_digest(), unpinned=allow_unpinned)
+    revision = DataRevision(config.data, data_md5, *(previous_data_revision(config.model_name, key) or ()))
+    print(revision.line())
     run_dir = str(Path(config.runs_dir) / key[:16])
     run = RunFolder(run_dir)
     # Validated and split once: every later task reads the run's split (RunFolder.split).
@@ -189,7 +191,7 @@ def retrain(
                              run_dir, params.promote, trained.warnings, allow_unpinned)  # fmt: skip
     summary = _summary(
         config, key, verified, validated, trained, calibration, run_id, version, smoked, verdict
-    )
+    ) | {"data": revision.to_dict()}
     _publish(summary)
     return summary
 
@@ -263,6 +265,7 @@ def print_summary(summary: dict[str, Any]) -> None:
     from rich.table import Table
 
     console = Console()
+    console.print(summary["data"]["line"])
     table = Table(
         title=f"{summary['model']} version {summary['version']}: held-out {summary['heldout']['decisions']} decisions"
     )

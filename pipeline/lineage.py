@@ -9,13 +9,13 @@ from __future__ import annotations
 import hashlib
 import json
 import subprocess
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 from pipeline.config import Params, TrainConfig
 from pipeline.data.mapping import mapping_content
-from pipeline.data.pins import current_md5
+from pipeline.data.pins import current_md5, data_revision
 
 
 def git_commit() -> str | None:
@@ -34,6 +34,37 @@ def code_digest(root: str | Path = ".") -> str:
     for path in sorted([*root.glob("pipeline/**/*.py"), *root.glob("flows/**/*.py")]):
         digest.update(path.relative_to(root).as_posix().encode() + b"\0" + path.read_bytes())
     return digest.hexdigest()
+
+
+@dataclass(frozen=True)
+class DataRevision:
+    """Which revision of its data source a retrain used, and the one the model's previous version was trained
+    on (`previous_version` None for a model's first version)."""
+
+    source: str
+    revision: str
+    previous_version: str | None = None
+    previous_revision: str | None = None
+
+    @property
+    def changed(self) -> bool:
+        """True when a previous version exists and was trained on other data (a changed, added or removed
+        shard)."""
+        return self.previous_revision is not None and self.previous_revision != self.revision
+
+    def line(self) -> str:
+        """What the retrain says about its data, in one line."""
+        if self.previous_version is None:
+            since = "the model's first version"
+        elif self.changed:
+            since = f"new: version {self.previous_version} was trained on {self.previous_revision[:12]}"
+        else:
+            since = f"unchanged since version {self.previous_version}"
+        return f"data: {self.source} at revision {self.revision[:12]} ({since})"
+
+    def to_dict(self) -> dict[str, Any]:
+        """The fields with `changed` and the `line`, as the retrain summary carries them."""
+        return asdict(self) | {"changed": self.changed, "line": self.line()}
 
 
 def idempotency_key(
@@ -75,7 +106,7 @@ def export_manifest(data, base, config: TrainConfig, family: str, run: dict[str,
     """
     pins, steps, losses = run.get("pins", {}), run["steps"], run.get("losses", [])
     return {
-        "data": str(data), "data_md5": current_md5(Path(data)), "base": str(base),
+        "data": str(data), "data_md5": data_revision(data), "base": str(base),
         "base_md5": current_md5(Path(base)), "pins": pins, "inputs": run.get("inputs", {}),
         "git_commit": git_commit(), "family": family,
         "params": {"train": asdict(config)}, "steps": steps, "temperatures": list(temperatures),

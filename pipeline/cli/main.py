@@ -26,6 +26,12 @@ from pipeline.cli.tables import print_evaluation, print_heldout, print_report
 EXIT_OK, EXIT_UNREADABLE, EXIT_NOTHING_USABLE = 0, 1, 2
 EXIT_BAD_BASE = 2  # a base no family starts from: refused before anything trains
 EXIT_BAD_MAPPING = 2  # a mapping that cannot apply to the table: refused before anything trains
+EXIT_BAD_SOURCE = 2  # an empty folder, shards that disagree, a Hub id offline: refused before any row is read
+DATA_HELP = (
+    "a decision file (.jsonl, .parquet, .csv), a folder or quoted glob of .parquet/.jsonl shards, a partitioned "
+    "Parquet folder, a datasets save_to_disk folder (FOLDER:SPLIT for a split), or hf:OWNER/NAME[:SPLIT] "
+    "(docs/data-format.md, Sources)"
+)
 
 
 def to_json(value: Any) -> str:
@@ -57,7 +63,7 @@ def _validate(args: argparse.Namespace) -> int:
         return EXIT_BAD_MAPPING
     except (UnreadableInput, BadSlice) as error:
         print(f"decision validate: {error}", file=sys.stderr)
-        return EXIT_UNREADABLE
+        return _exit_code(error)
     report = data.report.to_dict()
     if args.json:
         print(to_json(report))
@@ -149,11 +155,14 @@ def _with_mapping(params, args: argparse.Namespace):
 
 
 def _exit_code(error: Exception) -> int:
-    """2 for a bad base (`BadBase`) or a mapping that does not fit the table (`MappingError`): the user's input,
-    refused before training; else 1."""
+    """2 for a bad base, source or mapping (`BadBase`, `BadSource`, `MappingError`: the user's input, refused
+    before training), else 1."""
     from pipeline.data.mapping import MappingError
+    from pipeline.data.read import BadSource
     from pipeline.families.base import BadBase
 
+    if isinstance(error, BadSource):
+        return EXIT_BAD_SOURCE
     return EXIT_BAD_BASE if isinstance(error, (BadBase, MappingError)) else EXIT_UNREADABLE
 
 
@@ -199,7 +208,7 @@ def _evaluate(args: argparse.Namespace) -> int:
                                 progress=bars, conformal=args.conformal, report=say).to_dict()  # fmt: skip
     except (ModelLayoutError, UnreadableInput, BadSlice, FileNotFoundError, ValueError) as error:
         print(f"decision evaluate: {error}", file=sys.stderr)
-        return EXIT_UNREADABLE
+        return _exit_code(error)
     if args.json:
         print(to_json(report))
         return EXIT_OK
@@ -334,7 +343,7 @@ def parse_layer_plan(text: str) -> list:
 
 def _add_training_arguments(command: argparse.ArgumentParser, out_help: str) -> None:
     """The flags `train` and `finetune` share (the same names as the params.yaml keys they override)."""
-    command.add_argument("--data", required=True, help="decision file (.jsonl, .parquet, .csv)")
+    command.add_argument("--data", required=True, help=DATA_HELP)
     command.add_argument(
         "--base",
         required=True,
@@ -397,7 +406,7 @@ def build_parser() -> argparse.ArgumentParser:
         "decision is skipped and counted by reason. Exit 0 when at least one decision is usable, 2 when none "
         "is, 1 when the file cannot be read.",
     )
-    validate.add_argument("data", help="decision file: .jsonl, .parquet or .csv")
+    validate.add_argument("data", help=DATA_HELP)
     validate.add_argument(
         "--slice", metavar="START:END", help="validate rows [START, END) only; taken before rows are parsed"
     )
@@ -429,7 +438,7 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument(
         "--model", required=True, help="an export of any family (Laya layout or joint), or a fine-tune folder"
     )
-    evaluate.add_argument("--data", required=True, help="decision file (.jsonl, .parquet, .csv)")
+    evaluate.add_argument("--data", required=True, help=DATA_HELP)
     evaluate.add_argument("--slice", metavar="START:END", help="evaluate rows [START, END) only")
     evaluate.add_argument("--plots", metavar="DIR", help="write PNG plots here")
     evaluate.add_argument("--device", default="cpu")

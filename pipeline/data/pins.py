@@ -5,16 +5,23 @@ A pin is the md5 DVC recorded for a path: a stage output in `dvc.lock` (`dvc rep
 hash is the one DVC writes. The retrain flow calls `require_pins`: every input pinned and matching, or it
 refuses. The ad-hoc commands call `verify_inputs`: a pinned input must match, an unpinned one (a user's own
 file) passes, and `pin_status` records which was which.
+
+A DATA source that is not one path (a glob, one split of a saved DatasetDict, a Hub id: `sources.py`) is pinned
+by the folder `dvc add` tracks for it (`sources.pin_path`); a Hub id cannot be pinned. `data_revision` names the
+rows a source holds: DVC's md5 where the source is all of its pinned path, else an md5 over its shards.
 """
 
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
 
 import yaml
 from dvc_data.hashfile.build import build
 from dvc_data.hashfile.db import HashFileDB
 from dvc_objects.fs import MemoryFileSystem, localfs
+
+from pipeline.data.sources import HUB_PREFIX, Source, open_source, pin_path
 
 LOCK_FILE = "dvc.lock"
 PIPELINE_FILE = "dvc.yaml"
@@ -38,6 +45,29 @@ def current_md5(path: str | Path) -> str:
     odb = HashFileDB(MemoryFileSystem(global_store=False), "/")
     _, _, obj = build(odb, str(Path(path).resolve()), localfs, "md5", dry_run=True)
     return obj.hash_info.value
+
+
+def data_revision(source: str | Path | Source) -> str:
+    """The revision of a DATA source: a changed, added or removed shard gives a new one.
+
+    DVC's md5 of the pinned path where the source is all of it (a file, a folder of shards, a saved data set:
+    what `dvc add` records, so a pinned source's revision is its pin); otherwise (a glob, one split of a
+    DatasetDict, a Hub data set) an md5 over each shard's name, size and DVC md5, in reading order.
+    """
+    opened = source if isinstance(source, Source) else open_source(source)
+    if opened.whole and opened.pin_path is not None:
+        return current_md5(opened.pin_path)
+    lines = [f"{_shard_name(shard.path, opened.pin_path)}\t{shard.path.stat().st_size}\t{current_md5(shard.path)}"
+             for shard in opened.shards]  # fmt: skip
+    return hashlib.md5("\n".join(lines).encode()).hexdigest()
+
+
+def _shard_name(path: Path, folder: Path | None) -> str:
+    """The shard's path within its pinned folder (its file name for a Hub data set's cache files)."""
+    try:
+        return path.resolve().relative_to(folder.resolve()).as_posix() if folder else path.name
+    except ValueError:
+        return path.name
 
 
 def pinned_outputs(lock_path: str | Path = LOCK_FILE) -> dict[str, str]:
@@ -134,6 +164,9 @@ def _unpinned_message(missing: list[str], lock: Path) -> str:
 
 
 def _unpinned_line(path: str, root: Path) -> str:
+    if path.startswith(HUB_PREFIX):
+        return (f"{path}: a Hub data set, which DVC cannot pin; save it with `save_to_disk` to a folder in {root} "
+                "and `dvc add` that folder")  # fmt: skip
     rel = _relative_to(path, root)
     if rel is None:  # DVC tracks only what lies inside its repository
         return f"{path}: outside {root}, where DVC cannot pin it; copy it in and `dvc add` it"
@@ -158,7 +191,12 @@ def _pin_of(rel: str, root: Path, lock: Path) -> tuple[str, str] | None:
 
 
 def _relative_to(path: str | Path, root: Path) -> str | None:
+    """The path DVC pins for `path` (a glob's folder, a DatasetDict's root: `sources.pin_path`) relative to
+    `root`; None outside it, or for a Hub id."""
+    target = pin_path(path)
+    if target is None:
+        return None
     try:
-        return Path(path).resolve().relative_to(root).as_posix()
+        return target.resolve().relative_to(root).as_posix()
     except ValueError:
         return None

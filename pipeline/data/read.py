@@ -1,34 +1,41 @@
-"""Read decision files (JSONL, Parquet, CSV) as Arrow, and take a row slice before any row becomes Python.
+"""Read a data source (a file, a folder or glob of shards, a saved or Hub data set: `sources.py`) as Arrow, and
+take a row slice before any row becomes Python.
 
-Parquet is memory-mapped and only the row groups that overlap the slice are read. JSONL and CSV are streamed
-in record batches; batches before the slice are dropped as soon as they are counted. JSONL lines are read by
-Arrow as one raw text column, so a line is decoded only when it falls inside the slice.
+Rows are numbered across the source's shards in order. Shards whose row count is in their metadata (Parquet
+footers, Arrow batch lengths) are skipped unread when they lie outside the slice, and inside a Parquet shard only
+the row groups that overlap it are read. JSONL and CSV are streamed in record batches; batches before the slice
+are dropped as soon as they are counted. JSONL lines are read by Arrow as one raw text column, so a line is
+decoded only when it falls inside the slice.
 
     columns, total_rows = read_columns("data.parquet", RowSlice(1000, 2000))
+    for table in iter_tables("data/shards", rows_per_batch=4096): ...   # bounded memory, any source
 """
 
 from __future__ import annotations
 
-import csv
 from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
 
 import orjson
 import pyarrow as pa
-import pyarrow.csv as pa_csv
 import pyarrow.parquet as pq
 
-COLUMNS = ("state", "questions", "gold", "answers")
-_JSONL_SUFFIXES = {".jsonl", ".ndjson", ".json"}
-_PARQUET_SUFFIXES = {".parquet", ".pq"}
-_LINE_COLUMN = "line"
-_BLOCK_SIZE = 1 << 22  # 4 MiB of text per streamed batch keeps memory flat on huge files
+from pipeline.data.shards import DECISION_COLUMNS, LINE_COLUMN, BadSource, UnreadableInput, detect_format
+from pipeline.data.sources import Source, open_source
 
-
-class UnreadableInput(ValueError):
-    """The input is not a decision table we can read (missing file, unknown format, corrupt file)."""
+COLUMNS = DECISION_COLUMNS
+__all__ = [
+    "BadSlice",
+    "BadSource",
+    "RowSlice",
+    "UnreadableInput",
+    "detect_format",
+    "read_columns",
+    "read_slice",
+]
 
 
 class BadSlice(ValueError):
@@ -63,47 +70,114 @@ class RowSlice:
         return f"{self.start}:{'' if self.end is None else self.end}"
 
 
-def detect_format(path: Path) -> str:
-    """'jsonl', 'parquet' or 'csv', from the suffix or, failing that, the first bytes."""
-    suffix = path.suffix.lower()
-    if suffix in _JSONL_SUFFIXES:
-        return "jsonl"
-    if suffix in _PARQUET_SUFFIXES:
-        return "parquet"
-    if suffix == ".csv":
-        return "csv"
-    with path.open("rb") as handle:
-        head = handle.read(4)
-    if head == b"PAR1":
-        return "parquet"
-    if head.lstrip()[:1] == b"{":
-        return "jsonl"
-    raise UnreadableInput(f"{path}: unknown table format (use .jsonl, .parquet or .csv)")
-
-
 def read_slice(
-    path: str | Path, row_slice: RowSlice = RowSlice(), columns: Sequence[str] | None = None
+    source: str | Path | Source, row_slice: RowSlice = RowSlice(), columns: Sequence[str] | None = None
 ) -> tuple[pa.Table, int]:
-    """The Arrow table of the rows in `row_slice`, and the total number of rows in the file.
-
-    `columns`: read these columns of any table (those it has; CSV cells as text) instead of a decision table's.
-    """
-    path = Path(path)
-    if not path.is_file():
-        raise UnreadableInput(f"{path}: no such file")
-    fmt = detect_format(path)
-    try:
-        if fmt == "parquet":
-            table, total = _parquet_slice(path, row_slice, columns or COLUMNS)
-        else:
-            table, total = _streamed_slice(_batches(path, fmt, columns), row_slice)
-    except (pa.ArrowException, OSError, UnicodeDecodeError) as error:
-        raise UnreadableInput(f"{path}: not a readable {fmt} table ({error})") from None
-    if columns is None:
-        _check_columns(path, table, fmt)
+    """The Arrow table of the rows in `row_slice` (all columns, or those of `columns` the source has), and the
+    source's total row count (Parquet and Arrow shards past the slice are counted from metadata, unread)."""
+    opened = open_readable(source)
+    walk = _Walk(opened, row_slice, columns, count_all=True)
+    batches = list(walk)
+    schema = batches[0].schema if batches else _projected(opened.schema(), columns)
+    table = pa.Table.from_batches(batches, schema)
     if table.num_rows == 0:
-        raise BadSlice(f"{path}: slice {row_slice} selects no rows (the file has {total} rows)")
-    return table, total
+        raise BadSlice(f"{opened.text}: slice {row_slice} selects no rows (the data has {walk.total} rows)")
+    return table, walk.total
+
+
+def iter_tables(
+    source: str | Path | Source,
+    rows_per_batch: int = 4096,
+    row_slice: RowSlice = RowSlice(),
+    columns: Sequence[str] | None = None,
+) -> Iterator[pa.Table]:
+    """The slice's rows in source order as tables of `rows_per_batch` rows (the last may be shorter).
+
+    Memory stays bounded by one table and one shard batch whatever the source's size; reading stops at the
+    slice's end, so later shards are never opened. A JSONL source gives one raw `line` column (`raw_columns`
+    decodes it); row `i` of the k-th table is row `row_slice.start + k * rows_per_batch + i` of the source.
+    """
+    if rows_per_batch < 1:
+        raise ValueError(f"rows_per_batch must be at least 1, not {rows_per_batch}")
+    pending, size = [], 0
+    for batch in _Walk(open_readable(source), row_slice, columns, count_all=False):
+        while batch.num_rows:
+            take = min(rows_per_batch - size, batch.num_rows)
+            pending.append(batch.slice(0, take))
+            size, batch = size + take, batch.slice(take)
+            if size == rows_per_batch:
+                yield pa.Table.from_batches(pending)
+                pending, size = [], 0
+    if pending:
+        yield pa.Table.from_batches(pending)
+
+
+def open_readable(source: str | Path | Source) -> Source:
+    """`sources.open_source`, with an unreadable shard (a corrupt footer, say) refused as `UnreadableInput`."""
+    if isinstance(source, Source):
+        return source
+    with _readable(str(source), "data"):
+        return open_source(source)
+
+
+class _Walk:
+    """The record batches of a row slice across a source's shards, in order. `total` counts the rows passed:
+    with `count_all`, every row of the source once the walk is done (the walk goes on past the slice's end,
+    counting Parquet and Arrow shards from metadata and streaming JSONL and CSV); without, it stops there."""
+
+    def __init__(self, source: Source, row_slice: RowSlice, columns: Sequence[str] | None, count_all: bool):
+        self.source, self.row_slice, self.columns, self.count_all = source, row_slice, columns, count_all
+        self.total = 0
+        self._schema: pa.Schema | None = None
+
+    def __iter__(self) -> Iterator[pa.RecordBatch]:
+        end = self.row_slice.end
+        for shard in self.source.shards:
+            if end is not None and self.total >= end and not self.count_all:
+                return
+            with _readable(str(shard.path), shard.fmt):
+                for batch in self._shard(shard):
+                    yield self._aligned(batch)
+
+    def _shard(self, shard) -> Iterator[pa.RecordBatch]:
+        start, end, offset = self.row_slice.start, self.row_slice.end, self.total
+        if shard.counted_by_metadata:
+            rows = shard.known_rows()
+            self.total += rows
+            lo, hi = max(start - offset, 0), rows if end is None else min(end - offset, rows)
+            if hi > lo:
+                yield from shard.batches(lo, hi, self.columns)
+            return
+        for batch in shard.batches(columns=self.columns):  # streamed: counted as it is read
+            first, self.total = self.total, self.total + batch.num_rows
+            lo, hi = (
+                max(start - first, 0),
+                batch.num_rows if end is None else min(end - first, batch.num_rows),
+            )
+            if hi > lo:
+                yield batch.slice(lo, hi - lo)
+            if end is not None and self.total >= end and not self.count_all:
+                return
+
+    def _aligned(self, batch: pa.RecordBatch) -> pa.RecordBatch:
+        """The batch in the first batch's column order and types (shards may order their columns apart)."""
+        if self._schema is None:
+            self._schema = batch.schema
+        if batch.schema.equals(self._schema):
+            return batch
+        return pa.RecordBatch.from_arrays([batch.column(n) for n in self._schema.names], schema=self._schema)
+
+
+@contextmanager
+def _readable(what: str, fmt: str) -> Iterator[None]:
+    try:
+        yield
+    except (pa.ArrowException, OSError, UnicodeDecodeError) as error:
+        raise UnreadableInput(f"{what}: not a readable {fmt} table ({error})") from None
+
+
+def _projected(schema: pa.Schema, columns: Sequence[str] | None) -> pa.Schema:
+    return schema if columns is None else pa.schema([f for f in schema if f.name in columns])
 
 
 @dataclass(frozen=True)
@@ -122,19 +196,25 @@ class RawColumns:
         return {"state": self.state[index], "questions": self.questions[index], "gold": self.gold[index]}
 
 
-def read_columns(path: str | Path, row_slice: RowSlice = RowSlice()) -> tuple[RawColumns, int]:
-    """Python cells for the slice only, and the file's row count; `answers` stands in for a missing `gold`."""
-    table, total = read_slice(path, row_slice)
-    if _LINE_COLUMN in table.column_names:
-        return columns_from_rows(
-            [_decode_line(line) for line in table.column(_LINE_COLUMN).to_pylist()]
-        ), total
+def read_columns(source: str | Path | Source, row_slice: RowSlice = RowSlice()) -> tuple[RawColumns, int]:
+    """Python cells for the slice only, and the source's row count; `answers` stands in for a missing `gold`."""
+    opened = open_readable(source)
+    _check_columns(opened)
+    table, total = read_slice(opened, row_slice, None if opened.fmt == "jsonl" else COLUMNS)
+    return raw_columns(table), total
+
+
+def raw_columns(table: pa.Table) -> RawColumns:
+    """The contract columns of an Arrow table (as `read_slice` or `iter_tables` give it) as Python cells: JSONL
+    lines decoded, `answers` standing in for a missing `gold`, absent columns as None."""
+    if LINE_COLUMN in table.column_names:
+        return columns_from_rows([_decode_line(line) for line in table.column(LINE_COLUMN).to_pylist()])
     n = table.num_rows
     cells = {
         name: _column_values(table, name) if name in table.column_names else [None] * n for name in COLUMNS
     }
     gold = [g if g is not None else a for g, a in zip(cells["gold"], cells["answers"])]
-    return RawColumns(cells["state"], cells["questions"], gold), total
+    return RawColumns(cells["state"], cells["questions"], gold)
 
 
 def columns_from_rows(rows: list[dict[str, Any]]) -> RawColumns:
@@ -166,70 +246,15 @@ def _drop_nulls(value: Any) -> Any:
     return {k: v for k, v in value.items() if v is not None} if isinstance(value, dict) else value
 
 
-def _check_columns(path: Path, table: pa.Table, fmt: str) -> None:
-    if fmt != "jsonl" and not set(COLUMNS) & set(table.column_names):
+def _check_columns(source: Source) -> None:
+    # Checked here, on the schema, not in the shard readers: a plain table (text, label) is read by them too.
+    with _readable(source.text, source.fmt):
+        names = source.schema().names
+    if source.fmt != "jsonl" and not set(COLUMNS) & set(names):
         raise UnreadableInput(
-            f"{path}: not a decision table: no column named state, questions or gold "
-            f"(found {', '.join(table.column_names[:8]) or 'none'})"
+            f"{source.text}: not a decision table: no column named state, questions or gold "
+            f"(found {', '.join(names[:8]) or 'none'})"
         )
-
-
-def _parquet_slice(path: Path, row_slice: RowSlice, wanted: Sequence[str]) -> tuple[pa.Table, int]:
-    parquet = pq.ParquetFile(path, memory_map=True)
-    total = parquet.metadata.num_rows
-    end = total if row_slice.end is None else min(row_slice.end, total)
-    groups, first_row, offset = [], None, 0
-    for index in range(parquet.num_row_groups):
-        size = parquet.metadata.row_group(index).num_rows
-        if offset < end and offset + size > row_slice.start:
-            groups.append(index)
-            first_row = offset if first_row is None else first_row
-        offset += size
-    if not groups:
-        return parquet.schema_arrow.empty_table(), total
-    table = parquet.read_row_groups(groups, columns=_present(parquet.schema_arrow.names, wanted))
-    return table.slice(row_slice.start - first_row, end - row_slice.start), total
-
-
-def _present(names: list[str], wanted: Sequence[str]) -> list[str] | None:
-    present = [n for n in names if n in wanted]
-    return present or None
-
-
-def _batches(path: Path, fmt: str, wanted: Sequence[str] | None = None) -> Iterator[pa.RecordBatch]:
-    read_options = pa_csv.ReadOptions(block_size=_BLOCK_SIZE)
-    if fmt == "jsonl":
-        # One text column per line: JSON never holds a raw \x1f, and quoting is off, so lines stay intact.
-        read_options = pa_csv.ReadOptions(block_size=_BLOCK_SIZE, column_names=[_LINE_COLUMN])
-        parse = pa_csv.ParseOptions(delimiter="\x1f", quote_char=False, escape_char=False)
-        convert = pa_csv.ConvertOptions(column_types={_LINE_COLUMN: pa.large_string()})
-    elif wanted is not None:
-        # Every cell as text: types inferred from the first batch could clash with a later one.
-        parse = pa_csv.ParseOptions(newlines_in_values=True)
-        present = [name for name in csv_header(path) if name in wanted]
-        convert = pa_csv.ConvertOptions(column_types={name: pa.large_string() for name in present},
-                                        include_columns=present, strings_can_be_null=True)  # fmt: skip
-    else:
-        parse = pa_csv.ParseOptions(newlines_in_values=True)
-        convert = pa_csv.ConvertOptions(
-            column_types={name: pa.large_string() for name in COLUMNS}, strings_can_be_null=True
-        )
-    yield from pa_csv.open_csv(path, read_options=read_options, parse_options=parse, convert_options=convert)
-
-
-def _streamed_slice(batches: Iterator[pa.RecordBatch], row_slice: RowSlice) -> tuple[pa.Table, int]:
-    kept, offset, schema = [], 0, None
-    for batch in batches:
-        schema = batch.schema
-        size = batch.num_rows
-        end = offset + size if row_slice.end is None else min(row_slice.end, offset + size)
-        if end > offset and offset + size > row_slice.start:
-            lo = max(row_slice.start - offset, 0)
-            kept.append(batch.slice(lo, end - offset - lo))
-        offset += size  # later batches are still counted so the error for an out-of-range slice is exact
-    if schema is None:
-        return pa.table({_LINE_COLUMN: pa.array([], pa.large_string())}), 0
-    return pa.Table.from_batches(kept, schema=schema), offset
 
 
 class TableCells(NamedTuple):
@@ -240,46 +265,39 @@ class TableCells(NamedTuple):
     total: int
 
 
-def read_cells(path: str | Path, names: Sequence[str], row_slice: RowSlice = RowSlice()) -> TableCells:
+def read_cells(source: str | Path | Source, names: Sequence[str], row_slice: RowSlice = RowSlice()) -> TableCells:
     """The named columns of any table (not only a decision file) for the slice only; a name the table lacks is
     left out of `cells` (the caller says what to do). CSV cells stay text; JSONL lines are decoded in the slice
     only, and its columns are the keys its rows there use."""
-    path = Path(path)
-    table, total = read_slice(path, row_slice, names)
-    if _LINE_COLUMN in table.column_names:
-        rows = [_decode_line(line) for line in table.column(_LINE_COLUMN).to_pylist()]
+    opened = open_readable(source)
+    table, total = read_slice(opened, row_slice, None if opened.fmt == "jsonl" else names)
+    if LINE_COLUMN in table.column_names:
+        rows = [_decode_line(line) for line in table.column(LINE_COLUMN).to_pylist()]
         found = tuple(dict.fromkeys(key for row in rows for key in row))
         return TableCells({n: [row.get(n) for row in rows] for n in names if n in found}, found, total)
-    found = tuple(pq.read_schema(path).names if detect_format(path) == "parquet" else csv_header(path))
+    with _readable(opened.text, opened.fmt):
+        found = tuple(opened.schema().names)
     return TableCells({n: _column_values(table, n) for n in names if n in table.column_names}, found, total)
 
 
-def csv_header(path: str | Path) -> list[str]:
-    """The column names of a CSV file (its first record)."""
-    with open(path, newline="", encoding="utf-8") as handle:
-        return next(csv.reader(handle), [])
-
-
-def write_slice(path: str | Path, row_slice: RowSlice, out_dir: str | Path) -> Path:
+def write_slice(source: str | Path, row_slice: RowSlice, out_dir: str | Path) -> Path:
     """The rows of `row_slice` as a file of their own (the same format family), taken on the Arrow table.
 
-    No slice means the file itself. JSONL lines are copied as they are; Parquet and CSV become Parquet. The
-    flow's later stages read the slice file, so only its rows are ever read again.
+    No slice of a one-file source means the file itself. JSONL lines are copied as they are; everything else
+    becomes Parquet. The flow's later stages read the slice file, so only its rows are ever read again.
     """
-    path = Path(path)
-    if row_slice == RowSlice():
-        return path
-    table, _ = read_slice(path, row_slice)
+    opened = open_readable(source)
+    if row_slice == RowSlice() and opened.kind == "file":
+        return opened.shards[0].path
+    table, _ = read_slice(opened, row_slice)
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    if _LINE_COLUMN in table.column_names:
+    if LINE_COLUMN in table.column_names:
         out = out_dir / f"slice-{row_slice.start}-{row_slice.end}.jsonl"
         with out.open("w", encoding="utf-8") as handle:
-            for line in table.column(_LINE_COLUMN).to_pylist():  # only the slice's lines become Python
+            for line in table.column(LINE_COLUMN).to_pylist():  # only the slice's lines become Python
                 handle.write(line + "\n")
         return out
-    import pyarrow.parquet as pq
-
     out = out_dir / f"slice-{row_slice.start}-{row_slice.end}.parquet"
     pq.write_table(table, out)
     return out

@@ -114,6 +114,21 @@ def find_version(name: str, key: str) -> str | None:
     return str(versions[0].version) if versions else None
 
 
+def previous_data_revision(name: str, key: str) -> tuple[str, str] | None:
+    """(version, data revision) of the newest version of `name` registered under another idempotency key than
+    `key` (a rerun of the same key finds itself otherwise): the data the model's last retrain used."""
+    from mlflow.exceptions import MlflowException
+
+    try:
+        versions = client().search_model_versions(f"name='{name}'")
+    except MlflowException:
+        return None
+    for version in sorted(versions, key=lambda v: int(v.version), reverse=True):
+        if version.tags.get("idempotency_key") != key and "data_md5" in version.tags:
+            return str(version.version), version.tags["data_md5"]
+    return None
+
+
 def register_export(export_dir: str | Path, name: str, run_id: str | None = None,
                     tags: dict[str, str] | None = None) -> str:  # fmt: skip
     """Log the export folder as a pyfunc model (in `run_id`, or a new run) and register it; the new version.

@@ -38,6 +38,7 @@ def test_a_first_run_is_tracked_registered_smoke_tested_and_promoted(
     assert version.tags["owner"] == "alice"  # the flow's `owner` parameter
     assert version.tags["data_pinned"] == "true" and "allow_unpinned" not in version.tags
     assert "no champion yet" in version.tags["gate_reasons"]
+    assert summary["data"]["previous_version"] is None and not summary["data"]["changed"]
     data_md5 = hashlib.md5(
         Path(yaml.safe_load(tiny_params.read_text())["retrain"]["data"]).read_bytes()
     ).hexdigest()
@@ -236,6 +237,8 @@ def test_a_worse_candidate_is_held_as_challenger_and_rollback_restores_the_champ
     untrained = write_tiny_params(tmp_path, data, tiny_base, validate={"holdout_max_decisions": 120},
                                   train={"max_steps": 0})  # fmt: skip
     second = run_flow(untrained)
+    assert second["data"]["previous_version"] == first["version"] and not second["data"]["changed"]
+    assert second["data"]["line"].endswith(f"(unchanged since version {first['version']})")
     candidate, champion = (
         second["heldout"]["calibrated"]["accuracy"],
         first["heldout"]["calibrated"]["accuracy"],

@@ -1,0 +1,184 @@
+"""One file of a data source (a shard) read as Arrow record batches: Parquet, JSONL, CSV or an Arrow stream.
+
+A shard knows its row count without reading rows where the format stores it (a Parquet footer, the record
+batch lengths of a memory-mapped Arrow stream), and reads a local row range `[lo, hi)`: Parquet reads only the
+row groups that overlap it; Arrow streams are memory-mapped, so batches outside the range cost nothing; JSONL
+and CSV are streamed in 4 MiB blocks. JSONL lines are read by Arrow as one raw text column (`line`), so a line
+is decoded only when a caller asks for it.
+
+    shard = Shard(Path("part-0001.parquet"), "parquet")
+    for batch in shard.batches(1000, 2000): ...
+"""
+
+from __future__ import annotations
+
+import csv
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.csv as pa_csv
+import pyarrow.parquet as pq
+
+DECISION_COLUMNS = ("state", "questions", "gold", "answers")
+LINE_COLUMN = "line"
+JSONL_SUFFIXES = {".jsonl", ".ndjson", ".json"}
+PARQUET_SUFFIXES = {".parquet", ".pq"}
+_BLOCK_SIZE = 1 << 22  # 4 MiB of text per streamed batch keeps memory flat on huge files
+_PARQUET_BATCH = 8192
+
+
+class UnreadableInput(ValueError):
+    """The input is not a decision table we can read (missing file, unknown format, corrupt file)."""
+
+
+class BadSource(UnreadableInput):
+    """The source is the user's mistake (an empty folder, shards that disagree, a Hub id while offline): the
+    CLI says so in one line and exits 2, before anything trains."""
+
+
+def detect_format(path: Path) -> str:
+    """'jsonl', 'parquet' or 'csv', from the suffix or, failing that, the first bytes."""
+    suffix = path.suffix.lower()
+    if suffix in JSONL_SUFFIXES:
+        return "jsonl"
+    if suffix in PARQUET_SUFFIXES:
+        return "parquet"
+    if suffix == ".csv":
+        return "csv"
+    with path.open("rb") as handle:
+        head = handle.read(4)
+    if head == b"PAR1":
+        return "parquet"
+    if head.lstrip()[:1] == b"{":
+        return "jsonl"
+    raise UnreadableInput(f"{path}: unknown table format (use .jsonl, .parquet or .csv)")
+
+
+@dataclass(frozen=True)
+class Shard:
+    """One file of a source. `fmt` is parquet, jsonl, csv or arrow (an Arrow IPC stream, as `datasets` writes);
+    `partition` holds the hive partition values (`lang=en/`) that become columns of every row."""
+
+    path: Path
+    fmt: str
+    partition: tuple[tuple[str, Any, pa.DataType], ...] = ()
+
+    @property
+    def counted_by_metadata(self) -> bool:
+        """True when `known_rows` costs no row reading (a footer or batch lengths)."""
+        return self.fmt in ("parquet", "arrow")
+
+    def known_rows(self) -> int:
+        """The row count from metadata (Parquet footer, Arrow batch lengths); streamed formats stream."""
+        if self.fmt == "parquet":
+            return pq.ParquetFile(self.path, memory_map=True).metadata.num_rows
+        return sum(batch.num_rows for batch in self._whole())
+
+    def schema(self) -> pa.Schema:
+        """The shard's columns, partition columns last; read from metadata or the first block."""
+        if self.fmt == "parquet":
+            base = pq.read_schema(self.path, memory_map=True)
+        elif self.fmt == "arrow":
+            base = _open_arrow(self.path).schema
+        elif self.fmt == "jsonl":
+            base = pa.schema([(LINE_COLUMN, pa.large_string())])
+        else:
+            base = _open_text(self.path, self.fmt).schema
+        for name, _, kind in self.partition:
+            base = base.append(pa.field(name, kind))
+        return base.remove_metadata()
+
+    def batches(
+        self, lo: int = 0, hi: int | None = None, columns: Sequence[str] | None = None
+    ) -> Iterator[pa.RecordBatch]:
+        """The shard's rows `[lo, hi)` (local row numbers) as record batches, projected on `columns` where
+        present (all columns when None)."""
+        source = self._parquet_from(lo, hi, columns) if self.fmt == "parquet" else (0, self._whole(columns))
+        first, stream = source
+        for batch in _trim(stream, lo - first, None if hi is None else hi - first):
+            yield self._with_partition(batch, columns)
+
+    def _whole(self, columns: Sequence[str] | None = None) -> Iterator[pa.RecordBatch]:
+        if self.fmt != "arrow" and self.path.stat().st_size == 0:
+            return  # an empty shard has no rows (Arrow's CSV reader would call it an error)
+        reader = _open_arrow(self.path) if self.fmt == "arrow" else _open_text(self.path, self.fmt)
+        for batch in reader:
+            yield _project(batch, columns)
+
+    def _parquet_from(
+        self, lo: int, hi: int | None, columns: Sequence[str] | None
+    ) -> tuple[int, Iterator[pa.RecordBatch]]:
+        """(the first row of the first overlapping row group, batches of the overlapping groups only)."""
+        parquet = pq.ParquetFile(self.path, memory_map=True)
+        meta, groups, first, offset = parquet.metadata, [], None, 0
+        end = meta.num_rows if hi is None else min(hi, meta.num_rows)
+        for index in range(meta.num_row_groups):
+            size = meta.row_group(index).num_rows
+            if offset < end and offset + size > lo:
+                groups.append(index)
+                first = offset if first is None else first
+            offset += size
+        if not groups:
+            return 0, iter(())
+        wanted = _present(parquet.schema_arrow.names, columns)
+        return first, parquet.iter_batches(_PARQUET_BATCH, row_groups=groups, columns=wanted)
+
+    def _with_partition(self, batch: pa.RecordBatch, columns: Sequence[str] | None) -> pa.RecordBatch:
+        extra = [(n, v, t) for n, v, t in self.partition if columns is None or n in columns]
+        if not extra:
+            return batch
+        arrays = [*batch.columns, *(pa.array([v] * batch.num_rows, t) for _, v, t in extra)]
+        return pa.RecordBatch.from_arrays(arrays, names=[*batch.schema.names, *(n for n, _, _ in extra)])
+
+
+def _present(names: list[str], columns: Sequence[str] | None) -> list[str] | None:
+    return None if columns is None else [name for name in names if name in columns]
+
+
+def _project(batch: pa.RecordBatch, columns: Sequence[str] | None) -> pa.RecordBatch:
+    wanted = _present(batch.schema.names, columns)
+    return batch if wanted is None or wanted == batch.schema.names else batch.select(wanted)
+
+
+def _trim(batches: Iterator[pa.RecordBatch], lo: int, hi: int | None) -> Iterator[pa.RecordBatch]:
+    """The rows `[lo, hi)` of a batch stream; stops reading once past `hi`."""
+    offset = 0
+    for batch in batches:
+        size = batch.num_rows
+        start, stop = max(lo - offset, 0), size if hi is None else min(hi - offset, size)
+        if stop > start:
+            yield batch.slice(start, stop - start)
+        offset += size
+        if hi is not None and offset >= hi:
+            return
+
+
+def _open_arrow(path: Path) -> pa.ipc.RecordBatchStreamReader:
+    # `datasets` writes Arrow IPC streams; memory-mapped, a batch is a view on the page cache, never a copy.
+    return pa.ipc.open_stream(pa.memory_map(str(path)))
+
+
+def _open_text(path: Path, fmt: str) -> pa_csv.CSVStreamingReader:
+    if fmt == "jsonl":
+        # One text column per line: JSON never holds a raw \x1f, and quoting is off, so lines stay intact.
+        read = pa_csv.ReadOptions(block_size=_BLOCK_SIZE, column_names=[LINE_COLUMN])
+        parse = pa_csv.ParseOptions(delimiter="\x1f", quote_char=False, escape_char=False)
+        convert = pa_csv.ConvertOptions(column_types={LINE_COLUMN: pa.large_string()})
+    else:
+        read = pa_csv.ReadOptions(block_size=_BLOCK_SIZE)
+        parse = pa_csv.ParseOptions(newlines_in_values=True)
+        # Every cell as text: types inferred from the first block could clash with a later block's, and a
+        # mapping reads a plain table's columns (a label of "1" in one block and "n/a" in the next).
+        text = {name: pa.large_string() for name in (*csv_header(path), *DECISION_COLUMNS)}
+        convert = pa_csv.ConvertOptions(column_types=text, strings_can_be_null=True)
+    return pa_csv.open_csv(path, read_options=read, parse_options=parse, convert_options=convert)
+
+
+def csv_header(path: Path) -> list[str]:
+    """The column names of a CSV file (its first record)."""
+    with open(path, newline="", encoding="utf-8") as handle:
+        return next(csv.reader(handle), [])

@@ -10,17 +10,21 @@ import argparse
 import json
 import sys
 
+from pipeline.cli.data import BadMappingFlags, add_mapping_arguments, mapping_value
+
 EXIT_OK, EXIT_UNUSABLE = 0, 2
 
 
 def _init(args: argparse.Namespace) -> int:
+    from pipeline.data.mapping import MappingError
+    from pipeline.data.read import UnreadableInput
     from pipeline.families.base import BadBase
     from pipeline.stages.init import BadInit, init_run
     from pipeline.stages.snapshot import PinFailed
 
     try:
-        result = init_run(args.data, args.base, args.name)
-    except (BadInit, BadBase, PinFailed) as error:
+        result = init_run(args.data, args.base, args.name, mapping_value(args))
+    except (BadInit, BadBase, PinFailed, BadMappingFlags, MappingError, UnreadableInput) as error:
         print(f"decision init: {error}", file=sys.stderr)
         return EXIT_UNUSABLE
     if args.json:
@@ -46,12 +50,15 @@ def add_run_commands(commands) -> None:
         description="Make DATA (and BASE) the pinned inputs of the run NAME: DATA is pinned with `dvc add` "
         "(copied into data/own/ first when it lies outside the project), BASE is pinned as it is when it lies "
         "inside the project, else snapshotted into data/snapshots/ (`decision snapshot --from`), and "
-        "configs/NAME.yaml names them, the run folder runs/NAME/ and the registered model NAME (keys you add to it "
-        "are kept). A rerun re-pins: changed data is a new revision, and it says so. Exit 2 on a bad name, "
-        "missing data or a base that is no model.",
+        "configs/NAME.yaml names them, the run folder runs/NAME/, the registered model NAME and the mapping of a "
+        "plain table (keys you add to it are kept). A rerun re-pins: changed data is a new revision, and it says "
+        "so. Exit 2 on a bad name, a source or mapping that cannot be read, or a base that is no model; nothing "
+        "is pinned or written then.",
     )
-    init.add_argument("--data", required=True, help="a decision or table file, or a folder of shards")
+    init.add_argument("--data", required=True, help="a decision or table file, a folder or glob of shards, a "
+                      "save_to_disk folder, or hf:OWNER/NAME (docs/data-format.md, Sources)")  # fmt: skip
     init.add_argument("--base", help="a model folder or Hub id (default: the stock MiniLM snapshot)")
     init.add_argument("--name", help="the run and model name (default: DATA's file or folder name)")
     init.add_argument("--json", action="store_true", help="print one JSON object instead of lines")
+    add_mapping_arguments(init)
     init.set_defaults(handler=_init)

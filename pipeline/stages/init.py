@@ -1,27 +1,33 @@
 """`decision init` (and `make run DATA=...`): make a user's data and base the inputs of a named run.
 
-One call pins the data (`dvc add`, copied into `data/own/` first when it lies outside the project, as DVC tracks
-only what is inside), pins the base (`decision snapshot --from` for anything not pinned already; the stock MiniLM
+One call checks the data source (any kind `pipeline.data.sources` reads; a mapping when it is a plain table) and
+pins it (`dvc add` of the file or folder; copied into `data/own/` first when it lies outside the project, as DVC
+tracks only what is inside; a Hub data set is written there as Parquet shards), pins the base (`decision snapshot --from` for anything not pinned already; the stock MiniLM
 snapshot by default), and writes the run config `configs/NAME.yaml` that the retrain flow reads
-(`python -m flows.retrain --run-config NAME`): the data, the base, the run folder and the registered model name,
-all NAME. Keys a user added to that file by hand are kept. A rerun re-pins: a changed file or shard is a new data
+(`python -m flows.retrain --run-config NAME`): the data, the base, the run folder, the registered model name
+NAME, and the mapping (`validate.mapping`). Keys a user added to that file by hand are kept. A rerun re-pins: a changed file or shard is a new data
 revision, and the result says so.
 
-    init_run("~/exports/tickets.csv", name="tickets")          # configs/tickets.yaml, data/own/tickets.csv pinned
+    init_run("~/exports/tickets.csv", name="tickets", mapping="tickets.yaml")   # data/own/tickets.csv pinned
 """
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+import pyarrow.parquet as pq
 import yaml
 
 from pipeline.config import RUN_CONFIGS_DIR, ConfigError, RetrainConfig, load_params
+from pipeline.data.mapping import load_mapping
 from pipeline.data.pins import PinMismatch, pin_command, verify_pins
+from pipeline.data.read import iter_tables, open_readable
+from pipeline.data.sources import HUB_PREFIX, pin_path
 from pipeline.families import pick_family
 from pipeline.stages.snapshot import pin_folder, snapshot_base
 
@@ -67,45 +73,81 @@ def run_name(data: str, name: str | None) -> str:
     return chosen
 
 
-def init_run(
-    data: str, base: str | None = None, name: str | None = None, root: str | Path = "."
-) -> InitResult:
-    """Pin `data` and `base` (None: the stock snapshot) and write `configs/<name>.yaml` under `root`."""
+def init_run(data: str, base: str | None = None, name: str | None = None,
+             mapping: str | dict[str, Any] | None = None, root: str | Path = ".") -> InitResult:  # fmt: skip
+    """Pin `data` and `base` (None: the stock snapshot) and write `configs/<name>.yaml` under `root`; the data
+    source, the mapping and the base are checked before anything is copied or pinned."""
     root = Path(root).resolve()
     name = run_name(data, name)
-    if not Path(data).expanduser().exists():
-        raise BadInit(
-            f"{data}: no such file or folder (DATA is a decision or table file, or a folder of shards)"
-        )
-    rel_base, base_md5 = _pinned_base(
-        base, root
-    )  # checked (it loads as a base) before anything else is pinned
-    data_path, copied = _inside(Path(data).expanduser(), root, name)
-    rel_data = data_path.relative_to(root).as_posix()
-    previous = _current_pin(rel_data, root)
-    data_md5, _ = pin_folder(data_path)
-    config = _write_run_config(root, name, {"data": rel_data, "base": rel_base, "runs_dir": f"runs/{name}",
-                                            "model_name": name})  # fmt: skip
-    return InitResult(name, config, rel_data, data_md5, previous, rel_base, base_md5, copied)
+    data = data if data.startswith(HUB_PREFIX) else os.path.expanduser(data)
+    if mapping is not None:
+        load_mapping(mapping)  # MappingError, naming the key or file, before anything is pinned
+    open_readable(
+        data
+    )  # BadSource / UnreadableInput: an empty folder, shards that disagree, a Hub id offline
+    rel_base, base_md5 = _pinned_base(base, root)  # checked (it loads as a base) before the data is pinned
+    data_text, pinned, copied = _inside(data, root, name)
+    previous = _current_pin(pinned.relative_to(root).as_posix(), root)
+    data_md5, _ = pin_folder(pinned)
+    retrain = {"data": data_text, "base": rel_base, "runs_dir": f"runs/{name}", "model_name": name}
+    validate = {} if mapping is None else {"mapping": _mapping_entry(mapping, root, name)}
+    config = _write_run_config(root, name, {"retrain": retrain, "validate": validate})
+    return InitResult(name, config, data_text, data_md5, previous, rel_base, base_md5, copied)
 
 
-def _inside(path: Path, root: Path, name: str) -> tuple[Path, bool]:
-    """`path` when it lies inside the project, else a copy of it under data/own/ (replaced whole each time)."""
-    resolved = path.resolve()
-    if resolved.is_relative_to(root):
-        return resolved, False
+def _inside(data: str, root: Path, name: str) -> tuple[str, Path, bool]:
+    """(the DATA text the run reads, the path DVC pins, whether it was copied in): the source as it is when its
+    path lies inside the project; else its file or folder copied to data/own/ (replaced whole each time) with
+    the glob or split kept; a Hub data set written there as Parquet shards."""
+    if data.startswith(HUB_PREFIX):
+        target = root / OWN_DATA_DIR / name
+        _staged(target, lambda staging: _write_shards(data, staging))
+        return target.relative_to(root).as_posix(), target, True
+    path = pin_path(data).expanduser().resolve()
+    rest = data[len(str(pin_path(data))) :]  # a glob's pattern or a ":SPLIT" after the pinned path
+    if path.is_relative_to(root):
+        return path.relative_to(root).as_posix() + rest, path, False
     target = root / OWN_DATA_DIR / (name + "".join(path.suffixes) if path.is_file() else name)
+    _staged(target, lambda staging: _copy(path, staging))
+    return target.relative_to(root).as_posix() + rest, target, True
+
+
+def _staged(target: Path, fill) -> None:
+    """Fill a staging path beside `target`, then swap it in: a crash mid-copy leaves the old copy, never half."""
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = target.with_name(f".{target.name}.copying")
     shutil.rmtree(staging, ignore_errors=True)
-    if resolved.is_dir():
-        shutil.copytree(resolved, staging, ignore=shutil.ignore_patterns(".*"))
-    else:
-        shutil.copy2(resolved, staging)
+    fill(staging)
     if target.is_dir():
         shutil.rmtree(target)
-    staging.replace(target)  # a crash mid-copy leaves the old copy, never half a new one
-    return target, True
+    staging.replace(target)
+
+
+def _copy(path: Path, staging: Path) -> None:
+    if path.is_dir():
+        shutil.copytree(path, staging, ignore=shutil.ignore_patterns(".*"))
+    else:
+        shutil.copy2(path, staging)
+
+
+def _write_shards(data: str, staging: Path, rows_per_shard: int = 100_000) -> None:
+    staging.mkdir(parents=True)
+    for index, table in enumerate(iter_tables(data, rows_per_shard)):
+        pq.write_table(table, staging / f"part-{index:05d}.parquet")
+
+
+def _mapping_entry(mapping: str | dict[str, Any], root: Path, name: str) -> str | dict[str, Any]:
+    """What `validate.mapping` holds: a mapping file inside the project by its path, one outside it copied to
+    configs/<name>.mapping.yaml, flags' mapping inline."""
+    if isinstance(mapping, dict):
+        return mapping
+    path = Path(mapping).expanduser().resolve()
+    if not path.is_relative_to(root):
+        copy = root / RUN_CONFIGS_DIR / f"{name}.mapping.yaml"
+        copy.parent.mkdir(exist_ok=True)
+        shutil.copy2(path, copy)
+        path = copy
+    return path.relative_to(root).as_posix()
 
 
 def _current_pin(rel: str, root: Path) -> str | None:
@@ -142,11 +184,13 @@ def _stage_md5(rel: str, root: Path) -> str | None:
         return None
 
 
-def _write_run_config(root: Path, name: str, retrain: dict[str, str]) -> str:
-    """configs/<name>.yaml with `retrain`'s keys set (the file's other keys kept), checked by loading it."""
+def _write_run_config(root: Path, name: str, sections: dict[str, dict[str, Any]]) -> str:
+    """configs/<name>.yaml with the keys of `sections` set (the file's other keys kept), checked by loading it."""
     path = root / RUN_CONFIGS_DIR / f"{name}.yaml"
     existing = (yaml.safe_load(path.read_text()) or {}) if path.is_file() else {}
-    existing["retrain"] = {**(existing.get("retrain") or {}), **retrain}
+    for section, values in sections.items():
+        if values:
+            existing[section] = {**(existing.get(section) or {}), **values}
     path.parent.mkdir(exist_ok=True)
     staging = path.with_name(f".{path.name}.tmp")
     staging.write_text(f"# Written by `decision init` (make run DATA=... NAME={name}); keys you add are kept.\n"

@@ -96,13 +96,16 @@ def test_a_base_outside_the_project_is_snapshotted_and_pinned(project, tmp_path,
 @pytest.mark.parametrize(
     ("flags", "said"),
     [
-        (["--data", "data/none.jsonl"], "data/none.jsonl: no such file or folder"),
+        (["--data", "data/none.jsonl"], "data/none.jsonl"),
+        (["--data", "data/empty"], "data/empty"),
+        (["--data", "data/mine.jsonl", "--mapping", "none.yaml"], "none.yaml: no such file"),
         (["--data", "data/mine.jsonl", "--name", "Bad Name"], "run name 'Bad Name': use 1-63 of"),
         (["--data", "data/mine.jsonl", "--base", "data/mine.jsonl"], "data/mine.jsonl"),
     ],
 )
 def test_bad_input_is_one_line_exit_2_and_writes_no_config(project, capsys, flags, said):
     write_rows(project / "data" / "mine.jsonl", 3)
+    (project / "data" / "empty").mkdir()
     code, _, err = init(capsys, *flags)
     assert code == 2 and said in err and err.count("\n") == 1
     assert not (project / "configs").exists()

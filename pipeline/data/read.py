@@ -90,7 +90,7 @@ def read_slice(path: str | Path, row_slice: RowSlice = RowSlice()) -> tuple[pa.T
         if fmt == "parquet":
             table, total = _parquet_slice(path, row_slice)
         else:
-            table, total = _streamed_slice(_batches(path, fmt), row_slice)
+            table, total = _streamed_slice(stream_batches(path, fmt), row_slice)
     except (pa.ArrowException, OSError, UnicodeDecodeError) as error:
         raise UnreadableInput(f"{path}: not a readable {fmt} table ({error})") from None
     _check_columns(path, table, fmt)
@@ -124,7 +124,7 @@ def read_columns(path: str | Path, row_slice: RowSlice = RowSlice()) -> tuple[Ra
         ), total
     n = table.num_rows
     cells = {
-        name: _column_values(table, name) if name in table.column_names else [None] * n for name in COLUMNS
+        name: column_values(table, name) if name in table.column_names else [None] * n for name in COLUMNS
     }
     gold = [g if g is not None else a for g, a in zip(cells["gold"], cells["answers"])]
     return RawColumns(cells["state"], cells["questions"], gold), total
@@ -144,7 +144,9 @@ def _decode_line(line: str) -> dict[str, Any]:
     return row if isinstance(row, dict) else {}
 
 
-def _column_values(table: pa.Table, name: str) -> list[Any]:
+def column_values(table: pa.Table, name: str) -> list[Any]:
+    """A Parquet or CSV column's cells as Python values: a struct field that is null is absent (not for the state),
+    a map is a dict."""
     column = table.column(name)
     values = column.to_pylist()
     if pa.types.is_struct(column.type) and name != "state":
@@ -189,7 +191,9 @@ def _present(names: list[str]) -> list[str] | None:
     return wanted or None
 
 
-def _batches(path: Path, fmt: str) -> Iterator[pa.RecordBatch]:
+def stream_batches(path: Path, fmt: str) -> Iterator[pa.RecordBatch]:
+    """A JSONL or CSV file (`fmt` as `detect_format` says) as Arrow record batches of about 4 MiB of text each:
+    JSONL as one text column of raw lines (the only column), CSV with the contract columns as text."""
     read_options = pa_csv.ReadOptions(block_size=_BLOCK_SIZE)
     if fmt == "jsonl":
         # One text column per line: JSON never holds a raw \x1f, and quoting is off, so lines stay intact.

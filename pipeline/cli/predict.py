@@ -8,7 +8,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 from pipeline.cli.tables import progress_outputs
 
@@ -26,8 +29,9 @@ def _predict(args: argparse.Namespace) -> int:
         return _refuse(f"--batch-size must be at least 1, got {args.batch_size}")
     bars, say = progress_outputs(args)
     try:
-        result = predict_stage(args.model, args.data, args.out, args.batch_size, args.device, args.precision,
-                               progress=bars, report=say)  # fmt: skip
+        with _terminate_as_interrupt():
+            result = predict_stage(args.model, args.data, args.out, args.batch_size, args.device, args.precision,
+                                   progress=bars, report=say)  # fmt: skip
     except (UnreadableInput, ModelLayoutError, RegistryError, PrecisionUnavailable) as error:
         return _refuse(str(error))
     except KeyboardInterrupt:
@@ -41,6 +45,20 @@ def _predict(args: argparse.Namespace) -> int:
             f"no row of {args.data} could be scored ({reasons}); each row's reason is in {args.out}"
         )
     return EXIT_OK
+
+
+@contextmanager
+def _terminate_as_interrupt() -> Iterator[None]:
+    """SIGTERM (a scheduler or `kill` stopping the job) unwinds as Ctrl-C does, so no partial file is left."""
+
+    def interrupt(number, frame):
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def _refuse(message: str) -> int:

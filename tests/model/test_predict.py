@@ -222,3 +222,27 @@ def test_a_registry_alias_scores_as_its_version_is_served(tiny_base, tmp_path, m
     out = read_out(tmp_path / "scores.parquet")
     assert [json.loads(o["answers"]) for o in out] == [served_answers(tiny_base, row) for row in rows]
     assert pq.read_schema(tmp_path / "scores.parquet").metadata[b"decision.model"] == result.model.encode()
+
+
+def test_a_terminated_command_exits_130_and_leaves_no_file(tiny_base, tmp_path):
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    rows = unlabelled_rows(3) * 1000  # long enough to be stopped midway
+    data = synthetic.write_rows(rows, tmp_path / "rows.jsonl")
+    out = tmp_path / "scores.parquet"
+    command = [sys.executable, "-m", "pipeline.cli", "predict", "--model", str(tiny_base), "--data", str(data),
+               "--out", str(out), "-q"]  # fmt: skip
+    process = subprocess.Popen(
+        command, cwd=Path(__file__).resolve().parents[2], stderr=subprocess.PIPE, text=True
+    )
+    deadline = time.monotonic() + 120
+    while not (tmp_path / "scores.parquet.partial").exists():
+        assert process.poll() is None and time.monotonic() < deadline, process.stderr.read()
+        time.sleep(0.05)
+    process.send_signal(signal.SIGTERM)
+    assert process.wait(timeout=60) == 130
+    assert "interrupted" in process.stderr.read()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["rows.jsonl"]

@@ -14,14 +14,14 @@ import argparse
 import json
 import math
 import sys
-from collections.abc import Callable
 from typing import Any
 
 from pipeline.cli.api import add_api_commands
 from pipeline.cli.data import BadMappingFlags, add_data_commands, add_mapping_arguments, mapping_value
+from pipeline.cli.predict import add_predict_commands
 from pipeline.cli.registry import add_registry_commands
 from pipeline.cli.runs import add_run_commands
-from pipeline.cli.tables import print_evaluation, print_heldout, print_report
+from pipeline.cli.tables import print_evaluation, print_heldout, print_report, progress_outputs
 
 EXIT_OK, EXIT_UNREADABLE, EXIT_NOTHING_USABLE = 0, 1, 2
 EXIT_BAD_BASE = 2  # a base no family starts from: refused before anything trains
@@ -180,7 +180,7 @@ def _train(args: argparse.Namespace) -> int:
     from pipeline.training.controls import RunControls, RunHooks
 
     params, config, cancel, errors = _training_setup(args)
-    bars, report = _progress(args)
+    bars, report = progress_outputs(args)
     try:
         with cancel.on_signals():
             run = train_on_data(_source(args, params), args.base, args.out, config, args.device,
@@ -202,7 +202,7 @@ def _evaluate(args: argparse.Namespace) -> int:
     from pipeline.families.base import ModelLayoutError
     from pipeline.stages.evaluate import evaluate_model
 
-    bars, say = _progress(args)
+    bars, say = progress_outputs(args)
     try:
         report = evaluate_model(args.model, args.data, args.plots, RowSlice.parse(args.slice), args.device,
                                 progress=bars, conformal=args.conformal, report=say).to_dict()  # fmt: skip
@@ -237,28 +237,12 @@ def _export(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _say(line: str) -> None:
-    """A progress line on stderr (stdout stays the command's result), written above a live tqdm bar."""
-    from tqdm import tqdm
-
-    tqdm.write(line, file=sys.stderr)
-
-
-def _progress(args: argparse.Namespace) -> tuple[bool, Callable[[str], None] | None]:
-    """(tqdm bars?, where progress lines go) for a long command: lines on stderr, bars only where stderr is a
-    terminal (in a log file a bar is a smear of carriage returns; the lines say the same); nothing with --quiet.
-    `--json` plays no part: it changes stdout only."""
-    if args.quiet:
-        return False, None
-    return sys.stderr.isatty(), _say
-
-
 def _finetune(args: argparse.Namespace) -> int:
     from pipeline.stages.finetune import finetune
     from pipeline.training.controls import RunControls, RunHooks
 
     params, config, cancel, errors = _training_setup(args)
-    bars, report = _progress(args)
+    bars, report = progress_outputs(args)
     try:
         with cancel.on_signals():
             summary = finetune(_source(args, params), args.base, args.out, config, args.device,
@@ -500,6 +484,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_registry_commands(commands)
     add_run_commands(commands)
     add_data_commands(commands)
+    add_predict_commands(commands)
     return parser
 
 

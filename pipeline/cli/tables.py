@@ -1,8 +1,28 @@
-"""The tables the `decision` commands print on stdout (rich), one function per result."""
+"""The tables the `decision` commands print on stdout (rich), one function per result; and where their progress
+goes (stderr: tqdm bars on a terminal, lines otherwise, nothing with --quiet)."""
 
 from __future__ import annotations
 
+import argparse
+import sys
+from collections.abc import Callable
 from typing import Any
+
+
+def say(line: str) -> None:
+    """A progress line on stderr (stdout stays the command's result), written above a live tqdm bar."""
+    from tqdm import tqdm
+
+    tqdm.write(line, file=sys.stderr)
+
+
+def progress_outputs(args: argparse.Namespace) -> tuple[bool, Callable[[str], None] | None]:
+    """(tqdm bars?, where progress lines go) for a long command: lines on stderr, bars only where stderr is a
+    terminal (in a log file a bar is a smear of carriage returns; the lines say the same); nothing with --quiet.
+    `--json` plays no part: it changes stdout only."""
+    if args.quiet:
+        return False, None
+    return sys.stderr.isatty(), say
 
 
 def print_evaluation(report: dict[str, Any]) -> None:

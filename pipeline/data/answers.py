@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -118,15 +118,27 @@ def _round(value: float) -> float:
 
 
 class InvalidRequest(ValueError):
-    """A request that cannot be answered; `errors` are FastAPI-style `{"loc", "msg", "type"}` entries."""
+    """A request that cannot be answered; `errors` are FastAPI-style `{"loc", "msg", "type"}` entries, and `reason`
+    is the reason code of the first (validation's code where it has one: `bad_criteria`, ...; see `REFUSALS`)."""
 
-    def __init__(self, errors: list[dict[str, Any]]) -> None:
+    def __init__(self, errors: list[dict[str, Any]], reason: str = "invalid_request") -> None:
         super().__init__("; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in errors))
         self.errors = errors
+        self.reason = reason
 
 
 class RequestTooLarge(ValueError):
-    """A request over the Decision API's size limits (DESIGN.md 2: questions, characters)."""
+    """A request over the Decision API's size limits (DESIGN.md 2: questions, characters); `reason` is
+    `too_many_questions` or `too_long`."""
+
+    def __init__(self, message: str, reason: str = "too_long") -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+# The reason codes of a refused request beyond validation's (`contract.REASONS`): the Decision API takes 2 or more
+# choice options where a data row may hold one; text that is no valid Unicode or cannot be written as JSON.
+REFUSALS = ("too_few_options", "invalid_text")
 
 
 @dataclass(frozen=True)
@@ -141,36 +153,40 @@ class ParsedRequest:
 def parse_request(state: Any, questions: dict[str, Any]) -> ParsedRequest:
     """Validate a request's questions against the contract; RequestTooLarge or InvalidRequest naming fields."""
     _check_sizes(state, questions)
-    parsed, legends, errors = {}, {}, []
+    parsed, legends, errors, reasons = {}, {}, [], []
     for qid, raw in questions.items():
         try:
             spec = parse_question(str(qid), _as_text_fields(raw))
         except TypeError as error:  # a JSON-valued field orjson cannot write (see state above)
             errors.append(_error(["body", "questions", str(qid)], f"cannot be read as JSON text: {error}"))
+            reasons.append("invalid_text")
             continue
         if spec.chars > MAX_QUESTION_CHARS:  # counted as validation counts it (instructions and options)
             raise RequestTooLarge(f"questions.{qid}: {spec.chars} characters, at most {MAX_QUESTION_CHARS}")
         problem = _question_problem(spec)
         if problem:
-            errors.append(_error(["body", "questions", str(qid), problem[0]], problem[1]))
+            errors.append(_error(["body", "questions", str(qid), problem.field], problem.message))
+            reasons.append(problem.reason)
             continue
         parsed[str(qid)] = spec.question
         if spec.type == "score":
             legends[str(qid)] = list(raw["criteria"])  # as sent: a level may be a JSON value, not text
     if errors:
-        raise InvalidRequest(errors)
+        raise InvalidRequest(errors, reasons[0])
     return ParsedRequest(state, parsed, legends)
 
 
 def _check_sizes(state: Any, questions: dict[str, Any]) -> None:
     _refuse_unpaired_surrogates(state, questions)
     if len(questions) > MAX_QUESTIONS:
-        raise RequestTooLarge(f"questions: {len(questions)} questions, at most {MAX_QUESTIONS}")
+        raise RequestTooLarge(
+            f"questions: {len(questions)} questions, at most {MAX_QUESTIONS}", "too_many_questions"
+        )
     try:
         state_chars = len(state_text(state))
     except TypeError as error:  # orjson: an integer beyond 64 bits, nesting deeper than 254 levels
         raise InvalidRequest(
-            [_error(["body", "state"], f"state cannot be read as JSON text: {error}")]
+            [_error(["body", "state"], f"state cannot be read as JSON text: {error}")], "invalid_text"
         ) from None
     if state_chars > MAX_STATE_CHARS:
         raise RequestTooLarge(f"state: {state_chars} characters, at most {MAX_STATE_CHARS}")
@@ -188,7 +204,8 @@ def _refuse_unpaired_surrogates(state: Any, questions: dict[str, Any]) -> None:
     ]
     if bad:
         raise InvalidRequest([_error(["body", *where.split(".", 1)], "text holds an unpaired surrogate "
-                                     "(invalid Unicode); send valid UTF-16 pairs or UTF-8") for where in bad])  # fmt: skip
+                                     "(invalid Unicode); send valid UTF-16 pairs or UTF-8") for where in bad],
+                             "invalid_text")  # fmt: skip
 
 
 def _has_unpaired_surrogate(value: Any) -> bool:
@@ -230,21 +247,32 @@ def _text(value: Any) -> Any:
     return canonical_json(value).decode() if isinstance(value, (dict, list)) else value
 
 
-def _question_problem(spec: QuestionSpec) -> tuple[str, str] | None:
-    """(field, message) for a question the model cannot answer, else None."""
+class Problem(NamedTuple):
+    """Why a question is refused: its reason code, the field at fault, and the message for the caller."""
+
+    reason: str
+    field: str
+    message: str
+
+
+def _question_problem(spec: QuestionSpec) -> Problem | None:
+    """The problem of a question the model cannot answer, else None; the first in validation's order of codes."""
     if not spec.question_ok:
-        return "instructions", "a question is an object whose instructions are text, a JSON value or null"
+        return Problem("bad_question", "instructions",
+                       "a question is an object whose instructions are text, a JSON value or null")  # fmt: skip
     if spec.type not in QUESTION_TYPES:
-        return "type", f"unknown question type {spec.type}; expected one of {', '.join(QUESTION_TYPES)}"
+        return Problem("unknown_question_type", "type",
+                       f"unknown question type {spec.type}; expected one of {', '.join(QUESTION_TYPES)}")  # fmt: skip
     if not spec.criteria_ok:
-        return "criteria", _CRITERIA_SHAPES[spec.type]
-    if spec.n_distinct < spec.n_options:
-        return "criteria", "options repeat"
+        return Problem("bad_criteria", "criteria", _CRITERIA_SHAPES[spec.type])
     if spec.type == "choice" and not MIN_CHOICE_OPTIONS <= spec.n_options <= MAX_CHOICE_OPTIONS:
         limits = f"{MIN_CHOICE_OPTIONS} to {MAX_CHOICE_OPTIONS}"
-        return "criteria", f"a choice takes {limits} options, got {spec.n_options}"
+        reason = "too_few_options" if spec.n_options < MIN_CHOICE_OPTIONS else "too_many_options"
+        return Problem(reason, "criteria", f"a choice takes {limits} options, got {spec.n_options}")
     if spec.type == "score" and spec.n_options > MAX_SCORE_LEVELS:
-        return "criteria", f"{spec.n_options} levels, at most {MAX_SCORE_LEVELS}"
+        return Problem("too_many_options", "criteria", f"{spec.n_options} levels, at most {MAX_SCORE_LEVELS}")
+    if spec.n_distinct < spec.n_options:
+        return Problem("repeated_options", "criteria", "options repeat")
     return None
 
 

@@ -211,7 +211,7 @@ def raw_columns(table: pa.Table) -> RawColumns:
         return columns_from_rows([_decode_line(line) for line in table.column(LINE_COLUMN).to_pylist()])
     n = table.num_rows
     cells = {
-        name: _column_values(table, name) if name in table.column_names else [None] * n for name in COLUMNS
+        name: column_values(table, name) if name in table.column_names else [None] * n for name in COLUMNS
     }
     gold = [g if g is not None else a for g, a in zip(cells["gold"], cells["answers"])]
     return RawColumns(cells["state"], cells["questions"], gold)
@@ -231,7 +231,7 @@ def _decode_line(line: str) -> dict[str, Any]:
     return row if isinstance(row, dict) else {}
 
 
-def _column_values(table: pa.Table, name: str) -> list[Any]:
+def column_values(table: pa.Table, name: str) -> list[Any]:
     column = table.column(name)
     values = column.to_pylist()
     if pa.types.is_struct(column.type) and name != "state":
@@ -277,7 +277,7 @@ def read_cells(source: str | Path | Source, names: Sequence[str], row_slice: Row
         return TableCells({n: [row.get(n) for row in rows] for n in names if n in found}, found, total)
     with _readable(opened.text, opened.fmt):
         found = tuple(opened.schema().names)
-    return TableCells({n: _column_values(table, n) for n in names if n in table.column_names}, found, total)
+    return TableCells({n: column_values(table, n) for n in names if n in table.column_names}, found, total)
 
 
 def write_slice(source: str | Path, row_slice: RowSlice, out_dir: str | Path) -> Path:

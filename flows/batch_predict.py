@@ -1,0 +1,77 @@
+"""The `batch-predict` Prefect flow: score a decision file with a served model into Parquet (`decision predict` as a
+flow), on demand or on the schedule of its deployment in `prefect.yaml` (off until a user turns it on).
+
+One task calls the predict stage (`pipeline.stages.predict`); the run's artifact is the count of refused rows by
+reason. `{date}` in `out` becomes the run's date (UTC), so a scheduled run writes a file of its own and never
+overwrites yesterday's.
+
+    python -m flows.batch_predict --data data/new.jsonl            # the champion, into predictions/<date>.parquet
+    python -m flows.batch_predict --data new.parquet --model models/vader-minilm --out scores.parquet --json
+    prefect deployment run batch-predict/batch-predict --param data=data/new.parquet
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import sys
+from typing import Any
+
+from prefect import flow, task
+from prefect.artifacts import create_table_artifact
+
+from pipeline.stages.predict import predict_stage
+
+DEFAULT_MODEL = "models:/decision-model@champion"
+
+
+@task(name="predict")
+def predict(model: str, data: str, out: str, batch_size: int, device: str) -> dict[str, Any]:
+    result = predict_stage(model, data, out, batch_size, device)
+    rows = [{"reason": reason, "rows": n} for reason, n in result.failed.items()]
+    create_table_artifact(rows or [{"reason": "(none)", "rows": 0}], key="refused-rows",
+                          description=f"{result.scored} of {result.rows} rows scored into {result.out}")  # fmt: skip
+    return result.to_dict()
+
+
+def dated(out: str, today: dt.date | None = None) -> str:
+    """`out` with `{date}` replaced by the date (today, UTC): each scheduled run writes its own file."""
+    return out.replace("{date}", (today or dt.datetime.now(dt.UTC).date()).isoformat())
+
+
+@flow(name="batch-predict", log_prints=True)
+def batch_predict(
+    data: str,
+    model: str = DEFAULT_MODEL,
+    out: str = "predictions/{date}.parquet",
+    batch_size: int = 64,
+    device: str = "cpu",
+) -> dict[str, Any]:
+    """Score every row of `data` with `model` (an export folder or `models:/NAME@ALIAS`) into `out`; a row that
+    cannot be scored keeps its reason code there. Returns the summary (rows, scored, refused by reason, rate)."""
+    return predict(model, data, dated(out), batch_size, device)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m flows.batch_predict", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    parser.add_argument(
+        "--data", required=True, help="decision rows: .jsonl, .parquet or .csv (gold optional)"
+    )
+    parser.add_argument("--model", default=DEFAULT_MODEL, help=f"an export folder or models:/NAME@ALIAS "
+                        f"(default: {DEFAULT_MODEL})")  # fmt: skip
+    parser.add_argument("--out", default="predictions/{date}.parquet",
+                        help="the Parquet file to write; {date} becomes today's date (default: %(default)s)")  # fmt: skip
+    parser.add_argument("--batch-size", type=int, default=64, help="requests per call of the model")
+    parser.add_argument("--device", default="cpu", help="cpu (default), cuda, cuda:1")
+    parser.add_argument("--json", action="store_true", help="print the summary as one JSON object")
+    args = parser.parse_args(argv)
+    summary = batch_predict(args.data, args.model, args.out, args.batch_size, args.device)
+    print(json.dumps(summary) if args.json else f"{summary['out']}: {summary['scored']} of {summary['rows']} rows "
+          f"scored by {summary['model']}; refused: {summary['failed'] or 'none'}")  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

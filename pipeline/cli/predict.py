@@ -1,0 +1,102 @@
+"""The `decision predict` subcommand: batch scoring of a decision file with a served model, into Parquet.
+
+decision predict --model models/vader-minilm --data data/new.jsonl --out scores.parquet
+decision predict --model models:/decision-model@champion --data new.parquet --out scores.parquet --json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from pipeline.cli.tables import progress_outputs
+
+EXIT_OK, EXIT_UNREADABLE, EXIT_BAD_INPUT, EXIT_INTERRUPTED = 0, 1, 2, 130
+
+
+def _predict(args: argparse.Namespace) -> int:
+    from pipeline.data.read import UnreadableInput
+    from pipeline.device import PrecisionUnavailable
+    from pipeline.families.base import ModelLayoutError
+    from pipeline.mlops.registry import RegistryError
+    from pipeline.stages.predict import predict_stage
+
+    if args.batch_size < 1:
+        return _refuse(f"--batch-size must be at least 1, got {args.batch_size}")
+    bars, say = progress_outputs(args)
+    try:
+        with _terminate_as_interrupt():
+            result = predict_stage(args.model, args.data, args.out, args.batch_size, args.device, args.precision,
+                                   progress=bars, report=say)  # fmt: skip
+    except (UnreadableInput, ModelLayoutError, RegistryError, PrecisionUnavailable) as error:
+        return _refuse(str(error))
+    except KeyboardInterrupt:
+        print(f"decision predict: interrupted; {args.out} was not written", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    summary = result.to_dict()
+    print(json.dumps(summary) if args.json else _summary_line(summary))
+    if result.scored == 0:
+        reasons = ", ".join(f"{reason} {n}" for reason, n in result.failed.items())
+        return _refuse(
+            f"no row of {args.data} could be scored ({reasons}); each row's reason is in {args.out}"
+        )
+    return EXIT_OK
+
+
+@contextmanager
+def _terminate_as_interrupt() -> Iterator[None]:
+    """SIGTERM (a scheduler or `kill` stopping the job) unwinds as Ctrl-C does, so no partial file is left."""
+
+    def interrupt(number, frame):
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _refuse(message: str) -> int:
+    print(f"decision predict: {message}", file=sys.stderr)
+    return EXIT_BAD_INPUT
+
+
+def _summary_line(summary: dict) -> str:
+    failed = ", ".join(f"{reason} {n}" for reason, n in summary["failed"].items()) or "none"
+    return (f"{summary['out']}: {summary['rows']} rows, {summary['scored']} scored by {summary['model']}, "
+            f"refused: {failed}; {summary['seconds']:.1f} s ({summary['rows_per_second']} rows/s)")  # fmt: skip
+
+
+def add_predict_commands(commands) -> None:
+    """Register `predict` on the `decision` subparsers."""
+    predict = commands.add_parser(
+        "predict",
+        help="score the rows of a decision file (no gold needed) with a served model into a Parquet file",
+        description="Answer every row of DATA as the Decision API would (its parsing, its model, its calibration), "
+        "BATCH_SIZE requests per forward pass, reading and writing a chunk at a time. OUT gets one row per source "
+        "row, in order: row, row_id (the id, row_id or decision_id column, else the row's index), answers (the "
+        "API's JSON), input_tokens, error (a reason code, e.g. bad_criteria) and error_message for a row that "
+        "cannot be scored, and <question>.label and <question>.confidence per question of the first readable "
+        "row. OUT is written whole or not at all. Exit 2 for a bad model or source, or when no row is scored.",
+    )
+    predict.add_argument("--model", required=True,
+                         help="an export folder (decision export / finetune) or models:/NAME@ALIAS")  # fmt: skip
+    predict.add_argument(
+        "--data", required=True, help="decision rows: .jsonl, .parquet or .csv (gold optional)"
+    )
+    predict.add_argument("--out", required=True, help="the Parquet file to write, e.g. scores.parquet")
+    predict.add_argument(
+        "--batch-size", type=int, default=64, help="requests per call of the model (default 64)"
+    )
+    predict.add_argument("--device", default="cpu", help="cpu (default), cuda, cuda:1")
+    predict.add_argument("--precision", choices=["fp32", "bf16"], default="fp32",
+                         help="as decision serve --precision: fp32 (default) or bf16 autocast")  # fmt: skip
+    predict.add_argument("--json", action="store_true",
+                         help="print the summary as one JSON object on stdout (progress stays on stderr)")  # fmt: skip
+    predict.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
+    predict.set_defaults(handler=_predict)

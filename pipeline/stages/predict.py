@@ -1,0 +1,209 @@
+"""The predict stage: score the rows of a decision file with a served model into one Parquet file, keyed by row id.
+
+Rows are read, answered and written a chunk at a time (never the whole file in memory), through the Decision
+API's own parsing and answer function (`pipeline.serving.offline`), so each answer is what the API serves for the
+same request, calibrated. Every source row gets one output row, in source order: its answers, or the reason code
+the API or validation gives for refusing it. The file is written as `OUT.partial` and renamed to OUT when
+complete; a failure or Ctrl-C removes it, so OUT is either whole or untouched.
+
+    result = predict_stage("models/vader-minilm", "data/new.jsonl", "scores.parquet")
+    result = predict_stage("models:/decision-model@champion", "data/new.parquet", "scores.parquet", batch_size=64)
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import torch
+from tqdm import tqdm
+
+from pipeline.data import read
+from pipeline.data.answers import chosen_option
+from pipeline.data.read import UnreadableInput
+from pipeline.device import serving_dtype
+from pipeline.families import load_decision_model
+from pipeline.families.base import DecisionModel, ModelLayoutError
+from pipeline.mlops.registry import alias_version, download_version, parse_alias_uri
+from pipeline.serving.catalog import export_name
+from pipeline.serving.offline import (
+    ID_COLUMNS,
+    ScoredRow,
+    answer_rows,
+    answers_json,
+    question_ids,
+    table_rows,
+)
+
+ROWS_PER_CHUNK = 1024
+"""Rows read, answered and written at a time: memory stays flat whatever the size of the file."""
+SCORED_COLUMNS = ("state", "questions", *ID_COLUMNS)  # what a Parquet source is read for; gold is not
+LINE_EVERY_S = 30.0  # without a bar (stderr not a terminal), a progress line this often
+PARTIAL_SUFFIX = ".partial"
+
+
+@dataclass(frozen=True)
+class PredictResult:
+    """What a scoring run wrote: where, with which model, how many rows were scored and why the others failed."""
+
+    out: str
+    model: str
+    family: str
+    rows: int
+    scored: int
+    failed: dict[str, int]
+    seconds: float
+    load_seconds: float
+
+    def to_dict(self) -> dict[str, Any]:
+        """The `--json` summary, with the scoring rate (rows per second, model loading excluded)."""
+        rate = round(self.rows / self.seconds, 2) if self.seconds > 0 else None
+        return asdict(self) | {"rows_per_second": rate}
+
+
+def predict_stage(model: str, data: str | Path, out: str | Path, batch_size: int = 64, device: str = "cpu",
+                  precision: str = "fp32", progress: bool = False, report: Callable[[str], None] | None = None,
+                  rows_per_chunk: int = ROWS_PER_CHUNK) -> PredictResult:  # fmt: skip
+    """Score every row of `data` with `model` (an export folder or `models:/NAME@ALIAS`) into the Parquet file
+    `out`; `batch_size` requests share the serving function's forward passes. UnreadableInput for a source that
+    is no decision file, ModelLayoutError or RegistryError for a model that cannot be loaded, before any row."""
+    out = Path(out)
+    chunks = iter_tables(data, rows_per_chunk)
+    first = next(chunks)  # the source is read and checked before the model loads
+    started = time.perf_counter()
+    with served_model(model, device, precision) as (name, served):
+        loaded = time.perf_counter()
+        _say(report, f"scoring {data} with {name} ({served.family.name} family) in batches of {batch_size}")
+        bar = tqdm(total=count_rows(data), unit="row", desc="predict", disable=not progress, file=sys.stderr)
+        with bar:
+            failed, rows = _write_scores(served, _chained(first, chunks), out, name, batch_size, bar, report)
+    seconds = time.perf_counter() - loaded
+    scored = rows - sum(failed.values())
+    return PredictResult(str(out), name, served.family.name, rows, scored, dict(sorted(failed.items())),
+                         round(seconds, 3), round(loaded - started, 3))  # fmt: skip
+
+
+def iter_tables(source: str | Path, rows_per_batch: int) -> Iterator[pa.Table]:
+    """The source's rows (any source `read` reads) as Arrow tables of at most `rows_per_batch` rows, in order,
+    one at a time, of the columns scoring reads (a JSONL source's raw lines). Its first table is checked
+    (UnreadableInput: no such source, no rows, not a decision table)."""
+    opened = read.open_readable(source)
+    columns = None if opened.fmt == "jsonl" else SCORED_COLUMNS
+    first = True
+    for table in read.iter_tables(opened, rows_per_batch, columns=columns):
+        if first and opened.fmt != "jsonl" and "questions" not in table.column_names:
+            raise UnreadableInput(f"{source}: not a decision table: no column named questions (found "
+                                  f"{', '.join(opened.schema().names[:8]) or 'none'})")  # fmt: skip
+        first = False
+        yield table
+    if first:
+        raise UnreadableInput(f"{source}: no rows to score")
+
+
+def count_rows(source: str | Path) -> int | None:
+    """The number of rows where the source's metadata says it without a read (Parquet, Arrow), else None."""
+    shards = read.open_readable(source).shards
+    if not all(shard.counted_by_metadata for shard in shards):
+        return None
+    return sum(shard.known_rows() for shard in shards)
+
+
+@contextmanager
+def served_model(
+    source: str, device: str = "cpu", precision: str = "fp32"
+) -> Iterator[tuple[str, DecisionModel]]:
+    """(the name the API serves it under, the model loaded as the server loads it) for an export folder or a
+    registry alias (its version fetched into a temporary folder, removed after)."""
+    dtype = serving_dtype(precision, torch.device(device))
+    alias = parse_alias_uri(source)
+    if alias is None:
+        folder = Path(source)
+        if not folder.is_dir():
+            raise ModelLayoutError(f"--model {source}: no such folder (or use models:/NAME@ALIAS)")
+        yield export_name(folder), load_decision_model(folder).to(device, dtype)
+        return
+    name, alias_name = alias
+    version = alias_version(name, alias_name)
+    with tempfile.TemporaryDirectory(prefix="decision-predict-") as cache:
+        folder = download_version(name, version, Path(cache) / f"{name}-{version}")
+        yield f"{name}/{version}", load_decision_model(folder).to(device, dtype)
+
+
+def _write_scores(served: DecisionModel, chunks: Iterator[pa.Table], out: Path, name: str, batch_size: int,
+                  bar: tqdm, report: Callable[[str], None] | None) -> tuple[Counter, int]:  # fmt: skip
+    """Answer and write chunk by chunk into OUT.partial, renamed to OUT once complete; (failures by reason, rows)."""
+    partial = out.with_name(out.name + PARTIAL_SUFFIX)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    failed, rows, writer, last_line = Counter(), 0, None, time.monotonic()
+    try:
+        for table in chunks:
+            requests = table_rows(table, rows)
+            if writer is None:  # the flattened columns: the questions of the first readable row
+                flattened = question_ids(requests)
+                schema = output_schema(flattened).with_metadata({"decision.model": name})
+                writer = pq.ParquetWriter(partial, schema)
+            scored = answer_rows(served, requests, batch_size)
+            writer.write_table(output_table(scored, flattened, schema))
+            failed.update(row.error for row in scored if row.error is not None)
+            rows += len(scored)
+            bar.update(len(scored))
+            if bar.disable and time.monotonic() - last_line > LINE_EVERY_S:
+                _say(report, f"{rows} rows scored, {sum(failed.values())} refused")
+                last_line = time.monotonic()
+        writer.close()
+        os.replace(partial, out)
+    except BaseException:  # Ctrl-C too: no half-written file is left behind, under either name
+        if writer is not None:
+            writer.close()
+        partial.unlink(missing_ok=True)
+        raise
+    return failed, rows
+
+
+def output_schema(flattened: list[str]) -> pa.Schema:
+    """The output columns: `row` (index in the source), `row_id`, `answers` (the API's JSON), `input_tokens`,
+    `error` (reason code) and `error_message`; then `<qid>.label` and `<qid>.confidence` per flattened question."""
+    fields = [("row", pa.int64()), ("row_id", pa.string()), ("answers", pa.string()), ("input_tokens", pa.int64()),
+              ("error", pa.string()), ("error_message", pa.string())]  # fmt: skip
+    for qid in flattened:
+        fields += [(f"{qid}.label", pa.string()), (f"{qid}.confidence", pa.float64())]
+    return pa.schema(fields)
+
+
+def output_table(scored: list[ScoredRow], flattened: list[str], schema: pa.Schema) -> pa.Table:
+    """Scored rows as a table of `output_schema`; a flattened question a row did not ask is null there."""
+    columns: dict[str, list[Any]] = {
+        "row": [r.row for r in scored], "row_id": [r.row_id for r in scored],
+        "answers": [answers_json(r.answers) for r in scored], "input_tokens": [r.input_tokens for r in scored],
+        "error": [r.error for r in scored], "error_message": [r.message for r in scored],
+    }  # fmt: skip
+    for qid in flattened:
+        answers = [(r.answers or {}).get(qid) for r in scored]
+        columns[f"{qid}.label"] = [chosen_option(a) if a else None for a in answers]
+        columns[f"{qid}.confidence"] = [_confidence(a) if a else None for a in answers]
+    return pa.table(columns, schema=schema)
+
+
+def _confidence(answer: dict[str, Any]) -> float:
+    """The Jev confidence of a choice or score answer; a noul answer's `x_confidence` (max(P(true), P(false)))."""
+    return answer["confidence"] if "confidence" in answer else answer["x_confidence"]
+
+
+def _chained(first: pa.Table, rest: Iterator[pa.Table]) -> Iterator[pa.Table]:
+    yield first
+    yield from rest
+
+
+def _say(report: Callable[[str], None] | None, line: str) -> None:
+    if report is not None:
+        report(line)

@@ -1,0 +1,39 @@
+"""The `batch-predict` flow scores as `decision predict` does, writes a dated file per run, and its shipped
+deployment is scheduled but off."""
+
+import datetime as dt
+
+import pyarrow.parquet as pq
+import yaml
+
+from pipeline.data import synthetic
+from pipeline.stages.predict import predict_stage
+
+
+def test_the_flow_writes_the_dated_file_the_stage_writes(prefect_harness, tiny_base, tmp_path):
+    from flows.batch_predict import batch_predict
+
+    rows = [
+        {k: v for k, v in row.items() if k != "gold"}
+        for row in synthetic.generate_rows(12, seed=4, broken_every=5)
+    ]
+    data = synthetic.write_rows(rows, tmp_path / "rows.jsonl")
+    summary = batch_predict(str(data), str(tiny_base), str(tmp_path / "scores-{date}.parquet"), batch_size=4)
+    today = dt.datetime.now(dt.UTC).date().isoformat()
+    assert summary["out"] == str(tmp_path / f"scores-{today}.parquet")
+    assert summary["rows"] == 12 and 0 < summary["scored"] < 12 and summary["failed"]
+    direct = predict_stage(str(tiny_base), data, tmp_path / "direct.parquet")
+    assert pq.read_table(summary["out"]).equals(pq.read_table(direct.out))
+
+
+def test_the_shipped_deployment_is_scheduled_but_off(project_root):
+    from flows.batch_predict import batch_predict
+
+    shipped = yaml.safe_load((project_root / "prefect.yaml").read_text())
+    deployment = next(d for d in shipped["deployments"] if d["name"] == "batch-predict")
+    assert (
+        deployment["entrypoint"] == "flows/batch_predict.py:batch_predict"
+        and batch_predict.name == "batch-predict"
+    )
+    assert [s["active"] for s in deployment["schedules"]] == [False]
+    assert set(deployment["parameters"]) <= set(batch_predict.parameters.properties)

@@ -57,7 +57,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m flows.batch_predict", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
     parser.add_argument(
-        "--data", required=True, help="decision rows: .jsonl, .parquet or .csv (gold optional)"
+        "--data",
+        required=True,
+        help="decision rows (gold optional): a .jsonl, .parquet or .csv file, a folder or glob of shards, a save_to_disk folder or hf:OWNER/NAME (docs/data-format.md, Sources)",
     )
     parser.add_argument("--model", default=DEFAULT_MODEL, help=f"an export folder or models:/NAME@ALIAS "
                         f"(default: {DEFAULT_MODEL})")  # fmt: skip

@@ -87,7 +87,9 @@ def add_predict_commands(commands) -> None:
     predict.add_argument("--model", required=True,
                          help="an export folder (decision export / finetune) or models:/NAME@ALIAS")  # fmt: skip
     predict.add_argument(
-        "--data", required=True, help="decision rows: .jsonl, .parquet or .csv (gold optional)"
+        "--data",
+        required=True,
+        help="decision rows (gold optional): a .jsonl, .parquet or .csv file, a folder or glob of shards, a save_to_disk folder or hf:OWNER/NAME (docs/data-format.md, Sources)",
     )
     predict.add_argument("--out", required=True, help="the Parquet file to write, e.g. scores.parquet")
     predict.add_argument(

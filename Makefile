@@ -13,10 +13,11 @@ export PYTHONUNBUFFERED := 1
 export PREFECT_HOME := $(CURDIR)/.prefect
 export PREFECT_SERVER_ANALYTICS_ENABLED := false
 export MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR := false
-# Your own run: `make run DATA=SOURCE [BASE=SOURCE] [NAME=NAME]` pins DATA and BASE and writes configs/NAME.yaml
+# Your own run: `make run DATA=SOURCE [BASE=SOURCE] [MAPPING=FILE] [NAME=NAME]` pins DATA and BASE and writes configs/NAME.yaml
 # (`decision init`), then trains it; `make run NAME=NAME` reruns it and `make serve NAME=NAME` serves its champion.
 DATA ?=
 BASE ?=
+MAPPING ?=
 NAME ?= $(if $(DATA),$(basename $(notdir $(patsubst %/,%,$(DATA)))))
 RUN_CONFIG ?= $(NAME)
 # Extra pytest arguments for `make test` / `make test-all`, e.g. PYTEST_ARGS="-n 4" (pytest-xdist) on a bigger machine.
@@ -36,7 +37,7 @@ ifeq ($(DATA),)
 	dvc repro
 else
 	$(if $(BASE),,dvc repro snapshot)
-	decision init --data '$(DATA)' --name '$(RUN_CONFIG)' $(if $(BASE),--base '$(BASE)')
+	decision init --data '$(DATA)' --name '$(RUN_CONFIG)' $(if $(BASE),--base '$(BASE)') $(if $(MAPPING),--mapping '$(MAPPING)')
 endif
 	python -m flows.retrain $(if $(RUN_CONFIG),--run-config $(RUN_CONFIG))
 

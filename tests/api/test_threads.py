@@ -40,3 +40,20 @@ def test_healthz_names_the_detected_budget_without_a_setting(served_folder, torc
 def test_serve_refuses_fewer_than_one_thread(served_folder, capsys):
     assert main(["serve", "--model", str(served_folder), "--threads", "0"]) == 2
     assert "--threads must be at least 1, got 0" in capsys.readouterr().err
+
+
+def test_serve_by_run_config_refuses_one_that_does_not_exist(capsys):
+    assert main(["serve", "--run-config", "no-such-run"]) == 2
+    assert "--run-config no-such-run: run config 'no-such-run': no file" in capsys.readouterr().err
+
+
+def test_serve_by_run_config_serves_the_champion_of_its_model(monkeypatch):
+    served = {}
+    monkeypatch.setattr(
+        "pipeline.serving.server.run_server", lambda options, *rest: served.update(model=options.model)
+    )
+    monkeypatch.setattr(
+        "pipeline.mlops.registry.parse_alias_uri", lambda uri: ("decision-model-tiny", "champion")
+    )
+    assert main(["serve", "--run-config", "tiny"]) == 0
+    assert served["model"] == "models:/decision-model-tiny@champion"  # tiny.yaml's retrain.model_name

@@ -150,9 +150,9 @@ def measure_server(name: str, start, condition: Condition, model: Path, bodies: 
     process = start(model, port, args.device, confine=condition.confine)
     try:
         wait_ready(url, bodies[0], process, timeout_s=args.start_timeout)
-        health = httpx.get(f"{url}/healthz", timeout=30)
         load(url, bodies[: args.warmup], max(args.concurrency), args.seconds)
         runs = [load(url, bodies, c, args.seconds) for c in args.concurrency]
+        health = httpx.get(f"{url}/healthz", timeout=30)  # after the load: the threads it settled on
     finally:
         process.terminate()
         process.wait(timeout=30)

@@ -10,11 +10,11 @@ and the MLflow model; the model catalog and alias following are `pipeline.servin
     decision serve --model models:/decision-model@champion --keys keys.json
 """
 
-import functools
 import json
 import logging
 import os
 import time
+from collections.abc import Callable
 from contextlib import asynccontextmanager
 from dataclasses import asdict, dataclass, field
 from typing import Annotated, Any, Literal
@@ -156,7 +156,7 @@ def create_app(catalog: Catalog, keys: KeyStore, config: ServerConfig = ServerCo
                                  "max_compressed_body_bytes": config.limits.max_compressed_bytes}  # fmt: skip
     metrics = ServerMetrics(lambda: batcher.queued)  # read at scrape time, once the batcher exists
     batcher = MicroBatcher(
-        functools.partial(_run_batch, threads),
+        _following(threads),
         config.max_batch_items,
         config.max_wait_s,
         config.max_queue,
@@ -271,10 +271,20 @@ def create_app(catalog: Catalog, keys: KeyStore, config: ServerConfig = ServerCo
     return app
 
 
-def _run_batch(threads: ThreadGovernor | None, model: ServedModel, requests: list[Any]) -> list[Any]:
-    if threads is not None:
-        threads.follow()  # in the inference thread: a torch thread count belongs to the thread that sets it
+def _run_batch(model: ServedModel, requests: list[Any]) -> list[Any]:
     return model.model.answer(requests)
+
+
+def _following(threads: ThreadGovernor | None) -> Callable[[ServedModel, list[Any]], list[Any]]:
+    """`_run_batch` on the thread count `threads` says now, set in the inference thread that runs it (a torch
+    thread count belongs to the thread that sets it)."""
+
+    def run_batch(model: ServedModel, requests: list[Any]) -> list[Any]:
+        if threads is not None:
+            threads.follow()
+        return _run_batch(model, requests)
+
+    return run_batch
 
 
 def _authenticate(keys: KeyStore, bearer: str | None, x_api_key: str | None, require_key: bool) -> Caller:

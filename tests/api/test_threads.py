@@ -1,12 +1,16 @@
-"""A server process runs torch on its share of the CPU budget (`--threads`, split between `--workers`) and
-`/healthz` says how many threads and where the number came from."""
+"""A server process runs torch on its share of the CPU budget (`--threads`, split between `--workers`), its
+inference thread on the count the load governor says now, and `/healthz` says how many threads and why."""
 
 import pytest
 import torch
 from fastapi.testclient import TestClient
 
 from pipeline.cli.main import main
-from pipeline.serving.server import ServeOptions, build_app
+from pipeline.cpu.budget import CpuBudget
+from pipeline.cpu.load import ThreadGovernor
+from pipeline.serving.catalog import Catalog
+from pipeline.serving.keys import KeyStore
+from pipeline.serving.server import ServeOptions, ServerConfig, build_app, create_app
 from tests.api.conftest import wait_ready
 
 
@@ -57,3 +61,19 @@ def test_serve_by_run_config_serves_the_champion_of_its_model(monkeypatch):
     )
     assert main(["serve", "--run-config", "tiny"]) == 0
     assert served["model"] == "models:/decision-model-tiny@champion"  # tiny.yaml's retrain.model_name
+
+
+def test_the_inference_thread_runs_on_the_count_the_governor_says(served_folder):
+    governor = ThreadGovernor(
+        CpuBudget(2, "affinity 2", automatic=True), sample_s=3600
+    )  # no sample in the test
+    app = create_app(Catalog(str(served_folder)), KeyStore(), ServerConfig(), None, governor)
+    body = {"state": "late again", "questions": {"late": {"type": "noul", "instructions": "It was late."}}}
+    with TestClient(app) as client:
+        wait_ready(client)
+        inference = app.state.batcher._executor
+        for busy, threads in ((1.0, 1), (0.0, 2)):  # a neighbour takes a core, then leaves
+            governor.observe(busy)
+            assert client.post("/v1/systemone", json=body).status_code == 200
+            assert inference.submit(torch.get_num_threads).result() == threads
+            assert client.get("/healthz").json()["threads"] == threads

@@ -30,7 +30,7 @@ causal LM each question is a record of its own, its options spread over several 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import Any
 
@@ -63,8 +63,10 @@ class EncodedRecord:
     qtypes: tuple[int, ...]  # pipeline.data.contract.QUESTION_TYPE_IDS
     question_ids: tuple[str, ...]
     state_tokens: int  # state tokens kept
-    state_length: int  # the state's tokens as serialised (`state_text`), before the cut
-    state_room: int  # the tokens the sequence leaves the state (`cut_state` keeps at most these)
+    # Not compared (two records of the same tokens are the same record, whatever room they had): the state's
+    # tokens as serialised (`state_text`) before the cut, and the room the sequence leaves it (`cut_state`).
+    state_length: int = field(compare=False)
+    state_room: int = field(compare=False)
     field_ids: tuple[int, ...] | None = (
         None  # fields apart: the questions' own sequence, which the spans index
     )

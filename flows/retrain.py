@@ -75,6 +75,7 @@ def verify_pins(paths: list[str], lock: str, allow_unpinned: bool = False) -> di
 @task(name="validate", **CACHED)
 def validate(data: str, row_slice: str | None, config, report: str, split: str) -> ValidateResult:
     result = validate_stage.validate_stage(data, config, report, row_slice, split_out=split)
+    get_run_logger().info(result.report.states.describe())
     rows = [{"reason": reason, "decisions": n} for reason, n in sorted(result.report.skipped.items())]
     create_table_artifact(rows or [{"reason": "(none)", "decisions": 0}], key="skipped-decisions",
                           description=f"{result.report.kept} of {result.report.decisions} decisions usable")  # fmt: skip

@@ -8,6 +8,8 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+from pipeline.data.contract import StateSizes
+
 
 def say(line: str) -> None:
     """A progress line on stderr (stdout stays the command's result), written above a live tqdm bar."""
@@ -95,6 +97,8 @@ def print_report(report: dict[str, Any]) -> None:
         totals.add_column(name, justify="right")
     totals.add_row(*(f"{report[k]:,}" for k in ("rows", "decisions", "kept", "skipped_total")))
     console.print(totals)
+    if "states" in report:
+        console.print(StateSizes(**report["states"]).describe(), highlight=False)
     for question, counts in report.get("labels", {}).items():  # a mapped table: its labels, as `decision map`
         shown = ", ".join(f"{label} {count:,}" for label, count in counts.items())
         console.print(f"labels of {question}: {shown}", highlight=False)

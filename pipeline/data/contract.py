@@ -140,8 +140,35 @@ def parse_state(value: Any) -> Any:
     return value
 
 
+STATE_TRUNCATION = "end"
+"""What every family does with a state longer than the room its sequence leaves it: the state's first tokens are
+kept and its end is cut (`families.base.cut_state`). Training counts the rows cut and the tokens dropped
+(`training.state_fit`); docs/data-format.md, States."""
+LONG_STATE_CHARS = 1_000
+"""Validation counts the states longer than this many characters: about 250 tokens of English prose, the stock
+MiniLM's 256-token window. Validation has no tokenizer; training counts each model's tokens."""
+
+
+@dataclass(frozen=True)
+class StateSizes:
+    """The readable rows' states in characters, as the model reads them (`state_text`): validation has no
+    tokenizer, so the token counts and what a model's window cuts come with training (`training.state_fit`)."""
+
+    rows: int
+    longest_chars: int
+    rows_over: int
+    """States longer than `over_chars`."""
+    over_chars: int = LONG_STATE_CHARS
+
+    def describe(self) -> str:
+        """One line: the longest state and how many are over `over_chars`."""
+        return (f"states: the longest is {self.longest_chars:,} characters; {self.rows_over:,} of {self.rows:,} "
+                f"rows over {self.over_chars:,} (about 250 tokens; training counts each model's tokens)")  # fmt: skip
+
+
 def state_text(state: Any) -> str:
-    """The state as the model reads it: text stays text, anything else becomes compact JSON."""
+    """The state as the model reads it: text stays text, anything else becomes compact JSON (orjson: keys in the
+    row's order, no spaces, non-ASCII kept, NaN and infinities as null); docs/data-format.md, States."""
     return state if isinstance(state, str) else orjson.dumps(state).decode()
 
 

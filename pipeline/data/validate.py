@@ -10,7 +10,7 @@ several checks is counted under the first reason in `contract.REASONS`. Nothing 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -71,6 +71,13 @@ def build_schema() -> pa.DataFrameSchema:
     )
 
 
+def state_sizes(facts: Facts) -> StateSizes:
+    """The sizes of the readable rows' states."""
+    chars = [n for n, error in zip(facts.row_state_chars, facts.row_error) if not error]
+    over = sum(n > contract.LONG_STATE_CHARS for n in chars)
+    return contract.StateSizes(len(chars), max(chars, default=0), over)
+
+
 @dataclass
 class ValidationReport:
     """Totals, skip counts by reason, and the first example of each reason."""
@@ -86,6 +93,7 @@ class ValidationReport:
     seconds: dict[str, float] = field(default_factory=dict)
     labels: dict[str, dict[str, int]] = field(default_factory=dict)
     """A mapped table's label counts per question (`pipeline.data.mapping`); empty for decision files."""
+    states: contract.StateSizes | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """The report as a JSON-ready dict (the `--json` output and `validation.json`)."""
@@ -93,7 +101,8 @@ class ValidationReport:
             "source": self.source, "slice": self.slice, "file_rows": self.file_rows, "rows": self.rows,
             "decisions": self.decisions, "kept": self.kept, "skipped_total": self.decisions - self.kept,
             "skipped": dict(self.skipped), "examples": dict(self.examples),
-        } | ({"labels": self.labels} if self.labels else {})  # fmt: skip
+        } | ({"labels": self.labels} if self.labels else {}) | (
+            {"states": asdict(self.states)} if self.states else {})  # fmt: skip
 
 
 @dataclass
@@ -195,7 +204,7 @@ def _report(columns: RawColumns, facts: Facts, reasons: np.ndarray, first_row: i
         skipped[reason] = count
         examples[reason] = {"row": row, "question_id": question_id, "value": value}
     kept = int((reasons < 0).sum())
-    return ValidationReport(len(columns), len(reasons), kept, skipped, examples)
+    return ValidationReport(len(columns), len(reasons), kept, skipped, examples, states=state_sizes(facts))
 
 
 def _offending_value(reason: str, raw: dict[str, Any], question_id: str | None) -> str:

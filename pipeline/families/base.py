@@ -8,6 +8,7 @@ only place that chooses one.
     family = pick_family("data/snapshots/minilm")           # laya: a Laya-layout folder
     loaded = family.load("data/snapshots/minilm", config, device)
     examples, skipped = family.build_examples(loaded, records)
+    cuts = family.state_cuts(examples)                      # per row: state tokens, kept, room
     family.prepare(loaded, config)                          # LoRA, full, or QLoRA where the family has it
     train(loaded.model, examples, config, device, family.batch_task(loaded, config))
     decisions, logits = family.score(loaded, heldout_examples, device)
@@ -72,6 +73,36 @@ class ExportResult:
     out: str
     written: bool
     manifest: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class StateCut:
+    """What a model reads of one row's state: its tokens as serialised (`contract.state_text`), how many of them
+    its sequences keep (the fewest, where a row is read in several sequences), and the room those sequences left
+    the state (the least). A state longer than its room loses its end (`contract.STATE_TRUNCATION`)."""
+
+    tokens: int
+    kept: int
+    room: int
+
+    @property
+    def dropped(self) -> int:
+        return self.tokens - self.kept
+
+
+def cut_state(ids: list[int], room: int) -> list[int]:
+    """The state tokens a window of `room` tokens keeps: the first ones, the end cut (`contract.STATE_TRUNCATION`)."""
+    return ids[: max(0, room)]
+
+
+def cuts_by_row(sequences: list[tuple[int, StateCut]]) -> list[StateCut]:
+    """One cut per row from `(row, cut)` per sequence: a row read in several sequences counts the one that kept
+    the fewest of its state's tokens, and the least room any of them left it."""
+    rows: dict[int, StateCut] = {}
+    for row, cut in sequences:
+        seen = rows.setdefault(row, cut)
+        rows[row] = StateCut(cut.tokens, min(cut.kept, seen.kept), min(cut.room, seen.room))
+    return list(rows.values())
 
 
 @dataclass(frozen=True)
@@ -143,6 +174,11 @@ class DecisionFamily(ABC):
     @abstractmethod
     def build_examples(self, loaded, records: list[Record]) -> tuple[list[Any], dict[str, int]]:
         """Training examples of validated records, and the decisions skipped by reason."""
+
+    @abstractmethod
+    def state_cuts(self, examples: list[Any]) -> list[StateCut]:
+        """One `StateCut` per row that `examples` (from one `build_examples` call) read: how many of its state's
+        tokens the model keeps and how many it drops."""
 
     @abstractmethod
     def prepare(self, loaded, config: TrainConfig) -> None:

@@ -23,6 +23,7 @@ from pipeline.mlops.registry import client, ensure_experiment, use_store
 from pipeline.rundir import RunFolder
 from pipeline.scoring.plots import loss_curve
 from pipeline.scoring.report import report_metrics
+from pipeline.training.state_fit import StateFit
 
 KEY_TAG = "idempotency_key"
 MODELS = ("base", "tuned", "calibrated")
@@ -154,7 +155,7 @@ def log_training_run(record: TrainingRecord, run_id: str | None = None) -> str:
     )
     with mlflow.start_run(**opened) as run:
         mlflow.set_tags({KEY_TAG: record.key, **record.tags, **learning_tags(record.train),
-                         "mlflow.note.content": heldout_table(record.calibration["heldout"])})  # fmt: skip
+                         **state_tags(record.train), "mlflow.note.content": heldout_table(record.calibration["heldout"])})  # fmt: skip
         mlflow.log_params(flat_params(record.params))
         if not (resumed and "loss" in opened_run.data.metrics):  # not logged live
             _log_steps(record.train.get("logged_steps", []))
@@ -196,6 +197,12 @@ def learning_tags(train: dict[str, Any]) -> dict[str, str]:
     )
 
 
+def state_tags(train: dict[str, Any]) -> dict[str, str]:
+    """`state_truncation`: what is cut from a state longer than the model's window (`contract.STATE_TRUNCATION`)."""
+    states = train.get("states")
+    return {"state_truncation": states["truncation"]} if states else {}
+
+
 def flat_params(params: dict[str, dict[str, Any]]) -> dict[str, Any]:
     """`section.name` for every setting, exactly as params.yaml spells it."""
     return {
@@ -204,7 +211,8 @@ def flat_params(params: dict[str, dict[str, Any]]) -> dict[str, Any]:
 
 
 def run_metrics(record: TrainingRecord) -> dict[str, float]:
-    """Held-out figures per model, temperatures, skips by reason, train seconds, peak memory and world size."""
+    """Held-out figures per model, temperatures, skips by reason, train seconds, peak memory, world size, and how
+    the states fit the model's window."""
     heldout = record.calibration["heldout"]
     metrics = {f"{model}_{name}": float(heldout[model][name]) for model in MODELS for name in RUN_METRICS
                if name in heldout[model]}  # fmt: skip
@@ -218,6 +226,18 @@ def run_metrics(record: TrainingRecord) -> dict[str, float]:
                 # data-parallel ranks (train.nproc) and rank 0's seconds in their gradient all-reduce
                 "world_size": float(record.train.get("world_size", 1)),
                 "allreduce_seconds": float(record.train.get("allreduce_seconds", 0.0))}  # fmt: skip
+    return metrics | state_metrics(record)
+
+
+def state_metrics(record: TrainingRecord) -> dict[str, float]:
+    """How the states fit the window (`state_rows_truncated`, `state_tokens_dropped`, ... from training) and
+    their sizes in characters (`state_chars_longest`, `state_rows_over_chars`, from validation)."""
+    states = StateFit.from_dict(record.train.get("states"))
+    chars = record.validation.get("states")
+    metrics = states.metrics() if states else {}
+    if chars:
+        metrics |= {"state_chars_longest": float(chars["longest_chars"]),
+                    "state_rows_over_chars": float(chars["rows_over"])}  # fmt: skip
     return metrics
 
 

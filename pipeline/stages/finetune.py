@@ -22,6 +22,7 @@ from pipeline.stages.train import checked_inputs, train_stage
 from pipeline.stages.validate import write_validated
 from pipeline.training.controls import RunControls, RunHooks
 from pipeline.training.fit import TrainRun
+from pipeline.training.state_fit import StateFit
 
 SUMMARY_METRICS = ("accuracy", "record_accuracy", "ece", "brier", "loss")
 
@@ -57,6 +58,8 @@ class FinetuneResult:
     warnings: list[str] = field(default_factory=list)
     pins: dict[str, str] = field(default_factory=dict)
     inputs: dict[str, dict[str, Any]] = field(default_factory=dict)
+    states: StateFit | None = None
+    """How the states fit the model's window (`TrainRun.states`)."""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -109,7 +112,8 @@ def _result(run: TrainRun, calibration: CalibrationResult | None, export_dir: st
         export_dir=export_dir, run_dir=str(folder.root), cancelled=cancelled, steps=run.steps,
         train_seconds=run.train_seconds, s_per_step=run.s_per_step, decisions_per_second=run.decisions_per_second,
         peak_memory_mb=run.peak_memory_mb, precision=run.precision, budget=run.budget, compile=run.compile,
-        losses=run.losses, warnings=run.warnings, pins=run.pins, inputs=run.inputs, **calibrated,
+        losses=run.losses, warnings=run.warnings, pins=run.pins, inputs=run.inputs, states=run.states,
+        **calibrated,
     )  # fmt: skip
 
 

@@ -82,7 +82,7 @@ def train_on_ranks(data: SplitData, base: str | Path, out: str | Path | None, co
                      "report": hooks.report is not None, "checked": checked or {}}  # fmt: skip
         described = _run_ranks("fit_and_save", Path(folder), split, arguments, config, device, hooks,
                                nproc or config.nproc)  # fmt: skip
-    return TrainRun(**described)
+    return TrainRun.from_dict(described)
 
 
 def train_stage(run_dir: str | Path, base: str | Path, config: TrainConfig, device: str = "auto",
@@ -109,7 +109,7 @@ def train_stage(run_dir: str | Path, base: str | Path, config: TrainConfig, devi
         described = _run_ranks("train_stage", run_folder.ranks, run_folder.split, arguments, config, device,
                                hooks)  # fmt: skip
         # Rank 0 wrote to the run through MLFLOW_RUN_ID; the run it reports back is this process's to name.
-        return replace(TrainRun(**described), mlflow_run_id=hooks.mlflow_run_id)
+        return replace(TrainRun.from_dict(described), mlflow_run_id=hooks.mlflow_run_id)
     checkpoints: list[dict[str, float]] = []
 
     def evaluated(step: int, metrics: dict[str, float]) -> None:

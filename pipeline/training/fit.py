@@ -31,6 +31,7 @@ from pipeline.scoring.metrics import heldout_metrics
 from pipeline.training.controls import RunControls, RunHooks
 from pipeline.training.loop import TrainResult, plan_budget, train
 from pipeline.training.ranks import Ranks
+from pipeline.training.state_fit import StateFit, fit_of_states
 
 
 @dataclass
@@ -80,9 +81,16 @@ class TrainRun:
     cores busy: `cpu.load`) ..."""
     threads_source: str = ""
     """... and where that number came from (`train.threads`, the affinity mask, a cgroup quota, others' load)."""
+    states: StateFit | None = None
+    """How the train and held-out rows' states fit the model's window: rows cut, tokens dropped."""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> TrainRun:
+        """A run as `to_dict` wrote it (train.json, a rank's result)."""
+        return cls(**(values | {"states": StateFit.from_dict(values.get("states"))}))
 
 
 @dataclass
@@ -113,6 +121,8 @@ class Prepared:
     skipped: Counter
     threads: ThreadGovernor
     """Started here; whoever prepared it stops it."""
+    states: StateFit
+    """How the examples' states fit the model's window."""
 
 
 def prepare_fit(
@@ -129,7 +139,8 @@ def prepare_fit(
     train_examples, skipped_train = family.build_examples(loaded, data.split.train)
     heldout_examples, skipped_heldout = family.build_examples(loaded, data.split.heldout)
     skipped = Counter(data.report.skipped) + Counter(skipped_train) + Counter(skipped_heldout)
-    return Prepared(family, loaded, dev, data, train_examples, heldout_examples, skipped, threads)
+    states = fit_of_states(family.state_cuts(train_examples) + family.state_cuts(heldout_examples))
+    return Prepared(family, loaded, dev, data, train_examples, heldout_examples, skipped, threads, states)
 
 
 def fit(data: SplitData, base: str | Path, config: TrainConfig, device: str = "auto",
@@ -152,6 +163,7 @@ def fit(data: SplitData, base: str | Path, config: TrainConfig, device: str = "a
 
 def _fit_prepared(prepared: Prepared, config: TrainConfig, hooks: RunHooks, controls: RunControls) -> Trained:
     family, loaded, dev, data = prepared.family, prepared.loaded, prepared.device, prepared.data
+    hooks.say(prepared.states.describe())
     hooks.say(f"{family.name} family ({config.method}) on {dev}, torch threads "
               f"{prepared.threads.threads} ({prepared.threads.describe()}): "
               f"{len(prepared.train_examples):,} training and {len(prepared.heldout_examples):,} held-out examples; "
@@ -225,7 +237,7 @@ def _train_run(prepared: Prepared, config: TrainConfig, result: TrainResult, dec
         budget=plan_budget(len(train_examples), config).reason, logged_steps=result.logged_steps,
         resumed_from_step=result.resumed_from_step, world_size=result.world_size,
         allreduce_seconds=result.allreduce_seconds, threads=prepared.threads.threads,
-        threads_source=prepared.threads.describe(),
+        threads_source=prepared.threads.describe(), states=prepared.states,
     )  # fmt: skip
 
 

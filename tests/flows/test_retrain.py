@@ -56,6 +56,10 @@ def test_a_first_run_is_tracked_registered_smoke_tested_and_promoted(
     for name in ("base_accuracy", "calibrated_accuracy", "calibrated_ece", "tuned_brier", "temperature_noul",
                  "train_seconds", "peak_memory_mb"):  # fmt: skip
         assert name in run.data.metrics, name
+    # How the states fit the window (from training) and their sizes (from validation), never silent.
+    assert {"state_rows", "state_rows_truncated", "state_tokens_dropped", "state_longest_tokens", "state_window",
+            "state_chars_longest", "state_rows_over_chars"} <= set(run.data.metrics)  # fmt: skip
+    assert run.data.metrics["state_rows"] > 0 and run.data.tags["state_truncation"] == "end"
     assert len(client().get_metric_history(run.info.run_id, "loss")) == 4  # one point per logged step
     # Logged live, from the run opened when training started: held-out figures of the base (step 0), at a
     # third and two thirds of the way, and of the fine-tune; the before/after table is the run's description.

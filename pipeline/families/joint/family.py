@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from pipeline.config import TrainConfig
-from pipeline.families.base import Answered, BadQuestion, BatchTask, DecisionFamily, ExportResult
+from pipeline.families.base import Answered, BadQuestion, BatchTask, DecisionFamily, ExportResult, StateCut
 from pipeline.families.joint.backbone import (
     has_tokenizer,
     is_causal_lm_folder,
@@ -45,6 +45,7 @@ from pipeline.families.joint.training import (
     joint_batch_task,
     prepare_joint,
     score_examples,
+    state_cuts,
 )
 from pipeline.scoring.calibration import Temperatures
 from pipeline.scoring.calibrators import Calibrator
@@ -102,6 +103,9 @@ class JointFamily(DecisionFamily):
 
     def build_examples(self, loaded: LoadedJoint, records) -> tuple[list[JointExample], dict[str, int]]:
         return build_examples(records, loaded.tokenizer, loaded.layout)
+
+    def state_cuts(self, examples: list[JointExample]) -> list[StateCut]:
+        return state_cuts(examples)
 
     def training_examples(self, loaded: LoadedJoint, examples: list[JointExample], config: TrainConfig,
                           device: torch.device, report=None) -> list[JointExample]:  # fmt: skip

@@ -16,7 +16,8 @@ state is its own sequence `[CLS] <state text> [SEP]`, and the questions are one 
 (and a frozen backbone once per run). The spans then index the field sequence; the head lets the question and
 option fields attend to the state's hidden states. A row then costs its state's tokens, not its questions'. The options are compact JSON: a list of ids, or an object of id to description (null
 where an option has none) when any option is described. The state gets whatever is left of `max_len` after the
-questions and keeps its first tokens when too long.
+questions and keeps its first tokens when too long (`contract.STATE_TRUNCATION`; each record says how many it kept
+of how many, `state_tokens` of `state_length`).
 
 Questions isolated (every fresh head since the Decision API's invariance contract, `encode_row`): no question id
 is written; on an encoder each question and each option is a field sequence of its own (`encode_isolated`), on a
@@ -29,7 +30,7 @@ causal LM each question is a record of its own, its options spread over several 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import Any
 
@@ -38,6 +39,7 @@ import orjson
 import torch
 
 from pipeline.data.contract import QUESTION_TYPE_IDS, Question, state_text
+from pipeline.families.base import cut_state
 
 SYSTEM_INSTRUCTION = "Answer each question about the state. Each question lists its allowed options."
 _STATE_OPEN = "\n\nState:\n"
@@ -61,7 +63,10 @@ class EncodedRecord:
     qtypes: tuple[int, ...]  # pipeline.data.contract.QUESTION_TYPE_IDS
     question_ids: tuple[str, ...]
     state_tokens: int  # state tokens kept
-    state_truncated: bool
+    # Not compared (two records of the same tokens are the same record, whatever room they had): the state's
+    # tokens as serialised (`state_text`) before the cut, and the room the sequence leaves it (`cut_state`).
+    state_length: int = field(compare=False)
+    state_room: int = field(compare=False)
     field_ids: tuple[int, ...] | None = (
         None  # fields apart: the questions' own sequence, which the spans index
     )
@@ -71,6 +76,10 @@ class EncodedRecord:
 
     def __len__(self) -> int:
         return len(self.ids)
+
+    @property
+    def state_truncated(self) -> bool:
+        return self.state_tokens < self.state_length
 
     @property
     def fields_apart(self) -> bool:
@@ -116,7 +125,7 @@ def encode_record(tokenizer: Any, state: Any, questions: list[Question], max_len
     prefix, state_ids = bos + tokens[texts[0]], tokens[texts[1]]
     fixed = len(prefix) + len(tokens[_QUESTIONS_OPEN]) + sum(len(tokens[t]) for q in pieces for t, _ in q)
     kept = _state_budget(max_len - fixed, len(state_ids), min_state_tokens, fixed, max_len)
-    ids = prefix + state_ids[:kept] + tokens[_QUESTIONS_OPEN]
+    ids = prefix + cut_state(state_ids, kept) + tokens[_QUESTIONS_OPEN]
     question_spans, option_spans = [], []
     for question, question_pieces in zip(questions, pieces):
         question_span, spans = _append_question(ids, question_pieces, tokens, question.id)
@@ -130,7 +139,8 @@ def encode_record(tokenizer: Any, state: Any, questions: list[Question], max_len
         qtypes=tuple(QUESTION_TYPE_IDS[q.type] for q in questions),
         question_ids=tuple(q.id for q in questions),
         state_tokens=kept,
-        state_truncated=kept < len(state_ids),
+        state_length=len(state_ids),
+        state_room=max_len - fixed,
     )
 
 
@@ -140,7 +150,8 @@ def _encode_apart(tokenizer: Any, state: Any, questions: list[Question], max_len
     texts = [state_text(state), _QUESTIONS_OPEN.lstrip()] + [text for q in pieces for text, _ in q]
     tokens = _tokenize(tokenizer, texts)
     cls, sep = _encoder_bounds(tokenizer)
-    state_ids = tokens[texts[0]][: max(0, max_len - len(cls) - len(sep))]
+    room = max(0, max_len - len(cls) - len(sep))
+    state_ids = cut_state(tokens[texts[0]], room)
     fields = cls + tokens[texts[1]]
     question_spans, option_spans = [], []
     for question, question_pieces in zip(questions, pieces):
@@ -158,7 +169,8 @@ def _encode_apart(tokenizer: Any, state: Any, questions: list[Question], max_len
         qtypes=tuple(QUESTION_TYPE_IDS[q.type] for q in questions),
         question_ids=tuple(q.id for q in questions),
         state_tokens=len(state_ids),
-        state_truncated=len(state_ids) < len(tokens[texts[0]]),
+        state_length=len(tokens[texts[0]]),
+        state_room=room,
         field_ids=tuple(fields),
     )
 
@@ -225,7 +237,8 @@ def encode_isolated(tokenizer: Any, state: Any, questions: list[Question], max_l
     texts = [state_text(state)] + [t for question, options in pieces for t in (question, *_flat(options))]
     tokens = _tokenize(tokenizer, texts)
     cls, sep = _encoder_bounds(tokenizer)
-    state_ids = tokens[texts[0]][: max(0, max_len - len(cls) - len(sep))]
+    room = max(0, max_len - len(cls) - len(sep))
+    state_ids = cut_state(tokens[texts[0]], room)
     sequences, question_spans, option_spans = [], [], []
     for question, (question_text, options) in zip(questions, pieces):
         own, spans = _isolated_sequences_of(question.id, cls + tokens[question_text], options, tokens, sep)
@@ -244,7 +257,8 @@ def encode_isolated(tokenizer: Any, state: Any, questions: list[Question], max_l
         qtypes=tuple(QUESTION_TYPE_IDS[q.type] for q in questions),
         question_ids=tuple(q.id for q in questions),
         state_tokens=len(state_ids),
-        state_truncated=len(state_ids) < len(tokens[texts[0]]),
+        state_length=len(tokens[texts[0]]),
+        state_room=room,
         field_sequences=tuple(sequences),
     )
 

@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from pipeline.config import TrainConfig
-from pipeline.families.base import BatchTask
+from pipeline.families.base import BatchTask, StateCut, cuts_by_row
 from pipeline.families.forward_passes import autocast_context, length_batches
 from pipeline.families.joint.backbone import lora_targets
 from pipeline.families.joint.head import JointDecisionModel, joint_loss
@@ -90,6 +90,13 @@ def build_examples(records, tokenizer, layout: RecordLayout) -> tuple[list[Joint
             examples.append(JointExample(part, tuple(_target(d) for d in mine), tuple(d.gold.label for d in mine),
                                          tuple(d.gold.probabilities is not None for d in mine), index))  # fmt: skip
     return examples, dict(skipped)
+
+
+def state_cuts(examples: list[JointExample]) -> list[StateCut]:
+    """Per row the examples read: its state's tokens, and what its records keep of them (a causal LM reads a row in
+    one record per question, each leaving the state its own room: the fewest kept counts)."""
+    return cuts_by_row([(e.row, StateCut(e.record.state_length, e.record.state_tokens, e.record.state_room))
+                        for e in examples])  # fmt: skip
 
 
 def _target(decision) -> tuple[float, ...]:

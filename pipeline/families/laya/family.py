@@ -17,11 +17,11 @@ import numpy as np
 import torch
 
 from pipeline.config import TrainConfig
-from pipeline.families.base import Answered, BadQuestion, BatchTask, DecisionFamily, ExportResult
+from pipeline.families.base import Answered, BadQuestion, BatchTask, DecisionFamily, ExportResult, StateCut
 from pipeline.families.laya.adapters import ADAPTER_FILE, load_for_inference, save_adapter
 from pipeline.families.laya.export import export_model
 from pipeline.families.laya.forward import score_items
-from pipeline.families.laya.items import Item, build_items
+from pipeline.families.laya.items import Item, build_items, state_cuts
 from pipeline.families.laya.predict import answer_requests, calibrated_probabilities
 from pipeline.families.laya.training import laya_batch_task, prepare_model
 from pipeline.families.laya_layout import CONFIG_FILE, LoadedModel, load_model, save_model
@@ -78,6 +78,9 @@ class LayaFamily(DecisionFamily):
 
     def build_examples(self, loaded: LoadedModel, records) -> tuple[list[Item], dict[str, int]]:
         return build_items(records, loaded)
+
+    def state_cuts(self, examples: list[Item]) -> list[StateCut]:
+        return state_cuts(examples)
 
     def prepare(self, loaded: LoadedModel, config: TrainConfig) -> None:
         prepare_model(loaded.model, config)

@@ -16,6 +16,7 @@ import numpy as np
 import torch
 
 from pipeline.data.contract import QUESTION_TYPE_IDS, Decision, Record
+from pipeline.families.base import StateCut, cuts_by_row
 from pipeline.families.laya.sequences import Part, option_problem, question_parts, state_token_ids
 from pipeline.families.laya_layout import LoadedModel
 from pipeline.scoring.decisions import ScoredDecision
@@ -67,6 +68,12 @@ def _item(decision: Decision, parts: tuple[Part, ...], record: int) -> Item:
     qtype = QUESTION_TYPE_IDS[decision.question.type]
     return Item(parts, qtype, tuple(target), gold.label, record, decision.question.id,
                 gold.probabilities is not None)  # fmt: skip
+
+
+def state_cuts(items: list[Item]) -> list[StateCut]:
+    """Per row the items read: its state's tokens and the fewest any of its sequences keep (each question's head
+    leaves the state its own room)."""
+    return cuts_by_row([(item.record, part.state) for item in items for part in item.parts])
 
 
 def item_parts(items: list[Item]) -> list[Part]:

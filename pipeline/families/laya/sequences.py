@@ -13,11 +13,11 @@ beside the instructions. The parts' option logits are joined in option order and
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from pipeline.data.contract import NOUL_OPTIONS, QUESTION_TYPE_IDS, Question, state_text
-from pipeline.families.base import BadQuestion
+from pipeline.families.base import BadQuestion, StateCut
 from pipeline.families.laya_layout import LoadedModel
 
 LAYA_CUT_BELOW = 16
@@ -28,11 +28,13 @@ UNLIMITED = 1 << 30  # a head budget nothing reaches: `build_head` then cuts nei
 
 @dataclass(frozen=True, slots=True)
 class Part:
-    """One Laya-layout sequence: its token ids, the [MASK] position of each option it holds, the question type."""
+    """One Laya-layout sequence: its token ids, the [MASK] position of each option it holds, the question type,
+    and what it keeps of the state (not compared: two parts of the same ids are the same sequence)."""
 
     ids: tuple[int, ...]
     markers: tuple[int, ...]
     qtype: int
+    state: StateCut | None = field(default=None, compare=False)
 
     def __len__(self) -> int:
         return len(self.ids)
@@ -86,9 +88,14 @@ def _sequence(loaded: LoadedModel, question: dict[str, Any], qtype: int, state_i
     from laya.common import build_sequence
 
     order = None if run is None else list(run)  # None: every option, as laya.Agent asks for them
-    ids, markers = build_sequence(loaded.tokenizer, None, question, loaded.max_len, loaded.head_max_len,
-                                  option_order=order, state_ids=state_ids)  # fmt: skip
-    return Part(tuple(ids), tuple(markers), qtype)
+    # truncate_left=False: the state keeps its first tokens and loses its end (contract.STATE_TRUNCATION)
+    ids, markers, cut = build_sequence(loaded.tokenizer, None, question, loaded.max_len, loaded.head_max_len,
+                                       option_order=order, truncate_left=False, state_ids=state_ids,
+                                       return_truncation_stats=True)  # fmt: skip
+    kept = cut["state_tokens_used"]
+    # The head, the kept state and the closing [SEP] fill `ids`: the room is what the head left.
+    state = StateCut(len(state_ids), kept, loaded.max_len - len(ids) + kept)
+    return Part(tuple(ids), tuple(markers), qtype, state)
 
 
 def option_problem(loaded: LoadedModel, question: Question) -> str | None:
@@ -117,11 +124,12 @@ def _option_spans(
 
 
 def state_token_ids(loaded: LoadedModel, state: Any) -> list[int]:
-    """The state's token ids as every sequence of it carries them (mask tokens blanked, capped at max_len)."""
+    """The state's token ids as every sequence of it carries them (mask tokens blanked), all of them: each
+    sequence keeps what its room allows (`Part.state` says how many)."""
     from laya.common import encode_text
 
     text = state_text(state).replace(loaded.tokenizer.mask_token, " ")
-    return encode_text(loaded.tokenizer, text, add_special_tokens=False)["input_ids"][: loaded.max_len]
+    return encode_text(loaded.tokenizer, text, add_special_tokens=False)["input_ids"]
 
 
 def internal_question(question: Question) -> dict[str, Any]:

@@ -198,15 +198,19 @@ def _train(args: argparse.Namespace) -> int:
 
 
 def _evaluate(args: argparse.Namespace) -> int:
+    from pipeline.data.mapping import MappingError, load_mapping
     from pipeline.data.read import BadSlice, RowSlice, UnreadableInput
     from pipeline.families.base import ModelLayoutError
     from pipeline.stages.evaluate import evaluate_model
 
     bars, say = progress_outputs(args)
     try:
+        value = mapping_value(args)
+        mapping = load_mapping(value) if value is not None else None
         report = evaluate_model(args.model, args.data, args.plots, RowSlice.parse(args.slice), args.device,
-                                progress=bars, conformal=args.conformal, report=say).to_dict()  # fmt: skip
-    except (ModelLayoutError, UnreadableInput, BadSlice, FileNotFoundError, ValueError) as error:
+                                progress=bars, conformal=args.conformal, report=say, mapping=mapping).to_dict()  # fmt: skip
+    except (ModelLayoutError, UnreadableInput, BadSlice, FileNotFoundError, ValueError, BadMappingFlags,
+            MappingError) as error:  # fmt: skip
         print(f"decision evaluate: {error}", file=sys.stderr)
         return _exit_code(error)
     if args.json:
@@ -431,6 +435,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="add split-conformal prediction sets at miscoverage ALPHA (e.g. 0.1): coverage and mean set size per type",
     )  # fmt: skip
     _add_output_flags(evaluate)
+    add_mapping_arguments(evaluate)
     evaluate.set_defaults(handler=_evaluate)
 
     export = commands.add_parser(

@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 from pipeline.data.contract import Record
+from pipeline.data.mapping import Mapping
 from pipeline.data.read import RowSlice
 from pipeline.data.validate import validate_file
 from pipeline.families import load_decision_model
@@ -56,13 +57,14 @@ class EvaluationReport:
 
 def evaluate_model(model_dir: str | Path, data: str | Path, plots_dir: str | Path | None = None,
                    row_slice: RowSlice = RowSlice(), device: str = "cpu", progress: bool = False,
-                   conformal: float | None = None, report: Callable[[str], None] | None = None
-                   ) -> EvaluationReport:  # fmt: skip
+                   conformal: float | None = None, report: Callable[[str], None] | None = None,
+                   mapping: Mapping | None = None) -> EvaluationReport:  # fmt: skip
     """Metrics and the calibration report of `model_dir` on every usable decision of `data`, the PNG plots written
     to `plots_dir`, and with `conformal` (alpha) split-conformal prediction sets per type. `progress` shows a tqdm
-    bar while scoring; `report` gets a line before and after it."""
+    bar while scoring; `report` gets a line before and after it. `mapping` reads a plain table's columns as
+    decision rows (`pipeline.data.mapping`)."""
     say = report or (lambda line: None)
-    validated = validate_file(data, row_slice)
+    validated = validate_file(data, row_slice, mapping=mapping)
     say(f"scoring {validated.report.kept:,} decisions of {data} with {model_dir} on {device}")
     started = time.perf_counter()
     decisions, skipped, probabilities, family = score_records(model_dir, validated.records, device, progress)

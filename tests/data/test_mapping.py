@@ -312,3 +312,15 @@ def test_finetune_trains_on_a_mapped_table_end_to_end(tiny_base, tmp_path, capsy
     assert code == 0
     summary = json.loads(capsys.readouterr().out)
     assert summary["heldout"]["decisions"] == 20 and (tmp_path / "export" / "manifest.json").is_file()
+    # evaluate reads the table through the same flags, as the decision rows `decision map --write` gives
+    flags = ["--state-column", "text", "--label-column", "label", "--question", "tone"]
+    assert main(["map", "--data", str(path), *flags, "--write", str(tmp_path / "rows.jsonl"), "--json"]) == 0
+    capsys.readouterr()
+    reports = []
+    for data, extra in ((path, flags), (tmp_path / "rows.jsonl", [])):
+        assert (
+            main(["evaluate", "--model", str(tmp_path / "export"), "--data", str(data), "--json", *extra])
+            == 0
+        )
+        reports.append(json.loads(capsys.readouterr().out))
+    assert reports[0]["decisions"] == 80 and reports[0]["metrics"] == reports[1]["metrics"]

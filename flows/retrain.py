@@ -75,11 +75,16 @@ def verify_pins(paths: list[str], lock: str, allow_unpinned: bool = False) -> di
 @task(name="validate", **CACHED)
 def validate(data: str, row_slice: str | None, config, report: str, split: str) -> ValidateResult:
     result = validate_stage.validate_stage(data, config, report, row_slice, split_out=split)
-    get_run_logger().info(result.report.states.describe())
     rows = [{"reason": reason, "decisions": n} for reason, n in sorted(result.report.skipped.items())]
+    usable = f"{result.report.kept} of {result.report.decisions} decisions usable"
     create_table_artifact(rows or [{"reason": "(none)", "decisions": 0}], key="skipped-decisions",
-                          description=f"{result.report.kept} of {result.report.decisions} decisions usable")  # fmt: skip
+                          description=_with_states(usable, result.report.states))  # fmt: skip
     return result
+
+
+def _with_states(usable: str, states) -> str:
+    """The skip table's description: usable decisions, and the states' sizes where validation measured them."""
+    return usable if states is None else f"{usable}; {states.describe()}"
 
 
 @task(name="train", **CACHED)

@@ -84,15 +84,19 @@ def onnx_encoder_of(loaded, device: torch.device, folder: Path) -> OnnxEncoder |
     return encoder
 
 
-def requests_per_second(run, batches: list[list], n_requests: int, repeats: int) -> float:
-    run(batches[0])  # warm-up
-    best = float("inf")
+def requests_per_second(runs: dict, batches: list[list], n_requests: int, repeats: int) -> dict:
+    """Best requests/s per run, the runs interleaved round by round: on a shared machine each sees the same
+    spells of load (run one after another, a busy minute lands on one variant only)."""
+    for run in runs.values():
+        run(batches[0])  # warm-up
+    best = dict.fromkeys(runs, float("inf"))
     for _ in range(repeats):
-        started = time.perf_counter()
-        for items in batches:
-            run(items)
-        best = min(best, time.perf_counter() - started)
-    return n_requests / best
+        for key, run in runs.items():
+            started = time.perf_counter()
+            for items in batches:
+                run(items)
+            best[key] = min(best[key], time.perf_counter() - started)
+    return {key: n_requests / seconds for key, seconds in best.items()}
 
 
 def parity(loaded, run, reference, batches: list[list]) -> tuple[float, float]:
@@ -155,13 +159,13 @@ def linear_rates(tokens: int, hidden: int, inner: int, device: torch.device) -> 
 
 
 def measure(loaded, runs: dict, batches: list[list], n_requests: int, args) -> dict:
-    """Requests/s and parity against torch's padded pass, per (variant, backend), interleaved in one process."""
+    """Requests/s (interleaved) and parity against torch's padded pass, per (variant, backend), in one process."""
     reference = runs["padded, passes of 16", "torch"]
     print(f"model {args.model} on {args.device}, {n_requests} requests in batches of {args.concurrency}, "
           f"{torch.get_num_threads()} threads; best of {args.repeats}")  # fmt: skip
-    rows = {}
+    rates, rows = requests_per_second(runs, batches, n_requests, args.repeats), {}
     for (name, backend), run in runs.items():
-        rps = requests_per_second(run, batches, n_requests, args.repeats)
+        rps = rates[name, backend]
         difference, agreement = parity(loaded, run, reference, batches)
         rows[name, backend] = {"variant": name, "backend": backend, "requests_per_s": rps,
                                "max_probability_difference": difference, "argmax_agreement": agreement}  # fmt: skip

@@ -73,8 +73,10 @@ class Parity:
 
 def choose_backend(model: DecisionModel, wanted: str, onnx_path: Path) -> BackendChoice:
     """The backend for `model` (`wanted` is one of `BACKENDS`): torch when asked, else ONNX Runtime when it can
-    serve and holds parity on the probes; torch with the reason otherwise (`fell_back` unless `auto` simply
-    found no runtime installed)."""
+    serve and holds parity on the probes; torch with the reason otherwise (`fell_back` when the runtime was
+    asked for, or when `auto` tried it and its export or parity check failed)."""
+    if wanted not in BACKENDS:
+        raise ValueError(f"--backend {wanted}: not one of {', '.join(BACKENDS)}")
     if wanted == "torch":
         return BackendChoice("torch", "asked for (--backend torch)")
     missing = onnxruntime_missing()
@@ -82,7 +84,9 @@ def choose_backend(model: DecisionModel, wanted: str, onnx_path: Path) -> Backen
         return BackendChoice("torch", f"ONNX Runtime cannot serve: {missing}", fell_back=wanted != "auto")
     why_not = _why_not_onnx(model)
     if why_not is not None:
-        return BackendChoice("torch", f"ONNX Runtime cannot serve this model: {why_not}", fell_back=True)
+        return BackendChoice(
+            "torch", f"ONNX Runtime cannot serve this model: {why_not}", fell_back=wanted != "auto"
+        )
     try:
         encoder = OnnxEncoder(export_encoder(model.family.served_encoder(model.loaded), onnx_path),
                               threads=torch.get_num_threads())  # fmt: skip

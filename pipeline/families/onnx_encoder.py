@@ -99,6 +99,9 @@ class OnnxEncoder:
         options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_ENABLE_ALL
         if threads:
             options.intra_op_num_threads = threads
+        # No spinning between runs: the head runs in torch on the same cores right after each encoder pass, and
+        # a runtime thread that spins waiting for work takes a core from it (and from other processes).
+        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
         self.path = path
         self.session = onnxruntime.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
 

@@ -85,12 +85,13 @@ class Catalog:
 
     def __init__(self, source: str, finetunes_dir: str | Path | None = None, poll_s: float = 5.0,
                  max_loaded_finetunes: int = 4, device: str = "cpu", dtype: torch.dtype | None = None,
-                 backend: str = "auto") -> None:  # fmt: skip
+                 backend: str = "torch") -> None:  # fmt: skip
         self.source, self.alias = source, parse_alias_uri(source)
         self.finetunes_dir = Path(finetunes_dir) if finetunes_dir else None
         self.poll_s, self.max_loaded, self.device = poll_s, max_loaded_finetunes, device
         self.dtype = dtype  # the serving precision's autocast dtype (None: fp32), for every model it loads
-        self.backend = backend  # `--backend`: what each model it loads asks of `backends.choose_backend`
+        # `--backend` (`decision serve` passes its default, auto): what each loaded model asks of `choose_backend`
+        self.backend = backend
         self.backends: dict[Path, BackendChoice] = {}  # by folder: the runtime each loaded model got, and why
         self.serving: ServedModel | None = None
         self.load_error: str | None = None

@@ -35,10 +35,10 @@ class FieldCache:
         batch's order): cached ones looked up, the others computed and kept (their hidden states by `encoder`,
         another runtime's pass of `model.hidden_states`, when given)."""
         with self._lock:
+            self._forget_if_changed(model, encoder)
             return self._fill(model, batch, keys, device, encoder or model.hidden_states)
 
     def _fill(self, model, batch: dict, keys: list[FieldKey], device: torch.device, encoder) -> torch.Tensor:
-        self._forget_if_trained(model)
         missing = [i for i, key in enumerate(keys) if key not in self.vectors]
         # A pass of at most PASS sequences: a request of 64 questions with 255 options each has 16,384 of them.
         for start in range(0, len(missing), PASS):
@@ -61,10 +61,11 @@ class FieldCache:
         with torch.autocast(device.type, enabled=False):  # the head's pooling in fp32, as in its forward pass
             return model.head.field_vectors(hidden, part).float().cpu()
 
-    def _forget_if_trained(self, model) -> None:
-        """Drop every vector when any weight changed since they were computed (an optimizer step, a load): each
-        in-place update bumps a tensor's version counter."""
-        weights = sum(p._version for p in model.parameters())
+    def _forget_if_changed(self, model, encoder) -> None:
+        """Drop every vector when any weight changed since they were computed (an optimizer step, a load: each
+        in-place update bumps a tensor's version counter), or when another runtime computes them (a parity check
+        compares the runtimes' own vectors, never one's cached for the other)."""
+        weights = (sum(p._version for p in model.parameters()), id(encoder))
         if weights != self.weights:
             self.vectors.clear()
             self.weights = weights

@@ -8,6 +8,10 @@ pass (largest probability difference, argmax agreement), the share of the packed
 products (torch.profiler), and the GFLOP/s of a matrix product at each of the encoder's own linear shapes: when
 the products already run at those rates, no fp32 change to the same FLOPs can make the pass much faster.
 
+The backend column: where the onnx extra is installed (and on the CPU), the same padded passes of 16 also run
+with the encoder exported to ONNX and run by ONNX Runtime (`decision serve --backend onnxruntime`), fp32, the
+head in torch, measured in the same run as the torch variants.
+
     python benchmarks/bench_forward.py [--model DIR] [--requests 80] [--repeats 3] [--device cuda]
 """
 
@@ -16,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -28,6 +33,7 @@ sys.path.insert(0, str(ROOT))
 from bench_serve import build_requests  # noqa: E402  (a sibling script)
 
 from pipeline.data.answers import parse_request  # noqa: E402
+from pipeline.families.laya.family import LayaFamily  # noqa: E402
 from pipeline.families.laya.predict import (  # noqa: E402
     calibrated_probabilities,
     packed_item_logits,
@@ -35,6 +41,7 @@ from pipeline.families.laya.predict import (  # noqa: E402
     request_items,
 )
 from pipeline.families.laya_layout import load_model  # noqa: E402
+from pipeline.families.onnx_encoder import ONNX_FILE, OnnxEncoder, export_encoder, onnxruntime_missing  # noqa: E402
 
 
 def batches_of_requests(loaded, bodies: list[dict], concurrency: int) -> list[list]:
@@ -49,23 +56,47 @@ def batches_of_requests(loaded, bodies: list[dict], concurrency: int) -> list[li
     ]
 
 
-def variants(loaded) -> dict:
-    return {
-        "padded, passes of 16": lambda items: padded_item_logits(loaded, items, 16),
-        "packed fp32": lambda items: packed_item_logits(loaded.model, items),
-        "packed bf16": lambda items: packed_item_logits(loaded.model, items, torch.bfloat16),
+def variants(loaded, onnx_encoder: OnnxEncoder | None) -> dict:
+    """(variant, backend) -> a run of a batch's items to their logits."""
+    runs = {
+        ("padded, passes of 16", "torch"): lambda items: padded_item_logits(loaded, items, 16),
+        ("packed fp32", "torch"): lambda items: packed_item_logits(loaded.model, items),
+        ("packed bf16", "torch"): lambda items: packed_item_logits(loaded.model, items, torch.bfloat16),
     }
+    if onnx_encoder is not None:
+        runs["padded, passes of 16", "onnxruntime"] = lambda items: padded_item_logits(
+            loaded, items, 16, None, onnx_encoder
+        )
+    return runs
 
 
-def requests_per_second(run, batches: list[list], n_requests: int, repeats: int) -> float:
-    run(batches[0])  # warm-up
-    best = float("inf")
+def onnx_encoder_of(loaded, device: torch.device, folder: Path) -> OnnxEncoder | None:
+    """The model's encoder exported and in an ONNX Runtime session on this process's threads; None (saying why)
+    where it cannot run here."""
+    missing = onnxruntime_missing()
+    if missing is not None or device.type != "cpu":
+        print(f"onnxruntime column left out: {missing or 'it runs on the CPU only'}")
+        return None
+    started = time.perf_counter()
+    path = export_encoder(LayaFamily().served_encoder(loaded), folder / ONNX_FILE)
+    encoder = OnnxEncoder(path, threads=torch.get_num_threads())
+    print(f"encoder exported to ONNX and loaded in {time.perf_counter() - started:.1f} s")
+    return encoder
+
+
+def requests_per_second(runs: dict, batches: list[list], n_requests: int, repeats: int) -> dict:
+    """Best requests/s per run, the runs interleaved round by round: on a shared machine each sees the same
+    spells of load (run one after another, a busy minute lands on one variant only)."""
+    for run in runs.values():
+        run(batches[0])  # warm-up
+    best = dict.fromkeys(runs, float("inf"))
     for _ in range(repeats):
-        started = time.perf_counter()
-        for items in batches:
-            run(items)
-        best = min(best, time.perf_counter() - started)
-    return n_requests / best
+        for key, run in runs.items():
+            started = time.perf_counter()
+            for items in batches:
+                run(items)
+            best[key] = min(best[key], time.perf_counter() - started)
+    return {key: n_requests / seconds for key, seconds in best.items()}
 
 
 def parity(loaded, run, reference, batches: list[list]) -> tuple[float, float]:
@@ -127,6 +158,32 @@ def linear_rates(tokens: int, hidden: int, inner: int, device: torch.device) -> 
     return rates
 
 
+def measure(loaded, runs: dict, batches: list[list], n_requests: int, args) -> dict:
+    """Requests/s (interleaved) and parity against torch's padded pass, per (variant, backend), in one process."""
+    reference = runs["padded, passes of 16", "torch"]
+    print(f"model {args.model} on {args.device}, {n_requests} requests in batches of {args.concurrency}, "
+          f"{torch.get_num_threads()} threads; best of {args.repeats}")  # fmt: skip
+    rates, rows = requests_per_second(runs, batches, n_requests, args.repeats), {}
+    for (name, backend), run in runs.items():
+        rps = rates[name, backend]
+        difference, agreement = parity(loaded, run, reference, batches)
+        rows[name, backend] = {"variant": name, "backend": backend, "requests_per_s": rps,
+                               "max_probability_difference": difference, "argmax_agreement": agreement}  # fmt: skip
+    return rows
+
+
+def print_table(rows: dict) -> None:
+    base = rows["padded, passes of 16", "torch"]["requests_per_s"]
+    packed = rows["packed fp32", "torch"]["requests_per_s"]
+    print(
+        f"\n{'variant':<22}{'backend':<13}{'req/s':>8}{'x padded':>10}{'x packed':>10}{'max |dp|':>11}{'argmax':>9}"
+    )
+    for row in rows.values():
+        rps = row["requests_per_s"]
+        print(f"{row['variant']:<22}{row['backend']:<13}{rps:>8.1f}{rps / base:>9.2f}x{rps / packed:>9.2f}x"
+              f"{row['max_probability_difference']:>11.1e}{row['argmax_agreement']:>9.1%}")  # fmt: skip
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -147,26 +204,12 @@ def main() -> int:
     loaded.model.eval().requires_grad_(False).to(device)
     bodies = build_requests(args.data, args.requests)
     batches = batches_of_requests(loaded, bodies, args.concurrency)
-    runs = variants(loaded)
-    reference = runs["padded, passes of 16"]
-    print(f"model {args.model} on {device}, {len(bodies)} requests in batches of {args.concurrency}, {torch.get_num_threads()} "
-          f"threads; best of {args.repeats}")  # fmt: skip
-    rows = {}
-    for name, run in runs.items():
-        rps = requests_per_second(run, batches, len(bodies), args.repeats)
-        difference, agreement = parity(loaded, run, reference, batches)
-        rows[name] = {
-            "requests_per_s": rps,
-            "max_probability_difference": difference,
-            "argmax_agreement": agreement,
-        }
-    base = rows["padded, passes of 16"]["requests_per_s"]
-    print(f"\n{'variant':<22}{'req/s':>8}{'x padded':>10}{'max |dp|':>11}{'argmax':>9}")
-    for name, row in rows.items():
-        print(f"{name:<22}{row['requests_per_s']:>8.1f}{row['requests_per_s'] / base:>9.2f}x"
-              f"{row['max_probability_difference']:>11.1e}{row['argmax_agreement']:>9.1%}")  # fmt: skip
+    with tempfile.TemporaryDirectory(prefix="bench-forward-") as scratch:
+        runs = variants(loaded, onnx_encoder_of(loaded, device, Path(scratch)))
+        rows = measure(loaded, runs, batches, len(bodies), args)
+    print_table(rows)
     # The CPU profiler sees where a CPU pass spends its time; on a GPU it would time kernel launches only.
-    share = matmul_share(runs["packed fp32"], batches) if device.type == "cpu" else None
+    share = matmul_share(runs["packed fp32", "torch"], batches) if device.type == "cpu" else None
     config = loaded.model.encoder.config
     tokens = int(np.mean([sum(len(it) for it in items) for items in batches]))
     rates = linear_rates(tokens, config.hidden_size, config.intermediate_size, device)
@@ -176,7 +219,7 @@ def main() -> int:
     for shape, rate in rates.items():
         print(f"  {shape:<28}{rate:>7.0f}")
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"model": str(args.model), "variants": rows, "matmul_share": share,
+    args.out.write_text(json.dumps({"model": str(args.model), "variants": list(rows.values()), "matmul_share": share,
                                     "linear_gflops": rates}, indent=2))  # fmt: skip
     return 0
 

@@ -66,7 +66,8 @@ def _serve(args: argparse.Namespace) -> int:
         print(f"decision serve: {error}", file=sys.stderr)
         return EXIT_UNUSABLE
     options = ServeOptions(args.model, args.keys, args.finetunes, args.poll_seconds, str(device), args.precision,
-                           config, args.workers, args.shadow, args.shadow_share, args.threads)  # fmt: skip
+                           config, args.workers, args.shadow, args.shadow_share, args.threads,
+                           args.backend)  # fmt: skip
     run_server(options, args.host, args.port, args.access_log)
     return EXIT_OK
 
@@ -163,6 +164,12 @@ def add_api_commands(commands) -> None:
         help="fp32 (default: answers equal the trained model's within 1e-3) or bf16 autocast: 1.4x-1.7x the "
              "requests/s on a 2-core CPU with native bf16, but answers moved by up to 8e-3 (docs/results.md, "
              "Serving); refused where bf16 is emulated",
+    )  # fmt: skip
+    serve.add_argument(
+        "--backend", choices=["auto", "torch", "onnxruntime"], default="auto",
+        help="where the encoder runs: torch, onnxruntime (fp32 on the CPU; the onnx extra), or auto (default): "
+             "onnxruntime when it is installed and answers a few probe requests as torch does (|Δp| <= 1e-4), "
+             "else torch; the choice and why are in the log and on /healthz (docs/serving.md, Backends)",
     )  # fmt: skip
     serve.add_argument("--shadow", metavar="MODEL",
                        help="a challenger (folder or models:/NAME@challenger) that scores a share of the requests "

@@ -36,6 +36,10 @@ if TYPE_CHECKING:  # annotations only: the server need not import the validation
     from pipeline.data.contract import Record
 
 
+EncoderRun = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+"""An encoder pass: `(input_ids, attention_mask)` [batch, tokens] to hidden states [batch, tokens, width]."""
+
+
 class ModelLayoutError(ValueError):
     """A folder is not a complete model of the family that reads it (or of any family)."""
 
@@ -224,10 +228,21 @@ class DecisionFamily(ABC):
 
     @abstractmethod
     def answer(
-        self, loaded, requests: list[ParsedRequest], dtype: torch.dtype | None = None
+        self,
+        loaded,
+        requests: list[ParsedRequest],
+        dtype: torch.dtype | None = None,
+        encoder: EncoderRun | None = None,
     ) -> list[Answered | BadQuestion]:
         """Answer parsed requests in shared forward passes (the backbone under autocast to `dtype` when given); a
-        request that cannot be encoded fails alone."""
+        request that cannot be encoded fails alone. `encoder`, when given, runs the encoder pass of
+        `served_encoder` in place of the torch modules (another runtime); the head stays in torch."""
+
+    def served_encoder(self, loaded) -> torch.nn.Module | None:
+        """The encoder pass that `answer` runs on padded batches, as a module `(input_ids, attention_mask) ->
+        hidden states` another runtime can take over (`onnx_encoder.export_encoder`); None where the backbone
+        cannot be handed over (the default)."""
+        return None
 
 
 @dataclass(eq=False)
@@ -237,9 +252,15 @@ class DecisionModel:
     family: DecisionFamily
     loaded: Any
     dtype: torch.dtype | None = None  # the serving precision's autocast dtype (None: fp32)
+    encoder: EncoderRun | None = None  # another runtime's encoder pass (None: the model's own torch modules)
+
+    @property
+    def backend(self) -> str:
+        """Where the encoder runs: `torch`, or the runtime of `encoder` (`onnxruntime`)."""
+        return getattr(self.encoder, "name", "torch") if self.encoder is not None else "torch"
 
     def answer(self, requests: list[ParsedRequest]) -> list[Answered | BadQuestion]:
-        return self.family.answer(self.loaded, requests, self.dtype)
+        return self.family.answer(self.loaded, requests, self.dtype, self.encoder)
 
     def to(self, device: str | torch.device, dtype: torch.dtype | None = None) -> DecisionModel:
         self.loaded.model.to(device)

@@ -34,7 +34,9 @@ from pipeline.data.contract import canonical_json
 from pipeline.families import list_models, load_decision_model, written_last
 from pipeline.families.base import DecisionModel
 from pipeline.families.exporting import read_manifest
+from pipeline.families.onnx_encoder import ONNX_FILE
 from pipeline.mlops.registry import alias_version, client, download_version, parse_alias_uri
+from pipeline.serving.backends import BackendChoice, choose_backend
 
 log = logging.getLogger("decision.serve")
 DEFAULT_NAMES = ("default", "jev-latest", "jev-preview")
@@ -82,11 +84,15 @@ class Catalog:
     """Resolves model names for callers; loads, follows and swaps the serving model."""
 
     def __init__(self, source: str, finetunes_dir: str | Path | None = None, poll_s: float = 5.0,
-                 max_loaded_finetunes: int = 4, device: str = "cpu", dtype: torch.dtype | None = None) -> None:  # fmt: skip
+                 max_loaded_finetunes: int = 4, device: str = "cpu", dtype: torch.dtype | None = None,
+                 backend: str = "torch") -> None:  # fmt: skip
         self.source, self.alias = source, parse_alias_uri(source)
         self.finetunes_dir = Path(finetunes_dir) if finetunes_dir else None
         self.poll_s, self.max_loaded, self.device = poll_s, max_loaded_finetunes, device
         self.dtype = dtype  # the serving precision's autocast dtype (None: fp32), for every model it loads
+        # `--backend` (`decision serve` passes its default, auto): what each loaded model asks of `choose_backend`
+        self.backend = backend
+        self.backends: dict[Path, BackendChoice] = {}  # by folder: the runtime each loaded model got, and why
         self.serving: ServedModel | None = None
         self.load_error: str | None = None
         self._finetunes: dict[str, Finetune] = {}
@@ -219,7 +225,21 @@ class Catalog:
             return model
 
     def _load(self, folder: Path) -> DecisionModel:
-        return load_decision_model(folder).to(self.device, self.dtype)
+        model = load_decision_model(folder).to(self.device, self.dtype)
+        # The exported encoder graph lives in this server's cache, not the export (a DVC output, maybe read-only).
+        graph = (
+            Path(self._cache.name)
+            / "onnx"
+            / hashlib.sha256(str(folder).encode()).hexdigest()[:16]
+            / ONNX_FILE
+        )
+        choice = choose_backend(model, self.backend, graph)
+        (log.warning if choice.fell_back else log.info)(
+            "%s: backend %s: %s", folder, choice.name, choice.reason
+        )
+        model.encoder = choice.encoder
+        self.backends[folder] = choice
+        return model
 
     def _serving_name(self) -> str:
         return self.serving.name if self.serving else "nothing"

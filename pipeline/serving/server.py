@@ -264,11 +264,20 @@ def create_app(catalog: Catalog, keys: KeyStore, config: ServerConfig = ServerCo
         body = {"status": "ok" if serving else "loading", "model": serving.name if serving else None,
                 "error": catalog.load_error, "queued": batcher.queued, "batches": batcher.batches,
                 "requests": batcher.jobs, "pid": os.getpid(), "precision": precision_name(catalog.dtype),
+                **_backend_facts(catalog, serving),
                 **(threads.state() if threads else {"threads": torch.get_num_threads(), "threads_source": "torch default"})}  # fmt: skip
         headers = {} if serving else {"Retry-After": str(RETRY_AFTER_LOADING_S)}
         return _json(body, 200 if serving else 503, headers)
 
     return app
+
+
+def _backend_facts(catalog: Catalog, serving: ServedModel | None) -> dict[str, Any]:
+    """Where the serving model's encoder runs (`--backend`) and why; nothing while it loads."""
+    if serving is None:
+        return {"backend": None}
+    choice = catalog.backends.get(serving.folder)
+    return {"backend": serving.model.backend, "backend_reason": choice.reason if choice else None}
 
 
 def _run_batch(model: ServedModel, requests: list[Any]) -> list[Any]:
@@ -348,6 +357,7 @@ class ServeOptions:
     shadow: str | None = None  # a challenger (folder or models:/NAME@ALIAS) scored off the hot path
     shadow_share: float = 0.1
     threads: int | None = None  # the CPU budget of all workers together (None: `cpu.budget.usable_cpus`)
+    backend: str = "auto"  # where the encoder runs: torch, onnxruntime, or auto (`backends.choose_backend`)
 
     def to_env(self) -> str:
         return json.dumps(asdict(self))
@@ -375,12 +385,12 @@ def build_app(options: ServeOptions) -> FastAPI:
     apply_threads(threads)  # before the model loads: a thread keeps the pool size it first ran with
     log.info("torch threads in process %d: %s", os.getpid(), threads.describe())
     dtype = serving_dtype(options.precision, torch.device(options.device))
-    catalog = Catalog(
-        options.model, options.finetunes, poll_s=options.poll_s, device=options.device, dtype=dtype
-    )
+    catalog = Catalog(options.model, options.finetunes, poll_s=options.poll_s, device=options.device, dtype=dtype,
+                      backend=options.backend)  # fmt: skip
     shadow = None
     if options.shadow:
-        source = Catalog(options.shadow, poll_s=options.poll_s, device=options.device, dtype=dtype)
+        source = Catalog(options.shadow, poll_s=options.poll_s, device=options.device, dtype=dtype,
+                         backend=options.backend)  # fmt: skip
         shadow = ShadowScorer(source, options.shadow_share, on_report=record_shadow)
     return create_app(catalog, load_keys(options.keys), options.config, shadow, ThreadGovernor(threads))
 

@@ -18,9 +18,18 @@ import numpy as np
 import torch
 
 from pipeline.config import TrainConfig
-from pipeline.families.base import Answered, BadQuestion, BatchTask, DecisionFamily, ExportResult, StateCut
+from pipeline.families.base import (
+    Answered,
+    BadQuestion,
+    BatchTask,
+    DecisionFamily,
+    EncoderRun,
+    ExportResult,
+    StateCut,
+)
 from pipeline.families.joint.backbone import (
     has_tokenizer,
+    is_causal,
     is_causal_lm_folder,
     is_encoder_folder,
     is_laya_layout_folder,
@@ -47,6 +56,7 @@ from pipeline.families.joint.training import (
     score_examples,
     state_cuts,
 )
+from pipeline.families.onnx_encoder import EncoderPass
 from pipeline.scoring.calibration import Temperatures
 from pipeline.scoring.calibrators import Calibrator
 from pipeline.scoring.decisions import ScoredDecision
@@ -154,6 +164,16 @@ class JointFamily(DecisionFamily):
         return export_joint(loaded, out, calibrator, manifest)
 
     def answer(
-        self, loaded: LoadedJoint, requests, dtype: torch.dtype | None = None
+        self,
+        loaded: LoadedJoint,
+        requests,
+        dtype: torch.dtype | None = None,
+        encoder: EncoderRun | None = None,
     ) -> list[Answered | BadQuestion]:
-        return answer_joint_requests(loaded, requests, dtype=dtype)
+        return answer_joint_requests(loaded, requests, dtype=dtype, encoder=encoder)
+
+    def served_encoder(self, loaded: LoadedJoint) -> torch.nn.Module | None:
+        """An encoder backbone's pass (its last hidden states, or its last `read_layers` side by side); a causal
+        LM's stays in torch."""
+        model = loaded.model
+        return None if is_causal(model.lm) else EncoderPass(model, model.hidden_states)

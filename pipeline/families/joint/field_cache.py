@@ -28,19 +28,22 @@ class FieldCache:
         # A server's inference thread and an in-process caller may share a model.
         self._lock = threading.Lock()
 
-    def fill(self, model, batch: dict, keys: list[FieldKey], device: torch.device) -> torch.Tensor:
+    def fill(
+        self, model, batch: dict, keys: list[FieldKey], device: torch.device, encoder=None
+    ) -> torch.Tensor:
         """[U, d] vectors of the batch's field sequences (`keys`: `distinct_field_keys` of its records, in the
-        batch's order): cached ones looked up, the others computed and kept."""
+        batch's order): cached ones looked up, the others computed and kept (their hidden states by `encoder`,
+        another runtime's pass of `model.hidden_states`, when given)."""
         with self._lock:
-            return self._fill(model, batch, keys, device)
+            self._forget_if_changed(model, encoder)
+            return self._fill(model, batch, keys, device, encoder or model.hidden_states)
 
-    def _fill(self, model, batch: dict, keys: list[FieldKey], device: torch.device) -> torch.Tensor:
-        self._forget_if_trained(model)
+    def _fill(self, model, batch: dict, keys: list[FieldKey], device: torch.device, encoder) -> torch.Tensor:
         missing = [i for i, key in enumerate(keys) if key not in self.vectors]
         # A pass of at most PASS sequences: a request of 64 questions with 255 options each has 16,384 of them.
         for start in range(0, len(missing), PASS):
             part = missing[start : start + PASS]
-            for i, vector in zip(part, self._computed(model, batch, part, device)):
+            for i, vector in zip(part, self._computed(model, batch, part, device, encoder)):
                 self.vectors[keys[i]] = vector
         for key in keys:
             self.vectors.move_to_end(key)
@@ -51,17 +54,18 @@ class FieldCache:
         return vectors.to(device)
 
     @staticmethod
-    def _computed(model, batch: dict, rows: list[int], device: torch.device) -> torch.Tensor:
+    def _computed(model, batch: dict, rows: list[int], device: torch.device, encoder) -> torch.Tensor:
         part = {name: batch[name][rows].to(device)
                 for name in ("field_input_ids", "field_attention_mask", "field_spans")}  # fmt: skip
-        hidden = model.hidden_states(part["field_input_ids"], part["field_attention_mask"])
+        hidden = encoder(part["field_input_ids"], part["field_attention_mask"]).to(device)
         with torch.autocast(device.type, enabled=False):  # the head's pooling in fp32, as in its forward pass
             return model.head.field_vectors(hidden, part).float().cpu()
 
-    def _forget_if_trained(self, model) -> None:
-        """Drop every vector when any weight changed since they were computed (an optimizer step, a load): each
-        in-place update bumps a tensor's version counter."""
-        weights = sum(p._version for p in model.parameters())
+    def _forget_if_changed(self, model, encoder) -> None:
+        """Drop every vector when any weight changed since they were computed (an optimizer step, a load: each
+        in-place update bumps a tensor's version counter), or when another runtime computes them (a parity check
+        compares the runtimes' own vectors, never one's cached for the other)."""
+        weights = (sum(p._version for p in model.parameters()), id(encoder))
         if weights != self.weights:
             self.vectors.clear()
             self.weights = weights

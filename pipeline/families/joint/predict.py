@@ -10,7 +10,7 @@ import numpy as np
 import torch
 
 from pipeline.data.answers import ParsedRequest, shape_answers
-from pipeline.families.base import UNENCODABLE, Answered, BadQuestion
+from pipeline.families.base import UNENCODABLE, Answered, BadQuestion, EncoderRun
 from pipeline.families.forward_passes import autocast_context, length_batches
 from pipeline.families.joint.layout import LoadedJoint, temperature_of
 from pipeline.families.joint.records import (
@@ -25,7 +25,8 @@ from pipeline.scoring.calibrators import type_temperatures
 
 
 def answer_joint_requests(loaded: LoadedJoint, requests: list[ParsedRequest], batch_size: int = 8,
-                          dtype: torch.dtype | None = None) -> list[Answered | BadQuestion]:  # fmt: skip
+                          dtype: torch.dtype | None = None,
+                          encoder: EncoderRun | None = None) -> list[Answered | BadQuestion]:  # fmt: skip
     """Answer parsed requests in shared forward passes; a request that cannot be encoded fails alone.
 
     A question whose options were spread over several records gets one softmax over all of them. `usage` counts
@@ -33,7 +34,7 @@ def answer_joint_requests(loaded: LoadedJoint, requests: list[ParsedRequest], ba
     """
     encoded = [_encode(loaded, request) for request in requests]
     records = [record for entry in encoded if not isinstance(entry, BadQuestion) for record in entry]
-    logits = iter(record_logits(loaded, records, batch_size, dtype))
+    logits = iter(record_logits(loaded, records, batch_size, dtype, encoder))
     calibrator = served_calibrator(loaded)
     results: list[Answered | BadQuestion] = []
     for request, entry in zip(requests, encoded):
@@ -65,12 +66,13 @@ def served_calibrator(loaded: LoadedJoint):
 
 @torch.inference_mode()
 def record_logits(loaded: LoadedJoint, records: list[EncodedRecord], batch_size: int = 8,
-                  dtype: torch.dtype | None = None) -> list[list[np.ndarray]]:  # fmt: skip
+                  dtype: torch.dtype | None = None, encoder: EncoderRun | None = None) -> list[list[np.ndarray]]:  # fmt: skip
     """Per record, per question: its options' raw logits (model order).
 
     Records are grouped by length, so a pass pads little; padding is masked, so a record's answer does not
     depend on what it was batched with (beyond float rounding). Isolated field vectors come from the model's
-    field cache.
+    field cache. `encoder` (another runtime's pass of `model.hidden_states`) reads the sequences when given;
+    the head runs here either way.
     """
     model = loaded.model.eval()
     device = next(model.parameters()).device
@@ -81,9 +83,20 @@ def record_logits(loaded: LoadedJoint, records: list[EncodedRecord], batch_size:
         with autocast_context(device, dtype):
             if "field_spans" in batch:
                 keys = distinct_field_keys(chosen)
-                batch["field_vectors"] = loaded.field_cache.fill(model, batch, keys, device)
+                batch["field_vectors"] = loaded.field_cache.fill(model, batch, keys, device, encoder)
+            if encoder is not None:
+                batch.update(_encoded(encoder, batch))
             logits = model({k: v.to(device) for k, v in batch.items()})
         logits = logits.float().cpu().numpy().astype(np.float64)
         for row, index in enumerate(indices):
             out[index] = [logits[row, q, : len(spans)] for q, spans in enumerate(records[index].option_spans)]
     return out
+
+
+def _encoded(encoder: EncoderRun, batch: dict) -> dict[str, torch.Tensor]:
+    """The backbone's hidden states of a batch as the head reads them precomputed (`state_hidden`, and
+    `field_hidden` for fields read apart and not cached)."""
+    hidden = {"state_hidden": encoder(batch["input_ids"], batch["attention_mask"])}
+    if "field_input_ids" in batch and "field_vectors" not in batch:
+        hidden["field_hidden"] = encoder(batch["field_input_ids"], batch["field_attention_mask"])
+    return hidden

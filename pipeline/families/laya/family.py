@@ -17,10 +17,18 @@ import numpy as np
 import torch
 
 from pipeline.config import TrainConfig
-from pipeline.families.base import Answered, BadQuestion, BatchTask, DecisionFamily, ExportResult, StateCut
+from pipeline.families.base import (
+    Answered,
+    BadQuestion,
+    BatchTask,
+    DecisionFamily,
+    EncoderRun,
+    ExportResult,
+    StateCut,
+)
 from pipeline.families.laya.adapters import ADAPTER_FILE, load_for_inference, save_adapter
 from pipeline.families.laya.export import export_model
-from pipeline.families.laya.forward import score_items
+from pipeline.families.laya.forward import encoder_pass, score_items
 from pipeline.families.laya.items import Item, build_items, state_cuts
 from pipeline.families.laya.predict import answer_requests, calibrated_probabilities
 from pipeline.families.laya.training import laya_batch_task, prepare_model
@@ -118,6 +126,13 @@ class LayaFamily(DecisionFamily):
         return export_model(loaded, out, calibrator, manifest)
 
     def answer(
-        self, loaded: LoadedModel, requests, dtype: torch.dtype | None = None
+        self,
+        loaded: LoadedModel,
+        requests,
+        dtype: torch.dtype | None = None,
+        encoder: EncoderRun | None = None,
     ) -> list[Answered | BadQuestion]:
-        return answer_requests(loaded, requests, dtype)
+        return answer_requests(loaded, requests, dtype, encoder)
+
+    def served_encoder(self, loaded: LoadedModel) -> torch.nn.Module:
+        return encoder_pass(loaded.model)

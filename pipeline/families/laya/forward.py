@@ -11,19 +11,28 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from pipeline.families.base import EncoderRun
 from pipeline.families.forward_passes import autocast_context, length_batches
 from pipeline.families.laya.items import Item, collate_parts, item_parts, join_logits
+from pipeline.families.onnx_encoder import EncoderPass
 from pipeline.scoring.calibration import softmax
 
 MASKED_LOGIT = -1e4
 
 
-def decision_logits(model: torch.nn.Module, batch: dict[str, torch.Tensor], dtype: torch.dtype | None = None):
-    """Option logits [sequences, markers] in fp32, masked options at -1e4."""
+def decision_logits(model: torch.nn.Module, batch: dict[str, torch.Tensor], dtype: torch.dtype | None = None,
+                    encoder: EncoderRun | None = None):  # fmt: skip
+    """Option logits [sequences, markers] in fp32, masked options at -1e4; `encoder` (another runtime's pass of
+    `encoder_pass(model)`) in place of the model's own encoder when given."""
     device = batch["input_ids"].device
     attention_mask = batch["attention_mask"]
     with autocast_context(device, dtype):
-        hidden = model.encoder(input_ids=batch["input_ids"], attention_mask=attention_mask).last_hidden_state
+        if encoder is None:
+            hidden = model.encoder(
+                input_ids=batch["input_ids"], attention_mask=attention_mask
+            ).last_hidden_state
+        else:
+            hidden = encoder(batch["input_ids"], attention_mask).to(device)
     hidden = hidden.float() + model.type_emb(batch["qtype"])[:, None, :]
     index = batch["marker_pos"].clamp(min=0)[:, :, None].expand(-1, -1, hidden.size(-1))
     layers = list(model.head.layers) if model.head is not None else []
@@ -38,6 +47,14 @@ def decision_logits(model: torch.nn.Module, batch: dict[str, torch.Tensor], dtyp
         )
     logits = model.scorer(at_markers).squeeze(-1).float()
     return logits.masked_fill(~batch["marker_mask"], MASKED_LOGIT)
+
+
+def encoder_pass(model: torch.nn.Module) -> EncoderPass:
+    """The Laya model's encoder as `(input_ids, attention_mask) -> last hidden states` (what an ONNX export
+    holds)."""
+    return EncoderPass(
+        model.encoder, lambda ids, mask: model.encoder(input_ids=ids, attention_mask=mask).last_hidden_state
+    )
 
 
 def last_layer_at(layer: torch.nn.TransformerEncoderLayer, hidden: torch.Tensor, padding: torch.Tensor,

@@ -15,7 +15,7 @@ import torch
 from pipeline.data import contract
 from pipeline.data.answers import InvalidRequest, ParsedRequest, RequestTooLarge, parse_request, shape_answers
 from pipeline.data.contract import QUESTION_TYPE_IDS
-from pipeline.families.base import UNENCODABLE, Answered, BadQuestion
+from pipeline.families.base import UNENCODABLE, Answered, BadQuestion, EncoderRun
 from pipeline.families.forward_passes import forward_batch_size, length_batches
 from pipeline.families.laya.forward import decision_logits
 from pipeline.families.laya.items import Item, collate_parts, item_parts, join_logits
@@ -65,20 +65,22 @@ def predict_items(
     requests: list[list[Item]],
     batch_size: int | None = None,
     dtype: torch.dtype | None = None,
+    encoder: EncoderRun | None = None,
 ) -> list[list[np.ndarray]]:
     """Calibrated probabilities for the items of several requests in shared forward passes.
 
     The sequences of all requests are grouped by length (little padding), so one pass serves many callers; the
     result keeps each request's own order. An item of several sequences gets its calibration applied once, to
     all its options' logits joined. Padding is masked, so a request's answer does not depend on what it was
-    batched with (beyond float rounding).
+    batched with (beyond float rounding). With `encoder` (another runtime's encoder pass) the passes are padded
+    ones of similar lengths, the encoder run there and the head here.
     """
     flat = [item for items in requests for item in items]
     model = loaded.model.eval()
-    if packs(model):
+    if packs(model) and encoder is None:
         logits = packed_item_logits(model, flat, dtype)
     else:
-        logits = padded_item_logits(loaded, flat, batch_size, dtype)
+        logits = padded_item_logits(loaded, flat, batch_size, dtype, encoder)
     probabilities = calibrated_probabilities(loaded, flat, logits)
     out, start = [], 0
     for items in requests:
@@ -101,7 +103,7 @@ def packed_item_logits(
 
 @torch.inference_mode()
 def padded_item_logits(loaded: LoadedModel, items: list[Item], batch_size: int | None,
-                       dtype: torch.dtype | None = None) -> list[np.ndarray]:  # fmt: skip
+                       dtype: torch.dtype | None = None, encoder: EncoderRun | None = None) -> list[np.ndarray]:  # fmt: skip
     """Every item's option logits from padded passes of similar lengths (encoders the packed pass does not cover)."""
     device = next(loaded.model.parameters()).device
     parts = item_parts(items)
@@ -111,7 +113,7 @@ def padded_item_logits(loaded: LoadedModel, items: list[Item], batch_size: int |
             k: v.to(device)
             for k, v in collate_parts([parts[i] for i in indices], loaded.tokenizer.pad_token_id).items()
         }
-        scores = decision_logits(loaded.model, batch, dtype).cpu().numpy().astype(np.float64)
+        scores = decision_logits(loaded.model, batch, dtype, encoder).cpu().numpy().astype(np.float64)
         for row, index in enumerate(indices):
             logits[index] = scores[row, : len(parts[index].markers)]
     return join_logits(items, logits)
@@ -125,8 +127,8 @@ def calibrated_probabilities(loaded: LoadedModel, items, logits: list[np.ndarray
     return [softmax(z, temperature_for(loaded.config, it.qtype, len(z))) for it, z in zip(items, logits)]
 
 
-def answer_requests(loaded: LoadedModel, requests: list[ParsedRequest],
-                    dtype: torch.dtype | None = None) -> list[Answered | BadQuestion]:  # fmt: skip
+def answer_requests(loaded: LoadedModel, requests: list[ParsedRequest], dtype: torch.dtype | None = None,
+                    encoder: EncoderRun | None = None) -> list[Answered | BadQuestion]:  # fmt: skip
     """Answer several parsed requests in shared forward passes; a request that cannot be encoded fails alone."""
     encoded: list[list[Item] | BadQuestion] = []
     for request in requests:
@@ -141,7 +143,7 @@ def answer_requests(loaded: LoadedModel, requests: list[ParsedRequest],
                 BadQuestion(f"the tokenizer cannot encode this request: {type(error).__name__}: {error}")
             )
     good = [items for items in encoded if not isinstance(items, BadQuestion)]
-    probabilities = iter(predict_items(loaded, good, dtype=dtype))
+    probabilities = iter(predict_items(loaded, good, dtype=dtype, encoder=encoder))
     results: list[Answered | BadQuestion] = []
     for request, items in zip(requests, encoded):
         if isinstance(items, BadQuestion):

@@ -109,7 +109,7 @@ repo:
 $(STAMP): pyproject.toml constraints.txt
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --disable-pip-version-check -c constraints.txt torch
-	$(BIN)/python -m pip install -q --disable-pip-version-check -c constraints.txt -e '.[dev,postgres,onnx]'
+	$(BIN)/python -m pip install -q --disable-pip-version-check -c constraints.txt -e '.[dev,postgres,onnx,openvino]'
 	@rm -f $(VENV)/.installed-* && touch $@
 
 clean-venv:

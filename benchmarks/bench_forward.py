@@ -8,9 +8,11 @@ pass (largest probability difference, argmax agreement), the share of the packed
 products (torch.profiler), and the GFLOP/s of a matrix product at each of the encoder's own linear shapes: when
 the products already run at those rates, no fp32 change to the same FLOPs can make the pass much faster.
 
-The backend column: where the onnx extra is installed (and on the CPU), the same padded passes of 16 also run
-with the encoder exported to ONNX and run by ONNX Runtime (`decision serve --backend onnxruntime`), fp32, the
-head in torch, measured in the same run as the torch variants.
+The backend column: where the runtimes are installed (and on the CPU), the same padded passes of 16 also run with
+the encoder exported to ONNX and run by ONNX Runtime (`decision serve --backend onnxruntime`, fp32) and compiled by
+OpenVINO (`--backend openvino`, fp32, and bf16 as `--precision bf16` runs it), the head in torch, measured in the
+same run as the torch variants. Each row's GFLOP/s is its requests/s times the FLOPs one request needs (counted by
+torch on the packed pass, no padding), against the fp32 matmul peak measured in the same run.
 
     python benchmarks/bench_forward.py [--model DIR] [--requests 80] [--repeats 3] [--device cuda]
 """
@@ -30,9 +32,10 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench_serve import build_requests  # noqa: E402  (a sibling script)
+from bench_serve import build_requests, flops_per_request, matmul_peak_gflops  # noqa: E402  (a sibling script)
 
 from pipeline.data.answers import parse_request  # noqa: E402
+from pipeline.families import load_decision_model  # noqa: E402
 from pipeline.families.laya.family import LayaFamily  # noqa: E402
 from pipeline.families.laya.predict import (  # noqa: E402
     calibrated_probabilities,
@@ -42,6 +45,7 @@ from pipeline.families.laya.predict import (  # noqa: E402
 )
 from pipeline.families.laya_layout import load_model  # noqa: E402
 from pipeline.families.onnx_encoder import ONNX_FILE, OnnxEncoder, export_encoder, onnxruntime_missing  # noqa: E402
+from pipeline.families.openvino_encoder import OpenVinoEncoder, openvino_missing  # noqa: E402
 
 
 def batches_of_requests(loaded, bodies: list[dict], concurrency: int) -> list[list]:
@@ -56,32 +60,40 @@ def batches_of_requests(loaded, bodies: list[dict], concurrency: int) -> list[li
     ]
 
 
-def variants(loaded, onnx_encoder: OnnxEncoder | None) -> dict:
-    """(variant, backend) -> a run of a batch's items to their logits."""
+def variants(loaded, runtimes: dict) -> dict:
+    """(variant, backend) -> a run of a batch's items to their logits; `runtimes`: (backend, dtype) -> encoder."""
     runs = {
         ("padded, passes of 16", "torch"): lambda items: padded_item_logits(loaded, items, 16),
         ("packed fp32", "torch"): lambda items: packed_item_logits(loaded.model, items),
         ("packed bf16", "torch"): lambda items: packed_item_logits(loaded.model, items, torch.bfloat16),
     }
-    if onnx_encoder is not None:
-        runs["padded, passes of 16", "onnxruntime"] = lambda items: padded_item_logits(
-            loaded, items, 16, None, onnx_encoder
-        )
+    for (backend, dtype), encoder in runtimes.items():
+        name = "padded, passes of 16" + (" bf16" if dtype is not None else "")
+        runs[name, backend] = lambda items, e=encoder, d=dtype: padded_item_logits(loaded, items, 16, d, e)
     return runs
 
 
-def onnx_encoder_of(loaded, device: torch.device, folder: Path) -> OnnxEncoder | None:
-    """The model's encoder exported and in an ONNX Runtime session on this process's threads; None (saying why)
-    where it cannot run here."""
-    missing = onnxruntime_missing()
-    if missing is not None or device.type != "cpu":
-        print(f"onnxruntime column left out: {missing or 'it runs on the CPU only'}")
-        return None
+def runtime_encoders(loaded, device: torch.device, folder: Path) -> dict:
+    """The model's encoder exported once to ONNX, then in ONNX Runtime (fp32) and OpenVINO (fp32; bf16 where the
+    CPU has it), each on this process's threads: (backend, dtype) -> encoder; a runtime that cannot run here is
+    left out, saying why."""
+    if device.type != "cpu":
+        print("runtime columns left out: the runtimes run on the CPU only")
+        return {}
     started = time.perf_counter()
     path = export_encoder(LayaFamily().served_encoder(loaded), folder / ONNX_FILE)
-    encoder = OnnxEncoder(path, threads=torch.get_num_threads())
-    print(f"encoder exported to ONNX and loaded in {time.perf_counter() - started:.1f} s")
-    return encoder
+    print(f"encoder exported to ONNX in {time.perf_counter() - started:.1f} s")
+    encoders = {}
+    candidates = {("onnxruntime", None): (onnxruntime_missing, lambda d: OnnxEncoder(path)),
+                  ("openvino", None): (openvino_missing, lambda d: OpenVinoEncoder(path, d)),
+                  ("openvino", torch.bfloat16): (openvino_missing, lambda d: OpenVinoEncoder(path, d))}  # fmt: skip
+    for (backend, dtype), (missing, build) in candidates.items():
+        why_not = missing(dtype) if backend == "openvino" else missing()
+        if why_not is not None:
+            print(f"{backend} {dtype or 'fp32'} column left out: {why_not}")
+            continue
+        encoders[backend, dtype] = build(dtype)
+    return encoders
 
 
 def requests_per_second(runs: dict, batches: list[list], n_requests: int, repeats: int) -> dict:
@@ -158,8 +170,9 @@ def linear_rates(tokens: int, hidden: int, inner: int, device: torch.device) -> 
     return rates
 
 
-def measure(loaded, runs: dict, batches: list[list], n_requests: int, args) -> dict:
-    """Requests/s (interleaved) and parity against torch's padded pass, per (variant, backend), in one process."""
+def measure(loaded, runs: dict, batches: list[list], n_requests: int, args, flops: float) -> dict:
+    """Requests/s (interleaved), GFLOP/s and parity against torch's padded pass, per (variant, backend), in one
+    process."""
     reference = runs["padded, passes of 16", "torch"]
     print(f"model {args.model} on {args.device}, {n_requests} requests in batches of {args.concurrency}, "
           f"{torch.get_num_threads()} threads; best of {args.repeats}")  # fmt: skip
@@ -167,21 +180,21 @@ def measure(loaded, runs: dict, batches: list[list], n_requests: int, args) -> d
     for (name, backend), run in runs.items():
         rps = rates[name, backend]
         difference, agreement = parity(loaded, run, reference, batches)
-        rows[name, backend] = {"variant": name, "backend": backend, "requests_per_s": rps,
+        rows[name, backend] = {"variant": name, "backend": backend, "requests_per_s": rps, "gflops": rps * flops / 1e9,
                                "max_probability_difference": difference, "argmax_agreement": agreement}  # fmt: skip
     return rows
 
 
-def print_table(rows: dict) -> None:
+def print_table(rows: dict, peak: float) -> None:
     base = rows["padded, passes of 16", "torch"]["requests_per_s"]
     packed = rows["packed fp32", "torch"]["requests_per_s"]
-    print(
-        f"\n{'variant':<22}{'backend':<13}{'req/s':>8}{'x padded':>10}{'x packed':>10}{'max |dp|':>11}{'argmax':>9}"
-    )
+    print(f"\n{'variant':<27}{'backend':<13}{'req/s':>8}{'x padded':>10}{'x packed':>10}{'GFLOP/s':>9}{'x peak':>8}"
+          f"{'max |dp|':>11}{'argmax':>9}")  # fmt: skip
     for row in rows.values():
         rps = row["requests_per_s"]
-        print(f"{row['variant']:<22}{row['backend']:<13}{rps:>8.1f}{rps / base:>9.2f}x{rps / packed:>9.2f}x"
-              f"{row['max_probability_difference']:>11.1e}{row['argmax_agreement']:>9.1%}")  # fmt: skip
+        print(f"{row['variant']:<27}{row['backend']:<13}{rps:>8.1f}{rps / base:>9.2f}x{rps / packed:>9.2f}x"
+              f"{row['gflops']:>9.1f}{row['gflops'] / peak:>7.0%} {row['max_probability_difference']:>10.1e}"
+              f"{row['argmax_agreement']:>9.1%}")  # fmt: skip
 
 
 def main() -> int:
@@ -204,10 +217,13 @@ def main() -> int:
     loaded.model.eval().requires_grad_(False).to(device)
     bodies = build_requests(args.data, args.requests)
     batches = batches_of_requests(loaded, bodies, args.concurrency)
+    flops = flops_per_request(load_decision_model(args.model), bodies[:20])
+    peak = matmul_peak_gflops()
+    print(f"{flops / 1e9:.2f} GFLOP per request; fp32 matmul peak {peak:.0f} GFLOP/s (2048^3)")
     with tempfile.TemporaryDirectory(prefix="bench-forward-") as scratch:
-        runs = variants(loaded, onnx_encoder_of(loaded, device, Path(scratch)))
-        rows = measure(loaded, runs, batches, len(bodies), args)
-    print_table(rows)
+        runs = variants(loaded, runtime_encoders(loaded, device, Path(scratch)))
+        rows = measure(loaded, runs, batches, len(bodies), args, flops)
+    print_table(rows, peak)
     # The CPU profiler sees where a CPU pass spends its time; on a GPU it would time kernel launches only.
     share = matmul_share(runs["packed fp32", "torch"], batches) if device.type == "cpu" else None
     config = loaded.model.encoder.config
@@ -220,6 +236,7 @@ def main() -> int:
         print(f"  {shape:<28}{rate:>7.0f}")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({"model": str(args.model), "variants": list(rows.values()), "matmul_share": share,
+                                    "gflop_per_request": flops / 1e9, "matmul_peak_gflops": peak,
                                     "linear_gflops": rates}, indent=2))  # fmt: skip
     return 0
 

@@ -14,6 +14,12 @@ Goals: at concurrency 8 at least 2x the peer's throughput; at concurrency 1 a p5
     python benchmarks/bench_serve.py --shadow-share 0.1   # also ours with a shadow challenger, latency ratio
     python benchmarks/bench_serve.py --joint runs/<key>/export   # also ours on a `joint` export (goal: >= 3x laya)
     python benchmarks/bench_serve.py --bf16   # also ours (and the joint export) with --precision bf16, and its parity
+    python benchmarks/bench_serve.py --backends torch onnxruntime openvino   # ours on each encoder runtime
+
+With `--backends`, ours runs once per `decision serve --backend` (the first fills the main table), and a backend
+table gives each one's requests/s against laya-serve, p50, GFLOP/s against the matmul peak, parity with the
+trained model (goal: |Δp| <= 1e-4, every argmax) and the backend each server reported on /healthz; `--joint` and
+`--bf16` then run per backend too (bf16: the backends that serve it).
 """
 
 from __future__ import annotations
@@ -62,11 +68,13 @@ def start_ours(
     precision: str = "fp32",
     threads: int | None = None,
     confine: Callable[[], None] | None = None,
+    backend: str = "auto",
 ) -> subprocess.Popen:
     """`decision serve` on `model`; `confine` runs in the child before it starts (an affinity mask, a cgroup), so
     the server sees its CPU from the start."""
     command = [sys.executable, "-m", "pipeline.cli.main", "serve", "--model", str(model), "--port", str(port),
-               "--device", device, "--workers", str(workers), "--precision", precision]  # fmt: skip
+               "--device", device, "--workers", str(workers), "--precision", precision,
+               "--backend", backend]  # fmt: skip
     if shadow_share is not None:  # the same folder as its own challenger: the cost of shadowing alone
         command += ["--shadow", str(model), "--shadow-share", str(shadow_share)]
     if threads is not None:
@@ -162,16 +170,28 @@ def measure(name: str, start, model: Path, bodies: list[dict], levels: list[int]
     try:
         wait_ready(url, bodies[0], process)
         wait_processes(url, processes)
+        health = served_backend(url)
         load(url, bodies[:warmup], max(levels))
         runs = [load(url, bodies, c) for c in levels]
         sample = answers(url, bodies[:SAMPLE])
     finally:
         process.terminate()
         process.wait(timeout=30)
+    if health["backend"]:
+        print(f"  {name}: backend {health['backend']} ({health['backend_reason']})", flush=True)
     for run in runs:
         print(f"  {name:<5} c={run['concurrency']}: {run['throughput_rps']:.1f} req/s, p50 {run['p50_ms']:.0f} ms, "
               f"p95 {run['p95_ms']:.0f} ms, errors {run['errors']}", flush=True)  # fmt: skip
-    return {"runs": runs, "sample": sample}
+    return {"runs": runs, "sample": sample, **health}
+
+
+def served_backend(url: str) -> dict:
+    """The encoder runtime a server reports on /healthz, and why (None for a server that reports none: laya's)."""
+    import httpx
+
+    response = httpx.get(f"{url}/healthz", timeout=10)
+    health = response.json() if response.status_code == 200 else {}
+    return {"backend": health.get("backend"), "backend_reason": health.get("backend_reason")}
 
 
 def wait_processes(url: str, n: int, timeout_s: float = 180) -> None:
@@ -316,6 +336,9 @@ def main() -> int:
                         help="also measure ours with --precision bf16 (where the CPU runs bf16 natively) and its parity")  # fmt: skip
     parser.add_argument("--joint", type=Path,
                         help="a `joint`-family export: also measure ours on it against laya-serve on --model")  # fmt: skip
+    parser.add_argument("--backends", nargs="+", default=["auto"],
+                        choices=["auto", "torch", "onnxruntime", "openvino"],
+                        help="ours with each `decision serve --backend` (default: auto); the first fills the main table")  # fmt: skip
     args = parser.parse_args()
 
     bodies = build_requests(args.data, args.requests)
@@ -323,8 +346,9 @@ def main() -> int:
         f"model {args.model} on {args.device}, {len(bodies)} requests x {len(bodies[0]['questions'])} questions",
         flush=True,
     )
-    by_workers = {w: measure(f"ours x{w}", functools.partial(start_ours, workers=w), args.model, bodies,
-                             args.concurrency, 16, args.device, w) for w in args.workers}  # fmt: skip
+    first = args.backends[0]
+    by_workers = {w: measure(f"ours x{w}", functools.partial(start_ours, workers=w, backend=first), args.model,
+                             bodies, args.concurrency, 16, args.device, w) for w in args.workers}  # fmt: skip
     ours = by_workers[args.workers[0]]
     peer = measure("laya", start_laya, args.model, bodies, args.concurrency, 16, args.device)
     table = []
@@ -382,10 +406,14 @@ def main() -> int:
             print(f"c={run['concurrency']}: with the shadow, p50 {run['p50_ms']:.0f} ms vs {plain['p50_ms']:.0f} ms "
                   f"({run['p50_ms'] / plain['p50_ms']:.2f}x), req/s {run['throughput_rps'] / plain['throughput_rps']:.2f}x")  # fmt: skip
     bf16 = bf16_table(args.model, bodies, args, peer, reference) if args.bf16 else None
-    joint = joint_table(args.joint, bodies, args, peer, goals) if args.joint else None
+    joint = joint_table(args.joint, bodies, args, peer, goals, first) if args.joint else None
+    backends = None
+    if len(args.backends) > 1:
+        compared = {"flops": flops, "peak": peak, "reference": reference, "first": ours}
+        backends = backends_table(args.model, bodies, args, peer, goals, compared)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({"model": str(args.model), "device": args.device, "table": table, "goals": goals,
-                                    "joint": joint, "bf16": bf16,
+                                    "joint": joint, "bf16": bf16, "backends": backends,
                                     "max_probability_difference": difference, "parity": parity, "workers": workers,
                                     "gflop_per_request": flops / 1e9, "matmul_peak_gflops": peak,
                                     "feed_forward_shape": shape, "feed_forward_peak_gflops": shaped_peak,
@@ -394,20 +422,31 @@ def main() -> int:
 
 
 def bf16_table(model: Path, bodies: list[dict], args, peer: dict, reference: list[dict] | None) -> dict:
-    """Ours with --precision bf16 on the same model against laya-serve's runs, and how far its answers move."""
-    measured = measure("ours bf16", functools.partial(start_ours, precision="bf16"), model, bodies,
-                       args.concurrency, 16, args.device)  # fmt: skip
+    """Ours with --precision bf16 on the same model against laya-serve's runs, and how far its answers move; per
+    backend that serves bf16 (torch, openvino) when `--backends` lists several."""
+    others = [b for b in args.backends[1:] if b in BF16_BACKENDS]
+    by_backend = {b: bf16_table_on(model, bodies, args, peer, reference, b) for b in others}
+    return {**bf16_table_on(model, bodies, args, peer, reference, args.backends[0]), "by_backend": by_backend}
+
+
+BF16_BACKENDS = ("auto", "torch", "openvino")  # ONNX Runtime serves fp32 only
+
+
+def bf16_table_on(model: Path, bodies: list[dict], args, peer: dict, reference: list[dict] | None,
+                  backend: str) -> dict:  # fmt: skip
+    measured = measure(f"ours bf16 {backend}", functools.partial(start_ours, precision="bf16", backend=backend),
+                       model, bodies, args.concurrency, 16, args.device)  # fmt: skip
     rows = []
     for run, theirs in zip(measured["runs"], peer["runs"]):
         ratio = run["throughput_rps"] / theirs["throughput_rps"]
         rows.append({"concurrency": run["concurrency"], "bf16": run, "throughput_ratio": ratio})
         print(f"c={run['concurrency']}: ours bf16 {run['throughput_rps']:.1f} req/s vs laya "
               f"{theirs['throughput_rps']:.1f}: {ratio:.2f}x; p50 {run['p50_ms']:.0f} vs {theirs['p50_ms']:.0f} ms")  # fmt: skip
-    parity = parity_with(measured["sample"], reference, "ours bf16")
+    parity = parity_with(measured["sample"], reference, f"ours bf16 {backend}")
     joint = None
     if args.joint:
-        joint = measure("joint bf16", functools.partial(start_ours, precision="bf16"), args.joint, bodies,
-                        args.concurrency, 16, args.device)  # fmt: skip
+        joint = measure(f"joint bf16 {backend}", functools.partial(start_ours, precision="bf16", backend=backend),
+                        args.joint, bodies, args.concurrency, 16, args.device)  # fmt: skip
         for run, theirs in zip(joint["runs"], peer["runs"]):
             print(f"c={run['concurrency']}: joint bf16 {run['throughput_rps']:.1f} req/s vs laya "
                   f"{theirs['throughput_rps']:.1f}: {run['throughput_rps'] / theirs['throughput_rps']:.2f}x")  # fmt: skip
@@ -416,12 +455,13 @@ def bf16_table(model: Path, bodies: list[dict], args, peer: dict, reference: lis
         print(f"joint bf16 vs the joint export's fp32 answers in process ({SAMPLE} requests): largest probability "
               f"difference {moved:.2e}, argmax agreement {argmax_agreement(joint['sample'], fp32):.1%}")  # fmt: skip
         joint = {"runs": joint["runs"], "max_probability_difference_to_fp32": moved}
-    return {"runs": rows, "parity": parity, "joint": joint}
+    return {"backend": measured["backend"], "runs": rows, "parity": parity, "joint": joint}
 
 
-def joint_table(model: Path, bodies: list[dict], args, peer: dict, goals: dict) -> dict:
+def joint_table(model: Path, bodies: list[dict], args, peer: dict, goals: dict, backend: str) -> dict:
     """Ours on a `joint` export (one pass per request answers every question) against laya-serve's runs."""
-    measured = measure("joint", start_ours, model, bodies, args.concurrency, 16, args.device)
+    measured = measure(f"joint {backend}", functools.partial(start_ours, backend=backend), model, bodies,
+                       args.concurrency, 16, args.device)  # fmt: skip
     flops = flops_per_request(load_decision_model(model), bodies[:20])
     accuracy = heldout_accuracy(model)
     print(f"\njoint export {model}: {flops / 1e9:.2f} GFLOP per request, held-out accuracy {accuracy}")
@@ -438,7 +478,51 @@ def joint_table(model: Path, bodies: list[dict], args, peer: dict, goals: dict) 
         print(
             f"goal joint >= 3x laya at c=8: {'met' if goals['joint_c8_throughput_at_least_3x'] else 'NOT met'}"
         )
-    return {"model": str(model), "runs": rows, "gflop_per_request": flops / 1e9, "heldout_accuracy": accuracy}
+    return {"model": str(model), "backend": measured["backend"], "runs": rows, "gflop_per_request": flops / 1e9,
+            "heldout_accuracy": accuracy}  # fmt: skip
+
+
+def backends_table(model: Path, bodies: list[dict], args, peer: dict, goals: dict, compared: dict) -> dict:
+    """Ours on each `--backends` entry (the first measured already) against laya-serve: req/s and its ratio, p50,
+    GFLOP/s against the matmul peak, parity with the trained model; goals per backend; the joint export per
+    backend with `--joint`."""
+    measured = {args.backends[0]: compared["first"]}
+    for backend in args.backends[1:]:
+        measured[backend] = measure(f"ours {backend}", functools.partial(start_ours, backend=backend), model,
+                                    bodies, args.concurrency, 16, args.device)  # fmt: skip
+    print(f"\n{'backend':<12}{'served':<13}{'c':>3}{'req/s':>8}{'x laya':>8}{'p50 ms':>8}{'x laya':>8}"
+          f"{'GFLOP/s':>9}{'x peak':>8}")  # fmt: skip
+    rows = []
+    for backend, result in measured.items():
+        for run, theirs in zip(result["runs"], peer["runs"]):
+            gflops = run["throughput_rps"] * compared["flops"] / 1e9
+            row = {"backend": backend, "served": result["backend"], "concurrency": run["concurrency"],
+                   "throughput_rps": run["throughput_rps"], "p50_ms": run["p50_ms"],
+                   "throughput_ratio": run["throughput_rps"] / theirs["throughput_rps"],
+                   "p50_ratio": run["p50_ms"] / theirs["p50_ms"], "gflops": gflops,
+                   "share_of_peak": gflops / compared["peak"]}  # fmt: skip
+            rows.append(row)
+            print(f"{backend:<12}{row['served']!s:<13}{row['concurrency']:>3}{row['throughput_rps']:>8.1f}"
+                  f"{row['throughput_ratio']:>7.2f}x{row['p50_ms']:>8.0f}{row['p50_ratio']:>7.2f}x{gflops:>9.1f}"
+                  f"{row['share_of_peak']:>7.0%}")  # fmt: skip
+    parity = {b: parity_with(r["sample"], compared["reference"], f"ours {b}") for b, r in measured.items()}
+    for row in rows:
+        if row["concurrency"] == 8:
+            goals[f"{row['backend']}_c8_throughput_at_least_2x"] = row["throughput_ratio"] >= 2.0
+        if row["concurrency"] == 1:
+            goals[f"{row['backend']}_c1_p50_no_worse"] = row["p50_ratio"] <= 1.0
+    for backend, figures in parity.items():
+        if figures is not None:
+            goals[f"{backend}_parity_1e-4"] = (
+                figures["max_probability_difference"] <= 1e-4 and figures["argmax_agreement"] == 1.0
+            )
+    print("goals:", ", ".join(f"{k} {'met' if v else 'NOT met'}" for k, v in goals.items()))
+    joint = (
+        {b: joint_table(args.joint, bodies, args, peer, {}, b) for b in args.backends[1:]}
+        if args.joint
+        else None
+    )
+    return {"rows": rows, "parity": parity, "joint": joint}
 
 
 def heldout_accuracy(model: Path) -> float | None:

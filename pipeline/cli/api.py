@@ -166,10 +166,11 @@ def add_api_commands(commands) -> None:
              "Serving); refused where bf16 is emulated",
     )  # fmt: skip
     serve.add_argument(
-        "--backend", choices=["auto", "torch", "onnxruntime"], default="auto",
-        help="where the encoder runs: torch, onnxruntime (fp32 on the CPU; the onnx extra), or auto (default): "
-             "onnxruntime when it is installed and answers a few probe requests as torch does (|Δp| <= 1e-4), "
-             "else torch; the choice and why are in the log and on /healthz (docs/serving.md, Backends)",
+        "--backend", choices=["auto", "torch", "onnxruntime", "openvino"], default="auto",
+        help="where the encoder runs: torch, onnxruntime or openvino (CPU runtimes of the export's encoder.onnx; "
+             "the onnx and openvino extras), or auto (default): every installed runtime that answers a few probe "
+             "requests as torch does (|Δp| <= 1e-4) is timed against torch on them, and the fastest serves; the "
+             "choice and why are in the log and on /healthz (docs/serving.md, Backends)",
     )  # fmt: skip
     serve.add_argument("--shadow", metavar="MODEL",
                        help="a challenger (folder or models:/NAME@challenger) that scores a share of the requests "

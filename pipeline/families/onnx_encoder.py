@@ -8,6 +8,10 @@ so a sequence's hidden states do not depend on its batch-mates.
     export_encoder(family.served_encoder(loaded), Path("cache/encoder.onnx"))
     encoder = OnnxEncoder(Path("cache/encoder.onnx"))
     hidden = encoder(input_ids, attention_mask)          # a torch.Tensor, as the torch encoder returns
+
+A runtime's thread count is fixed when its session is built, while the server's thread governor moves torch's
+count with the load on the machine (`pipeline.cpu.load`): `SessionsByThreads` keeps one session per count the
+calling thread has asked for, so the runtime follows the governor as torch does.
 """
 
 from __future__ import annotations
@@ -16,7 +20,10 @@ import importlib
 import os
 import tempfile
 import warnings
+from collections import OrderedDict
+from collections.abc import Callable
 from pathlib import Path
+from typing import Generic, TypeVar
 
 import torch
 from torch import nn
@@ -25,6 +32,9 @@ ONNX_FILE = "encoder.onnx"
 OPSET = 17  # scaled_dot_product_attention and LayerNormalization export natively from opset 17 on
 INPUTS = ("input_ids", "attention_mask")
 OUTPUT = "hidden"
+SESSIONS_KEPT = 3  # sessions per runtime, by thread count: the governor moves between a few counts only
+
+Session = TypeVar("Session")
 
 
 def onnxruntime_missing() -> str | None:
@@ -86,28 +96,64 @@ class EncoderPass(nn.Module):
         return self._run(input_ids, attention_mask)
 
 
+class SessionsByThreads(Generic[Session]):
+    """A runtime's sessions by thread count, built on first use by `build(threads)`: `current()` is the one for
+    the calling thread's torch thread count (what the governor last set), the least recently used dropped beyond
+    `SESSIONS_KEPT`."""
+
+    def __init__(self, build: Callable[[int], Session]) -> None:
+        self._build = build
+        self._by_count: OrderedDict[int, Session] = OrderedDict()
+
+    def current(self) -> Session:
+        threads = torch.get_num_threads()
+        if threads not in self._by_count:
+            self._by_count[threads] = self._build(threads)
+            while len(self._by_count) > SESSIONS_KEPT:
+                self._by_count.popitem(last=False)
+        self._by_count.move_to_end(threads)
+        return self._by_count[threads]
+
+    @property
+    def counts(self) -> list[int]:
+        """The thread counts with a session now, least recently used first."""
+        return list(self._by_count)
+
+
+def feed_of(input_ids: torch.Tensor, attention_mask: torch.Tensor) -> dict:
+    """The graph's inputs as the runtimes take them: int64 NumPy arrays on the CPU."""
+    return {
+        "input_ids": input_ids.cpu().long().numpy(),
+        "attention_mask": attention_mask.cpu().long().numpy(),
+    }
+
+
 class OnnxEncoder:
-    """An exported encoder in an ONNX Runtime session, called as the torch encoder pass is (tensors in, a CPU
-    fp32 tensor out). `threads` sets the session's intra-op threads (default: ONNX Runtime's, one per core)."""
+    """An exported encoder run by ONNX Runtime, called as the torch encoder pass is (tensors in, a CPU fp32 tensor
+    out), on as many intra-op threads as torch has on the calling thread (`SessionsByThreads`)."""
 
     name = "onnxruntime"
 
-    def __init__(self, path: Path, threads: int | None = None) -> None:
+    def __init__(self, path: Path) -> None:
         import onnxruntime  # the optional extra: imported only when a server asks for this backend
 
-        options = onnxruntime.SessionOptions()
-        options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_ENABLE_ALL
-        if threads:
-            options.intra_op_num_threads = threads
+        self.path = path
+        self._runtime = onnxruntime
+        self.sessions = SessionsByThreads(self._session)
+        self.sessions.current()  # built now: a graph the runtime cannot load fails at start, not at a request
+
+    def _session(self, threads: int):
+        options = self._runtime.SessionOptions()
+        options.graph_optimization_level = self._runtime.GraphOptimizationLevel.ORT_ENABLE_ALL
+        options.intra_op_num_threads = threads
         # No spinning between runs: the head runs in torch on the same cores right after each encoder pass, and
         # a runtime thread that spins waiting for work takes a core from it (and from other processes).
         options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-        self.path = path
-        self.session = onnxruntime.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+        return self._runtime.InferenceSession(str(self.path), options, providers=["CPUExecutionProvider"])
+
+    @property
+    def session(self):
+        return self.sessions.current()
 
     def __call__(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-        feed = {
-            "input_ids": input_ids.cpu().long().numpy(),
-            "attention_mask": attention_mask.cpu().long().numpy(),
-        }
-        return torch.from_numpy(self.session.run([OUTPUT], feed)[0])
+        return torch.from_numpy(self.session.run([OUTPUT], feed_of(input_ids, attention_mask))[0])

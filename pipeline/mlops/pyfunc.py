@@ -7,11 +7,18 @@ same answers as the Decision API (the same parsing, forward pass, temperatures a
     -> {"predictions": [{"answers": {"tone": {"type": "choice", ...}}, "usage": {...}}]}
 
 `questions` (and a `state` that is a JSON object or list) may also be sent as JSON text.
+
+The encoder runs where `decision serve --backend` would run it (`pipeline.families.backends`): the model config's
+`backend` (logged as `auto`; `mlflow.pyfunc.load_model(uri, model_config={"backend": "torch"})` overrides it),
+with the graph the export carries, and torch where no runtime passes.
 """
 
 from __future__ import annotations
 
+import logging
+import tempfile
 import warnings
+from pathlib import Path
 from typing import Any
 
 import mlflow.pyfunc
@@ -19,8 +26,15 @@ import mlflow.pyfunc
 from pipeline.data.answers import parse_request
 from pipeline.data.contract import parse_json_cell, parse_state
 from pipeline.families import load_decision_model
+from pipeline.families.backends import BackendChoice, choose_backend
+from pipeline.families.onnx_encoder import ONNX_FILE
 
 EXPORT_ARTIFACT = "decision_model"
+MODEL_CONFIG = {
+    "backend": "auto"
+}  # what a version is logged with: its encoder's runtime, chosen where it loads
+
+log = logging.getLogger(__name__)
 
 
 # MLflow warns at class definition that `predict` has no type hints; hints would switch on its own input
@@ -32,7 +46,19 @@ class DecisionPyfunc(mlflow.pyfunc.PythonModel):
     """Loads the export folder once; answers a batch of requests in shared forward passes."""
 
     def load_context(self, context) -> None:
-        self._model = load_decision_model(context.artifacts[EXPORT_ARTIFACT])
+        folder = Path(context.artifacts[EXPORT_ARTIFACT])
+        self._model = load_decision_model(folder)
+        wanted = {**MODEL_CONFIG, **(context.model_config or {})}["backend"]
+        self._graphs = tempfile.TemporaryDirectory(
+            prefix="decision-pyfunc-"
+        )  # a graph exported here, if needed
+        self.backend: BackendChoice = choose_backend(
+            self._model, wanted, Path(self._graphs.name) / ONNX_FILE, shipped=folder / ONNX_FILE
+        )
+        (log.warning if self.backend.fell_back else log.info)(
+            "backend %s: %s", self.backend.name, self.backend.reason
+        )
+        self._model.encoder = self.backend.encoder
 
     def predict(self, context, model_input, params: dict[str, Any] | None = None) -> list[dict[str, Any]]:
         records = model_input.to_dict("records") if hasattr(model_input, "to_dict") else list(model_input)

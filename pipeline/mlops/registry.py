@@ -14,7 +14,7 @@ from pathlib import Path
 
 from pipeline.families import find_exports, pick_family
 from pipeline.families.base import ModelLayoutError
-from pipeline.mlops.pyfunc import EXPORT_ARTIFACT, decision_signature
+from pipeline.mlops.pyfunc import EXPORT_ARTIFACT, MODEL_CONFIG, decision_signature
 
 DEFAULT_TRACKING_URI = "sqlite:///mlflow/mlflow.db"
 DISTRIBUTION = "decision-pipeline"
@@ -153,6 +153,7 @@ def register_export(export_dir: str | Path, name: str, run_id: str | None = None
             name="model", python_model=str(Path(__file__).with_name("mlflow_model.py")),
             artifacts={EXPORT_ARTIFACT: str(export_dir)}, code_paths=[str(LIBRARY)],
             signature=decision_signature(), input_example=INPUT_EXAMPLE, pip_requirements=_requirements(),
+            model_config=MODEL_CONFIG,
         )  # fmt: skip
     # The version is created with its tags in one call, so no failure can leave a version without its key for a
     # retry to miss (and register twice).

@@ -32,11 +32,11 @@ import torch
 from pipeline.data.answers import answer_probabilities, parse_request
 from pipeline.data.contract import canonical_json
 from pipeline.families import list_models, load_decision_model, written_last
+from pipeline.families.backends import BackendChoice, choose_backend
 from pipeline.families.base import DecisionModel
 from pipeline.families.exporting import read_manifest
 from pipeline.families.onnx_encoder import ONNX_FILE
 from pipeline.mlops.registry import alias_version, client, download_version, parse_alias_uri
-from pipeline.serving.backends import BackendChoice, choose_backend
 
 log = logging.getLogger("decision.serve")
 DEFAULT_NAMES = ("default", "jev-latest", "jev-preview")
@@ -226,14 +226,15 @@ class Catalog:
 
     def _load(self, folder: Path) -> DecisionModel:
         model = load_decision_model(folder).to(self.device, self.dtype)
-        # The exported encoder graph lives in this server's cache, not the export (a DVC output, maybe read-only).
+        # The export's own encoder graph (`decision export` writes it) when it has one; else one exported into this
+        # server's cache, never into the folder (a DVC output, maybe read-only).
         graph = (
             Path(self._cache.name)
             / "onnx"
             / hashlib.sha256(str(folder).encode()).hexdigest()[:16]
             / ONNX_FILE
         )
-        choice = choose_backend(model, self.backend, graph)
+        choice = choose_backend(model, self.backend, graph, shipped=Path(folder) / ONNX_FILE)
         (log.warning if choice.fell_back else log.info)(
             "%s: backend %s: %s", folder, choice.name, choice.reason
         )

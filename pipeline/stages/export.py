@@ -1,11 +1,17 @@
 """The export stage: a fine-tune becomes one servable, self-describing folder, crash-safe (any family).
 
 decision export --adapter runs/lora --out runs/export
+
+Where the family's encoder can run outside torch (an encoder backbone) and the onnx extra is installed, the
+folder also gets `encoder.onnx`, the encoder pass as an ONNX graph with dynamic batch and token axes, which
+`decision serve --backend auto|onnxruntime|openvino` runs (docs/serving.md, Backends); the weights stay the
+source of truth and the server checks the graph against them at start.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 
 from pipeline.config import TrainConfig
@@ -13,9 +19,12 @@ from pipeline.data.pins import current_md5
 from pipeline.families import load_decision_model, pick_family, resolve_training
 from pipeline.families.base import ExportResult
 from pipeline.families.exporting import read_manifest
+from pipeline.families.onnx_encoder import ONNX_FILE, export_encoder, onnxruntime_missing
 from pipeline.lineage import export_manifest
 from pipeline.rundir import RunFolder
 from pipeline.scoring.calibrators import Calibrator
+
+log = logging.getLogger(__name__)
 
 
 def export_folder(source: str | Path, out: str | Path) -> ExportResult:
@@ -23,10 +32,12 @@ def export_folder(source: str | Path, out: str | Path) -> ExportResult:
     source, out = Path(source), Path(out)
     family = pick_family(source)
     if source.resolve() == out.resolve() and family.is_export(out):
-        return ExportResult(str(out), False, read_manifest(out))  # already a merged model in place
+        return with_encoder_graph(
+            ExportResult(str(out), False, read_manifest(out))
+        )  # already merged in place
     model = load_decision_model(source)
     manifest = {**read_manifest(source), "source": str(source), "source_digest": current_md5(source)}
-    return family.export(model.loaded, out, family.calibrator(model.loaded), manifest)
+    return with_encoder_graph(family.export(model.loaded, out, family.calibrator(model.loaded), manifest))
 
 
 def export_stage(run_dir: str | Path, out: str | Path, data: str | Path, base: str | Path,
@@ -41,4 +52,26 @@ def export_stage(run_dir: str | Path, out: str | Path, data: str | Path, base: s
     manifest = export_manifest(
         data, base, config, model.family.name, summary, calibrator.temperatures, calibration["heldout"]
     )
-    return model.family.export(model.loaded, out, calibrator, manifest)
+    return with_encoder_graph(model.family.export(model.loaded, out, calibrator, manifest))
+
+
+def with_encoder_graph(result: ExportResult) -> ExportResult:
+    """`result`'s folder with its encoder as an ONNX graph beside the weights (`encoder.onnx`), made from the
+    weights as written (as a server loads them); left as it is where the onnx extra is missing or the family keeps
+    its backbone in torch (said in the log), or where a graph is already there for an unchanged export."""
+    out = Path(result.out)
+    graph = out / ONNX_FILE
+    if graph.is_file() and not result.written:
+        return result
+    missing = onnxruntime_missing()
+    if missing is not None:
+        log.info("%s: no %s written: %s", out, ONNX_FILE, missing)
+        return result
+    model = load_decision_model(out)
+    encoder = model.family.served_encoder(model.loaded)
+    if encoder is None:
+        log.info("%s: no %s: the %s family keeps this backbone in torch", out, ONNX_FILE, model.family.name)
+        return result
+    export_encoder(encoder, graph)  # staged beside it and renamed into place: never half a graph
+    log.info("%s: encoder graph written (%s, %.0f MB)", out, ONNX_FILE, graph.stat().st_size / 1e6)
+    return result

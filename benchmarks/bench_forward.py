@@ -36,7 +36,9 @@ from bench_serve import build_requests, flops_per_request, matmul_peak_gflops  #
 
 from pipeline.data.answers import parse_request  # noqa: E402
 from pipeline.families import load_decision_model  # noqa: E402
+from pipeline.families.forward_passes import length_batches  # noqa: E402
 from pipeline.families.laya.family import LayaFamily  # noqa: E402
+from pipeline.families.laya.items import item_parts  # noqa: E402
 from pipeline.families.laya.predict import (  # noqa: E402
     calibrated_probabilities,
     packed_item_logits,
@@ -122,6 +124,18 @@ def parity(loaded, run, reference, batches: list[list]) -> tuple[float, float]:
             same += int(np.argmax(a) == np.argmax(b))
             total += 1
     return worst, same / total
+
+
+def padding_share(batches: list[list], pass_size: int = 16) -> float:
+    """The share of the tokens a runtime computes that are padding: its passes group a batch's sequences by length
+    (`length_batches`, `pass_size` at a time), each padded to its longest; the packed pass computes none."""
+    real = padded = 0
+    for items in batches:
+        lengths = [len(part) for part in item_parts(items)]
+        for indices in length_batches(lengths, pass_size):
+            real += sum(lengths[i] for i in indices)
+            padded += max(lengths[i] for i in indices) * len(indices)
+    return 1 - real / padded
 
 
 def matmul_share(run, batches: list[list]) -> float:
@@ -224,6 +238,9 @@ def main() -> int:
         runs = variants(loaded, runtime_encoders(loaded, device, Path(scratch)))
         rows = measure(loaded, runs, batches, len(bodies), args, flops)
     print_table(rows, peak)
+    print(
+        f"padding: {padding_share(batches):.1%} of the tokens the padded passes of 16 compute (packed: none)"
+    )
     # The CPU profiler sees where a CPU pass spends its time; on a GPU it would time kernel launches only.
     share = matmul_share(runs["packed fp32", "torch"], batches) if device.type == "cpu" else None
     config = loaded.model.encoder.config
@@ -236,6 +253,7 @@ def main() -> int:
         print(f"  {shape:<28}{rate:>7.0f}")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({"model": str(args.model), "variants": list(rows.values()), "matmul_share": share,
+                                    "padding_share": padding_share(batches),
                                     "gflop_per_request": flops / 1e9, "matmul_peak_gflops": peak,
                                     "linear_gflops": rates}, indent=2))  # fmt: skip
     return 0

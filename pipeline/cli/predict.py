@@ -21,6 +21,7 @@ EXIT_OK, EXIT_UNREADABLE, EXIT_BAD_INPUT, EXIT_INTERRUPTED = 0, 1, 2, 130
 
 
 def _predict(args: argparse.Namespace) -> int:
+    from pipeline.config import ConfigError
     from pipeline.data.mapping import MappingError, load_mapping
     from pipeline.data.read import UnreadableInput
     from pipeline.device import PrecisionUnavailable
@@ -30,15 +31,17 @@ def _predict(args: argparse.Namespace) -> int:
 
     if args.batch_size < 1:
         return _refuse(f"--batch-size must be at least 1, got {args.batch_size}")
+    if args.model is None and args.run_config is None:
+        return _refuse("say which model: --model DIR|models:/NAME@ALIAS, or --run-config NAME")
     bars, say = progress_outputs(args)
     try:
-        value = mapping_value(args)
+        model, value = _model_and_mapping(args)
         mapping = load_mapping(value) if value is not None else None
         with _terminate_as_interrupt():
-            result = predict_stage(args.model, args.data, args.out, args.batch_size, args.device, args.precision,
+            result = predict_stage(model, args.data, args.out, args.batch_size, args.device, args.precision,
                                    progress=bars, report=say, mapping=mapping)  # fmt: skip
     except (UnreadableInput, ModelLayoutError, RegistryError, PrecisionUnavailable, BadMappingFlags,
-            MappingError) as error:  # fmt: skip
+            MappingError, ConfigError) as error:  # fmt: skip
         return _refuse(str(error))
     except KeyboardInterrupt:
         print(f"decision predict: interrupted; {args.out} was not written", file=sys.stderr)
@@ -51,6 +54,22 @@ def _predict(args: argparse.Namespace) -> int:
             f"no row of {args.data} could be scored ({reasons}); each row's reason is in {args.out}"
         )
     return EXIT_OK
+
+
+def _model_and_mapping(args: argparse.Namespace) -> tuple[str, str | dict | None]:
+    """--model and the mapping the flags say; --run-config NAME fills what they leave out: the champion of the
+    model the run registers, and the run's `validate.mapping` (the mapping `decision init` recorded)."""
+    from pipeline.config import ConfigError, load_params
+
+    value = mapping_value(args)
+    if args.run_config is None:
+        return args.model, value
+    try:
+        params = load_params(run_config=args.run_config)
+    except ConfigError as error:
+        raise ConfigError(f"--run-config {args.run_config}: {error}") from None
+    model = args.model or f"models:/{params.retrain.model_name}@champion"
+    return model, value if value is not None else params.validate.mapping
 
 
 @contextmanager
@@ -96,8 +115,12 @@ def add_predict_commands(commands) -> None:
         "for a bad model, source or mapping (a column DATA lacks, options nothing gives), before anything is "
         "scored, or when no row is scored.",
     )
-    predict.add_argument("--model", required=True,
-                         help="an export folder (decision export / finetune) or models:/NAME@ALIAS")  # fmt: skip
+    predict.add_argument(
+        "--model", help="an export folder (decision export / finetune) or models:/NAME@ALIAS"
+    )
+    predict.add_argument("--run-config", metavar="NAME",
+                         help="a run decision init set up (configs/NAME.yaml): its model's champion unless --model "
+                         "says otherwise, and its validate.mapping unless --mapping or the flags do")  # fmt: skip
     predict.add_argument(
         "--data",
         required=True,

@@ -201,3 +201,25 @@ def test_a_folder_of_shards_scores_as_the_one_file(laya_export, tmp_path, fmt):
                          rows_per_chunk=3, batch_size=2)  # fmt: skip
     assert one.rows == many.rows == 20 and one.failed == many.failed == {"missing_state": 4}
     assert read_out(tmp_path / "one.parquet") == read_out(tmp_path / "many.parquet")
+
+
+def test_a_run_config_gives_the_mapping_decision_init_recorded(laya_export, tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "params.yaml").write_text("{}\n")
+    (tmp_path / "configs").mkdir()
+    (tmp_path / "configs" / "tickets.mapping.yaml").write_text(json.dumps(MAPPING))
+    (tmp_path / "configs" / "tickets.yaml").write_text(
+        "retrain: {model_name: tickets}\nvalidate: {mapping: configs/tickets.mapping.yaml}\n"
+    )
+    table = write_table(unlabelled(TICKETS), tmp_path / "new.parquet")
+    args = ["predict", "--model", str(laya_export), "--data", str(table), "-q"]
+    assert main([*args, "--run-config", "tickets", "--out", "by-run.parquet"]) == 0
+    assert main([*args, "--mapping", "configs/tickets.mapping.yaml", "--out", "by-flag.parquet"]) == 0
+    assert read_out(tmp_path / "by-run.parquet") == read_out(tmp_path / "by-flag.parquet")
+    assert [o["row_id"] for o in read_out(tmp_path / "by-run.parquet")] == ["t1", "t2", "t3", "t4", "t5"]
+    capsys.readouterr()
+    assert main([*args, "--run-config", "nope", "--out", "never.parquet"]) == 2
+    error = capsys.readouterr().err.strip().splitlines()
+    assert len(error) == 1 and "--run-config nope" in error[0] and not (tmp_path / "never.parquet").exists()
+    assert main(["predict", "--data", str(table), "--out", "never.parquet", "-q"]) == 2
+    assert "--run-config NAME" in capsys.readouterr().err and not (tmp_path / "never.parquet").exists()

@@ -7,6 +7,7 @@ overwrites yesterday's.
 
     python -m flows.batch_predict --data data/new.jsonl            # the champion, into predictions/<date>.parquet
     python -m flows.batch_predict --data new.parquet --model models/vader-minilm --out scores.parquet --json
+    python -m flows.batch_predict --data new_tickets.csv --model models:/tickets@champion --mapping configs/tickets.mapping.yaml
     prefect deployment run batch-predict/batch-predict --param data=data/new.parquet
 """
 
@@ -21,14 +22,18 @@ from typing import Any
 from prefect import flow, task
 from prefect.artifacts import create_table_artifact
 
+from pipeline.cli.data import BadMappingFlags, add_mapping_arguments, mapping_value
+from pipeline.data.mapping import load_mapping
 from pipeline.stages.predict import predict_stage
 
 DEFAULT_MODEL = "models:/decision-model@champion"
 
 
 @task(name="predict")
-def predict(model: str, data: str, out: str, batch_size: int, device: str) -> dict[str, Any]:
-    result = predict_stage(model, data, out, batch_size, device)
+def predict(model: str, data: str, out: str, batch_size: int, device: str,
+            mapping: str | dict[str, Any] | None = None) -> dict[str, Any]:  # fmt: skip
+    read_as = load_mapping(mapping) if mapping is not None else None
+    result = predict_stage(model, data, out, batch_size, device, mapping=read_as)
     rows = [{"reason": reason, "rows": n} for reason, n in result.failed.items()]
     create_table_artifact(rows or [{"reason": "(none)", "rows": 0}], key="refused-rows",
                           description=f"{result.scored} of {result.rows} rows scored into {result.out}")  # fmt: skip
@@ -47,10 +52,12 @@ def batch_predict(
     out: str = "predictions/{date}.parquet",
     batch_size: int = 64,
     device: str = "cpu",
+    mapping: str | dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Score every row of `data` with `model` (an export folder or `models:/NAME@ALIAS`) into `out`; a row that
-    cannot be scored keeps its reason code there. Returns the summary (rows, scored, refused by reason, rate)."""
-    return predict(model, data, dated(out), batch_size, device)
+    cannot be scored keeps its reason code there. `mapping` (a mapping file, or the mapping itself, as
+    `validate.mapping`) reads a plain table. Returns the summary (rows, scored, refused by reason, rate)."""
+    return predict(model, data, dated(out), batch_size, device, mapping)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -59,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--data",
         required=True,
-        help="decision rows (gold optional): a .jsonl, .parquet or .csv file, a folder or glob of shards, a save_to_disk folder or hf:OWNER/NAME (docs/data-format.md, Sources)",
+        help="decision rows (gold optional), or a plain table with --mapping or the mapping flags: a .jsonl, .parquet or .csv file, a folder or glob of shards, a save_to_disk folder or hf:OWNER/NAME (docs/data-format.md, Sources)",
     )
     parser.add_argument("--model", default=DEFAULT_MODEL, help=f"an export folder or models:/NAME@ALIAS "
                         f"(default: {DEFAULT_MODEL})")  # fmt: skip
@@ -68,8 +75,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch-size", type=int, default=64, help="requests per call of the model")
     parser.add_argument("--device", default="cpu", help="cpu (default), cuda, cuda:1")
     parser.add_argument("--json", action="store_true", help="print the summary as one JSON object")
+    add_mapping_arguments(parser)
     args = parser.parse_args(argv)
-    summary = batch_predict(args.data, args.model, args.out, args.batch_size, args.device)
+    try:
+        mapping = mapping_value(args)
+    except BadMappingFlags as error:
+        parser.error(str(error))
+    summary = batch_predict(args.data, args.model, args.out, args.batch_size, args.device, mapping)
     print(json.dumps(summary) if args.json else f"{summary['out']}: {summary['scored']} of {summary['rows']} rows "
           f"scored by {summary['model']}; refused: {summary['failed'] or 'none'}")  # fmt: skip
     return 0

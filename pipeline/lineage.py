@@ -97,9 +97,15 @@ def source_digest(data, base, config: TrainConfig, pins: dict[str, str], steps: 
     return hashlib.sha256(parts.encode()).hexdigest()
 
 
-def export_manifest(data, base, config: TrainConfig, family: str, run: dict[str, Any],
-                    temperatures, heldout: dict[str, Any]) -> dict[str, Any]:  # fmt: skip
-    """The `manifest.json` of an export: data and base hashes, git commit, params, metrics, digest.
+MAPPING_OPTIONS = "mapping_options"
+"""The manifest key of a model trained on a table read through a mapping: per question id, the options it was
+trained with (label texts in the model's order), so unlabelled rows can be asked the same questions."""
+
+
+def export_manifest(data, base, config: TrainConfig, family: str, run: dict[str, Any], temperatures,
+                    heldout: dict[str, Any], options: dict[str, list[str]] | None = None) -> dict[str, Any]:  # fmt: skip
+    """The `manifest.json` of an export: data and base hashes, git commit, params, metrics, digest, and with
+    `options` (a mapped table's options per question) `mapping_options`.
 
     `run` holds the training run's `pins`, `inputs` (each with whether DVC pins it), `steps` and `losses` (a
     `TrainRun` as a dict, or `train.json`).
@@ -112,4 +118,4 @@ def export_manifest(data, base, config: TrainConfig, family: str, run: dict[str,
         "params": {"train": asdict(config)}, "steps": steps, "temperatures": list(temperatures),
         "metrics": {k: v for k, v in heldout.items() if isinstance(v, dict)},
         "source_digest": source_digest(data, base, config, pins, steps, losses),
-    }  # fmt: skip
+    } | ({MAPPING_OPTIONS: options} if options else {})  # fmt: skip

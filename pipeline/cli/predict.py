@@ -2,6 +2,7 @@
 
 decision predict --model models/vader-minilm --data data/new.jsonl --out scores.parquet
 decision predict --model models:/decision-model@champion --data new.parquet --out scores.parquet --json
+decision predict --model models/tickets --data new_tickets.csv --mapping configs/tickets.mapping.yaml --out s.parquet
 """
 
 from __future__ import annotations
@@ -13,12 +14,15 @@ import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+from pipeline.cli.data import BadMappingFlags, add_mapping_arguments, mapping_value
 from pipeline.cli.tables import progress_outputs
 
 EXIT_OK, EXIT_UNREADABLE, EXIT_BAD_INPUT, EXIT_INTERRUPTED = 0, 1, 2, 130
 
 
 def _predict(args: argparse.Namespace) -> int:
+    from pipeline.config import ConfigError
+    from pipeline.data.mapping import MappingError, load_mapping
     from pipeline.data.read import UnreadableInput
     from pipeline.device import PrecisionUnavailable
     from pipeline.families.base import ModelLayoutError
@@ -27,12 +31,17 @@ def _predict(args: argparse.Namespace) -> int:
 
     if args.batch_size < 1:
         return _refuse(f"--batch-size must be at least 1, got {args.batch_size}")
+    if args.model is None and args.run_config is None:
+        return _refuse("say which model: --model DIR|models:/NAME@ALIAS, or --run-config NAME")
     bars, say = progress_outputs(args)
     try:
+        model, value = _model_and_mapping(args)
+        mapping = load_mapping(value) if value is not None else None
         with _terminate_as_interrupt():
-            result = predict_stage(args.model, args.data, args.out, args.batch_size, args.device, args.precision,
-                                   progress=bars, report=say)  # fmt: skip
-    except (UnreadableInput, ModelLayoutError, RegistryError, PrecisionUnavailable) as error:
+            result = predict_stage(model, args.data, args.out, args.batch_size, args.device, args.precision,
+                                   progress=bars, report=say, mapping=mapping)  # fmt: skip
+    except (UnreadableInput, ModelLayoutError, RegistryError, PrecisionUnavailable, BadMappingFlags,
+            MappingError, ConfigError) as error:  # fmt: skip
         return _refuse(str(error))
     except KeyboardInterrupt:
         print(f"decision predict: interrupted; {args.out} was not written", file=sys.stderr)
@@ -45,6 +54,22 @@ def _predict(args: argparse.Namespace) -> int:
             f"no row of {args.data} could be scored ({reasons}); each row's reason is in {args.out}"
         )
     return EXIT_OK
+
+
+def _model_and_mapping(args: argparse.Namespace) -> tuple[str, str | dict | None]:
+    """--model and the mapping the flags say; --run-config NAME fills what they leave out: the champion of the
+    model the run registers, and the run's `validate.mapping` (the mapping `decision init` recorded)."""
+    from pipeline.config import ConfigError, load_params
+
+    value = mapping_value(args)
+    if args.run_config is None:
+        return args.model, value
+    try:
+        params = load_params(run_config=args.run_config)
+    except ConfigError as error:
+        raise ConfigError(f"--run-config {args.run_config}: {error}") from None
+    model = args.model or f"models:/{params.retrain.model_name}@champion"
+    return model, value if value is not None else params.validate.mapping
 
 
 @contextmanager
@@ -76,20 +101,30 @@ def add_predict_commands(commands) -> None:
     """Register `predict` on the `decision` subparsers."""
     predict = commands.add_parser(
         "predict",
-        help="score the rows of a decision file (no gold needed) with a served model into a Parquet file",
+        help="score the rows of a decision file, or of a plain table through a mapping (no gold needed), with a "
+        "served model into a Parquet file",
         description="Answer every row of DATA as the Decision API would (its parsing, its model, its calibration), "
         "BATCH_SIZE requests per forward pass, reading and writing a chunk at a time. OUT gets one row per source "
         "row, in order: row, row_id (the id, row_id or decision_id column, else the row's index), answers (the "
-        "API's JSON), input_tokens, error (a reason code, e.g. bad_criteria) and error_message for a row that "
-        "cannot be scored, and <question>.label and <question>.confidence per question of the first readable "
-        "row. OUT is written whole or not at all. Exit 2 for a bad model or source, or when no row is scored.",
+        "API's JSON), input_tokens, error (a reason code, e.g. bad_criteria or missing_state) and error_message "
+        "for a row that cannot be scored, and <question>.label and <question>.confidence per question of the "
+        "first readable row. A plain table is read through the mapping its model was trained with (--mapping "
+        "FILE or the same flags): only its state and id columns are read, label columns need not be there and "
+        "are ignored; row_id is the mapping's id column, else the row's index; options the mapping takes from "
+        "the labels are the ones the model records it trained with. OUT is written whole or not at all. Exit 2 "
+        "for a bad model, source or mapping (a column DATA lacks, options nothing gives), before anything is "
+        "scored, or when no row is scored.",
     )
-    predict.add_argument("--model", required=True,
-                         help="an export folder (decision export / finetune) or models:/NAME@ALIAS")  # fmt: skip
+    predict.add_argument(
+        "--model", help="an export folder (decision export / finetune) or models:/NAME@ALIAS"
+    )
+    predict.add_argument("--run-config", metavar="NAME",
+                         help="a run decision init set up (configs/NAME.yaml): its model's champion unless --model "
+                         "says otherwise, and its validate.mapping unless --mapping or the flags do")  # fmt: skip
     predict.add_argument(
         "--data",
         required=True,
-        help="decision rows (gold optional): a .jsonl, .parquet or .csv file, a folder or glob of shards, a save_to_disk folder or hf:OWNER/NAME (docs/data-format.md, Sources)",
+        help="decision rows (gold optional), or a plain table with --mapping or the mapping flags: a .jsonl, .parquet or .csv file, a folder or glob of shards, a save_to_disk folder or hf:OWNER/NAME (docs/data-format.md, Sources)",
     )
     predict.add_argument("--out", required=True, help="the Parquet file to write, e.g. scores.parquet")
     predict.add_argument(
@@ -101,4 +136,5 @@ def add_predict_commands(commands) -> None:
     predict.add_argument("--json", action="store_true",
                          help="print the summary as one JSON object on stdout (progress stays on stderr)")  # fmt: skip
     predict.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
+    add_mapping_arguments(predict)
     predict.set_defaults(handler=_predict)

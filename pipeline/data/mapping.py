@@ -68,6 +68,13 @@ class Mapping:
         named = (*state, *(q.column for q in self.questions.values()), *([self.id] if self.id else []))
         return tuple(dict.fromkeys(named))
 
+    @property
+    def unlabelled_columns(self) -> tuple[str, ...]:
+        """The columns scoring reads: the state's and the id's. Label columns are not read (unlabelled rows have
+        none)."""
+        state = (self.state,) if isinstance(self.state, str) else self.state
+        return tuple(dict.fromkeys((*state, *([self.id] if self.id else []))))
+
 
 @dataclass(frozen=True)
 class MappedColumns:
@@ -230,14 +237,19 @@ def read_mapped(
     """The slice of a table mapped to decision cells (only the mapped columns are read), and the file's row
     count. Raises MappingError for a column the table lacks or a label outside given options."""
     table = read_cells(path, mapping.columns, row_slice)
-    missing = [name for name in mapping.columns if name not in table.cells]
-    if missing:
-        raise MappingError(
-            f"{path}: the mapping names column(s) {', '.join(map(repr, missing))} that the table lacks (its "
-            f"columns: {', '.join(table.columns[:20]) or 'none'}); fix the mapping's state or column"
-        )
+    require_columns(mapping.columns, table.columns, str(path))
     where = str(path) if row_slice == RowSlice() else f"rows {row_slice} of {path}"
     return map_cells(table, mapping, where), table.total
+
+
+def require_columns(names: tuple[str, ...], found: tuple[str, ...], where: str) -> None:
+    """MappingError naming each of `names` not among the table's columns `found`, and the columns it has."""
+    missing = [name for name in names if name not in found]
+    if missing:
+        raise MappingError(
+            f"{where}: the mapping names column(s) {', '.join(map(repr, missing))} that the table lacks (its "
+            f"columns: {', '.join(found[:20]) or 'none'}); fix the mapping's state or column"
+        )
 
 
 def map_cells(table: TableCells, mapping: Mapping, where: str = "the table") -> MappedColumns:
@@ -248,11 +260,11 @@ def map_cells(table: TableCells, mapping: Mapping, where: str = "the table") -> 
     fixed = replace(mapping, questions={
         qid: _fixed_options(qid, q, counts[qid], where) for qid, q in mapping.questions.items()
     })  # fmt: skip
-    questions = orjson.dumps({qid: _question_json(q) for qid, q in fixed.questions.items()}).decode()
+    questions = orjson.dumps(request_questions(fixed)).decode()
     gold_columns = {qid: _gold_cells(cells[q.column], q) for qid, q in fixed.questions.items()}
     n = len(cells[mapping.columns[0]])
     gold = [{qid: g[i] for qid, g in gold_columns.items() if g[i] is not None} for i in range(n)]
-    columns = RawColumns(_state_cells(cells, mapping.state), [questions] * n, gold)
+    columns = RawColumns(state_cells(cells, mapping.state), [questions] * n, gold)
     return MappedColumns(columns, fixed, counts, cells[mapping.id] if mapping.id else None)
 
 
@@ -288,6 +300,29 @@ def _fixed_options(
     return replace(question, options=options, descriptions=descriptions)
 
 
+def unlabelled_mapping(mapping: Mapping, trained: dict[str, list[str]] | None, model: str) -> Mapping:
+    """The mapping with every question's options fixed without reading a label (unlabelled rows have none): the
+    options it gives, a noul's false/true, else the options `model` records it was trained with (`trained`, by
+    question id: its manifest's `mapping_options`). MappingError naming every question left without options."""
+    trained = trained or {}
+    fixed, unknown = {}, []
+    for qid, question in mapping.questions.items():
+        if question.options is None and qid in trained:
+            options = tuple(map(label_text, trained[qid]))
+            descriptions = options if question.type == "score" else (None,) * len(options)
+            question = replace(question, options=options, descriptions=descriptions)
+        if question.options is None:
+            unknown.append(f"{qid!r} (labels in column {question.column!r})")
+        fixed[qid] = question
+    if unknown:
+        raise MappingError(
+            f"question(s) {', '.join(unknown)} take their options from the labels, which unlabelled rows do not "
+            f"have, and {model} does not record the options it was trained with; list them in the mapping "
+            "(options: [...]) or with --options"
+        )
+    return replace(mapping, questions=fixed)
+
+
 def _refuse_unknown(
     qid: str, question: QuestionMapping, unknown: dict[str, int], where: str, fix: str
 ) -> None:
@@ -315,6 +350,12 @@ def _option_order(text: str) -> tuple:
         return (0, float(text), text)
     except ValueError:
         return (1, 0.0, text)
+
+
+def request_questions(mapping: Mapping) -> dict[str, dict[str, Any]]:
+    """The questions every mapped row asks, as the row format and a Decision API request write them; each
+    question's options fixed (by `map_cells` or `unlabelled_mapping`)."""
+    return {qid: _question_json(q) for qid, q in mapping.questions.items()}
 
 
 def _question_json(question: QuestionMapping) -> dict[str, Any]:
@@ -348,7 +389,7 @@ def _gold_cells(values: list[Any], question: QuestionMapping) -> list[Any]:
     return gold
 
 
-def _state_cells(cells: dict[str, list[Any]], state: str | tuple[str, ...]) -> list[Any]:
+def state_cells(cells: dict[str, list[Any]], state: str | tuple[str, ...]) -> list[Any]:
     """The state per row: the one column's cell, or {column: cell} (None when every cell is blank)."""
     if isinstance(state, str):
         return cells[state]

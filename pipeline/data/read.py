@@ -271,13 +271,22 @@ def read_cells(source: str | Path | Source, names: Sequence[str], row_slice: Row
     only, and its columns are the keys its rows there use."""
     opened = open_readable(source)
     table, total = read_slice(opened, row_slice, None if opened.fmt == "jsonl" else names)
+    cells, found = table_cells(table, names)
+    if LINE_COLUMN not in table.column_names:
+        with _readable(opened.text, opened.fmt):
+            found = tuple(opened.schema().names)
+    return TableCells(cells, found, total)
+
+
+def table_cells(table: pa.Table, names: Sequence[str]) -> tuple[dict[str, list[Any]], tuple[str, ...]]:
+    """The named columns of an Arrow table (as `read_slice` or `iter_tables` give it) as Python lists, those it
+    has, and the columns it has: a JSONL table's lines decoded, its columns the keys its rows use."""
     if LINE_COLUMN in table.column_names:
         rows = [_decode_line(line) for line in table.column(LINE_COLUMN).to_pylist()]
         found = tuple(dict.fromkeys(key for row in rows for key in row))
-        return TableCells({n: [row.get(n) for row in rows] for n in names if n in found}, found, total)
-    with _readable(opened.text, opened.fmt):
-        found = tuple(opened.schema().names)
-    return TableCells({n: column_values(table, n) for n in names if n in table.column_names}, found, total)
+        return {n: [row.get(n) for row in rows] for n in names if n in found}, found
+    found = tuple(table.column_names)
+    return {n: column_values(table, n) for n in names if n in found}, found
 
 
 def write_slice(source: str | Path, row_slice: RowSlice, out_dir: str | Path) -> Path:

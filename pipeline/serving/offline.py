@@ -1,7 +1,8 @@
 """Offline scoring: rows of a decision file as Decision API requests, answered through the serving function.
 
 A row is read as a request body would carry it (its `state` and `questions`; `gold` is ignored, so unlabelled rows
-are what it expects) and goes through the API's own parsing (`answers.parse_request`) and the model's own
+are what it expects), or, from a plain table, through a mapping (`mapped_rows`: the state column(s) and the
+mapping's questions) and goes through the API's own parsing (`answers.parse_request`) and the model's own
 `answer`, the function the server's micro-batcher calls: a scored row's answers are the answers the API serves
 for the same request. A row the API would refuse is kept with its reason code (validation's code where it has
 one, see `docs/serving.md#batch-scoring`) and the message the API would send, never dropped.
@@ -20,7 +21,8 @@ import pyarrow as pa
 
 from pipeline.data.answers import InvalidRequest, ParsedRequest, RequestTooLarge, parse_request
 from pipeline.data.contract import Unreadable, is_missing, parse_json_cell, parse_state
-from pipeline.data.read import column_values
+from pipeline.data.mapping import Mapping, request_questions, state_cells
+from pipeline.data.read import column_values, table_cells
 from pipeline.data.shards import LINE_COLUMN
 from pipeline.families.base import Answered, DecisionModel
 
@@ -71,6 +73,20 @@ def table_rows(table: pa.Table, first_row: int) -> list[RowRequest]:
             first_row + i, _id_text(first_row + i, ids[i], id_column is not None), states[i], questions[i]
         )
         for i in range(n)
+    ]
+
+
+def mapped_rows(table: pa.Table, first_row: int, mapping: Mapping) -> list[RowRequest]:
+    """The rows of a plain table read through a mapping (its options fixed: `mapping.unlabelled_mapping`) as
+    requests: the state from the mapping's state column(s), the mapping's questions on every row, named by the
+    mapping's id column or else by index. Label columns are not read."""
+    found, _ = table_cells(table, mapping.unlabelled_columns)
+    cells = {name: found.get(name, [None] * table.num_rows) for name in mapping.unlabelled_columns}
+    states, questions = state_cells(cells, mapping.state), request_questions(mapping)
+    ids = cells[mapping.id] if mapping.id else [None] * table.num_rows
+    return [
+        row_request(row, _id_text(row, row_id, mapping.id is not None), state, questions)
+        for row, row_id, state in zip(range(first_row, first_row + table.num_rows), ids, states)
     ]
 
 

@@ -49,9 +49,8 @@ def export_stage(run_dir: str | Path, out: str | Path, data: str | Path, base: s
     calibration = json.loads(run.calibration.read_text())
     calibrator = Calibrator.from_json(json.loads(run.calibrator.read_text()))
     model = load_decision_model(run.finetune)
-    manifest = export_manifest(
-        data, base, config, model.family.name, summary, calibrator.temperatures, calibration["heldout"]
-    )
+    manifest = export_manifest(data, base, config, model.family.name, summary, calibrator.temperatures,
+                               calibration["heldout"], mapped_options(run))  # fmt: skip
     return with_encoder_graph(model.family.export(model.loaded, out, calibrator, manifest))
 
 
@@ -75,3 +74,12 @@ def with_encoder_graph(result: ExportResult) -> ExportResult:
     export_encoder(encoder, graph)  # staged beside it and renamed into place: never half a graph
     log.info("%s: encoder graph written (%s, %.0f MB)", out, ONNX_FILE, graph.stat().st_size / 1e6)
     return result
+
+
+def mapped_options(run: RunFolder) -> dict[str, list[str]] | None:
+    """Per question, the options a run trained with when its data was a table read through a mapping (the label
+    counts its validation report keeps, in the model's order); None for decision rows or no report."""
+    if not run.validation.is_file():
+        return None
+    labels = json.loads(run.validation.read_text()).get("labels")
+    return {qid: list(counts) for qid, counts in labels.items()} if labels else None

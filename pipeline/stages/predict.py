@@ -1,4 +1,5 @@
-"""The predict stage: score the rows of a decision file with a served model into one Parquet file, keyed by row id.
+"""The predict stage: score the rows of a decision file, or of a plain table read through a mapping, with a served
+model into one Parquet file, keyed by row id.
 
 Rows are read, answered and written a chunk at a time (never the whole file in memory), through the Decision
 API's own parsing and answer function (`pipeline.serving.offline`), so each answer is what the API serves for the
@@ -8,6 +9,7 @@ complete; a failure or Ctrl-C removes it, so OUT is either whole or untouched.
 
     result = predict_stage("models/vader-minilm", "data/new.jsonl", "scores.parquet")
     result = predict_stage("models:/decision-model@champion", "data/new.parquet", "scores.parquet", batch_size=64)
+    result = predict_stage("models/tickets", "new.csv", "scores.parquet", mapping=load_mapping("tickets.yaml"))
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -30,17 +33,23 @@ from tqdm import tqdm
 
 from pipeline.data import read
 from pipeline.data.answers import chosen_option
+from pipeline.data.mapping import Mapping, require_columns, unlabelled_mapping
 from pipeline.data.read import UnreadableInput
+from pipeline.data.sources import Source
 from pipeline.device import serving_dtype
 from pipeline.families import load_decision_model
 from pipeline.families.base import DecisionModel, ModelLayoutError
+from pipeline.families.exporting import read_manifest
+from pipeline.lineage import MAPPING_OPTIONS
 from pipeline.mlops.registry import alias_version, download_version, parse_alias_uri
 from pipeline.serving.catalog import export_name
 from pipeline.serving.offline import (
     ID_COLUMNS,
+    RowRequest,
     ScoredRow,
     answer_rows,
     answers_json,
+    mapped_rows,
     question_ids,
     table_rows,
 )
@@ -50,6 +59,8 @@ ROWS_PER_CHUNK = 1024
 SCORED_COLUMNS = ("state", "questions", *ID_COLUMNS)  # what a Parquet source is read for; gold is not
 LINE_EVERY_S = 30.0  # without a bar (stderr not a terminal), a progress line this often
 PARTIAL_SUFFIX = ".partial"
+RowReader = Callable[[pa.Table, int], list[RowRequest]]
+"""A chunk (and the index of its first row in the source) as requests: `table_rows`, or `mapped_rows`."""
 
 
 @dataclass(frozen=True)
@@ -73,41 +84,62 @@ class PredictResult:
 
 def predict_stage(model: str, data: str | Path, out: str | Path, batch_size: int = 64, device: str = "cpu",
                   precision: str = "fp32", progress: bool = False, report: Callable[[str], None] | None = None,
-                  rows_per_chunk: int = ROWS_PER_CHUNK) -> PredictResult:  # fmt: skip
+                  rows_per_chunk: int = ROWS_PER_CHUNK, mapping: Mapping | None = None) -> PredictResult:  # fmt: skip
     """Score every row of `data` with `model` (an export folder or `models:/NAME@ALIAS`) into the Parquet file
-    `out`; `batch_size` requests share the serving function's forward passes. UnreadableInput for a source that
-    is no decision file, ModelLayoutError or RegistryError for a model that cannot be loaded, before any row."""
+    `out`; `batch_size` requests share the serving function's forward passes. `mapping` reads a plain table's
+    state (and id) columns as decision rows asking the mapping's questions; options it takes from the labels come
+    from the model's manifest (`mapping_options`). UnreadableInput for a source that is no decision file,
+    MappingError for a column the table lacks or options nothing gives, ModelLayoutError or RegistryError for a
+    model that cannot be loaded: each before any row is scored."""
     out = Path(out)
-    chunks = iter_tables(data, rows_per_chunk)
+    dtype = serving_dtype(precision, torch.device(device))
+    chunks = iter_tables(data, rows_per_chunk, mapping)
     first = next(chunks)  # the source is read and checked before the model loads
     started = time.perf_counter()
-    with served_model(model, device, precision) as (name, served):
+    with model_folder(model) as (name, folder):
+        rows_of, questions = _row_reader(folder, name, mapping)
+        served = load_decision_model(folder).to(device, dtype)
         loaded = time.perf_counter()
         _say(report, f"scoring {data} with {name} ({served.family.name} family) in batches of {batch_size}")
         bar = tqdm(total=count_rows(data), unit="row", desc="predict", disable=not progress, file=sys.stderr)
         with bar:
-            failed, rows = _write_scores(served, _chained(first, chunks), out, name, batch_size, bar, report)
+            scorer = Scorer(served, rows_of, questions, batch_size)
+            failed, rows = _write_scores(scorer, _chained(first, chunks), out, name, bar, report)
     seconds = time.perf_counter() - loaded
     scored = rows - sum(failed.values())
     return PredictResult(str(out), name, served.family.name, rows, scored, dict(sorted(failed.items())),
                          round(seconds, 3), round(loaded - started, 3))  # fmt: skip
 
 
-def iter_tables(source: str | Path, rows_per_batch: int) -> Iterator[pa.Table]:
+def iter_tables(
+    source: str | Path, rows_per_batch: int, mapping: Mapping | None = None
+) -> Iterator[pa.Table]:
     """The source's rows (any source `read` reads) as Arrow tables of at most `rows_per_batch` rows, in order,
-    one at a time, of the columns scoring reads (a JSONL source's raw lines). Its first table is checked
-    (UnreadableInput: no such source, no rows, not a decision table)."""
+    one at a time, of the columns scoring reads (a decision file's state, questions and id; a mapped table's
+    state and id columns; a JSONL source's raw lines). Its first table is checked (UnreadableInput: no such
+    source, no rows, not a decision table; MappingError: a column the mapping names is not there)."""
     opened = read.open_readable(source)
-    columns = None if opened.fmt == "jsonl" else SCORED_COLUMNS
+    wanted = SCORED_COLUMNS if mapping is None else mapping.unlabelled_columns
     first = True
-    for table in read.iter_tables(opened, rows_per_batch, columns=columns):
-        if first and opened.fmt != "jsonl" and "questions" not in table.column_names:
-            raise UnreadableInput(f"{source}: not a decision table: no column named questions (found "
-                                  f"{', '.join(opened.schema().names[:8]) or 'none'})")  # fmt: skip
+    for table in read.iter_tables(opened, rows_per_batch, columns=None if opened.fmt == "jsonl" else wanted):
+        if first:
+            _check_columns(opened, table, mapping)
         first = False
         yield table
     if first:
         raise UnreadableInput(f"{source}: no rows to score")
+
+
+def _check_columns(source: Source, table: pa.Table, mapping: Mapping | None) -> None:
+    """A decision table has questions; a plain table has the state and id columns its mapping names (a JSONL
+    source: keys its first rows use)."""
+    found = read.table_cells(table, ())[1] if source.fmt == "jsonl" else tuple(source.schema().names)
+    if mapping is not None:
+        require_columns(mapping.unlabelled_columns, found, source.text)
+    elif source.fmt != "jsonl" and "questions" not in found:
+        raise UnreadableInput(f"{source.text}: not a decision table: no column named questions (found "
+                              f"{', '.join(found[:8]) or 'none'}); for a plain table give --mapping FILE or "
+                              "--state-column and --label-column")  # fmt: skip
 
 
 def count_rows(source: str | Path) -> int | None:
@@ -119,40 +151,58 @@ def count_rows(source: str | Path) -> int | None:
 
 
 @contextmanager
-def served_model(
-    source: str, device: str = "cpu", precision: str = "fp32"
-) -> Iterator[tuple[str, DecisionModel]]:
-    """(the name the API serves it under, the model loaded as the server loads it) for an export folder or a
-    registry alias (its version fetched into a temporary folder, removed after)."""
-    dtype = serving_dtype(precision, torch.device(device))
+def model_folder(source: str) -> Iterator[tuple[str, Path]]:
+    """(the name the API serves it under, its folder) for an export folder or a registry alias (its version
+    fetched into a temporary folder, removed after)."""
     alias = parse_alias_uri(source)
     if alias is None:
         folder = Path(source)
         if not folder.is_dir():
             raise ModelLayoutError(f"--model {source}: no such folder (or use models:/NAME@ALIAS)")
-        yield export_name(folder), load_decision_model(folder).to(device, dtype)
+        yield export_name(folder), folder
         return
     name, alias_name = alias
     version = alias_version(name, alias_name)
     with tempfile.TemporaryDirectory(prefix="decision-predict-") as cache:
-        folder = download_version(name, version, Path(cache) / f"{name}-{version}")
-        yield f"{name}/{version}", load_decision_model(folder).to(device, dtype)
+        yield f"{name}/{version}", download_version(name, version, Path(cache) / f"{name}-{version}")
 
 
-def _write_scores(served: DecisionModel, chunks: Iterator[pa.Table], out: Path, name: str, batch_size: int,
-                  bar: tqdm, report: Callable[[str], None] | None) -> tuple[Counter, int]:  # fmt: skip
+def _row_reader(folder: Path, name: str, mapping: Mapping | None) -> tuple[RowReader, list[str] | None]:
+    """How a table becomes requests, and the questions every row asks where a mapping says them: with a mapping,
+    its options fixed from the mapping or the model's manifest (MappingError when neither gives them)."""
+    if mapping is None:
+        return table_rows, None
+    trained = read_manifest(folder).get(MAPPING_OPTIONS)
+    fixed = unlabelled_mapping(mapping, trained, f"the model {name}")
+    return partial(mapped_rows, mapping=fixed), list(fixed.questions)
+
+
+@dataclass(frozen=True)
+class Scorer:
+    """How a chunk is scored: its rows read as requests by `rows_of` (table, index of its first row), answered by
+    `served` `batch_size` at a time."""
+
+    served: DecisionModel
+    rows_of: RowReader
+    questions: list[str] | None
+    """The flattened questions where a mapping says them (None: those of the first readable row)."""
+    batch_size: int
+
+
+def _write_scores(scorer: Scorer, chunks: Iterator[pa.Table], out: Path, name: str, bar: tqdm,
+                  report: Callable[[str], None] | None) -> tuple[Counter, int]:  # fmt: skip
     """Answer and write chunk by chunk into OUT.partial, renamed to OUT once complete; (failures by reason, rows)."""
-    partial = out.with_name(out.name + PARTIAL_SUFFIX)
+    staged = out.with_name(out.name + PARTIAL_SUFFIX)
     out.parent.mkdir(parents=True, exist_ok=True)
     failed, rows, writer, last_line = Counter(), 0, None, time.monotonic()
     try:
         for table in chunks:
-            requests = table_rows(table, rows)
-            if writer is None:  # the flattened columns: the questions of the first readable row
-                flattened = question_ids(requests)
+            requests = scorer.rows_of(table, rows)
+            if writer is None:  # the flattened columns: the mapping's questions, or the first readable row's
+                flattened = scorer.questions if scorer.questions is not None else question_ids(requests)
                 schema = output_schema(flattened).with_metadata({"decision.model": name})
-                writer = pq.ParquetWriter(partial, schema)
-            scored = answer_rows(served, requests, batch_size)
+                writer = pq.ParquetWriter(staged, schema)
+            scored = answer_rows(scorer.served, requests, scorer.batch_size)
             writer.write_table(output_table(scored, flattened, schema))
             failed.update(row.error for row in scored if row.error is not None)
             rows += len(scored)
@@ -161,11 +211,11 @@ def _write_scores(served: DecisionModel, chunks: Iterator[pa.Table], out: Path, 
                 _say(report, f"{rows} rows scored, {sum(failed.values())} refused")
                 last_line = time.monotonic()
         writer.close()
-        os.replace(partial, out)
+        os.replace(staged, out)
     except BaseException:  # Ctrl-C too: no half-written file is left behind, under either name
         if writer is not None:
             writer.close()
-        partial.unlink(missing_ok=True)
+        staged.unlink(missing_ok=True)
         raise
     return failed, rows
 

@@ -298,7 +298,9 @@ def test_train_refuses_a_bad_mapping_before_training(plain_csv, tmp_path, tiny_b
     assert exit_info.value.code == 2 and "no such file" in capsys.readouterr().err
 
 
-def test_finetune_trains_on_a_mapped_table_end_to_end(tiny_base, tmp_path, capsys):
+def test_finetune_trains_on_a_mapped_table_end_to_end_and_predict_reads_new_rows_through_it(
+    tiny_base, tmp_path, capsys
+):
     path = tmp_path / "plain.csv"
     words = {"pos": ["great", "lovely", "superb"], "neg": ["awful", "broken", "rude"]}
     lines = [f"{words[label][i % 3]} item {i},{label}" for i in range(40) for label in ("pos", "neg")]
@@ -324,3 +326,29 @@ def test_finetune_trains_on_a_mapped_table_end_to_end(tiny_base, tmp_path, capsy
         )
         reports.append(json.loads(capsys.readouterr().out))
     assert reports[0]["decisions"] == 80 and reports[0]["metrics"] == reports[1]["metrics"]
+    # the export records the options it trained with, so unlabelled rows are asked the same question
+    assert json.loads((tmp_path / "export" / "manifest.json").read_text())["mapping_options"] == {
+        "tone": ["neg", "pos"]
+    }
+    new = tmp_path / "new.csv"
+    new.write_text("text\ngreat item\nrude item\n")
+    out = tmp_path / "scores.parquet"
+    assert (
+        main(
+            [
+                "predict",
+                "--model",
+                str(tmp_path / "export"),
+                "--data",
+                str(new),
+                "--out",
+                str(out),
+                "-q",
+                *flags,
+            ]
+        )
+        == 0
+    )
+    scored = pq.read_table(out).to_pylist()
+    assert [s["row_id"] for s in scored] == ["0", "1"]
+    assert all(list(json.loads(s["answers"])["tone"]["probabilities"]) == ["neg", "pos"] for s in scored)

@@ -7,6 +7,7 @@ import pyarrow.parquet as pq
 import yaml
 
 from pipeline.data import synthetic
+from pipeline.data.mapping import load_mapping
 from pipeline.stages.predict import predict_stage
 
 
@@ -23,6 +24,18 @@ def test_the_flow_writes_the_dated_file_the_stage_writes(prefect_harness, tiny_b
     assert summary["out"] == str(tmp_path / f"scores-{today}.parquet")
     assert summary["rows"] == 12 and 0 < summary["scored"] < 12 and summary["failed"]
     direct = predict_stage(str(tiny_base), data, tmp_path / "direct.parquet")
+    assert pq.read_table(summary["out"]).equals(pq.read_table(direct.out))
+
+
+def test_the_flow_reads_a_plain_table_through_its_mapping_parameter(prefect_harness, tiny_base, tmp_path):
+    from flows.batch_predict import batch_predict
+
+    data = tmp_path / "new.csv"
+    data.write_text("text,channel\nthe order was late,email\n,chat\ngreat product,phone\n")
+    mapping = {"state": "text", "questions": {"tone": {"column": "label", "options": ["bad", "good"]}}}
+    summary = batch_predict(str(data), str(tiny_base), str(tmp_path / "flow.parquet"), mapping=mapping)
+    assert summary["rows"] == 3 and summary["failed"] == {"missing_state": 1}
+    direct = predict_stage(str(tiny_base), data, tmp_path / "direct.parquet", mapping=load_mapping(mapping))
     assert pq.read_table(summary["out"]).equals(pq.read_table(direct.out))
 
 

@@ -19,7 +19,16 @@ from mlflow.pyfunc import PythonModelContext
 
 from pipeline.data.answers import answer_probabilities, parse_request
 from pipeline.families import backends, load_decision_model
-from pipeline.families.backends import LARGEST_DP, PROBES, RUNTIMES, check_parity, choose_backend
+from pipeline.families.backends import (
+    FP32_PARITY,
+    LARGEST_DP,
+    PROBES,
+    RUNTIMES,
+    Parity,
+    ParityBound,
+    check_parity,
+    choose_backend,
+)
 from pipeline.families.base import Answered, DecisionModel
 from pipeline.families.onnx_encoder import ONNX_FILE, OnnxEncoder, onnxruntime_missing
 from pipeline.families.openvino_encoder import OpenVinoEncoder, openvino_missing
@@ -291,3 +300,14 @@ def test_the_mlflow_pyfunc_runs_the_backend_its_model_config_names(tiny_base, tm
         np.testing.assert_allclose(
             answer_probabilities(got["answers"][qid]), answer_probabilities(answer), atol=LARGEST_DP + 1e-9
         )
+
+
+def test_fp32_parity_allows_no_argmax_change_and_bf16_only_changes_on_near_ties():
+    exact = Parity(5e-5, 1.0, 9)
+    flipped_on_a_tie = Parity(5e-5, 8 / 9, 9, (0.0,))
+    assert exact.within(FP32_PARITY) and not flipped_on_a_tie.within(FP32_PARITY)
+    assert not Parity(2e-4, 1.0, 9).within(FP32_PARITY)
+    bf16 = ParityBound(1e-3, tie=2e-3)
+    assert Parity(4e-4, 8 / 9, 9, (6e-4,)).within(bf16)  # a near-tie the allowed move explains
+    assert not Parity(4e-4, 8 / 9, 9, (0.3,)).within(bf16)  # a clear answer changed
+    assert not Parity(2e-3, 1.0, 9).within(bf16)

@@ -13,7 +13,6 @@ is decoded only when a caller asks for it.
 from __future__ import annotations
 
 import csv
-
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -169,11 +168,14 @@ def _open_text(path: Path, fmt: str) -> pa_csv.CSVStreamingReader:
         parse = pa_csv.ParseOptions(delimiter="\x1f", quote_char=False, escape_char=False)
         convert = pa_csv.ConvertOptions(column_types={LINE_COLUMN: pa.large_string()})
     else:
+        header = csv_header(path)
         read = pa_csv.ReadOptions(block_size=_BLOCK_SIZE)
-        parse = pa_csv.ParseOptions(newlines_in_values=True)
+        # In a one-column table an empty cell is written as an empty line: it is a row (its cell null), never
+        # skipped, or every later row would shift up and the row count shrink silently.
+        parse = pa_csv.ParseOptions(newlines_in_values=True, ignore_empty_lines=len(header) > 1)
         # Every cell as text: types inferred from the first block could clash with a later block's, and a
         # mapping reads a plain table's columns (a label of "1" in one block and "n/a" in the next).
-        text = {name: pa.large_string() for name in (*csv_header(path), *DECISION_COLUMNS)}
+        text = {name: pa.large_string() for name in (*header, *DECISION_COLUMNS)}
         convert = pa_csv.ConvertOptions(column_types=text, strings_can_be_null=True)
     return pa_csv.open_csv(path, read_options=read, parse_options=parse, convert_options=convert)
 

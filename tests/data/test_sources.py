@@ -163,3 +163,10 @@ def test_the_cli_says_one_line_and_exits_2_for_an_empty_folder_and_a_hub_id_offl
     assert done.returncode == 2 and len(lines) == 1
     assert "hf:nobody/no-such-set:train: cannot load it from the Hugging Face Hub" in lines[0]
     assert "save_to_disk(FOLDER)` and pass FOLDER" in lines[0]
+
+
+def test_an_empty_cell_of_a_one_column_csv_stays_a_row(tmp_path):
+    table = tmp_path / "notes.csv"
+    table.write_text("text\nfirst\n\nthird\n")  # what a CSV writer makes of ["first", None, "third"]
+    [read] = list(iter_tables(table))
+    assert read.column("text").to_pylist() == ["first", None, "third"]

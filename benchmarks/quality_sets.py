@@ -175,19 +175,20 @@ RECORD_SETS = {
         fields={"whrswk": "hours_per_week", "experience": "years_of_experience", "education": "education",
                 "race": "race", "hispanic": "hispanic", "kidslt6": "kids_under_6", "kids618": "kids_6_to_18",
                 "husby": "husband_income_thousands", "hhi2": "husband_insured_by_own_job", "region": "region"},
-        questions={"insured_by_own_job": {"type": "noul", "criteria": None,
-                                          "instructions": "This married woman has health insurance through her own job."},
-                   "covered_by_husband": {"type": "noul", "criteria": None,
-                                          "instructions": "This married woman is covered by her husband's health insurance."}},
+        questions={
+            "insured_by_own_job": {"type": "noul", "criteria": None,
+                                   "instructions": "This married woman has health insurance through her own job."},
+            "covered_by_husband": {"type": "noul", "criteria": None,
+                                   "instructions": "This married woman is covered by her husband's health insurance."}},
         answers={"insured_by_own_job": ("whi", NOUL), "covered_by_husband": ("hhi", NOUL)},
     ),
     "records-chile": RecordSet(
         "car", "Chile",
         fields={c: c for c in ("region", "population", "sex", "age", "education", "income", "statusquo")},
-        questions={"vote": {"type": "choice",
-                            "instructions": "How does this Chilean intend to vote in the 1988 plebiscite on Pinochet's rule?",
-                            "criteria": {"yes": "for Pinochet", "no": "against Pinochet", "undecided": None,
-                                         "abstain": "will not vote"}}},
+        questions={"vote": {
+            "type": "choice",
+            "instructions": "How does this Chilean intend to vote in the 1988 plebiscite on Pinochet's rule?",
+            "criteria": {"yes": "for Pinochet", "no": "against Pinochet", "undecided": None, "abstain": "will not vote"}}},
         answers={"vote": ("vote", {"Y": "yes", "N": "no", "U": "undecided", "A": "abstain"})},
     ),
 }  # fmt: skip
@@ -235,10 +236,11 @@ def record_rows(table: list[dict[str, str]], spec: RecordSet) -> list[dict]:
         options = {qid: mapping.get(cells[column]) for qid, (column, mapping) in spec.answers.items()}
         if None in options.values():
             continue
-        rows.append({"id": f"{spec.table}/{cells['']}",
-                     "state": {key: cell_value(cells[column]) for column, key in spec.fields.items()},
-                     "questions": spec.questions,
-                     "gold": {qid: hard_gold(option, _option_ids(spec.questions[qid])) for qid, option in options.items()}})  # fmt: skip
+        gold = {qid: hard_gold(option, _option_ids(spec.questions[qid])) for qid, option in options.items()}
+        state = {key: cell_value(cells[column]) for column, key in spec.fields.items()}
+        rows.append(
+            {"id": f"{spec.table}/{cells['']}", "state": state, "questions": spec.questions, "gold": gold}
+        )
     return rows
 
 

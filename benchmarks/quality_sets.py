@@ -11,15 +11,16 @@
   Questions: `party` of the president (choice: Democratic, Republican, other) and `era` (score, five 46-year
   periods). Held-out passages come from addresses no training passage comes from.
 - `long-sotu`: the same addresses and questions, a passage being 20 consecutive sentences (about 3,400 characters,
-  some 750 MiniLM tokens: three times the encoder's 254-token window), split by address as `sotu`.
+  some 660 MiniLM tokens: 2.6 times the encoder's 254-token window), split by address as `sotu`.
 - `records-hi`: health insurance of 22,272 married women (a U.S. cross-section from 1993), from Olson, C.A.
   (1998), "A comparison of parametric and semiparametric estimates of the effect of spousal health insurance
   coverage on weekly hours worked by wives", Journal of Applied Econometrics 13(5), 543-565 (JAE data archive), as
   the R package `Ecdat` (GPL-2 or later) ships it as `HI`. State: a record of ten fields, numbers and categories
   (her hours and years of work, education, race, children, her husband's income and own-job insurance, region).
   Questions (noul): `insured_by_own_job` (`whi`) and `covered_by_husband` (`hhi`); the sampling weight is dropped.
-- `records-chile`: voting intentions of 2,700 Chileans before the 1988 plebiscite (a FLACSO/Chile survey), as the
-  R package `car` (GPL-2 or later) ships it as `Chile`. State: seven fields (region, community size, sex, age,
+- `records-chile`: voting intentions of 2,700 Chileans before the 1988 plebiscite (a FLACSO/Chile survey), from
+  Fox, J. & Weisberg, S., An R Companion to Applied Regression (Sage), as the R package `car` (now `carData`;
+  GPL-2 or later) ships it as `Chile`. State: seven fields (region, community size, sex, age,
   education, income, a status-quo support scale), some missing (null). Question: `vote` (choice of yes, no,
   undecided, abstain); the 168 rows without a vote are dropped.
 

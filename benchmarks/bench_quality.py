@@ -1,5 +1,6 @@
 """Model quality: our default fine-tune against TF-IDF + logistic regression and laya's own trainer, on VADER and
-two more real text data sets (`quality_sets.py` says what they are, where they come from and their licences).
+more real data sets: text, long text and records (`quality_sets.py` says what they are, where they come from and
+their licences).
 
 For each data set, one after the other in this process, on the same training rows and the same held-out rows:
 - ours: `decision finetune` with params.yaml's defaults (`pipeline.stages.finetune.finetune`), the held-out rows
@@ -9,13 +10,17 @@ For each data set, one after the other in this process, on the same training row
 - laya: `laya.train.finetune` (its defaults: full fine-tuning, 4 epochs) from the same MiniLM snapshot, stopped
   when it has used ours' wall seconds; it trains on the first rows a 15 decisions/s pace (FACTS.md) gets through
   in that time, so its one epoch ends near the stop. Its model is scored by our code.
-- TF-IDF + LR: word 1-2-grams, one logistic regression per question on the same training rows.
+- TF-IDF + LR: word 1-2-grams of the state's text (a record's compact JSON), one logistic regression per question
+  on the same training rows.
+- on records (every state a JSON object), the tabular baselines of `baseline_tabular.py` too: one-hot + logistic
+  regression (`onehot+lr`) and gradient boosting (`hist-gbm`), one model per question.
 
 It prints a table with the ratios, writes `benchmarks/results/bench_quality.json` and a learning curve
 (`bench_quality.png`: held-out accuracy against wall seconds for each contender).
 
     python benchmarks/bench_quality.py [--datasets vader,spam,sotu] [--rows 3000] [--heldout 500] [--no-laya]
                                        [--seed N]
+    python benchmarks/bench_quality.py --datasets records-hi,long-sotu --rows 2000 --heldout 500 --no-laya
 """
 
 from __future__ import annotations
@@ -32,7 +37,8 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(HERE))
 
 import numpy as np  # noqa: E402
-from quality_sets import dataset_files  # noqa: E402
+from baseline_tabular import TABULAR_MODELS, predict_tabular  # noqa: E402
+from quality_sets import DATASETS, dataset_files  # noqa: E402
 
 RESULTS = HERE / "results"
 BASE = ROOT / "data/snapshots/minilm"
@@ -61,25 +67,42 @@ def run_tfidf(train: Path, heldout: Path) -> dict:
     from sklearn.linear_model import LogisticRegression
 
     from pipeline.data.contract import state_text
+
+    def fit_predict(train_records, labels, held_records):
+        vectorizer = TfidfVectorizer(ngram_range=(1, 2), min_df=2, sublinear_tf=True)
+        x_train = vectorizer.fit_transform([state_text(r.state) for r in train_records])
+        model = LogisticRegression(max_iter=2000).fit(x_train, labels)
+        return model.classes_, model.predict_proba(
+            vectorizer.transform([state_text(r.state) for r in held_records])
+        )
+
+    return run_per_question("tfidf+lr", train, heldout, fit_predict)
+
+
+def run_tabular(name: str, train: Path, heldout: Path) -> dict:
+    """A tabular baseline (`baseline_tabular.py`) on record states."""
+
+    def fit_predict(train_records, labels, held_records):
+        return predict_tabular(
+            name, [r.state for r in train_records], labels, [r.state for r in held_records]
+        )
+
+    return run_per_question(name, train, heldout, fit_predict)
+
+
+def run_per_question(contender: str, train: Path, heldout: Path, fit_predict) -> dict:
+    """One model per question, `fit_predict(training records, their labels, held-out records) -> (classes,
+    probabilities)`, scored on the held-out decisions as ours is."""
     from pipeline.data.validate import validate_file
     from pipeline.scoring.metrics import detailed_metrics
 
     started = time.perf_counter()
     train_records = validate_file(train).records
     held_records, decisions = heldout_decisions(heldout)
-    vectorizer = TfidfVectorizer(ngram_range=(1, 2), min_df=2, sublinear_tf=True)
-    x_train = vectorizer.fit_transform([state_text(r.state) for r in train_records])
-    x_held = vectorizer.transform([state_text(r.state) for r in held_records])
     probabilities = {}
     for qid in sorted({d.question.id for r in train_records for d in r.decisions}):
-        rows = [
-            (i, d.gold.label)
-            for i, r in enumerate(train_records)
-            for d in r.decisions
-            if d.question.id == qid
-        ]
-        model = LogisticRegression(max_iter=2000).fit(x_train[[i for i, _ in rows]], [y for _, y in rows])
-        probabilities[qid] = (model.classes_, model.predict_proba(x_held))
+        pairs = [(r, d.gold.label) for r in train_records for d in r.decisions if d.question.id == qid]
+        probabilities[qid] = fit_predict([r for r, _ in pairs], [y for _, y in pairs], held_records)
     scored = []
     for d in decisions:
         classes, proba = probabilities[d.question_id]
@@ -87,7 +110,7 @@ def run_tfidf(train: Path, heldout: Path) -> dict:
         full[classes] = proba[d.record]
         scored.append(full / full.sum())
     seconds = time.perf_counter() - started
-    return {"contender": "tfidf+lr", "wall_seconds": seconds, "curve": [[seconds, None]],
+    return {"contender": contender, "wall_seconds": seconds, "curve": [[seconds, None]],
             **detailed_metrics(decisions, scored)}  # fmt: skip
 
 
@@ -183,12 +206,15 @@ def run_dataset(name: str, rows: int, heldout_rows: int, laya: bool, seed: int |
 
     work = HERE / ".cache" / "quality" / name
     train, heldout = dataset_files(name, work, rows, heldout_rows)
-    train_report, held_report = validate_file(train).report, validate_file(heldout).report
+    train_data, held_report = validate_file(train), validate_file(heldout).report
+    train_report = train_data.report
     print(f"{name}: {train_report.rows:,} training rows ({train_report.decisions:,} decisions), "
           f"{held_report.rows:,} held-out rows ({held_report.decisions:,} decisions)", file=sys.stderr)  # fmt: skip
     tfidf = run_tfidf(train, heldout)
+    records = all(isinstance(r.state, dict) for r in train_data.records)
+    tabular = [run_tabular(model, train, heldout) for model in TABULAR_MODELS] if records else []
     ours = run_ours(train, heldout, work / ("ours" if seed is None else f"ours-seed{seed}"), seed)
-    contenders = [ours, tfidf]
+    contenders = [ours, tfidf, *tabular]
     if laya:
         contenders.append(run_laya(train, heldout, work / "laya", ours["wall_seconds"]))
     return {"dataset": name, "train_rows": train_report.rows, "train_decisions": train_report.decisions,
@@ -204,17 +230,17 @@ def c_ratio(ours: dict, other: dict) -> dict:
 
 
 def print_table(results: list[dict]) -> None:
-    header = (f"{'data set':<8} {'rows':>6} {'dec.':>6}  {'contender':<11} {'steps':>5} {'wall s':>7} "
+    header = (f"{'data set':<13} {'rows':>6} {'dec.':>6}  {'contender':<11} {'steps':>5} {'wall s':>7} "
               f"{'acc':>6} {'rec.acc':>7} {'ECE':>6} {'Brier':>6}")  # fmt: skip
     print(header)
     print("-" * len(header))
     for result in results:
         for c in result["contenders"]:
-            print(f"{result['dataset']:<8} {result['train_rows']:>6} {result['heldout_decisions']:>6}  "
+            print(f"{result['dataset']:<13} {result['train_rows']:>6} {result['heldout_decisions']:>6}  "
                   f"{c['contender']:<11} {c.get('steps', '-')!s:>5} {c['wall_seconds']:>7.0f} {c['accuracy']:>6.4f} "
                   f"{c['record_accuracy']:>7.4f} {c['ece']:>6.4f} {c['brier']:>6.4f}")  # fmt: skip
         for name, ratio in result["ratios"].items():
-            print(f"{'':<8} {name}: accuracy x{ratio['accuracy']:.3f} ({ratio['accuracy_gain']:+.4f}), "
+            print(f"{'':<13} {name}: accuracy x{ratio['accuracy']:.3f} ({ratio['accuracy_gain']:+.4f}), "
                   f"record accuracy x{ratio['record_accuracy']:.2f}")  # fmt: skip
 
 
@@ -243,15 +269,25 @@ def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--datasets", default="vader,spam,sotu")
-    parser.add_argument("--rows", type=int, default=3000, help="training rows of spam and sotu (VADER: all)")
-    parser.add_argument("--heldout", type=int, default=500, help="held-out rows of spam and sotu")
+    parser.add_argument(
+        "--datasets", default="vader,spam,sotu", help=f"comma-separated, of: {', '.join(DATASETS)}"
+    )
+    parser.add_argument(
+        "--rows", type=int, default=3000, help="training rows of each set but VADER (VADER: all)"
+    )
+    parser.add_argument("--heldout", type=int, default=500,
+                        help="held-out rows of each set but VADER (the sotu sets: at most what their held-out addresses give)")  # fmt: skip
     parser.add_argument(
         "--no-laya", action="store_true", help="leave laya's trainer out (it takes as long as ours)"
     )
     parser.add_argument("--seed", type=int, default=None, help="train.seed for ours (default: params.yaml's), "
                         "to measure the noise from seeds")  # fmt: skip
     args = parser.parse_args()
+    unknown = [name for name in args.datasets.split(",") if name not in DATASETS]
+    if unknown:
+        parser.error(f"--datasets: unknown {', '.join(unknown)}; choose from {', '.join(DATASETS)}")
+    if args.rows < 1 or args.heldout < 1:
+        parser.error("--rows and --heldout must be at least 1")
     RESULTS.mkdir(parents=True, exist_ok=True)
     name = "bench_quality" if args.seed is None else f"bench_quality_seed{args.seed}"
     results = []

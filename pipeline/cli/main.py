@@ -112,6 +112,7 @@ def _training_setup(args: argparse.Namespace):
                 ("nproc", args.nproc),
                 ("threads", args.threads),
                 ("layer_plan", args.layer_plan),
+                ("state_windows", args.state_windows),
             )
             if v is not None
         }
@@ -366,6 +367,9 @@ def _add_training_arguments(command: argparse.ArgumentParser, out_help: str) -> 
                          help="the backbone's layers to run, in order (default: train.layer_plan): 0,1,1,2,3 "
                          "visits layer 1 twice with the same weights; 0,1,2,3 skips the rest; JSON "
                          "[[start,end,passes]] repeats half-open ranges")  # fmt: skip
+    command.add_argument("--state-windows", type=int, metavar="N",
+                         help="joint family on an encoder: read a state longer than the encoder's window in up to N "
+                         "windows, the head attending over all of them (default: train.state_windows)")  # fmt: skip
     command.add_argument("--slice", metavar="START:END", help="use rows [START, END) of DATA only")
     command.add_argument("--device", default="auto", help="auto (cuda if available), cpu, cuda, cuda:1, ...")
     command.add_argument("--params", default="params.yaml", help="the params file (default: params.yaml)")

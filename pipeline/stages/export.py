@@ -20,7 +20,7 @@ from pipeline.families import load_decision_model, pick_family, resolve_training
 from pipeline.families.base import ExportResult
 from pipeline.families.exporting import read_manifest
 from pipeline.families.onnx_encoder import ONNX_FILE, export_encoder, onnxruntime_missing
-from pipeline.lineage import export_manifest
+from pipeline.lineage import MAPPING_OPTIONS, export_manifest, options_of
 from pipeline.rundir import RunFolder
 from pipeline.scoring.calibrators import Calibrator
 
@@ -37,6 +37,9 @@ def export_folder(source: str | Path, out: str | Path) -> ExportResult:
         )  # already merged in place
     model = load_decision_model(source)
     manifest = {**read_manifest(source), "source": str(source), "source_digest": current_md5(source)}
+    # `decision train` on a mapped table keeps the options in the fine-tune's training record.
+    options = manifest.get(MAPPING_OPTIONS) or family.describe_training(source).get(MAPPING_OPTIONS)
+    manifest |= {MAPPING_OPTIONS: options} if options else {}
     return with_encoder_graph(family.export(model.loaded, out, family.calibrator(model.loaded), manifest))
 
 
@@ -81,5 +84,4 @@ def mapped_options(run: RunFolder) -> dict[str, list[str]] | None:
     counts its validation report keeps, in the model's order); None for decision rows or no report."""
     if not run.validation.is_file():
         return None
-    labels = json.loads(run.validation.read_text()).get("labels")
-    return {qid: list(counts) for qid, counts in labels.items()} if labels else None
+    return options_of(json.loads(run.validation.read_text()).get("labels"))

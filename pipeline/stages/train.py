@@ -18,7 +18,7 @@ from pipeline.data.pins import pin_status, verify_inputs
 from pipeline.data.split import SplitData, TrainSource
 from pipeline.device import peak_memory_mb
 from pipeline.families import resolve_training
-from pipeline.lineage import source_digest
+from pipeline.lineage import MAPPING_OPTIONS, options_of, source_digest
 from pipeline.rundir import RunFolder
 from pipeline.scoring.heldout import HeldOut, save_heldout
 from pipeline.training.checkpoint import Checkpointer
@@ -30,11 +30,14 @@ RANKS_MODULE = "pipeline.stages.train_ranks"
 """What torchrun runs on each rank when `train.nproc` > 1 (named, not imported: it imports this module)."""
 
 
-def save_trained(trained: Trained, out: Path, data: str | Path, base: str | Path) -> Path:
-    """The fine-tune as its family keeps it, with what it was trained on and how."""
+def save_trained(trained: Trained, out: Path, data: str | Path, base: str | Path,
+                 options: dict[str, list[str]] | None = None) -> Path:  # fmt: skip
+    """The fine-tune as its family keeps it, with what it was trained on and how, and with `options` (a mapped
+    table's, `lineage.options_of`) what `decision export` puts in the manifest for `decision predict`."""
     run, config = trained.run, trained.config
     digest = source_digest(data, base, config, run.pins, run.steps, run.losses)
-    return trained.family.save_finetune(trained.loaded, out, training_description(config, base, run, digest))
+    training = training_description(config, base, run, digest) | ({MAPPING_OPTIONS: options} if options else {})
+    return trained.family.save_finetune(trained.loaded, out, training)
 
 
 def checked_inputs(named: dict[str, str | Path | None]) -> dict[str, Any]:
@@ -67,7 +70,8 @@ def fit_and_save(data: SplitData, base: str | Path, out: str | Path | None, conf
     trained = fit(data, base, config, device, hooks, controls)
     run = _recorded(trained.run, checked)
     if out is not None and (not run.cancelled or controls.save_on_cancel):
-        run.saved_to = str(save_trained(trained, Path(out), data.report.source, base))
+        options = options_of(data.report.labels)
+        run.saved_to = str(save_trained(trained, Path(out), data.report.source, base, options))
     return run
 
 
@@ -120,7 +124,8 @@ def train_stage(run_dir: str | Path, base: str | Path, config: TrainConfig, devi
     controls = replace(controls, checkpoints=Checkpointer(run_folder.checkpoint, config))
     trained = fit(data, base, config, device, replace(hooks, on_eval=evaluated), controls)
     run = _recorded(trained.run, checked or {})
-    run.saved_to = str(save_trained(trained, run_folder.finetune, run_folder.split, base))
+    options = options_of(data.report.labels)
+    run.saved_to = str(save_trained(trained, run_folder.finetune, run_folder.split, base, options))
     run.heldout_checkpoints, run.peak_memory_mb = checkpoints, peak_memory_mb()
     run.mlflow_run_id = hooks.mlflow_run_id
     save_heldout(

@@ -38,7 +38,7 @@ from pipeline.serving.server import ServeOptions, build_app
 from pipeline.stages.export import export_folder, with_encoder_graph
 from tests.api.conftest import wait_ready
 from tests.model.test_batch_independence import MATES, QUESTIONS
-from tests.tiny import load_joint_on
+from tests.tiny import JOINT_HEAD, load_joint_on
 
 MISSING = onnxruntime_missing()
 needs_onnx = pytest.mark.skipif(MISSING is not None, reason=f"the onnx extra is not installed: {MISSING}")
@@ -86,6 +86,15 @@ def test_runtime_answers_equal_torch_answers_on_varied_requests(model, onnx_mode
     assert onnx_model.backend == runtime and model.backend == "torch"
     parity = check_parity(model, onnx_model.encoder, REQUESTS)
     assert parity.questions == sum(len(questions) for _, questions in REQUESTS)
+    assert parity.largest_dp <= LARGEST_DP + 1e-9 and parity.argmax_agreement == 1.0, parity
+
+
+def test_a_state_read_in_windows_answers_as_torch_does_on_every_runtime(tiny_base, runtime, tmp_path):
+    model = DecisionModel(*load_joint_on(tiny_base, replace(JOINT_HEAD, state_windows=3)))
+    choice = choose_backend(model, runtime, tmp_path / "encoder.onnx")
+    assert choice.name == runtime, choice.reason
+    requests = [("the battery " + "really " * 45 + "died", QUESTIONS), *REQUESTS]
+    parity = check_parity(model, choice.encoder, requests)
     assert parity.largest_dp <= LARGEST_DP + 1e-9 and parity.argmax_agreement == 1.0, parity
 
 

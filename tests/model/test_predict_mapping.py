@@ -223,3 +223,27 @@ def test_a_run_config_gives_the_mapping_decision_init_recorded(laya_export, tmp_
     assert len(error) == 1 and "--run-config nope" in error[0] and not (tmp_path / "never.parquet").exists()
     assert main(["predict", "--data", str(table), "--out", "never.parquet", "-q"]) == 2
     assert "--run-config NAME" in capsys.readouterr().err and not (tmp_path / "never.parquet").exists()
+
+
+@pytest.mark.parametrize("family", ["laya", "joint"])
+def test_train_then_export_keeps_the_options_a_mapped_table_trained_with(tiny_base, tmp_path, capsys, family):
+    """`decision train` on a mapped table, then `decision export --adapter`: the export's manifest records the
+    options, so an unlabelled table scores with no options in the mapping."""
+    rows = [row | {"id": f"{row['id']}-{i}"} for i in range(8) for row in TICKETS]
+    table = write_table(rows, tmp_path / "tickets.csv")
+    labelled = {**MAPPING, "questions": {"urgency": MAPPING["questions"]["urgency"]}}  # options from the labels
+    (tmp_path / "m.json").write_text(json.dumps(labelled))
+    method = ["--method", "lora"] if family == "laya" else ["--method", "head"]
+    train = ["train", "--data", str(table), "--mapping", str(tmp_path / "m.json"), "--base", str(tiny_base),
+             "--family", family, *method, "--max-steps", "1", "--out", str(tmp_path / "ft"), "-q"]  # fmt: skip
+    assert main(train) == 0
+    assert main(["export", "--adapter", str(tmp_path / "ft"), "--out", str(tmp_path / "export")]) == 0
+    manifest = json.loads((tmp_path / "export" / MANIFEST).read_text())
+    assert manifest[MAPPING_OPTIONS] == {"urgency": ["0", "1", "2", "3"]}
+    new = write_table(unlabelled(TICKETS), tmp_path / "new.jsonl")
+    out = tmp_path / "scores.parquet"
+    predict = ["predict", "--model", str(tmp_path / "export"), "--data", str(new), "--mapping",
+               str(tmp_path / "m.json"), "--out", str(out), "-q"]  # fmt: skip
+    assert main(predict) == 0
+    answers = [json.loads(o["answers"]) for o in read_out(out) if o["answers"]]
+    assert answers and all(list(a["urgency"]["probabilities"]) == ["0", "1", "2", "3"] for a in answers)

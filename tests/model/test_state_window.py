@@ -137,3 +137,60 @@ def _record(train: dict) -> TrainingRecord:
     train = train | {"peak_memory_mb": 0.0}  # the train stage measures it; fit alone does not
     return TrainingRecord("key", {}, train, {"heldout": heldout, "temperatures": {}}, {}, "rows.jsonl", "md5",
                           "export", "run")  # fmt: skip
+
+
+WINDOWED = replace(JOINT_HEAD, state_windows=3)
+
+
+def test_joint_reads_a_long_state_in_windows_of_its_sequence_length(tiny_base):
+    family, loaded = load_joint_on(tiny_base, WINDOWED)
+    _, one_window = load_joint_on(tiny_base)
+    records = _rows(1, 1)
+    examples, _ = family.build_examples(loaded, records)
+    long_cut, short_cut = family.state_cuts(examples)
+    width, tokenizer = loaded.layout.max_len, loaded.tokenizer
+    assert (long_cut.room, long_cut.kept) == (3 * (width - 2), 3 * (width - 2))
+    assert long_cut.dropped == LONG - 3 * (width - 2) and short_cut.dropped == 0
+    ids = examples[0].record.ids
+    windows = [ids[start : start + width] for start in range(0, len(ids), width)]
+    assert len(windows) == 3 and all(len(w) == width for w in windows)
+    assert all(w[0] == tokenizer.cls_token_id and w[-1] == tokenizer.sep_token_id for w in windows)
+    assert [t for w in windows for t in w[1:-1]] == tokenizer(state_text(records[0].state),
+                                                              add_special_tokens=False)["input_ids"][: 3 * (width - 2)]  # fmt: skip
+    short, _ = family.build_examples(one_window, records[1:])
+    assert examples[1].record == short[0].record  # a state that fits reads as it always did
+
+
+def test_each_window_is_read_as_a_sequence_of_its_own(tiny_base):
+    _, loaded = load_joint_on(tiny_base, WINDOWED)
+    model, width = loaded.model, loaded.layout.max_len
+    ids = torch.randint(5, 100, (2, 2 * width + 7))
+    mask = torch.ones_like(ids)
+    mask[1, width + 3 :] = 0  # the second row: one window and a bit; its third window is all padding
+    with torch.inference_mode():
+        windowed = model.state_hidden_states(ids, mask)
+        for row, windows in ((0, 3), (1, 2)):
+            for w in range(windows):
+                part = slice(w * width, min((w + 1) * width, ids.shape[1]))
+                alone = model.hidden_states(ids[row : row + 1, part], mask[row : row + 1, part])[0]
+                real = mask[row, part].bool()
+                torch.testing.assert_close(windowed[row, part][real], alone[real], atol=1e-5, rtol=1e-5)
+
+
+def test_the_windows_are_saved_with_the_model_and_read_back(tiny_base, tmp_path):
+    from pipeline.families.joint.layout import export_joint, load_joint
+
+    family, loaded = load_joint_on(tiny_base, WINDOWED)
+    export_joint(loaded, tmp_path / "export", (1.0, 1.0, 1.0), {})
+    again = load_joint(tmp_path / "export")
+    assert again.layout.state_windows == 3 and again.model.state_window == loaded.layout.max_len
+    records = _rows(1, 0)
+    before, _ = family.build_examples(loaded, records)
+    after, _ = family.build_examples(again, records)
+    assert before[0].record == after[0].record and after[0].record.state_tokens > loaded.layout.max_len
+
+
+def test_a_causal_lm_reads_its_state_in_its_one_sequence_whatever_the_windows(tmp_path):
+    folder = write_tiny_causal_lm(tmp_path / "lm")
+    loaded = pick_family(folder).load(folder, replace(WINDOWED, method="head"), torch.device("cpu"))
+    assert loaded.layout.state_windows == 1 and loaded.model.state_window is None

@@ -44,6 +44,7 @@ from pipeline.families.joint.layout import (
     is_joint_export,
     load_joint,
     set_layer_plan,
+    set_state_windows,
     temperature_of,
 )
 from pipeline.families.joint.predict import answer_joint_requests
@@ -106,6 +107,8 @@ class JointFamily(DecisionFamily):
             loaded.model.head.to(device)
         if config is not None and config.layer_plan is not None:
             set_layer_plan(loaded, config.layer_plan)  # the run's plan, over the folder's own
+        if config is not None:
+            set_state_windows(loaded, config.state_windows)
         return loaded
 
     def load_trained(self, folder) -> LoadedJoint:

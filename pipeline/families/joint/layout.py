@@ -111,8 +111,13 @@ class LoadedJoint:
         return bool((self.config.get("head") or {}).get("isolated", False))
 
     @property
+    def state_windows(self) -> int:
+        """Windows of `max_len` a long state is read in (fields apart; exports before: 1)."""
+        return int(self.config.get("state_windows", 1)) if self.fields_apart else 1
+
+    @property
     def layout(self) -> RecordLayout:
-        return RecordLayout(self.max_len, self.fields_apart, self.fields_max_len, self.isolated)
+        return RecordLayout(self.max_len, self.fields_apart, self.fields_max_len, self.isolated, self.state_windows)
 
 
 def is_joint_export(path: str | Path) -> bool:
@@ -247,7 +252,15 @@ def _assemble(backbone: nn.Module, head: JointHead, tokenizer, config: dict[str,
         JointDecisionModel(backbone, head.float()).eval(), _with_pad_token(tokenizer), config
     )
     set_layer_plan(loaded, config.get(PLAN_KEY))  # an export saved with a layer plan runs it
+    set_state_windows(loaded, loaded.state_windows)
     return loaded
+
+
+def set_state_windows(loaded: LoadedJoint, windows: int) -> None:
+    """Read a long state in up to `windows` windows of `max_len` tokens (`records.windowed_state`) and record it
+    in the config the export writes; a causal LM reads its state in its one sequence, so it keeps 1."""
+    loaded.config["state_windows"] = int(windows) if loaded.fields_apart else 1
+    loaded.model.state_window = loaded.max_len if loaded.state_windows > 1 else None
 
 
 def set_layer_plan(loaded: LoadedJoint, spec) -> None:

@@ -12,6 +12,7 @@ import torch
 from pipeline.data.answers import ParsedRequest, shape_answers
 from pipeline.families.base import UNENCODABLE, Answered, BadQuestion, EncoderRun
 from pipeline.families.forward_passes import autocast_context, length_batches
+from pipeline.families.joint.head import by_windows
 from pipeline.families.joint.layout import LoadedJoint, temperature_of
 from pipeline.families.joint.records import (
     EncodedRecord,
@@ -85,7 +86,7 @@ def record_logits(loaded: LoadedJoint, records: list[EncodedRecord], batch_size:
                 keys = distinct_field_keys(chosen)
                 batch["field_vectors"] = loaded.field_cache.fill(model, batch, keys, device, encoder)
             if encoder is not None:
-                batch.update(_encoded(encoder, batch))
+                batch.update(_encoded(encoder, batch, model.state_window))
             logits = model({k: v.to(device) for k, v in batch.items()})
         logits = logits.float().cpu().numpy().astype(np.float64)
         for row, index in enumerate(indices):
@@ -93,10 +94,10 @@ def record_logits(loaded: LoadedJoint, records: list[EncodedRecord], batch_size:
     return out
 
 
-def _encoded(encoder: EncoderRun, batch: dict) -> dict[str, torch.Tensor]:
-    """The backbone's hidden states of a batch as the head reads them precomputed (`state_hidden`, and
-    `field_hidden` for fields read apart and not cached)."""
-    hidden = {"state_hidden": encoder(batch["input_ids"], batch["attention_mask"])}
+def _encoded(encoder: EncoderRun, batch: dict, window: int | None) -> dict[str, torch.Tensor]:
+    """The backbone's hidden states of a batch as the head reads them precomputed (`state_hidden`, window by
+    window, and `field_hidden` for fields read apart and not cached)."""
+    hidden = {"state_hidden": by_windows(encoder, batch["input_ids"], batch["attention_mask"], window)}
     if "field_input_ids" in batch and "field_vectors" not in batch:
         hidden["field_hidden"] = encoder(batch["field_input_ids"], batch["field_attention_mask"])
     return hidden

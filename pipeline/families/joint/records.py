@@ -94,12 +94,13 @@ class EncodedRecord:
 
 def encode_record(tokenizer: Any, state: Any, questions: list[Question], max_len: int, min_state_tokens: int = 8,
                   fields_apart: bool = False, fields_max_len: int | None = None,
-                  isolated: bool = False) -> EncodedRecord:  # fmt: skip
+                  isolated: bool = False, state_windows: int = 1) -> EncodedRecord:  # fmt: skip
     """Encode a row's state and all its questions into at most `max_len` tokens (each sequence, fields apart).
 
     `isolated`: no question id is written (a question is its type, instructions and options); fields apart, each
     question and each option gets a sequence of its own (`encode_isolated`); in the sequence, call it with one
-    question per record (`encode_row`).
+    question per record (`encode_row`). `state_windows` (fields apart only): windows of `max_len` the state may
+    fill (`windowed_state`).
 
     Raises RecordTooLong when the questions leave fewer than `min_state_tokens` for the state (or fewer than
     the whole state, when it is shorter), when the questions alone exceed `max_len` (fields apart), or when an
@@ -108,9 +109,9 @@ def encode_record(tokenizer: Any, state: Any, questions: list[Question], max_len
     if not questions:
         raise ValueError("a record needs at least one question")
     if fields_apart and isolated:
-        return encode_isolated(tokenizer, state, questions, max_len, fields_max_len or max_len)
+        return encode_isolated(tokenizer, state, questions, max_len, fields_max_len or max_len, state_windows)
     if fields_apart:
-        return _encode_apart(tokenizer, state, questions, max_len, fields_max_len or max_len)
+        return _encode_apart(tokenizer, state, questions, max_len, fields_max_len or max_len, state_windows)
     pieces = [_question_pieces(q, with_id=not isolated) for q in questions]
     texts = [SYSTEM_INSTRUCTION + _STATE_OPEN, state_text(state), _QUESTIONS_OPEN]
     texts += [text for question in pieces for text, _ in question]
@@ -145,13 +146,13 @@ def encode_record(tokenizer: Any, state: Any, questions: list[Question], max_len
 
 
 def _encode_apart(tokenizer: Any, state: Any, questions: list[Question], max_len: int,
-                  fields_max_len: int) -> EncodedRecord:  # fmt: skip
+                  fields_max_len: int, state_windows: int = 1) -> EncodedRecord:  # fmt: skip
     pieces = [_question_pieces(q) for q in questions]
     texts = [state_text(state), _QUESTIONS_OPEN.lstrip()] + [text for q in pieces for text, _ in q]
     tokens = _tokenize(tokenizer, texts)
     cls, sep = _encoder_bounds(tokenizer)
     room = max(0, max_len - len(cls) - len(sep))
-    state_ids = cut_state(tokens[texts[0]], room)
+    state_ids = cut_state(tokens[texts[0]], room * state_windows)
     fields = cls + tokens[texts[1]]
     question_spans, option_spans = [], []
     for question, question_pieces in zip(questions, pieces):
@@ -162,7 +163,7 @@ def _encode_apart(tokenizer: Any, state: Any, questions: list[Question], max_len
     if len(fields) > fields_max_len:
         raise RecordTooLong(f"the questions need {len(fields)} tokens, more than {fields_max_len}")
     return EncodedRecord(
-        ids=tuple(cls + state_ids + sep),
+        ids=windowed_state(state_ids, cls, sep, room),
         question_spans=tuple(question_spans),
         option_spans=tuple(option_spans),
         option_tokens=tuple(tuple(tuple(fields[s:e]) for s, e in spans) for spans in option_spans),
@@ -170,7 +171,7 @@ def _encode_apart(tokenizer: Any, state: Any, questions: list[Question], max_len
         question_ids=tuple(q.id for q in questions),
         state_tokens=len(state_ids),
         state_length=len(tokens[texts[0]]),
-        state_room=room,
+        state_room=room * state_windows,
         field_ids=tuple(fields),
     )
 
@@ -181,7 +182,8 @@ def encode_row(
     """A row's records as `layout` reads it: one record, or one per question (isolated in the sequence: a causal
     LM reads each question after the state alone, so no question sees another)."""
     encode = partial(encode_record, tokenizer, state, max_len=layout.max_len, fields_apart=layout.fields_apart,
-                     fields_max_len=layout.fields_max_len, isolated=layout.isolated)  # fmt: skip
+                     fields_max_len=layout.fields_max_len, isolated=layout.isolated,
+                     state_windows=layout.state_windows)  # fmt: skip
     if layout.isolated and not layout.fields_apart:
         return [part for question in questions for part in _option_runs(encode, question)]
     return [encode(questions)]
@@ -223,10 +225,25 @@ class RecordLayout:
     fields_apart: bool = False
     fields_max_len: int | None = None
     isolated: bool = False
+    state_windows: int = 1
+    """Fields apart: a long state fills up to this many sequences of `max_len` (`windowed_state`)."""
+
+
+def windowed_state(state_ids: list[int], cls: list[int], sep: list[int], room: int) -> tuple[int, ...]:
+    """The state's sequence: `[CLS] <room tokens> [SEP]` per window, one after another in one flat sequence.
+
+    Every window but the last is exactly `room` + 2 tokens (the layout's `max_len`), so the backbone finds them
+    again at fixed strides (`head.by_windows`) and reads each as a sequence of its own; a state that fits is one
+    window, as it always was. The head pools and attends over the windows' hidden states together.
+    """
+    if not state_ids or room <= 0:
+        return tuple(cls + sep)
+    pieces = (cls + state_ids[start : start + room] + sep for start in range(0, len(state_ids), room))
+    return tuple(token for piece in pieces for token in piece)
 
 
 def encode_isolated(tokenizer: Any, state: Any, questions: list[Question], max_len: int,
-                    fields_max_len: int) -> EncodedRecord:  # fmt: skip
+                    fields_max_len: int, state_windows: int = 1) -> EncodedRecord:  # fmt: skip
     """Fields apart and isolated: the state's sequence `[CLS] <state> [SEP]`; per question a sequence
     `[CLS] (<type>): <instructions> [SEP]`, and per option `[CLS] (<type>): <instructions> option: "<id>"[:
     "<description>"] [SEP]`. A question's field depends on its own text alone and an option's on its question
@@ -238,7 +255,7 @@ def encode_isolated(tokenizer: Any, state: Any, questions: list[Question], max_l
     tokens = _tokenize(tokenizer, texts)
     cls, sep = _encoder_bounds(tokenizer)
     room = max(0, max_len - len(cls) - len(sep))
-    state_ids = cut_state(tokens[texts[0]], room)
+    state_ids = cut_state(tokens[texts[0]], room * state_windows)
     sequences, question_spans, option_spans = [], [], []
     for question, (question_text, options) in zip(questions, pieces):
         own, spans = _isolated_sequences_of(question.id, cls + tokens[question_text], options, tokens, sep)
@@ -247,7 +264,7 @@ def encode_isolated(tokenizer: Any, state: Any, questions: list[Question], max_l
         question_spans.append((len(cls), len(cls) + len(tokens[question_text])))
         option_spans.append(spans)
     return EncodedRecord(
-        ids=tuple(cls + state_ids + sep),
+        ids=windowed_state(state_ids, cls, sep, room),
         question_spans=tuple(question_spans),
         option_spans=tuple(option_spans),
         option_tokens=tuple(
@@ -258,7 +275,7 @@ def encode_isolated(tokenizer: Any, state: Any, questions: list[Question], max_l
         question_ids=tuple(q.id for q in questions),
         state_tokens=len(state_ids),
         state_length=len(tokens[texts[0]]),
-        state_room=room,
+        state_room=room * state_windows,
         field_sequences=tuple(sequences),
     )
 

@@ -151,7 +151,7 @@ def cache_features(model: JointDecisionModel, examples: list[JointExample], pad_
     done = 0
     for indices in length_batches([len(e) for e in examples], batch_size):
         batch = collate_records([examples[i].record for i in indices], pad_id)
-        hidden = model.hidden_states(batch["input_ids"].to(device), batch["attention_mask"].to(device))
+        hidden = model.state_hidden_states(batch["input_ids"].to(device), batch["attention_mask"].to(device))
         _cache_new_fields(batch, [examples[i].record for i in indices], fields, model, device)
         for row, index in enumerate(indices):
             example = examples[index]

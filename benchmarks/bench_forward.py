@@ -36,7 +36,7 @@ from bench_serve import build_requests, flops_per_request, matmul_peak_gflops  #
 
 from pipeline.data.answers import parse_request  # noqa: E402
 from pipeline.families import load_decision_model  # noqa: E402
-from pipeline.families.forward_passes import length_batches  # noqa: E402
+from pipeline.families.forward_passes import bounded_batches  # noqa: E402
 from pipeline.families.laya.family import LayaFamily  # noqa: E402
 from pipeline.families.laya.items import item_parts  # noqa: E402
 from pipeline.families.laya.predict import (  # noqa: E402
@@ -62,8 +62,9 @@ def batches_of_requests(loaded, bodies: list[dict], concurrency: int) -> list[li
     ]
 
 
-def variants(loaded, runtimes: dict) -> dict:
-    """(variant, backend) -> a run of a batch's items to their logits; `runtimes`: (backend, dtype) -> encoder."""
+def variants(loaded, runtimes: dict, bounds: tuple[float, ...] = ()) -> dict:
+    """(variant, backend) -> a run of a batch's items to their logits; `runtimes`: (backend, dtype) -> encoder,
+    each also in passes cut at each padding bound of `bounds` (`forward_passes.bounded_batches`)."""
     runs = {
         ("padded, passes of 16", "torch"): lambda items: padded_item_logits(loaded, items, 16),
         ("packed fp32", "torch"): lambda items: packed_item_logits(loaded.model, items),
@@ -72,6 +73,11 @@ def variants(loaded, runtimes: dict) -> dict:
     for (backend, dtype), encoder in runtimes.items():
         name = "padded, passes of 16" + (" bf16" if dtype is not None else "")
         runs[name, backend] = lambda items, e=encoder, d=dtype: padded_item_logits(loaded, items, 16, d, e)
+        for bound in bounds:
+            name = f"passes <= {bound:.0%} padding" + (" bf16" if dtype is not None else "")
+            runs[name, backend] = lambda items, e=encoder, d=dtype, b=bound: padded_item_logits(
+                loaded, items, 16, d, e, b
+            )
     return runs
 
 
@@ -126,13 +132,14 @@ def parity(loaded, run, reference, batches: list[list]) -> tuple[float, float]:
     return worst, same / total
 
 
-def padding_share(batches: list[list], pass_size: int = 16) -> float:
+def padding_share(batches: list[list], pass_size: int = 16, bound: float | None = None) -> float:
     """The share of the tokens a runtime computes that are padding: its passes group a batch's sequences by length
-    (`length_batches`, `pass_size` at a time), each padded to its longest; the packed pass computes none."""
+    (`length_batches`, `pass_size` at a time, cut at `bound` padding when given), each padded to its longest; the
+    packed pass computes none."""
     real = padded = 0
     for items in batches:
         lengths = [len(part) for part in item_parts(items)]
-        for indices in length_batches(lengths, pass_size):
+        for indices in bounded_batches(lengths, pass_size, bound):
             real += sum(lengths[i] for i in indices)
             padded += max(lengths[i] for i in indices) * len(indices)
     return 1 - real / padded
@@ -222,6 +229,13 @@ def main() -> int:
     parser.add_argument("--requests", type=int, default=80)
     parser.add_argument("--concurrency", type=int, default=8)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument(
+        "--bounds",
+        type=float,
+        nargs="*",
+        default=[0.05, 0.1, 0.2],
+        help="padding bounds the runtimes' passes are also cut at (a variant each)",
+    )
     parser.add_argument("--device", default="cpu", help="cpu (default) or cuda")
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks/results/bench_forward.json")
     args = parser.parse_args()
@@ -235,12 +249,14 @@ def main() -> int:
     peak = matmul_peak_gflops()
     print(f"{flops / 1e9:.2f} GFLOP per request; fp32 matmul peak {peak:.0f} GFLOP/s (2048^3)")
     with tempfile.TemporaryDirectory(prefix="bench-forward-") as scratch:
-        runs = variants(loaded, runtime_encoders(loaded, device, Path(scratch)))
+        runs = variants(loaded, runtime_encoders(loaded, device, Path(scratch)), tuple(args.bounds))
         rows = measure(loaded, runs, batches, len(bodies), args, flops)
     print_table(rows, peak)
     print(
         f"padding: {padding_share(batches):.1%} of the tokens the padded passes of 16 compute (packed: none)"
     )
+    for bound in args.bounds:
+        print(f"padding: {padding_share(batches, 16, bound):.1%} in passes cut at {bound:.0%}")
     # The CPU profiler sees where a CPU pass spends its time; on a GPU it would time kernel launches only.
     share = matmul_share(runs["packed fp32", "torch"], batches) if device.type == "cpu" else None
     config = loaded.model.encoder.config

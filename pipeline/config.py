@@ -247,8 +247,16 @@ class TrainConfig:
                 )
         if self.precision not in ("auto", "fp32", "bf16"):
             raise ConfigError(f"train.precision: expected auto, fp32 or bf16; got {self.precision!r}")
-        for name in ("micro_batch", "grad_accum", "epochs", "lora_r", "log_every", "head_width", "nproc",
-                     "state_windows"):
+        for name in (
+            "micro_batch",
+            "grad_accum",
+            "epochs",
+            "lora_r",
+            "log_every",
+            "head_width",
+            "nproc",
+            "state_windows",
+        ):
             if getattr(self, name) < 1:
                 raise ConfigError(f"train.{name}: must be >= 1, got {getattr(self, name)}")
         if self.warmup_steps < 0:

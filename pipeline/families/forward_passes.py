@@ -18,6 +18,35 @@ def length_batches(lengths: list[int], batch_size: int) -> list[list[int]]:
     return [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
 
 
+RUNTIME_MAX_PADDING: float | None = None
+"""The padding a pass on another runtime (ONNX Runtime, OpenVINO: padded passes, never packed) may compute, as a
+share of its tokens; None: passes are cut by size alone. Measured side by side (`benchmarks/bench_forward.py
+--bounds 0.05 0.1 0.2`, 5-question requests, 8 per batch, best of 3): passes of 16 pad 12.2% of their tokens,
+passes cut at 5% pad 4.3%, yet run no faster (ONNX Runtime 26.9 against 26.7 req/s, OpenVINO 31.9 against 30.6;
+at 10% and 20%, 28.3 / 28.5 and 30.8 / 31.6): the smaller passes cost what the padding saved."""
+
+
+def bounded_batches(lengths: list[int], batch_size: int, max_padding: float | None) -> list[list[int]]:
+    """`length_batches`, with a pass also cut where the next sequence would make padding more than `max_padding`
+    of the tokens the pass computes (None: cut by size alone). A runtime's padded passes then pay for little padding,
+    at the cost of more, smaller passes."""
+    if max_padding is None:
+        return length_batches(lengths, batch_size)
+    passes: list[list[int]] = []
+    real = 0
+    for index in sorted(range(len(lengths)), key=lambda i: -lengths[i]):
+        current = passes[-1] if passes else []
+        widest = lengths[current[0]] if current else 0
+        grown = 1 - (real + lengths[index]) / max(1, widest * (len(current) + 1))
+        if not current or len(current) == batch_size or grown > max_padding:
+            passes.append([index])
+            real = lengths[index]
+        else:
+            current.append(index)
+            real += lengths[index]
+    return passes
+
+
 def forward_batch_size(device: torch.device) -> int:
     """Sequences per serving pass: on the CPU, passes of more than ~16 sequences run slower per sequence
     (measured: 8 five-question requests took 63 ms each in passes of 8-16, 82 ms in one pass of 40)."""

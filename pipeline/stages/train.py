@@ -36,7 +36,9 @@ def save_trained(trained: Trained, out: Path, data: str | Path, base: str | Path
     table's, `lineage.options_of`) what `decision export` puts in the manifest for `decision predict`."""
     run, config = trained.run, trained.config
     digest = source_digest(data, base, config, run.pins, run.steps, run.losses)
-    training = training_description(config, base, run, digest) | ({MAPPING_OPTIONS: options} if options else {})
+    training = training_description(config, base, run, digest) | (
+        {MAPPING_OPTIONS: options} if options else {}
+    )
     return trained.family.save_finetune(trained.loaded, out, training)
 
 

@@ -231,7 +231,10 @@ def test_train_then_export_keeps_the_options_a_mapped_table_trained_with(tiny_ba
     options, so an unlabelled table scores with no options in the mapping."""
     rows = [row | {"id": f"{row['id']}-{i}"} for i in range(8) for row in TICKETS]
     table = write_table(rows, tmp_path / "tickets.csv")
-    labelled = {**MAPPING, "questions": {"urgency": MAPPING["questions"]["urgency"]}}  # options from the labels
+    labelled = {
+        **MAPPING,
+        "questions": {"urgency": MAPPING["questions"]["urgency"]},
+    }  # options from the labels
     (tmp_path / "m.json").write_text(json.dumps(labelled))
     method = ["--method", "lora"] if family == "laya" else ["--method", "head"]
     train = ["train", "--data", str(table), "--mapping", str(tmp_path / "m.json"), "--base", str(tiny_base),

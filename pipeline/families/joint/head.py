@@ -275,7 +275,9 @@ class JointHead(nn.Module):
         return self.prior_proj(self.prior_norm(mean))
 
 
-def by_windows(run, input_ids: torch.Tensor, attention_mask: torch.Tensor, window: int | None) -> torch.Tensor:
+def by_windows(
+    run, input_ids: torch.Tensor, attention_mask: torch.Tensor, window: int | None
+) -> torch.Tensor:
     """`run(ids, mask)`'s hidden states [B, T, H] of states laid out as `records.windowed_state` lays them: each
     `window` tokens a sequence of its own, read in one pass with the other rows' windows (windows that are all
     padding are not run), then put back side by side. `window` None, or a batch that fits one: one plain pass."""

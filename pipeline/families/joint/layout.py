@@ -117,7 +117,9 @@ class LoadedJoint:
 
     @property
     def layout(self) -> RecordLayout:
-        return RecordLayout(self.max_len, self.fields_apart, self.fields_max_len, self.isolated, self.state_windows)
+        return RecordLayout(
+            self.max_len, self.fields_apart, self.fields_max_len, self.isolated, self.state_windows
+        )
 
 
 def is_joint_export(path: str | Path) -> bool:

@@ -16,7 +16,7 @@ from pipeline.data import contract
 from pipeline.data.answers import InvalidRequest, ParsedRequest, RequestTooLarge, parse_request, shape_answers
 from pipeline.data.contract import QUESTION_TYPE_IDS
 from pipeline.families.base import UNENCODABLE, Answered, BadQuestion, EncoderRun
-from pipeline.families.forward_passes import forward_batch_size, length_batches
+from pipeline.families.forward_passes import RUNTIME_MAX_PADDING, bounded_batches, forward_batch_size
 from pipeline.families.laya.forward import decision_logits
 from pipeline.families.laya.items import Item, collate_parts, item_parts, join_logits
 from pipeline.families.laya.packed import PACKED_PASS, packed_logits, packs
@@ -80,7 +80,7 @@ def predict_items(
     if packs(model) and encoder is None:
         logits = packed_item_logits(model, flat, dtype)
     else:
-        logits = padded_item_logits(loaded, flat, batch_size, dtype, encoder)
+        logits = padded_item_logits(loaded, flat, batch_size, dtype, encoder, RUNTIME_MAX_PADDING)
     probabilities = calibrated_probabilities(loaded, flat, logits)
     out, start = [], 0
     for items in requests:
@@ -103,12 +103,15 @@ def packed_item_logits(
 
 @torch.inference_mode()
 def padded_item_logits(loaded: LoadedModel, items: list[Item], batch_size: int | None,
-                       dtype: torch.dtype | None = None, encoder: EncoderRun | None = None) -> list[np.ndarray]:  # fmt: skip
-    """Every item's option logits from padded passes of similar lengths (encoders the packed pass does not cover)."""
+                       dtype: torch.dtype | None = None, encoder: EncoderRun | None = None,
+                       max_padding: float | None = None) -> list[np.ndarray]:  # fmt: skip
+    """Every item's option logits from padded passes of similar lengths (encoders the packed pass does not cover),
+    each pass cut short where it would compute more than `max_padding` padding (`bounded_batches`)."""
     device = next(loaded.model.parameters()).device
     parts = item_parts(items)
     logits: list[np.ndarray | None] = [None] * len(parts)
-    for indices in length_batches([len(part) for part in parts], batch_size or forward_batch_size(device)):
+    size = batch_size or forward_batch_size(device)
+    for indices in bounded_batches([len(part) for part in parts], size, max_padding):
         batch = {
             k: v.to(device)
             for k, v in collate_parts([parts[i] for i in indices], loaded.tokenizer.pad_token_id).items()

@@ -194,3 +194,11 @@ def test_a_causal_lm_reads_its_state_in_its_one_sequence_whatever_the_windows(tm
     folder = write_tiny_causal_lm(tmp_path / "lm")
     loaded = pick_family(folder).load(folder, replace(WINDOWED, method="head"), torch.device("cpu"))
     assert loaded.layout.state_windows == 1 and loaded.model.state_window is None
+
+
+def test_a_long_state_is_cut_without_an_indexing_error_warning(tiny_base, caplog):
+    family, loaded = load_joint_on(tiny_base, WINDOWED)
+    loaded.tokenizer.deprecation_warnings.clear()  # transformers warns once per tokenizer
+    loaded.tokenizer.model_max_length = 64  # as a real tokenizer states its model's positions (MiniLM: 512)
+    family.build_examples(loaded, [replace(_rows(1, 0)[0], state=" ".join(["great"] * 5000))])
+    assert "indexing errors" not in caplog.text

@@ -349,7 +349,10 @@ def _json(value: str) -> str:
 def _tokenize(tokenizer: Any, texts: list[str]) -> dict[str, list[int]]:
     """Token ids of each distinct text, in one batch call; special-token strings in user text stay text."""
     unique = list(dict.fromkeys(texts))
-    encoded = tokenizer(unique, add_special_tokens=False, split_special_tokens=True)["input_ids"]
+    # verbose=False: a state longer than the model is cut into windows here, not an indexing error to warn of.
+    encoded = tokenizer(unique, add_special_tokens=False, split_special_tokens=True, verbose=False)[
+        "input_ids"
+    ]
     return dict(zip(unique, encoded))
 
 

@@ -299,14 +299,14 @@ class JointDecisionModel(nn.Module):
     """A backbone (a causal LM, plain or peft-wrapped, or an encoder) and a `JointHead` on its last hidden states.
 
     `state_window`: the state's sequence is windows of this many tokens, each read on its own (`by_windows`);
-    None: one sequence.
+    None (the default): one sequence.
     """
 
-    def __init__(self, lm: nn.Module, head: JointHead | None = None, state_window: int | None = None):
+    def __init__(self, lm: nn.Module, head: JointHead | None = None):
         super().__init__()
         self.lm = lm
         self.head = head if head is not None else JointHead(vocabulary_table(lm).shape[1])
-        self.state_window = state_window
+        self.state_window: int | None = None  # set with the layout (`layout.set_state_windows`)
 
     def forward(self, batch: dict) -> torch.Tensor:
         """Logits [B, Q, K]; padded options get -1e4.

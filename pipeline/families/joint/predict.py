@@ -11,7 +11,7 @@ import torch
 
 from pipeline.data.answers import ParsedRequest, shape_answers
 from pipeline.families.base import UNENCODABLE, Answered, BadQuestion, EncoderRun
-from pipeline.families.forward_passes import RUNTIME_MAX_PADDING, autocast_context, bounded_batches
+from pipeline.families.forward_passes import autocast_context, length_batches
 from pipeline.families.joint.head import by_windows
 from pipeline.families.joint.layout import LoadedJoint, temperature_of
 from pipeline.families.joint.records import (
@@ -78,9 +78,7 @@ def record_logits(loaded: LoadedJoint, records: list[EncodedRecord], batch_size:
     model = loaded.model.eval()
     device = next(model.parameters()).device
     out: list[list[np.ndarray]] = [[] for _ in records]
-    # Another runtime's passes are padded, never packed: cut where one would compute much padding.
-    max_padding = RUNTIME_MAX_PADDING if encoder is not None else None
-    for indices in bounded_batches([len(r) for r in records], batch_size, max_padding):
+    for indices in length_batches([len(r) for r in records], batch_size):
         chosen = [records[i] for i in indices]
         batch = collate_records(chosen, loaded.tokenizer.pad_token_id)
         with autocast_context(device, dtype):

@@ -16,7 +16,7 @@ from pipeline.data import contract
 from pipeline.data.answers import InvalidRequest, ParsedRequest, RequestTooLarge, parse_request, shape_answers
 from pipeline.data.contract import QUESTION_TYPE_IDS
 from pipeline.families.base import UNENCODABLE, Answered, BadQuestion, EncoderRun
-from pipeline.families.forward_passes import RUNTIME_MAX_PADDING, bounded_batches, forward_batch_size
+from pipeline.families.forward_passes import bounded_batches, forward_batch_size
 from pipeline.families.laya.forward import decision_logits
 from pipeline.families.laya.items import Item, collate_parts, item_parts, join_logits
 from pipeline.families.laya.packed import PACKED_PASS, packed_logits, packs
@@ -80,7 +80,7 @@ def predict_items(
     if packs(model) and encoder is None:
         logits = packed_item_logits(model, flat, dtype)
     else:
-        logits = padded_item_logits(loaded, flat, batch_size, dtype, encoder, RUNTIME_MAX_PADDING)
+        logits = padded_item_logits(loaded, flat, batch_size, dtype, encoder)
     probabilities = calibrated_probabilities(loaded, flat, logits)
     out, start = [], 0
     for items in requests:

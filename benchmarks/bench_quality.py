@@ -4,12 +4,12 @@ their licences).
 
 For each data set, one after the other in this process, on the same training rows and the same held-out rows:
 - ours: `decision finetune` with params.yaml's defaults (`pipeline.stages.finetune.finetune`), the held-out rows
-  given as `eval_data`, so every training row is trained on and no held-out row is; accuracy, record accuracy,
-  ECE and Brier are the calibrated (cross-fitted) figures; wall seconds cover the whole chain (validation,
-  features, training, scoring, calibration, export).
-  The calibrator is cross-fitted on the held-out rows, so with vector scaling (which can move an argmax) part
-  of that accuracy comes from other held-out rows' labels, which no baseline sees: the `uncal.` column is ours
-  before calibration, scored by a model that saw no held-out label.
+  given as `eval_data`, so no held-out row is trained on; params.yaml's validation split (10% of the training
+  decisions) is carved from the training rows and fits the calibrator, the other training rows are trained on;
+  accuracy, record accuracy, ECE and Brier are the calibrated figures, each held-out row scored once; wall
+  seconds cover the whole chain (validation, features, training, scoring, calibration, export). The `uncal.`
+  column is ours before calibration. `--train KEY=VALUE` and `--validate KEY=VALUE` set any param for one run
+  (`--validate validation_fraction=0` is the protocol before: the calibrator cross-fitted on held-out rows).
 - laya: `laya.train.finetune` (its defaults: full fine-tuning, 4 epochs) from the same MiniLM snapshot, stopped
   when it has used ours' wall seconds; it trains on the first rows a 15 decisions/s pace (FACTS.md) gets through
   in that time, so its one epoch ends near the stop. Its model is scored by our code.
@@ -118,7 +118,8 @@ def run_per_question(contender: str, train: Path, heldout: Path, fit_predict) ->
             **detailed_metrics(decisions, scored)}  # fmt: skip
 
 
-def run_ours(train: Path, heldout: Path, out: Path, overrides: dict) -> dict:
+def run_ours(train: Path, heldout: Path, out: Path, overrides: dict[str, dict]) -> dict:
+    """Our default chain with `overrides` ({"train": {...}, "validate": {...}}) over params.yaml's."""
     from dataclasses import replace
 
     from pipeline.config import load_params
@@ -139,8 +140,10 @@ def run_ours(train: Path, heldout: Path, out: Path, overrides: dict) -> dict:
     hooks = RunHooks(
         report=lambda line: print(f"  ours: {line}", file=sys.stderr, flush=True), on_eval=checkpoint
     )
-    source = TrainSource(train, eval_data=heldout, split_config=params.validate)
-    config = replace(params.train, **overrides)
+    source = TrainSource(
+        train, eval_data=heldout, split_config=replace(params.validate, **overrides["validate"])
+    )
+    config = replace(params.train, **overrides["train"])
     summary = finetune(source, BASE, out, config, hooks=hooks).to_dict()
     seconds = time.perf_counter() - started
     calibrated = summary["heldout"]["calibrated"]
@@ -150,6 +153,7 @@ def run_ours(train: Path, heldout: Path, out: Path, overrides: dict) -> dict:
             "base_accuracy": summary["heldout"]["base"]["accuracy"],
             "uncalibrated_ece": summary["heldout"]["tuned"]["ece"], "warnings": summary["warnings"],
             "uncalibrated_accuracy": summary["heldout"]["tuned"]["accuracy"],
+            "calibrator": summary["calibrator"], "calibrator_fitted_on": summary["calibrator_fitted_on"],
             **{k: calibrated[k] for k in ("accuracy", "record_accuracy", "ece", "brier")}}  # fmt: skip
 
 
@@ -206,7 +210,7 @@ def score_laya_export(folder: Path, heldout: Path) -> dict:
     return {k: overall[k] for k in ("accuracy", "record_accuracy", "ece", "brier")}
 
 
-def run_dataset(name: str, rows: int, heldout_rows: int, laya: bool, overrides: dict) -> dict:
+def run_dataset(name: str, rows: int, heldout_rows: int, laya: bool, overrides: dict[str, dict]) -> dict:
     from pipeline.data.validate import validate_file
 
     work = HERE / ".cache" / "quality" / name
@@ -218,9 +222,7 @@ def run_dataset(name: str, rows: int, heldout_rows: int, laya: bool, overrides: 
     tfidf = run_tfidf(train, heldout)
     records = all(isinstance(r.state, dict) for r in train_data.records)
     tabular = [run_tabular(model, train, heldout) for model in TABULAR_MODELS] if records else []
-    ours = run_ours(
-        train, heldout, work / "-".join(["ours", *(f"{k}{v}" for k, v in overrides.items())]), overrides
-    )
+    ours = run_ours(train, heldout, work / "-".join(["ours", *_labels(overrides)]), overrides)
     contenders = [ours, tfidf, *tabular]
     if laya:
         contenders.append(run_laya(train, heldout, work / "laya", ours["wall_seconds"]))
@@ -273,20 +275,22 @@ def plot(results: list[dict], path: Path) -> None:
     fig.savefig(path, dpi=110)
 
 
-def train_overrides(pairs: list[str]) -> dict:
-    """`KEY=VALUE` pairs as train params (values read as YAML: 4, 0.5, null, [0, 1]); ValueError names a bad one."""
-    from pipeline.config import TrainConfig
-
-    known = set(TrainConfig.__dataclass_fields__)
+def param_overrides(pairs: list[str], section: type, flag: str) -> dict:
+    """`KEY=VALUE` pairs as params of `section` (values read as YAML: 4, 0.5, null, [0, 1]); ValueError names a bad
+    one."""
+    known = set(section.__dataclass_fields__)
     overrides = {}
     for pair in pairs:
         key, sep, value = pair.partition("=")
         if not sep or key not in known:
-            raise ValueError(
-                f"--train {pair}: expected KEY=VALUE with KEY a train param ({', '.join(sorted(known))})"
-            )
+            raise ValueError(f"{flag} {pair}: expected KEY=VALUE with KEY one of {', '.join(sorted(known))}")
         overrides[key] = yaml.safe_load(value)
     return overrides
+
+
+def _labels(overrides: dict[str, dict]) -> list[str]:
+    """The overrides as short names for files and folders: state_windows4, validation_fraction0."""
+    return [f"{k}{v}" for section in overrides.values() for k, v in section.items()]
 
 
 def main() -> None:
@@ -309,9 +313,16 @@ def main() -> None:
     parser.add_argument("--train", action="append", default=[], metavar="KEY=VALUE",
                         help="a train param for ours over params.yaml's (repeatable), to measure a lever: "
                         "--train state_windows=4")  # fmt: skip
+    parser.add_argument("--validate", action="append", default=[], metavar="KEY=VALUE",
+                        help="a validate param over params.yaml's (repeatable): --validate validation_fraction=0 "
+                        "is the protocol before the validation split")  # fmt: skip
     args = parser.parse_args()
+    from pipeline.config import TrainConfig, ValidateConfig
+
     try:
-        overrides = train_overrides(args.train) | ({} if args.seed is None else {"seed": args.seed})
+        seed = {} if args.seed is None else {"seed": args.seed}
+        overrides = {"train": param_overrides(args.train, TrainConfig, "--train") | seed,
+                     "validate": param_overrides(args.validate, ValidateConfig, "--validate")}  # fmt: skip
     except ValueError as error:
         parser.error(str(error))
     unknown = [name for name in args.datasets.split(",") if name not in DATASETS]
@@ -320,7 +331,7 @@ def main() -> None:
     if args.rows < 1 or args.heldout < 1:
         parser.error("--rows and --heldout must be at least 1")
     RESULTS.mkdir(parents=True, exist_ok=True)
-    name = "_".join(["bench_quality", *(f"{k}{v}" for k, v in overrides.items())])
+    name = "_".join(["bench_quality", *_labels(overrides)])
     results = []
     for dataset in args.datasets.split(","):
         results.append(run_dataset(dataset, args.rows, args.heldout, not args.no_laya, overrides))

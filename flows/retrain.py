@@ -282,7 +282,8 @@ def print_summary(summary: dict[str, Any]) -> None:
         table.add_row(model, *(f"{m[k]:.4f}" for k in ("accuracy", "record_accuracy", "ece", "brier")))
     console.print(table)
     overall = summary["calibration_report"]["overall"]
-    console.print(f"calibrator: {summary['calibrator']['kind']} (lowest cross-fitted NLL); calibrated ECE "
+    console.print(f"calibrator: {summary['calibrator']['kind']} (lowest cross-fitted NLL; fitted on the "
+                  f"{summary['calibrator'].get('fitted_on', 'held-out rows')}); calibrated ECE "
                   f"{overall['ece']:.4f}, 95% interval [{overall['ece_low']:.4f}, {overall['ece_high']:.4f}], "
                   f"NLL {overall['nll']:.4f}")  # fmt: skip
     smoke = summary["smoke"]

@@ -128,6 +128,15 @@ class ValidateConfig:
     """At most this many held-out decisions ..."""
     holdout_fraction: float = 0.1
     """... and at most this share of the rows' decisions."""
+    validation_fraction: float = 0.1
+    """Of the training rows, at most this share of decisions is carved off as the validation split (the rows that
+    hash highest): never trained on, it fits the calibrator and makes every choice a run makes, so the held-out
+    rows are scored once by a model and a calibrator that never saw them. 0: no validation split ..."""
+    validation_max_decisions: int = 4000
+    """... at most this many decisions ..."""
+    validation_min_decisions: int = 100
+    """... and none below this many (too few to fit on): the calibrator is then cross-fitted on the held-out rows,
+    and the run says so."""
     holdout_ledger: str | None = None
     """A file of the content hashes of every row ever held out (the `validate` stage adds to it): those rows stay
     held out as the data grows, and new rows fill what budget is left, in hash order. None: no memory."""
@@ -147,6 +156,9 @@ class ValidateConfig:
             raise ConfigError(
                 f"validate.holdout_max_decisions: must be >= 1, got {self.holdout_max_decisions}"
             )
+        if not 0.0 <= self.validation_fraction < 1.0 - self.holdout_fraction:
+            raise ConfigError(f"validate.validation_fraction: must lie in [0, 1 - holdout_fraction), "
+                              f"got {self.validation_fraction}")  # fmt: skip
 
 
 @section("snapshot")

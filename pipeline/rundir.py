@@ -59,6 +59,11 @@ class RunFolder:
         return self.root / "heldout.npz"
 
     @property
+    def validation_logits(self) -> Path:
+        """The validation split's decisions with the fine-tune's raw logits: what the calibrator is fitted on."""
+        return self.root / "validation.npz"
+
+    @property
     def calibration(self) -> Path:
         """Temperatures, notes and the before/after held-out figures."""
         return self.root / "calibration.json"

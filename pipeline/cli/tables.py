@@ -78,6 +78,8 @@ def print_heldout(run: dict[str, Any]) -> None:
         table.add_row(model, *(f"{metrics[k]:.4f}" for k in ("accuracy", "record_accuracy", "loss", "ece")))
     console = Console()
     console.print(table)
+    if run.get("calibrator_fitted_on"):
+        console.print(f"calibrator {run['calibrator']}, fitted on the {run['calibrator_fitted_on']}")
     state = "cancelled after" if run["cancelled"] else "trained"
     console.print(f"{state} {run['steps']}/{run['planned_steps']} steps in {run['train_seconds']:.1f} s "
                   f"({run['s_per_step']:.2f} s/step, {run['decisions_per_second']:.1f} decisions/s, "

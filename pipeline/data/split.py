@@ -5,6 +5,11 @@ candidates when their hash falls below `holdout_fraction`; candidates are taken 
 `holdout_max_decisions` decisions. Without a memory, a new row that hashes low would push a held-out row into
 training once the cap binds; so with `holdout_ledger` (params.yaml ships one), the rows it lists stay held out
 whatever the budget, new candidates fill only what budget is left, and `record_heldout` adds them to it.
+
+The validation split is carved from the training side the same way, from the other end of the hash order (the
+rows that hash highest, up to `validation_fraction` and `validation_max_decisions`): never trained on, it is
+what the calibrator is fitted on, so nothing fitted ever reads a held-out label. No ledger is needed: a row
+that hashes that high is never a held-out candidate, so growth moves rows between training and validation only.
 """
 
 from __future__ import annotations
@@ -24,19 +29,27 @@ from pipeline.data.validate import ValidationReport, validate_file
 
 @dataclass(frozen=True)
 class Split:
-    """Training and held-out records, each in file order."""
+    """Training, held-out and validation records, each in file order."""
 
     train: list[Record]
     heldout: list[Record]
+    validation: list[Record] = field(default_factory=list)
+    """Carved from the training rows and not trained on (`carve_validation`): what calibration fits on."""
 
     def summary(self) -> dict[str, int]:
         """Row and decision counts on each side."""
         return {
             "train_rows": len(self.train),
-            "train_decisions": sum(len(r.decisions) for r in self.train),
+            "train_decisions": _decisions(self.train),
             "heldout_rows": len(self.heldout),
-            "heldout_decisions": sum(len(r.decisions) for r in self.heldout),
+            "heldout_decisions": _decisions(self.heldout),
+            "validation_rows": len(self.validation),
+            "validation_decisions": _decisions(self.validation),
         }
+
+
+def _decisions(records: list[Record]) -> int:
+    return sum(len(r.decisions) for r in records)
 
 
 def hash_position(digest: str) -> float:
@@ -87,10 +100,28 @@ def split_holdout(records: list[Record], config: ValidateConfig) -> Split:
         chosen.add(id(ranked[0]))  # a tiny set still gets one row to evaluate on
     if len(chosen) == len(records) and records:
         chosen.discard(id(ranked[-1]))  # never hold out the last training row
-    return Split(
-        [r for r in records if id(r) not in chosen],
-        [r for r in records if id(r) in chosen],
+    return carve_validation(
+        Split([r for r in records if id(r) not in chosen], [r for r in records if id(r) in chosen]), config
     )
+
+
+def carve_validation(split: Split, config: ValidateConfig) -> Split:
+    """`split` with its validation split carved from the training rows that hash highest (module docstring): up to
+    `validation_fraction` of the training decisions and `validation_max_decisions`; none when that is fewer than
+    `validation_min_decisions`, or would leave no training row."""
+    train = split.train
+    budget = min(config.validation_max_decisions, config.validation_fraction * _decisions(train))
+    if budget < config.validation_min_decisions:
+        return split
+    chosen, used = set(), 0
+    for record in sorted(train, key=lambda r: -hash_position(r.content_hash())):
+        if used + len(record.decisions) > budget:
+            break
+        chosen.add(id(record))
+        used += len(record.decisions)
+    if used < config.validation_min_decisions or len(chosen) == len(train):
+        return split
+    return Split([r for r in train if id(r) not in chosen], split.heldout, [r for r in train if id(r) in chosen])
 
 
 @dataclass(frozen=True)
@@ -111,7 +142,8 @@ class TrainSource:
         mapping = load_mapping(self.split_config.mapping) if self.split_config.mapping is not None else None
         validated = validate_file(self.data, self.row_slice, mapping=mapping)
         if self.eval_data is not None:
-            split = Split(validated.records, validate_file(self.eval_data, mapping=validated.mapping).records)
+            heldout = validate_file(self.eval_data, mapping=validated.mapping).records
+            split = carve_validation(Split(validated.records, heldout), self.split_config)
         else:
             split = split_holdout(validated.records, self.split_config)
         return SplitData(validated.report, split)

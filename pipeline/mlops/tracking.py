@@ -155,7 +155,8 @@ def log_training_run(record: TrainingRecord, run_id: str | None = None) -> str:
     )
     with mlflow.start_run(**opened) as run:
         mlflow.set_tags({KEY_TAG: record.key, **record.tags, **learning_tags(record.train),
-                         **state_tags(record.train), "mlflow.note.content": heldout_table(record.calibration["heldout"])})  # fmt: skip
+                         **state_tags(record.train), **calibration_tags(record.calibration),
+                         "mlflow.note.content": heldout_table(record.calibration["heldout"])})  # fmt: skip
         mlflow.log_params(flat_params(record.params))
         if not (resumed and "loss" in opened_run.data.metrics):  # not logged live
             _log_steps(record.train.get("logged_steps", []))
@@ -203,6 +204,12 @@ def state_tags(train: dict[str, Any]) -> dict[str, str]:
     return {"state_truncation": states["truncation"]} if states else {}
 
 
+def calibration_tags(calibration: dict[str, Any]) -> dict[str, str]:
+    """What the calibrator was fitted on (`calibration.json`): the validation split, or the held-out rows."""
+    fitted_on = calibration.get("calibrator", {}).get("fitted_on")
+    return {"calibrator_fitted_on": fitted_on} if fitted_on else {}
+
+
 def flat_params(params: dict[str, dict[str, Any]]) -> dict[str, Any]:
     """`section.name` for every setting, exactly as params.yaml spells it."""
     return {
@@ -220,7 +227,9 @@ def run_metrics(record: TrainingRecord) -> dict[str, float]:
     if "report" in record.calibration:
         metrics |= report_metrics(record.calibration["report"], "calibration")
     metrics |= {f"skipped_{reason}": float(n) for reason, n in record.validation.get("skipped", {}).items()}
-    metrics |= {"heldout_decisions": float(heldout["decisions"]), "train_seconds": float(record.train["train_seconds"]),
+    metrics |= {"heldout_decisions": float(heldout["decisions"]),
+                "validation_decisions": float(record.train.get("validation_decisions", 0)),
+                "train_seconds": float(record.train["train_seconds"]),
                 "s_per_step": float(record.train["s_per_step"]), "steps": float(record.train["steps"]),
                 "peak_memory_mb": float(record.train.get("peak_memory_mb", 0.0)),
                 # data-parallel ranks (train.nproc) and rank 0's seconds in their gradient all-reduce

@@ -1,10 +1,11 @@
-"""Temperature calibration, family-free: one temperature per question type, fitted on held-out logits against gold.
+"""Temperature calibration, family-free: one temperature per question type, fitted on logits of decisions the
+model was not trained on (the validation split) against gold.
 
 The temperature minimises the negative log-likelihood of the gold label (one-hot by default, or the soft gold
 distribution) over log T in [log 0.5, log 5] (`scipy.optimize.minimize_scalar`, bounded). A type with fewer
-than `min_decisions` held-out decisions keeps T = 1. The before/after figures are cross-fitted: the held-out
-records are split in two halves, each half is scored with the temperatures fitted on the other, so no figure
-is measured on the data that fitted it.
+than `min_decisions` decisions keeps T = 1. Its guard and `cross_fitted_metrics` split the records they fit on
+in two halves, each half scored with the temperatures fitted on the other, so no figure is measured on the
+data that fitted it.
 
 Temperatures have one shape everywhere: a tuple indexed by question type id (choice, score, noul); every
 family writes that tuple into its own export layout.
@@ -79,7 +80,7 @@ def _targets(decisions: list[ScoredDecision], soft: bool) -> list[np.ndarray]:
 
 def fit_calibration(decisions: list[ScoredDecision], logits: list[np.ndarray], soft: bool = False,
                     min_decisions: int = MIN_DECISIONS, guard: bool = True) -> Calibration:  # fmt: skip
-    """One temperature per question type from held-out decisions and their raw logits.
+    """One temperature per question type from decisions the model did not train on and their raw logits.
 
     With `guard`, a type whose fitted temperature makes its cross-fitted ECE worse than T = 1 keeps T = 1 (and its
     note says so): calibration never makes held-out calibration worse than no calibration.
@@ -89,7 +90,7 @@ def fit_calibration(decisions: list[ScoredDecision], logits: list[np.ndarray], s
     for qtype, name in enumerate(QUESTION_TYPES):
         chosen = [i for i, d in enumerate(decisions) if d.qtype == qtype]
         if len(chosen) < min_decisions:
-            notes[name] = f"kept T=1: {len(chosen)} held-out decisions (< {min_decisions})"
+            notes[name] = f"kept T=1: {len(chosen)} decisions to fit on (< {min_decisions})"
             continue
         fitted = fit_temperature([logits[i] for i in chosen], [targets[i] for i in chosen])
         hurt = (
@@ -102,7 +103,7 @@ def fit_calibration(decisions: list[ScoredDecision], logits: list[np.ndarray], s
                            f"({hurt[0]:.4f} vs {hurt[1]:.4f} at T=1)")  # fmt: skip
             continue
         temperatures[qtype] = fitted
-        notes[name] = f"fitted on {len(chosen)} held-out decisions"
+        notes[name] = f"fitted on {len(chosen)} decisions"
     return Calibration((temperatures[0], temperatures[1], temperatures[2]), notes)
 
 

@@ -2,7 +2,7 @@
 
 A `Calibrator` maps one decision's raw option logits to probabilities. Every kind keeps one temperature per
 question type (`pipeline.scoring.calibration`, with its guard); the richer kinds add a transform per question
-id that held enough held-out decisions:
+id that had enough decisions to fit on (the validation split's):
 
     type_temperature       softmax(z / T_type)
     question_temperature   softmax(z / T_question)
@@ -132,7 +132,7 @@ def as_calibrator(value: Calibrator | tuple[float, ...] | list[float]) -> Calibr
 
 @dataclass(frozen=True)
 class Choice:
-    """The chosen calibrator (fitted on every held-out decision) and each kind's cross-fitted mean NLL."""
+    """The chosen calibrator (fitted on every decision it was given) and each kind's cross-fitted mean NLL."""
 
     calibrator: Calibrator
     nll: dict[str, float]
@@ -144,7 +144,7 @@ def choose_calibrator(
 ) -> Choice:
     """The kind with the lowest cross-fitted NLL, refitted on all decisions; kinds that cannot fit are left out."""
     if not decisions:
-        return Choice(Calibrator(notes={"chosen": "no held-out decisions: T = 1"}), {}, [])
+        return Choice(Calibrator(notes={"chosen": "no decisions to fit on: T = 1"}), {}, [])
     kept = _kept_types(decisions, logits, soft)
     scored = {}
     for kind in KINDS:

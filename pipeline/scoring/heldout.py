@@ -1,4 +1,5 @@
-"""Held-out decisions with their raw logits, saved between stages (train writes, calibrate and gates read), and
+"""Held-out (or validation) decisions with their raw logits, saved between stages (train writes, calibrate and
+gates read), and
 the calibrated probabilities the trained model gave them (calibrate writes, the smoke test compares serving with).
 
 One `.npz`: per decision its type, gold label, record, question id, target distribution and the logits of the
@@ -20,7 +21,8 @@ from pipeline.scoring.decisions import ScoredDecision
 @dataclass(frozen=True)
 class HeldOut:
     items: list[ScoredDecision]
-    base_logits: list[np.ndarray]
+    base_logits: list[np.ndarray] | None
+    """None where the base was not scored (the validation split)."""
     tuned_logits: list[np.ndarray]
     options: dict[str, tuple[str, ...]]
 
@@ -43,7 +45,8 @@ def save_heldout(path: str | Path, heldout: HeldOut) -> Path:
         label=np.asarray([it.label for it in items], dtype=np.int64),
         record=np.asarray([it.record for it in items], dtype=np.int64),
         soft=np.asarray([it.soft for it in items], dtype=bool), target=padded([it.target for it in items]),
-        base=padded(heldout.base_logits), tuned=padded(heldout.tuned_logits),
+        **({} if heldout.base_logits is None else {"base": padded(heldout.base_logits)}),
+        tuned=padded(heldout.tuned_logits),
         question_id=np.asarray(json.dumps([it.question_id for it in items])),
         options=np.asarray(json.dumps({q: list(o) for q, o in heldout.options.items()})),
     )  # fmt: skip
@@ -60,8 +63,8 @@ def load_heldout(path: str | Path) -> HeldOut:
                                                      data["record"], question_ids, data["soft"])
     ]  # fmt: skip
     options = {q: tuple(o) for q, o in json.loads(str(data["options"])).items()}
-    return HeldOut(items, [r[:w] for r, w in zip(data["base"], widths)],
-                   [r[:w] for r, w in zip(data["tuned"], widths)], options)  # fmt: skip
+    base = [r[:w] for r, w in zip(data["base"], widths)] if "base" in data else None
+    return HeldOut(items, base, [r[:w] for r, w in zip(data["tuned"], widths)], options)
 
 
 def save_expected(path: str | Path, decisions: list[ScoredDecision], probabilities: list[np.ndarray]) -> Path:

@@ -1,5 +1,5 @@
-"""The calibrate stage: the calibrator chosen by cross-fitted NLL from the run's held-out logits, the figures
-before and after (the calibrated ones cross-fitted), the calibration report, the trained model's calibrated
+"""The calibrate stage: the calibrator chosen by cross-fitted NLL on the run's validation logits (a split of the
+training rows), the held-out figures before and after, the calibration report, the trained model's calibrated
 answers for the smoke test to compare serving with, and the plots. Family-free: it reads logits only.
 """
 
@@ -18,6 +18,11 @@ from pipeline.scoring.metrics import detailed_metrics
 from pipeline.scoring.plots import reliability_by_type, reliability_diagram, write_plots
 from pipeline.scoring.report import calibration_report, report_table
 
+NO_VALIDATION = (
+    "no validation split (the training rows gave fewer than validate.validation_min_decisions, or "
+    "validate.validation_fraction is 0), so held-out labels fitted the calibrator"
+)
+
 
 @dataclass(frozen=True)
 class CalibrationResult:
@@ -28,9 +33,9 @@ class CalibrationResult:
     notes: dict[str, str]
     """Why a type kept T = 1 (too few decisions, no gain), by type."""
     calibrator: dict[str, Any]
-    """The chosen calibrator's kind and its cross-fitted NLL."""
+    """The chosen calibrator's kind, each kind's cross-fitted NLL, and what it was fitted on (`fitted_on`)."""
     heldout: dict[str, Any]
-    """The held-out figures of the base and the fine-tune at T = 1 and of the calibrated fine-tune (cross-fitted)."""
+    """The held-out figures of the base and the fine-tune at T = 1 and of the calibrated fine-tune."""
     report: dict[str, Any]
     """The calibration report's overall and per-type figures."""
     plots: list[str]
@@ -40,37 +45,52 @@ class CalibrationResult:
 
 
 def calibrate_stage(run_dir: str | Path, soft: bool = False) -> CalibrationResult:
-    """Calibrator, figures and report from `heldout.npz` into the run folder; plots under `plots/`."""
+    """Calibrator, figures and report from `validation.npz` and `heldout.npz` into the run folder; plots under
+    `plots/`.
+
+    The calibrator is chosen and fitted on the validation split (carved from the training rows), and the held-out
+    decisions are scored once with it: no held-out label reaches anything fitted. A run without a validation
+    split (too few training rows; `validate.validation_fraction` 0) falls back to cross-fitting on the held-out
+    rows, and `calibrator.fitted_on` says so.
+    """
     run = RunFolder(run_dir)
     held = load_heldout(run.heldout)
-    choice = choose_calibrator(held.items, held.tuned_logits, soft)
+    if run.validation_logits.exists():
+        fit_on = load_heldout(run.validation_logits)
+        choice = choose_calibrator(fit_on.items, fit_on.tuned_logits, soft)
+        calibrated = choice.calibrator.apply(held.items, held.tuned_logits)
+        fitted_on = f"validation split: {len(fit_on.items):,} decisions carved from the training rows"
+    else:
+        choice = choose_calibrator(held.items, held.tuned_logits, soft)
+        calibrated = choice.cross_fitted
+        fitted_on = f"held-out rows, cross-fitted: {NO_VALIDATION}"
     calibrator = choice.calibrator
     run.calibrator.write_text(json.dumps(calibrator.to_json(), indent=2))
-    served = calibrator.apply(held.items, held.tuned_logits)  # in-sample: what the export will answer
+    served = calibrator.apply(held.items, held.tuned_logits)  # what the export will answer
     save_expected(run.expected_answers, held.items, served)
-    report = calibration_report(held.items, choice.cross_fitted)
+    report = calibration_report(held.items, calibrated)
     run.calibration_report.write_text(json.dumps(report, indent=2))
     run.calibration_report.with_suffix(".md").write_text(report_table(report) + "\n")
     result = CalibrationResult(
         temperatures=calibrator.by_name(), notes=dict(calibrator.notes),
-        calibrator={"kind": calibrator.kind, "cross_fitted_nll": choice.nll},
+        calibrator={"kind": calibrator.kind, "cross_fitted_nll": choice.nll, "fitted_on": fitted_on},
         heldout={
             "decisions": len(held.items),
-            "base": detailed_metrics(held.items, plain_probabilities(held.base_logits)),
+            "base": detailed_metrics(held.items, plain_probabilities(held.base_logits or [])),
             "tuned": detailed_metrics(held.items, plain_probabilities(held.tuned_logits)),
-            "calibrated": detailed_metrics(held.items, choice.cross_fitted),
+            "calibrated": detailed_metrics(held.items, calibrated),
         },
         report={"overall": report["overall"], "by_type": report["by_type"]},
-        plots=_write_plots(held, calibrator.kind, served, choice.cross_fitted, run.plots),
+        plots=_write_plots(held, calibrator.kind, served, calibrated, run.plots),
     )  # fmt: skip
     run.calibration.write_text(json.dumps(result.to_dict(), indent=2))
     return result
 
 
-def _write_plots(held: HeldOut, kind: str, served, cross_fitted, folder: Path) -> list[str]:
+def _write_plots(held: HeldOut, kind: str, served, calibrated, folder: Path) -> list[str]:
     tuned = plain_probabilities(held.tuned_logits)
     before = reliability_diagram(held.items, tuned, folder / "reliability_before.png", "fine-tune, T = 1")
-    by_type = reliability_by_type(held.items, cross_fitted, folder / "reliability_by_type.png", "calibrated")
+    by_type = reliability_by_type(held.items, calibrated, folder / "reliability_by_type.png", "calibrated")
     after = write_plots(held.items, served, held.options, folder, "reliability_after.png",
                         f"calibrated ({kind})")  # fmt: skip
     return [str(p) for p in [before, by_type, *after]]

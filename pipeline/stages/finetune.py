@@ -37,7 +37,7 @@ class FinetuneResult:
     decisions: int
     skipped: dict[str, int]
     heldout: dict[str, Any]
-    """Base, fine-tune and calibrated (cross-fitted) figures on the held-out decisions."""
+    """Base, fine-tune and calibrated figures on the held-out decisions."""
     export_dir: str | None
     """None when cancelled: a cancel during training or calibration exports nothing."""
     run_dir: str
@@ -53,6 +53,8 @@ class FinetuneResult:
     temperature_notes: dict[str, str] = field(default_factory=dict)
     calibrator: str | None = None
     calibrator_nll: float | None = None
+    calibrator_fitted_on: str | None = None
+    """The validation split the calibrator was fitted on (or, without one, the held-out rows, cross-fitted)."""
     compile: dict[str, Any] = field(default_factory=dict)
     losses: list[tuple[int, float]] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
@@ -88,6 +90,7 @@ def finetune(source: TrainSource, base: str | Path, out: str | Path, config: Tra
         source.validated(), run.validation, run.split
     ).split  # as the flow's validate task
     hooks.say(f"run folder {run.root}: {split['train_rows']:,} training rows ({split['train_decisions']:,} decisions), "
+              f"{split['validation_rows']:,} for validation ({split['validation_decisions']:,} decisions), "
               f"{split['heldout_rows']:,} held out ({split['heldout_decisions']:,} decisions)")  # fmt: skip
     trained = train_stage(run.root, base, config, device, hooks, controls, checked)
     if trained.cancelled or controls.cancelled:
@@ -105,6 +108,7 @@ def _result(run: TrainRun, calibration: CalibrationResult | None, export_dir: st
     calibrated = {
         "temperatures": calibration.temperatures, "temperature_notes": calibration.notes,
         "calibrator": calibration.calibrator["kind"], "calibrator_nll": calibration.calibrator["cross_fitted_nll"],
+        "calibrator_fitted_on": calibration.calibrator.get("fitted_on"),
     } if calibration else {}  # fmt: skip
     return FinetuneResult(
         family=run.family, method=run.method, rows=run.rows, decisions=run.decisions, skipped=run.skipped,

@@ -97,8 +97,8 @@ def train_stage(run_dir: str | Path, base: str | Path, config: TrainConfig, devi
     """The train stage: on the run folder's split (`RunFolder.split`, from the validate stage), the fine-tune,
     the held-out logits and a summary, into the run folder.
 
-    `finetune/` holds the fine-tune, `heldout.npz` the held-out decisions with base and tuned logits (what
-    calibration needs), `train.json` the run with its logged steps (loss, lr, s/step) and held-out checkpoints.
+    `finetune/` holds the fine-tune, `heldout.npz` the held-out decisions with base and tuned logits,
+    `validation.npz` the validation split's decisions with tuned logits (what calibration fits on), `train.json` the run with its logged steps (loss, lr, s/step) and held-out checkpoints.
     `checkpoint.pt` holds the training state (every `train.checkpoint_every_steps` steps or
     `train.checkpoint_every_minutes` minutes): a run killed mid-training resumes from it, and `train.json` says
     from which step (`resumed_from_step`). A resumed run's held-out checkpoints are those scored after the resume
@@ -134,6 +134,10 @@ def train_stage(run_dir: str | Path, base: str | Path, config: TrainConfig, devi
         run_folder.heldout,
         HeldOut(trained.heldout, trained.base_logits, trained.tuned_logits, trained.options),
     )
+    run_folder.validation_logits.unlink(missing_ok=True)
+    if trained.validation:
+        save_heldout(run_folder.validation_logits,
+                     HeldOut(trained.validation, None, trained.validation_logits, trained.options))  # fmt: skip
     run_folder.train_summary.write_text(json.dumps(run.to_dict(), indent=2, default=str))
     return run
 

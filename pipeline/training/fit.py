@@ -83,6 +83,8 @@ class TrainRun:
     """... and where that number came from (`train.threads`, the affinity mask, a cgroup quota, others' load)."""
     states: StateFit | None = None
     """How the train and held-out rows' states fit the model's window: rows cut, tokens dropped."""
+    validation_decisions: int = 0
+    """Decisions of the validation split (carved from the training rows, not trained on; `data.split`)."""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -106,6 +108,10 @@ class Trained:
     base_logits: list[np.ndarray]
     tuned_logits: list[np.ndarray]
     options: dict[str, tuple[str, ...]] = field(default_factory=dict)  # option names per held-out question id
+    validation: list[ScoredDecision] = field(default_factory=list)
+    """The validation split's decisions (carved from the training rows, never trained on) ..."""
+    validation_logits: list[np.ndarray] = field(default_factory=list)
+    """... and the fine-tune's raw logits on them: what the calibrator is fitted on."""
 
 
 @dataclass
@@ -118,6 +124,7 @@ class Prepared:
     data: SplitData
     train_examples: list[Any]
     heldout_examples: list[Any]
+    validation_examples: list[Any]
     skipped: Counter
     threads: ThreadGovernor
     """Started here; whoever prepared it stops it."""
@@ -138,9 +145,13 @@ def prepare_fit(
     loaded = family.load(base, config, dev)
     train_examples, skipped_train = family.build_examples(loaded, data.split.train)
     heldout_examples, skipped_heldout = family.build_examples(loaded, data.split.heldout)
-    skipped = Counter(data.report.skipped) + Counter(skipped_train) + Counter(skipped_heldout)
-    states = fit_of_states(family.state_cuts(train_examples) + family.state_cuts(heldout_examples))
-    return Prepared(family, loaded, dev, data, train_examples, heldout_examples, skipped, threads, states)
+    validation_examples, skipped_validation = family.build_examples(loaded, data.split.validation)
+    skipped = sum((Counter(c) for c in (skipped_train, skipped_heldout, skipped_validation)),
+                  Counter(data.report.skipped))  # fmt: skip
+    examples = train_examples + heldout_examples + validation_examples
+    states = fit_of_states(family.state_cuts(examples))
+    return Prepared(family, loaded, dev, data, train_examples, heldout_examples, validation_examples, skipped,
+                    threads, states)  # fmt: skip
 
 
 def fit(data: SplitData, base: str | Path, config: TrainConfig, device: str = "auto",
@@ -166,15 +177,16 @@ def _fit_prepared(prepared: Prepared, config: TrainConfig, hooks: RunHooks, cont
     hooks.say(prepared.states.describe())
     hooks.say(f"{family.name} family ({config.method}) on {dev}, torch threads "
               f"{prepared.threads.threads} ({prepared.threads.describe()}): "
-              f"{len(prepared.train_examples):,} training and {len(prepared.heldout_examples):,} held-out examples; "
-              "scoring the base")  # fmt: skip
+              f"{len(prepared.train_examples):,} training, {len(prepared.validation_examples):,} validation and "
+              f"{len(prepared.heldout_examples):,} held-out examples; scoring the base")  # fmt: skip
 
-    def scored(what: str, progress: bool) -> tuple[list[ScoredDecision], list[np.ndarray]]:
+    def scored(what: str, progress: bool, examples: list[Any] = prepared.heldout_examples,
+               split: str = "held-out") -> tuple[list[ScoredDecision], list[np.ndarray]]:  # fmt: skip
         prepared.threads.follow()
         started = time.perf_counter()
-        result = family.score(loaded, prepared.heldout_examples, dev, config.eval_batch_size, progress)
+        result = family.score(loaded, examples, dev, config.eval_batch_size, progress)
         hooks.say(
-            f"scored {len(result[0]):,} held-out decisions ({what}) in {time.perf_counter() - started:.0f} s"
+            f"scored {len(result[0]):,} {split} decisions ({what}) in {time.perf_counter() - started:.0f} s"
         )
         return result
 
@@ -187,9 +199,12 @@ def _fit_prepared(prepared: Prepared, config: TrainConfig, hooks: RunHooks, cont
     result = _train_prepared(prepared, config, hooks, controls, evaluate if hooks.on_eval else None)
     _, tuned_logits = scored("fine-tune", controls.progress)
     hooks.evaluated(result.steps, _metrics(decisions, tuned_logits))
+    validation = ([], [])
+    if prepared.validation_examples and not result.cancelled:
+        validation = scored("fine-tune", controls.progress, prepared.validation_examples, "validation")
     run = _train_run(prepared, config, result, decisions, base_logits, tuned_logits)
     options = {d.question.id: d.question.options for r in data.split.heldout for d in r.decisions}
-    return Trained(run, family, loaded, config, decisions, base_logits, tuned_logits, options)
+    return Trained(run, family, loaded, config, decisions, base_logits, tuned_logits, options, *validation)
 
 
 def follow_fit(data: SplitData, base: str | Path, config: TrainConfig, device: str,
@@ -226,6 +241,7 @@ def _train_run(prepared: Prepared, config: TrainConfig, result: TrainResult, dec
         rows=prepared.data.report.rows, decisions=prepared.data.report.decisions,
         skipped=dict(prepared.skipped),
         train_decisions=sum(task.decisions(e) for e in train_examples),
+        validation_decisions=sum(task.decisions(e) for e in prepared.validation_examples),
         heldout={"decisions": len(decisions), "base": _metrics(decisions, base_logits),
                  "tuned": _metrics(decisions, tuned_logits)},
         steps=result.steps, planned_steps=result.planned_steps, cancelled=result.cancelled,

@@ -42,7 +42,7 @@ def test_a_type_with_too_few_decisions_keeps_t_1_and_says_so():
     items = _items(labels, [0] * 55 + [2] * 5)
     calibration = fit_calibration(items, logits)
     assert calibration.temperatures[2] == 1.0 and "kept T=1" in calibration.notes["noul"]
-    assert calibration.temperatures[1] == 1.0 and "0 held-out" in calibration.notes["score"]
+    assert calibration.temperatures[1] == 1.0 and "0 decisions" in calibration.notes["score"]
     assert calibration.temperatures[0] > 1.2 and "fitted on 55" in calibration.notes["choice"]
 
 

@@ -1,6 +1,7 @@
 """The held-out split: whole rows, stable under reordering and growth, within its caps."""
 
 import random
+from dataclasses import replace
 
 from pipeline.config import ValidateConfig
 from pipeline.data import synthetic
@@ -32,7 +33,31 @@ def test_split_respects_both_caps_and_keeps_rows_whole():
         decisions = sum(len(r.decisions) for r in split.heldout)
         assert 0 < decisions <= min(config.holdout_max_decisions, config.holdout_fraction * 6000)
         assert not _ids(split.heldout) & _ids(split.train)
-        assert len(split.train) + len(split.heldout) == len(records)
+        assert not _ids(split.validation) & (_ids(split.train) | _ids(split.heldout))
+        assert len(split.train) + len(split.validation) + len(split.heldout) == len(records)
+
+
+def test_the_validation_split_is_carved_from_training_rows_within_its_caps_and_stable_under_reordering():
+    rows = synthetic.generate_rows(2000, seed=6)
+    config = ValidateConfig(holdout_max_decisions=300, validation_fraction=0.1, validation_max_decisions=450)
+    split = split_holdout(validate_rows(rows).records, config)
+    carved = sum(len(r.decisions) for r in split.validation)
+    assert 400 < carved <= 450  # the cap binds (10% of ~5,700 training decisions would be ~570)
+    assert not _ids(split.validation) & (_ids(split.train) | _ids(split.heldout))
+    shuffled = rows[:]
+    random.Random(1).shuffle(shuffled)
+    assert _ids(split_holdout(validate_rows(shuffled).records, config).validation) == _ids(split.validation)
+    fraction_bound = split_holdout(
+        validate_rows(rows).records, replace(config, validation_max_decisions=10_000)
+    )
+    assert sum(len(r.decisions) for r in fraction_bound.validation) <= 0.1 * 6000
+
+
+def test_no_validation_split_below_its_minimum_or_when_turned_off():
+    records = validate_rows(synthetic.generate_rows(200, seed=7)).records  # ~600 decisions: 10% is ~54
+    assert split_holdout(records, ValidateConfig(validation_min_decisions=100)).validation == []
+    assert split_holdout(records, ValidateConfig(validation_fraction=0.0)).validation == []
+    assert split_holdout(records, ValidateConfig(validation_min_decisions=20)).validation
 
 
 def test_tiny_sets_hold_out_one_row_but_never_the_last():
@@ -44,8 +69,6 @@ def test_tiny_sets_hold_out_one_row_but_never_the_last():
 
 
 def test_with_the_shipped_params_a_row_held_out_once_stays_held_out_as_the_data_grows_past_the_cap(tmp_path):
-    from dataclasses import replace
-
     from pipeline.config import load_params
     from pipeline.data.split import read_ledger, record_heldout
 

@@ -1,0 +1,80 @@
+"""The evaluation protocol: nothing fitted reads a held-out label.
+
+The calibrator is chosen and fitted on the validation split carved from the training rows, and the held-out rows
+are scored once. Two runs whose held-out rows differ only in their gold labels must fit the same weights and the
+same calibrator, and report different held-out figures.
+"""
+
+import json
+
+import pytest
+from safetensors.torch import load_file
+
+from pipeline.cli.main import main
+from pipeline.data import synthetic
+from pipeline.rundir import RunFolder
+
+
+def _relabelled(row: dict) -> dict:
+    """The same row with every gold label moved to another option."""
+    gold = row["gold"]
+    tone = gold["tone"]["label"] if isinstance(gold["tone"], dict) else gold["tone"]
+    return row | {"gold": {"tone": "negative" if tone != "negative" else "positive",
+                           "intensity": (gold["intensity"] + 2) % 5, "is_negative": not gold["is_negative"]}}  # fmt: skip
+
+
+@pytest.fixture
+def params(tmp_path):
+    path = tmp_path / "params.yaml"
+    # One thread: the same arithmetic in both runs (a thread count the load governor changes mid-run would not be).
+    path.write_text("train:\n  micro_batch: 4\n  lora_r: 4\n  precision: fp32\n  threads: 1\n"
+                    "validate:\n  validation_fraction: 0.2\n  validation_min_decisions: 30\n")  # fmt: skip
+    return path
+
+
+def _finetune(data, eval_data, base, params, out, capsys, *extra: str) -> dict:
+    code = main(["finetune", "--data", str(data), "--eval-data", str(eval_data), "--base", str(base),
+                 "--out", str(out), "--max-steps", "4", "--params", str(params), "--json", *extra])  # fmt: skip
+    assert code == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def _weights(run: RunFolder) -> dict:
+    return {
+        f"{p.name}:{k}": v
+        for p in sorted(run.finetune.rglob("*.safetensors"))
+        for k, v in load_file(p).items()
+    }
+
+
+@pytest.mark.parametrize("family", ["laya", "joint"])
+def test_changing_held_out_labels_changes_no_fitted_parameter(family, tiny_base, synthetic_train_file, params,
+                                                              tmp_path, capsys):  # fmt: skip
+    heldout = synthetic.generate_rows(60, seed=12)
+    original = synthetic.write_rows(heldout, tmp_path / "heldout.jsonl")
+    relabelled = synthetic.write_rows([_relabelled(r) for r in heldout], tmp_path / "relabelled.jsonl")
+    family_flag = ("--family", family)
+    first = _finetune(synthetic_train_file, original, tiny_base, params, tmp_path / "a", capsys, *family_flag)
+    second = _finetune(
+        synthetic_train_file, relabelled, tiny_base, params, tmp_path / "b", capsys, *family_flag
+    )
+    runs = RunFolder(first["run_dir"]), RunFolder(second["run_dir"])
+
+    assert first["calibrator_fitted_on"].startswith("validation split")
+    weights = [_weights(run) for run in runs]
+    assert weights[0] and weights[0].keys() == weights[1].keys()
+    assert all((weights[0][k] == weights[1][k]).all() for k in weights[0])
+    assert runs[0].calibrator.read_text() == runs[1].calibrator.read_text()
+    assert first["heldout"]["calibrated"]["loss"] != second["heldout"]["calibrated"]["loss"]  # the labels were read
+
+
+def test_without_a_validation_split_the_run_says_its_calibrator_saw_held_out_labels(
+    tiny_base, synthetic_train_file, tmp_path, capsys
+):
+    params = tmp_path / "params.yaml"
+    params.write_text(
+        "train:\n  micro_batch: 4\n  lora_r: 4\n  precision: fp32\nvalidate:\n  validation_fraction: 0\n"
+    )
+    summary = _finetune(synthetic_train_file, synthetic_train_file, tiny_base, params, tmp_path / "c", capsys)
+    assert summary["calibrator_fitted_on"].startswith("held-out rows, cross-fitted")
+    assert not RunFolder(summary["run_dir"]).validation_logits.exists()

@@ -224,6 +224,12 @@ class TrainConfig:
     checkpoint_every_minutes: float = 5.0
     """... and at least this often in minutes of training, whichever comes first; 0: never by time."""
     eval_batch_size: int = 64
+    early_stopping: int | None = None
+    """Patience: stop when the validation split's loss (`validate.validation_fraction`, carved from the training
+    rows) has not fallen for this many checks, and keep the weights of the best check; None: train the whole
+    budget. Needs a validation split."""
+    validation_checks: int = 20
+    """How many times a run scores its validation split's loss, evenly over its budget (with `early_stopping`)."""
     label_smoothing: float = 0.0
     """Joint family: mix the target with uniform over the question's options (off by default)."""
     brier_weight: float = 0.0
@@ -268,6 +274,7 @@ class TrainConfig:
             "head_width",
             "nproc",
             "state_windows",
+            "validation_checks",
         ):
             if getattr(self, name) < 1:
                 raise ConfigError(f"train.{name}: must be >= 1, got {getattr(self, name)}")
@@ -280,6 +287,13 @@ class TrainConfig:
                 raise ConfigError(f"train.{name}: must be >= 0 (0: off), got {getattr(self, name)}")
         if self.max_steps is not None and self.max_steps < 0:
             raise ConfigError(f"train.max_steps: must be >= 0, got {self.max_steps}")
+        if self.early_stopping is not None and self.nproc > 1:
+            raise ConfigError("train.early_stopping: not with train.nproc > 1 (every rank would have to stop at the "
+                              "same step); set one or the other")  # fmt: skip
+        if self.early_stopping is not None and self.early_stopping < 1:
+            raise ConfigError(
+                f"train.early_stopping: a patience of >= 1 check, or null; got {self.early_stopping}"
+            )
         if self.threads is not None and self.threads < 1:
             raise ConfigError(
                 f"train.threads: must be >= 1 (null: the cores this process may use), got {self.threads}"

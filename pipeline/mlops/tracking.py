@@ -160,6 +160,7 @@ def log_training_run(record: TrainingRecord, run_id: str | None = None) -> str:
         mlflow.log_params(flat_params(record.params))
         if not (resumed and "loss" in opened_run.data.metrics):  # not logged live
             _log_steps(record.train.get("logged_steps", []))
+        _log_validation_checks(record.train.get("early_stopping") or {})
         mlflow.log_metrics(run_metrics(record))
         _log_dataset(record)
         _log_artifacts(record)
@@ -258,6 +259,18 @@ def _log_steps(steps: list[dict[str, float]]) -> None:
         mlflow.log_metrics(
             {k: float(entry[k]) for k in ("loss", "lr", "s_per_step") if k in entry}, step=step
         )
+
+
+def _log_validation_checks(early_stopping: dict[str, Any]) -> None:
+    """The validation split's loss at each early-stopping check (a curve beside the training loss) and the best
+    step the model kept."""
+    import mlflow
+
+    for step, loss in early_stopping.get("checks", []):
+        mlflow.log_metric("validation_loss", float(loss), step=int(step))
+    if early_stopping.get("checks"):
+        mlflow.log_metrics({"best_step": float(early_stopping["best_step"]),
+                            "stopped_at_step": float(early_stopping["ended_at"])})  # fmt: skip
 
 
 def _log_dataset(record: TrainingRecord) -> None:

@@ -62,6 +62,8 @@ class FinetuneResult:
     inputs: dict[str, dict[str, Any]] = field(default_factory=dict)
     states: StateFit | None = None
     """How the states fit the model's window (`TrainRun.states`)."""
+    early_stopping: dict[str, Any] = field(default_factory=dict)
+    """With `train.early_stopping`: the validation checks, the best step and where training ended."""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -117,6 +119,7 @@ def _result(run: TrainRun, calibration: CalibrationResult | None, export_dir: st
         train_seconds=run.train_seconds, s_per_step=run.s_per_step, decisions_per_second=run.decisions_per_second,
         peak_memory_mb=run.peak_memory_mb, precision=run.precision, budget=run.budget, compile=run.compile,
         losses=run.losses, warnings=run.warnings, pins=run.pins, inputs=run.inputs, states=run.states,
+        early_stopping=run.early_stopping,
         **calibrated,
     )  # fmt: skip
 

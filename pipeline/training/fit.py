@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from pipeline.config import TrainConfig
+from pipeline.config import ConfigError, TrainConfig
 from pipeline.cpu.budget import apply_threads, plan_threads
 from pipeline.cpu.load import ThreadGovernor
 from pipeline.data.split import SplitData
@@ -29,6 +29,7 @@ from pipeline.scoring.calibration import plain_probabilities
 from pipeline.scoring.decisions import ScoredDecision
 from pipeline.scoring.metrics import heldout_metrics
 from pipeline.training.controls import RunControls, RunHooks
+from pipeline.training.early_stop import EarlyStopping
 from pipeline.training.loop import TrainResult, plan_budget, train
 from pipeline.training.ranks import Ranks
 from pipeline.training.state_fit import StateFit, fit_of_states
@@ -85,6 +86,9 @@ class TrainRun:
     """How the train and held-out rows' states fit the model's window: rows cut, tokens dropped."""
     validation_decisions: int = 0
     """Decisions of the validation split (carved from the training rows, not trained on; `data.split`)."""
+    early_stopping: dict[str, Any] = field(default_factory=dict)
+    """With `train.early_stopping`: the validation checks, the best step and where training ended
+    (`TrainResult.early_stopping`)."""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -150,6 +154,9 @@ def prepare_fit(
                   Counter(data.report.skipped))  # fmt: skip
     examples = train_examples + heldout_examples + validation_examples
     states = fit_of_states(family.state_cuts(examples))
+    if config.early_stopping is not None and not validation_examples:
+        raise ConfigError("train.early_stopping needs a validation split, and this run has none: its training rows "
+                          "gave fewer than validate.validation_min_decisions, or validate.validation_fraction is 0")  # fmt: skip
     return Prepared(family, loaded, dev, data, train_examples, heldout_examples, validation_examples, skipped,
                     threads, states)  # fmt: skip
 
@@ -230,7 +237,12 @@ def _train_prepared(prepared: Prepared, config: TrainConfig, hooks: RunHooks, co
     ready = family.training_examples(loaded, prepared.train_examples, config, prepared.device, hooks.report)
     # `ready` may hold a frozen backbone's cached features: dropped on return, once the head is trained.
     controls = replace(controls, threads=prepared.threads)
-    return train(loaded.model, ready, config, prepared.device, task, hooks, controls, evaluate)
+    stopper = None
+    if config.early_stopping is not None:
+        checked = family.training_examples(loaded, prepared.validation_examples, config, prepared.device,
+                                           hooks.report)  # fmt: skip
+        stopper = EarlyStopping(checked, config, task, hooks.report)
+    return train(loaded.model, ready, config, prepared.device, task, hooks, controls, evaluate, stopper)
 
 
 def _train_run(prepared: Prepared, config: TrainConfig, result: TrainResult, decisions, base_logits,
@@ -253,6 +265,7 @@ def _train_run(prepared: Prepared, config: TrainConfig, result: TrainResult, dec
         budget=plan_budget(len(train_examples), config).reason, logged_steps=result.logged_steps,
         resumed_from_step=result.resumed_from_step, world_size=result.world_size,
         allreduce_seconds=result.allreduce_seconds, threads=prepared.threads.threads,
+        early_stopping=result.early_stopping,
         threads_source=prepared.threads.describe(), states=prepared.states,
     )  # fmt: skip
 

@@ -42,6 +42,7 @@ from pipeline.training.compile import (
     pick_warmup_batches,
 )
 from pipeline.training.controls import RunControls, RunHooks
+from pipeline.training.early_stop import EarlyStopping
 from pipeline.training.progress import StepLog
 from pipeline.training.ranks import Ranks
 
@@ -67,6 +68,9 @@ class TrainResult:
     """Data-parallel ranks that shared each window (`training.ranks`)."""
     allreduce_seconds: float = 0.0
     """Of `train_seconds`, the time this rank spent in the gradient all-reduce (0 on one rank)."""
+    early_stopping: dict[str, Any] = field(default_factory=dict)
+    """With `train.early_stopping`: the validation checks, the best step, where training ended and whether the
+    best step's weights were put back (`early_stop.EarlyStopping.summary`); empty without."""
 
     @property
     def s_per_step(self) -> float:
@@ -173,7 +177,7 @@ def accumulate_gradients(window: list[int], items: Sequence[Any], micro_batch: i
 
 def train(model: torch.nn.Module, examples: Sequence[Any], config: TrainConfig, device: torch.device,
           task: BatchTask, hooks: RunHooks = RunHooks(), controls: RunControls = RunControls(),
-          evaluate: Callable[[int], None] | None = None) -> TrainResult:  # fmt: skip
+          evaluate: Callable[[int], None] | None = None, stopper: EarlyStopping | None = None) -> TrainResult:  # fmt: skip
     """Train `model` in place on a family's `examples`, batched and scored by the family's `task`.
 
     The model must already be prepared (the family's `prepare`). `hooks.report` gets a progress line (step,
@@ -183,7 +187,9 @@ def train(model: torch.nn.Module, examples: Sequence[Any], config: TrainConfig, 
     checkpoint matches this one's config and data resumes from it ("resumed from step N"), on the same data order
     and schedule. With `controls.ranks` (data-parallel), this process trains on its share of every window and the
     gradients are all-reduced before each optimizer step; every rank resumes from the checkpoint, only rank 0
-    writes one. `controls.cancel` stops it at the next step.
+    writes one. `controls.cancel` stops it at the next step. With a `stopper`, the validation loss is checked at
+    its steps, training stops once it has not fallen for `train.early_stopping` checks, and the model ends with the
+    best check's weights.
     """
     ranks, checkpoints = controls.ranks or Ranks(), controls.checkpoints
     if not examples:
@@ -199,6 +205,9 @@ def train(model: torch.nn.Module, examples: Sequence[Any], config: TrainConfig, 
     torch.manual_seed(config.seed)
     model.to(device).train()
     ranks.broadcast(params)
+
+    def validation_batch(chunk: list[Any]) -> dict[str, torch.Tensor]:
+        return {k: v.to(device, non_blocking=True) for k, v in task.collate(chunk).items()}
 
     def batch_of(indices: list[int], padded: bool) -> dict[str, torch.Tensor]:
         batch = task.collate([examples[i] for i in indices])
@@ -221,6 +230,8 @@ def train(model: torch.nn.Module, examples: Sequence[Any], config: TrainConfig, 
     running, seen_since_log = torch.zeros((), device=device), 0
     if saved is not None:
         running, seen_since_log = resume(saved, trainable, optimizer, scheduler, result, device)
+        if stopper is not None:
+            stopper.load_state(saved.tallies.get("early_stopping"))
         log.resume(result.steps)
         hooks.say(f"resumed from step {result.steps} of {len(windows)} ({checkpoints.path})")
     earlier_seconds = result.train_seconds
@@ -255,6 +266,10 @@ def train(model: torch.nn.Module, examples: Sequence[Any], config: TrainConfig, 
             if evaluate is not None and result.steps in eval_steps(len(windows)):
                 evaluate(result.steps)
                 model.train()
+            if stopper is not None and stopper.stops(result.steps, len(windows), model, trainable, validation_batch,
+                                                     dtype):  # fmt: skip
+                hooks.say(stopper.stopped(result.steps, len(windows)))
+                break
             if log.due(result.steps):
                 mean_loss = running.item() / seen_since_log  # the one host sync of a logging step
                 running.zero_()
@@ -266,8 +281,11 @@ def train(model: torch.nn.Module, examples: Sequence[Any], config: TrainConfig, 
             if checkpoints is not None and ranks.is_main and checkpoints.due(result.steps, len(windows)):
                 result.train_seconds = earlier_seconds + time.perf_counter() - started
                 checkpoints.save(train_state(expected, trainable, optimizer, scheduler, result, running,
-                                             seen_since_log))  # fmt: skip
+                                             seen_since_log, stopper))  # fmt: skip
         log.close()
+    if stopper is not None:
+        restored = stopper.restore_best(trainable, result.steps)
+        result.early_stopping = stopper.summary(result.steps) | {"restored_best": restored}
     result.compile = asdict(compiled)
     result.train_seconds = earlier_seconds + time.perf_counter() - started
     result.allreduce_seconds = ranks.reduce_seconds
@@ -280,10 +298,13 @@ TALLIES = ("steps", "decisions", "losses", "step_seconds", "logged_steps", "trai
 
 
 def train_state(expected: str, trainable: dict[str, torch.nn.Parameter], optimizer, scheduler,
-                result: TrainResult, running: torch.Tensor, seen_since_log: int) -> TrainState:  # fmt: skip
-    """The loop's state after `result.steps` steps (the loss summed since the last logging step included), under
-    the run's `expected` fingerprint (`checkpoint.fingerprint`)."""
+                result: TrainResult, running: torch.Tensor, seen_since_log: int,
+                stopper: EarlyStopping | None = None) -> TrainState:  # fmt: skip
+    """The loop's state after `result.steps` steps (the loss summed since the last logging step and the early
+    stopper's checks included), under the run's `expected` fingerprint (`checkpoint.fingerprint`)."""
     tallies = {name: getattr(result, name) for name in TALLIES}
+    if stopper is not None:
+        tallies["early_stopping"] = stopper.to_state()
     return TrainState(
         step=result.steps, fingerprint=expected,
         parameters={name: p.detach().to("cpu", copy=True) for name, p in trainable.items()},

@@ -65,7 +65,9 @@ def test_changing_held_out_labels_changes_no_fitted_parameter(family, tiny_base,
     assert weights[0] and weights[0].keys() == weights[1].keys()
     assert all((weights[0][k] == weights[1][k]).all() for k in weights[0])
     assert runs[0].calibrator.read_text() == runs[1].calibrator.read_text()
-    assert first["heldout"]["calibrated"]["loss"] != second["heldout"]["calibrated"]["loss"]  # the labels were read
+    assert (
+        first["heldout"]["calibrated"]["loss"] != second["heldout"]["calibrated"]["loss"]
+    )  # the labels were read
 
 
 def test_without_a_validation_split_the_run_says_its_calibrator_saw_held_out_labels(

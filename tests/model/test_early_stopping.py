@@ -1,0 +1,92 @@
+"""Early stopping on the validation split: checks spread over the budget, a stop after `patience` checks without a
+lower validation loss, the best check's weights kept, and a clear refusal where it cannot run."""
+
+import json
+from dataclasses import replace
+
+import pytest
+import torch
+
+from pipeline.cli.main import main
+from pipeline.config import ConfigError, TrainConfig
+from pipeline.data import synthetic
+from pipeline.data.validate import validate_rows
+from pipeline.families.laya.items import build_items
+from pipeline.families.laya.training import laya_batch_task, prepare_model
+from pipeline.families.laya_layout import load_model
+from pipeline.training.controls import RunHooks
+from pipeline.training.early_stop import EarlyStopping, check_steps, validation_loss
+from pipeline.training.loop import train
+
+CPU = torch.device("cpu")
+CONFIG = TrainConfig(method="full", micro_batch=4, grad_accum=2, full_lr=3e-3, head_lr=3e-3, epochs=12,
+                     min_steps=0, log_every=5, precision="fp32", threads=1, warmup_steps=0)  # fmt: skip
+
+
+def _contrary(row: dict) -> dict:
+    """The row with every label moved to another option: what the training rows teach, these contradict."""
+    gold = row["gold"]
+    tone = gold["tone"]["label"] if isinstance(gold["tone"], dict) else gold["tone"]
+    return row | {"gold": {"tone": "negative" if tone != "negative" else "positive",
+                           "intensity": (gold["intensity"] + 2) % 5, "is_negative": not gold["is_negative"]}}  # fmt: skip
+
+
+def test_checks_are_spread_over_the_budget_and_end_at_its_last_step():
+    assert check_steps(100, 4) == {25, 50, 75, 100}
+    assert check_steps(3, 20) == {1, 2, 3}
+    assert max(check_steps(977, 20)) == 977 and len(check_steps(977, 20)) == 20
+
+
+def test_a_run_whose_validation_loss_rises_stops_after_its_patience_and_keeps_the_best_weights(tiny_base):
+    loaded = load_model(tiny_base)
+    prepare_model(loaded.model, CONFIG)
+    rows = synthetic.generate_rows(24, seed=5)
+    items = build_items(validate_rows(rows).records, loaded)[0]
+    contrary = build_items(validate_rows([_contrary(r) for r in rows]).records, loaded)[0]
+    task = laya_batch_task(loaded.tokenizer.pad_token_id)
+    config = replace(CONFIG, early_stopping=2, validation_checks=12)
+    lines = []
+    stopper = EarlyStopping(contrary, config, task, lines.append)
+    result = train(loaded.model, items, config, CPU, task, RunHooks(report=lines.append), stopper=stopper)
+
+    losses = [loss for _, loss in stopper.checks]
+    assert result.steps < result.planned_steps, "the validation loss rose, so the run stops early"
+    best = losses.index(min(losses))
+    assert len(losses) == best + 1 + 2, "it stops after exactly `patience` checks without a lower loss"
+    assert result.early_stopping["best_step"] == stopper.checks[best][0] < result.steps
+    assert result.early_stopping["restored_best"] and any("stopped early" in line for line in lines)
+
+    def batch(chunk):
+        return task.collate(chunk)
+
+    kept = validation_loss(loaded.model, contrary, task, batch, None, config.eval_batch_size)
+    assert kept == pytest.approx(min(losses), rel=1e-5), "the model ends with the best check's weights"
+
+
+def test_early_stopping_is_refused_without_a_validation_split_or_with_several_ranks(
+    tiny_base, synthetic_train_file, tmp_path, capsys
+):
+    with pytest.raises(ConfigError, match="nproc"):
+        TrainConfig(early_stopping=3, nproc=2)
+    params = tmp_path / "params.yaml"
+    params.write_text("train:\n  early_stopping: 3\nvalidate:\n  validation_fraction: 0\n")
+    code = main(["finetune", "--data", str(synthetic_train_file), "--base", str(tiny_base),
+                 "--out", str(tmp_path / "out"), "--max-steps", "3", "--params", str(params)])  # fmt: skip
+    assert code == 1  # a config error, said in one line before anything trains
+    assert "train.early_stopping needs a validation split" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+
+
+def test_finetune_reports_its_checks_and_best_step(tiny_base, synthetic_train_file, tmp_path, capsys):
+    params = tmp_path / "params.yaml"
+    params.write_text("train:\n  micro_batch: 4\n  lora_r: 4\n  precision: fp32\n  threads: 1\n"
+                      "  early_stopping: 3\n  validation_checks: 4\n"
+                      "validate:\n  validation_fraction: 0.2\n  validation_min_decisions: 30\n")  # fmt: skip
+    code = main(["finetune", "--data", str(synthetic_train_file), "--base", str(tiny_base), "--out",
+                 str(tmp_path / "out"), "--max-steps", "8", "--params", str(params), "--json"])  # fmt: skip
+    assert code == 0
+    summary = json.loads(capsys.readouterr().out)
+    stopping = summary["early_stopping"]
+    assert [step for step, _ in stopping["checks"]] == [2, 4, 6, 8][: len(stopping["checks"])]
+    assert stopping["best_step"] in {step for step, _ in stopping["checks"]}
+    assert stopping["ended_at"] == summary["steps"]

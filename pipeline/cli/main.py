@@ -17,6 +17,7 @@ import sys
 from typing import Any
 
 from pipeline.cli.api import add_api_commands
+from pipeline.cli.compare import add_compare_commands
 from pipeline.cli.data import BadMappingFlags, add_data_commands, add_mapping_arguments, mapping_value
 from pipeline.cli.predict import add_predict_commands
 from pipeline.cli.registry import add_registry_commands
@@ -494,6 +495,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_run_commands(commands)
     add_data_commands(commands)
     add_predict_commands(commands)
+    add_compare_commands(commands)
     return parser
 
 

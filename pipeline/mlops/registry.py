@@ -63,6 +63,14 @@ def parse_alias_uri(text: str) -> tuple[str, str] | None:
     return (name, alias) if name and alias else None
 
 
+def parse_version_uri(text: str) -> tuple[str, str] | None:
+    """(name, version) for `models:/NAME/VERSION` (a version number), None for anything else."""
+    if not text.startswith(MODEL_URI_PREFIX):
+        return None
+    name, _, version = text[len(MODEL_URI_PREFIX) :].rpartition("/")
+    return (name, version) if name and version.isdigit() else None
+
+
 def artifact_root(uri: str) -> str | None:
     """Artifacts beside a SQLite store (`mlflow/artifacts` by default); a tracking server decides its own."""
     if not uri.startswith("sqlite:///"):

@@ -77,3 +77,85 @@ def _gain_bound(
     )
     means = (draws @ summed) / (draws @ counted)
     return float(np.quantile(means, 1 - confidence))
+
+
+@dataclass(frozen=True)
+class QuestionDifference:
+    """Two models on one question's shared decisions (or on all of them, `question` "all"): accuracy and NLL of
+    each, and B minus A with a two-sided record-bootstrap interval at `confidence`."""
+
+    question: str
+    decisions: int
+    accuracy_a: float
+    accuracy_b: float
+    accuracy_gain: float  # B - A: positive when B is right more often
+    accuracy_gain_low: float
+    accuracy_gain_high: float
+    nll_a: float
+    nll_b: float
+    nll_gain: float  # A - B: positive when B is the better calibrated guess
+    nll_gain_low: float
+    nll_gain_high: float
+
+    @property
+    def verdict(self) -> str:
+        """Which model is better on this question beyond the bootstrap noise, in words."""
+        if self.accuracy_gain_low > 0:
+            return "B more accurate"
+        if self.accuracy_gain_high < 0:
+            return "A more accurate"
+        if self.nll_gain_low > 0:
+            return "B: lower NLL, accuracy level"
+        if self.nll_gain_high < 0:
+            return "A: lower NLL, accuracy level"
+        return "no difference beyond noise"
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self) | {"verdict": self.verdict}
+
+
+def per_question_differences(a: Scored, b: Scored, confidence: float = 0.95, resamples: int = RESAMPLES,
+                             seed: int = 0) -> list[QuestionDifference]:  # fmt: skip
+    """A against B on the decisions both answered (matched by record and question id): one row for all of them,
+    then one per question id. Records are resampled with replacement (a record's decisions move together), the
+    same draws for every row."""
+    ours, theirs = _by_key(a), _by_key(b)
+    keys = sorted(ours.keys() & theirs.keys())
+    if not keys:
+        raise ValueError("the two models share no decision to compare on")
+    nll = np.array([[_nll(*ours[k]), _nll(*theirs[k])] for k in keys])
+    right = np.array([[_right(*ours[k]), _right(*theirs[k])] for k in keys], dtype=float)
+    _, record_of = np.unique([k[0] for k in keys], return_inverse=True)
+    n_records = int(record_of.max()) + 1
+    draws = np.random.default_rng(seed).multinomial(
+        n_records, np.full(n_records, 1 / n_records), size=resamples
+    )
+    questions = np.array([k[1] for k in keys])
+    rows = [("all", np.ones(len(keys), dtype=bool))] + [
+        (str(q), questions == q) for q in sorted(set(questions))
+    ]
+    return [_difference(name, chosen, nll, right, record_of, draws, confidence) for name, chosen in rows]
+
+
+def _difference(name: str, chosen: np.ndarray, nll: np.ndarray, right: np.ndarray, record_of: np.ndarray,
+                draws: np.ndarray, confidence: float) -> QuestionDifference:  # fmt: skip
+    accuracy_gain = _interval(right[chosen, 1] - right[chosen, 0], record_of[chosen], draws, confidence)
+    nll_gain = _interval(nll[chosen, 0] - nll[chosen, 1], record_of[chosen], draws, confidence)
+    return QuestionDifference(name, int(chosen.sum()), float(right[chosen, 0].mean()), float(right[chosen, 1].mean()),
+                              float((right[chosen, 1] - right[chosen, 0]).mean()), *accuracy_gain,
+                              float(nll[chosen, 0].mean()), float(nll[chosen, 1].mean()),
+                              float((nll[chosen, 0] - nll[chosen, 1]).mean()), *nll_gain)  # fmt: skip
+
+
+def _interval(
+    gain: np.ndarray, record_of: np.ndarray, draws: np.ndarray, confidence: float
+) -> tuple[float, float]:
+    """The two-sided `confidence` interval of the mean gain over the record-bootstrap `draws` (a draw that picks
+    none of these records is left out)."""
+    n_records = draws.shape[1]
+    summed = np.bincount(record_of, weights=gain, minlength=n_records)
+    counted = np.bincount(record_of, minlength=n_records).astype(np.float64)
+    totals = draws @ counted
+    means = (draws @ summed)[totals > 0] / totals[totals > 0]
+    tail = (1 - confidence) / 2
+    return float(np.quantile(means, tail)), float(np.quantile(means, 1 - tail))

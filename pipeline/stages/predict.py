@@ -41,7 +41,7 @@ from pipeline.families import load_decision_model
 from pipeline.families.base import DecisionModel, ModelLayoutError
 from pipeline.families.exporting import read_manifest
 from pipeline.lineage import MAPPING_OPTIONS
-from pipeline.mlops.registry import alias_version, download_version, parse_alias_uri
+from pipeline.mlops.registry import alias_version, download_version, parse_alias_uri, parse_version_uri
 from pipeline.serving.catalog import export_name
 from pipeline.serving.offline import (
     ID_COLUMNS,
@@ -152,17 +152,16 @@ def count_rows(source: str | Path) -> int | None:
 
 @contextmanager
 def model_folder(source: str) -> Iterator[tuple[str, Path]]:
-    """(the name the API serves it under, its folder) for an export folder or a registry alias (its version
-    fetched into a temporary folder, removed after)."""
-    alias = parse_alias_uri(source)
-    if alias is None:
+    """(the name the API serves it under, its folder) for an export folder, a registry alias or a registered
+    version (`models:/NAME/VERSION`; the version fetched into a temporary folder, removed after)."""
+    alias, numbered = parse_alias_uri(source), parse_version_uri(source)
+    if alias is None and numbered is None:
         folder = Path(source)
         if not folder.is_dir():
             raise ModelLayoutError(f"--model {source}: no such folder (or use models:/NAME@ALIAS)")
         yield export_name(folder), folder
         return
-    name, alias_name = alias
-    version = alias_version(name, alias_name)
+    name, version = numbered or (alias[0], alias_version(*alias))
     with tempfile.TemporaryDirectory(prefix="decision-predict-") as cache:
         yield f"{name}/{version}", download_version(name, version, Path(cache) / f"{name}-{version}")
 

@@ -1,0 +1,93 @@
+"""The `decision compare` subcommand: two models, the same rows, a paired bootstrap per question.
+
+decision compare models:/decision-model@champion models:/decision-model/7 --data data/processed/vader.jsonl
+decision compare runs/a/export runs/b/export --data data/processed/vader.jsonl --all-rows --json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from pipeline.cli.tables import progress_outputs
+
+EXIT_OK, EXIT_UNREADABLE, EXIT_BAD_INPUT = 0, 1, 2
+
+
+def _compare(args: argparse.Namespace) -> int:
+    from pipeline.config import ConfigError, load_params
+    from pipeline.data.read import UnreadableInput
+    from pipeline.families.base import ModelLayoutError
+    from pipeline.mlops.registry import RegistryError
+    from pipeline.stages.compare import compare_models
+
+    if not 0.5 <= args.confidence < 1:
+        return _refuse(f"--confidence must lie in [0.5, 1), got {args.confidence}")
+    _, say = progress_outputs(args)
+    try:
+        split = load_params(args.params).validate
+        result = compare_models(
+            args.a, args.b, args.data, split, args.all_rows, args.confidence, args.device, say
+        )
+    except (UnreadableInput, ModelLayoutError, RegistryError, ConfigError, ValueError) as error:
+        return _refuse(str(error))
+    if args.json:
+        print(json.dumps(result.to_dict()))
+    else:
+        print_comparison(result)
+    return EXIT_OK
+
+
+def _refuse(message: str) -> int:
+    print(f"decision compare: {message}", file=sys.stderr)
+    return EXIT_BAD_INPUT
+
+
+def print_comparison(result) -> None:
+    """One row per question (all first): each model's accuracy and NLL, B's gain with its interval, a verdict."""
+    from rich.console import Console
+    from rich.table import Table
+
+    level = f"{result.confidence:.0%}"
+    table = Table(title=f"A = {result.a}, B = {result.b}: {result.rows} rows of {result.data} ({result.records:,} "
+                  f"records; gains B over A, {level} paired record-bootstrap intervals)")  # fmt: skip
+    for column in ("question", "decisions", "acc. A", "acc. B", "acc. gain", "NLL A", "NLL B", "NLL gain",
+                   "verdict"):  # fmt: skip
+        table.add_column(column, justify="left" if column in ("question", "verdict") else "right")
+    for q in result.questions:
+        table.add_row(q.question, f"{q.decisions:,}", f"{q.accuracy_a:.4f}", f"{q.accuracy_b:.4f}",
+                      f"{q.accuracy_gain:+.4f} [{q.accuracy_gain_low:+.4f}, {q.accuracy_gain_high:+.4f}]",
+                      f"{q.nll_a:.4f}", f"{q.nll_b:.4f}",
+                      f"{q.nll_gain:+.4f} [{q.nll_gain_low:+.4f}, {q.nll_gain_high:+.4f}]", q.verdict)  # fmt: skip
+    Console().print(table)
+
+
+def add_compare_commands(commands) -> None:
+    """Register `compare` on the `decision` subparsers."""
+    compare = commands.add_parser(
+        "compare",
+        help="compare two models (export folders or registered versions) on the same rows, per question",
+        description="Score A and B as served (their calibration applied) on the same decision rows of DATA and "
+        "compare them decision by decision: for every question, and for all of them, each model's accuracy and "
+        "NLL and B's gain over A with a paired record-bootstrap interval (a record's decisions resampled "
+        "together; 2,000 draws), and a verdict (which is better beyond the noise, if either). The rows are DATA's "
+        "held-out split under PARAMS' validate section (what a run on DATA reports on and the promotion gate "
+        "compares on), or every usable row with --all-rows. Exit 2 for a model or DATA that cannot be read, or "
+        "two models that share no decision.",
+    )
+    compare.add_argument(
+        "a", metavar="A", help="an export folder, models:/NAME@ALIAS or models:/NAME/VERSION"
+    )
+    compare.add_argument("b", metavar="B", help="the same kinds as A")
+    compare.add_argument("--data", required=True, help="decision rows with gold (any source decision validate "
+                         "reads: a file, a folder or glob of shards, a save_to_disk folder)")  # fmt: skip
+    compare.add_argument(
+        "--all-rows", action="store_true", help="every usable row, not only the held-out split"
+    )
+    compare.add_argument("--params", default="params.yaml", help="where the held-out split is defined")
+    compare.add_argument("--confidence", type=float, default=0.95, help="interval level (default 0.95)")
+    compare.add_argument("--device", default="cpu", help="cpu (default), cuda, cuda:1")
+    compare.add_argument("--json", action="store_true", help="print the comparison as one JSON object")
+    compare.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
+    compare.set_defaults(handler=_compare)

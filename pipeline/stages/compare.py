@@ -1,0 +1,60 @@
+"""`decision compare A B`: two models scored as served on the same decision rows and compared decision by
+decision, per question, with a paired record bootstrap (`scoring.paired.per_question_differences`).
+
+A and B are export folders (a `finetune` or a run's export) or registered versions (`models:/NAME@ALIAS`,
+`models:/NAME/VERSION`). The rows are DATA's held-out split under `validate` (the rows a run of the same data
+reports on and the gate compares on) or, with `all_rows`, every usable row.
+
+    decision compare models:/decision-model@champion models:/decision-model/7 --data data/processed/vader.jsonl
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pipeline.config import ValidateConfig
+from pipeline.data.split import TrainSource
+from pipeline.scoring.paired import QuestionDifference, per_question_differences
+from pipeline.stages.evaluate import score_records
+from pipeline.stages.predict import model_folder
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """What `decision compare` prints: the two models, the rows, and one difference per question (all first)."""
+
+    a: str
+    b: str
+    data: str
+    rows: str
+    """Which rows: "held-out" (DATA's held-out split) or "all"."""
+    records: int
+    confidence: float
+    questions: list[QuestionDifference] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"a": self.a, "b": self.b, "data": self.data, "rows": self.rows, "records": self.records,
+                "confidence": self.confidence, "questions": [q.to_dict() for q in self.questions]}  # fmt: skip
+
+
+def compare_models(a: str, b: str, data: str | Path, split: ValidateConfig = ValidateConfig(), all_rows: bool = False,
+                   confidence: float = 0.95, device: str = "cpu",
+                   report: Callable[[str], None] | None = None) -> Comparison:  # fmt: skip
+    """Score `a` and `b` on the same rows of `data` as served, and compare them per question."""
+    say = report or (lambda line: None)
+    validated = TrainSource(data, split_config=split).validated()
+    parts = validated.split
+    records = parts.train + parts.validation + parts.heldout if all_rows else parts.heldout
+    scored = []
+    for source in (a, b):
+        with model_folder(source) as (name, folder):
+            say(f"scoring {sum(len(r.decisions) for r in records):,} decisions with {name}")
+            decisions, _, probabilities, _ = score_records(folder, records, device)
+        scored.append((decisions, probabilities))
+    differences = per_question_differences(scored[0], scored[1], confidence)
+    return Comparison(
+        a, b, str(data), "all" if all_rows else "held-out", len(records), confidence, differences
+    )

@@ -1,0 +1,89 @@
+"""`decision compare A B`: a paired record bootstrap per question on the same rows, from the CLI and in numbers."""
+
+import json
+
+import numpy as np
+import pytest
+
+from pipeline.cli.main import main
+from pipeline.mlops.registry import parse_version_uri
+from pipeline.scoring.decisions import ScoredDecision
+from pipeline.scoring.paired import per_question_differences
+
+
+def _scored(right: list[bool], questions: list[str], confident: float = 0.9):
+    """Two-option decisions, one per record, gold 0; the model puts `confident` on gold where `right`."""
+    decisions = [ScoredDecision(2, 0, i, q, (1.0, 0.0)) for i, q in enumerate(questions)]
+    probabilities = [np.array([confident, 1 - confident]) if r else np.array([1 - confident, confident])
+                     for r in right]  # fmt: skip
+    return decisions, probabilities
+
+
+def test_a_question_where_b_is_always_right_is_b_beyond_noise_and_an_equal_one_is_not():
+    questions = ["better"] * 200 + ["same"] * 200
+    rng = np.random.default_rng(0)
+    same = list(rng.random(200) < 0.7)
+    a = _scored([False] * 200 + same, questions)
+    b = _scored([True] * 200 + same, questions)
+    rows = {r.question: r for r in per_question_differences(a, b)}
+    assert list(rows) == ["all", "better", "same"]
+    assert rows["better"].accuracy_gain == 1.0 and rows["better"].verdict == "B more accurate"
+    assert rows["same"].accuracy_gain == 0.0 and rows["same"].verdict == "no difference beyond noise"
+    assert rows["all"].decisions == 400 and rows["all"].accuracy_gain_low > 0
+    flipped = {r.question: r for r in per_question_differences(b, a)}
+    assert flipped["better"].verdict == "A more accurate" and flipped["better"].nll_gain < 0
+
+
+def test_a_small_difference_on_few_records_is_noise():
+    questions = ["q"] * 20
+    a = _scored([True] * 14 + [False] * 6, questions)
+    b = _scored([True] * 15 + [False] * 5, questions)
+    _, row = per_question_differences(a, b)
+    assert row.accuracy_gain == pytest.approx(0.05)
+    assert (
+        row.accuracy_gain_low <= 0 <= row.accuracy_gain_high and row.verdict == "no difference beyond noise"
+    )
+
+
+def test_models_sharing_no_decision_are_refused():
+    with pytest.raises(ValueError, match="share no decision"):
+        per_question_differences(_scored([True], ["q"]), ([], []))
+
+
+def test_version_uris_are_told_from_alias_uris_and_folders():
+    assert parse_version_uri("models:/decision-model/7") == ("decision-model", "7")
+    assert parse_version_uri("models:/decision-model@champion") is None
+    assert parse_version_uri("runs/a/export") is None
+
+
+def test_the_cli_compares_a_base_with_its_fine_tune_per_question(
+    tiny_base, synthetic_train_file, tmp_path, capsys
+):
+    params = tmp_path / "params.yaml"
+    params.write_text("train:\n  micro_batch: 4\n  lora_r: 4\n  precision: fp32\n"
+                      "validate:\n  holdout_max_decisions: 120\n  holdout_fraction: 0.3\n")  # fmt: skip
+    out = tmp_path / "export"
+    assert main(["finetune", "--data", str(synthetic_train_file), "--base", str(tiny_base), "--out", str(out),
+                 "--max-steps", "3", "--params", str(params), "--json"]) == 0  # fmt: skip
+    capsys.readouterr()
+    common = ["--data", str(synthetic_train_file), "--params", str(params), "--json", "-q"]
+    assert main(["compare", str(tiny_base), str(out), *common]) == 0
+    result = json.loads(capsys.readouterr().out)
+    names = [q["question"] for q in result["questions"]]
+    assert names == ["all", "intensity", "is_negative", "tone"] and result["rows"] == "held-out"
+    assert result["questions"][0]["decisions"] == sum(q["decisions"] for q in result["questions"][1:])
+    assert main(["compare", str(out), str(out), *common]) == 0
+    itself = json.loads(capsys.readouterr().out)["questions"][0]
+    assert itself["accuracy_gain"] == 0 and itself["nll_gain"] == 0
+    assert itself["verdict"] == "no difference beyond noise"
+    assert main(["compare", str(out), str(out), "--all-rows", *common]) == 0
+    assert json.loads(capsys.readouterr().out)["records"] > result["records"]
+
+
+def test_a_missing_model_is_one_line_and_exit_2(synthetic_train_file, tmp_path, capsys):
+    code = main(
+        ["compare", str(tmp_path / "nope"), str(tmp_path / "nope"), "--data", str(synthetic_train_file)]
+    )
+    assert code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "no such folder" in err[0]

@@ -37,6 +37,7 @@ from pipeline.data import pins
 from pipeline.data.split import SplitData
 from pipeline.lineage import DataRevision, code_digest, git_commit, idempotency_key, keyed_sections
 from pipeline.mlops import tracking
+from pipeline.mlops.model_card import attach_model_card, model_card
 from pipeline.mlops.promotion import UNPINNED_TAG
 from pipeline.mlops.registry import ensure_experiment, previous_data_revision, tracking_uri
 from pipeline.mlops.store import check_tracking_store
@@ -126,6 +127,11 @@ def register(export_dir: str, name: str, run_id: str, tags: dict[str, str]) -> s
     return promote_stage.register_stage(export_dir, name, run_id, tags)
 
 
+@task(name="model-card", **IO_RETRIES)
+def card(record: tracking.TrainingRecord, name: str, version: str, run_id: str) -> None:
+    attach_model_card(name, version, run_id, model_card(record, name, version))
+
+
 @task(name="smoke-test", **IO_RETRIES)
 def smoke(name: str, version: str, run_dir: str, n: int) -> SmokeResult:
     run = RunFolder(run_dir)
@@ -192,6 +198,7 @@ def retrain(
         run_id,
         {**tags, "mlflow_run_id": run_id, **report_tags(calibration.to_dict())},
     )
+    card(record, config.model_name, version, run_id)
     smoked = smoke(config.model_name, version, run_dir, config.smoke_decisions)
     verdict = promotion_gate(config.model_name, version, calibration.heldout["calibrated"], smoked.passed,
                              run_dir, params.promote, trained.warnings, allow_unpinned)  # fmt: skip

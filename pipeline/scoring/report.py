@@ -1,4 +1,4 @@
-"""The calibration report: accuracy, NLL, Brier, ECE-15 with a bootstrap 95% interval, classwise ECE and KL from
+"""The calibration report: accuracy and ECE-15 with bootstrap 95% intervals, NLL, Brier, classwise ECE and KL from
 the soft gold, overall, per question type and per question.
 
 The interval resamples whole records (a row's decisions share a state, so they are not independent): each
@@ -19,7 +19,19 @@ from pipeline.scoring.decisions import ScoredDecision
 from pipeline.scoring.metrics import ECE_BINS, ece_bin_index, expected_calibration_error
 
 RESAMPLES = 1000
-METRICS = ("decisions", "accuracy", "nll", "brier", "ece", "ece_low", "ece_high", "classwise_ece", "kl_soft")
+METRICS = (
+    "decisions",
+    "accuracy",
+    "accuracy_low",
+    "accuracy_high",
+    "nll",
+    "brier",
+    "ece",
+    "ece_low",
+    "ece_high",
+    "classwise_ece",
+    "kl_soft",
+)
 
 
 def calibration_report(decisions: list[ScoredDecision], probabilities: list[np.ndarray],
@@ -55,12 +67,15 @@ def group_figures(decisions: list[ScoredDecision], probabilities: list[np.ndarra
         return {name: float("nan") for name in METRICS} | {"decisions": 0}
     confidence = np.array([float(p.max()) for p in probabilities])
     correct = np.array([int(p.argmax()) == d.label for d, p in zip(decisions, probabilities)], dtype=float)
-    low, high = ece_interval(confidence, correct, [d.record for d in decisions], resamples, rng)
+    records = [d.record for d in decisions]
+    low, high = ece_interval(confidence, correct, records, resamples, rng)
+    accuracy_low, accuracy_high = accuracy_interval(correct, records, resamples, rng)
     gold = [float(p[d.label]) for d, p in zip(decisions, probabilities)]
     brier = [float(((p - np.eye(len(p))[d.label]) ** 2).sum()) for d, p in zip(decisions, probabilities)]
     kl = [_kl(np.asarray(d.target), p) for d, p in zip(decisions, probabilities) if d.soft]
     return {
-        "decisions": len(decisions), "accuracy": float(correct.mean()),
+        "decisions": len(decisions), "accuracy": float(correct.mean()), "accuracy_low": accuracy_low,
+        "accuracy_high": accuracy_high,
         "nll": float(np.mean([-math.log(max(g, 1e-12)) for g in gold])), "brier": float(np.mean(brier)),
         "ece": expected_calibration_error(confidence, correct), "ece_low": low, "ece_high": high,
         "classwise_ece": classwise_ece(decisions, probabilities),
@@ -86,6 +101,19 @@ def ece_interval(confidence: np.ndarray, correct: np.ndarray, records: list[int]
     ece = np.abs(gap).sum(axis=1) / weights.sum(axis=1)
     tail = (1 - level) / 2
     return float(np.quantile(ece, tail)), float(np.quantile(ece, 1 - tail))
+
+
+def accuracy_interval(correct: np.ndarray, records: list[int], resamples: int, rng: np.random.Generator,
+                      level: float = 0.95) -> tuple[float, float]:  # fmt: skip
+    """The percentile bootstrap interval of the accuracy, resampling records with replacement."""
+    _, record_of = np.unique(np.asarray(records), return_inverse=True)
+    n_records = int(record_of.max()) + 1
+    draws = rng.multinomial(n_records, np.full(n_records, 1.0 / n_records), size=resamples)  # [R, records]
+    right = draws @ np.bincount(record_of, weights=correct, minlength=n_records)
+    counted = draws @ np.bincount(record_of, minlength=n_records).astype(np.float64)
+    tail = (1 - level) / 2
+    accuracy = right / counted
+    return float(np.quantile(accuracy, tail)), float(np.quantile(accuracy, 1 - tail))
 
 
 def classwise_ece(decisions: list[ScoredDecision], probabilities: list[np.ndarray]) -> float:

@@ -86,6 +86,13 @@ def test_a_first_run_is_tracked_registered_smoke_tested_and_promoted(
     assert float(version.tags["smoke_trained_agreement"]) >= 0.995
     inputs = run.inputs.dataset_inputs
     assert [i.dataset.digest for i in inputs] == [data_md5]
+    # The model card: the version's description and the run's model_card.md, the same text.
+    card = version.description
+    for section in ("# tiny-model version 1", "## Data", "## Training", "## Intended use", "## Held-out figures",
+                    "## Calibration", "## Warnings and known limits", "## Provenance"):  # fmt: skip
+        assert section in card, section
+    assert data_md5 in card and "accuracy [95% CI]" in card and run.data.tags["calibrator_fitted_on"] in card
+    assert "model_card.md" in {a.path for a in client().list_artifacts(run.info.run_id)}
 
 
 def test_a_crash_after_export_resumes_without_redoing_finished_work(prefect_harness, mlflow_store, tiny_params,

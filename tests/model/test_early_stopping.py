@@ -14,7 +14,8 @@ from pipeline.data.validate import validate_rows
 from pipeline.families.laya.items import build_items
 from pipeline.families.laya.training import laya_batch_task, prepare_model
 from pipeline.families.laya_layout import load_model
-from pipeline.training.controls import RunHooks
+from pipeline.training.checkpoint import Checkpointer
+from pipeline.training.controls import CancelToken, RunControls, RunHooks
 from pipeline.training.early_stop import EarlyStopping, check_steps, validation_loss
 from pipeline.training.loop import train
 
@@ -90,3 +91,38 @@ def test_finetune_reports_its_checks_and_best_step(tiny_base, synthetic_train_fi
     assert [step for step, _ in stopping["checks"]] == [2, 4, 6, 8][: len(stopping["checks"])]
     assert stopping["best_step"] in {step for step, _ in stopping["checks"]}
     assert stopping["ended_at"] == summary["steps"]
+
+
+def _stopping_run(tiny_base, config, checkpoints=None, stop_after=None):
+    loaded = load_model(tiny_base)
+    torch.manual_seed(0)
+    prepare_model(loaded.model, config)
+    rows = synthetic.generate_rows(24, seed=5)
+    items = build_items(validate_rows(rows).records, loaded)[0]
+    contrary = build_items(validate_rows([_contrary(r) for r in rows]).records, loaded)[0]
+    task = laya_batch_task(loaded.tokenizer.pad_token_id)
+    cancel = CancelToken()
+
+    def on_log(entry):  # stopped after a checkpoint: the steps since it are lost, as in a kill
+        if stop_after is not None and entry["step"] >= stop_after:
+            cancel.cancel("test")
+
+    result = train(loaded.model, items, config, CPU, task, RunHooks(on_log=on_log),
+                   RunControls(cancel=cancel, checkpoints=checkpoints), stopper=EarlyStopping(contrary, config, task))  # fmt: skip
+    return result, {n: p.detach().clone() for n, p in loaded.model.named_parameters() if p.requires_grad}
+
+
+def test_a_resumed_run_stops_where_the_whole_run_stops_with_the_same_weights(tiny_base, tmp_path):
+    config = replace(CONFIG, early_stopping=2, validation_checks=12, log_every=1, checkpoint_every_steps=4,
+                     checkpoint_every_minutes=0.0)  # fmt: skip
+    whole, whole_params = _stopping_run(tiny_base, config)
+    assert whole.steps < whole.planned_steps and len(whole.early_stopping["checks"]) >= 3
+    stop = whole.early_stopping["checks"][1][0] + 2  # past the second check, and past a checkpoint
+    stopped, _ = _stopping_run(tiny_base, config, Checkpointer(tmp_path / "checkpoint.pt", config), stop)
+    assert stopped.cancelled
+    resumed, resumed_params = _stopping_run(
+        tiny_base, config, Checkpointer(tmp_path / "checkpoint.pt", config)
+    )
+    assert resumed.resumed_from_step > 0
+    assert resumed.early_stopping == whole.early_stopping
+    assert all(torch.equal(resumed_params[n], whole_params[n]) for n in whole_params)

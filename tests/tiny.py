@@ -267,3 +267,12 @@ def pin_inputs(folder: Path, *paths: Path) -> list[Path]:
     lock = {"schema": "2.0", "stages": {"inputs": {"cmd": "true", "outs": outs}}}
     (folder / "dvc.lock").write_text(yaml.safe_dump(lock))
     return inside
+
+
+def contrary_row(row: dict[str, Any]) -> dict[str, Any]:
+    """A synthetic row (`synthetic.generate_rows`) with every gold label moved to another option: what the row
+    taught, this contradicts."""
+    gold = row["gold"]
+    tone = gold["tone"]["label"] if isinstance(gold["tone"], dict) else gold["tone"]
+    return row | {"gold": {"tone": "negative" if tone != "negative" else "positive",
+                           "intensity": (gold["intensity"] + 2) % 5, "is_negative": not gold["is_negative"]}}  # fmt: skip

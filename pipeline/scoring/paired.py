@@ -40,16 +40,27 @@ class PairedComparison:
 def paired_comparison(champion: Scored, challenger: Scored, confidence: float = 0.95,
                       resamples: int = RESAMPLES, seed: int = 0) -> PairedComparison:  # fmt: skip
     """The two models' NLL and accuracy on their common decisions, and the bootstrap bound on the NLL gain."""
-    ours, theirs = _by_key(champion), _by_key(challenger)
+    _, nll, right, record_of = _matched(
+        champion, challenger, "champion and challenger share no held-out decision"
+    )
+    low = _gain_bound(nll[:, 0] - nll[:, 1], record_of, confidence, resamples, seed)
+    return PairedComparison(len(nll), float(nll[:, 0].mean()), float(nll[:, 1].mean()), float(right[:, 0].mean()),
+                            float(right[:, 1].mean()), float((nll[:, 0] - nll[:, 1]).mean()), low, confidence)  # fmt: skip
+
+
+def _matched(
+    a: Scored, b: Scored, empty: str
+) -> tuple[list[tuple[int, str]], np.ndarray, np.ndarray, np.ndarray]:
+    """The decisions both answered (by record and question id, sorted), with [n, 2] NLLs and right-or-wrong of A
+    and B, and each decision's record index (0..records-1); ValueError `empty` (+ " to compare on") when none."""
+    ours, theirs = _by_key(a), _by_key(b)
     keys = sorted(ours.keys() & theirs.keys())
     if not keys:
-        raise ValueError("champion and challenger share no held-out decision to compare on")
+        raise ValueError(f"{empty} to compare on")
     nll = np.array([[_nll(*ours[k]), _nll(*theirs[k])] for k in keys])
     right = np.array([[_right(*ours[k]), _right(*theirs[k])] for k in keys], dtype=float)
     _, record_of = np.unique([k[0] for k in keys], return_inverse=True)
-    low = _gain_bound(nll[:, 0] - nll[:, 1], record_of, confidence, resamples, seed)
-    return PairedComparison(len(keys), float(nll[:, 0].mean()), float(nll[:, 1].mean()), float(right[:, 0].mean()),
-                            float(right[:, 1].mean()), float((nll[:, 0] - nll[:, 1]).mean()), low, confidence)  # fmt: skip
+    return keys, nll, right, record_of
 
 
 def _by_key(scored: Scored) -> dict[tuple[int, str], tuple[ScoredDecision, np.ndarray]]:
@@ -119,13 +130,7 @@ def per_question_differences(a: Scored, b: Scored, confidence: float = 0.95, res
     """A against B on the decisions both answered (matched by record and question id): one row for all of them,
     then one per question id. Records are resampled with replacement (a record's decisions move together), the
     same draws for every row."""
-    ours, theirs = _by_key(a), _by_key(b)
-    keys = sorted(ours.keys() & theirs.keys())
-    if not keys:
-        raise ValueError("the two models share no decision to compare on")
-    nll = np.array([[_nll(*ours[k]), _nll(*theirs[k])] for k in keys])
-    right = np.array([[_right(*ours[k]), _right(*theirs[k])] for k in keys], dtype=float)
-    _, record_of = np.unique([k[0] for k in keys], return_inverse=True)
+    keys, nll, right, record_of = _matched(a, b, "the two models share no decision")
     n_records = int(record_of.max()) + 1
     draws = np.random.default_rng(seed).multinomial(
         n_records, np.full(n_records, 1 / n_records), size=resamples

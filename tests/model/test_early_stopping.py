@@ -18,18 +18,11 @@ from pipeline.training.checkpoint import Checkpointer
 from pipeline.training.controls import CancelToken, RunControls, RunHooks
 from pipeline.training.early_stop import EarlyStopping, check_steps, validation_loss
 from pipeline.training.loop import train
+from tests.tiny import contrary_row
 
 CPU = torch.device("cpu")
 CONFIG = TrainConfig(method="full", micro_batch=4, grad_accum=2, full_lr=3e-3, head_lr=3e-3, epochs=12,
                      min_steps=0, log_every=5, precision="fp32", threads=1, warmup_steps=0)  # fmt: skip
-
-
-def _contrary(row: dict) -> dict:
-    """The row with every label moved to another option: what the training rows teach, these contradict."""
-    gold = row["gold"]
-    tone = gold["tone"]["label"] if isinstance(gold["tone"], dict) else gold["tone"]
-    return row | {"gold": {"tone": "negative" if tone != "negative" else "positive",
-                           "intensity": (gold["intensity"] + 2) % 5, "is_negative": not gold["is_negative"]}}  # fmt: skip
 
 
 def test_checks_are_spread_over_the_budget_and_end_at_its_last_step():
@@ -43,7 +36,7 @@ def test_a_run_whose_validation_loss_rises_stops_after_its_patience_and_keeps_th
     prepare_model(loaded.model, CONFIG)
     rows = synthetic.generate_rows(24, seed=5)
     items = build_items(validate_rows(rows).records, loaded)[0]
-    contrary = build_items(validate_rows([_contrary(r) for r in rows]).records, loaded)[0]
+    contrary = build_items(validate_rows([contrary_row(r) for r in rows]).records, loaded)[0]
     task = laya_batch_task(loaded.tokenizer.pad_token_id)
     config = replace(CONFIG, early_stopping=2, validation_checks=12)
     lines = []
@@ -99,7 +92,7 @@ def _stopping_run(tiny_base, config, checkpoints=None, stop_after=None):
     prepare_model(loaded.model, config)
     rows = synthetic.generate_rows(24, seed=5)
     items = build_items(validate_rows(rows).records, loaded)[0]
-    contrary = build_items(validate_rows([_contrary(r) for r in rows]).records, loaded)[0]
+    contrary = build_items(validate_rows([contrary_row(r) for r in rows]).records, loaded)[0]
     task = laya_batch_task(loaded.tokenizer.pad_token_id)
     cancel = CancelToken()
 

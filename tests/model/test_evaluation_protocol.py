@@ -13,14 +13,7 @@ from safetensors.torch import load_file
 from pipeline.cli.main import main
 from pipeline.data import synthetic
 from pipeline.rundir import RunFolder
-
-
-def _relabelled(row: dict) -> dict:
-    """The same row with every gold label moved to another option."""
-    gold = row["gold"]
-    tone = gold["tone"]["label"] if isinstance(gold["tone"], dict) else gold["tone"]
-    return row | {"gold": {"tone": "negative" if tone != "negative" else "positive",
-                           "intensity": (gold["intensity"] + 2) % 5, "is_negative": not gold["is_negative"]}}  # fmt: skip
+from tests.tiny import contrary_row
 
 
 @pytest.fixture
@@ -52,7 +45,7 @@ def test_changing_held_out_labels_changes_no_fitted_parameter(family, tiny_base,
                                                               tmp_path, capsys):  # fmt: skip
     heldout = synthetic.generate_rows(60, seed=12)
     original = synthetic.write_rows(heldout, tmp_path / "heldout.jsonl")
-    relabelled = synthetic.write_rows([_relabelled(r) for r in heldout], tmp_path / "relabelled.jsonl")
+    relabelled = synthetic.write_rows([contrary_row(r) for r in heldout], tmp_path / "relabelled.jsonl")
     family_flag = ("--family", family)
     first = _finetune(synthetic_train_file, original, tiny_base, params, tmp_path / "a", capsys, *family_flag)
     second = _finetune(

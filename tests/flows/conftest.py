@@ -37,7 +37,9 @@ def write_tiny_params(folder: Path, data: Path, base: Path, pin: bool = True, **
     if pin:
         data, base = pin_inputs(folder, data, base)
     params = {
-        "validate": {"data": str(data), "report": str(folder / "validation.json"), "holdout_max_decisions": 40},
+        # A validation split of ~44 decisions (10% of the training rows): the calibrator fits on it, as in a real run.
+        "validate": {"data": str(data), "report": str(folder / "validation.json"), "holdout_max_decisions": 40,
+                     "validation_min_decisions": 30},
         "train": {"max_steps": 4, "micro_batch": 4, "grad_accum": 2, "log_every": 1, "lora_r": 4, "lora_alpha": 4},
         "retrain": {"data": str(data), "base": str(base), "runs_dir": str(folder / "runs"),
                     "model_name": "tiny-model", "smoke_decisions": 20, "device": "cpu"},

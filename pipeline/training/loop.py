@@ -207,7 +207,10 @@ def train(model: torch.nn.Module, examples: Sequence[Any], config: TrainConfig, 
     ranks.broadcast(params)
 
     def validation_batch(chunk: list[Any]) -> dict[str, torch.Tensor]:
-        return {k: v.to(device, non_blocking=True) for k, v in task.collate(chunk).items()}
+        batch = task.collate(chunk)
+        # Padded to the compile buckets as training is, so a compiled encoder meets no new shape.
+        batch = pad_to_bucket(batch, task.pad_id, compile_config) if compiled.enabled else batch
+        return {k: v.to(device, non_blocking=True) for k, v in batch.items()}
 
     def batch_of(indices: list[int], padded: bool) -> dict[str, torch.Tensor]:
         batch = task.collate([examples[i] for i in indices])

@@ -152,8 +152,13 @@ def prepare_fit(
     validation_examples, skipped_validation = family.build_examples(loaded, data.split.validation)
     skipped = sum((Counter(c) for c in (skipped_train, skipped_heldout, skipped_validation)),
                   Counter(data.report.skipped))  # fmt: skip
-    examples = train_examples + heldout_examples + validation_examples
-    states = fit_of_states(family.state_cuts(examples))
+    # Each split's cuts apart: a family may key them by record index, which restarts in every split.
+    cuts = [
+        cut
+        for part in (train_examples, heldout_examples, validation_examples)
+        for cut in family.state_cuts(part)
+    ]
+    states = fit_of_states(cuts)
     if config.early_stopping is not None and not validation_examples:
         raise ConfigError("train.early_stopping needs a validation split, and this run has none: its training rows "
                           "gave fewer than validate.validation_min_decisions, or validate.validation_fraction is 0")  # fmt: skip

@@ -80,11 +80,7 @@ def _smoke(args: argparse.Namespace) -> int:
 
     try:
         validated = TrainSource(args.data, split_config=load_params(args.params).validate).validated()
-        records = (
-            validated.split.train + validated.split.validation + validated.split.heldout
-            if args.all_rows
-            else validated.split.heldout
-        )
+        records = validated.split.every_record() if args.all_rows else validated.split.heldout
         bodies = heldout_requests(sorted(records, key=lambda r: r.row) if args.all_rows else records, args.n)
     except (UnreadableInput, FileNotFoundError) as error:
         print(f"decision smoke: {error}", file=sys.stderr)

@@ -36,6 +36,10 @@ class Split:
     validation: list[Record] = field(default_factory=list)
     """Carved from the training rows and not trained on (`carve_validation`): what calibration fits on."""
 
+    def every_record(self) -> list[Record]:
+        """Training, validation and held-out records together."""
+        return self.train + self.validation + self.heldout
+
     def summary(self) -> dict[str, int]:
         """Row and decision counts on each side."""
         return {

@@ -85,7 +85,8 @@ def _questions(run: RunFolder, report: dict[str, Any]) -> str:
 def _figures(record: TrainingRecord, report: dict[str, Any]) -> str:
     heldout = record.calibration.get("heldout", {})
     lines = ["## Held-out figures",
-             f"{heldout.get('decisions', 0):,} held-out decisions, scored once; intervals are 95% record bootstraps.",
+             f"{heldout.get('decisions', 0):,} held-out decisions; intervals are 95% record bootstraps; the calibrator's "
+             "fit is under Calibration.",
              "", "| model | accuracy | record accuracy | ECE | Brier |", "|---|---:|---:|---:|---:|"]  # fmt: skip
     for model in ("base", "tuned", "calibrated"):
         m = heldout.get(model, {})

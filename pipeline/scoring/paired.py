@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from pipeline.scoring.decisions import ScoredDecision
+from pipeline.scoring.report import bootstrap_means, record_draws, record_index, two_sided
 
 RESAMPLES = 2000
 
@@ -59,8 +60,7 @@ def _matched(
         raise ValueError(f"{empty} to compare on")
     nll = np.array([[_nll(*ours[k]), _nll(*theirs[k])] for k in keys])
     right = np.array([[_right(*ours[k]), _right(*theirs[k])] for k in keys], dtype=float)
-    _, record_of = np.unique([k[0] for k in keys], return_inverse=True)
-    return keys, nll, right, record_of
+    return keys, nll, right, record_index([k[0] for k in keys])
 
 
 def _by_key(scored: Scored) -> dict[tuple[int, str], tuple[ScoredDecision, np.ndarray]]:
@@ -80,14 +80,8 @@ def _gain_bound(
     gain: np.ndarray, record_of: np.ndarray, confidence: float, resamples: int, seed: int
 ) -> float:
     """The lower `confidence` quantile of the mean gain over record-level bootstrap draws."""
-    n_records = int(record_of.max()) + 1
-    summed = np.bincount(record_of, weights=gain, minlength=n_records)
-    counted = np.bincount(record_of, minlength=n_records).astype(np.float64)
-    draws = np.random.default_rng(seed).multinomial(
-        n_records, np.full(n_records, 1 / n_records), size=resamples
-    )
-    means = (draws @ summed) / (draws @ counted)
-    return float(np.quantile(means, 1 - confidence))
+    draws = record_draws(record_of, resamples, np.random.default_rng(seed))
+    return float(np.quantile(bootstrap_means(gain, record_of, draws), 1 - confidence))
 
 
 @dataclass(frozen=True)
@@ -131,10 +125,7 @@ def per_question_differences(a: Scored, b: Scored, confidence: float = 0.95, res
     then one per question id. Records are resampled with replacement (a record's decisions move together), the
     same draws for every row."""
     keys, nll, right, record_of = _matched(a, b, "the two models share no decision")
-    n_records = int(record_of.max()) + 1
-    draws = np.random.default_rng(seed).multinomial(
-        n_records, np.full(n_records, 1 / n_records), size=resamples
-    )
+    draws = record_draws(record_of, resamples, np.random.default_rng(seed))
     questions = np.array([k[1] for k in keys])
     rows = [("all", np.ones(len(keys), dtype=bool))] + [
         (str(q), questions == q) for q in sorted(set(questions))
@@ -155,12 +146,5 @@ def _difference(name: str, chosen: np.ndarray, nll: np.ndarray, right: np.ndarra
 def _interval(
     gain: np.ndarray, record_of: np.ndarray, draws: np.ndarray, confidence: float
 ) -> tuple[float, float]:
-    """The two-sided `confidence` interval of the mean gain over the record-bootstrap `draws` (a draw that picks
-    none of these records is left out)."""
-    n_records = draws.shape[1]
-    summed = np.bincount(record_of, weights=gain, minlength=n_records)
-    counted = np.bincount(record_of, minlength=n_records).astype(np.float64)
-    totals = draws @ counted
-    means = (draws @ summed)[totals > 0] / totals[totals > 0]
-    tail = (1 - confidence) / 2
-    return float(np.quantile(means, tail)), float(np.quantile(means, 1 - tail))
+    """The two-sided `confidence` interval of the mean gain over the record-bootstrap `draws`."""
+    return two_sided(bootstrap_means(gain, record_of, draws), confidence)

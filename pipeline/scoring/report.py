@@ -90,30 +90,47 @@ def _kl(target: np.ndarray, p: np.ndarray) -> float:
 def ece_interval(confidence: np.ndarray, correct: np.ndarray, records: list[int], resamples: int,
                  rng: np.random.Generator, level: float = 0.95) -> tuple[float, float]:  # fmt: skip
     """The percentile bootstrap interval of the ECE, resampling records with replacement."""
-    _, record_of = np.unique(np.asarray(records), return_inverse=True)
-    n_records = int(record_of.max()) + 1
-    draws = rng.multinomial(n_records, np.full(n_records, 1.0 / n_records), size=resamples)  # [R, records]
+    record_of = record_index(records)
+    draws = record_draws(record_of, resamples, rng)
     weights = draws[:, record_of].astype(
         np.float64
     )  # [R, decisions]: each decision weighted by its record's draws
     bins = np.eye(ECE_BINS)[ece_bin_index(confidence)]  # [decisions, bins]
     gap = weights @ (bins * (correct - confidence)[:, None])  # [R, bins]: summed (accuracy - confidence)
-    ece = np.abs(gap).sum(axis=1) / weights.sum(axis=1)
-    tail = (1 - level) / 2
-    return float(np.quantile(ece, tail)), float(np.quantile(ece, 1 - tail))
+    return two_sided(np.abs(gap).sum(axis=1) / weights.sum(axis=1), level)
 
 
 def accuracy_interval(correct: np.ndarray, records: list[int], resamples: int, rng: np.random.Generator,
                       level: float = 0.95) -> tuple[float, float]:  # fmt: skip
     """The percentile bootstrap interval of the accuracy, resampling records with replacement."""
-    _, record_of = np.unique(np.asarray(records), return_inverse=True)
+    record_of = record_index(records)
+    return two_sided(bootstrap_means(correct, record_of, record_draws(record_of, resamples, rng)), level)
+
+
+def record_index(records: list[int]) -> np.ndarray:
+    """Each decision's record as an index 0..records-1."""
+    return np.unique(np.asarray(records), return_inverse=True)[1]
+
+
+def record_draws(record_of: np.ndarray, resamples: int, rng: np.random.Generator) -> np.ndarray:
+    """[resamples, records]: how often each record is drawn in each bootstrap resample (with replacement)."""
     n_records = int(record_of.max()) + 1
-    draws = rng.multinomial(n_records, np.full(n_records, 1.0 / n_records), size=resamples)  # [R, records]
-    right = draws @ np.bincount(record_of, weights=correct, minlength=n_records)
+    return rng.multinomial(n_records, np.full(n_records, 1.0 / n_records), size=resamples)
+
+
+def bootstrap_means(values: np.ndarray, record_of: np.ndarray, draws: np.ndarray) -> np.ndarray:
+    """The mean of `values` (one per decision) in each resample of `draws`, a decision counted as often as its
+    record is drawn; resamples that draw none of these decisions' records are left out."""
+    n_records = draws.shape[1]
+    summed = draws @ np.bincount(record_of, weights=values, minlength=n_records)
     counted = draws @ np.bincount(record_of, minlength=n_records).astype(np.float64)
+    return summed[counted > 0] / counted[counted > 0]
+
+
+def two_sided(samples: np.ndarray, level: float) -> tuple[float, float]:
+    """The central `level` percentile interval of bootstrap samples."""
     tail = (1 - level) / 2
-    accuracy = right / counted
-    return float(np.quantile(accuracy, tail)), float(np.quantile(accuracy, 1 - tail))
+    return float(np.quantile(samples, tail)), float(np.quantile(samples, 1 - tail))
 
 
 def classwise_ece(decisions: list[ScoredDecision], probabilities: list[np.ndarray]) -> float:

@@ -55,19 +55,19 @@ def calibrate_stage(run_dir: str | Path, soft: bool = False) -> CalibrationResul
     """
     run = RunFolder(run_dir)
     held = load_heldout(run.heldout)
-    if run.validation_logits.exists():
-        fit_on = load_heldout(run.validation_logits)
-        choice = choose_calibrator(fit_on.items, fit_on.tuned_logits, soft)
-        calibrated = choice.calibrator.apply(held.items, held.tuned_logits)
-        fitted_on = f"validation split: {len(fit_on.items):,} decisions carved from the training rows"
-    else:
-        choice = choose_calibrator(held.items, held.tuned_logits, soft)
-        calibrated = choice.cross_fitted
-        fitted_on = f"held-out rows, cross-fitted: {NO_VALIDATION}"
+    validated = run.validation_logits.exists()
+    fit_on = load_heldout(run.validation_logits) if validated else held
+    choice = choose_calibrator(fit_on.items, fit_on.tuned_logits, soft)
     calibrator = choice.calibrator
     run.calibrator.write_text(json.dumps(calibrator.to_json(), indent=2))
     served = calibrator.apply(held.items, held.tuned_logits)  # what the export will answer
     save_expected(run.expected_answers, held.items, served)
+    if validated:  # no held-out label reached the calibrator: what it serves is the held-out figure
+        calibrated = served
+        fitted_on = f"validation split: {len(fit_on.items):,} decisions carved from the training rows"
+    else:
+        calibrated = choice.cross_fitted
+        fitted_on = f"held-out rows, cross-fitted: {NO_VALIDATION}"
     report = calibration_report(held.items, calibrated)
     run.calibration_report.write_text(json.dumps(report, indent=2))
     run.calibration_report.with_suffix(".md").write_text(report_table(report) + "\n")
@@ -76,7 +76,7 @@ def calibrate_stage(run_dir: str | Path, soft: bool = False) -> CalibrationResul
         calibrator={"kind": calibrator.kind, "cross_fitted_nll": choice.nll, "fitted_on": fitted_on},
         heldout={
             "decisions": len(held.items),
-            "base": detailed_metrics(held.items, plain_probabilities(held.base_logits or [])),
+            "base": detailed_metrics(held.items, plain_probabilities(held.base_logits)),
             "tuned": detailed_metrics(held.items, plain_probabilities(held.tuned_logits)),
             "calibrated": detailed_metrics(held.items, calibrated),
         },

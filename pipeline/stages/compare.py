@@ -46,8 +46,7 @@ def compare_models(a: str, b: str, data: str | Path, split: ValidateConfig = Val
     """Score `a` and `b` on the same rows of `data` as served, and compare them per question."""
     say = report or (lambda line: None)
     validated = TrainSource(data, split_config=split).validated()
-    parts = validated.split
-    records = parts.train + parts.validation + parts.heldout if all_rows else parts.heldout
+    records = validated.split.every_record() if all_rows else validated.split.heldout
     scored = []
     for source in (a, b):
         with model_folder(source) as (name, folder):

@@ -12,6 +12,7 @@ reads a held-out row.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -23,10 +24,11 @@ from pipeline.config import TrainConfig
 from pipeline.families.base import BatchTask
 
 
-def check_steps(total: int, checks: int) -> set[int]:
+@functools.cache  # asked at every training step: computed once per budget
+def check_steps(total: int, checks: int) -> frozenset[int]:
     """`checks` steps spread evenly over a budget of `total` steps, the last one included."""
     count = min(checks, total)
-    return {round(total * (i + 1) / count) for i in range(count)}
+    return frozenset(round(total * (i + 1) / count) for i in range(count))
 
 
 @dataclass

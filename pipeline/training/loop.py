@@ -206,16 +206,17 @@ def train(model: torch.nn.Module, examples: Sequence[Any], config: TrainConfig, 
     model.to(device).train()
     ranks.broadcast(params)
 
-    def validation_batch(chunk: list[Any]) -> dict[str, torch.Tensor]:
-        batch = task.collate(chunk)
-        # Padded to the compile buckets as training is, so a compiled encoder meets no new shape.
-        batch = pad_to_bucket(batch, task.pad_id, compile_config) if compiled.enabled else batch
+    def on_device(items: list[Any], padded: bool) -> dict[str, torch.Tensor]:
+        batch = task.collate(items)
+        batch = pad_to_bucket(batch, task.pad_id, compile_config) if padded else batch
         return {k: v.to(device, non_blocking=True) for k, v in batch.items()}
 
     def batch_of(indices: list[int], padded: bool) -> dict[str, torch.Tensor]:
-        batch = task.collate([examples[i] for i in indices])
-        batch = pad_to_bucket(batch, task.pad_id, compile_config) if padded else batch
-        return {k: v.to(device, non_blocking=True) for k, v in batch.items()}
+        return on_device([examples[i] for i in indices], padded)
+
+    def validation_batch(chunk: list[Any]) -> dict[str, torch.Tensor]:
+        # Padded to the compile buckets as training is, so a compiled encoder meets no new shape.
+        return on_device(chunk, compiled.enabled)
 
     def logged(entry: dict[str, float]) -> None:
         result.logged_steps.append(entry)

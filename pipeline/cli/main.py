@@ -22,6 +22,7 @@ from pipeline.cli.data import BadMappingFlags, add_data_commands, add_mapping_ar
 from pipeline.cli.predict import add_predict_commands
 from pipeline.cli.registry import add_registry_commands
 from pipeline.cli.runs import add_run_commands
+from pipeline.cli.sweep import add_sweep_commands
 from pipeline.cli.tables import print_evaluation, print_heldout, print_report, progress_outputs
 
 EXIT_OK, EXIT_UNREADABLE, EXIT_NOTHING_USABLE = 0, 1, 2
@@ -496,6 +497,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_data_commands(commands)
     add_predict_commands(commands)
     add_compare_commands(commands)
+    add_sweep_commands(commands)
     return parser
 
 

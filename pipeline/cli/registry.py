@@ -65,7 +65,17 @@ def _report(args: argparse.Namespace, result: dict) -> None:
 
 
 def _retrain(args: argparse.Namespace) -> int:
-    """The flow runs in its own process: the library never imports Prefect, so this only launches it."""
+    command = ["--params", args.params]
+    command += ["--run-config", args.run_config] if args.run_config else []
+    command += ["--json"] if args.json else []
+    command += ["--owner", args.owner] if args.owner else []
+    command += ["--allow-unpinned"] if args.allow_unpinned else []
+    return launch_flow("flows.retrain", command, args.quiet)
+
+
+def launch_flow(module: str, arguments: list[str], quiet: bool = False) -> int:
+    """Run a flow module in its own process (the library never imports Prefect, so this only launches it), with
+    the project's Prefect home; its exit code."""
     import os
     import subprocess
     from pathlib import Path
@@ -74,13 +84,9 @@ def _retrain(args: argparse.Namespace) -> int:
            "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR": "false"}  # fmt: skip
     # The flow's progress is its run logger's lines, which Prefect's console handler writes to stderr (its API
     # handler still sends them to the server, for the UI); --quiet raises that handler, and MLflow's, to warnings.
-    quiet = {"PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL": "WARNING", "MLFLOW_LOGGING_LEVEL": "WARNING"}
-    command = [sys.executable, "-m", "flows.retrain", "--params", args.params]
-    command += ["--run-config", args.run_config] if args.run_config else []
-    command += ["--json"] if args.json else []
-    command += ["--owner", args.owner] if args.owner else []
-    command += ["--allow-unpinned"] if args.allow_unpinned else []
-    return subprocess.call(command, env={**env, **os.environ, **(quiet if args.quiet else {})})
+    silent = {"PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL": "WARNING", "MLFLOW_LOGGING_LEVEL": "WARNING"}
+    command = [sys.executable, "-m", module, *arguments]
+    return subprocess.call(command, env={**env, **os.environ, **(silent if quiet else {})})
 
 
 def add_registry_commands(commands) -> None:

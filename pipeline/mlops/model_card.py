@@ -57,7 +57,7 @@ def _training(record: TrainingRecord) -> str:
              f"- family `{train.get('family')}`, method `{train.get('method')}`; {train.get('steps', 0):,} steps "
              f"({train.get('budget', '')}), precision {train.get('precision', '?')}"]  # fmt: skip
     stopping = train.get("early_stopping") or {}
-    if stopping.get("checks"):
+    if stopping.get("checks") and stopping.get("patience") is not None:
         lines.append(f"- early stopping: ended at step {stopping['ended_at']:,}, kept the best check's weights "
                      f"(step {stopping['best_step']:,}, validation loss {stopping['best_loss']:.4f})")  # fmt: skip
     return "\n".join(lines)
@@ -148,5 +148,17 @@ def _provenance(record: TrainingRecord) -> str:
         "## Provenance",
         f"- MLflow run `{record.run_name or record.key[:16]}` (idempotency key `{record.key[:16]}`), git commit "
         f"`{record.tags.get('git_commit', '?')}`, run folder `{Path(record.run_dir)}`",
-        "- trained by the `retrain` flow with params.yaml's settings (not from a sweep)",
+        _origin(record.tags),
     ])  # fmt: skip
+
+
+def _origin(tags: dict[str, str]) -> str:
+    """Which flow trained it: `retrain` on params.yaml's settings, or a sweep's best trial (`flows.sweep`)."""
+    if "sweep" not in tags:
+        return "- trained by the `retrain` flow with params.yaml's settings (not from a sweep)"
+    line = (f"- the best trial (number {tags.get('sweep_trial', '?')}) of sweep `{tags['sweep']}`, ranked by "
+            f"{tags.get('sweep_objective', '?')} on the validation split (never the held-out rows); its settings: "
+            f"{tags.get('sweep_settings', '?')}; parent MLflow run `{tags.get('sweep_parent_run', '?')}`")  # fmt: skip
+    if "sweep_repeat" in tags:
+        line += f"\n- noise floor, the same settings over other seeds: {tags['sweep_repeat']}"
+    return line

@@ -228,11 +228,19 @@ def run_metrics(record: TrainingRecord) -> dict[str, float]:
     if "report" in record.calibration:
         metrics |= report_metrics(record.calibration["report"], "calibration")
     metrics |= {f"skipped_{reason}": float(n) for reason, n in record.validation.get("skipped", {}).items()}
+    # The validation split's calibrated figures (cross-fitted over it): what a sweep ranks its trials by.
+    validation = record.calibration.get("validation") or {}
+    if validation:
+        metrics |= {
+            "validation_accuracy": float(validation["accuracy"]),
+            "validation_nll": float(validation["loss"]),
+        }
     metrics |= {"heldout_decisions": float(heldout["decisions"]),
                 "validation_decisions": float(record.train.get("validation_decisions", 0)),
                 "train_seconds": float(record.train["train_seconds"]),
                 "s_per_step": float(record.train["s_per_step"]), "steps": float(record.train["steps"]),
                 "peak_memory_mb": float(record.train.get("peak_memory_mb", 0.0)),
+                "score_ms_per_decision": float(record.train.get("score_ms_per_decision", 0.0)),
                 # data-parallel ranks (train.nproc) and rank 0's seconds in their gradient all-reduce
                 "world_size": float(record.train.get("world_size", 1)),
                 "allreduce_seconds": float(record.train.get("allreduce_seconds", 0.0))}  # fmt: skip

@@ -11,7 +11,8 @@ from pipeline.scoring.decisions import ScoredDecision
 from pipeline.scoring.metrics import ECE_BINS, ece_bin_index, expected_calibration_error
 
 
-def _pyplot():
+def pyplot():
+    """matplotlib's pyplot on the file-only backend."""
     import matplotlib
 
     matplotlib.use("Agg")  # files only; never needs a display
@@ -24,17 +25,17 @@ def reliability_diagram(
     items: list[ScoredDecision], probabilities: list[np.ndarray], out: Path, title: str
 ) -> Path:
     """Accuracy against confidence in 15 equal-width (lo, hi] bins, with the ECE in the title."""
-    plt = _pyplot()
+    plt = pyplot()
     figure, axis = plt.subplots(figsize=(4.5, 4.5))
     _reliability_axis(axis, items, probabilities, title)
-    return _save(plt, figure, out)
+    return save_figure(plt, figure, out)
 
 
 def reliability_by_type(
     items: list[ScoredDecision], probabilities: list[np.ndarray], out: Path, title: str
 ) -> Path:
     """One reliability diagram per question type present, side by side."""
-    plt = _pyplot()
+    plt = pyplot()
     present = [(q, name) for q, name in enumerate(QUESTION_TYPES) if any(it.qtype == q for it in items)]
     figure, axes = plt.subplots(
         1, max(1, len(present)), figsize=(4.5 * max(1, len(present)), 4.5), squeeze=False
@@ -44,7 +45,7 @@ def reliability_by_type(
         _reliability_axis(
             axis, [items[i] for i in chosen], [probabilities[i] for i in chosen], f"{title}: {name}"
         )
-    return _save(plt, figure, out)
+    return save_figure(plt, figure, out)
 
 
 def _reliability_axis(axis, items: list[ScoredDecision], probabilities: list[np.ndarray], title: str) -> None:
@@ -65,7 +66,8 @@ def _reliability_axis(axis, items: list[ScoredDecision], probabilities: list[np.
     axis.legend(loc="upper left")
 
 
-def _save(plt, figure, out: Path) -> Path:
+def save_figure(plt, figure, out: Path) -> Path:
+    """Lay out, write `out` (its folder made) and close the figure."""
     figure.tight_layout()
     out.parent.mkdir(parents=True, exist_ok=True)
     figure.savefig(out, dpi=110)
@@ -76,7 +78,7 @@ def _save(plt, figure, out: Path) -> Path:
 def confusion_matrix(items: list[ScoredDecision], probabilities: list[np.ndarray], options: tuple[str, ...], out: Path,
                      title: str) -> Path:  # fmt: skip
     """Gold option (rows) against predicted option (columns), counts in the cells."""
-    plt = _pyplot()
+    plt = pyplot()
     k = len(options)
     matrix = np.zeros((k, k), dtype=int)
     for item, p in zip(items, probabilities):
@@ -97,7 +99,7 @@ def confusion_matrix(items: list[ScoredDecision], probabilities: list[np.ndarray
 
 def loss_curve(steps: list[dict[str, float]], out: Path, title: str = "training loss") -> Path:
     """Mean training loss per logging step, with the learning rate on a second axis."""
-    plt = _pyplot()
+    plt = pyplot()
     figure, axis = plt.subplots(figsize=(6, 3.5))
     x = [s["step"] for s in steps]
     axis.plot(x, [s["loss"] for s in steps], marker="o", markersize=3, label="loss")

@@ -6,7 +6,7 @@ answers for the smoke test to compare serving with, and the plots. Family-free: 
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +39,9 @@ class CalibrationResult:
     report: dict[str, Any]
     """The calibration report's overall and per-type figures."""
     plots: list[str]
+    validation: dict[str, Any] = field(default_factory=dict)
+    """The validation split's figures, calibrated by cross-fitting over it (what a sweep ranks its trials by:
+    no held-out label involved); empty without a validation split."""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -62,9 +65,11 @@ def calibrate_stage(run_dir: str | Path, soft: bool = False) -> CalibrationResul
     run.calibrator.write_text(json.dumps(calibrator.to_json(), indent=2))
     served = calibrator.apply(held.items, held.tuned_logits)  # what the export will answer
     save_expected(run.expected_answers, held.items, served)
+    validation: dict[str, Any] = {}
     if validated:  # no held-out label reached the calibrator: what it serves is the held-out figure
         calibrated = served
         fitted_on = f"validation split: {len(fit_on.items):,} decisions carved from the training rows"
+        validation = {"decisions": len(fit_on.items), **detailed_metrics(fit_on.items, choice.cross_fitted)}
     else:
         calibrated = choice.cross_fitted
         fitted_on = f"held-out rows, cross-fitted: {NO_VALIDATION}"
@@ -81,7 +86,7 @@ def calibrate_stage(run_dir: str | Path, soft: bool = False) -> CalibrationResul
             "calibrated": detailed_metrics(held.items, calibrated),
         },
         report={"overall": report["overall"], "by_type": report["by_type"]},
-        plots=_write_plots(held, calibrator.kind, served, calibrated, run.plots),
+        plots=_write_plots(held, calibrator.kind, served, calibrated, run.plots), validation=validation,
     )  # fmt: skip
     run.calibration.write_text(json.dumps(result.to_dict(), indent=2))
     return result

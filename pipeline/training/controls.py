@@ -93,6 +93,9 @@ class RunControls:
     """`decision train --save-on-cancel`: a cancelled run still saves what it trained."""
     threads: ThreadGovernor | None = None
     """Followed before each step: fewer torch threads while other processes keep some of the cores busy."""
+    prune: Callable[[int, float], bool] | None = None
+    """A sweep's pruner (`sweep.study.pruning_callback`): asked at each validation check with (step, loss); True
+    stops the run there. The run then scores the validation split at each check even without early stopping."""
 
     @property
     def cancelled(self) -> bool:

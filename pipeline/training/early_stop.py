@@ -40,11 +40,15 @@ class EarlyStopping:
     task: BatchTask
     report: Callable[[str], None] | None = None
     """Gets a line per check."""
+    prune: Callable[[int, float], bool] | None = None
+    """A sweep's pruner (`RunControls.prune`): True after a check stops the run there."""
     checks: list[tuple[int, float]] = field(default_factory=list)
     """Every check so far: (step, mean validation loss per decision)."""
     best_step: int = 0
     best_loss: float = math.inf
     best_parameters: dict[str, torch.Tensor] | None = None
+    pruned_at: int | None = None
+    """The step a sweep's pruner stopped the run at."""
 
     @property
     def patience(self) -> int | None:
@@ -60,21 +64,31 @@ class EarlyStopping:
         self.checks.append((step, loss))
         if loss < self.best_loss:
             self.best_step, self.best_loss = step, loss
-            self.best_parameters = {name: p.detach().to("cpu", copy=True) for name, p in trainable.items()}
+            if self.patience is not None:  # kept only where they may be put back
+                self.best_parameters = {
+                    name: p.detach().to("cpu", copy=True) for name, p in trainable.items()
+                }
         if self.report is not None:
             self.report(f"validation loss {loss:.4f} at step {step} of {total} "
                         f"(best {self.best_loss:.4f} at step {self.best_step})")  # fmt: skip
+        if self.prune is not None and self.prune(step, loss):
+            self.pruned_at = step
+            return True
         waited = sum(1 for s, _ in self.checks if s > self.best_step)
         return self.patience is not None and waited >= self.patience
 
     def stopped(self, step: int, total: int) -> str:
         """The line a run says when it stops early."""
+        if self.pruned_at is not None:
+            return (f"pruned at step {step} of {total}: the sweep's pruner found validation loss {self.checks[-1][1]:.4f} "
+                    "worse than the earlier trials' at this point")  # fmt: skip
         return (f"stopped early at step {step} of {total}: the validation loss has not fallen for {self.patience} "
                 f"checks (best {self.best_loss:.4f} at step {self.best_step}, whose weights the model keeps)")  # fmt: skip
 
     def restore_best(self, trainable: dict[str, torch.nn.Parameter], step: int) -> bool:
-        """Put the best check's weights back when training ended past it; whether it did."""
-        if self.best_parameters is None or self.best_step == step:
+        """Put the best check's weights back when early stopping is on and training ended past it; whether it did.
+        (Without early stopping the checks only watch, for a pruner: the run ends with its last weights.)"""
+        if self.patience is None or self.best_parameters is None or self.best_step == step:
             return False
         with torch.no_grad():
             for name, p in trainable.items():
@@ -85,7 +99,7 @@ class EarlyStopping:
         """What the run records: its checks, the best step and loss, and the step training ended at."""
         return {"checks": [list(c) for c in self.checks], "best_step": self.best_step,
                 "best_loss": self.best_loss if self.checks else None, "ended_at": step,
-                "patience": self.patience}  # fmt: skip
+                "patience": self.patience, "pruned_at": self.pruned_at}  # fmt: skip
 
     def to_state(self) -> dict[str, Any]:
         """What a training checkpoint carries of it, so a resumed run stops where the whole run would."""

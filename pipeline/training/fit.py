@@ -89,6 +89,9 @@ class TrainRun:
     early_stopping: dict[str, Any] = field(default_factory=dict)
     """With `train.early_stopping`: the validation checks, the best step and where training ended
     (`TrainResult.early_stopping`)."""
+    score_ms_per_decision: float = 0.0
+    """Milliseconds per held-out decision when the fine-tune scored them (batches of `train.eval_batch_size`, on
+    the training device): what a sweep plots as latency."""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -209,12 +212,14 @@ def _fit_prepared(prepared: Prepared, config: TrainConfig, hooks: RunHooks, cont
         hooks.evaluated(step, _metrics(decisions, scored(f"step {step}", False)[1]))
 
     result = _train_prepared(prepared, config, hooks, controls, evaluate if hooks.on_eval else None)
+    started = time.perf_counter()
     _, tuned_logits = scored("fine-tune", controls.progress)
+    score_ms = 1000 * (time.perf_counter() - started) / max(1, len(decisions))
     hooks.evaluated(result.steps, _metrics(decisions, tuned_logits))
     validation = ([], [])
     if prepared.validation_examples and not result.cancelled:
         validation = scored("fine-tune", controls.progress, prepared.validation_examples, "validation")
-    run = _train_run(prepared, config, result, decisions, base_logits, tuned_logits)
+    run = _train_run(prepared, config, result, decisions, base_logits, tuned_logits, score_ms)
     options = {d.question.id: d.question.options for r in data.split.heldout for d in r.decisions}
     return Trained(run, family, loaded, config, decisions, base_logits, tuned_logits, options, *validation)
 
@@ -243,15 +248,15 @@ def _train_prepared(prepared: Prepared, config: TrainConfig, hooks: RunHooks, co
     # `ready` may hold a frozen backbone's cached features: dropped on return, once the head is trained.
     controls = replace(controls, threads=prepared.threads)
     stopper = None
-    if config.early_stopping is not None:
+    if config.early_stopping is not None or controls.prune is not None:
         checked = family.training_examples(loaded, prepared.validation_examples, config, prepared.device,
                                            hooks.report)  # fmt: skip
-        stopper = EarlyStopping(checked, config, task, hooks.report)
+        stopper = EarlyStopping(checked, config, task, hooks.report, controls.prune)
     return train(loaded.model, ready, config, prepared.device, task, hooks, controls, evaluate, stopper)
 
 
 def _train_run(prepared: Prepared, config: TrainConfig, result: TrainResult, decisions, base_logits,
-               tuned_logits) -> TrainRun:  # fmt: skip
+               tuned_logits, score_ms: float) -> TrainRun:  # fmt: skip
     task = prepared.family.batch_task(prepared.loaded, config)
     train_examples = prepared.train_examples
     return TrainRun(
@@ -270,7 +275,7 @@ def _train_run(prepared: Prepared, config: TrainConfig, result: TrainResult, dec
         budget=plan_budget(len(train_examples), config).reason, logged_steps=result.logged_steps,
         resumed_from_step=result.resumed_from_step, world_size=result.world_size,
         allreduce_seconds=result.allreduce_seconds, threads=prepared.threads.threads,
-        early_stopping=result.early_stopping,
+        early_stopping=result.early_stopping, score_ms_per_decision=score_ms,
         threads_source=prepared.threads.describe(), states=prepared.states,
     )  # fmt: skip
 

@@ -10,7 +10,6 @@ Prefect server (its start costs ~15 s; each flow's own temporary server would co
 """
 
 import json
-import os
 import subprocess
 import sys
 import time
@@ -20,9 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.stages.smoke import free_port
-from tests.flows.conftest import write_tiny_params
-from tests.flows.processes import background, kill_group, tail, wait_healthy
+from tests.flows.conftest import flow_env, write_tiny_params
+from tests.flows.processes import kill_group, tail
 
 pytestmark = pytest.mark.slow
 
@@ -50,30 +48,6 @@ KILL_POINTS = [
     KillPoint("after calibration, before registration", lambda runs: any(runs.glob("*/calibration.json"))),
     KillPoint("after the version was registered, before the flow finished", lambda runs: bool(_versions())),
 ]
-
-
-@pytest.fixture(scope="module")
-def prefect_api(tmp_path_factory):
-    """A private Prefect server and home for every flow of this module."""
-    home = tmp_path_factory.mktemp("prefect-home")
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
-    env |= {"PREFECT_HOME": str(home), "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
-    port = free_port()
-    command = [sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1", "--port", str(port),
-               "--no-ui"]  # fmt: skip
-    with background(command, env, home / "server.log") as server:
-        api = f"http://127.0.0.1:{port}/api"
-        wait_healthy(api, server, home / "server.log")
-        yield env | {"PREFECT_API_URL": api}
-
-
-def _flow_env(prefect_env: dict[str, str], mlflow_uri: str) -> dict[str, str]:
-    # The flow must import this checkout's `pipeline` and `flows`, whatever the caller's PYTHONPATH says.
-    path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
-    # One thread: the tiny model gains nothing from more, and on a busy machine spinning threads made its
-    # steps 20x slower (0.9 s instead of 0.04 s), the test's time with them.
-    return prefect_env | {"MLFLOW_TRACKING_URI": mlflow_uri, "PYTHONPATH": path, "PYTHONUNBUFFERED": "1",
-                          "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR": "false", "OMP_NUM_THREADS": "1"}  # fmt: skip
 
 
 def _start_flow(params: Path, env: dict[str, str], log: Path) -> subprocess.Popen:
@@ -126,7 +100,7 @@ def test_a_killed_flow_reruns_to_one_finished_run_and_one_version(point, prefect
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
     ensure_experiment()  # the store's tables exist before the flow and this test's polling both open it
     params = write_tiny_params(tmp_path, synthetic_train_file, tiny_base, train=TRAIN)
-    env = _flow_env(prefect_api, uri)
+    env = flow_env(prefect_api, uri)
 
     _kill_at(point, params, env, tmp_path / "killed.log")
     run_dir = next((tmp_path / "runs").iterdir())

@@ -119,3 +119,37 @@ def test_a_resumed_run_stops_where_the_whole_run_stops_with_the_same_weights(tin
     assert resumed.resumed_from_step > 0
     assert resumed.early_stopping == whole.early_stopping
     assert all(torch.equal(resumed_params[n], whole_params[n]) for n in whole_params)
+
+
+def test_a_sweeps_pruner_sees_every_check_and_stops_the_run_without_putting_weights_back(tiny_base):
+    loaded = load_model(tiny_base)
+    prepare_model(loaded.model, CONFIG)
+    rows = synthetic.generate_rows(24, seed=5)
+    items = build_items(validate_rows(rows).records, loaded)[0]
+    task = laya_batch_task(loaded.tokenizer.pad_token_id)
+    config = replace(CONFIG, validation_checks=6)  # no early stopping: the checks only feed the pruner
+    asked = []
+
+    def prune(step, loss):
+        asked.append((step, loss))
+        return len(asked) == 3  # the pruner gives up on the third check
+
+    lines = []
+    stopper = EarlyStopping(items, config, task, lines.append, prune)
+    result = train(loaded.model, items, config, CPU, task, RunHooks(report=lines.append), stopper=stopper)
+    assert asked == [tuple(check) for check in result.early_stopping["checks"]] and len(asked) == 3
+    assert result.steps == asked[-1][0] == result.early_stopping["pruned_at"] < result.planned_steps
+    assert not result.early_stopping["restored_best"], "a pruned run keeps its last weights"
+    assert any(line.startswith("pruned at step") for line in lines)
+
+
+def test_without_a_pruner_or_patience_a_watched_run_trains_its_whole_budget(tiny_base):
+    loaded = load_model(tiny_base)
+    prepare_model(loaded.model, CONFIG)
+    items = build_items(validate_rows(synthetic.generate_rows(12, seed=5)).records, loaded)[0]
+    task = laya_batch_task(loaded.tokenizer.pad_token_id)
+    config = replace(CONFIG, validation_checks=4, epochs=2)
+    stopper = EarlyStopping(items, config, task, prune=lambda step, loss: False)
+    result = train(loaded.model, items, config, CPU, task, RunHooks(), stopper=stopper)
+    assert result.steps == result.planned_steps and len(result.early_stopping["checks"]) == 4
+    assert result.early_stopping["pruned_at"] is None and not result.early_stopping["restored_best"]

@@ -166,6 +166,9 @@ def _search(searched: optuna.Study, space: SearchSpace, params: Params, folder: 
     """Ask, run and tell trials until the budget is spent, `space.parallel` at a time; every trial's row, the
     ones finished before a resume included."""
     logger = get_run_logger()
+    baseline = space.baseline(params)
+    if not searched.trials and baseline is not None:  # trial 0: params.yaml's own settings, the baseline
+        searched.enqueue_trial(baseline, user_attrs={"baseline": True})
     requeued = study.requeue_interrupted(searched)
     if requeued:
         logger.info("resuming: trial(s) %s were interrupted; their settings run again", requeued)
@@ -193,6 +196,7 @@ def _tell(searched: optuna.Study, space: SearchSpace, trial: optuna.Trial, futur
         searched.tell(trial, state=optuna.trial.TrialState.FAIL)
         logger.warning("trial %d failed: %s", trial.number, error)
         return report.TrialRow(trial.number, "failed", space.overrides(trial.params), error=str(error)[:500])
+    row = replace(row, baseline=bool(trial.user_attrs.get("baseline")))
     trial.set_user_attr("run_dir", row.run_dir)
     trial.set_user_attr("run_id", row.run_id)
     if row.state == "pruned":
@@ -221,7 +225,7 @@ def _earlier_rows(searched: optuna.Study, folder: str) -> list[report.TrialRow]:
         if run_id and run_dir and RunFolder(run_dir).calibration_report.exists():
             row = _read_back(trial.number, {}, RunFolder(run_dir), run_id)
             settings = json.loads(client().get_run(run_id).data.tags.get("sweep_settings", "{}"))
-            rows.append(replace(row, settings=settings))
+            rows.append(replace(row, settings=settings, baseline=bool(trial.user_attrs.get("baseline"))))
         elif not _interrupted(searched, trial):
             rows.append(report.TrialRow(trial.number, states[trial.state.name], {}, error="no run recorded"))
     return rows

@@ -44,6 +44,8 @@ class TrialRow:
     run_id: str | None = None
     error: str | None = None
     run_dir: str | None = None
+    baseline: bool = False
+    """params.yaml's own settings (the sweep's first trial, where the space holds them)."""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -61,7 +63,7 @@ def summary_markdown(rows: list[TrialRow], best: int | None, objective: str) -> 
     header = ["trial", "state", *names, *COLUMNS]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for row in ordered:
-        cells = [str(row.number), row.state, *(_cell(row.settings.get(name)) for name in names),
+        cells = [f"{row.number} (params.yaml)" if row.baseline else str(row.number), row.state, *(_cell(row.settings.get(name)) for name in names),
                  *(_cell(row.metrics.get(name)) for name in COLUMNS)]  # fmt: skip
         if row.number == best:
             cells = [f"**{cell}**" for cell in cells]

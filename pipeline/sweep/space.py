@@ -56,6 +56,13 @@ class SearchSpace:
         """A trial's settings by `train.NAME`: the fixed ones, then its sampled values (lists decoded)."""
         return self.fixed | {name: decode(value) for name, value in sampled.items()}
 
+    def baseline(self, params: Params) -> dict[str, Any] | None:
+        """params.yaml's own values of the swept settings, as Optuna stores them, when every one lies in the space:
+        the sweep's first trial, so every other is compared with what `make run` trains. None when one lies out."""
+        current = params.sections()[SWEPT_SECTION]
+        values = {name: encode(_listed(current[name.split(".", 1)[1]])) for name in self.distributions}
+        return values if all(_contains(self.distributions[n], v) for n, v in values.items()) else None
+
     def with_budget(self, trials: int | None = None, minutes: float | None = None,
                     parallel: int | None = None) -> SearchSpace:  # fmt: skip
         """The command line's budget over the file's (None keeps the file's)."""
@@ -176,6 +183,17 @@ def _check_budget(space: SearchSpace) -> None:
         raise ConfigError(f"search space: minutes must be a positive number, got {space.minutes!r}")
     if not isinstance(space.parallel, int) or space.parallel < 1:
         raise ConfigError(f"search space: parallel must be a positive int, got {space.parallel!r}")
+
+
+def _listed(value: Any) -> Any:
+    """A config tuple (a layer plan, target modules) as the space file writes it: a list."""
+    return [_listed(v) for v in value] if isinstance(value, tuple) else value
+
+
+def _contains(dist: optuna.distributions.BaseDistribution, value: Any) -> bool:
+    if isinstance(dist, optuna.distributions.CategoricalDistribution):
+        return value in dist.choices
+    return isinstance(value, int | float) and not isinstance(value, bool) and dist.low <= value <= dist.high
 
 
 def _extremes(dist: optuna.distributions.BaseDistribution) -> list[Any]:

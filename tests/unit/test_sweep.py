@@ -184,3 +184,13 @@ def test_decision_sweep_passes_its_options_to_the_flow():
     )
     assert sweep_arguments(args) == ["--space", "s.yaml", "--params", "params.yaml", "--trials", "5",
                                      "--repeat-best", "3", "--json"]  # fmt: skip
+
+
+def test_the_first_trial_is_params_yamls_own_settings_where_the_space_holds_them(tmp_path):
+    space = load_space(write(tmp_path, SPACE), Params())
+    current = apply(Params(), {"train.method": "head", "train.head_lr": 0.001, "train.epochs": 4})
+    assert space.baseline(current) == {"train.method": "head", "train.head_lr": 0.001, "train.epochs": 4,
+                                       "train.layer_plan": None}  # fmt: skip
+    planned = apply(current, {"train.layer_plan": [0, 1, 2, 3]})
+    assert space.baseline(planned)["train.layer_plan"] == "[0, 1, 2, 3]"  # stored as Optuna stores the choice
+    assert space.baseline(apply(current, {"train.epochs": 12})) is None  # 12 epochs lie outside [2, 8]: none

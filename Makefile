@@ -29,7 +29,7 @@ UI_PORT ?= 5000
 MLFLOW_TRACKING_URI ?= sqlite:///mlflow/mlflow.db
 UI_ARTIFACTS ?= $(abspath $(dir $(MLFLOW_TRACKING_URI:sqlite:///%=%)))/artifacts
 
-.PHONY: run test test-all lint bench repo data pull push serve ui browser postgres schedule clean-venv
+.PHONY: run sweep test test-all lint bench repo data pull push serve ui browser postgres schedule clean-venv
 
 run: $(STAMP) repo  ## the main job: pin data and base, then the retrain flow (train, calibrate, export, register, smoke, promote)
 	python -m pipeline.data.remote pull
@@ -40,6 +40,14 @@ else
 	decision init --data '$(DATA)' --name '$(RUN_CONFIG)' $(if $(BASE),--base '$(BASE)') $(if $(MAPPING),--mapping '$(MAPPING)')
 endif
 	python -m flows.retrain $(if $(RUN_CONFIG),--run-config $(RUN_CONFIG))
+
+# A sweep over train.* settings (docs/sweeps.md): `make sweep [SPACE=FILE] [NAME=NAME]` on the pinned data, as `make run`
+# trains it; every trial an MLflow child run, the best registered and gated as a challenger. Rerun to resume.
+SPACE ?= sweeps/vader.yaml
+sweep: $(STAMP) repo  ## Optuna over the settings in SPACE: trials in MLflow, the best registered through the gate
+	python -m pipeline.data.remote pull
+	$(if $(DATA),$(error make sweep takes NAME=NAME for your own data: run `make run DATA=...` once to pin it),dvc repro)
+	python -m flows.sweep --space '$(SPACE)' $(if $(RUN_CONFIG),--run-config $(RUN_CONFIG))
 
 # The fast tier deselects `full` (tests/conftest.py marks it: services, workers, torchrun ranks, Chromium).
 test: $(STAMP) repo data  ## the fast tier: unit, data, model, api and one tiny flow (CPU, tiny models)

@@ -336,7 +336,7 @@ def main(argv: list[str] | None = None) -> int:
         summary = sweep(args.space, args.params, args.run_config, trials=args.trials, minutes=args.minutes,
                         parallel=args.parallel, repeat_best=args.repeat_best, storage=args.storage,
                         allow_unpinned=args.allow_unpinned)  # fmt: skip
-    except (ConfigError, study.SweepBusy) as error:
+    except (ConfigError, pins.PinMismatch, study.SweepBusy) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
     print(json.dumps(summary, default=str) if args.json else _text(summary))

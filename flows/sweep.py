@@ -90,7 +90,7 @@ def run_trial(number: int, trial: optuna.Trial | None, settings: dict[str, Any],
     pruned = (trained.early_stopping or {}).get("pruned_at") is not None
     row = report.TrialRow(number, "pruned" if pruned else "finished", settings, tracking.run_metrics(record),
                           report.question_accuracy(json.loads(run.calibration_report.read_text())), run_id,
-                          run_dir=str(run.root))  # fmt: skip
+                          run_dir=str(run.root), key=key)  # fmt: skip
     client().set_tag(run_id, "sweep_trial_state", row.state)
     return row
 
@@ -108,9 +108,8 @@ def _read_back(number: int, settings: dict[str, Any], run: RunFolder, run_id: st
     found = client().get_run(run_id)
     state = found.data.tags.get("sweep_trial_state", "finished")
     questions = report.question_accuracy(json.loads(run.calibration_report.read_text()))
-    return report.TrialRow(
-        number, state, settings, dict(found.data.metrics), questions, run_id, run_dir=str(run.root)
-    )
+    return report.TrialRow(number, state, settings, dict(found.data.metrics), questions, run_id,
+                           run_dir=str(run.root), key=found.data.tags.get(tracking.KEY_TAG))  # fmt: skip
 
 
 # A sweep is many trainings: a day's cap, not the retrain flow's four hours.
@@ -265,7 +264,7 @@ def _challenger(best: report.TrialRow, params: Params, validated, tags: dict[str
         version_tags["sweep_repeat"] = report.describe_noise(floor)
     version = register(export_dir, config.model_name, best.run_id, version_tags)
     train = json.loads(run.train_summary.read_text())
-    record = tracking.TrainingRecord(best.run_id, trial_params.sections(), train, calibration, validated.to_dict(),
+    record = tracking.TrainingRecord(best.key or best.run_id, trial_params.sections(), train, calibration, validated.to_dict(),
                                      config.data, tags["data_md5"], export_dir, str(run.root), version_tags,
                                      f"trial-{best.number}")  # fmt: skip
     card(record, config.model_name, version, best.run_id)

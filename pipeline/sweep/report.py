@@ -44,6 +44,8 @@ class TrialRow:
     run_id: str | None = None
     error: str | None = None
     run_dir: str | None = None
+    key: str | None = None
+    """The trial's idempotency key (its run folder and MLflow run)."""
     baseline: bool = False
     """params.yaml's own settings (the sweep's first trial, where the space holds them)."""
 

@@ -34,11 +34,12 @@ def write_space(folder: Path, **changes) -> Path:
 
 @pytest.fixture
 def swept(prefect_harness, mlflow_store, tmp_path, synthetic_train_file, tiny_base):
-    """A three-trial sweep of the tiny project with two repeats of its best settings, run in-process."""
+    """A three-trial sweep of the tiny project, two trials at a time, with two repeats of its best settings, run
+    in-process."""
     from flows.sweep import sweep
 
     params = write_tiny_params(tmp_path, synthetic_train_file, tiny_base)
-    space = write_space(tmp_path)
+    space = write_space(tmp_path, parallel=2)
     summary = sweep(str(space), str(params), lock=str(tmp_path / "dvc.lock"), repeat_best=2)
     return summary, params
 
@@ -60,6 +61,8 @@ def test_a_sweep_logs_children_under_a_parent_and_registers_its_best_trial(swept
     repeats = [run for run in children if run.data.tags["sweep_role"] == "repeat"]
     assert [run.info.run_name for run in trials] == ["trial-0", "trial-1", "trial-2"]
     assert len(repeats) == 2 and all(run.info.status == "FINISHED" for run in children)
+    first, second = trials[0].info, trials[1].info  # asked together (parallel: 2): they ran at the same time
+    assert max(first.start_time, second.start_time) < min(first.end_time, second.end_time)
     # The same param and metric names as a `make run` run: params.yaml flattened, held-out and validation figures.
     for run in trials:
         assert {"train.lora_lr", "train.max_steps", "validate.holdout_max_decisions"} <= set(run.data.params)

@@ -95,6 +95,12 @@ def run_trial(number: int, trial: optuna.Trial | None, settings: dict[str, Any],
     return row
 
 
+@task(name="tag-version", retries=2, retry_delay_seconds=5)
+def tag_version(name: str, version: str, tags: dict[str, str]) -> None:
+    for key, value in tags.items():
+        client().set_model_version_tag(name, version, key, value)
+
+
 def _share_split(folder: Path, run: RunFolder) -> None:
     """The sweep's one validated split (and its report) in the trial's run folder, where every stage reads it."""
     run.root.mkdir(parents=True, exist_ok=True)
@@ -260,9 +266,11 @@ def _challenger(best: report.TrialRow, params: Params, validated, tags: dict[str
     calibration = json.loads(run.calibration.read_text())
     version_tags = tags | {"sweep_trial": str(best.number), "sweep_settings": json.dumps(best.settings, sort_keys=True),
                            "mlflow_run_id": best.run_id, **report_tags(calibration)}  # fmt: skip
+    # The same inputs register once (Prefect's cache): a rerun that adds --repeat-best tags that version.
+    version = register(export_dir, config.model_name, best.run_id, version_tags)
     if floor is not None:
         version_tags["sweep_repeat"] = report.describe_noise(floor)
-    version = register(export_dir, config.model_name, best.run_id, version_tags)
+        tag_version(config.model_name, version, {"sweep_repeat": version_tags["sweep_repeat"]})
     train = json.loads(run.train_summary.read_text())
     record = tracking.TrainingRecord(best.key or best.run_id, trial_params.sections(), train, calibration, validated.to_dict(),
                                      config.data, tags["data_md5"], export_dir, str(run.root), version_tags,

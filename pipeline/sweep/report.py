@@ -82,7 +82,9 @@ def _cell(value: Any) -> str:
     if value is None:
         return ""
     if isinstance(value, float):
-        return f"{value:.4f}" if abs(value) < 1000 else f"{value:.0f}"
+        if value.is_integer():  # steps, counts: MLflow keeps every metric as a float
+            return f"{value:.0f}"
+        return f"{value:.4f}" if abs(value) < 100 else f"{value:.1f}"
     return json.dumps(value) if isinstance(value, list | dict) else str(value)
 
 
@@ -157,6 +159,7 @@ def noise_floor(runs: list[dict[str, float]]) -> dict[str, float]:
 
 def describe_noise(floor: dict[str, float]) -> str:
     """The noise floor in a line."""
-    return (f"{int(floor['seeds'])} seeds: accuracy {floor['accuracy_mean']:.4f} ± {floor['accuracy_std']:.4f}, "
+    seeds = int(floor["seeds"])
+    return (f"{seeds} seed{'' if seeds == 1 else 's'}: accuracy {floor['accuracy_mean']:.4f} ± {floor['accuracy_std']:.4f}, "
             f"record accuracy {floor['record_accuracy_mean']:.4f} ± {floor['record_accuracy_std']:.4f}, "
             f"ECE {floor['ece_mean']:.4f} ± {floor['ece_std']:.4f} (mean ± std)")  # fmt: skip

@@ -126,7 +126,7 @@ def test_a_killed_sweep_resumes_where_it_stopped(prefect_api, tmp_path, monkeypa
     import optuna
     from optuna.trial import TrialState
 
-    from pipeline.mlops.registry import ensure_experiment
+    from pipeline.mlops.registry import client, ensure_experiment
     from pipeline.sweep.study import SweepLock
 
     uri = f"sqlite:///{tmp_path}/mlflow/mlflow.db"
@@ -182,3 +182,13 @@ def test_a_killed_sweep_resumes_where_it_stopped(prefect_api, tmp_path, monkeypa
     assert len(trials) == 3 and summary["best"]["version"] == "1"
     runs = _children(summary["parent_run_id"])
     assert len(runs) == 3 and all(run.info.status == "FINISHED" for run in runs)  # one run per setting
+
+    # Run again, asking for the noise floor: no trial runs, one repeat trains, and the same version gets its tag.
+    with (tmp_path / "repeat.log").open("wb") as log:
+        again = subprocess.run([*command, "--repeat-best", "1"], env=env, cwd=tmp_path, stdout=subprocess.PIPE,
+                               stderr=log, timeout=400)  # fmt: skip
+    assert again.returncode == 0, f"the rerun failed:\n{tail(tmp_path / 'repeat.log')}"
+    repeated = json.loads(again.stdout.decode().strip().splitlines()[-1])
+    assert repeated["best"]["version"] == "1" and repeated["noise_floor"]["seeds"] == 1
+    assert "1 seed:" in client().get_model_version("tiny-model", "1").tags["sweep_repeat"]
+    assert len(client().search_model_versions("name='tiny-model'")) == 1

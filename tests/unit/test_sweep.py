@@ -194,3 +194,11 @@ def test_the_first_trial_is_params_yamls_own_settings_where_the_space_holds_them
     planned = apply(current, {"train.layer_plan": [0, 1, 2, 3]})
     assert space.baseline(planned)["train.layer_plan"] == "[0, 1, 2, 3]"  # stored as Optuna stores the choice
     assert space.baseline(apply(current, {"train.epochs": 12})) is None  # 12 epochs lie outside [2, 8]: none
+
+
+def test_the_summary_writes_counts_as_integers_and_seconds_briefly():
+    row = report.TrialRow(
+        0, "pruned", {"train.head_lr": 0.00112}, {"steps": 354.0, "train_seconds": 136.4658}
+    )
+    line = report.summary_markdown([row], None, "validation_nll").splitlines()[2]
+    assert "| 0.0011 |" in line and "| 354 |" in line and "| 136.5 |" in line

@@ -21,8 +21,9 @@ from pipeline.families.laya.family import LayaFamily
 # transformers builds models inside `no_init_weights`, which swaps torch.nn.init's functions for no-ops process-wide
 # and puts back what it found: two loads at once in two threads (a server's catalog and its shadow's) can leave
 # the no-ops in place for good, and every model initialised later in the process holds uninitialised memory
-# (NaN). One load at a time.
-_LOADING = threading.Lock()
+# (NaN). One model built at a time: a load, and (in training, where a sweep runs trials in threads) the adapters and
+# heads a family adds to a loaded base.
+MODEL_BUILDS = threading.Lock()
 
 # Order matters only where a folder could be read as several: a joint export is checked before the rest.
 FAMILIES: dict[str, DecisionFamily] = {family.name: family for family in (JointFamily(), LayaFamily())}
@@ -87,7 +88,7 @@ def explain_training(base: str | Path, family: DecisionFamily, config: TrainConf
 def load_decision_model(folder: str | Path) -> DecisionModel:
     """A servable model of any family: an export, or a family's fine-tune folder."""
     family = pick_family(folder)
-    with _LOADING:
+    with MODEL_BUILDS:
         return DecisionModel(family, family.load_trained(folder))
 
 

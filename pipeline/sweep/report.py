@@ -14,7 +14,6 @@ choose.
 from __future__ import annotations
 
 import json
-import statistics
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -151,9 +150,11 @@ def noise_floor(runs: list[dict[str, float]]) -> dict[str, float]:
     seed count: a difference between two fine-tunes smaller than the std is within noise."""
     floor: dict[str, float] = {"seeds": float(len(runs))}
     for name, metric in NOISE_FIGURES.items():
-        values = [float(run[metric]) for run in runs]
-        floor[f"{name}_mean"] = statistics.fmean(values)
-        floor[f"{name}_std"] = statistics.stdev(values) if len(values) > 1 else 0.0
+        values = np.array(
+            [float(run.get(metric, np.nan)) for run in runs]
+        )  # a diverged run's NaN shows as NaN
+        floor[f"{name}_mean"] = float(values.mean())
+        floor[f"{name}_std"] = float(values.std(ddof=1)) if len(values) > 1 else 0.0
     return floor
 
 

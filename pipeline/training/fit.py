@@ -22,7 +22,7 @@ from pipeline.cpu.budget import apply_threads, plan_threads
 from pipeline.cpu.load import ThreadGovernor
 from pipeline.data.split import SplitData
 from pipeline.device import pick_device
-from pipeline.families import explain_training, pick_family, resolve_training
+from pipeline.families import MODEL_BUILDS, explain_training, pick_family, resolve_training
 from pipeline.families.base import DecisionFamily
 from pipeline.scoring.baselines import learning_warnings, majority_labels
 from pipeline.scoring.calibration import plain_probabilities
@@ -149,7 +149,8 @@ def prepare_fit(
     threads = ThreadGovernor(budget).start()
     family = pick_family(base, config.family)
     dev = pick_device(device)
-    loaded = family.load(base, config, dev)
+    with MODEL_BUILDS:
+        loaded = family.load(base, config, dev)
     train_examples, skipped_train = family.build_examples(loaded, data.split.train)
     heldout_examples, skipped_heldout = family.build_examples(loaded, data.split.heldout)
     validation_examples, skipped_validation = family.build_examples(loaded, data.split.validation)
@@ -241,8 +242,9 @@ def _train_prepared(prepared: Prepared, config: TrainConfig, hooks: RunHooks, co
     family, loaded = prepared.family, prepared.loaded
     # Fresh adapters draw their initial values: seeded, so the seed reproduces a run in any process, and a
     # data-parallel rank 0 starts where one process would (it broadcasts its values to the other ranks).
-    torch.manual_seed(config.seed)
-    family.prepare(loaded, config)
+    with MODEL_BUILDS:  # seeded and built together: another thread's model build draws neither
+        torch.manual_seed(config.seed)
+        family.prepare(loaded, config)
     task = family.batch_task(loaded, config)
     ready = family.training_examples(loaded, prepared.train_examples, config, prepared.device, hooks.report)
     # `ready` may hold a frozen backbone's cached features: dropped on return, once the head is trained.

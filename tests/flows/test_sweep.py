@@ -6,12 +6,14 @@ plots, MLflow's compare page of the children in headless Chromium, and a killed 
 """
 
 import json
+import math
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
 
 from tests import browser
@@ -68,6 +70,10 @@ def test_a_sweep_logs_children_under_a_parent_and_registers_its_best_trial(swept
         assert {"train.lora_lr", "train.max_steps", "validate.holdout_max_decisions"} <= set(run.data.params)
         assert {"calibrated_accuracy", "calibrated_ece", "validation_nll", "validation_accuracy",
                 "score_ms_per_decision"} <= set(run.data.metrics)  # fmt: skip
+    # Two trials trained in two threads, each loading the base and adding adapters: nothing left torch's initialisers
+    # swapped out (every model built later would hold uninitialised memory), and every figure is finite.
+    assert all(math.isfinite(run.data.metrics["calibrated_loss"]) for run in children)
+    assert torch.isfinite(torch.nn.Linear(64, 64).weight).all()
     sampled = {(run.data.params["train.lora_lr"], run.data.params["train.max_steps"]) for run in trials}
     assert len(sampled) == 3  # three different settings were tried
 

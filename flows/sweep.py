@@ -148,12 +148,13 @@ def sweep(space_file: str, params_file: str = "params.yaml", run_config: str | N
     tags["sweep_parent_run"] = parent_id
     _log_parent_setup(parent_id, params, space, space_file)
     checked = {"pins": verified, "inputs": inputs}
+    study_storage = study.storage_url(folder, storage)
     with study.SweepLock(folder):
-        searched = study.open_study(space, key, study.storage_url(folder, storage))
+        searched = study.open_study(space, key, study_storage)
         rows = _search(searched, space, params, str(folder), key, tags, checked)
     best = study.best_trial(searched)
     summary = {"sweep": key[:16], "folder": str(folder), "parent_run_id": parent_id,
-               "storage": study.storage_url(folder, storage), "objective": space.objective,
+               "storage": study_storage, "objective": space.objective,
                "trials": [row.to_dict() for row in rows], "best": None}  # fmt: skip
     if best is not None:
         best_row = next(row for row in rows if row.number == best.number)
@@ -177,7 +178,7 @@ def _search(searched: optuna.Study, space: SearchSpace, params: Params, folder: 
     requeued = study.requeue_interrupted(searched)
     if requeued:
         logger.info("resuming: trial(s) %s were interrupted; their settings run again", requeued)
-    rows = _earlier_rows(searched, folder)
+    rows = _earlier_rows(searched, space)
     budget = study.Budget(space.trials, space.minutes, time.monotonic())
     runner = ThreadPoolTaskRunner(max_workers=space.parallel)
     with runner:
@@ -217,28 +218,26 @@ def _figure(value: float | None) -> str:
     return "-" if value is None else f"{value:.4f}"
 
 
-def _earlier_rows(searched: optuna.Study, folder: str) -> list[report.TrialRow]:
-    """Rows of the trials a previous process finished, pruned or failed, read back from their runs."""
-    rows = []
+def _earlier_rows(searched: optuna.Study, space: SearchSpace) -> list[report.TrialRow]:
+    """Rows of the trials a previous process finished, pruned or failed, read back from their runs; a trial a kill
+    interrupted is left out (its settings were asked again under a new number)."""
+    trials = searched.get_trials(deepcopy=False)
+    interrupted = {t.user_attrs["requeued_from"] for t in trials if "requeued_from" in t.user_attrs}
     states = {"COMPLETE": "finished", "PRUNED": "pruned", "FAIL": "failed"}
-    for trial in searched.get_trials(deepcopy=False):
-        if trial.state.name not in states or (
-            "requeued_from" in trial.user_attrs and trial.state.name == "FAIL"
-        ):
+    rows = []
+    for trial in trials:
+        if trial.state.name not in states or trial.number in interrupted:
             continue
+        settings, baseline = space.overrides(trial.params), bool(trial.user_attrs.get("baseline"))
         run_id, run_dir = trial.user_attrs.get("run_id"), trial.user_attrs.get("run_dir")
         if run_id and run_dir and RunFolder(run_dir).calibration_report.exists():
-            row = _read_back(trial.number, {}, RunFolder(run_dir), run_id)
-            settings = json.loads(client().get_run(run_id).data.tags.get("sweep_settings", "{}"))
-            rows.append(replace(row, settings=settings, baseline=bool(trial.user_attrs.get("baseline"))))
-        elif not _interrupted(searched, trial):
-            rows.append(report.TrialRow(trial.number, states[trial.state.name], {}, error="no run recorded"))
+            rows.append(
+                replace(_read_back(trial.number, settings, RunFolder(run_dir), run_id), baseline=baseline)
+            )
+        else:
+            rows.append(report.TrialRow(trial.number, states[trial.state.name], settings, error="no run recorded",
+                                        baseline=baseline))  # fmt: skip
     return rows
-
-
-def _interrupted(searched: optuna.Study, trial) -> bool:
-    """Whether a failed trial is one a kill interrupted (asked again under a new number)."""
-    return any(t.user_attrs.get("requeued_from") == trial.number for t in searched.get_trials(deepcopy=False))
 
 
 def _repeat(best: report.TrialRow, seeds: int, params: Params, folder: str, key: str, tags: dict[str, str],
@@ -292,9 +291,10 @@ def _log_parent_setup(parent_id: str, params: Params, space: SearchSpace, space_
     values = tracking.flat_params(params.sections()) | {"sweep.objective": space.objective,
                                                          "sweep.space": Path(space_file).name,
                                                          "sweep.pruner": space.pruner}  # fmt: skip
-    for name, value in values.items():
-        if name not in logged:  # a resumed sweep's parent has them already (MLflow refuses a changed param)
-            client().log_param(parent_id, name, value)
+    # A resumed sweep's parent has them already (MLflow refuses a param logged again with another value).
+    tracking.log_values(
+        parent_id, params={name: value for name, value in values.items() if name not in logged}
+    )
     client().log_text(parent_id, space.text, "sweep/space.yaml")
 
 
@@ -319,8 +319,7 @@ def _finish_parent(parent_id: str, rows: list[report.TrialRow], best: int | None
     plots = [report.tradeoff_plot(rows, best, folder / "plots" / "sweep_tradeoff.png"),
              report.question_plot(rows, best, folder / "plots" / "sweep_questions.png")]  # fmt: skip
     tracking_client = client()
-    for name, value in metrics.items():
-        tracking_client.log_metric(parent_id, name, value)
+    tracking.log_values(parent_id, metrics=metrics)
     tracking_client.set_tag(parent_id, "mlflow.note.content", table)
     tracking_client.log_text(parent_id, table, "sweep/summary.md")
     tracking_client.log_dict(parent_id, summary, "sweep/summary.json")

@@ -125,15 +125,22 @@ class LiveRun:
         self._log({f"heldout_{k}": float(metrics[k]) for k in names if k in metrics}, step)
 
     def _log(self, values: dict[str, float], step: int) -> None:
-        import time
-
-        from mlflow.entities import Metric
-
-        now = int(time.time() * 1000)
         new = {k: v for k, v in values.items() if step > self.last_step.get(k, -1)}
         if new:
-            client().log_batch(self.run_id, metrics=[Metric(k, v, now, step) for k, v in new.items()])
+            log_values(self.run_id, metrics=new, step=step)
         self.last_step |= dict.fromkeys(new, step)
+
+
+def log_values(run_id: str, params: dict[str, Any] | None = None, metrics: dict[str, float] | None = None,
+               step: int = 0) -> None:  # fmt: skip
+    """Params and metrics (at `step`) into a run in one call; MLflow splits it where its batch limits say."""
+    import time
+
+    from mlflow.entities import Metric, Param
+
+    now = int(time.time() * 1000)
+    client().log_batch(run_id, metrics=[Metric(k, float(v), now, step) for k, v in (metrics or {}).items()],
+                       params=[Param(k, str(v)) for k, v in (params or {}).items()])  # fmt: skip
 
 
 def log_training_run(record: TrainingRecord, run_id: str | None = None) -> str:

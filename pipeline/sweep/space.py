@@ -91,7 +91,7 @@ def load_space(path: str | Path, params: Params) -> SearchSpace:
         )
     if not raw.get("space"):
         raise ConfigError(f"search space {path}: `space:` is empty; name at least one train setting to vary")
-    fixed = {name: value for name, value in (raw.get("fixed") or {}).items()}
+    fixed = dict(raw.get("fixed") or {})
     distributions = {name: distribution(name, spec) for name, spec in raw["space"].items()}
     space = SearchSpace(distributions, fixed, raw.get("objective", "validation_nll"), raw.get("trials"),
                         raw.get("minutes"), raw.get("parallel", 1), raw.get("seed", 0), raw.get("pruner", "median"),

@@ -142,17 +142,6 @@ def objective_value(space: SearchSpace, metrics: dict[str, Any]) -> float:
     return math.inf if space.direction == "minimize" else -math.inf
 
 
-def finished(study: optuna.Study) -> list[FrozenTrial]:
-    """The trials that ran to the end, in order."""
-    return study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
-
-
 def best_trial(study: optuna.Study) -> FrozenTrial | None:
     """The best finished trial, or None when none finished (every trial pruned or failed)."""
-    return study.best_trial if finished(study) else None
-
-
-def describe(trial: FrozenTrial) -> dict[str, Any]:
-    """A trial as the summary lists it."""
-    return {"number": trial.number, "state": trial.state.name.lower(), "value": trial.value,
-            "params": dict(trial.params), **dict(trial.user_attrs)}  # fmt: skip
+    return study.best_trial if study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)) else None

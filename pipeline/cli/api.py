@@ -65,11 +65,27 @@ def _serve(args: argparse.Namespace) -> int:
     except PrecisionUnavailable as error:
         print(f"decision serve: {error}", file=sys.stderr)
         return EXIT_UNUSABLE
+    if not 0 < args.log_sample <= 1 or args.log_flush_seconds <= 0:
+        print(
+            "decision serve: --log-sample must be in (0, 1] and --log-flush-seconds above 0", file=sys.stderr
+        )
+        return EXIT_UNUSABLE
     options = ServeOptions(args.model, args.keys, args.finetunes, args.poll_seconds, str(device), args.precision,
                            config, args.workers, args.shadow, args.shadow_share, args.threads,
-                           args.backend)  # fmt: skip
+                           args.backend, _log_config(args))  # fmt: skip
     run_server(options, args.host, args.port, args.access_log)
     return EXIT_OK
+
+
+def _log_config(args: argparse.Namespace):
+    from pipeline.flywheel.log import LogConfig
+
+    return LogConfig(None if args.no_inference_log else args.inference_log, args.log_sample,
+                     _paths(args.redact_drop), _paths(args.redact_hash), args.log_flush_seconds)  # fmt: skip
+
+
+def _paths(text: str | None) -> tuple[str, ...]:
+    return tuple(p.strip() for p in (text or "").split(",") if p.strip())
 
 
 def _smoke(args: argparse.Namespace) -> int:
@@ -120,7 +136,7 @@ def _print_smoke(result) -> None:
 def _keygen(args: argparse.Namespace) -> int:
     from pipeline.serving.keys import add_key
 
-    key = add_key(args.keys, args.owner)
+    key = add_key(args.keys, args.owner, args.admin)
     print(json.dumps({"owner": args.owner, "key": key, "keys": args.keys}) if args.json else key)
     print(f"(stored only as a hash in {args.keys}; this is the one time the key is shown)", file=sys.stderr)
     return EXIT_OK
@@ -186,6 +202,24 @@ def add_api_commands(commands) -> None:
         help="torch threads of all workers together (default: the cores this process may use, its affinity mask "
              "or container CPU quota, whichever is smaller; OMP_NUM_THREADS when set); /healthz reports the choice",
     )  # fmt: skip
+    logged = serve.add_argument_group("inference log", "every answered decision, for feedback, harvest and drift "
+                                      "(docs/flywheel.md)")  # fmt: skip
+    logged.add_argument("--inference-log", default="inference", metavar="DIR|URL",
+                        help="where answered decisions are written: a folder of Parquet files by day (default: "
+                             "./inference) or a postgresql:// URL")  # fmt: skip
+    logged.add_argument("--no-inference-log", action="store_true",
+                        help="log nothing (no feedback either: POST /v1/feedback answers 404)")  # fmt: skip
+    logged.add_argument("--log-sample", type=float, default=1.0, metavar="SHARE",
+                        help="the share of decisions written (default 1: all)")  # fmt: skip
+    logged.add_argument("--redact-drop", metavar="PATHS",
+                        help="comma-separated dotted paths of JSON-object state fields never written, e.g. "
+                             "customer.email,notes")  # fmt: skip
+    logged.add_argument("--redact-hash", metavar="PATHS",
+                        help="state fields written as a keyed hash (HMAC-SHA256, key DECISION_LOG_SALT): they still "
+                             "group and join, but cannot be read back")  # fmt: skip
+    logged.add_argument("--log-flush-seconds", type=float, default=2.0,
+                        help="the longest a decision waits in memory before it is written (default 2); a SIGKILL "
+                             "loses at most this much, SIGTERM nothing")  # fmt: skip
     serve.set_defaults(handler=_serve)
 
     smoke = commands.add_parser(
@@ -216,5 +250,7 @@ def add_api_commands(commands) -> None:
                                  description="Print a new API key once and add its sha256 to the key file.")  # fmt: skip
     keygen.add_argument("--owner", required=True)
     keygen.add_argument("--keys", required=True, help="the key file (created if missing)")
+    keygen.add_argument("--admin", action="store_true",
+                        help="an admin key: may label any logged decision (POST /v1/feedback), not only its owner's")  # fmt: skip
     keygen.add_argument("--json", action="store_true")
     keygen.set_defaults(handler=_keygen)

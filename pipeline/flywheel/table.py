@@ -200,7 +200,11 @@ class PostgresStore:
         return pa.Table.from_pylist(rows, schema=schema)
 
 
-SQL_TYPES = {pa.string(): sa.Text, pa.float64(): sa.Float, pa.timestamp("us", tz="UTC"): sa.DateTime(timezone=True)}
+SQL_TYPES = {
+    pa.string(): sa.Text,
+    pa.float64(): sa.Float,
+    pa.timestamp("us", tz="UTC"): sa.DateTime(timezone=True),
+}
 
 
 def _sql_table(name: str, schema: pa.Schema, metadata: sa.MetaData, key: tuple[str, ...]) -> sa.Table:

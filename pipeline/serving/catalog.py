@@ -67,6 +67,7 @@ class ServedModel:
     folder: Path
     owner: str | None = None
     release_date: str = ""
+    version: str | None = None  # the registry version, None for an export folder
 
 
 @dataclass(frozen=True)
@@ -186,7 +187,7 @@ class Catalog:
     def _fetch_version(self, name: str, version: str) -> ServedModel:
         folder = download_version(name, version, Path(self._cache.name) / f"{name}-{version}")
         return checked(
-            ServedModel(f"{name}/{version}", self._load(folder), folder, None, _release_date(folder))
+            ServedModel(f"{name}/{version}", self._load(folder), folder, None, _release_date(folder), version)
         )
 
     def _scan_finetune_folder(self) -> None:

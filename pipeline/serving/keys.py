@@ -1,6 +1,7 @@
 """API keys for the Decision API: stored hashed, each belonging to an owner.
 
-A key file is JSON, `{"keys": [{"owner": "alice", "sha256": "<hex of the key>"}, ...]}`; the environment
+A key file is JSON, `{"keys": [{"owner": "alice", "sha256": "<hex of the key>"}, ...]}` (an entry with
+`"admin": true` is an admin key: it may label any logged decision, `POST /v1/feedback`); the environment
 variable `DECISION_API_KEYS` adds entries as `owner=sha256hex` separated by commas. Only hashes are kept, so
 a leaked file gives no key away. `decision keygen --owner alice --keys keys.json` makes a key, prints it once
 and stores its hash.
@@ -35,10 +36,15 @@ class KeyStore:
     """Owners by key hash; empty means the server is open."""
 
     owners_by_hash: dict[str, str] = field(default_factory=dict)
+    admin_hashes: frozenset[str] = frozenset()
 
     @property
     def open(self) -> bool:
         return not self.owners_by_hash
+
+    def is_admin(self, key: str) -> bool:
+        digest = hash_key(key)
+        return any(hmac.compare_digest(known, digest) for known in self.admin_hashes)
 
     def owner_of(self, key: str) -> str | None:
         """The key's owner, or None for an unknown key (compared in constant time per entry)."""
@@ -54,23 +60,25 @@ def load_keys(path: str | Path | None = None, environ: dict[str, str] | None = N
     environ = os.environ if environ is None else environ
     entries: list[tuple[str, str]] = []
     problems: list[str] = []
+    admins: set[str] = set()
     if path is not None:
-        entries += _file_entries(Path(path), problems)
+        entries += _file_entries(Path(path), problems, admins)
     entries += _env_entries(environ.get(KEYS_ENV, ""), problems)
     for owner, digest in entries:
         if len(digest) != 64 or any(c not in "0123456789abcdef" for c in digest):
             problems.append(f"owner {owner!r}: sha256 must be 64 lowercase hex characters")
     if problems:
         raise KeyConfigError("API keys: " + "; ".join(problems))
-    return KeyStore({digest: owner for owner, digest in entries})
+    return KeyStore({digest: owner for owner, digest in entries}, frozenset(admins))
 
 
-def add_key(path: str | Path, owner: str) -> str:
-    """Make a new key for `owner`, store its hash in the key file (created if missing), return the key."""
+def add_key(path: str | Path, owner: str, admin: bool = False) -> str:
+    """Make a new key for `owner` (an admin key with `admin`), store its hash in the key file (created if
+    missing), return the key."""
     path = Path(path)
     data = json.loads(path.read_text()) if path.exists() else {"keys": []}
     key = KEY_PREFIX + secrets.token_urlsafe(32)
-    data["keys"].append({"owner": owner, "sha256": hash_key(key)})
+    data["keys"].append({"owner": owner, "sha256": hash_key(key), **({"admin": True} if admin else {})})
     staged = path.with_name(path.name + ".tmp")
     staged.write_text(json.dumps(data, indent=2) + "\n")
     os.chmod(staged, 0o600)
@@ -78,9 +86,10 @@ def add_key(path: str | Path, owner: str) -> str:
     return key
 
 
-def _file_entries(path: Path, problems: list[str]) -> list[tuple[str, str]]:
+def _file_entries(path: Path, problems: list[str], admins: set[str]) -> list[tuple[str, str]]:
     try:
         data = json.loads(path.read_text())
+        admins.update(str(e["sha256"]).lower() for e in data["keys"] if e.get("admin") is True)
         return [(str(e["owner"]), str(e["sha256"]).lower()) for e in data["keys"]]
     except FileNotFoundError:
         problems.append(f"{path}: no such key file")

@@ -5,6 +5,9 @@
     decision_queue_depth                   requests waiting for a batch, read when scraped
     decision_batch_requests                requests per forward-pass batch (histogram)
     decision_batch_questions               questions per batch (histogram)
+    decision_log_written_total             decisions written to the inference log
+    decision_log_dropped_total{reason}     decisions the log could not write: queue_full, write_error
+    decision_log_queue_depth               decisions waiting for the log's next flush
 
 Each app has its own registry, so two servers in one process (the tests) never share counts.
 """
@@ -31,7 +34,7 @@ class ServerMetrics:
 
     content_type = CONTENT_TYPE_LATEST
 
-    def __init__(self, queue_depth: Callable[[], int]) -> None:
+    def __init__(self, queue_depth: Callable[[], int], log_depth: Callable[[], int] = lambda: 0) -> None:
         self.registry = CollectorRegistry()
         self.requests = Counter("decision_requests", "Answered POST /v1/systemone requests, by HTTP status",
                                 ["status"], registry=self.registry)  # fmt: skip
@@ -43,6 +46,18 @@ class ServerMetrics:
                                          buckets=BATCH_BUCKETS, registry=self.registry)  # fmt: skip
         depth = Gauge("decision_queue_depth", "Requests waiting for a batch", registry=self.registry)
         depth.set_function(queue_depth)
+        self.logged = Counter("decision_log_written", "Decisions written to the inference log",
+                              registry=self.registry)  # fmt: skip
+        self.log_dropped = Counter("decision_log_dropped", "Decisions the inference log could not write",
+                                   ["reason"], registry=self.registry)  # fmt: skip
+        Gauge("decision_log_queue_depth", "Decisions waiting for the inference log's next flush",
+              registry=self.registry).set_function(log_depth)  # fmt: skip
+
+    def log_written(self, n: int) -> None:
+        self.logged.inc(n)
+
+    def log_drop(self, reason: str, n: int) -> None:
+        self.log_dropped.labels(reason=reason).inc(n)
 
     def answered(self, status: int, seconds: float) -> None:
         self.requests.labels(status=str(status)).inc()

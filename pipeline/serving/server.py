@@ -22,6 +22,7 @@ from typing import Annotated, Any, Literal
 import orjson
 import torch
 from fastapi import Depends, FastAPI, HTTPException, Request
+from fastapi.concurrency import run_in_threadpool
 from fastapi.encoders import jsonable_encoder
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response
@@ -35,6 +36,9 @@ from pipeline.data.answers import InvalidRequest, RequestTooLarge, parse_request
 from pipeline.data.contract import QUESTION_TYPES
 from pipeline.device import precision_name, serving_dtype
 from pipeline.families.base import BadQuestion
+from pipeline.flywheel.feedback import MAX_ITEMS, FeedbackRefused, Labeller, parse_items, store_feedback
+from pipeline.flywheel.log import InferenceLog, LogConfig, Served
+from pipeline.flywheel.table import new_decision_id
 from pipeline.mlops.tracking import record_shadow
 from pipeline.serving.batching import MicroBatcher, QueueFull
 from pipeline.serving.body import BodyLimits, DecodeBodyMiddleware
@@ -47,6 +51,7 @@ from pipeline.serving.shadow import ShadowScorer
 log = logging.getLogger("decision.serve")
 RETRY_AFTER_LOADING_S = 5
 RETRY_AFTER_BUSY_S = 1
+DECISION_ID_HEADER = "X-Decision-Id"
 JSONText = str | dict[str, Any] | list[Any] | None
 
 
@@ -104,6 +109,13 @@ class NoulAnswer(BaseModel):
     x_confidence: float = Field(description="max(P(true), 1 - P(true)) (not a Jev field)")
 
 
+class FeedbackItem(BaseModel):
+    """The outcome of one logged decision."""
+
+    decision_id: str = Field(min_length=1, description="the decision_id its answer carried")
+    gold: dict[str, Any] = Field(min_length=1, description="{question_id: label or {label, probabilities}}")
+
+
 class Usage(BaseModel):
     input_tokens: int
     output_tokens: int = 0
@@ -111,6 +123,10 @@ class Usage(BaseModel):
 
 class DecisionResponse(BaseModel):
     model: str
+    decision_id: str = Field(
+        description="this decision's id (also the X-Decision-Id header): what "
+        "POST /v1/feedback labels; real Jev clients ignore it"
+    )
     answers: dict[str, Annotated[ChoiceAnswer | ScoreAnswer | NoulAnswer, Field(discriminator="type")]]
     usage: Usage
 
@@ -141,20 +157,26 @@ API_KEY = APIKeyHeader(
 class Caller:
     owner: str | None  # None: no key (or an open server)
     open_server: bool
+    admin: bool = False  # an admin key: may label any logged decision
 
 
 def create_app(catalog: Catalog, keys: KeyStore, config: ServerConfig = ServerConfig(),
-               shadow: ShadowScorer | None = None, threads: ThreadGovernor | None = None) -> FastAPI:  # fmt: skip
+               shadow: ShadowScorer | None = None, threads: ThreadGovernor | None = None,
+               log_config: LogConfig | None = None) -> FastAPI:  # fmt: skip
     """The Decision API app; the catalog starts loading (and following its alias) when the app starts. With
     `shadow`, a sampled share of the serving model's answered requests is scored by the challenger after the
     answer has gone out (`/v1/shadow` reports the comparison). `threads` follows the CPU budget the process was
     given (and other processes' load, where the budget was found, not set); every batch runs on its count, and
-    `/healthz` says how many threads and why."""
+    `/healthz` says how many threads and why. With `log_config` (and its `where` set) every answered decision is
+    written to the inference log under the id its answer carries, off the hot path."""
     if config.require_key and keys.open:
         raise ValueError("--require-key: no API keys are configured (--keys or DECISION_API_KEYS)")
     limits = request_limits() | {"max_body_bytes": config.limits.max_body_bytes,
                                  "max_compressed_body_bytes": config.limits.max_compressed_bytes}  # fmt: skip
-    metrics = ServerMetrics(lambda: batcher.queued)  # read at scrape time, once the batcher exists
+    metrics = ServerMetrics(lambda: batcher.queued, lambda: inference_log.queued if inference_log else 0)
+    inference_log = None
+    if log_config is not None and log_config.where is not None:
+        inference_log = InferenceLog(log_config, on_drop=metrics.log_drop, on_write=metrics.log_written)
     batcher = MicroBatcher(
         _following(threads),
         config.max_batch_items,
@@ -173,7 +195,11 @@ def create_app(catalog: Catalog, keys: KeyStore, config: ServerConfig = ServerCo
             threads.start()
         if shadow is not None:
             shadow.start(busy=lambda: batcher.busy)
+        if inference_log is not None:
+            inference_log.start()
         yield
+        if inference_log is not None:
+            inference_log.stop()  # after the last answer: what was answered is written
         if shadow is not None:
             shadow.stop()
         await batcher.stop()
@@ -185,6 +211,7 @@ def create_app(catalog: Catalog, keys: KeyStore, config: ServerConfig = ServerCo
                   description="System One decisions: calibrated probabilities per option in one forward pass.")  # fmt: skip
     app.add_middleware(DecodeBodyMiddleware, limits=config.limits)
     app.state.catalog, app.state.batcher, app.state.metrics = catalog, batcher, metrics
+    app.state.inference_log = inference_log
 
     @app.middleware("http")
     async def measured(request: Request, call_next):
@@ -220,9 +247,11 @@ def create_app(catalog: Catalog, keys: KeyStore, config: ServerConfig = ServerCo
 
     @app.post("/v1/systemone", response_model=DecisionResponse, responses=ERROR_RESPONSES)
     async def systemone(body: DecisionRequest, who: Annotated[Caller, Depends(caller)]) -> Response:
+        started = time.perf_counter()
         model = _resolve(catalog, body.model, who)
+        questions = {qid: q.model_dump() for qid, q in body.questions.items()}
         try:
-            parsed = parse_request(body.state, {qid: q.model_dump() for qid, q in body.questions.items()})
+            parsed = parse_request(body.state, questions)
         except RequestTooLarge as error:
             raise api_error(413, str(error)) from None
         except InvalidRequest as error:
@@ -239,10 +268,43 @@ def create_app(catalog: Catalog, keys: KeyStore, config: ServerConfig = ServerCo
             log.exception("request failed in the model: %s", type(error).__name__)
             return error_json(500, error_detail(500, f"internal error ({type(error).__name__}); logged"))
         usage = {"input_tokens": result.input_tokens, "output_tokens": 0}
-        response = _json({"model": model.name, "answers": result.answers, "usage": usage})
+        decision_id = new_decision_id()
+        response = _json({"model": model.name, "decision_id": decision_id, "answers": result.answers, "usage": usage},
+                         headers={DECISION_ID_HEADER: decision_id})  # fmt: skip
+        if inference_log is not None:
+            inference_log.record(Served(decision_id, model.name, model.version, who.owner, body.state, questions,
+                                        result.answers, (time.perf_counter() - started) * 1000))  # fmt: skip
         if shadow is not None and model is catalog.serving:
             shadow.offer(parsed, result.answers)  # after the answer is made; offer never blocks
         return response
+
+    @app.post("/v1/feedback", responses=ERROR_RESPONSES)
+    async def feedback(body: FeedbackItem | Annotated[list[FeedbackItem], Field(min_length=1, max_length=MAX_ITEMS)],
+                       who: Annotated[Caller, Depends(caller)]) -> Response:  # fmt: skip
+        """What actually happened, for logged decisions: one item or a list. Stored whole or not at all; a
+        re-sent (decision, question) replaces its label. Only the key that made a decision (or an admin key)
+        may label it."""
+        if inference_log is None:
+            raise api_error(
+                404, "this server keeps no inference log (decision serve --inference-log DIR|URL)"
+            )
+        if who.owner is None and not who.open_server:
+            raise _unauthorized("feedback needs the API key that made the decision (or an admin key)")
+        labeller = Labeller(who.owner, who.admin, who.open_server)
+        dumped = [item.model_dump() for item in body] if isinstance(body, list) else body.model_dump()
+        try:
+            items = parse_items(dumped)
+            stored = await run_in_threadpool(store_feedback, inference_log.store, items, labeller,
+                                             flush=inference_log.flush)  # fmt: skip
+        except FeedbackRefused as error:
+            detail = error.errors if error.status == 422 else error_detail(error.status, str(error))
+            return error_json(error.status, detail)
+        except OSError as error:  # the log's folder full or read-only: nothing stored, and the caller told so
+            log.error("feedback not stored: %s", error)
+            raise api_error(
+                503, f"feedback could not be stored ({type(error).__name__}); retry later"
+            ) from None
+        return _json({"stored": stored, "decisions": len({item["decision_id"] for item in items})})
 
     @app.get("/v1/models", responses=ERROR_RESPONSES)
     async def models(who: Annotated[Caller, Depends(caller)]) -> Response:
@@ -308,10 +370,11 @@ def _authenticate(keys: KeyStore, bearer: str | None, x_api_key: str | None, req
         if require_key:
             raise _unauthorized("this server requires an API key (Authorization: Bearer <key> or X-API-Key)")
         return Caller(None, False)
-    owner = keys.owner_of(presented.pop())
+    key = presented.pop()
+    owner = keys.owner_of(key)
     if owner is None:
         raise _unauthorized("unknown API key")
-    return Caller(owner, False)
+    return Caller(owner, False, keys.is_admin(key))
 
 
 def _unauthorized(message: str) -> HTTPException:
@@ -358,6 +421,7 @@ class ServeOptions:
     shadow_share: float = 0.1
     threads: int | None = None  # the CPU budget of all workers together (None: `cpu.budget.usable_cpus`)
     backend: str = "auto"  # where the encoder runs: torch, onnxruntime, or auto (`backends.choose_backend`)
+    inference_log: LogConfig = field(default_factory=LogConfig)  # every worker writes its own files to it
 
     def to_env(self) -> str:
         return json.dumps(asdict(self))
@@ -366,7 +430,9 @@ class ServeOptions:
     def from_env(cls, text: str) -> "ServeOptions":
         data = json.loads(text)
         limits = BodyLimits(**data["config"].pop("limits"))
-        return cls(**{**data, "config": ServerConfig(**data["config"], limits=limits)})
+        logged = {k: tuple(v) if isinstance(v, list) else v for k, v in data.pop("inference_log").items()}
+        return cls(**{**data, "config": ServerConfig(**data["config"], limits=limits),
+                      "inference_log": LogConfig(**logged)})  # fmt: skip
 
 
 OPTIONS_ENV = "DECISION_SERVE_OPTIONS"
@@ -392,7 +458,8 @@ def build_app(options: ServeOptions) -> FastAPI:
         source = Catalog(options.shadow, poll_s=options.poll_s, device=options.device, dtype=dtype,
                          backend=options.backend)  # fmt: skip
         shadow = ShadowScorer(source, options.shadow_share, on_report=record_shadow)
-    return create_app(catalog, load_keys(options.keys), options.config, shadow, ThreadGovernor(threads))
+    return create_app(catalog, load_keys(options.keys), options.config, shadow, ThreadGovernor(threads),
+                      options.inference_log)  # fmt: skip
 
 
 def app_from_environment() -> FastAPI:

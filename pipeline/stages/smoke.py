@@ -195,7 +195,9 @@ def serve_and_smoke(model_dir: str | Path, bodies: list[dict[str, Any]], timeout
 
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    command = [sys.executable, "-m", "pipeline.cli", "serve", "--model", str(model_dir), "--port", str(port)]
+    # The smoke test's requests are not traffic: they stay out of the inference log (and so out of drift and harvest).
+    command = [sys.executable, "-m", "pipeline.cli", "serve", "--model", str(model_dir), "--port", str(port),
+               "--no-inference-log"]  # fmt: skip
     with tempfile.TemporaryFile("w+") as log:  # a file, not a pipe: a chatty server can never block on it
         server = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=log, text=True)
         try:

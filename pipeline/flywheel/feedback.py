@@ -1,0 +1,174 @@
+"""Outcomes sent back for logged decisions: `POST /v1/feedback` and `decision feedback import FILE`.
+
+An item is `{"decision_id": ID, "gold": {question_id: label or {label, probabilities}}}`; a body is one item or a
+list of them. Each gold entry is checked with the training rows' contract (`contract.judge_gold`) against the
+question as it was asked: an unknown question, a label that is not an option or probabilities that are not a
+distribution are refused by name. Only the owner of the key that made a decision (or an admin key) may label
+it. A request is stored whole or not at all, and a re-sent (decision, question) replaces the earlier label.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from pipeline.data.contract import judge_gold, parse_question
+from pipeline.flywheel.table import Store, utc_now
+
+IMPORTER = "import"
+MAX_ITEMS = 10_000
+
+
+@dataclass(frozen=True)
+class Labeller:
+    """Who sends feedback: a key's owner, whether that key is an admin's, and whether the server is open."""
+
+    owner: str | None
+    admin: bool = False
+    open_server: bool = False
+
+    def may_label(self, decision_owner: str | None) -> bool:
+        if self.admin or self.open_server:
+            return True
+        return self.owner is not None and self.owner == decision_owner
+
+
+class FeedbackRefused(ValueError):
+    """Nothing was stored: `status` (403, 404 or 422) and one error per problem, each naming where it is."""
+
+    def __init__(self, status: int, errors: list[dict[str, Any]]) -> None:
+        super().__init__("; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in errors))
+        self.status, self.errors = status, errors
+
+
+def parse_items(body: Any) -> list[dict[str, Any]]:
+    """The items of a feedback body (one object or a list), each with a decision_id and a non-empty gold."""
+    items = body if isinstance(body, list) else [body]
+    errors = []
+    if not items:
+        errors.append(_error(["body"], "no feedback items"))
+    if len(items) > MAX_ITEMS:
+        raise FeedbackRefused(422, [_error(["body"], f"{len(items)} items, at most {MAX_ITEMS} per request")])
+    for i, item in enumerate(items):
+        where = ["body", i] if isinstance(body, list) else ["body"]
+        if not isinstance(item, dict):
+            errors.append(_error(where, 'expected {"decision_id": ..., "gold": {question_id: label}}'))
+            continue
+        if not isinstance(item.get("decision_id"), str) or not item["decision_id"]:
+            errors.append(_error([*where, "decision_id"], "a decision id (a string) is required"))
+        gold = item.get("gold")
+        if not isinstance(gold, dict) or not gold:
+            errors.append(_error([*where, "gold"], "gold must be an object {question_id: label or {label, probabilities}}"))  # fmt: skip
+    if errors:
+        raise FeedbackRefused(422, errors)
+    return items
+
+
+def check_feedback(items: list[dict[str, Any]], logged: dict[str, dict[str, Any]], who: Labeller,
+                   labelled_by: str | None = None) -> list[dict[str, Any]]:  # fmt: skip
+    """The feedback rows to store, or FeedbackRefused naming every problem (403 before 404 before 422).
+
+    `logged` maps decision ids to their inference-table rows (as `Store.decisions` returns them).
+    """
+    forbidden, unknown, invalid, rows = [], [], [], []
+    now = utc_now()
+    for i, item in enumerate(items):
+        where = ["body", i] if len(items) > 1 else ["body"]
+        decision = logged.get(item["decision_id"])
+        if decision is None:
+            unknown.append(_error([*where, "decision_id"], f"no logged decision {item['decision_id']!r} (unknown, "
+                                  "not logged under sampling, or written to another inference log)"))  # fmt: skip
+            continue
+        if not who.may_label(decision["owner"]):
+            forbidden.append(_error([*where, "decision_id"], f"decision {item['decision_id']!r} was made with "
+                                    "another key: only its owner's keys or an admin key may label it"))  # fmt: skip
+            continue
+        questions = orjson.loads(decision["questions"])
+        for qid, entry in item["gold"].items():
+            problem = gold_problem(questions, qid, entry)
+            if problem:
+                invalid.append(_error([*where, "gold", qid], problem))
+                continue
+            rows.append({"decision_id": item["decision_id"], "question_id": qid, "gold": _json(entry),
+                         "labelled_by": labelled_by if labelled_by is not None else who.owner, "time": now})  # fmt: skip
+    for status, errors in ((403, forbidden), (404, unknown), (422, invalid)):
+        if errors:
+            raise FeedbackRefused(status, forbidden + unknown + invalid)
+    return rows
+
+
+def gold_problem(questions: dict[str, Any], qid: str, entry: Any) -> str | None:
+    """Why a gold entry does not fit the question as it was asked, or None."""
+    if qid not in questions:
+        return f"the decision asked no question {qid!r} (it asked: {', '.join(map(repr, questions))})"
+    spec = parse_question(qid, questions[qid])
+    if spec.question is None:
+        return f"question {qid!r} cannot take gold"
+    label_ok, probabilities_ok, _ = judge_gold(spec, entry)
+    options = ", ".join(map(repr, spec.question.options))
+    if not label_ok:
+        shown = entry.get("label") if isinstance(entry, dict) else entry
+        return f"{shown!r} is not an option of {qid!r} (options: {options})"
+    if not probabilities_ok:
+        return f"probabilities must give each option of {qid!r} ({options}) a value in [0, 1], summing to 1"
+    return None
+
+
+def store_feedback(store: Store, items: list[dict[str, Any]], who: Labeller, labelled_by: str | None = None,
+                   flush: Callable[[], Any] | None = None) -> int:  # fmt: skip
+    """Check `items` against the logged decisions and store them whole; how many labels were stored.
+
+    `flush` writes decisions the server answered but has not written yet, so a decision labelled the moment it
+    was answered is found.
+    """
+    ids = {item["decision_id"] for item in items}
+    logged = _logged(store, ids)
+    if flush is not None and len(logged) < len(ids):
+        flush()
+        logged = _logged(store, ids)
+    rows = check_feedback(items, logged, who, labelled_by)
+    store.append("feedback", rows)
+    return len(rows)
+
+
+def _logged(store: Store, ids: set[str]) -> dict[str, dict[str, Any]]:
+    return {row["decision_id"]: row for row in store.decisions(ids=ids).to_pylist()}
+
+
+def read_feedback_file(path: str | Path) -> list[dict[str, Any]]:
+    """Items from a labelled file: JSONL of items (or of {decision_id, question, label}), or a CSV with
+    decision_id, question and label columns (what `decision review` writes; rows with no label are skipped)."""
+    path = Path(path)
+    if path.suffix.lower() == ".csv":
+        with path.open(newline="") as handle:
+            return _grouped(csv.DictReader(handle))
+    lines = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    flat = [line for line in lines if isinstance(line, dict) and "gold" not in line]
+    return [line for line in lines if not (isinstance(line, dict) and "gold" not in line)] + _grouped(flat)
+
+
+def _grouped(rows: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Flat (decision_id, question, label) rows as items, one per decision; unlabelled rows skipped."""
+    items: dict[str, dict[str, Any]] = {}
+    for row in rows:
+        label = row.get("label")
+        if label is None or (isinstance(label, str) and not label.strip()):
+            continue
+        question = row.get("question") or row.get("question_id")
+        items.setdefault(str(row.get("decision_id") or ""), {"decision_id": str(row.get("decision_id") or ""),
+                                                            "gold": {}})["gold"][str(question)] = label  # fmt: skip
+    return list(items.values())
+
+
+def _error(loc: list[Any], message: str) -> dict[str, Any]:
+    return {"loc": loc, "msg": message, "type": "value_error"}
+
+
+def _json(value: Any) -> str:
+    return orjson.dumps(value).decode()

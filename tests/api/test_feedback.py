@@ -1,0 +1,136 @@
+"""`POST /v1/feedback`: outcomes for logged decisions, checked with the training rows' contract, by the key that
+made the decision (or an admin key), stored whole or not at all, idempotent per (decision, question)."""
+
+import json
+
+import pytest
+from fastapi.testclient import TestClient
+
+from pipeline.flywheel.feedback import read_feedback_file
+from pipeline.flywheel.log import LogConfig
+from pipeline.flywheel.table import open_store
+from pipeline.serving.catalog import Catalog
+from pipeline.serving.keys import KeyStore, hash_key
+from pipeline.serving.server import ServerConfig, create_app
+from tests.api.conftest import QUESTIONS, wait_ready
+
+KEYS = KeyStore(
+    {hash_key("alice-key"): "alice", hash_key("bob-key"): "bob", hash_key("ops-key"): "ops"},
+    frozenset({hash_key("ops-key")}),
+)
+
+
+@pytest.fixture()
+def api(served_folder, tmp_path):
+    app = create_app(Catalog(str(served_folder)), KEYS, ServerConfig(),
+                     log_config=LogConfig(str(tmp_path / "inference"), flush_s=30))  # fmt: skip
+    with TestClient(app) as client:
+        yield wait_ready(client)
+
+
+def bearer(key):
+    return {"Authorization": f"Bearer {key}"} if key else {}
+
+
+def decide(api, key="alice-key") -> str:
+    response = api.post("/v1/systemone", json={"state": "late", "questions": QUESTIONS}, headers=bearer(key))
+    return response.json()["decision_id"]
+
+
+def send(api, body, key="alice-key"):
+    return api.post("/v1/feedback", json=body, headers=bearer(key))
+
+
+def stored(tmp_path) -> list[dict]:
+    return open_store(tmp_path / "inference").feedback().to_pylist()
+
+
+def test_a_label_sent_at_once_is_stored_even_before_the_decision_was_flushed(api, tmp_path):
+    decision_id = decide(api)  # the log flushes every 30 s: the feedback handler must flush it first
+    gold = {"tone": "negative", "intensity": 2, "positive": {"label": "false", "probabilities": [0.9, 0.1]}}
+    response = send(api, {"decision_id": decision_id, "gold": gold})
+    assert response.status_code == 200, response.text
+    assert response.json() == {"stored": 3, "decisions": 1}
+    rows = {row["question_id"]: row for row in stored(tmp_path)}
+    assert {q: json.loads(r["gold"]) for q, r in rows.items()} == gold
+    assert {r["labelled_by"] for r in rows.values()} == {"alice"}
+
+
+def test_a_resent_label_replaces_the_earlier_one(api, tmp_path):
+    decision_id = decide(api)
+    for label in ("negative", "positive", "neutral"):
+        assert send(api, {"decision_id": decision_id, "gold": {"tone": label}}).status_code == 200
+    (row,) = stored(tmp_path)
+    assert json.loads(row["gold"]) == "neutral"
+
+
+def test_many_items_in_one_request(api, tmp_path):
+    ids = [decide(api) for _ in range(3)]
+    body = [{"decision_id": i, "gold": {"tone": "positive"}} for i in ids]
+    assert send(api, body).json() == {"stored": 3, "decisions": 3}
+    assert {r["decision_id"] for r in stored(tmp_path)} == set(ids)
+
+
+def test_only_the_deciding_key_or_an_admin_may_label(api, tmp_path):
+    decision_id = decide(api, "alice-key")
+    body = {"decision_id": decision_id, "gold": {"tone": "negative"}}
+    refused = send(api, body, "bob-key")
+    assert refused.status_code == 403 and "another key" in refused.json()["detail"]["message"]
+    assert send(api, body, None).status_code == 401
+    assert send(api, body, "ops-key").status_code == 200
+    assert [r["labelled_by"] for r in stored(tmp_path)] == ["ops"]
+    keyless = decide(api, None)  # a keyless decision on a keyed server: only an admin may label it
+    assert send(api, {"decision_id": keyless, "gold": {"tone": "negative"}}, "alice-key").status_code == 403
+    assert send(api, {"decision_id": keyless, "gold": {"tone": "negative"}}, "ops-key").status_code == 200
+
+
+@pytest.mark.parametrize(
+    ("gold", "named"),
+    [
+        ({"mood": "negative"}, "asked no question 'mood'"),
+        ({"tone": "furious"}, "'furious' is not an option of 'tone'"),
+        ({"intensity": 7}, "7 is not an option of 'intensity'"),
+        ({"positive": "maybe"}, "'maybe' is not an option of 'positive'"),
+        ({"tone": {"label": "negative", "probabilities": [0.5, 0.9, 0.1]}}, "summing to 1"),
+    ],
+)
+def test_gold_that_does_not_fit_the_question_is_a_422_naming_it(api, tmp_path, gold, named):
+    decision_id = decide(api)
+    refused = send(api, {"decision_id": decision_id, "gold": gold})
+    assert refused.status_code == 422
+    (error,) = refused.json()["detail"]
+    assert named in error["msg"] and error["loc"][-1] == next(iter(gold))
+    assert stored(tmp_path) == []
+
+
+def test_one_bad_item_stores_nothing_and_every_problem_is_named(api, tmp_path):
+    good, other = decide(api), decide(api)
+    body = [{"decision_id": good, "gold": {"tone": "negative"}},
+            {"decision_id": other, "gold": {"tone": "furious"}},
+            {"decision_id": "no-such-decision", "gold": {"tone": "negative"}}]  # fmt: skip
+    refused = send(api, body)
+    assert refused.status_code == 404
+    message = refused.json()["detail"]["message"]
+    assert "no-such-decision" in message and "furious" in message
+    assert stored(tmp_path) == []
+
+
+@pytest.mark.parametrize(
+    "body",
+    [{}, {"decision_id": "x"}, {"decision_id": "x", "gold": {}}, {"decision_id": "", "gold": {"a": 1}},
+     {"decision_id": 3, "gold": {"tone": "negative"}}, [], "text", [{"decision_id": "x", "gold": "negative"}]],
+)  # fmt: skip
+def test_malformed_bodies_are_a_422(api, body):
+    assert send(api, body).status_code == 422
+
+
+def test_the_feedback_file_forms_read_back_as_items(tmp_path):
+    jsonl = tmp_path / "labels.jsonl"
+    jsonl.write_text('{"decision_id": "a", "gold": {"tone": "negative"}}\n'
+                     '{"decision_id": "b", "question": "tone", "label": "positive"}\n'
+                     '{"decision_id": "b", "question": "intensity", "label": 2}\n')  # fmt: skip
+    csv = tmp_path / "labels.csv"
+    csv.write_text("decision_id,question,label,state\nc,tone,neutral,late\nd,tone,,not labelled yet\n")
+    assert read_feedback_file(jsonl) == [{"decision_id": "a", "gold": {"tone": "negative"}},
+                                         {"decision_id": "b", "gold": {"tone": "positive", "intensity": 2}}]  # fmt: skip
+    assert read_feedback_file(csv) == [{"decision_id": "c", "gold": {"tone": "neutral"}}]

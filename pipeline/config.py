@@ -359,6 +359,26 @@ class PromoteConfig:
             raise ConfigError(f"promote.max_accuracy_drop: must lie in [0, 1], got {self.max_accuracy_drop}")
 
 
+@section("flywheel")
+class FlywheelConfig:
+    """The loop from served decisions back to training (docs/flywheel.md): where they are logged, and when a
+    harvest starts a retrain. Not part of a run's idempotency key: it changes no model."""
+
+    inference: str = "inference"
+    """The inference log `decision serve` writes and harvest reads: a folder, or a postgresql:// URL."""
+    retrain_after_rows: int = 100
+    """A harvest that adds at least this many rows emits `decision.harvest.ready`; the retrain automation
+    (`python -m flows.flywheel_automations`) runs the retrain deployment on it."""
+
+    def __post_init__(self) -> None:
+        if self.retrain_after_rows < 1:
+            raise ConfigError(f"flywheel.retrain_after_rows: must be >= 1, got {self.retrain_after_rows}")
+
+
+UNKEYED_SECTIONS = ("flywheel",)
+"""Sections that change no model, left out of the idempotency key (`lineage.keyed_sections`)."""
+
+
 @dataclass(frozen=True)
 class Params:
     """Every section of `params.yaml` as its config dataclass (`load_params`)."""
@@ -369,6 +389,7 @@ class Params:
     train: TrainConfig = field(default_factory=TrainConfig)
     retrain: RetrainConfig = field(default_factory=RetrainConfig)
     promote: PromoteConfig = field(default_factory=PromoteConfig)
+    flywheel: FlywheelConfig = field(default_factory=FlywheelConfig)
 
     def sections(self) -> dict[str, dict[str, Any]]:
         """{section: {key: value}}, as params.yaml spells them (MLflow params, the idempotency key)."""

@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from pipeline.config import Params, TrainConfig
+from pipeline.config import UNKEYED_SECTIONS, Params, TrainConfig
 from pipeline.data.mapping import mapping_content
 from pipeline.data.pins import current_md5, data_revision
 
@@ -84,7 +84,7 @@ def idempotency_key(
 def keyed_sections(params: Params) -> dict[str, Any]:
     """Every params section as the idempotency key reads it: a mapping file's path replaced by what the file says,
     so an edited mapping (new decision rows from the same table) makes a new run."""
-    sections = params.sections()
+    sections = {name: values for name, values in params.sections().items() if name not in UNKEYED_SECTIONS}
     if isinstance(params.validate.mapping, str):
         sections["validate"]["mapping"] = mapping_content(params.validate.mapping)
     return sections

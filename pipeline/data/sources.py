@@ -37,6 +37,8 @@ from pipeline.data.shards import (
 )
 
 HUB_PREFIX = "hf:"
+# Where a harvested row came from (`pipeline.flywheel.harvest`): shards may have them or not; training never reads them.
+PROVENANCE_COLUMNS = ("decision_id", "decided_at", "decided_by")
 DEFAULT_SPLIT = "train"
 _GLOB_CHARS = set("*?[")
 _SHARD_FORMATS = {**{s: "jsonl" for s in JSONL_SUFFIXES}, **{s: "parquet" for s in PARQUET_SUFFIXES}}
@@ -198,7 +200,8 @@ def _glob_root(text: str) -> Path:
 
 
 def _check_schemas(source: Source) -> None:
-    """Every shard has the first shard's columns and types (JSONL lines are checked row by row later)."""
+    """Every shard has the first shard's columns and types (JSONL lines are checked row by row later), but for
+    the provenance columns a harvested shard adds (`PROVENANCE_COLUMNS`), which training never reads."""
     if len(source.shards) < 2 or source.fmt == "jsonl":
         return
     first = _signature(source.shards[0].schema())
@@ -210,7 +213,7 @@ def _check_schemas(source: Source) -> None:
 
 
 def _signature(schema: pa.Schema) -> dict[str, str]:
-    return {field.name: str(field.type) for field in schema}
+    return {field.name: str(field.type) for field in schema if field.name not in PROVENANCE_COLUMNS}
 
 
 def _difference(first: dict[str, str], other: dict[str, str]) -> str:

@@ -323,3 +323,22 @@ def _log_artifacts(record: TrainingRecord) -> None:
     manifest = Path(record.export_dir) / "manifest.json"
     if manifest.is_file():
         mlflow.log_artifact(str(manifest), "export")
+
+
+HARVEST_EXPERIMENT = "harvest"
+
+
+def log_harvest(summary: dict[str, Any], decision_ids: list[str]) -> str:
+    """One run in the `harvest` experiment: the data set and its revisions, the counts, the date range and the
+    model versions the rows came from as params and metrics, and every harvested decision id as an artifact."""
+    experiment = ensure_experiment(HARVEST_EXPERIMENT)
+    run = client().create_run(experiment, run_name=f"harvest-{(summary.get('revision') or 'none')[:8]}",
+                              tags={"dataset": summary["dataset"], "models": ",".join(summary["models"])})  # fmt: skip
+    params = {k: summary[k] for k in ("dataset", "revision", "previous_revision", "shard", "first_decision",
+                                      "last_decision", "committed") if summary.get(k) is not None}  # fmt: skip
+    metrics = {k: summary[k] for k in ("rows", "labels", "heldout", "already_harvested", "not_logged")}
+    metrics |= {f"skipped_{reason}": n for reason, n in summary["skipped"].items()}
+    log_values(run.info.run_id, params | {"models": ",".join(summary["models"]) or "-"}, metrics)
+    client().log_text(run.info.run_id, "".join(f"{i}\n" for i in decision_ids), "harvest/decision_ids.txt")
+    client().set_terminated(run.info.run_id)
+    return run.info.run_id

@@ -1,0 +1,97 @@
+"""The `harvest` Prefect flow: labelled served decisions become a new, pinned revision of a run's data set.
+
+One task runs the harvest stage (`pipeline.stages.harvest`): feedback joined to the inference log, rows
+validated with reasons, one new shard, `dvc add`, a git commit of the pin. MLflow records the revision, the
+counts, the date range, the model versions the rows came from and every decision id (experiment `harvest`);
+the flow run gets a markdown artifact. A harvest of at least `flywheel.retrain_after_rows` new rows emits the
+Prefect event `decision.harvest.ready`, which the retrain automation (`flows/flywheel_automations.py`) answers by
+running the retrain deployment. Two harvests of one data set never interleave: the second waits for the first.
+
+    python -m flows.harvest --run-config tickets             # into the data set configs/tickets.yaml trains on
+    python -m flows.harvest --run-config tickets --inference postgresql://...  --json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from prefect import flow, task
+from prefect.artifacts import create_markdown_artifact
+from prefect.events import emit_event
+
+from pipeline.config import ConfigError, load_params
+from pipeline.data.read import UnreadableInput
+from pipeline.flywheel.harvest import HarvestRefused
+from pipeline.mlops.tracking import log_harvest
+from pipeline.stages.harvest import HarvestResult, harvest
+
+READY_EVENT = "decision.harvest.ready"
+
+
+@task(name="harvest")
+def harvest_task(
+    inference: str, dataset: str, params_file: str, run_config: str | None, commit: bool
+) -> HarvestResult:
+    return harvest(inference, dataset, load_params(params_file, run_config).validate, commit=commit)
+
+
+@task(name="record-harvest")
+def record(result: HarvestResult) -> str:
+    return log_harvest(result.to_dict(), list(result.decision_ids))
+
+
+@flow(name="harvest", log_prints=True)
+def harvest_flow(params_file: str = "params.yaml", run_config: str | None = None, inference: str | None = None,
+                 dataset: str | None = None, commit: bool = True) -> dict[str, Any]:  # fmt: skip
+    """Harvest the labelled decisions of `inference` (default `flywheel.inference`) into `dataset` (default the
+    run's `retrain.data`). Returns the summary; `mlflow_run_id` names the harvest's MLflow run."""
+    params = load_params(params_file, run_config)
+    inference = inference or params.flywheel.inference
+    dataset = dataset or params.retrain.data
+    result = harvest_task(inference, dataset, params_file, run_config, commit)
+    print(result.line())
+    summary = result.to_dict() | {"mlflow_run_id": record(result) if result.rows else None, "ready": False}
+    if result.rows >= params.flywheel.retrain_after_rows:
+        emit_event(READY_EVENT, resource={"prefect.resource.id": f"decision.dataset.{dataset}"},
+                   payload={"rows": result.rows, "revision": result.revision, "run_config": run_config})  # fmt: skip
+        summary["ready"] = True
+    create_markdown_artifact(_markdown(summary), key="harvest", description=result.line())
+    return summary
+
+
+def _markdown(summary: dict[str, Any]) -> str:
+    rows = "\n".join(f"| {k} | {v} |" for k, v in summary.items() if k != "skipped")
+    skipped = ", ".join(f"{r}: {n}" for r, n in summary["skipped"].items()) or "none"
+    return f"# Harvest\n\n| | |\n|---|---|\n{rows}\n\nSkipped by reason: {skipped}\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m flows.harvest", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    parser.add_argument("--params", default="params.yaml")
+    parser.add_argument("--run-config", metavar="NAME", help="configs/NAME.yaml: its data set is the target")
+    parser.add_argument(
+        "--inference", metavar="DIR|URL", help="the inference log (default: flywheel.inference)"
+    )
+    parser.add_argument("--dataset", help="the folder of shards to add to (default: the run's retrain.data)")
+    parser.add_argument("--no-commit", action="store_true", help="pin with DVC but make no git commit")
+    parser.add_argument("--json", action="store_true", help="print the summary as one JSON object")
+    args = parser.parse_args(argv)
+    try:
+        summary = harvest_flow(args.params, args.run_config, args.inference, args.dataset, not args.no_commit)
+    except (
+        HarvestRefused,
+        UnreadableInput,
+        ConfigError,
+    ) as error:  # the data set or config, named; nothing written
+        print(f"harvest: {error}", file=sys.stderr)
+        return 2
+    print(json.dumps(summary) if args.json else f"{summary['rows']} rows harvested into {summary['dataset']}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,128 @@
+"""The `decision` subcommands of the flywheel (docs/flywheel.md): `feedback import`, `review` and `harvest`.
+
+decision review --model decision-model --top 50 --out review.csv         # the least sure, to label
+decision feedback import review.csv                                    # the labelled file back
+decision harvest --run-config tickets                                  # the `harvest` flow: a new data revision
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from pipeline.cli.registry import launch_flow
+
+EXIT_OK, EXIT_REFUSED = 0, 2
+INFERENCE_HELP = (
+    "the inference log: a folder or postgresql:// URL (default: params.yaml's flywheel.inference)"
+)
+
+
+def _inference(args: argparse.Namespace) -> str:
+    from pipeline.config import load_params
+
+    return args.inference or load_params(args.params).flywheel.inference
+
+
+def _feedback_import(args: argparse.Namespace) -> int:
+    from pipeline.flywheel.feedback import (
+        IMPORTER,
+        FeedbackRefused,
+        Labeller,
+        parse_items,
+        read_feedback_file,
+        store_feedback,
+    )
+    from pipeline.flywheel.table import open_store
+
+    try:
+        items = parse_items(read_feedback_file(args.file))
+        stored = store_feedback(open_store(_inference(args)), items, Labeller(None, admin=True), IMPORTER)
+    except FeedbackRefused as error:
+        print(f"decision feedback import: nothing stored ({error.status}): {error}", file=sys.stderr)
+        return EXIT_REFUSED
+    except (OSError, ValueError) as error:  # no such file, a line that is not JSON
+        print(f"decision feedback import: {args.file}: {error}", file=sys.stderr)
+        return EXIT_REFUSED
+    result = {"file": args.file, "decisions": len(items), "stored": stored}
+    print(json.dumps(result) if args.json else f"{stored} labels for {len(items)} decisions stored")
+    return EXIT_OK
+
+
+def _review(args: argparse.Namespace) -> int:
+    from pipeline.flywheel.review import review_queue, write_queue
+    from pipeline.flywheel.table import open_store
+
+    items = review_queue(open_store(_inference(args)), args.model, args.top, args.order, args.alpha)
+    if not items:
+        print(f"decision review: no unlabelled logged decisions of {args.model}", file=sys.stderr)
+        return EXIT_OK
+    out = write_queue(items, args.out)
+    sets = (
+        "no conformal sets (fewer than 30 labelled answers)"
+        if items[0].set_size is None
+        else "conformal sets"
+    )
+    print(f"{len(items)} answers to label in {out} (least sure first by {args.order}; {sets}); "
+          f"label them, then: decision feedback import {out}")  # fmt: skip
+    return EXIT_OK
+
+
+def _harvest(args: argparse.Namespace) -> int:
+    command = ["--params", args.params] + (["--run-config", args.run_config] if args.run_config else [])
+    command += ["--inference", args.inference] if args.inference else []
+    command += ["--dataset", args.dataset] if args.dataset else []
+    return launch_flow("flows.harvest", command + (["--json"] if args.json else []), args.quiet)
+
+
+def add_flywheel_commands(commands) -> None:
+    """Register feedback, review and harvest on the `decision` subparsers."""
+    feedback = commands.add_parser(
+        "feedback", help="outcomes for logged decisions (POST /v1/feedback, or a file)"
+    )
+    actions = feedback.add_subparsers(dest="action", required=True, metavar="ACTION")
+    importing = actions.add_parser(
+        "import", help="store a labelled JSONL or CSV file",
+        description="Store labels for logged decisions from FILE: JSONL of {decision_id, gold: {question: label}} "
+                    "or of {decision_id, question, label}, or a CSV with decision_id, question and label columns "
+                    "(what `decision review` writes; rows with no label are skipped). Checked as the API checks "
+                    "feedback; stored whole or not at all (exit 2 naming every problem).",
+    )  # fmt: skip
+    importing.add_argument("file")
+    importing.add_argument("--inference", metavar="DIR|URL", help=INFERENCE_HELP)
+    importing.add_argument("--params", default="params.yaml")
+    importing.add_argument("--json", action="store_true")
+    importing.set_defaults(handler=_feedback_import)
+
+    review = commands.add_parser(
+        "review", help="the logged decisions a model was least sure of, as a file to label",
+        description="List the answered questions of MODEL's logged decisions that have no feedback yet, least sure "
+                    "first: margin (top probability minus the runner-up), entropy, and the size of a split-conformal "
+                    "prediction set once 30 answers are labelled. Writes JSONL, or CSV for a .csv name.",
+    )  # fmt: skip
+    review.add_argument("--model", required=True, help="a model name (every version) or NAME/VERSION")
+    review.add_argument("--top", type=int, default=50, help="how many answers (default 50)")
+    review.add_argument("--order", choices=["margin", "entropy", "set_size"], default="margin")
+    review.add_argument(
+        "--alpha", type=float, default=0.1, help="the conformal sets' miss rate (default 0.1)"
+    )
+    review.add_argument("--out", default="review.jsonl", help="the file to write (.jsonl or .csv)")
+    review.add_argument("--inference", metavar="DIR|URL", help=INFERENCE_HELP)
+    review.add_argument("--params", default="params.yaml")
+    review.set_defaults(handler=_review)
+
+    harvest = commands.add_parser(
+        "harvest", help="labelled decisions into a new pinned revision of the run's data set (the harvest flow)",
+        description="Run the Prefect flow `harvest`: join feedback to the inference log, validate the rows, write "
+                    "one new shard into the data set, pin it (dvc add, a git commit), record it in MLflow.",
+    )  # fmt: skip
+    harvest.add_argument(
+        "--run-config", metavar="NAME", help="configs/NAME.yaml: its retrain.data is the target"
+    )
+    harvest.add_argument("--dataset", help="a folder of shards (default: the run's retrain.data)")
+    harvest.add_argument("--inference", metavar="DIR|URL", help=INFERENCE_HELP)
+    harvest.add_argument("--params", default="params.yaml")
+    harvest.add_argument("--json", action="store_true")
+    harvest.add_argument("-q", "--quiet", action="store_true")
+    harvest.set_defaults(handler=_harvest)

@@ -1,0 +1,129 @@
+"""The review queue: the logged decisions a model was least sure of, not yet labelled, as a file to label.
+
+Per answered question: the margin (top probability minus the runner-up; a noul's |2p - 1|), the entropy of its
+distribution, and the size of its split-conformal prediction set. The conformal threshold comes from the
+decisions of the same model that already have feedback (nonconformity 1 - P(gold), the quantile at 1 - alpha),
+which is valid where those labels came from ordinary traffic; with fewer than `MIN_CALIBRATION` labels there is no
+set. Ranked by margin (smallest first), ties by entropy. The file (JSONL or CSV) has one row per question with an
+empty `label` column; `decision feedback import` reads it back once labelled.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import orjson
+
+from pipeline.data.answers import answer_probabilities
+from pipeline.data.contract import judge_gold, parse_question
+from pipeline.flywheel.table import Store
+from pipeline.scoring.conformal import conformal_threshold, prediction_set
+
+MIN_CALIBRATION = 30
+ORDERS = ("margin", "entropy", "set_size")
+
+
+@dataclass(frozen=True)
+class ReviewItem:
+    decision_id: str
+    question: str
+    model: str
+    time: str
+    state: Any
+    options: list[str]
+    answer: str
+    margin: float
+    entropy: float
+    set_size: int | None
+
+    def row(self) -> dict[str, Any]:
+        return {**self.__dict__, "label": ""}
+
+
+def review_queue(
+    store: Store, model: str, top: int, order: str = "margin", alpha: float = 0.1
+) -> list[ReviewItem]:
+    """The `top` least sure answered questions of `model` (a name, or NAME/VERSION) without feedback yet."""
+    if order not in ORDERS:
+        raise ValueError(f"order must be one of {', '.join(ORDERS)}, got {order!r}")
+    decisions = [row for row in store.decisions().to_pylist() if _is_model(row["model"], model)]
+    labelled = {(r["decision_id"], r["question_id"]): r["gold"] for r in store.feedback().to_pylist()}
+    threshold = _threshold(decisions, labelled, alpha)
+    items = [item for row in decisions for item in _items(row, threshold)
+             if (item.decision_id, item.question) not in labelled]  # fmt: skip
+    if order == "set_size":
+        items.sort(key=lambda it: (-(it.set_size or 0), it.margin))
+    elif order == "entropy":
+        items.sort(key=lambda it: (-it.entropy, it.margin))
+    else:
+        items.sort(key=lambda it: (it.margin, -it.entropy))
+    return items[:top]
+
+
+def write_queue(items: list[ReviewItem], out: str | Path) -> Path:
+    """JSONL (one object per line) or, for a .csv name, CSV with the state as JSON text."""
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    rows = [item.row() for item in items]
+    if out.suffix.lower() == ".csv":
+        with out.open("w", newline="") as handle:
+            writer = csv.DictWriter(handle, fieldnames=[*ReviewItem.__dataclass_fields__, "label"])
+            writer.writeheader()
+            for row in rows:
+                writer.writerow({**row, "state": _text(row["state"]), "options": "|".join(row["options"])})
+        return out
+    out.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return out
+
+
+def _is_model(logged: str, wanted: str) -> bool:
+    return logged == wanted or logged.startswith(wanted + "/")
+
+
+def _items(row: dict[str, Any], threshold: float | None) -> list[ReviewItem]:
+    questions, answers = orjson.loads(row["questions"]), orjson.loads(row["answers"])
+    state = orjson.loads(row["state"])
+    items = []
+    for qid, answer in answers.items():
+        spec = parse_question(qid, questions.get(qid))
+        if spec.question is None:
+            continue
+        p = np.asarray(answer_probabilities(answer), dtype=float)
+        top2 = np.sort(p)[-2:] if len(p) > 1 else np.array([0.0, p[0]])
+        set_size = None if threshold is None else len(prediction_set(p, threshold))
+        items.append(ReviewItem(row["decision_id"], qid, row["model"], row["time"].isoformat(), state,
+                                list(spec.question.options), spec.question.options[int(p.argmax())],
+                                float(top2[1] - top2[0]), _entropy(p), set_size))  # fmt: skip
+    return items
+
+
+def _threshold(
+    decisions: list[dict[str, Any]], labelled: dict[tuple[str, str], str], alpha: float
+) -> float | None:
+    """The split-conformal threshold from this model's labelled answers, None with too few of them."""
+    scores = []
+    for row in decisions:
+        questions, answers = orjson.loads(row["questions"]), orjson.loads(row["answers"])
+        for qid, answer in answers.items():
+            gold = labelled.get((row["decision_id"], qid))
+            spec = parse_question(qid, questions.get(qid))
+            if gold is None or spec.question is None:
+                continue
+            ok, _, judged = judge_gold(spec, orjson.loads(gold))
+            if ok and judged is not None:
+                scores.append(1.0 - answer_probabilities(answer)[judged.label])
+    return conformal_threshold(np.asarray(scores), alpha) if len(scores) >= MIN_CALIBRATION else None
+
+
+def _entropy(p: np.ndarray) -> float:
+    q = p[p > 0]
+    return float(-(q * np.log(q)).sum())
+
+
+def _text(value: Any) -> str:
+    return value if isinstance(value, str) else json.dumps(value)

@@ -1,0 +1,129 @@
+"""The harvest stage: labelled served decisions become a new, pinned revision of a data set.
+
+Feedback is joined to the inference log (`flywheel.harvest.labelled_rows`), the rows are validated with the
+training contract (unusable ones counted by reason and left out), and the usable ones become one new shard of
+the data set (a folder of Parquet or JSONL shards). The folder is then pinned again (`dvc add`), and where the
+project is a git repository the new pin is committed, so the revision a retrain reads names these rows. The
+held-out rule (content hash and ledger, `data.split`) decides which new rows are held out; the result counts them.
+
+    harvest("inference", "data/tickets", params.validate)   # -> HarvestResult(rows=180, revision=...)
+"""
+
+from __future__ import annotations
+
+import subprocess
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pipeline.config import ValidateConfig
+from pipeline.data.pins import data_revision
+from pipeline.data.sources import open_source
+from pipeline.data.split import SplitData, TrainSource
+from pipeline.data.validate import validate_rows
+from pipeline.flywheel.harvest import (
+    HarvestRefused,
+    harvest_lock,
+    harvest_target,
+    harvested_ids,
+    labelled_rows,
+    write_shard,
+)
+from pipeline.flywheel.table import open_store
+from pipeline.stages.snapshot import pin_folder
+
+
+@dataclass(frozen=True)
+class HarvestResult:
+    dataset: str
+    rows: int
+    """New decision rows written (0: nothing new, and no new revision)."""
+    labels: int
+    """Labelled decisions (questions) in them."""
+    skipped: dict[str, int] = field(default_factory=dict)
+    """Unusable labelled decisions left out, by reason code."""
+    already_harvested: int = 0
+    not_logged: int = 0
+    heldout: int = 0
+    """New rows the held-out rule holds out (scored by the gate, never trained on)."""
+    shard: str | None = None
+    revision: str | None = None
+    previous_revision: str | None = None
+    pinned_by: str | None = None
+    committed: str | None = None
+    first_decision: str | None = None
+    last_decision: str | None = None
+    models: tuple[str, ...] = ()
+    decision_ids: tuple[str, ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        return {k: v for k, v in asdict(self).items() if k != "decision_ids"} | {"models": list(self.models)}
+
+    def line(self) -> str:
+        if not self.rows:
+            return (f"harvest: nothing new for {self.dataset} ({self.already_harvested} labelled decisions already "
+                    "harvested); its revision is unchanged")  # fmt: skip
+        return (f"harvest: {self.rows} rows ({self.labels} labels, {self.heldout} rows held out) from "
+                f"{', '.join(self.models)} into {self.shard}; {self.dataset} revision "
+                f"{(self.previous_revision or '-')[:8]} -> {(self.revision or '-')[:8]}")  # fmt: skip
+
+
+def harvest(inference: str, dataset: str | Path, split_config: ValidateConfig, commit: bool = True,
+            wait: bool = True) -> HarvestResult:  # fmt: skip
+    """Harvest the labelled decisions of the inference log at `inference` into the data set at `dataset`."""
+    if split_config.mapping is not None:
+        raise HarvestRefused(f"{dataset}: the run maps a plain table to decisions (validate.mapping); harvested "
+                             "rows are decision rows: harvest them into a folder of decision rows instead")  # fmt: skip
+    folder = Path(dataset)
+    with harvest_lock(folder, wait):
+        source = open_source(folder)
+        fmt = harvest_target(source)
+        previous = data_revision(source)
+        labelled = labelled_rows(open_store(inference), harvested_ids(source))
+        checked = validate_rows(labelled.rows)
+        usable = [labelled.rows[r.row] for r in checked.records]
+        base = HarvestResult(str(dataset), 0, 0, dict(checked.report.skipped), labelled.already_harvested,
+                             labelled.not_logged, previous_revision=previous)  # fmt: skip
+        if not usable:
+            return base
+        like = source.schema() if fmt == "parquet" else None
+        shard = write_shard(folder, fmt, usable, like)
+        revision, pinned_by = pin_folder(folder)
+        heldout = _held_out(TrainSource(str(folder), split_config=split_config).validated(), checked.records)
+    committed = _git_commit(folder, pinned_by, f"harvest: {len(usable)} labelled decisions into {folder}") if commit else None  # fmt: skip
+    times = sorted(row["decided_at"] for row in usable)
+    return HarvestResult(
+        str(dataset), len(usable), sum(len(r.decisions) for r in checked.records), dict(checked.report.skipped),
+        labelled.already_harvested, labelled.not_logged, heldout, str(shard), revision or data_revision(folder),
+        previous, pinned_by, committed, times[0], times[-1], tuple(sorted({r["decided_by"] for r in usable})),
+        tuple(row["decision_id"] for row in usable),
+    )  # fmt: skip
+
+
+def _held_out(split: SplitData, new_records) -> int:
+    heldout = {record.content_hash() for record in split.split.heldout}
+    return sum(record.content_hash() in heldout for record in new_records)
+
+
+def _git_commit(folder: Path, pin: str | None, message: str) -> str | None:
+    """Commit the data set's new pin (its .dvc file and the .gitignore DVC keeps), where git tracks the project."""
+    if pin is None:
+        return None
+    root = _git_root(folder)
+    if root is None:
+        return None
+    dvc_root = next(p for p in folder.resolve().parents if (p / ".dvc").is_dir())
+    paths = [str(dvc_root / pin), str(dvc_root / Path(pin).parent / ".gitignore")]
+    paths = [p for p in paths if Path(p).exists()]
+    subprocess.run(["git", "add", "--", *paths], cwd=root, check=True, capture_output=True)
+    done = subprocess.run(["git", "commit", "-q", "-m", message, "--", *paths], cwd=root, capture_output=True, text=True)  # fmt: skip
+    if done.returncode != 0:
+        return None  # nothing to commit, or no git identity: the pin is on disk either way
+    return subprocess.run(
+        ["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True
+    ).stdout.strip()
+
+
+def _git_root(folder: Path) -> Path | None:
+    done = subprocess.run(["git", "rev-parse", "--show-toplevel"], cwd=folder, capture_output=True, text=True)
+    return Path(done.stdout.strip()) if done.returncode == 0 else None

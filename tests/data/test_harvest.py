@@ -1,0 +1,209 @@
+"""Harvest: feedback joined to logged decisions becomes one new pinned shard of a data set (no row twice, no half
+shard, one harvest at a time), and the review queue lists the least sure unlabelled answers."""
+
+import json
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from pipeline.config import ValidateConfig
+from pipeline.data.pins import data_revision
+from pipeline.data.sources import open_source
+from pipeline.data.split import TrainSource
+from pipeline.flywheel.harvest import HarvestRefused, harvest_lock
+from pipeline.flywheel.review import review_queue, write_queue
+from pipeline.flywheel.table import new_decision_id, open_store, utc_now
+from pipeline.stages.harvest import harvest
+from tests.api.conftest import QUESTIONS
+
+TONES = ("negative", "neutral", "positive")
+
+
+def answer(p_negative: float) -> dict:
+    rest = (1 - p_negative) / 2
+    probabilities = {"negative": p_negative, "neutral": rest, "positive": rest}
+    return {"tone": {"type": "choice", "choice": max(probabilities, key=probabilities.get),
+                     "probabilities": probabilities, "confidence": 0.0, "x_top_probability": max(probabilities.values())},
+            "positive": {"type": "noul", "noul": 1 - p_negative, "x_confidence": max(p_negative, 1 - p_negative)}}  # fmt: skip
+
+
+def log_decisions(store, n: int, model="tickets/1", owner="alice") -> list[str]:
+    ids = [new_decision_id() for _ in range(n)]
+    questions = {"tone": QUESTIONS["tone"], "positive": QUESTIONS["positive"]}
+    store.append("decisions", [
+        {"decision_id": i, "time": utc_now(), "model": model, "model_version": model.split("/")[-1], "owner": owner,
+         "state": json.dumps({"text": f"ticket {k} was late", "n": k}), "questions": json.dumps(questions),
+         "answers": json.dumps(answer(0.34 + 0.6 * k / max(n, 1))), "latency_ms": 3.0}
+        for k, i in enumerate(ids)
+    ])  # fmt: skip
+    return ids
+
+
+def label(store, ids, gold=None) -> None:
+    store.append("feedback", [{"decision_id": i, "question_id": "tone", "gold": json.dumps(gold or TONES[k % 3]),
+                               "labelled_by": "alice", "time": utc_now()} for k, i in enumerate(ids)])  # fmt: skip
+
+
+@pytest.fixture()
+def project(tmp_path, monkeypatch):
+    """A git + DVC project with a data set of 60 rows in one Parquet shard, pinned."""
+    monkeypatch.chdir(tmp_path)
+    for command in (["git", "init", "-q"], ["git", "config", "user.email", "t@t"], ["git", "config", "user.name", "t"],
+                    [sys.executable, "-m", "dvc", "init", "-q"]):  # fmt: skip
+        subprocess.run(command, check=True, capture_output=True)
+    folder = tmp_path / "data" / "tickets"
+    folder.mkdir(parents=True)
+    rows = [{"state": json.dumps({"text": f"old ticket {k}"}), "questions": json.dumps({"tone": QUESTIONS["tone"]}),
+             "gold": json.dumps({"tone": TONES[k % 3]})} for k in range(60)]  # fmt: skip
+    pq.write_table(pa.Table.from_pylist(rows), folder / "part-0000.parquet")
+    subprocess.run(
+        [sys.executable, "-m", "dvc", "add", "-q", "data/tickets"], check=True, capture_output=True
+    )
+    return folder
+
+
+def test_labelled_decisions_become_one_new_pinned_and_committed_shard(project, tmp_path):
+    store = open_store(tmp_path / "inference")
+    ids = log_decisions(store, 30)
+    label(store, ids[:20])
+    label(store, [ids[20]], gold="furious")  # not an option: counted by reason, never written
+    before = data_revision(project)
+    result = harvest(str(tmp_path / "inference"), project, ValidateConfig())
+    assert result.rows == 20 and result.labels == 20
+    assert result.skipped == {"gold_label_not_an_option": 1}
+    assert result.previous_revision == before and result.revision == data_revision(project) != before
+    assert result.models == ("tickets/1",) and result.first_decision <= result.last_decision
+    shard = pq.read_table(result.shard)
+    assert set(shard["decision_id"].to_pylist()) == set(ids[:20])
+    assert open_source(project).fmt == "parquet"  # the provenance columns do not break the shards' one schema
+    log = subprocess.run(
+        ["git", "log", "--format=%s", "--", "data/tickets.dvc"], capture_output=True, text=True
+    )
+    assert log.stdout.startswith("harvest: 20 labelled decisions") and result.committed
+    split = TrainSource(str(project), split_config=ValidateConfig()).validated().split
+    assert sum(len(r.decisions) for r in split.every_record()) == 80  # 60 old rows + 20 harvested, each once
+    harvested_heldout = [r for r in split.heldout if isinstance(r.state, dict) and "n" in r.state]
+    assert result.heldout == len(harvested_heldout)
+
+
+def test_a_second_harvest_takes_only_what_is_new(project, tmp_path):
+    store = open_store(tmp_path / "inference")
+    ids = log_decisions(store, 10)
+    label(store, ids[:4])
+    first = harvest(str(tmp_path / "inference"), project, ValidateConfig())
+    again = harvest(str(tmp_path / "inference"), project, ValidateConfig())
+    assert first.rows == 4 and again.rows == 0 and again.already_harvested == 4
+    assert again.revision is None and "nothing new" in again.line()
+    label(store, ids[4:7])
+    third = harvest(str(tmp_path / "inference"), project, ValidateConfig())
+    assert third.rows == 3 and third.previous_revision == first.revision
+    harvested = [i for s in open_source(project).shards if s.path.name.startswith("harvest-")
+                 for i in pq.read_table(s.path, columns=["decision_id"]).column(0).to_pylist()]  # fmt: skip
+    assert sorted(harvested) == sorted(ids[:7])  # no row twice
+
+
+def test_a_jsonl_data_set_gets_a_jsonl_shard(tmp_path):
+    folder = tmp_path / "rows"
+    folder.mkdir()
+    (folder / "a.jsonl").write_text(json.dumps({"state": "x", "questions": {"tone": QUESTIONS["tone"]},
+                                                "gold": {"tone": "negative"}}) + "\n")  # fmt: skip
+    store = open_store(tmp_path / "inference")
+    label(store, log_decisions(store, 3))
+    result = harvest(str(tmp_path / "inference"), folder, ValidateConfig(), commit=False)
+    lines = [json.loads(line) for line in Path(result.shard).read_text().splitlines()]
+    assert len(lines) == 3 and lines[0]["state"]["text"].startswith("ticket") and lines[0]["decision_id"]
+    assert (
+        result.pinned_by is None and result.revision
+    )  # outside any DVC project: revision computed, not pinned
+
+
+def test_a_data_set_that_is_one_file_is_refused_saying_what_to_do(tmp_path):
+    single = tmp_path / "rows.jsonl"
+    single.write_text("{}\n")
+    with pytest.raises(HarvestRefused, match="move it into a folder"):
+        harvest(str(tmp_path / "inference"), single, ValidateConfig())
+
+
+def test_two_harvests_of_one_data_set_never_interleave(tmp_path):
+    folder = tmp_path / "rows"
+    folder.mkdir()
+    order = []
+
+    def hold():
+        with harvest_lock(folder):
+            order.append("first in")
+            time.sleep(0.5)
+            order.append("first out")
+
+    worker = threading.Thread(target=hold)
+    worker.start()
+    time.sleep(0.1)
+    with pytest.raises(HarvestRefused, match="another harvest"), harvest_lock(folder, wait=False):
+        pass
+    with harvest_lock(folder):
+        order.append("second in")
+    worker.join()
+    assert order == ["first in", "first out", "second in"]
+
+
+def test_the_review_queue_lists_the_least_sure_unlabelled_answers_and_reads_back(tmp_path):
+    from pipeline.flywheel.feedback import read_feedback_file
+
+    store = open_store(tmp_path / "inference")
+    ids = log_decisions(store, 20)  # decision k answers tone with P(negative) rising with k: least sure first
+    label(store, ids[:2])
+    queue = review_queue(store, "tickets", top=4)
+    # decision k: P(negative) = p = 0.34 + 0.03 k; tone's margin p - (1 - p) / 2, the noul's |1 - 2p|
+    margins = {(k, "tone"): abs(1.5 * (0.34 + 0.03 * k) - 0.5) for k in range(2, 20)}  # 0, 1: tone labelled
+    margins |= {(k, "positive"): abs(1 - 2 * (0.34 + 0.03 * k)) for k in range(20)}
+    expected = [(ids[k], q) for k, q in sorted(margins, key=margins.get)[:4]]
+    assert [(it.decision_id, it.question) for it in queue] == expected
+    assert expected[0] == (ids[5], "positive")  # p = 0.49: the nearest to a coin toss
+    assert review_queue(store, "other-model", top=5) == []
+    out = write_queue(queue, tmp_path / "review.csv")
+    text = out.read_text().splitlines()
+    assert text[0].split(",")[-1] == "label" and len(text) == 5
+    assert read_feedback_file(out) == []  # nothing labelled yet
+    labelled = out.read_text().replace("\r\n", "\n").splitlines()
+    labelled[1] = labelled[1] + "negative" if queue[0].question == "tone" else labelled[1] + "true"
+    out.write_text("\n".join(labelled) + "\n")
+    (item,) = read_feedback_file(out)
+    assert item["decision_id"] == queue[0].decision_id
+
+
+def test_conformal_sets_appear_once_enough_answers_are_labelled(tmp_path):
+    store = open_store(tmp_path / "inference")
+    ids = log_decisions(store, 80)
+    assert review_queue(store, "tickets", top=3)[0].set_size is None
+    label(store, ids[:40], gold="negative")
+    sized = review_queue(store, "tickets", top=80, order="set_size")
+    assert sized[0].set_size is not None and sized[0].set_size >= sized[-1].set_size
+
+
+def test_a_harvest_killed_mid_write_leaves_the_data_set_as_it_was(project, tmp_path, monkeypatch):
+    import pipeline.flywheel.harvest as harvesting
+
+    store = open_store(tmp_path / "inference")
+    label(store, log_decisions(store, 5))
+    before = data_revision(project)
+
+    def killed(*args):
+        raise KeyboardInterrupt  # what SIGINT does between writing the staged shard and renaming it in
+
+    monkeypatch.setattr(harvesting.os, "replace", killed)
+    with pytest.raises(KeyboardInterrupt):
+        harvest(str(tmp_path / "inference"), project, ValidateConfig())
+    assert data_revision(project) == before
+    assert sorted(p.name for p in project.iterdir()) == ["part-0000.parquet"]
+    assert not [p for p in project.parent.iterdir() if p.name.endswith(".tmp")]
+    monkeypatch.undo()
+    monkeypatch.chdir(tmp_path)
+    assert (
+        harvest(str(tmp_path / "inference"), project, ValidateConfig()).rows == 5
+    )  # the rerun takes them all

@@ -38,8 +38,13 @@ from pipeline.data.split import SplitData
 from pipeline.lineage import DataRevision, code_digest, git_commit, idempotency_key, keyed_sections
 from pipeline.mlops import tracking
 from pipeline.mlops.model_card import attach_model_card, model_card
-from pipeline.mlops.promotion import UNPINNED_TAG
-from pipeline.mlops.registry import ensure_experiment, previous_data_revision, tracking_uri
+from pipeline.mlops.promotion import CHAMPION, UNPINNED_TAG
+from pipeline.mlops.registry import (
+    alias_data_revision,
+    ensure_experiment,
+    previous_data_revision,
+    tracking_uri,
+)
 from pipeline.mlops.store import check_tracking_store
 from pipeline.rundir import RunFolder
 from pipeline.scoring.report import report_tags
@@ -161,11 +166,14 @@ def retrain(
     lock: str = "dvc.lock",
     owner: str | None = None,
     allow_unpinned: bool = False,
+    only_new_data: bool = False,
 ) -> dict[str, Any]:
     """Retrain on the pinned data and base, track, register, smoke-test and (through the gate) promote.
 
     `owner` tags the run and the version: the Decision API then serves that version by name to the owner's keys.
     `allow_unpinned` trains on inputs DVC does not pin (refused otherwise); the gate then holds the version.
+    `only_new_data` (the scheduled deployment's setting) skips the run, with its reason, when the data revision is
+    the one the champion was trained on: no new rows arrived, so there is nothing new to learn.
     """
     # A tracking store that is down fails the run now, not after training when the run is logged.
     check_tracking_store(tracking_uri())
@@ -174,6 +182,9 @@ def retrain(
     verified = verify_pins([config.data, config.base], lock, allow_unpinned)
     inputs = pins.pin_status({"data": config.data, "base": config.base}, lock)
     data_md5, base_md5 = pins.data_revision(config.data), pins.current_md5(Path(config.base))
+    if only_new_data and (skipped := _unchanged_since_champion(config.model_name, config.data, data_md5)):
+        print(skipped)
+        return {"skip_reason": skipped, "model": config.model_name, "data_md5": data_md5}
     key = idempotency_key(data_md5, base_md5, keyed_sections(params), code_digest(), unpinned=allow_unpinned)
     revision = DataRevision(config.data, data_md5, *(previous_data_revision(config.model_name, key) or ()))
     print(revision.line())
@@ -207,6 +218,17 @@ def retrain(
     ) | {"data": revision.to_dict()}
     _publish(summary)
     return summary
+
+
+def _unchanged_since_champion(name: str, data: str, data_md5: str) -> str | None:
+    """The one-line reason to skip when the champion was trained on this data revision, else None."""
+    champion = alias_data_revision(name, CHAMPION)
+    if champion is None or champion[1] != data_md5:
+        return None
+    return (
+        f"skipped: no new rows in {data} since champion {name} version {champion[0]} (data revision "
+        f"{data_md5[:8]}); harvest labelled decisions (python -m flows.harvest) to give it something to learn"
+    )
 
 
 def _optional_tags(owner: str | None, allow_unpinned: bool) -> dict[str, str]:
@@ -264,8 +286,14 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--allow-unpinned", action="store_true",
                         help="train even when DVC does not pin the data or base; the version is then held")  # fmt: skip
+    parser.add_argument("--only-new-data", action="store_true",
+                        help="skip (saying why) when the champion was trained on this data revision already")  # fmt: skip
     args = parser.parse_args(argv)
-    summary = retrain(args.params, args.run_config, owner=args.owner, allow_unpinned=args.allow_unpinned)
+    summary = retrain(args.params, args.run_config, owner=args.owner, allow_unpinned=args.allow_unpinned,
+                      only_new_data=args.only_new_data)  # fmt: skip
+    if "skip_reason" in summary:
+        print(json.dumps(summary) if args.json else summary["skip_reason"])
+        return 0
     if args.json:
         print(json.dumps(summary, default=str))
     else:

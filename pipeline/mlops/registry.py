@@ -137,6 +137,16 @@ def previous_data_revision(name: str, key: str) -> tuple[str, str] | None:
     return None
 
 
+def alias_data_revision(name: str, alias: str) -> tuple[str, str] | None:
+    """(version, data revision) of the version `alias` points at, None where the alias or its tag is missing."""
+    try:
+        version = alias_version(name, alias)
+    except RegistryError:
+        return None
+    revision = client().get_model_version(name, version).tags.get("data_md5")
+    return (version, revision) if revision else None
+
+
 def register_export(export_dir: str | Path, name: str, run_id: str | None = None,
                     tags: dict[str, str] | None = None) -> str:  # fmt: skip
     """Log the export folder as a pyfunc model (in `run_id`, or a new run) and register it; the new version.

@@ -75,7 +75,9 @@ def test_sampling_writes_a_share_and_still_ids_every_answer(served_folder, tmp_p
 
 
 def test_redaction_drops_and_hashes_state_fields_before_writing(served_folder, tmp_path):
-    log = LogConfig(str(tmp_path / "inference"), drop_fields=("customer.email",), hash_fields=("customer.id",))
+    log = LogConfig(
+        str(tmp_path / "inference"), drop_fields=("customer.email",), hash_fields=("customer.id",)
+    )
     state = {"customer": {"email": "a@b.c", "id": 42, "tier": "gold"}, "text": "late"}
     with TestClient(logged_app(served_folder, log)) as api:
         wait_ready(api)

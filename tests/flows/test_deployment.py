@@ -108,7 +108,7 @@ def test_prefect_yaml_deploys_and_a_worker_runs_retrain(
     assert deployed["global_concurrency_limit"]["limit"] == 1
     assert deployed["concurrency_options"]["collision_strategy"] == "ENQUEUE"
     assert after["global_concurrency_limit"]["active_slots"] == 0, "the finished run still holds the slot"
-    assert deployed["parameters"] == {"params_file": "params.yaml"}
+    assert deployed["parameters"] == {"params_file": "params.yaml", "only_new_data": True}
     assert deployed["work_pool_name"] == pool
     assert deployed["pull_steps"] == [
         {"prefect.deployments.steps.set_working_directory": {"directory": str(ROOT)}}

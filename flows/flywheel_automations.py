@@ -1,0 +1,78 @@
+"""The flywheel's Prefect automation: a retrain starts when a harvest brings enough new rows or drift is detected.
+
+    PREFECT_API_URL=http://127.0.0.1:4200/api python -m flows.flywheel_automations --run-config tickets
+
+One automation per run config (replaced when run again) answers either event with a run of the `retrain`
+deployment (prefect.yaml) for that run config:
+
+- `decision.harvest.ready`: `flows.harvest` emits it when a harvest adds at least `flywheel.retrain_after_rows`
+  rows to the run's data set (resource `decision.dataset.<retrain.data>`);
+- `decision.drift.detected`: the `monitor` flow emits it when served traffic drifts past its threshold (resource
+  `decision-model.<retrain.model_name>`).
+
+The retrain runs with `only_new_data`, so drift with no new labelled rows since the champion's data revision
+skips with its reason instead of training the same model again. The schedule in prefect.yaml stays as it is.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from prefect.automations import Automation
+from prefect.client.orchestration import get_client
+from prefect.events.actions import RunDeployment
+from prefect.events.schemas.automations import EventTrigger, Posture
+from prefect.events.schemas.events import ResourceSpecification
+
+from pipeline.config import load_params
+
+HARVEST_READY = "decision.harvest.ready"
+DRIFT_DETECTED = "decision.drift.detected"
+DEPLOYMENT = "retrain/retrain"
+
+
+def automation_name(run_config: str | None) -> str:
+    return f"decision: retrain {run_config or 'default'} on new rows or drift"
+
+
+def retrain_on_new_data(params_file: str = "params.yaml", run_config: str | None = None,
+                        deployment: str = DEPLOYMENT) -> str:  # fmt: skip
+    """Create (or replace) the automation for one run config; its id. The deployment must exist."""
+    params = load_params(params_file, run_config)
+    resources = [f"decision.dataset.{params.retrain.data}", f"decision-model.{params.retrain.model_name}"]
+    name = automation_name(run_config)
+    with get_client(sync_client=True) as client:
+        deployment_id = client.read_deployment_by_name(deployment).id
+        for found in client.read_automations_by_name(name):
+            client.delete_automation(found.id)
+    parameters = {"params_file": params_file, "only_new_data": True} | (
+        {"run_config": run_config} if run_config else {}
+    )
+    automation = Automation(
+        name=name,
+        trigger=EventTrigger(expect={HARVEST_READY, DRIFT_DETECTED},
+                             match=ResourceSpecification({"prefect.resource.id": resources}),
+                             posture=Posture.Reactive, threshold=1),
+        actions=[RunDeployment(source="selected", deployment_id=deployment_id, parameters=parameters)],
+    )  # fmt: skip
+    return str(automation.create().id)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m flows.flywheel_automations", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    parser.add_argument("--params", default="params.yaml")
+    parser.add_argument("--run-config", metavar="NAME", help="configs/NAME.yaml: the run to retrain")
+    parser.add_argument(
+        "--deployment", default=DEPLOYMENT, help=f"the retrain deployment (default {DEPLOYMENT})"
+    )
+    args = parser.parse_args(argv)
+    automation = retrain_on_new_data(args.params, args.run_config, args.deployment)
+    print(f"automation {automation}: {HARVEST_READY} or {DRIFT_DETECTED} runs {args.deployment} "
+          f"({args.run_config or 'default'} run config, only on new data)")  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

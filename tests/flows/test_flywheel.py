@@ -1,0 +1,150 @@
+"""The flywheel end to end on real services: train and promote a champion, serve it over HTTP with the inference
+log on, send 300 requests with the real typesafe client, label 200 of them through POST /v1/feedback, harvest
+them into a new pinned data revision, retrain, and follow the lineage from the new version back to the decision
+ids. A scheduled run with no new rows skips, saying why; the retrain automation fires on the harvest's event."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+import pytest
+
+from pipeline.data import synthetic
+from pipeline.flywheel.log import LogConfig
+from pipeline.flywheel.table import open_store
+from pipeline.serving.keys import KeyStore, hash_key
+from tests.api.conftest import live_server
+from tests.flows.conftest import ROOT, write_tiny_params
+from tests.tiny import pin_inputs
+
+pytestmark = [pytest.mark.slow, pytest.mark.full]
+typesafe_sdk = pytest.importorskip("typesafe_sdk")
+KEYS = KeyStore({hash_key("alice-key"): "alice"})
+
+
+def git_dvc_project(folder):
+    for command in (["git", "init", "-q"], ["git", "config", "user.email", "t@t"], ["git", "config", "user.name", "t"],
+                    [sys.executable, "-m", "dvc", "init", "-q"]):  # fmt: skip
+        subprocess.run(command, cwd=folder, check=True, capture_output=True)
+
+
+@pytest.fixture()
+def project(tmp_path, tiny_base, monkeypatch):
+    """A git + DVC project whose data set is a folder of Parquet shards, pinned by `dvc add`."""
+    git_dvc_project(tmp_path)
+    data = tmp_path / "data" / "tickets"
+    data.mkdir(parents=True)
+    synthetic.write_rows(synthetic.generate_rows(160, seed=11), data / "part-0000.parquet")
+    subprocess.run([sys.executable, "-m", "dvc", "add", "-q", "data/tickets"], cwd=tmp_path, check=True,
+                   capture_output=True)  # fmt: skip
+    (base,) = pin_inputs(tmp_path, tiny_base)  # the base in dvc.lock; the data set by its data/tickets.dvc
+    params = write_tiny_params(tmp_path, data, base, pin=False,
+                               flywheel={"inference": str(tmp_path / "inference"), "retrain_after_rows": 150})  # fmt: skip
+    monkeypatch.chdir(tmp_path)
+    return params
+
+
+def ask_typesafe(url: str, rows: list[dict]) -> list[str]:
+    """One request per row through the real client; the decision ids from its raw responses."""
+    from typesafe_sdk import Choice, Noul, Score, TypeSafeClient
+
+    ids = []
+    with TypeSafeClient(api_key="alice-key", base_url=url) as client:
+        for row in rows:
+            q = row["questions"]
+            result = client.system_one(state=row["state"], questions={
+                "tone": Choice(instructions=q["tone"]["instructions"], criteria=q["tone"]["criteria"]),
+                "intensity": Score(instructions=q["intensity"]["instructions"], criteria=q["intensity"]["criteria"]),
+                "is_negative": Noul(instructions=q["is_negative"]["instructions"]),
+            })  # fmt: skip
+            assert result.choices["tone"].choice in q["tone"]["criteria"]  # the client parsed the answer
+            ids.append(result.raw_http_response.json()["decision_id"])
+    return ids
+
+
+def test_served_decisions_labelled_harvested_and_retrained_with_lineage(prefect_harness, mlflow_store, project,
+                                                                       tmp_path):  # fmt: skip
+    from flows.harvest import harvest_flow
+    from flows.retrain import retrain
+    from pipeline.mlops.promotion import CHAMPION, current
+    from pipeline.mlops.registry import client
+    from pipeline.serving.catalog import Catalog
+    from pipeline.serving.server import ServerConfig, create_app
+
+    first = retrain(str(project), lock=str(tmp_path / "dvc.lock"))
+    assert first["promoted"] and current("tiny-model", CHAMPION) == "1"
+    unchanged = retrain(str(project), lock=str(tmp_path / "dvc.lock"), only_new_data=True)
+    assert (
+        unchanged["skip_reason"].startswith("skipped: no new rows in")
+        and "version 1" in unchanged["skip_reason"]
+    )
+
+    traffic = synthetic.generate_rows(300, seed=99)
+    log = LogConfig(str(tmp_path / "inference"), flush_s=0.5)
+    app = create_app(Catalog("models:/tiny-model@champion", poll_s=0.5), KEYS, ServerConfig(), log_config=log)
+    with live_server(app, timeout_s=120) as url:
+        ids = ask_typesafe(url, traffic)
+        labels = [{"decision_id": i, "gold": row["gold"]} for i, row in zip(ids[:200], traffic[:200])]
+        for start in range(0, 200, 50):  # four requests of 50 items
+            stored = httpx.post(f"{url}/v1/feedback", json=labels[start:start + 50],
+                                headers={"Authorization": "Bearer alice-key"}, timeout=60)  # fmt: skip
+            assert stored.status_code == 200 and stored.json() == {"stored": 150, "decisions": 50}, (
+                stored.text
+            )
+    assert len(set(ids)) == 300 and open_store(tmp_path / "inference").decisions().num_rows == 300
+
+    harvested = harvest_flow(str(project))
+    assert harvested["rows"] == 200 and harvested["labels"] == 600 and harvested["ready"]
+    assert harvested["models"] == ["tiny-model/1"] and harvested["revision"] != harvested["previous_revision"]
+    assert harvest_flow(str(project))["rows"] == 0  # nothing new the second time
+
+    second = retrain(str(project), lock=str(tmp_path / "dvc.lock"), only_new_data=True)
+    assert "skip_reason" not in second and second["version"] == "2"
+    assert second["data"]["changed"] and second["data"]["previous_version"] == "1"
+    assert second["gate"]  # promoted or held, with its reasons
+    print(f"\nflywheel: {len(ids)} answered, 200 labelled; {harvested['rows']} rows harvested, revision "
+          f"{harvested['previous_revision'][:8]} -> {harvested['revision'][:8]}; version 2 "
+          f"{'promoted' if second['promoted'] else 'held'}: {'; '.join(second['gate'])}")  # fmt: skip
+    version = client().get_model_version("tiny-model", "2")
+    assert version.tags["gate"] in ("promote", "hold") and version.tags["gate_reasons"]
+
+    # Lineage: the version's data revision is the harvest's, whose MLflow run lists the decision ids it took.
+    assert version.tags["data_md5"] == harvested["revision"]
+    run = client().get_run(harvested["mlflow_run_id"])
+    assert run.data.params["revision"] == harvested["revision"] and run.data.metrics["rows"] == 200
+    listed = client().download_artifacts(run.info.run_id, "harvest/decision_ids.txt", str(tmp_path))
+    assert set(Path(listed).read_text().split()) == set(ids[:200])
+
+
+def test_the_automation_runs_the_retrain_deployment_when_a_harvest_is_ready(prefect_api, tmp_path):
+    """A real server with its trigger service: the automation's RunDeployment creates a retrain flow run."""
+    script = f"""
+import asyncio, sys, time
+from prefect.client.orchestration import get_client
+from prefect.events import emit_event
+from flows.flywheel_automations import retrain_on_new_data
+from flows.retrain import retrain
+
+deployment_id = retrain.to_deployment(name="retrain").apply()
+retrain_on_new_data("{tmp_path / "params.yaml"}")
+time.sleep(3)  # the trigger service loads new automations on its own cycle
+emit_event("decision.harvest.ready", resource={{"prefect.resource.id": "decision.dataset.data/tickets"}},
+           payload={{"rows": 200}})
+deadline = time.monotonic() + 90
+with get_client(sync_client=True) as client:
+    while time.monotonic() < deadline:
+        runs = client.read_flow_runs()
+        started = [r for r in runs if r.deployment_id == deployment_id]
+        if started:
+            print("PARAMETERS", started[0].parameters)
+            sys.exit(0)
+        time.sleep(1)
+sys.exit("no retrain run within 90 s")
+"""
+    (tmp_path / "params.yaml").write_text("retrain:\n  data: data/tickets\n  model_name: tickets\n")
+    done = subprocess.run([sys.executable, "-c", script], env=prefect_api, capture_output=True, text=True,
+                          timeout=240, cwd=str(ROOT))  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:] + done.stdout[-2000:]
+    parameters = done.stdout.split("PARAMETERS", 1)[1]
+    assert "'only_new_data': True" in parameters

@@ -28,6 +28,9 @@ CHAMPION, CHALLENGER = "champion", "challenger"
 HISTORY_TAG = "alias_history"
 HISTORY_KEPT = 30  # entries; a registered-model tag holds a few kB
 SMOKE_TAG, GATE_TAG, GATE_REASONS_TAG = "smoke", "gate", "gate_reasons"
+GATE_QUESTIONS_TAG = (
+    "gate_questions"  # per question: the challenger's accuracy gain over the champion, and its verdict
+)
 UNPINNED_TAG = "allow_unpinned"
 """Tagged `true` on the run and version of a retraining that ran with --allow-unpinned (not every input pinned
 by DVC): the gate holds such a version and `promote_version` wants force."""
@@ -49,12 +52,13 @@ class Verdict:
 
 def gate(candidate: dict[str, float], comparison: PairedComparison | None, smoke_passed: bool,
          config: PromoteConfig, learning_warnings: list[str] | None = None,
-         unpinned: bool = False) -> Verdict:  # fmt: skip
+         unpinned: bool = False, worse_questions: list[str] | None = None) -> Verdict:  # fmt: skip
     """Whether the candidate may replace the champion; every reason is given, passing or not.
 
     `candidate` holds its calibrated (cross-fitted) held-out figures; `comparison` champion and candidate scored
     now on the same decisions (None: no champion yet); `unpinned`: it was trained with --allow-unpinned, so it is
-    held whatever its figures.
+    held whatever its figures. `worse_questions`: the questions on which the champion is more accurate beyond the
+    bootstrap noise (same decisions); any one holds the candidate, however it does overall.
     """
     reasons, ok = [], True
     if unpinned:
@@ -67,6 +71,9 @@ def gate(candidate: dict[str, float], comparison: PairedComparison | None, smoke
         reasons.append("no champion yet")
     else:
         ok &= _versus_champion(comparison, config, reasons)
+    if worse_questions:
+        ok = False
+        reasons.append(f"less accurate than the champion beyond noise on {', '.join(worse_questions)}")
     calibrated = candidate["ece"] <= config.max_ece
     ok &= calibrated
     reasons.append(f"ECE {candidate['ece']:.4f} {'<=' if calibrated else '>'} {config.max_ece}")

@@ -8,7 +8,7 @@ decisions (any family), compares them by a paired bootstrap on NLL (`pipeline.sc
 from __future__ import annotations
 
 import tempfile
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +17,7 @@ from pipeline.data.contract import Record
 from pipeline.mlops.promotion import (
     CHALLENGER,
     CHAMPION,
+    GATE_QUESTIONS_TAG,
     GATE_REASONS_TAG,
     GATE_TAG,
     current,
@@ -24,7 +25,12 @@ from pipeline.mlops.promotion import (
     set_alias,
 )
 from pipeline.mlops.registry import client, download_version, register_export
-from pipeline.scoring.paired import PairedComparison, paired_comparison
+from pipeline.scoring.paired import (
+    PairedComparison,
+    QuestionDifference,
+    paired_comparison,
+    per_question_differences,
+)
 from pipeline.stages.evaluate import score_heldout
 
 
@@ -45,6 +51,8 @@ class GateResult:
     previous_champion: str | None = None
     comparison: dict[str, Any] | None = None
     """Champion and challenger scored now on the same decisions (None: no champion yet)."""
+    questions: list[dict[str, Any]] = field(default_factory=list)
+    """The same comparison per question (A the champion, B the challenger): accuracy and NLL gains with intervals."""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -60,27 +68,36 @@ def promotion_stage(name: str, version: str, calibrated: dict[str, float], smoke
     champion_version = current(name, CHAMPION)
     if champion_version == version:
         return GateResult(False, ["already the champion"], version, version)
-    comparison = None
+    comparison, questions = None, []
     if champion_version is not None:
-        comparison = compare_versions(name, champion_version, version, heldout, config.nll_confidence)
-    verdict = gate(calibrated, comparison, smoke_passed, config, learning_warnings, unpinned=unpinned)
+        comparison, questions = compare_versions(
+            name, champion_version, version, heldout, config.nll_confidence
+        )
+    worse = [
+        q.question for q in questions[1:] if q.verdict == "A more accurate"
+    ]  # [0] is all questions together
+    verdict = gate(calibrated, comparison, smoke_passed, config, learning_warnings, unpinned, worse)
     tags = {GATE_TAG: "promote" if verdict.promote else "hold", GATE_REASONS_TAG: "; ".join(verdict.reasons)}
     if comparison is not None:
         tags |= {f"gate_{k}": str(v) for k, v in comparison.to_dict().items()}
+        tags[GATE_QUESTIONS_TAG] = "; ".join(
+            f"{q.question}: {q.accuracy_gain:+.4f} ({q.verdict})" for q in questions[1:]
+        )
     for key, value in tags.items():
         client().set_model_version_tag(name, version, key, value)
     if verdict.promote:
         set_alias(name, CHAMPION, version, "promotion gate: " + "; ".join(verdict.reasons))
     return GateResult(verdict.promote, verdict.reasons, current(name, CHAMPION), champion_version,
-                      comparison and comparison.to_dict())  # fmt: skip
+                      comparison and comparison.to_dict(), [q.to_dict() for q in questions[1:]])  # fmt: skip
 
 
 def compare_versions(name: str, champion: str, challenger: str, heldout: list[Record],
-                     confidence: float) -> PairedComparison:  # fmt: skip
-    """Both registered versions downloaded and scored now on the same held-out records, compared decision by
-    decision."""
+                     confidence: float) -> tuple[PairedComparison, list[QuestionDifference]]:  # fmt: skip
+    """Both registered versions downloaded and scored now on the same held-out records (harvested held-out rows
+    among them), compared decision by decision, overall and per question."""
     with tempfile.TemporaryDirectory() as tmp:
         scored = [
             score_heldout(download_version(name, v, f"{tmp}/{v}"), heldout) for v in (champion, challenger)
         ]
-    return paired_comparison(scored[0], scored[1], confidence)
+    questions = per_question_differences(scored[0], scored[1], confidence)
+    return paired_comparison(scored[0], scored[1], confidence), questions

@@ -1,4 +1,5 @@
-"""The gate holds a version trained with --allow-unpinned whatever its figures, and still gives every reason."""
+"""The gate holds a version trained with --allow-unpinned, or less accurate than the champion on any one question,
+whatever its figures, and still gives every reason."""
 
 from pipeline.config import PromoteConfig
 from pipeline.mlops.promotion import UNPINNED_REASON, gate
@@ -18,3 +19,10 @@ def test_a_version_trained_on_unpinned_inputs_is_held_however_good():
     assert not gate(
         GOOD, None, True, PromoteConfig(), [], unpinned=True
     ).promote  # not even the first version
+
+
+def test_a_version_less_accurate_on_one_question_is_held_however_good_overall():
+    held = gate(GOOD, BETTER, True, PromoteConfig(), worse_questions=["urgency"])
+    assert not held.promote
+    assert "less accurate than the champion beyond noise on urgency" in held.reasons
+    assert gate(GOOD, BETTER, True, PromoteConfig(), worse_questions=[]).promote

@@ -69,12 +69,15 @@ def start_ours(
     threads: int | None = None,
     confine: Callable[[], None] | None = None,
     backend: str = "auto",
+    inference_log: str | None = None,
 ) -> subprocess.Popen:
     """`decision serve` on `model`; `confine` runs in the child before it starts (an affinity mask, a cgroup), so
-    the server sees its CPU from the start."""
+    the server sees its CPU from the start. The inference log is off unless `inference_log` names a folder: a
+    benchmark's requests are not traffic (bench_inference_log.py measures what logging costs)."""
     command = [sys.executable, "-m", "pipeline.cli.main", "serve", "--model", str(model), "--port", str(port),
                "--device", device, "--workers", str(workers), "--precision", precision,
                "--backend", backend]  # fmt: skip
+    command += ["--inference-log", inference_log] if inference_log else ["--no-inference-log"]
     if shadow_share is not None:  # the same folder as its own challenger: the cost of shadowing alone
         command += ["--shadow", str(model), "--shadow-share", str(shadow_share)]
     if threads is not None:

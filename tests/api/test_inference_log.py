@@ -150,3 +150,28 @@ def test_the_decision_id_is_in_the_openapi_response(served_folder):
         schema = api.get("/openapi.json").json()["components"]["schemas"]["DecisionResponse"]
     assert "decision_id" in schema["properties"]
     assert orjson.loads(orjson.dumps(schema))  # serialisable as served
+
+
+def test_a_full_disk_drops_the_batch_counts_it_and_the_next_flush_writes_again(tmp_path):
+    import errno
+
+    from pipeline.flywheel.log import InferenceLog, Served
+
+    class FillsUp:
+        """A store whose disk is full for one write, then has room again."""
+
+        where, full, rows = "disk", True, []
+
+        def append(self, table, rows):
+            if self.full:
+                self.full = False
+                raise OSError(errno.ENOSPC, "No space left on device")
+            self.rows.extend(rows)
+
+    dropped = []
+    store = FillsUp()
+    log = InferenceLog(LogConfig("disk"), on_drop=lambda reason, n: dropped.append((reason, n)), store=store)
+    served = Served("a" * 32, "m/1", "1", None, "late", {"q": {"type": "noul"}}, {"q": {"noul": 0.5}}, 1.0)
+    assert log.record(served) and log.flush() == 0
+    assert dropped == [("write_error", 1)]
+    assert log.record(served) and log.flush() == 1 and store.rows[0]["decision_id"] == "a" * 32

@@ -359,6 +359,40 @@ class PromoteConfig:
             raise ConfigError(f"promote.max_accuracy_drop: must lie in [0, 1], got {self.max_accuracy_drop}")
 
 
+@section("monitor")
+class MonitorConfig:
+    """Drift and label-free monitoring (`flows/monitor.py`): a window of served decisions against the rows the
+    serving version trained on, answered by the same model."""
+
+    inference: str = "inference"
+    """The inference store the server logs to: the folder of its Parquet tables, or a `postgresql://` URL."""
+    summary_folder: str | None = None
+    """The folder whose `monitor/latest.json` holds the latest summary (the server's gauges). None: the inference
+    folder; a PostgreSQL store needs one."""
+    window_hours: float = 24.0
+    """The window judged: the served decisions of this many hours before its end (now, unless given)."""
+    drift_share: float = 0.5
+    """Drift is declared when at least this share of the compared columns drifted (Evidently's dataset-drift rule;
+    0.5 is its default)."""
+    min_decisions: int = 100
+    """A window with fewer served decisions is not judged: the column tests would have little power."""
+    reference_rows: int = 2000
+    """At most this many rows of the training data (every split, taken in content-hash order) are answered by the
+    model as the reference."""
+    max_question_columns: int = 20
+    """The chosen option and top probability get a column each for at most this many question ids (the
+    reference's most asked); the question mix column covers the rest."""
+
+    def __post_init__(self) -> None:
+        if self.window_hours <= 0:
+            raise ConfigError(f"monitor.window_hours: must be > 0, got {self.window_hours}")
+        if not 0.0 < self.drift_share <= 1.0:
+            raise ConfigError(f"monitor.drift_share: must lie in (0, 1], got {self.drift_share}")
+        for name in ("min_decisions", "reference_rows", "max_question_columns"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"monitor.{name}: must be >= 1, got {getattr(self, name)}")
+
+
 @dataclass(frozen=True)
 class Params:
     """Every section of `params.yaml` as its config dataclass (`load_params`)."""
@@ -369,6 +403,7 @@ class Params:
     train: TrainConfig = field(default_factory=TrainConfig)
     retrain: RetrainConfig = field(default_factory=RetrainConfig)
     promote: PromoteConfig = field(default_factory=PromoteConfig)
+    monitor: MonitorConfig = field(default_factory=MonitorConfig)
 
     def sections(self) -> dict[str, dict[str, Any]]:
         """{section: {key: value}}, as params.yaml spells them (MLflow params, the idempotency key)."""

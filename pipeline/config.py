@@ -375,7 +375,44 @@ class FlywheelConfig:
             raise ConfigError(f"flywheel.retrain_after_rows: must be >= 1, got {self.retrain_after_rows}")
 
 
-UNKEYED_SECTIONS = ("flywheel",)
+@section("monitor")
+class MonitorConfig:
+    """Drift and label-free monitoring (`flows/monitor.py`): a window of served decisions against the rows the
+    serving version trained on, answered by the same model."""
+
+    inference: str | None = None
+    """The inference store the server logs to: the folder of its Parquet tables, or a `postgresql://` URL. None:
+    `flywheel.inference`, where the server and harvest find it."""
+    summary_folder: str | None = None
+    """The folder whose `monitor/latest.json` holds the latest summary (the server's gauges). None: the inference
+    folder; a PostgreSQL store needs one."""
+    window_hours: float = 24.0
+    """The window judged: the served decisions of this many hours before its end (now, unless given)."""
+    drift_share: float = 0.5
+    """Drift is declared when at least this share of the compared columns drifted (Evidently's dataset-drift rule;
+    0.5 is its default)."""
+    min_decisions: int = 100
+    """A window with fewer served decisions is not judged: the column tests would have little power."""
+    reference_rows: int = 1000
+    """At most this many rows of the training data (every split, taken in content-hash order) are answered by the
+    model as the reference. Up to 1,000 Evidently tests each column with a p-value (K-S, chi-square, Z), which
+    allows for a small window; above, with a distance and a fixed 0.1 threshold that a window of 150 decisions
+    crossed by chance in 13% of columns (3.8% at 1,000; docs/flywheel.md, Drift)."""
+    max_question_columns: int = 20
+    """The chosen option and top probability get a column each for at most this many question ids (the
+    reference's most asked); the question mix column covers the rest."""
+
+    def __post_init__(self) -> None:
+        if self.window_hours <= 0:
+            raise ConfigError(f"monitor.window_hours: must be > 0, got {self.window_hours}")
+        if not 0.0 < self.drift_share <= 1.0:
+            raise ConfigError(f"monitor.drift_share: must lie in (0, 1], got {self.drift_share}")
+        for name in ("min_decisions", "reference_rows", "max_question_columns"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"monitor.{name}: must be >= 1, got {getattr(self, name)}")
+
+
+UNKEYED_SECTIONS = ("flywheel", "monitor")
 """Sections that change no model, left out of the idempotency key (`lineage.keyed_sections`)."""
 
 
@@ -390,6 +427,7 @@ class Params:
     retrain: RetrainConfig = field(default_factory=RetrainConfig)
     promote: PromoteConfig = field(default_factory=PromoteConfig)
     flywheel: FlywheelConfig = field(default_factory=FlywheelConfig)
+    monitor: MonitorConfig = field(default_factory=MonitorConfig)
 
     def sections(self) -> dict[str, dict[str, Any]]:
         """{section: {key: value}}, as params.yaml spells them (MLflow params, the idempotency key)."""

@@ -82,8 +82,8 @@ def idempotency_key(
 
 
 def keyed_sections(params: Params) -> dict[str, Any]:
-    """Every params section as the idempotency key reads it: a mapping file's path replaced by what the file says,
-    so an edited mapping (new decision rows from the same table) makes a new run."""
+    """Every params section as the idempotency key reads it (but `UNKEYED_SECTIONS`): a mapping file's path replaced
+    by what the file says, so an edited mapping (new decision rows from the same table) makes a new run."""
     sections = {name: values for name, values in params.sections().items() if name not in UNKEYED_SECTIONS}
     if isinstance(params.validate.mapping, str):
         sections["validate"]["mapping"] = mapping_content(params.validate.mapping)

@@ -20,6 +20,7 @@ from pipeline.cli.api import add_api_commands
 from pipeline.cli.compare import add_compare_commands
 from pipeline.cli.data import BadMappingFlags, add_data_commands, add_mapping_arguments, mapping_value
 from pipeline.cli.flywheel import add_flywheel_commands
+from pipeline.cli.monitor import add_monitor_commands
 from pipeline.cli.predict import add_predict_commands
 from pipeline.cli.registry import add_registry_commands
 from pipeline.cli.runs import add_run_commands
@@ -500,6 +501,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_compare_commands(commands)
     add_sweep_commands(commands)
     add_flywheel_commands(commands)
+    add_monitor_commands(commands)
     return parser
 
 

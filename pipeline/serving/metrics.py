@@ -8,6 +8,9 @@
     decision_log_written_total             decisions written to the inference log
     decision_log_dropped_total{reason}     decisions the log could not write: queue_full, write_error
     decision_log_queue_depth               decisions waiting for the log's next flush
+    decision_monitor_<gauge>               the drift monitor's latest window (`flows.monitor`, docs/flywheel.md):
+                                           drift_share, drifted_columns, expected_accuracy, measured_accuracy,
+                                           labelled_decisions, window_decisions, report_age_seconds
 
 Each app has its own registry, so two servers in one process (the tests) never share counts.
 """
@@ -24,6 +27,10 @@ from prometheus_client import (
     Histogram,
     generate_latest,
 )
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from pipeline.flywheel.gauges import read_gauges
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
@@ -34,7 +41,8 @@ class ServerMetrics:
 
     content_type = CONTENT_TYPE_LATEST
 
-    def __init__(self, queue_depth: Callable[[], int], log_depth: Callable[[], int] = lambda: 0) -> None:
+    def __init__(self, queue_depth: Callable[[], int], log_depth: Callable[[], int] = lambda: 0,
+                 monitor_folder: str | None = None) -> None:  # fmt: skip
         self.registry = CollectorRegistry()
         self.requests = Counter("decision_requests", "Answered POST /v1/systemone requests, by HTTP status",
                                 ["status"], registry=self.registry)  # fmt: skip
@@ -52,6 +60,8 @@ class ServerMetrics:
                                    ["reason"], registry=self.registry)  # fmt: skip
         Gauge("decision_log_queue_depth", "Decisions waiting for the inference log's next flush",
               registry=self.registry).set_function(log_depth)  # fmt: skip
+        if monitor_folder is not None:
+            self.registry.register(MonitorGauges(monitor_folder))
 
     def log_written(self, n: int) -> None:
         self.logged.inc(n)
@@ -69,3 +79,24 @@ class ServerMetrics:
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)
+
+
+class MonitorGauges(Collector):
+    """The drift monitor's latest summary under `folder`, read when scraped (none before the first report)."""
+
+    def __init__(self, folder: str) -> None:
+        self.folder = folder
+
+    def collect(self):
+        try:
+            gauges = read_gauges(self.folder)
+        except (
+            OSError,
+            ValueError,
+            KeyError,
+        ):  # a summary being replaced, or unreadable: no gauges this scrape
+            gauges = {}
+        for name, value in gauges.items():
+            yield GaugeMetricFamily(
+                f"decision_monitor_{name}", f"drift monitor: {name.replace('_', ' ')}", value=value
+            )

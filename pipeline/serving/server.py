@@ -38,7 +38,7 @@ from pipeline.device import precision_name, serving_dtype
 from pipeline.families.base import BadQuestion
 from pipeline.flywheel.feedback import MAX_ITEMS, FeedbackRefused, Labeller, parse_items, store_feedback
 from pipeline.flywheel.log import InferenceLog, LogConfig, Served
-from pipeline.flywheel.table import new_decision_id
+from pipeline.flywheel.table import POSTGRES_SCHEMES, new_decision_id
 from pipeline.mlops.tracking import record_shadow
 from pipeline.serving.batching import MicroBatcher, QueueFull
 from pipeline.serving.body import BodyLimits, DecodeBodyMiddleware
@@ -173,7 +173,8 @@ def create_app(catalog: Catalog, keys: KeyStore, config: ServerConfig = ServerCo
         raise ValueError("--require-key: no API keys are configured (--keys or DECISION_API_KEYS)")
     limits = request_limits() | {"max_body_bytes": config.limits.max_body_bytes,
                                  "max_compressed_body_bytes": config.limits.max_compressed_bytes}  # fmt: skip
-    metrics = ServerMetrics(lambda: batcher.queued, lambda: inference_log.queued if inference_log else 0)
+    metrics = ServerMetrics(lambda: batcher.queued, lambda: inference_log.queued if inference_log else 0,
+                            _monitor_folder(log_config))  # fmt: skip
     inference_log = None
     if log_config is not None and log_config.where is not None:
         inference_log = InferenceLog(log_config, on_drop=metrics.log_drop, on_write=metrics.log_written)
@@ -332,6 +333,13 @@ def create_app(catalog: Catalog, keys: KeyStore, config: ServerConfig = ServerCo
         return _json(body, 200 if serving else 503, headers)
 
     return app
+
+
+def _monitor_folder(log_config: LogConfig | None) -> str | None:
+    """Where the drift monitor leaves its summary by default: the inference folder (a PostgreSQL log has none)."""
+    if log_config is None or log_config.where is None or log_config.where.startswith(POSTGRES_SCHEMES):
+        return None
+    return log_config.where
 
 
 def _backend_facts(catalog: Catalog, serving: ServedModel | None) -> dict[str, Any]:

@@ -175,3 +175,19 @@ def test_a_full_disk_drops_the_batch_counts_it_and_the_next_flush_writes_again(t
     assert log.record(served) and log.flush() == 0
     assert dropped == [("write_error", 1)]
     assert log.record(served) and log.flush() == 1 and store.rows[0]["decision_id"] == "a" * 32
+
+
+def test_the_drift_monitors_latest_summary_is_on_metrics(served_folder, tmp_path):
+    from pipeline.flywheel.gauges import LATEST
+
+    folder = tmp_path / "inference"
+    with TestClient(logged_app(served_folder, LogConfig(str(folder)))) as api:
+        wait_ready(api)
+        assert "decision_monitor_" not in api.get("/metrics").text  # no report yet: no gauges
+        (folder / LATEST).parent.mkdir(parents=True)
+        summary = {"written_at": "2026-12-03T10:00:00+00:00",
+                   "gauges": {"drift_share": 0.6, "expected_accuracy": 0.81, "window_decisions": 150}}  # fmt: skip
+        (folder / LATEST).write_text(json.dumps(summary))
+        assert metric(api, "decision_monitor_drift_share") == 0.6
+        assert metric(api, "decision_monitor_window_decisions") == 150
+        assert metric(api, "decision_monitor_report_age_seconds") > 0

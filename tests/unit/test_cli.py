@@ -53,3 +53,13 @@ def test_json_output_is_strict_json_with_missing_metrics_as_null():
 
     text = to_json({"kl_soft": math.nan, "per_type": [{"ece": math.inf, "accuracy": 0.5}], "rows": 3})
     assert json.loads(text) == {"kl_soft": None, "per_type": [{"ece": None, "accuracy": 0.5}], "rows": 3}
+
+
+def test_decision_monitor_runs_the_flow_module_with_its_options(monkeypatch):
+    launched = []
+    monkeypatch.setattr(subprocess, "call", lambda command, env: launched.append((command, env)) or 3)
+    assert main(["monitor", "--model", "tickets@champion", "--window-hours", "6", "--json", "-q"]) == 3
+    [(command, env)] = launched
+    assert command == [sys.executable, "-m", "flows.monitor", "--model", "tickets@champion", "--params", "params.yaml",
+                       "--window-hours", "6.0", "--json"]  # fmt: skip
+    assert env["PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL"] == "WARNING"  # --quiet

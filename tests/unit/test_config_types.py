@@ -91,3 +91,31 @@ def test_train_threads_is_a_count_or_null(project_root):
         section_config("train", {"threads": "two"})
     with pytest.raises(ConfigError, match=re.escape("train.threads: must be >= 1")):
         section_config("train", {"threads": 0})
+
+
+def test_the_monitor_section_ships_its_defaults_and_checks_its_ranges(project_root):
+    params = load_params(project_root / "params.yaml")
+    monitor = params.monitor
+    assert (monitor.inference, monitor.window_hours, monitor.drift_share, monitor.min_decisions) == (
+        None, 24.0, 0.5, 100
+    )  # fmt: skip
+    assert params.flywheel.inference == "inference"  # what the monitor reads when its own is null
+    with pytest.raises(ConfigError, match=re.escape("monitor.drift_share: must lie in (0, 1], got 1.5")):
+        section_config("monitor", {"drift_share": 1.5})
+    with pytest.raises(ConfigError, match=re.escape("monitor.window_hours: must be > 0, got 0.0")):
+        section_config("monitor", {"window_hours": 0})
+    with pytest.raises(ConfigError, match=re.escape("monitor.min_decisions: expected int, got 'many' (str)")):
+        section_config("monitor", {"min_decisions": "many"})
+
+
+def test_monitoring_and_flywheel_settings_do_not_change_a_runs_idempotency_key(tmp_path):
+    from pipeline.lineage import keyed_sections
+
+    (tmp_path / "defaults.yaml").write_text("")
+    defaults = keyed_sections(load_params(tmp_path / "defaults.yaml"))
+    params_file = tmp_path / "params.yaml"
+    for unkeyed in ("monitor:\n  window_hours: 6.0\n", "flywheel:\n  retrain_after_rows: 7\n"):
+        params_file.write_text(unkeyed)
+        assert keyed_sections(load_params(params_file)) == defaults
+    params_file.write_text("promote:\n  max_ece: 0.2\n")
+    assert keyed_sections(load_params(params_file)) != defaults

@@ -1,0 +1,210 @@
+"""The monitor stage: a window of served decisions judged against the rows the serving version trained on.
+
+The version an alias points at is looked up in the registry. Its reference is the data its `data` tag names (or
+`reference`), validated as the params file says, at most `monitor.reference_rows` rows in content-hash order,
+answered by that version's own export. The window is what the inference store logged under `NAME/VERSION` in the
+`monitor.window_hours` before its end; fewer than `monitor.min_decisions` decisions are not judged. The drift
+report (`pipeline.flywheel.drift`) goes to the version's MLflow run as `monitoring/drift-<window end>.html`, its
+gauges as `monitor_*` metrics (step: the window end in epoch seconds), and the summary to `monitor/latest.json`
+(the HTML beside it as `latest.html`) under the summary folder, where the server reads its gauges.
+
+    params = load_params()
+    outcome = monitor_stage("decision-model@champion", params.monitor, params.validate)
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import tempfile
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from pipeline.config import MonitorConfig, ValidateConfig
+from pipeline.data.contract import Record
+from pipeline.data.read import RowSlice
+from pipeline.data.split import TrainSource
+from pipeline.families import load_decision_model
+from pipeline.flywheel.drift import (
+    DecisionRow,
+    DriftResult,
+    QuestionAccuracy,
+    drift_report,
+    features_frame,
+    question_columns,
+    reference_rows,
+    served_rows,
+    window_accuracy,
+    write_latest,
+)
+from pipeline.flywheel.gauges import LATEST
+from pipeline.flywheel.table import POSTGRES_SCHEMES, open_store
+from pipeline.mlops.registry import (
+    MODEL_URI_PREFIX,
+    RegistryError,
+    alias_version,
+    client,
+    parse_alias_uri,
+    parse_version_uri,
+)
+from pipeline.stages.predict import model_folder
+
+MONITORING = "monitoring"
+"""The folder of a version's run that holds its drift reports."""
+LATEST_HTML = "latest.html"
+"""The latest HTML report, beside `monitor/latest.json`."""
+
+
+class MonitorError(ValueError):
+    """A window that cannot be judged as asked: no reference data known, no folder for the summary."""
+
+
+@dataclass(frozen=True)
+class MonitorOutcome:
+    """What one monitoring run judged, and where it wrote; `result` is None when the window was too small."""
+
+    model: str
+    """NAME/VERSION, the name the server answers under and logs."""
+    run_id: str
+    window_start: str
+    window_end: str
+    decisions: int
+    needed: int
+    result: DriftResult | None = None
+    artifact: str | None = None
+    """The HTML report's path among the run's artifacts."""
+    latest: str | None = None
+
+    def line(self) -> str:
+        """One line: the verdict, or why nothing was judged."""
+        window = f"{self.decisions} decisions from {self.window_start} to {self.window_end}"
+        if self.result is None:
+            return f"{self.model}: {window}, fewer than {self.needed}: nothing judged"
+        r, gauges = self.result, self.result.gauges()
+        verdict = f"drift in {len(r.drifted)} of {len(r.columns)} columns ({', '.join(r.drifted) or 'none'})"
+        measured = (f", measured {gauges['measured_accuracy']:.4f} on {int(gauges['labelled_decisions'])} labelled "
+                    "answers" if "measured_accuracy" in gauges else ", no feedback yet")  # fmt: skip
+        return (f"{self.model}: {window}: {verdict}, share {r.share:.2f} "
+                f"{'>=' if r.breached else '<'} {r.threshold:.2f}; expected accuracy "
+                f"{gauges.get('expected_accuracy', float('nan')):.4f}{measured}")  # fmt: skip
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self) | {
+            "result": None if self.result is None else self.result.to_dict(),
+            "line": self.line(),
+        }
+
+
+def monitor_stage(model: str, config: MonitorConfig, split_config: ValidateConfig, row_slice: str | None = None,
+                  window_end: dt.datetime | None = None, reference: str | None = None) -> MonitorOutcome:  # fmt: skip
+    """Judge the window ending at `window_end` (now) for `model` (`NAME@ALIAS`, `NAME/VERSION`, either behind
+    `models:/`): see the module docstring. `row_slice` and `split_config` read the reference data as training did."""
+    # First, before any work: a PostgreSQL store without a summary folder is refused.
+    summary = summary_folder(config)
+    name, version = resolve_version(model)
+    registered = client().get_model_version(name, version)
+    end = utc(window_end or dt.datetime.now(dt.UTC))
+    start = end - dt.timedelta(hours=config.window_hours)
+    store = open_store(config.inference)
+    served = served_rows(served_by(store.decisions(since=start, until=end), f"{name}/{version}"))
+    outcome = MonitorOutcome(f"{name}/{version}", registered.run_id, start.isoformat(), end.isoformat(), len(served),
+                             config.min_decisions)  # fmt: skip
+    if len(served) < config.min_decisions:
+        return outcome
+    data = reference or trained_on(registered.tags, outcome.model)
+    answered = answered_reference(outcome.model, data, split_config, row_slice, config.reference_rows)
+    columns = question_columns(answered, config.max_question_columns)
+    accuracy = window_accuracy(served, store.feedback())
+    frames = features_frame(served, columns), features_frame(answered, columns)
+    result, artifact = report_on_run(*frames, accuracy, config.drift_share, registered.run_id, end, summary)
+    latest = write_latest(summary, result, outcome.model, start, end)
+    return replace(outcome, result=result, artifact=artifact, latest=str(latest))
+
+
+def answered_reference(model: str, data: str, split_config: ValidateConfig, row_slice: str | None,
+                       limit: int) -> list[DecisionRow]:  # fmt: skip
+    """The reference rows (`reference_records`) as `model` (NAME/VERSION) answers them, its export fetched."""
+    records = reference_records(data, split_config, row_slice, limit)
+    with model_folder(MODEL_URI_PREFIX + model) as (_, folder):
+        return reference_rows(records, load_decision_model(folder))
+
+
+def report_on_run(current: pd.DataFrame, reference: pd.DataFrame, accuracy: tuple[QuestionAccuracy, ...],
+                  drift_share: float, run_id: str, window_end: dt.datetime,
+                  summary: str) -> tuple[DriftResult, str]:  # fmt: skip
+    """The drift report logged on the run (`record_on_run`) and kept as `monitor/latest.html` under `summary`; the
+    result and the report's artifact path."""
+    reports = Path(summary) / LATEST.parent
+    reports.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=reports, prefix=".drift-") as staging:
+        html = Path(staging) / f"drift-{window_end:%Y%m%dT%H%M%SZ}.html"
+        result = drift_report(current, reference, drift_share, html, accuracy)
+        artifact = record_on_run(run_id, result, html, window_end)
+        os.replace(html, reports / LATEST_HTML)  # the same folder: one rename, never half a file
+    return replace(result, html=str(reports / LATEST_HTML)), artifact
+
+
+def utc(moment: dt.datetime) -> dt.datetime:
+    """`moment` in UTC; a naive one is read as UTC (the inference table's clock), never as local time."""
+    return moment.replace(tzinfo=dt.UTC) if moment.tzinfo is None else moment.astimezone(dt.UTC)
+
+
+def resolve_version(model: str) -> tuple[str, str]:
+    """(name, version) for `NAME@ALIAS` or `NAME/VERSION`, with or without `models:/`."""
+    uri = model if model.startswith(MODEL_URI_PREFIX) else MODEL_URI_PREFIX + model
+    if (numbered := parse_version_uri(uri)) is not None:
+        return numbered
+    if (aliased := parse_alias_uri(uri)) is not None:
+        return aliased[0], alias_version(*aliased)
+    raise RegistryError(f"--model {model}: expected NAME@ALIAS or NAME/VERSION, e.g. decision-model@champion")
+
+
+def served_by(decisions: pa.Table, served_name: str) -> pa.Table:
+    """The decisions answered under `served_name` (NAME/VERSION): other models' traffic is another comparison."""
+    return decisions.filter(pc.equal(decisions["model"], served_name))
+
+
+def trained_on(tags: dict[str, str], model: str) -> str:
+    """The data a version trained on, from its `data` tag (the retrain and sweep flows set it)."""
+    if not tags.get("data"):
+        raise MonitorError(f"{model} has no `data` tag (registered by hand?): give the data it trained on with "
+                           "--reference DATA")  # fmt: skip
+    return tags["data"]
+
+
+def reference_records(
+    data: str, split_config: ValidateConfig, row_slice: str | None, limit: int
+) -> list[Record]:
+    """At most `limit` validated rows of `data` (training, validation and held-out alike), in content-hash order: the
+    same rows on every run, spread over the file."""
+    split = TrainSource(data, RowSlice.parse(row_slice), split_config=split_config).validated().split
+    return sorted(split.every_record(), key=Record.content_hash)[:limit]
+
+
+def summary_folder(config: MonitorConfig) -> str:
+    """Where monitor/latest.json goes: `monitor.summary_folder`, else the inference folder."""
+    if config.summary_folder is not None:
+        return config.summary_folder
+    if config.inference.startswith(POSTGRES_SCHEMES):
+        raise MonitorError("monitor.summary_folder: a folder is needed for monitor/latest.json when "
+                           "monitor.inference is a PostgreSQL URL")  # fmt: skip
+    return config.inference
+
+
+def record_on_run(run_id: str, result: DriftResult, html: Path, window_end: dt.datetime) -> str:
+    """The HTML report under the run's `monitoring/` and its gauges as `monitor_*` metrics at the window end (as
+    step, in epoch seconds, and as timestamp); the report's artifact path."""
+    from mlflow.entities import Metric
+
+    step, stamp = int(window_end.timestamp()), int(window_end.timestamp() * 1000)
+    tracking = client()
+    tracking.log_artifact(run_id, str(html), MONITORING)
+    tracking.log_batch(
+        run_id, metrics=[Metric(f"monitor_{k}", float(v), stamp, step) for k, v in result.gauges().items()]
+    )
+    return f"{MONITORING}/{html.name}"

@@ -1,0 +1,164 @@
+"""The `monitor` flow on a real tiny registered model and a real inference folder: a drifted window is reported on
+the version's MLflow run and in latest.json and emits `decision.drift.detected`; a window drawn like the training
+rows is not drift, and its feedback is measured; a window too small judges nothing."""
+
+import datetime as dt
+import json
+import random
+import time
+
+import orjson
+import pytest
+import yaml
+
+from pipeline.data import synthetic
+from pipeline.data.answers import parse_request
+from pipeline.flywheel.gauges import read_gauges
+from pipeline.flywheel.table import ParquetStore
+
+pytestmark = pytest.mark.slow
+
+NAME = "tiny-model"
+END = dt.datetime(2026, 12, 3, 12, tzinfo=dt.UTC)
+
+
+@pytest.fixture(scope="module")
+def registered(tiny_base, synthetic_train_file, tmp_path_factory):
+    """`tiny-model@champion`: the tiny base registered with the `data` tag the retrain flow sets, in a store of the
+    module's own (MLFLOW_TRACKING_URI set for the module's tests)."""
+    from pipeline.mlops.registry import client, register_export
+
+    store = tmp_path_factory.mktemp("mlflow")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{store}/mlflow.db")
+        patch.setenv("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
+        version = register_export(tiny_base, NAME, tags={"data": str(synthetic_train_file)})
+        client().set_registered_model_alias(NAME, "champion", version)
+        yield version
+
+
+@pytest.fixture(scope="module")
+def served_model(tiny_base):
+    from pipeline.families import load_decision_model
+
+    return load_decision_model(tiny_base)
+
+
+def params_file(folder, inference, **monitor):
+    settings = {"inference": str(inference), "window_hours": 1.0, "min_decisions": 30, "reference_rows": 120,
+                "drift_share": 0.3}  # fmt: skip
+    path = folder / "params.yaml"
+    path.write_text(yaml.safe_dump({"monitor": settings | monitor}))
+    return path
+
+
+def log_window(store, model, version, rows, served_as=None):
+    """`rows` answered by the model as the server answers them, logged over the hour before END."""
+    logged = []
+    for i, row in enumerate(rows):
+        [answered] = model.answer([parse_request(row["state"], row["questions"])])
+        logged.append({"decision_id": f"d{i}", "time": END - dt.timedelta(minutes=59 - i % 59), "model": served_as or f"{NAME}/{version}",
+                       "model_version": version, "owner": None, "state": orjson.dumps(row["state"]).decode(),
+                       "questions": orjson.dumps(row["questions"]).decode(),
+                       "answers": orjson.dumps(answered.answers).decode(), "latency_ms": 5.0})  # fmt: skip
+    store.append("decisions", logged)
+
+
+def new_kind_of_traffic(n):
+    """Long JSON tickets, asking only the tone and whether it is negative (no intensity)."""
+    rng = random.Random(9)
+    rows = synthetic.generate_rows(n, seed=21)
+    return [{"state": {"ticket": i, "channel": rng.choice(["email", "chat"]), "notes": row["state"] * 3},
+             "questions": {q: row["questions"][q] for q in ("tone", "is_negative")}} for i, row in enumerate(rows)]  # fmt: skip
+
+
+def read_events(event_id, timeout=30.0):
+    """The drift events the Prefect API stored, once `event_id` is among them (the server writes events in batches)."""
+    from prefect.client.orchestration import get_client
+    from prefect.events.filters import EventFilter, EventNameFilter, EventOccurredFilter
+
+    since = dt.datetime.now(dt.UTC) - dt.timedelta(hours=1)
+    deadline = time.monotonic() + timeout
+    with get_client(sync_client=True) as client:
+        while True:
+            wanted = EventFilter(event=EventNameFilter(name=["decision.drift.detected"]),
+                                 occurred=EventOccurredFilter(since=since))  # `until` defaults to now: made anew  # fmt: skip
+            events = client.read_events(
+                filter=wanted, limit=50
+            ).events  # the API's page limit (its client asks 100)
+            if any(str(e.id) == event_id for e in events) or time.monotonic() > deadline:
+                return events
+            time.sleep(1)
+
+
+def test_a_drifted_window_is_logged_on_the_versions_run_and_emits_the_event(
+    prefect_harness, registered, served_model, tmp_path
+):
+    from flows.monitor import monitor
+    from pipeline.mlops.registry import client
+
+    inference = tmp_path / "inference"
+    log_window(ParquetStore(inference), served_model, registered, new_kind_of_traffic(60))
+    outcome = monitor(
+        f"{NAME}@champion", window_end=END.isoformat(), params_file=str(params_file(tmp_path, inference))
+    )
+    result = outcome["result"]
+    assert outcome["model"] == f"{NAME}/{registered}" and outcome["decisions"] == 60
+    assert result["breached"] and {"state_chars", "state_kind", "question_mix"} <= set(result["drifted"])
+    assert set(result["not_compared"]) == {
+        "chosen.intensity",
+        "confidence.intensity",
+    }  # never asked in the window
+    run_id = client().get_model_version(NAME, registered).run_id
+    assert outcome["artifact"] == "monitoring/drift-20261203T120000Z.html"
+    assert [a.path for a in client().list_artifacts(run_id, "monitoring")] == [outcome["artifact"]]
+    [share] = client().get_metric_history(run_id, "monitor_drift_share")
+    assert share.value == result["share"] and share.step == int(END.timestamp())
+    gauges = read_gauges(inference)
+    assert gauges["drift_share"] == result["share"] and gauges["window_decisions"] == 60
+    assert (inference / "monitor" / "latest.html").stat().st_size > 10_000
+    events = read_events(outcome["event"])
+    [event] = [e for e in events if str(e.id) == outcome["event"]]
+    assert event.resource.id == f"decision-model.{NAME}"
+    assert event.payload["columns"] == result["drifted"] and event.payload["share"] == result["share"]
+
+
+def test_a_window_like_the_training_rows_is_not_drift_and_its_feedback_is_measured(
+    prefect_harness, registered, served_model, tmp_path
+):
+    from flows.monitor import monitor
+
+    inference = tmp_path / "inference"
+    store = ParquetStore(inference)
+    rows = synthetic.generate_rows(80, seed=33)
+    log_window(store, served_model, registered, rows)
+    log_window(
+        store, served_model, registered, rows[:5], served_as="other-model/4"
+    )  # another model's traffic
+    store.append("feedback", [{"decision_id": f"d{i}", "question_id": "tone", "gold": json.dumps(rows[i]["gold"]["tone"]),
+                               "labelled_by": "import", "time": END} for i in range(12)])  # fmt: skip
+    outcome = monitor(
+        f"{NAME}/{registered}", window_end=END.isoformat(), params_file=str(params_file(tmp_path, inference))
+    )
+    result = outcome["result"]
+    assert outcome["decisions"] == 80 and outcome["event"] is None
+    assert not result["breached"] and not {"state_chars", "state_kind", "question_mix"} & set(
+        result["drifted"]
+    )
+    tone = next(a for a in result["accuracy"] if a["question"] == "tone")
+    assert tone["decisions"] == 80 and tone["labelled"] == 12 and 0 <= tone["measured"] <= 1
+    assert read_gauges(inference)["labelled_decisions"] == 12
+
+
+def test_a_window_with_too_few_decisions_judges_nothing(prefect_harness, registered, served_model, tmp_path):
+    from flows.monitor import monitor
+
+    inference = tmp_path / "inference"
+    log_window(ParquetStore(inference), served_model, registered, synthetic.generate_rows(10, seed=5))
+    outcome = monitor(
+        f"{NAME}@champion", window_end=END.isoformat(), params_file=str(params_file(tmp_path, inference))
+    )
+    assert outcome["result"] is None and outcome["event"] is None
+    assert outcome["line"].endswith("10 decisions from 2026-12-03T11:00:00+00:00 to 2026-12-03T12:00:00+00:00, "
+                                    "fewer than 30: nothing judged")  # fmt: skip
+    assert read_gauges(inference) == {} and not (inference / "monitor").exists()

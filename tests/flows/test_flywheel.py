@@ -118,7 +118,8 @@ def test_served_decisions_labelled_harvested_and_retrained_with_lineage(prefect_
 
 
 def test_the_automation_runs_the_retrain_deployment_when_a_harvest_is_ready(prefect_api, tmp_path):
-    """A real server with its trigger service: the automation's RunDeployment creates a retrain flow run."""
+    """A real server with its trigger service: a ready harvest, then drift of the run's model, each create a retrain
+    flow run of the deployment; drift of another model creates none."""
     script = f"""
 import asyncio, sys, time
 from prefect.client.orchestration import get_client
@@ -131,20 +132,28 @@ retrain_on_new_data("{tmp_path / "params.yaml"}")
 time.sleep(3)  # the trigger service loads new automations on its own cycle
 emit_event("decision.harvest.ready", resource={{"prefect.resource.id": "decision.dataset.data/tickets"}},
            payload={{"rows": 200}})
-deadline = time.monotonic() + 90
-with get_client(sync_client=True) as client:
-    while time.monotonic() < deadline:
-        runs = client.read_flow_runs()
-        started = [r for r in runs if r.deployment_id == deployment_id]
-        if started:
-            print("PARAMETERS", started[0].parameters)
-            sys.exit(0)
-        time.sleep(1)
-sys.exit("no retrain run within 90 s")
+def retrain_runs(count):
+    deadline = time.monotonic() + 90
+    with get_client(sync_client=True) as client:
+        while time.monotonic() < deadline:
+            started = [r for r in client.read_flow_runs() if r.deployment_id == deployment_id]
+            if len(started) >= count:
+                return started
+            time.sleep(1)
+    sys.exit(f"fewer than {{count}} retrain runs within 90 s")
+
+print("PARAMETERS", retrain_runs(1)[0].parameters)
+emit_event("decision.drift.detected", resource={{"prefect.resource.id": "decision-model.tickets"}},
+           payload={{"share": 0.6}})
+retrain_runs(2)
+emit_event("decision.drift.detected", resource={{"prefect.resource.id": "decision-model.other"}})
+time.sleep(10)
+print("RUNS", len(retrain_runs(2)))  # another model's drift starts nothing
 """
     (tmp_path / "params.yaml").write_text("retrain:\n  data: data/tickets\n  model_name: tickets\n")
     done = subprocess.run([sys.executable, "-c", script], env=prefect_api, capture_output=True, text=True,
                           timeout=240, cwd=str(ROOT))  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:] + done.stdout[-2000:]
-    parameters = done.stdout.split("PARAMETERS", 1)[1]
+    parameters = done.stdout.split("PARAMETERS", 1)[1].split("RUNS")[0]
     assert "'only_new_data': True" in parameters
+    assert done.stdout.split("RUNS", 1)[1].strip() == "2"

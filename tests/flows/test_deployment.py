@@ -100,7 +100,7 @@ def test_prefect_yaml_deploys_and_a_worker_runs_retrain(
 
     deployed, run, after = _deploy_and_run(prefect_env, pool, overrides, tmp_path)
 
-    assert run["parameters"] == overrides
+    assert run["parameters"] == {"only_new_data": True, **overrides}  # the deployment's own, and ours
     schedule = deployed["schedules"][0]
     assert (schedule["schedule"]["cron"], schedule["schedule"]["timezone"], schedule["active"]) == (
         "0 3 * * 1", "UTC", True,

@@ -207,3 +207,29 @@ def test_a_harvest_killed_mid_write_leaves_the_data_set_as_it_was(project, tmp_p
     assert (
         harvest(str(tmp_path / "inference"), project, ValidateConfig()).rows == 5
     )  # the rerun takes them all
+
+
+def test_the_review_and_import_commands_round_trip_a_labelled_file(tmp_path, capsys):
+    from pipeline.cli.main import main
+
+    store = open_store(tmp_path / "inference")
+    ids = log_decisions(store, 6)
+    out = tmp_path / "review.jsonl"
+    inference = ["--inference", str(tmp_path / "inference")]
+    assert main(["review", "--model", "tickets", "--top", "3", "--out", str(out), *inference]) == 0
+    assert "decision feedback import" in capsys.readouterr().out
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert len(rows) == 3 and all(r["label"] == "" and r["decision_id"] in ids for r in rows)
+    for row in rows:
+        row["label"] = "true" if row["question"] == "positive" else "negative"
+    out.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert main(["feedback", "import", str(out), *inference, "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["stored"] == 3
+    labelled = {(r["decision_id"], r["question_id"]) for r in store.feedback().to_pylist()}
+    assert labelled == {(r["decision_id"], r["question"]) for r in rows}
+    assert all(r["labelled_by"] == "import" for r in store.feedback().to_pylist())
+    rows[0]["label"] = "furious"
+    out.write_text(json.dumps(rows[0]) + "\n")
+    assert main(["feedback", "import", str(out), *inference]) == 2  # nothing stored, the problem named
+    assert "is not an option" in capsys.readouterr().err
+    assert main(["feedback", "import", str(tmp_path / "missing.csv"), *inference]) == 2

@@ -157,3 +157,29 @@ print("RUNS", len(retrain_runs(2)))  # another model's drift starts nothing
     parameters = done.stdout.split("PARAMETERS", 1)[1].split("RUNS")[0]
     assert "'only_new_data': True" in parameters
     assert done.stdout.split("RUNS", 1)[1].strip() == "2"
+
+
+def test_decision_harvest_runs_the_flow_in_its_own_process(prefect_api, tmp_path):
+    """`decision harvest` as a user runs it: the flow `harvest` through a real Prefect API, JSON out; a data set that
+    is one file is exit 2 with what to do."""
+    import json
+
+    from tests.data.test_harvest import label, log_decisions
+
+    folder = tmp_path / "tickets"
+    folder.mkdir()
+    synthetic.write_rows(synthetic.generate_rows(20, seed=3), folder / "part-0.jsonl")
+    store = open_store(tmp_path / "inference")
+    label(store, log_decisions(store, 5))
+    (tmp_path / "params.yaml").write_text("flywheel:\n  retrain_after_rows: 5\n")
+    command = [sys.executable, "-m", "pipeline.cli", "harvest", "--params", str(tmp_path / "params.yaml"),
+               "--dataset", str(folder), "--inference", str(tmp_path / "inference"), "--json", "-q"]  # fmt: skip
+    done = subprocess.run(command, env=prefect_api, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    summary = json.loads(done.stdout.strip().splitlines()[-1])
+    assert summary["rows"] == 5 and summary["ready"] and summary["mlflow_run_id"]
+    single = [*command[:7], str(folder / "part-0.jsonl"), *command[8:]]
+    refused = subprocess.run(
+        single, env=prefect_api, cwd=tmp_path, capture_output=True, text=True, timeout=300
+    )
+    assert refused.returncode == 2 and "move it into a folder" in refused.stderr

@@ -20,6 +20,8 @@ FULL_ONLY = {
     "tests/api/test_schemathesis.py": "property-based fuzzing of the whole API",
     "tests/api/test_mlflow_serving.py": "MLflow's own model server",
     "tests/api/test_js_clients.py": "installs npm packages (and a PyPI client) on first use",
+    "tests/api/test_inference_log_kill.py": "real `decision serve` processes, stopped by SIGTERM and SIGKILL",
+    "tests/api/test_inference_log_postgres.py": "a PostgreSQL cluster",
     "tests/data/test_remote.py": "DVC pushes and pulls through a remote",
     "tests/unit/test_store.py": "PostgreSQL clusters and a tracking server",
     "tests/unit/test_prefect_server_preflight.py": "a Prefect server on PostgreSQL",

@@ -7,14 +7,11 @@ import sys
 import time
 
 import httpx
-import pytest
 
 from pipeline.flywheel.table import open_store
 from pipeline.stages.smoke import free_port
 from tests.api.conftest import QUESTIONS
 from tests.flows.processes import background, tail
-
-pytestmark = pytest.mark.full
 
 
 def serve(folder, inference, flush_s: float, log):

@@ -15,7 +15,7 @@ from pipeline.serving.server import ServerConfig, create_app
 from tests.api.conftest import QUESTIONS, wait_ready
 from tests.services import postgres_cluster
 
-pytestmark = [pytest.mark.postgres, pytest.mark.full]
+pytestmark = pytest.mark.postgres
 
 
 @pytest.fixture(scope="module")

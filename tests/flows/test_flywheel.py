@@ -18,7 +18,7 @@ from tests.api.conftest import live_server
 from tests.flows.conftest import ROOT, write_tiny_params
 from tests.tiny import pin_inputs
 
-pytestmark = [pytest.mark.slow, pytest.mark.full]
+pytestmark = pytest.mark.slow
 typesafe_sdk = pytest.importorskip("typesafe_sdk")
 KEYS = KeyStore({hash_key("alice-key"): "alice"})
 
@@ -183,3 +183,19 @@ def test_decision_harvest_runs_the_flow_in_its_own_process(prefect_api, tmp_path
         single, env=prefect_api, cwd=tmp_path, capture_output=True, text=True, timeout=300
     )
     assert refused.returncode == 2 and "move it into a folder" in refused.stderr
+
+
+@pytest.mark.parametrize(("name", "entrypoint"), [("harvest", "flows.harvest:harvest_flow"),
+                                                  ("monitor", "flows.monitor:monitor")])  # fmt: skip
+def test_the_shipped_flywheel_deployments_are_scheduled_but_off(name, entrypoint):
+    import importlib
+
+    import yaml
+
+    shipped = yaml.safe_load((ROOT / "prefect.yaml").read_text())
+    deployment = next(d for d in shipped["deployments"] if d["name"] == name)
+    module, _, attribute = entrypoint.partition(":")
+    flow = getattr(importlib.import_module(module), attribute)
+    assert deployment["entrypoint"] == f"{module.replace('.', '/')}.py:{attribute}" and flow.name == name
+    assert [s["active"] for s in deployment["schedules"]] == [False]
+    assert set(deployment["parameters"]) <= set(flow.parameters.properties)

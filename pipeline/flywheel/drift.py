@@ -4,7 +4,7 @@ Each side becomes one frame with a row per decision (`features_frame`): the stat
 model reads it) and its kind (text, object, list, other JSON), the question mix (which questions, of which type),
 and per question the option chosen and its top probability. The served side's answers are those the API returned
 (the inference table); the reference side's are the same model's answers to its own training rows
-(`reference_rows`), so a change in what is chosen, or in how sure the model is, comes from the traffic.
+(`stages.monitor.reference_rows`), so a change in what is chosen, or in how sure the model is, comes from the traffic.
 
 Evidently's data drift preset compares the two frames column by column and writes its HTML report
 (`drift_report`). Without labels the model's calibrated top probability is its expected accuracy; it stands beside
@@ -34,10 +34,8 @@ import pandas as pd
 import pyarrow as pa
 
 from pipeline.data.answers import answer_probabilities, chosen_option
-from pipeline.data.contract import Record, judge_gold, parse_question, state_text
-from pipeline.families.base import DecisionModel
+from pipeline.data.contract import judge_gold, parse_question, state_text
 from pipeline.flywheel.gauges import LATEST
-from pipeline.serving.offline import answer_rows, row_request
 
 STATE_COLUMNS = ("state_chars", "state_kind", "question_mix")
 NUMERIC_COLUMNS = ("state_chars",)
@@ -59,19 +57,6 @@ def served_rows(table: pa.Table) -> list[DecisionRow]:
     return [
         DecisionRow(decision_id, orjson.loads(state), orjson.loads(questions), orjson.loads(answers))
         for decision_id, state, questions, answers in zip(*columns)
-    ]
-
-
-def reference_rows(
-    records: Sequence[Record], model: DecisionModel, batch_size: int = 64
-) -> list[DecisionRow]:
-    """Training rows answered by `model` as the API answers them; a row the API would refuse is left out."""
-    requests = [row_request(i, None, r.state, r.questions_json) for i, r in enumerate(records)]
-    scored = answer_rows(model, requests, batch_size)
-    return [
-        DecisionRow(None, record.state, orjson.loads(record.questions_json), row.answers)
-        for record, row in zip(records, scored)
-        if row.answers is not None
     ]
 
 

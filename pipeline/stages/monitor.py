@@ -17,10 +17,12 @@ from __future__ import annotations
 import datetime as dt
 import os
 import tempfile
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
+import orjson
 import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -30,6 +32,7 @@ from pipeline.data.contract import Record
 from pipeline.data.read import RowSlice
 from pipeline.data.split import TrainSource
 from pipeline.families import load_decision_model
+from pipeline.families.base import DecisionModel
 from pipeline.flywheel.drift import (
     DecisionRow,
     DriftResult,
@@ -37,7 +40,6 @@ from pipeline.flywheel.drift import (
     drift_report,
     features_frame,
     question_columns,
-    reference_rows,
     served_rows,
     window_accuracy,
     write_latest,
@@ -52,6 +54,7 @@ from pipeline.mlops.registry import (
     parse_alias_uri,
     parse_version_uri,
 )
+from pipeline.serving.offline import answer_rows, row_request
 from pipeline.stages.predict import model_folder
 
 MONITORING = "monitoring"
@@ -208,3 +211,16 @@ def record_on_run(run_id: str, result: DriftResult, html: Path, window_end: dt.d
         run_id, metrics=[Metric(f"monitor_{k}", float(v), stamp, step) for k, v in result.gauges().items()]
     )
     return f"{MONITORING}/{html.name}"
+
+
+def reference_rows(
+    records: Sequence[Record], model: DecisionModel, batch_size: int = 64
+) -> list[DecisionRow]:
+    """Training rows answered by `model` as the API answers them; a row the API would refuse is left out."""
+    requests = [row_request(i, None, r.state, r.questions_json) for i, r in enumerate(records)]
+    scored = answer_rows(model, requests, batch_size)
+    return [
+        DecisionRow(None, record.state, orjson.loads(record.questions_json), row.answers)
+        for record, row in zip(records, scored)
+        if row.answers is not None
+    ]

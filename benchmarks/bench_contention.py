@@ -42,7 +42,7 @@ ROOT = HERE.parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(ROOT))
 
-from bench_serve import build_requests, load, start_laya, start_ours, wait_ready  # noqa: E402
+from bench_serve import build_requests, default_model, load, start_laya, start_ours, wait_ready  # noqa: E402
 
 from pipeline.cpu.budget import CgroupFiles, affinity_cpus, cgroup_paths  # noqa: E402
 from pipeline.stages.smoke import free_port  # noqa: E402
@@ -298,9 +298,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    default_model = ROOT / "models/vader-minilm"
-    parser.add_argument("--model", type=Path,
-                        default=default_model if default_model.exists() else ROOT / "data/snapshots/minilm")  # fmt: skip
+    parser.add_argument("--model", type=Path, default=default_model())
     parser.add_argument(
         "--base", type=Path, default=ROOT / "data/snapshots/minilm", help="what training starts from"
     )

@@ -24,7 +24,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from bench_serve import SAMPLE, build_requests, measure_interleaved, start_ours  # noqa: E402  (a sibling script)
+from bench_serve import SAMPLE, build_requests, default_model, measure_interleaved, start_ours  # noqa: E402  (a sibling script)
 
 from pipeline.flywheel.table import open_store  # noqa: E402
 
@@ -58,9 +58,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    default_model = ROOT / "models/vader-minilm"
-    parser.add_argument("--model", type=Path,
-                        default=default_model if default_model.exists() else ROOT / "data/snapshots/minilm")  # fmt: skip
+    parser.add_argument("--model", type=Path, default=default_model())
     parser.add_argument("--data", type=Path, default=ROOT / "data/processed/vader.jsonl")
     parser.add_argument("--requests", type=int, default=160, help="requests per concurrency level and round")
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8])

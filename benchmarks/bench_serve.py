@@ -49,6 +49,12 @@ TOPIC = {"type": "choice", "instructions": "Where does this text come from?",
                       "social": "a social media post"}}  # fmt: skip
 
 
+def default_model() -> Path:
+    """The model the serving benchmarks serve: `make run`'s export where one was made, else the stock snapshot."""
+    exported = ROOT / "models/vader-minilm"
+    return exported if exported.exists() else ROOT / "data/snapshots/minilm"
+
+
 def build_requests(data: Path, n: int) -> list[dict]:
     from pipeline.config import load_params
     from pipeline.data.split import TrainSource
@@ -339,12 +345,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    default_model = ROOT / "models/vader-minilm"
-    parser.add_argument(
-        "--model",
-        type=Path,
-        default=default_model if default_model.exists() else ROOT / "data/snapshots/minilm",
-    )
+    parser.add_argument("--model", type=Path, default=default_model())
     parser.add_argument("--data", type=Path, default=ROOT / "data/processed/vader.jsonl")
     parser.add_argument("--requests", type=int, default=80, help="requests per concurrency level")
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8])

@@ -25,10 +25,10 @@ from prefect.events.actions import RunDeployment
 from prefect.events.schemas.automations import EventTrigger, Posture
 from prefect.events.schemas.events import ResourceSpecification
 
+from flows.harvest import READY_EVENT, dataset_resource
+from flows.monitor import DRIFT_EVENT, model_resource
 from pipeline.config import load_params
 
-HARVEST_READY = "decision.harvest.ready"
-DRIFT_DETECTED = "decision.drift.detected"
 DEPLOYMENT = "retrain/retrain"
 
 
@@ -40,7 +40,7 @@ def retrain_on_new_data(params_file: str = "params.yaml", run_config: str | None
                         deployment: str = DEPLOYMENT) -> str:  # fmt: skip
     """Create (or replace) the automation for one run config; its id. The deployment must exist."""
     params = load_params(params_file, run_config)
-    resources = [f"decision.dataset.{params.retrain.data}", f"decision-model.{params.retrain.model_name}"]
+    resources = [dataset_resource(params.retrain.data), model_resource(params.retrain.model_name)]
     name = automation_name(run_config)
     with get_client(sync_client=True) as client:
         deployment_id = client.read_deployment_by_name(deployment).id
@@ -51,7 +51,7 @@ def retrain_on_new_data(params_file: str = "params.yaml", run_config: str | None
     )
     automation = Automation(
         name=name,
-        trigger=EventTrigger(expect={HARVEST_READY, DRIFT_DETECTED},
+        trigger=EventTrigger(expect={READY_EVENT, DRIFT_EVENT},
                              match=ResourceSpecification({"prefect.resource.id": resources}),
                              posture=Posture.Reactive, threshold=1),
         actions=[RunDeployment(source="selected", deployment_id=deployment_id, parameters=parameters)],
@@ -69,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     automation = retrain_on_new_data(args.params, args.run_config, args.deployment)
-    print(f"automation {automation}: {HARVEST_READY} or {DRIFT_DETECTED} runs {args.deployment} "
+    print(f"automation {automation}: {READY_EVENT} or {DRIFT_EVENT} runs {args.deployment} "
           f"({args.run_config or 'default'} run config, only on new data)")  # fmt: skip
     return 0
 

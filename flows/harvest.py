@@ -22,7 +22,7 @@ from prefect import flow, task
 from prefect.artifacts import create_markdown_artifact
 from prefect.events import emit_event
 
-from pipeline.config import ConfigError, load_params
+from pipeline.config import ConfigError, ValidateConfig, load_params
 from pipeline.data.read import UnreadableInput
 from pipeline.flywheel.harvest import HarvestRefused
 from pipeline.mlops.tracking import log_harvest
@@ -31,11 +31,14 @@ from pipeline.stages.harvest import HarvestResult, harvest
 READY_EVENT = "decision.harvest.ready"
 
 
+def dataset_resource(dataset: str) -> str:
+    """The Prefect resource id a data set's harvest events are about (the retrain automation matches it)."""
+    return f"decision.dataset.{dataset}"
+
+
 @task(name="harvest")
-def harvest_task(
-    inference: str, dataset: str, params_file: str, run_config: str | None, commit: bool
-) -> HarvestResult:
-    return harvest(inference, dataset, load_params(params_file, run_config).validate, commit=commit)
+def harvest_task(inference: str, dataset: str, split_config: ValidateConfig, commit: bool) -> HarvestResult:
+    return harvest(inference, dataset, split_config, commit=commit)
 
 
 @task(name="record-harvest")
@@ -51,11 +54,11 @@ def harvest_flow(params_file: str = "params.yaml", run_config: str | None = None
     params = load_params(params_file, run_config)
     inference = inference or params.flywheel.inference
     dataset = dataset or params.retrain.data
-    result = harvest_task(inference, dataset, params_file, run_config, commit)
+    result = harvest_task(inference, dataset, params.validate, commit)
     print(result.line())
     summary = result.to_dict() | {"mlflow_run_id": record(result) if result.rows else None, "ready": False}
     if result.rows >= params.flywheel.retrain_after_rows:
-        emit_event(READY_EVENT, resource={"prefect.resource.id": f"decision.dataset.{dataset}"},
+        emit_event(READY_EVENT, resource={"prefect.resource.id": dataset_resource(dataset)},
                    payload={"rows": result.rows, "revision": result.revision, "run_config": run_config})  # fmt: skip
         summary["ready"] = True
     create_markdown_artifact(_markdown(summary), key="harvest", description=result.line())
@@ -82,11 +85,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         summary = harvest_flow(args.params, args.run_config, args.inference, args.dataset, not args.no_commit)
-    except (
-        HarvestRefused,
-        UnreadableInput,
-        ConfigError,
-    ) as error:  # the data set or config, named; nothing written
+    # The data set or the config is wrong: named, nothing written.
+    except (HarvestRefused, UnreadableInput, ConfigError) as error:
         print(f"harvest: {error}", file=sys.stderr)
         return 2
     print(json.dumps(summary) if args.json else f"{summary['rows']} rows harvested into {summary['dataset']}")

@@ -33,6 +33,11 @@ from pipeline.stages.monitor import MonitorError, MonitorOutcome, monitor_stage
 DRIFT_EVENT = "decision.drift.detected"
 
 
+def model_resource(name: str) -> str:
+    """The Prefect resource id a model's drift events are about (the retrain automation matches it)."""
+    return f"decision-model.{name}"
+
+
 # No retries: a window that failed is judged again by the next run, and a retry would score the reference again.
 @task(name="judge-window")
 def judge(model: str, config: MonitorConfig, split_config: ValidateConfig, row_slice: str | None,
@@ -75,7 +80,7 @@ def announce(outcome: MonitorOutcome) -> str | None:
     result = outcome.result
     emitted = emit_event(
         DRIFT_EVENT,
-        resource={"prefect.resource.id": f"decision-model.{name}", "prefect.resource.name": outcome.model},
+        resource={"prefect.resource.id": model_resource(name), "prefect.resource.name": outcome.model},
         payload={"model": outcome.model, "share": result.share, "threshold": result.threshold,
                  "columns": result.drifted, "window_start": outcome.window_start, "window_end": outcome.window_end,
                  "decisions": outcome.decisions, "report": outcome.artifact},

@@ -20,9 +20,8 @@ import os
 import queue
 import random
 import threading
-import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import orjson
@@ -31,7 +30,6 @@ from pipeline.flywheel.table import Store, open_store, utc_now
 
 log = logging.getLogger("decision.serve")
 SALT_ENV = "DECISION_LOG_SALT"
-REDACTED = "[dropped]"
 
 
 @dataclass(frozen=True)
@@ -156,7 +154,7 @@ class InferenceLog:
 
 
 def _stamped(served: Served) -> Served:
-    return Served(**{**served.__dict__, "time": utc_now()})
+    return replace(served, time=utc_now())
 
 
 def _json(value: Any) -> str:
@@ -193,7 +191,3 @@ def hash_value(value: Any) -> str:
     salt = os.environ.get(SALT_ENV)
     digest = hmac.new(salt.encode(), data, "sha256").hexdigest() if salt else hashlib.sha256(data).hexdigest()
     return f"sha256:{digest}"
-
-
-def monotonic_ms(started: float) -> float:
-    return (time.perf_counter() - started) * 1000

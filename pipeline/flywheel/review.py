@@ -14,13 +14,13 @@ import csv
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import orjson
 
 from pipeline.data.answers import answer_probabilities
-from pipeline.data.contract import judge_gold, parse_question
+from pipeline.data.contract import QuestionSpec, judge_gold, parse_question
 from pipeline.flywheel.table import Store
 from pipeline.scoring.conformal import conformal_threshold, prediction_set
 
@@ -53,9 +53,9 @@ def review_queue(
         raise ValueError(f"order must be one of {', '.join(ORDERS)}, got {order!r}")
     decisions = [row for row in store.decisions().to_pylist() if _is_model(row["model"], model)]
     labelled = {(r["decision_id"], r["question_id"]): r["gold"] for r in store.feedback().to_pylist()}
-    threshold = _threshold(decisions, labelled, alpha)
-    items = [item for row in decisions for item in _items(row, threshold)
-             if (item.decision_id, item.question) not in labelled]  # fmt: skip
+    answered = _answers(decisions)
+    threshold = _threshold(answered, labelled, alpha)
+    items = [_item(a, threshold) for a in answered if (a.row["decision_id"], a.qid) not in labelled]
     if order == "set_size":
         items.sort(key=lambda it: (-(it.set_size or 0), it.margin))
     elif order == "entropy":
@@ -85,38 +85,48 @@ def _is_model(logged: str, wanted: str) -> bool:
     return logged == wanted or logged.startswith(wanted + "/")
 
 
-def _items(row: dict[str, Any], threshold: float | None) -> list[ReviewItem]:
-    questions, answers = orjson.loads(row["questions"]), orjson.loads(row["answers"])
-    state = orjson.loads(row["state"])
-    items = []
-    for qid, answer in answers.items():
-        spec = parse_question(qid, questions.get(qid))
-        if spec.question is None:
-            continue
-        p = np.asarray(answer_probabilities(answer), dtype=float)
-        top2 = np.sort(p)[-2:] if len(p) > 1 else np.array([0.0, p[0]])
-        set_size = None if threshold is None else len(prediction_set(p, threshold))
-        items.append(ReviewItem(row["decision_id"], qid, row["model"], row["time"].isoformat(), state,
-                                list(spec.question.options), spec.question.options[int(p.argmax())],
-                                float(top2[1] - top2[0]), _entropy(p), set_size))  # fmt: skip
-    return items
+class _Answer(NamedTuple):
+    """One answered question of a logged decision, read once for both the threshold and the queue."""
+
+    row: dict[str, Any]
+    state: Any
+    qid: str
+    spec: QuestionSpec
+    probabilities: np.ndarray
 
 
-def _threshold(
-    decisions: list[dict[str, Any]], labelled: dict[tuple[str, str], str], alpha: float
-) -> float | None:
+def _answers(decisions: list[dict[str, Any]]) -> list[_Answer]:
+    answered = []
+    for row in decisions:
+        questions, state = orjson.loads(row["questions"]), orjson.loads(row["state"])
+        for qid, answer in orjson.loads(row["answers"]).items():
+            spec = parse_question(qid, questions.get(qid))
+            if spec.question is not None:
+                answered.append(
+                    _Answer(row, state, qid, spec, np.asarray(answer_probabilities(answer), dtype=float))
+                )
+    return answered
+
+
+def _item(answer: _Answer, threshold: float | None) -> ReviewItem:
+    p, options = answer.probabilities, answer.spec.question.options
+    top2 = np.sort(p)[-2:] if len(p) > 1 else np.array([0.0, p[0]])
+    set_size = None if threshold is None else len(prediction_set(p, threshold))
+    return ReviewItem(answer.row["decision_id"], answer.qid, answer.row["model"], answer.row["time"].isoformat(),
+                      answer.state, list(options), options[int(p.argmax())], float(top2[1] - top2[0]), _entropy(p),
+                      set_size)  # fmt: skip
+
+
+def _threshold(answered: list[_Answer], labelled: dict[tuple[str, str], str], alpha: float) -> float | None:
     """The split-conformal threshold from this model's labelled answers, None with too few of them."""
     scores = []
-    for row in decisions:
-        questions, answers = orjson.loads(row["questions"]), orjson.loads(row["answers"])
-        for qid, answer in answers.items():
-            gold = labelled.get((row["decision_id"], qid))
-            spec = parse_question(qid, questions.get(qid))
-            if gold is None or spec.question is None:
-                continue
-            ok, _, judged = judge_gold(spec, orjson.loads(gold))
-            if ok and judged is not None:
-                scores.append(1.0 - answer_probabilities(answer)[judged.label])
+    for answer in answered:
+        gold = labelled.get((answer.row["decision_id"], answer.qid))
+        if gold is None:
+            continue
+        ok, _, judged = judge_gold(answer.spec, orjson.loads(gold))
+        if ok and judged is not None:
+            scores.append(1.0 - answer.probabilities[judged.label])
     return conformal_threshold(np.asarray(scores), alpha) if len(scores) >= MIN_CALIBRATION else None
 
 

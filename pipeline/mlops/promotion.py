@@ -28,9 +28,8 @@ CHAMPION, CHALLENGER = "champion", "challenger"
 HISTORY_TAG = "alias_history"
 HISTORY_KEPT = 30  # entries; a registered-model tag holds a few kB
 SMOKE_TAG, GATE_TAG, GATE_REASONS_TAG = "smoke", "gate", "gate_reasons"
-GATE_QUESTIONS_TAG = (
-    "gate_questions"  # per question: the challenger's accuracy gain over the champion, and its verdict
-)
+# Per question: the challenger's accuracy gain over the champion, and its verdict.
+GATE_QUESTIONS_TAG = "gate_questions"
 UNPINNED_TAG = "allow_unpinned"
 """Tagged `true` on the run and version of a retraining that ran with --allow-unpinned (not every input pinned
 by DVC): the gate holds such a version and `promote_version` wants force."""

@@ -96,6 +96,16 @@ def alias_version(name: str, alias: str) -> str:
         raise RegistryError(f"models:/{name}@{alias}: {error.message}") from error
 
 
+def registered_version(uri: str) -> tuple[str, str] | None:
+    """(name, version) of `models:/NAME/VERSION`, or of the version `models:/NAME@ALIAS` points at now; None for
+    anything else (a folder)."""
+    if (numbered := parse_version_uri(uri)) is not None:
+        return numbered
+    if (aliased := parse_alias_uri(uri)) is not None:
+        return aliased[0], alias_version(*aliased)
+    return None
+
+
 def download_version(name: str, version: str, dst: str | Path) -> Path:
     """Fetch a version's artifacts into `dst` and return its export folder."""
     import mlflow.artifacts

@@ -132,13 +132,14 @@ class LiveRun:
 
 
 def log_values(run_id: str, params: dict[str, Any] | None = None, metrics: dict[str, float] | None = None,
-               step: int = 0) -> None:  # fmt: skip
-    """Params and metrics (at `step`) into a run in one call; MLflow splits it where its batch limits say."""
+               step: int = 0, timestamp_ms: int | None = None) -> None:  # fmt: skip
+    """Params and metrics (at `step`, stamped `timestamp_ms` or now) into a run in one call; MLflow splits it where
+    its batch limits say."""
     import time
 
     from mlflow.entities import Metric, Param
 
-    now = int(time.time() * 1000)
+    now = int(time.time() * 1000) if timestamp_ms is None else timestamp_ms
     client().log_batch(run_id, metrics=[Metric(k, float(v), now, step) for k, v in (metrics or {}).items()],
                        params=[Param(k, str(v)) for k, v in (params or {}).items()])  # fmt: skip
 

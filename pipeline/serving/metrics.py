@@ -88,13 +88,10 @@ class MonitorGauges(Collector):
         self.folder = folder
 
     def collect(self):
+        # A summary being replaced, or unreadable: no gauges this scrape.
         try:
             gauges = read_gauges(self.folder)
-        except (
-            OSError,
-            ValueError,
-            KeyError,
-        ):  # a summary being replaced, or unreadable: no gauges this scrape
+        except (OSError, ValueError, KeyError):
             gauges = {}
         for name, value in gauges.items():
             yield GaugeMetricFamily(

@@ -36,7 +36,7 @@ from pipeline.data.answers import InvalidRequest, RequestTooLarge, parse_request
 from pipeline.data.contract import QUESTION_TYPES
 from pipeline.device import precision_name, serving_dtype
 from pipeline.families.base import BadQuestion
-from pipeline.flywheel.feedback import MAX_ITEMS, FeedbackRefused, Labeller, parse_items, store_feedback
+from pipeline.flywheel.feedback import MAX_ITEMS, FeedbackRefused, Labeller, store_feedback
 from pipeline.flywheel.log import InferenceLog, LogConfig, Served
 from pipeline.flywheel.table import POSTGRES_SCHEMES, new_decision_id
 from pipeline.mlops.tracking import record_shadow
@@ -292,9 +292,9 @@ def create_app(catalog: Catalog, keys: KeyStore, config: ServerConfig = ServerCo
         if who.owner is None and not who.open_server:
             raise _unauthorized("feedback needs the API key that made the decision (or an admin key)")
         labeller = Labeller(who.owner, who.admin, who.open_server)
-        dumped = [item.model_dump() for item in body] if isinstance(body, list) else body.model_dump()
+        # FeedbackItem has checked each item's shape and the list's length: what `parse_items` does for a file.
+        items = [item.model_dump() for item in (body if isinstance(body, list) else [body])]
         try:
-            items = parse_items(dumped)
             stored = await run_in_threadpool(store_feedback, inference_log.store, items, labeller,
                                              flush=inference_log.flush)  # fmt: skip
         except FeedbackRefused as error:

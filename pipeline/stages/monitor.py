@@ -49,11 +49,10 @@ from pipeline.flywheel.table import POSTGRES_SCHEMES, open_store
 from pipeline.mlops.registry import (
     MODEL_URI_PREFIX,
     RegistryError,
-    alias_version,
     client,
-    parse_alias_uri,
-    parse_version_uri,
+    registered_version,
 )
+from pipeline.mlops.tracking import log_values
 from pipeline.serving.offline import answer_rows, row_request
 from pipeline.stages.predict import model_folder
 
@@ -160,10 +159,8 @@ def utc(moment: dt.datetime) -> dt.datetime:
 def resolve_version(model: str) -> tuple[str, str]:
     """(name, version) for `NAME@ALIAS` or `NAME/VERSION`, with or without `models:/`."""
     uri = model if model.startswith(MODEL_URI_PREFIX) else MODEL_URI_PREFIX + model
-    if (numbered := parse_version_uri(uri)) is not None:
-        return numbered
-    if (aliased := parse_alias_uri(uri)) is not None:
-        return aliased[0], alias_version(*aliased)
+    if (registered := registered_version(uri)) is not None:
+        return registered
     raise RegistryError(f"--model {model}: expected NAME@ALIAS or NAME/VERSION, e.g. decision-model@champion")
 
 
@@ -202,14 +199,9 @@ def summary_folder(config: MonitorConfig) -> str:
 def record_on_run(run_id: str, result: DriftResult, html: Path, window_end: dt.datetime) -> str:
     """The HTML report under the run's `monitoring/` and its gauges as `monitor_*` metrics at the window end (as
     step, in epoch seconds, and as timestamp); the report's artifact path."""
-    from mlflow.entities import Metric
-
-    step, stamp = int(window_end.timestamp()), int(window_end.timestamp() * 1000)
-    tracking = client()
-    tracking.log_artifact(run_id, str(html), MONITORING)
-    tracking.log_batch(
-        run_id, metrics=[Metric(f"monitor_{k}", float(v), stamp, step) for k, v in result.gauges().items()]
-    )
+    client().log_artifact(run_id, str(html), MONITORING)
+    log_values(run_id, metrics={f"monitor_{k}": v for k, v in result.gauges().items()},
+               step=int(window_end.timestamp()), timestamp_ms=int(window_end.timestamp() * 1000))  # fmt: skip
     return f"{MONITORING}/{html.name}"
 
 

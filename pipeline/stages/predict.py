@@ -41,7 +41,7 @@ from pipeline.families import load_decision_model
 from pipeline.families.base import DecisionModel, ModelLayoutError
 from pipeline.families.exporting import read_manifest
 from pipeline.lineage import MAPPING_OPTIONS
-from pipeline.mlops.registry import alias_version, download_version, parse_alias_uri, parse_version_uri
+from pipeline.mlops.registry import download_version, registered_version
 from pipeline.serving.catalog import export_name
 from pipeline.serving.offline import (
     ID_COLUMNS,
@@ -154,14 +154,14 @@ def count_rows(source: str | Path) -> int | None:
 def model_folder(source: str) -> Iterator[tuple[str, Path]]:
     """(the name the API serves it under, its folder) for an export folder, a registry alias or a registered
     version (`models:/NAME/VERSION`; the version fetched into a temporary folder, removed after)."""
-    alias, numbered = parse_alias_uri(source), parse_version_uri(source)
-    if alias is None and numbered is None:
+    registered = registered_version(source)
+    if registered is None:
         folder = Path(source)
         if not folder.is_dir():
             raise ModelLayoutError(f"--model {source}: no such folder (or use models:/NAME@ALIAS)")
         yield export_name(folder), folder
         return
-    name, version = numbered or (alias[0], alias_version(*alias))
+    name, version = registered
     with tempfile.TemporaryDirectory(prefix="decision-predict-") as cache:
         yield f"{name}/{version}", download_version(name, version, Path(cache) / f"{name}-{version}")
 

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from pipeline.data.contract import parse_questions
+from pipeline.data.contract import parse_questions, state_text
 from pipeline.families.joint.records import (
     SYSTEM_INSTRUCTION,
     EncodedRecord,
@@ -11,6 +11,7 @@ from pipeline.families.joint.records import (
     collate_records,
     encode_record,
 )
+from pipeline.families.joint.token_cache import TokenCache, tokenize
 from tests.tiny import tiny_tokenizer
 
 QUESTIONS = {
@@ -211,3 +212,47 @@ def assert_batch_matches(batch: dict, row: int, record: EncodedRecord) -> None:
             mask = batch["option_token_mask"][row, qi, oi]
             assert batch["option_tokens"][row, qi, oi][mask].tolist() == list(option)
             assert mask.sum().item() == len(option)
+
+
+LAYOUTS = {"in the sequence": {}, "fields apart": {"fields_apart": True},
+           "isolated": {"fields_apart": True, "isolated": True}}  # fmt: skip
+
+
+class CountingTokenizer:
+    """A tokenizer that records the texts each call tokenises, and otherwise is the wrapped one."""
+
+    def __init__(self, inner):
+        self.inner, self.calls = inner, []
+
+    def __call__(self, texts, **kwargs):
+        self.calls.append(list(texts))
+        return self.inner(texts, **kwargs)
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_a_token_cache_gives_the_same_records_and_tokenises_only_each_new_state(tokenizer, layout):
+    qs = questions()
+    states = [STATE, "another state", LONG_STATE, STATE]
+    counting, cache = CountingTokenizer(tokenizer), TokenCache()
+    kwargs = {"max_len": 512, **LAYOUTS[layout]}
+    for state in states:
+        assert encode_record(counting, state, qs, cache=cache, **kwargs) == encode_record(
+            tokenizer, state, qs, **kwargs
+        )
+    first, *later = counting.calls
+    assert len(first) > 5  # the first row tokenises its state and every question text
+    assert [len(call) for call in later] == [1, 1, 1]  # later rows: their state alone
+    assert state_text(STATE) not in cache.kept and state_text(LONG_STATE) not in cache.kept
+
+
+def test_a_token_cache_drops_the_least_recent_texts_and_starts_over_for_another_tokenizer(tokenizer):
+    cache = TokenCache(capacity=2)
+    assert cache.tokens(tokenizer, ["a b", "c", "d"], fresh="a b") == tokenize(tokenizer, ["a b", "c", "d"])
+    cache.tokens(tokenizer, ["e"], fresh="x")
+    assert cache.kept == ["d", "e"]
+    other = bpe_tokenizer() if not is_byte_level(tokenizer) else tiny_tokenizer()
+    assert cache.tokens(other, ["e"], fresh="x") == tokenize(other, ["e"])
+    assert cache.kept == ["e"]

@@ -65,6 +65,7 @@ from pipeline.families.joint.field_cache import FieldCache
 from pipeline.families.joint.head import JointDecisionModel, JointHead
 from pipeline.families.joint.merge import JointExportError, is_quantised, merged_parts
 from pipeline.families.joint.records import RecordLayout
+from pipeline.families.joint.token_cache import TokenCache
 from pipeline.families.planned_layers import configure_plan, current_plan, plan_manifest
 from pipeline.layer_plans import KEY as PLAN_KEY
 from pipeline.layer_plans import LayerPlanError
@@ -90,6 +91,7 @@ class LoadedJoint:
     config: dict[str, Any]
     calibrator: Calibrator | None = None  # an export's calibrator.json; None: the config's temperatures
     field_cache: FieldCache = field(default_factory=FieldCache)  # isolated questions' field vectors, served
+    token_cache: TokenCache = field(default_factory=TokenCache)  # the question texts' ids, served
 
     @property
     def max_len(self) -> int:

@@ -40,6 +40,7 @@ import torch
 
 from pipeline.data.contract import QUESTION_TYPE_IDS, Question, state_text
 from pipeline.families.base import cut_state
+from pipeline.families.joint.token_cache import TokenCache, tokenize
 
 SYSTEM_INSTRUCTION = "Answer each question about the state. Each question lists its allowed options."
 _STATE_OPEN = "\n\nState:\n"
@@ -94,13 +95,14 @@ class EncodedRecord:
 
 def encode_record(tokenizer: Any, state: Any, questions: list[Question], max_len: int, min_state_tokens: int = 8,
                   fields_apart: bool = False, fields_max_len: int | None = None,
-                  isolated: bool = False, state_windows: int = 1) -> EncodedRecord:  # fmt: skip
+                  isolated: bool = False, state_windows: int = 1,
+                  cache: TokenCache | None = None) -> EncodedRecord:  # fmt: skip
     """Encode a row's state and all its questions into at most `max_len` tokens (each sequence, fields apart).
 
     `isolated`: no question id is written (a question is its type, instructions and options); fields apart, each
     question and each option gets a sequence of its own (`encode_isolated`); in the sequence, call it with one
     question per record (`encode_row`). `state_windows` (fields apart only): windows of `max_len` the state may
-    fill (`windowed_state`).
+    fill (`windowed_state`). `cache`: the question texts' ids kept from row to row (a server's, a run's).
 
     Raises RecordTooLong when the questions leave fewer than `min_state_tokens` for the state (or fewer than
     the whole state, when it is shorter), when the questions alone exceed `max_len` (fields apart), or when an
@@ -109,13 +111,16 @@ def encode_record(tokenizer: Any, state: Any, questions: list[Question], max_len
     if not questions:
         raise ValueError("a record needs at least one question")
     if fields_apart and isolated:
-        return encode_isolated(tokenizer, state, questions, max_len, fields_max_len or max_len, state_windows)
+        return encode_isolated(tokenizer, state, questions, max_len, fields_max_len or max_len, state_windows,
+                               cache)  # fmt: skip
     if fields_apart:
-        return _encode_apart(tokenizer, state, questions, max_len, fields_max_len or max_len, state_windows)
+        return _encode_apart(
+            tokenizer, state, questions, max_len, fields_max_len or max_len, state_windows, cache
+        )
     pieces = [_question_pieces(q, with_id=not isolated) for q in questions]
     texts = [SYSTEM_INSTRUCTION + _STATE_OPEN, state_text(state), _QUESTIONS_OPEN]
     texts += [text for question in pieces for text, _ in question]
-    tokens = _tokenize(tokenizer, texts)
+    tokens = _tokenize(tokenizer, texts, texts[1], cache)
     # A causal LM's sequence opens with its BOS token, an encoder's with its CLS token (what it was trained on).
     opener = (
         tokenizer.bos_token_id
@@ -145,11 +150,11 @@ def encode_record(tokenizer: Any, state: Any, questions: list[Question], max_len
     )
 
 
-def _encode_apart(tokenizer: Any, state: Any, questions: list[Question], max_len: int,
-                  fields_max_len: int, state_windows: int = 1) -> EncodedRecord:  # fmt: skip
+def _encode_apart(tokenizer: Any, state: Any, questions: list[Question], max_len: int, fields_max_len: int,
+                  state_windows: int = 1, cache: TokenCache | None = None) -> EncodedRecord:  # fmt: skip
     pieces = [_question_pieces(q) for q in questions]
     texts = [state_text(state), _QUESTIONS_OPEN.lstrip()] + [text for q in pieces for text, _ in q]
-    tokens = _tokenize(tokenizer, texts)
+    tokens = _tokenize(tokenizer, texts, texts[0], cache)
     cls, sep = _encoder_bounds(tokenizer)
     room = max(0, max_len - len(cls) - len(sep))
     state_ids = cut_state(tokens[texts[0]], room * state_windows)
@@ -176,14 +181,13 @@ def _encode_apart(tokenizer: Any, state: Any, questions: list[Question], max_len
     )
 
 
-def encode_row(
-    tokenizer: Any, state: Any, questions: list[Question], layout: RecordLayout
-) -> list[EncodedRecord]:
+def encode_row(tokenizer: Any, state: Any, questions: list[Question], layout: RecordLayout,
+               cache: TokenCache | None = None) -> list[EncodedRecord]:  # fmt: skip
     """A row's records as `layout` reads it: one record, or one per question (isolated in the sequence: a causal
-    LM reads each question after the state alone, so no question sees another)."""
+    LM reads each question after the state alone, so no question sees another). `cache`: as `encode_record`."""
     encode = partial(encode_record, tokenizer, state, max_len=layout.max_len, fields_apart=layout.fields_apart,
                      fields_max_len=layout.fields_max_len, isolated=layout.isolated,
-                     state_windows=layout.state_windows)  # fmt: skip
+                     state_windows=layout.state_windows, cache=cache)  # fmt: skip
     if layout.isolated and not layout.fields_apart:
         return [part for question in questions for part in _option_runs(encode, question)]
     return [encode(questions)]
@@ -242,8 +246,8 @@ def windowed_state(state_ids: list[int], cls: list[int], sep: list[int], room: i
     return tuple(token for piece in pieces for token in piece)
 
 
-def encode_isolated(tokenizer: Any, state: Any, questions: list[Question], max_len: int,
-                    fields_max_len: int, state_windows: int = 1) -> EncodedRecord:  # fmt: skip
+def encode_isolated(tokenizer: Any, state: Any, questions: list[Question], max_len: int, fields_max_len: int,
+                    state_windows: int = 1, cache: TokenCache | None = None) -> EncodedRecord:  # fmt: skip
     """Fields apart and isolated: the state's sequence `[CLS] <state> [SEP]`; per question a sequence
     `[CLS] (<type>): <instructions> [SEP]`, and per option `[CLS] (<type>): <instructions> option: "<id>"[:
     "<description>"] [SEP]`. A question's field depends on its own text alone and an option's on its question
@@ -252,7 +256,7 @@ def encode_isolated(tokenizer: Any, state: Any, questions: list[Question], max_l
     """
     pieces = [_isolated_pieces(q) for q in questions]
     texts = [state_text(state)] + [t for question, options in pieces for t in (question, *_flat(options))]
-    tokens = _tokenize(tokenizer, texts)
+    tokens = _tokenize(tokenizer, texts, texts[0], cache)
     cls, sep = _encoder_bounds(tokenizer)
     room = max(0, max_len - len(cls) - len(sep))
     state_ids = cut_state(tokens[texts[0]], room * state_windows)
@@ -346,14 +350,9 @@ def _json(value: str) -> str:
     return orjson.dumps(value).decode()
 
 
-def _tokenize(tokenizer: Any, texts: list[str]) -> dict[str, list[int]]:
-    """Token ids of each distinct text, in one batch call; special-token strings in user text stay text."""
-    unique = list(dict.fromkeys(texts))
-    # verbose=False: a state longer than the model is cut into windows here, not an indexing error to warn of.
-    encoded = tokenizer(unique, add_special_tokens=False, split_special_tokens=True, verbose=False)[
-        "input_ids"
-    ]
-    return dict(zip(unique, encoded))
+def _tokenize(tokenizer: Any, texts: list[str], state: str, cache: TokenCache | None) -> dict[str, list[int]]:
+    """Token ids of each distinct text: the texts other than `state` from `cache` where one is given."""
+    return tokenize(tokenizer, texts) if cache is None else cache.tokens(tokenizer, texts, fresh=state)
 
 
 def _state_budget(budget: int, state_len: int, min_state_tokens: int, fixed: int, max_len: int) -> int:

@@ -32,6 +32,7 @@ from pipeline.families.joint.records import (
     distinct_field_keys,
     encode_row,
 )
+from pipeline.families.joint.token_cache import TokenCache
 from pipeline.families.planned_layers import freeze_skipped
 from pipeline.scoring.decisions import ScoredDecision
 
@@ -69,11 +70,11 @@ class CachedFeatures:
 def build_examples(records, tokenizer, layout: RecordLayout) -> tuple[list[JointExample], dict[str, int]]:
     """Encode validated records (one example per row, or per question where `layout` reads each question in a
     sequence of its own); a row whose questions cannot fit is skipped as `too_long` (per decision)."""
-    examples, skipped = [], Counter()
+    examples, skipped, cache = [], Counter(), TokenCache()
     for index, record in enumerate(records):
         questions = [d.question for d in record.decisions]
         try:
-            encoded = encode_row(tokenizer, record.state, questions, layout)
+            encoded = encode_row(tokenizer, record.state, questions, layout, cache)
         except RecordTooLong:
             skipped["too_long"] += len(record.decisions)
             continue

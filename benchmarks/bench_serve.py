@@ -19,7 +19,9 @@ Goals: at concurrency 8 at least 2x the peer's throughput; at concurrency 1 a p5
 With `--backends`, ours runs once per `decision serve --backend` (the first fills the main table), and a backend
 table gives each one's requests/s against laya-serve, p50, GFLOP/s against the matmul peak, parity with the
 trained model (goal: |Δp| <= 1e-4, every argmax) and the backend each server reported on /healthz; `--joint` and
-`--bf16` then run per backend too (bf16: the backends that serve it).
+`--bf16` then run per backend too (bf16: the backends that serve it). With torch among the backends and `--joint`,
+it also prints each runtime's requests/s over torch's at c=8 for both families (goal: the joint export's factor
+at least the laya family's).
 """
 
 from __future__ import annotations
@@ -571,7 +573,33 @@ def backends_table(measured: dict[str, dict], bodies: list[dict], args, peer: di
             )
             for b in args.backends
         }
-    return {"rows": rows, "parity": parity, "joint": joint}
+    growth = lead_growth(rows, joint, goals) if joint and "torch" in args.backends else None
+    return {"rows": rows, "parity": parity, "joint": joint, "lead_growth": growth}
+
+
+def lead_growth(rows: list[dict], joint: dict[str, dict], goals: dict) -> dict[str, dict]:
+    """Each runtime's requests/s over torch's at c=8, for the laya family (`--model`) and the joint export, from
+    the same run: a runtime grows each family's lead over laya-serve by this factor (goal: the joint family's by
+    at least the laya family's)."""
+    laya = {row["backend"]: row["throughput_rps"] for row in rows if row["concurrency"] == 8}
+    joints = {
+        b: run["joint"]["throughput_rps"]
+        for b, t in joint.items()
+        for run in t["runs"]
+        if run["concurrency"] == 8
+    }
+    growth = {}
+    for backend in sorted(laya.keys() - {"torch"}):
+        if "torch" in laya and "torch" in joints and backend in joints:
+            growth[backend] = {
+                "laya": laya[backend] / laya["torch"],
+                "joint": joints[backend] / joints["torch"],
+            }
+            met = growth[backend]["joint"] >= growth[backend]["laya"]
+            goals[f"{backend}_joint_lead_grows_as_laya"] = met
+            print(f"{backend} over torch at c=8: laya family {growth[backend]['laya']:.2f}x, joint export "
+                  f"{growth[backend]['joint']:.2f}x (goal: joint >= laya): {'met' if met else 'NOT met'}")  # fmt: skip
+    return growth
 
 
 def heldout_accuracy(model: Path) -> float | None:

@@ -49,10 +49,11 @@ class TokenCache:
             if id(tokenizer) != self._tokenizer_id:  # another tokenizer's ids would be wrong ids
                 self._ids.clear()
                 self._tokenizer_id = id(tokenizer)
-            missing = [text for text in dict.fromkeys(texts) if text not in self._ids or text == fresh]
+            distinct = list(dict.fromkeys(texts))
+            missing = [text for text in distinct if text not in self._ids or text == fresh]
             found = tokenize(tokenizer, missing) if missing else {}
             out = {}
-            for text in dict.fromkeys(texts):
+            for text in distinct:
                 out[text] = found[text] if text in found else self._ids[text]
                 if text != fresh:
                     self._ids[text] = out[text]

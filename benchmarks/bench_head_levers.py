@@ -114,9 +114,11 @@ def main() -> None:
         loaded.model.head = JointHead(hidden, head_config["width"], head_config["heads"], head_config["layers"],
                                       head_config["chunk"], dropout=head_changes.get("dropout", 0.0),
                                       read_layers=head_config["read_layers"],
-                                      lexicon=head_config["lexicon"] if head_changes.get("lexicon", True) else 0)  # fmt: skip
+                                      lexicon=head_config["lexicon"] if head_changes.get("lexicon", True) else 0,
+                                      bigrams=head_config.get("bigrams", 0))  # fmt: skip
         run_config = replace(config, **{k: v for k, v in variant.items() if k != "head"})
         family.prepare(loaded, run_config)
+        family.learn_from_rows(loaded, examples)
         started = time.perf_counter()
         result = train(loaded.model, ready, run_config, cpu, family.batch_task(loaded, run_config))
         seconds = time.perf_counter() - started

@@ -202,6 +202,9 @@ class TrainConfig:
     """Learning rate of the decision head (trained in fp32 either way)."""
     head_width: int = 256
     """Joint family: width of a fresh head's fields (an export keeps its own)."""
+    lexicon: str = "tokens"
+    """Joint family on an encoder: a fresh head's lexical channel. `tokens`: a bag of the state's tokens, each
+    weighing 1; `tfidf`: also the training rows' frequent token pairs, every entry weighed by its idf."""
     weight_decay: float = 0.01
     grad_clip: float = 1.0
     micro_batch: int = 8
@@ -265,6 +268,8 @@ class TrainConfig:
                 )
         if self.precision not in ("auto", "fp32", "bf16"):
             raise ConfigError(f"train.precision: expected auto, fp32 or bf16; got {self.precision!r}")
+        if self.lexicon not in ("tokens", "tfidf"):
+            raise ConfigError(f"train.lexicon: expected tokens or tfidf; got {self.lexicon!r}")
         for name in (
             "micro_batch",
             "grad_accum",

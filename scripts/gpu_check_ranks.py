@@ -38,6 +38,7 @@ def main(argv: list[str] | None = None) -> int:
         examples, _ = family.build_examples(loaded, synthetic_records(spec["rows"], 0, spec["state_chars"]))
         torch.manual_seed(config.seed)
         family.prepare(loaded, config)
+        family.learn_from_rows(loaded, examples)
         without_dropout(loaded.model)  # as the run in the launching process
         ready = family.training_examples(loaded, examples, config, device)
         result = train(loaded.model, ready, config, device, family.batch_task(loaded, config),

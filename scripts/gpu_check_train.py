@@ -126,6 +126,7 @@ def train_run(setup: Setup, family_name: str, base: Path, config: TrainConfig, c
     examples, _skipped = family.build_examples(loaded, setup.records)
     torch.manual_seed(config.seed)
     family.prepare(loaded, config)
+    family.learn_from_rows(loaded, examples)
     without_dropout(loaded.model)  # dropout masks depend on the padded shape, which compiling changes
     ready = family.training_examples(loaded, examples, config, setup.device)
     task = family.batch_task(loaded, config)

@@ -32,6 +32,7 @@ def _ready(data: str, base: str, config: TrainConfig):
     family, loaded = prepared.family, prepared.loaded
     torch.manual_seed(config.seed)
     family.prepare(loaded, config)
+    family.learn_from_rows(loaded, prepared.train_examples)
     without_dropout(loaded.model)
     ready = family.training_examples(
         loaded, prepared.train_examples, config, prepared.device, lambda line: None

@@ -10,6 +10,7 @@ only place that chooses one.
     examples, skipped = family.build_examples(loaded, records)
     cuts = family.state_cuts(examples)                      # per row: state tokens, kept, room
     family.prepare(loaded, config)                          # LoRA, full, or QLoRA where the family has it
+    family.learn_from_rows(loaded, examples)                # what the model counts in the training rows
     train(loaded.model, examples, config, device, family.batch_task(loaded, config))
     decisions, logits = family.score(loaded, heldout_examples, device)
     family.export(loaded, "models/tuned", calibrator, manifest)
@@ -187,6 +188,11 @@ class DecisionFamily(ABC):
     @abstractmethod
     def prepare(self, loaded, config: TrainConfig) -> None:
         """Make the trainable parameters for `config.method` (one of `methods`)."""
+
+    def learn_from_rows(self, loaded, examples: list[Any]) -> None:
+        """Set what the model counts in its training rows rather than learns by gradient (the joint head's word
+        weights), before the first step; nothing by default."""
+        return None
 
     def training_examples(self, loaded, examples: list[Any], config: TrainConfig, device: torch.device,
                           report: Callable[[str], None] | None = None) -> list[Any]:  # fmt: skip

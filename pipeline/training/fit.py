@@ -245,6 +245,7 @@ def _train_prepared(prepared: Prepared, config: TrainConfig, hooks: RunHooks, co
     with MODEL_BUILDS:  # seeded and built together: another thread's model build draws neither
         torch.manual_seed(config.seed)
         family.prepare(loaded, config)
+    family.learn_from_rows(loaded, prepared.train_examples)
     task = family.batch_task(loaded, config)
     ready = family.training_examples(loaded, prepared.train_examples, config, prepared.device, hooks.report)
     # `ready` may hold a frozen backbone's cached features: dropped on return, once the head is trained.

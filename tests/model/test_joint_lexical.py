@@ -14,6 +14,7 @@ from tests.tiny import JOINT_HEAD as HEAD
 from tests.tiny import load_joint_on, write_learnable_rows
 
 CPU = torch.device("cpu")
+TFIDF = replace(HEAD, lexicon="tfidf")
 
 
 @pytest.fixture(scope="module")
@@ -44,6 +45,7 @@ def _trained_loss(family, loaded, rows) -> tuple[float, float]:
     """First and last logged training loss of the head on features that carry nothing (all zeros)."""
     examples, _ = family.build_examples(loaded, rows)
     family.prepare(loaded, HEAD)
+    family.learn_from_rows(loaded, examples)
     ready = family.training_examples(loaded, examples, HEAD, CPU)
     blank = [replace(e, features=CachedFeatures(torch.zeros_like(e.features.state),
                                                 {k: torch.zeros_like(v) for k, v in e.features.fields.items()}))
@@ -52,10 +54,16 @@ def _trained_loss(family, loaded, rows) -> tuple[float, float]:
     return result.losses[0][1], result.losses[-1][1]
 
 
-def test_the_channel_learns_the_telling_word_when_the_backbone_features_carry_nothing(tiny_base, rows):
-    family, loaded = load_joint_on(tiny_base)
+@pytest.mark.parametrize("lexicon", ["tokens", "tfidf"])
+def test_the_channel_learns_the_telling_word_when_the_features_carry_nothing(tiny_base, rows, lexicon):
+    family, loaded = load_joint_on(tiny_base, replace(HEAD, lexicon=lexicon))
     first, last = _trained_loss(family, loaded, rows)
     assert last < 0.5 * first, (first, last)
+    lexical = loaded.model.head.lexical
+    if lexicon == "tokens":  # the default: single tokens weighing 1, nothing counted from the rows
+        assert len(lexical.pairs) == 0 and (lexical.idf == 1).all()
+    else:
+        assert (lexical.pairs != lexical.NO_PAIR).any() and (lexical.idf != 1).any()
     family, without = load_joint_on(tiny_base)
     without.model.head.lexical = None
     _, prior_only = _trained_loss(family, without, rows)
@@ -63,21 +71,37 @@ def test_the_channel_learns_the_telling_word_when_the_backbone_features_carry_no
     assert last < 0.5 * prior_only
 
 
-def test_an_export_keeps_the_channel_and_an_old_head_config_loads_without_it(tiny_base, tmp_path):
+def test_an_export_keeps_the_channel_and_an_old_head_config_loads_without_it(tiny_base, rows, tmp_path):
     import json
 
     from safetensors.torch import load_file, save_file
 
     from pipeline.families.joint.layout import HEAD_FILE, JOINT_CONFIG, load_joint
 
-    _, loaded = load_joint_on(tiny_base)
+    family, loaded = load_joint_on(tiny_base, TFIDF)
+    family.learn_from_rows(loaded, family.build_examples(loaded, rows)[0])
+    lexical = loaded.model.head.lexical
+    assert (lexical.pairs != lexical.NO_PAIR).any() and (lexical.idf != 1).any()  # learned from the rows
     folder = tmp_path / "export"
     export_joint(loaded, folder, [1.0, 1.0, 1.0], {})
     reloaded = load_joint(folder)
     assert reloaded.config["head"]["lexicon"] == _vocabulary(loaded)
-    torch.testing.assert_close(
-        reloaded.model.head.lexical.table.weight, loaded.model.head.lexical.table.weight
-    )
+    assert reloaded.config["head"]["bigrams"] == len(lexical.pairs) > 0
+    saved = reloaded.model.head.lexical.state_dict()
+    assert set(saved) == {"table.weight", "option.weight", "option.bias", "idf", "pairs"}
+    for name, value in lexical.state_dict().items():
+        torch.testing.assert_close(saved[name], value)
+    # An export written before pairs and weights: no `bigrams`, no `idf` or `pairs`, a table of the vocabulary only.
+    config = json.loads((folder / JOINT_CONFIG).read_text())
+    del config["head"]["bigrams"]
+    (folder / JOINT_CONFIG).write_text(json.dumps(config))
+    weights = load_file(str(folder / HEAD_FILE))
+    del weights["lexical.idf"], weights["lexical.pairs"]
+    weights["lexical.table.weight"] = weights["lexical.table.weight"][: _vocabulary(loaded)].contiguous()
+    save_file(weights, str(folder / HEAD_FILE))
+    before = load_joint(folder).model.head.lexical
+    assert len(before.pairs) == 0 and (before.idf == 1).all()
+    torch.testing.assert_close(before.table.weight, lexical.table.weight[: _vocabulary(loaded)])
     # An export written before the channel: no `lexicon` in its head config, no channel weights in its head.
     config = json.loads((folder / JOINT_CONFIG).read_text())
     del config["head"]["lexicon"]
@@ -85,3 +109,20 @@ def test_an_export_keeps_the_channel_and_an_old_head_config_loads_without_it(tin
     weights = {k: v for k, v in load_file(str(folder / HEAD_FILE)).items() if not k.startswith("lexical.")}
     save_file(weights, str(folder / HEAD_FILE))
     assert load_joint(folder).model.head.lexical is None
+
+
+def test_a_trained_head_keeps_its_pairs_and_weights_when_it_trains_further(tiny_base, rows, tmp_path):
+    from pipeline.families.joint.layout import load_joint
+
+    family, loaded = load_joint_on(tiny_base, TFIDF)
+    family.learn_from_rows(loaded, family.build_examples(loaded, rows[:24])[0])
+    loaded.config = {**loaded.config, "fine_tuned": True}
+    export_joint(loaded, tmp_path / "export", [1.0, 1.0, 1.0], {})
+    trained = load_joint(tmp_path / "export")
+    learned = {k: v.clone() for k, v in trained.model.head.lexical.state_dict().items()}
+    family.learn_from_rows(trained, family.build_examples(trained, rows[24:])[0])
+    for name, value in trained.model.head.lexical.state_dict().items():
+        assert torch.equal(value, learned[name]), name
+    fresh = load_joint_on(tiny_base, TFIDF)[1]
+    family.learn_from_rows(fresh, family.build_examples(fresh, rows[24:])[0])
+    assert not torch.equal(fresh.model.head.lexical.idf, learned["idf"])  # other rows: other weights

@@ -96,14 +96,14 @@ class JointFamily(DecisionFamily):
     ) -> LoadedJoint:
         """QLoRA loads a causal LM's backbone in 4-bit nf4 on `device`; an encoder refuses it."""
         device = device or torch.device("cpu")
-        width = config.head_width if config is not None else TrainConfig().head_width
+        fresh = config or TrainConfig()
+        width, lexicon = fresh.head_width, fresh.lexicon
         if config is None or config.method != "qlora":
-            loaded = load_joint(folder, head_width=width)
+            loaded = load_joint(folder, head_width=width, lexicon=lexicon)
             loaded.model.to(device)
         else:
-            loaded = load_joint(
-                folder, head_width=width, quantization=qlora_config(device), device=str(device)
-            )
+            loaded = load_joint(folder, head_width=width, quantization=qlora_config(device), device=str(device),
+                                lexicon=lexicon)  # fmt: skip
             loaded.model.head.to(device)
         if config is not None and config.layer_plan is not None:
             set_layer_plan(loaded, config.layer_plan)  # the run's plan, over the folder's own
@@ -130,6 +130,13 @@ class JointFamily(DecisionFamily):
 
     def prepare(self, loaded: LoadedJoint, config: TrainConfig) -> None:
         prepare_joint(loaded.model, config)
+
+    def learn_from_rows(self, loaded: LoadedJoint, examples: list[JointExample]) -> None:
+        """A fresh head's `tfidf` lexical channel: its pairs and word weights, from the training rows' states. A
+        trained head keeps its own: its rows were learned for them. A `tokens` channel has nothing to count."""
+        lexical = loaded.model.head.lexical
+        if lexical is not None and len(lexical.pairs) and not loaded.config.get("fine_tuned"):
+            lexical.fit([e.record.ids for e in examples])
 
     def batch_task(self, loaded: LoadedJoint, config: TrainConfig) -> BatchTask:
         return joint_batch_task(loaded.tokenizer.pad_token_id, config)

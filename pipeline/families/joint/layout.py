@@ -5,7 +5,8 @@ The joint family's layout (the Laya family's is `pipeline.families.laya_layout`)
     decision_config.json  family "joint", backbone "causal_lm" | "encoder", fields "in_sequence" | "apart" (an
                           encoder reads the questions apart from the state), max_len, head {width, heads, layers,
                           chunk, read_layers (the backbone's last layers the head reads; 1 before), lexicon (the
-                          vocabulary size of its bag of the state's words; 0 or absent: none), isolated (each
+                          vocabulary size of its bag of the state's words; 0 or absent: none), bigrams (the token
+                          pairs the bag may hold; 0 or absent: none, and every token weighs 1), isolated (each
                           question read apart from the others, without its id; absent before)}, temperature
                           {global, by_type [choice, score, noul], folded_global}, fine_tuned, training
     backbone/             the backbone, LoRA merged, in 16 bits (bf16 from a bf16 or 4-bit source, else fp16), with
@@ -77,6 +78,9 @@ BACKBONE_DIR = "backbone"
 HEAD_DEFAULTS = {"heads": 4, "layers": 2, "chunk": 2048}
 IN_SEQUENCE, APART = "in_sequence", "apart"
 ENCODER_READ_LAYERS = 4
+# The token pairs a fresh encoder head's `tfidf` lexical channel may know (`LexicalChannel`): at most 65,536 rows of 128
+# beside the vocabulary's (32 MiB in fp32; MiniLM's 30,522 tokens get all of them), and no more than four per token.
+LEXICON_BIGRAMS = 65536
 # A plain encoder's sequence length unless its tokenizer states less: what BERT-sized encoders were pretrained on
 # (ModernBERT reaches 8192 positions, at a cost quadratic in the length).
 ENCODER_MAX_LEN = 512
@@ -146,10 +150,11 @@ def describe_base(path: str | Path) -> str:
 
 def load_joint(path: str | Path, max_len: int = 1024, head_width: int = 256, seed: int = 0,
                dtype: torch.dtype = torch.float32, quantization: Any | None = None,
-               device: str = "cpu") -> LoadedJoint:  # fmt: skip
+               device: str = "cpu", lexicon: str = "tokens") -> LoadedJoint:  # fmt: skip
     """A joint export, or a base (causal LM, encoder, Laya-layout encoder) with a fresh head seeded by `seed`.
 
-    `max_len` and `head_width` apply to a base only (an export carries its own; a Laya-layout base's own max_len,
+    `max_len`, `head_width` and `lexicon` (an encoder head's lexical channel: `tokens` or `tfidf`,
+    `TrainConfig.lexicon`) apply to a base only (an export carries its own; a Laya-layout base's own max_len,
     a plain encoder's `ENCODER_MAX_LEN` and an encoder's position embeddings cap `max_len`). The head is fp32 always. `quantization` (a transformers quantization config, e.g.
     4-bit `BitsAndBytesConfig` for QLoRA) loads a causal LM quantised. The folder is only read.
     """
@@ -158,17 +163,18 @@ def load_joint(path: str | Path, max_len: int = 1024, head_width: int = 256, see
         return _load_export(path, dtype, quantization, device)
     if is_causal_lm_folder(path):
         lm = load_causal_lm(path, dtype, quantization, device)
-        return _with_fresh_head(path, lm, _load_tokenizer(path), max_len, head_width, seed)
+        return _with_fresh_head(path, lm, _load_tokenizer(path), max_len, head_width, seed, lexicon)
     if is_laya_layout_folder(path):
         _refuse_quantised_encoder(path, quantization)
         # The base states the sequence length its encoder serves (MiniLM: 256, what it was trained on).
         encoder, tokenizer, stated = encoder_from_laya_layout(path)
-        return _encoder_base(path, encoder.to(dtype), tokenizer, stated, max_len, head_width, seed)
+        return _encoder_base(path, encoder.to(dtype), tokenizer, stated, max_len, head_width, seed, lexicon)
     if is_encoder_folder(path):
         _refuse_quantised_encoder(path, quantization)
         tokenizer = _load_tokenizer(path)
         stated = min(ENCODER_MAX_LEN, tokenizer.model_max_length)  # huge when the tokenizer states none
-        return _encoder_base(path, load_encoder(path, dtype), tokenizer, stated, max_len, head_width, seed)
+        encoder = load_encoder(path, dtype)
+        return _encoder_base(path, encoder, tokenizer, stated, max_len, head_width, seed, lexicon)
     raise ModelLayoutError(
         f"{path}: not a joint decision model (no {HEAD_FILE} and {JOINT_CONFIG}; an unfinished export?), "
         "nor a causal LM or encoder folder (config.json with a ...ForCausalLM architecture, or a masked-language "
@@ -177,11 +183,11 @@ def load_joint(path: str | Path, max_len: int = 1024, head_width: int = 256, see
 
 
 def _encoder_base(path: Path, encoder: nn.Module, tokenizer, stated: int, max_len: int, head_width: int,
-                  seed: int) -> LoadedJoint:  # fmt: skip
+                  seed: int, lexicon: str) -> LoadedJoint:  # fmt: skip
     """An encoder with a fresh head: the state's sequence `stated` tokens at most, a field sequence what the
     encoder's positions reach (both within `max_len`)."""
     length = max_positions(encoder, min(max_len, stated))
-    loaded = _with_fresh_head(path, encoder, tokenizer, length, head_width, seed)
+    loaded = _with_fresh_head(path, encoder, tokenizer, length, head_width, seed, lexicon)
     loaded.config["fields_max_len"] = max_positions(encoder, max_len)
     return loaded
 
@@ -210,17 +216,19 @@ def _refuse_quantised_encoder(path: Path, quantization: Any | None) -> None:
 
 
 def _with_fresh_head(path: Path, backbone: nn.Module, tokenizer, max_len: int, head_width: int,
-                     seed: int) -> LoadedJoint:  # fmt: skip
+                     seed: int, lexicon: str) -> LoadedJoint:  # fmt: skip
     # An encoder's head reads its last 4 layers: on VADER, a logistic regression on the frozen MiniLM's mean
     # states scored 0.6955 from the last layer and 0.7205 from the last four side by side. A causal LM's hidden
     # states are wide already; its head reads the last layer.
     read_layers = 1 if is_causal(backbone) else min(ENCODER_READ_LAYERS, _layer_count(backbone))
     # An encoder's head also reads the state's words (`LexicalChannel`); a causal LM's sequence holds the
     # questions too, so a bag of it would not be the state's.
-    lexicon = 0 if is_causal(backbone) else vocabulary_table(backbone).shape[0]
+    vocabulary = 0 if is_causal(backbone) else vocabulary_table(backbone).shape[0]
+    # `tfidf` adds the training rows' token pairs and weighs every entry by its idf (`LexicalChannel`).
+    pairs = min(LEXICON_BIGRAMS, 4 * vocabulary) if lexicon == "tfidf" else 0
     # Every fresh head isolates its questions: an answer depends on its question and the state alone (DESIGN 5).
-    head_config = {"width": head_width, **HEAD_DEFAULTS, "read_layers": read_layers, "lexicon": lexicon,
-                   "isolated": True}  # fmt: skip
+    head_config = {"width": head_width, **HEAD_DEFAULTS, "read_layers": read_layers, "lexicon": vocabulary,
+                   "bigrams": pairs, "isolated": True}  # fmt: skip
     with torch.random.fork_rng(devices=[]):  # seeded without moving the caller's random state
         torch.manual_seed(seed)
         head = _build_head(backbone, head_config)
@@ -244,7 +252,7 @@ def _build_head(backbone: nn.Module, head: dict[str, Any]) -> JointHead:
     hidden = vocabulary_table(backbone).shape[1]
     return JointHead(hidden, head["width"], head["heads"], head["layers"], head["chunk"],
                      read_layers=int(head.get("read_layers", 1)), lexicon=int(head.get("lexicon", 0)),
-                     isolated=bool(head.get("isolated", False)))  # fmt: skip
+                     isolated=bool(head.get("isolated", False)), bigrams=int(head.get("bigrams", 0)))  # fmt: skip
 
 
 def _layer_count(backbone: nn.Module) -> int:
@@ -368,7 +376,8 @@ def _head_config(head: JointHead, known: dict[str, Any]) -> dict[str, Any]:
     heads = head.blocks[0].self_attn.num_heads if len(head.blocks) else known.get("heads", 4)
     return {"width": head.memory_proj.out_features, "heads": heads, "layers": len(head.blocks),
             "chunk": head.chunk, "read_layers": head.read_layers,
-            "lexicon": head.lexical.table.num_embeddings if head.lexical is not None else 0,
+            "lexicon": head.lexical.vocabulary if head.lexical is not None else 0,
+            "bigrams": len(head.lexical.pairs) if head.lexical is not None else 0,
             "isolated": head.isolated}  # fmt: skip
 
 
@@ -387,8 +396,13 @@ def _write_layout(backbone, head, tokenizer, config, manifest, calibrator, folde
     tokenizer.save_pretrained(str(folder / BACKBONE_DIR))
     (folder / JOINT_CONFIG).write_text(json.dumps(config, indent=2))
     (folder / MANIFEST).write_text(json.dumps(manifest, indent=2, default=str))
-    state = {k: v.detach().float().contiguous() for k, v in head.state_dict().items()}
+    # Weights in fp32; the lexical channel's pair keys stay int64 (fp32 would round them).
+    state = {k: _saved(v) for k, v in head.state_dict().items()}
     write_marker_last(folder, HEAD_FILE, lambda partial: save_file(state, str(partial)))
+
+
+def _saved(tensor: torch.Tensor) -> torch.Tensor:
+    return (tensor.float() if tensor.is_floating_point() else tensor).detach().contiguous()
 
 
 def temperature_of(config: dict[str, Any], qtype: int) -> float:

@@ -155,6 +155,7 @@ def test_export_then_reload_answers_as_the_in_memory_model(tmp_path, dtype, lora
         "chunk": 2048,
         "read_layers": 1,
         "lexicon": 0,
+        "bigrams": 0,
         "isolated": True,
     }
     if lora:  # the training model keeps its adapters and still answers as before

@@ -129,15 +129,25 @@ class LexicalChannel(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """The bag's entries [B, E] (rows of the table) and which are present [B, E]: each attended token, then
         each pair of adjacent attended tokens that is a known pair."""
-        live = attention_mask.bool() & (input_ids < self.vocabulary)
-        ids = input_ids.masked_fill(~live, 0)
+        ids, live = self._tokens(input_ids, attention_mask)
         if not len(self.pairs) or ids.shape[1] < 2:
             return ids, live
-        keys = ids[:, :-1] * self.vocabulary + ids[:, 1:]
+        keys, both = self._adjacent(ids, live)
         slot = torch.searchsorted(self.pairs, keys).clamp(max=len(self.pairs) - 1)
-        known = (self.pairs[slot] == keys) & live[:, :-1] & live[:, 1:]
+        known = (self.pairs[slot] == keys) & both
         pair_rows = (self.vocabulary + slot).masked_fill(~known, 0)
         return torch.cat([ids, pair_rows], 1), torch.cat([live, known], 1)
+
+    def _tokens(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The ids with every token outside the bag set to 0, and which tokens are in it (attended, in vocabulary)."""
+        live = attention_mask.bool() & (input_ids < self.vocabulary)
+        return input_ids.masked_fill(~live, 0), live
+
+    def _adjacent(self, ids: torch.Tensor, live: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Each adjacent pair's key (first * vocabulary + second) [B, T - 1], and whether both tokens are in the bag."""
+        return ids[:, :-1] * self.vocabulary + ids[:, 1:], live[:, :-1] & live[:, 1:]
 
     @torch.no_grad()
     def fit(self, sequences: list[tuple[int, ...]]) -> None:
@@ -147,20 +157,22 @@ class LexicalChannel(nn.Module):
         self.pairs.fill_(self.NO_PAIR)
         if not sequences:
             return
+        batches = list(
+            _padded(sequences, self.idf.device)
+        )  # read twice: the pairs, then the rows holding each entry
         if len(self.pairs):
-            pairs = [self._distinct_pairs(*batch) for batch in _padded(sequences, self.idf.device)]
+            pairs = [self._distinct_pairs(*batch) for batch in batches]
             keys, rows = torch.unique(torch.cat(pairs), return_counts=True)
             frequent = torch.argsort(rows, descending=True, stable=True)[: len(self.pairs)]
             chosen = keys[frequent[rows[frequent] >= 2]].sort().values
             self.pairs[: len(chosen)] = chosen
-        df = sum(self._entry_rows(*batch) for batch in _padded(sequences, self.idf.device))
+        df = sum(self._entry_rows(*batch) for batch in batches)
         self.idf.copy_((torch.log((1.0 + len(sequences)) / (1.0 + df)) + 1.0).masked_fill(df == 0, 0.0))
 
     def _distinct_pairs(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """Every adjacent token pair's key, once per row that holds it."""
-        live = mask & (ids < self.vocabulary)
-        keys = ids[:, :-1] * self.vocabulary + ids[:, 1:]
-        return _once_per_row(keys, live[:, :-1] & live[:, 1:], self.vocabulary**2)
+        keys, both = self._adjacent(*self._tokens(ids, mask))
+        return _once_per_row(keys, both, self.vocabulary**2)
 
     def _entry_rows(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """[table rows]: how many of the batch's rows hold each entry."""

@@ -41,6 +41,16 @@ EncoderRun = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 """An encoder pass: `(input_ids, attention_mask)` [batch, tokens] to hidden states [batch, tokens, width]."""
 
 
+@dataclass(frozen=True)
+class Candidate:
+    """One of the models a run trains side by side and keeps the best of on its validation split
+    (`DecisionFamily.candidates`): its name, its config and the loaded model it trains."""
+
+    name: str
+    config: TrainConfig
+    loaded: Any
+
+
 class ModelLayoutError(ValueError):
     """A folder is not a complete model of the family that reads it (or of any family)."""
 
@@ -188,6 +198,12 @@ class DecisionFamily(ABC):
     @abstractmethod
     def prepare(self, loaded, config: TrainConfig) -> None:
         """Make the trainable parameters for `config.method` (one of `methods`)."""
+
+    def candidates(self, loaded, config: TrainConfig) -> list[Candidate]:
+        """The models this run trains, one after the other on the same examples (a frozen backbone's features
+        computed once), keeping the one most accurate on the validation split; each config is resolved (nothing
+        left to choose). One by default: `loaded` itself."""
+        return [Candidate("", config, loaded)]
 
     def learn_from_rows(self, loaded, examples: list[Any]) -> None:
         """Set what the model counts in its training rows rather than learns by gradient (the joint head's word

@@ -164,6 +164,7 @@ def log_training_run(record: TrainingRecord, run_id: str | None = None) -> str:
     with mlflow.start_run(**opened) as run:
         mlflow.set_tags({KEY_TAG: record.key, **record.tags, **learning_tags(record.train),
                          **state_tags(record.train), **calibration_tags(record.calibration),
+                         **choice_tags(record.train),
                          "mlflow.note.content": heldout_table(record.calibration["heldout"])})  # fmt: skip
         mlflow.log_params(flat_params(record.params))
         if not (resumed and "loss" in opened_run.data.metrics):  # not logged live
@@ -213,6 +214,12 @@ def state_tags(train: dict[str, Any]) -> dict[str, str]:
     return {"state_truncation": states["truncation"]} if states else {}
 
 
+def choice_tags(train: dict[str, Any]) -> dict[str, str]:
+    """`candidate_kept`: which of the run's candidates it kept (`train.lexicon: auto`: tokens or tfidf)."""
+    kept = (train.get("choice") or {}).get("kept")
+    return {"candidate_kept": kept} if kept else {}
+
+
 def calibration_tags(calibration: dict[str, Any]) -> dict[str, str]:
     """What the calibrator was fitted on (`calibration.json`): the validation split, or the held-out rows."""
     fitted_on = calibration.get("calibrator", {}).get("fitted_on")
@@ -243,6 +250,10 @@ def run_metrics(record: TrainingRecord) -> dict[str, float]:
             "validation_accuracy": float(validation["accuracy"]),
             "validation_nll": float(validation["loss"]),
         }
+    # Each candidate's uncalibrated figures on the validation split, which chose between them.
+    for name, figures in (record.train.get("choice") or {}).get("candidates", {}).items():
+        metrics |= {f"candidate_{name}_validation_accuracy": float(figures["accuracy"]),
+                    f"candidate_{name}_validation_loss": float(figures["loss"])}  # fmt: skip
     metrics |= {"heldout_decisions": float(heldout["decisions"]),
                 "validation_decisions": float(record.train.get("validation_decisions", 0)),
                 "train_seconds": float(record.train["train_seconds"]),

@@ -64,6 +64,8 @@ class FinetuneResult:
     """How the states fit the model's window (`TrainRun.states`)."""
     early_stopping: dict[str, Any] = field(default_factory=dict)
     """With `train.early_stopping`: the validation checks, the best step and where training ended."""
+    choice: dict[str, Any] = field(default_factory=dict)
+    """With candidates (`train.lexicon: auto`): each one's validation figures and the one kept (`TrainRun.choice`)."""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -87,7 +89,8 @@ def finetune(source: TrainSource, base: str | Path, out: str | Path, config: Tra
     checked = checked_inputs({"data": source.data, "base": base, "eval_data": source.eval_data})
     run = RunFolder(run_dir or default_run_dir(out))
     run.root.mkdir(parents=True, exist_ok=True)
-    run.checkpoint.unlink(missing_ok=True)  # a finetune starts afresh: its folder is not keyed by the data
+    for checkpoint in run.root.glob(f"{run.checkpoint.stem}*{run.checkpoint.suffix}"):  # candidates' too
+        checkpoint.unlink()  # a finetune starts afresh: its folder is not keyed by the data
     split = write_validated(
         source.validated(), run.validation, run.split
     ).split  # as the flow's validate task
@@ -119,7 +122,7 @@ def _result(run: TrainRun, calibration: CalibrationResult | None, export_dir: st
         train_seconds=run.train_seconds, s_per_step=run.s_per_step, decisions_per_second=run.decisions_per_second,
         peak_memory_mb=run.peak_memory_mb, precision=run.precision, budget=run.budget, compile=run.compile,
         losses=run.losses, warnings=run.warnings, pins=run.pins, inputs=run.inputs, states=run.states,
-        early_stopping=run.early_stopping,
+        early_stopping=run.early_stopping, choice=run.choice,
         **calibrated,
     )  # fmt: skip
 

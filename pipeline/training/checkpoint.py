@@ -14,6 +14,7 @@ mid-write leaves the previous checkpoint whole.
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 import os
@@ -108,6 +109,13 @@ class Checkpointer:
         self.every_steps, self.every_s = config.checkpoint_every_steps, config.checkpoint_every_minutes * 60
         self.clock = clock
         self.last_saved = clock()
+
+    def beside(self, name: str) -> Checkpointer:
+        """A checkpointer as this one, to a file of its own beside this one's (`checkpoint.NAME.pt`): one of a run's
+        candidates (`DecisionFamily.candidates`)."""
+        other = copy.copy(self)
+        other.path = self.path.with_name(f"{self.path.stem}.{name}{self.path.suffix}")
+        return other
 
     def due(self, step: int, total: int) -> bool:
         by_steps = self.every_steps > 0 and step % self.every_steps == 0

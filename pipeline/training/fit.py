@@ -23,7 +23,7 @@ from pipeline.cpu.load import ThreadGovernor
 from pipeline.data.split import SplitData
 from pipeline.device import pick_device
 from pipeline.families import MODEL_BUILDS, explain_training, pick_family, resolve_training
-from pipeline.families.base import DecisionFamily
+from pipeline.families.base import Candidate, DecisionFamily
 from pipeline.scoring.baselines import learning_warnings, majority_labels
 from pipeline.scoring.calibration import plain_probabilities
 from pipeline.scoring.decisions import ScoredDecision
@@ -89,6 +89,9 @@ class TrainRun:
     early_stopping: dict[str, Any] = field(default_factory=dict)
     """With `train.early_stopping`: the validation checks, the best step and where training ended
     (`TrainResult.early_stopping`)."""
+    choice: dict[str, Any] = field(default_factory=dict)
+    """Where the family trained several candidates (`DecisionFamily.candidates`, e.g. `train.lexicon: auto`): each
+    one's validation accuracy and loss, steps and seconds, and the one kept."""
     score_ms_per_decision: float = 0.0
     """Milliseconds per held-out decision when the fine-tune scored them (batches of `train.eval_batch_size`, on
     the training device): what a sweep plots as latency."""
@@ -189,7 +192,7 @@ def fit(data: SplitData, base: str | Path, config: TrainConfig, device: str = "a
 
 
 def _fit_prepared(prepared: Prepared, config: TrainConfig, hooks: RunHooks, controls: RunControls) -> Trained:
-    family, loaded, dev, data = prepared.family, prepared.loaded, prepared.device, prepared.data
+    family, dev, data = prepared.family, prepared.device, prepared.data
     hooks.say(prepared.states.describe())
     hooks.say(f"{family.name} family ({config.method}) on {dev}, torch threads "
               f"{prepared.threads.threads} ({prepared.threads.describe()}): "
@@ -200,7 +203,7 @@ def _fit_prepared(prepared: Prepared, config: TrainConfig, hooks: RunHooks, cont
                split: str = "held-out") -> tuple[list[ScoredDecision], list[np.ndarray]]:  # fmt: skip
         prepared.threads.follow()
         started = time.perf_counter()
-        result = family.score(loaded, examples, dev, config.eval_batch_size, progress)
+        result = family.score(prepared.loaded, examples, dev, config.eval_batch_size, progress)
         hooks.say(
             f"scored {len(result[0]):,} {split} decisions ({what}) in {time.perf_counter() - started:.0f} s"
         )
@@ -212,7 +215,9 @@ def _fit_prepared(prepared: Prepared, config: TrainConfig, hooks: RunHooks, cont
     def evaluate(step: int) -> None:
         hooks.evaluated(step, _metrics(decisions, scored(f"step {step}", False)[1]))
 
-    result = _train_prepared(prepared, config, hooks, controls, evaluate if hooks.on_eval else None)
+    result, config, choice = _train_best(
+        prepared, config, hooks, controls, evaluate if hooks.on_eval else None
+    )
     started = time.perf_counter()
     _, tuned_logits = scored("fine-tune", controls.progress)
     score_ms = 1000 * (time.perf_counter() - started) / max(1, len(decisions))
@@ -220,9 +225,12 @@ def _fit_prepared(prepared: Prepared, config: TrainConfig, hooks: RunHooks, cont
     validation = ([], [])
     if prepared.validation_examples and not result.cancelled:
         validation = scored("fine-tune", controls.progress, prepared.validation_examples, "validation")
-    run = _train_run(prepared, config, result, decisions, base_logits, tuned_logits, score_ms)
+    run = replace(
+        _train_run(prepared, config, result, decisions, base_logits, tuned_logits, score_ms), choice=choice
+    )
     options = {d.question.id: d.question.options for r in data.split.heldout for d in r.decisions}
-    return Trained(run, family, loaded, config, decisions, base_logits, tuned_logits, options, *validation)
+    return Trained(run, family, prepared.loaded, config, decisions, base_logits, tuned_logits, options,
+                   *validation)  # fmt: skip
 
 
 def follow_fit(data: SplitData, base: str | Path, config: TrainConfig, device: str,
@@ -231,14 +239,79 @@ def follow_fit(data: SplitData, base: str | Path, config: TrainConfig, device: s
     resumes from rank 0's checkpoint as rank 0 does); no scoring, nothing written."""
     _, config = resolve_training(base, config)
     prepared = prepare_fit(data, base, config, device, (controls.ranks or Ranks()).world)
-    try:
-        return _train_prepared(prepared, config, RunHooks(), controls, None)
+    try:  # every candidate, as rank 0 trains them: only rank 0 scores them and keeps the best
+        features: dict[str, list[Any]] = {}
+        for candidate in _candidates(prepared, config, RunHooks()):
+            prepared.loaded = candidate.loaded
+            result = _train_prepared(prepared, candidate.config, RunHooks(), _controls_of(controls, candidate),
+                                     None, features)  # fmt: skip
+        return result
     finally:
         prepared.threads.stop()
 
 
+def _candidates(prepared: Prepared, config: TrainConfig, hooks: RunHooks) -> list[Candidate]:
+    """What the family trains for `config`; only the first when there is no validation split to choose on."""
+    candidates = prepared.family.candidates(prepared.loaded, config)
+    if len(candidates) > 1 and not prepared.validation_examples:
+        hooks.say(f"no validation split to choose between {', '.join(c.name for c in candidates)}: "
+                  f"training {candidates[0].name} (validate.validation_fraction)")  # fmt: skip
+        return candidates[:1]
+    return candidates
+
+
+def _controls_of(controls: RunControls, candidate: Candidate) -> RunControls:
+    """A candidate's own checkpoint file beside the run's, so a resumed run finds each where it stopped; no
+    held-out checks between candidates' steps for a sweep's pruner to confuse with one run's."""
+    if not candidate.name:
+        return controls
+    checkpoints = controls.checkpoints.beside(candidate.name) if controls.checkpoints else None
+    return replace(controls, checkpoints=checkpoints, prune=None)
+
+
+def _train_best(prepared: Prepared, config: TrainConfig, hooks: RunHooks, controls: RunControls,
+                evaluate: Callable[[int], None] | None) -> tuple[TrainResult, TrainConfig, dict[str, Any]]:  # fmt: skip
+    """Train the family's candidates for `config` one after the other on the same examples and keep the one most
+    accurate on the validation split (then the lower loss) in `prepared.loaded`: its result (seconds: all of
+    them), its config and what was chosen."""
+    candidates = _candidates(prepared, config, hooks)
+    if len(candidates) == 1:
+        prepared.loaded = candidates[0].loaded
+        return (
+            _train_prepared(prepared, candidates[0].config, hooks, controls, evaluate),
+            candidates[0].config,
+            {},
+        )
+    hooks.say(f"training {len(candidates)} candidates on the same features, keeping the one most accurate on the "
+              f"validation split: {', '.join(c.name for c in candidates)}")  # fmt: skip
+    features: dict[str, list[Any]] = {}
+    trials: list[tuple[Candidate, TrainResult, dict[str, float]]] = []
+    for candidate in candidates:
+        prepared.loaded = candidate.loaded
+        result = _train_prepared(prepared, candidate.config, hooks, _controls_of(controls, candidate), None,
+                                 features)  # fmt: skip
+        if result.cancelled:
+            return result, candidate.config, {}
+        decisions, logits = prepared.family.score(candidate.loaded, prepared.validation_examples, prepared.device,
+                                                  config.eval_batch_size)  # fmt: skip
+        metrics = _metrics(decisions, logits)
+        hooks.say(f"candidate {candidate.name}: validation accuracy {metrics['accuracy']:.4f}, loss "
+                  f"{metrics['loss']:.4f} ({result.steps} steps in {result.train_seconds:.0f} s)")  # fmt: skip
+        trials.append((candidate, result, metrics))
+    kept, result, _ = max(trials, key=lambda t: (t[2]["accuracy"], -t[2]["loss"]))
+    prepared.loaded = kept.loaded
+    hooks.say(f"kept {kept.name}")
+    choice = {"kept": kept.name, "by": "validation accuracy, then loss", "candidates": {
+        c.name: {"accuracy": m["accuracy"], "loss": m["loss"], "steps": r.steps, "train_seconds": r.train_seconds}
+        for c, r, m in trials}}  # fmt: skip
+    return replace(result, train_seconds=sum(r.train_seconds for _, r, _ in trials)), kept.config, choice
+
+
 def _train_prepared(prepared: Prepared, config: TrainConfig, hooks: RunHooks, controls: RunControls,
-                    evaluate: Callable[[int], None] | None) -> TrainResult:  # fmt: skip
+                    evaluate: Callable[[int], None] | None,
+                    features: dict[str, list[Any]] | None = None) -> TrainResult:  # fmt: skip
+    """Train `prepared.loaded` from its fresh state. `features` keeps the examples as the loop reads them (a frozen
+    backbone's features) for the next candidate on the same backbone."""
     family, loaded = prepared.family, prepared.loaded
     # Fresh adapters draw their initial values: seeded, so the seed reproduces a run in any process, and a
     # data-parallel rank 0 starts where one process would (it broadcasts its values to the other ranks).
@@ -247,13 +320,21 @@ def _train_prepared(prepared: Prepared, config: TrainConfig, hooks: RunHooks, co
         family.prepare(loaded, config)
     family.learn_from_rows(loaded, prepared.train_examples)
     task = family.batch_task(loaded, config)
-    ready = family.training_examples(loaded, prepared.train_examples, config, prepared.device, hooks.report)
-    # `ready` may hold a frozen backbone's cached features: dropped on return, once the head is trained.
+    features = {} if features is None else features
+
+    def ready_examples(split: str, examples: list[Any]) -> list[Any]:
+        if split not in features:
+            features[split] = family.training_examples(
+                loaded, examples, config, prepared.device, hooks.report
+            )
+        return features[split]
+
+    # `ready` may hold a frozen backbone's cached features: dropped once the head (the last candidate) is trained.
+    ready = ready_examples("train", prepared.train_examples)
     controls = replace(controls, threads=prepared.threads)
     stopper = None
     if config.early_stopping is not None or controls.prune is not None:
-        checked = family.training_examples(loaded, prepared.validation_examples, config, prepared.device,
-                                           hooks.report)  # fmt: skip
+        checked = ready_examples("validation", prepared.validation_examples)
         stopper = EarlyStopping(checked, config, task, hooks.report, controls.prune)
     return train(loaded.model, ready, config, prepared.device, task, hooks, controls, evaluate, stopper)
 

@@ -11,6 +11,7 @@ Laya-layout base; LoRA or full); `head` trains the head alone on either.
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,7 @@ from pipeline.families.base import (
     Answered,
     BadQuestion,
     BatchTask,
+    Candidate,
     DecisionFamily,
     EncoderRun,
     ExportResult,
@@ -46,6 +48,7 @@ from pipeline.families.joint.layout import (
     set_layer_plan,
     set_state_windows,
     temperature_of,
+    with_lexicon,
 )
 from pipeline.families.joint.predict import answer_joint_requests
 from pipeline.families.joint.training import (
@@ -130,6 +133,19 @@ class JointFamily(DecisionFamily):
 
     def prepare(self, loaded: LoadedJoint, config: TrainConfig) -> None:
         prepare_joint(loaded.model, config)
+
+    def candidates(self, loaded: LoadedJoint, config: TrainConfig) -> list[Candidate]:
+        """`train.lexicon: auto` on a fresh encoder head trained alone: a `tokens` head and a `tfidf` head on the same
+        frozen features, the validation split to choose. Anywhere else `auto` is `tokens`: a LoRA or full run
+        changes the backbone the second head would share, and a trained head keeps its own channel."""
+        if config.lexicon != "auto":
+            return [Candidate("", config, loaded)]
+        tokens = replace(config, lexicon="tokens")
+        fresh = loaded.model.head.lexical is not None and not loaded.config.get("fine_tuned")
+        if not fresh or config.method != "head":
+            return [Candidate("", tokens, loaded)]
+        return [Candidate("tokens", tokens, loaded),
+                Candidate("tfidf", replace(config, lexicon="tfidf"), with_lexicon(loaded, "tfidf"))]  # fmt: skip
 
     def learn_from_rows(self, loaded: LoadedJoint, examples: list[JointExample]) -> None:
         """A fresh head's `tfidf` lexical channel: its pairs and word weights, from the training rows' states. A

@@ -224,14 +224,10 @@ def _with_fresh_head(path: Path, backbone: nn.Module, tokenizer, max_len: int, h
     # An encoder's head also reads the state's words (`LexicalChannel`); a causal LM's sequence holds the
     # questions too, so a bag of it would not be the state's.
     vocabulary = 0 if is_causal(backbone) else vocabulary_table(backbone).shape[0]
-    # `tfidf` adds the training rows' token pairs and weighs every entry by its idf (`LexicalChannel`).
-    pairs = min(LEXICON_BIGRAMS, 4 * vocabulary) if lexicon == "tfidf" else 0
     # Every fresh head isolates its questions: an answer depends on its question and the state alone (DESIGN 5).
     head_config = {"width": head_width, **HEAD_DEFAULTS, "read_layers": read_layers, "lexicon": vocabulary,
-                   "bigrams": pairs, "isolated": True}  # fmt: skip
-    with torch.random.fork_rng(devices=[]):  # seeded without moving the caller's random state
-        torch.manual_seed(seed)
-        head = _build_head(backbone, head_config)
+                   "bigrams": _lexicon_pairs(lexicon, vocabulary), "isolated": True}  # fmt: skip
+    head = _seeded_head(backbone, head_config, seed)
     causal = is_causal(backbone)
     config = {
         "family": "joint",
@@ -246,6 +242,32 @@ def _with_fresh_head(path: Path, backbone: nn.Module, tokenizer, max_len: int, h
         "training": {"base": path.name, "head_seed": seed},
     }
     return _assemble(backbone, head, tokenizer, config)
+
+
+def with_lexicon(loaded: LoadedJoint, lexicon: str) -> LoadedJoint:
+    """A fresh head with `lexicon`'s channel (`tokens` or `tfidf`) on `loaded`'s backbone, which both then share, and
+    on its device; drawn from the seed its first head was. `loaded` is a base's, with a fresh encoder head."""
+    head_config = {
+        **loaded.config["head"],
+        "bigrams": _lexicon_pairs(lexicon, loaded.model.head.lexical.vocabulary),
+    }
+    head = _seeded_head(loaded.model.lm, head_config, int(loaded.config["training"].get("head_seed", 0)))
+    device = next(loaded.model.head.parameters()).device
+    return _assemble(
+        loaded.model.lm, head.to(device), loaded.tokenizer, {**loaded.config, "head": head_config}
+    )
+
+
+def _lexicon_pairs(lexicon: str, vocabulary: int) -> int:
+    """How many token pairs a fresh lexical channel may hold: `tfidf` adds the training rows' token pairs and
+    weighs every entry by its idf (`LexicalChannel`); `tokens` holds none."""
+    return min(LEXICON_BIGRAMS, 4 * vocabulary) if lexicon == "tfidf" else 0
+
+
+def _seeded_head(backbone: nn.Module, head_config: dict[str, Any], seed: int) -> JointHead:
+    with torch.random.fork_rng(devices=[]):  # seeded without moving the caller's random state
+        torch.manual_seed(seed)
+        return _build_head(backbone, head_config)
 
 
 def _build_head(backbone: nn.Module, head: dict[str, Any]) -> JointHead:

@@ -17,7 +17,7 @@ import psutil
 import pytest
 import torch
 
-from pipeline.config import ConfigError, TrainConfig
+from pipeline.config import ConfigError, TrainConfig, ValidateConfig
 from pipeline.data.split import TrainSource
 from pipeline.rundir import RunFolder
 from pipeline.stages.train import train_stage
@@ -257,3 +257,27 @@ def test_decision_train_json_reports_the_world_size(tiny_base, synthetic_train_f
     assert "train lora: step 2/2, loss " in err
     assert summary["world_size"] == 2 and summary["steps"] == 2
     assert summary["saved_to"] and (tmp_path / "out").is_dir()
+
+
+def test_two_ranks_train_every_candidate_and_rank_0_keeps_the_one_one_process_keeps(
+    tiny_base, synthetic_train_file, tmp_path
+):
+    """`train.lexicon: auto` under torchrun: each rank trains both heads in turn, rank 0 alone scores them on the
+    validation split and keeps one, as one process does."""
+    split = ValidateConfig(holdout_fraction=0.2, validation_fraction=0.25, validation_min_decisions=10)
+    config = replace(CASES["joint-head"], lexicon="auto", max_steps=6)
+    summaries = {}
+    for nproc in (1, 2):
+        folder = tmp_path / f"run{nproc}"
+        TrainSource(synthetic_train_file, split_config=split).validated().save(RunFolder(folder).split)
+        summaries[nproc] = train_stage(folder, tiny_base, replace(config, nproc=nproc), "cpu").to_dict()
+        assert {p.name for p in folder.glob("checkpoint*.pt")} == {
+            "checkpoint.tokens.pt",
+            "checkpoint.tfidf.pt",
+        }
+    one, two = summaries[1]["choice"], summaries[2]["choice"]
+    assert two["kept"] == one["kept"] and summaries[2]["world_size"] == 2
+    for name, figures in one["candidates"].items():
+        assert two["candidates"][name]["steps"] == figures["steps"] == config.max_steps
+        # Close, not equal: each rank draws the lexical channel's dropout for its half of a window.
+        assert two["candidates"][name]["loss"] == pytest.approx(figures["loss"], rel=1e-2)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -240,11 +240,7 @@ def follow_fit(data: SplitData, base: str | Path, config: TrainConfig, device: s
     _, config = resolve_training(base, config)
     prepared = prepare_fit(data, base, config, device, (controls.ranks or Ranks()).world)
     try:  # every candidate, as rank 0 trains them: only rank 0 scores them and keeps the best
-        features: dict[str, list[Any]] = {}
-        for candidate in _candidates(prepared, config, RunHooks()):
-            prepared.loaded = candidate.loaded
-            result = _train_prepared(prepared, candidate.config, RunHooks(), _controls_of(controls, candidate),
-                                     None, features)  # fmt: skip
+        *_, (_, result) = _trained_candidates(prepared, config, RunHooks(), controls, None)
         return result
     finally:
         prepared.threads.stop()
@@ -253,45 +249,48 @@ def follow_fit(data: SplitData, base: str | Path, config: TrainConfig, device: s
 def _candidates(prepared: Prepared, config: TrainConfig, hooks: RunHooks) -> list[Candidate]:
     """What the family trains for `config`; only the first when there is no validation split to choose on."""
     candidates = prepared.family.candidates(prepared.loaded, config)
+    names = ", ".join(c.name for c in candidates)
     if len(candidates) > 1 and not prepared.validation_examples:
-        hooks.say(f"no validation split to choose between {', '.join(c.name for c in candidates)}: "
-                  f"training {candidates[0].name} (validate.validation_fraction)")  # fmt: skip
+        hooks.say(f"no validation split to choose between {names}: training {candidates[0].name} "
+                  "(validate.validation_fraction)")  # fmt: skip
         return candidates[:1]
+    if len(candidates) > 1:
+        hooks.say(f"training {len(candidates)} candidates on the same features, keeping the one most accurate on "
+                  f"the validation split: {names}")  # fmt: skip
     return candidates
 
 
-def _controls_of(controls: RunControls, candidate: Candidate) -> RunControls:
-    """A candidate's own checkpoint file beside the run's, so a resumed run finds each where it stopped; no
-    held-out checks between candidates' steps for a sweep's pruner to confuse with one run's."""
-    if not candidate.name:
-        return controls
-    checkpoints = controls.checkpoints.beside(candidate.name) if controls.checkpoints else None
-    return replace(controls, checkpoints=checkpoints, prune=None)
+def _trained_candidates(prepared: Prepared, config: TrainConfig, hooks: RunHooks, controls: RunControls,
+                        evaluate: Callable[[int], None] | None) -> Iterator[tuple[Candidate, TrainResult]]:  # fmt: skip
+    """The family's candidates for `config`, each trained in turn in `prepared.loaded` on the same examples (a frozen
+    backbone's features computed once); a cancelled one ends the run. With several, each checkpoints to a file of
+    its own (so a resumed run finds each where it stopped), and neither held-out checks (`evaluate`) nor a sweep's
+    pruner see their steps, which would interleave."""
+    candidates = _candidates(prepared, config, hooks)
+    features: dict[str, list[Any]] = {}
+    for candidate in candidates:
+        prepared.loaded = candidate.loaded
+        if len(candidates) == 1:
+            result = _train_prepared(prepared, candidate.config, hooks, controls, evaluate, features)
+        else:
+            checkpoints = controls.checkpoints.beside(candidate.name) if controls.checkpoints else None
+            own = replace(controls, checkpoints=checkpoints, prune=None)
+            result = _train_prepared(prepared, candidate.config, hooks, own, None, features)
+        yield candidate, result
+        if result.cancelled:
+            return
 
 
 def _train_best(prepared: Prepared, config: TrainConfig, hooks: RunHooks, controls: RunControls,
                 evaluate: Callable[[int], None] | None) -> tuple[TrainResult, TrainConfig, dict[str, Any]]:  # fmt: skip
-    """Train the family's candidates for `config` one after the other on the same examples and keep the one most
-    accurate on the validation split (then the lower loss) in `prepared.loaded`: its result (seconds: all of
-    them), its config and what was chosen."""
-    candidates = _candidates(prepared, config, hooks)
-    if len(candidates) == 1:
-        prepared.loaded = candidates[0].loaded
-        return (
-            _train_prepared(prepared, candidates[0].config, hooks, controls, evaluate),
-            candidates[0].config,
-            {},
-        )
-    hooks.say(f"training {len(candidates)} candidates on the same features, keeping the one most accurate on the "
-              f"validation split: {', '.join(c.name for c in candidates)}")  # fmt: skip
-    features: dict[str, list[Any]] = {}
+    """Train the family's candidates for `config` and keep the one most accurate on the validation split (then the
+    lower loss) in `prepared.loaded`: its result (seconds: all of them), its config and what was chosen."""
+    trained = list(_trained_candidates(prepared, config, hooks, controls, evaluate))
+    last, result = trained[-1]
+    if len(trained) == 1 or result.cancelled:
+        return result, last.config, {}
     trials: list[tuple[Candidate, TrainResult, dict[str, float]]] = []
-    for candidate in candidates:
-        prepared.loaded = candidate.loaded
-        result = _train_prepared(prepared, candidate.config, hooks, _controls_of(controls, candidate), None,
-                                 features)  # fmt: skip
-        if result.cancelled:
-            return result, candidate.config, {}
+    for candidate, result in trained:
         decisions, logits = prepared.family.score(candidate.loaded, prepared.validation_examples, prepared.device,
                                                   config.eval_batch_size)  # fmt: skip
         metrics = _metrics(decisions, logits)

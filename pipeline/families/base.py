@@ -205,6 +205,11 @@ class DecisionFamily(ABC):
         left to choose). One by default: `loaded` itself."""
         return [Candidate("", config, loaded)]
 
+    def combined(self, trained: list[Candidate]) -> Candidate | None:
+        """One model made of the trained candidates together, tried beside them on the validation split and kept
+        where it is the most accurate; None (the default): none."""
+        return None
+
     def learn_from_rows(self, loaded, examples: list[Any]) -> None:
         """Set what the model counts in its training rows rather than learns by gradient (the joint head's word
         weights), before the first step; nothing by default."""

@@ -289,6 +289,11 @@ def _train_best(prepared: Prepared, config: TrainConfig, hooks: RunHooks, contro
     last, result = trained[-1]
     if len(trained) == 1 or result.cancelled:
         return result, last.config, {}
+    combined = prepared.family.combined([candidate for candidate, _ in trained])
+    if combined is not None:  # trained as its members were: their steps, no seconds of its own
+        steps = sum(r.steps for _, r in trained)
+        trained.append((combined, replace(result, steps=steps, train_seconds=0.0)))
+        hooks.say(f"candidate {combined.name}: the {len(trained) - 1} trained together, no more training")
     trials: list[tuple[Candidate, TrainResult, dict[str, float]]] = []
     for candidate, result in trained:
         decisions, logits = prepared.family.score(candidate.loaded, prepared.validation_examples, prepared.device,

@@ -4,16 +4,22 @@ to choose (no validation split, a LoRA run, a trained head) it is `tokens`."""
 
 from dataclasses import replace
 
+import numpy as np
 import pytest
+import torch
 
 from pipeline.config import ValidateConfig
+from pipeline.data.answers import parse_request
 from pipeline.data.split import TrainSource
+from pipeline.families.joint.head import HeadEnsemble
+from pipeline.families.joint.predict import answer_joint_requests
 from pipeline.mlops.tracking import TrainingRecord, choice_tags, run_metrics
 from pipeline.scoring.calibration import plain_probabilities
 from pipeline.scoring.metrics import heldout_metrics
 from pipeline.training.checkpoint import Checkpointer
 from pipeline.training.controls import RunControls, RunHooks
 from pipeline.training.fit import fit
+from tests.invariance import INTENSITY, STATE, TOL, TONE, probabilities
 from tests.tiny import JOINT_HEAD, load_joint_on, write_learnable_rows
 
 CONFIG = replace(JOINT_HEAD, epochs=3, threads=1, lexicon="auto")
@@ -38,16 +44,24 @@ def test_each_candidate_trains_as_its_own_run_would_and_the_more_accurate_is_kep
     lines: list[str] = []
     chosen = fit(data, tiny_base, CONFIG, "cpu", RunHooks(report=lines.append))
     candidates = chosen.run.choice["candidates"]
-    assert set(candidates) == {"tokens", "tfidf"}
-    for name in candidates:
-        alone = _validation_figures(fit(data, tiny_base, replace(CONFIG, lexicon=name), "cpu"))
-        assert candidates[name]["accuracy"] == pytest.approx(alone["accuracy"])
-        assert candidates[name]["loss"] == pytest.approx(alone["loss"], rel=1e-5)
+    assert set(candidates) == {"tokens", "tfidf", "ensemble"}
+    alone = {name: fit(data, tiny_base, replace(CONFIG, lexicon=name), "cpu") for name in ("tokens", "tfidf")}
+    for name, run in alone.items():
+        figures = _validation_figures(run)
+        assert candidates[name]["accuracy"] == pytest.approx(figures["accuracy"])
+        assert candidates[name]["loss"] == pytest.approx(figures["loss"], rel=1e-5)
+    # The ensemble answers with the two heads' mean probabilities: scored as the mean of the two runs' answers.
+    mean = [(a + b) / 2 for a, b in zip(*(plain_probabilities(r.validation_logits) for r in alone.values()))]
+    together = heldout_metrics(alone["tokens"].validation, mean)
+    assert candidates["ensemble"]["accuracy"] == pytest.approx(together["accuracy"])
+    assert candidates["ensemble"]["loss"] == pytest.approx(together["loss"], rel=1e-4)
+    assert candidates["ensemble"]["train_seconds"] == 0.0
     best = max(candidates, key=lambda name: (candidates[name]["accuracy"], -candidates[name]["loss"]))
-    assert chosen.run.choice["kept"] == best == chosen.config.lexicon
-    # The model returned (and exported after) is the kept one, with the channel its lexicon makes.
-    assert _validation_figures(chosen)["loss"] == pytest.approx(candidates[best]["loss"], rel=1e-5)
-    assert (len(chosen.loaded.model.head.lexical.pairs) > 0) == (best == "tfidf")
+    assert chosen.run.choice["kept"] == best
+    assert chosen.config.lexicon == ("auto" if best == "ensemble" else best)
+    # The model returned (and exported after) is the kept one.
+    assert _validation_figures(chosen)["loss"] == pytest.approx(candidates[best]["loss"], rel=1e-4)
+    assert isinstance(chosen.loaded.model.head, HeadEnsemble) == (best == "ensemble")
     assert chosen.run.train_seconds == pytest.approx(sum(c["train_seconds"] for c in candidates.values()))
     assert sum(line.startswith("backbone features of") for line in lines) == 1, (
         "the features are computed once"
@@ -107,3 +121,57 @@ def test_each_candidate_checkpoints_apart_and_a_rerun_resumes_both(tiny_base, da
     assert again.run.choice["kept"] == first.run.choice["kept"]
     for name, figures in first.run.choice["candidates"].items():
         assert again.run.choice["candidates"][name]["loss"] == pytest.approx(figures["loss"], rel=1e-5)
+
+
+def _two_heads(tiny_base):
+    """The joint family and its two candidates on the tiny base, their heads made to answer apart."""
+    family, loaded = load_joint_on(tiny_base, CONFIG)
+    tokens, tfidf = family.candidates(loaded, CONFIG)
+    for weight, scale in (
+        (tokens.loaded.model.head.scorer[-1].weight, 40.0),
+        (tfidf.loaded.model.head.scorer[-1].weight, -25.0),
+    ):
+        with torch.no_grad():
+            weight.mul_(scale)
+    return family, tokens, tfidf
+
+
+def _served(loaded, states=(STATE, "awful, just awful", "fine I guess")) -> list[np.ndarray]:
+    results = answer_joint_requests(
+        loaded, [parse_request(s, {"tone": TONE, "intensity": INTENSITY}) for s in states]
+    )
+    return [probabilities(answer) for result in results for answer in result.answers.values()]
+
+
+def test_the_heads_together_answer_with_the_mean_of_their_probabilities(tiny_base, tmp_path):
+    family, tokens, tfidf = _two_heads(tiny_base)
+    together = family.combined([tokens, tfidf])
+    assert together.name == "ensemble" and together.config.lexicon == "auto"
+    assert together.loaded.model.lm is tokens.loaded.model.lm, "one backbone pass serves both heads"
+    apart = [_served(c.loaded) for c in (tokens, tfidf)]
+    assert not all(np.allclose(a, b, atol=1e-3) for a, b in zip(*apart)), (
+        "the heads must differ to test the mean"
+    )
+    served = _served(together.loaded)
+    for got, a, b in zip(served, *apart):
+        np.testing.assert_allclose(got, (a + b) / 2, atol=TOL)  # each answer rounded to 4 places
+    # The field vectors it caches per question text are both heads'; answering again reads them from the cache.
+    assert together.loaded.field_cache.vectors
+    np.testing.assert_allclose(np.concatenate(_served(together.loaded)), np.concatenate(served), atol=1e-12)
+    # Exported, it loads back as the same two heads on one backbone (stored in 16 bits: answers within rounding).
+    out = family.save_finetune(together.loaded, tmp_path / "export", {})
+    back = family.load_trained(out)
+    assert isinstance(back.model.head, HeadEnsemble) and len(back.model.head.members) == 2
+    assert [len(m.lexical.pairs) > 0 for m in back.model.head.members] == [False, True]
+    for got, want in zip(_served(back), served):
+        np.testing.assert_allclose(got, want, atol=2e-2)
+    # A run trained further from it keeps both heads: there is no channel left to choose.
+    (only,) = family.candidates(back, CONFIG)
+    assert only.loaded is back and family.combined([only]) is None
+
+
+def test_an_ensemble_needs_heads_that_read_alike(tiny_base):
+    _, tokens, tfidf = _two_heads(tiny_base)
+    tfidf.loaded.model.head.read_layers = 1
+    with pytest.raises(ValueError, match="same layers"):
+        HeadEnsemble([tokens.loaded.model.head, tfidf.loaded.model.head])

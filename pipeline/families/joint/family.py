@@ -42,6 +42,7 @@ from pipeline.families.joint.layout import (
     JOINT_CONFIG,
     LoadedJoint,
     describe_base,
+    ensemble,
     export_joint,
     is_joint_export,
     load_joint,
@@ -141,17 +142,27 @@ class JointFamily(DecisionFamily):
         if config.lexicon != "auto":
             return [Candidate("", config, loaded)]
         tokens = replace(config, lexicon="tokens")
-        fresh = loaded.model.head.lexical is not None and not loaded.config.get("fine_tuned")
+        fresh = not loaded.config.get("fine_tuned") and loaded.model.head.lexical is not None
         if not fresh or config.method != "head":
             return [Candidate("", tokens, loaded)]
         return [Candidate("tokens", tokens, loaded),
                 Candidate("tfidf", replace(config, lexicon="tfidf"), with_lexicon(loaded, "tfidf"))]  # fmt: skip
 
+    def combined(self, trained: list[Candidate]) -> Candidate | None:
+        """`train.lexicon: auto`'s heads answering together (`HeadEnsemble`, the mean of their probabilities) on the
+        backbone they share: no more training, and only the heads' cost again when serving."""
+        if len(trained) < 2:
+            return None
+        config = replace(trained[0].config, lexicon="auto")  # what only `auto` makes
+        return Candidate("ensemble", config, ensemble([c.loaded for c in trained]))
+
     def learn_from_rows(self, loaded: LoadedJoint, examples: list[JointExample]) -> None:
         """A fresh head's `tfidf` lexical channel: its pairs and word weights, from the training rows' states. A
         trained head keeps its own: its rows were learned for them. A `tokens` channel has nothing to count."""
+        if loaded.config.get("fine_tuned"):
+            return
         lexical = loaded.model.head.lexical
-        if lexical is not None and len(lexical.pairs) and not loaded.config.get("fine_tuned"):
+        if lexical is not None and len(lexical.pairs):
             lexical.fit([e.record.ids for e in examples])
 
     def batch_task(self, loaded: LoadedJoint, config: TrainConfig) -> BatchTask:

@@ -7,7 +7,8 @@ The joint family's layout (the Laya family's is `pipeline.families.laya_layout`)
                           chunk, read_layers (the backbone's last layers the head reads; 1 before), lexicon (the
                           vocabulary size of its bag of the state's words; 0 or absent: none), bigrams (the token
                           pairs the bag may hold; 0 or absent: none, and every token weighs 1), isolated (each
-                          question read apart from the others, without its id; absent before)}, temperature
+                          question read apart from the others, without its id; absent before), or members [a
+                          head config each] for a `HeadEnsemble` (its read_layers and isolated beside)}, temperature
                           {global, by_type [choice, score, noul], folded_global}, fine_tuned, training
     backbone/             the backbone, LoRA merged, in 16 bits (bf16 from a bf16 or 4-bit source, else fp16), with
                           its tokenizer
@@ -63,7 +64,7 @@ from pipeline.families.joint.backbone import (
     vocabulary_table,
 )
 from pipeline.families.joint.field_cache import FieldCache
-from pipeline.families.joint.head import JointDecisionModel, JointHead
+from pipeline.families.joint.head import HeadEnsemble, JointDecisionModel, JointHead
 from pipeline.families.joint.merge import JointExportError, is_quantised, merged_parts
 from pipeline.families.joint.records import RecordLayout
 from pipeline.families.joint.token_cache import TokenCache
@@ -258,6 +259,17 @@ def with_lexicon(loaded: LoadedJoint, lexicon: str) -> LoadedJoint:
     )
 
 
+def ensemble(members: list[LoadedJoint]) -> LoadedJoint:
+    """One model answering with the mean probabilities of `members`' heads (`HeadEnsemble`), which share one backbone
+    (`with_lexicon` made them so); the first member's config otherwise."""
+    if any(m.model.lm is not members[0].model.lm for m in members):
+        raise ValueError("an ensemble's heads must share one backbone")
+    first = members[0]
+    head = HeadEnsemble([m.model.head for m in members])
+    config = {**first.config, "head": _head_config(head, first.config.get("head") or {})}
+    return _assemble(first.model.lm, head, first.tokenizer, config)
+
+
 def _lexicon_pairs(lexicon: str, vocabulary: int) -> int:
     """How many token pairs a fresh lexical channel may hold: `tfidf` adds the training rows' token pairs and
     weighs every entry by its idf (`LexicalChannel`); `tokens` holds none."""
@@ -270,7 +282,9 @@ def _seeded_head(backbone: nn.Module, head_config: dict[str, Any], seed: int) ->
         return _build_head(backbone, head_config)
 
 
-def _build_head(backbone: nn.Module, head: dict[str, Any]) -> JointHead:
+def _build_head(backbone: nn.Module, head: dict[str, Any]) -> JointHead | HeadEnsemble:
+    if "members" in head:
+        return HeadEnsemble([_build_head(backbone, member) for member in head["members"]])
     hidden = vocabulary_table(backbone).shape[1]
     return JointHead(hidden, head["width"], head["heads"], head["layers"], head["chunk"],
                      read_layers=int(head.get("read_layers", 1)), lexicon=int(head.get("lexicon", 0)),
@@ -281,7 +295,9 @@ def _layer_count(backbone: nn.Module) -> int:
     return int(getattr(backbone.config, "num_hidden_layers", 1) or 1)
 
 
-def _assemble(backbone: nn.Module, head: JointHead, tokenizer, config: dict[str, Any]) -> LoadedJoint:
+def _assemble(
+    backbone: nn.Module, head: JointHead | HeadEnsemble, tokenizer, config: dict[str, Any]
+) -> LoadedJoint:
     loaded = LoadedJoint(
         JointDecisionModel(backbone, head.float()).eval(), _with_pad_token(tokenizer), config
     )
@@ -393,8 +409,11 @@ def _positive(value: Any) -> bool:
     return isinstance(value, (int, float)) and math.isfinite(value) and value > 0
 
 
-def _head_config(head: JointHead, known: dict[str, Any]) -> dict[str, Any]:
+def _head_config(head: JointHead | HeadEnsemble, known: dict[str, Any]) -> dict[str, Any]:
     """The head's shape read from the head itself (a head without blocks keeps the configured heads)."""
+    if isinstance(head, HeadEnsemble):
+        members = [_head_config(member, known) for member in head.members]
+        return {"members": members, "read_layers": head.read_layers, "isolated": head.isolated}
     heads = head.blocks[0].self_attn.num_heads if len(head.blocks) else known.get("heads", 4)
     return {"width": head.memory_proj.out_features, "heads": heads, "layers": len(head.blocks),
             "chunk": head.chunk, "read_layers": head.read_layers,

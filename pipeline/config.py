@@ -206,7 +206,8 @@ class TrainConfig:
     """Joint family on an encoder: a fresh head's lexical channel. `tokens`: a bag of the state's tokens, each
     weighing 1; `tfidf`: also the training rows' frequent token pairs, every entry weighed by its idf; `auto`: a
     head of each on the same frozen features (`train.method: head`; elsewhere `tokens`), keeping the one more
-    accurate on the validation split (`tokens` when the run has none)."""
+    accurate on the validation split, or the two answering together (`both`), whichever is (`tokens` when the run
+    has no validation split); `both`: a head of each, answering together (the mean of their probabilities)."""
     weight_decay: float = 0.01
     grad_clip: float = 1.0
     micro_batch: int = 8
@@ -270,8 +271,8 @@ class TrainConfig:
                 )
         if self.precision not in ("auto", "fp32", "bf16"):
             raise ConfigError(f"train.precision: expected auto, fp32 or bf16; got {self.precision!r}")
-        if self.lexicon not in ("tokens", "tfidf", "auto"):
-            raise ConfigError(f"train.lexicon: expected tokens, tfidf or auto; got {self.lexicon!r}")
+        if self.lexicon not in ("tokens", "tfidf", "both", "auto"):
+            raise ConfigError(f"train.lexicon: expected tokens, tfidf, both or auto; got {self.lexicon!r}")
         for name in (
             "micro_batch",
             "grad_accum",

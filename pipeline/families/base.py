@@ -44,11 +44,13 @@ EncoderRun = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 @dataclass(frozen=True)
 class Candidate:
     """One of the models a run trains side by side and keeps the best of on its validation split
-    (`DecisionFamily.candidates`): its name, its config and the loaded model it trains."""
+    (`DecisionFamily.candidates`): its name, its config and the loaded model it trains. `together`: trained to answer
+    with the others (`DecisionFamily.combined`), not to be chosen among them."""
 
     name: str
     config: TrainConfig
     loaded: Any
+    together: bool = False
 
 
 class ModelLayoutError(ValueError):
@@ -206,8 +208,8 @@ class DecisionFamily(ABC):
         return [Candidate("", config, loaded)]
 
     def combined(self, trained: list[Candidate]) -> Candidate | None:
-        """One model made of the trained candidates together, tried beside them on the validation split and kept
-        where it is the most accurate; None (the default): none."""
+        """One model made of the trained candidates together: kept where they were trained `together`, else tried
+        beside them on the validation split and kept where it is the most accurate; None (the default): none."""
         return None
 
     def learn_from_rows(self, loaded, examples: list[Any]) -> None:

@@ -215,7 +215,7 @@ def state_tags(train: dict[str, Any]) -> dict[str, str]:
 
 
 def choice_tags(train: dict[str, Any]) -> dict[str, str]:
-    """`candidate_kept`: which of the run's candidates it kept (`train.lexicon: auto`: tokens or tfidf)."""
+    """`candidate_kept`: which of the run's candidates it kept (`train.lexicon: auto`: tokens, tfidf or ensemble)."""
     kept = (train.get("choice") or {}).get("kept")
     return {"candidate_kept": kept} if kept else {}
 
@@ -252,6 +252,8 @@ def run_metrics(record: TrainingRecord) -> dict[str, float]:
         }
     # Each candidate's uncalibrated figures on the validation split, which chose between them.
     for name, figures in (record.train.get("choice") or {}).get("candidates", {}).items():
+        if "accuracy" not in figures:  # `train.lexicon: both` without a validation split: nothing measured
+            continue
         metrics |= {f"candidate_{name}_validation_accuracy": float(figures["accuracy"]),
                     f"candidate_{name}_validation_loss": float(figures["loss"])}  # fmt: skip
     metrics |= {"heldout_decisions": float(heldout["decisions"]),

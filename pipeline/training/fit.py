@@ -250,11 +250,13 @@ def _candidates(prepared: Prepared, config: TrainConfig, hooks: RunHooks) -> lis
     """What the family trains for `config`; only the first when there is no validation split to choose on."""
     candidates = prepared.family.candidates(prepared.loaded, config)
     names = ", ".join(c.name for c in candidates)
-    if len(candidates) > 1 and not prepared.validation_examples:
+    if len(candidates) > 1 and not prepared.validation_examples and not candidates[0].together:
         hooks.say(f"no validation split to choose between {names}: training {candidates[0].name} "
                   "(validate.validation_fraction)")  # fmt: skip
         return candidates[:1]
-    if len(candidates) > 1:
+    if len(candidates) > 1 and candidates[0].together:
+        hooks.say(f"training {len(candidates)} heads on the same features, to answer together: {names}")
+    elif len(candidates) > 1:
         hooks.say(f"training {len(candidates)} candidates on the same features, keeping the one most accurate on "
                   f"the validation split: {names}")  # fmt: skip
     return candidates
@@ -283,8 +285,9 @@ def _trained_candidates(prepared: Prepared, config: TrainConfig, hooks: RunHooks
 
 def _train_best(prepared: Prepared, config: TrainConfig, hooks: RunHooks, controls: RunControls,
                 evaluate: Callable[[int], None] | None) -> tuple[TrainResult, TrainConfig, dict[str, Any]]:  # fmt: skip
-    """Train the family's candidates for `config` and keep the one most accurate on the validation split (then the
-    lower loss) in `prepared.loaded`: its result (seconds: all of them), its config and what was chosen."""
+    """Train the family's candidates for `config` and keep in `prepared.loaded` their combination where they were
+    trained together, else the one most accurate on the validation split (then the lower loss), their combination
+    among them: its result (seconds: all of them), its config and what was kept, with each one's validation figures."""
     trained = list(_trained_candidates(prepared, config, hooks, controls, evaluate))
     last, result = trained[-1]
     if len(trained) == 1 or result.cancelled:
@@ -294,21 +297,30 @@ def _train_best(prepared: Prepared, config: TrainConfig, hooks: RunHooks, contro
         steps = sum(r.steps for _, r in trained)
         trained.append((combined, replace(result, steps=steps, train_seconds=0.0)))
         hooks.say(f"candidate {combined.name}: the {len(trained) - 1} trained together, no more training")
-    trials: list[tuple[Candidate, TrainResult, dict[str, float]]] = []
-    for candidate, result in trained:
-        decisions, logits = prepared.family.score(candidate.loaded, prepared.validation_examples, prepared.device,
-                                                  config.eval_batch_size)  # fmt: skip
-        metrics = _metrics(decisions, logits)
-        hooks.say(f"candidate {candidate.name}: validation accuracy {metrics['accuracy']:.4f}, loss "
-                  f"{metrics['loss']:.4f} ({result.steps} steps in {result.train_seconds:.0f} s)")  # fmt: skip
-        trials.append((candidate, result, metrics))
-    kept, result, _ = max(trials, key=lambda t: (t[2]["accuracy"], -t[2]["loss"]))
+    trials = [(c, r, _validation_figures(prepared, c, r, config, hooks)) for c, r in trained]
+    if combined is not None and combined.together:
+        (kept, result, _), by = trials[-1], "trained together"
+    else:
+        kept, result, _ = max(trials, key=lambda t: (t[2]["accuracy"], -t[2]["loss"]))
+        by = "validation accuracy, then loss"
     prepared.loaded = kept.loaded
     hooks.say(f"kept {kept.name}")
-    choice = {"kept": kept.name, "by": "validation accuracy, then loss", "candidates": {
-        c.name: {"accuracy": m["accuracy"], "loss": m["loss"], "steps": r.steps, "train_seconds": r.train_seconds}
-        for c, r, m in trials}}  # fmt: skip
+    choice = {"kept": kept.name, "by": by, "candidates": {
+        c.name: {**m, "steps": r.steps, "train_seconds": r.train_seconds} for c, r, m in trials}}  # fmt: skip
     return replace(result, train_seconds=sum(r.train_seconds for _, r, _ in trials)), kept.config, choice
+
+
+def _validation_figures(prepared: Prepared, candidate: Candidate, result: TrainResult, config: TrainConfig,
+                        hooks: RunHooks) -> dict[str, float]:  # fmt: skip
+    """A trained candidate's uncalibrated accuracy and loss on the validation split ({} without one), said."""
+    if not prepared.validation_examples:
+        return {}
+    decisions, logits = prepared.family.score(candidate.loaded, prepared.validation_examples, prepared.device,
+                                              config.eval_batch_size)  # fmt: skip
+    metrics = _metrics(decisions, logits)
+    hooks.say(f"candidate {candidate.name}: validation accuracy {metrics['accuracy']:.4f}, loss "
+              f"{metrics['loss']:.4f} ({result.steps} steps in {result.train_seconds:.0f} s)")  # fmt: skip
+    return {"accuracy": metrics["accuracy"], "loss": metrics["loss"]}
 
 
 def _train_prepared(prepared: Prepared, config: TrainConfig, hooks: RunHooks, controls: RunControls,

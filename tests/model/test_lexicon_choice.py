@@ -58,7 +58,7 @@ def test_each_candidate_trains_as_its_own_run_would_and_the_more_accurate_is_kep
     assert candidates["ensemble"]["train_seconds"] == 0.0
     best = max(candidates, key=lambda name: (candidates[name]["accuracy"], -candidates[name]["loss"]))
     assert chosen.run.choice["kept"] == best
-    assert chosen.config.lexicon == ("auto" if best == "ensemble" else best)
+    assert chosen.config.lexicon == ("both" if best == "ensemble" else best)
     # The model returned (and exported after) is the kept one.
     assert _validation_figures(chosen)["loss"] == pytest.approx(candidates[best]["loss"], rel=1e-4)
     assert isinstance(chosen.loaded.model.head, HeadEnsemble) == (best == "ensemble")
@@ -146,7 +146,7 @@ def _served(loaded, states=(STATE, "awful, just awful", "fine I guess")) -> list
 def test_the_heads_together_answer_with_the_mean_of_their_probabilities(tiny_base, tmp_path):
     family, tokens, tfidf = _two_heads(tiny_base)
     together = family.combined([tokens, tfidf])
-    assert together.name == "ensemble" and together.config.lexicon == "auto"
+    assert together.name == "ensemble" and together.config.lexicon == "both"
     assert together.loaded.model.lm is tokens.loaded.model.lm, "one backbone pass serves both heads"
     apart = [_served(c.loaded) for c in (tokens, tfidf)]
     assert not all(np.allclose(a, b, atol=1e-3) for a, b in zip(*apart)), (
@@ -175,3 +175,22 @@ def test_an_ensemble_needs_heads_that_read_alike(tiny_base):
     tfidf.loaded.model.head.read_layers = 1
     with pytest.raises(ValueError, match="same layers"):
         HeadEnsemble([tokens.loaded.model.head, tfidf.loaded.model.head])
+
+
+def test_both_keeps_the_two_heads_together_with_or_without_a_validation_split(tiny_base, data, rows_file):
+    both = replace(CONFIG, lexicon="both")
+    lines: list[str] = []
+    kept = fit(data, tiny_base, both, "cpu", RunHooks(report=lines.append))
+    assert kept.run.choice["kept"] == "ensemble" and kept.run.choice["by"] == "trained together"
+    assert isinstance(kept.loaded.model.head, HeadEnsemble) and kept.config.lexicon == "both"
+    candidates = kept.run.choice["candidates"]
+    assert set(candidates) == {"tokens", "tfidf", "ensemble"}, "each one's validation figures, for the record"
+    assert _validation_figures(kept)["loss"] == pytest.approx(candidates["ensemble"]["loss"], rel=1e-4)
+    assert any(line.startswith("training 2 heads on the same features, to answer together") for line in lines)
+    bare = TrainSource(rows_file, split_config=replace(SPLIT, validation_fraction=0.0)).validated()
+    alone = fit(bare, tiny_base, both, "cpu")
+    assert isinstance(alone.loaded.model.head, HeadEnsemble) and alone.run.choice["kept"] == "ensemble"
+    assert all("accuracy" not in figures for figures in alone.run.choice["candidates"].values())
+    assert alone.run.steps == sum(
+        alone.run.choice["candidates"][name]["steps"] for name in ("tokens", "tfidf")
+    )

@@ -136,25 +136,27 @@ class JointFamily(DecisionFamily):
         prepare_joint(loaded.model, config)
 
     def candidates(self, loaded: LoadedJoint, config: TrainConfig) -> list[Candidate]:
-        """`train.lexicon: auto` on a fresh encoder head trained alone: a `tokens` head and a `tfidf` head on the same
-        frozen features, the validation split to choose. Anywhere else `auto` is `tokens`: a LoRA or full run
-        changes the backbone the second head would share, and a trained head keeps its own channel."""
-        if config.lexicon != "auto":
+        """`train.lexicon: auto` or `both` on a fresh encoder head trained alone: a `tokens` head and a `tfidf` head on
+        the same frozen features, for the validation split to choose among them and the two together (`auto`) or to
+        answer together (`both`). Anywhere else each is `tokens`: a LoRA or full run changes the backbone the second
+        head would share, and a trained head keeps its own channel."""
+        if config.lexicon not in ("auto", "both"):
             return [Candidate("", config, loaded)]
         tokens = replace(config, lexicon="tokens")
         fresh = not loaded.config.get("fine_tuned") and loaded.model.head.lexical is not None
         if not fresh or config.method != "head":
             return [Candidate("", tokens, loaded)]
-        return [Candidate("tokens", tokens, loaded),
-                Candidate("tfidf", replace(config, lexicon="tfidf"), with_lexicon(loaded, "tfidf"))]  # fmt: skip
+        together = config.lexicon == "both"
+        return [Candidate("tokens", tokens, loaded, together),
+                Candidate("tfidf", replace(config, lexicon="tfidf"), with_lexicon(loaded, "tfidf"), together)]  # fmt: skip
 
     def combined(self, trained: list[Candidate]) -> Candidate | None:
         """`train.lexicon: auto`'s heads answering together (`HeadEnsemble`, the mean of their probabilities) on the
         backbone they share: no more training, and only the heads' cost again when serving."""
         if len(trained) < 2:
             return None
-        config = replace(trained[0].config, lexicon="auto")  # what only `auto` makes
-        return Candidate("ensemble", config, ensemble([c.loaded for c in trained]))
+        config = replace(trained[0].config, lexicon="both")
+        return Candidate("ensemble", config, ensemble([c.loaded for c in trained]), trained[0].together)
 
     def learn_from_rows(self, loaded: LoadedJoint, examples: list[JointExample]) -> None:
         """A fresh head's `tfidf` lexical channel: its pairs and word weights, from the training rows' states. A

@@ -204,10 +204,11 @@ class TrainConfig:
     """Joint family: width of a fresh head's fields (an export keeps its own)."""
     lexicon: str = "tokens"
     """Joint family on an encoder: a fresh head's lexical channel. `tokens`: a bag of the state's tokens, each
-    weighing 1; `tfidf`: also the training rows' frequent token pairs, every entry weighed by its idf; `auto`: a
-    head of each on the same frozen features (`train.method: head`; elsewhere `tokens`), keeping the one more
-    accurate on the validation split, or the two answering together (`both`), whichever is (`tokens` when the run
-    has no validation split); `both`: a head of each, answering together (the mean of their probabilities)."""
+    weighing 1; `tfidf`: also the training rows' frequent token pairs, every entry weighed by its idf; `both` (the
+    default in params.yaml): a head of each on the same frozen features, answering together (the mean of their
+    probabilities); `auto`: the same two heads, keeping whichever of them or the two together is the most accurate
+    on the validation split (`tokens` when the run has none). `both` and `auto` need `train.method: head`
+    (elsewhere: `tokens`)."""
     weight_decay: float = 0.01
     grad_clip: float = 1.0
     micro_batch: int = 8

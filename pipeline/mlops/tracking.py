@@ -215,7 +215,8 @@ def state_tags(train: dict[str, Any]) -> dict[str, str]:
 
 
 def choice_tags(train: dict[str, Any]) -> dict[str, str]:
-    """`candidate_kept`: which of the run's candidates it kept (`train.lexicon: auto`: tokens, tfidf or ensemble)."""
+    """`candidate_kept`: which of the run's candidates it kept (`train.lexicon: auto`: tokens, tfidf or
+    ensemble; `both`: ensemble)."""
     kept = (train.get("choice") or {}).get("kept")
     return {"candidate_kept": kept} if kept else {}
 

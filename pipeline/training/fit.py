@@ -247,7 +247,8 @@ def follow_fit(data: SplitData, base: str | Path, config: TrainConfig, device: s
 
 
 def _candidates(prepared: Prepared, config: TrainConfig, hooks: RunHooks) -> list[Candidate]:
-    """What the family trains for `config`; only the first when there is no validation split to choose on."""
+    """What the family trains for `config`; only the first when there is no validation split to choose on (unless
+    they are trained to answer together)."""
     candidates = prepared.family.candidates(prepared.loaded, config)
     names = ", ".join(c.name for c in candidates)
     if len(candidates) > 1 and not prepared.validation_examples and not candidates[0].together:

@@ -151,7 +151,7 @@ class JointFamily(DecisionFamily):
                 Candidate("tfidf", replace(config, lexicon="tfidf"), with_lexicon(loaded, "tfidf"), together)]  # fmt: skip
 
     def combined(self, trained: list[Candidate]) -> Candidate | None:
-        """`train.lexicon: auto`'s heads answering together (`HeadEnsemble`, the mean of their probabilities) on the
+        """`train.lexicon: both`'s (or `auto`'s) two heads answering together (`HeadEnsemble`, the mean of their probabilities) on the
         backbone they share: no more training, and only the heads' cost again when serving."""
         if len(trained) < 2:
             return None

@@ -206,7 +206,7 @@ class TrainConfig:
     """Joint family on an encoder: a fresh head's lexical channel. `tokens`: a bag of the state's tokens, each
     weighing 1; `tfidf`: also the training rows' frequent token pairs, every entry weighed by its idf; `both` (the
     default in params.yaml): a head of each on the same frozen features, answering together (the mean of their
-    probabilities); `auto`: the same two heads, keeping whichever of them or the two together is the most accurate
+    probabilities); `auto`: the same two heads, keeping whichever of them or the two together has the lowest loss
     on the validation split (`tokens` when the run has none). `both` and `auto` need `train.method: head`
     (elsewhere: `tokens`)."""
     weight_decay: float = 0.01

@@ -203,13 +203,13 @@ class DecisionFamily(ABC):
 
     def candidates(self, loaded, config: TrainConfig) -> list[Candidate]:
         """The models this run trains, one after the other on the same examples (a frozen backbone's features
-        computed once), keeping the one most accurate on the validation split; each config is resolved (nothing
+        computed once), keeping the one with the lowest loss on the validation split; each config is resolved (nothing
         left to choose). One by default: `loaded` itself."""
         return [Candidate("", config, loaded)]
 
     def combined(self, trained: list[Candidate]) -> Candidate | None:
         """One model made of the trained candidates together: kept where they were trained `together`, else tried
-        beside them on the validation split and kept where it is the most accurate; None (the default): none."""
+        beside them on the validation split and kept where its loss is the lowest; None (the default): none."""
         return None
 
     def learn_from_rows(self, loaded, examples: list[Any]) -> None:

@@ -18,7 +18,6 @@ import json
 import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from urllib.parse import urlsplit, urlunsplit
 
 from dvc.exceptions import CheckoutError, DvcException
 from dvc.repo import Repo

@@ -11,7 +11,9 @@ pytestmark = pytest.mark.data
 
 @pytest.fixture(scope="module")
 def vader(project_root):
-    return validate_file(project_root / "data/processed/vader.jsonl"), load_params(project_root / "params.yaml")
+    return validate_file(project_root / "data/processed/vader.jsonl"), load_params(
+        project_root / "params.yaml"
+    )
 
 
 def test_every_vader_decision_is_usable(vader):
@@ -47,13 +49,18 @@ def test_rebuilding_the_dataset_gives_the_pinned_bytes(project_root, tmp_path):
     out = tmp_path / "vader.jsonl"
     result = build_dataset(type(config)(archive=str(project_root / config.archive), out=str(out)))
     assert current_md5(out) == pinned_outputs(project_root / "dvc.lock")["data/processed/vader.jsonl"]
-    assert set(result.by_source) == {"tweets", "movieReviewSnippets", "nytEditorialSnippets", "amazonReviewSnippets"}
+    assert set(result.by_source) == {
+        "tweets",
+        "movieReviewSnippets",
+        "nytEditorialSnippets",
+        "amazonReviewSnippets",
+    }
     assert b"&amp;" not in out.read_bytes() and b"&quot;" not in out.read_bytes()
 
 
 def test_a_tampered_archive_is_refused(tmp_path, project_root):
-    from pipeline.data.dataset import ArchiveMismatch, build_dataset
     from pipeline.config import DatasetConfig
+    from pipeline.data.dataset import ArchiveMismatch, build_dataset
 
     fake = tmp_path / "vaderSentiment-3.3.2.tar.gz"
     fake.write_bytes(b"not the archive")

@@ -143,7 +143,8 @@ def sotu_rows(data: Path, sentences_per_passage: int = 3) -> tuple[list[dict], l
             passage = " ".join(sentences[i : i + size])
             if len(passage) < 80:
                 continue
-            row = {"id": f"{file.stem}/{i // size}", "state": passage, "questions": SOTU_QUESTIONS,
+            # Grouped by address: the validation split is carved from whole addresses, as the held-out rows are.
+            row = {"id": f"{file.stem}/{i // size}", "group": file.stem, "state": passage, "questions": SOTU_QUESTIONS,
                    "gold": {"party": hard_gold(party, ["Democratic", "Republican", "other"]),
                             "era": hard_gold(era, list(range(len(ERAS))))}}  # fmt: skip
             (heldout if held else train).append(row)

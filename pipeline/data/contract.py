@@ -84,6 +84,9 @@ class Record:
     decisions: tuple[Decision, ...]
     gold: dict[str, Any]
     questions_json: bytes  # the row's questions as canonical JSON
+    group: str | None = None
+    """The row's `group` as canonical JSON (`group_key`): rows that share it are held out, or carved for validation,
+    together; None: the row goes alone."""
 
     def content_hash(self) -> str:
         """blake2b of the row's canonical JSON: the same content gives the same hash in any file form."""
@@ -92,6 +95,14 @@ class Record:
             option=orjson.OPT_SORT_KEYS | orjson.OPT_NON_STR_KEYS,
         )
         return hashlib.blake2b(canonical, digest_size=16).hexdigest()
+
+
+def group_key(cell: Any) -> str | None:
+    """A `group` cell as the key its rows share: its canonical JSON (so `7` and `"7"` are two groups, as a number
+    column and a text column would keep them apart); None for an absent, null or empty cell: a row of its own."""
+    if cell is None or cell == "":
+        return None
+    return orjson.dumps(cell, option=orjson.OPT_SORT_KEYS | orjson.OPT_NON_STR_KEYS).decode()
 
 
 class QuestionSpec(NamedTuple):

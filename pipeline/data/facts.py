@@ -38,6 +38,8 @@ class Facts:
     states: dict[int, Any] = field(default_factory=dict)  # parsed cells of readable rows, for the records
     golds: dict[int, Any] = field(default_factory=dict)
     questions: dict[int, bytes] = field(default_factory=dict)
+    # Rows with a `group` cell: its key (`contract.group_key`).
+    groups: dict[int, str] = field(default_factory=dict)
 
     def add_row(self, row: int, base: int, count: int, error: int = 0, state_chars: int = 0) -> None:
         self.row_index.append(row)
@@ -125,6 +127,9 @@ def collect_facts(columns: RawColumns, first_row: int = 0) -> Facts:
             facts.add_row_error(row, error, len(parsed.specs))
             continue
         facts.states[row], facts.golds[row], facts.questions[row] = state, gold, parsed.canonical
+        group = contract.group_key(columns.group[offset]) if columns.group is not None else None
+        if group is not None:
+            facts.groups[row] = group
         state_chars = len(state) if isinstance(state, str) else len(contract.state_text(state))
         facts.add_row(row, base, len(parsed.specs), 0, state_chars)
         facts.verdicts.extend(

@@ -2,7 +2,8 @@
 
 A mapping (a YAML file, a params.yaml `validate.mapping`, or the flags of the common case) names the state
 column (several columns make a JSON-object state `{column: value}`) and, per question, the column holding its
-labels, its type, instructions and options: given, or taken from the labels found. It is applied to the cells
+labels, its type, instructions and options: given, or taken from the labels found; optionally an `id` column and a
+`group` column (rows with equal cells are held out together). It is applied to the cells
 of the row slice only (the slice is taken on the Arrow table first), and the mapped rows then go through
 validation like the rows of any decision file, so unusable ones are counted by reason.
 
@@ -27,7 +28,7 @@ import yaml
 from pipeline.data.contract import QUESTION_TYPES
 from pipeline.data.read import RawColumns, RowSlice, TableCells, read_cells
 
-_MAPPING_KEYS = ("state", "questions", "id")
+_MAPPING_KEYS = ("state", "questions", "id", "group")
 _QUESTION_KEYS = ("column", "type", "instructions", "options")
 # Label cells a yes/no (noul) question accepts, compared in lower case; booleans too.
 NOUL_LABELS = {"true": True, "false": False, "yes": True, "no": False, "1": True, "0": False}
@@ -60,12 +61,15 @@ class Mapping:
     questions: dict[str, QuestionMapping]
     id: str | None = None
     """A column that names each row (kept in `decision map` output, ignored by training)."""
+    group: str | None = None
+    """A column whose equal cells make a group: its rows go to one side of the held-out and validation splits."""
 
     @property
     def columns(self) -> tuple[str, ...]:
         """Every column the mapping reads, each once."""
         state = (self.state,) if isinstance(self.state, str) else self.state
-        named = (*state, *(q.column for q in self.questions.values()), *([self.id] if self.id else []))
+        named = (*state, *(q.column for q in self.questions.values()), *([self.id] if self.id else []),
+                 *([self.group] if self.group else []))  # fmt: skip
         return tuple(dict.fromkeys(named))
 
     @property
@@ -132,8 +136,9 @@ def mapping_from_dict(raw: Any, where: str) -> Mapping:
             f"{where}: questions: expected {{question_id: {{column, type, ...}}}}, got {questions!r}"
         )
         questions = {}
-    if raw.get("id") is not None and not _is_name(raw.get("id")):
-        problems.append(f"{where}: id: expected a column name, got {raw.get('id')!r}")
+    for key in ("id", "group"):
+        if raw.get(key) is not None and not _is_name(raw.get(key)):
+            problems.append(f"{where}: {key}: expected a column name, got {raw.get(key)!r}")
     built = {}
     for qid, spec in questions.items():
         question, found = _question(str(qid), spec, f"{where}: questions.{qid}")
@@ -141,7 +146,7 @@ def mapping_from_dict(raw: Any, where: str) -> Mapping:
         built[str(qid)] = question
     if problems:
         raise MappingError("; ".join(problems))
-    return Mapping(state if isinstance(state, str) else tuple(state), built, raw.get("id"))
+    return Mapping(state if isinstance(state, str) else tuple(state), built, raw.get("id"), raw.get("group"))
 
 
 def _question(qid: str, spec: Any, where: str) -> tuple[QuestionMapping | None, list[str]]:
@@ -264,7 +269,8 @@ def map_cells(table: TableCells, mapping: Mapping, where: str = "the table") -> 
     gold_columns = {qid: _gold_cells(cells[q.column], q) for qid, q in fixed.questions.items()}
     n = len(cells[mapping.columns[0]])
     gold = [{qid: g[i] for qid, g in gold_columns.items() if g[i] is not None} for i in range(n)]
-    columns = RawColumns(state_cells(cells, mapping.state), [questions] * n, gold)
+    group = cells[mapping.group] if mapping.group else None
+    columns = RawColumns(state_cells(cells, mapping.state), [questions] * n, gold, group)
     return MappedColumns(columns, fixed, counts, cells[mapping.id] if mapping.id else None)
 
 
@@ -406,6 +412,7 @@ def decision_rows(mapped: MappedColumns, limit: int | None = None) -> list[dict[
     return [
         ({"id": ids[i]} if ids is not None else {})
         | {"state": columns.state[i], "questions": questions, "gold": columns.gold[i]}
+        | ({"group": columns.group[i]} if columns.group is not None else {})
         for i in range(count)
     ]
 
@@ -436,6 +443,8 @@ def _write_jsonl(mapped: MappedColumns, path: Path) -> None:
         for i in range(len(columns)):
             row = {"id": mapped.ids[i]} if mapped.ids is not None else {}
             row |= {"state": columns.state[i], "questions": questions, "gold": columns.gold[i]}
+            if columns.group is not None:
+                row["group"] = columns.group[i]
             handle.write(orjson.dumps(row, option=orjson.OPT_SERIALIZE_NUMPY) + b"\n")
 
 
@@ -448,6 +457,8 @@ def _write_parquet(mapped: MappedColumns, path: Path) -> None:
         "questions": pa.array(columns.questions, pa.large_string()),
         "gold": pa.array([orjson.dumps(gold).decode() for gold in columns.gold], pa.large_string()),
     }
+    if columns.group is not None:
+        table["group"] = pa.array(columns.group)
     pq.write_table(pa.table(table), path)
 
 

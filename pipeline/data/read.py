@@ -187,6 +187,8 @@ class RawColumns:
     state: list[Any]
     questions: list[Any]
     gold: list[Any]
+    group: list[Any] | None = None
+    """Each row's `group` cell (None: the slice has no such column)."""
 
     def __len__(self) -> int:
         return len(self.questions)
@@ -214,13 +216,15 @@ def raw_columns(table: pa.Table) -> RawColumns:
         name: column_values(table, name) if name in table.column_names else [None] * n for name in COLUMNS
     }
     gold = [g if g is not None else a for g, a in zip(cells["gold"], cells["answers"])]
-    return RawColumns(cells["state"], cells["questions"], gold)
+    group = cells["group"] if "group" in table.column_names else None
+    return RawColumns(cells["state"], cells["questions"], gold, group)
 
 
 def columns_from_rows(rows: list[dict[str, Any]]) -> RawColumns:
     """RawColumns from row dicts (as a JSONL line or an API caller gives them)."""
     gold = [row.get("gold") if row.get("gold") is not None else row.get("answers") for row in rows]
-    return RawColumns([row.get("state") for row in rows], [row.get("questions") for row in rows], gold)
+    group = [row.get("group") for row in rows] if any("group" in row for row in rows) else None
+    return RawColumns([row.get("state") for row in rows], [row.get("questions") for row in rows], gold, group)
 
 
 def _decode_line(line: str) -> dict[str, Any]:
@@ -265,7 +269,9 @@ class TableCells(NamedTuple):
     total: int
 
 
-def read_cells(source: str | Path | Source, names: Sequence[str], row_slice: RowSlice = RowSlice()) -> TableCells:
+def read_cells(
+    source: str | Path | Source, names: Sequence[str], row_slice: RowSlice = RowSlice()
+) -> TableCells:
     """The named columns of any table (not only a decision file) for the slice only; a name the table lacks is
     left out of `cells` (the caller says what to do). CSV cells stay text; JSONL lines are decoded in the slice
     only, and its columns are the keys its rows there use."""

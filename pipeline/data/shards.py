@@ -22,7 +22,8 @@ import pyarrow as pa
 import pyarrow.csv as pa_csv
 import pyarrow.parquet as pq
 
-DECISION_COLUMNS = ("state", "questions", "gold", "answers")
+# `group` (optional): rows with the same value go to one side of the held-out and validation splits together.
+DECISION_COLUMNS = ("state", "questions", "gold", "answers", "group")
 LINE_COLUMN = "line"
 JSONL_SUFFIXES = {".jsonl", ".ndjson", ".json"}
 PARQUET_SUFFIXES = {".parquet", ".pq"}

@@ -1,7 +1,9 @@
-"""The held-out split: whole rows, chosen by a stable hash of each row's content.
+"""The held-out split: whole rows, chosen by a stable hash of each row's content (or of its group).
 
-A row's place in the hash order depends on its content only, so reordering the file never moves it. Rows are
-candidates when their hash falls below `holdout_fraction`; candidates are taken in hash order up to
+A row's place in the hash order depends on its content only, so reordering the file never moves it. Rows that
+share a `group` (`Record.group`: a user, a document, a source) take one place, their group's, and go to one side
+together, so a model is measured on groups it never saw; a ledger entry for any of them holds out all of them.
+Rows are candidates when their hash falls below `holdout_fraction`; candidates are taken in hash order up to
 `holdout_max_decisions` decisions. Without a memory, a new row that hashes low would push a held-out row into
 training once the cap binds; so with `holdout_ledger` (params.yaml ships one), the rows it lists stay held out
 whatever the budget, new candidates fill only what budget is left, and `record_heldout` adds them to it.
@@ -14,9 +16,11 @@ that hashes that high is never a held-out candidate, so growth moves rows betwee
 
 from __future__ import annotations
 
+import hashlib
 import os
 import pickle
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -41,8 +45,8 @@ class Split:
         return self.train + self.validation + self.heldout
 
     def summary(self) -> dict[str, int]:
-        """Row and decision counts on each side."""
-        return {
+        """Row and decision counts on each side, and group counts where the rows have groups."""
+        counts = {
             "train_rows": len(self.train),
             "train_decisions": _decisions(self.train),
             "heldout_rows": len(self.heldout),
@@ -50,6 +54,11 @@ class Split:
             "validation_rows": len(self.validation),
             "validation_decisions": _decisions(self.validation),
         }
+        if any(r.group is not None for r in self.every_record()):
+            sides = {"train": self.train, "heldout": self.heldout, "validation": self.validation}
+            counts |= {f"{side}_groups": len({r.group for r in rows if r.group is not None})
+                       for side, rows in sides.items()}  # fmt: skip
+        return counts
 
 
 def _decisions(records: list[Record]) -> int:
@@ -86,46 +95,73 @@ def split_holdout(records: list[Record], config: ValidateConfig) -> Split:
     """Split records into train and held-out sets (see the module docstring for the rule)."""
     ledger = read_ledger(config.holdout_ledger)
     digests = {id(r): r.content_hash() for r in records}  # hashed once: the ledger and the order both read it
-    positions = {key: hash_position(digest) for key, digest in digests.items()}
-    ranked = sorted(records, key=lambda r: positions[id(r)])
-    budget = min(
-        config.holdout_max_decisions, config.holdout_fraction * sum(len(r.decisions) for r in records)
-    )
-    chosen = {id(r) for r in records if digests[id(r)] in ledger}
-    used = sum(len(r.decisions) for r in records if id(r) in chosen)
-    for record in ranked:
-        if id(record) in chosen:
+    units = _units(records)
+    positions = [_position(unit, lambda r: digests[id(r)]) for unit in units]
+    ranked = sorted(range(len(units)), key=positions.__getitem__)
+    budget = min(config.holdout_max_decisions, config.holdout_fraction * _decisions(records))
+    chosen = {i for i, unit in enumerate(units) if any(digests[id(r)] in ledger for r in unit)}
+    used = sum(_decisions(units[i]) for i in chosen)
+    for i in ranked:
+        if i in chosen:
             continue
-        if positions[id(record)] >= config.holdout_fraction or used + len(record.decisions) > budget:
+        if positions[i] >= config.holdout_fraction or used + _decisions(units[i]) > budget:
             break
-        chosen.add(id(record))
-        used += len(record.decisions)
-    if not chosen and len(records) >= 2:
-        chosen.add(id(ranked[0]))  # a tiny set still gets one row to evaluate on
-    if len(chosen) == len(records) and records:
-        chosen.discard(id(ranked[-1]))  # never hold out the last training row
+        chosen.add(i)
+        used += _decisions(units[i])
+    if not chosen and len(units) >= 2:
+        chosen.add(ranked[0])  # a tiny set still gets one row (or group) to evaluate on
+    if len(chosen) == len(units) and units:
+        chosen.discard(ranked[-1])  # never hold out the last training row
+    held = {id(r) for i in chosen for r in units[i]}
     return carve_validation(
-        Split([r for r in records if id(r) not in chosen], [r for r in records if id(r) in chosen]), config
+        Split([r for r in records if id(r) not in held], [r for r in records if id(r) in held]), config
     )
 
 
 def carve_validation(split: Split, config: ValidateConfig) -> Split:
-    """`split` with its validation split carved from the training rows that hash highest (module docstring): up to
-    `validation_fraction` of the training decisions and `validation_max_decisions`; none when that is fewer than
-    `validation_min_decisions`, or would leave no training row."""
+    """`split` with its validation split carved from the training rows (or groups) that hash highest (module
+    docstring): up to `validation_fraction` of the training decisions and `validation_max_decisions`; none when
+    that is fewer than `validation_min_decisions`, or would leave no training row."""
     train = split.train
     budget = min(config.validation_max_decisions, config.validation_fraction * _decisions(train))
     if budget < config.validation_min_decisions:
         return split
+    units = _units(train)
     chosen, used = set(), 0
-    for record in sorted(train, key=lambda r: -hash_position(r.content_hash())):
-        if used + len(record.decisions) > budget:
+    for unit in sorted(units, key=lambda u: -_position(u)):
+        if used + _decisions(unit) > budget:
             break
-        chosen.add(id(record))
-        used += len(record.decisions)
+        chosen.update(id(r) for r in unit)
+        used += _decisions(unit)
     if used < config.validation_min_decisions or len(chosen) == len(train):
         return split
-    return Split([r for r in train if id(r) not in chosen], split.heldout, [r for r in train if id(r) in chosen])
+    return Split(
+        [r for r in train if id(r) not in chosen], split.heldout, [r for r in train if id(r) in chosen]
+    )
+
+
+def _units(records: list[Record]) -> list[list[Record]]:
+    """What goes to one side whole: each group's rows (`Record.group`), and each row without a group alone."""
+    groups: dict[str, list[Record]] = {}
+    units: list[list[Record]] = []
+    for record in records:
+        if record.group is None:
+            units.append([record])
+        elif record.group in groups:
+            groups[record.group].append(record)
+        else:
+            groups[record.group] = [record]
+            units.append(groups[record.group])
+    return units
+
+
+def _position(unit: list[Record], digest: Callable[[Record], str] = Record.content_hash) -> float:
+    """Where a unit falls in the hash order: a row alone by its content hash (`digest`; so data without groups
+    splits as it always did), a group by the hash of its key, whatever its rows hold."""
+    group = unit[0].group
+    if group is None:
+        return hash_position(digest(unit[0]))
+    return hash_position(hashlib.blake2b(group.encode(), digest_size=16, person=b"group").hexdigest())
 
 
 @dataclass(frozen=True)

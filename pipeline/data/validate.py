@@ -71,7 +71,7 @@ def build_schema() -> pa.DataFrameSchema:
     )
 
 
-def state_sizes(facts: Facts) -> StateSizes:
+def state_sizes(facts: Facts) -> contract.StateSizes:
     """The sizes of the readable rows' states."""
     chars = [n for n, error in zip(facts.row_state_chars, facts.row_error) if not error]
     over = sum(n > contract.LONG_STATE_CHARS for n in chars)
@@ -268,5 +268,6 @@ def _records(facts: Facts, reasons: np.ndarray) -> list[Record]:
             for i in range(count)
             if kept[first + i]
         )
-        records.append(Record(row, facts.states[row], decisions, facts.golds[row], facts.questions[row]))
+        records.append(Record(row, facts.states[row], decisions, facts.golds[row], facts.questions[row],
+                              facts.groups.get(row)))  # fmt: skip
     return records

@@ -96,7 +96,7 @@ def finetune(source: TrainSource, base: str | Path, out: str | Path, config: Tra
     ).split  # as the flow's validate task
     hooks.say(f"run folder {run.root}: {split['train_rows']:,} training rows ({split['train_decisions']:,} decisions), "
               f"{split['validation_rows']:,} for validation ({split['validation_decisions']:,} decisions), "
-              f"{split['heldout_rows']:,} held out ({split['heldout_decisions']:,} decisions)")  # fmt: skip
+              f"{split['heldout_rows']:,} held out ({split['heldout_decisions']:,} decisions){_groups(split)}")  # fmt: skip
     trained = train_stage(run.root, base, config, device, hooks, controls, checked)
     if trained.cancelled or controls.cancelled:
         return _result(trained, None, None, run, cancelled=True)
@@ -130,3 +130,11 @@ def _result(run: TrainRun, calibration: CalibrationResult | None, export_dir: st
 def summary_metrics(metrics: dict[str, float]) -> dict[str, float]:
     """The figures a summary shows of a metrics dict."""
     return {k: metrics[k] for k in SUMMARY_METRICS if k in metrics}
+
+
+def _groups(split: dict[str, int]) -> str:
+    """`; groups: T training, V validation, H held out` where the rows have groups (each on one side)."""
+    if "heldout_groups" not in split:
+        return ""
+    return (f"; groups: {split['train_groups']:,} training, {split['validation_groups']:,} validation, "
+            f"{split['heldout_groups']:,} held out")  # fmt: skip

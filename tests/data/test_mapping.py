@@ -6,6 +6,7 @@ import json
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+import yaml
 
 from pipeline.cli.main import main
 from pipeline.config import ConfigError, ValidateConfig, load_params
@@ -198,7 +199,7 @@ def test_an_unknown_yaml_key_is_refused_from_a_file(tmp_path):
     path = tmp_path / "m.yaml"
     path.write_text("state: text\nquestion:\n  q: {column: label}\n")
     with pytest.raises(
-        MappingError, match=r"m.yaml: unknown key\(s\) question \(known: state, questions, id\)"
+        MappingError, match=r"m.yaml: unknown key\(s\) question \(known: state, questions, id, group\)"
     ):
         load_mapping(path)
 
@@ -352,3 +353,26 @@ def test_finetune_trains_on_a_mapped_table_end_to_end_and_predict_reads_new_rows
     scored = pq.read_table(out).to_pylist()
     assert [s["row_id"] for s in scored] == ["0", "1"]
     assert all(list(json.loads(s["answers"])["tone"]["probabilities"]) == ["neg", "pos"] for s in scored)
+
+
+@pytest.mark.parametrize("suffix", ["jsonl", "parquet"])
+def test_a_group_column_groups_the_mapped_rows_and_the_written_file_keeps_it(tickets, mapping_file, tmp_path,
+                                                                              suffix):  # fmt: skip
+    raw = {**yaml.safe_load(MAPPING_YAML), "group": "channel"}
+    mapping = load_mapping(raw)
+    direct = validate_file(tickets, mapping=mapping)
+    assert [r.group for r in direct.records] == ['"email"', '"phone"', '"email"', '"chat"', '"email"']
+    mapped, _ = read_mapped(tickets, mapping)
+    written = validate_file(write_rows(mapped, tmp_path / f"rows.{suffix}"))
+    assert [r.group for r in written.records] == [r.group for r in direct.records]
+    # The split keeps each channel's rows on one side.
+    split = (
+        TrainSource(tickets, split_config=ValidateConfig(holdout_fraction=0.5, mapping=raw)).validated().split
+    )
+    sides = [{r.group for r in side} for side in (split.train, split.heldout)]
+    assert all(sides) and not sides[0] & sides[1]
+
+
+def test_a_group_that_is_not_a_column_name_is_refused():
+    with pytest.raises(MappingError, match="group: expected a column name"):
+        load_mapping({"state": "text", "questions": {"q": {"column": "l"}}, "group": 3})

@@ -75,6 +75,7 @@ def test_long_passages_are_whole_runs_of_sentences_split_by_address(tmp_path):
     assert all(r["state"].count("spoken aloud.") == 4 for r in rows)
     assert train and heldout  # 1801_x hashes to the held-out side
     train_addresses = {r["id"].split("/")[0] for r in train}
+    assert all(r["group"] == r["id"].split("/")[0] for r in train + heldout), "grouped by address"
     assert not train_addresses & {r["id"].split("/")[0] for r in heldout}
     report = validate_file(write_rows(rows, tmp_path / "long.jsonl")).report
     assert report.kept == report.decisions == 16

@@ -1,12 +1,17 @@
-"""The held-out split: whole rows, stable under reordering and growth, within its caps."""
+"""The held-out split: whole rows (or whole groups), stable under reordering and growth, within its caps."""
 
+import csv
+import json
 import random
 from dataclasses import replace
+
+import pyarrow as pa
+import pyarrow.parquet as pq
 
 from pipeline.config import ValidateConfig
 from pipeline.data import synthetic
 from pipeline.data.split import split_holdout
-from pipeline.data.validate import validate_rows
+from pipeline.data.validate import validate_file, validate_rows
 
 
 def _ids(records):
@@ -94,3 +99,77 @@ def test_with_the_shipped_params_a_row_held_out_once_stays_held_out_as_the_data_
     # Without the ledger the same growth moves rows that were held out into training.
     stateless = split_holdout(validate_rows(grown).records, replace(config, holdout_ledger=None))
     assert _ids(first.heldout) - _ids(stateless.heldout)
+
+
+def _grouped(rows, groups: int, seed: int = 0):
+    """The rows, each with one of `groups` group names (several rows per group)."""
+    rng = random.Random(seed)
+    return [{**row, "group": f"user-{rng.randrange(groups)}"} for row in rows]
+
+
+def _sides(split) -> dict[str, set[str]]:
+    return {side: {r.group for r in getattr(split, side)} for side in ("train", "validation", "heldout")}
+
+
+def test_a_group_goes_to_one_side_whole_for_the_held_out_and_the_validation_split():
+    rows = _grouped(synthetic.generate_rows(2000, seed=8), groups=120)
+    config = ValidateConfig(holdout_max_decisions=600, validation_fraction=0.1, validation_max_decisions=600)
+    split = split_holdout(validate_rows(rows).records, config)
+    sides = _sides(split)
+    assert all(sides.values()), "each side gets groups"
+    assert not sides["train"] & sides["heldout"] and not sides["train"] & sides["validation"]
+    assert not sides["validation"] & sides["heldout"]
+    assert 0 < sum(len(r.decisions) for r in split.heldout) <= 600
+    summary = split.summary()
+    assert [summary[f"{side}_groups"] for side in sides] == [len(groups) for groups in sides.values()]
+    # Reordered, the same groups are held out; a group's key is its cell, whatever its rows hold.
+    shuffled = rows[:]
+    random.Random(2).shuffle(shuffled)
+    assert _sides(split_holdout(validate_rows(shuffled).records, config)) == sides
+
+
+def test_rows_without_a_group_split_as_they_always_did():
+    rows = synthetic.generate_rows(600, seed=9)
+    config = ValidateConfig(holdout_max_decisions=10_000, holdout_fraction=0.1)
+    plain = split_holdout(validate_rows(rows).records, config)
+    ungrouped = [{**row, "group": None if i % 2 else ""} for i, row in enumerate(rows)]  # null or empty: none
+    assert _ids(split_holdout(validate_rows(ungrouped).records, config).heldout) == _ids(plain.heldout)
+    assert "heldout_groups" not in plain.summary(), "a report without groups reads as before"
+    # Grouping some rows leaves the others where they were (no cap binds here).
+    some = [{**row, "group": "g"} if i < 50 else row for i, row in enumerate(rows)]
+    records = validate_rows(some).records
+    grouped = _ids(r for r in records if r.group is not None)
+    regrouped = split_holdout(records, config)
+    assert _ids(r for r in regrouped.heldout if r.group is None) == _ids(plain.heldout) - grouped
+
+
+def test_a_ledger_entry_for_any_row_of_a_group_holds_out_the_whole_group(tmp_path):
+    rows = _grouped(synthetic.generate_rows(400, seed=10), groups=40)
+    records = validate_rows(rows).records
+    train_group = next(r.group for r in split_holdout(records, ValidateConfig()).train)
+    ledger = tmp_path / "ledger.txt"
+    ledger.write_text(next(r.content_hash() for r in records if r.group == train_group) + "\n")
+    split = split_holdout(records, ValidateConfig(holdout_ledger=str(ledger)))
+    assert train_group in _sides(split)["heldout"] and train_group not in _sides(split)["train"]
+    assert {r.content_hash() for r in records if r.group == train_group} <= _ids(split.heldout)
+
+
+def test_group_cells_are_keys_by_value():
+    rows = synthetic.generate_rows(4, seed=11)
+    cells = ["a", 7, "7", {"b": 1, "a": 2}]
+    records = validate_rows([{**row, "group": cell} for row, cell in zip(rows, cells)]).records
+    assert [r.group for r in records] == ['"a"', "7", '"7"', '{"a":2,"b":1}']
+
+
+def test_a_decision_file_of_any_format_carries_its_group_column(tmp_path):
+    rows = [{**row, "group": f"doc-{i // 2}"} for i, row in enumerate(synthetic.generate_rows(6, seed=12))]
+    as_text = [{k: v if isinstance(v, str) else json.dumps(v) for k, v in row.items()} for row in rows]
+    (tmp_path / "rows.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    pq.write_table(pa.Table.from_pylist(as_text), tmp_path / "rows.parquet")
+    with open(tmp_path / "rows.csv", "w", newline="") as handle:
+        writer = csv.DictWriter(handle, list(as_text[0]))
+        writer.writeheader()
+        writer.writerows(as_text)
+    expected = [f'"doc-{i // 2}"' for i in range(6)]
+    for name in ("rows.jsonl", "rows.parquet", "rows.csv"):
+        assert [r.group for r in validate_file(tmp_path / name).records] == expected, name

@@ -120,32 +120,57 @@ def _echo_stderr(stream, kept: deque[str]) -> None:
 
 
 def describe_failure(stderr: list[str], code: int, nproc: int) -> str:
-    """torchrun's root cause (which rank, its exit code, its error), else the last lines the ranks wrote."""
-    start = next((i for i, line in enumerate(stderr) if line.startswith("Root Cause")), None)
+    """The failed rank that explains the failure (`_culprit`), with its exit code and last error line, from
+    torchrun's failure record; else the last lines the ranks wrote."""
+    starts = (
+        i for i, line in enumerate(stderr) if line.strip() == "Failures:" or line.startswith("Root Cause")
+    )
+    start = next(starts, None)
     if start is None:
         tail = "\n".join(stderr[-20:])
         return f"data-parallel training on {nproc} ranks failed (torchrun exit {code}):\n{tail}"
-    block = []
-    for line in stderr[start + 1 :]:
+    record = []
+    for line in stderr[start:]:
         if line.startswith("====="):
             break
-        block.append(line)
-    fields = _root_cause_fields(block)
+        record.append(line)
+    fields = _culprit([_failure_fields(entry) for entry in _entries(record)])
     error = fields.get("traceback", "").strip().splitlines()
     last = next((line.strip() for line in reversed(error) if line.strip()), "no error recorded")
     return (f"data-parallel training on {nproc} ranks failed: rank {fields.get('rank', '?')} "
-            f"(exit code {fields.get('exitcode', '?')}): {last}\n" + "\n".join(block))  # fmt: skip
+            f"(exit code {fields.get('exitcode', '?')}): {last}\n" + "\n".join(record))  # fmt: skip
 
 
-def _root_cause_fields(block: list[str]) -> dict[str, str]:
-    """`name : value` lines of torchrun's failure record; the traceback runs on to the end of the block."""
+def _entries(record: list[str]) -> list[list[str]]:
+    """The `[n]:` entries of torchrun's failure record (its other failures and its root cause), root cause last."""
+    entries: list[list[str]] = []
+    for line in record:
+        if line.startswith("[") and line.rstrip().endswith("]:"):
+            entries.append([])
+        elif entries and not line.startswith("-----") and not line.startswith("Root Cause"):
+            entries[-1].append(line)
+    return entries
+
+
+def _culprit(failures: list[dict[str, str]]) -> dict[str, str]:
+    """A rank killed by a signal other than torchrun's own SIGTERM (SIGKILL from the OOM killer, SIGSEGV) caused
+    the failure, whatever torchrun observed first: its peers then fail on a reset connection or are stopped with
+    SIGTERM, sometimes before torchrun sees the killed rank. Else torchrun's root cause (the record's last)."""
+    killed = [
+        f for f in failures if f.get("exitcode", "").startswith("-") and "(SIGTERM)" not in f["exitcode"]
+    ]
+    return killed[0] if killed else (failures[-1] if failures else {})
+
+
+def _failure_fields(entry: list[str]) -> dict[str, str]:
+    """`name : value` lines of one failure entry; the traceback runs on to the end of the entry."""
     fields: dict[str, str] = {}
-    for index, line in enumerate(block):
+    for index, line in enumerate(entry):
         name, colon, value = line.strip().partition(":")
         if not colon or name.strip() not in ("rank", "exitcode", "traceback"):
             continue
         fields[name.strip()] = value.strip()
         if name.strip() == "traceback":
-            fields["traceback"] = "\n".join([value, *block[index + 1 :]])
+            fields["traceback"] = "\n".join([value, *entry[index + 1 :]])
             break
     return fields

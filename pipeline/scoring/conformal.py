@@ -50,7 +50,7 @@ def _type_report(
     decisions: list[ScoredDecision], probabilities: list[np.ndarray], alpha: float
 ) -> dict[str, float]:
     scores = np.array([1.0 - float(p[d.label]) for d, p in zip(decisions, probabilities)])
-    halves = [np.array([d.record % 2 == side for d in decisions]) for side in (0, 1)]
+    halves = [np.array([d.half == side for d in decisions]) for side in (0, 1)]
     covered, sizes = [], []
     for calibrate_on, test_on in ((halves[0], halves[1]), (halves[1], halves[0])):
         threshold = conformal_threshold(scores[calibrate_on], alpha)

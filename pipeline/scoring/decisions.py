@@ -6,12 +6,14 @@ row of raw option logits each, so everything under `pipeline.scoring` is family-
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
 
 
 @dataclass(frozen=True, slots=True)
 class ScoredDecision:
-    """One decision's type, gold and place: `record` groups a row's decisions (record accuracy, cross-fitting)."""
+    """One decision's type, gold and place: `record` groups a row's decisions (record accuracy, cross-fitting), and
+    `group` a group's rows (cross-fitting)."""
 
     qtype: int  # pipeline.data.contract.QUESTION_TYPE_IDS
     label: int
@@ -19,7 +21,26 @@ class ScoredDecision:
     question_id: str
     target: tuple[float, ...]  # the gold distribution over the question's options (one-hot for a hard label)
     soft: bool = False  # the target is a soft gold distribution
+    group: int = -1  # its row's group (`Record.group`), numbered within the split; -1: the row has none
+
+    @property
+    def half(self) -> int:
+        """The half of a cross-fit that holds it: its group's, else its row's, so no row's decisions (and no
+        group's rows) are scored by a calibrator fitted on part of them."""
+        return (self.group if self.group >= 0 else self.record) % 2
 
     @property
     def n_options(self) -> int:
         return len(self.target)
+
+
+def with_groups(decisions: list[ScoredDecision], groups: Sequence[str | None]) -> list[ScoredDecision]:
+    """`decisions` with their rows' groups (`groups[record]`: the group key of each row of the split they were
+    scored on), numbered in order of first appearance; unchanged where no row has a group."""
+    numbers: dict[str, int] = {}
+    for group in groups:
+        if group is not None:
+            numbers.setdefault(group, len(numbers))
+    if not numbers:
+        return decisions
+    return [replace(d, group=numbers.get(groups[d.record], -1)) for d in decisions]  # type: ignore[arg-type]

@@ -1,10 +1,15 @@
 """Calibrator choice by cross-fitted NLL, its file, and every reader applying the identical transform."""
 
 import json
+from dataclasses import replace
 
 import numpy as np
 import pytest
 
+from pipeline.data.contract import Record
+from pipeline.data.split import Split, SplitData
+from pipeline.data.validate import ValidationReport
+from pipeline.rundir import RunFolder
 from pipeline.scoring.calibration import softmax
 from pipeline.scoring.calibrators import (
     QUESTION_TEMPERATURE,
@@ -15,7 +20,9 @@ from pipeline.scoring.calibrators import (
     choose_calibrator,
     mean_nll,
 )
-from pipeline.scoring.decisions import ScoredDecision
+from pipeline.scoring.decisions import ScoredDecision, with_groups
+from pipeline.scoring.heldout import HeldOut, save_heldout
+from pipeline.stages.calibrate import calibrate_stage
 
 
 def _decisions(rng, n, k, question_id, transform, qtype=0, first_record=0):
@@ -186,3 +193,51 @@ def test_a_missing_or_edited_calibrator_file_is_a_clear_error_naming_it(tiny_bas
         path.write_text(path.read_text().replace("3.0", "9.0"))
     with pytest.raises(ModelLayoutError, match=r"calibrator\.json: (missing|its bytes differ)"):
         load_model(tmp_path / "export")
+
+
+def _labels_shared_by_groups(rng):
+    """8 groups of 40 rows, every row of a group with its group's label (one speech, one era), 6 groups of 8
+    with option 0: the label prior of any few groups is far from another few's."""
+    decisions, logits, groups = [], [], []
+    for g, label in enumerate([0, 0, 0, 1, 0, 0, 0, 1]):
+        for _ in range(40):
+            z = rng.normal(0, 1.0, 3)
+            z[label] += 1.0
+            decisions.append(ScoredDecision(0, label, len(groups), "era", tuple(np.eye(3)[label])))
+            logits.append(z)
+            groups.append(f"speech {g}")
+    return decisions, logits, groups
+
+
+def test_cross_fitting_keeps_a_group_on_one_side_so_a_bias_learnt_from_its_labels_cannot_win():
+    decisions, logits, groups = _labels_shared_by_groups(np.random.default_rng(0))
+    grouped = with_groups(decisions, groups)
+    for group in set(groups):
+        assert len({d.half for d, g in zip(grouped, groups) if g == group}) == 1
+    # Rows apart, both halves share every group's labels and a per-option bias looks like a gain; groups apart,
+    # the bias one half's groups teach is measured on the other half's, as the served model meets new groups.
+    assert choose_calibrator(decisions, logits).calibrator.kind == VECTOR_SCALING
+    choice = choose_calibrator(grouped, logits)
+    assert choice.calibrator.kind != VECTOR_SCALING
+    assert choice.nll[VECTOR_SCALING] > choice.nll[TYPE_TEMPERATURE]
+
+
+@pytest.mark.parametrize("grouped", [True, False])
+def test_the_calibrate_stage_cross_fits_by_the_groups_of_the_run_s_split(grouped, tmp_path):
+    decisions, logits, groups = _labels_shared_by_groups(np.random.default_rng(0))
+    run = RunFolder(tmp_path)
+    scored = HeldOut(decisions, None, logits, {"era": ("a", "b", "c")})
+    save_heldout(run.validation_logits, scored)
+    save_heldout(run.heldout, replace(scored, base_logits=logits))
+    rows = [Record(i, "text", (), {}, b"{}", group if grouped else None) for i, group in enumerate(groups)]
+    SplitData(ValidationReport(len(rows), len(rows), len(rows), {}, {}), Split(rows, rows, rows)).save(
+        run.split
+    )
+    chosen = calibrate_stage(tmp_path).calibrator["kind"]
+    assert (chosen == VECTOR_SCALING) is not grouped
+
+
+def test_rows_without_groups_keep_their_halves():
+    decisions, _, _ = _labels_shared_by_groups(np.random.default_rng(0))
+    assert with_groups(decisions, [None] * len(decisions)) == decisions
+    assert [d.half for d in decisions] == [d.record % 2 for d in decisions]

@@ -99,8 +99,9 @@ class Record:
 
 def group_key(cell: Any) -> str | None:
     """A `group` cell as the key its rows share: its canonical JSON (so `7` and `"7"` are two groups, as a number
-    column and a text column would keep them apart); None for an absent, null or empty cell: a row of its own."""
-    if cell is None or cell == "":
+    column and a text column would keep them apart); None for an absent, null, NaN (a missing number in a table
+    written by pandas) or empty cell: a row of its own."""
+    if cell is None or cell == "" or (isinstance(cell, float) and math.isnan(cell)):
         return None
     return orjson.dumps(cell, option=orjson.OPT_SORT_KEYS | orjson.OPT_NON_STR_KEYS).decode()
 

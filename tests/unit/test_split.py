@@ -161,6 +161,16 @@ def test_group_cells_are_keys_by_value():
     assert [r.group for r in records] == ['"a"', "7", '"7"', '{"a":2,"b":1}']
 
 
+def test_a_missing_number_in_a_group_column_is_no_group(tmp_path):
+    """pandas writes a missing cell of a number column as NaN: those rows are each a group of their own, not one
+    group of every row whose group is missing."""
+    rows = synthetic.generate_rows(4, seed=13)
+    columns = {name: [json.dumps(row[name]) for row in rows] for name in ("state", "questions", "gold")}
+    groups = pa.array([3.0, float("nan"), 3.0, None], pa.float64())
+    pq.write_table(pa.table({**columns, "group": groups}), tmp_path / "rows.parquet")
+    assert [r.group for r in validate_file(tmp_path / "rows.parquet").records] == ["3.0", None, "3.0", None]
+
+
 def test_a_decision_file_of_any_format_carries_its_group_column(tmp_path):
     rows = [{**row, "group": f"doc-{i // 2}"} for i, row in enumerate(synthetic.generate_rows(6, seed=12))]
     as_text = [{k: v if isinstance(v, str) else json.dumps(v) for k, v in row.items()} for row in rows]

@@ -244,6 +244,8 @@ def run_metrics(record: TrainingRecord) -> dict[str, float]:
     if "report" in record.calibration:
         metrics |= report_metrics(record.calibration["report"], "calibration")
     metrics |= {f"skipped_{reason}": float(n) for reason, n in record.validation.get("skipped", {}).items()}
+    # Where the rows have groups, how many of them each side of the split holds (`train_groups`, ...).
+    metrics |= {k: float(n) for k, n in record.validation.get("split", {}).items() if k.endswith("_groups")}
     # The validation split's calibrated figures (cross-fitted over it): what a sweep ranks its trials by.
     validation = record.calibration.get("validation") or {}
     if validation:

@@ -24,7 +24,7 @@ from pipeline.data.read import RowSlice
 from pipeline.data.validate import validate_file
 from pipeline.families import load_decision_model
 from pipeline.scoring.conformal import conformal_report
-from pipeline.scoring.decisions import ScoredDecision
+from pipeline.scoring.decisions import ScoredDecision, with_groups
 from pipeline.scoring.metrics import metrics_by_type
 from pipeline.scoring.plots import reliability_by_type, write_plots
 from pipeline.scoring.report import calibration_report
@@ -76,7 +76,9 @@ def evaluate_model(model_dir: str | Path, data: str | Path, plots_dir: str | Pat
         calibration=calibration_report(decisions, probabilities) if decisions else None,
     )  # fmt: skip
     if conformal is not None:
-        evaluation.conformal = conformal_report(decisions, probabilities, conformal)
+        # Each group's rows on one side of the split-conformal halves: the coverage a new group would get.
+        grouped = with_groups(decisions, [record.group for record in validated.records])
+        evaluation.conformal = conformal_report(grouped, probabilities, conformal)
     if plots_dir is not None:
         options = {d.question.id: d.question.options for r in validated.records for d in r.decisions}
         written = write_plots(decisions, probabilities, options, Path(plots_dir))

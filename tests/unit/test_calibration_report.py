@@ -7,7 +7,7 @@ from pipeline.config import PromoteConfig
 from pipeline.mlops.promotion import gate
 from pipeline.scoring.calibration import softmax
 from pipeline.scoring.conformal import conformal_report, conformal_threshold
-from pipeline.scoring.decisions import ScoredDecision
+from pipeline.scoring.decisions import ScoredDecision, with_groups
 from pipeline.scoring.paired import paired_comparison
 from pipeline.scoring.report import calibration_report, classwise_ece, report_table
 
@@ -56,6 +56,23 @@ def test_split_conformal_sets_reach_their_coverage(alpha):
     figures = conformal_report(decisions, probabilities, alpha)["by_type"]["choice"]
     assert figures["coverage"] >= 1 - alpha - 0.015
     assert 1.0 <= figures["mean_set_size"] < 5.0
+
+
+def test_conformal_halves_keep_a_group_whole_so_coverage_is_what_a_new_group_gets():
+    rng = np.random.default_rng(6)
+    decisions, probabilities, _ = _sample(rng, 2000, k=5)
+    # Two groups: the model is sharp and right on one, vague on the other (two customers, two sources).
+    groups = ["sharp" if i < 1000 else "vague" for i in range(2000)]
+    probabilities = [
+        np.eye(5)[d.label] * 0.9 + 0.02 if g == "sharp" else p
+        for d, p, g in zip(decisions, probabilities, groups)
+    ]
+    rows = conformal_report(decisions, probabilities, 0.1)["by_type"]["choice"]
+    grouped = conformal_report(with_groups(decisions, groups), probabilities, 0.1)["by_type"]["choice"]
+    assert rows["coverage"] >= 0.885, "row halves mix the groups: each half's threshold fits both"
+    assert grouped["coverage"] < rows["coverage"] - 0.05, (
+        "the sharp group's threshold is too tight for the vague one"
+    )
 
 
 def test_conformal_with_too_few_scores_returns_every_option_and_a_bad_alpha_is_refused():

@@ -8,7 +8,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from pipeline.data.contract import StateSizes
+from pipeline.data.contract import GroupSizes, StateSizes
 
 
 def say(line: str) -> None:
@@ -101,6 +101,11 @@ def print_report(report: dict[str, Any]) -> None:
     console.print(totals)
     if "states" in report:
         console.print(StateSizes(**report["states"]).describe(), highlight=False)
+    if "groups" in report:
+        console.print(
+            GroupSizes(**report["groups"]).describe(report.get("states", {}).get("rows", report["rows"])),
+            highlight=False,
+        )
     for question, counts in report.get("labels", {}).items():  # a mapped table: its labels, as `decision map`
         shown = ", ".join(f"{label} {count:,}" for label, count in counts.items())
         console.print(f"labels of {question}: {shown}", highlight=False)

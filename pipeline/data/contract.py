@@ -178,6 +178,20 @@ class StateSizes:
                 f"rows over {self.over_chars:,} (about 250 tokens; training counts each model's tokens)")  # fmt: skip
 
 
+@dataclass(frozen=True)
+class GroupSizes:
+    """The readable rows' `group` cells: how many groups, how many rows have one, and the largest group's rows."""
+
+    groups: int
+    rows: int
+    largest: int
+
+    def describe(self, readable: int) -> str:
+        """One line, with `readable` the rows that could be read."""
+        return (f"groups: {self.groups:,} ({self.rows:,} of {readable:,} rows have one; the largest has "
+                f"{self.largest:,} rows): each group's rows go to one side of the held-out and validation splits")  # fmt: skip
+
+
 def state_text(state: Any) -> str:
     """The state as the model reads it: text stays text, anything else becomes compact JSON (orjson: keys in the
     row's order, no spaces, non-ASCII kept, NaN and infinities as null); docs/data-format.md, States."""

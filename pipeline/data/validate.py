@@ -10,6 +10,7 @@ several checks is counted under the first reason in `contract.REASONS`. Nothing 
 from __future__ import annotations
 
 import time
+from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -71,6 +72,14 @@ def build_schema() -> pa.DataFrameSchema:
     )
 
 
+def group_sizes(facts: Facts) -> contract.GroupSizes | None:
+    """How the readable rows fall into groups; None when none has a `group`."""
+    if not facts.groups:
+        return None
+    sizes = Counter(facts.groups.values())
+    return contract.GroupSizes(len(sizes), sum(sizes.values()), max(sizes.values()))
+
+
 def state_sizes(facts: Facts) -> contract.StateSizes:
     """The sizes of the readable rows' states."""
     chars = [n for n, error in zip(facts.row_state_chars, facts.row_error) if not error]
@@ -94,6 +103,8 @@ class ValidationReport:
     labels: dict[str, dict[str, int]] = field(default_factory=dict)
     """A mapped table's label counts per question (`pipeline.data.mapping`); empty for decision files."""
     states: contract.StateSizes | None = None
+    groups: contract.GroupSizes | None = None
+    """None where no readable row has a `group`."""
 
     def to_dict(self) -> dict[str, Any]:
         """The report as a JSON-ready dict (the `--json` output and `validation.json`)."""
@@ -102,7 +113,8 @@ class ValidationReport:
             "decisions": self.decisions, "kept": self.kept, "skipped_total": self.decisions - self.kept,
             "skipped": dict(self.skipped), "examples": dict(self.examples),
         } | ({"labels": self.labels} if self.labels else {}) | (
-            {"states": asdict(self.states)} if self.states else {})  # fmt: skip
+            {"states": asdict(self.states)} if self.states else {}) | (
+            {"groups": asdict(self.groups)} if self.groups else {})  # fmt: skip
 
 
 @dataclass
@@ -204,7 +216,8 @@ def _report(columns: RawColumns, facts: Facts, reasons: np.ndarray, first_row: i
         skipped[reason] = count
         examples[reason] = {"row": row, "question_id": question_id, "value": value}
     kept = int((reasons < 0).sum())
-    return ValidationReport(len(columns), len(reasons), kept, skipped, examples, states=state_sizes(facts))
+    return ValidationReport(len(columns), len(reasons), kept, skipped, examples, states=state_sizes(facts),
+                            groups=group_sizes(facts))  # fmt: skip
 
 
 def _offending_value(reason: str, raw: dict[str, Any], question_id: str | None) -> str:

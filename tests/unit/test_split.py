@@ -8,6 +8,7 @@ from dataclasses import replace
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from pipeline.cli.main import main
 from pipeline.config import ValidateConfig
 from pipeline.data import synthetic
 from pipeline.data.split import split_holdout
@@ -199,3 +200,17 @@ def test_the_split_s_group_counts_go_to_mlflow_with_the_run():
         (("train_groups", _sides(split)["train"]), ("validation_groups", _sides(split)["validation"]),
          ("heldout_groups", _sides(split)["heldout"]))}  # fmt: skip
     assert sum(metrics[k] for k in ("train_groups", "validation_groups", "heldout_groups")) == 40
+
+
+def test_the_validation_report_counts_the_groups_and_decision_validate_says_them(tmp_path, capsys):
+    rows = synthetic.generate_rows(6, seed=15)
+    cells = ["a", "a", "a", "b", None, ""]
+    report = validate_rows([{**row, "group": cell} for row, cell in zip(rows, cells)]).report.to_dict()
+    assert report["groups"] == {"groups": 2, "rows": 4, "largest": 3}
+    assert "groups" not in validate_rows(rows).report.to_dict(), "a report without groups reads as before"
+    path = tmp_path / "rows.jsonl"
+    path.write_text("".join(json.dumps({**row, "group": cell}) + "\n" for row, cell in zip(rows, cells)))
+    assert main(["validate", str(path)]) == 0
+    assert "groups: 2 (4 of 6 rows have one; the largest has 3 rows)" in " ".join(
+        capsys.readouterr().out.split()
+    )

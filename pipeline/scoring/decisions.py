@@ -30,6 +30,12 @@ class ScoredDecision:
         return (self.group if self.group >= 0 else self.record) % 2
 
     @property
+    def cluster(self) -> int:
+        """What a bootstrap resamples it with: its group (numbered below 0, apart from row indices), else its row,
+        so an interval counts a group's rows, which share a speaker or a source, as one draw."""
+        return -1 - self.group if self.group >= 0 else self.record
+
+    @property
     def n_options(self) -> int:
         return len(self.target)
 

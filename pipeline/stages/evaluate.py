@@ -68,6 +68,8 @@ def evaluate_model(model_dir: str | Path, data: str | Path, plots_dir: str | Pat
     say(f"scoring {validated.report.kept:,} decisions of {data} with {model_dir} on {device}")
     started = time.perf_counter()
     decisions, skipped, probabilities, family = score_records(model_dir, validated.records, device, progress)
+    # With groups, a bootstrap interval draws whole groups and the conformal halves keep each group on one side.
+    decisions = with_groups(decisions, [record.group for record in validated.records])
     say(f"scored {len(decisions):,} decisions in {time.perf_counter() - started:.0f} s")
     evaluation = EvaluationReport(
         model=str(model_dir), family=family, data=str(data), rows=validated.report.rows,
@@ -76,9 +78,7 @@ def evaluate_model(model_dir: str | Path, data: str | Path, plots_dir: str | Pat
         calibration=calibration_report(decisions, probabilities) if decisions else None,
     )  # fmt: skip
     if conformal is not None:
-        # Each group's rows on one side of the split-conformal halves: the coverage a new group would get.
-        grouped = with_groups(decisions, [record.group for record in validated.records])
-        evaluation.conformal = conformal_report(grouped, probabilities, conformal)
+        evaluation.conformal = conformal_report(decisions, probabilities, conformal)
     if plots_dir is not None:
         options = {d.question.id: d.question.options for r in validated.records for d in r.decisions}
         written = write_plots(decisions, probabilities, options, Path(plots_dir))

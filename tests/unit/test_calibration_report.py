@@ -75,6 +75,25 @@ def test_conformal_halves_keep_a_group_whole_so_coverage_is_what_a_new_group_get
     )
 
 
+def test_with_groups_the_intervals_draw_whole_groups():
+    """20 groups of 50 rows, each group's answers all right or all wrong: 20 draws of evidence, not 1,000."""
+    rng = np.random.default_rng(7)
+    decisions, probabilities, _ = _sample(rng, 1000, k=3)
+    groups = [f"speaker {i // 50}" for i in range(1000)]
+    right = {group: rng.random() < 0.7 for group in set(groups)}
+    probabilities = [
+        np.roll([0.8, 0.1, 0.1], d.label if right[g] else d.label + 1) for d, g in zip(decisions, groups)
+    ]
+    rows = calibration_report(decisions, probabilities, resamples=500)["overall"]
+    grouped = calibration_report(with_groups(decisions, groups), probabilities, resamples=500)["overall"]
+    assert grouped["accuracy"] == rows["accuracy"]
+    width = {
+        name: f["accuracy_high"] - f["accuracy_low"] for name, f in (("rows", rows), ("groups", grouped))
+    }
+    assert width["groups"] > 3 * width["rows"]
+    assert grouped["ece_high"] - grouped["ece_low"] > 2 * (rows["ece_high"] - rows["ece_low"])
+
+
 def test_conformal_with_too_few_scores_returns_every_option_and_a_bad_alpha_is_refused():
     assert conformal_threshold(np.array([0.1, 0.2]), 0.1) == 1.0
     decisions, probabilities, _ = _sample(np.random.default_rng(4), 10)

@@ -2,9 +2,9 @@
 
 Both models answer the same decisions (matched by record and question id; a decision one of them skipped is
 left out of both). The NLL gain is the champion's mean NLL minus the challenger's (positive: the challenger is
-better). Records are resampled with replacement, all resamples at once, and the gain is recomputed over each
-draw; its lower `confidence` quantile above zero means the challenger is better beyond the noise of which
-records happened to be held out.
+better). Records (whole groups, where the rows have a `group`) are resampled with replacement, all resamples at
+once, and the gain is recomputed over each draw; its lower `confidence` quantile above zero means the challenger
+is better beyond the noise of which records (or groups) happened to be held out.
 """
 
 from __future__ import annotations
@@ -53,14 +53,15 @@ def _matched(
     a: Scored, b: Scored, empty: str
 ) -> tuple[list[tuple[int, str]], np.ndarray, np.ndarray, np.ndarray]:
     """The decisions both answered (by record and question id, sorted), with [n, 2] NLLs and right-or-wrong of A
-    and B, and each decision's record index (0..records-1); ValueError `empty` (+ " to compare on") when none."""
+    and B, and each decision's index (0..n-1) of what the bootstrap draws: its record, or its group where the rows
+    have groups (`ScoredDecision.cluster`); ValueError `empty` (+ " to compare on") when none."""
     ours, theirs = _by_key(a), _by_key(b)
     keys = sorted(ours.keys() & theirs.keys())
     if not keys:
         raise ValueError(f"{empty} to compare on")
     nll = np.array([[_nll(*ours[k]), _nll(*theirs[k])] for k in keys])
     right = np.array([[_right(*ours[k]), _right(*theirs[k])] for k in keys], dtype=float)
-    return keys, nll, right, record_index([k[0] for k in keys])
+    return keys, nll, right, record_index([ours[k][0].cluster for k in keys])
 
 
 def _by_key(scored: Scored) -> dict[tuple[int, str], tuple[ScoredDecision, np.ndarray]]:

@@ -68,8 +68,6 @@ def evaluate_model(model_dir: str | Path, data: str | Path, plots_dir: str | Pat
     say(f"scoring {validated.report.kept:,} decisions of {data} with {model_dir} on {device}")
     started = time.perf_counter()
     decisions, skipped, probabilities, family = score_records(model_dir, validated.records, device, progress)
-    # With groups, a bootstrap interval draws whole groups and the conformal halves keep each group on one side.
-    decisions = with_groups(decisions, [record.group for record in validated.records])
     say(f"scored {len(decisions):,} decisions in {time.perf_counter() - started:.0f} s")
     evaluation = EvaluationReport(
         model=str(model_dir), family=family, data=str(data), rows=validated.report.rows,
@@ -91,12 +89,14 @@ def evaluate_model(model_dir: str | Path, data: str | Path, plots_dir: str | Pat
 
 def score_records(model_dir: str | Path, records: list[Record], device: str = "cpu", progress: bool = False
                   ) -> tuple[list[ScoredDecision], dict[str, int], list[np.ndarray], str]:  # fmt: skip
-    """(decisions, skipped by reason, probabilities, family name) of `model_dir` on `records`, as served."""
+    """(decisions, skipped by reason, probabilities, family name) of `model_dir` on `records`, as served. The
+    decisions carry their rows' groups: intervals then draw whole groups, and conformal halves keep them apart."""
     model = load_decision_model(model_dir).to(device)
     family = model.family
     examples, skipped = family.build_examples(model.loaded, records)
     decisions, logits = family.score(model.loaded, examples, torch.device(device), 64, progress)
-    return decisions, skipped, family.served_probabilities(model.loaded, decisions, logits), family.name
+    probabilities = family.served_probabilities(model.loaded, decisions, logits)
+    return with_groups(decisions, [record.group for record in records]), skipped, probabilities, family.name
 
 
 def score_heldout(model_dir: str | Path, heldout: list[Record],

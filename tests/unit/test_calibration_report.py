@@ -94,6 +94,21 @@ def test_with_groups_the_intervals_draw_whole_groups():
     assert grouped["ece_high"] - grouped["ece_low"] > 2 * (rows["ece_high"] - rows["ece_low"])
 
 
+def test_a_challenger_better_on_one_group_only_is_not_promoted_when_the_rows_have_groups():
+    """The challenger gains on 1 of 20 speakers (50 of 1,000 rows): row by row that looks sure, group by group it
+    is one draw of 20."""
+    rng = np.random.default_rng(8)
+    decisions, champion, _ = _sample(rng, 1000, k=3)
+    groups = [f"speaker {i // 50}" for i in range(1000)]
+    sharper = [np.eye(3)[d.label] * 0.5 + p * 0.5 for d, p in zip(decisions, champion)]
+    challenger = [s if i < 50 else p for i, (s, p) in enumerate(zip(sharper, champion))]
+    rows = paired_comparison((decisions, champion), (decisions, challenger))
+    grouped_decisions = with_groups(decisions, groups)
+    grouped = paired_comparison((grouped_decisions, champion), (grouped_decisions, challenger))
+    assert rows.nll_gain == grouped.nll_gain > 0
+    assert rows.nll_gain_low > 0 >= grouped.nll_gain_low
+
+
 def test_conformal_with_too_few_scores_returns_every_option_and_a_bad_alpha_is_refused():
     assert conformal_threshold(np.array([0.1, 0.2]), 0.1) == 1.0
     decisions, probabilities, _ = _sample(np.random.default_rng(4), 10)

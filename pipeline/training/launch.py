@@ -153,13 +153,19 @@ def _entries(record: list[str]) -> list[list[str]]:
 
 
 def _culprit(failures: list[dict[str, str]]) -> dict[str, str]:
-    """A rank killed by a signal other than torchrun's own SIGTERM (SIGKILL from the OOM killer, SIGSEGV) caused
-    the failure, whatever torchrun observed first: its peers then fail on a reset connection or are stopped with
-    SIGTERM, sometimes before torchrun sees the killed rank. Else torchrun's root cause (the record's last)."""
+    """torchrun's root cause (the record's last entry), unless torchrun stopped it itself (SIGTERM): under load it
+    can stop a peer before it sees the rank that died, and then the rank killed by another signal (the OOM
+    killer's SIGKILL, a SIGSEGV) is the cause. A root cause of its own (a timeout, an error) stands, even where
+    torchrun then had to SIGKILL a peer that ignored its SIGTERM (a stopped or hung rank)."""
+    if not failures:
+        return {}
+    root = failures[-1]
+    if "(SIGTERM)" not in root.get("exitcode", ""):
+        return root
     killed = [
         f for f in failures if f.get("exitcode", "").startswith("-") and "(SIGTERM)" not in f["exitcode"]
     ]
-    return killed[0] if killed else (failures[-1] if failures else {})
+    return killed[0] if killed else root
 
 
 def _failure_fields(entry: list[str]) -> dict[str, str]:

@@ -72,6 +72,23 @@ def test_peers_stopped_by_torchrun_s_sigterm_are_not_blamed():
     )
 
 
+def test_a_hung_rank_s_timeout_is_blamed_not_the_peer_torchrun_then_killed():
+    """Rank 1 stopped answering: rank 0 timed out in its all-reduce (the root cause), and torchrun, whose SIGTERM a
+    stopped process ignores, SIGKILLed rank 1 after it."""
+    timed_out = [
+        line.replace("1 (local_rank: 1)", "0 (local_rank: 0)").replace(
+            "ValueError: a shard holds no rows",
+            "RuntimeError: Timed out waiting 6000ms for recv operation to complete",
+        )
+        for line in A_RANKS_OWN_ERROR
+    ]
+    peer = ["[1]:", "  rank      : 1 (local_rank: 1)", "  exitcode  : -9 (pid: 2)  (SIGKILL)"]
+    at = timed_out.index("  <NO_OTHER_FAILURES>")
+    first = describe_failure([*timed_out[:at], *peer, *timed_out[at + 1 :]], 1, 2).splitlines()[0]
+    assert first.startswith("data-parallel training on 2 ranks failed: rank 0 (local_rank: 0) (exit code 1")
+    assert first.endswith("Timed out waiting 6000ms for recv operation to complete")
+
+
 def test_without_a_failure_record_the_ranks_last_lines_are_shown():
     message = describe_failure(["loading", "Killed"], 137, 2)
     assert message == "data-parallel training on 2 ranks failed (torchrun exit 137):\nloading\nKilled"

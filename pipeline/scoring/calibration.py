@@ -21,7 +21,7 @@ from scipy.optimize import minimize_scalar
 from scipy.special import log_softmax
 
 from pipeline.data.contract import QUESTION_TYPES
-from pipeline.scoring.decisions import ScoredDecision
+from pipeline.scoring.decisions import ScoredDecision, cross_fit_halves
 from pipeline.scoring.metrics import detailed_metrics, expected_calibration_error
 
 T_MIN, T_MAX = 0.5, 5.0
@@ -111,7 +111,7 @@ def _cross_fitted_ece(decisions: list[ScoredDecision], logits: list[np.ndarray],
                       soft: bool) -> tuple[float, float] | None:  # fmt: skip
     """(ECE with each half's temperature fitted on the other half, ECE at T = 1) of one type's decisions, or
     None when a half is too small to fit on."""
-    halves = [[i for i, d in enumerate(decisions) if d.half == side] for side in (0, 1)]
+    halves = cross_fit_halves(decisions)
     if min(len(h) for h in halves) < MIN_DECISIONS:
         return None
     targets = _targets(decisions, soft)
@@ -142,7 +142,7 @@ def cross_fitted_metrics(decisions: list[ScoredDecision], logits: list[np.ndarra
     """
     final = fit_calibration(decisions, logits, soft, min_decisions)
     kept = {qtype for qtype, t in enumerate(final.temperatures) if t == 1.0}
-    halves = [[i for i, d in enumerate(decisions) if d.half == side] for side in (0, 1)]
+    halves = cross_fit_halves(decisions)
     probabilities: list[np.ndarray | None] = [None] * len(decisions)
     for fit_on, score_on in ((halves[0], halves[1]), (halves[1], halves[0])):
         part = ([decisions[i] for i in fit_on], [logits[i] for i in fit_on])

@@ -35,7 +35,7 @@ from pipeline.scoring.calibration import (
     fit_temperature,
     softmax,
 )
-from pipeline.scoring.decisions import ScoredDecision
+from pipeline.scoring.decisions import ScoredDecision, cross_fit_halves
 
 TYPE_TEMPERATURE, QUESTION_TEMPERATURE, VECTOR_SCALING = (
     "type_temperature",
@@ -247,7 +247,7 @@ def cross_fitted_probabilities(kind: str, decisions: list[ScoredDecision], logit
     """Each half of the records (by record parity) scored by a `kind` calibrator fitted on the other half; None
     when the kind would add nothing over per-type temperatures (no question has enough decisions)."""
     kept = _kept_types(decisions, logits, soft) if kept is None else kept
-    halves = [[i for i, d in enumerate(decisions) if d.half == side] for side in (0, 1)]
+    halves = cross_fit_halves(decisions)
     out: list[np.ndarray | None] = [None] * len(decisions)
     added = False
     for fit_on, score_on in ((halves[0], halves[1]), (halves[1], halves[0])):

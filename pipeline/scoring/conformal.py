@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from pipeline.data.contract import QUESTION_TYPES
-from pipeline.scoring.decisions import ScoredDecision
+from pipeline.scoring.decisions import ScoredDecision, cross_fit_halves
 
 
 def conformal_threshold(scores: np.ndarray, alpha: float) -> float:
@@ -50,11 +50,11 @@ def _type_report(
     decisions: list[ScoredDecision], probabilities: list[np.ndarray], alpha: float
 ) -> dict[str, float]:
     scores = np.array([1.0 - float(p[d.label]) for d, p in zip(decisions, probabilities)])
-    halves = [np.array([d.half == side for d in decisions]) for side in (0, 1)]
+    halves = cross_fit_halves(decisions)
     covered, sizes = [], []
     for calibrate_on, test_on in ((halves[0], halves[1]), (halves[1], halves[0])):
         threshold = conformal_threshold(scores[calibrate_on], alpha)
-        for i in np.flatnonzero(test_on):
+        for i in test_on:
             chosen = prediction_set(probabilities[i], threshold)
             covered.append(decisions[i].label in chosen)
             sizes.append(len(chosen))

@@ -40,6 +40,11 @@ class ScoredDecision:
         return len(self.target)
 
 
+def cross_fit_halves(decisions: list[ScoredDecision]) -> list[list[int]]:
+    """The indices of the decisions in each half of a cross-fit (`ScoredDecision.half`)."""
+    return [[i for i, d in enumerate(decisions) if d.half == side] for side in (0, 1)]
+
+
 def with_groups(decisions: list[ScoredDecision], groups: Sequence[str | None]) -> list[ScoredDecision]:
     """`decisions` with their rows' groups (`groups[record]`: the group key of each row of the split they were
     scored on), numbered in order of first appearance; unchanged where no row has a group."""

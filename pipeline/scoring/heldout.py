@@ -2,7 +2,7 @@
 gates read), and
 the calibrated probabilities the trained model gave them (calibrate writes, the smoke test compares serving with).
 
-One `.npz`: per decision its type, gold label, record, question id, target distribution and the logits of the
+One `.npz`: per decision its type, gold label, record, row group, question id, target distribution and the logits of the
 base and the fine-tune (padded to the widest question), plus the option names of every question id (JSON) so
 plots can label their axes. Logits, not probabilities: calibration needs them.
 """
@@ -44,6 +44,7 @@ def save_heldout(path: str | Path, heldout: HeldOut) -> Path:
         path, widths=np.asarray(widths, dtype=np.int64), qtype=np.asarray([it.qtype for it in items], dtype=np.int64),
         label=np.asarray([it.label for it in items], dtype=np.int64),
         record=np.asarray([it.record for it in items], dtype=np.int64),
+        group=np.asarray([it.group for it in items], dtype=np.int64),
         soft=np.asarray([it.soft for it in items], dtype=bool), target=padded([it.target for it in items]),
         **({} if heldout.base_logits is None else {"base": padded(heldout.base_logits)}),
         tuned=padded(heldout.tuned_logits),
@@ -57,10 +58,12 @@ def load_heldout(path: str | Path) -> HeldOut:
     """Read a held-out set written by `save_heldout` (items carry no token ids)."""
     data = np.load(Path(path))
     widths, question_ids = data["widths"], json.loads(str(data["question_id"]))
+    # A file written before groups were saved has none: every row its own (-1).
+    groups = data["group"] if "group" in data else np.full(len(widths), -1)
     items = [
-        ScoredDecision(int(q), int(label), int(record), qid, tuple(float(x) for x in t[:w]), bool(soft))
-        for w, q, t, label, record, qid, soft in zip(widths, data["qtype"], data["target"], data["label"],
-                                                     data["record"], question_ids, data["soft"])
+        ScoredDecision(int(q), int(label), int(record), qid, tuple(float(x) for x in t[:w]), bool(soft), int(group))
+        for w, q, t, label, record, qid, soft, group in zip(widths, data["qtype"], data["target"], data["label"],
+                                                            data["record"], question_ids, data["soft"], groups)
     ]  # fmt: skip
     options = {q: tuple(o) for q, o in json.loads(str(data["options"])).items()}
     base = [r[:w] for r, w in zip(data["base"], widths)] if "base" in data else None

@@ -6,16 +6,13 @@ answers for the smoke test to compare serving with, and the plots. Family-free: 
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pipeline.data.contract import Record
-from pipeline.data.split import SplitData
 from pipeline.rundir import RunFolder
 from pipeline.scoring.calibration import plain_probabilities
 from pipeline.scoring.calibrators import choose_calibrator
-from pipeline.scoring.decisions import with_groups
 from pipeline.scoring.heldout import HeldOut, load_heldout, save_expected
 from pipeline.scoring.metrics import detailed_metrics
 from pipeline.scoring.plots import reliability_by_type, reliability_diagram, write_plots
@@ -60,14 +57,9 @@ def calibrate_stage(run_dir: str | Path, soft: bool = False) -> CalibrationResul
     rows, and `calibrator.fitted_on` says so.
     """
     run = RunFolder(run_dir)
-    split = SplitData.load(run.split).split if run.split.exists() else None
-    held = _grouped(load_heldout(run.heldout), split.heldout if split else [])
+    held = load_heldout(run.heldout)  # with their rows' groups, as the train stage saved them
     validated = run.validation_logits.exists()
-    fit_on = (
-        _grouped(load_heldout(run.validation_logits), split.validation if split else [])
-        if validated
-        else held
-    )
+    fit_on = load_heldout(run.validation_logits) if validated else held
     choice = choose_calibrator(fit_on.items, fit_on.tuned_logits, soft)
     calibrator = choice.calibrator
     run.calibrator.write_text(json.dumps(calibrator.to_json(), indent=2))
@@ -98,15 +90,6 @@ def calibrate_stage(run_dir: str | Path, soft: bool = False) -> CalibrationResul
     )  # fmt: skip
     run.calibration.write_text(json.dumps(result.to_dict(), indent=2))
     return result
-
-
-def _grouped(scored: HeldOut, records: list[Record]) -> HeldOut:
-    """`scored` with its rows' groups, so cross-fitting keeps each group on one side: a calibrator that learnt a
-    group's labels (a bias toward one speech's era) then has to earn its place on other groups, as it will serve."""
-    groups = [record.group for record in records]
-    if len(groups) <= max((d.record for d in scored.items), default=-1):
-        return scored  # not the rows these were scored on (a run folder from before groups)
-    return replace(scored, items=with_groups(scored.items, groups))
 
 
 def _write_plots(held: HeldOut, kind: str, served, calibrated, folder: Path) -> list[str]:

@@ -20,6 +20,7 @@ from pipeline.device import peak_memory_mb
 from pipeline.families import resolve_training
 from pipeline.lineage import MAPPING_OPTIONS, options_of, source_digest
 from pipeline.rundir import RunFolder
+from pipeline.scoring.decisions import with_groups
 from pipeline.scoring.heldout import HeldOut, save_heldout
 from pipeline.training.checkpoint import Checkpointer
 from pipeline.training.controls import RunControls, RunHooks
@@ -130,14 +131,16 @@ def train_stage(run_dir: str | Path, base: str | Path, config: TrainConfig, devi
     run.saved_to = str(save_trained(trained, run_folder.finetune, run_folder.split, base, options))
     run.heldout_checkpoints, run.peak_memory_mb = checkpoints, peak_memory_mb()
     run.mlflow_run_id = hooks.mlflow_run_id
+    # Saved with their rows' groups: the calibrate stage cross-fits and bootstraps by group without the split.
+    heldout = with_groups(trained.heldout, [record.group for record in data.split.heldout])
     save_heldout(
-        run_folder.heldout,
-        HeldOut(trained.heldout, trained.base_logits, trained.tuned_logits, trained.options),
+        run_folder.heldout, HeldOut(heldout, trained.base_logits, trained.tuned_logits, trained.options)
     )
     run_folder.validation_logits.unlink(missing_ok=True)
     if trained.validation:
+        validation = with_groups(trained.validation, [record.group for record in data.split.validation])
         save_heldout(run_folder.validation_logits,
-                     HeldOut(trained.validation, None, trained.validation_logits, trained.options))  # fmt: skip
+                     HeldOut(validation, None, trained.validation_logits, trained.options))  # fmt: skip
     run_folder.train_summary.write_text(json.dumps(run.to_dict(), indent=2, default=str))
     return run
 

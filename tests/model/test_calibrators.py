@@ -6,9 +6,9 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from pipeline.data.contract import Record
-from pipeline.data.split import Split, SplitData
-from pipeline.data.validate import ValidationReport
+from pipeline.config import ValidateConfig
+from pipeline.data import synthetic
+from pipeline.data.split import TrainSource
 from pipeline.rundir import RunFolder
 from pipeline.scoring.calibration import softmax
 from pipeline.scoring.calibrators import (
@@ -21,8 +21,10 @@ from pipeline.scoring.calibrators import (
     mean_nll,
 )
 from pipeline.scoring.decisions import ScoredDecision, with_groups
-from pipeline.scoring.heldout import HeldOut, save_heldout
+from pipeline.scoring.heldout import HeldOut, load_heldout, save_heldout
 from pipeline.stages.calibrate import calibrate_stage
+from pipeline.stages.train import train_stage
+from tests.tiny import JOINT_HEAD, write_learnable_rows
 
 
 def _decisions(rng, n, k, question_id, transform, qtype=0, first_record=0):
@@ -223,18 +225,45 @@ def test_cross_fitting_keeps_a_group_on_one_side_so_a_bias_learnt_from_its_label
 
 
 @pytest.mark.parametrize("grouped", [True, False])
-def test_the_calibrate_stage_cross_fits_by_the_groups_of_the_run_s_split(grouped, tmp_path):
+def test_the_calibrate_stage_cross_fits_by_the_groups_saved_with_the_logits(grouped, tmp_path):
     decisions, logits, groups = _labels_shared_by_groups(np.random.default_rng(0))
     run = RunFolder(tmp_path)
-    scored = HeldOut(decisions, None, logits, {"era": ("a", "b", "c")})
+    items = with_groups(decisions, groups) if grouped else decisions
+    scored = HeldOut(items, None, logits, {"era": ("a", "b", "c")})
     save_heldout(run.validation_logits, scored)
     save_heldout(run.heldout, replace(scored, base_logits=logits))
-    rows = [Record(i, "text", (), {}, b"{}", group if grouped else None) for i, group in enumerate(groups)]
-    SplitData(ValidationReport(len(rows), len(rows), len(rows), {}, {}), Split(rows, rows, rows)).save(
-        run.split
-    )
-    chosen = calibrate_stage(tmp_path).calibrator["kind"]
+    chosen = calibrate_stage(tmp_path).calibrator["kind"]  # no split.pkl: the groups come with the logits
     assert (chosen == VECTOR_SCALING) is not grouped
+
+
+def test_held_out_files_keep_the_groups_and_older_files_read_as_ungrouped(tmp_path):
+    decisions, logits, groups = _labels_shared_by_groups(np.random.default_rng(0))
+    grouped = with_groups(decisions, groups)
+    path = save_heldout(tmp_path / "heldout.npz", HeldOut(grouped, None, logits, {"era": ("a", "b", "c")}))
+    assert load_heldout(path).items == grouped
+    with np.load(path) as saved:  # as the train stage wrote it before groups were saved
+        np.savez_compressed(tmp_path / "older.npz", **{k: saved[k] for k in saved.files if k != "group"})
+    assert load_heldout(tmp_path / "older.npz").items == decisions
+
+
+def test_the_train_stage_saves_each_decision_with_its_row_s_group(tiny_base, tmp_path):
+    rows = [json.loads(line) for line in write_learnable_rows(tmp_path / "rows.jsonl", 80, seed=2).open()]
+    for i, row in enumerate(rows):
+        row["group"] = f"customer {i // 4}"
+    source = synthetic.write_rows(rows, tmp_path / "grouped.jsonl")
+    split = ValidateConfig(holdout_fraction=0.25, validation_fraction=0.25, validation_min_decisions=5)
+    data = TrainSource(source, split_config=split).validated()
+    run = RunFolder(tmp_path / "run")
+    data.save(run.split)
+    train_stage(run.root, tiny_base, replace(JOINT_HEAD, epochs=1, threads=1, lexicon="tokens"), "cpu")
+    for saved, records in ((run.heldout, data.split.heldout), (run.validation_logits, data.split.validation)):
+        items = load_heldout(saved).items
+        assert items and all(d.group >= 0 for d in items)
+        keys = [records[d.record].group for d in items]
+        # one number per group key, and the same key wherever the number is the same
+        assert (
+            len(set(zip(keys, (d.group for d in items)))) == len(set(keys)) == len({d.group for d in items})
+        )
 
 
 def test_rows_without_groups_keep_their_halves():

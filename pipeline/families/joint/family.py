@@ -135,6 +135,14 @@ class JointFamily(DecisionFamily):
     def prepare(self, loaded: LoadedJoint, config: TrainConfig) -> None:
         prepare_joint(loaded.model, config)
 
+    def training_precision(self, config: TrainConfig) -> tuple[str, str]:
+        """`head` computes in fp32 whatever `train.precision` says: the frozen backbone's features are computed once,
+        outside autocast, and the head turns autocast off inside (its many small products lose too much in bf16).
+        A GPU run found `auto` (bf16 there) and fp32 equal (docs/results.md, "The GPU check on an H200")."""
+        if config.method == "head":
+            return "fp32", "the head computes in fp32, on features computed once without autocast"
+        return config.precision, ""
+
     def candidates(self, loaded: LoadedJoint, config: TrainConfig) -> list[Candidate]:
         """`train.lexicon: auto` or `both` on a fresh encoder head trained alone: a `tokens` head and a `tfidf` head on
         the same frozen features, for the validation split to choose among them and the two together (`auto`) or to

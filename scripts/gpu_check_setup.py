@@ -1,10 +1,11 @@
 """What every row of the GPU check works with: the device, models and rows of data built where the check runs
 (random weights: nothing downloaded or carried), and the `Outcome` a row returns.
 
-Three sizes: `tiny` (the test suite's tiny models; the CPU dry run) and `small` (a GPU run): a Laya-layout base
+Three sizes: `tiny` (the test suite's tiny models; the CPU dry run), `small` (a GPU run): a Laya-layout base
 with the MiniLM encoder's shapes (6 layers, width 384, 12 heads, feed-forward 1536; a 152-token vocabulary) and a
-Qwen3 causal LM of similar size, on short states; `long`: `small` on states of about 100 tokens. The real MiniLM base does not travel: its fp16 weights alone are 43 MiB (22.7 M
-parameters), more than the whole check may carry (40 MiB), and the timings depend on its shapes, not its values.
+Qwen3 causal LM of similar size, on short states, and `long`: `small` on states of about 100 tokens. The real MiniLM
+base does not travel: its fp16 weights alone are 43 MiB (22.7 M parameters), more than the whole check may carry
+(40 MiB), and the timings depend on its shapes, not its values.
 
 Records are `pipeline.data.synthetic`'s clean rows read with the contract's own parsers
 (`tests.tiny.synthetic_records`): no file, no validation pass.

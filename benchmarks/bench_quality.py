@@ -24,6 +24,7 @@ It prints a table with the ratios, writes `benchmarks/results/bench_quality.json
     python benchmarks/bench_quality.py [--datasets vader,spam,sotu] [--rows 3000] [--heldout 500] [--no-laya]
                                        [--seed N]
     python benchmarks/bench_quality.py --datasets records-hi,long-sotu --rows 2000 --heldout 500 --no-laya
+    python benchmarks/bench_quality.py --datasets long-sotu --rows 2000 --heldout 500 --no-laya --base DIR
 """
 
 from __future__ import annotations
@@ -122,8 +123,8 @@ def run_per_question(contender: str, train: Path, heldout: Path, fit_predict) ->
             "by_question": by_question, **detailed_metrics(decisions, scored)}  # fmt: skip
 
 
-def run_ours(train: Path, heldout: Path, out: Path, overrides: dict[str, dict]) -> dict:
-    """Our default chain with `overrides` ({"train": {...}, "validate": {...}}) over params.yaml's."""
+def run_ours(train: Path, heldout: Path, out: Path, overrides: dict[str, dict], base: Path) -> dict:
+    """Our default chain from `base` with `overrides` ({"train": {...}, "validate": {...}}) over params.yaml's."""
     from dataclasses import replace
 
     from pipeline.config import load_params
@@ -148,7 +149,7 @@ def run_ours(train: Path, heldout: Path, out: Path, overrides: dict[str, dict]) 
         train, eval_data=heldout, split_config=replace(params.validate, **overrides["validate"])
     )
     config = replace(params.train, **overrides["train"])
-    summary = finetune(source, BASE, out, config, hooks=hooks).to_dict()
+    summary = finetune(source, base, out, config, hooks=hooks).to_dict()
     seconds = time.perf_counter() - started
     calibrated = summary["heldout"]["calibrated"]
     curve.append([seconds, calibrated["accuracy"]])
@@ -161,7 +162,7 @@ def run_ours(train: Path, heldout: Path, out: Path, overrides: dict[str, dict]) 
             **{k: calibrated[k] for k in ("accuracy", "record_accuracy", "ece", "brier")}}  # fmt: skip
 
 
-def run_laya(train: Path, heldout: Path, out: Path, seconds: float) -> dict:
+def run_laya(train: Path, heldout: Path, out: Path, seconds: float, base: Path) -> dict:
     """laya's trainer, stopped after `seconds` of wall time, on the rows its pace gets through in that time."""
     import laya.train as laya_train
 
@@ -197,7 +198,7 @@ def run_laya(train: Path, heldout: Path, out: Path, seconds: float) -> dict:
     laya_train.encode_item, laya_train.train_model = encode_until_deadline, train_until_deadline
     try:
         config = laya_train.TrainConfig(epochs=1, log_every=0)
-        laya_train.finetune(str(subset), str(BASE), str(out), config, device="cpu")
+        laya_train.finetune(str(subset), str(base), str(out), config, device="cpu")
     finally:
         laya_train.encode_item, laya_train.train_model = original_encode, original_train
     wall = time.perf_counter() - started
@@ -214,7 +215,8 @@ def score_laya_export(folder: Path, heldout: Path) -> dict:
     return {k: overall[k] for k in ("accuracy", "record_accuracy", "ece", "brier")}
 
 
-def run_dataset(name: str, rows: int, heldout_rows: int, laya: bool, overrides: dict[str, dict]) -> dict:
+def run_dataset(name: str, rows: int, heldout_rows: int, laya: bool, overrides: dict[str, dict],
+                base: Path = BASE) -> dict:  # fmt: skip
     from pipeline.data.validate import validate_file
 
     work = HERE / ".cache" / "quality" / name
@@ -226,10 +228,10 @@ def run_dataset(name: str, rows: int, heldout_rows: int, laya: bool, overrides: 
     tfidf = run_tfidf(train, heldout)
     records = all(isinstance(r.state, dict) for r in train_data.records)
     tabular = [run_tabular(model, train, heldout) for model in TABULAR_MODELS] if records else []
-    ours = run_ours(train, heldout, work / "-".join(["ours", *_labels(overrides)]), overrides)
+    ours = run_ours(train, heldout, work / "-".join(["ours", *_labels(overrides, base)]), overrides, base)
     contenders = [ours, tfidf, *tabular]
     if laya:
-        contenders.append(run_laya(train, heldout, work / "laya", ours["wall_seconds"]))
+        contenders.append(run_laya(train, heldout, work / "laya", ours["wall_seconds"], base))
     return {"dataset": name, "train_rows": train_report.rows, "train_decisions": train_report.decisions,
             "heldout_rows": held_report.rows, "heldout_decisions": held_report.decisions,
             "contenders": contenders,
@@ -292,9 +294,11 @@ def param_overrides(pairs: list[str], section: type, flag: str) -> dict:
     return overrides
 
 
-def _labels(overrides: dict[str, dict]) -> list[str]:
-    """The overrides as short names for files and folders: state_windows4, validation_fraction0."""
-    return [f"{k}{v}" for section in overrides.values() for k, v in section.items()]
+def _labels(overrides: dict[str, dict], base: Path) -> list[str]:
+    """The overrides and a base other than the stock one as short names for files and folders: state_windows4,
+    validation_fraction0, base-minilm512."""
+    named = [] if base.resolve() == BASE else [f"base-{base.name}"]
+    return [f"{k}{v}" for section in overrides.values() for k, v in section.items()] + named
 
 
 def main() -> None:
@@ -317,6 +321,9 @@ def main() -> None:
     parser.add_argument("--train", action="append", default=[], metavar="KEY=VALUE",
                         help="a train param for ours over params.yaml's (repeatable), to measure a lever: "
                         "--train state_windows=4")  # fmt: skip
+    parser.add_argument("--base", type=Path, default=BASE,
+                        help="the base model folder ours (and laya's trainer) start from: another encoder, a "
+                        "snapshot with a longer window (default: the stock MiniLM snapshot)")  # fmt: skip
     parser.add_argument("--validate", action="append", default=[], metavar="KEY=VALUE",
                         help="a validate param over params.yaml's (repeatable): --validate validation_fraction=0 "
                         "is the protocol before the validation split")  # fmt: skip
@@ -334,11 +341,15 @@ def main() -> None:
         parser.error(f"--datasets: unknown {', '.join(unknown)}; choose from {', '.join(DATASETS)}")
     if args.rows < 1 or args.heldout < 1:
         parser.error("--rows and --heldout must be at least 1")
+    if not args.base.is_dir():
+        parser.error(
+            f"--base {args.base}: no such folder (a base model folder: `decision snapshot --from ...`)"
+        )
     RESULTS.mkdir(parents=True, exist_ok=True)
-    name = "_".join(["bench_quality", *_labels(overrides)])
+    name = "_".join(["bench_quality", *_labels(overrides, args.base)])
     results = []
     for dataset in args.datasets.split(","):
-        results.append(run_dataset(dataset, args.rows, args.heldout, not args.no_laya, overrides))
+        results.append(run_dataset(dataset, args.rows, args.heldout, not args.no_laya, overrides, args.base))
         # Written after each data set, so a later failure keeps what was measured.
         (RESULTS / f"{name}.json").write_text(json.dumps(results, indent=2, default=str))
     print_table(results)

@@ -188,3 +188,11 @@ def test_headroom_sizes_are_multiples_of_the_rows_capped_at_what_is_left():
 
     assert training_sizes(1000, 14340, ["1", "2", "4", "8", "all"]) == [1000, 2000, 4000, 8000, 14340]
     assert training_sizes(1000, 2500, ["1", "4", "8", "all"]) == [1000, 2500]
+
+
+def test_a_base_that_is_not_a_folder_is_one_line_and_exit_2(project_root, tmp_path):
+    done = subprocess.run([sys.executable, str(project_root / "benchmarks/bench_quality.py"), "--datasets", "strikes",
+                           "--no-laya", "--base", str(tmp_path / "nope")], capture_output=True, text=True,
+                          timeout=120)  # fmt: skip
+    assert done.returncode == 2
+    assert f"--base {tmp_path / 'nope'}: no such folder" in done.stderr

@@ -17,11 +17,11 @@ from __future__ import annotations
 
 import logging
 import tempfile
-import warnings
 from pathlib import Path
 from typing import Any
 
 import mlflow.pyfunc
+import pandas as pd
 
 from pipeline.data.answers import parse_request
 from pipeline.data.contract import parse_json_cell, parse_state
@@ -35,11 +35,6 @@ MODEL_CONFIG = {
 }  # what a version is logged with: its encoder's runtime, chosen where it loads
 
 log = logging.getLogger(__name__)
-
-
-# MLflow warns at class definition that `predict` has no type hints; hints would switch on its own input
-# conversion, and requests are validated by `parse_request` (the Decision API's check) instead.
-warnings.filterwarnings("ignore", message=".*Add type hints to the `predict` method", category=UserWarning)
 
 
 class DecisionPyfunc(mlflow.pyfunc.PythonModel):
@@ -60,7 +55,12 @@ class DecisionPyfunc(mlflow.pyfunc.PythonModel):
         )
         self._model.encoder = self.backend.encoder
 
-    def predict(self, context, model_input, params: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+    # `pd.DataFrame` is what MLflow hands a signature-checked model, and a hint it infers no schema from: no input
+    # conversion of its own (requests are checked by `parse_request`, the Decision API's check), and no warning at
+    # class definition that `predict` has no hints (a filter cannot hide that one: MLflow resets the filters there).
+    def predict(
+        self, context, model_input: pd.DataFrame, params: dict[str, Any] | None = None
+    ) -> list[dict[str, Any]]:
         records = model_input.to_dict("records") if hasattr(model_input, "to_dict") else list(model_input)
         parsed = [parse_request(parse_state(r["state"]), parse_json_cell(r["questions"])) for r in records]
         results = self._model.answer(parsed)

@@ -11,8 +11,8 @@ For each data set, one after the other in this process, on the same training row
   column is ours before calibration. `--train KEY=VALUE` and `--validate KEY=VALUE` set any param for one run
   (`--validate validation_fraction=0` is the protocol before: the calibrator cross-fitted on held-out rows).
 - laya: `laya.train.finetune` (its defaults: full fine-tuning, 4 epochs) from the same MiniLM snapshot, stopped
-  when it has used ours' wall seconds; it trains on the first rows a 15 decisions/s pace (FACTS.md) gets through
-  in that time, so its one epoch ends near the stop. Its model is scored by our code.
+  when it has used ours' wall seconds; it trains on the first rows a 15 decisions/s pace (laya.train's, measured
+  on a 2-core CPU) gets through in that time, so its one epoch ends near the stop. Its model is scored by our code.
 - TF-IDF + LR: word 1-2-grams of the state's text (a record's compact JSON), one logistic regression per question
   on the same training rows.
 - on records (every state a JSON object), the tabular baselines of `baseline_tabular.py` too: one-hot + logistic

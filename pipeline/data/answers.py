@@ -1,4 +1,4 @@
-"""Answer shaping: option probabilities to the Decision API's wire answers (DESIGN.md 5).
+"""Answer shaping: option probabilities to the Decision API's wire answers (docs/serving.md).
 
 Shared by the HTTP server, the smoke test and the MLflow model, so all three answer byte for byte alike:
 
@@ -38,8 +38,8 @@ from pipeline.data.contract import (
 )
 
 DECIMALS = 4
-# The Decision API's own floor (DESIGN.md 5): a question with one option asks nothing. A data row may hold one
-# (DESIGN.md 2); it trains, but a request with one is refused.
+# The Decision API's own floor (docs/serving.md): a question with one option asks nothing. A data row may hold one
+# (docs/data-format.md); it trains, but a request with one is refused.
 MIN_CHOICE_OPTIONS = 2
 
 
@@ -78,7 +78,7 @@ def jev_confidence(probabilities: np.ndarray) -> float:
 
 
 def request_limits() -> dict[str, Any]:
-    """What one request may hold (DESIGN.md 5), as `/v1/models` states it; the same figures `parse_request`
+    """What one request may hold (docs/serving.md), as `/v1/models` states it; the same figures `parse_request`
     enforces."""
     return {
         "max_questions": MAX_QUESTIONS,
@@ -128,7 +128,7 @@ class InvalidRequest(ValueError):
 
 
 class RequestTooLarge(ValueError):
-    """A request over the Decision API's size limits (DESIGN.md 2: questions, characters); `reason` is
+    """A request over the Decision API's size limits (docs/data-format.md, Columns: questions, characters); `reason` is
     `too_many_questions` or `too_long`."""
 
     def __init__(self, message: str, reason: str = "too_long") -> None:

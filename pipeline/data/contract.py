@@ -1,4 +1,4 @@
-"""The decision-row contract (DESIGN.md section 2): limits, reason codes, and parsing of one row.
+"""The decision-row contract (docs/data-format.md): limits, reason codes, and parsing of one row.
 
 `parse_questions` turns a `questions` cell (native or JSON text) into per-question specs (shape, type, options
 in model order, size) and `judge_gold` checks one gold entry against a spec. Neither raises on bad input, and
@@ -24,8 +24,8 @@ MAX_QUESTIONS = 64
 MAX_QUESTION_CHARS = 20_000
 MAX_STATE_CHARS = 200_000
 MAX_CHOICE_OPTIONS = 255
-MIN_SCORE_LEVELS, MAX_SCORE_LEVELS = 1, 10  # DESIGN.md 5; a 1-level score is answered P(level 0) = 1
-NOUL_OPTIONS = ("false", "true")  # the order the model scores them in (DESIGN.md 3)
+MIN_SCORE_LEVELS, MAX_SCORE_LEVELS = 1, 10  # docs/serving.md; a 1-level score is answered P(level 0) = 1
+NOUL_OPTIONS = ("false", "true")  # the order the model scores them in (docs/training.md, Model families)
 PROBABILITY_TOLERANCE = 1e-3
 _NOUL_LABELS = {label: i for i, label in enumerate(NOUL_OPTIONS)}
 
@@ -270,7 +270,8 @@ def _choice_options(criteria: Any) -> tuple[list[str] | None, list[str | None]]:
 
 
 def _score_options(criteria: Any) -> tuple[list[str] | None, list[str | None]]:
-    # A list only (DESIGN.md 2 and 5): a level is its position, and a map's keys are no order a reader agrees on.
+    # A list only (docs/data-format.md; the Decision API too): a level is its position, and a map's keys are no
+    # order a reader agrees on.
     if not isinstance(criteria, list) or len(criteria) < MIN_SCORE_LEVELS:
         return None, []
     if not all(isinstance(d, (str, type(None))) for d in criteria):

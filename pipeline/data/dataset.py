@@ -147,7 +147,7 @@ def decision_row(source: str, sentence_id: str, text: str, ratings: list[int]) -
 
 
 def _noul_gold(p_true: float) -> dict[str, Any]:
-    # `noul` is P(true) (DESIGN.md 2); `probabilities` repeats it in the form other Laya-layout tools read.
+    # `noul` is P(true) (docs/data-format.md); `probabilities` repeats it in the form other Laya-layout tools read.
     return {"label": "true" if p_true > 0.5 else "false", "noul": p_true,
             "probabilities": {"false": 1.0 - p_true, "true": p_true}}  # fmt: skip
 

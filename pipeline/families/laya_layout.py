@@ -2,7 +2,7 @@
 family as its own format, the joint family for the encoder inside), so it sits below both.
 
 The model class and the sequence builder come from `laya` (Apache-2.0), so a checkpoint written here loads in
-`laya.Agent` and one written by laya loads here. The layout (DESIGN.md 3):
+`laya.Agent` and one written by laya loads here. The layout (docs/training.md, Model families):
 
     rl_agent_config.json   encoder, head_layers, act_costs, temperature, max_len, head_max_len, ...
     model.safetensors      encoder.*, head.*, type_emb.*, scorer.*, act_head.*, temperature (fp16)

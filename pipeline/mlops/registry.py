@@ -1,6 +1,6 @@
 """The MLflow model registry: register an export folder as a model version, resolve aliases, fetch versions.
 
-The tracking store defaults to SQLite under `mlflow/` (DESIGN.md 6); `MLFLOW_TRACKING_URI` overrides it. A model
+The tracking store defaults to SQLite under `mlflow/` (docs/retraining.md); `MLFLOW_TRACKING_URI` overrides it. A model
 version is a pyfunc (`pipeline.mlops.pyfunc`) whose artifact is the export folder, so a server needs only the folder:
 
     version = register_export("models/vader-minilm", "decision-model")

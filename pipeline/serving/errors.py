@@ -1,4 +1,4 @@
-"""Error bodies of the Decision API (DESIGN.md 5): one shape for every error but 422.
+"""Error bodies of the Decision API (docs/serving.md): one shape for every error but 422.
 
     {"detail": {"error_type": "authentication_error", "message": "unknown API key"}}
 

@@ -1,4 +1,4 @@
-"""The Decision API over HTTP (DESIGN.md 5): `POST /v1/systemone`, `GET /v1/models`, `GET /healthz`, and
+"""The Decision API over HTTP (docs/serving.md): `POST /v1/systemone`, `GET /v1/models`, `GET /healthz`, and
 `GET /metrics` (Prometheus).
 
 A thin FastAPI layer: request and response models, keys and status codes. Parsing, the forward pass,
@@ -102,7 +102,7 @@ class ScoreAnswer(BaseModel):
 
 
 class NoulAnswer(BaseModel):
-    """P(true), and no confidence (DESIGN.md 5)."""
+    """P(true), and no confidence (docs/serving.md)."""
 
     type: Literal["noul"]
     noul: float

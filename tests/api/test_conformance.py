@@ -1,4 +1,4 @@
-"""Jev conformance over HTTP, both families, on trained exports (DESIGN.md 5): an answer depends on its question
+"""Jev conformance over HTTP, both families, on trained exports (docs/serving.md): an answer depends on its question
 and the state alone; 2-255 options and 1-10 levels; the spec's fields, confidence and error bodies.
 
 Each family's export is a real `decision finetune` of the tiny base on synthetic rows of all three question

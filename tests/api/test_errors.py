@@ -1,4 +1,4 @@
-"""Every refusal of the Decision API has one body shape (DESIGN.md 5), and `--require-key` refuses keyless callers.
+"""Every refusal of the Decision API has one body shape (docs/serving.md), and `--require-key` refuses keyless callers.
 
 422: FastAPI's `{"detail": [{"loc", "msg", "type"}]}`; every other error: `{"detail": {"error_type", "message"}}`.
 """

@@ -1,4 +1,4 @@
-"""Model names and `/v1/models` (DESIGN.md 5): an export answers under its manifest's name, never its folder's, and
+"""Model names and `/v1/models` (docs/serving.md): an export answers under its manifest's name, never its folder's, and
 every listed model states the limits a request must keep."""
 
 import json

@@ -80,6 +80,9 @@ def test_decision_families_states_the_bases_and_the_rule(capsys):
     assert main(["families", "--json"]) == 0
     described = json.loads(capsys.readouterr().out)
     assert "ModernBERT" in described["joint"]["bases"] and "Laya-layout" in described["laya"]["bases"]
+    # each family's whole first paragraph, ending its sentence: not a first line cut mid-sentence
+    assert all(entry["doc"].endswith(".") for entry in described.values()), described
+    assert "read in several" in described["laya"]["doc"]
     assert main(["families"]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines[-1].startswith("rule: with no --family") and "default" in lines[-1]

@@ -1,4 +1,4 @@
-"""Answer shaping (DESIGN.md 5): the Jev confidence, x_ extras, noul without confidence, 4-decimal figures."""
+"""Answer shaping (docs/serving.md): the Jev confidence, x_ extras, noul without confidence, 4-decimal figures."""
 
 import numpy as np
 import pytest

@@ -41,8 +41,8 @@ from pipeline.scoring.decisions import ScoredDecision
 
 
 class LayaFamily(DecisionFamily):
-    """One sequence per question: `[CLS] question [SEP] [MASK] option ... [SEP] state [SEP]` (DESIGN.md 3); a
-    question whose options do not fit one is read in several (`sequences.question_parts`)."""
+    """One sequence per question: `[CLS] question [SEP] [MASK] option ... [SEP] state [SEP]`; a question whose
+    options do not fit one is read in several (docs/training.md, "Model families"; `sequences.question_parts`)."""
 
     name = "laya"
     methods = ("lora", "full")

@@ -1,6 +1,6 @@
 """Turn validated records into model items: one item per decision, its Laya-layout sequences tokenised once.
 
-Sequence (DESIGN.md 3, built by laya's sequence builder so our models and laya's agree token for token):
+Sequence (docs/training.md, "Model families"; laya's own sequence builder, so ours and laya's agree to the token):
 `[CLS] "<type> question: <instructions>" [SEP] [MASK] option [MASK] option ... [SEP] <state> [SEP]`. A decision
 whose options do not fit one sequence holds several, each with a consecutive run of its options
 (`sequences.question_parts`); its loss and its answer take one softmax over all of them. A decision whose options

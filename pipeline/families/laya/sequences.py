@@ -1,12 +1,12 @@
 """How the laya family lays a question into Laya-layout sequences: one when its options fit, else several.
 
-laya.Agent reads a question in one sequence (`laya.common.build_sequence`) whenever every option marker lands
-inside `max_len`, cutting the options to share `head_max_len` when it must (DESIGN.md 3). We read such a question
-in that very sequence, token for token, so our answers are laya.Agent's. A question whose options do not fit one
-sequence (a choice among a hundred options) is read in parts: each part is an ordinary Laya-layout sequence with
-the same question and state and a consecutive run of the options, as many whole options as fit `head_max_len`
-beside the instructions. The parts' option logits are joined in option order and take one softmax (see
-`items.join_logits`), so the answer is one distribution over every option.
+laya.Agent reads a question in one sequence (`laya.common.build_sequence`) whenever every option marker lands inside
+`max_len`, cutting the options to share `head_max_len` when it must (docs/training.md, "Model families"). We read
+such a question in that very sequence, token for token, so our answers are laya.Agent's. A question whose options do
+not fit one sequence (a choice among a hundred options) is read in parts: each part is an ordinary Laya-layout
+sequence with the same question and state and a consecutive run of the options, as many whole options as fit
+`head_max_len` beside the instructions. The parts' option logits are joined in option order and take one softmax
+(see `items.join_logits`), so the answer is one distribution over every option.
 
     parts = question_parts(loaded, question, state_token_ids(loaded, state))
 """

@@ -65,7 +65,7 @@ def test_decision_monitor_runs_the_flow_module_with_its_options(monkeypatch):
     assert env["PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL"] == "WARNING"  # --quiet
 
 
-def test_commands_that_load_the_mlflow_model_say_nothing_about_type_hints(tmp_path):
+def test_commands_that_load_the_mlflow_model_say_nothing_about_type_hints():
     # MLflow warns at the pyfunc's class definition when `predict` has no hints, past any warnings filter; a user
     # of `decision predict` or `decision register` would see it in yellow on every call.
     done = subprocess.run([sys.executable, "-W", "default", "-c", "import pipeline.mlops.pyfunc"],

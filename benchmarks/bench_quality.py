@@ -68,20 +68,16 @@ def heldout_decisions(path: Path):
 
 
 def run_tfidf(train: Path, heldout: Path) -> dict:
-    from sklearn.feature_extraction.text import TfidfVectorizer
-    from sklearn.linear_model import LogisticRegression
+    """TF-IDF + logistic regression per question: the bag of words every run shows (`scoring.bag_of_words`), on all
+    the training rows."""
+    from pipeline.data.validate import validate_file
+    from pipeline.scoring.bag_of_words import bag_of_words
 
-    from pipeline.data.contract import state_text
-
-    def fit_predict(train_records, labels, held_records):
-        vectorizer = TfidfVectorizer(ngram_range=(1, 2), min_df=2, sublinear_tf=True)
-        x_train = vectorizer.fit_transform([state_text(r.state) for r in train_records])
-        model = LogisticRegression(max_iter=2000).fit(x_train, labels)
-        return model.classes_, model.predict_proba(
-            vectorizer.transform([state_text(r.state) for r in held_records])
-        )
-
-    return run_per_question("tfidf+lr", train, heldout, fit_predict)
+    started = time.perf_counter()
+    train_records = validate_file(train).records
+    held_records, decisions = heldout_decisions(heldout)
+    words = bag_of_words(train_records, held_records, decisions, max_rows=len(train_records))
+    return contender_figures("tfidf+lr", decisions, words.probabilities, time.perf_counter() - started)
 
 
 def run_tabular(name: str, train: Path, heldout: Path) -> dict:
@@ -99,7 +95,6 @@ def run_per_question(contender: str, train: Path, heldout: Path, fit_predict) ->
     """One model per question, `fit_predict(training records, their labels, held-out records) -> (classes,
     probabilities)`, scored on the held-out decisions as ours is."""
     from pipeline.data.validate import validate_file
-    from pipeline.scoring.metrics import detailed_metrics
 
     started = time.perf_counter()
     train_records = validate_file(train).records
@@ -114,10 +109,17 @@ def run_per_question(contender: str, train: Path, heldout: Path, fit_predict) ->
         full = np.full(d.n_options, 1e-9)
         full[classes] = proba[d.record]
         scored.append(full / full.sum())
-    seconds = time.perf_counter() - started
+    return contender_figures(contender, decisions, scored, time.perf_counter() - started)
+
+
+def contender_figures(contender: str, decisions, scored: list[np.ndarray], seconds: float) -> dict:
+    """A contender's held-out figures as ours are scored, with each question's accuracy."""
+    from pipeline.scoring.metrics import detailed_metrics
+
     right = [int(np.argmax(p) == d.label) for d, p in zip(decisions, scored)]
     by_question = {
-        q: float(np.mean([r for d, r in zip(decisions, right) if d.question_id == q])) for q in probabilities
+        q: float(np.mean([r for d, r in zip(decisions, right) if d.question_id == q]))
+        for q in sorted({d.question_id for d in decisions})
     }
     return {"contender": contender, "wall_seconds": seconds, "curve": [[seconds, None]],
             "by_question": by_question, **detailed_metrics(decisions, scored)}  # fmt: skip

@@ -113,8 +113,8 @@ def train(run_dir: str, base: str, config, device: str, key: str, tags: dict[str
 
 
 @task(name="calibrate", **CACHED)
-def calibrate(run_dir: str) -> CalibrationResult:
-    return calibrate_stage.calibrate_stage(run_dir)
+def calibrate(run_dir: str, bag_of_words_rows: int) -> CalibrationResult:
+    return calibrate_stage.calibrate_stage(run_dir, bag_of_words_rows=bag_of_words_rows)
 
 
 @task(name="export", **CACHED)
@@ -196,7 +196,7 @@ def retrain(
             "data": config.data, "base": config.base, **pins.pin_tags(inputs),
             **_optional_tags(owner, allow_unpinned)}  # fmt: skip
     trained = train(run_dir, config.base, params.train, config.device, key, tags, inputs, verified)
-    calibration = calibrate(run_dir)
+    calibration = calibrate(run_dir, params.train.bag_of_words_rows)
     export_dir = export(run_dir, config.data, config.base, params.train)
     tags |= {"prefect_flow_run_id": str(flow_run.id)}
     record = tracking.TrainingRecord(key, params.sections(), trained.to_dict(), calibration.to_dict(),
@@ -242,7 +242,8 @@ def _summary(config: RetrainConfig, key: str, verified: dict[str, str], validate
         "model": config.model_name, "version": version, "champion": verdict.champion,
         "promoted": verdict.promote, "gate": verdict.reasons, "mlflow_run_id": run_id,
         "idempotency_key": key, "pins": verified, "inputs": trained.inputs, "family": trained.family,
-        "warnings": trained.warnings, "rows": validated.report.rows, "decisions": validated.report.decisions,
+        "warnings": trained.warnings, "notices": calibration.notices, "rows": validated.report.rows,
+        "decisions": validated.report.decisions,
         "skipped": validated.report.skipped, "heldout": calibration.heldout,
         "temperatures": calibration.temperatures, "calibrator": calibration.calibrator,
         "calibration_report": calibration.report, "comparison": verdict.comparison,
@@ -265,9 +266,10 @@ def _publish(summary: dict[str, Any]) -> None:
 def before_after_markdown(summary: dict[str, Any]) -> str:
     """The held-out table (base, fine-tune, calibrated) and the gate's verdict, as markdown."""
     verdict = "promoted to champion" if summary["promoted"] else "held as challenger"
+    notices = "".join(f"\n\nNote: {notice}" for notice in summary["notices"])
     return (
         f"{tracking.heldout_table(summary['heldout'])}\n\n"
-        f"Version {summary['version']} of `{summary['model']}`: {verdict} ({'; '.join(summary['gate'])})."
+        f"Version {summary['version']} of `{summary['model']}`: {verdict} ({'; '.join(summary['gate'])}).{notices}"
     )
 
 
@@ -312,9 +314,11 @@ def print_summary(summary: dict[str, Any]) -> None:
     )
     for column in ("model", "accuracy", "record acc.", "ECE", "Brier"):
         table.add_column(column, justify="right" if column != "model" else "left")
-    for model in ("base", "tuned", "calibrated"):
+    for model in [m for m in tracking.MODELS if m in summary["heldout"]]:  # a bag of words where fitted
         m = summary["heldout"][model]
-        table.add_row(model, *(f"{m[k]:.4f}" for k in ("accuracy", "record_accuracy", "ece", "brier")))
+        table.add_row(
+            model.replace("_", " "), *(f"{m[k]:.4f}" for k in ("accuracy", "record_accuracy", "ece", "brier"))
+        )
     console.print(table)
     overall = summary["calibration_report"]["overall"]
     console.print(f"calibrator: {summary['calibrator']['kind']} (lowest cross-fitted NLL; fitted on the "
@@ -328,6 +332,8 @@ def print_summary(summary: dict[str, Any]) -> None:
                   f"{summary['train_seconds']:.0f} s; MLflow run {summary['mlflow_run_id']}")  # fmt: skip
     for warning in summary["warnings"]:
         console.print(f"[bold yellow]warning[/]: the fine-tune did not learn: {warning}")
+    for notice in summary["notices"]:
+        console.print(f"[bold]note[/]: {notice}")
     if summary["champion"] is None:
         console.print(f"[bold yellow]no champion[/]: version {summary['version']} is held as challenger, so "
                       "make serve has nothing to serve yet (decision promote VERSION promotes it by hand)")  # fmt: skip

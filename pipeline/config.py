@@ -262,6 +262,10 @@ class TrainConfig:
     weights; `[0, 1, 2, 3]` skips the rest) or repeat ranges `[[start, end, passes]]` (half open; passes count the
     first visit). Saved with the model and applied wherever it is served. None: the base folder's own plan, if
     any, else native (`pipeline.families.layer_plan`)."""
+    bag_of_words_rows: int = 50_000
+    """The calibrate stage also fits a bag of words (TF-IDF + logistic regression per question) on up to this many
+    training rows and scores it on the same held-out decisions, shown beside the fine-tune in the run's table and
+    in MLflow (`pipeline.scoring.bag_of_words`); 0: none."""
 
     def __post_init__(self) -> None:
         self._check_layer_plan()
@@ -287,6 +291,10 @@ class TrainConfig:
         ):
             if getattr(self, name) < 1:
                 raise ConfigError(f"train.{name}: must be >= 1, got {getattr(self, name)}")
+        if self.bag_of_words_rows < 0:
+            raise ConfigError(
+                f"train.bag_of_words_rows: must be >= 0 (0: none), got {self.bag_of_words_rows}"
+            )
         if self.warmup_steps < 0:
             raise ConfigError(f"train.warmup_steps: must be >= 0, got {self.warmup_steps}")
         if self.min_steps < 0:

@@ -262,6 +262,8 @@ def _finetune(args: argparse.Namespace) -> int:
         print(f"decision finetune: {error}", file=sys.stderr)
         return _exit_code(error)
     _warn(summary["warnings"])
+    for notice in summary["notices"]:
+        print(f"note: {notice}", file=sys.stderr)
     if args.json:
         print(to_json(summary))
     else:

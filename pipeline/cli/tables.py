@@ -73,9 +73,11 @@ def print_heldout(run: dict[str, Any]) -> None:
     table.add_column("model")
     for name in ("accuracy", "record_accuracy", "loss", "ece"):
         table.add_column(name, justify="right")
-    for model in [k for k in ("base", "tuned", "calibrated") if k in heldout]:
+    # base, tuned and calibrated; a bag of words where the run fitted one
+    for model in [k for k, v in heldout.items() if isinstance(v, dict)]:
         metrics = heldout[model]
-        table.add_row(model, *(f"{metrics[k]:.4f}" for k in ("accuracy", "record_accuracy", "loss", "ece")))
+        table.add_row(model.replace("_", " "),
+                      *(f"{metrics[k]:.4f}" for k in ("accuracy", "record_accuracy", "loss", "ece")))  # fmt: skip
     console = Console()
     console.print(table)
     if run.get("calibrator_fitted_on"):

@@ -14,7 +14,7 @@ from typing import Any
 
 from pipeline.data.contract import QUESTION_TYPES
 from pipeline.mlops.registry import client
-from pipeline.mlops.tracking import TrainingRecord
+from pipeline.mlops.tracking import MODELS, TrainingRecord
 from pipeline.rundir import RunFolder
 from pipeline.scoring.heldout import load_heldout
 
@@ -88,10 +88,10 @@ def _figures(record: TrainingRecord, report: dict[str, Any]) -> str:
              f"{heldout.get('decisions', 0):,} held-out decisions; intervals are 95% record bootstraps; the calibrator's "
              "fit is under Calibration.",
              "", "| model | accuracy | record accuracy | ECE | Brier |", "|---|---:|---:|---:|---:|"]  # fmt: skip
-    for model in ("base", "tuned", "calibrated"):
+    for model in MODELS:  # a bag of words where the run fitted one
         m = heldout.get(model, {})
         if m:
-            lines.append(f"| {model} | {m['accuracy']:.4f} | {m.get('record_accuracy', float('nan')):.4f} | "
+            lines.append(f"| {model.replace('_', ' ')} | {m['accuracy']:.4f} | {m.get('record_accuracy', float('nan')):.4f} | "
                          f"{m['ece']:.4f} | {m.get('brier', float('nan')):.4f} |")  # fmt: skip
     if report:
         lines += [

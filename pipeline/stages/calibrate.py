@@ -1,6 +1,7 @@
 """The calibrate stage: the calibrator chosen by cross-fitted NLL on the run's validation logits (a split of the
-training rows), the held-out figures before and after, the calibration report, the trained model's calibrated
-answers for the smoke test to compare serving with, and the plots. Family-free: it reads logits only.
+training rows), the held-out figures before and after (and a bag of words' on the same decisions,
+`scoring.bag_of_words`), the calibration report, the trained model's calibrated answers for the smoke test to
+compare serving with, and the plots. Family-free: it reads logits, and the split's states for the bag of words.
 """
 
 from __future__ import annotations
@@ -10,7 +11,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pipeline.data.split import SplitData
 from pipeline.rundir import RunFolder
+from pipeline.scoring.bag_of_words import BAG_OF_WORDS, bag_of_words, behind_bag_of_words
 from pipeline.scoring.calibration import plain_probabilities
 from pipeline.scoring.calibrators import choose_calibrator
 from pipeline.scoring.heldout import HeldOut, load_heldout, save_expected
@@ -35,26 +38,31 @@ class CalibrationResult:
     calibrator: dict[str, Any]
     """The chosen calibrator's kind, each kind's cross-fitted NLL, and what it was fitted on (`fitted_on`)."""
     heldout: dict[str, Any]
-    """The held-out figures of the base and the fine-tune at T = 1 and of the calibrated fine-tune."""
+    """The held-out figures of the base and the fine-tune at T = 1, of the calibrated fine-tune and, with
+    `bag_of_words_rows`, of a bag of words (`scoring.bag_of_words`; its `rows` and `seconds` too)."""
     report: dict[str, Any]
     """The calibration report's overall and per-type figures."""
     plots: list[str]
     validation: dict[str, Any] = field(default_factory=dict)
     """The validation split's figures, calibrated by cross-fitting over it (what a sweep ranks its trials by:
     no held-out label involved); empty without a validation split."""
+    notices: list[str] = field(default_factory=list)
+    """What a user should look at that is no failure: the fine-tune answering fewer held-out decisions right than
+    its bag of words (`scoring.bag_of_words.behind_bag_of_words`)."""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
 
-def calibrate_stage(run_dir: str | Path, soft: bool = False) -> CalibrationResult:
+def calibrate_stage(run_dir: str | Path, soft: bool = False, bag_of_words_rows: int = 0) -> CalibrationResult:
     """Calibrator, figures and report from `validation.npz` and `heldout.npz` into the run folder; plots under
     `plots/`.
 
     The calibrator is chosen and fitted on the validation split (carved from the training rows), and the held-out
     decisions are scored once with it: no held-out label reaches anything fitted. A run without a validation
     split (too few training rows; `validate.validation_fraction` 0) falls back to cross-fitting on the held-out
-    rows, and `calibrator.fitted_on` says so.
+    rows, and `calibrator.fitted_on` says so. With `bag_of_words_rows` (`train.bag_of_words_rows`), a bag of words
+    fitted on up to that many of the split's training rows is scored on the same held-out decisions.
     """
     run = RunFolder(run_dir)
     held = load_heldout(run.heldout)  # with their rows' groups, as the train stage saved them
@@ -76,20 +84,32 @@ def calibrate_stage(run_dir: str | Path, soft: bool = False) -> CalibrationResul
     report = calibration_report(held.items, calibrated)
     run.calibration_report.write_text(json.dumps(report, indent=2))
     run.calibration_report.with_suffix(".md").write_text(report_table(report) + "\n")
+    heldout = {
+        "decisions": len(held.items),
+        "base": detailed_metrics(held.items, plain_probabilities(held.base_logits)),
+        "tuned": detailed_metrics(held.items, plain_probabilities(held.tuned_logits)),
+        "calibrated": detailed_metrics(held.items, calibrated),
+        **_bag_of_words(run, held, bag_of_words_rows),
+    }
     result = CalibrationResult(
         temperatures=calibrator.by_name(), notes=dict(calibrator.notes),
         calibrator={"kind": calibrator.kind, "cross_fitted_nll": choice.nll, "fitted_on": fitted_on},
-        heldout={
-            "decisions": len(held.items),
-            "base": detailed_metrics(held.items, plain_probabilities(held.base_logits)),
-            "tuned": detailed_metrics(held.items, plain_probabilities(held.tuned_logits)),
-            "calibrated": detailed_metrics(held.items, calibrated),
-        },
-        report={"overall": report["overall"], "by_type": report["by_type"]},
+        heldout=heldout, report={"overall": report["overall"], "by_type": report["by_type"]},
         plots=_write_plots(held, calibrator.kind, served, calibrated, run.plots), validation=validation,
+        notices=[line for line in [behind_bag_of_words(heldout)] if line],
     )  # fmt: skip
     run.calibration.write_text(json.dumps(result.to_dict(), indent=2))
     return result
+
+
+def _bag_of_words(run: RunFolder, held: HeldOut, max_rows: int) -> dict[str, Any]:
+    """{BAG_OF_WORDS: its figures on the held-out decisions}, or {} when off or the run folder has no split."""
+    if max_rows < 1 or not run.split.exists():
+        return {}
+    split = SplitData.load(run.split).split
+    words = bag_of_words(split.train, split.heldout, held.items, max_rows)
+    figures = detailed_metrics(held.items, words.probabilities)
+    return {BAG_OF_WORDS: figures | {"rows": words.rows, "seconds": round(words.seconds, 2)}}
 
 
 def _write_plots(held: HeldOut, kind: str, served, calibrated, folder: Path) -> list[str]:

@@ -16,6 +16,7 @@ from pipeline.config import ConfigError, TrainConfig
 from pipeline.data.split import TrainSource
 from pipeline.families import resolve_training
 from pipeline.rundir import RunFolder
+from pipeline.scoring.bag_of_words import BAG_OF_WORDS
 from pipeline.stages.calibrate import CalibrationResult, calibrate_stage
 from pipeline.stages.export import export_stage
 from pipeline.stages.train import checked_inputs, train_stage
@@ -58,6 +59,8 @@ class FinetuneResult:
     compile: dict[str, Any] = field(default_factory=dict)
     losses: list[tuple[int, float]] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
+    notices: list[str] = field(default_factory=list)
+    """What the calibrate stage found worth a look (`CalibrationResult.notices`)."""
     pins: dict[str, str] = field(default_factory=dict)
     inputs: dict[str, dict[str, Any]] = field(default_factory=dict)
     states: StateFit | None = None
@@ -100,7 +103,7 @@ def finetune(source: TrainSource, base: str | Path, out: str | Path, config: Tra
     trained = train_stage(run.root, base, config, device, hooks, controls, checked)
     if trained.cancelled or controls.cancelled:
         return _result(trained, None, None, run, cancelled=True)
-    calibration = calibrate_stage(run.root)
+    calibration = calibrate_stage(run.root, bag_of_words_rows=config.bag_of_words_rows)
     if controls.cancelled:
         return _result(trained, calibration, None, run, cancelled=True)
     exported = export_stage(run.root, out, source.data, base, config)
@@ -109,7 +112,13 @@ def finetune(source: TrainSource, base: str | Path, out: str | Path, config: Tra
 
 def _result(run: TrainRun, calibration: CalibrationResult | None, export_dir: str | None, folder: RunFolder,
             cancelled: bool) -> FinetuneResult:  # fmt: skip
-    heldout = dict(run.heldout) | ({"calibrated": calibration.heldout["calibrated"]} if calibration else {})
+    # The calibrate stage's figures beside the train stage's.
+    later = (
+        {k: v for k, v in calibration.heldout.items() if k in ("calibrated", BAG_OF_WORDS)}
+        if calibration
+        else {}
+    )
+    heldout = dict(run.heldout) | later
     calibrated = {
         "temperatures": calibration.temperatures, "temperature_notes": calibration.notes,
         "calibrator": calibration.calibrator["kind"], "calibrator_nll": calibration.calibrator["cross_fitted_nll"],
@@ -122,7 +131,7 @@ def _result(run: TrainRun, calibration: CalibrationResult | None, export_dir: st
         train_seconds=run.train_seconds, s_per_step=run.s_per_step, decisions_per_second=run.decisions_per_second,
         peak_memory_mb=run.peak_memory_mb, precision=run.precision, budget=run.budget, compile=run.compile,
         losses=run.losses, warnings=run.warnings, pins=run.pins, inputs=run.inputs, states=run.states,
-        early_stopping=run.early_stopping, choice=run.choice,
+        early_stopping=run.early_stopping, choice=run.choice, notices=calibration.notices if calibration else [],
         **calibrated,
     )  # fmt: skip
 

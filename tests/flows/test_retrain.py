@@ -67,6 +67,12 @@ def test_a_first_run_is_tracked_registered_smoke_tested_and_promoted(
     assert sorted(m.step for m in heldout) == [0, 1, 3, 4]
     assert run.info.status == "FINISHED" and run.info.start_time <= min(m.timestamp for m in heldout)
     assert "| calibrated |" in run.data.tags["mlflow.note.content"]
+    # A bag of words on the same held-out decisions, beside the fine-tune: in the summary, the note and the metrics.
+    words = summary["heldout"]["bag_of_words"]
+    assert words["rows"] > 0 and "| bag of words |" in run.data.tags["mlflow.note.content"]
+    assert run.data.metrics["accuracy_over_bag_of_words"] == pytest.approx(
+        summary["heldout"]["calibrated"]["accuracy"] - words["accuracy"]
+    )
     artifacts = {
         a.path
         for folder in ("plots", "validation", "export")

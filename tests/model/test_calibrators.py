@@ -8,7 +8,9 @@ import pytest
 
 from pipeline.config import ValidateConfig
 from pipeline.data import synthetic
-from pipeline.data.split import TrainSource
+from pipeline.data.contract import QUESTION_TYPE_IDS
+from pipeline.data.split import Split, SplitData, TrainSource
+from pipeline.data.validate import validate_rows
 from pipeline.rundir import RunFolder
 from pipeline.scoring.calibration import softmax
 from pipeline.scoring.calibrators import (
@@ -270,3 +272,26 @@ def test_rows_without_groups_keep_their_halves():
     decisions, _, _ = _labels_shared_by_groups(np.random.default_rng(0))
     assert with_groups(decisions, [None] * len(decisions)) == decisions
     assert [d.half for d in decisions] == [d.record % 2 for d in decisions]
+
+
+def test_the_calibrate_stage_scores_a_bag_of_words_on_the_same_decisions_and_says_when_it_is_ahead(tmp_path):
+    rows = [json.loads(line) for line in write_learnable_rows(tmp_path / "rows.jsonl", 160, seed=3).open()]
+    validated = validate_rows(rows)
+    train, heldout = validated.records[:120], validated.records[120:]
+    run = RunFolder(tmp_path / "run")
+    run.root.mkdir()
+    SplitData(validated.report, Split(train, heldout)).save(run.split)
+    items = [ScoredDecision(QUESTION_TYPE_IDS[d.question.type], d.gold.label, index, d.question.id,
+                            tuple(float(k == d.gold.label) for k in range(len(d.question.options))))
+             for index, record in enumerate(heldout) for d in record.decisions]  # fmt: skip
+    # A fine-tune that learned nothing: its logits are noise.
+    noise = [np.random.default_rng(i).normal(size=d.n_options) for i, d in enumerate(items)]
+    options = {d.question.id: d.question.options for record in heldout for d in record.decisions}
+    save_heldout(run.heldout, HeldOut(items, noise, noise, options))
+    result = calibrate_stage(run.root, bag_of_words_rows=100)
+    words = result.heldout["bag_of_words"]
+    assert words["rows"] == 100 and words["accuracy"] > result.heldout["calibrated"]["accuracy"]
+    assert len(result.notices) == 1 and "bag of words" in result.notices[0]
+    assert json.loads(run.calibration.read_text())["heldout"]["bag_of_words"]["accuracy"] == words["accuracy"]
+    off = calibrate_stage(run.root, bag_of_words_rows=0)
+    assert "bag_of_words" not in off.heldout and off.notices == []

@@ -31,8 +31,13 @@ def test_finetune_json_has_the_stable_keys_and_exports_a_model(tiny_base, synthe
     assert code == 0
     summary = json.loads(capsys.readouterr().out)
     assert set(summary) >= KEYS
-    assert set(summary["heldout"]) == {"decisions", "base", "tuned", "calibrated"}
-    for model in ("base", "tuned", "calibrated"):
+    assert set(summary["heldout"]) == {"decisions", "base", "tuned", "calibrated", "bag_of_words"}
+    for model in (
+        "base",
+        "tuned",
+        "calibrated",
+        "bag_of_words",
+    ):  # a bag of words on the same held-out decisions
         assert set(summary["heldout"][model]) >= {"accuracy", "record_accuracy", "ece"}
     assert summary["export_dir"] == str(out)
     exported = load_model(out)

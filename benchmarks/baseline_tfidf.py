@@ -43,8 +43,8 @@ def main() -> None:
                        tuple(float(k == d.gold.label) for k in range(len(d.question.options))))
         for index, record in enumerate(split.heldout) for d in record.decisions
     ]  # fmt: skip
-    # The bag of words every run shows beside its fine-tune, here on every training row (a run leaves out the
-    # rows it carves for validation).
+    # The bag of words every run shows beside its fine-tune, on the same training rows (the validation split
+    # carved out), here without a cap on their number.
     words = bag_of_words(train, split.heldout, decisions, max_rows=len(train))
     results = {}
     for question_id in sorted({d.question_id for d in decisions}):

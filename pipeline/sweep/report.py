@@ -20,8 +20,10 @@ from typing import Any
 
 import numpy as np
 
+from pipeline.scoring.bag_of_words import BAG_OF_WORDS
 from pipeline.scoring.plots import pyplot, save_figure
 
+WORDS = f"{BAG_OF_WORDS}_accuracy"  # the metric `mlops.tracking.run_metrics` logs for it
 COLUMNS = ("validation_nll", "validation_accuracy", "calibrated_accuracy", "calibrated_record_accuracy",
            "calibrated_ece", "score_ms_per_decision", "steps", "train_seconds")  # fmt: skip
 """The trial table's figures, by the metric names every run logs (`tracking.run_metrics`)."""
@@ -72,9 +74,16 @@ def summary_markdown(rows: list[TrialRow], best: int | None, objective: str) -> 
     chosen = (
         f"trial {best} is best by {objective} (validation split)" if best is not None else "no trial finished"
     )
-    return "\n".join(
-        [*lines, "", f"{len(rows)} trials; {chosen}. Held-out columns are reported, never used to choose."]
-    )
+    words = bag_of_words_accuracy(rows)
+    beside = "" if words is None else f" A bag of words on the same split: held-out accuracy {words:.4f}."
+    closing = f"{len(rows)} trials; {chosen}. Held-out columns are reported, never used to choose.{beside}"
+    return "\n".join([*lines, "", closing])
+
+
+def bag_of_words_accuracy(rows: list[TrialRow]) -> float | None:
+    """The held-out accuracy of the bag of words every trial scored on the sweep's one split (the same in each;
+    `scoring.bag_of_words`), or None where no trial did (`train.bag_of_words_rows: 0`)."""
+    return next((row.metrics[WORDS] for row in rows if WORDS in row.metrics), None)
 
 
 def _cell(value: Any) -> str:
@@ -115,7 +124,11 @@ def tradeoff_plot(rows: list[TrialRow], best: int | None, out: Path) -> Path | N
     right.set(
         xlabel="scoring ms per decision", ylabel="held-out accuracy (calibrated)", title="accuracy vs latency"
     )
-    if best is not None and any(row.number == best for row in done):
+    words = bag_of_words_accuracy(rows)
+    if words is not None:  # what every trial should beat, as a line across both panels
+        for panel in (left, right):
+            panel.axhline(words, color="grey", linestyle="--", linewidth=1, label="bag of words")
+    if words is not None or (best is not None and any(row.number == best for row in done)):
         left.legend(loc="lower right", fontsize=8)
     return save_figure(plt, figure, out)
 

@@ -90,6 +90,11 @@ def test_a_sweep_logs_children_under_a_parent_and_registers_its_best_trial(swept
     parent = client().get_run(parent_id)
     assert parent.info.status == "FINISHED" and parent.data.tags["sweep_role"] == "parent"
     assert f"**{summary['best']['trial']}**" in parent.data.tags["mlflow.note.content"]
+    # Every trial scored the same bag of words on the sweep's one split; the summary says what it reached.
+    words = {run.data.metrics["bag_of_words_accuracy"] for run in _children(parent_id)}
+    assert (
+        len(words) == 1 and f"held-out accuracy {words.pop():.4f}." in parent.data.tags["mlflow.note.content"]
+    )
     assert parent.data.metrics["trials_finished"] == 3.0
     assert parent.data.metrics["best_validation_nll"] == pytest.approx(best.data.metrics["validation_nll"])
     accuracies = [run.data.metrics["calibrated_accuracy"] for run in repeats]

@@ -165,6 +165,18 @@ def test_the_parent_summary_lists_every_trial_with_the_best_first_and_bold(tmp_p
     assert report.tradeoff_plot(rows, 1, tmp_path / "t.png").stat().st_size > 10_000
     assert report.question_plot(rows, 1, tmp_path / "q.png").stat().st_size > 5_000
     assert report.tradeoff_plot([_row(0, "failed")], None, tmp_path / "none.png") is None
+    assert "bag of words" not in table  # no trial scored one
+
+
+def test_the_summary_and_the_tradeoff_plot_show_the_bag_of_words_every_trial_scored(tmp_path):
+    rows = [_row(0), _row(1, accuracy=0.9), _row(2, "failed")]
+    for row in rows[:2]:
+        row.metrics["bag_of_words_accuracy"] = 0.6789
+    assert "A bag of words on the same split: held-out accuracy 0.6789." in report.summary_markdown(
+        rows, 1, "x"
+    )
+    assert report.bag_of_words_accuracy(rows) == 0.6789 and report.bag_of_words_accuracy(rows[2:]) is None
+    assert report.tradeoff_plot(rows, 1, tmp_path / "t.png").stat().st_size > 10_000
 
 
 def test_the_noise_floor_is_the_mean_and_sample_std_over_seeds():

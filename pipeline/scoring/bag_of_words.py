@@ -19,12 +19,12 @@ import time
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 from sklearn.dummy import DummyClassifier
 from sklearn.feature_extraction.text import TfidfVectorizer
 from sklearn.linear_model import LogisticRegression
-from sklearn.pipeline import Pipeline
 
 from pipeline.data.contract import Record, state_text
 from pipeline.scoring.decisions import ScoredDecision
@@ -44,13 +44,23 @@ class BagOfWords:
     seconds: float
 
 
+@dataclass(frozen=True)
+class QuestionModel:
+    """One question's classifier over the TF-IDF features of its `vectorizer`, or over nothing (None: its labels'
+    frequencies, where it cannot learn)."""
+
+    vectorizer: TfidfVectorizer | None
+    classifier: LogisticRegression | DummyClassifier
+
+
 def bag_of_words(train: Sequence[Record], heldout: Sequence[Record], decisions: Sequence[ScoredDecision],
                  max_rows: int) -> BagOfWords:  # fmt: skip
     """Fit on up to `max_rows` of the `train` records and answer each of `decisions` (`record` indexes `heldout`)."""
     started = time.perf_counter()
     rows = evenly_spaced(train, max_rows)
-    models = {qid: fit_question(texts, labels) for qid, (texts, labels) in _by_question(rows).items()}
+    models = fit_questions(rows)
     texts = [state_text(record.state) for record in heldout]
+    features: dict[int, Any] = {}  # the held-out texts' features, once per vectorizer
     probabilities: list[np.ndarray] = [np.full(d.n_options, 1.0 / d.n_options) for d in decisions]
     asked: dict[str, list[int]] = defaultdict(list)
     for i, decision in enumerate(decisions):
@@ -59,9 +69,9 @@ def bag_of_words(train: Sequence[Record], heldout: Sequence[Record], decisions: 
         if qid not in models:
             continue  # no training row asked it: uniform
         model = models[qid]
-        answers = model.predict_proba([texts[decisions[i].record] for i in indices])
+        answers = _answers(model, [decisions[i].record for i in indices], texts, features)
         for i, row in zip(indices, answers):
-            probabilities[i] = _over_options(model.classes_, row, decisions[i].n_options)
+            probabilities[i] = _over_options(model.classifier.classes_, row, decisions[i].n_options)
     return BagOfWords(probabilities, len(rows), time.perf_counter() - started)
 
 
@@ -73,31 +83,54 @@ def evenly_spaced(records: Sequence[Record], max_rows: int) -> list[Record]:
     return [records[i] for i in picks]
 
 
-def _by_question(records: Sequence[Record]) -> dict[str, tuple[list[str], list[int]]]:
-    """Each question id's training states (as text) and gold labels (a soft gold's most likely label)."""
-    asked: dict[str, tuple[list[str], list[int]]] = defaultdict(lambda: ([], []))
-    for record in records:
-        text = state_text(record.state)
+def fit_questions(records: Sequence[Record]) -> dict[str, QuestionModel]:
+    """A model per question id asked of `records`. Questions asked of the same rows share one vectorizer (on
+    VADER's four, the vectorizer was most of the time)."""
+    texts = [state_text(record.state) for record in records]
+    asked: dict[str, tuple[list[int], list[int]]] = defaultdict(lambda: ([], []))
+    for index, record in enumerate(records):
         for decision in record.decisions:
-            texts, labels = asked[decision.question.id]
-            texts.append(text)
-            labels.append(decision.gold.label)
-    return asked
+            rows, labels = asked[decision.question.id]
+            rows.append(index)
+            labels.append(decision.gold.label)  # a soft gold's most likely label
+    sharing: dict[tuple[int, ...], list[str]] = defaultdict(list)
+    for qid, (rows, _) in asked.items():
+        sharing[tuple(rows)].append(qid)
+    models = {}
+    for rows, qids in sharing.items():
+        vectorizer, features = _vectorized([texts[i] for i in rows])
+        for qid in qids:
+            models[qid] = fit_question(vectorizer, features, asked[qid][1])
+    return models
 
 
-def fit_question(texts: list[str], labels: list[int]):
-    """TF-IDF + logistic regression on one question's rows; its labels' frequencies where it cannot learn (one
-    label only, or no word shared by two states). Either has `classes_` and `predict_proba(texts)`."""
-    if len(set(labels)) > 1:
-        for min_df in (2, 1):  # a word in two states at least; in one where the rows are few
-            vectorizer = TfidfVectorizer(ngram_range=(1, 2), min_df=min_df, sublinear_tf=True)
-            try:
-                features = vectorizer.fit_transform(texts)
-            except ValueError:  # no word left to count (scikit-learn's "empty vocabulary")
-                continue
-            model = LogisticRegression(max_iter=2000).fit(features, labels)
-            return Pipeline([("tfidf", vectorizer), ("lr", model)])
-    return DummyClassifier(strategy="prior").fit(np.zeros((len(labels), 1)), labels)
+def _vectorized(texts: list[str]) -> tuple[TfidfVectorizer | None, Any]:
+    """A TF-IDF vectorizer fitted on `texts` and their features, or (None, None) when no word is counted."""
+    for min_df in (2, 1):  # a word in two states at least; in one where the rows are few
+        vectorizer = TfidfVectorizer(ngram_range=(1, 2), min_df=min_df, sublinear_tf=True)
+        try:
+            return vectorizer, vectorizer.fit_transform(texts)
+        except ValueError:  # no word left to count (scikit-learn's "empty vocabulary")
+            continue
+    return None, None
+
+
+def fit_question(vectorizer: TfidfVectorizer | None, features, labels: list[int]) -> QuestionModel:
+    """Logistic regression on the rows' features; the labels' frequencies where it cannot learn (one label only,
+    or no features)."""
+    if vectorizer is not None and len(set(labels)) > 1:
+        return QuestionModel(vectorizer, LogisticRegression(max_iter=2000).fit(features, labels))
+    return QuestionModel(None, DummyClassifier(strategy="prior").fit(np.zeros((len(labels), 1)), labels))
+
+
+def _answers(model: QuestionModel, rows: list[int], texts: list[str], features: dict[int, Any]) -> np.ndarray:
+    """The model's probabilities for the held-out `rows` (indices into `texts`)."""
+    if model.vectorizer is None:
+        return model.classifier.predict_proba(np.zeros((len(rows), 1)))
+    key = id(model.vectorizer)
+    if key not in features:
+        features[key] = model.vectorizer.transform(texts)
+    return model.classifier.predict_proba(features[key][rows])
 
 
 def _over_options(classes: np.ndarray, row: np.ndarray, n_options: int) -> np.ndarray:

@@ -6,7 +6,13 @@ import pytest
 
 from pipeline.data.contract import QUESTION_TYPE_IDS
 from pipeline.data.validate import validate_rows
-from pipeline.scoring.bag_of_words import BAG_OF_WORDS, bag_of_words, behind_bag_of_words, evenly_spaced
+from pipeline.scoring.bag_of_words import (
+    BAG_OF_WORDS,
+    bag_of_words,
+    behind_bag_of_words,
+    evenly_spaced,
+    fit_questions,
+)
 from pipeline.scoring.decisions import ScoredDecision
 from pipeline.scoring.metrics import detailed_metrics
 
@@ -106,3 +112,13 @@ def test_a_line_says_so_only_when_the_fine_tune_is_behind_it():
     assert line is not None and "0.6500" in line and "0.6000" in line and "1,200 training rows" in line
     assert behind_bag_of_words(figures | {"calibrated": {"accuracy": 0.70}}) is None
     assert behind_bag_of_words({"calibrated": {"accuracy": 0.1}}) is None  # no bag of words fitted
+
+
+def test_questions_asked_of_the_same_rows_share_one_vectorizer_and_others_get_their_own():
+    twice = {"mood": MOOD, "again": MOOD}
+    rows = [{**row, "gold": row["gold"] | {"again": row["gold"]["mood"]}} for row in _rows(40, 0, twice)]
+    shared = fit_questions(_records(rows))
+    assert shared["mood"].vectorizer is not None and shared["mood"].vectorizer is shared["again"].vectorizer
+    apart = fit_questions(_records(rows + _rows(20, 2)))  # 20 more rows ask mood only
+    assert apart["mood"].vectorizer is not apart["again"].vectorizer
+    assert len(apart["mood"].vectorizer.idf_) >= len(apart["again"].vectorizer.idf_)

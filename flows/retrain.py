@@ -115,10 +115,11 @@ def train(run_dir: str, base: str, config, device: str, key: str, tags: dict[str
 
 @task(name="calibrate", **CACHED)
 def calibrate(run_dir: str, bag_of_words_rows: int) -> CalibrationResult:
-    result = calibrate_stage.calibrate_stage(run_dir, bag_of_words_rows=bag_of_words_rows)
+    logger = get_run_logger()
+    result = calibrate_stage.calibrate_stage(run_dir, bag_of_words_rows=bag_of_words_rows, say=logger.info)
     words = result.heldout.get(BAG_OF_WORDS)
     if words:
-        get_run_logger().info("bag of words (TF-IDF + logistic regression) on %s training rows in %.0f s: held-out "
+        logger.info("bag of words (TF-IDF + logistic regression) on %s training rows in %.0f s: held-out "
                               "accuracy %.4f, the calibrated fine-tune's %.4f", f"{words['rows']:,}", words["seconds"],
                               words["accuracy"], result.heldout["calibrated"]["accuracy"])  # fmt: skip
     return result

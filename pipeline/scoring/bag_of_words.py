@@ -6,7 +6,7 @@ scored on the held-out decisions the fine-tune was scored on. On terse, keyword-
 default fine-tune (docs/training.md, "Compare with a bag of words on your data"): every run shows it beside the
 fine-tune so that a user sees this on their own data without a second tool.
 
-    words = bag_of_words(split.train, split.heldout, decisions, max_rows=20_000)
+    words = bag_of_words(split.train, split.heldout, decisions, max_rows=50_000)
     detailed_metrics(decisions, words.probabilities)
 
 A question whose training rows hold one label, or whose states share no word, is answered by its labels'

@@ -7,6 +7,7 @@ compare serving with, and the plots. Family-free: it reads logits, and the split
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -54,7 +55,8 @@ class CalibrationResult:
         return asdict(self)
 
 
-def calibrate_stage(run_dir: str | Path, soft: bool = False, bag_of_words_rows: int = 0) -> CalibrationResult:
+def calibrate_stage(run_dir: str | Path, soft: bool = False, bag_of_words_rows: int = 0,
+                    say: Callable[[str], None] | None = None) -> CalibrationResult:  # fmt: skip
     """Calibrator, figures and report from `validation.npz` and `heldout.npz` into the run folder; plots under
     `plots/`.
 
@@ -62,7 +64,8 @@ def calibrate_stage(run_dir: str | Path, soft: bool = False, bag_of_words_rows: 
     decisions are scored once with it: no held-out label reaches anything fitted. A run without a validation
     split (too few training rows; `validate.validation_fraction` 0) falls back to cross-fitting on the held-out
     rows, and `calibrator.fitted_on` says so. With `bag_of_words_rows` (`train.bag_of_words_rows`), a bag of words
-    fitted on up to that many of the split's training rows is scored on the same held-out decisions.
+    fitted on up to that many of the split's training rows is scored on the same held-out decisions (`say` gets a
+    line before it starts: on tens of thousands of long states it takes a minute or more).
     """
     run = RunFolder(run_dir)
     held = load_heldout(run.heldout)  # with their rows' groups, as the train stage saved them
@@ -89,7 +92,7 @@ def calibrate_stage(run_dir: str | Path, soft: bool = False, bag_of_words_rows: 
         "base": detailed_metrics(held.items, plain_probabilities(held.base_logits)),
         "tuned": detailed_metrics(held.items, plain_probabilities(held.tuned_logits)),
         "calibrated": detailed_metrics(held.items, calibrated),
-        **_bag_of_words(run, held, bag_of_words_rows),
+        **_bag_of_words(run, held, bag_of_words_rows, say or (lambda line: None)),
     }
     result = CalibrationResult(
         temperatures=calibrator.by_name(), notes=dict(calibrator.notes),
@@ -102,11 +105,13 @@ def calibrate_stage(run_dir: str | Path, soft: bool = False, bag_of_words_rows: 
     return result
 
 
-def _bag_of_words(run: RunFolder, held: HeldOut, max_rows: int) -> dict[str, Any]:
+def _bag_of_words(run: RunFolder, held: HeldOut, max_rows: int, say: Callable[[str], None]) -> dict[str, Any]:
     """{BAG_OF_WORDS: its figures on the held-out decisions}, or {} when off or the run folder has no split."""
     if max_rows < 1 or not run.split.exists():
         return {}
     split = SplitData.load(run.split).split
+    say(f"fitting a bag of words (TF-IDF + logistic regression) on {min(max_rows, len(split.train)):,} training "
+        f"rows, to score on the same {len(held.items):,} held-out decisions")  # fmt: skip
     words = bag_of_words(split.train, split.heldout, held.items, max_rows)
     figures = detailed_metrics(held.items, words.probabilities)
     return {BAG_OF_WORDS: figures | {"rows": words.rows, "seconds": round(words.seconds, 2)}}

@@ -103,7 +103,7 @@ def finetune(source: TrainSource, base: str | Path, out: str | Path, config: Tra
     trained = train_stage(run.root, base, config, device, hooks, controls, checked)
     if trained.cancelled or controls.cancelled:
         return _result(trained, None, None, run, cancelled=True)
-    calibration = calibrate_stage(run.root, bag_of_words_rows=config.bag_of_words_rows)
+    calibration = calibrate_stage(run.root, bag_of_words_rows=config.bag_of_words_rows, say=hooks.say)
     if controls.cancelled:
         return _result(trained, calibration, None, run, cancelled=True)
     exported = export_stage(run.root, out, source.data, base, config)

@@ -153,11 +153,14 @@ def smoke(name: str, version: str, run_dir: str, n: int) -> SmokeResult:
 
 
 @task(name="promotion-gate", **IO_RETRIES)
-def promotion_gate(name: str, version: str, calibrated: dict[str, float], smoke_passed: bool, run_dir: str,
+def promotion_gate(name: str, version: str, figures: dict[str, Any], smoke_passed: bool, run_dir: str,
                    config, learning_warnings: list[str], unpinned: bool = False) -> GateResult:  # fmt: skip
+    """The gate on the run's held-out `figures` (`CalibrationResult.heldout`: the calibrated fine-tune's, and its
+    bag of words' where scored)."""
     heldout = SplitData.load(RunFolder(run_dir).split).split.heldout
-    return promote_stage.promotion_stage(name, version, calibrated, smoke_passed, heldout, config,
-                                         learning_warnings, unpinned=unpinned)  # fmt: skip
+    words = figures.get(BAG_OF_WORDS, {}).get("accuracy")
+    return promote_stage.promotion_stage(name, version, figures["calibrated"], smoke_passed, heldout, config,
+                                         learning_warnings, unpinned=unpinned, bag_of_words=words)  # fmt: skip
 
 
 def _run_name() -> str:
@@ -219,7 +222,7 @@ def retrain(
     )
     card(record, config.model_name, version, run_id)
     smoked = smoke(config.model_name, version, run_dir, config.smoke_decisions)
-    verdict = promotion_gate(config.model_name, version, calibration.heldout["calibrated"], smoked.passed,
+    verdict = promotion_gate(config.model_name, version, calibration.heldout, smoked.passed,
                              run_dir, params.promote, trained.warnings, allow_unpinned)  # fmt: skip
     summary = _summary(
         config, key, verified, validated, trained, calibration, run_id, version, smoked, verdict

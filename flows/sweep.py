@@ -278,7 +278,7 @@ def _challenger(best: report.TrialRow, params: Params, validated, tags: dict[str
                                      f"trial-{best.number}")  # fmt: skip
     card(record, config.model_name, version, best.run_id)
     smoked = smoke(config.model_name, version, str(run.root), config.smoke_decisions)
-    verdict = promotion_gate(config.model_name, version, calibration["heldout"]["calibrated"], smoked.passed,
+    verdict = promotion_gate(config.model_name, version, calibration["heldout"], smoked.passed,
                              str(run.root), trial_params.promote, train.get("warnings", []),
                              tags.get("allow_unpinned") == "true")  # fmt: skip
     return {"trial": best.number, "settings": best.settings, "model": config.model_name, "version": version,

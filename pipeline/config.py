@@ -366,6 +366,10 @@ class PromoteConfig:
     """The candidate's calibrated (cross-fitted) held-out ECE must be at most this."""
     refuse_unlearned: bool = True
     """Never promote a fine-tune that is no better than its base or the class prior on some question."""
+    min_accuracy_over_bag_of_words: float | None = None
+    """With a number, promote only a fine-tune whose calibrated held-out accuracy is at least its bag of words'
+    (`train.bag_of_words_rows`, the same decisions) plus this (0: at least equal); a run that scored no bag of
+    words is then held. None: the bag of words is shown, not gated on."""
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.max_ece <= 1.0:
@@ -374,6 +378,11 @@ class PromoteConfig:
             raise ConfigError(f"promote.nll_confidence: must lie in [0.5, 1), got {self.nll_confidence}")
         if not 0.0 <= self.max_accuracy_drop <= 1.0:
             raise ConfigError(f"promote.max_accuracy_drop: must lie in [0, 1], got {self.max_accuracy_drop}")
+        margin = self.min_accuracy_over_bag_of_words
+        if margin is not None and not -1.0 <= margin <= 1.0:
+            raise ConfigError(
+                f"promote.min_accuracy_over_bag_of_words: must lie in [-1, 1] or be null, got {margin}"
+            )
 
 
 @section("flywheel")

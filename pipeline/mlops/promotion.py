@@ -50,14 +50,16 @@ class Verdict:
 
 
 def gate(candidate: dict[str, float], comparison: PairedComparison | None, smoke_passed: bool,
-         config: PromoteConfig, learning_warnings: list[str] | None = None,
-         unpinned: bool = False, worse_questions: list[str] | None = None) -> Verdict:  # fmt: skip
+         config: PromoteConfig, learning_warnings: list[str] | None = None, unpinned: bool = False,
+         worse_questions: list[str] | None = None, bag_of_words: float | None = None) -> Verdict:  # fmt: skip
     """Whether the candidate may replace the champion; every reason is given, passing or not.
 
     `candidate` holds its calibrated (cross-fitted) held-out figures; `comparison` champion and candidate scored
     now on the same decisions (None: no champion yet); `unpinned`: it was trained with --allow-unpinned, so it is
     held whatever its figures. `worse_questions`: the questions on which the champion is more accurate beyond the
-    bootstrap noise (same decisions); any one holds the candidate, however it does overall.
+    bootstrap noise (same decisions); any one holds the candidate, however it does overall. `bag_of_words`: the
+    held-out accuracy of the run's bag of words (None: not scored), gated on with
+    `promote.min_accuracy_over_bag_of_words`.
     """
     reasons, ok = [], True
     if unpinned:
@@ -73,12 +75,26 @@ def gate(candidate: dict[str, float], comparison: PairedComparison | None, smoke
     if worse_questions:
         ok = False
         reasons.append(f"less accurate than the champion beyond noise on {', '.join(worse_questions)}")
+    if config.min_accuracy_over_bag_of_words is not None:
+        ok &= _versus_bag_of_words(candidate, bag_of_words, config.min_accuracy_over_bag_of_words, reasons)
     calibrated = candidate["ece"] <= config.max_ece
     ok &= calibrated
     reasons.append(f"ECE {candidate['ece']:.4f} {'<=' if calibrated else '>'} {config.max_ece}")
     ok &= smoke_passed
     reasons.append("smoke test passed" if smoke_passed else "smoke test failed")
     return Verdict(ok, reasons)
+
+
+def _versus_bag_of_words(
+    candidate: dict[str, float], words: float | None, margin: float, reasons: list[str]
+) -> bool:
+    if words is None:
+        reasons.append("no bag of words scored (train.bag_of_words_rows: 0) to gate on")
+        return False
+    ahead = candidate["accuracy"] >= words + margin
+    reasons.append(f"accuracy {candidate['accuracy']:.4f} {'>=' if ahead else '<'} the bag of words' {words:.4f} "
+                   f"+ {margin}")  # fmt: skip
+    return ahead
 
 
 def _versus_champion(c: PairedComparison, config: PromoteConfig, reasons: list[str]) -> bool:

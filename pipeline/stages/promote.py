@@ -60,11 +60,12 @@ class GateResult:
 
 def promotion_stage(name: str, version: str, calibrated: dict[str, float], smoke_passed: bool,
                     heldout: list[Record], config: PromoteConfig, learning_warnings: list[str] | None = None,
-                    unpinned: bool = False) -> GateResult:  # fmt: skip
+                    unpinned: bool = False, bag_of_words: float | None = None) -> GateResult:  # fmt: skip
     """Gate `version` against the champion, both scored now on the run's `heldout` records; move `champion` when
     it passes.
 
-    `unpinned`: the version was trained with --allow-unpinned, and the gate holds it."""
+    `unpinned`: the version was trained with --allow-unpinned, and the gate holds it. `bag_of_words`: the run's
+    bag of words' held-out accuracy (`promote.min_accuracy_over_bag_of_words` gates on it)."""
     champion_version = current(name, CHAMPION)
     if champion_version == version:
         return GateResult(False, ["already the champion"], version, version)
@@ -76,7 +77,9 @@ def promotion_stage(name: str, version: str, calibrated: dict[str, float], smoke
     worse = [
         q.question for q in questions[1:] if q.verdict == "A more accurate"
     ]  # [0] is all questions together
-    verdict = gate(calibrated, comparison, smoke_passed, config, learning_warnings, unpinned, worse)
+    verdict = gate(
+        calibrated, comparison, smoke_passed, config, learning_warnings, unpinned, worse, bag_of_words
+    )
     tags = {GATE_TAG: "promote" if verdict.promote else "hold", GATE_REASONS_TAG: "; ".join(verdict.reasons)}
     if comparison is not None:
         tags |= {f"gate_{k}": str(v) for k, v in comparison.to_dict().items()}

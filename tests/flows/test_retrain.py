@@ -282,3 +282,18 @@ def test_a_worse_candidate_is_held_as_challenger_and_rollback_restores_the_champ
         promote_version("tiny-model", second["version"])
     promote_version("tiny-model", second["version"], force=True)
     assert current("tiny-model", CHAMPION) == second["version"]
+
+
+def test_a_gate_asking_for_a_margin_over_the_bag_of_words_holds_a_version_that_lacks_it(
+    prefect_harness, mlflow_store, tmp_path, synthetic_train_file, tiny_base
+):
+    from pipeline.mlops.promotion import CHAMPION, current
+
+    # A margin no model reaches: the first version is held, and the gate says by how much it fell short.
+    params = write_tiny_params(
+        tmp_path, synthetic_train_file, tiny_base, promote={"min_accuracy_over_bag_of_words": 1.0}
+    )
+    summary = run_flow(params)
+    words = summary["heldout"]["bag_of_words"]["accuracy"]
+    assert not summary["promoted"] and current("tiny-model", CHAMPION) is None
+    assert f"the bag of words' {words:.4f} + 1.0" in "; ".join(summary["gate"])

@@ -26,3 +26,15 @@ def test_a_version_less_accurate_on_one_question_is_held_however_good_overall():
     assert not held.promote
     assert "less accurate than the champion beyond noise on urgency" in held.reasons
     assert gate(GOOD, BETTER, True, PromoteConfig(), worse_questions=[]).promote
+
+
+def test_with_a_margin_over_the_bag_of_words_a_version_behind_it_is_held_and_without_one_it_is_not_gated():
+    demanding = PromoteConfig(min_accuracy_over_bag_of_words=0.05)
+    ahead = gate(GOOD, BETTER, True, demanding, bag_of_words=0.80)
+    assert ahead.promote and "accuracy 0.9000 >= the bag of words' 0.8000 + 0.05" in ahead.reasons
+    behind = gate(GOOD, BETTER, True, demanding, bag_of_words=0.88)
+    assert not behind.promote and "accuracy 0.9000 < the bag of words' 0.8800 + 0.05" in behind.reasons
+    unmeasured = gate(GOOD, BETTER, True, demanding)  # train.bag_of_words_rows: 0
+    assert not unmeasured.promote and any("no bag of words scored" in r for r in unmeasured.reasons)
+    shown_only = gate(GOOD, BETTER, True, PromoteConfig(), bag_of_words=0.95)  # the default: not gated on
+    assert shown_only.promote and not any("bag of words" in r for r in shown_only.reasons)

@@ -119,3 +119,22 @@ def test_monitoring_and_flywheel_settings_do_not_change_a_runs_idempotency_key(t
         assert keyed_sections(load_params(params_file)) == defaults
     params_file.write_text("promote:\n  max_ece: 0.2\n")
     assert keyed_sections(load_params(params_file)) != defaults
+
+
+def test_the_bag_of_words_settings_take_a_row_count_and_a_margin_or_null():
+    assert section_config("train", {"bag_of_words_rows": 0}).bag_of_words_rows == 0  # off
+    with pytest.raises(
+        ConfigError, match=re.escape("train.bag_of_words_rows: must be >= 0 (0: none), got -5")
+    ):
+        section_config("train", {"bag_of_words_rows": -5})
+    with pytest.raises(ConfigError, match=re.escape("train.bag_of_words_rows: expected int")):
+        section_config("train", {"bag_of_words_rows": "all"})
+    assert (
+        section_config("promote", {"min_accuracy_over_bag_of_words": None}).min_accuracy_over_bag_of_words
+        is None
+    )
+    assert (
+        section_config("promote", {"min_accuracy_over_bag_of_words": 0}).min_accuracy_over_bag_of_words == 0.0
+    )
+    with pytest.raises(ConfigError, match=re.escape("promote.min_accuracy_over_bag_of_words: must lie in")):
+        section_config("promote", {"min_accuracy_over_bag_of_words": 5})

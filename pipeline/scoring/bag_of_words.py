@@ -32,6 +32,9 @@ from pipeline.scoring.decisions import ScoredDecision
 BAG_OF_WORDS = "bag_of_words"
 """Its key beside `base`, `tuned` and `calibrated` in a run's held-out figures."""
 UNSEEN_OPTION = 1e-9  # an option no training row chose: never exactly 0, so its log-loss stays finite
+MAX_CHARACTERS = 50_000_000
+"""The most state text it reads: 20,000 synthetic states of 500 words (60 M characters) peaked at 1.7 GB. Beyond
+it, fewer rows, still evenly spaced, so that long states cannot exhaust memory once training is done."""
 
 
 @dataclass(frozen=True)
@@ -40,7 +43,8 @@ class BagOfWords:
 
     probabilities: list[np.ndarray]
     rows: int
-    """Training rows it was fitted on (evenly spaced over the training rows beyond `max_rows`)."""
+    """Training rows it was fitted on (evenly spaced over the training rows beyond `max_rows` or
+    `MAX_CHARACTERS`)."""
     seconds: float
 
 
@@ -57,7 +61,7 @@ def bag_of_words(train: Sequence[Record], heldout: Sequence[Record], decisions: 
                  max_rows: int) -> BagOfWords:  # fmt: skip
     """Fit on up to `max_rows` of the `train` records and answer each of `decisions` (`record` indexes `heldout`)."""
     started = time.perf_counter()
-    rows = evenly_spaced(train, max_rows)
+    rows = training_rows(train, max_rows)
     models = fit_questions(rows)
     texts = [state_text(record.state) for record in heldout]
     features: dict[int, Any] = {}  # the held-out texts' features, once per vectorizer
@@ -81,6 +85,17 @@ def evenly_spaced(records: Sequence[Record], max_rows: int) -> list[Record]:
         return list(records)
     picks = np.linspace(0, len(records) - 1, max_rows).round().astype(int)
     return [records[i] for i in picks]
+
+
+def training_rows(
+    records: Sequence[Record], max_rows: int, max_characters: int = MAX_CHARACTERS
+) -> list[Record]:
+    """Up to `max_rows` of `records`, evenly spaced, and fewer where their states hold more than `max_characters`."""
+    rows = evenly_spaced(records, max_rows)
+    characters = sum(len(state_text(record.state)) for record in rows)
+    if characters <= max_characters:
+        return rows
+    return evenly_spaced(rows, max(1, len(rows) * max_characters // characters))
 
 
 def fit_questions(records: Sequence[Record]) -> dict[str, QuestionModel]:

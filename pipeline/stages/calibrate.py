@@ -110,8 +110,8 @@ def _bag_of_words(run: RunFolder, held: HeldOut, max_rows: int, say: Callable[[s
     if max_rows < 1 or not run.split.exists():
         return {}
     split = SplitData.load(run.split).split
-    say(f"fitting a bag of words (TF-IDF + logistic regression) on {min(max_rows, len(split.train)):,} training "
-        f"rows, to score on the same {len(held.items):,} held-out decisions")  # fmt: skip
+    say(f"fitting a bag of words (TF-IDF + logistic regression) on up to {min(max_rows, len(split.train)):,} "
+        f"training rows, to score on the same {len(held.items):,} held-out decisions")  # fmt: skip
     words = bag_of_words(split.train, split.heldout, held.items, max_rows)
     figures = detailed_metrics(held.items, words.probabilities)
     return {BAG_OF_WORDS: figures | {"rows": words.rows, "seconds": round(words.seconds, 2)}}

@@ -12,6 +12,7 @@ from pipeline.scoring.bag_of_words import (
     behind_bag_of_words,
     evenly_spaced,
     fit_questions,
+    training_rows,
 )
 from pipeline.scoring.decisions import ScoredDecision
 from pipeline.scoring.metrics import detailed_metrics
@@ -122,3 +123,13 @@ def test_questions_asked_of_the_same_rows_share_one_vectorizer_and_others_get_th
     apart = fit_questions(_records(rows + _rows(20, 2)))  # 20 more rows ask mood only
     assert apart["mood"].vectorizer is not apart["again"].vectorizer
     assert len(apart["mood"].vectorizer.idf_) >= len(apart["again"].vectorizer.idf_)
+
+
+def test_long_states_are_read_up_to_a_character_budget_on_rows_spread_over_the_file():
+    records = _records(_rows(100, 0))
+    every = sum(len(r.state) for r in records)
+    assert training_rows(records, 1_000, max_characters=every) == records
+    kept = training_rows(records, 1_000, max_characters=every // 4)
+    assert 20 <= len(kept) <= 25 and kept[0] is records[0] and kept[-1] is records[-1]
+    assert sum(len(r.state) for r in kept) <= every // 4 + max(len(r.state) for r in records)
+    assert len(training_rows(records, 1_000, max_characters=1)) == 1  # never none

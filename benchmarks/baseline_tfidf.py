@@ -21,11 +21,10 @@ sys.path.insert(0, str(ROOT))
 
 def main() -> None:
     from pipeline.config import load_params
-    from pipeline.data.contract import QUESTION_TYPE_IDS
     from pipeline.data.split import split_holdout
     from pipeline.data.validate import validate_file
     from pipeline.scoring.bag_of_words import bag_of_words
-    from pipeline.scoring.decisions import ScoredDecision
+    from pipeline.scoring.decisions import gold_decisions
     from pipeline.scoring.metrics import detailed_metrics
 
     parser = argparse.ArgumentParser(
@@ -38,11 +37,7 @@ def main() -> None:
     args = parser.parse_args()
     split = split_holdout(validate_file(args.data).records, load_params(ROOT / "params.yaml").validate)
     train = split.train[: args.train_rows] if args.train_rows else split.train
-    decisions = [
-        ScoredDecision(QUESTION_TYPE_IDS[d.question.type], d.gold.label, index, d.question.id,
-                       tuple(float(k == d.gold.label) for k in range(len(d.question.options))))
-        for index, record in enumerate(split.heldout) for d in record.decisions
-    ]  # fmt: skip
+    decisions = gold_decisions(split.heldout)
     # The bag of words every run shows beside its fine-tune, on the same training rows (the validation split
     # carved out), here without a cap on their number.
     words = bag_of_words(train, split.heldout, decisions, max_rows=len(train))

@@ -52,19 +52,11 @@ LAYA_DECISIONS_PER_S = 15.0
 
 def heldout_decisions(path: Path):
     """Validated held-out records and their decisions as metrics see them."""
-    from pipeline.data.contract import QUESTION_TYPE_IDS
     from pipeline.data.validate import validate_file
-    from pipeline.scoring.decisions import ScoredDecision
+    from pipeline.scoring.decisions import gold_decisions
 
     records = validate_file(path).records
-    decisions = []
-    for index, record in enumerate(records):
-        for d in record.decisions:
-            n = len(d.question.options)
-            target = d.gold.probabilities or tuple(float(i == d.gold.label) for i in range(n))
-            decisions.append(ScoredDecision(QUESTION_TYPE_IDS[d.question.type], d.gold.label, index,
-                                            d.question.id, tuple(target), d.gold.probabilities is not None))  # fmt: skip
-    return records, decisions
+    return records, gold_decisions(records)
 
 
 def run_tfidf(train: Path, heldout: Path) -> dict:

@@ -9,6 +9,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
+from pipeline.data.contract import QUESTION_TYPE_IDS, Record
+
 
 @dataclass(frozen=True, slots=True)
 class ScoredDecision:
@@ -55,3 +57,17 @@ def with_groups(decisions: list[ScoredDecision], groups: Sequence[str | None]) -
     if not numbers:
         return decisions
     return [replace(d, group=numbers.get(groups[d.record], -1)) for d in decisions]  # type: ignore[arg-type]
+
+
+def gold_decisions(records: Sequence[Record]) -> list[ScoredDecision]:
+    """Every decision of `records` with its gold as the target (a soft gold's distribution, else one-hot) and
+    `record` its row's index in `records`: what answers given on those rows by something other than a family's
+    model (a bag of words, a benchmark's contender) are scored against."""
+    decisions = []
+    for index, record in enumerate(records):
+        for d in record.decisions:
+            options = len(d.question.options)
+            target = d.gold.probabilities or tuple(float(k == d.gold.label) for k in range(options))
+            decisions.append(ScoredDecision(QUESTION_TYPE_IDS[d.question.type], d.gold.label, index, d.question.id,
+                                            tuple(target), d.gold.probabilities is not None))  # fmt: skip
+    return decisions

@@ -8,7 +8,6 @@ import pytest
 
 from pipeline.config import ValidateConfig
 from pipeline.data import synthetic
-from pipeline.data.contract import QUESTION_TYPE_IDS
 from pipeline.data.split import Split, SplitData, TrainSource
 from pipeline.data.validate import validate_rows
 from pipeline.rundir import RunFolder
@@ -22,7 +21,7 @@ from pipeline.scoring.calibrators import (
     choose_calibrator,
     mean_nll,
 )
-from pipeline.scoring.decisions import ScoredDecision, with_groups
+from pipeline.scoring.decisions import ScoredDecision, gold_decisions, with_groups
 from pipeline.scoring.heldout import HeldOut, load_heldout, save_heldout
 from pipeline.stages.calibrate import calibrate_stage
 from pipeline.stages.train import train_stage
@@ -281,9 +280,7 @@ def test_the_calibrate_stage_scores_a_bag_of_words_on_the_same_decisions_and_say
     run = RunFolder(tmp_path / "run")
     run.root.mkdir()
     SplitData(validated.report, Split(train, heldout)).save(run.split)
-    items = [ScoredDecision(QUESTION_TYPE_IDS[d.question.type], d.gold.label, index, d.question.id,
-                            tuple(float(k == d.gold.label) for k in range(len(d.question.options))))
-             for index, record in enumerate(heldout) for d in record.decisions]  # fmt: skip
+    items = gold_decisions(heldout)
     # A fine-tune that learned nothing: its logits are noise.
     noise = [np.random.default_rng(i).normal(size=d.n_options) for i, d in enumerate(items)]
     options = {d.question.id: d.question.options for record in heldout for d in record.decisions}

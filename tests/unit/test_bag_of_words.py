@@ -4,7 +4,6 @@ decision over that decision's own options, and never fails a run on data it cann
 import numpy as np
 import pytest
 
-from pipeline.data.contract import QUESTION_TYPE_IDS
 from pipeline.data.validate import validate_rows
 from pipeline.scoring.bag_of_words import (
     BAG_OF_WORDS,
@@ -14,7 +13,7 @@ from pipeline.scoring.bag_of_words import (
     fit_questions,
     training_rows,
 )
-from pipeline.scoring.decisions import ScoredDecision
+from pipeline.scoring.decisions import gold_decisions
 from pipeline.scoring.metrics import detailed_metrics
 
 MOOD = {"type": "choice", "instructions": "The mood?", "criteria": {"glad": None, "sad": None}}
@@ -41,23 +40,9 @@ def _records(rows):
     return validate_rows(rows).records
 
 
-def _decisions(records) -> list[ScoredDecision]:
-    return [
-        ScoredDecision(
-            QUESTION_TYPE_IDS[d.question.type],
-            d.gold.label,
-            index,
-            d.question.id,
-            tuple(float(k == d.gold.label) for k in range(len(d.question.options))),
-        )
-        for index, record in enumerate(records)
-        for d in record.decisions
-    ]
-
-
 def test_it_learns_what_the_words_say_and_answers_over_each_decisions_options():
     train, heldout = _records(_rows(200, 0)), _records(_rows(60, 1))
-    decisions = _decisions(heldout)
+    decisions = gold_decisions(heldout)
     words = bag_of_words(train, heldout, decisions, max_rows=20_000)
     assert words.rows == 200
     assert [len(p) for p in words.probabilities] == [2] * 60
@@ -71,7 +56,7 @@ def test_a_question_it_cannot_learn_is_answered_by_frequencies_and_an_unseen_one
     unseen = {"state": "quite", "questions": {"weather": MOOD}, "gold": {"weather": "sad"}}
     heldout_rows = [*_rows(6, 1, both), unseen]
     heldout = _records(heldout_rows)
-    decisions = _decisions(heldout)
+    decisions = gold_decisions(heldout)
     words = bag_of_words(train, heldout, decisions, max_rows=20_000)
     topics = [p for d, p in zip(decisions, words.probabilities) if d.question_id == "topic"]
     assert len(topics) == 6 and all(len(p) == 3 and p[0] > 0.999 for p in topics)  # food, the only label seen
@@ -86,7 +71,7 @@ def test_states_that_share_no_counted_word_fall_back_to_the_label_frequencies(st
         for m in ["glad", "glad", "glad", "sad"]
     ]
     records = _records(rows)
-    words = bag_of_words(records, records, _decisions(records), max_rows=20_000)
+    words = bag_of_words(records, records, gold_decisions(records), max_rows=20_000)
     assert np.allclose(words.probabilities[0], [0.75, 0.25])
 
 
@@ -95,7 +80,7 @@ def test_a_label_beyond_a_held_out_questions_options_is_dropped_not_an_error():
     train = _records([{**row, "gold": {"mood": "calm" if i % 3 == 0 else row["gold"]["mood"]}, "questions": wide}
                       for i, row in enumerate(_rows(60, 0))])  # fmt: skip
     heldout = _records(_rows(10, 1))  # the same id asked with two options
-    words = bag_of_words(train, heldout, _decisions(heldout), max_rows=20_000)
+    words = bag_of_words(train, heldout, gold_decisions(heldout), max_rows=20_000)
     assert all(len(p) == 2 and np.isclose(p.sum(), 1.0) for p in words.probabilities)
 
 
@@ -104,7 +89,7 @@ def test_beyond_max_rows_it_fits_on_rows_spread_over_the_whole_file():
     kept = evenly_spaced(records, 10)
     assert len(kept) == 10 and kept[0] is records[0] and kept[-1] is records[-1]
     assert evenly_spaced(records, 500) == records
-    assert bag_of_words(records, records[:4], _decisions(records[:4]), max_rows=10).rows == 10
+    assert bag_of_words(records, records[:4], gold_decisions(records[:4]), max_rows=10).rows == 10
 
 
 def test_a_line_says_so_only_when_the_fine_tune_is_behind_it():
@@ -133,3 +118,12 @@ def test_long_states_are_read_up_to_a_character_budget_on_rows_spread_over_the_f
     assert 20 <= len(kept) <= 25 and kept[0] is records[0] and kept[-1] is records[-1]
     assert sum(len(r.state) for r in kept) <= every // 4 + max(len(r.state) for r in records)
     assert len(training_rows(records, 1_000, max_characters=1)) == 1  # never none
+
+
+def test_gold_decisions_score_a_soft_gold_against_its_distribution_and_a_hard_one_one_hot():
+    level = {"type": "score", "instructions": "How urgent?", "criteria": ["low", "mid", "high"]}
+    rows = [{"state": "late parcel", "questions": {"mood": MOOD, "urgency": level},
+             "gold": {"mood": "sad", "urgency": {"label": 1, "probabilities": [0.2, 0.5, 0.3]}}}]  # fmt: skip
+    mood, urgency = gold_decisions(_records(rows))
+    assert (mood.label, mood.target, mood.soft, mood.record) == (1, (0.0, 1.0), False, 0)
+    assert (urgency.label, urgency.target, urgency.soft) == (1, (0.2, 0.5, 0.3), True)

@@ -117,11 +117,14 @@ def _interval(figures: dict[str, float], name: str) -> str:
 def _calibration(record: TrainingRecord) -> str:
     calibrator = record.calibration.get("calibrator", {})
     temperatures = ", ".join(f"{t} {v:.3f}" for t, v in record.calibration.get("temperatures", {}).items())
+    intervals = ", ".join(f"{t} {s['temperature']:.2f} [{s['low']:.2f}, {s['high']:.2f}] ({s['decisions']:,} decisions)"
+                          for t, s in calibrator.get("temperature_intervals", {}).items())  # fmt: skip
     return "\n".join([
         "## Calibration",
         f"- calibrator `{calibrator.get('kind', '?')}`, chosen by cross-fitted NLL; fitted on the "
         f"{calibrator.get('fitted_on', 'held-out rows')}",
         f"- type temperatures: {temperatures}",
+        *([f"- each type's temperature as fitted, with its 95% bootstrap interval: {intervals}"] if intervals else []),
     ])  # fmt: skip
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 from scipy.optimize import minimize_scalar
@@ -23,11 +24,15 @@ from scipy.special import log_softmax
 from pipeline.data.contract import QUESTION_TYPES
 from pipeline.scoring.decisions import ScoredDecision, cross_fit_halves
 from pipeline.scoring.metrics import detailed_metrics, expected_calibration_error
+from pipeline.scoring.report import record_draws, record_index, two_sided
 
 T_MIN, T_MAX = 0.5, 5.0
 MIN_DECISIONS = 10
+INTERVAL_RESAMPLES = 200
+LOOSE_RATIO = 1.5  # an interval from T to 1.5 T or wider: calibrated confidence can move by a bin or more
 Temperatures = tuple[float, float, float]  # by question type id: choice, score, noul
 NO_TEMPERATURES: Temperatures = (1.0, 1.0, 1.0)
+Stacked = list[tuple[np.ndarray, np.ndarray, np.ndarray]]  # logits, targets, weights, per option count
 
 
 @dataclass(frozen=True)
@@ -48,28 +53,78 @@ def softmax(logits: np.ndarray, temperature: float = 1.0) -> np.ndarray:
     return z / z.sum()
 
 
-def _by_width(logits: list[np.ndarray], targets: list[np.ndarray]) -> list[tuple[np.ndarray, np.ndarray]]:
-    """Logits and targets stacked into one [n, k] pair per option count, so each NLL is a few array operations."""
+def _by_width(logits: list[np.ndarray], targets: list[np.ndarray],
+              weights: np.ndarray | None = None) -> Stacked:  # fmt: skip
+    """Logits, targets and weights (default 1 each) stacked into one [n, k] triple per option count, so each NLL is
+    a few array operations."""
     groups: dict[int, list[int]] = {}
     for i, z in enumerate(logits):
         groups.setdefault(len(z), []).append(i)
-    return [(np.asarray([logits[i] for i in rows], dtype=np.float64), np.asarray([targets[i] for i in rows]))
-            for rows in groups.values()]  # fmt: skip
+    weights = np.ones(len(logits)) if weights is None else np.asarray(weights, dtype=np.float64)
+    return [(np.asarray([logits[i] for i in rows], dtype=np.float64), np.asarray([targets[i] for i in rows]),
+             weights[rows]) for rows in groups.values()]  # fmt: skip
 
 
-def _mean_nll(log_t: float, stacked: list[tuple[np.ndarray, np.ndarray]], n: int) -> float:
-    t = math.exp(log_t)
-    return -sum(float((y * log_softmax(z / t, axis=1)).sum()) for z, y in stacked) / max(1, n)
+def _mean_nll(log_t: float, stacked: Stacked) -> float:
+    t, total = math.exp(log_t), max(1.0, sum(float(w.sum()) for _, _, w in stacked))
+    return -sum(float((w[:, None] * y * log_softmax(z / t, axis=1)).sum()) for z, y, w in stacked) / total
+
+
+def _best_temperature(stacked: Stacked, lo: float, hi: float) -> float:
+    found = minimize_scalar(_mean_nll, bounds=(math.log(lo), math.log(hi)), args=(stacked,), method="bounded",
+                            options={"xatol": 1e-6})  # fmt: skip
+    return float(min(max(math.exp(found.x), lo), hi))
 
 
 def fit_temperature(
     logits: list[np.ndarray], targets: list[np.ndarray], lo: float = T_MIN, hi: float = T_MAX
 ) -> float:
     """The temperature in [lo, hi] that minimises the mean NLL (bounded scalar search over log T)."""
-    found = minimize_scalar(_mean_nll, bounds=(math.log(lo), math.log(hi)),
-                            args=(_by_width(logits, targets), len(logits)), method="bounded",
-                            options={"xatol": 1e-6})  # fmt: skip
-    return float(min(max(math.exp(found.x), lo), hi))
+    return _best_temperature(_by_width(logits, targets), lo, hi)
+
+
+def temperature_interval(decisions: list[ScoredDecision], logits: list[np.ndarray], soft: bool = False,
+                         resamples: int = INTERVAL_RESAMPLES, level: float = 0.95,
+                         seed: int = 0) -> tuple[float, float]:  # fmt: skip
+    """The percentile bootstrap interval of the temperature `fit_temperature` fits on these decisions, drawing
+    whole clusters (`ScoredDecision.cluster`: a group's rows, else a row's decisions) with replacement, so a
+    split of a few groups shows how little it pins the temperature down."""
+    clusters = record_index([d.cluster for d in decisions])
+    draws = record_draws(clusters, resamples, np.random.default_rng(seed))
+    targets = _targets(decisions, soft)
+    fitted = [_best_temperature(_by_width(logits, targets, drawn[clusters]), T_MIN, T_MAX) for drawn in draws]
+    return two_sided(np.asarray(fitted), level)
+
+
+def temperature_spreads(decisions: list[ScoredDecision], logits: list[np.ndarray],
+                        soft: bool = False) -> dict[str, dict[str, Any]]:  # fmt: skip
+    """Per question type with `MIN_DECISIONS` or more: the temperature fitted on all its decisions, the 95%
+    bootstrap interval (`temperature_interval`), and how many decisions and clusters it rests on."""
+    spreads = {}
+    for qtype, name in enumerate(QUESTION_TYPES):
+        chosen = [i for i, d in enumerate(decisions) if d.qtype == qtype]
+        if len(chosen) < MIN_DECISIONS:
+            continue
+        part = [decisions[i] for i in chosen], [logits[i] for i in chosen]
+        low, high = temperature_interval(*part, soft)
+        grouped = any(d.group >= 0 for d in part[0])
+        spreads[name] = {"temperature": fit_temperature(part[1], _targets(part[0], soft)), "low": low,
+                         "high": high, "decisions": len(chosen), "drawn": "groups" if grouped else "rows",
+                         "clusters": len({d.cluster for d in part[0]})}  # fmt: skip
+    return spreads
+
+
+def loose_temperatures(spreads: dict[str, dict[str, Any]], ratio: float = LOOSE_RATIO) -> str | None:
+    """A line for the run's notes when a type's temperature interval spans `ratio` or more (high / low): the
+    validation split is too small, or too few groups, to pin it, and the held-out confidence may be off."""
+    loose = [f"{name} T {s['temperature']:.2f} (95% bootstrap interval {s['low']:.2f}-{s['high']:.2f}, from "
+             f"{s['decisions']:,} decisions in {s['clusters']:,} {s['drawn']})"
+             for name, s in spreads.items() if s["high"] >= ratio * s["low"]]  # fmt: skip
+    if not loose:
+        return None
+    return ("the validation split pins the calibrator's temperatures only loosely: " + "; ".join(loose) + ". "
+            "Held-out confidence may be off by as much; more validation rows narrow it "
+            "(validate.validation_fraction, validate.validation_max_decisions).")  # fmt: skip
 
 
 def _targets(decisions: list[ScoredDecision], soft: bool) -> list[np.ndarray]:

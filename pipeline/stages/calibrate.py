@@ -15,7 +15,7 @@ from typing import Any
 from pipeline.data.split import SplitData
 from pipeline.rundir import RunFolder
 from pipeline.scoring.bag_of_words import BAG_OF_WORDS, bag_of_words, behind_bag_of_words
-from pipeline.scoring.calibration import plain_probabilities
+from pipeline.scoring.calibration import loose_temperatures, plain_probabilities, temperature_spreads
 from pipeline.scoring.calibrators import choose_calibrator
 from pipeline.scoring.heldout import HeldOut, load_heldout, save_expected
 from pipeline.scoring.metrics import detailed_metrics
@@ -37,7 +37,8 @@ class CalibrationResult:
     notes: dict[str, str]
     """Why a type kept T = 1 (too few decisions, no gain), by type."""
     calibrator: dict[str, Any]
-    """The chosen calibrator's kind, each kind's cross-fitted NLL, and what it was fitted on (`fitted_on`)."""
+    """The chosen calibrator's kind, each kind's cross-fitted NLL, what it was fitted on (`fitted_on`), and each
+    type's temperature with its bootstrap interval (`temperature_intervals`, `scoring.calibration`)."""
     heldout: dict[str, Any]
     """The held-out figures of the base and the fine-tune at T = 1, of the calibrated fine-tune and, with
     `bag_of_words_rows`, of a bag of words (`scoring.bag_of_words`; its `rows` and `seconds` too)."""
@@ -49,7 +50,8 @@ class CalibrationResult:
     no held-out label involved); empty without a validation split."""
     notices: list[str] = field(default_factory=list)
     """What a user should look at that is no failure: the fine-tune answering fewer held-out decisions right than
-    its bag of words (`scoring.bag_of_words.behind_bag_of_words`)."""
+    its bag of words (`scoring.bag_of_words.behind_bag_of_words`); temperatures the validation split pins only
+    loosely (`scoring.calibration.loose_temperatures`)."""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -73,6 +75,7 @@ def calibrate_stage(run_dir: str | Path, soft: bool = False, bag_of_words_rows: 
     fit_on = load_heldout(run.validation_logits) if validated else held
     choice = choose_calibrator(fit_on.items, fit_on.tuned_logits, soft)
     calibrator = choice.calibrator
+    spreads = temperature_spreads(fit_on.items, fit_on.tuned_logits, soft)
     run.calibrator.write_text(json.dumps(calibrator.to_json(), indent=2))
     served = calibrator.apply(held.items, held.tuned_logits)  # what the export will answer
     save_expected(run.expected_answers, held.items, served)
@@ -96,10 +99,11 @@ def calibrate_stage(run_dir: str | Path, soft: bool = False, bag_of_words_rows: 
     }
     result = CalibrationResult(
         temperatures=calibrator.by_name(), notes=dict(calibrator.notes),
-        calibrator={"kind": calibrator.kind, "cross_fitted_nll": choice.nll, "fitted_on": fitted_on},
+        calibrator={"kind": calibrator.kind, "cross_fitted_nll": choice.nll, "fitted_on": fitted_on,
+                    "temperature_intervals": spreads},
         heldout=heldout, report={"overall": report["overall"], "by_type": report["by_type"]},
         plots=_write_plots(held, calibrator.kind, served, calibrated, run.plots), validation=validation,
-        notices=[line for line in [behind_bag_of_words(heldout)] if line],
+        notices=[line for line in [behind_bag_of_words(heldout), loose_temperatures(spreads)] if line],
     )  # fmt: skip
     run.calibration.write_text(json.dumps(result.to_dict(), indent=2))
     return result

@@ -56,6 +56,8 @@ class FinetuneResult:
     calibrator_nll: float | None = None
     calibrator_fitted_on: str | None = None
     """The validation split the calibrator was fitted on (or, without one, the held-out rows, cross-fitted)."""
+    temperature_intervals: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """Each type's temperature with its 95% bootstrap interval over what it was fitted on."""
     compile: dict[str, Any] = field(default_factory=dict)
     losses: list[tuple[int, float]] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
@@ -123,6 +125,7 @@ def _result(run: TrainRun, calibration: CalibrationResult | None, export_dir: st
         "temperatures": calibration.temperatures, "temperature_notes": calibration.notes,
         "calibrator": calibration.calibrator["kind"], "calibrator_nll": calibration.calibrator["cross_fitted_nll"],
         "calibrator_fitted_on": calibration.calibrator.get("fitted_on"),
+        "temperature_intervals": calibration.calibrator.get("temperature_intervals", {}),
     } if calibration else {}  # fmt: skip
     return FinetuneResult(
         family=run.family, method=run.method, rows=run.rows, decisions=run.decisions, skipped=run.skipped,

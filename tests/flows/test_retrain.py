@@ -98,6 +98,7 @@ def test_a_first_run_is_tracked_registered_smoke_tested_and_promoted(
                     "## Calibration", "## Warnings and known limits", "## Provenance"):  # fmt: skip
         assert section in card, section
     assert data_md5 in card and "accuracy [95% CI]" in card and run.data.tags["calibrator_fitted_on"] in card
+    assert "temperature as fitted, with its 95% bootstrap interval" in card
     assert run.data.tags["calibrator_fitted_on"].startswith("validation split")  # no held-out label fitted it
     assert run.data.metrics["validation_decisions"] > 0
     assert "model_card.md" in {a.path for a in client().list_artifacts(run.info.run_id)}

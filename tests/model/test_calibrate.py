@@ -3,7 +3,15 @@
 import numpy as np
 import pytest
 
-from pipeline.scoring.calibration import cross_fitted_metrics, fit_calibration, fit_temperature, softmax
+from pipeline.scoring.calibration import (
+    cross_fitted_metrics,
+    fit_calibration,
+    fit_temperature,
+    loose_temperatures,
+    softmax,
+    temperature_interval,
+    temperature_spreads,
+)
 from pipeline.scoring.decisions import ScoredDecision
 from pipeline.scoring.metrics import detailed_metrics, expected_calibration_error, metrics_by_type
 
@@ -104,3 +112,47 @@ def test_a_temperature_that_helps_is_kept():
     rng = np.random.default_rng(6)
     logits, labels = _sampled(rng, 800, 3, 3.0)
     assert fit_calibration(_items(labels, [0] * 800), logits).temperatures[0] > 2.0
+
+
+def _grouped(items, group_size):
+    """The same decisions with every `group_size` consecutive rows in one group (a speaker, a source)."""
+    return [ScoredDecision(d.qtype, d.label, d.record, d.question_id, d.target, group=d.record // group_size)
+            for d in items]  # fmt: skip
+
+
+def test_the_temperature_interval_holds_the_true_temperature_and_narrows_with_more_decisions():
+    rng = np.random.default_rng(7)
+    logits, labels = _sampled(rng, 4000, 3, 2.0)
+    items = _items(labels, [0] * 4000)
+    few_low, few_high = temperature_interval(items[:100], logits[:100])
+    many_low, many_high = temperature_interval(items, logits)
+    assert many_low < 2.0 < many_high and few_low < 2.0 < few_high
+    assert many_high / many_low < 1.2 < few_high / few_low
+
+
+def test_the_interval_draws_whole_groups_so_a_few_groups_pin_the_temperature_less_than_as_many_rows():
+    # Rows in groups that each lean one way (their own temperature) are few independent draws, not many.
+    rng = np.random.default_rng(8)
+    logits, labels = [], []
+    for t in rng.choice([1.0, 4.0], size=10):
+        z, y = _sampled(rng, 40, 3, float(t))
+        logits += z
+        labels += y
+    rows = _items(labels, [0] * len(labels))
+    by_row, by_group = temperature_interval(rows, logits), temperature_interval(_grouped(rows, 40), logits)
+    assert by_group[1] / by_group[0] > by_row[1] / by_row[0]
+
+
+def test_loose_temperatures_are_named_with_their_interval_and_what_narrows_it():
+    rng = np.random.default_rng(9)
+    logits, labels = _sampled(rng, 4000, 3, 2.0)
+    tight = temperature_spreads(_items(labels, [0] * 4000), logits)
+    choice = tight["choice"]
+    assert set(tight) == {"choice"} and (choice["decisions"], choice["drawn"]) == (4000, "rows")
+    assert loose_temperatures(tight) is None
+    few = _grouped(_items(labels[:60], [0] * 60), 10)
+    loose = temperature_spreads(few, logits[:60])
+    assert loose["choice"]["clusters"] == 6 and loose["choice"]["drawn"] == "groups"
+    line = loose_temperatures(loose)
+    assert line is not None and "choice T" in line and "60 decisions in 6 groups" in line
+    assert "validate.validation_fraction" in line

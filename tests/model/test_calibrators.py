@@ -233,8 +233,25 @@ def test_the_calibrate_stage_cross_fits_by_the_groups_saved_with_the_logits(grou
     scored = HeldOut(items, None, logits, {"era": ("a", "b", "c")})
     save_heldout(run.validation_logits, scored)
     save_heldout(run.heldout, replace(scored, base_logits=logits))
-    chosen = calibrate_stage(tmp_path).calibrator["kind"]  # no split.pkl: the groups come with the logits
-    assert (chosen == VECTOR_SCALING) is not grouped
+    calibrator = calibrate_stage(tmp_path).calibrator  # no split.pkl: the groups come with the logits
+    assert (calibrator["kind"] == VECTOR_SCALING) is not grouped
+    # the temperature's interval draws what the cross-fit keeps apart: the 8 groups, or the 320 rows
+    spreads = json.loads(RunFolder(tmp_path).calibration.read_text())["calibrator"]["temperature_intervals"]
+    spread = spreads["choice"]
+    assert (spread["drawn"], spread["clusters"]) == (("groups", 8) if grouped else ("rows", 320))
+    assert spread["low"] < spread["temperature"] < spread["high"]
+
+
+def test_a_small_validation_split_gets_a_note_naming_the_temperature_s_interval(tmp_path):
+    rng = np.random.default_rng(4)
+    run = RunFolder(tmp_path)
+    for size, path in ((24, run.validation_logits), (400, run.heldout)):
+        logits = [rng.normal(0, 4.0, 3) for _ in range(size)]  # over-confident: labels drawn at T = 3
+        labels = [int(rng.choice(3, p=softmax(z, 3.0))) for z in logits]
+        items = [ScoredDecision(0, y, i, "q", tuple(np.eye(3)[y])) for i, y in enumerate(labels)]
+        save_heldout(path, HeldOut(items, logits, logits, {"q": ("a", "b", "c")}))
+    notes = calibrate_stage(tmp_path).notices
+    assert len(notes) == 1 and "choice T" in notes[0] and "from 24 decisions in 24 rows" in notes[0]
 
 
 def test_held_out_files_keep_the_groups_and_older_files_read_as_ungrouped(tmp_path):
@@ -288,7 +305,7 @@ def test_the_calibrate_stage_scores_a_bag_of_words_on_the_same_decisions_and_say
     result = calibrate_stage(run.root, bag_of_words_rows=100)
     words = result.heldout["bag_of_words"]
     assert words["rows"] == 100 and words["accuracy"] > result.heldout["calibrated"]["accuracy"]
-    assert len(result.notices) == 1 and "bag of words" in result.notices[0]
+    assert [n for n in result.notices if "bag of words" in n] == [result.notices[0]]
     assert json.loads(run.calibration.read_text())["heldout"]["bag_of_words"]["accuracy"] == words["accuracy"]
     off = calibrate_stage(run.root, bag_of_words_rows=0)
-    assert "bag_of_words" not in off.heldout and off.notices == []
+    assert "bag_of_words" not in off.heldout and not any("bag of words" in n for n in off.notices)

@@ -297,19 +297,26 @@ def _label_index(spec: QuestionSpec, value: Any) -> int | None:
     if spec.type == "score":
         level = _integral(value)
         return level if level is not None and 0 <= level < spec.n_options else None
-    if isinstance(value, bool):
-        return None
-    return spec.option_index.get(str(value) if isinstance(value, int) else value)
+    if isinstance(value, str):
+        return spec.option_index.get(value)
+    level = _integral(value) if isinstance(value, int) else None  # an integer label names the option "7"
+    return spec.option_index.get(str(level)) if level is not None else None
+
+
+MAX_LEVEL_DIGITS = 18  # beyond any option count, and short of Python's 4,300-digit limit on int <-> str
 
 
 def _integral(value: Any) -> int | None:
+    """An integer label as a number, or None: booleans, fractions, lists, objects and numbers of more than
+    `MAX_LEVEL_DIGITS` digits are no level (a list or a 5,000-digit string is refused, not a crash)."""
     if isinstance(value, bool):
         return None
     if isinstance(value, int):
-        return value
+        return value if value.bit_length() <= 60 else None
     if isinstance(value, float) and value.is_integer():
         return int(value)
-    if isinstance(value, str) and value.strip().lstrip("-").isdigit():
+    digits = value.strip().lstrip("-") if isinstance(value, str) else ""
+    if digits.isdigit() and len(digits) <= MAX_LEVEL_DIGITS:
         return int(value)
     return None
 
@@ -339,6 +346,8 @@ def _soft_target(spec: QuestionSpec, entry: dict) -> tuple[float, ...] | bool | 
 
 def _distribution(values: list) -> tuple[float, ...] | bool:
     """The values as a normalised distribution, or False unless they are probabilities summing to 1."""
+    if any(isinstance(v, bool) for v in values):  # true is no probability, though Python sums it as 1
+        return False
     try:
         total = sum(values)  # NaN or inf make the total fail the test below; text raises TypeError
         valid = abs(total - 1.0) <= PROBABILITY_TOLERANCE and min(values) >= 0.0 and max(values) <= 1.0

@@ -114,10 +114,27 @@ def gold_problem(questions: dict[str, Any], qid: str, entry: Any) -> str | None:
     options = ", ".join(map(repr, spec.question.options))
     if not label_ok:
         shown = entry.get("label") if isinstance(entry, dict) else entry
-        return f"{shown!r} is not an option of {qid!r} (options: {options})"
+        return f"{_shown(shown)} is not an option of {qid!r} (options: {options})"
     if not probabilities_ok:
         return f"probabilities must give each option of {qid!r} ({options}) a value in [0, 1], summing to 1"
+    try:
+        _json(entry)
+    except orjson.JSONEncodeError as error:  # in an extra field: a 70-bit integer, a lone surrogate, nesting
+        return f"the gold entry of {qid!r} holds a value that cannot be stored as JSON ({error})"
     return None
+
+
+SHOWN_CHARACTERS = 80
+
+
+def _shown(value: Any) -> str:
+    """A label as an error message quotes it: at most `SHOWN_CHARACTERS`, whatever it is (a 5,000-digit number's
+    repr raises)."""
+    try:
+        text = repr(value)
+    except ValueError:
+        text = f"<{type(value).__name__}>"
+    return text if len(text) <= SHOWN_CHARACTERS else text[: SHOWN_CHARACTERS - 1] + "…"
 
 
 def store_feedback(store: Store, items: list[dict[str, Any]], who: Labeller, labelled_by: str | None = None,

@@ -3,8 +3,9 @@
 Clients compress bodies of 1 KiB or more with zstd (typesafe-sdk does by default). This ASGI middleware reads
 the body once, refuses one over the limit with 413 (the compressed size first, then the decompressed size,
 read through a bounded stream so a small bomb cannot expand in memory), answers 400 for a body that is not
-valid zstd and 415 for an encoding it does not know (each as `pipeline.serving.errors` writes every error), and
-hands the app the plain JSON.
+valid zstd and 415 for an encoding it does not know or a Content-Type that is not JSON (each as
+`pipeline.serving.errors` writes every error), and hands the app the plain JSON (a body sent with no Content-Type
+is read as JSON).
 """
 
 from __future__ import annotations
@@ -42,15 +43,33 @@ class DecodeBodyMiddleware:
         headers = dict(scope["headers"])
         encoding = headers.get(b"content-encoding", b"").decode("latin-1").strip().lower()
         try:
+            check_declared(headers, self.limits)
             body = decode_body(
                 await _read_body(receive, self.limits.max_compressed_bytes), encoding, self.limits
             )
         except BodyRejected as error:
             await _reject(send, error.status, str(error))
             return
-        kept = [(k, v) for k, v in scope["headers"] if k not in (b"content-encoding", b"content-length")]
-        scope = {**scope, "headers": [*kept, (b"content-length", str(len(body)).encode())]}
-        await self.app(scope, _replay(body), send)
+        dropped = (b"content-encoding", b"content-length", b"content-type")
+        kept = [(k, v) for k, v in scope["headers"] if k not in dropped]
+        sent = [(b"content-length", str(len(body)).encode()), (b"content-type", JSON)]  # none sent: JSON too
+        await self.app({**scope, "headers": [*kept, *sent]}, _replay(body), send)
+
+
+JSON = b"application/json"
+
+
+def check_declared(headers: dict[bytes, bytes], limits: BodyLimits) -> None:
+    """Refuse from the headers alone: a Content-Type that is not JSON (415: a form or plain text would reach the
+    app as one long string and come back echoed in a 422), and a Content-Length over the limit (413 at once,
+    rather than waiting for bytes the limit would refuse anyway)."""
+    declared = headers.get(b"content-type", b"").decode("latin-1").split(";")[0].strip().lower()
+    if declared and declared != JSON.decode() and not declared.endswith("+json"):
+        raise BodyRejected(415, f"Content-Type {declared!r} is not supported: send the body as JSON with "
+                           "Content-Type: application/json (curl: -H 'Content-Type: application/json')")  # fmt: skip
+    length = headers.get(b"content-length", b"").strip()
+    if length.isdigit() and int(length) > limits.max_compressed_bytes:
+        raise BodyRejected(413, f"{int(length)} bytes declared, at most {limits.max_compressed_bytes}")
 
 
 def decode_body(raw: bytes, encoding: str, limits: BodyLimits) -> bytes:

@@ -83,7 +83,32 @@ def error_text(detail: Any) -> bytes:
     """`{"detail": ...}` as bytes no text the caller sent can break: errors may echo a field name or an input,
     so non-ASCII is escaped (an unpaired surrogate becomes its \\u escape instead of failing the response, as
     Starlette's strict UTF-8 would) and anything JSON has no form for is written as text."""
+    if isinstance(detail, list):  # a 422's errors: what they quote of the input, bounded and always JSON
+        detail = [{k: v if k in ("loc", "msg", "type") else _echoed(v) for k, v in error.items()}
+                  if isinstance(error, dict) else error for error in detail]  # fmt: skip
     return json.dumps({"detail": detail}, ensure_ascii=True, default=str).encode("ascii")
+
+
+MAX_ECHO_CHARACTERS = 200
+
+
+def _echoed(value: Any) -> Any:
+    """What a 422 quotes of the input: the value itself where it is short, strict JSON; else its JSON text as a
+    string, cut at `MAX_ECHO_CHARACTERS` (a NaN state stays readable by strict parsers, and an 8 MB body that
+    failed validation is not sent back)."""
+    try:
+        strict = json.dumps(value, ensure_ascii=True, default=str, allow_nan=False)
+    except (ValueError, RecursionError):
+        strict = None
+    if strict is not None and len(strict) <= MAX_ECHO_CHARACTERS:
+        return value
+    try:
+        text = strict or json.dumps(value, ensure_ascii=True, default=str)
+    except RecursionError:
+        return f"<{type(value).__name__} nested too deep to show>"
+    if len(text) <= MAX_ECHO_CHARACTERS:
+        return text
+    return f"{text[:MAX_ECHO_CHARACTERS]}... ({len(text):,} characters)"
 
 
 def _is_detail(detail: Any) -> bool:

@@ -3,6 +3,8 @@
 422: FastAPI's `{"detail": [{"loc", "msg", "type"}]}`; every other error: `{"detail": {"error_type", "message"}}`.
 """
 
+import json
+
 import pytest
 import zstandard
 from fastapi.testclient import TestClient
@@ -78,6 +80,43 @@ def test_bad_encodings_unknown_routes_and_methods(keyed_client):
     refusal(keyed_client.get("/v1/shadow"), 404, "not_found_error")  # no --shadow challenger
     bomb = zstandard.ZstdCompressor().compress(b" " * (20 * 1024 * 1024))
     refusal(keyed_client.post("/v1/systemone", content=bomb, headers=headers), 413, "request_too_large")
+
+
+@pytest.mark.parametrize(
+    "content_type", ["text/plain", "application/x-www-form-urlencoded", "application/xml"]
+)
+def test_a_body_sent_as_anything_but_json_is_a_415_saying_what_to_send(keyed_client, content_type):
+    body = json.dumps({"state": STATE, "questions": QUESTIONS})
+    response = keyed_client.post("/v1/systemone", content=body, headers={"Content-Type": content_type})
+    assert "application/json" in refusal(response, 415, "unsupported_media_type")
+
+
+def test_a_body_sent_with_no_content_type_is_read_as_json(keyed_client):
+    body = json.dumps({"state": STATE, "questions": QUESTIONS}).encode()
+    request = keyed_client.build_request("POST", "/v1/systemone", content=body)  # raw bytes: no Content-Type
+    assert "content-type" not in request.headers and keyed_client.send(request).status_code == 200
+
+
+def _strict(text: str):
+    """Parse as a strict client does (JSON.parse, orjson): NaN and Infinity are no JSON."""
+    return json.loads(text, parse_constant=lambda name: pytest.fail(f"{name} in the body"))
+
+
+@pytest.mark.parametrize(
+    "body",
+    [b'{"state": NaN}', b'{"state": "ok", "questions": {"q": {"type": "bogus", "instructions": Infinity}}}'],
+)
+def test_a_422_quoting_a_non_finite_number_is_still_strict_json(keyed_client, body):
+    response = keyed_client.post("/v1/systemone", content=body, headers={"Content-Type": "application/json"})
+    assert response.status_code == 422 and _strict(response.text)["detail"]
+
+
+def test_a_422_quotes_at_most_a_few_hundred_characters_of_the_input(keyed_client):
+    state = "z" * 200_000  # a body with no questions: the missing field's error quotes the input
+    response = ask(keyed_client, {"state": state})
+    assert response.status_code == 422 and len(response.content) < 2_000
+    [detail] = response.json()["detail"]
+    assert detail["loc"] == ["body", "questions"] and "characters)" in detail["input"]
 
 
 def test_422_keeps_the_fastapi_list_and_names_the_field(keyed_client):

@@ -92,6 +92,12 @@ def test_only_the_deciding_key_or_an_admin_may_label(api, tmp_path):
         ({"intensity": 7}, "7 is not an option of 'intensity'"),
         ({"positive": "maybe"}, "'maybe' is not an option of 'positive'"),
         ({"tone": {"label": "negative", "probabilities": [0.5, 0.9, 0.1]}}, "summing to 1"),
+        # labels of a kind no option can be: refused by name, never a 500
+        ({"tone": ["negative"]}, "['negative'] is not an option of 'tone'"),
+        ({"tone": {"label": {"a": 1}}}, "{'a': 1} is not an option of 'tone'"),
+        ({"intensity": "9" * 5000}, "'99999"),  # past Python's 4,300-digit limit on int(), quoted cut short
+        ({"tone": {"label": "negative", "probabilities": [False, True, False]}}, "summing to 1"),
+        ({"tone": {"label": "negative", "note": 2**70}}, "cannot be stored as JSON"),
     ],
 )
 def test_gold_that_does_not_fit_the_question_is_a_422_naming_it(api, tmp_path, gold, named):
@@ -99,7 +105,7 @@ def test_gold_that_does_not_fit_the_question_is_a_422_naming_it(api, tmp_path, g
     refused = send(api, {"decision_id": decision_id, "gold": gold})
     assert refused.status_code == 422
     (error,) = refused.json()["detail"]
-    assert named in error["msg"] and error["loc"][-1] == next(iter(gold))
+    assert named in error["msg"] and error["loc"][-1] == next(iter(gold)) and len(error["msg"]) < 300
     assert stored(tmp_path) == []
 
 

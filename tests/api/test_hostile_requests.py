@@ -2,6 +2,7 @@
 connection, its batch-mates are answered normally, and the server keeps serving on the same connection."""
 
 import json
+import socket
 import threading
 
 import httpx
@@ -125,3 +126,15 @@ def test_fuzzed_requests_never_get_a_5xx_or_a_reset(server, request):
     body = json.dumps(request, ensure_ascii=True).encode()
     with httpx.Client(base_url=server, timeout=60) as http:
         _assert_answered(_post(http, body))
+
+
+def test_a_body_declared_over_the_limit_is_refused_at_once_not_waited_for(server):
+    # The headers promise 100 MB and no byte follows: a server that reads before it checks would wait forever.
+    host, port = server.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=10) as connection:
+        connection.sendall(b"POST /v1/systemone HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                           b"Content-Length: 100000000\r\n\r\n")  # fmt: skip
+        answer = b""  # recv times out (a failure) if no answer comes
+        while b"request_too_large" not in answer and (chunk := connection.recv(4096)):
+            answer += chunk
+    assert answer.startswith(b"HTTP/1.1 413") and b"request_too_large" in answer

@@ -28,8 +28,9 @@ def _one_json_object(out: str) -> dict:
 
 
 def _progress_lines(err: str) -> list[str]:
-    """stderr less the warnings a two-step fine-tune may print (they are not progress, and --quiet keeps them)."""
-    return [line for line in err.splitlines() if line.strip() and not line.startswith("warning:")]
+    """stderr less the warnings and notes a two-step fine-tune may print (they are not progress, and --quiet keeps
+    them)."""
+    return [line for line in err.splitlines() if line.strip() and not line.startswith(("warning:", "note:"))]
 
 
 @pytest.fixture

@@ -34,6 +34,7 @@ from pipeline.data.contract import (
     QuestionSpec,
     canonical_json,
     parse_question,
+    question_chars,
     state_text,
 )
 
@@ -148,6 +149,23 @@ class ParsedRequest:
     state: Any
     questions: dict[str, Question]
     legends: dict[str, list[Any]]  # score criteria as sent (they may be JSON values, not text)
+
+
+def request_parts(request: ParsedRequest, max_chars: int) -> list[ParsedRequest]:
+    """The request as consecutive groups of its questions (in order, never a question cut) of at most `max_chars`
+    question characters each (a longer question alone): each answer depends on its own question and the state
+    only, so the parts answer what the whole would, and a server can let other requests run between them."""
+    parts: list[list[str]] = []
+    size = max_chars + 1
+    for qid, question in request.questions.items():
+        chars = question_chars(question)
+        if size + chars > max_chars:
+            parts.append([])
+            size = 0
+        parts[-1].append(qid)
+        size += chars
+    return [ParsedRequest(request.state, {q: request.questions[q] for q in part},
+                          {q: request.legends[q] for q in part if q in request.legends}) for part in parts]  # fmt: skip
 
 
 def parse_request(state: Any, questions: dict[str, Any]) -> ParsedRequest:

@@ -226,10 +226,18 @@ def parse_question(qid: str, spec: Any) -> QuestionSpec:
     if options is None:
         return QuestionSpec(qid, True, shown_type, False, 0, 0, 0, None, None)
     instructions = spec.get("instructions") or ""
-    chars = len(instructions) + sum(len(o) + len(d or "") for o, d in zip(options, descriptions))
     question = Question(qid, qtype, instructions, tuple(options), tuple(descriptions))
     index = {option: i for i, option in enumerate(options)}
-    return QuestionSpec(qid, True, qtype, True, len(options), len(index), chars, question, index)
+    return QuestionSpec(
+        qid, True, qtype, True, len(options), len(index), question_chars(question), question, index
+    )
+
+
+def question_chars(question: Question) -> int:
+    """A question's characters as the limits count them: its instructions, option ids and descriptions."""
+    return len(question.instructions) + sum(
+        len(o) + len(d or "") for o, d in zip(question.options, question.descriptions)
+    )
 
 
 def judge_gold(spec: QuestionSpec, entry: Any) -> tuple[bool, bool, Gold | None]:

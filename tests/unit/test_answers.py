@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from pipeline.data.answers import InvalidRequest, jev_confidence, parse_request, shape_answer
+from pipeline.data.answers import InvalidRequest, jev_confidence, parse_request, request_parts, shape_answer
 from pipeline.data.contract import Question
 
 CHOICE = Question("tone", "choice", "Tone?", ("negative", "neutral", "positive"), (None, None, None))
@@ -84,3 +84,29 @@ def test_requests_the_contract_refuses_name_the_criteria_field(question, words):
         parse_request("s", {"q": question})
     [error] = refused.value.errors
     assert error["loc"] == ["body", "questions", "q", "criteria"] and words in error["msg"]
+
+
+def _choice(n_options: int, width: int) -> dict:
+    return {
+        "type": "choice",
+        "instructions": "Which?",
+        "criteria": [f"{i:0{width}d}" for i in range(n_options)],
+    }
+
+
+def test_a_request_is_cut_into_parts_of_whole_questions_in_order_each_within_the_characters():
+    questions = {f"q{i}": _choice(100, 10) for i in range(7)}  # 1,006 characters each
+    questions["score"] = {"type": "score", "instructions": "How much?", "criteria": ["none", "some", "much"]}
+    request = parse_request("a state", questions)
+    parts = request_parts(request, 2_500)
+    assert [list(part.questions) for part in parts] == [
+        ["q0", "q1"],
+        ["q2", "q3"],
+        ["q4", "q5"],
+        ["q6", "score"],
+    ]
+    assert all(part.state == "a state" for part in parts)
+    assert parts[-1].legends == {"score": ["none", "some", "much"]} and parts[0].legends == {}
+    assert request_parts(request, 100_000) == [request]  # a small request stays whole
+    # a question over the size is a part of its own, never cut
+    assert [len(part.questions) for part in request_parts(request, 500)] == [1] * 8

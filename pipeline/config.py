@@ -14,10 +14,9 @@ from types import UnionType
 from typing import Annotated, Any, TypeVar, Union, dataclass_transform, get_args, get_origin
 
 import pydantic
-import yaml
 from pydantic import ConfigDict, Strict
 
-from pipeline.data.mapping import MappingError, mapping_from_dict
+from pipeline.data.mapping import MappingError, YamlFileError, load_yaml_file, mapping_from_dict
 from pipeline.layer_plans import plan_spec_problems
 
 PARAMS_FILE = Path("params.yaml")
@@ -464,18 +463,31 @@ _SECTIONS = {f.name: type(getattr(Params(), f.name)) for f in fields(Params)}
 RUN_CONFIGS_DIR = "configs"
 
 
+def _yaml_sections(path: str | Path) -> dict[str, Any]:
+    """A params file's sections; ConfigError naming the file where it is missing, not YAML or not sections."""
+    if not Path(path).is_file():
+        raise ConfigError(f"{path}: no such file (the params file: params.yaml, or --params FILE)")
+    try:
+        raw = load_yaml_file(path) or {}
+    except YamlFileError as error:
+        raise ConfigError(str(error)) from None
+    if not isinstance(raw, dict) or not all(isinstance(v, dict | None) for v in raw.values()):
+        raise ConfigError(f"{path}: expected sections of keys (train:, validate:, ...), as params.yaml has")
+    return {section: values or {} for section, values in raw.items()}
+
+
 def load_params(path: str | Path = PARAMS_FILE, run_config: str | None = None) -> Params:
     """Every section of `params.yaml` as its config dataclass; unknown sections and keys are refused by name.
 
     `run_config` names `configs/<name>.yaml` (beside params.yaml), whose sections override single keys, e.g.
     the `tiny` run the tests and `RUN_CONFIG=tiny make run` use.
     """
-    raw = yaml.safe_load(Path(path).read_text()) or {}
+    raw = _yaml_sections(path)
     if run_config:
         override_file = Path(path).parent / RUN_CONFIGS_DIR / f"{run_config}.yaml"
         if not override_file.is_file():
             raise ConfigError(f"run config {run_config!r}: no file {override_file}")
-        for section, values in (yaml.safe_load(override_file.read_text()) or {}).items():
+        for section, values in _yaml_sections(override_file).items():
             raw[section] = {**raw.get(section, {}), **values}
     unknown = sorted(set(raw) - set(_SECTIONS))
     if unknown:

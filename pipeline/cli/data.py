@@ -75,7 +75,7 @@ def _flag(args: argparse.Namespace, flag: str) -> Any:
 
 def _map(args: argparse.Namespace) -> int:
     from pipeline.data.mapping import MappingError, load_mapping, read_mapped, write_rows
-    from pipeline.data.read import BadSlice, RowSlice, UnreadableInput
+    from pipeline.data.read import BadSlice, BadSource, RowSlice, UnreadableInput
     from pipeline.data.validate import validate_columns
 
     try:
@@ -94,7 +94,7 @@ def _map(args: argparse.Namespace) -> int:
         return EXIT_BAD_INPUT
     except (UnreadableInput, BadSlice) as error:
         print(f"decision map: {error}", file=sys.stderr)
-        return EXIT_UNREADABLE
+        return EXIT_BAD_INPUT if isinstance(error, BadSource) else EXIT_UNREADABLE
     result = _result(args, mapping, mapped, total, report, written)
     print(json.dumps(result, default=str) if args.json else _text(result))
     if report["kept"] == 0:

@@ -15,6 +15,7 @@ import inspect
 import json
 import math
 import sys
+from pathlib import Path
 from typing import Any
 
 from pipeline.cli.api import add_api_commands
@@ -324,6 +325,26 @@ def _warn(warnings: list[str]) -> None:
         print(f"warning: the fine-tune did not learn: {warning}", file=sys.stderr)
 
 
+def model_out(text: str) -> str:
+    """`--out` of a command that writes a model: refused at once (exit 2) where it would replace a file or a folder
+    of other files, or where no folder can be made (`base_folders.out_problem`)."""
+    from pipeline.families.base_folders import out_problem
+
+    problem = out_problem(Path(text))
+    if problem is not None:
+        raise argparse.ArgumentTypeError(problem)
+    return text
+
+
+def run_folder(text: str) -> str:
+    """`--run-dir`: a folder (existing, or made at the start of the run), never a file."""
+    if Path(text).exists() and not Path(text).is_dir():
+        raise argparse.ArgumentTypeError(
+            f"{text}: a file; the run folder is a folder: give a new path or a folder"
+        )
+    return text
+
+
 def parse_layer_plan(text: str) -> list:
     """`--layer-plan`: comma-separated layer indices, or a JSON list (of indices or [start, end, passes])."""
     try:
@@ -354,7 +375,7 @@ def _add_training_arguments(command: argparse.ArgumentParser, out_help: str) -> 
         "BASE is: a Laya-layout folder is laya, a plain encoder or causal LM folder joint); joint on a Laya-layout "
         "base trains the joint head on its encoder",
     )
-    command.add_argument("--out", required=True, help=out_help)
+    command.add_argument("--out", required=True, type=model_out, help=out_help)
     command.add_argument(
         "--method",
         metavar="NAME",
@@ -457,7 +478,7 @@ def build_parser() -> argparse.ArgumentParser:
         "(the family's marker file last). Exporting the same source again is a no-op.",
     )
     export.add_argument("--adapter", required=True, help="a LoRA fine-tune folder, or a full model folder")
-    export.add_argument("--out", required=True, help="the export folder")
+    export.add_argument("--out", required=True, type=model_out, help="the export folder")
     export.add_argument("--json", action="store_true")
     export.set_defaults(handler=_export)
 
@@ -471,7 +492,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_training_arguments(chain, out_help="the export folder")
     chain.add_argument("--eval-data", help="use this file as the held-out set instead of splitting DATA")
-    chain.add_argument("--run-dir", help="the run folder: split, fine-tune, held-out logits, calibration report, "
+    chain.add_argument("--run-dir", type=run_folder, help="the run folder: split, fine-tune, held-out logits, calibration report, "
                        "expected answers, plots (default: OUT.run beside the export; rewritten each run)")  # fmt: skip
     chain.set_defaults(handler=_finetune)
 
@@ -493,7 +514,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     snapshot.add_argument("--from", dest="source", required=True, metavar="SOURCE",
                           help="a model folder (Hugging Face encoder or causal LM, Laya layout) or a Hub id")  # fmt: skip
-    snapshot.add_argument("--out", required=True, help="the pinned copy, e.g. data/snapshots/NAME")
+    snapshot.add_argument(
+        "--out", required=True, type=model_out, help="the pinned copy, e.g. data/snapshots/NAME"
+    )
     snapshot.add_argument("--json", action="store_true", help="print one JSON object instead of lines")
     snapshot.set_defaults(handler=_snapshot)
     add_api_commands(commands)

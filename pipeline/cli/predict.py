@@ -9,10 +9,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import signal
 import sys
+import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
 from pipeline.cli.data import BadMappingFlags, add_mapping_arguments, mapping_value
 from pipeline.cli.tables import progress_outputs
@@ -33,6 +36,9 @@ def _predict(args: argparse.Namespace) -> int:
         return _refuse(f"--batch-size must be at least 1, got {args.batch_size}")
     if args.model is None and args.run_config is None:
         return _refuse("say which model: --model DIR|models:/NAME@ALIAS, or --run-config NAME")
+    problem = out_file_problem(Path(args.out), Path(args.data))
+    if problem is not None:
+        return _refuse(problem)
     bars, say = progress_outputs(args)
     try:
         model, value = _model_and_mapping(args)
@@ -54,6 +60,24 @@ def _predict(args: argparse.Namespace) -> int:
             f"no row of {args.data} could be scored ({reasons}); each row's reason is in {args.out}"
         )
     return EXIT_OK
+
+
+def out_file_problem(out: Path, data: Path) -> str | None:
+    """Why the scores must not go to `out` (checked before any model loads), or None: it is the data being
+    scored, a folder, or in a place no file can be written."""
+    if out.exists() and data.exists() and out.resolve() == data.resolve():
+        return f"--out {out}: the file being scored; write the scores to another file"
+    if out.is_dir():
+        return f"--out {out}: a folder; give the Parquet file to write, e.g. {out / 'scores.parquet'}"
+    parent = out.parent.absolute()
+    folder = next(f for f in (parent, *parent.parents) if f.exists())  # the stage makes the folders below it
+    try:  # a file made and removed at once: what writing the scores there needs
+        handle, probe = tempfile.mkstemp(prefix=".write-check-", dir=folder)
+        os.close(handle)
+        os.unlink(probe)
+    except OSError as error:
+        return f"--out {out}: no file can be written in {folder} ({error.strerror})"
+    return None
 
 
 def _model_and_mapping(args: argparse.Namespace) -> tuple[str, str | dict | None]:

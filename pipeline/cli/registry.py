@@ -11,9 +11,27 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 
 EXIT_OK, EXIT_REFUSED = 0, 1
 OWNER_HELP = "tag the version with its owner: the Decision API serves it by name (NAME/VERSION) to their keys"
+
+
+def export_folder(text: str) -> str:
+    """`--export`: a folder some family wrote completely, checked before any MLflow run is made."""
+    from pipeline.families import is_complete_export
+
+    if not is_complete_export(Path(text)):
+        raise argparse.ArgumentTypeError(f"{text}: not a complete export (a folder `decision export` or `decision "
+                                         "finetune` wrote); export the fine-tune first")  # fmt: skip
+    return text
+
+
+def model_name(text: str) -> str:
+    """`--name`: what MLflow's registry takes as a model name (not blank; no '/' or ':')."""
+    if not text.strip() or "/" in text or ":" in text:
+        raise argparse.ArgumentTypeError(f"{text!r}: a model name is not blank and has no '/' or ':'")
+    return text
 
 
 def _register(args: argparse.Namespace) -> int:
@@ -94,8 +112,9 @@ def add_registry_commands(commands) -> None:
     name_help = "registered model name (default: decision-model)"
     register = commands.add_parser("register", help="register an export folder as a new model version",
                                    description="Log EXPORT as an MLflow pyfunc model and register it; prints the version.")  # fmt: skip
-    register.add_argument("--export", required=True, help="an export folder (decision export / finetune)")
-    register.add_argument("--name", default="decision-model", help=name_help)
+    register.add_argument("--export", required=True, type=export_folder,
+                          help="an export folder (decision export / finetune)")  # fmt: skip
+    register.add_argument("--name", default="decision-model", type=model_name, help=name_help)
     register.add_argument("--owner", help=OWNER_HELP)
     register.add_argument("--json", action="store_true")
     register.set_defaults(handler=_register)

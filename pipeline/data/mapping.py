@@ -91,6 +91,56 @@ class MappedColumns:
     ids: list[Any] | None = None
 
 
+# YAML files a person writes (a mapping here; params.yaml and run configs in `pipeline.config`), read so that a
+# mistake is one line naming the file: PyYAML keeps the last of two equal keys in one mapping without a word (a
+# question named twice would train on one of them), so a repeated key is refused with its line, as are bytes
+# that are not UTF-8 and text that is not YAML.
+
+
+class YamlFileError(ValueError):
+    """The file is not UTF-8 YAML, or gives a key twice in one mapping; the message names the file."""
+
+
+class _RepeatedKey(Exception):
+    def __init__(self, key: Any, line: int) -> None:
+        super().__init__(f"key {key!r} given twice (the second at line {line}); give each key once")
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """The safe loader, refusing a key given twice in one mapping."""
+
+
+def _unique_mapping(loader: _UniqueKeyLoader, node: yaml.MappingNode, deep: bool = False) -> dict:
+    seen: set[Any] = set()
+    for key_node, _ in node.value:
+        key = loader.construct_object(key_node, deep=True)
+        try:
+            repeated = key in seen
+            seen.add(key)
+        except TypeError:  # a list or mapping as a key: the safe loader's own error says so below
+            continue
+        if repeated:
+            raise _RepeatedKey(key, key_node.start_mark.line + 1)
+    return loader.construct_mapping(node, deep=deep)
+
+
+_UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _unique_mapping)
+
+
+def load_yaml_file(path: str | Path) -> Any:
+    """The file's YAML content (None for an empty file); YamlFileError, one line naming the file, otherwise."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except UnicodeDecodeError as error:
+        raise YamlFileError(f"{path}: not UTF-8 text (byte {error.start}); save it as UTF-8") from None
+    try:
+        return yaml.load(text, Loader=_UniqueKeyLoader)
+    except _RepeatedKey as error:
+        raise YamlFileError(f"{path}: {error}") from None
+    except yaml.YAMLError as error:
+        raise YamlFileError(f"{path}: not YAML ({error})".replace("\n", " ")) from None
+
+
 def load_mapping(value: str | Path | dict) -> Mapping:
     """A mapping from a YAML file (a path) or an already parsed one (a dict, e.g. inline in params.yaml)."""
     if isinstance(value, dict):
@@ -107,9 +157,9 @@ def mapping_content(value: str | Path | dict) -> Any:
     if not path.is_file():
         raise MappingError(f"mapping {path}: no such file (write one as docs/data-format.md shows)")
     try:
-        return yaml.safe_load(path.read_text())
-    except yaml.YAMLError as error:
-        raise MappingError(f"mapping {path}: not YAML ({error})".replace("\n", " ")) from None
+        return load_yaml_file(path)
+    except YamlFileError as error:  # not UTF-8, not YAML, a question or column key given twice
+        raise MappingError(f"mapping {error}") from None
 
 
 def flags_mapping(state_columns: list[str], label_column: str, question: str | None = None,

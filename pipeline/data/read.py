@@ -80,6 +80,10 @@ def read_slice(
     batches = list(walk)
     schema = batches[0].schema if batches else _projected(opened.schema(), columns)
     table = pa.Table.from_batches(batches, schema)
+    if walk.total == 0:  # the user's mistake whatever the slice: exit 2, saying what is wrong
+        raise BadSource(
+            f"{opened.text}: no rows (an empty file, or a header alone); give a file of decision rows"
+        )
     if table.num_rows == 0:
         raise BadSlice(f"{opened.text}: slice {row_slice} selects no rows (the data has {walk.total} rows)")
     return table, walk.total

@@ -178,7 +178,12 @@ def _open_text(path: Path, fmt: str) -> pa_csv.CSVStreamingReader:
         # mapping reads a plain table's columns (a label of "1" in one block and "n/a" in the next).
         text = {name: pa.large_string() for name in (*header, *DECISION_COLUMNS)}
         convert = pa_csv.ConvertOptions(column_types=text, strings_can_be_null=True)
-    return pa_csv.open_csv(path, read_options=read, parse_options=parse, convert_options=convert)
+    try:
+        return pa_csv.open_csv(path, read_options=read, parse_options=parse, convert_options=convert)
+    except pa.ArrowInvalid as error:  # "Empty CSV file": nothing to read is the user's mistake, named
+        raise BadSource(
+            f"{path}: cannot be read as {fmt.upper()} ({error}); give a file of decision rows"
+        ) from None
 
 
 def csv_header(path: Path) -> list[str]:

@@ -28,6 +28,7 @@ from pipeline.config import ValidateConfig
 from pipeline.data.contract import Record
 from pipeline.data.mapping import load_mapping
 from pipeline.data.read import RowSlice
+from pipeline.data.shards import BadSource
 from pipeline.data.validate import ValidationReport, validate_file
 
 
@@ -181,12 +182,23 @@ class TrainSource:
         options fixed on `data` (so both ask the same questions)."""
         mapping = load_mapping(self.split_config.mapping) if self.split_config.mapping is not None else None
         validated = validate_file(self.data, self.row_slice, mapping=mapping)
+        refuse_unusable(self.data, validated.report)
         if self.eval_data is not None:
-            heldout = validate_file(self.eval_data, mapping=validated.mapping).records
-            split = carve_validation(Split(validated.records, heldout), self.split_config)
+            held = validate_file(self.eval_data, mapping=validated.mapping)
+            refuse_unusable(self.eval_data, held.report)
+            split = carve_validation(Split(validated.records, held.records), self.split_config)
         else:
             split = split_holdout(validated.records, self.split_config)
         return SplitData(validated.report, split)
+
+
+def refuse_unusable(source: str | Path, report: ValidationReport) -> None:
+    """BadSource naming `source` and the reasons when none of its decisions is usable: nothing to train on or
+    score, so nothing is loaded, trained or written for it."""
+    if report.kept == 0:
+        reasons = ", ".join(f"{reason} {n:,}" for reason, n in report.skipped.items() if n) or "no rows"
+        raise BadSource(f"{source}: no usable decision ({report.decisions:,} decisions; skipped: {reasons}); "
+                        "`decision validate --data ...` shows an example of each reason")  # fmt: skip
 
 
 @dataclass(frozen=True)

@@ -7,9 +7,12 @@
 
 from __future__ import annotations
 
+import os
 import re
+import tempfile
 from pathlib import Path
 
+from pipeline.families.exporting import MANIFEST
 from pipeline.families.joint.backbone import (
     HF_CONFIG,
     TOKENIZER_FILES,
@@ -19,6 +22,7 @@ from pipeline.families.joint.backbone import (
     read_hf_config,
 )
 from pipeline.families.joint.layout import HEAD_FILE, JOINT_CONFIG
+from pipeline.families.laya.adapters import ADAPTER_FILE
 from pipeline.families.laya_layout import CONFIG_FILE
 
 # `bert-base-uncased` or `answerdotai/ModernBERT-base`: at most one slash, no leading dot or slash.
@@ -76,3 +80,30 @@ def _hugging_face_problem(folder: Path, config: dict) -> str:
         return (f"{folder}: no tokenizer beside {HF_CONFIG} (none of {', '.join(TOKENIZER_FILES)}); save the "
                 "model's tokenizer into it (`tokenizer.save_pretrained(folder)`)")  # fmt: skip
     return f"{folder}: {WHAT_TO_DO}"
+
+
+# Files that make a folder a model (an export, a fine-tune, a snapshot): one of them, and writing a model there
+# replaces an earlier model, as `decision export` and `snapshot` do on purpose.
+MODEL_FILES = frozenset({MANIFEST, HF_CONFIG, CONFIG_FILE, JOINT_CONFIG, ADAPTER_FILE, "adapter_config.json"})
+
+
+def out_problem(out: Path) -> str | None:
+    """Why a model must not be written to `out` (one line naming it, with what to do), or None: `out` is new, an
+    empty folder or a model folder. A file or a folder of other files would be replaced whole, so it is refused
+    before anything is loaded or trained; so is a place no folder can be made or written."""
+    if out.is_file() or (out.exists() and not out.is_dir()):
+        return f"{out}: a file; a model is a folder and would replace it: give a new path or a model folder"
+    if out.is_dir():
+        others = sorted(p.name for p in out.iterdir())
+        if others and not MODEL_FILES & set(others):
+            shown = ", ".join(others[:3]) + (", ..." if len(others) > 3 else "")
+            return (f"{out}: a folder of other files ({shown}), not a model folder; writing a model there would "
+                    "replace them: give a new path, an empty folder or a model folder")  # fmt: skip
+    existing = next(folder for folder in (out, *out.parents) if folder.exists())
+    if not existing.is_dir():
+        return f"{out}: {existing} is a file, so no folder can be made under it"
+    try:  # a folder made and removed at once: what writing there needs (a permission check passes for root)
+        os.rmdir(tempfile.mkdtemp(prefix=".write-check-", dir=existing if existing != out else out.parent))
+    except OSError as error:
+        return f"{out}: no folder can be made in {existing if existing != out else out.parent} ({error.strerror})"
+    return None

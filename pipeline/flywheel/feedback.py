@@ -163,11 +163,20 @@ def read_feedback_file(path: str | Path) -> list[dict[str, Any]]:
     decision_id, question and label columns (what `decision review` writes; rows with no label are skipped)."""
     path = Path(path)
     if path.suffix.lower() == ".csv":
-        with path.open(newline="") as handle:
+        # utf-8-sig: a spreadsheet's byte-order mark is not part of the first column's name
+        with path.open(newline="", encoding="utf-8-sig") as handle:
             return _grouped(csv.DictReader(handle))
-    lines = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    lines = [_line(text, number) for number, text in enumerate(path.read_text(encoding="utf-8-sig").splitlines(), 1)
+             if text.strip()]  # fmt: skip
     flat = [line for line in lines if isinstance(line, dict) and "gold" not in line]
     return [line for line in lines if not (isinstance(line, dict) and "gold" not in line)] + _grouped(flat)
+
+
+def _line(text: str, number: int) -> Any:
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as error:  # its own position is within the line: say which line of the file
+        raise ValueError(f"line {number} is not JSON ({error.msg}, column {error.colno})") from None
 
 
 def _grouped(rows: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:

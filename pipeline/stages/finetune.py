@@ -92,13 +92,12 @@ def finetune(source: TrainSource, base: str | Path, out: str | Path, config: Tra
                           "`decision train --nproc N` or the retrain flow (train.nproc in params.yaml)")  # fmt: skip
     _, config = resolve_training(base, config)  # refuse a method the family lacks before validating
     checked = checked_inputs({"data": source.data, "base": base, "eval_data": source.eval_data})
+    validated = source.validated()  # a source refused here leaves no run folder behind
     run = RunFolder(run_dir or default_run_dir(out))
     run.root.mkdir(parents=True, exist_ok=True)
     for checkpoint in run.root.glob(f"{run.checkpoint.stem}*{run.checkpoint.suffix}"):  # candidates' too
         checkpoint.unlink()  # a finetune starts afresh: its folder is not keyed by the data
-    split = write_validated(
-        source.validated(), run.validation, run.split
-    ).split  # as the flow's validate task
+    split = write_validated(validated, run.validation, run.split).split  # as the flow's validate task
     hooks.say(f"run folder {run.root}: {split['train_rows']:,} training rows ({split['train_decisions']:,} decisions), "
               f"{split['validation_rows']:,} for validation ({split['validation_decisions']:,} decisions), "
               f"{split['heldout_rows']:,} held out ({split['heldout_decisions']:,} decisions){_groups(split)}")  # fmt: skip

@@ -26,8 +26,10 @@ import yaml
 from pipeline.config import RUN_CONFIGS_DIR, ConfigError, RetrainConfig, load_params
 from pipeline.data.mapping import load_mapping
 from pipeline.data.pins import PinMismatch, pin_command, verify_pins
-from pipeline.data.read import iter_tables, open_readable
+from pipeline.data.read import iter_tables
 from pipeline.data.sources import HUB_PREFIX, pin_path
+from pipeline.data.split import refuse_unusable
+from pipeline.data.validate import validate_file
 from pipeline.families import pick_family
 from pipeline.stages.snapshot import pin_folder, snapshot_base
 
@@ -80,11 +82,10 @@ def init_run(data: str, base: str | None = None, name: str | None = None,
     root = Path(root).resolve()
     name = run_name(data, name)
     data = data if data.startswith(HUB_PREFIX) else os.path.expanduser(data)
-    if mapping is not None:
-        load_mapping(mapping)  # MappingError, naming the key or file, before anything is pinned
-    open_readable(
-        data
-    )  # BadSource / UnreadableInput: an empty folder, shards that disagree, a Hub id offline
+    loaded = load_mapping(mapping) if mapping is not None else None  # MappingError, before anything is pinned
+    # BadSource / UnreadableInput (an empty folder or file, shards that disagree, a Hub id offline, a table with no
+    # mapping) and a source with no usable decision are refused here, with the reasons, before anything is pinned
+    refuse_unusable(data, validate_file(data, with_records=False, mapping=loaded).report)
     rel_base, base_md5 = _pinned_base(base, root)  # checked (it loads as a base) before the data is pinned
     data_text, pinned, copied = _inside(data, root, name)
     previous = _current_pin(pinned.relative_to(root).as_posix(), root)

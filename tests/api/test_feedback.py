@@ -140,3 +140,13 @@ def test_the_feedback_file_forms_read_back_as_items(tmp_path):
     assert read_feedback_file(jsonl) == [{"decision_id": "a", "gold": {"tone": "negative"}},
                                          {"decision_id": "b", "gold": {"tone": "positive", "intensity": 2}}]  # fmt: skip
     assert read_feedback_file(csv) == [{"decision_id": "c", "gold": {"tone": "neutral"}}]
+
+
+def test_a_spreadsheet_s_byte_order_mark_and_a_bad_line_are_read_as_a_person_means_them(tmp_path):
+    csv = tmp_path / "labels.csv"
+    csv.write_bytes(b"\xef\xbb\xbfdecision_id,question,label\nc,tone,neutral\n")  # Excel's "CSV UTF-8"
+    assert read_feedback_file(csv) == [{"decision_id": "c", "gold": {"tone": "neutral"}}]
+    jsonl = tmp_path / "labels.jsonl"
+    jsonl.write_text('{"decision_id": "a", "gold": {"tone": "negative"}}\n\n{"decision_id": "b", "gold": {\n')
+    with pytest.raises(ValueError, match="line 3 is not JSON"):
+        read_feedback_file(jsonl)

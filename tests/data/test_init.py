@@ -101,14 +101,27 @@ def test_a_base_outside_the_project_is_snapshotted_and_pinned(project, tmp_path,
         (["--data", "data/mine.jsonl", "--mapping", "none.yaml"], "none.yaml: no such file"),
         (["--data", "data/mine.jsonl", "--name", "Bad Name"], "run name 'Bad Name': use 1-63 of"),
         (["--data", "data/mine.jsonl", "--base", "data/mine.jsonl"], "data/mine.jsonl"),
+        # sources that read, and hold nothing to train on: refused with the reasons, nothing pinned
+        (["--data", "data/blank.jsonl"], "data/blank.jsonl: no rows"),
+        (["--data", "data/blank.csv"], "data/blank.csv: cannot be read as CSV"),
+        (
+            ["--data", "data/unknown.jsonl"],
+            "no usable decision (2 decisions; skipped: unknown_question_type 2)",
+        ),
+        (["--data", "data/table.csv"], "not a decision table"),
     ],
 )
 def test_bad_input_is_one_line_exit_2_and_writes_no_config(project, capsys, flags, said):
     write_rows(project / "data" / "mine.jsonl", 3)
     (project / "data" / "empty").mkdir()
+    (project / "data" / "blank.jsonl").write_text("")
+    (project / "data" / "blank.csv").write_text("")
+    (project / "data" / "table.csv").write_text("text,tone\nfine,positive\n")
+    unknown = {**ROW, "questions": {"late": {"type": "guess", "instructions": "?"}}}
+    (project / "data" / "unknown.jsonl").write_text((json.dumps(unknown) + "\n") * 2)
     code, _, err = init(capsys, *flags)
-    assert code == 2 and said in err and err.count("\n") == 1
-    assert not (project / "configs").exists()
+    assert code == 2 and said in err and err.count("\n") == 1, err
+    assert not (project / "configs").exists() and not list((project / "data").glob("*.dvc"))
 
 
 def test_the_run_name_comes_from_the_data_unless_given():

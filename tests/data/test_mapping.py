@@ -376,3 +376,24 @@ def test_a_group_column_groups_the_mapped_rows_and_the_written_file_keeps_it(tic
 def test_a_group_that_is_not_a_column_name_is_refused():
     with pytest.raises(MappingError, match="group: expected a column name"):
         load_mapping({"state": "text", "questions": {"q": {"column": "l"}}, "group": 3})
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        (
+            b"state: text\nquestions:\n  tone: {column: a}\n  tone: {column: b}\n",
+            "key 'tone' given twice .*line 4",
+        ),
+        (b"state: text\nstate: body\nquestions:\n  q: {column: a}\n", "key 'state' given twice"),
+        (b"\xff\xfestate: text\n", "not UTF-8 text"),
+        (b"state: [text\n", "not YAML"),
+    ],
+)
+def test_a_mapping_file_that_repeats_a_key_or_is_not_utf8_yaml_is_refused_naming_it(
+    tmp_path, content, message
+):
+    path = tmp_path / "m.yaml"
+    path.write_bytes(content)  # PyYAML alone would keep the last 'tone' and train on one question silently
+    with pytest.raises(MappingError, match=f"m.yaml: {message}"):
+        load_mapping(path)

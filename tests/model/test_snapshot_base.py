@@ -97,12 +97,14 @@ def test_a_folder_that_is_no_base_is_refused_and_out_is_left_as_it_was(damage, r
     said = damage(source)
     out = repo / "data" / "snapshots" / "mine"
     out.mkdir(parents=True)
-    (out / "kept.txt").write_text("the snapshot before")
+    (out / "config.json").write_text(
+        '{"model_type": "bert"}'
+    )  # the snapshot before (a model folder: replaceable)
     code, _, err = snapshot(capsys, source, out)
     assert code == 2
     [line] = err.strip().splitlines()
     assert line.startswith(f"decision snapshot: {source}: ") and said in line, line
-    assert files(out) == {"kept.txt": b"the snapshot before"}
+    assert files(out) == {"config.json": b'{"model_type": "bert"}'}
     assert sorted(p.name for p in out.parent.iterdir()) == ["mine"]  # no staging folder left beside it
     assert not (out.parent / "mine.dvc").exists()
 

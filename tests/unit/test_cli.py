@@ -72,3 +72,73 @@ def test_commands_that_load_the_mlflow_model_say_nothing_about_type_hints():
                           capture_output=True, text=True, timeout=120)  # fmt: skip
     assert done.returncode == 0, done.stderr
     assert "type hints" not in done.stderr, done.stderr
+
+
+def test_an_empty_file_is_refused_as_such_not_as_an_empty_slice(tmp_path, capsys):
+    for name in ("empty.jsonl", "empty.csv"):
+        (tmp_path / name).write_text("")
+        assert main(["validate", str(tmp_path / name)]) == 2
+        err = capsys.readouterr().err
+        assert name in err and "slice" not in err
+
+
+@pytest.fixture
+def user_files(tmp_path):
+    """What a user keeps that no model may be written over: a data file and a folder of notes."""
+    (tmp_path / "rows.jsonl").write_text("{}\n")
+    (tmp_path / "notes").mkdir()
+    (tmp_path / "notes" / "todo.txt").write_text("keep me")
+    return tmp_path
+
+
+@pytest.mark.parametrize("command", [["train", "--data", "d", "--base", "b"], ["finetune", "--data", "d", "--base", "b"],
+                                     ["export", "--adapter", "a"], ["snapshot", "--from", "s"]])  # fmt: skip
+@pytest.mark.parametrize(("out", "said"), [("rows.jsonl", "a file"), ("notes", "a folder of other files (todo.txt)"),
+                                           ("rows.jsonl/x", "is a file, so no folder can be made")])  # fmt: skip
+def test_a_model_is_never_written_over_a_user_s_file_or_folder(user_files, capsys, command, out, said):
+    with pytest.raises(SystemExit) as exit_:
+        main([*command, "--out", str(user_files / out)])
+    assert exit_.value.code == 2 and said in capsys.readouterr().err
+    assert (user_files / "rows.jsonl").read_text() == "{}\n" and (user_files / "notes/todo.txt").is_file()
+
+
+def test_a_model_folder_or_an_empty_one_may_be_written_again(tmp_path):
+    from pathlib import Path
+
+    from pipeline.families.base_folders import out_problem
+
+    (tmp_path / "export").mkdir()
+    (tmp_path / "export" / "manifest.json").write_text("{}")
+    (tmp_path / "empty").mkdir()
+    assert [out_problem(tmp_path / n) for n in ("export", "empty", "new/deeper")] == [None, None, None]
+    assert out_problem(Path("/proc/no-such/x")) is not None  # no folder can be made there, not even by root
+
+
+def test_predict_refuses_an_out_that_is_its_data_or_a_folder_before_loading_a_model(user_files, capsys):
+    rows = str(user_files / "rows.jsonl")
+    for out, said in ((rows, "the file being scored"), (str(user_files / "notes"), "a folder")):
+        assert main(["predict", "--model", "no-such-model", "--data", rows, "--out", out]) == 2
+        assert said in capsys.readouterr().err
+    assert (user_files / "rows.jsonl").read_text() == "{}\n"
+
+
+def test_register_refuses_a_folder_that_is_no_export_and_a_name_mlflow_cannot_take(user_files, capsys):
+    for args, said in ((["--export", str(user_files / "notes")], "not a complete export"),
+                       (["--name", "a/b", "--export", str(user_files)], "no '/' or ':'")):  # fmt: skip
+        with pytest.raises(SystemExit) as exit_:
+            main(["register", *args])
+        assert exit_.value.code == 2 and said in capsys.readouterr().err
+
+
+def test_finetune_on_data_with_no_usable_decision_is_refused_naming_it_and_leaves_no_run_folder(
+    tiny_base, tmp_path, capsys
+):
+    good = synthetic.write_rows(synthetic.generate_rows(40), tmp_path / "good.jsonl")
+    unusable = synthetic.write_rows(
+        [row for row, _, _ in synthetic.broken_rows()][:4], tmp_path / "bad.jsonl"
+    )
+    for data, held in ((unusable, None), (good, unusable)):
+        args = ["finetune", "--data", str(data), "--base", str(tiny_base), "--out", str(tmp_path / "out")]
+        assert main([*args, *(["--eval-data", str(held)] if held else []), "--max-steps", "1"]) == 2
+        assert f"{unusable}: no usable decision" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists() and not (tmp_path / "out.run").exists()

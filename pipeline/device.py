@@ -18,6 +18,23 @@ def pick_device(name: str = "auto") -> torch.device:
     return torch.device(name)
 
 
+def device_problem(name: str) -> str | None:
+    """Why `name` (a `--device` value) names no device this process can use, or None."""
+    if name == "auto":
+        return None
+    try:
+        device = torch.device(name)
+    except (RuntimeError, ValueError):
+        return f"{name!r} is no device: use auto, cpu, cuda or cuda:N"
+    if device.type == "cuda" and not torch.cuda.is_available():
+        return f"{name!r}: no CUDA device here (this torch {torch.__version__} sees none): use cpu or auto"
+    if device.type == "cuda" and device.index is not None and device.index >= torch.cuda.device_count():
+        return f"{name!r}: this machine has {torch.cuda.device_count()} CUDA device(s)"
+    if device.type not in ("cpu", "cuda"):
+        return f"{name!r}: only cpu and cuda devices are supported"
+    return None
+
+
 def resolve_precision(precision: str, device: torch.device) -> torch.dtype | None:
     """The backbone's autocast dtype (None for fp32)."""
     if precision == "fp32":

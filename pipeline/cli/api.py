@@ -12,6 +12,8 @@ import json
 import logging
 import sys
 
+from pipeline.cli.tables import device_option
+
 EXIT_OK, EXIT_FAILED, EXIT_UNUSABLE = 0, 1, 2
 
 
@@ -172,7 +174,9 @@ def add_api_commands(commands) -> None:
     serve.add_argument("--max-queue", type=int, default=256, help="waiting requests before 503 (default 256)")
     serve.add_argument("--max-body-mb", type=int, default=8, help="request body limit, decompressed")
     serve.add_argument("--access-log", action="store_true", help="log every request")
-    serve.add_argument("--device", default="cpu", help="cpu (default), cuda, cuda:1, or auto")
+    serve.add_argument(
+        "--device", default="cpu", type=device_option, help="cpu (default), cuda, cuda:1, or auto"
+    )
     serve.add_argument(
         "--precision", choices=["fp32", "bf16"], default="fp32",
         help="fp32 (default: answers equal the trained model's within 1e-3) or bf16 autocast: 1.4x-1.7x the "

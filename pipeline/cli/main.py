@@ -27,7 +27,7 @@ from pipeline.cli.predict import add_predict_commands
 from pipeline.cli.registry import add_registry_commands
 from pipeline.cli.runs import add_run_commands
 from pipeline.cli.sweep import add_sweep_commands
-from pipeline.cli.tables import print_evaluation, print_heldout, print_report, progress_outputs
+from pipeline.cli.tables import device_option, print_evaluation, print_heldout, print_report, progress_outputs
 
 EXIT_OK, EXIT_UNREADABLE, EXIT_NOTHING_USABLE = 0, 1, 2
 EXIT_BAD_BASE = 2  # a base no family starts from: refused before anything trains
@@ -399,7 +399,12 @@ def _add_training_arguments(command: argparse.ArgumentParser, out_help: str) -> 
                          help="joint family on an encoder: read a state longer than the encoder's window in up to N "
                          "windows, the head attending over all of them (default: train.state_windows)")  # fmt: skip
     command.add_argument("--slice", metavar="START:END", help="use rows [START, END) of DATA only")
-    command.add_argument("--device", default="auto", help="auto (cuda if available), cpu, cuda, cuda:1, ...")
+    command.add_argument(
+        "--device",
+        default="auto",
+        type=device_option,
+        help="auto (cuda if available), cpu, cuda, cuda:1, ...",
+    )
     command.add_argument("--params", default="params.yaml", help="the params file (default: params.yaml)")
     _add_output_flags(command)
     add_mapping_arguments(command)
@@ -461,7 +466,7 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--data", required=True, help=DATA_HELP)
     evaluate.add_argument("--slice", metavar="START:END", help="evaluate rows [START, END) only")
     evaluate.add_argument("--plots", metavar="DIR", help="write PNG plots here")
-    evaluate.add_argument("--device", default="cpu")
+    evaluate.add_argument("--device", default="cpu", type=device_option)
     evaluate.add_argument(
         "--conformal", type=float, metavar="ALPHA",
         help="add split-conformal prediction sets at miscoverage ALPHA (e.g. 0.1): coverage and mean set size per type",

@@ -18,6 +18,16 @@ def say(line: str) -> None:
     tqdm.write(line, file=sys.stderr)
 
 
+def device_option(text: str) -> str:
+    """`--device`: refused at once (exit 2) where it names no device this process can use, before a model loads."""
+    from pipeline.device import device_problem
+
+    problem = device_problem(text)
+    if problem is not None:
+        raise argparse.ArgumentTypeError(problem)
+    return text
+
+
 def progress_outputs(args: argparse.Namespace) -> tuple[bool, Callable[[str], None] | None]:
     """(tqdm bars?, where progress lines go) for a long command: lines on stderr, bars only where stderr is a
     terminal (in a log file a bar is a smear of carriage returns; the lines say the same); nothing with --quiet.

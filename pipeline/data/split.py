@@ -198,7 +198,7 @@ def refuse_unusable(source: str | Path, report: ValidationReport) -> None:
     if report.kept == 0:
         reasons = ", ".join(f"{reason} {n:,}" for reason, n in report.skipped.items() if n) or "no rows"
         raise BadSource(f"{source}: no usable decision ({report.decisions:,} decisions; skipped: {reasons}); "
-                        "`decision validate --data ...` shows an example of each reason")  # fmt: skip
+                        f"`decision validate {source}` shows an example of each reason")  # fmt: skip
 
 
 @dataclass(frozen=True)

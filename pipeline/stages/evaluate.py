@@ -21,6 +21,7 @@ import torch
 from pipeline.data.contract import Record
 from pipeline.data.mapping import Mapping
 from pipeline.data.read import RowSlice
+from pipeline.data.split import refuse_unusable
 from pipeline.data.validate import validate_file
 from pipeline.families import load_decision_model
 from pipeline.scoring.conformal import conformal_report
@@ -65,6 +66,7 @@ def evaluate_model(model_dir: str | Path, data: str | Path, plots_dir: str | Pat
     decision rows (`pipeline.data.mapping`)."""
     say = report or (lambda line: None)
     validated = validate_file(data, row_slice, mapping=mapping)
+    refuse_unusable(data, validated.report)  # nothing to score: exit 2 with the reasons, not a table of NaN
     say(f"scoring {validated.report.kept:,} decisions of {data} with {model_dir} on {device}")
     started = time.perf_counter()
     decisions, skipped, probabilities, family = score_records(model_dir, validated.records, device, progress)

@@ -142,3 +142,18 @@ def test_finetune_on_data_with_no_usable_decision_is_refused_naming_it_and_leave
         assert main([*args, *(["--eval-data", str(held)] if held else []), "--max-steps", "1"]) == 2
         assert f"{unusable}: no usable decision" in capsys.readouterr().err
     assert not (tmp_path / "out").exists() and not (tmp_path / "out.run").exists()
+
+
+@pytest.mark.parametrize("device", ["bogus", "cuda:7", "mps"])
+def test_a_device_this_process_cannot_use_is_refused_before_a_model_loads(tmp_path, capsys, device):
+    with pytest.raises(SystemExit) as exit_:
+        main(["evaluate", "--model", "no-such-model", "--data", "d.jsonl", "--device", device])
+    assert exit_.value.code == 2 and f"argument --device: {device!r}" in capsys.readouterr().err
+
+
+def test_evaluate_on_data_with_no_usable_decision_exits_two_naming_it(tiny_base, tmp_path, capsys):
+    unusable = synthetic.write_rows(
+        [row for row, _, _ in synthetic.broken_rows()][:4], tmp_path / "bad.jsonl"
+    )
+    assert main(["evaluate", "--model", str(tiny_base), "--data", str(unusable)]) == 2
+    assert f"{unusable}: no usable decision" in capsys.readouterr().err

@@ -28,7 +28,7 @@ from pipeline.cli.monitor import DEFAULT_MODEL, add_monitor_arguments
 from pipeline.config import ConfigError, MonitorConfig, ValidateConfig, load_params
 from pipeline.flywheel.drift import drift_markdown
 from pipeline.mlops.registry import RegistryError
-from pipeline.stages.monitor import MonitorError, MonitorOutcome, monitor_stage
+from pipeline.stages.monitor import MonitorError, MonitorOutcome, monitor_stage, resolve_version
 
 DRIFT_EVENT = "decision.drift.detected"
 
@@ -98,6 +98,7 @@ def main(argv: list[str] | None = None) -> int:
     add_monitor_arguments(parser)
     args = parser.parse_args(argv)
     try:
+        resolve_version(args.model)  # a reference that names no version: one line, before a flow run starts
         outcome = monitor(args.model, args.inference, args.window_hours, args.window_end, args.reference,
                           args.params, args.run_config)  # fmt: skip
     except (ConfigError, MonitorError, RegistryError) as error:

@@ -154,6 +154,8 @@ def mapping_content(value: str | Path | dict) -> Any:
     if isinstance(value, dict):
         return value
     path = Path(value)
+    if path.is_dir():
+        raise MappingError(f"mapping {path}: a folder; give the mapping's YAML file (docs/data-format.md)")
     if not path.is_file():
         raise MappingError(f"mapping {path}: no such file (write one as docs/data-format.md shows)")
     try:

@@ -2,7 +2,8 @@
 
 Clients compress bodies of 1 KiB or more with zstd (typesafe-sdk does by default). This ASGI middleware reads
 the body once, refuses one over the limit with 413 (the compressed size first, then the decompressed size,
-read through a bounded stream so a small bomb cannot expand in memory), answers 400 for a body that is not
+read through a bounded stream so a small bomb cannot expand in memory), answers 422 where one JSON object gives a
+key twice (a question id: parsers keep the last silently), 400 for a body that is not
 valid zstd and 415 for an encoding it does not know or a Content-Type that is not JSON (each as
 `pipeline.serving.errors` writes every error), and hands the app the plain JSON (a body sent with no Content-Type
 is read as JSON).
@@ -11,7 +12,9 @@ is read as JSON).
 from __future__ import annotations
 
 import io
+import json
 from dataclasses import dataclass
+from typing import Any
 
 from pipeline.serving.errors import error_detail, error_text
 
@@ -49,6 +52,10 @@ class DecodeBodyMiddleware:
             )
         except BodyRejected as error:
             await _reject(send, error.status, str(error))
+            return
+        repeated = repeated_key(body)
+        if repeated is not None:  # a 422 as FastAPI writes them: its list of errors
+            await _reject(send, 422, [{"loc": ["body"], "msg": repeated, "type": "value_error"}])
             return
         dropped = (b"content-encoding", b"content-length", b"content-type")
         kept = [(k, v) for k, v in scope["headers"] if k not in dropped]
@@ -121,8 +128,34 @@ def _replay(body: bytes):
     return receive
 
 
-async def _reject(send, status: int, message: str) -> None:
-    payload = error_text(error_detail(status, message))
+def repeated_key(body: bytes) -> str | None:
+    """What is wrong where one JSON object gives a key twice (a question id, an option), or None. JSON parsers keep
+    the last silently, so the first question would go unanswered and unsaid. A body that is no JSON is left to the
+    app's own 422."""
+
+    def unique(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+        seen: set[str] = set()
+        for key, _ in pairs:
+            if key in seen:
+                raise _Repeated(key)
+            seen.add(key)
+        return dict(pairs)
+
+    try:
+        json.loads(body, object_pairs_hook=unique)
+    except _Repeated as error:
+        return f"key {error.args[0]!r} is given twice in one JSON object; give each key once"
+    except (ValueError, RecursionError):
+        return None
+    return None
+
+
+class _Repeated(Exception):
+    pass
+
+
+async def _reject(send, status: int, message: str | list[dict[str, Any]]) -> None:
+    payload = error_text(message if isinstance(message, list) else error_detail(status, message))
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode())]
     await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": payload})

@@ -111,6 +111,19 @@ def test_a_422_quoting_a_non_finite_number_is_still_strict_json(keyed_client, bo
     assert response.status_code == 422 and _strict(response.text)["detail"]
 
 
+@pytest.mark.parametrize(
+    "body",
+    [b'{"state": "ok", "questions": {"q": {"type": "noul"}, "q": {"type": "choice", "criteria": ["a", "b"]}}}',
+     b'{"state": "ok", "state": "other", "questions": {"q": {"type": "noul"}}}'],
+)  # fmt: skip
+def test_a_key_given_twice_is_a_422_not_a_question_dropped_unsaid(keyed_client, body):
+    # json.loads keeps the last of two equal keys: the first question would go unanswered, with a 200
+    response = keyed_client.post("/v1/systemone", content=body, headers={"Content-Type": "application/json"})
+    assert response.status_code == 422
+    [detail] = response.json()["detail"]
+    assert detail["loc"] == ["body"] and "given twice" in detail["msg"]
+
+
 def test_a_422_quotes_at_most_a_few_hundred_characters_of_the_input(keyed_client):
     state = "z" * 200_000  # a body with no questions: the missing field's error quotes the input
     response = ask(keyed_client, {"state": state})

@@ -83,8 +83,11 @@ def run_trial(number: int, trial: optuna.Trial | None, settings: dict[str, Any],
     trained = train_stage.train_stage(str(run.root), trial_params.retrain.base, trial_params.train,
                                       trial_params.retrain.device, hooks, controls, checked)  # fmt: skip
     calibration = calibrate_stage.calibrate_stage(
-        str(run.root), bag_of_words_rows=trial_params.train.bag_of_words_rows, say=logger.info
-    )  # every trial's MLflow run shows the same bag of words (the sweep's one split) beside its fine-tune
+        str(run.root),
+        bag_of_words_rows=trial_params.train.bag_of_words_rows,
+        say=logger.info,
+        bag_of_words_cache=Path(folder),
+    )  # every trial's MLflow run shows the same bag of words (the sweep's one split), fitted by the first
     record = tracking.TrainingRecord(key, trial_params.sections(), trained.to_dict(), calibration.to_dict(),
                                      json.loads(run.validation.read_text()), trial_params.retrain.data,
                                      tags["data_md5"], str(run.export), str(run.root), run_tags, name)  # fmt: skip

@@ -6,7 +6,9 @@ compare serving with, and the plots. Family-free: it reads logits, and the split
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -58,7 +60,8 @@ class CalibrationResult:
 
 
 def calibrate_stage(run_dir: str | Path, soft: bool = False, bag_of_words_rows: int = 0,
-                    say: Callable[[str], None] | None = None) -> CalibrationResult:  # fmt: skip
+                    say: Callable[[str], None] | None = None,
+                    bag_of_words_cache: Path | None = None) -> CalibrationResult:  # fmt: skip
     """Calibrator, figures and report from `validation.npz` and `heldout.npz` into the run folder; plots under
     `plots/`.
 
@@ -67,7 +70,9 @@ def calibrate_stage(run_dir: str | Path, soft: bool = False, bag_of_words_rows: 
     split (too few training rows; `validate.validation_fraction` 0) falls back to cross-fitting on the held-out
     rows, and `calibrator.fitted_on` says so. With `bag_of_words_rows` (`train.bag_of_words_rows`), a bag of words
     fitted on up to that many of the split's training rows is scored on the same held-out decisions (`say` gets a
-    line before it starts: on tens of thousands of long states it takes a minute or more).
+    line before it starts: on tens of thousands of long states it takes a minute or more). With
+    `bag_of_words_cache` (a folder runs on one split share: a sweep's), its figures are kept there by the split's
+    and the held-out decisions' digest and read back by every later run on them, not fitted again.
     """
     run = RunFolder(run_dir)
     held = load_heldout(run.heldout)  # with their rows' groups, as the train stage saved them
@@ -95,7 +100,7 @@ def calibrate_stage(run_dir: str | Path, soft: bool = False, bag_of_words_rows: 
         "base": detailed_metrics(held.items, plain_probabilities(held.base_logits)),
         "tuned": detailed_metrics(held.items, plain_probabilities(held.tuned_logits)),
         "calibrated": detailed_metrics(held.items, calibrated),
-        **_bag_of_words(run, held, bag_of_words_rows, say or (lambda line: None)),
+        **_bag_of_words(run, held, bag_of_words_rows, say or (lambda line: None), bag_of_words_cache),
     }
     result = CalibrationResult(
         temperatures=calibrator.by_name(), notes=dict(calibrator.notes),
@@ -109,16 +114,45 @@ def calibrate_stage(run_dir: str | Path, soft: bool = False, bag_of_words_rows: 
     return result
 
 
-def _bag_of_words(run: RunFolder, held: HeldOut, max_rows: int, say: Callable[[str], None]) -> dict[str, Any]:
-    """{BAG_OF_WORDS: its figures on the held-out decisions}, or {} when off or the run folder has no split."""
+def _bag_of_words(run: RunFolder, held: HeldOut, max_rows: int, say: Callable[[str], None],
+                  cache: Path | None = None) -> dict[str, Any]:  # fmt: skip
+    """{BAG_OF_WORDS: its figures on the held-out decisions}, or {} when off or the run folder has no split; read
+    from `cache` where a run on the same split and decisions left them there."""
     if max_rows < 1 or not run.split.exists():
         return {}
+    kept = cache / f"bag_of_words-{_split_digest(run, held, max_rows)}.json" if cache is not None else None
+    if kept is not None and kept.is_file():
+        figures = json.loads(kept.read_text())
+        say(f"bag of words: {figures['accuracy']:.4f} held out, as fitted once for this split ({kept})")
+        return {BAG_OF_WORDS: figures}
     split = SplitData.load(run.split).split
     say(f"fitting a bag of words (TF-IDF + logistic regression) on up to {min(max_rows, len(split.train)):,} "
         f"training rows, to score on the same {len(held.items):,} held-out decisions")  # fmt: skip
     words = bag_of_words(split.train, split.heldout, held.items, max_rows)
-    figures = detailed_metrics(held.items, words.probabilities)
-    return {BAG_OF_WORDS: figures | {"rows": words.rows, "seconds": round(words.seconds, 2)}}
+    figures = detailed_metrics(held.items, words.probabilities) | {
+        "rows": words.rows,
+        "seconds": round(words.seconds, 2),
+    }
+    if kept is not None:
+        _write_atomically(kept, json.dumps(figures))
+    return {BAG_OF_WORDS: figures}
+
+
+def _split_digest(run: RunFolder, held: HeldOut, max_rows: int) -> str:
+    """What a bag of words' figures depend on: the split's bytes, the row cap and the held-out decisions."""
+    digest = hashlib.sha256(run.split.read_bytes())
+    digest.update(
+        repr((max_rows, [(d.record, d.question_id, d.label, d.target) for d in held.items])).encode()
+    )
+    return digest.hexdigest()[:16]
+
+
+def _write_atomically(path: Path, text: str) -> None:
+    """`text` at `path` whole or not at all: two runs finishing together each swap in a complete file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    staged = path.with_name(f".{path.name}.{os.getpid()}.partial")
+    staged.write_text(text)
+    os.replace(staged, path)
 
 
 def _write_plots(held: HeldOut, kind: str, served, calibrated, folder: Path) -> list[str]:

@@ -23,6 +23,7 @@ from pipeline.scoring.calibrators import (
 )
 from pipeline.scoring.decisions import ScoredDecision, gold_decisions, with_groups
 from pipeline.scoring.heldout import HeldOut, load_heldout, save_heldout
+from pipeline.stages import calibrate as calibrate_module
 from pipeline.stages.calibrate import calibrate_stage
 from pipeline.stages.train import train_stage
 from tests.tiny import JOINT_HEAD, write_learnable_rows
@@ -309,3 +310,29 @@ def test_the_calibrate_stage_scores_a_bag_of_words_on_the_same_decisions_and_say
     assert json.loads(run.calibration.read_text())["heldout"]["bag_of_words"]["accuracy"] == words["accuracy"]
     off = calibrate_stage(run.root, bag_of_words_rows=0)
     assert "bag_of_words" not in off.heldout and not any("bag of words" in n for n in off.notices)
+
+
+def test_runs_on_one_split_fit_the_bag_of_words_once_and_read_it_back(tmp_path, monkeypatch):
+    rows = [json.loads(line) for line in write_learnable_rows(tmp_path / "rows.jsonl", 160, seed=3).open()]
+    validated = validate_rows(rows)
+    train, heldout = validated.records[:120], validated.records[120:]
+    items = gold_decisions(heldout)
+    noise = [np.random.default_rng(i).normal(size=d.n_options) for i, d in enumerate(items)]
+    options = {d.question.id: d.question.options for record in heldout for d in record.decisions}
+    trials = []
+    for name in ("trial-0", "trial-1"):  # a sweep's trials: the same split copied into each run folder
+        run = RunFolder(tmp_path / name)
+        run.root.mkdir()
+        SplitData(validated.report, Split(train, heldout)).save(run.split)
+        save_heldout(run.heldout, HeldOut(items, noise, noise, options))
+        trials.append(run)
+    cache, said = tmp_path / "sweep", []
+    first = calibrate_stage(trials[0].root, bag_of_words_rows=100, bag_of_words_cache=cache)
+    monkeypatch.setattr(calibrate_module, "bag_of_words", lambda *a, **k: pytest.fail("fitted again"))
+    second = calibrate_stage(trials[1].root, bag_of_words_rows=100, say=said.append, bag_of_words_cache=cache)
+    same = [json.dumps(run.heldout["bag_of_words"], sort_keys=True) for run in (first, second)]  # NaN-aware
+    assert same[0] == same[1] and "as fitted once" in said[-1]
+    with pytest.raises(
+        pytest.fail.Exception, match="fitted again"
+    ):  # another row cap is another bag of words
+        calibrate_stage(trials[1].root, bag_of_words_rows=50, bag_of_words_cache=cache)

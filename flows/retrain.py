@@ -32,7 +32,7 @@ from prefect.artifacts import create_link_artifact, create_markdown_artifact, cr
 from prefect.cache_policies import INPUTS, TASK_SOURCE
 from prefect.runtime import flow_run
 
-from pipeline.config import RetrainConfig, load_params
+from pipeline.config import ConfigError, Params, RetrainConfig, load_params
 from pipeline.data import pins
 from pipeline.data.split import SplitData
 from pipeline.lineage import DataRevision, code_digest, git_commit, idempotency_key, keyed_sections
@@ -288,6 +288,17 @@ def _git_commit() -> str:
     return git_commit() or "none"
 
 
+def checked_before_a_run(params_file: str, run_config: str | None, allow_unpinned: bool,
+                         lock: str = "dvc.lock") -> Params:  # fmt: skip
+    """The run's params, and its data and base pins unless `allow_unpinned`, checked in the calling process: a
+    bad run config or an unpinned input is one line and exit 2, before a flow run starts (whose failure Prefect
+    would log with its traceback). The flow checks them again, as a deployment runs it without this."""
+    params = load_params(params_file, run_config)
+    if not allow_unpinned:
+        pins.require_pins([params.retrain.data, params.retrain.base], lock)
+    return params
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m flows.retrain", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
@@ -302,6 +313,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only-new-data", action="store_true",
                         help="skip (saying why) when the champion was trained on this data revision already")  # fmt: skip
     args = parser.parse_args(argv)
+    try:
+        checked_before_a_run(args.params, args.run_config, args.allow_unpinned)
+    except (ConfigError, pins.PinMismatch) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
     summary = retrain(args.params, args.run_config, owner=args.owner, allow_unpinned=args.allow_unpinned,
                       only_new_data=args.only_new_data)  # fmt: skip
     if "skip_reason" in summary:

@@ -32,7 +32,16 @@ from prefect.cache_policies import NO_CACHE
 from prefect.runtime import flow_run
 from prefect.task_runners import ThreadPoolTaskRunner
 
-from flows.retrain import card, export, promotion_gate, register, smoke, validate, verify_pins
+from flows.retrain import (
+    card,
+    checked_before_a_run,
+    export,
+    promotion_gate,
+    register,
+    smoke,
+    validate,
+    verify_pins,
+)
 from pipeline.cli.sweep import add_sweep_arguments
 from pipeline.config import ConfigError, Params, load_params
 from pipeline.data import pins
@@ -344,6 +353,10 @@ def main(argv: list[str] | None = None) -> int:
     add_sweep_arguments(parser)
     args = parser.parse_args(argv)
     try:
+        params = checked_before_a_run(args.params, args.run_config, args.allow_unpinned)
+        load_space(args.space, params).with_budget(
+            args.trials, args.minutes, args.parallel
+        )  # one line, no run
         summary = sweep(args.space, args.params, args.run_config, trials=args.trials, minutes=args.minutes,
                         parallel=args.parallel, repeat_best=args.repeat_best, storage=args.storage,
                         allow_unpinned=args.allow_unpinned)  # fmt: skip

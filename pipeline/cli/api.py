@@ -144,6 +144,23 @@ def _keygen(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def server_url(text: str) -> str:
+    """`--url`: an http(s) URL, refused at once otherwise rather than once per request."""
+    if not text.startswith(("http://", "https://")) or len(text.split("://", 1)[1].strip("/")) == 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected the server's http:// or https:// URL")
+    return text
+
+
+def positive_seconds(text: str) -> float:
+    try:
+        seconds = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected seconds, e.g. 30") from None
+    if not seconds > 0:  # also NaN
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a positive number of seconds")
+    return seconds
+
+
 def add_api_commands(commands) -> None:
     """Register serve, smoke and keygen on the `decision` subparsers."""
     serve = commands.add_parser(
@@ -231,11 +248,11 @@ def add_api_commands(commands) -> None:
         help="send held-out decisions to a Decision API and compare with in-process predictions",
         description="Send the held-out rows of DATA (one request per row, up to N decisions) to URL, one at a "
         "time; with --model-dir compare every answer with the same folder's in-process prediction. Fails "
-        "(exit 1) below 99.5%% agreement on the chosen option, above a 1e-3 probability difference, or on any "
+        "(exit 1) below 99.5% agreement on the chosen option, above a 1e-3 probability difference, or on any "
         "failed request. With --expected (a run's expected_answers.npz) every answer is also compared with what the "
-        "trained model answered before export: below 99.5%% agreement or above a 5e-3 difference fails.",
+        "trained model answered before export: below 99.5% agreement or above a 5e-3 difference fails.",
     )
-    smoke.add_argument("--url", required=True, help="the server, e.g. http://127.0.0.1:8000")
+    smoke.add_argument("--url", required=True, type=server_url, help="the server, e.g. http://127.0.0.1:8000")
     smoke.add_argument("--data", required=True, help="decision file; its held-out split is sent")
     smoke.add_argument("--n", type=int, default=200, help="decisions to send (default 200)")
     smoke.add_argument("--model-dir", help="the folder the server serves, to compare answers with")
@@ -246,7 +263,7 @@ def add_api_commands(commands) -> None:
     smoke.add_argument("--api-key", help="sent as Authorization: Bearer")
     smoke.add_argument("--all-rows", action="store_true", help="send any rows, not only the held-out split")
     smoke.add_argument("--params", default="params.yaml", help="where the held-out split is defined")
-    smoke.add_argument("--timeout", type=float, default=30.0, help="seconds per request")
+    smoke.add_argument("--timeout", type=positive_seconds, default=30.0, help="seconds per request")
     smoke.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     smoke.set_defaults(handler=_smoke)
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 
 from pipeline.cli.registry import launch_flow
 
@@ -20,9 +21,16 @@ INFERENCE_HELP = (
 
 
 def _inference(args: argparse.Namespace) -> str:
+    """The inference store to read: --inference, else params.yaml's; a folder that does not exist (a typo) is
+    refused, exit 2, rather than read as a log with nothing in it."""
     from pipeline.config import load_params
 
-    return args.inference or load_params(args.params).flywheel.inference
+    where = args.inference or load_params(args.params).flywheel.inference
+    if "://" not in where and not Path(where).is_dir():
+        print(f"decision {args.command}: {where}: no inference log there (`decision serve --inference-log {where}` "
+              "writes one; --inference names another)", file=sys.stderr)  # fmt: skip
+        raise SystemExit(EXIT_REFUSED)
+    return where
 
 
 def _feedback_import(args: argparse.Namespace) -> int:
@@ -76,6 +84,27 @@ def _harvest(args: argparse.Namespace) -> int:
     return launch_flow("flows.harvest", command + (["--json"] if args.json else []), args.quiet)
 
 
+def positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a whole number, e.g. 50") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected at least 1")
+    return value
+
+
+def share(text: str) -> float:
+    """A share strictly between 0 and 1 (a conformal alpha)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a number between 0 and 1, e.g. 0.1") from None
+    if not 0 < value < 1:  # also NaN
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a number between 0 and 1, e.g. 0.1")
+    return value
+
+
 def add_flywheel_commands(commands) -> None:
     """Register feedback, review and harvest on the `decision` subparsers."""
     feedback = commands.add_parser(
@@ -102,10 +131,10 @@ def add_flywheel_commands(commands) -> None:
                     "prediction set once 30 answers are labelled. Writes JSONL, or CSV for a .csv name.",
     )  # fmt: skip
     review.add_argument("--model", required=True, help="a model name (every version) or NAME/VERSION")
-    review.add_argument("--top", type=int, default=50, help="how many answers (default 50)")
+    review.add_argument("--top", type=positive_int, default=50, help="how many answers (default 50)")
     review.add_argument("--order", choices=["margin", "entropy", "set_size"], default="margin")
     review.add_argument(
-        "--alpha", type=float, default=0.1, help="the conformal sets' miss rate (default 0.1)"
+        "--alpha", type=share, default=0.1, help="the conformal sets' miss rate (default 0.1)"
     )
     review.add_argument("--out", default="review.jsonl", help="the file to write (.jsonl or .csv)")
     review.add_argument("--inference", metavar="DIR|URL", help=INFERENCE_HELP)

@@ -456,7 +456,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="metrics of a model on decision rows, per question type, with reliability and confusion plots",
         description="Score every usable decision of DATA with MODEL (its calibrator applied, as served): accuracy "
         "per decision and per record, ECE (15 bins, (lo, hi]), Brier, KL from soft gold, score MAE, per "
-        "question type and overall; then the calibration report (NLL, ECE-15 with a 95%% record-bootstrap "
+        "question type and overall; then the calibration report (NLL, ECE-15 with a 95% record-bootstrap "
         "interval, classwise ECE, per type and per question); --plots DIR writes reliability diagrams (all, per "
         "type) and a confusion matrix per question; --conformal ALPHA adds split-conformal prediction sets.",
     )

@@ -13,7 +13,7 @@ import json
 import sys
 from pathlib import Path
 
-EXIT_OK, EXIT_REFUSED = 0, 1
+EXIT_OK, EXIT_REFUSED, EXIT_BAD_INPUT = 0, 1, 2
 OWNER_HELP = "tag the version with its owner: the Decision API serves it by name (NAME/VERSION) to their keys"
 
 
@@ -50,6 +50,8 @@ def _register(args: argparse.Namespace) -> int:
 
 
 def _promote(args: argparse.Namespace) -> int:
+    from mlflow.exceptions import MlflowException
+
     from pipeline.mlops.promotion import CHAMPION, PromotionRefused, current, promote_version
 
     try:
@@ -58,19 +60,27 @@ def _promote(args: argparse.Namespace) -> int:
     except PromotionRefused as error:
         print(f"decision promote: {error}", file=sys.stderr)
         return EXIT_REFUSED
+    except MlflowException as error:  # no such model or version: the registry's own words, in one line
+        print(f"decision promote: {args.name} version {args.version}: {error.message}", file=sys.stderr)
+        return EXIT_BAD_INPUT
     _report(args, {"name": args.name, "champion": args.version, "previous": before})
     return EXIT_OK
 
 
 def _rollback(args: argparse.Namespace) -> int:
+    from mlflow.exceptions import MlflowException
+
     from pipeline.mlops.promotion import CHAMPION, PromotionRefused, current, rollback
 
-    before = current(args.name, CHAMPION)
     try:
+        before = current(args.name, CHAMPION)
         now = rollback(args.name)
     except PromotionRefused as error:
         print(f"decision rollback: {error}", file=sys.stderr)
         return EXIT_REFUSED
+    except MlflowException as error:  # no such model: the registry's own words, in one line
+        print(f"decision rollback: {args.name}: {error.message}", file=sys.stderr)
+        return EXIT_BAD_INPUT
     _report(args, {"name": args.name, "champion": now, "previous": before})
     return EXIT_OK
 

@@ -23,9 +23,9 @@ from pathlib import Path
 from typing import Any
 
 import optuna
-import yaml
 
 from pipeline.config import ConfigError, Params, section_config
+from pipeline.data.mapping import YamlFileError, load_yaml_file
 
 OBJECTIVES = {"validation_nll": "minimize", "validation_accuracy": "maximize"}
 SWEPT_SECTION = "train"
@@ -66,8 +66,12 @@ class SearchSpace:
     def with_budget(self, trials: int | None = None, minutes: float | None = None,
                     parallel: int | None = None) -> SearchSpace:  # fmt: skip
         """The command line's budget over the file's (None keeps the file's)."""
-        space = replace(self, trials=trials or self.trials, minutes=minutes or self.minutes,
-                        parallel=parallel or self.parallel)  # fmt: skip
+        space = replace(
+            self,
+            trials=self.trials if trials is None else trials,
+            minutes=self.minutes if minutes is None else minutes,
+            parallel=self.parallel if parallel is None else parallel,
+        )  # None keeps the file's; 0 is refused below, never taken for the file's
         _check_budget(space)
         return space
 
@@ -77,13 +81,20 @@ def load_space(path: str | Path, params: Params) -> SearchSpace:
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"search space {path}: no such file")
+    try:  # not UTF-8, not YAML, a key given twice: one line naming the file
+        raw = load_yaml_file(path) or {}
+    except YamlFileError as error:
+        raise ConfigError(f"search space {error}") from None
     text = path.read_text()
-    try:
-        raw = yaml.safe_load(text) or {}
-    except yaml.YAMLError as error:
-        raise ConfigError(f"search space {path}: not YAML ({error})") from None
     if not isinstance(raw, dict):
         raise ConfigError(f"search space {path}: expected a mapping with a `space:` section")
+    for key in ("space", "fixed"):
+        if not isinstance(raw.get(key) or {}, dict):
+            raise ConfigError(
+                f"search space {path}: `{key}:` must map train settings to values, as sweeps/vader.yaml does"
+            )
+    if not isinstance(raw.get("objective", "validation_nll"), str):
+        raise ConfigError(f"search space {path}: `objective:` must be a metric's name, e.g. validation_nll")
     unknown = sorted(set(raw) - TOP_KEYS)
     if unknown:
         raise ConfigError(
@@ -117,6 +128,8 @@ def distribution(name: str, spec: Any) -> optuna.distributions.BaseDistribution:
             f"search space {name}: expected a list of choices or {{low, high[, log][, step]}}, got {spec!r}"
         )
     low, high, log, step = spec["low"], spec["high"], bool(spec.get("log", False)), spec.get("step")
+    if step is not None and (not isinstance(step, int | float) or isinstance(step, bool) or step <= 0):
+        raise ConfigError(f"search space {name}: step must be a positive number, got {step!r}")
     if not all(isinstance(v, int | float) and not isinstance(v, bool) for v in (low, high)) or low > high:
         raise ConfigError(
             f"search space {name}: low and high must be numbers with low <= high, got {low!r}, {high!r}"

@@ -41,6 +41,7 @@ def test_decision_register_tags_the_version_and_its_run_with_what_the_manifest_s
 
     inputs = {"data": {"path": "mine.jsonl", "pinned": False}, "base": {"path": "base", "pinned": True}}
     (store / "manifest.json").write_text(json.dumps({"inputs": inputs}))
+    (store / "head.safetensors").write_bytes(b"")  # the joint marker: register takes complete exports
     assert main(["register", "--export", str(store), "--name", "decision-model"]) == 0
     version = client().get_model_version("decision-model", "1")
     run = client().get_run(version.run_id)

@@ -12,7 +12,7 @@ import json
 import logging
 import sys
 
-from pipeline.cli.tables import device_option
+from pipeline.cli.tables import device_option, number_option
 
 EXIT_OK, EXIT_FAILED, EXIT_UNUSABLE = 0, 1, 2
 
@@ -144,21 +144,14 @@ def _keygen(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+SECONDS = number_option(float, lambda s: s > 0, "a positive number of seconds, e.g. 30")
+
+
 def server_url(text: str) -> str:
     """`--url`: an http(s) URL, refused at once otherwise rather than once per request."""
     if not text.startswith(("http://", "https://")) or len(text.split("://", 1)[1].strip("/")) == 0:
         raise argparse.ArgumentTypeError(f"{text!r}: expected the server's http:// or https:// URL")
     return text
-
-
-def positive_seconds(text: str) -> float:
-    try:
-        seconds = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r}: expected seconds, e.g. 30") from None
-    if not seconds > 0:  # also NaN
-        raise argparse.ArgumentTypeError(f"{text!r}: expected a positive number of seconds")
-    return seconds
 
 
 def add_api_commands(commands) -> None:
@@ -263,7 +256,7 @@ def add_api_commands(commands) -> None:
     smoke.add_argument("--api-key", help="sent as Authorization: Bearer")
     smoke.add_argument("--all-rows", action="store_true", help="send any rows, not only the held-out split")
     smoke.add_argument("--params", default="params.yaml", help="where the held-out split is defined")
-    smoke.add_argument("--timeout", type=positive_seconds, default=30.0, help="seconds per request")
+    smoke.add_argument("--timeout", type=SECONDS, default=30.0, help="seconds per request")
     smoke.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     smoke.set_defaults(handler=_smoke)
 

@@ -13,8 +13,11 @@ import sys
 from pathlib import Path
 
 from pipeline.cli.registry import launch_flow
+from pipeline.cli.tables import number_option
 
 EXIT_OK, EXIT_REFUSED = 0, 2
+AT_LEAST_ONE = number_option(int, lambda n: n >= 1, "a whole number of at least 1, e.g. 50")
+SHARE = number_option(float, lambda a: 0 < a < 1, "a number between 0 and 1, e.g. 0.1")  # a conformal alpha
 INFERENCE_HELP = (
     "the inference log: a folder or postgresql:// URL (default: params.yaml's flywheel.inference)"
 )
@@ -84,27 +87,6 @@ def _harvest(args: argparse.Namespace) -> int:
     return launch_flow("flows.harvest", command + (["--json"] if args.json else []), args.quiet)
 
 
-def positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r}: expected a whole number, e.g. 50") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{text!r}: expected at least 1")
-    return value
-
-
-def share(text: str) -> float:
-    """A share strictly between 0 and 1 (a conformal alpha)."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r}: expected a number between 0 and 1, e.g. 0.1") from None
-    if not 0 < value < 1:  # also NaN
-        raise argparse.ArgumentTypeError(f"{text!r}: expected a number between 0 and 1, e.g. 0.1")
-    return value
-
-
 def add_flywheel_commands(commands) -> None:
     """Register feedback, review and harvest on the `decision` subparsers."""
     feedback = commands.add_parser(
@@ -131,10 +113,10 @@ def add_flywheel_commands(commands) -> None:
                     "prediction set once 30 answers are labelled. Writes JSONL, or CSV for a .csv name.",
     )  # fmt: skip
     review.add_argument("--model", required=True, help="a model name (every version) or NAME/VERSION")
-    review.add_argument("--top", type=positive_int, default=50, help="how many answers (default 50)")
+    review.add_argument("--top", type=AT_LEAST_ONE, default=50, help="how many answers (default 50)")
     review.add_argument("--order", choices=["margin", "entropy", "set_size"], default="margin")
     review.add_argument(
-        "--alpha", type=share, default=0.1, help="the conformal sets' miss rate (default 0.1)"
+        "--alpha", type=SHARE, default=0.1, help="the conformal sets' miss rate (default 0.1)"
     )
     review.add_argument("--out", default="review.jsonl", help="the file to write (.jsonl or .csv)")
     review.add_argument("--inference", metavar="DIR|URL", help=INFERENCE_HELP)

@@ -9,10 +9,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import signal
 import sys
-import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -69,15 +67,10 @@ def out_file_problem(out: Path, data: Path) -> str | None:
         return f"--out {out}: the file being scored; write the scores to another file"
     if out.is_dir():
         return f"--out {out}: a folder; give the Parquet file to write, e.g. {out / 'scores.parquet'}"
-    parent = out.parent.absolute()
-    folder = next(f for f in (parent, *parent.parents) if f.exists())  # the stage makes the folders below it
-    try:  # a file made and removed at once: what writing the scores there needs
-        handle, probe = tempfile.mkstemp(prefix=".write-check-", dir=folder)
-        os.close(handle)
-        os.unlink(probe)
-    except OSError as error:
-        return f"--out {out}: no file can be written in {folder} ({error.strerror})"
-    return None
+    from pipeline.families.base_folders import unwritable_place
+
+    unwritable = unwritable_place(out)  # the stage makes the folders above it that are missing
+    return f"--out {out}: {unwritable}" if unwritable else None
 
 
 def _model_and_mapping(args: argparse.Namespace) -> tuple[str, str | dict | None]:

@@ -28,6 +28,23 @@ def device_option(text: str) -> str:
     return text
 
 
+def number_option(read: Callable[[str], float], accept: Callable[[float], bool],
+                  expected: str) -> Callable[[str], float]:  # fmt: skip
+    """An argparse type: the text as `read` takes it (int, float), refused at once (exit 2) saying what was
+    `expected` where it is no number or `accept` fails (NaN fails every comparison)."""
+
+    def option(text: str) -> float:
+        try:
+            value = read(text)
+        except ValueError:
+            value = None
+        if value is None or not accept(value):
+            raise argparse.ArgumentTypeError(f"{text!r}: expected {expected}")
+        return value
+
+    return option
+
+
 def progress_outputs(args: argparse.Namespace) -> tuple[bool, Callable[[str], None] | None]:
     """(tqdm bars?, where progress lines go) for a long command: lines on stderr, bars only where stderr is a
     terminal (in a log file a bar is a smear of carriage returns; the lines say the same); nothing with --quiet.

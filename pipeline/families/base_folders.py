@@ -99,11 +99,20 @@ def out_problem(out: Path) -> str | None:
             shown = ", ".join(others[:3]) + (", ..." if len(others) > 3 else "")
             return (f"{out}: a folder of other files ({shown}), not a model folder; writing a model there would "
                     "replace them: give a new path, an empty folder or a model folder")  # fmt: skip
-    existing = next(folder for folder in (out, *out.parents) if folder.exists())
+    unwritable = unwritable_place(out)
+    return f"{out}: {unwritable}" if unwritable else None
+
+
+def unwritable_place(path: Path) -> str | None:
+    """Why nothing can be written at `path` (with the folders above it that are missing), or None: the nearest
+    folder above it that exists is a file, or takes no new entry (tried: a folder made there and removed at once;
+    a permission check passes for root)."""
+    parent = path.parent.absolute()
+    existing = next(folder for folder in (parent, *parent.parents) if folder.exists())
     if not existing.is_dir():
-        return f"{out}: {existing} is a file, so no folder can be made under it"
-    try:  # a folder made and removed at once: what writing there needs (a permission check passes for root)
-        os.rmdir(tempfile.mkdtemp(prefix=".write-check-", dir=existing if existing != out else out.parent))
+        return f"{existing} is a file, so no folder can be made under it"
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=".write-check-", dir=existing))
     except OSError as error:
-        return f"{out}: no folder can be made in {existing if existing != out else out.parent} ({error.strerror})"
+        return f"no folder can be made in {existing} ({error.strerror})"
     return None

@@ -17,14 +17,20 @@ import argparse
 import datetime as dt
 import json
 import sys
+from pathlib import Path
 from typing import Any
 
 from prefect import flow, task
 from prefect.artifacts import create_table_artifact
 
 from pipeline.cli.data import BadMappingFlags, add_mapping_arguments, mapping_value
-from pipeline.data.mapping import load_mapping
-from pipeline.stages.predict import predict_stage
+from pipeline.cli.predict import out_file_problem
+from pipeline.cli.tables import AT_LEAST_ONE, device_option
+from pipeline.data.mapping import MappingError, load_mapping
+from pipeline.data.read import UnreadableInput
+from pipeline.families.base import ModelLayoutError
+from pipeline.mlops.registry import RegistryError
+from pipeline.stages.predict import check_inputs, predict_stage
 
 DEFAULT_MODEL = "models:/decision-model@champion"
 
@@ -72,8 +78,8 @@ def main(argv: list[str] | None = None) -> int:
                         f"(default: {DEFAULT_MODEL})")  # fmt: skip
     parser.add_argument("--out", default="predictions/{date}.parquet",
                         help="the Parquet file to write; {date} becomes today's date (default: %(default)s)")  # fmt: skip
-    parser.add_argument("--batch-size", type=int, default=64, help="requests per call of the model")
-    parser.add_argument("--device", default="cpu", help="cpu (default), cuda, cuda:1")
+    parser.add_argument("--batch-size", type=AT_LEAST_ONE, default=64, help="requests per call of the model")
+    parser.add_argument("--device", default="cpu", type=device_option, help="cpu (default), cuda, cuda:1")
     parser.add_argument("--json", action="store_true", help="print the summary as one JSON object")
     add_mapping_arguments(parser)
     args = parser.parse_args(argv)
@@ -81,7 +87,17 @@ def main(argv: list[str] | None = None) -> int:
         mapping = mapping_value(args)
     except BadMappingFlags as error:
         parser.error(str(error))
-    summary = batch_predict(args.data, args.model, args.out, args.batch_size, args.device, mapping)
+    if (problem := out_file_problem(Path(dated(args.out)), Path(args.data))) is not None:
+        print(f"error: {problem}", file=sys.stderr)
+        return 2
+    try:
+        # The model, source, columns and out place: one line and exit 2 before a flow run starts (whose failure
+        # Prefect would log with its traceback). The flow checks them again, as a deployment runs it without this.
+        check_inputs(args.model, args.data, load_mapping(mapping) if mapping is not None else None)
+        summary = batch_predict(args.data, args.model, args.out, args.batch_size, args.device, mapping)
+    except (UnreadableInput, MappingError, ModelLayoutError, RegistryError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
     print(json.dumps(summary) if args.json else f"{summary['out']}: {summary['scored']} of {summary['rows']} rows "
           f"scored by {summary['model']}; refused: {summary['failed'] or 'none'}")  # fmt: skip
     return 0

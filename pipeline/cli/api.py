@@ -136,9 +136,13 @@ def _print_smoke(result) -> None:
 
 
 def _keygen(args: argparse.Namespace) -> int:
-    from pipeline.serving.keys import add_key
+    from pipeline.serving.keys import KeyConfigError, add_key
 
-    key = add_key(args.keys, args.owner, args.admin)
+    try:
+        key = add_key(args.keys, args.owner, args.admin)
+    except (KeyConfigError, OSError) as error:
+        print(f"decision keygen: {error}", file=sys.stderr)
+        return EXIT_UNUSABLE
     print(json.dumps({"owner": args.owner, "key": key, "keys": args.keys}) if args.json else key)
     print(f"(stored only as a hash in {args.keys}; this is the one time the key is shown)", file=sys.stderr)
     return EXIT_OK

@@ -13,10 +13,9 @@ import sys
 from pathlib import Path
 
 from pipeline.cli.registry import launch_flow
-from pipeline.cli.tables import number_option
+from pipeline.cli.tables import AT_LEAST_ONE, number_option
 
 EXIT_OK, EXIT_REFUSED = 0, 2
-AT_LEAST_ONE = number_option(int, lambda n: n >= 1, "a whole number of at least 1, e.g. 50")
 SHARE = number_option(float, lambda a: 0 < a < 1, "a number between 0 and 1, e.g. 0.1")  # a conformal alpha
 INFERENCE_HELP = (
     "the inference log: a folder or postgresql:// URL (default: params.yaml's flywheel.inference)"

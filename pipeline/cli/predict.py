@@ -16,7 +16,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from pipeline.cli.data import BadMappingFlags, add_mapping_arguments, mapping_value
-from pipeline.cli.tables import device_option, progress_outputs
+from pipeline.cli.tables import AT_LEAST_ONE, device_option, progress_outputs
 
 EXIT_OK, EXIT_UNREADABLE, EXIT_BAD_INPUT, EXIT_INTERRUPTED = 0, 1, 2, 130
 
@@ -30,8 +30,6 @@ def _predict(args: argparse.Namespace) -> int:
     from pipeline.mlops.registry import RegistryError
     from pipeline.stages.predict import predict_stage
 
-    if args.batch_size < 1:
-        return _refuse(f"--batch-size must be at least 1, got {args.batch_size}")
     if args.model is None and args.run_config is None:
         return _refuse("say which model: --model DIR|models:/NAME@ALIAS, or --run-config NAME")
     problem = out_file_problem(Path(args.out), Path(args.data))
@@ -145,7 +143,7 @@ def add_predict_commands(commands) -> None:
     )
     predict.add_argument("--out", required=True, help="the Parquet file to write, e.g. scores.parquet")
     predict.add_argument(
-        "--batch-size", type=int, default=64, help="requests per call of the model (default 64)"
+        "--batch-size", type=AT_LEAST_ONE, default=64, help="requests per call of the model (default 64)"
     )
     predict.add_argument("--device", default="cpu", type=device_option, help="cpu (default), cuda, cuda:1")
     predict.add_argument("--precision", choices=["fp32", "bf16"], default="fp32",

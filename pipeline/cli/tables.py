@@ -45,6 +45,9 @@ def number_option(read: Callable[[str], float], accept: Callable[[float], bool],
     return option
 
 
+AT_LEAST_ONE = number_option(int, lambda n: n >= 1, "a whole number of at least 1, e.g. 50")
+
+
 def progress_outputs(args: argparse.Namespace) -> tuple[bool, Callable[[str], None] | None]:
     """(tqdm bars?, where progress lines go) for a long command: lines on stderr, bars only where stderr is a
     terminal (in a log file a bar is a smear of carriage returns; the lines say the same); nothing with --quiet.

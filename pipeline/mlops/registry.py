@@ -98,8 +98,14 @@ def alias_version(name: str, alias: str) -> str:
 
 def registered_version(uri: str) -> tuple[str, str] | None:
     """(name, version) of `models:/NAME/VERSION`, or of the version `models:/NAME@ALIAS` points at now; None for
-    anything else (a folder)."""
+    anything else (a folder). RegistryError for a version the registry lacks."""
+    from mlflow.exceptions import MlflowException
+
     if (numbered := parse_version_uri(uri)) is not None:
+        try:
+            client().get_model_version(*numbered)
+        except MlflowException as error:
+            raise RegistryError(f"{uri}: {error.message}") from error
         return numbered
     if (aliased := parse_alias_uri(uri)) is not None:
         return aliased[0], alias_version(*aliased)
@@ -107,12 +113,17 @@ def registered_version(uri: str) -> tuple[str, str] | None:
 
 
 def download_version(name: str, version: str, dst: str | Path) -> Path:
-    """Fetch a version's artifacts into `dst` and return its export folder."""
+    """Fetch a version's artifacts into `dst` and return its export folder; RegistryError for a model or version
+    the registry lacks, or artifacts with no export."""
     import mlflow.artifacts
+    from mlflow.exceptions import MlflowException
 
     uri = use_store()
-    local = Path(mlflow.artifacts.download_artifacts(f"models:/{name}/{version}", dst_path=str(dst),
-                                                     tracking_uri=uri, registry_uri=uri))  # fmt: skip
+    try:
+        local = Path(mlflow.artifacts.download_artifacts(f"models:/{name}/{version}", dst_path=str(dst),
+                                                         tracking_uri=uri, registry_uri=uri))  # fmt: skip
+    except MlflowException as error:  # no such model or version: one line where the reference is named
+        raise RegistryError(f"models:/{name}/{version}: {error.message}") from error
     found = find_exports(local)
     if not found:
         stored = client().get_model_version_download_uri(name, version)

@@ -74,8 +74,18 @@ def load_keys(path: str | Path | None = None, environ: dict[str, str] | None = N
 
 def add_key(path: str | Path, owner: str, admin: bool = False) -> str:
     """Make a new key for `owner` (an admin key with `admin`), store its hash in the key file (created if
-    missing), return the key."""
-    path = Path(path)
+    missing), return the key. KeyConfigError, with nothing written, for an owner that is empty or holds a ','
+    or '=' (the separators of `DECISION_API_KEYS`), a path that is a folder or under a missing one, or a file
+    that is not a key file."""
+    path, problems = Path(path), []
+    if not owner.strip() or any(not c.isprintable() or c in ",=" for c in owner):
+        raise KeyConfigError(f"owner {owner!r}: give a name of printable characters, without ',' or '='")
+    if path.exists():
+        _file_entries(path, problems, set())
+    elif not path.parent.is_dir():
+        problems.append(f"{path}: the folder {path.parent} does not exist")
+    if problems:  # a file that is not a key file is left as it is, never overwritten
+        raise KeyConfigError("; ".join(problems))
     data = json.loads(path.read_text()) if path.exists() else {"keys": []}
     key = KEY_PREFIX + secrets.token_urlsafe(32)
     data["keys"].append({"owner": owner, "sha256": hash_key(key), **({"admin": True} if admin else {})})
@@ -88,12 +98,14 @@ def add_key(path: str | Path, owner: str, admin: bool = False) -> str:
 
 def _file_entries(path: Path, problems: list[str], admins: set[str]) -> list[tuple[str, str]]:
     try:
-        data = json.loads(path.read_text())
+        data = json.loads(path.read_text(encoding="utf-8"))
         admins.update(str(e["sha256"]).lower() for e in data["keys"] if e.get("admin") is True)
         return [(str(e["owner"]), str(e["sha256"]).lower()) for e in data["keys"]]
     except FileNotFoundError:
         problems.append(f"{path}: no such key file")
-    except (ValueError, KeyError, TypeError) as error:
+    except IsADirectoryError:
+        problems.append(f"{path}: a folder; give the key file, e.g. {path / 'keys.json'}")
+    except (ValueError, KeyError, TypeError, AttributeError) as error:
         problems.append(f'{path}: expected {{"keys": [{{"owner", "sha256"}}]}} ({error})')
     return []
 

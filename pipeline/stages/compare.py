@@ -17,6 +17,8 @@ from typing import Any
 
 from pipeline.config import ValidateConfig
 from pipeline.data.split import TrainSource
+from pipeline.families.base import ModelLayoutError
+from pipeline.mlops.registry import RegistryError
 from pipeline.scoring.paired import QuestionDifference, per_question_differences
 from pipeline.stages.evaluate import score_records
 from pipeline.stages.predict import model_folder
@@ -43,15 +45,23 @@ class Comparison:
 def compare_models(a: str, b: str, data: str | Path, split: ValidateConfig = ValidateConfig(), all_rows: bool = False,
                    confidence: float = 0.95, device: str = "cpu",
                    report: Callable[[str], None] | None = None) -> Comparison:  # fmt: skip
-    """Score `a` and `b` on the same rows of `data` as served, and compare them per question."""
+    """Score `a` and `b` on the same rows of `data` as served, and compare them per question. ValueError for data
+    with no rows to compare on; RegistryError or ModelLayoutError, naming A or B, for a model that cannot be read."""
     say = report or (lambda line: None)
     validated = TrainSource(data, split_config=split).validated()
     records = validated.split.every_record() if all_rows else validated.split.heldout
+    if not records:
+        usable = len(validated.split.every_record())
+        raise ValueError(f"{data}: no held-out rows to compare on ({usable} usable row(s), too few for a held-out "
+                         "split under validate); give --all-rows to compare on every usable row")  # fmt: skip
     scored = []
-    for source in (a, b):
-        with model_folder(source) as (name, folder):
-            say(f"scoring {sum(len(r.decisions) for r in records):,} decisions with {name}")
-            decisions, _, probabilities, _ = score_records(folder, records, device)
+    for side, source in (("A", a), ("B", b)):
+        try:
+            with model_folder(source) as (name, folder):
+                say(f"scoring {sum(len(r.decisions) for r in records):,} decisions with {name}")
+                decisions, _, probabilities, _ = score_records(folder, records, device)
+        except (RegistryError, ModelLayoutError) as error:  # which of the two could not be read
+            raise type(error)(f"{side} ({source}): {error}") from error
         scored.append((decisions, probabilities))
     differences = per_question_differences(scored[0], scored[1], confidence)
     return Comparison(

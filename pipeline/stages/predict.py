@@ -150,6 +150,19 @@ def count_rows(source: str | Path) -> int | None:
     return sum(shard.known_rows() for shard in shards)
 
 
+def check_inputs(model: str, data: str | Path, mapping: Mapping | None = None) -> None:
+    """What `predict_stage` checks before a model loads, alone and cheaply (a flow's caller checks them before a
+    flow run starts): the source's first row and columns, and that `model` is a folder or a registered version.
+    UnreadableInput, MappingError, ModelLayoutError or RegistryError, as `predict_stage` raises them."""
+    next(iter_tables(data, 1, mapping))
+    if registered_version(model) is None and not Path(model).is_dir():
+        raise _no_such_model(model)
+
+
+def _no_such_model(source: str) -> ModelLayoutError:
+    return ModelLayoutError(f"{source}: no such folder (or use models:/NAME@ALIAS)")
+
+
 @contextmanager
 def model_folder(source: str) -> Iterator[tuple[str, Path]]:
     """(the name the API serves it under, its folder) for an export folder, a registry alias or a registered
@@ -158,7 +171,7 @@ def model_folder(source: str) -> Iterator[tuple[str, Path]]:
     if registered is None:
         folder = Path(source)
         if not folder.is_dir():
-            raise ModelLayoutError(f"--model {source}: no such folder (or use models:/NAME@ALIAS)")
+            raise _no_such_model(source)
         yield export_name(folder), folder
         return
     name, version = registered

@@ -4,6 +4,7 @@ deployment is scheduled but off."""
 import datetime as dt
 
 import pyarrow.parquet as pq
+import pytest
 import yaml
 
 from pipeline.data import synthetic
@@ -50,3 +51,33 @@ def test_the_shipped_deployment_is_scheduled_but_off(project_root):
     )
     assert [s["active"] for s in deployment["schedules"]] == [False]
     assert set(deployment["parameters"]) <= set(batch_predict.parameters.properties)
+
+
+def test_bad_input_is_one_line_and_exit_2_before_a_flow_run(tiny_base, tmp_path, capsys, monkeypatch):
+    import flows.batch_predict as module
+
+    monkeypatch.setattr(module, "batch_predict", lambda *args: pytest.fail("a flow run started"))
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
+    data = synthetic.write_rows(synthetic.generate_rows(3, seed=4), tmp_path / "rows.jsonl")
+    out = ["--out", str(tmp_path / "scores.parquet")]
+    refusals = {
+        "no such folder": ["--data", str(data), "--model", str(tmp_path / "nope"), *out],
+        "not found": ["--data", str(data), "--model", "models:/nope/1", *out],
+        "no such file": ["--data", str(tmp_path / "missing.jsonl"), "--model", str(tiny_base), *out],
+        "a folder": ["--data", str(data), "--model", str(tiny_base), "--out", str(tmp_path)],
+        "lacks": [
+            "--data",
+            str(data),
+            "--model",
+            str(tiny_base),
+            *out,
+            *("--state-column", "text"),
+            *("--label-column", "y"),
+        ],
+    }
+    for words, flags in refusals.items():
+        assert module.main(flags) == 2
+        lines = capsys.readouterr().err.strip().splitlines()
+        error = [line for line in lines if " INFO mlflow" not in line]  # MLflow making a fresh store says so
+        assert len(error) == 1 and error[0].startswith("error: ") and words in error[0], (words, error)
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["mlflow.db", "rows.jsonl"]

@@ -80,10 +80,27 @@ def test_the_cli_compares_a_base_with_its_fine_tune_per_question(
     assert json.loads(capsys.readouterr().out)["records"] > result["records"]
 
 
-def test_a_missing_model_is_one_line_and_exit_2(synthetic_train_file, tmp_path, capsys):
-    code = main(
-        ["compare", str(tmp_path / "nope"), str(tmp_path / "nope"), "--data", str(synthetic_train_file)]
-    )
-    assert code == 2
+@pytest.mark.parametrize("missing", ["nope", "models:/nope/1"])
+def test_a_missing_model_is_one_line_naming_its_side_and_exit_2(
+    missing, tiny_base, synthetic_train_file, tmp_path, capsys, monkeypatch
+):
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
+    missing = missing if missing.startswith("models:/") else str(tmp_path / missing)
+    common = ["--data", str(synthetic_train_file), "--all-rows", "-q"]
+    for args, side in (([missing, str(tiny_base)], "A"), ([str(tiny_base), missing], "B")):
+        assert main(["compare", *args, *common]) == 2
+        lines = capsys.readouterr().err.strip().splitlines()
+        err = [line for line in lines if " INFO mlflow" not in line]  # MLflow making a fresh store says so
+        assert len(err) == 1 and err[0].startswith(f"decision compare: {side} ({missing}): "), err
+        assert "no such folder" in err[0] or "not found" in err[0]
+
+
+def test_data_too_small_for_a_heldout_split_says_so_and_points_at_all_rows(
+    synthetic_train_file, tmp_path, capsys
+):
+    one_row = tmp_path / "one.jsonl"
+    one_row.write_text(synthetic_train_file.read_text().splitlines()[0] + "\n")
+    code = main(["compare", str(tmp_path), str(tmp_path), "--data", str(one_row)])
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "no such folder" in err[0]
+    assert code == 2 and len(err) == 1
+    assert "no held-out rows" in err[0] and "1 usable row" in err[0] and "--all-rows" in err[0]

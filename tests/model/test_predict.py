@@ -178,20 +178,27 @@ def test_the_command_prints_a_summary_and_refuses_bad_input_with_exit_2(tiny_bas
     refusals = {
         "no such folder": ["--model", str(tmp_path / "nope"), "--data", str(data)],
         "no such file": ["--model", str(tiny_base), "--data", str(tmp_path / "missing.jsonl")],
-        "--batch-size must be at least 1": [
-            "--model",
-            str(tiny_base),
-            "--data",
-            str(data),
-            "--batch-size",
-            "0",
-        ],
         "not a model folder": ["--model", str(tmp_path), "--data", str(data)],
     }
     for words, flags in refusals.items():
         assert main(["predict", *flags, "--out", str(tmp_path / "never.parquet"), "-q"]) == 2
         error = capsys.readouterr().err.strip().splitlines()
         assert len(error) == 1 and words in error[0], (words, error)
+    with pytest.raises(SystemExit) as refused:  # argparse: usage, then the one line
+        main(
+            [
+                "predict",
+                "--model",
+                str(tiny_base),
+                "--data",
+                str(data),
+                "--out",
+                str(out),
+                "--batch-size",
+                "0",
+            ]
+        )
+    assert refused.value.code == 2 and "--batch-size: '0': expected a whole number" in capsys.readouterr().err
     assert not (tmp_path / "never.parquet").exists()
 
 

@@ -43,3 +43,25 @@ def test_every_bad_entry_is_named_in_one_error(tmp_path):
     (tmp_path / "broken.json").write_text("{not json")
     with pytest.raises(KeyConfigError, match=r"broken\.json"):
         load_keys(tmp_path / "broken.json", environ={})
+
+
+@pytest.mark.parametrize(
+    ("owner", "where", "content", "expected"),
+    [
+        ("", "keys.json", None, "owner ''"),
+        ("a,b", "keys.json", None, "without ','"),
+        ("alice", "missing/keys.json", None, "does not exist"),
+        ("alice", ".", None, "a folder"),
+        ("alice", "notes.json", "my notes", "expected"),
+        ("alice", "list.json", "[1, 2]", "expected"),
+    ],
+)
+def test_keygen_refuses_a_bad_owner_or_place_and_leaves_the_file_as_it_was(tmp_path, owner, where, content,
+                                                                           expected):  # fmt: skip
+    path = tmp_path / where
+    if content is not None:
+        path.write_text(content)
+    with pytest.raises(KeyConfigError, match=expected):
+        add_key(path, owner)
+    assert content is None or path.read_text() == content
+    assert not list(tmp_path.glob("*.tmp")) and not (tmp_path / "missing").exists()

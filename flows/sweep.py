@@ -158,11 +158,12 @@ def sweep(space_file: str, params_file: str = "params.yaml", run_config: str | N
     tags = {"git_commit": git_commit() or "none", "data_md5": data_md5, "base_md5": base_md5, "data": config.data,
             "base": config.base, "sweep": key[:16], "sweep_objective": space.objective, **pins.pin_tags(inputs),
             **({"allow_unpinned": "true"} if allow_unpinned else {})}  # fmt: skip
+    study_storage = study.storage_url(folder, storage)
+    study.check_storage(study_storage)  # before the parent run opens: a bad URL leaves no run behind
     parent_id, _ = tracking.open_run(key, flow_run.name, tags | {"sweep_role": "parent"})
     tags["sweep_parent_run"] = parent_id
     _log_parent_setup(parent_id, params, space, space_file)
     checked = {"pins": verified, "inputs": inputs}
-    study_storage = study.storage_url(folder, storage)
     with study.SweepLock(folder):
         searched = study.open_study(space, key, study_storage)
         rows = _search(searched, space, params, str(folder), key, tags, checked)
@@ -357,6 +358,8 @@ def main(argv: list[str] | None = None) -> int:
         load_space(args.space, params).with_budget(
             args.trials, args.minutes, args.parallel
         )  # one line, no run
+        if args.storage is not None:
+            study.check_storage(args.storage)
         summary = sweep(args.space, args.params, args.run_config, trials=args.trials, minutes=args.minutes,
                         parallel=args.parallel, repeat_best=args.repeat_best, storage=args.storage,
                         allow_unpinned=args.allow_unpinned)  # fmt: skip

@@ -25,7 +25,10 @@ from typing import Any
 
 import optuna
 from optuna.trial import FrozenTrial, TrialState
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import SQLAlchemyError
 
+from pipeline.config import ConfigError
 from pipeline.sweep.space import SearchSpace
 
 STUDY_FILE = "optuna.db"
@@ -69,6 +72,25 @@ class SweepLock:
 def storage_url(folder: str | Path, url: str | None = None) -> str:
     """The study's storage: `url` when given, else SQLite in the sweep's folder."""
     return url or f"sqlite:///{Path(folder).resolve() / STUDY_FILE}"
+
+
+def check_storage(url: str) -> None:
+    """ConfigError, naming the URL (its password hidden), where Optuna cannot keep a study at `url`: no database
+    URL, no driver for it, or a server that does not answer. Checked before a sweep opens its MLflow run, so a
+    bad `--storage` leaves nothing behind."""
+    try:
+        optuna.storages.RDBStorage(url).engine.dispose()
+    except (SQLAlchemyError, ImportError) as error:
+        reason = str(error).strip().splitlines()[0]
+        raise ConfigError(f"--storage {_shown(url)}: Optuna cannot keep a study there ({reason}); give a database "
+                          "URL it can reach, e.g. postgresql+psycopg://USER@HOST/DB or sqlite:///PATH") from error  # fmt: skip
+
+
+def _shown(url: str) -> str:
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except SQLAlchemyError:
+        return url
 
 
 def open_study(space: SearchSpace, name: str, storage: str) -> optuna.Study:

@@ -214,3 +214,23 @@ def test_the_summary_writes_counts_as_integers_and_seconds_briefly():
     )
     line = report.summary_markdown([row], None, "validation_nll").splitlines()[2]
     assert "| 0.0011 |" in line and "| 354 |" in line and "| 136.5 |" in line
+
+
+@pytest.mark.parametrize(
+    ("url", "shown", "reason"),
+    [
+        ("notaurl", "notaurl", "Could not parse"),
+        ("postgresql://u:secret@127.0.0.1:1/db", "postgresql://u:***@127.0.0.1:1/db", "refused"),
+        ("sqlite:////no/such/folder/optuna.db", "sqlite:////no/such/folder/optuna.db", "unable to open"),
+    ],
+)
+def test_a_study_store_optuna_cannot_use_is_one_error_naming_it_without_its_password(url, shown, reason):
+    with pytest.raises(ConfigError) as refused:
+        study.check_storage(url)
+    message = str(refused.value)
+    assert message.startswith(f"--storage {shown}: ") and reason in message and "secret" not in message
+
+
+def test_a_study_store_optuna_can_use_passes(tmp_path):
+    study.check_storage(f"sqlite:///{tmp_path / 'optuna.db'}")
+    assert (tmp_path / "optuna.db").is_file()

@@ -26,7 +26,7 @@ from pipeline.config import ConfigError, ValidateConfig, load_params
 from pipeline.data.read import UnreadableInput
 from pipeline.flywheel.harvest import HarvestRefused
 from pipeline.mlops.tracking import log_harvest
-from pipeline.stages.harvest import HarvestResult, harvest
+from pipeline.stages.harvest import HarvestResult, check_target, harvest
 
 READY_EVENT = "decision.harvest.ready"
 
@@ -84,6 +84,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", action="store_true", help="print the summary as one JSON object")
     args = parser.parse_args(argv)
     try:
+        # The data set and config: one line and exit 2 before a flow run starts (whose failure Prefect would log
+        # with its traceback). The flow checks them again, as a deployment runs it without this.
+        params = load_params(args.params, args.run_config)
+        check_target(args.dataset or params.retrain.data, params.validate)
         summary = harvest_flow(args.params, args.run_config, args.inference, args.dataset, not args.no_commit)
     # The data set or the config is wrong: named, nothing written.
     except (HarvestRefused, UnreadableInput, ConfigError) as error:

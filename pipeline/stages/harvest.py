@@ -71,9 +71,7 @@ class HarvestResult:
 def harvest(inference: str, dataset: str | Path, split_config: ValidateConfig, commit: bool = True,
             wait: bool = True) -> HarvestResult:  # fmt: skip
     """Harvest the labelled decisions of the inference log at `inference` into the data set at `dataset`."""
-    if split_config.mapping is not None:
-        raise HarvestRefused(f"{dataset}: the run maps a plain table to decisions (validate.mapping); harvested "
-                             "rows are decision rows: harvest them into a folder of decision rows instead")  # fmt: skip
+    check_target(dataset, split_config)
     folder = Path(dataset)
     with harvest_lock(folder, wait):
         source = open_source(folder)
@@ -98,6 +96,18 @@ def harvest(inference: str, dataset: str | Path, split_config: ValidateConfig, c
         previous, pinned_by, committed, times[0], times[-1], tuple(sorted({r["decided_by"] for r in usable})),
         tuple(row["decision_id"] for row in usable),
     )  # fmt: skip
+
+
+def check_target(dataset: str | Path, split_config: ValidateConfig) -> None:
+    """HarvestRefused, before anything is read or locked, where harvested rows cannot go into `dataset`: a run
+    that maps a plain table, no such folder, or a data set that is not a folder of shards."""
+    if split_config.mapping is not None:
+        raise HarvestRefused(f"{dataset}: the run maps a plain table to decisions (validate.mapping); harvested "
+                             "rows are decision rows: harvest them into a folder of decision rows instead")  # fmt: skip
+    if not Path(dataset).exists():  # the lock is made beside it
+        raise HarvestRefused(f"{dataset}: no such folder; harvested rows go into an existing folder of Parquet or "
+                             "JSONL shards (the run config's retrain.data, or --dataset)")  # fmt: skip
+    harvest_target(open_source(Path(dataset)))
 
 
 def _held_out(split: SplitData, new_records) -> int:

@@ -130,6 +130,19 @@ def test_a_data_set_that_is_one_file_is_refused_saying_what_to_do(tmp_path):
         harvest(str(tmp_path / "inference"), single, ValidateConfig())
 
 
+def test_a_data_set_that_does_not_exist_is_refused_and_nothing_is_made(tmp_path, capsys):
+    from flows.harvest import main
+
+    missing = tmp_path / "no" / "rows"
+    with pytest.raises(HarvestRefused, match="no such folder"):
+        harvest(str(tmp_path / "inference"), missing, ValidateConfig())
+    assert main(["--dataset", str(missing), "--inference", str(tmp_path / "inference")]) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert lines == [f"harvest: {missing}: no such folder; harvested rows go into an existing folder of Parquet "
+                     "or JSONL shards (the run config's retrain.data, or --dataset)"]  # fmt: skip
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_two_harvests_of_one_data_set_never_interleave(tmp_path):
     folder = tmp_path / "rows"
     folder.mkdir()

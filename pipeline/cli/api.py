@@ -94,7 +94,8 @@ def _smoke(args: argparse.Namespace) -> int:
     from pipeline.config import load_params
     from pipeline.data.read import UnreadableInput
     from pipeline.data.split import TrainSource
-    from pipeline.stages.smoke import heldout_requests, smoke_test
+    from pipeline.families.base import ModelLayoutError
+    from pipeline.stages.smoke import SmokeInputError, heldout_requests, smoke_test
 
     try:
         validated = TrainSource(args.data, split_config=load_params(args.params).validate).validated()
@@ -103,9 +104,14 @@ def _smoke(args: argparse.Namespace) -> int:
     except (UnreadableInput, FileNotFoundError) as error:
         print(f"decision smoke: {error}", file=sys.stderr)
         return EXIT_UNUSABLE
-    result = smoke_test(
-        args.url, bodies, args.model_dir, args.api_key, args.model, args.timeout, args.expected
-    )
+    try:
+        result = smoke_test(
+            args.url, bodies, args.model_dir, args.api_key, args.model, args.timeout, args.expected
+        )
+    except (ModelLayoutError, SmokeInputError) as error:  # --model-dir or --expected, before any request
+        flag = "--model-dir " if isinstance(error, ModelLayoutError) else ""
+        print(f"decision smoke: {flag}{error}", file=sys.stderr)
+        return EXIT_UNUSABLE
     if args.json:
         print(json.dumps(result.to_dict()))
     else:

@@ -28,6 +28,7 @@ import orjson
 from pipeline.data.answers import answer_probabilities, chosen_option, parse_request
 from pipeline.data.contract import Record
 from pipeline.families import load_decision_model
+from pipeline.families.base import DecisionModel
 from pipeline.mlops.promotion import SMOKE_TAG
 from pipeline.mlops.registry import client, download_version
 from pipeline.scoring.heldout import load_expected
@@ -37,6 +38,10 @@ MAX_PROBABILITY_DIFF = 1e-3
 # Served against trained: measured 5.0e-5 on `make run`'s joint export (the answers' 4-decimal rounding) and up to
 # 6e-4 on the tiny LoRA Laya export (its fp16 weights); a corrupted tensor moves answers by far more.
 TRAINED_MAX_DIFF = 5e-3
+
+
+class SmokeInputError(ValueError):
+    """An input of the smoke test that cannot be read (the trained model's expected answers)."""
 
 
 @dataclass(frozen=True)
@@ -78,11 +83,12 @@ def heldout_requests(records: list[Record], n: int) -> list[dict[str, Any]]:
     return bodies
 
 
-def compare_with_trained(served: list[dict[str, Any] | None], expected_path: str | Path,
+def compare_with_trained(served: list[dict[str, Any] | None], expected: dict[tuple[int, str], np.ndarray],
                          failures: list[str]) -> dict[str, float]:  # fmt: skip
-    """Served answers (the i-th for held-out record i) against the trained model's; failures appended."""
+    """Served answers (the i-th for held-out record i) against the trained model's (`load_expected`); failures
+    appended."""
     by_record: dict[int, list[tuple[str, np.ndarray]]] = {}
-    for (record, qid), want in load_expected(expected_path).items():
+    for (record, qid), want in expected.items():
         by_record.setdefault(record, []).append((qid, want))
     agree = total = 0
     diffs = []
@@ -113,14 +119,16 @@ def smoke_test(url: str, bodies: list[dict[str, Any]], model_dir: str | Path | N
                api_key: str | None = None, model: str | None = None, timeout_s: float = 30.0,
                expected: str | Path | None = None) -> SmokeResult:  # fmt: skip
     """Send each body, time it, and compare the answers with the folder's in-process answers and (with `expected`)
-    with the trained model's."""
+    with the trained model's. The folder and the expected answers are read before any request is sent:
+    ModelLayoutError or SmokeInputError names the one that cannot be read."""
+    wanted = _expected_answers(expected) if expected is not None else None
+    local = load_decision_model(model_dir) if model_dir is not None else None
     served, latencies, failures = _send_all(url, bodies, api_key, model, timeout_s)
-    trained = compare_with_trained(served, expected, failures) if expected is not None else {}
+    trained = compare_with_trained(served, wanted, failures) if wanted is not None else {}
     names = {answer.get("model") for answer in served if answer}
     agreement = max_diff = None
-    if model_dir is not None:
-        expected = _in_process(model_dir, bodies)
-        agreement, max_diff = _compare(served, expected)
+    if local is not None:
+        agreement, max_diff = _compare(served, _in_process(local, bodies))
         if agreement < MIN_AGREEMENT:
             failures.append(f"agreement {agreement:.4f} below {MIN_AGREEMENT}")
         if max_diff > MAX_PROBABILITY_DIFF:
@@ -162,9 +170,17 @@ def _send_all(url: str, bodies: list[dict[str, Any]], api_key: str | None, model
     return served, latencies, failures
 
 
-def _in_process(model_dir: str | Path, bodies: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def _expected_answers(path: str | Path) -> dict[tuple[int, str], np.ndarray]:
+    try:
+        return load_expected(path)
+    except (OSError, ValueError, KeyError) as error:  # missing, not an .npz, or an .npz of other arrays
+        what = "no such file" if isinstance(error, FileNotFoundError) else "not a run's expected answers"
+        raise SmokeInputError(f"--expected {path}: {what}; give the expected_answers.npz of the run folder that "
+                              "trained the model") from error  # fmt: skip
+
+
+def _in_process(model: DecisionModel, bodies: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The folder's answers, one request per forward pass (no batching with others)."""
-    model = load_decision_model(model_dir)
     return [model.answer([parse_request(b["state"], b["questions"])])[0].answers for b in bodies]
 
 

@@ -47,3 +47,23 @@ def test_smoke_fails_clearly_when_the_server_is_unreachable(synthetic_train_file
         "http://127.0.0.1:9", heldout_requests(_heldout(synthetic_train_file), 8), served_folder
     )
     assert not result.passed and any("ConnectError" in f for f in result.failures)
+
+
+def test_a_model_folder_or_expected_answers_that_cannot_be_read_is_refused_before_any_request(
+    synthetic_train_file, tmp_path, capsys, monkeypatch
+):
+    import pipeline.stages.smoke as smoke
+
+    monkeypatch.setattr(smoke, "_send_all", lambda *args: pytest.fail("a request was sent"))
+    not_npz = tmp_path / "expected_answers.npz"
+    not_npz.write_text("not arrays")
+    refusals = {
+        ("--model-dir", str(tmp_path / "nope")): "--model-dir ",
+        ("--model-dir", str(tmp_path)): "not a model folder",
+        ("--expected", str(tmp_path / "missing.npz")): "no such file",
+        ("--expected", str(not_npz)): "not a run's expected answers",
+    }
+    for flags, words in refusals.items():
+        code = main(["smoke", "--url", "http://127.0.0.1:9", "--data", str(synthetic_train_file), *flags])
+        lines = capsys.readouterr().err.strip().splitlines()
+        assert code == 2 and len(lines) == 1 and words in lines[0] and flags[1] in lines[0], lines

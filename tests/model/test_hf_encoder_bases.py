@@ -23,6 +23,7 @@ from pipeline.families.joint.predict import answer_joint_requests
 from pipeline.families.joint.records import encode_row
 from pipeline.families.joint.training import prepare_joint
 from pipeline.rundir import RunFolder
+from pipeline.scoring.heldout import load_expected
 from pipeline.stages.smoke import compare_with_trained, heldout_requests
 from tests.tiny import JOINT_HEAD, load_joint_on, write_learnable_rows, write_tiny_encoder
 
@@ -131,7 +132,9 @@ def assert_export_answers_as_trained(summary: dict) -> None:
     bodies = heldout_requests(SplitData.load(run.split).split.heldout, 100)
     answered = model.answer([parse_request(b["state"], b["questions"]) for b in bodies])
     failures: list[str] = []
-    figures = compare_with_trained([{"answers": a.answers} for a in answered], run.expected_answers, failures)
+    figures = compare_with_trained(
+        [{"answers": a.answers} for a in answered], load_expected(run.expected_answers), failures
+    )
     # The smoke test's bounds (fp16 weights); measured about 5e-5 here, the answers' 4-decimal rounding.
     assert failures == [] and figures["trained_agreement"] == 1.0, figures
 

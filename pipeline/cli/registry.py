@@ -89,7 +89,12 @@ def _report(args: argparse.Namespace, result: dict) -> None:
     if args.json:
         print(json.dumps(result))
     else:
-        print(f"{result['name']}: champion is version {result['champion']} (was {result['previous']})")
+        was = (
+            "already; nothing changed"
+            if result["previous"] == result["champion"]
+            else f"was {result['previous']}"
+        )
+        print(f"{result['name']}: champion is version {result['champion']} ({was})")
 
 
 def _retrain(args: argparse.Namespace) -> int:

@@ -119,13 +119,17 @@ def current(name: str, alias: str = CHAMPION) -> str | None:
         return None
 
 
-def set_alias(name: str, alias: str, version: str, why: str, who: str | None = None) -> None:
-    """Point `alias` at `version` and append the move to the history."""
+def set_alias(name: str, alias: str, version: str, why: str, who: str | None = None) -> bool:
+    """Point `alias` at `version` and append the move to the history; False, with nothing recorded, where it
+    points there already (a repeated move would make the next rollback land on the same version)."""
     previous = current(name, alias)
+    if previous == str(version):
+        return False
     client().set_registered_model_alias(name, alias, version)
     entry = {"alias": alias, "from": previous, "to": str(version), "who": who or _who(),
              "when": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"), "why": why}  # fmt: skip
     _write_history([*history(name), entry][-HISTORY_KEPT:], name)
+    return True
 
 
 def history(name: str) -> list[dict[str, Any]]:
@@ -134,9 +138,9 @@ def history(name: str) -> list[dict[str, Any]]:
     return json.loads(tags.get(HISTORY_TAG, "[]"))
 
 
-def promote_version(name: str, version: str, force: bool = False, why: str = "promoted by hand") -> None:
+def promote_version(name: str, version: str, force: bool = False, why: str = "promoted by hand") -> bool:
     """Make `version` the champion; refuses one whose smoke test did not pass, or one trained on unpinned
-    inputs, unless `force`."""
+    inputs, unless `force`. False where it is the champion already (nothing is recorded)."""
     tags = client().get_model_version(name, version).tags
     problems = [f"smoke test {tags.get(SMOKE_TAG, 'never ran')}"] if tags.get(SMOKE_TAG) != "passed" else []
     problems += ["trained on unpinned inputs (--allow-unpinned)"] if tags.get(UNPINNED_TAG) == "true" else []
@@ -144,7 +148,7 @@ def promote_version(name: str, version: str, force: bool = False, why: str = "pr
         raise PromotionRefused(
             f"{name} version {version}: {'; '.join(problems)}; use --force to promote anyway"
         )
-    set_alias(name, CHAMPION, version, why + (" (forced)" if problems else ""))
+    return set_alias(name, CHAMPION, version, why + (" (forced)" if problems else ""))
 
 
 def rollback(name: str) -> str:
@@ -165,7 +169,9 @@ def champion_stack(entries: list[dict[str, Any]]) -> list[str]:
             continue
         if entry["why"].startswith("rollback") and stack:
             stack.pop()
-        else:
+        elif (
+            not stack or stack[-1] != entry["to"]
+        ):  # a repeated move (recorded before set_alias skipped them)
             stack.append(entry["to"])
     return stack
 

@@ -281,8 +281,11 @@ def test_a_worse_candidate_is_held_as_challenger_and_rollback_restores_the_champ
     client().set_model_version_tag("tiny-model", second["version"], "smoke", "failed")
     with pytest.raises(PromotionRefused, match="--force"):
         promote_version("tiny-model", second["version"])
-    promote_version("tiny-model", second["version"], force=True)
+    assert promote_version("tiny-model", second["version"], force=True)
     assert current("tiny-model", CHAMPION) == second["version"]
+    moves = history("tiny-model")
+    assert not promote_version("tiny-model", second["version"], force=True)  # the champion already: no move
+    assert history("tiny-model") == moves and rollback("tiny-model") == first["version"]
 
 
 def test_a_gate_asking_for_a_margin_over_the_bag_of_words_holds_a_version_that_lacks_it(

@@ -2,7 +2,7 @@
 whatever its figures, and still gives every reason."""
 
 from pipeline.config import PromoteConfig
-from pipeline.mlops.promotion import UNPINNED_REASON, gate
+from pipeline.mlops.promotion import CHAMPION, UNPINNED_REASON, champion_stack, gate
 from pipeline.scoring.paired import PairedComparison
 
 GOOD = {"accuracy": 0.9, "ece": 0.01}
@@ -38,3 +38,11 @@ def test_with_a_margin_over_the_bag_of_words_a_version_behind_it_is_held_and_wit
     assert not unmeasured.promote and any("no bag of words scored" in r for r in unmeasured.reasons)
     shown_only = gate(GOOD, BETTER, True, PromoteConfig(), bag_of_words=0.95)  # the default: not gated on
     assert shown_only.promote and not any("bag of words" in r for r in shown_only.reasons)
+
+
+def test_rollback_goes_to_the_champion_before_even_where_a_promotion_was_recorded_twice():
+    def move(to, why="promoted by hand"):
+        return {"alias": CHAMPION, "to": to, "why": why}
+
+    entries = [move("1"), move("2"), move("2"), move("3"), move("2", "rollback from version 3")]
+    assert champion_stack(entries) == ["1", "2"]

@@ -15,6 +15,7 @@ Goals: at concurrency 8 at least 2x the peer's throughput; at concurrency 1 a p5
     python benchmarks/bench_serve.py --joint runs/<key>/export   # also ours on a `joint` export (goal: >= 3x laya)
     python benchmarks/bench_serve.py --bf16   # also ours (and the joint export) with --precision bf16, and its parity
     python benchmarks/bench_serve.py --backends torch onnxruntime openvino   # ours on each encoder runtime
+    python benchmarks/bench_serve.py --fairness --requests 20 --rounds 2   # another caller's latency behind a flood
 
 With `--backends`, ours runs once per `decision serve --backend` (the first fills the main table), and a backend
 table gives each one's requests/s against laya-serve, p50, GFLOP/s against the matmul peak, parity with the
@@ -78,6 +79,7 @@ def start_ours(
     confine: Callable[[], None] | None = None,
     backend: str = "auto",
     inference_log: str | None = None,
+    keys: str | None = None,
 ) -> subprocess.Popen:
     """`decision serve` on `model`; `confine` runs in the child before it starts (an affinity mask, a cgroup), so
     the server sees its CPU from the start. The inference log is off unless `inference_log` names a folder: a
@@ -90,6 +92,7 @@ def start_ours(
         command += ["--shadow", str(model), "--shadow-share", str(shadow_share)]
     if threads is not None:
         command += ["--threads", str(threads)]
+    command += ["--keys", keys] if keys else []
     return subprocess.Popen(command, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             preexec_fn=confine)  # fmt: skip
 
@@ -162,6 +165,79 @@ def load(url: str, bodies: list[dict], concurrency: int, deadline_s: float | Non
     return {"concurrency": concurrency, "requests": len(latencies), "errors": len(errors),
             "p50_ms": float(np.percentile(ms, 50)), "p95_ms": float(np.percentile(ms, 95)),
             "throughput_rps": len(latencies) / wall}  # fmt: skip
+
+
+def fairness(model: Path, bodies: list[dict], args) -> dict:
+    """Another caller's latency behind a flood: one key floods the server (`--flood` client threads sending
+    without pause) while a second sends `--requests` requests one at a time, with its own key (its own line,
+    taken in turn with the flood's) and, alternating, with the flood's key (one line with the flood: what a plain
+    first-come queue gives it). p50 and p95 of the second caller's requests and the flood's throughput, each."""
+    import tempfile
+
+    from pipeline.serving.keys import add_key
+    from pipeline.stages.smoke import free_port
+
+    with tempfile.TemporaryDirectory() as folder:
+        keys = str(Path(folder) / "keys.json")
+        flood_key, own_key = add_key(keys, "flood"), add_key(keys, "light")
+        port = free_port()
+        url = f"http://127.0.0.1:{port}"
+        process = start_ours(model, port, args.device, keys=keys)
+        try:
+            wait_ready(url, bodies[0], process)
+            load(url, bodies[:16], 8)  # warm-up
+            rounds = {"own key": [], "the flood's key": []}
+            for _ in range(args.rounds):
+                for name, key in (("own key", own_key), ("the flood's key", flood_key)):
+                    rounds[name].append(_behind_a_flood(url, bodies, flood_key, key, args.flood))
+        finally:
+            process.terminate()
+            process.wait(timeout=30)
+    print(f"\na second caller's {len(bodies)} requests, one at a time, behind {args.flood} flood threads "
+          f"(best of {args.rounds} rounds, alternating)")  # fmt: skip
+    print(f"{'second caller sends with':<26}{'p50 ms':>9}{'p95 ms':>9}{'flood req/s':>13}")
+    best = {name: min(runs, key=lambda run: run["p50_ms"]) for name, runs in rounds.items()}
+    for name, run in best.items():
+        print(f"{name:<26}{run['p50_ms']:>9.0f}{run['p95_ms']:>9.0f}{run['flood_rps']:>13.1f}")
+    shared, own = best["the flood's key"], best["own key"]
+    print(f"p50 in a line of its own / in the flood's line: {own['p50_ms'] / shared['p50_ms']:.2f}; "
+          f"p95 {own['p95_ms'] / shared['p95_ms']:.2f}")  # fmt: skip
+    return {"flood_threads": args.flood, "rounds": rounds, "best": best}
+
+
+def _behind_a_flood(url: str, bodies: list[dict], flood_key: str, key: str, threads: int) -> dict:
+    import httpx
+
+    stop, sent = threading.Event(), []
+
+    def flood() -> None:
+        with httpx.Client(
+            base_url=url, timeout=120, headers={"Authorization": f"Bearer {flood_key}"}
+        ) as http:
+            index = 0
+            while not stop.is_set():
+                http.post("/v1/systemone", json=bodies[index % len(bodies)])
+                sent.append(time.perf_counter())
+                index += 1
+
+    flooding = [threading.Thread(target=flood) for _ in range(threads)]
+    for thread in flooding:
+        thread.start()
+    time.sleep(2.0)  # the flood's line fills
+    latencies = []
+    with httpx.Client(base_url=url, timeout=120, headers={"Authorization": f"Bearer {key}"}) as http:
+        for body in bodies:
+            started = time.perf_counter()
+            assert http.post("/v1/systemone", json=body).status_code == 200
+            latencies.append(time.perf_counter() - started)
+    window = (time.perf_counter() - sum(latencies), time.perf_counter())
+    stop.set()
+    for thread in flooding:
+        thread.join()
+    answered = sum(window[0] <= moment <= window[1] for moment in sent)
+    ms = np.asarray(latencies) * 1000
+    return {"p50_ms": float(np.percentile(ms, 50)), "p95_ms": float(np.percentile(ms, 95)),
+            "flood_rps": answered / (window[1] - window[0])}  # fmt: skip
 
 
 def answers(url: str, bodies: list[dict]) -> list[dict]:
@@ -367,9 +443,18 @@ def main() -> int:
     parser.add_argument("--backends", nargs="+", default=["auto"],
                         choices=["auto", "torch", "onnxruntime", "openvino"],
                         help="ours with each `decision serve --backend` (default: auto); the first fills the main table")  # fmt: skip
+    parser.add_argument("--fairness", action="store_true",
+                        help="only measure a second caller's latency behind a flood from another key (--flood "
+                        "threads), in its own line and in the flood's; --requests is the second caller's")  # fmt: skip
+    parser.add_argument("--flood", type=int, default=32, help="the flood's client threads with --fairness")
     args = parser.parse_args()
 
     bodies = build_requests(args.data, args.requests)
+    if args.fairness:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        result = fairness(args.model, bodies, args)
+        args.out.with_name("bench_serve_fairness.json").write_text(json.dumps(result, indent=2))
+        return 0
     print(
         f"model {args.model} on {args.device}, {len(bodies)} requests x {len(bodies[0]['questions'])} questions",
         flush=True,

@@ -1,20 +1,24 @@
 """Micro-batching for the Decision API: concurrent requests share one forward pass.
 
-Requests wait in a bounded queue. One worker takes the first waiting request, gathers more for at most
-`max_wait_s` (or until `max_items` questions), and runs them together in a single inference thread, so
-torch keeps every core for one batch instead of splitting them between requests. While a batch runs, new
-arrivals queue up and form the next batch, so under load batches grow without any added wait. A full queue
-is refused at once (the server answers 503 with Retry-After), and a failing request fails alone: a batch that
-raises is run again one job at a time, so only the job that raises gets the exception.
+Requests wait in a bounded queue, one line per caller. One worker takes waiting requests from the callers in
+turn (one from each, round-robin), gathers for at most `max_wait_s` (or until `max_items` questions), and runs
+them together in a single inference thread, so torch keeps every core for one batch instead of splitting them
+between requests. While a batch runs, new arrivals queue up and form the next batch, so under load batches grow
+without any added wait. Taking callers in turn means that a caller with many requests waiting delays another
+caller's request by about one batch, not by everything it queued first. A full queue is refused at once (the
+server answers 503 with Retry-After), to the caller with the most requests waiting: a newcomer with fewer takes
+the place of that caller's latest one, which gets the refusal. A failing request fails alone: a batch that raises
+is run again one job at a time, so only the job that raises gets the exception.
 
     batcher = MicroBatcher(run_batch, max_items=64, max_wait_s=0.002, max_queue=256)
-    result = await batcher.submit(key, payload, n_items)
+    result = await batcher.submit(key, payload, n_items, caller="alice")
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections import deque
 from collections.abc import Callable, Hashable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -35,6 +39,43 @@ class Job:
     future: asyncio.Future = field(repr=False)
 
 
+class CallerQueues:
+    """Waiting jobs, one line per caller, taken from the callers in turn; `len` counts every waiting job."""
+
+    def __init__(self) -> None:
+        self._lines: dict[Hashable, deque[Job]] = {}  # in turn order: the next caller to serve first
+        self._count = 0
+
+    def __len__(self) -> int:
+        return self._count
+
+    def waiting(self, caller: Hashable) -> int:
+        return len(self._lines.get(caller, ()))
+
+    def put(self, caller: Hashable, job: Job) -> None:
+        self._lines.setdefault(caller, deque()).append(job)
+        self._count += 1
+
+    def take(self) -> Job:
+        """The first job of the caller whose turn it is; that caller's turn passes to the back."""
+        caller, line = next(iter(self._lines.items()))
+        job = line.popleft()
+        del self._lines[caller]
+        if line:
+            self._lines[caller] = line
+        self._count -= 1
+        return job
+
+    def shed_for(self, caller: Hashable) -> Job | None:
+        """Room for one job of `caller` in a full queue: the latest job of the caller with the most waiting,
+        taken out, where that is more than `caller` has; None (the newcomer is refused) otherwise."""
+        heaviest = max(self._lines, key=lambda other: len(self._lines[other]))
+        if len(self._lines[heaviest]) <= self.waiting(caller) + 1:
+            return None
+        self._count -= 1
+        return self._lines[heaviest].pop()
+
+
 # run_batch gets jobs with the same key and returns one result or exception per job, in order.
 RunBatch = Callable[[Hashable, list[Any]], list[Any]]
 
@@ -47,7 +88,8 @@ class MicroBatcher:
         self._run_batch = run_batch
         self._on_batch = on_batch  # (requests, questions) of every batch run, for the server's metrics
         self.max_items, self.max_wait_s, self.max_queue = max_items, max_wait_s, max_queue
-        self._queue: asyncio.Queue[Job] | None = None
+        self._queue = CallerQueues()
+        self._arrived: asyncio.Event | None = None
         self._worker: asyncio.Task | None = None
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="inference")
         self.batches = 0  # counters for /healthz and the tests
@@ -56,7 +98,7 @@ class MicroBatcher:
 
     def start(self) -> None:
         """Start the worker on the running event loop."""
-        self._queue = asyncio.Queue()
+        self._arrived = asyncio.Event()
         self._worker = asyncio.get_running_loop().create_task(self._work())
 
     async def stop(self) -> None:
@@ -68,21 +110,26 @@ class MicroBatcher:
 
     @property
     def queued(self) -> int:
-        return 0 if self._queue is None else self._queue.qsize()
+        return len(self._queue)
 
     @property
     def busy(self) -> bool:
         """A batch is running or a request is waiting (what background work yields to)."""
         return self.running > 0 or self.queued > 0
 
-    async def submit(self, key: Hashable, payload: Any, n_items: int) -> Any:
-        """Queue one job and wait for its result; QueueFull at once when the queue is at its bound."""
-        if self._queue is None:
+    async def submit(self, key: Hashable, payload: Any, n_items: int, caller: Hashable = None) -> Any:
+        """Queue one job of `caller` and wait for its result. QueueFull at once when the queue is at its bound
+        and `caller` has as many waiting as any other caller (else that caller's latest job gets it instead)."""
+        if self._arrived is None:
             raise RuntimeError("MicroBatcher.start() was not called")
-        if self._queue.qsize() >= self.max_queue:
-            raise QueueFull(f"{self._queue.qsize()} requests waiting")
+        if len(self._queue) >= self.max_queue:
+            shed = self._queue.shed_for(caller)
+            if shed is None:
+                raise QueueFull(f"{len(self._queue)} requests waiting")
+            _settle(shed.future, QueueFull(f"{len(self._queue)} requests waiting; another caller's turn"))
         job = Job(key, payload, n_items, asyncio.get_running_loop().create_future())
-        self._queue.put_nowait(job)
+        self._queue.put(caller, job)
+        self._arrived.set()
         return await job.future
 
     async def _work(self) -> None:
@@ -116,24 +163,31 @@ class MicroBatcher:
         return results
 
     async def _gather(self) -> list[Job]:
-        assert self._queue is not None
-        jobs = [await self._queue.get()]
+        await self._next_arrival(None)
+        jobs = [self._queue.take()]
         items = jobs[0].n_items
         deadline = asyncio.get_running_loop().time() + self.max_wait_s
         while items < self.max_items:
-            if self._queue.empty():
-                remaining = deadline - asyncio.get_running_loop().time()
-                if remaining <= 0:
-                    break
-                try:
-                    job = await asyncio.wait_for(self._queue.get(), remaining)
-                except TimeoutError:
-                    break
-            else:
-                job = self._queue.get_nowait()
+            if not self._queue and not await self._next_arrival(deadline):
+                break
+            job = self._queue.take()
             jobs.append(job)
             items += job.n_items
         return jobs
+
+    async def _next_arrival(self, deadline: float | None) -> bool:
+        """Wait until a job is waiting (or `deadline`, on the loop's clock, passes); whether one is."""
+        assert self._arrived is not None
+        while not self._queue:
+            self._arrived.clear()
+            remaining = None if deadline is None else deadline - asyncio.get_running_loop().time()
+            if remaining is not None and remaining <= 0:
+                return False
+            try:
+                await asyncio.wait_for(self._arrived.wait(), remaining)
+            except TimeoutError:
+                return bool(self._queue)
+        return True
 
 
 def _by_key(jobs: list[Job]) -> dict[Hashable, list[Job]]:

@@ -257,7 +257,9 @@ def create_app(catalog: Catalog, keys: KeyStore, config: ServerConfig = ServerCo
         return _authenticate(keys, bearer.credentials if bearer else None, x_api_key, config.require_key)
 
     @app.post("/v1/systemone", response_model=DecisionResponse, responses=ERROR_RESPONSES)
-    async def systemone(body: DecisionRequest, who: Annotated[Caller, Depends(caller)]) -> Response:
+    async def systemone(
+        body: DecisionRequest, who: Annotated[Caller, Depends(caller)], request: Request
+    ) -> Response:
         started = time.perf_counter()
         model = _resolve(catalog, body.model, who)
         questions = {qid: q.model_dump() for qid, q in body.questions.items()}
@@ -268,7 +270,7 @@ def create_app(catalog: Catalog, keys: KeyStore, config: ServerConfig = ServerCo
         except InvalidRequest as error:
             return error_json(422, error.errors)
         try:
-            result = await _answer_in_parts(batcher, model, parsed, config.part_chars)
+            result = await _answer_in_parts(batcher, model, parsed, config.part_chars, _turn_of(who, request))
         except QueueFull:
             raise api_error(
                 503, "the server is busy", "overloaded_error", _retry_after(RETRY_AFTER_BUSY_S)
@@ -360,15 +362,24 @@ def _backend_facts(catalog: Catalog, serving: ServedModel | None) -> dict[str, A
     return {"backend": serving.model.backend, "backend_reason": choice.reason if choice else None}
 
 
-async def _answer_in_parts(batcher: MicroBatcher, model: ServedModel, parsed: ParsedRequest,
-                           part_chars: int) -> Answered:  # fmt: skip
-    """The request's answers, its parts (`request_parts`) queued one after another: new option texts cost the
-    encoder a pass each (~6 ms per option on 2 cores), and 64 questions of 255 fresh options would otherwise
-    hold the inference thread for a minute and more while every other caller waits."""
+async def _answer_in_parts(batcher: MicroBatcher, model: ServedModel, parsed: ParsedRequest, part_chars: int,
+                           turn: str) -> Answered:  # fmt: skip
+    """The request's answers, its parts (`request_parts`) queued one after another in the line of `turn` (the
+    batcher takes the lines in turn): new option texts cost the encoder a pass each (~6 ms per option on 2 cores),
+    and 64 questions of 255 fresh options would otherwise hold the inference thread for a minute and more while
+    every other caller waits."""
     parts = request_parts(parsed, part_chars)
-    results = [await batcher.submit(model, part, len(part.questions)) for part in parts]
+    results = [await batcher.submit(model, part, len(part.questions), turn) for part in parts]
     answers = {qid: answer for result in results for qid, answer in result.answers.items()}
     return Answered(answers, sum(result.input_tokens for result in results))
+
+
+def _turn_of(who: Caller, request: Request) -> str:
+    """Whose line a request waits in: its key's owner, else (no key, an open server) the client's address; one
+    proxy in front of an open server makes every request one caller's, as a plain queue would."""
+    if who.owner is not None:
+        return f"owner:{who.owner}"
+    return f"address:{request.client.host if request.client else 'unknown'}"
 
 
 def _run_batch(model: ServedModel, requests: list[Any]) -> list[Any]:

@@ -18,8 +18,10 @@ export MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR := false
 DATA ?=
 BASE ?=
 MAPPING ?=
-NAME ?= $(if $(DATA),$(basename $(notdir $(patsubst %/,%,$(DATA)))))
+NAME ?=
 RUN_CONFIG ?= $(NAME)
+# A value as one shell word, whatever it holds (spaces, quotes, ;): in single quotes, each ' written '\''.
+quoted = '$(subst ','\'',$(1))'
 # Extra pytest arguments for `make test` / `make test-all`, e.g. PYTEST_ARGS="-n 4" (pytest-xdist) on a bigger machine.
 PYTEST_ARGS ?=
 PORT ?= 8000
@@ -35,11 +37,12 @@ run: $(STAMP) repo  ## the main job: pin data and base, then the retrain flow (t
 	python -m pipeline.data.remote pull
 ifeq ($(DATA),)
 	dvc repro
+	python -m flows.retrain $(if $(RUN_CONFIG),--run-config $(call quoted,$(RUN_CONFIG)))
 else
 	$(if $(BASE),,dvc repro snapshot)
-	decision init --data '$(DATA)' --name '$(RUN_CONFIG)' $(if $(BASE),--base '$(BASE)') $(if $(MAPPING),--mapping '$(MAPPING)')
+	decision init --run --data $(call quoted,$(DATA)) $(if $(RUN_CONFIG),--name $(call quoted,$(RUN_CONFIG))) \
+	  $(if $(BASE),--base $(call quoted,$(BASE))) $(if $(MAPPING),--mapping $(call quoted,$(MAPPING)))
 endif
-	python -m flows.retrain $(if $(RUN_CONFIG),--run-config $(RUN_CONFIG))
 
 # A sweep over train.* settings (docs/sweeps.md): `make sweep [SPACE=FILE] [NAME=NAME]` on the pinned data, as `make run`
 # trains it; every trial an MLflow child run, the best registered and gated as a challenger. Rerun to resume.
@@ -47,7 +50,7 @@ SPACE ?= sweeps/vader.yaml
 sweep: $(STAMP) repo  ## Optuna over the settings in SPACE: trials in MLflow, the best registered through the gate
 	python -m pipeline.data.remote pull
 	$(if $(DATA),$(error make sweep takes NAME=NAME for your own data: run `make run DATA=...` once to pin it),dvc repro)
-	python -m flows.sweep --space '$(SPACE)' $(if $(RUN_CONFIG),--run-config $(RUN_CONFIG))
+	python -m flows.sweep --space $(call quoted,$(SPACE)) $(if $(RUN_CONFIG),--run-config $(call quoted,$(RUN_CONFIG)))
 
 # The fast tier deselects `full` (tests/conftest.py marks it: services, workers, torchrun ranks, Chromium).
 test: $(STAMP) repo data  ## the fast tier: unit, data, model, api and one tiny flow (CPU, tiny models)
@@ -57,7 +60,7 @@ test-all: $(STAMP) repo data browser postgres  ## every test but the GPU ones (.
 	python -m pytest -m "not gpu" $(PYTEST_ARGS)
 
 serve: $(STAMP)  ## the Decision API on the champion version (follows the alias)
-	decision serve $(if $(RUN_CONFIG),--run-config $(RUN_CONFIG),--model models:/decision-model@champion) --port $(PORT)
+	decision serve $(if $(RUN_CONFIG),--run-config $(call quoted,$(RUN_CONFIG)),--model models:/decision-model@champion) --port $(PORT)
 
 # A tracking server (MLFLOW_TRACKING_URI=http://…, e.g. on PostgreSQL) serves its own UI: open that instead.
 ui: $(STAMP)  ## the MLflow UI on loopback (or the address of the tracking server's own UI)

@@ -7,6 +7,7 @@ checks each field's type when a section is built; the section's `__post_init__` 
 from __future__ import annotations
 
 import functools
+import re
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
@@ -461,6 +462,7 @@ class Params:
 
 _SECTIONS = {f.name: type(getattr(Params(), f.name)) for f in fields(Params)}
 RUN_CONFIGS_DIR = "configs"
+RUN_CONFIG_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")  # a file name in configs/, never a path
 
 
 def _yaml_sections(path: str | Path) -> dict[str, Any]:
@@ -476,19 +478,26 @@ def _yaml_sections(path: str | Path) -> dict[str, Any]:
     return {section: values or {} for section, values in raw.items()}
 
 
-def load_params(path: str | Path = PARAMS_FILE, run_config: str | None = None) -> Params:
+def load_params(path: str | Path = PARAMS_FILE, run_config: str | None = None,
+                overrides: dict[str, dict[str, Any]] | None = None) -> Params:  # fmt: skip
     """Every section of `params.yaml` as its config dataclass; unknown sections and keys are refused by name.
 
     `run_config` names `configs/<name>.yaml` (beside params.yaml), whose sections override single keys, e.g.
-    the `tiny` run the tests and `RUN_CONFIG=tiny make run` use.
+    the `tiny` run the tests and `RUN_CONFIG=tiny make run` use; `overrides` (sections of keys, as a run config
+    holds them) override after it: a run config checked before it is written.
     """
     raw = _yaml_sections(path)
+    layers = [overrides or {}]
     if run_config:
+        if not RUN_CONFIG_NAME.match(run_config):
+            raise ConfigError(f"run config {run_config!r}: a name (configs/NAME.yaml), not a path")
         override_file = Path(path).parent / RUN_CONFIGS_DIR / f"{run_config}.yaml"
         if not override_file.is_file():
             raise ConfigError(f"run config {run_config!r}: no file {override_file}")
-        for section, values in _yaml_sections(override_file).items():
-            raw[section] = {**raw.get(section, {}), **values}
+        layers.insert(0, _yaml_sections(override_file))
+    for layer in layers:
+        for section, values in layer.items():
+            raw[section] = {**raw.get(section, {}), **(values or {})}
     unknown = sorted(set(raw) - set(_SECTIONS))
     if unknown:
         raise ConfigError(f"{path}: unknown section(s) {', '.join(unknown)}; known: {', '.join(_SECTIONS)}")

@@ -11,6 +11,7 @@ import json
 import sys
 
 from pipeline.cli.data import BadMappingFlags, add_mapping_arguments, mapping_value
+from pipeline.cli.registry import launch_flow
 
 EXIT_OK, EXIT_UNUSABLE = 0, 2
 
@@ -28,19 +29,31 @@ def _init(args: argparse.Namespace) -> int:
         print(f"decision init: {error}", file=sys.stderr)
         return EXIT_UNUSABLE
     if args.json:
-        print(json.dumps(result.to_dict()))
-        return EXIT_OK
+        print(json.dumps(result.to_dict()), flush=True)
+    else:
+        _print_init(result, args.run)
+    if args.run:  # what `make run DATA=...` does next: the retrain flow on the run just set up
+        return launch_flow("flows.retrain", ["--run-config", result.name])
+    return EXIT_OK
+
+
+def _print_init(result, then_run: bool) -> None:
     revision = "unchanged" if result.previous_data_md5 == result.data_md5 else (
         f"a new revision (was {result.previous_data_md5})" if result.data_changed else "pinned for the first time")  # fmt: skip
     copied = " (copied in: DVC pins only what lies inside the project)" if result.copied else ""
     print(f"data  {result.data}{copied}: md5 {result.data_md5}, {revision}")
     print(f"base  {result.base}: md5 {result.base_md5 or 'built by `dvc repro snapshot`'}")
+    done = "updated" if result.updated else "wrote"
+    kept = " (its other keys kept)" if result.updated else ""
     print(
-        f"wrote {result.run_config}: the run's data, base, runs/{result.name}/ and model name {result.name}"
+        f"{done} {result.run_config}: the run's data, base, runs/{result.name}/ and model name {result.name}{kept}"
     )
+    if then_run:
+        print(f"training it: python -m flows.retrain --run-config {result.name} (serve it after with make serve "
+              f"NAME={result.name})", flush=True)  # fmt: skip
+        return
     print(f"next: python -m flows.retrain --run-config {result.name}   (or make run NAME={result.name}),\n"
           f"      then make serve NAME={result.name}")  # fmt: skip
-    return EXIT_OK
 
 
 def add_run_commands(commands) -> None:
@@ -52,13 +65,16 @@ def add_run_commands(commands) -> None:
         "inside the project, else snapshotted into data/snapshots/ (`decision snapshot --from`), and "
         "configs/NAME.yaml names them, the run folder runs/NAME/, the registered model NAME and the mapping of a "
         "plain table (keys you add to it are kept). A rerun re-pins: changed data is a new revision, and it says "
-        "so. Exit 2 on a bad name, a source or mapping that cannot be read, or a base that is no model; nothing "
-        "is pinned or written then.",
+        "so. Exit 2 on a bad name, a source or mapping that cannot be read, a base that is no model, or a "
+        "configs/NAME.yaml that init did not write (a shipped or hand-written config is never taken over) or that "
+        "would not load; nothing is pinned or written then.",
     )
     init.add_argument("--data", required=True, help="a decision or table file, a folder or glob of shards, a "
                       "save_to_disk folder, or hf:OWNER/NAME (docs/data-format.md, Sources)")  # fmt: skip
     init.add_argument("--base", help="a model folder or Hub id (default: the stock MiniLM snapshot)")
     init.add_argument("--name", help="the run and model name (default: DATA's file or folder name)")
     init.add_argument("--json", action="store_true", help="print one JSON object instead of lines")
+    init.add_argument("--run", action="store_true", help="then run the retrain flow on it (what `make run "
+                      "DATA=...` does): its exit code is the command's")  # fmt: skip
     add_mapping_arguments(init)
     init.set_defaults(handler=_init)

@@ -24,7 +24,7 @@ import pyarrow.parquet as pq
 import yaml
 
 from pipeline.config import RUN_CONFIGS_DIR, ConfigError, RetrainConfig, load_params
-from pipeline.data.mapping import load_mapping
+from pipeline.data.mapping import YamlFileError, load_mapping, load_yaml_file
 from pipeline.data.pins import PinMismatch, pin_command, verify_pins
 from pipeline.data.read import iter_tables
 from pipeline.data.sources import HUB_PREFIX, pin_path
@@ -35,7 +35,8 @@ from pipeline.stages.snapshot import pin_folder, snapshot_base
 
 OWN_DATA_DIR = Path("data/own")
 SNAPSHOTS_DIR = Path("data/snapshots")
-NAME_PATTERN = re.compile(r"^[a-z0-9][a-z0-9._-]{0,62}$")
+NAME_PATTERN = re.compile(r"^[a-z0-9]([a-z0-9._-]{0,61}[a-z0-9])?$")
+INIT_HEADER = "# Written by `decision init`"
 
 
 class BadInit(ValueError):
@@ -56,6 +57,8 @@ class InitResult:
     base_md5: str | None
     copied: bool
     """The data lay outside the project and was copied in."""
+    updated: bool = False
+    """The run config existed (an earlier init wrote it) and was updated, its other keys kept."""
 
     @property
     def data_changed(self) -> bool:
@@ -68,10 +71,10 @@ class InitResult:
 def run_name(data: str, name: str | None) -> str:
     """`name`, or the data's file or folder name without its suffix, lower-cased; BadInit when not usable as a
     registry and file name."""
-    chosen = name or Path(data.rstrip("/")).name.split(".")[0].lower()
+    chosen = name if name is not None else Path(data.rstrip("/")).name.split(".")[0].lower()
     if not NAME_PATTERN.match(chosen):
-        raise BadInit(f"run name {chosen!r}: use 1-63 of a-z, 0-9, '.', '_', '-' (starting with a letter or "
-                      "digit); pass NAME=... (make) or --name")  # fmt: skip
+        raise BadInit(f"run name {chosen!r}: use 1-63 of a-z, 0-9, '.', '_', '-' (starting and ending with a "
+                      "letter or digit); pass NAME=... (make) or --name")  # fmt: skip
     return chosen
 
 
@@ -81,36 +84,88 @@ def init_run(data: str, base: str | None = None, name: str | None = None,
     source, the mapping and the base are checked before anything is copied or pinned."""
     root = Path(root).resolve()
     name = run_name(data, name)
+    config_file = root / RUN_CONFIGS_DIR / f"{name}.yaml"
+    existing = _existing_run_config(config_file)  # one init did not write is never taken over
     data = data if data.startswith(HUB_PREFIX) else os.path.expanduser(data)
     loaded = load_mapping(mapping) if mapping is not None else None  # MappingError, before anything is pinned
     # BadSource / UnreadableInput (an empty folder or file, shards that disagree, a Hub id offline, a table with no
     # mapping) and a source with no usable decision are refused here, with the reasons, before anything is pinned
     refuse_unusable(data, validate_file(data, with_records=False, mapping=loaded).report)
     rel_base, base_md5 = _pinned_base(base, root)  # checked (it loads as a base) before the data is pinned
+    sections = {"retrain": {"data": _run_data_text(data, root, name), "base": rel_base, "runs_dir": f"runs/{name}",
+                            "model_name": name},
+                "validate": {} if mapping is None else {"mapping": _mapping_entry(mapping, root, name)}}  # fmt: skip
+    merged = _merged(existing, sections)
+    try:  # the config as it will be written, checked before anything is copied, pinned or written
+        load_params(root / "params.yaml", overrides=merged)
+    except ConfigError as error:
+        raise BadInit(f"{config_file}: {error}") from None
     data_text, pinned, copied = _inside(data, root, name)
     previous = _current_pin(pinned.relative_to(root).as_posix(), root)
     data_md5, _ = pin_folder(pinned)
-    retrain = {"data": data_text, "base": rel_base, "runs_dir": f"runs/{name}", "model_name": name}
-    validate = {} if mapping is None else {"mapping": _mapping_entry(mapping, root, name)}
-    config = _write_run_config(root, name, {"retrain": retrain, "validate": validate})
-    return InitResult(name, config, data_text, data_md5, previous, rel_base, base_md5, copied)
+    if isinstance(mapping, str):
+        _copy_mapping(mapping, root, name)
+    config = _write_run_config(config_file, name, merged)
+    return InitResult(name, config.relative_to(root).as_posix(), data_text, data_md5, previous, rel_base, base_md5,
+                      copied, updated=bool(existing))  # fmt: skip
+
+
+def _existing_run_config(path: Path) -> dict[str, Any]:
+    """The sections of a run config an earlier init wrote ({} where there is none); BadInit for one init did not
+    write (a shipped or hand-written config, which a rerun must not take over) or one that cannot be read."""
+    if not path.exists():
+        return {}
+    try:
+        sections = load_yaml_file(path) or {}
+    except YamlFileError as error:  # its message names the file
+        raise BadInit(f"{error}; fix or remove it, or give another --name") from None
+    except OSError as error:
+        raise BadInit(f"{path}: {error.strerror}; fix or remove it, or give another --name") from None
+    if not isinstance(sections, dict) or not all(isinstance(v, dict | None) for v in sections.values()):
+        raise BadInit(f"{path}: expected sections of keys (retrain:, train:, ...); fix or remove it")
+    written_for = (sections.get("retrain") or {}).get("model_name")
+    if written_for != path.stem:  # init always names the model after the run
+        raise BadInit(f"{path} exists and `decision init` did not write it (its retrain.model_name is "
+                      f"{written_for!r}, not {path.stem!r}): give another --name (NAME=), or move that file away")  # fmt: skip
+    return {section: values or {} for section, values in sections.items()}
+
+
+def _merged(existing: dict[str, Any], sections: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """`existing` with the keys of `sections` set; its other keys (a user's additions) kept."""
+    merged = dict(existing)
+    for section, values in sections.items():
+        if values:
+            merged[section] = {**(merged.get(section) or {}), **values}
+    return merged
+
+
+def _run_data_text(data: str, root: Path, name: str) -> str:
+    """The DATA text the run will read (`_inside` makes it so): the source's path inside the project, or where it
+    is copied to under data/own/."""
+    if data.startswith(HUB_PREFIX):
+        return (OWN_DATA_DIR / name).as_posix()
+    path = pin_path(data).expanduser().resolve()
+    rest = data[len(str(pin_path(data))) :]
+    if path.is_relative_to(root):
+        return path.relative_to(root).as_posix() + rest
+    return (OWN_DATA_DIR / (name + "".join(path.suffixes) if path.is_file() else name)).as_posix() + rest
 
 
 def _inside(data: str, root: Path, name: str) -> tuple[str, Path, bool]:
     """(the DATA text the run reads, the path DVC pins, whether it was copied in): the source as it is when its
     path lies inside the project; else its file or folder copied to data/own/ (replaced whole each time) with
     the glob or split kept; a Hub data set written there as Parquet shards."""
+    text = _run_data_text(data, root, name)
     if data.startswith(HUB_PREFIX):
         target = root / OWN_DATA_DIR / name
         _staged(target, lambda staging: _write_shards(data, staging))
-        return target.relative_to(root).as_posix(), target, True
+        return text, target, True
     path = pin_path(data).expanduser().resolve()
-    rest = data[len(str(pin_path(data))) :]  # a glob's pattern or a ":SPLIT" after the pinned path
     if path.is_relative_to(root):
-        return path.relative_to(root).as_posix() + rest, path, False
+        return text, path, False
     target = root / OWN_DATA_DIR / (name + "".join(path.suffixes) if path.is_file() else name)
     _staged(target, lambda staging: _copy(path, staging))
-    return target.relative_to(root).as_posix() + rest, target, True
+    return text, target, True
 
 
 def _staged(target: Path, fill) -> None:
@@ -138,17 +193,25 @@ def _write_shards(data: str, staging: Path, rows_per_shard: int = 100_000) -> No
 
 
 def _mapping_entry(mapping: str | dict[str, Any], root: Path, name: str) -> str | dict[str, Any]:
-    """What `validate.mapping` holds: a mapping file inside the project by its path, one outside it copied to
-    configs/<name>.mapping.yaml, flags' mapping inline."""
+    """What `validate.mapping` holds: a mapping file inside the project by its path, one outside it by where
+    `_copy_mapping` puts it (configs/<name>.mapping.yaml), flags' mapping inline."""
     if isinstance(mapping, dict):
         return mapping
     path = Path(mapping).expanduser().resolve()
+    return (path if path.is_relative_to(root) else _mapping_copy(root, name)).relative_to(root).as_posix()
+
+
+def _mapping_copy(root: Path, name: str) -> Path:
+    return root / RUN_CONFIGS_DIR / f"{name}.mapping.yaml"
+
+
+def _copy_mapping(mapping: str, root: Path, name: str) -> None:
+    """A mapping file outside the project copied to configs/<name>.mapping.yaml (the run config names it there)."""
+    path = Path(mapping).expanduser().resolve()
     if not path.is_relative_to(root):
-        copy = root / RUN_CONFIGS_DIR / f"{name}.mapping.yaml"
+        copy = _mapping_copy(root, name)
         copy.parent.mkdir(exist_ok=True)
         shutil.copy2(path, copy)
-        path = copy
-    return path.relative_to(root).as_posix()
 
 
 def _current_pin(rel: str, root: Path) -> str | None:
@@ -185,20 +248,11 @@ def _stage_md5(rel: str, root: Path) -> str | None:
         return None
 
 
-def _write_run_config(root: Path, name: str, sections: dict[str, dict[str, Any]]) -> str:
-    """configs/<name>.yaml with the keys of `sections` set (the file's other keys kept), checked by loading it."""
-    path = root / RUN_CONFIGS_DIR / f"{name}.yaml"
-    existing = (yaml.safe_load(path.read_text()) or {}) if path.is_file() else {}
-    for section, values in sections.items():
-        if values:
-            existing[section] = {**(existing.get(section) or {}), **values}
+def _write_run_config(path: Path, name: str, sections: dict[str, Any]) -> Path:
+    """configs/<name>.yaml holding `sections` (checked already), written whole or not at all."""
     path.parent.mkdir(exist_ok=True)
     staging = path.with_name(f".{path.name}.tmp")
-    staging.write_text(f"# Written by `decision init` (make run DATA=... NAME={name}); keys you add are kept.\n"
-                       + yaml.safe_dump(existing, sort_keys=False))  # fmt: skip
+    staging.write_text(f"{INIT_HEADER} (make run DATA=... NAME={name}); keys you add are kept.\n"
+                       + yaml.safe_dump(sections, sort_keys=False), encoding="utf-8")  # fmt: skip
     staging.replace(path)
-    try:
-        load_params(root / "params.yaml", name)
-    except ConfigError as error:
-        raise BadInit(f"{path}: {error}") from None
-    return path.relative_to(root).as_posix()
+    return path

@@ -124,9 +124,47 @@ def test_bad_input_is_one_line_exit_2_and_writes_no_config(project, capsys, flag
     assert not (project / "configs").exists() and not list((project / "data").glob("*.dvc"))
 
 
+@pytest.mark.parametrize(
+    ("config", "said"),
+    [
+        ("retrain:\n  model_name: decision-model-tiny\n  slice: '0:400'\n", "did not write it"),
+        ("- a\n- b\n", "expected sections of keys"),
+        ("retrain: [\n", "mine.yaml: not YAML"),
+        ("retrain:\n  model_name: mine\ntrain:\n  bogus_key: 1\n", "bogus_key"),
+    ],
+)
+def test_a_run_config_init_cannot_update_is_refused_before_anything_is_pinned(project, tmp_path, capsys, config,
+                                                                              said):  # fmt: skip
+    source = write_rows(tmp_path / "exports" / "mine.jsonl", 3)
+    (project / "configs").mkdir()
+    (project / "configs" / "mine.yaml").write_text(config)
+    code, _, err = init(capsys, "--data", str(source))
+    assert code == 2 and said in err and err.count("\n") == 1, err
+    assert (project / "configs" / "mine.yaml").read_text() == config
+    assert sorted(path.name for path in (project / "configs").iterdir()) == ["mine.yaml"]
+    assert not (project / "data").exists()
+
+
 def test_the_run_name_comes_from_the_data_unless_given():
     assert run_name("data/shards/", None) == "shards"
     assert run_name("~/exports/Q3.tickets.csv", None) == "q3"
     assert run_name("x.csv", "my-run_2") == "my-run_2"
-    with pytest.raises(BadInit, match="pass NAME="):
-        run_name("x.csv", "a/b")
+    for bad in ("a/b", "", "x.", "Tickets"):
+        with pytest.raises(BadInit, match="pass NAME="):
+            run_name("x.csv", bad)
+
+
+def test_run_trains_the_run_just_set_up_and_its_name_comes_from_the_data(
+    project, tmp_path, capsys, monkeypatch
+):
+    import pipeline.cli.runs as runs
+
+    launched = []
+    monkeypatch.setattr(
+        runs, "launch_flow", lambda module, arguments: launched.append((module, arguments)) or 0
+    )
+    source = write_rows(tmp_path / "exports" / "Tickets.v2.jsonl", 3)
+    assert main(["init", "--data", str(source), "--run"]) == 0
+    assert launched == [("flows.retrain", ["--run-config", "tickets"])]
+    assert "training it: python -m flows.retrain --run-config tickets" in capsys.readouterr().out
+    assert main(["init", "--data", str(source), "--name", "", "--run"]) == 2 and len(launched) == 1

@@ -138,3 +138,9 @@ def test_the_bag_of_words_settings_take_a_row_count_and_a_margin_or_null():
     )
     with pytest.raises(ConfigError, match=re.escape("promote.min_accuracy_over_bag_of_words: must lie in")):
         section_config("promote", {"min_accuracy_over_bag_of_words": 5})
+
+
+@pytest.mark.parametrize("name", ["../params", "/etc/passwd", "a b"])
+def test_a_run_config_is_a_name_in_configs_never_a_path(project_root, name):
+    with pytest.raises(ConfigError, match="not a path"):
+        load_params(project_root / "params.yaml", name)

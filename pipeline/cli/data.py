@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 from typing import Any
 
 EXIT_OK, EXIT_UNREADABLE, EXIT_BAD_INPUT = 0, 1, 2
@@ -85,9 +86,12 @@ def _map(args: argparse.Namespace) -> int:
                 "say how to map DATA: --mapping FILE, or --state-column COL --label-column COL"
             )
         mapping, row_slice = load_mapping(value), RowSlice.parse(args.slice)
+        if args.write and (problem := _write_problem(Path(args.write), args.data)):
+            raise BadMappingFlags(problem)
         mapped, total = read_mapped(args.data, mapping, row_slice)
         report = validate_columns(mapped.columns, row_slice.start, with_records=False).report.to_dict()
         # Nothing is written from rows with no usable decision.
+        replaced = bool(args.write) and Path(args.write).exists()
         written = write_rows(mapped, args.write) if args.write and report["kept"] else None
     except (BadMappingFlags, MappingError) as error:
         print(f"decision map: {error}", file=sys.stderr)
@@ -95,13 +99,26 @@ def _map(args: argparse.Namespace) -> int:
     except (UnreadableInput, BadSlice) as error:
         print(f"decision map: {error}", file=sys.stderr)
         return EXIT_BAD_INPUT if isinstance(error, BadSource) else EXIT_UNREADABLE
-    result = _result(args, mapping, mapped, total, report, written)
+    result = _result(args, mapping, mapped, total, report, written) | {"replaced": bool(written) and replaced}
     print(json.dumps(result, default=str) if args.json else _text(result))
     if report["kept"] == 0:
         print(f"decision map: no usable decision in {args.data} ({report['decisions']} decisions, all skipped: "
               f"{_reasons(report['skipped'])}); nothing written", file=sys.stderr)  # fmt: skip
         return EXIT_BAD_INPUT
     return EXIT_OK
+
+
+def _write_problem(out: Path, data: str) -> str | None:
+    """Why mapped rows must not go to `out`: it is the table being mapped, or lies in the folder of its shards
+    (the next read would take it for one)."""
+    from pipeline.data.sources import HUB_PREFIX, pin_path
+
+    if data.startswith(HUB_PREFIX):
+        return None
+    source, target = pin_path(data).expanduser().resolve(), out.expanduser().resolve()
+    if target == source or (source.is_dir() and target.is_relative_to(source)):
+        return f"--write {out}: {'the table' if target == source else 'inside the folder'} being mapped; write the rows elsewhere"
+    return None
 
 
 def _result(args: argparse.Namespace, mapping, mapped, total: int, report: dict, written) -> dict[str, Any]:
@@ -140,7 +157,8 @@ def _text(result: dict[str, Any]) -> str:
     lines.append(f"the first {len(result['preview'])} rows as they will be trained:")
     lines += [json.dumps(row, default=str) for row in result["preview"]]
     if result["written"]:
-        lines.append(f"wrote {result['rows']:,} decision rows to {result['written']}")
+        replaced = " (replacing the file that was there)" if result.get("replaced") else ""
+        lines.append(f"wrote {result['rows']:,} decision rows to {result['written']}{replaced}")
     return "\n".join(lines)
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 from collections import Counter
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -268,6 +269,9 @@ def _is_description(value: Any) -> bool:
     return value is None or isinstance(value, str)
 
 
+WHOLE_NUMBER_TEXT = re.compile(r"^(-?\d+)\.0+$")  # "3.0": the whole number 3, as a float cell 3.0 reads
+
+
 def is_blank(value: Any) -> bool:
     """A cell that holds no label: null, NaN or empty text."""
     return (
@@ -278,14 +282,17 @@ def is_blank(value: Any) -> bool:
 
 
 def label_text(value: Any) -> str:
-    """A label cell as the text its option is named by: `3`, `3.0` and `"3"` alike, booleans `true`/`false`."""
+    """A label cell as the text its option is named by: `3`, `3.0`, `"3"` and `"3.0"` alike (a CSV's cells are
+    text), booleans `true`/`false`."""
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, float) and value.is_integer():
         return str(int(value))
     if isinstance(value, (dict, list)):
         return orjson.dumps(value).decode()
-    return str(value)
+    text = str(value)
+    integral = WHOLE_NUMBER_TEXT.match(text)
+    return integral.group(1) if integral else text
 
 
 def read_mapped(

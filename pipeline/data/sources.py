@@ -201,8 +201,15 @@ def _glob_root(text: str) -> Path:
 
 def _check_schemas(source: Source) -> None:
     """Every shard has the first shard's columns and types (JSONL lines are checked row by row later), but for
-    the provenance columns a harvested shard adds (`PROVENANCE_COLUMNS`), which training never reads."""
-    if len(source.shards) < 2 or source.fmt == "jsonl":
+    the provenance columns a harvested shard adds (`PROVENANCE_COLUMNS`), which training never reads; no column
+    name is given twice (a CSV header can), which no column choice could tell apart."""
+    if source.fmt == "jsonl" or not source.shards:
+        return
+    names = source.shards[0].schema().names
+    if repeated := sorted({name for name in names if names.count(name) > 1}):
+        raise BadSource(f"{source.text}: column(s) {', '.join(map(repr, repeated))} named more than once in "
+                        f"{source.shards[0].path.name}; give each column a name of its own")  # fmt: skip
+    if len(source.shards) < 2:
         return
     first = _signature(source.shards[0].schema())
     for shard in source.shards[1:]:

@@ -397,3 +397,38 @@ def test_a_mapping_file_that_repeats_a_key_or_is_not_utf8_yaml_is_refused_naming
     path.write_bytes(content)  # PyYAML alone would keep the last 'tone' and train on one question silently
     with pytest.raises(MappingError, match=f"m.yaml: {message}"):
         load_mapping(path)
+
+
+def test_whole_numbers_written_with_a_decimal_point_in_a_csv_are_one_label(tmp_path):
+    path = tmp_path / "stars.csv"
+    path.write_text("review,stars\ngreat,5\nawful,1\nok,3.0\nfine,3\nmeh,2.0\n")
+    mapped, _ = read_mapped(path, load_mapping(flags_mapping(["review"], "stars", type="score")))
+    assert mapped.mapping.questions["stars"].options == ("1", "2", "3", "4", "5")
+    assert mapped.counts == {"stars": {"5": 1, "1": 1, "3": 2, "2": 1}}
+    assert [g["stars"] for g in mapped.columns.gold] == [4, 0, 2, 2, 1]
+
+
+def test_map_never_writes_over_the_table_it_reads_and_says_when_it_replaces_a_file(
+    plain_csv, tmp_path, capsys
+):
+    rows = tmp_path / "rows.jsonl"
+    args = ["map", "--data", str(rows), "--state-column", "state", "--label-column", "gold", "--preview", "0"]
+    assert main(["map", "--data", str(plain_csv), "--state-column", "text", "--label-column", "label",
+                 "--write", str(rows)]) == 0  # fmt: skip
+    before = rows.read_bytes()
+    capsys.readouterr()
+    assert main([*args, "--write", str(rows)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"decision map: --write {rows}: the table being mapped; write the rows elsewhere"]
+    assert rows.read_bytes() == before
+    assert main(["map", "--data", str(plain_csv), "--state-column", "text", "--label-column", "label",
+                 "--write", str(rows)]) == 0  # fmt: skip
+    assert "(replacing the file that was there)" in capsys.readouterr().out
+
+
+def test_a_column_named_twice_is_one_line_and_exit_two(tmp_path, capsys):
+    path = tmp_path / "twice.csv"
+    path.write_text("id,text,label,label\n1,hello,neg,pos\n")
+    assert main(["map", "--data", str(path), "--state-column", "text", "--label-column", "label"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "'label' named more than once" in err[0]

@@ -23,7 +23,14 @@ import orjson
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from pipeline.data.shards import DECISION_COLUMNS, LINE_COLUMN, BadSource, UnreadableInput, detect_format
+from pipeline.data.shards import (
+    DECISION_COLUMNS,
+    LINE_COLUMN,
+    BadSource,
+    UnreadableInput,
+    detect_format,
+    oversized_row,
+)
 from pipeline.data.sources import Source, open_source
 
 COLUMNS = DECISION_COLUMNS
@@ -177,6 +184,8 @@ def _readable(what: str, fmt: str) -> Iterator[None]:
     try:
         yield
     except (pa.ArrowException, OSError, UnicodeDecodeError) as error:
+        if (oversized := oversized_row(what, error)) is not None:
+            raise BadSource(oversized) from None
         raise UnreadableInput(f"{what}: not a readable {fmt} table ({error})") from None
 
 

@@ -22,6 +22,8 @@ import pyarrow as pa
 import pyarrow.csv as pa_csv
 import pyarrow.parquet as pq
 
+from pipeline.data.contract import MAX_STATE_CHARS
+
 # `group` (optional): rows with the same value go to one side of the held-out and validation splits together.
 DECISION_COLUMNS = ("state", "questions", "gold", "answers", "group")
 LINE_COLUMN = "line"
@@ -182,8 +184,18 @@ def _open_text(path: Path, fmt: str) -> pa_csv.CSVStreamingReader:
         return pa_csv.open_csv(path, read_options=read, parse_options=parse, convert_options=convert)
     except pa.ArrowInvalid as error:  # "Empty CSV file": nothing to read is the user's mistake, named
         raise BadSource(
-            f"{path}: cannot be read as {fmt.upper()} ({error}); give a file of decision rows"
+            oversized_row(path, error)
+            or f"{path}: cannot be read as {fmt.upper()} ({error}); give a file of decision rows"
         ) from None
+
+
+def oversized_row(where: str | Path, error: Exception) -> str | None:
+    """The message for a text shard with a row too long to stream in blocks (Arrow says it "straddles" them), or
+    None for another error: no usable row is that long (a state holds at most MAX_STATE_CHARS characters)."""
+    if "straddl" not in str(error):
+        return None
+    return (f"{where}: a row (line) too long to read in blocks of {_BLOCK_SIZE >> 20} MiB, and no usable row is "
+            f"(a state holds at most {MAX_STATE_CHARS:,} characters); shorten or drop it")  # fmt: skip
 
 
 def csv_header(path: Path) -> list[str]:

@@ -170,3 +170,12 @@ def test_an_empty_cell_of_a_one_column_csv_stays_a_row(tmp_path):
     table.write_text("text\nfirst\n\nthird\n")  # what a CSV writer makes of ["first", None, "third"]
     [read] = list(iter_tables(table))
     assert read.column("text").to_pylist() == ["first", None, "third"]
+
+
+@pytest.mark.parametrize("first", [True, False])
+def test_a_row_too_long_to_stream_is_named_as_such_not_as_a_bad_file(tmp_path, first):
+    path = tmp_path / "long.csv"
+    rows = ["a,x"] * (0 if first else 10) + ["b" * 12_000_000 + ",y", "c,x"]
+    path.write_text("text,label\n" + "\n".join(rows) + "\n")
+    with pytest.raises(BadSource, match="a row \\(line\\) too long to read in blocks of 4 MiB"):
+        read_slice(path)

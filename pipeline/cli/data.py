@@ -98,7 +98,7 @@ def _map(args: argparse.Namespace) -> int:
         return EXIT_BAD_INPUT
     except (UnreadableInput, BadSlice) as error:
         print(f"decision map: {error}", file=sys.stderr)
-        return EXIT_BAD_INPUT if isinstance(error, BadSource) else EXIT_UNREADABLE
+        return EXIT_BAD_INPUT if isinstance(error, BadSource | BadSlice) else EXIT_UNREADABLE
     result = _result(args, mapping, mapped, total, report, written) | {"replaced": bool(written) and replaced}
     print(json.dumps(result, default=str) if args.json else _text(result))
     if report["kept"] == 0:
@@ -175,7 +175,8 @@ def add_data_commands(commands) -> None:
         "flags, and print each question's options with their counts in the rows, how many decisions are usable "
         "(and why the rest are not), and the first rows as they will be trained; --write saves the mapped rows "
         "as a decision file. Exit 2 for a mapping that names a column DATA lacks, a label outside the given "
-        "options, or rows with no usable decision; 1 when DATA cannot be read.",
+        "options, a DATA or slice that is the user's mistake, or rows with no usable decision; 1 when DATA "
+        "cannot be read (corrupt, an I/O error).",
     )
     command.add_argument("--data", required=True, help="the table: .jsonl, .parquet or .csv")
     command.add_argument("--preview", type=int, default=5, metavar="N", help="rows to print (default: 5)")

@@ -162,13 +162,13 @@ def _with_mapping(params, args: argparse.Namespace):
 
 
 def _exit_code(error: Exception) -> int:
-    """2 for a bad base, source or mapping (`BadBase`, `BadSource`, `MappingError`: the user's input, refused
-    before training), else 1."""
+    """2 for a bad base, source, slice or mapping (`BadBase`, `BadSource`, `BadSlice`, `MappingError`: the user's
+    input, refused before training), else 1 (a file that cannot be read)."""
     from pipeline.data.mapping import MappingError
-    from pipeline.data.read import BadSource
+    from pipeline.data.read import BadSlice, BadSource
     from pipeline.families.base import BadBase
 
-    if isinstance(error, BadSource):
+    if isinstance(error, BadSource | BadSlice):
         return EXIT_BAD_SOURCE
     return EXIT_BAD_BASE if isinstance(error, (BadBase, MappingError)) else EXIT_UNREADABLE
 
@@ -429,7 +429,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="validate a decision file and report skipped decisions by reason",
         description="Validate decision rows (JSONL, Parquet or CSV). Bad rows never stop the run: each unusable "
         "decision is skipped and counted by reason. Exit 0 when at least one decision is usable, 2 when none "
-        "is, 1 when the file cannot be read.",
+        "is or DATA or the slice is the user's mistake (no such path, an unknown format, a plain table without a "
+        "mapping, a slice past the end), 1 when the file cannot be read (corrupt, an I/O error).",
     )
     validate.add_argument("data", help=DATA_HELP)
     validate.add_argument(

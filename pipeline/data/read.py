@@ -46,7 +46,7 @@ __all__ = [
 
 
 class BadSlice(ValueError):
-    """The requested slice is empty or lies outside the table."""
+    """The requested slice is empty or lies outside the table: the user's input, exit 2 like `BadSource`."""
 
 
 @dataclass(frozen=True)
@@ -69,9 +69,10 @@ class RowSlice:
         try:
             if not sep:
                 raise ValueError
-            return cls(int(start) if start.strip() else 0, int(end) if end.strip() else None)
+            bounds = int(start) if start.strip() else 0, int(end) if end.strip() else None
         except ValueError:
             raise BadSlice(f"--slice {text!r}: expected START:END with whole numbers, e.g. 0:1000") from None
+        return cls(*bounds)  # BadSlice for an empty or reversed range, saying so
 
     def __str__(self) -> str:
         return f"{self.start}:{'' if self.end is None else self.end}"
@@ -268,7 +269,7 @@ def _check_columns(source: Source) -> None:
     with _readable(source.text, source.fmt):
         names = source.schema().names
     if source.fmt != "jsonl" and not set(COLUMNS) & set(names):
-        raise UnreadableInput(
+        raise BadSource(
             f"{source.text}: not a decision table: no column named state, questions or gold "
             f"(found {', '.join(names[:8]) or 'none'})"
         )

@@ -34,12 +34,13 @@ _PARQUET_BATCH = 8192
 
 
 class UnreadableInput(ValueError):
-    """The input is not a decision table we can read (missing file, unknown format, corrupt file)."""
+    """The input is not a decision table we can read (a corrupt file, an I/O error)."""
 
 
 class BadSource(UnreadableInput):
-    """The source is the user's mistake (an empty folder, shards that disagree, a Hub id while offline): the
-    CLI says so in one line and exits 2, before anything trains."""
+    """The source is the user's mistake (no such path, an unknown format, an empty folder, shards that disagree,
+    a plain table with no mapping, a Hub id while offline): the CLI says so in one line and exits 2, before
+    anything trains."""
 
 
 def detect_format(path: Path) -> str:
@@ -57,7 +58,7 @@ def detect_format(path: Path) -> str:
         return "parquet"
     if head.lstrip()[:1] == b"{":
         return "jsonl"
-    raise UnreadableInput(f"{path}: unknown table format (use .jsonl, .parquet or .csv)")
+    raise BadSource(f"{path}: unknown table format (use .jsonl, .parquet or .csv)")
 
 
 @dataclass(frozen=True)

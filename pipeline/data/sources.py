@@ -32,7 +32,6 @@ from pipeline.data.shards import (
     PARQUET_SUFFIXES,
     BadSource,
     Shard,
-    UnreadableInput,
     detect_format,
 )
 
@@ -90,6 +89,8 @@ def pin_path(text: str | Path) -> Path | None:
 
 
 def _resolve(text: str) -> Source:
+    if not text.strip():  # Path("") is the working folder: never read it for a DATA left empty
+        raise BadSource("DATA is empty: give a file, a folder or glob of shards, or hf:OWNER/NAME")
     if text.startswith(HUB_PREFIX):
         return Source(text, "hub", hub_shards(text[len(HUB_PREFIX) :]), None, whole=False)
     path = Path(text)
@@ -101,7 +102,9 @@ def _resolve(text: str) -> Source:
         return Source(text, "shards", _glob_shards(text), _glob_root(text), whole=False)
     if split := _split_folder(text):
         return Source(text, "saved", _saved_shards(split[0] / split[1]), split[0], whole=False)
-    raise UnreadableInput(f"{path}: no such file or folder")
+    if path.is_symlink():
+        raise BadSource(f"{path}: a link to {path.readlink()}, which does not exist")
+    raise BadSource(f"{path}: no such file or folder")
 
 
 def _folder(text: str, path: Path) -> Source:

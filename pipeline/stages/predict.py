@@ -34,7 +34,7 @@ from tqdm import tqdm
 from pipeline.data import read
 from pipeline.data.answers import chosen_option
 from pipeline.data.mapping import Mapping, require_columns, unlabelled_mapping
-from pipeline.data.read import UnreadableInput
+from pipeline.data.read import BadSource, UnreadableInput
 from pipeline.data.sources import Source
 from pipeline.device import serving_dtype
 from pipeline.families import load_decision_model
@@ -137,7 +137,7 @@ def _check_columns(source: Source, table: pa.Table, mapping: Mapping | None) -> 
     if mapping is not None:
         require_columns(mapping.unlabelled_columns, found, source.text)
     elif source.fmt != "jsonl" and "questions" not in found:
-        raise UnreadableInput(f"{source.text}: not a decision table: no column named questions (found "
+        raise BadSource(f"{source.text}: not a decision table: no column named questions (found "
                               f"{', '.join(found[:8]) or 'none'}); for a plain table give --mapping FILE or "
                               "--state-column and --label-column")  # fmt: skip
 

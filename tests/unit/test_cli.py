@@ -32,10 +32,17 @@ def test_nothing_usable_exits_two(tmp_path, capsys):
 @pytest.mark.parametrize(
     "args", [["missing.jsonl"], ["rows.jsonl", "--slice", "500:600"], ["rows.jsonl", "--slice", "x"]]
 )
-def test_unreadable_input_or_bad_slice_exits_one(tmp_path, capsys, args):
+def test_a_missing_file_or_a_bad_slice_is_one_line_and_exits_two(tmp_path, capsys, args):
     synthetic.write_rows(synthetic.generate_rows(10), tmp_path / "rows.jsonl")
-    assert main(["validate", str(tmp_path / args[0]), *args[1:]]) == 1
-    assert "decision validate:" in capsys.readouterr().err
+    assert main(["validate", str(tmp_path / args[0]), *args[1:]]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("decision validate:")
+
+
+def test_a_reversed_slice_says_so(tmp_path, capsys):
+    synthetic.write_rows(synthetic.generate_rows(10), tmp_path / "rows.jsonl")
+    assert main(["validate", str(tmp_path / "rows.jsonl"), "--slice", "5:2"]) == 2
+    assert "--slice 5:2: needs 0 <= START < END" in capsys.readouterr().err
 
 
 def test_console_script_help():

@@ -23,6 +23,8 @@ from pipeline.flywheel.table import Store, utc_now
 
 IMPORTER = "import"
 MAX_ITEMS = 10_000
+MAX_ERRORS = 20  # problems an answer names; the rest are counted
+MAX_ID_CHARACTERS = 200  # far past the server's 32 hex characters
 
 
 @dataclass(frozen=True)
@@ -76,37 +78,54 @@ def check_feedback(items: list[dict[str, Any]], logged: dict[str, dict[str, Any]
 
     `logged` maps decision ids to their inference-table rows (as `Store.decisions` returns them).
     """
-    forbidden, unknown, invalid, rows = [], [], [], []
+    forbidden, unknown, invalid, rows = [], [], [], {}
     now = utc_now()
     for i, item in enumerate(items):
         where = ["body", i] if len(items) > 1 else ["body"]
         decision = logged.get(item["decision_id"])
         if decision is None:
-            unknown.append(_error([*where, "decision_id"], f"no logged decision {item['decision_id']!r} (unknown, "
-                                  "not logged under sampling, or written to another inference log)"))  # fmt: skip
+            unknown.append(_error([*where, "decision_id"], f"no logged decision {_shown(item['decision_id'])} "
+                                  "(unknown, not logged under sampling, or written to another inference log)"))  # fmt: skip
             continue
         if not who.may_label(decision["owner"]):
-            forbidden.append(_error([*where, "decision_id"], f"decision {item['decision_id']!r} was made with "
-                                    "another key: only its owner's keys or an admin key may label it"))  # fmt: skip
+            forbidden.append(_error([*where, "decision_id"], f"decision {_shown(item['decision_id'])} was made "
+                                    "with another key: only its owner's keys or an admin key may label it"))  # fmt: skip
             continue
         questions = orjson.loads(decision["questions"])
         for qid, entry in item["gold"].items():
             problem = gold_problem(questions, qid, entry)
             if problem:
-                invalid.append(_error([*where, "gold", qid], problem))
+                invalid.append(_error([*where, "gold", _cut(qid)], problem))
                 continue
-            rows.append({"decision_id": item["decision_id"], "question_id": qid, "gold": _json(entry),
-                         "labelled_by": labelled_by if labelled_by is not None else who.owner, "time": now})  # fmt: skip
+            # A label given again for the same question, later in the body, replaces the earlier one (as a later
+            # request's does): one row per (decision, question), so every store keeps the last.
+            rows[item["decision_id"], qid] = {"decision_id": item["decision_id"], "question_id": qid,
+                                              "gold": _json(entry), "time": now,
+                                              "labelled_by": labelled_by if labelled_by is not None else who.owner}  # fmt: skip
     for status, errors in ((403, forbidden), (404, unknown), (422, invalid)):
         if errors:
-            raise FeedbackRefused(status, forbidden + unknown + invalid)
-    return rows
+            raise FeedbackRefused(status, _at_most(forbidden + unknown + invalid))
+    return list(rows.values())
+
+
+def _at_most(errors: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The first `MAX_ERRORS` problems and a count of the rest: a body with a million bad entries gets a short
+    answer."""
+    if len(errors) <= MAX_ERRORS:
+        return errors
+    rest = _error(["body"], f"and {len(errors) - MAX_ERRORS:,} more problems of these kinds; fix these first")
+    return [*errors[:MAX_ERRORS], rest]
+
+
+def _cut(text: str) -> str:
+    return text if len(text) <= SHOWN_CHARACTERS else text[: SHOWN_CHARACTERS - 1] + "…"
 
 
 def gold_problem(questions: dict[str, Any], qid: str, entry: Any) -> str | None:
     """Why a gold entry does not fit the question as it was asked, or None."""
     if qid not in questions:
-        return f"the decision asked no question {qid!r} (it asked: {', '.join(map(repr, questions))})"
+        asked = ", ".join(map(_shown, list(questions)[:MAX_ERRORS]))
+        return f"the decision asked no question {_shown(qid)} (it asked: {asked})"
     spec = parse_question(qid, questions[qid])
     if spec.question is None:
         return f"question {qid!r} cannot take gold"
@@ -144,6 +163,12 @@ def store_feedback(store: Store, items: list[dict[str, Any]], who: Labeller, lab
     `flush` writes decisions the server answered but has not written yet, so a decision labelled the moment it
     was answered is found.
     """
+    if malformed := [_error(["body", i, "decision_id"] if len(items) > 1 else ["body", "decision_id"],
+                            f"{_shown(item['decision_id'])} is no decision id (the X-Decision-Id of an answer)")
+                     for i, item in enumerate(items) if not _plausible_id(item["decision_id"])]:  # fmt: skip
+        raise FeedbackRefused(
+            422, _at_most(malformed)
+        )  # before any store is asked (PostgreSQL refuses a NUL)
     ids = {item["decision_id"] for item in items}
     logged = _logged(store, ids)
     if flush is not None and len(logged) < len(ids):
@@ -152,6 +177,11 @@ def store_feedback(store: Store, items: list[dict[str, Any]], who: Labeller, lab
     rows = check_feedback(items, logged, who, labelled_by)
     store.append("feedback", rows)
     return len(rows)
+
+
+def _plausible_id(decision_id: str) -> bool:
+    """Printable and short: what any store can look up (the server's ids are 32 hex characters)."""
+    return 0 < len(decision_id) <= MAX_ID_CHARACTERS and decision_id.isprintable()
 
 
 def _logged(store: Store, ids: set[str]) -> dict[str, dict[str, Any]]:

@@ -150,3 +150,30 @@ def test_a_spreadsheet_s_byte_order_mark_and_a_bad_line_are_read_as_a_person_mea
     jsonl.write_text('{"decision_id": "a", "gold": {"tone": "negative"}}\n\n{"decision_id": "b", "gold": {\n')
     with pytest.raises(ValueError, match="line 3 is not JSON"):
         read_feedback_file(jsonl)
+
+
+def test_one_question_labelled_twice_in_one_body_keeps_the_last_label(api, tmp_path):
+    decision_id = decide(api)
+    body = [{"decision_id": decision_id, "gold": {"tone": "negative"}},
+            {"decision_id": decision_id, "gold": {"tone": "neutral"}}]  # fmt: skip
+    response = send(api, body)
+    assert response.status_code == 200 and response.json() == {"stored": 1, "decisions": 1}
+    assert [json.loads(row["gold"]) for row in stored(tmp_path)] == ["neutral"]
+
+
+@pytest.mark.parametrize("decision_id", ["abc\u0000", "x" * 201, "tab\tbed"])
+def test_a_decision_id_no_store_could_hold_is_a_422_before_any_lookup(api, tmp_path, decision_id):
+    refused = send(api, {"decision_id": decision_id, "gold": {"tone": "negative"}})
+    assert refused.status_code == 422 and len(refused.content) < 1_000
+    assert "is no decision id" in refused.json()["detail"][0]["msg"]
+
+
+def test_what_the_caller_sent_comes_back_bounded_however_much_is_wrong(api, tmp_path):
+    unknown = send(api, {"decision_id": "d" * 150, "gold": {"tone": "negative"}})
+    assert unknown.status_code == 404 and len(unknown.content) < 1_000
+    decision_id = decide(api)
+    gold = {f"q{i}-" + "x" * 1_000: "negative" for i in range(5_000)}
+    refused = send(api, {"decision_id": decision_id, "gold": gold})
+    assert refused.status_code == 422 and len(refused.content) < 20_000
+    errors = refused.json()["detail"]
+    assert len(errors) == 21 and errors[-1]["msg"].startswith("and 4,980 more problems")

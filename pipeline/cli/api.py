@@ -12,7 +12,7 @@ import json
 import logging
 import sys
 
-from pipeline.cli.tables import device_option, number_option
+from pipeline.cli.tables import AT_LEAST_ONE, device_option, number_option
 
 EXIT_OK, EXIT_FAILED, EXIT_UNUSABLE = 0, 1, 2
 
@@ -155,6 +155,8 @@ def _keygen(args: argparse.Namespace) -> int:
 
 
 SECONDS = number_option(float, lambda s: s > 0, "a positive number of seconds, e.g. 30")
+MILLISECONDS = number_option(float, lambda ms: 0 <= ms < 60_000, "milliseconds from 0 to 60,000, e.g. 2")
+PORT = number_option(int, lambda port: 1 <= port <= 65_535, "a port number from 1 to 65535, e.g. 8000")
 
 
 def server_url(text: str) -> str:
@@ -180,7 +182,7 @@ def add_api_commands(commands) -> None:
     which.add_argument("--run-config", metavar="NAME",
                        help="the champion of the model that configs/NAME.yaml registers (make serve NAME=...)")  # fmt: skip
     serve.add_argument("--host", default="127.0.0.1", help="default: 127.0.0.1 (loopback only)")
-    serve.add_argument("--port", type=int, default=8000)
+    serve.add_argument("--port", type=PORT, default=8000, help="default: 8000")
     serve.add_argument("--keys", help="API key file (see `decision keygen`)")
     serve.add_argument(
         "--require-key", action="store_true",
@@ -188,11 +190,17 @@ def add_api_commands(commands) -> None:
              "keyless caller may use the default model (and gets 403 for any other); needs keys",
     )  # fmt: skip
     serve.add_argument("--finetunes", help="a folder of export folders served to their owners by name")
-    serve.add_argument("--poll-seconds", type=float, default=5.0, help="how often to check a followed alias")
-    serve.add_argument("--max-batch", type=int, default=64, help="questions per forward pass (default 64)")
-    serve.add_argument("--max-wait-ms", type=float, default=2.0, help="how long a batch waits to fill")
-    serve.add_argument("--max-queue", type=int, default=256, help="waiting requests before 503 (default 256)")
-    serve.add_argument("--max-body-mb", type=int, default=8, help="request body limit, decompressed")
+    serve.add_argument(
+        "--poll-seconds", type=SECONDS, default=5.0, help="how often to check a followed alias"
+    )
+    serve.add_argument(
+        "--max-batch", type=AT_LEAST_ONE, default=64, help="questions per forward pass (default 64)"
+    )
+    serve.add_argument("--max-wait-ms", type=MILLISECONDS, default=2.0, help="how long a batch waits to fill")
+    serve.add_argument(
+        "--max-queue", type=AT_LEAST_ONE, default=256, help="waiting requests before 503 (default 256)"
+    )
+    serve.add_argument("--max-body-mb", type=AT_LEAST_ONE, default=8, help="request body limit, decompressed")
     serve.add_argument("--access-log", action="store_true", help="log every request")
     serve.add_argument(
         "--device", default="cpu", type=device_option, help="cpu (default), cuda, cuda:1, or auto"
@@ -257,7 +265,7 @@ def add_api_commands(commands) -> None:
     )
     smoke.add_argument("--url", required=True, type=server_url, help="the server, e.g. http://127.0.0.1:8000")
     smoke.add_argument("--data", required=True, help="decision file; its held-out split is sent")
-    smoke.add_argument("--n", type=int, default=200, help="decisions to send (default 200)")
+    smoke.add_argument("--n", type=AT_LEAST_ONE, default=200, help="decisions to send (default 200)")
     smoke.add_argument("--model-dir", help="the folder the server serves, to compare answers with")
     smoke.add_argument("--model", help="the model name to ask for (default: the serving model)")
     smoke.add_argument(

@@ -69,6 +69,8 @@ class CallerQueues:
     def shed_for(self, caller: Hashable) -> Job | None:
         """Room for one job of `caller` in a full queue: the latest job of the caller with the most waiting,
         taken out, where that is more than `caller` has; None (the newcomer is refused) otherwise."""
+        if not self._lines:  # a queue bound of 0: nothing to shed
+            return None
         heaviest = max(self._lines, key=lambda other: len(self._lines[other]))
         if len(self._lines[heaviest]) <= self.waiting(caller) + 1:
             return None

@@ -164,3 +164,23 @@ def test_evaluate_on_data_with_no_usable_decision_exits_two_naming_it(tiny_base,
     )
     assert main(["evaluate", "--model", str(tiny_base), "--data", str(unusable)]) == 2
     assert f"{unusable}: no usable decision" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("flag", "value", "expected"),
+    [
+        ("--port", "70000", "a port number from 1 to 65535"),
+        ("--max-queue", "0", "a whole number of at least 1"),
+        ("--max-body-mb", "0", "a whole number of at least 1"),
+        ("--max-batch", "0", "a whole number of at least 1"),
+        ("--max-wait-ms", "-1", "milliseconds from 0"),
+        ("--poll-seconds", "nan", "a positive number of seconds"),
+    ],
+)
+def test_a_server_setting_no_server_could_run_with_is_refused_at_start(capsys, flag, value, expected):
+    with pytest.raises(SystemExit) as refused:
+        main(["serve", "--model", "models/none", flag, value])
+    assert (
+        refused.value.code == 2
+        and f"argument {flag}: '{value}': expected {expected}" in capsys.readouterr().err
+    )

@@ -27,6 +27,7 @@ from prefect.events import emit_event
 from pipeline.cli.monitor import DEFAULT_MODEL, add_monitor_arguments
 from pipeline.config import ConfigError, MonitorConfig, ValidateConfig, load_params
 from pipeline.flywheel.drift import drift_markdown
+from pipeline.flywheel.table import missing_log
 from pipeline.mlops.registry import RegistryError
 from pipeline.stages.monitor import MonitorError, MonitorOutcome, monitor_stage, resolve_version
 
@@ -98,7 +99,12 @@ def main(argv: list[str] | None = None) -> int:
     add_monitor_arguments(parser)
     args = parser.parse_args(argv)
     try:
-        resolve_version(args.model)  # a reference that names no version: one line, before a flow run starts
+        # The model reference, the params and the inference log: one line and exit 2 before a flow run starts
+        # (whose failure Prefect would log with its traceback). The flow checks them again, as a deployment runs it.
+        resolve_version(args.model)
+        params = load_params(args.params, args.run_config)
+        if problem := missing_log(args.inference or params.monitor.inference or params.flywheel.inference):
+            raise MonitorError(problem)
         outcome = monitor(args.model, args.inference, args.window_hours, args.window_end, args.reference,
                           args.params, args.run_config)  # fmt: skip
     except (ConfigError, MonitorError, RegistryError) as error:

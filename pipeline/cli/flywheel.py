@@ -26,11 +26,11 @@ def _inference(args: argparse.Namespace) -> str:
     """The inference store to read: --inference, else params.yaml's; a folder that does not exist (a typo) is
     refused, exit 2, rather than read as a log with nothing in it."""
     from pipeline.config import load_params
+    from pipeline.flywheel.table import missing_log
 
     where = args.inference or load_params(args.params).flywheel.inference
-    if "://" not in where and not Path(where).is_dir():
-        print(f"decision {args.command}: {where}: no inference log there (`decision serve --inference-log {where}` "
-              "writes one; --inference names another)", file=sys.stderr)  # fmt: skip
+    if (problem := missing_log(where)) is not None:
+        print(f"decision {args.command}: {problem}", file=sys.stderr)
         raise SystemExit(EXIT_REFUSED)
     return where
 
@@ -44,13 +44,16 @@ def _feedback_import(args: argparse.Namespace) -> int:
         read_feedback_file,
         store_feedback,
     )
-    from pipeline.flywheel.table import open_store
+    from pipeline.flywheel.table import StoreUnavailable, open_store
 
     try:
         items = parse_items(read_feedback_file(args.file))
         stored = store_feedback(open_store(_inference(args)), items, Labeller(None, admin=True), IMPORTER)
     except FeedbackRefused as error:
         print(f"decision feedback import: nothing stored ({error.status}): {error}", file=sys.stderr)
+        return EXIT_REFUSED
+    except StoreUnavailable as error:
+        print(f"decision feedback import: nothing stored: {error}", file=sys.stderr)
         return EXIT_REFUSED
     except (OSError, ValueError) as error:  # no such file, a line that is not JSON
         print(f"decision feedback import: {args.file}: {error}", file=sys.stderr)
@@ -61,14 +64,23 @@ def _feedback_import(args: argparse.Namespace) -> int:
 
 
 def _review(args: argparse.Namespace) -> int:
+    from pipeline.families.base_folders import unwritable_place
     from pipeline.flywheel.review import review_queue, write_queue
-    from pipeline.flywheel.table import open_store
+    from pipeline.flywheel.table import StoreUnavailable, open_store
 
-    items = review_queue(open_store(_inference(args)), args.model, args.top, args.order, args.alpha)
+    out = Path(args.out)
+    if (problem := _review_out_problem(out, args.overwrite) or unwritable_place(out)) is not None:
+        print(f"decision review: --out {out}: {problem}", file=sys.stderr)
+        return EXIT_REFUSED
+    try:
+        items = review_queue(open_store(_inference(args)), args.model, args.top, args.order, args.alpha)
+    except StoreUnavailable as error:
+        print(f"decision review: {error}", file=sys.stderr)
+        return EXIT_REFUSED
     if not items:
         print(f"decision review: no unlabelled logged decisions of {args.model}", file=sys.stderr)
         return EXIT_OK
-    out = write_queue(items, args.out)
+    out = write_queue(items, out)
     sets = (
         "no conformal sets (fewer than 30 labelled answers)"
         if items[0].set_size is None
@@ -77,6 +89,19 @@ def _review(args: argparse.Namespace) -> int:
     print(f"{len(items)} answers to label in {out} (least sure first by {args.order}; {sets}); "
           f"label them, then: decision feedback import {out}")  # fmt: skip
     return EXIT_OK
+
+
+def _review_out_problem(out: Path, overwrite: bool) -> str | None:
+    """Why the queue must not be written to `out`: no .jsonl or .csv name, a folder, or a file already there
+    (its labels, not imported yet, would be lost) without --overwrite."""
+    if out.suffix.lower() not in (".jsonl", ".csv"):
+        return "give a .jsonl or .csv file"
+    if out.is_dir():
+        return "a folder; give the file to write"
+    if out.exists() and not overwrite:
+        return (f"exists, and labels in it would be lost: import them first (decision feedback import {out}), "
+                "then pass --overwrite, or give another file")  # fmt: skip
+    return None
 
 
 def _harvest(args: argparse.Namespace) -> int:
@@ -118,6 +143,7 @@ def add_flywheel_commands(commands) -> None:
         "--alpha", type=SHARE, default=0.1, help="the conformal sets' miss rate (default 0.1)"
     )
     review.add_argument("--out", default="review.jsonl", help="the file to write (.jsonl or .csv)")
+    review.add_argument("--overwrite", action="store_true", help="replace an --out that exists")
     review.add_argument("--inference", metavar="DIR|URL", help=INFERENCE_HELP)
     review.add_argument("--params", default="params.yaml")
     review.set_defaults(handler=_review)

@@ -7,8 +7,11 @@ decision monitor --model tickets@champion --inference /srv/inference --window-ho
 from __future__ import annotations
 
 import argparse
+import datetime as dt
+import math
 
 from pipeline.cli.registry import launch_flow
+from pipeline.cli.tables import number_option
 
 DESCRIPTION = (
     "Judge a window of served decisions (the inference store) against the rows the serving version trained on, "
@@ -21,15 +24,33 @@ DESCRIPTION = (
 DEFAULT_MODEL = "decision-model@champion"
 
 
+HOURS = number_option(float, lambda h: 0 < h < math.inf, "a positive number of hours, e.g. 24")
+
+
+def window_end(text: str) -> str:
+    """`--window-end`: an ISO 8601 moment that has come (a window in the future holds no decision yet)."""
+    try:
+        moment = dt.datetime.fromisoformat(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: expected an ISO 8601 moment, e.g. 2026-12-03T10:00:00+00:00"
+        ) from None
+    moment = moment if moment.tzinfo else moment.replace(tzinfo=dt.UTC)
+    if moment > dt.datetime.now(dt.UTC) + dt.timedelta(minutes=5):  # minutes of clock skew allowed
+        raise argparse.ArgumentTypeError(f"{text!r}: in the future, where no decision is logged yet")
+    return text
+
+
 def add_monitor_arguments(parser: argparse.ArgumentParser) -> None:
     """The monitor's options (`decision monitor` and `python -m flows.monitor` share them)."""
     parser.add_argument("--model", default=DEFAULT_MODEL,
                         help=f"NAME@ALIAS or NAME/VERSION, models:/ optional (default: {DEFAULT_MODEL})")  # fmt: skip
     parser.add_argument("--inference", metavar="WHERE",
                         help="the inference store: its folder or a postgresql:// URL (over monitor.inference)")  # fmt: skip
-    parser.add_argument("--window-hours", type=float, metavar="H", help="over monitor.window_hours")
-    parser.add_argument("--window-end", metavar="ISO",
-                        help="the window's end, e.g. 2026-12-03T10:00:00+00:00 (default: now)")  # fmt: skip
+    parser.add_argument("--window-hours", type=HOURS, metavar="H", help="over monitor.window_hours")
+    parser.add_argument("--window-end", type=window_end, metavar="ISO",
+                        help="the window's end, e.g. 2026-12-03T10:00:00+00:00, not in the future; one without a "
+                        "time zone is UTC (default: now)")  # fmt: skip
     parser.add_argument("--reference", metavar="DATA",
                         help="the data the version trained on (default: its `data` tag)")  # fmt: skip
     parser.add_argument("--params", default="params.yaml")

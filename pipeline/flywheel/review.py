@@ -66,18 +66,26 @@ def review_queue(
 
 
 def write_queue(items: list[ReviewItem], out: str | Path) -> Path:
-    """JSONL (one object per line) or, for a .csv name, CSV with the state as JSON text."""
+    """JSONL (one object per line) or, for a .csv name, CSV with the state as JSON text; written beside and
+    renamed into place, so `out` is whole or as it was."""
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     rows = [item.row() for item in items]
-    if out.suffix.lower() == ".csv":
-        with out.open("w", newline="") as handle:
-            writer = csv.DictWriter(handle, fieldnames=[*ReviewItem.__dataclass_fields__, "label"])
-            writer.writeheader()
-            for row in rows:
-                writer.writerow({**row, "state": _text(row["state"]), "options": "|".join(row["options"])})
-        return out
-    out.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    staged = out.with_name(f".{out.name}.partial")
+    try:
+        with staged.open("w", newline="", encoding="utf-8") as handle:
+            if out.suffix.lower() == ".csv":
+                writer = csv.DictWriter(handle, fieldnames=[*ReviewItem.__dataclass_fields__, "label"])
+                writer.writeheader()
+                for row in rows:
+                    writer.writerow(
+                        {**row, "state": _text(row["state"]), "options": "|".join(row["options"])}
+                    )
+            else:
+                handle.write("".join(json.dumps(row) + "\n" for row in rows))
+        staged.replace(out)
+    finally:
+        staged.unlink(missing_ok=True)
     return out
 
 

@@ -75,8 +75,23 @@ class Store(Protocol):
     def feedback(self) -> pa.Table: ...
 
 
+class StoreUnavailable(OSError):
+    """The inference log's database cannot be reached (down, a wrong host or database, refused credentials)."""
+
+
+def missing_log(where: str | Path) -> str | None:
+    """Why `where` holds no inference log to read, or None: a folder that does not exist (a typo, read as a log
+    with nothing in it, would look like a quiet window forever)."""
+    text = str(where)
+    if "://" in text or Path(text).is_dir():
+        return None
+    return (f"{text}: no inference log there (`decision serve --inference-log {text}` writes one; --inference "
+            "names another)")  # fmt: skip
+
+
 def open_store(where: str | Path) -> Store:
-    """A `postgresql://` URL is a database; anything else is the folder of the Parquet tables."""
+    """A `postgresql://` URL is a database; anything else is the folder of the Parquet tables. StoreUnavailable
+    for a database that cannot be reached."""
     text = str(where)
     if text.startswith(POSTGRES_SCHEMES):
         return PostgresStore(text)
@@ -165,7 +180,13 @@ class PostgresStore:
             "decisions": _sql_table("decision_log", DECISIONS, metadata, ("decision_id",)),
             "feedback": _sql_table("decision_feedback", FEEDBACK, metadata, FEEDBACK_KEY),
         }
-        metadata.create_all(self.engine)
+        try:
+            metadata.create_all(self.engine)
+        except sa.exc.SQLAlchemyError as error:  # one line, naming host and database only (never a password)
+            reason = str(getattr(error, "orig", None) or error).strip().splitlines()[0]
+            raise StoreUnavailable(
+                f"{self.where}: the inference database cannot be used ({reason})"
+            ) from None
 
     def append(self, table: str, rows: list[dict[str, Any]]) -> None:
         sql_table = self.tables[table]

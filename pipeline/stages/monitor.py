@@ -45,7 +45,7 @@ from pipeline.flywheel.drift import (
     write_latest,
 )
 from pipeline.flywheel.gauges import LATEST
-from pipeline.flywheel.table import POSTGRES_SCHEMES, open_store
+from pipeline.flywheel.table import POSTGRES_SCHEMES, missing_log, open_store
 from pipeline.mlops.registry import (
     MODEL_URI_PREFIX,
     RegistryError,
@@ -108,6 +108,8 @@ def monitor_stage(model: str, config: MonitorConfig, split_config: ValidateConfi
     `models:/`): see the module docstring. `row_slice` and `split_config` read the reference data as training did."""
     # First, before any work: a PostgreSQL store without a summary folder is refused.
     summary = summary_folder(config)
+    if (problem := missing_log(config.inference)) is not None:
+        raise MonitorError(problem)
     name, version = resolve_version(model)
     registered = client().get_model_version(name, version)
     end = utc(window_end or dt.datetime.now(dt.UTC))

@@ -246,3 +246,30 @@ def test_the_review_and_import_commands_round_trip_a_labelled_file(tmp_path, cap
     assert main(["feedback", "import", str(out), *inference]) == 2  # nothing stored, the problem named
     assert "is not an option" in capsys.readouterr().err
     assert main(["feedback", "import", str(tmp_path / "missing.csv"), *inference]) == 2
+    # A second queue never replaces one that may hold labels, unless asked to.
+    labelled = out.read_text()
+    assert main(["review", "--model", "tickets", "--top", "3", "--out", str(out), *inference]) == 2
+    assert "labels in it would be lost" in capsys.readouterr().err and out.read_text() == labelled
+    assert main(["review", "--model", "tickets", "--out", str(out), "--overwrite", *inference]) == 0
+    for where, said in ((tmp_path, "a .jsonl or .csv"), (tmp_path / "queue.txt", "a .jsonl or .csv"),
+                        (tmp_path / "sub.csv", "a folder"), (Path("/proc/queue.csv"), "no folder can be made")):  # fmt: skip
+        (tmp_path / "sub.csv").mkdir(exist_ok=True)
+        assert main(["review", "--model", "tickets", "--out", str(where), *inference]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and said in err[0], err
+
+
+def test_an_inference_database_that_cannot_be_reached_is_one_line(tmp_path, capsys):
+    from pipeline.cli.main import main
+
+    labels = tmp_path / "labels.csv"
+    labels.write_text("decision_id,question,label\nabc,tone,negative\n")
+    database = ["--inference", "postgresql://someone:secret@127.0.0.1:1/nothing"]
+    for command in (
+        ["feedback", "import", str(labels)],
+        ["review", "--model", "m", "--out", str(tmp_path / "q.csv")],
+    ):
+        assert main([*command, *database]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and "127.0.0.1:1/nothing: the inference database cannot be used" in err[0], err
+        assert "secret" not in err[0]

@@ -162,3 +162,23 @@ def test_a_window_with_too_few_decisions_judges_nothing(prefect_harness, registe
     assert outcome["line"].endswith("10 decisions from 2026-12-03T11:00:00+00:00 to 2026-12-03T12:00:00+00:00, "
                                     "fewer than 30: nothing judged")  # fmt: skip
     assert read_gauges(inference) == {} and not (inference / "monitor").exists()
+
+
+def test_bad_input_is_one_line_and_exit_2_before_a_flow_run(registered, tmp_path, capsys, monkeypatch):
+    import flows.monitor as module
+
+    monkeypatch.setattr(module, "monitor", lambda *args, **kwargs: pytest.fail("a flow run started"))
+    model = ["--model", f"{NAME}@champion"]
+    refusals = {
+        "no inference log there": [*model, "--inference", str(tmp_path / "typo")],
+        "no such file": [*model, "--params", str(tmp_path / "params.yaml")],
+    }
+    for words, flags in refusals.items():
+        assert module.main(flags) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and words in err[0], err
+    for flags, words in ((["--window-hours", "nan"], "a positive number of hours"),
+                         (["--window-end", "2999-01-01T00:00:00"], "in the future")):  # fmt: skip
+        with pytest.raises(SystemExit) as refused:
+            module.main([*model, *flags])
+        assert refused.value.code == 2 and words in capsys.readouterr().err

@@ -11,6 +11,7 @@ import argparse
 import json
 import logging
 import sys
+from pathlib import Path
 
 from pipeline.cli.tables import AT_LEAST_ONE, device_option, number_option
 
@@ -18,8 +19,6 @@ EXIT_OK, EXIT_FAILED, EXIT_UNUSABLE = 0, 1, 2
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
     from pipeline.mlops.registry import parse_alias_uri
     from pipeline.serving.body import BodyLimits
     from pipeline.serving.keys import KeyConfigError, load_keys
@@ -72,11 +71,38 @@ def _serve(args: argparse.Namespace) -> int:
             "decision serve: --log-sample must be in (0, 1] and --log-flush-seconds above 0", file=sys.stderr
         )
         return EXIT_UNUSABLE
+    if (problem := _place_problem(args)) is not None:
+        print(f"decision serve: {problem}", file=sys.stderr)
+        return EXIT_UNUSABLE
     options = ServeOptions(args.model, args.keys, args.finetunes, args.poll_seconds, str(device), args.precision,
                            config, args.workers, args.shadow, args.shadow_share, args.threads,
                            args.backend, _log_config(args))  # fmt: skip
     run_server(options, args.host, args.port, args.access_log)
     return EXIT_OK
+
+
+def _place_problem(args: argparse.Namespace) -> str | None:
+    """What stops the server before any model loads: a --shadow or --finetunes folder that is not there (the
+    server would run on without it), or an address another process holds (found after the model loaded)."""
+    import errno
+    import os
+    import socket
+
+    if args.shadow and not args.shadow.startswith("models:/") and not Path(args.shadow).is_dir():
+        return f"--shadow {args.shadow}: no such folder (or use models:/NAME@ALIAS)"
+    if args.finetunes and not Path(args.finetunes).is_dir():
+        return f"--finetunes {args.finetunes}: no such folder (a folder of export folders)"
+    try:
+        with socket.create_server((args.host, args.port), reuse_port=False) as _:
+            return None
+    except OSError as error:
+        taken = error.errno == errno.EADDRINUSE
+        why = (
+            "another process listens there; give another --port"
+            if taken
+            else f"cannot listen there ({os.strerror(error.errno) if error.errno else error})"
+        )
+        return f"{args.host}:{args.port}: {why}"
 
 
 def _log_config(args: argparse.Namespace):

@@ -184,3 +184,21 @@ def test_a_server_setting_no_server_could_run_with_is_refused_at_start(capsys, f
         refused.value.code == 2
         and f"argument {flag}: '{value}': expected {expected}" in capsys.readouterr().err
     )
+
+
+def test_a_missing_shadow_or_finetunes_folder_or_a_taken_port_is_refused_before_a_model_loads(
+    tmp_path, capsys
+):
+    import socket
+
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        port = str(taken.getsockname()[1])
+        refusals = {
+            "--shadow": (["--shadow", str(tmp_path / "nope")], "no such folder"),
+            "--finetunes": (["--finetunes", str(tmp_path / "nope")], "no such folder"),
+            "--port": (["--port", port], f"127.0.0.1:{port}: another process listens there"),
+        }
+        for flag, (flags, said) in refusals.items():
+            assert main(["serve", "--model", str(tmp_path), "--no-inference-log", *flags]) == 2
+            err = capsys.readouterr().err.strip().splitlines()
+            assert len(err) == 1 and said in err[0], (flag, err)

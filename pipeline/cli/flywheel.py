@@ -47,7 +47,10 @@ def _feedback_import(args: argparse.Namespace) -> int:
     from pipeline.flywheel.table import StoreUnavailable, open_store
 
     try:
-        items = parse_items(read_feedback_file(args.file))
+        read = read_feedback_file(args.file)
+        if not read:
+            raise ValueError("no row has a label: fill in the label column (or gold), then import it")
+        items = parse_items(read)
         stored = store_feedback(open_store(_inference(args)), items, Labeller(None, admin=True), IMPORTER)
     except FeedbackRefused as error:
         print(f"decision feedback import: nothing stored ({error.status}): {error}", file=sys.stderr)

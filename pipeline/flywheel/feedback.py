@@ -195,11 +195,12 @@ def read_feedback_file(path: str | Path) -> list[dict[str, Any]]:
     if path.suffix.lower() == ".csv":
         # utf-8-sig: a spreadsheet's byte-order mark is not part of the first column's name
         with path.open(newline="", encoding="utf-8-sig") as handle:
-            return _grouped(csv.DictReader(handle))
-    lines = [_line(text, number) for number, text in enumerate(path.read_text(encoding="utf-8-sig").splitlines(), 1)
-             if text.strip()]  # fmt: skip
-    flat = [line for line in lines if isinstance(line, dict) and "gold" not in line]
-    return [line for line in lines if not (isinstance(line, dict) and "gold" not in line)] + _grouped(flat)
+            return _grouped(enumerate(csv.DictReader(handle), 2))  # line 1 is the header
+    numbered = [(number, _line(text, number))
+                for number, text in enumerate(path.read_text(encoding="utf-8-sig").splitlines(), 1) if text.strip()]  # fmt: skip
+    flat = [(number, line) for number, line in numbered if isinstance(line, dict) and "gold" not in line]
+    items = [line for _, line in numbered if not (isinstance(line, dict) and "gold" not in line)]
+    return items + _grouped(flat)
 
 
 def _line(text: str, number: int) -> Any:
@@ -209,16 +210,21 @@ def _line(text: str, number: int) -> Any:
         raise ValueError(f"line {number} is not JSON ({error.msg}, column {error.colno})") from None
 
 
-def _grouped(rows: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Flat (decision_id, question, label) rows as items, one per decision; unlabelled rows skipped."""
+def _grouped(rows: Iterable[tuple[int, dict[str, Any]]]) -> list[dict[str, Any]]:
+    """Flat (decision_id, question, label) rows, with their line numbers, as items, one per decision; unlabelled
+    rows skipped. ValueError naming the first line that lacks a decision id, a question or a label field."""
     items: dict[str, dict[str, Any]] = {}
-    for row in rows:
-        label = row.get("label")
+    for number, row in rows:
+        question = row.get("question") or row.get("question_id")
+        if not row.get("decision_id") or not question or "label" not in row:
+            fields = ", ".join(_shown(key) for key, value in row.items() if value not in (None, "")) or "none"
+            raise ValueError(f"line {number}: a labelled row needs decision_id, question and label (its filled "
+                             f"fields: {fields})")  # fmt: skip
+        label = row["label"]
         if label is None or (isinstance(label, str) and not label.strip()):
             continue
-        question = row.get("question") or row.get("question_id")
-        items.setdefault(str(row.get("decision_id") or ""), {"decision_id": str(row.get("decision_id") or ""),
-                                                            "gold": {}})["gold"][str(question)] = label  # fmt: skip
+        decision_id = str(row["decision_id"])
+        items.setdefault(decision_id, {"decision_id": decision_id, "gold": {}})["gold"][str(question)] = label
     return list(items.values())
 
 

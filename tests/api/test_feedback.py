@@ -177,3 +177,30 @@ def test_what_the_caller_sent_comes_back_bounded_however_much_is_wrong(api, tmp_
     assert refused.status_code == 422 and len(refused.content) < 20_000
     errors = refused.json()["detail"]
     assert len(errors) == 21 and errors[-1]["msg"].startswith("and 4,980 more problems")
+
+
+@pytest.mark.parametrize(
+    ("name", "text", "said"),
+    [
+        (
+            "columns.csv",
+            "id,q,lab\n1,tone,negative\n",
+            "line 2: a labelled row needs decision_id, question and label",
+        ),
+        ("no-question.csv", "decision_id,question,label\nabc,,negative\n", "line 2: a labelled row needs"),
+        ("blank.csv", "decision_id,question,label\nabc,tone,\n", "no row has a label"),
+        (
+            "other.jsonl",
+            '{"decision_id": "a", "gold": {"tone": "negative"}}\n\n{"foo": 1}\n',
+            "line 3: a labelled",
+        ),
+    ],
+)
+def test_a_labelled_file_of_the_wrong_shape_is_named_by_line(tmp_path, capsys, name, text, said):
+    from pipeline.cli.main import main
+
+    (tmp_path / "inference").mkdir()
+    (tmp_path / name).write_text(text)
+    assert main(["feedback", "import", str(tmp_path / name), "--inference", str(tmp_path / "inference")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and said in err[0], err

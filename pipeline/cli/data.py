@@ -14,6 +14,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from pipeline.cli.tables import number_option
+
 EXIT_OK, EXIT_UNREADABLE, EXIT_BAD_INPUT = 0, 1, 2
 _QUESTION_FLAGS = ("question", "type", "instructions", "options")
 
@@ -68,6 +70,9 @@ def mapping_value(args: argparse.Namespace) -> str | dict[str, Any] | None:
         raise BadMappingFlags(f"a mapping by flags needs {missing} too (or give --mapping FILE)")
     return flags_mapping(args.state_column, args.label_column, args.question, args.type or "choice",
                          args.instructions, args.options)  # fmt: skip
+
+
+ROWS = number_option(int, lambda n: n >= 0, "a whole number of rows, 0 or more, e.g. 5")
 
 
 def _flag(args: argparse.Namespace, flag: str) -> Any:
@@ -179,7 +184,7 @@ def add_data_commands(commands) -> None:
         "cannot be read (corrupt, an I/O error).",
     )
     command.add_argument("--data", required=True, help="the table: .jsonl, .parquet or .csv")
-    command.add_argument("--preview", type=int, default=5, metavar="N", help="rows to print (default: 5)")
+    command.add_argument("--preview", type=ROWS, default=5, metavar="N", help="rows to print (default: 5)")
     command.add_argument("--write", metavar="OUT", help="write the mapped rows to OUT (.jsonl or .parquet)")
     command.add_argument("--slice", metavar="START:END", help="map rows [START, END) only")
     command.add_argument("--json", action="store_true", help="print one JSON object instead of lines")

@@ -194,12 +194,30 @@ def mapping_from_dict(raw: Any, where: str) -> Mapping:
             problems.append(f"{where}: {key}: expected a column name, got {raw.get(key)!r}")
     built = {}
     for qid, spec in questions.items():
+        if not str(qid).strip():
+            problems.append(f"{where}: questions: a question id is empty; name each question")
         question, found = _question(str(qid), spec, f"{where}: questions.{qid}")
         problems += found
         built[str(qid)] = question
+    problems += _columns_used_twice(state, built, where) if not problems else []
     if problems:
         raise MappingError("; ".join(problems))
     return Mapping(state if isinstance(state, str) else tuple(state), built, raw.get("id"), raw.get("group"))
+
+
+def _columns_used_twice(
+    state: str | list[str], questions: dict[str, QuestionMapping], where: str
+) -> list[str]:
+    """A state column named twice, or a label column that is also read as the state (every row would be its own
+    option): each a mistake a run would train on silently."""
+    states = [state] if isinstance(state, str) else list(state)
+    problems = [
+        f"{where}: state: column {name!r} named twice"
+        for name in sorted({n for n in states if states.count(n) > 1})
+    ]
+    problems += [f"{where}: questions.{qid}.column: {q.column!r} is also the state; a question's labels come "
+                 "from a column of their own" for qid, q in questions.items() if q.column in states]  # fmt: skip
+    return problems
 
 
 def _question(qid: str, spec: Any, where: str) -> tuple[QuestionMapping | None, list[str]]:

@@ -102,7 +102,8 @@ def _download_from_hub(hub_id: str, folder: Path) -> None:
     try:
         snapshot_download(hub_id, local_dir=str(folder), allow_patterns=HUB_FILES)
     except (OSError, ValueError) as error:  # unreachable, unknown, gated: huggingface_hub raises OSErrors
-        raise BadBase(f"{hub_id}: cannot download it from the Hugging Face Hub ({error}); "
+        reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        raise BadBase(f"{hub_id}: cannot download it from the Hugging Face Hub ({reason}); "
                       "check the id and the connection, or snapshot a local folder") from error  # fmt: skip
     # The download's own bookkeeping (.cache/huggingface) is no part of the model.
     shutil.rmtree(folder / ".cache", ignore_errors=True)

@@ -188,6 +188,9 @@ def test_a_noul_label_that_is_not_yes_or_no_is_refused(tmp_path):
         ({"state": "text", "questions": {}}, "questions: expected"),
         ({"state": "text", "questions": {"q": {"column": "l", "options": ["a", "a"]}}}, "'a' given twice"),
         ({"state": "text", "questions": {"q": {"column": "l", "type": "noul", "options": ["y"]}}}, "noul"),
+        ({"state": "text", "questions": {"": {"column": "l"}}}, "a question id is empty"),
+        ({"state": ["text", "text"], "questions": {"q": {"column": "l"}}}, "column 'text' named twice"),
+        ({"state": "text", "questions": {"q": {"column": "text"}}}, "'text' is also the state"),
     ],
 )  # fmt: skip
 def test_a_bad_mapping_is_refused_naming_the_key(raw, message):

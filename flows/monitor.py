@@ -26,6 +26,7 @@ from prefect.events import emit_event
 
 from pipeline.cli.monitor import DEFAULT_MODEL, add_monitor_arguments
 from pipeline.config import ConfigError, MonitorConfig, ValidateConfig, load_params
+from pipeline.data.read import UnreadableInput, open_readable
 from pipeline.flywheel.drift import drift_markdown
 from pipeline.flywheel.table import missing_log
 from pipeline.mlops.registry import RegistryError
@@ -105,9 +106,11 @@ def main(argv: list[str] | None = None) -> int:
         params = load_params(args.params, args.run_config)
         if problem := missing_log(args.inference or params.monitor.inference or params.flywheel.inference):
             raise MonitorError(problem)
+        if args.reference is not None:
+            open_readable(args.reference)  # BadSource: no such path, an unknown format, an empty folder
         outcome = monitor(args.model, args.inference, args.window_hours, args.window_end, args.reference,
                           args.params, args.run_config)  # fmt: skip
-    except (ConfigError, MonitorError, RegistryError) as error:
+    except (ConfigError, MonitorError, RegistryError, UnreadableInput) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
     print(json.dumps(outcome, default=str) if args.json else outcome["line"])

@@ -172,6 +172,13 @@ def test_bad_input_is_one_line_and_exit_2_before_a_flow_run(registered, tmp_path
     refusals = {
         "no inference log there": [*model, "--inference", str(tmp_path / "typo")],
         "no such file": [*model, "--params", str(tmp_path / "params.yaml")],
+        "no such file or folder": [
+            *model,
+            "--inference",
+            str(tmp_path),
+            "--reference",
+            str(tmp_path / "rows.jsonl"),
+        ],
     }
     for words, flags in refusals.items():
         assert module.main(flags) == 2

@@ -51,3 +51,30 @@ def test_a_registered_fine_tune_is_served_by_name_to_its_owner_only(registry):
         answered = ask("alice-key")
         assert answered.status_code == 200 and answered.json()["model"] == f"{NAME}/2"
         assert ask("bob-key").status_code == 404
+
+
+def test_each_caller_waits_in_a_line_of_its_own_by_key_owner_or_else_by_address(served_folder, monkeypatch):
+    from fastapi.testclient import TestClient
+
+    from pipeline.serving.keys import KeyStore, hash_key
+    from tests.api.conftest import QUESTIONS, make_app, wait_ready
+
+    app = make_app(served_folder, keys=KeyStore({hash_key("alice-key"): "alice"}))
+    lines = []
+    with TestClient(app) as client:
+        wait_ready(client)
+        batcher = app.state.batcher
+        real = batcher.submit
+
+        async def recorded(key, payload, n_items, caller=None):
+            lines.append(caller)
+            return await real(key, payload, n_items, caller)
+
+        monkeypatch.setattr(batcher, "submit", recorded)
+        body = {"state": "late again", "questions": QUESTIONS}
+        assert (
+            client.post("/v1/systemone", json=body, headers={"Authorization": "Bearer alice-key"}).status_code
+            == 200
+        )
+        assert client.post("/v1/systemone", json=body).status_code == 200
+    assert lines == ["owner:alice", "address:testclient"]

@@ -54,11 +54,6 @@ def test_a_registered_fine_tune_is_served_by_name_to_its_owner_only(registry):
 
 
 def test_each_caller_waits_in_a_line_of_its_own_by_key_owner_or_else_by_address(served_folder, monkeypatch):
-    from fastapi.testclient import TestClient
-
-    from pipeline.serving.keys import KeyStore, hash_key
-    from tests.api.conftest import QUESTIONS, make_app, wait_ready
-
     app = make_app(served_folder, keys=KeyStore({hash_key("alice-key"): "alice"}))
     lines = []
     with TestClient(app) as client:

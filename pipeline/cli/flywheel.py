@@ -68,7 +68,7 @@ def _feedback_import(args: argparse.Namespace) -> int:
 
 def _review(args: argparse.Namespace) -> int:
     from pipeline.families.base_folders import unwritable_place
-    from pipeline.flywheel.review import review_queue, write_queue
+    from pipeline.flywheel.review import UnknownModel, review_queue, write_queue
     from pipeline.flywheel.table import StoreUnavailable, open_store
 
     out = Path(args.out)
@@ -77,7 +77,7 @@ def _review(args: argparse.Namespace) -> int:
         return EXIT_REFUSED
     try:
         items = review_queue(open_store(_inference(args)), args.model, args.top, args.order, args.alpha)
-    except StoreUnavailable as error:
+    except (StoreUnavailable, UnknownModel) as error:
         print(f"decision review: {error}", file=sys.stderr)
         return EXIT_REFUSED
     if not items:

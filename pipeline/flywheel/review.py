@@ -45,13 +45,23 @@ class ReviewItem:
         return {**self.__dict__, "label": ""}
 
 
+class UnknownModel(ValueError):
+    """No logged decision is of the model asked for, while others are."""
+
+
 def review_queue(
     store: Store, model: str, top: int, order: str = "margin", alpha: float = 0.1
 ) -> list[ReviewItem]:
-    """The `top` least sure answered questions of `model` (a name, or NAME/VERSION) without feedback yet."""
+    """The `top` least sure answered questions of `model` (a name, or NAME/VERSION) without feedback yet.
+    UnknownModel where the log holds decisions, none of them `model`'s (a typo would read as nothing to label)."""
     if order not in ORDERS:
         raise ValueError(f"order must be one of {', '.join(ORDERS)}, got {order!r}")
-    decisions = [row for row in store.decisions().to_pylist() if _is_model(row["model"], model)]
+    logged = store.decisions().to_pylist()
+    decisions = [row for row in logged if _is_model(row["model"], model)]
+    if logged and not decisions:
+        names = sorted({row["model"].split("/")[0] for row in logged})
+        raise UnknownModel(f"{model}: no logged decision of this model; the log holds {', '.join(names[:10])}"
+                           + (f" and {len(names) - 10} more" if len(names) > 10 else ""))  # fmt: skip
     labelled = {(r["decision_id"], r["question_id"]): r["gold"] for r in store.feedback().to_pylist()}
     answered = _answers(decisions)
     threshold = _threshold(answered, labelled, alpha)

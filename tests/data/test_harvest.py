@@ -17,7 +17,7 @@ from pipeline.data.pins import data_revision
 from pipeline.data.sources import open_source
 from pipeline.data.split import TrainSource
 from pipeline.flywheel.harvest import HarvestRefused, harvest_lock
-from pipeline.flywheel.review import review_queue, write_queue
+from pipeline.flywheel.review import UnknownModel, review_queue, write_queue
 from pipeline.flywheel.table import new_decision_id, open_store, utc_now
 from pipeline.stages.harvest import harvest
 from tests.api.conftest import QUESTIONS
@@ -130,17 +130,11 @@ def test_a_data_set_that_is_one_file_is_refused_saying_what_to_do(tmp_path):
         harvest(str(tmp_path / "inference"), single, ValidateConfig())
 
 
-def test_a_data_set_that_does_not_exist_is_refused_and_nothing_is_made(tmp_path, capsys):
-    from flows.harvest import main
-
+def test_a_data_set_that_does_not_exist_is_refused_and_nothing_is_made(tmp_path):
     missing = tmp_path / "no" / "rows"
     with pytest.raises(HarvestRefused, match="no such folder"):
         harvest(str(tmp_path / "inference"), missing, ValidateConfig())
-    assert main(["--dataset", str(missing), "--inference", str(tmp_path / "inference")]) == 2
-    lines = capsys.readouterr().err.strip().splitlines()
-    assert lines == [f"harvest: {missing}: no such folder; harvested rows go into an existing folder of Parquet "
-                     "or JSONL shards (the run config's retrain.data, or --dataset)"]  # fmt: skip
-    assert list(tmp_path.iterdir()) == []
+    assert list(tmp_path.iterdir()) == []  # not even the lock beside it
 
 
 def test_two_harvests_of_one_data_set_never_interleave(tmp_path):
@@ -178,7 +172,8 @@ def test_the_review_queue_lists_the_least_sure_unlabelled_answers_and_reads_back
     expected = [(ids[k], q) for k, q in sorted(margins, key=margins.get)[:4]]
     assert [(it.decision_id, it.question) for it in queue] == expected
     assert expected[0] == (ids[5], "positive")  # p = 0.49: the nearest to a coin toss
-    assert review_queue(store, "other-model", top=5) == []
+    with pytest.raises(UnknownModel, match="the log holds tickets"):  # a typo is not "nothing to label"
+        review_queue(store, "other-model", top=5)
     out = write_queue(queue, tmp_path / "review.csv")
     text = out.read_text().splitlines()
     assert text[0].split(",")[-1] == "label" and len(text) == 5
@@ -246,6 +241,8 @@ def test_the_review_and_import_commands_round_trip_a_labelled_file(tmp_path, cap
     assert main(["feedback", "import", str(out), *inference]) == 2  # nothing stored, the problem named
     assert "is not an option" in capsys.readouterr().err
     assert main(["feedback", "import", str(tmp_path / "missing.csv"), *inference]) == 2
+    assert main(["review", "--model", "tickts", "--out", str(tmp_path / "typo.csv"), *inference]) == 2
+    assert "tickts: no logged decision of this model; the log holds tickets" in capsys.readouterr().err
     # A second queue never replaces one that may hold labels, unless asked to.
     labelled = out.read_text()
     assert main(["review", "--model", "tickets", "--top", "3", "--out", str(out), *inference]) == 2

@@ -199,3 +199,16 @@ def test_the_shipped_flywheel_deployments_are_scheduled_but_off(name, entrypoint
     assert deployment["entrypoint"] == f"{module.replace('.', '/')}.py:{attribute}" and flow.name == name
     assert [s["active"] for s in deployment["schedules"]] == [False]
     assert set(deployment["parameters"]) <= set(flow.parameters.properties)
+
+
+def test_harvest_into_a_data_set_that_does_not_exist_is_one_line_before_a_flow_run(prefect_harness, tmp_path,
+                                                                                  capsys, monkeypatch):  # fmt: skip
+    import flows.harvest as module
+
+    monkeypatch.setattr(module, "harvest_flow", lambda *args: pytest.fail("a flow run started"))
+    missing = tmp_path / "no" / "rows"
+    assert module.main(["--dataset", str(missing), "--inference", str(tmp_path / "inference")]) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert lines == [f"harvest: {missing}: no such folder; harvested rows go into an existing folder of Parquet "
+                     "or JSONL shards (the run config's retrain.data, or --dataset)"]  # fmt: skip
+    assert list(tmp_path.iterdir()) == []

@@ -25,7 +25,7 @@ from prefect.artifacts import create_markdown_artifact
 from prefect.events import emit_event
 
 from pipeline.cli.monitor import DEFAULT_MODEL, add_monitor_arguments
-from pipeline.config import ConfigError, MonitorConfig, ValidateConfig, load_params
+from pipeline.config import ConfigError, MonitorConfig, Params, ValidateConfig, load_params
 from pipeline.data.read import UnreadableInput, open_readable
 from pipeline.flywheel.drift import drift_markdown
 from pipeline.flywheel.table import missing_log
@@ -62,8 +62,7 @@ def monitor(
     the rows it trained on (`reference`: its `data` tag). Returns the outcome, with `event` (the emitted event's id
     when the window drifted)."""
     params = load_params(params_file, run_config)
-    overrides = {"inference": inference or params.monitor.inference or params.flywheel.inference,
-                 "window_hours": window_hours}  # fmt: skip
+    overrides = {"inference": inference_of(params, inference), "window_hours": window_hours}
     config = replace(params.monitor, **{k: v for k, v in overrides.items() if v is not None})
     end = dt.datetime.fromisoformat(window_end) if window_end else None
     outcome = judge(model, config, params.validate, params.retrain.slice, end, reference)
@@ -74,6 +73,11 @@ def monitor(
                                  description=outcome.line())  # fmt: skip
         event = announce(outcome) if outcome.result.breached else None
     return outcome.to_dict() | {"event": event}
+
+
+def inference_of(params: Params, inference: str | None) -> str:
+    """The inference store a window is read from: `inference`, else monitor.inference, else flywheel.inference."""
+    return inference or params.monitor.inference or params.flywheel.inference
 
 
 def announce(outcome: MonitorOutcome) -> str | None:
@@ -104,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
         # (whose failure Prefect would log with its traceback). The flow checks them again, as a deployment runs it.
         resolve_version(args.model)
         params = load_params(args.params, args.run_config)
-        if problem := missing_log(args.inference or params.monitor.inference or params.flywheel.inference):
+        if problem := missing_log(inference_of(params, args.inference)):
             raise MonitorError(problem)
         if args.reference is not None:
             open_readable(args.reference)  # BadSource: no such path, an unknown format, an empty folder

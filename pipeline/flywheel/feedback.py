@@ -153,7 +153,7 @@ def _shown(value: Any) -> str:
         text = repr(value)
     except ValueError:
         text = f"<{type(value).__name__}>"
-    return text if len(text) <= SHOWN_CHARACTERS else text[: SHOWN_CHARACTERS - 1] + "…"
+    return _cut(text)
 
 
 def store_feedback(store: Store, items: list[dict[str, Any]], who: Labeller, labelled_by: str | None = None,

@@ -27,6 +27,8 @@ import pyarrow.parquet as pq
 import sqlalchemy as sa
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 
+from pipeline.masking import error_reason
+
 DECISIONS = pa.schema(
     [
         ("decision_id", pa.string()),
@@ -183,7 +185,7 @@ class PostgresStore:
         try:
             metadata.create_all(self.engine)
         except sa.exc.SQLAlchemyError as error:  # one line, naming host and database only (never a password)
-            reason = str(getattr(error, "orig", None) or error).strip().splitlines()[0]
+            reason = error_reason(getattr(error, "orig", None) or error, url)
             raise StoreUnavailable(
                 f"{self.where}: the inference database cannot be used ({reason})"
             ) from None

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from urllib.parse import urlsplit
 
-from pipeline.masking import mask_url
+from pipeline.masking import error_reason, mask_url
 
 DATABASE_SCHEMES = ("postgresql", "mysql", "mssql")
 HTTP_SCHEMES = ("http", "https")
@@ -75,11 +75,7 @@ def _query_server(uri: str, timeout: float) -> None:
 
 
 def _message(uri: str, error: object, what: str = "MLflow tracking store") -> str:
-    # A driver's message may quote the URI it was given: never let the password through.
-    password = urlsplit(uri).password
-    reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-    if password:
-        reason = reason.replace(password, "***")
+    reason = error_reason(error, uri)  # a driver's message may quote the URI it was given, password and all
     if what != "MLflow tracking store":
         return f"{what} {mask_url(uri)} is not reachable ({reason})"
     return (f"MLflow tracking store {mask_url(uri)} is not reachable ({reason}); start it, or point "

@@ -25,6 +25,7 @@ from pipeline.families import pick_family
 from pipeline.families.base import BadBase
 from pipeline.families.base_folders import looks_like_hub_id
 from pipeline.families.exporting import fsync_tree, write_staged
+from pipeline.masking import error_reason
 
 # What a Hub download takes: configs, safetensors weights and tokenizer files (no pickled .bin weights, no
 # ONNX, TensorFlow or Flax copies).
@@ -102,8 +103,7 @@ def _download_from_hub(hub_id: str, folder: Path) -> None:
     try:
         snapshot_download(hub_id, local_dir=str(folder), allow_patterns=HUB_FILES)
     except (OSError, ValueError) as error:  # unreachable, unknown, gated: huggingface_hub raises OSErrors
-        reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-        raise BadBase(f"{hub_id}: cannot download it from the Hugging Face Hub ({reason}); "
+        raise BadBase(f"{hub_id}: cannot download it from the Hugging Face Hub ({error_reason(error)}); "
                       "check the id and the connection, or snapshot a local folder") from error  # fmt: skip
     # The download's own bookkeeping (.cache/huggingface) is no part of the model.
     shutil.rmtree(folder / ".cache", ignore_errors=True)

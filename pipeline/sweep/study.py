@@ -25,10 +25,10 @@ from typing import Any
 
 import optuna
 from optuna.trial import FrozenTrial, TrialState
-from sqlalchemy.engine import make_url
 from sqlalchemy.exc import SQLAlchemyError
 
 from pipeline.config import ConfigError
+from pipeline.masking import error_reason, mask_url
 from pipeline.sweep.space import SearchSpace
 
 STUDY_FILE = "optuna.db"
@@ -81,16 +81,8 @@ def check_storage(url: str) -> None:
     try:
         optuna.storages.RDBStorage(url).engine.dispose()
     except (SQLAlchemyError, ImportError) as error:
-        reason = str(error).strip().splitlines()[0]
-        raise ConfigError(f"--storage {_shown(url)}: Optuna cannot keep a study there ({reason}); give a database "
+        raise ConfigError(f"--storage {mask_url(url)}: Optuna cannot keep a study there ({error_reason(error, url)}); give a database "
                           "URL it can reach, e.g. postgresql+psycopg://USER@HOST/DB or sqlite:///PATH") from error  # fmt: skip
-
-
-def _shown(url: str) -> str:
-    try:
-        return make_url(url).render_as_string(hide_password=True)
-    except SQLAlchemyError:
-        return url
 
 
 def open_study(space: SearchSpace, name: str, storage: str) -> optuna.Study:

@@ -487,7 +487,7 @@ def load_params(path: str | Path = PARAMS_FILE, run_config: str | None = None,
     holds them) override after it: a run config checked before it is written.
     """
     raw = _yaml_sections(path)
-    layers = [overrides or {}]
+    layers, source = [overrides or {}], str(path)
     if run_config:
         if not RUN_CONFIG_NAME.match(run_config):
             raise ConfigError(f"run config {run_config!r}: a name (configs/NAME.yaml), not a path")
@@ -495,13 +495,17 @@ def load_params(path: str | Path = PARAMS_FILE, run_config: str | None = None,
         if not override_file.is_file():
             raise ConfigError(f"run config {run_config!r}: no file {override_file}")
         layers.insert(0, _yaml_sections(override_file))
+        source = f"{path} with {override_file}"
     for layer in layers:
         for section, values in layer.items():
             raw[section] = {**raw.get(section, {}), **(values or {})}
     unknown = sorted(set(raw) - set(_SECTIONS))
     if unknown:
         raise ConfigError(f"{path}: unknown section(s) {', '.join(unknown)}; known: {', '.join(_SECTIONS)}")
-    return Params(**{name: section_config(name, raw.get(name) or {}) for name in _SECTIONS})
+    try:
+        return Params(**{name: section_config(name, raw.get(name) or {}) for name in _SECTIONS})
+    except ConfigError as error:
+        raise ConfigError(f"{source}: {error}") from None  # which file a user edits to fix the key it names
 
 
 def section_config(name: str, values: dict[str, Any]):

@@ -46,12 +46,13 @@ def _feedback_import(args: argparse.Namespace) -> int:
     )
     from pipeline.flywheel.table import StoreUnavailable, open_store
 
+    where = _inference(args)  # a bad --params or log folder is refused before the file is read
     try:
         read = read_feedback_file(args.file)
         if not read:
             raise ValueError("no row has a label: fill in the label column (or gold), then import it")
         items = parse_items(read)
-        stored = store_feedback(open_store(_inference(args)), items, Labeller(None, admin=True), IMPORTER)
+        stored = store_feedback(open_store(where), items, Labeller(None, admin=True), IMPORTER)
     except FeedbackRefused as error:
         print(f"decision feedback import: nothing stored ({error.status}): {error}", file=sys.stderr)
         return EXIT_REFUSED

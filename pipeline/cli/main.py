@@ -27,12 +27,20 @@ from pipeline.cli.predict import add_predict_commands
 from pipeline.cli.registry import add_registry_commands
 from pipeline.cli.runs import add_run_commands
 from pipeline.cli.sweep import add_sweep_commands
-from pipeline.cli.tables import device_option, print_evaluation, print_heldout, print_report, progress_outputs
+from pipeline.cli.tables import (
+    AT_LEAST_ONE,
+    device_option,
+    print_evaluation,
+    print_heldout,
+    print_report,
+    progress_outputs,
+)
 
 EXIT_OK, EXIT_UNREADABLE, EXIT_NOTHING_USABLE = 0, 1, 2
 EXIT_BAD_BASE = 2  # a base no family starts from: refused before anything trains
 EXIT_BAD_MAPPING = 2  # a mapping that cannot apply to the table: refused before anything trains
 EXIT_BAD_SOURCE = 2  # an empty folder, shards that disagree, a Hub id offline: refused before any row is read
+EXIT_BAD_CONFIG = 2  # a params, run config or flag value of the wrong type or range: refused before any work
 DATA_HELP = (
     "a decision file (.jsonl, .parquet, .csv), a folder or quoted glob of .parquet/.jsonl shards, a partitioned "
     "Parquet folder, a datasets save_to_disk folder (FOLDER:SPLIT for a split), or hf:OWNER/NAME[:SPLIT] "
@@ -89,7 +97,7 @@ def _training_setup(args: argparse.Namespace):
     """params.yaml with the command's overrides applied, a cancel token, and the errors worth one clear line."""
     from dataclasses import replace
 
-    from pipeline.config import ConfigError
+    from pipeline.config import ConfigError, load_params
     from pipeline.data.pins import PinMismatch
     from pipeline.data.read import BadSlice, UnreadableInput
     from pipeline.families.base import ModelLayoutError
@@ -106,39 +114,26 @@ def _training_setup(args: argparse.Namespace):
         FileNotFoundError,
         ValueError,
     )
-    params = _with_mapping(_load_params(args), args)
-    try:
-        overrides = {
-            k: v
-            for k, v in (
-                ("family", args.family),
-                ("method", args.method),
-                ("epochs", args.epochs),
-                ("max_steps", args.max_steps),
-                ("nproc", args.nproc),
-                ("threads", args.threads),
-                ("layer_plan", args.layer_plan),
-                ("state_windows", args.state_windows),
-            )
-            if v is not None
-        }
-        if args.family is not None and args.method is None:
-            overrides["method"] = (
-                None  # params.yaml's method was chosen for its own family: use this one's default
-            )
-        return params, replace(params.train, **overrides), CancelToken(), errors
-    except errors as error:
-        raise SystemExit(f"decision {args.command}: {error}") from None
-
-
-def _load_params(args: argparse.Namespace):
-    """params.yaml, or one line naming the bad key and exit 1."""
-    from pipeline.config import ConfigError, load_params
-
-    try:
-        return load_params(args.params)
-    except ConfigError as error:
-        raise SystemExit(f"decision {args.command}: {error}") from None
+    params = _with_mapping(load_params(args.params), args)
+    overrides = {
+        k: v
+        for k, v in (
+            ("family", args.family),
+            ("method", args.method),
+            ("epochs", args.epochs),
+            ("max_steps", args.max_steps),
+            ("nproc", args.nproc),
+            ("threads", args.threads),
+            ("layer_plan", args.layer_plan),
+            ("state_windows", args.state_windows),
+        )
+        if v is not None
+    }
+    if args.family is not None and args.method is None:
+        overrides["method"] = (
+            None  # params.yaml's method was chosen for its own family: use this one's default
+        )
+    return params, replace(params.train, **overrides), CancelToken(), errors  # ConfigError: main's one line
 
 
 def _with_mapping(params, args: argparse.Namespace):
@@ -162,14 +157,18 @@ def _with_mapping(params, args: argparse.Namespace):
 
 
 def _exit_code(error: Exception) -> int:
-    """2 for a bad base, source, slice or mapping (`BadBase`, `BadSource`, `BadSlice`, `MappingError`: the user's
-    input, refused before training), else 1 (a file that cannot be read)."""
+    """2 for a bad base, source, slice, mapping or config value (`BadBase`, `BadSource`, `BadSlice`,
+    `MappingError`, `ConfigError`: the user's input, refused before training), else 1 (a file that cannot be
+    read)."""
+    from pipeline.config import ConfigError
     from pipeline.data.mapping import MappingError
     from pipeline.data.read import BadSlice, BadSource
     from pipeline.families.base import BadBase
 
     if isinstance(error, BadSource | BadSlice):
         return EXIT_BAD_SOURCE
+    if isinstance(error, ConfigError):
+        return EXIT_BAD_CONFIG
     return EXIT_BAD_BASE if isinstance(error, (BadBase, MappingError)) else EXIT_UNREADABLE
 
 
@@ -383,19 +382,19 @@ def _add_training_arguments(command: argparse.ArgumentParser, out_help: str) -> 
         "first; default: train.method in params.yaml, or with --family that family's default): head trains the "
         "joint head on the frozen backbone (its features computed once); qlora (4-bit nf4) is for causal-LM bases",
     )
-    command.add_argument("--epochs", type=int, help="epochs (default: train.epochs; a small set trains more, "
+    command.add_argument("--epochs", type=AT_LEAST_ONE, help="epochs (default: train.epochs; a small set trains more, "
                          "up to train.min_steps steps)")  # fmt: skip
     command.add_argument("--max-steps", type=int, help="cap on optimizer steps (default: train.max_steps)")
-    command.add_argument("--nproc", type=int, help="data-parallel ranks under torchrun, each on its share of every "
+    command.add_argument("--nproc", type=AT_LEAST_ONE, help="data-parallel ranks under torchrun, each on its share of every "
                          "window (default: train.nproc; gloo on the CPU, NCCL on GPUs)")  # fmt: skip
-    command.add_argument("--threads", type=int, metavar="N", help="torch CPU threads, split between the ranks "
+    command.add_argument("--threads", type=AT_LEAST_ONE, metavar="N", help="torch CPU threads, split between the ranks "
                          "(default: train.threads; null: the cores this process may use, its affinity mask or "
                          "container CPU quota, whichever is smaller)")  # fmt: skip
     command.add_argument("--layer-plan", type=parse_layer_plan, metavar="PLAN",
                          help="the backbone's layers to run, in order (default: train.layer_plan): 0,1,1,2,3 "
                          "visits layer 1 twice with the same weights; 0,1,2,3 skips the rest; JSON "
                          "[[start,end,passes]] repeats half-open ranges")  # fmt: skip
-    command.add_argument("--state-windows", type=int, metavar="N",
+    command.add_argument("--state-windows", type=AT_LEAST_ONE, metavar="N",
                          help="joint family on an encoder: read a state longer than the encoder's window in up to N "
                          "windows, the head attending over all of them (default: train.state_windows)")  # fmt: skip
     command.add_argument("--slice", metavar="START:END", help="use rows [START, END) of DATA only")
@@ -539,7 +538,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    return args.handler(args)
+    from pipeline.config import ConfigError  # after parsing, so that `--help` answers without pyarrow
+
+    try:
+        return args.handler(args)
+    except ConfigError as error:  # a bad params.yaml, run config or flag value, from any subcommand
+        print(f"decision {args.command}: {error}", file=sys.stderr)
+        return EXIT_BAD_CONFIG
 
 
 if __name__ == "__main__":

@@ -66,7 +66,7 @@ def test_early_stopping_is_refused_without_a_validation_split_or_with_several_ra
     params.write_text("train:\n  early_stopping: 3\nvalidate:\n  validation_fraction: 0\n")
     code = main(["finetune", "--data", str(synthetic_train_file), "--base", str(tiny_base),
                  "--out", str(tmp_path / "out"), "--max-steps", "3", "--params", str(params)])  # fmt: skip
-    assert code == 1  # a config error, said in one line before anything trains
+    assert code == 2  # a config error, said in one line before anything trains
     assert "train.early_stopping needs a validation split" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
 

@@ -202,3 +202,26 @@ def test_a_missing_shadow_or_finetunes_folder_or_a_taken_port_is_refused_before_
             assert main(["serve", "--model", str(tmp_path), "--no-inference-log", *flags]) == 2
             err = capsys.readouterr().err.strip().splitlines()
             assert len(err) == 1 and said in err[0], (flag, err)
+
+
+@pytest.mark.parametrize("command", [["train", "--data", "d", "--base", "b", "--out", "o"],
+                                     ["finetune", "--data", "d", "--base", "b", "--out", "o"],
+                                     ["review", "--model", "m", "--out", "queue.jsonl"],
+                                     ["smoke", "--url", "http://127.0.0.1:9", "--data", "d"],
+                                     ["feedback", "import", "labels.jsonl"]])  # fmt: skip
+def test_a_bad_params_file_is_one_line_naming_it_and_its_key_exit_two(tmp_path, capsys, monkeypatch, command):
+    from pathlib import Path
+
+    params = tmp_path / "params.yaml"
+    params.write_text(Path("params.yaml").read_text().replace("\n  epochs: ", "\n  epochs: -3 #", 1))
+    monkeypatch.chdir(tmp_path)  # review's queue, a model's folder: nothing may be written there
+    assert main([*command, "--params", str(params)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"decision {command[0]}: {params}: train.epochs: must be >= 1, got -3"]
+    assert list(tmp_path.iterdir()) == [params]
+
+
+def test_a_training_flag_out_of_range_is_refused_by_name(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(["train", "--data", "d", "--base", "b", "--out", "o", "--epochs", "0"])
+    assert exit_.value.code == 2 and "argument --epochs: '0'" in capsys.readouterr().err

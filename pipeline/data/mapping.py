@@ -338,7 +338,7 @@ def map_cells(table: TableCells, mapping: Mapping, where: str = "the table") -> 
     """Decision cells from a table's cells: the state per row, the same questions on every row, and gold from
     each question's column (a blank cell: no gold for that question in that row)."""
     cells = table.cells
-    counts = {qid: _label_counts(cells[q.column]) for qid, q in mapping.questions.items()}
+    counts = {qid: _label_counts(qid, q, cells[q.column], where) for qid, q in mapping.questions.items()}
     fixed = replace(mapping, questions={
         qid: _fixed_options(qid, q, counts[qid], where) for qid, q in mapping.questions.items()
     })  # fmt: skip
@@ -351,12 +351,34 @@ def map_cells(table: TableCells, mapping: Mapping, where: str = "the table") -> 
     return MappedColumns(columns, fixed, counts, cells[mapping.id] if mapping.id else None)
 
 
-def _label_counts(values: list[Any]) -> dict[str, int]:
-    """How often each label occurs, by its text (distinct cells are converted once, not every row)."""
+def _cell_key(value: Any) -> Any:
+    """A label cell as a dict key: a boolean as its text (Python counts `true` and `1` as one key), a list or
+    an object as its JSON text in a tuple, which no label cell is (Arrow hands over no tuples)."""
+    if isinstance(value, bool):
+        return label_text(value)
+    return (label_text(value),) if isinstance(value, (dict, list)) else value
+
+
+def _label_counts(qid: str, question: QuestionMapping, values: list[Any], where: str) -> dict[str, int]:
+    """How often each label occurs, by its text (distinct cells are converted once, not every row). MappingError
+    for cells that hold a list or an object: no question type has such a label."""
     merged: Counter[str] = Counter()
-    for value, count in Counter(label_text(v) if isinstance(v, (dict, list)) else v for v in values).items():
-        if not is_blank(value):
-            merged[label_text(value)] += count
+    compound: Counter[str] = Counter()
+    for key, count in Counter(map(_cell_key, values)).items():
+        if isinstance(key, tuple):
+            compound[key[0]] += count
+        elif not is_blank(key):
+            merged[label_text(key)] += count
+    if compound:
+        shown = ", ".join(
+            f"{t[:60]}{'...' if len(t) > 60 else ''} ({n} row{'s' if n > 1 else ''})"
+            for t, n in compound.most_common(3)
+        )
+        raise MappingError(
+            f"question {qid!r}: column {question.column!r} holds lists or objects, not labels, in {where}: {shown}; "
+            "a label is one text, number or true/false per cell (for several tags per row, map a noul question "
+            "per tag)"
+        )
     return dict(merged)
 
 
@@ -378,7 +400,11 @@ def _fixed_options(
     if not counts:
         raise MappingError(f"question {qid!r}: column {question.column!r} holds no label in {where}; give its "
                            "options in the mapping")  # fmt: skip
-    options = _levels(counts) if question.type == "score" else tuple(sorted(counts, key=_option_order))
+    options = (
+        _levels(qid, question, counts)
+        if question.type == "score"
+        else tuple(sorted(counts, key=_option_order))
+    )
     descriptions = options if question.type == "score" else (None,) * len(options)
     return replace(question, options=options, descriptions=descriptions)
 
@@ -418,12 +444,20 @@ def _refuse_unknown(
                            f"options in {where}: {shown}; {fix}")  # fmt: skip
 
 
-def _levels(counts: dict[str, int]) -> tuple[str, ...]:
+def _levels(qid: str, question: QuestionMapping, counts: dict[str, int]) -> tuple[str, ...]:
     """A score's levels from its labels: whole numbers give every level from the smallest to the largest found
-    (ratings 1..5 stay five levels when no row says 4), anything else the labels found in order."""
+    (ratings 1..5 stay five levels when no row says 4), other numbers the labels found by value. Text labels
+    are refused (MappingError): their order ("low", "high", "medium") is the user's to give, not the alphabet's."""
     if all(text.strip().lstrip("-").isdigit() for text in counts):
         numbers = [int(text) for text in counts]
         return tuple(str(level) for level in range(min(numbers), max(numbers) + 1))
+    words = [text for text in counts if _option_order(text)[0]]
+    if words:
+        raise MappingError(
+            f"question {qid!r} is a score and column {question.column!r} holds labels that are not numbers "
+            f"({', '.join(map(repr, sorted(words)[:10]))}): list its levels lowest first in the mapping "
+            "(options: [...]) or with --options"
+        )
     return tuple(sorted(counts, key=_option_order))
 
 
@@ -465,7 +499,7 @@ def _gold_cells(values: list[Any], question: QuestionMapping) -> list[Any]:
     cache: dict[Any, Any] = {}
     gold = []
     for value in values:
-        key = label_text(value) if isinstance(value, (dict, list)) else value
+        key = _cell_key(value)
         if key not in cache:
             cache[key] = None if is_blank(key) else entry(label_text(key))
         gold.append(cache[key])

@@ -435,3 +435,34 @@ def test_a_column_named_twice_is_one_line_and_exit_two(tmp_path, capsys):
     assert main(["map", "--data", str(path), "--state-column", "text", "--label-column", "label"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "'label' named more than once" in err[0]
+
+
+def test_a_score_labelled_in_words_needs_its_levels_in_order(tmp_path):
+    path = tmp_path / "urgency.csv"
+    path.write_text("text,urgency\nno rush,low\ndown for all,high\nslow page,medium\n")
+    with pytest.raises(MappingError, match=r"score .* not numbers \('high', 'low', 'medium'\): list its levels "
+                       "lowest first"):  # fmt: skip
+        read_mapped(path, load_mapping(flags_mapping(["text"], "urgency", type="score")))
+    given = flags_mapping(["text"], "urgency", type="score", options=["low", "medium", "high"])
+    mapped, _ = read_mapped(path, load_mapping(given))
+    assert [g["urgency"] for g in mapped.columns.gold] == [0, 2, 1]
+
+
+def test_true_and_1_in_one_column_stay_two_labels(tmp_path):
+    path = tmp_path / "mixed.jsonl"
+    path.write_text(
+        "".join(json.dumps({"text": t, "y": y}) + "\n" for t, y in (("a", True), ("b", 1), ("c", 1)))
+    )
+    mapped, _ = read_mapped(path, load_mapping(flags_mapping(["text"], "y")))
+    assert mapped.counts == {"y": {"true": 1, "1": 2}}
+    assert [g["y"] for g in mapped.columns.gold] == ["true", "1", "1"]
+
+
+def test_a_label_column_of_lists_or_objects_is_refused_naming_them(tmp_path, capsys):
+    path = tmp_path / "tags.jsonl"
+    path.write_text('{"text": "a", "tags": ["late", "damaged"]}\n{"text": "b", "tags": {"k": 1}}\n'
+                    '{"text": "c", "tags": "late"}\n')  # fmt: skip
+    args = ["map", "--data", str(path), "--state-column", "text", "--label-column", "tags"]
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert "holds lists or objects, not labels" in err and '["late","damaged"] (1 row)' in err

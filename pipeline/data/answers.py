@@ -277,7 +277,7 @@ def _question_problem(spec: QuestionSpec) -> Problem | None:
     """The problem of a question the model cannot answer, else None; the first in validation's order of codes."""
     if not spec.question_ok:
         return Problem("bad_question", "instructions",
-                       "a question is an object whose instructions are text, a JSON value or null")  # fmt: skip
+                       "a question is an object whose instructions are text, a JSON object or list, or null")  # fmt: skip
     if spec.type not in QUESTION_TYPES:
         return Problem("unknown_question_type", "type",
                        f"unknown question type {spec.type}; expected one of {', '.join(QUESTION_TYPES)}")  # fmt: skip

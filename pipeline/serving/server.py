@@ -27,7 +27,7 @@ from fastapi.encoders import jsonable_encoder
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response
 from fastapi.security import APIKeyHeader, HTTPAuthorizationCredentials, HTTPBearer
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, WithJsonSchema, field_validator
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from pipeline.cpu.budget import CpuBudget, apply_threads, plan_threads
@@ -60,6 +60,10 @@ RETRY_AFTER_LOADING_S = 5
 RETRY_AFTER_BUSY_S = 1
 DECISION_ID_HEADER = "X-Decision-Id"
 JSONText = str | dict[str, Any] | list[Any] | None
+# What a question's fields may hold, as the OpenAPI schema shows it. The shape is checked by `parse_request`, which
+# says per question type what its criteria must be (pydantic's check of a union named each branch's type instead).
+_SHOWN = {name: WithJsonSchema(TypeAdapter(shape).json_schema())
+          for name, shape in (("instructions", JSONText), ("criteria", dict[str, JSONText] | list[JSONText] | None))}  # fmt: skip
 
 
 class QuestionIn(BaseModel):
@@ -67,8 +71,8 @@ class QuestionIn(BaseModel):
 
     model_config = ConfigDict(extra="ignore")
     type: Literal[QUESTION_TYPES]  # type: ignore[valid-type]
-    instructions: JSONText = None
-    criteria: dict[str, JSONText] | list[JSONText] | None = None
+    instructions: Annotated[Any, _SHOWN["instructions"]] = None
+    criteria: Annotated[Any, _SHOWN["criteria"]] = None
 
 
 class DecisionRequest(BaseModel):

@@ -144,6 +144,23 @@ def test_422_keeps_the_fastapi_list_and_names_the_field(keyed_client):
     assert detail["loc"] == ["body", "questions", "q", "criteria"] and "2 to 255 options" in detail["msg"]
 
 
+@pytest.mark.parametrize(
+    ("question", "field", "said"),
+    [({"type": "choice", "criteria": 5}, "criteria", "choice criteria: a non-empty object"),
+     ({"type": "score", "criteria": "none, mild"}, "criteria", "score criteria: a list"),
+     ({"type": "noul", "criteria": [True]}, "criteria", "noul criteria: null or"),
+     ({"type": "choice", "instructions": 7, "criteria": ["a", "b"]}, "instructions", "text, a JSON object or list")],
+)  # fmt: skip
+def test_a_field_of_the_wrong_json_type_is_one_error_saying_what_the_question_type_takes(
+    keyed_client, question, field, said
+):
+    # pydantic's check of a union gave one error per branch, each naming a Python type ("dict[str,nullable[...]]")
+    response = ask(keyed_client, {"state": STATE, "questions": {"q": question}})
+    assert response.status_code == 422
+    [detail] = response.json()["detail"]
+    assert detail["loc"] == ["body", "questions", "q", field] and said in detail["msg"]
+
+
 def test_a_fault_in_the_model_is_a_500_with_the_same_shape(served_folder, monkeypatch):
     from pipeline.serving import server as serve
 

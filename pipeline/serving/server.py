@@ -27,7 +27,16 @@ from fastapi.encoders import jsonable_encoder
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response
 from fastapi.security import APIKeyHeader, HTTPAuthorizationCredentials, HTTPBearer
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, WithJsonSchema, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Discriminator,
+    Field,
+    Tag,
+    TypeAdapter,
+    WithJsonSchema,
+    field_validator,
+)
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from pipeline.cpu.budget import CpuBudget, apply_threads, plan_threads
@@ -125,6 +134,15 @@ class FeedbackItem(BaseModel):
 
     decision_id: str = Field(min_length=1, description="the decision_id its answer carried")
     gold: dict[str, Any] = Field(min_length=1, description="{question_id: label or {label, probabilities}}")
+
+
+# One item or a list of them, told apart by the body's JSON kind: a malformed item is then one error at its field
+# (loc body.item.gold, or body.items.0.gold), where a plain union reported each branch's failure.
+FeedbackBody = Annotated[
+    Annotated[FeedbackItem, Tag("item")]
+    | Annotated[list[FeedbackItem], Field(min_length=1, max_length=MAX_ITEMS), Tag("items")],
+    Discriminator(lambda body: "items" if isinstance(body, list) else "item"),
+]
 
 
 class Usage(BaseModel):
@@ -296,8 +314,7 @@ def create_app(catalog: Catalog, keys: KeyStore, config: ServerConfig = ServerCo
         return response
 
     @app.post("/v1/feedback", responses=ERROR_RESPONSES)
-    async def feedback(body: FeedbackItem | Annotated[list[FeedbackItem], Field(min_length=1, max_length=MAX_ITEMS)],
-                       who: Annotated[Caller, Depends(caller)]) -> Response:  # fmt: skip
+    async def feedback(body: FeedbackBody, who: Annotated[Caller, Depends(caller)]) -> Response:
         """What actually happened, for logged decisions: one item or a list. Stored whole or not at all; a
         re-sent (decision, question) replaces its label. Only the key that made a decision (or an admin key)
         may label it."""

@@ -130,6 +130,17 @@ def test_malformed_bodies_are_a_422(api, body):
     assert send(api, body).status_code == 422
 
 
+@pytest.mark.parametrize(
+    ("body", "loc"),
+    [({"decision_id": "x"}, ["body", "item", "gold"]), ([{"decision_id": "x"}], ["body", "items", 0, "gold"]),
+     ([], ["body", "items"]), (5, ["body", "item"])],
+)  # fmt: skip
+def test_a_malformed_body_is_one_error_at_its_field_not_one_per_form_of_body(api, body, loc):
+    # one item or a list: the body's JSON kind says which form it is, so the other form's failure is not reported
+    [detail] = send(api, body).json()["detail"]
+    assert detail["loc"] == loc
+
+
 def test_the_feedback_file_forms_read_back_as_items(tmp_path):
     jsonl = tmp_path / "labels.jsonl"
     jsonl.write_text('{"decision_id": "a", "gold": {"tone": "negative"}}\n'

@@ -39,13 +39,6 @@ def _serve(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return EXIT_UNUSABLE
-    if not 0 < args.shadow_share <= 1:
-        print(f"decision serve: --shadow-share must be in (0, 1], got {args.shadow_share}", file=sys.stderr)
-        return EXIT_UNUSABLE
-    for flag, value in (("--workers", args.workers), ("--threads", args.threads)):
-        if value is not None and value < 1:
-            print(f"decision serve: {flag} must be at least 1, got {value}", file=sys.stderr)
-            return EXIT_UNUSABLE
     try:
         keys = load_keys(args.keys)  # checked here, so a bad key file is one clear error, not one per worker
     except KeyConfigError as error:
@@ -65,11 +58,6 @@ def _serve(args: argparse.Namespace) -> int:
         serving_dtype(args.precision, device)  # refused here, once, before any worker starts
     except PrecisionUnavailable as error:
         print(f"decision serve: {error}", file=sys.stderr)
-        return EXIT_UNUSABLE
-    if not 0 < args.log_sample <= 1 or args.log_flush_seconds <= 0:
-        print(
-            "decision serve: --log-sample must be in (0, 1] and --log-flush-seconds above 0", file=sys.stderr
-        )
         return EXIT_UNUSABLE
     if (problem := _place_problem(args)) is not None:
         print(f"decision serve: {problem}", file=sys.stderr)
@@ -180,9 +168,10 @@ def _keygen(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-SECONDS = number_option(float, lambda s: s > 0, "a positive number of seconds, e.g. 30")
+SECONDS = number_option(float, lambda s: 0 < s < float("inf"), "a positive number of seconds, e.g. 30")
 MILLISECONDS = number_option(float, lambda ms: 0 <= ms < 60_000, "milliseconds from 0 to 60,000, e.g. 2")
 PORT = number_option(int, lambda port: 1 <= port <= 65_535, "a port number from 1 to 65535, e.g. 8000")
+SHARE = number_option(float, lambda share: 0 < share <= 1, "a share above 0 and at most 1, e.g. 0.1")
 
 
 def server_url(text: str) -> str:
@@ -249,14 +238,14 @@ def add_api_commands(commands) -> None:
                             "after they are answered: agreement, mean |dp| and its latency on /v1/shadow, in the log "
                             "and as metrics of its version's MLflow run")  # fmt: skip
     serve.add_argument(
-        "--shadow-share", type=float, default=0.1, help="share of requests the shadow scores (0.1)"
+        "--shadow-share", type=SHARE, default=0.1, help="share of requests the shadow scores (0.1)"
     )
     serve.add_argument(
-        "--workers", type=int, default=1,
+        "--workers", type=AT_LEAST_ONE, default=1,
         help="server processes on one port, each with its own model and batcher and 1/N of the threads (default 1)",
     )  # fmt: skip
     serve.add_argument(
-        "--threads", type=int, metavar="N",
+        "--threads", type=AT_LEAST_ONE, metavar="N",
         help="torch threads of all workers together (default: the cores this process may use, its affinity mask "
              "or container CPU quota, whichever is smaller; OMP_NUM_THREADS when set); /healthz reports the choice",
     )  # fmt: skip
@@ -267,7 +256,7 @@ def add_api_commands(commands) -> None:
                              "./inference) or a postgresql:// URL")  # fmt: skip
     logged.add_argument("--no-inference-log", action="store_true",
                         help="log nothing (no feedback either: POST /v1/feedback answers 404)")  # fmt: skip
-    logged.add_argument("--log-sample", type=float, default=1.0, metavar="SHARE",
+    logged.add_argument("--log-sample", type=SHARE, default=1.0, metavar="SHARE",
                         help="the share of decisions written (default 1: all)")  # fmt: skip
     logged.add_argument("--redact-drop", metavar="PATHS",
                         help="comma-separated dotted paths of JSON-object state fields never written, e.g. "
@@ -275,7 +264,7 @@ def add_api_commands(commands) -> None:
     logged.add_argument("--redact-hash", metavar="PATHS",
                         help="state fields written as a keyed hash (HMAC-SHA256, key DECISION_LOG_SALT): they still "
                              "group and join, but cannot be read back")  # fmt: skip
-    logged.add_argument("--log-flush-seconds", type=float, default=2.0,
+    logged.add_argument("--log-flush-seconds", type=SECONDS, default=2.0,
                         help="the longest a decision waits in memory before it is written (default 2); a SIGKILL "
                              "loses at most this much, SIGTERM nothing")  # fmt: skip
     serve.set_defaults(handler=_serve)

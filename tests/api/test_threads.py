@@ -41,11 +41,6 @@ def test_healthz_names_the_detected_budget_without_a_setting(served_folder, torc
     assert health["threads_source"] == "affinity 1; following other processes' load"
 
 
-def test_serve_refuses_fewer_than_one_thread(served_folder, capsys):
-    assert main(["serve", "--model", str(served_folder), "--threads", "0"]) == 2
-    assert "--threads must be at least 1, got 0" in capsys.readouterr().err
-
-
 def test_serve_by_run_config_refuses_one_that_does_not_exist(capsys):
     assert main(["serve", "--run-config", "no-such-run"]) == 2
     assert "--run-config no-such-run: run config 'no-such-run': no file" in capsys.readouterr().err

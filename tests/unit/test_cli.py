@@ -175,6 +175,11 @@ def test_evaluate_on_data_with_no_usable_decision_exits_two_naming_it(tiny_base,
         ("--max-batch", "0", "a whole number of at least 1"),
         ("--max-wait-ms", "-1", "milliseconds from 0"),
         ("--poll-seconds", "nan", "a positive number of seconds"),
+        ("--log-flush-seconds", "0", "a positive number of seconds"),
+        ("--shadow-share", "1.5", "a share above 0 and at most 1"),
+        ("--log-sample", "0", "a share above 0 and at most 1"),
+        ("--workers", "0", "a whole number of at least 1"),
+        ("--threads", "0", "a whole number of at least 1"),
     ],
 )
 def test_a_server_setting_no_server_could_run_with_is_refused_at_start(capsys, flag, value, expected):

@@ -87,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
         mapping = mapping_value(args)
     except BadMappingFlags as error:
         parser.error(str(error))
-    if (problem := out_file_problem(Path(dated(args.out)), Path(args.data))) is not None:
+    if (problem := out_file_problem(Path(dated(args.out)), args.data)) is not None:
         print(f"error: {problem}", file=sys.stderr)
         return 2
     try:

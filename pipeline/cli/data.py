@@ -114,16 +114,11 @@ def _map(args: argparse.Namespace) -> int:
 
 
 def _write_problem(out: Path, data: str) -> str | None:
-    """Why mapped rows must not go to `out`: it is the table being mapped, or lies in the folder of its shards
-    (the next read would take it for one)."""
-    from pipeline.data.sources import HUB_PREFIX, pin_path
+    """Why mapped rows must not go to `out`: it is the table being mapped, or lies in the folder of its shards."""
+    from pipeline.data.sources import written_into
 
-    if data.startswith(HUB_PREFIX):
-        return None
-    source, target = pin_path(data).expanduser().resolve(), out.expanduser().resolve()
-    if target == source or (source.is_dir() and target.is_relative_to(source)):
-        return f"--write {out}: {'the table' if target == source else 'inside the folder'} being mapped; write the rows elsewhere"
-    return None
+    clash = written_into(out, data)
+    return f"--write {out}: {clash}; write the rows elsewhere" if clash else None
 
 
 def _result(args: argparse.Namespace, mapping, mapped, total: int, report: dict, written) -> dict[str, Any]:

@@ -32,7 +32,7 @@ def _predict(args: argparse.Namespace) -> int:
 
     if args.model is None and args.run_config is None:
         return _refuse("say which model: --model DIR|models:/NAME@ALIAS, or --run-config NAME")
-    problem = out_file_problem(Path(args.out), Path(args.data))
+    problem = out_file_problem(Path(args.out), args.data)
     if problem is not None:
         return _refuse(problem)
     bars, say = progress_outputs(args)
@@ -58,11 +58,13 @@ def _predict(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def out_file_problem(out: Path, data: Path) -> str | None:
+def out_file_problem(out: Path, data: str) -> str | None:
     """Why the scores must not go to `out` (checked before any model loads), or None: it is the data being
-    scored, a folder, or in a place no file can be written."""
-    if out.exists() and data.exists() and out.resolve() == data.resolve():
-        return f"--out {out}: the file being scored; write the scores to another file"
+    scored or lies in its folder of shards, it is a folder, or in a place no file can be written."""
+    from pipeline.data.sources import written_into
+
+    if clash := written_into(out, data):
+        return f"--out {out}: {clash}; write the scores to another file"
     if out.is_dir():
         return f"--out {out}: a folder; give the Parquet file to write, e.g. {out / 'scores.parquet'}"
     from pipeline.families.base_folders import unwritable_place

@@ -88,6 +88,20 @@ def pin_path(text: str | Path) -> Path | None:
     return split[0]
 
 
+def written_into(out: str | Path, data: str) -> str | None:
+    """How a file written to `out` would be read back as part of DATA, or None: it is DATA's file, or lies in
+    DATA's folder (or under a glob's), where the next read takes it for a shard. A Hub id is never written to."""
+    source = pin_path(data)
+    if source is None:
+        return None
+    source, target = source.expanduser().resolve(), Path(out).expanduser().resolve()
+    if target == source:
+        return "the data being read"
+    if source.is_dir() and target.is_relative_to(source):
+        return "inside the folder being read (the next read would take it for a shard)"
+    return None
+
+
 def _resolve(text: str) -> Source:
     if not text.strip():  # Path("") is the working folder: never read it for a DATA left empty
         raise BadSource("DATA is empty: give a file, a folder or glob of shards, or hf:OWNER/NAME")

@@ -422,7 +422,7 @@ def test_map_never_writes_over_the_table_it_reads_and_says_when_it_replaces_a_fi
     capsys.readouterr()
     assert main([*args, "--write", str(rows)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert err == [f"decision map: --write {rows}: the table being mapped; write the rows elsewhere"]
+    assert err == [f"decision map: --write {rows}: the data being read; write the rows elsewhere"]
     assert rows.read_bytes() == before
     assert main(["map", "--data", str(plain_csv), "--state-column", "text", "--label-column", "label",
                  "--write", str(rows)]) == 0  # fmt: skip

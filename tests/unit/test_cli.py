@@ -123,7 +123,7 @@ def test_a_model_folder_or_an_empty_one_may_be_written_again(tmp_path):
 
 def test_predict_refuses_an_out_that_is_its_data_or_a_folder_before_loading_a_model(user_files, capsys):
     rows = str(user_files / "rows.jsonl")
-    for out, said in ((rows, "the file being scored"), (str(user_files / "notes"), "a folder")):
+    for out, said in ((rows, "the data being read"), (str(user_files / "notes"), "a folder")):
         assert main(["predict", "--model", "no-such-model", "--data", rows, "--out", out]) == 2
         assert said in capsys.readouterr().err
     assert (user_files / "rows.jsonl").read_text() == "{}\n"
@@ -230,3 +230,20 @@ def test_a_training_flag_out_of_range_is_refused_by_name(capsys):
     with pytest.raises(SystemExit) as exit_:
         main(["train", "--data", "d", "--base", "b", "--out", "o", "--epochs", "0"])
     assert exit_.value.code == 2 and "argument --epochs: '0'" in capsys.readouterr().err
+
+
+def test_scores_or_mapped_rows_are_never_written_into_the_folder_of_shards_being_read(tmp_path, capsys):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    (tmp_path / "shards").mkdir()
+    pq.write_table(
+        pa.table({"text": ["late", "fine"], "team": ["a", "b"]}), tmp_path / "shards" / "0.parquet"
+    )
+    inside = str(tmp_path / "shards" / "out.parquet")
+    flags = ["--data", str(tmp_path / "shards"), "--state-column", "text", "--label-column", "team"]
+    assert main(["predict", "--model", "no-such-model", *flags, "--out", inside]) == 2
+    assert "inside the folder being read" in capsys.readouterr().err
+    assert main(["map", *flags, "--write", inside]) == 2
+    assert "inside the folder being read" in capsys.readouterr().err
+    assert sorted(p.name for p in (tmp_path / "shards").iterdir()) == ["0.parquet"]

@@ -80,8 +80,9 @@ def verify_pins(paths: list[str], lock: str, allow_unpinned: bool = False) -> di
 
 
 @task(name="validate", **CACHED)
-def validate(data: str, row_slice: str | None, config, report: str, split: str) -> ValidateResult:
-    result = validate_stage.validate_stage(data, config, report, row_slice, split_out=split)
+def validate(data: str, row_slice: str | None, config, report_file: str, split: str) -> ValidateResult:
+    result = validate_stage.validate_stage(data, config, report_file, row_slice, split_out=split,
+                                           report=get_run_logger().info)  # fmt: skip
     rows = [{"reason": reason, "decisions": n} for reason, n in sorted(result.report.skipped.items())]
     usable = f"{result.report.kept} of {result.report.decisions} decisions usable"
     create_table_artifact(rows or [{"reason": "(none)", "decisions": 0}], key="skipped-decisions",

@@ -71,7 +71,8 @@ def _validate(args: argparse.Namespace) -> int:
     try:
         value = mapping_value(args)
         mapping = load_mapping(value) if value is not None else None
-        data = validate_file(args.data, RowSlice.parse(args.slice), with_records=False, mapping=mapping)
+        data = validate_file(args.data, RowSlice.parse(args.slice), with_records=False, mapping=mapping,
+                             report=progress_outputs(args)[1])  # fmt: skip
     except (BadMappingFlags, MappingError) as error:
         print(f"decision validate: {error}", file=sys.stderr)
         return EXIT_BAD_MAPPING
@@ -435,7 +436,7 @@ def build_parser() -> argparse.ArgumentParser:
     validate.add_argument(
         "--slice", metavar="START:END", help="validate rows [START, END) only; taken before rows are parsed"
     )
-    validate.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
+    _add_output_flags(validate)
     add_mapping_arguments(validate)
     validate.set_defaults(handler=_validate)
 

@@ -12,6 +12,7 @@ import sys
 
 from pipeline.cli.data import BadMappingFlags, add_mapping_arguments, mapping_value
 from pipeline.cli.registry import launch_flow
+from pipeline.cli.tables import say
 
 EXIT_OK, EXIT_UNUSABLE = 0, 2
 
@@ -24,7 +25,7 @@ def _init(args: argparse.Namespace) -> int:
     from pipeline.stages.snapshot import PinFailed
 
     try:
-        result = init_run(args.data, args.base, args.name, mapping_value(args))
+        result = init_run(args.data, args.base, args.name, mapping_value(args), report=say)
     except (BadInit, BadBase, PinFailed, BadMappingFlags, MappingError, UnreadableInput) as error:
         print(f"decision init: {error}", file=sys.stderr)
         return EXIT_UNUSABLE

@@ -8,7 +8,9 @@ per decision (the gold verdict); `Facts.frame()` expands them into the flat colu
 from __future__ import annotations
 
 import gc
-from collections.abc import Iterator
+import threading
+import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -91,6 +93,32 @@ class Facts:
             "label_ok": per_decision(0),
             "probabilities_ok": per_decision(1),
         })  # fmt: skip
+
+
+@contextmanager
+def announced(report: Callable[[str], None] | None, what: str, after_s: float = 2.0,
+              every_s: float = 10.0) -> Iterator[None]:  # fmt: skip
+    """Run the block; while it runs past `after_s`, say `what` to `report` with the seconds so far, and again every
+    `every_s`. A long read or check is seen to be alive; a short one says nothing, so an error in it stays the one
+    line the user reads."""
+    if report is None:
+        yield
+        return
+    done, started = threading.Event(), time.monotonic()
+
+    def watch() -> None:
+        wait = after_s
+        while not done.wait(wait):
+            report(f"{what} ({time.monotonic() - started:.0f} s so far)")
+            wait = every_s
+
+    watcher = threading.Thread(target=watch, name="announced", daemon=True)
+    watcher.start()
+    try:
+        yield
+    finally:
+        done.set()
+        watcher.join()
 
 
 @contextmanager

@@ -175,16 +175,17 @@ class TrainSource:
     eval_data: str | Path | None = None
     split_config: ValidateConfig = field(default_factory=ValidateConfig)
 
-    def validated(self) -> SplitData:
+    def validated(self, report: Callable[[str], None] | None = None) -> SplitData:
         """Validate the rows (and `eval_data`) and split them: once per run; later steps read the result.
 
         With `split_config.mapping` both files are plain tables mapped to decision rows, `eval_data` with the
-        options fixed on `data` (so both ask the same questions)."""
+        options fixed on `data` (so both ask the same questions). `report` gets a line as each file's reading
+        and checking start."""
         mapping = load_mapping(self.split_config.mapping) if self.split_config.mapping is not None else None
-        validated = validate_file(self.data, self.row_slice, mapping=mapping)
+        validated = validate_file(self.data, self.row_slice, mapping=mapping, report=report)
         refuse_unusable(self.data, validated.report)
         if self.eval_data is not None:
-            held = validate_file(self.eval_data, mapping=validated.mapping)
+            held = validate_file(self.eval_data, mapping=validated.mapping, report=report)
             refuse_unusable(self.eval_data, held.report)
             split = carve_validation(Split(validated.records, held.records), self.split_config)
         else:

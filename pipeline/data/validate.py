@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -21,7 +22,7 @@ import pandera.pandas as pa
 
 from pipeline.data import contract
 from pipeline.data.contract import Decision, Record
-from pipeline.data.facts import Facts, collect_facts, gc_paused
+from pipeline.data.facts import Facts, announced, collect_facts, gc_paused
 from pipeline.data.mapping import Mapping, option_counts, read_mapped
 from pipeline.data.read import RawColumns, RowSlice, columns_from_rows, read_columns
 
@@ -156,21 +157,27 @@ def validate_file(
     row_slice: RowSlice = RowSlice(),
     with_records: bool = True,
     mapping: Mapping | None = None,
+    report: Callable[[str], None] | None = None,
 ) -> ValidatedData:
     """Read the slice of a decision file (Arrow first, Python objects for the slice only) and validate it.
 
     With `mapping`, the file is a plain table and the slice's mapped rows are validated (`pipeline.data.mapping`;
-    raises MappingError for a column the table lacks or a label outside given options).
+    raises MappingError for a column the table lacks or a label outside given options). `report` hears of a
+    phase (reading, checking) that runs past 2 s: about 17 and 23 s per million rows on a 2-core machine.
     """
     started = time.perf_counter()
-    with gc_paused():
+    with (
+        gc_paused(),
+        announced(report, f"reading {path}" + ("" if row_slice == RowSlice() else f", rows {row_slice}")),
+    ):
         if mapping is None:
             columns, total = read_columns(path, row_slice)
         else:
             mapped, total = read_mapped(path, mapping, row_slice)
             columns, mapping = mapped.columns, mapped.mapping
     read_seconds = time.perf_counter() - started
-    data = validate_columns(columns, row_slice.start, with_records)
+    with announced(report, f"checking {len(columns):,} rows of {path}"):
+        data = validate_columns(columns, row_slice.start, with_records)
     data.report.source, data.report.slice, data.report.file_rows = str(path), str(row_slice), total
     data.mapping = mapping
     data.report.labels = option_counts(mapped) if mapping is not None else {}

@@ -92,7 +92,7 @@ def finetune(source: TrainSource, base: str | Path, out: str | Path, config: Tra
                           "`decision train --nproc N` or the retrain flow (train.nproc in params.yaml)")  # fmt: skip
     _, config = resolve_training(base, config)  # refuse a method the family lacks before validating
     checked = checked_inputs({"data": source.data, "base": base, "eval_data": source.eval_data})
-    validated = source.validated()  # a source refused here leaves no run folder behind
+    validated = source.validated(hooks.report)  # a source refused here leaves no run folder behind
     run = RunFolder(run_dir or default_run_dir(out))
     run.root.mkdir(parents=True, exist_ok=True)
     for checkpoint in run.root.glob(f"{run.checkpoint.stem}*{run.checkpoint.suffix}"):  # candidates' too

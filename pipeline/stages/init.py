@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -24,6 +25,7 @@ import pyarrow.parquet as pq
 import yaml
 
 from pipeline.config import RUN_CONFIGS_DIR, ConfigError, RetrainConfig, load_params
+from pipeline.data.facts import announced
 from pipeline.data.mapping import YamlFileError, load_mapping, load_yaml_file
 from pipeline.data.pins import PinMismatch, pin_command, verify_pins
 from pipeline.data.read import iter_tables
@@ -79,9 +81,11 @@ def run_name(data: str, name: str | None) -> str:
 
 
 def init_run(data: str, base: str | None = None, name: str | None = None,
-             mapping: str | dict[str, Any] | None = None, root: str | Path = ".") -> InitResult:  # fmt: skip
+             mapping: str | dict[str, Any] | None = None, root: str | Path = ".",
+             report: Callable[[str], None] | None = None) -> InitResult:  # fmt: skip
     """Pin `data` and `base` (None: the stock snapshot) and write `configs/<name>.yaml` under `root`; the data
-    source, the mapping and the base are checked before anything is copied or pinned."""
+    source, the mapping and the base are checked before anything is copied or pinned. `report` hears of each
+    step that runs past 2 s (reading and checking the data, copying it in, snapshotting the base, pinning)."""
     root = Path(root).resolve()
     name = run_name(data, name)
     config_file = root / RUN_CONFIGS_DIR / f"{name}.yaml"
@@ -90,8 +94,10 @@ def init_run(data: str, base: str | None = None, name: str | None = None,
     loaded = load_mapping(mapping) if mapping is not None else None  # MappingError, before anything is pinned
     # BadSource / UnreadableInput (an empty folder or file, shards that disagree, a Hub id offline, a table with no
     # mapping) and a source with no usable decision are refused here, with the reasons, before anything is pinned
-    refuse_unusable(data, validate_file(data, with_records=False, mapping=loaded).report)
-    rel_base, base_md5 = _pinned_base(base, root)  # checked (it loads as a base) before the data is pinned
+    refuse_unusable(data, validate_file(data, with_records=False, mapping=loaded, report=report).report)
+    rel_base, base_md5 = _pinned_base(
+        base, root, report
+    )  # checked (it loads as a base) before the data is pinned
     sections = {"retrain": {"data": _run_data_text(data, root, name), "base": rel_base, "runs_dir": f"runs/{name}",
                             "model_name": name},
                 "validate": {} if mapping is None else {"mapping": _mapping_entry(mapping, root, name)}}  # fmt: skip
@@ -100,9 +106,10 @@ def init_run(data: str, base: str | None = None, name: str | None = None,
         load_params(root / "params.yaml", overrides=merged)
     except ConfigError as error:
         raise BadInit(f"{config_file}: {error}") from None
-    data_text, pinned, copied = _inside(data, root, name)
+    data_text, pinned, copied = _inside(data, root, name, report)
     previous = _current_pin(pinned.relative_to(root).as_posix(), root)
-    data_md5, _ = pin_folder(pinned)
+    with announced(report, f"pinning {pinned.relative_to(root)} (dvc add hashes its files)"):
+        data_md5, _ = pin_folder(pinned)
     if isinstance(mapping, str):
         _copy_mapping(mapping, root, name)
     config = _write_run_config(config_file, name, merged)
@@ -151,20 +158,24 @@ def _run_data_text(data: str, root: Path, name: str) -> str:
     return (OWN_DATA_DIR / (name + "".join(path.suffixes) if path.is_file() else name)).as_posix() + rest
 
 
-def _inside(data: str, root: Path, name: str) -> tuple[str, Path, bool]:
+def _inside(data: str, root: Path, name: str, report: Callable[[str], None] | None) -> tuple[str, Path, bool]:
     """(the DATA text the run reads, the path DVC pins, whether it was copied in): the source as it is when its
     path lies inside the project; else its file or folder copied to data/own/ (replaced whole each time) with
     the glob or split kept; a Hub data set written there as Parquet shards."""
     text = _run_data_text(data, root, name)
     if data.startswith(HUB_PREFIX):
         target = root / OWN_DATA_DIR / name
-        _staged(target, lambda staging: _write_shards(data, staging))
+        with announced(report, f"writing {data} into {target.relative_to(root)} as Parquet shards"):
+            _staged(target, lambda staging: _write_shards(data, staging))
         return text, target, True
     path = pin_path(data).expanduser().resolve()
     if path.is_relative_to(root):
         return text, path, False
     target = root / OWN_DATA_DIR / (name + "".join(path.suffixes) if path.is_file() else name)
-    _staged(target, lambda staging: _copy(path, staging))
+    with announced(
+        report, f"copying {path} into {target.relative_to(root)} (DVC pins only what lies inside the project)"
+    ):
+        _staged(target, lambda staging: _copy(path, staging))
     return text, target, True
 
 
@@ -221,7 +232,9 @@ def _current_pin(rel: str, root: Path) -> str | None:
     return (yaml.safe_load(pin.read_text()) or {}).get("outs", [{}])[0].get("md5")
 
 
-def _pinned_base(base: str | None, root: Path) -> tuple[str, str | None]:
+def _pinned_base(
+    base: str | None, root: Path, report: Callable[[str], None] | None
+) -> tuple[str, str | None]:
     """(the base's path in the project, its md5): the stock snapshot by default, a pinned folder as it is, and
     anything else (a folder elsewhere, a Hub id) snapshotted to data/snapshots/<its name> and pinned."""
     if base is None:
@@ -236,7 +249,8 @@ def _pinned_base(base: str | None, root: Path) -> tuple[str, str | None]:
         md5, _ = pin_folder(folder.resolve())
         return rel, md5
     out = root / SNAPSHOTS_DIR / Path(base.rstrip("/")).name.lower()
-    pinned = snapshot_base(base, out)
+    with announced(report, f"snapshotting base {base} into {out.relative_to(root)}"):
+        pinned = snapshot_base(base, out)
     return out.relative_to(root).as_posix(), pinned.md5
 
 

@@ -58,7 +58,7 @@ def train_on_data(source: TrainSource, base: str | Path, out: str | Path | None,
     signal stops them all; nothing is saved then)."""
     checked = checked_inputs({"data": source.data, "base": base, "eval_data": source.eval_data})
     resolve_training(base, config)  # refuse a base no family starts from before the data is read
-    data = source.validated()
+    data = source.validated(hooks.report)
     if config.nproc > 1 and controls.ranks is None:
         if controls.save_on_cancel:
             raise ConfigError("--save-on-cancel: not with train.nproc > 1 (a signal stops every rank)")

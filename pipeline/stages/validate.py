@@ -7,6 +7,7 @@ The same function for `dvc repro validate` and the retraining flow's validate ta
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -46,14 +47,15 @@ def write_validated(
 
 def validate_stage(data: str | Path, config: ValidateConfig, out: str | Path | None = None,
                    row_slice: str | None = None, ledger: str | Path | None = None,
-                   split_out: str | Path | None = None) -> ValidateResult:  # fmt: skip
+                   split_out: str | Path | None = None,
+                   report: Callable[[str], None] | None = None) -> ValidateResult:  # fmt: skip
     """The report of `data` (or its slice) with the split summary; written to `out` if given, and the split
-    itself to `split_out` (a run's `RunFolder.split`) if given.
+    itself to `split_out` (a run's `RunFolder.split`) if given; `report` gets a line as reading and checking start.
 
     With `ledger` (the DVC stage passes `validate.holdout_ledger`), the held-out rows are added to it, so they
     stay held out as the data grows; the flow's validate task only reads it.
     """
-    validated = TrainSource(data, RowSlice.parse(row_slice), split_config=config).validated()
+    validated = TrainSource(data, RowSlice.parse(row_slice), split_config=config).validated(report)
     result = write_validated(validated, out, split_out)
     if ledger is not None:
         # Kept out of the written report: the count depends on what earlier runs held out, and the written report

@@ -42,3 +42,20 @@ def test_slow_steps_get_a_line_every_30_seconds():
 
 def test_eta_reads_as_people_write_it():
     assert (eta_text(45), eta_text(365), eta_text(3720)) == ("45s", "6m05s", "1h02m")
+
+
+def test_a_long_data_step_is_announced_while_it_runs_and_a_short_one_says_nothing():
+    import time
+
+    from pipeline.data.facts import announced
+
+    lines: list[str] = []
+    with announced(lines.append, "reading big.parquet", after_s=30):
+        pass
+    assert lines == []  # an error in a short step stays the one line the user reads
+    with announced(lines.append, "reading big.parquet", after_s=0.05, every_s=0.1):
+        time.sleep(0.5)
+    assert len(lines) >= 2 and all(line.startswith("reading big.parquet (") for line in lines)
+    settled = len(lines)
+    time.sleep(0.3)
+    assert len(lines) == settled  # nothing more once the step is over

@@ -119,10 +119,14 @@ def pin_folder(out: Path) -> tuple[str | None, str | None]:
     command = pin_command(rel, root)
     if command.startswith("dvc repro"):
         return None, command
-    done = subprocess.run([sys.executable, "-m", "dvc", "add", "-q", rel], cwd=root, capture_output=True,
+    # Not -q: it silences dvc's ERROR line too, and that line is what the user needs to read.
+    done = subprocess.run([sys.executable, "-m", "dvc", "add", rel], cwd=root, capture_output=True,
                           text=True, timeout=3600)  # fmt: skip
     if done.returncode != 0:
-        raise PinFailed(f"dvc add {rel} (in {root}) failed: {(done.stderr or done.stdout).strip()}")
+        said = [line for line in (done.stderr or done.stdout).splitlines() if line.strip()]
+        raise PinFailed(
+            f"dvc add {rel} (in {root}) failed: {said[-1].strip() if said else f'exit {done.returncode}'}"
+        )
     pin = root / f"{rel}.dvc"
     return yaml.safe_load(pin.read_text())["outs"][0]["md5"], pin.relative_to(root).as_posix()
 

@@ -1,5 +1,6 @@
 """Every shipped config loads, and dvc.yaml runs exactly the stage functions the library registers."""
 
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -93,3 +94,15 @@ def test_dvc_lock_is_in_step_with_the_code_its_stages_run(project_root):
         if dep["path"].endswith(".py") and current_md5(project_root / dep["path"]) != dep["md5"]
     ]
     assert not stale, f"run `dvc repro` and commit dvc.lock; changed since: {stale}"
+
+
+def test_the_pin_files_of_a_user_s_data_and_base_can_be_committed(project_root):
+    # DVC refuses to write a .dvc file git ignores ("bad DVC file name ... is git-ignored"): a base snapshotted
+    # into data/snapshots/ could not be pinned while the folder's ignore rule covered its .dvc file.
+    pins = ["data/snapshots/mybase.dvc", "data/own/tickets.csv.dvc", "data/own/shards.dvc"]
+    ignored = subprocess.run(["git", "check-ignore", *pins], cwd=project_root, capture_output=True, text=True)
+    assert ignored.stdout.split() == []
+    copy = ["data/snapshots/mybase/model.safetensors"]  # the bytes stay DVC's
+    assert (
+        subprocess.run(["git", "check-ignore", *copy], cwd=project_root, capture_output=True).returncode == 0
+    )

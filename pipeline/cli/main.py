@@ -493,8 +493,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="validate, slice, split, train, calibrate and export in one command",
         description="The whole chain, through the same stages as the retrain flow over a run folder: verify pins, "
         "validate DATA (--slice taken on the Arrow table) and split off held-out rows (or use --eval-data) once, "
-        "train, calibrate on the held-out decisions (before/after figures cross-fitted; the calibration report, "
-        "expected answers and plots stay in the run folder), and export the merged model to OUT.",
+        "train, calibrate on a validation split carved from the training rows (the held-out rows, cross-fitted, "
+        "only where there is none; the calibration report, expected answers and plots stay in the run folder), "
+        "and export the merged model to OUT.",
     )
     _add_training_arguments(chain, out_help="the export folder")
     chain.add_argument("--eval-data", help="use this file as the held-out set instead of splitting DATA")

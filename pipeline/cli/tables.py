@@ -4,6 +4,7 @@ goes (stderr: tqdm bars on a terminal, lines otherwise, nothing with --quiet).""
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -51,10 +52,12 @@ AT_LEAST_ONE = number_option(int, lambda n: n >= 1, "a whole number of at least 
 def progress_outputs(args: argparse.Namespace) -> tuple[bool, Callable[[str], None] | None]:
     """(tqdm bars?, where progress lines go) for a long command: lines on stderr, bars only where stderr is a
     terminal (in a log file a bar is a smear of carriage returns; the lines say the same); nothing with --quiet.
-    `--json` plays no part: it changes stdout only."""
-    if args.quiet:
-        return False, None
-    return sys.stderr.isatty(), say
+    `--json` plays no part: it changes stdout only. Without bars, Hugging Face libraries draw none either (their
+    "Loading weights" bar, read from the environment when they are first imported)."""
+    bars = sys.stderr.isatty() and not args.quiet
+    if not bars:
+        os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    return bars, None if args.quiet else say
 
 
 def print_evaluation(report: dict[str, Any]) -> None:

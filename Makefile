@@ -39,7 +39,6 @@ ifeq ($(DATA),)
 	dvc repro
 	python -m flows.retrain $(if $(RUN_CONFIG),--run-config $(call quoted,$(RUN_CONFIG)))
 else
-	$(if $(BASE),,dvc repro snapshot)
 	decision init --run --data $(call quoted,$(DATA)) $(if $(RUN_CONFIG),--name $(call quoted,$(RUN_CONFIG))) \
 	  $(if $(BASE),--base $(call quoted,$(BASE))) $(if $(MAPPING),--mapping $(call quoted,$(MAPPING)))
 endif

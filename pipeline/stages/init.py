@@ -33,7 +33,7 @@ from pipeline.data.sources import HUB_PREFIX, pin_path
 from pipeline.data.split import refuse_unusable
 from pipeline.data.validate import validate_file
 from pipeline.families import pick_family
-from pipeline.stages.snapshot import pin_folder, snapshot_base
+from pipeline.stages.snapshot import pin_folder, run_dvc, snapshot_base
 
 OWN_DATA_DIR = Path("data/own")
 SNAPSHOTS_DIR = Path("data/snapshots")
@@ -235,19 +235,22 @@ def _current_pin(rel: str, root: Path) -> str | None:
 def _pinned_base(
     base: str | None, root: Path, report: Callable[[str], None] | None
 ) -> tuple[str, str | None]:
-    """(the base's path in the project, its md5): the stock snapshot by default, a pinned folder as it is, and
+    """(the base's path in the project, its md5): the stock snapshot by default, a pinned folder as it is (a
+    dvc.yaml stage's output built or brought up to date first, now that the name, data and mapping passed), and
     anything else (a folder elsewhere, a Hub id) snapshotted to data/snapshots/<its name> and pinned."""
-    if base is None:
-        stock = RetrainConfig().base
-        return stock, _stage_md5(stock, root)
-    folder = Path(base).expanduser()
-    if folder.exists() and folder.resolve().is_relative_to(root):
-        pick_family(folder)  # BadBase, naming it, when no family starts from it
-        rel = folder.resolve().relative_to(root).as_posix()
-        if pin_command(rel, root).startswith("dvc repro"):
+    folder = root / RetrainConfig().base if base is None else Path(base).expanduser().resolve()
+    if folder.is_relative_to(root):
+        rel = folder.relative_to(root).as_posix()
+        if (command := pin_command(rel, root)).startswith("dvc repro"):
+            with announced(report, f"building {rel} with {command}"):
+                run_dvc(command.split()[1:], root)
+        if base is not None and folder.exists():
+            pick_family(folder)  # BadBase, naming it, when no family starts from it
+        if base is None or command.startswith("dvc repro"):
             return rel, _stage_md5(rel, root)
-        md5, _ = pin_folder(folder.resolve())
-        return rel, md5
+        if folder.exists():
+            md5, _ = pin_folder(folder)
+            return rel, md5
     out = root / SNAPSHOTS_DIR / Path(base.rstrip("/")).name.lower()
     with announced(report, f"snapshotting base {base} into {out.relative_to(root)}"):
         pinned = snapshot_base(base, out)
@@ -258,7 +261,7 @@ def _stage_md5(rel: str, root: Path) -> str | None:
     """A dvc.yaml stage output's pin in dvc.lock (None until `dvc repro` has built it)."""
     try:
         return verify_pins([rel], root)[rel]
-    except PinMismatch:  # not built yet: `make run` builds it with `dvc repro` before the flow starts
+    except PinMismatch:  # no such stage here (a project without dvc.yaml's snapshot stage), or not built
         return None
 
 

@@ -119,16 +119,23 @@ def pin_folder(out: Path) -> tuple[str | None, str | None]:
     command = pin_command(rel, root)
     if command.startswith("dvc repro"):
         return None, command
-    # Not -q: it silences dvc's ERROR line too, and that line is what the user needs to read.
-    done = subprocess.run([sys.executable, "-m", "dvc", "add", rel], cwd=root, capture_output=True,
-                          text=True, timeout=3600)  # fmt: skip
-    if done.returncode != 0:
-        said = [line for line in (done.stderr or done.stdout).splitlines() if line.strip()]
-        raise PinFailed(
-            f"dvc add {rel} (in {root}) failed: {said[-1].strip() if said else f'exit {done.returncode}'}"
-        )
+    run_dvc(["add", rel], root)
     pin = root / f"{rel}.dvc"
     return yaml.safe_load(pin.read_text())["outs"][0]["md5"], pin.relative_to(root).as_posix()
+
+
+def run_dvc(arguments: list[str], root: Path) -> None:
+    """`dvc ARGUMENTS` in the repository `root`; PinFailed quoting dvc's own error line when it fails. The stages
+    `dvc repro` runs call `python`: this interpreter's, as under `make`, whatever PATH the caller has."""
+    path = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
+    # Not -q: it silences dvc's ERROR line too, and that line is what the user needs to read.
+    done = subprocess.run([sys.executable, "-m", "dvc", *arguments], cwd=root, capture_output=True, text=True,
+                          timeout=3600, env={**os.environ, "PATH": path})  # fmt: skip
+    if done.returncode != 0:
+        said = [line.strip() for line in (done.stderr or done.stdout).splitlines() if line.strip()]
+        raise PinFailed(
+            f"dvc {' '.join(arguments)} (in {root}) failed: {said[-1] if said else f'exit {done.returncode}'}"
+        )
 
 
 def _dvc_root(path: Path) -> Path | None:

@@ -168,3 +168,19 @@ def test_run_trains_the_run_just_set_up_and_its_name_comes_from_the_data(
     assert launched == [("flows.retrain", ["--run-config", "tickets"])]
     assert "training it: python -m flows.retrain --run-config tickets" in capsys.readouterr().out
     assert main(["init", "--data", str(source), "--name", "", "--run"]) == 2 and len(launched) == 1
+
+
+def test_the_stock_base_is_built_after_the_name_and_data_are_checked(project, tmp_path, capsys, monkeypatch):
+    # A snapshot stage standing in for dvc.yaml's (which copies MiniLM): `python` must be this interpreter's,
+    # whatever PATH the user has, as under `make run`.
+    build = "import pathlib; p = pathlib.Path('data/snapshots/minilm'); p.mkdir(parents=True); (p / 'w').write_text('x')"
+    (project / "dvc.yaml").write_text(yaml.safe_dump({"stages": {"snapshot": {
+        "cmd": f'python -c "{build}"', "outs": ["data/snapshots/minilm"]}}}))  # fmt: skip
+    monkeypatch.setenv("PATH", "/usr/bin:/bin")
+    source = write_rows(tmp_path / "rows.jsonl", 3)
+    code, _, err = init(capsys, "--data", str(source), "--name", "Bad Name")
+    assert code == 2 and "run name 'Bad Name'" in err and not (project / "data/snapshots/minilm").exists()
+    code, result, err = init(capsys, "--data", str(source))
+    assert code == 0, err
+    assert (project / "data/snapshots/minilm/w").read_text() == "x"
+    assert result["base"] == "data/snapshots/minilm" and result["base_md5"].endswith(".dir")

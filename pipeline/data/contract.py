@@ -88,6 +88,12 @@ class Record:
     """The row's `group` as canonical JSON (`group_key`): rows that share it are held out, or carved for validation,
     together; None: the row goes alone."""
 
+    def request_questions(self) -> dict[str, Any]:
+        """The row's questions as a request asks them again: each usable decision's in file order with its options
+        in model order (`question_request`), then the row's other questions as `questions_json` holds them."""
+        asked = {d.question.id: question_request(d.question) for d in self.decisions}
+        return asked | {qid: q for qid, q in orjson.loads(self.questions_json).items() if qid not in asked}
+
     def content_hash(self) -> str:
         """blake2b of the row's canonical JSON: the same content gives the same hash in any file form."""
         canonical = orjson.dumps(
@@ -231,6 +237,20 @@ def parse_question(qid: str, spec: Any) -> QuestionSpec:
     return QuestionSpec(
         qid, True, qtype, True, len(options), len(index), question_chars(question), question, index
     )
+
+
+def question_request(question: Question) -> dict[str, Any]:
+    """The question as a request asks it, its options in model order: what the model was trained on. A record's
+    `questions_json` is canonical (keys sorted), so it would ask a choice's option map in another order."""
+    if question.type == "score":
+        criteria: Any = list(question.descriptions)
+    elif question.type == "noul":
+        criteria = {o: d for o, d in zip(NOUL_OPTIONS, question.descriptions) if d is not None} or None
+    elif any(d is not None for d in question.descriptions):
+        criteria = dict(zip(question.options, question.descriptions))
+    else:
+        criteria = list(question.options)
+    return {"type": question.type, "instructions": question.instructions, "criteria": criteria}
 
 
 def question_chars(question: Question) -> int:

@@ -22,7 +22,6 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
-import orjson
 import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -211,10 +210,13 @@ def reference_rows(
     records: Sequence[Record], model: DecisionModel, batch_size: int = 64
 ) -> list[DecisionRow]:
     """Training rows answered by `model` as the API answers them; a row the API would refuse is left out."""
-    requests = [row_request(i, None, r.state, r.questions_json) for i, r in enumerate(records)]
+    asked = [record.request_questions() for record in records]  # as trained: options in model order
+    requests = [
+        row_request(i, None, r.state, questions) for i, (r, questions) in enumerate(zip(records, asked))
+    ]
     scored = answer_rows(model, requests, batch_size)
     return [
-        DecisionRow(None, record.state, orjson.loads(record.questions_json), row.answers)
-        for record, row in zip(records, scored)
+        DecisionRow(None, record.state, questions, row.answers)
+        for record, questions, row in zip(records, asked, scored)
         if row.answers is not None
     ]

@@ -26,7 +26,7 @@ import numpy as np
 import orjson
 
 from pipeline.data.answers import answer_probabilities, chosen_option, parse_request
-from pipeline.data.contract import Record
+from pipeline.data.contract import Record, question_request
 from pipeline.families import load_decision_model
 from pipeline.families.base import DecisionModel
 from pipeline.mlops.promotion import SMOKE_TAG
@@ -76,8 +76,7 @@ def heldout_requests(records: list[Record], n: int) -> list[dict[str, Any]]:
     for record in records:
         if decisions >= n:
             break
-        questions = orjson.loads(record.questions_json)
-        kept = {d.question.id: questions[d.question.id] for d in record.decisions}
+        kept = {d.question.id: question_request(d.question) for d in record.decisions}
         bodies.append({"state": record.state, "questions": kept})
         decisions += len(kept)
     return bodies

@@ -67,3 +67,25 @@ def test_a_model_folder_or_expected_answers_that_cannot_be_read_is_refused_befor
         code = main(["smoke", "--url", "http://127.0.0.1:9", "--data", str(synthetic_train_file), *flags])
         lines = capsys.readouterr().err.strip().splitlines()
         assert code == 2 and len(lines) == 1 and words in lines[0] and flags[1] in lines[0], lines
+
+
+def test_held_out_questions_are_asked_with_their_options_in_the_order_the_model_was_trained_on():
+    # A record's questions_json is canonical (keys sorted): asked from it, {shipping, billing, product} came back as
+    # billing, product, shipping, and the served probabilities, compared by position with the trained model's,
+    # failed every run whose options were a map out of alphabetical order.
+    from pipeline.data.validate import validate_rows
+
+    team = {"type": "choice", "instructions": "Which team?", "criteria": {"shipping": "parcels", "billing": None,
+                                                                          "product": "how it works"}}  # fmt: skip
+    urgency = {"type": "score", "instructions": "How urgent?", "criteria": ["later", None, "now"]}
+    row = {"state": "charged twice", "questions": {"urgency": urgency, "team": team, "spare": {"type": "noul"}},
+           "gold": {"team": "billing", "urgency": 2}}  # fmt: skip
+    [record] = validate_rows([row]).records
+    [body] = heldout_requests([record], 10)
+    assert body["questions"] == {"urgency": urgency, "team": team}
+    assert list(body["questions"]["team"]["criteria"]) == ["shipping", "billing", "product"]
+    assert list(record.request_questions()) == [
+        "urgency",
+        "team",
+        "spare",
+    ]  # what the monitor's reference asks

@@ -327,11 +327,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         print(json.dumps(summary, default=str))
     else:
-        print_summary(summary)
+        print_summary(summary, args.run_config)
     return 0
 
 
-def print_summary(summary: dict[str, Any]) -> None:
+def print_summary(summary: dict[str, Any], run_config: str | None = None) -> None:
     from rich.console import Console
     from rich.table import Table
 
@@ -354,7 +354,12 @@ def print_summary(summary: dict[str, Any]) -> None:
                   f"{overall['ece']:.4f}, 95% interval [{overall['ece_low']:.4f}, {overall['ece_high']:.4f}], "
                   f"NLL {overall['nll']:.4f}")  # fmt: skip
     smoke = summary["smoke"]
-    console.print(f"smoke test: {'passed' if smoke['passed'] else 'FAILED'} (agreement {smoke['agreement']}, "
+    failed = (
+        ""
+        if smoke["passed"]
+        else f": {'; '.join(smoke.get('failures') or ['see the version tag smoke_failures'])}"
+    )
+    console.print(f"smoke test: {'passed' if smoke['passed'] else 'FAILED'}{failed} (agreement {smoke['agreement']}, "
                   f"p50 {smoke['latency_ms']['p50']} ms); gate: {'; '.join(summary['gate'])}")  # fmt: skip
     console.print(f"champion: version {summary['champion']}; {summary['steps']} steps in "
                   f"{summary['train_seconds']:.0f} s; MLflow run {summary['mlflow_run_id']}")  # fmt: skip
@@ -362,11 +367,13 @@ def print_summary(summary: dict[str, Any]) -> None:
         console.print(f"[bold yellow]warning[/]: the fine-tune did not learn: {warning}")
     for notice in summary["notices"]:
         console.print(f"[bold]note[/]: {notice}")
+    serve = f"make serve NAME={run_config}" if run_config else "make serve"
     if summary["champion"] is None:
         console.print(f"[bold yellow]no champion[/]: version {summary['version']} is held as challenger, so "
-                      "make serve has nothing to serve yet (decision promote VERSION promotes it by hand)")  # fmt: skip
+                      f"{serve} has nothing to serve yet; once the reasons above are understood, decision promote "
+                      f"{summary['version']} --name {summary['model']} --force promotes it by hand")  # fmt: skip
     console.print(
-        "next: [bold]make ui[/] (MLflow UI), [bold]make serve[/] (Decision API on @champion), "
+        f"next: [bold]make ui[/] (MLflow UI), [bold]{serve}[/] (Decision API on @champion), "
         "[bold]make schedule[/] (weekly retraining on a local Prefect server)"
     )
 

@@ -19,7 +19,7 @@ EXIT_OK, EXIT_FAILED, EXIT_UNUSABLE = 0, 1, 2
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from pipeline.mlops.registry import parse_alias_uri
+    from pipeline.mlops.registry import alias_problem, parse_alias_uri
     from pipeline.serving.body import BodyLimits
     from pipeline.serving.keys import KeyConfigError, load_keys
     from pipeline.serving.server import ServeOptions, ServerConfig, run_server
@@ -33,11 +33,14 @@ def _serve(args: argparse.Namespace) -> int:
         except ConfigError as error:
             print(f"decision serve: --run-config {args.run_config}: {error}", file=sys.stderr)
             return EXIT_UNUSABLE
-    if parse_alias_uri(args.model) is None and not Path(args.model).is_dir():
+    if (aliased := parse_alias_uri(args.model)) is None and not Path(args.model).is_dir():
         print(
             f"decision serve: --model {args.model}: no such folder (or use models:/NAME@ALIAS)",
             file=sys.stderr,
         )
+        return EXIT_UNUSABLE
+    if aliased is not None and (problem := alias_problem(*aliased)) is not None:
+        print(f"decision serve: --model {args.model}: {problem}", file=sys.stderr)  # it would serve nothing
         return EXIT_UNUSABLE
     try:
         keys = load_keys(args.keys)  # checked here, so a bad key file is one clear error, not one per worker

@@ -96,6 +96,26 @@ def alias_version(name: str, alias: str) -> str:
         raise RegistryError(f"models:/{name}@{alias}: {error.message}") from error
 
 
+def alias_problem(name: str, alias: str) -> str | None:
+    """Why `models:/NAME@ALIAS` names no version now, with what to do; None when it does."""
+    from mlflow.exceptions import MlflowException
+
+    try:
+        alias_version(name, alias)
+        return None
+    except RegistryError:
+        pass
+    try:
+        versions = sorted(int(v.version) for v in client().search_model_versions(f"name='{name}'"))
+    except MlflowException:
+        versions = []
+    if not versions:
+        return f"no model {name} is registered in this store; a run registers it (make run NAME=...)"
+    return (f"no version of {name} is {alias} yet (its newest is version {versions[-1]}); "
+            f"decision promote {versions[-1]} --name {name} [--force] makes it the champion, or serve "
+            f"models:/{name}/{versions[-1]}")  # fmt: skip
+
+
 def registered_version(uri: str) -> tuple[str, str] | None:
     """(name, version) of `models:/NAME/VERSION`, or of the version `models:/NAME@ALIAS` points at now; None for
     anything else (a folder). RegistryError for a version the registry lacks."""

@@ -47,3 +47,16 @@ def test_decision_register_tags_the_version_and_its_run_with_what_the_manifest_s
     run = client().get_run(version.run_id)
     for tags in (version.tags, run.data.tags):
         assert tags["data_pinned"] == "false" and tags["base_pinned"] == "true"
+
+
+def test_serving_an_alias_no_version_holds_is_refused_saying_how_to_make_one(store, capsys):
+    # It ran on, answering nothing and logging "keeping nothing" every poll (a run whose gate held its version).
+    from pipeline.cli.main import main
+    from pipeline.mlops.registry import register_export
+
+    args = ["serve", "--model", "models:/tickets@champion", "--port", "1"]
+    assert main(args) == 2
+    assert "no model tickets is registered in this store" in capsys.readouterr().err
+    register_export(store, "tickets", tags={"idempotency_key": "k1"})
+    assert main(args) == 2
+    assert "decision promote 1 --name tickets [--force] makes it the champion" in capsys.readouterr().err

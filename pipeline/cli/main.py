@@ -34,6 +34,7 @@ from pipeline.cli.tables import (
     print_heldout,
     print_report,
     progress_outputs,
+    quiet_libraries,
 )
 
 EXIT_OK, EXIT_UNREADABLE, EXIT_NOTHING_USABLE = 0, 1, 2
@@ -540,6 +541,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    quiet_libraries(args)
     from pipeline.config import ConfigError  # after parsing, so that `--help` answers without pyarrow
 
     try:

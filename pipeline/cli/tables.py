@@ -52,12 +52,23 @@ AT_LEAST_ONE = number_option(int, lambda n: n >= 1, "a whole number of at least 
 def progress_outputs(args: argparse.Namespace) -> tuple[bool, Callable[[str], None] | None]:
     """(tqdm bars?, where progress lines go) for a long command: lines on stderr, bars only where stderr is a
     terminal (in a log file a bar is a smear of carriage returns; the lines say the same); nothing with --quiet.
-    `--json` plays no part: it changes stdout only. Without bars, Hugging Face libraries draw none either (their
-    "Loading weights" bar, read from the environment when they are first imported)."""
-    bars = sys.stderr.isatty() and not args.quiet
-    if not bars:
+    `--json` plays no part: it changes stdout only."""
+    if args.quiet:
+        return False, None
+    return sys.stderr.isatty(), say
+
+
+def quiet_libraries(args: argparse.Namespace) -> None:
+    """Where a command draws no bars (--quiet, or stderr is no terminal), Hugging Face libraries draw none either:
+    their "Loading weights" and "Writing model shards" bars."""
+    if getattr(args, "quiet", False) or not sys.stderr.isatty():
         os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
-    return bars, None if args.quiet else say
+        if (
+            "transformers" in sys.modules
+        ):  # parsing imported it already (--device imports torch, which brings it)
+            from transformers.utils import logging
+
+            logging.disable_progress_bar()
 
 
 def print_evaluation(report: dict[str, Any]) -> None:

@@ -179,14 +179,18 @@ def model_folder(source: str) -> Iterator[tuple[str, Path]]:
         yield f"{name}/{version}", download_version(name, version, Path(cache) / f"{name}-{version}")
 
 
-def _row_reader(folder: Path, name: str, mapping: Mapping | None) -> tuple[RowReader, list[str] | None]:
-    """How a table becomes requests, and the questions every row asks where a mapping says them: with a mapping,
-    its options fixed from the mapping or the model's manifest (MappingError when neither gives them)."""
+def _row_reader(
+    folder: Path, name: str, mapping: Mapping | None
+) -> tuple[RowReader, dict[str, tuple] | None]:
+    """How a table becomes requests, and the questions every row asks where a mapping says them, each with the
+    table's labels of its levels for a score (else empty): with a mapping, its options fixed from the mapping or
+    the model's manifest (MappingError when neither gives them)."""
     if mapping is None:
         return table_rows, None
     trained = read_manifest(folder).get(MAPPING_OPTIONS)
     fixed = unlabelled_mapping(mapping, trained, f"the model {name}")
-    return partial(mapped_rows, mapping=fixed), list(fixed.questions)
+    labels = {qid: q.options if q.type == "score" else () for qid, q in fixed.questions.items()}
+    return partial(mapped_rows, mapping=fixed), labels
 
 
 @dataclass(frozen=True)
@@ -196,8 +200,10 @@ class Scorer:
 
     served: DecisionModel
     rows_of: RowReader
-    questions: list[str] | None
-    """The flattened questions where a mapping says them (None: those of the first readable row)."""
+    questions: dict[str, tuple] | None
+    """The flattened questions where a mapping says them, with a score's labels by level (a score mapped from
+    ratings 1..5 answers level 0..4; its `.label` column says 1..5, as the table does); None: those of the first
+    readable row, labelled as answered."""
     batch_size: int
 
 
@@ -211,7 +217,11 @@ def _write_scores(scorer: Scorer, chunks: Iterator[pa.Table], out: Path, name: s
         for table in chunks:
             requests = scorer.rows_of(table, rows)
             if writer is None:  # the flattened columns: the mapping's questions, or the first readable row's
-                flattened = scorer.questions if scorer.questions is not None else question_ids(requests)
+                flattened = (
+                    scorer.questions
+                    if scorer.questions is not None
+                    else dict.fromkeys(question_ids(requests), ())
+                )
                 schema = output_schema(flattened).with_metadata({"decision.model": name})
                 writer = pq.ParquetWriter(staged, schema)
             scored = answer_rows(scorer.served, requests, scorer.batch_size)
@@ -232,7 +242,7 @@ def _write_scores(scorer: Scorer, chunks: Iterator[pa.Table], out: Path, name: s
     return failed, rows
 
 
-def output_schema(flattened: list[str]) -> pa.Schema:
+def output_schema(flattened: dict[str, tuple] | list[str]) -> pa.Schema:
     """The output columns: `row` (index in the source), `row_id`, `answers` (the API's JSON), `input_tokens`,
     `error` (reason code) and `error_message`; then `<qid>.label` and `<qid>.confidence` per flattened question."""
     fields = [("row", pa.int64()), ("row_id", pa.string()), ("answers", pa.string()), ("input_tokens", pa.int64()),
@@ -242,16 +252,18 @@ def output_schema(flattened: list[str]) -> pa.Schema:
     return pa.schema(fields)
 
 
-def output_table(scored: list[ScoredRow], flattened: list[str], schema: pa.Schema) -> pa.Table:
-    """Scored rows as a table of `output_schema`; a flattened question a row did not ask is null there."""
+def output_table(scored: list[ScoredRow], flattened: dict[str, tuple], schema: pa.Schema) -> pa.Table:
+    """Scored rows as a table of `output_schema`; a flattened question a row did not ask is null there, and a
+    score with the table's labels of its levels is labelled by them."""
     columns: dict[str, list[Any]] = {
         "row": [r.row for r in scored], "row_id": [r.row_id for r in scored],
         "answers": [answers_json(r.answers) for r in scored], "input_tokens": [r.input_tokens for r in scored],
         "error": [r.error for r in scored], "error_message": [r.message for r in scored],
     }  # fmt: skip
-    for qid in flattened:
+    for qid, levels in flattened.items():
         answers = [(r.answers or {}).get(qid) for r in scored]
-        columns[f"{qid}.label"] = [chosen_option(a) if a else None for a in answers]
+        chosen = [chosen_option(a) if a else None for a in answers]
+        columns[f"{qid}.label"] = [levels[int(c)] if c is not None and levels else c for c in chosen]
         columns[f"{qid}.confidence"] = [_confidence(a) if a else None for a in answers]
     return pa.table(columns, schema=schema)
 

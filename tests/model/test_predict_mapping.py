@@ -167,6 +167,22 @@ def test_options_from_the_labels_come_from_the_model_or_exit_2_before_scoring(la
     assert not never.exists() and not list(tmp_path.glob("*.partial"))
 
 
+def test_a_mapped_score_is_labelled_as_the_table_labels_it(laya_export, tmp_path):
+    # Star ratings 1..4 are levels 0..3 to the model (and in `answers`, as served); the `.label` column says 1..4.
+    rated = with_options(laya_export, tmp_path / "rated", TRAINED | {"urgency": ["1", "2", "3", "4"]})
+    table = write_table(unlabelled(TICKETS), tmp_path / "new.jsonl")
+    (tmp_path / "m.json").write_text(json.dumps(MAPPING))
+    out = tmp_path / "scores.parquet"
+    assert main(["predict", "--model", str(rated), "--data", str(table), "--mapping", str(tmp_path / "m.json"),
+                 "--out", str(out), "-q"]) == 0  # fmt: skip
+    scored = [o for o in read_out(out) if o["answers"]]
+    assert scored
+    for o in scored:
+        level = json.loads(o["answers"])["urgency"]["probabilities"]
+        assert o["urgency.label"] == str(int(max(level, key=level.get)) + 1)
+        assert o["department.label"] in ("shipping", "billing", "product")
+
+
 @pytest.mark.parametrize("suffix", [".csv", ".parquet", ".jsonl"])
 def test_a_column_the_table_lacks_exits_2_before_the_model_loads(
     laya_export, tmp_path, capsys, monkeypatch, suffix

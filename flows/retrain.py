@@ -42,6 +42,7 @@ from pipeline.mlops.promotion import CHAMPION, UNPINNED_TAG
 from pipeline.mlops.registry import (
     alias_data_revision,
     ensure_experiment,
+    find_version,
     previous_data_revision,
     tracking_uri,
 )
@@ -198,7 +199,8 @@ def retrain(
         print(skipped)
         return {"skip_reason": skipped, "model": config.model_name, "data_md5": data_md5}
     key = idempotency_key(data_md5, base_md5, keyed_sections(params), code_digest(), unpinned=allow_unpinned)
-    revision = DataRevision(config.data, data_md5, *(previous_data_revision(config.model_name, key) or ()))
+    previous = previous_data_revision(config.model_name, key) or (None, None)
+    revision = DataRevision(config.data, data_md5, *previous, rerun_of=find_version(config.model_name, key))
     print(revision.line())
     run_dir = str(Path(config.runs_dir) / key[:16])
     run = RunFolder(run_dir)

@@ -45,16 +45,24 @@ class DataRevision:
     revision: str
     previous_version: str | None = None
     previous_revision: str | None = None
+    rerun_of: str | None = None
+    """The version a run of the same idempotency key registered already: this run is that one again."""
 
     @property
     def changed(self) -> bool:
         """True when a previous version exists and was trained on other data (a changed, added or removed
-        shard)."""
-        return self.previous_revision is not None and self.previous_revision != self.revision
+        shard), and this run is no rerun of a version."""
+        return (
+            self.rerun_of is None
+            and self.previous_revision is not None
+            and self.previous_revision != self.revision
+        )
 
     def line(self) -> str:
         """What the retrain says about its data, in one line."""
-        if self.previous_version is None:
+        if self.rerun_of is not None:
+            since = f"a rerun of version {self.rerun_of}: the same data, base, params and code"
+        elif self.previous_version is None:
             since = "the model's first version"
         elif self.changed:
             since = f"new: version {self.previous_version} was trained on {self.previous_revision[:12]}"

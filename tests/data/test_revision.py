@@ -73,6 +73,11 @@ def test_a_data_revision_says_whether_the_previous_version_trained_on_other_data
     assert (
         new.line() == f"data: data/shards at revision {'b' * 12} (new: version 3 was trained on {'a' * 12})"
     )
+    # The same run again (data B → version 4, then a rerun on B): it is version 4, not new data since version 3.
+    again = DataRevision("data/shards", "b" * 32, "3", "a" * 32, rerun_of="4")
+    assert not again.changed and again.line().endswith(
+        "(a rerun of version 4: the same data, base, params and code)"
+    )
 
 
 def test_the_previous_revision_is_the_newest_version_registered_under_another_key(tmp_path, monkeypatch):

@@ -27,6 +27,21 @@ def git_commit() -> str | None:
     return done.stdout.strip() or None
 
 
+def uncommitted(paths: list[str], root: str | Path = ".") -> list[str]:
+    """Those of `paths` (files, relative to the repository root `root`) that git sees as new or changed; []
+    outside a git checkout."""
+    present = [path for path in paths if (Path(root) / path).is_file()]
+    if not present:
+        return []
+    try:
+        done = subprocess.run(["git", "status", "--porcelain", "--untracked-files=all", "--", *present], cwd=root,
+                              capture_output=True, text=True, timeout=10)  # fmt: skip
+    except (OSError, subprocess.TimeoutExpired):
+        return []
+    listed = {line[3:] for line in done.stdout.splitlines()} if done.returncode == 0 else set()
+    return [path for path in present if path in listed]  # porcelain paths are relative to the repository root
+
+
 def code_digest(root: str | Path = ".") -> str:
     """sha256 over the library and flow sources, so a code change makes a new key even without a commit."""
     root = Path(root)

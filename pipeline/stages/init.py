@@ -33,6 +33,7 @@ from pipeline.data.sources import HUB_PREFIX, pin_path
 from pipeline.data.split import refuse_unusable
 from pipeline.data.validate import validate_file
 from pipeline.families import pick_family
+from pipeline.lineage import uncommitted
 from pipeline.stages.snapshot import pin_folder, run_dvc, snapshot_base
 
 OWN_DATA_DIR = Path("data/own")
@@ -61,6 +62,9 @@ class InitResult:
     """The data lay outside the project and was copied in."""
     updated: bool = False
     """The run config existed (an earlier init wrote it) and was updated, its other keys kept."""
+    to_commit: tuple[str, ...] = ()
+    """What init and DVC wrote that git does not hold yet: the run config, a mapping copy, the pins and DVC's
+    .gitignore files (the bytes stay DVC's), for the user to commit."""
 
     @property
     def data_changed(self) -> bool:
@@ -113,8 +117,15 @@ def init_run(data: str, base: str | None = None, name: str | None = None,
     if isinstance(mapping, str):
         _copy_mapping(mapping, root, name)
     config = _write_run_config(config_file, name, merged)
+    written = [config.relative_to(root).as_posix(), _mapping_copy(root, name).relative_to(root).as_posix(),
+               *_pin_files(pinned.relative_to(root).as_posix()), *_pin_files(rel_base), "dvc.lock"]  # fmt: skip
     return InitResult(name, config.relative_to(root).as_posix(), data_text, data_md5, previous, rel_base, base_md5,
-                      copied, updated=bool(existing))  # fmt: skip
+                      copied, updated=bool(existing), to_commit=tuple(uncommitted(written, root)))  # fmt: skip
+
+
+def _pin_files(rel: str) -> list[str]:
+    """The files DVC writes to pin `rel` with `dvc add`: its .dvc file and the .gitignore beside it."""
+    return [f"{rel}.dvc", (Path(rel).parent / ".gitignore").as_posix()]
 
 
 def _existing_run_config(path: Path) -> dict[str, Any]:

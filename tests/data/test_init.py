@@ -184,3 +184,21 @@ def test_the_stock_base_is_built_after_the_name_and_data_are_checked(project, tm
     assert code == 0, err
     assert (project / "data/snapshots/minilm/w").read_text() == "x"
     assert result["base"] == "data/snapshots/minilm" and result["base_md5"].endswith(".dir")
+
+
+def test_init_names_the_files_to_commit(tmp_path, capsys, monkeypatch):
+    folder = tmp_path / "repo"
+    folder.mkdir()
+    shutil.copy(ROOT / "params.yaml", folder / "params.yaml")
+    for command in (["git", "init", "-q"], [sys.executable, "-m", "dvc", "init", "-q"]):
+        subprocess.run(command, cwd=folder, check=True, capture_output=True, timeout=120)
+    monkeypatch.chdir(folder)
+    source = write_rows(tmp_path / "Tickets.jsonl", 3)
+    code, result, err = init(capsys, "--data", str(source))
+    assert code == 0, err
+    assert set(result["to_commit"]) == {
+        "configs/tickets.yaml",
+        "data/own/tickets.jsonl.dvc",
+        "data/own/.gitignore",
+    }
+    assert "data/own/tickets.jsonl" not in result["to_commit"]  # the bytes are DVC's

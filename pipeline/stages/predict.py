@@ -21,7 +21,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -93,6 +93,7 @@ def predict_stage(model: str, data: str | Path, out: str | Path, batch_size: int
     model that cannot be loaded: each before any row is scored."""
     out = Path(out)
     dtype = serving_dtype(precision, torch.device(device))
+    mapping = keyed_by_index_without_id(mapping, data, report)
     chunks = iter_tables(data, rows_per_chunk, mapping)
     first = next(chunks)  # the source is read and checked before the model loads
     started = time.perf_counter()
@@ -130,10 +131,28 @@ def iter_tables(
         raise UnreadableInput(f"{source}: no rows to score")
 
 
+def keyed_by_index_without_id(
+    mapping: Mapping | None, source: str | Path, report: Callable[[str], None] | None = None
+) -> Mapping | None:
+    """The mapping as scoring `source` reads it: without its id column where the source has none (new rows to
+    score often come without the training table's ids), the rows then keyed by their index, and `report` told."""
+    if mapping is None or mapping.id is None or mapping.id in _columns(read.open_readable(source)):
+        return mapping
+    _say(report, f"note: {source} has no id column {mapping.id!r}: each row is keyed by its index (row_id)")
+    return replace(mapping, id=None)
+
+
+def _columns(source: Source) -> tuple[str, ...]:
+    """A source's column names (a JSONL source: the keys its first rows use)."""
+    if source.fmt != "jsonl":
+        return tuple(source.schema().names)
+    return read.table_cells(next(read.iter_tables(source, 1024)), ())[1]
+
+
 def _check_columns(source: Source, table: pa.Table, mapping: Mapping | None) -> None:
     """A decision table has questions; a plain table has the state and id columns its mapping names (a JSONL
     source: keys its first rows use)."""
-    found = read.table_cells(table, ())[1] if source.fmt == "jsonl" else tuple(source.schema().names)
+    found = read.table_cells(table, ())[1] if source.fmt == "jsonl" else _columns(source)
     if mapping is not None:
         require_columns(mapping.unlabelled_columns, found, source.text)
     elif source.fmt != "jsonl" and "questions" not in found:
@@ -154,7 +173,7 @@ def check_inputs(model: str, data: str | Path, mapping: Mapping | None = None) -
     """What `predict_stage` checks before a model loads, alone and cheaply (a flow's caller checks them before a
     flow run starts): the source's first row and columns, and that `model` is a folder or a registered version.
     UnreadableInput, MappingError, ModelLayoutError or RegistryError, as `predict_stage` raises them."""
-    next(iter_tables(data, 1, mapping))
+    next(iter_tables(data, 1, keyed_by_index_without_id(mapping, data)))
     if registered_version(model) is None and not Path(model).is_dir():
         raise _no_such_model(model)
 

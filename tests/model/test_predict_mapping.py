@@ -14,7 +14,7 @@ import pytest
 
 from pipeline.cli.main import main
 from pipeline.data.answers import parse_request
-from pipeline.data.mapping import MappingError, load_mapping
+from pipeline.data.mapping import load_mapping
 from pipeline.families import load_decision_model, pick_family
 from pipeline.families.base import Answered
 from pipeline.families.exporting import MANIFEST
@@ -196,10 +196,17 @@ def test_a_column_the_table_lacks_exits_2_before_the_model_loads(
         error = capsys.readouterr().err.strip().splitlines()
         assert len(error) == 1 and f"names column(s) {column} that the table lacks" in error[0], error
         assert "text" in error[0].split("its columns:")[1]
-    mapping = load_mapping(MAPPING | {"id": "ticket"})
-    with pytest.raises(MappingError, match="'ticket'"):
-        predict_stage(str(laya_export), table, out, mapping=mapping)
     assert sorted(p.name for p in tmp_path.iterdir()) == [f"new{suffix}"]
+
+
+def test_new_rows_without_the_mapping_s_id_column_are_keyed_by_their_index_saying_so(laya_export, tmp_path):
+    rows = [{k: v for k, v in row.items() if k != "id"} for row in unlabelled(TICKETS)]
+    table = write_table(rows, tmp_path / "new.csv")
+    said: list[str] = []
+    out = tmp_path / "scores.parquet"
+    predict_stage(str(laya_export), table, out, mapping=load_mapping(MAPPING), report=said.append)
+    assert [o["row_id"] for o in read_out(out)] == ["0", "1", "2", "3", "4"]
+    assert any("has no id column 'id': each row is keyed by its index" in line for line in said)
 
 
 @pytest.mark.parametrize("fmt", ["parquet", "jsonl"])

@@ -54,6 +54,9 @@ def test_serve_by_run_config_serves_the_champion_of_its_model(monkeypatch):
     monkeypatch.setattr(
         "pipeline.mlops.registry.parse_alias_uri", lambda uri: ("decision-model-tiny", "champion")
     )
+    monkeypatch.setattr(
+        "pipeline.mlops.registry.alias_problem", lambda name, alias: None
+    )  # a champion exists
     assert main(["serve", "--run-config", "tiny"]) == 0
     assert served["model"] == "models:/decision-model-tiny@champion"  # tiny.yaml's retrain.model_name
 

@@ -151,6 +151,8 @@ def card(record: tracking.TrainingRecord, name: str, version: str, run_id: str) 
 def smoke(name: str, version: str, run_dir: str, n: int) -> SmokeResult:
     run = RunFolder(run_dir)
     heldout = SplitData.load(run.split).split.heldout
+    get_run_logger().info("smoke test: serving %s version %s on a loopback port, then up to %d held-out decisions "
+                          "over HTTP", name, version, n)  # fmt: skip
     return smoke_stage.smoke_version(name, version, heldout, n, run.expected_answers)
 
 

@@ -60,9 +60,10 @@ def progress_outputs(args: argparse.Namespace) -> tuple[bool, Callable[[str], No
 
 def quiet_libraries(args: argparse.Namespace) -> None:
     """Where a command draws no bars (--quiet, or stderr is no terminal), Hugging Face libraries draw none either:
-    their "Loading weights" and "Writing model shards" bars."""
+    their "Loading weights" and "Writing model shards" bars, and MLflow's "Downloading artifacts"."""
     if getattr(args, "quiet", False) or not sys.stderr.isatty():
         os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+        os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
         if (
             "transformers" in sys.modules
         ):  # parsing imported it already (--device imports torch, which brings it)

@@ -1,5 +1,7 @@
 """dvc.yaml and the retrain flow stay in step: the same stage functions, and the flow verifies DVC's outputs."""
 
+import logging
+
 import yaml
 
 from pipeline.config import load_params
@@ -14,12 +16,14 @@ def test_dvc_and_the_flow_validate_with_the_same_function(project_root, monkeypa
 
     calls = []
 
-    def spy(data, config, out=None, row_slice=None, ledger=None, split_out=None):
+    def spy(data, config, out=None, row_slice=None, ledger=None, split_out=None, report=None):
         calls.append((str(data), ledger))
         return ValidateResult(ValidationReport(1, 1, 1, {}, {}), {})
 
     monkeypatch.setattr(validate_stage, "validate_stage", spy)
     monkeypatch.setattr(flows.retrain, "create_table_artifact", lambda *a, **k: None)
+    # The task's function alone, outside a flow run: its progress lines go to a plain logger.
+    monkeypatch.setattr(flows.retrain, "get_run_logger", lambda: logging.getLogger("test"))
     params = load_params(project_root / "params.yaml")
     stages.run_stage("validate", root=project_root)  # what `dvc repro validate` runs
     flows.retrain.validate.fn(

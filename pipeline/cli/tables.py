@@ -64,9 +64,8 @@ def quiet_libraries(args: argparse.Namespace) -> None:
     if getattr(args, "quiet", False) or not sys.stderr.isatty():
         os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
         os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
-        if (
-            "transformers" in sys.modules
-        ):  # parsing imported it already (--device imports torch, which brings it)
+        # Parsing may have imported it already (a --device imports torch, which brings it): then tell it directly.
+        if "transformers" in sys.modules:
             from transformers.utils import logging
 
             logging.disable_progress_bar()

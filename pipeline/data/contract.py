@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -242,15 +243,21 @@ def parse_question(qid: str, spec: Any) -> QuestionSpec:
 def question_request(question: Question) -> dict[str, Any]:
     """The question as a request asks it, its options in model order: what the model was trained on. A record's
     `questions_json` is canonical (keys sorted), so it would ask a choice's option map in another order."""
-    if question.type == "score":
-        criteria: Any = list(question.descriptions)
-    elif question.type == "noul":
-        criteria = {o: d for o, d in zip(NOUL_OPTIONS, question.descriptions) if d is not None} or None
-    elif any(d is not None for d in question.descriptions):
-        criteria = dict(zip(question.options, question.descriptions))
-    else:
-        criteria = list(question.options)
+    criteria = criteria_of(question.type, question.options, question.descriptions)
     return {"type": question.type, "instructions": question.instructions, "criteria": criteria}
+
+
+def criteria_of(qtype: str, options: Sequence[str], descriptions: Sequence[str | None]) -> Any:
+    """A question's criteria as the row format and a request write them, in option order: a score's level
+    descriptions, a noul's described sides (or null), a choice's option ids, or {option: description} where any
+    option has one."""
+    if qtype == "score":
+        return list(descriptions)
+    if qtype == "noul":
+        return {o: d for o, d in zip(NOUL_OPTIONS, descriptions) if d is not None} or None
+    if any(d is not None for d in descriptions):
+        return dict(zip(options, descriptions))
+    return list(options)
 
 
 def question_chars(question: Question) -> int:

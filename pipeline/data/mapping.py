@@ -26,7 +26,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import yaml
 
-from pipeline.data.contract import QUESTION_TYPES
+from pipeline.data.contract import QUESTION_TYPES, criteria_of
 from pipeline.data.read import RawColumns, RowSlice, TableCells, read_cells
 
 _MAPPING_KEYS = ("state", "questions", "id", "group")
@@ -476,15 +476,12 @@ def request_questions(mapping: Mapping) -> dict[str, dict[str, Any]]:
 
 
 def _question_json(question: QuestionMapping) -> dict[str, Any]:
-    """The question as the row format writes it (docs/data-format.md, "Questions")."""
-    if question.type == "noul":
-        criteria = {o: d for o, d in zip(("false", "true"), question.descriptions) if d is not None} or None
-    elif question.type == "score":
-        criteria = [d if d is not None else o for o, d in zip(question.options, question.descriptions)]
-    elif all(d is None for d in question.descriptions):
-        criteria = list(question.options)
-    else:
-        criteria = dict(zip(question.options, question.descriptions))
+    """The question as the row format writes it (docs/data-format.md, "Questions"); a score's level the mapping
+    leaves undescribed is described by its label."""
+    descriptions = question.descriptions
+    if question.type == "score":
+        descriptions = tuple(d if d is not None else o for o, d in zip(question.options, descriptions))
+    criteria = criteria_of(question.type, question.options, descriptions)
     return {"type": question.type, "instructions": question.instructions, "criteria": criteria}
 
 

@@ -179,8 +179,8 @@ class TrainSource:
         """Validate the rows (and `eval_data`) and split them: once per run; later steps read the result.
 
         With `split_config.mapping` both files are plain tables mapped to decision rows, `eval_data` with the
-        options fixed on `data` (so both ask the same questions). `report` gets a line as each file's reading
-        and checking start."""
+        options fixed on `data` (so both ask the same questions). `report` hears of each file's reading and
+        checking where they run past 2 s (`validate_file`)."""
         mapping = load_mapping(self.split_config.mapping) if self.split_config.mapping is not None else None
         validated = validate_file(self.data, self.row_slice, mapping=mapping, report=report)
         refuse_unusable(self.data, validated.report)

@@ -99,9 +99,8 @@ def init_run(data: str, base: str | None = None, name: str | None = None,
     # BadSource / UnreadableInput (an empty folder or file, shards that disagree, a Hub id offline, a table with no
     # mapping) and a source with no usable decision are refused here, with the reasons, before anything is pinned
     refuse_unusable(data, validate_file(data, with_records=False, mapping=loaded, report=report).report)
-    rel_base, base_md5 = _pinned_base(
-        base, root, report
-    )  # checked (it loads as a base) before the data is pinned
+    # The base is checked (it loads as a base) before the data is pinned.
+    rel_base, base_md5 = _pinned_base(base, root, report)
     sections = {"retrain": {"data": _run_data_text(data, root, name), "base": rel_base, "runs_dir": f"runs/{name}",
                             "model_name": name},
                 "validate": {} if mapping is None else {"mapping": _mapping_entry(mapping, root, name)}}  # fmt: skip

@@ -143,10 +143,12 @@ def keyed_by_index_without_id(
 
 
 def _columns(source: Source) -> tuple[str, ...]:
-    """A source's column names (a JSONL source: the keys its first rows use)."""
+    """A source's column names (a JSONL source: the keys its first rows use; none where it has no row, which
+    `iter_tables` then refuses)."""
     if source.fmt != "jsonl":
         return tuple(source.schema().names)
-    return read.table_cells(next(read.iter_tables(source, 1024)), ())[1]
+    first = next(read.iter_tables(source, 1024), None)
+    return () if first is None else read.table_cells(first, ())[1]
 
 
 def _check_columns(source: Source, table: pa.Table, mapping: Mapping | None) -> None:
@@ -261,7 +263,7 @@ def _write_scores(scorer: Scorer, chunks: Iterator[pa.Table], out: Path, name: s
     return failed, rows
 
 
-def output_schema(flattened: dict[str, tuple] | list[str]) -> pa.Schema:
+def output_schema(flattened: dict[str, tuple]) -> pa.Schema:
     """The output columns: `row` (index in the source), `row_id`, `answers` (the API's JSON), `input_tokens`,
     `error` (reason code) and `error_message`; then `<qid>.label` and `<qid>.confidence` per flattened question."""
     fields = [("row", pa.int64()), ("row_id", pa.string()), ("answers", pa.string()), ("input_tokens", pa.int64()),

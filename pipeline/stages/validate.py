@@ -50,7 +50,7 @@ def validate_stage(data: str | Path, config: ValidateConfig, out: str | Path | N
                    split_out: str | Path | None = None,
                    report: Callable[[str], None] | None = None) -> ValidateResult:  # fmt: skip
     """The report of `data` (or its slice) with the split summary; written to `out` if given, and the split
-    itself to `split_out` (a run's `RunFolder.split`) if given; `report` gets a line as reading and checking start.
+    itself to `split_out` (a run's `RunFolder.split`) if given; `report` hears of reading and checking that run past 2 s.
 
     With `ledger` (the DVC stage passes `validate.holdout_ledger`), the held-out rows are added to it, so they
     stay held out as the data grows; the flow's validate task only reads it.

@@ -167,14 +167,30 @@ def write_marker_last(folder: Path, name: str, write: Callable[[Path], None]) ->
     partial.replace(folder / name)
 
 
-def write_staged(out: Path, write: Callable[[Path], None]) -> None:
-    """`write(folder)` into a staging folder beside `out`, then swap it in atomically; nothing half-written stays."""
+def write_staged(
+    out: Path, write: Callable[[Path], None], settle: Callable[[Path], None] | None = None
+) -> None:
+    """`write(folder)` into a staging folder beside `out`, then swap it in atomically; nothing half-written stays.
+    `settle(out)` runs once it is in place (a `dvc add`); where it raises, `out` goes back to what it was."""
     staging = _staging_dir(out)
     try:
         write(staging)
         _swap_in(staging, out)
+        if settle is not None:
+            _settle_or_swap_back(out, staging, settle)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+
+
+def _settle_or_swap_back(out: Path, previous: Path, settle: Callable[[Path], None]) -> None:
+    try:
+        settle(out)
+    except BaseException:
+        if previous.exists():
+            _swap_in(previous, out)
+        else:
+            shutil.rmtree(out, ignore_errors=True)
+        raise
 
 
 def fsync_file(path: Path) -> None:
@@ -224,7 +240,7 @@ def _swap_in(staging: Path, out: Path) -> None:
         aside = out.parent / f".{out.name}.old-{os.getpid()}"
         out.rename(aside)
         staging.rename(out)
-        shutil.rmtree(aside, ignore_errors=True)
+        aside.rename(staging)
         return
     staging.rename(out)
 

@@ -56,7 +56,8 @@ class PinnedBase:
 
 def snapshot_base(source: str, out: str | Path) -> PinnedBase:
     """Copy (or download) `source` to `out` whole, once it loads as a base, and pin it; BadBase, naming `source`
-    and what to do, when it is no base or a Hub id cannot be fetched, and `out` is left as it was."""
+    and what to do, when it is no base or a Hub id cannot be fetched, PinFailed when `dvc add` refuses the copy;
+    on either, `out` is left as it was."""
     out = Path(out)
     folder = Path(source).expanduser()
     if folder.exists():
@@ -67,9 +68,13 @@ def snapshot_base(source: str, out: str | Path) -> PinnedBase:
         raise BadBase(f"{source}: a Hugging Face Hub id, and the Hub is offline here (HF_HUB_OFFLINE); run this "
                       f"where it is reachable, or download it there (`hf download {source} --local-dir DIR`) and "
                       "`decision snapshot --from DIR` here")  # fmt: skip
-    write_staged(out, lambda staging: _fill(source, folder, staging))
+    pins: list[tuple[str | None, str | None]] = []
+    # A copy `dvc add` refused is taken back out (the folder is as it was): nothing unpinned is left to train on.
+    write_staged(
+        out, lambda staging: _fill(source, folder, staging), settle=lambda done: pins.append(pin_folder(done))
+    )
     family = pick_family(out)
-    md5, pinned_by = pin_folder(out)
+    md5, pinned_by = pins[0]
     return PinnedBase(source, str(out), family.name, family.describe_base(out), md5, pinned_by)
 
 

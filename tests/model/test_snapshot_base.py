@@ -119,3 +119,32 @@ def test_a_hub_id_while_offline_is_refused_saying_what_to_do(repo, capsys, monke
                            "offline here")  # fmt: skip
     assert "hf download answerdotai/ModernBERT-base --local-dir DIR" in line
     assert not (repo / "data").exists()
+
+
+@pytest.fixture
+def git_repo(tmp_path):
+    """A git + DVC repository whose .gitignore hides the `.dvc` pin files of data/snapshots: `dvc add` refuses."""
+    folder = tmp_path / "gitrepo"
+    folder.mkdir()
+    for command in (["git", "init", "-q"], [sys.executable, "-m", "dvc", "init", "-q"]):
+        done = subprocess.run(command, cwd=folder, capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stderr
+    (folder / ".gitignore").write_text("/data/snapshots/*.dvc\n")
+    return folder
+
+
+@pytest.mark.parametrize("before", [None, {"config.json": b'{"model_type": "bert"}'}])
+def test_a_copy_dvc_refuses_to_pin_is_taken_back_out(before, encoder, git_repo, capsys):
+    out = git_repo / "data" / "snapshots" / "mine"
+    if before is not None:
+        out.mkdir(parents=True)
+        (out / "config.json").write_bytes(before["config.json"])
+    code, _, err = snapshot(capsys, encoder, out)
+    assert code == 1  # the input was good; what failed is the pin
+    [line] = err.strip().splitlines()
+    assert line.startswith("decision snapshot: dvc add data/snapshots/mine") and "ignored" in line, line
+    if before is None:
+        assert not out.exists()
+    else:
+        assert files(out) == before
+    assert sorted(p.name for p in out.parent.iterdir()) == ([] if before is None else ["mine"])

@@ -132,10 +132,11 @@ class Catalog:
     def listing(self, owner: str | None, open_server: bool, limits: dict[str, Any]) -> list[dict[str, Any]]:
         """The models a caller may name: the default names, the serving model, and visible fine-tunes, each with
         its family, version, alias and calibration summary where known, and its `limits`: the request `limits`
-        and the model's `max_len` (null for a fine-tune not loaded yet)."""
+        and the model's `max_len` (null for a fine-tune not loaded yet). ModelLoading until the serving model is
+        loaded: an empty list would say the server has no models."""
         serving = self.serving
         if serving is None:
-            return []
+            raise ModelLoading(self.load_error or "the model is loading")
         facts = serving_facts(serving, self.alias[1] if self.alias else None)
         facts["limits"] = limits | {"max_len": model_max_len(serving)}
         entries = [

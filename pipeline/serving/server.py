@@ -342,7 +342,10 @@ def create_app(catalog: Catalog, keys: KeyStore, config: ServerConfig = ServerCo
 
     @app.get("/v1/models", responses=ERROR_RESPONSES)
     async def models(who: Annotated[Caller, Depends(caller)]) -> Response:
-        return _json({"models": catalog.listing(who.owner, who.open_server, limits)})
+        try:
+            return _json({"models": catalog.listing(who.owner, who.open_server, limits)})
+        except ModelLoading as error:
+            raise api_error(503, str(error), "model_loading", _retry_after(RETRY_AFTER_LOADING_S)) from None
 
     @app.get("/v1/shadow", responses=ERROR_RESPONSES)
     async def shadow_report(who: Annotated[Caller, Depends(caller)]) -> Response:

@@ -186,9 +186,11 @@ def test_503_with_retry_after_while_the_model_loads(served_folder, monkeypatch):
 
     monkeypatch.setattr(catalog, "load_decision_model", slow_load)
     with TestClient(make_app(served_folder)) as client:
-        for response in (client.get("/healthz"), ask(client)):
+        for response in (client.get("/healthz"), ask(client), client.get("/v1/models")):
             assert response.status_code == 503 and int(response.headers["Retry-After"]) > 0
         assert ask(client).json()["detail"]["error_type"] == "model_loading"
+        # Not an empty list: a client reading /v1/models would conclude the server has no models.
+        assert client.get("/v1/models").json()["detail"]["error_type"] == "model_loading"
         # /healthz answers its health body (a probe reads the status), not an error body.
         assert client.get("/healthz").json()["status"] == "loading"
         release.set()

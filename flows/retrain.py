@@ -365,7 +365,8 @@ def print_summary(summary: dict[str, Any], run_config: str | None = None) -> Non
     )
     console.print(f"smoke test: {'passed' if smoke['passed'] else 'FAILED'}{failed} (agreement {smoke['agreement']}, "
                   f"p50 {smoke['latency_ms']['p50']} ms); gate: {'; '.join(summary['gate'])}")  # fmt: skip
-    console.print(f"champion: version {summary['champion']}; {summary['steps']} steps in "
+    champion = "none yet" if summary["champion"] is None else f"version {summary['champion']}"
+    console.print(f"champion: {champion}; {summary['steps']} steps in "
                   f"{summary['train_seconds']:.0f} s; MLflow run {summary['mlflow_run_id']}")  # fmt: skip
     for warning in summary["warnings"]:
         console.print(f"[bold yellow]warning[/]: the fine-tune did not learn: {warning}")
@@ -376,10 +377,9 @@ def print_summary(summary: dict[str, Any], run_config: str | None = None) -> Non
         console.print(f"[bold yellow]no champion[/]: version {summary['version']} is held as challenger, so "
                       f"{serve} has nothing to serve yet; once the reasons above are understood, decision promote "
                       f"{summary['version']} --name {summary['model']} --force promotes it by hand")  # fmt: skip
-    console.print(
-        f"next: [bold]make ui[/] (MLflow UI), [bold]{serve}[/] (Decision API on @champion), "
-        "[bold]make schedule[/] (weekly retraining on a local Prefect server)"
-    )
+    serving = "" if summary["champion"] is None else f"[bold]{serve}[/] (Decision API on @champion), "
+    console.print(f"next: [bold]make ui[/] (MLflow UI), {serving}[bold]make schedule[/] (weekly retraining on a "
+                  "local Prefect server)")  # fmt: skip
 
 
 if __name__ == "__main__":

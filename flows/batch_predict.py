@@ -25,7 +25,7 @@ from prefect.artifacts import create_table_artifact
 
 from pipeline.cli.data import BadMappingFlags, add_mapping_arguments, mapping_value
 from pipeline.cli.predict import out_file_problem
-from pipeline.cli.tables import AT_LEAST_ONE, device_option
+from pipeline.cli.tables import AT_LEAST_ONE, device_option, quiet_libraries
 from pipeline.data.mapping import MappingError, load_mapping
 from pipeline.data.read import UnreadableInput
 from pipeline.families.base import ModelLayoutError
@@ -83,6 +83,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", action="store_true", help="print the summary as one JSON object")
     add_mapping_arguments(parser)
     args = parser.parse_args(argv)
+    quiet_libraries(args)  # no library progress bars between the flow's log lines where stderr is no terminal
     try:
         mapping = mapping_value(args)
     except BadMappingFlags as error:

@@ -32,6 +32,7 @@ from prefect.artifacts import create_link_artifact, create_markdown_artifact, cr
 from prefect.cache_policies import INPUTS, TASK_SOURCE
 from prefect.runtime import flow_run
 
+from pipeline.cli.tables import quiet_libraries
 from pipeline.config import ConfigError, Params, RetrainConfig, load_params
 from pipeline.data import pins
 from pipeline.data.split import SplitData
@@ -318,6 +319,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only-new-data", action="store_true",
                         help="skip (saying why) when the champion was trained on this data revision already")  # fmt: skip
     args = parser.parse_args(argv)
+    quiet_libraries(args)  # no library progress bars between the flow's log lines where stderr is no terminal
     try:
         checked_before_a_run(args.params, args.run_config, args.allow_unpinned)
     except (ConfigError, pins.PinMismatch) as error:

@@ -43,6 +43,7 @@ from flows.retrain import (
     verify_pins,
 )
 from pipeline.cli.sweep import add_sweep_arguments
+from pipeline.cli.tables import quiet_libraries
 from pipeline.config import ConfigError, Params, load_params
 from pipeline.data import pins
 from pipeline.data.split import SplitData
@@ -353,6 +354,7 @@ def main(argv: list[str] | None = None) -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
     add_sweep_arguments(parser)
     args = parser.parse_args(argv)
+    quiet_libraries(args)  # no library progress bars between the flow's log lines where stderr is no terminal
     try:
         params = checked_before_a_run(args.params, args.run_config, args.allow_unpinned)
         load_space(args.space, params).with_budget(

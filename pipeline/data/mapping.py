@@ -26,7 +26,13 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import yaml
 
-from pipeline.data.contract import QUESTION_TYPES, criteria_of
+from pipeline.data.contract import (
+    MAX_CHOICE_OPTIONS,
+    MAX_LEVEL_DIGITS,
+    MAX_SCORE_LEVELS,
+    QUESTION_TYPES,
+    criteria_of,
+)
 from pipeline.data.read import RawColumns, RowSlice, TableCells, read_cells
 
 _MAPPING_KEYS = ("state", "questions", "id", "group")
@@ -126,6 +132,21 @@ def _unique_mapping(loader: _UniqueKeyLoader, node: yaml.MappingNode, deep: bool
 
 
 _UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _unique_mapping)
+
+# YAML 1.2's plain scalars, not PyYAML's YAML 1.1: `yes`, `no`, `on`, `off` and `NO` (Norway) stay text, as do
+# `007` and `010` (1.1 reads them as octal 7 and 8), so labels listed as options are the labels the data holds.
+_UniqueKeyLoader.yaml_implicit_resolvers = {
+    first: [
+        (tag, rx) for tag, rx in resolvers if tag not in ("tag:yaml.org,2002:bool", "tag:yaml.org,2002:int")
+    ]
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+}
+_UniqueKeyLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:bool", re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"), list("tTfF")
+)
+_UniqueKeyLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:int", re.compile(r"^[-+]?(?:0|[1-9][0-9_]*)$"), list("-+0123456789")
+)
 
 
 def load_yaml_file(path: str | Path) -> Any:
@@ -244,7 +265,7 @@ def _options(raw: Any, qtype: str) -> tuple[tuple | None, tuple | None, str | No
     if raw is None:
         return (("false", "true"), (None, None), None) if qtype == "noul" else (None, None, None)
     if qtype == "noul":
-        keys = {label_text(k): v for k, v in raw.items()} if isinstance(raw, dict) else None
+        keys = {_noul_key(k): v for k, v in raw.items()} if isinstance(raw, dict) else None
         if (
             keys is None
             or not set(keys) <= {"false", "true"}
@@ -257,12 +278,18 @@ def _options(raw: Any, qtype: str) -> tuple[tuple | None, tuple | None, str | No
             )
         return ("false", "true"), (keys.get("false"), keys.get("true")), None
     if isinstance(raw, list) and raw and all(_is_label(v) for v in raw):
-        texts = tuple(label_text(v) for v in raw)
+        texts = tuple(question_label(v, qtype) for v in raw)
         return texts, texts if qtype == "score" else (None,) * len(texts), _repeated(texts)
     if isinstance(raw, dict) and raw and all(map(_is_label, raw)) and all(map(_is_description, raw.values())):
-        texts = tuple(label_text(v) for v in raw)
+        texts = tuple(question_label(v, qtype) for v in raw)
         return texts, tuple(raw.values()), _repeated(texts)
     return None, None, f"expected a list of labels or {{label: description}}, got {raw!r:.80}"
+
+
+def _noul_key(key: Any) -> str:
+    """A noul option's key as false/true: `true`, `yes` or `1` alike (the labels a noul question reads)."""
+    text = label_text(key).lower()
+    return ("true" if NOUL_LABELS[text] else "false") if text in NOUL_LABELS else text
 
 
 def _repeated(texts: tuple[str, ...]) -> str | None:
@@ -301,16 +328,28 @@ def is_blank(value: Any) -> bool:
 
 def label_text(value: Any) -> str:
     """A label cell as the text its option is named by: `3`, `3.0`, `"3"` and `"3.0"` alike (a CSV's cells are
-    text), booleans `true`/`false`."""
+    text), booleans `true`/`false`, text without the spaces around it (`" positive"` is `positive`)."""
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, float) and value.is_integer():
         return str(int(value))
     if isinstance(value, (dict, list)):
         return orjson.dumps(value).decode()
-    text = str(value)
+    text = str(value).strip()
     integral = WHOLE_NUMBER_TEXT.match(text)
     return integral.group(1) if integral else text
+
+
+WHOLE_NUMBER = re.compile(r"^[-+]?[0-9]+$")
+
+
+def question_label(value: Any, qtype: str) -> str:
+    """A label cell as its question's option text: a score's whole numbers by value (`02`, `+2` and `2` are
+    level 2), every other label as `label_text` gives it (choice ids such as zip codes keep their zeros)."""
+    text = label_text(value)
+    if qtype == "score" and WHOLE_NUMBER.match(text) and len(text) <= MAX_LEVEL_DIGITS:
+        return str(int(text))
+    return text
 
 
 def read_mapped(
@@ -327,10 +366,16 @@ def read_mapped(
 def require_columns(names: tuple[str, ...], found: tuple[str, ...], where: str) -> None:
     """MappingError naming each of `names` not among the table's columns `found`, and the columns it has."""
     missing = [name for name in names if name not in found]
+    if missing and not found:
+        raise MappingError(
+            f"{where}: the mapping names column(s) {', '.join(map(repr, missing))}, and no row of it has columns: "
+            "JSON lines hold one JSON object per line (a JSON array or indented JSON is not JSONL; pandas writes "
+            "it with to_json(orient='records', lines=True))"
+        )
     if missing:
         raise MappingError(
             f"{where}: the mapping names column(s) {', '.join(map(repr, missing))} that the table lacks (its "
-            f"columns: {', '.join(found[:20]) or 'none'}); fix the mapping's state or column"
+            f"columns: {', '.join(found[:20])}); fix the mapping's state or column"
         )
 
 
@@ -368,7 +413,7 @@ def _label_counts(qid: str, question: QuestionMapping, values: list[Any], where:
         if isinstance(key, tuple):
             compound[key[0]] += count
         elif not is_blank(key):
-            merged[label_text(key)] += count
+            merged[question_label(key, question.type)] += count
     if compound:
         shown = ", ".join(
             f"{t[:60]}{'...' if len(t) > 60 else ''} ({n} row{'s' if n > 1 else ''})"
@@ -401,9 +446,7 @@ def _fixed_options(
         raise MappingError(f"question {qid!r}: column {question.column!r} holds no label in {where}; give its "
                            "options in the mapping")  # fmt: skip
     options = (
-        _levels(qid, question, counts)
-        if question.type == "score"
-        else tuple(sorted(counts, key=_option_order))
+        _levels(qid, question, counts) if question.type == "score" else _choice_options(qid, question, counts)
     )
     descriptions = options if question.type == "score" else (None,) * len(options)
     return replace(question, options=options, descriptions=descriptions)
@@ -444,13 +487,23 @@ def _refuse_unknown(
                            f"options in {where}: {shown}; {fix}")  # fmt: skip
 
 
+def _choice_options(qid: str, question: QuestionMapping, counts: dict[str, int]) -> tuple[str, ...]:
+    """A choice's options from its labels, in order; MappingError where there are more than a choice may have
+    (an id, a free-text or an amount column taken for a label: every decision would be skipped)."""
+    if len(counts) > MAX_CHOICE_OPTIONS:
+        raise MappingError(
+            f"question {qid!r}: column {question.column!r} holds {len(counts):,} different labels, and a choice has "
+            f"at most {MAX_CHOICE_OPTIONS} options; is it the label column? (the most common: "
+            f"{', '.join(repr(t) for t, _ in Counter(counts).most_common(5))})"
+        )
+    return tuple(sorted(counts, key=_option_order))
+
+
 def _levels(qid: str, question: QuestionMapping, counts: dict[str, int]) -> tuple[str, ...]:
     """A score's levels from its labels: whole numbers give every level from the smallest to the largest found
     (ratings 1..5 stay five levels when no row says 4), other numbers the labels found by value. Text labels
-    are refused (MappingError): their order ("low", "high", "medium") is the user's to give, not the alphabet's."""
-    if all(text.strip().lstrip("-").isdigit() for text in counts):
-        numbers = [int(text) for text in counts]
-        return tuple(str(level) for level in range(min(numbers), max(numbers) + 1))
+    are refused (MappingError): their order ("low", "high", "medium") is the user's to give, not the alphabet's;
+    so are labels that would make more levels than a score has."""
     words = [text for text in counts if _option_order(text)[0]]
     if words:
         raise MappingError(
@@ -458,6 +511,18 @@ def _levels(qid: str, question: QuestionMapping, counts: dict[str, int]) -> tupl
             f"({', '.join(map(repr, sorted(words)[:10]))}): list its levels lowest first in the mapping "
             "(options: [...]) or with --options"
         )
+    whole = all(WHOLE_NUMBER.match(text) and len(text) <= MAX_LEVEL_DIGITS for text in counts)
+    low, high = min(counts, key=_option_order), max(counts, key=_option_order)
+    levels = int(high) - int(low) + 1 if whole else len(counts)
+    if levels > MAX_SCORE_LEVELS:
+        said = f"span {low}..{high}" if whole else f"are {len(counts)} different numbers"
+        raise MappingError(
+            f"question {qid!r} is a score and the labels of column {question.column!r} {said}: {levels:,} levels, "
+            f"and a score has at most {MAX_SCORE_LEVELS}; list its levels in the mapping (options: [...]), or map "
+            "it as a choice"
+        )
+    if whole:
+        return tuple(str(level) for level in range(int(low), int(high) + 1))
     return tuple(sorted(counts, key=_option_order))
 
 
@@ -498,7 +563,7 @@ def _gold_cells(values: list[Any], question: QuestionMapping) -> list[Any]:
     for value in values:
         key = _cell_key(value)
         if key not in cache:
-            cache[key] = None if is_blank(key) else entry(label_text(key))
+            cache[key] = None if is_blank(key) else entry(question_label(key, question.type))
         gold.append(cache[key])
     return gold
 
@@ -559,15 +624,23 @@ def _write_jsonl(mapped: MappedColumns, path: Path) -> None:
 def _write_parquet(mapped: MappedColumns, path: Path) -> None:
     columns = mapped.columns
     text = lambda value: value if isinstance(value, str) or value is None else orjson.dumps(value).decode()  # noqa: E731
-    table = {"id": pa.array(mapped.ids)} if mapped.ids is not None else {}
+    table = {"id": _arrow_column(mapped.ids)} if mapped.ids is not None else {}
     table |= {
         "state": pa.array([text(state) for state in columns.state], pa.large_string()),
         "questions": pa.array(columns.questions, pa.large_string()),
         "gold": pa.array([orjson.dumps(gold).decode() for gold in columns.gold], pa.large_string()),
     }
     if columns.group is not None:
-        table["group"] = pa.array(columns.group)
+        table["group"] = _arrow_column(columns.group)
     pq.write_table(pa.table(table), path)
+
+
+def _arrow_column(values: list[Any]) -> pa.Array:
+    """An id or group column as Arrow types it, or as text where its cells mix types (`1` beside `"B-2"`)."""
+    try:
+        return pa.array(values)
+    except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, OverflowError):
+        return pa.array([None if v is None else label_text(v) for v in values], pa.large_string())
 
 
 def option_counts(mapped: MappedColumns) -> dict[str, dict[str, int]]:

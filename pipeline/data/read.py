@@ -16,6 +16,8 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from datetime import timedelta
+from decimal import Decimal
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -29,6 +31,7 @@ from pipeline.data.shards import (
     BadSource,
     UnreadableInput,
     detect_format,
+    not_utf8,
     oversized_row,
 )
 from pipeline.data.sources import Source, open_source
@@ -185,8 +188,8 @@ def _readable(what: str, fmt: str) -> Iterator[None]:
     try:
         yield
     except (pa.ArrowException, OSError, UnicodeDecodeError) as error:
-        if (oversized := oversized_row(what, error)) is not None:
-            raise BadSource(oversized) from None
+        if (said := oversized_row(what, error) or not_utf8(what, error)) is not None:
+            raise BadSource(said) from None
         raise UnreadableInput(f"{what}: not a readable {fmt} table ({error})") from None
 
 
@@ -249,15 +252,55 @@ def _decode_line(line: str) -> dict[str, Any]:
     return row if isinstance(row, dict) else {}
 
 
+def _object_or_nothing(line: str) -> dict[str, Any]:
+    try:
+        row = orjson.loads(line)
+    except orjson.JSONDecodeError:
+        return {}
+    return row if isinstance(row, dict) else {}
+
+
 def column_values(table: pa.Table, name: str) -> list[Any]:
     column = table.column(name)
     values = column.to_pylist()
+    if _holds_non_json(column.type):
+        values = [_as_json_value(v) for v in values]
     if pa.types.is_struct(column.type) and name != "state":
         # Parquet structs give every row the union of all keys; a null field there means "absent".
         return [_drop_nulls(v) for v in values]
     if pa.types.is_map(column.type):
         return [dict(v) if v is not None else None for v in values]
     return values
+
+
+def _holds_non_json(kind: pa.DataType) -> bool:
+    """Whether the column's Python values include some JSON has no form for: decimals, durations, bytes."""
+    if pa.types.is_decimal(kind) or pa.types.is_duration(kind) or _is_binary(kind):
+        return True
+    return any(_holds_non_json(kind.field(i).type) for i in range(kind.num_fields))
+
+
+def _is_binary(kind: pa.DataType) -> bool:
+    return pa.types.is_binary(kind) or pa.types.is_large_binary(kind) or pa.types.is_fixed_size_binary(kind)
+
+
+def _as_json_value(value: Any) -> Any:
+    """A cell as a state, an id or a label can hold it: a decimal as its number (`1.50` is 1.5), a duration as
+    its text (`1 day, 2:00:00`), bytes as UTF-8 text (an undecodable byte as U+FFFD), inside lists and objects
+    too."""
+    if isinstance(value, Decimal):
+        return float(value)
+    if isinstance(value, timedelta):
+        return str(value)
+    if isinstance(value, bytes):
+        return value.decode("utf-8", errors="replace")
+    if isinstance(value, dict):
+        return {key: _as_json_value(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_as_json_value(item) for item in value]
+    if isinstance(value, tuple):  # a map column's (key, value) pairs
+        return tuple(_as_json_value(item) for item in value)
+    return value
 
 
 def _drop_nulls(value: Any) -> Any:
@@ -302,7 +345,9 @@ def table_cells(table: pa.Table, names: Sequence[str]) -> tuple[dict[str, list[A
     """The named columns of an Arrow table (as `read_slice` or `iter_tables` give it) as Python lists, those it
     has, and the columns it has: a JSONL table's lines decoded, its columns the keys its rows use."""
     if LINE_COLUMN in table.column_names:
-        rows = [_decode_line(line) for line in table.column(LINE_COLUMN).to_pylist()]
+        # A line that is no JSON object has no cells (its state is then missing, and counted so): its raw text
+        # is no column's value.
+        rows = [_object_or_nothing(line) for line in table.column(LINE_COLUMN).to_pylist()]
         found = tuple(dict.fromkeys(key for row in rows for key in row))
         return {n: [row.get(n) for row in rows] for n in names if n in found}, found
     found = tuple(table.column_names)

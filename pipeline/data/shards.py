@@ -167,6 +167,7 @@ def _open_arrow(path: Path) -> pa.ipc.RecordBatchStreamReader:
 
 def _open_text(path: Path, fmt: str) -> pa_csv.CSVStreamingReader:
     if fmt == "jsonl":
+        _refuse_json_array(path)
         # One text column per line: JSON never holds a raw \x1f, and quoting is off, so lines stay intact.
         read = pa_csv.ReadOptions(block_size=_BLOCK_SIZE, column_names=[LINE_COLUMN])
         parse = pa_csv.ParseOptions(delimiter="\x1f", quote_char=False, escape_char=False)
@@ -180,14 +181,34 @@ def _open_text(path: Path, fmt: str) -> pa_csv.CSVStreamingReader:
         # Every cell as text: types inferred from the first block could clash with a later block's, and a
         # mapping reads a plain table's columns (a label of "1" in one block and "n/a" in the next).
         text = {name: pa.large_string() for name in (*header, *DECISION_COLUMNS)}
-        convert = pa_csv.ConvertOptions(column_types=text, strings_can_be_null=True)
+        # Only an empty cell is null: "NA", "null" or "n/a" is text (a country code, a free-text answer), as in
+        # the same rows written as JSONL.
+        convert = pa_csv.ConvertOptions(column_types=text, strings_can_be_null=True, null_values=[""])
     try:
         return pa_csv.open_csv(path, read_options=read, parse_options=parse, convert_options=convert)
     except pa.ArrowInvalid as error:  # "Empty CSV file": nothing to read is the user's mistake, named
         raise BadSource(
             oversized_row(path, error)
+            or not_utf8(path, error)
             or f"{path}: cannot be read as {fmt.upper()} ({error}); give a file of decision rows"
         ) from None
+
+
+def _refuse_json_array(path: Path) -> None:
+    """BadSource for a file holding one JSON array (`to_json(orient="records")`): its lines are no rows."""
+    with path.open("rb") as handle:
+        head = handle.read(1024).lstrip(b"\xef\xbb\xbf \t\r\n")
+    if head.startswith(b"["):
+        raise BadSource(f"{path}: one JSON array, not JSON lines; write one JSON object per line (pandas: "
+                        "to_json(path, orient='records', lines=True))")  # fmt: skip
+
+
+def not_utf8(where: str | Path, error: Exception) -> str | None:
+    """The message for a text shard with bytes that are not UTF-8 (Arrow's CSV reader, which reads JSONL lines
+    too, says "invalid UTF8"), or None for another error."""
+    if "invalid UTF8" not in str(error) and not isinstance(error, UnicodeDecodeError):
+        return None
+    return f"{where}: not UTF-8 text (a file saved as Latin-1 or Windows-1252?); save it as UTF-8 and read it again"
 
 
 def oversized_row(where: str | Path, error: Exception) -> str | None:
@@ -200,6 +221,10 @@ def oversized_row(where: str | Path, error: Exception) -> str | None:
 
 
 def csv_header(path: Path) -> list[str]:
-    """The column names of a CSV file (its first record)."""
-    with open(path, newline="", encoding="utf-8") as handle:
-        return next(csv.reader(handle), [])
+    """The column names of a CSV file (its first record), without the byte-order mark a spreadsheet may write
+    before it (Arrow drops it too: with it the first column would not be read as text)."""
+    try:
+        with open(path, newline="", encoding="utf-8-sig") as handle:
+            return next(csv.reader(handle), [])
+    except UnicodeDecodeError as error:
+        raise BadSource(not_utf8(path, error)) from None

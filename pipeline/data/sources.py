@@ -21,8 +21,11 @@ from __future__ import annotations
 
 import glob
 import json
+import os
+import socket
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import urlparse
 
 import pyarrow as pa
 import pyarrow.dataset as ds
@@ -84,7 +87,7 @@ def pin_path(text: str | Path) -> Path | None:
         return None
     path = Path(text)
     if path.exists() or not (split := _split_folder(text)):
-        return _glob_root(text) if _is_glob(text) else path
+        return _glob_root(text) if is_glob(text) else path
     return split[0]
 
 
@@ -112,7 +115,7 @@ def _resolve(text: str) -> Source:
         return Source(text, "file", (Shard(path, detect_format(path)),), path)
     if path.is_dir():
         return _folder(text, path)
-    if _is_glob(text):
+    if is_glob(text):
         return Source(text, "shards", _glob_shards(text), _glob_root(text), whole=False)
     if split := _split_folder(text):
         return Source(text, "saved", _saved_shards(split[0] / split[1]), split[0], whole=False)
@@ -143,12 +146,14 @@ def _typed_shards(text: str, files: list[Path]) -> tuple[Shard, ...]:
             f"{text}: no .parquet or .jsonl shards there; put the data files in it or name a file"
         )
     if len(formats := sorted({s.fmt for s in shards})) > 1:
-        raise BadSource(f"{text}: mixes {' and '.join(formats)} shards; keep one format per source")
+        examples = [f"{fmt} ({next(s.path.name for s in shards if s.fmt == fmt)})" for fmt in formats]
+        raise BadSource(f"{text}: mixes {' and '.join(examples)} shards; keep one format per source (move the "
+                        "other files out)")  # fmt: skip
     return tuple(shards)
 
 
 def _glob_shards(text: str) -> tuple[Shard, ...]:
-    files = sorted(Path(p) for p in glob.glob(text, recursive=True) if Path(p).is_file())
+    files = matched_files(text)
     if not files:
         raise BadSource(f"{text}: the pattern matches no file; check the folder and the pattern (quote it)")
     return _typed_shards(text, files)
@@ -205,7 +210,12 @@ def _split_folder(text: str) -> tuple[Path, str] | None:
     return Path(folder), split
 
 
-def _is_glob(text: str) -> bool:
+def matched_files(text: str) -> list[Path]:
+    """The files a glob DATA argument matches, in name order (what is read as its shards)."""
+    return sorted(Path(p) for p in glob.glob(text, recursive=True) if Path(p).is_file())
+
+
+def is_glob(text: str) -> bool:
     return bool(_GLOB_CHARS & set(text))
 
 
@@ -269,6 +279,10 @@ def hub_shards(spec: str) -> tuple[Shard, ...]:
     except ImportError:
         raise BadSource(f"hf:{spec}: the `datasets` package is not installed; `pip install datasets`, "
                              f"or {_OFFLINE_HELP}") from None  # fmt: skip
+    if not _hub_offline() and (unreachable := _hub_unreachable()) is not None:
+        # Refused at once: `datasets` would retry for half a minute, printing each retry, before failing.
+        raise BadSource(f"hf:{spec}: the Hugging Face Hub cannot be reached from here ({unreachable}); "
+                        f"{_OFFLINE_HELP} (or, for a data set in the local cache, set HF_HUB_OFFLINE=1)")  # fmt: skip
     try:
         dataset = datasets.load_dataset(repo, config, split=split)
     except (ConnectionError, OSError, ValueError) as error:
@@ -281,3 +295,23 @@ def hub_shards(spec: str) -> tuple[Shard, ...]:
             f"hf:{spec}: `datasets` kept the split in memory, not in Arrow files; {_OFFLINE_HELP}"
         )
     return tuple(Shard(path, "arrow") for path in files)
+
+
+def _hub_offline() -> bool:
+    """Whether `datasets` is told to read its cache only (HF_HUB_OFFLINE or HF_DATASETS_OFFLINE)."""
+    flags = (os.environ.get("HF_HUB_OFFLINE"), os.environ.get("HF_DATASETS_OFFLINE"))
+    return any(flag and flag.upper() in {"1", "ON", "YES", "TRUE"} for flag in flags)
+
+
+def _hub_unreachable(timeout_s: float = 3.0) -> str | None:
+    """Why the Hub's endpoint (HF_ENDPOINT, else huggingface.co) takes no connection, or None when it does."""
+    endpoint = urlparse(os.environ.get("HF_ENDPOINT") or "https://huggingface.co")
+    host, port = (
+        endpoint.hostname or "huggingface.co",
+        endpoint.port or (80 if endpoint.scheme == "http" else 443),
+    )
+    try:
+        socket.create_connection((host, port), timeout=timeout_s).close()
+    except OSError as error:
+        return f"{host}:{port}: {error.strerror or type(error).__name__}"
+    return None

@@ -29,7 +29,7 @@ from pipeline.data.facts import announced
 from pipeline.data.mapping import YamlFileError, load_mapping, load_yaml_file
 from pipeline.data.pins import PinMismatch, pin_command, verify_pins
 from pipeline.data.read import iter_tables
-from pipeline.data.sources import HUB_PREFIX, pin_path
+from pipeline.data.sources import HUB_PREFIX, is_glob, matched_files, pin_path
 from pipeline.data.split import refuse_unusable
 from pipeline.data.validate import validate_file
 from pipeline.families import pick_family
@@ -185,7 +185,7 @@ def _inside(data: str, root: Path, name: str, report: Callable[[str], None] | No
     with announced(
         report, f"copying {path} into {target.relative_to(root)} (DVC pins only what lies inside the project)"
     ):
-        _staged(target, lambda staging: _copy(path, staging))
+        _staged(target, lambda staging: _copy(path, staging, data))
     return text, target, True
 
 
@@ -200,8 +200,16 @@ def _staged(target: Path, fill) -> None:
     staging.replace(target)
 
 
-def _copy(path: Path, staging: Path) -> None:
-    if path.is_dir():
+def _copy(path: Path, staging: Path, data: str) -> None:
+    """The file, the folder, or of a glob's folder only the files it matches (their paths below it kept, so
+    the glob reads the copy as it read them): nothing else there is pinned, or counts as a change of data."""
+    if is_glob(data):
+        pattern = str(Path(data).expanduser())
+        for file in matched_files(pattern):
+            copy = staging / os.path.relpath(file, pin_path(pattern))
+            copy.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(file, copy)
+    elif path.is_dir():
         shutil.copytree(path, staging, ignore=shutil.ignore_patterns(".*"))
     else:
         shutil.copy2(path, staging)

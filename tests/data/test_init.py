@@ -202,3 +202,18 @@ def test_init_names_the_files_to_commit(tmp_path, capsys, monkeypatch):
         "data/own/.gitignore",
     }
     assert "data/own/tickets.jsonl" not in result["to_commit"]  # the bytes are DVC's
+
+
+def test_a_glob_outside_the_project_copies_only_the_files_it_matches(project, tmp_path, capsys):
+    exports = tmp_path / "exports"
+    write_rows(exports / "part-0.jsonl", 3)
+    write_rows(exports / "sub" / "part-1.jsonl", 2)
+    (exports / "private").mkdir()
+    (exports / "private" / "notes.txt").write_text("not data")
+    (exports / "unrelated.bin").write_bytes(b"\0" * 100)
+    code, result, err = init(capsys, "--data", f"{exports}/**/part-*.jsonl", "--name", "parts")
+    assert code == 0 and result["copied"], err
+    copied = sorted(p.relative_to(project / "data/own/parts").as_posix()
+                    for p in (project / "data/own/parts").rglob("*") if p.is_file())  # fmt: skip
+    assert copied == ["part-0.jsonl", "sub/part-1.jsonl"]  # nothing else there is pinned
+    assert load_params(project / "params.yaml", "parts").retrain.data == "data/own/parts/**/part-*.jsonl"

@@ -120,7 +120,7 @@ def test_bad_sources_are_refused_before_any_row_is_read(sources, tmp_path):
     mixed = tmp_path / "mixed"
     synthetic.write_rows(synthetic.generate_rows(3), mixed / "a.parquet")
     synthetic.write_rows(synthetic.generate_rows(3), mixed / "b.jsonl")
-    with pytest.raises(BadSource, match="mixes jsonl and parquet shards"):
+    with pytest.raises(BadSource, match=r"mixes jsonl \(b.jsonl\) and parquet \(a.parquet\) shards"):
         open_source(mixed)
     (tmp_path / "csvs").mkdir()
     (tmp_path / "csvs" / "a.csv").write_text("state\nx\n")
@@ -179,3 +179,14 @@ def test_a_row_too_long_to_stream_is_named_as_such_not_as_a_bad_file(tmp_path, f
     path.write_text("text,label\n" + "\n".join(rows) + "\n")
     with pytest.raises(BadSource, match="a row \\(line\\) too long to read in blocks of 4 MiB"):
         read_slice(path)
+
+
+def test_a_hub_id_where_the_hub_cannot_be_reached_is_one_line_at_once(tmp_path):
+    pytest.importorskip("datasets")
+    closed = {"HF_ENDPOINT": "http://127.0.0.1:9", "HF_HOME": str(tmp_path / "hf")}  # port 9: nothing listens
+    done = _decision("validate", "hf:nobody/no-such-set:train", env=closed)
+    # One line, not a retry per attempt before it: the Hub is not tried once its endpoint takes no connection.
+    assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1, done.stderr
+    assert done.stderr.startswith("decision validate: hf:nobody/no-such-set:train: the Hugging Face Hub cannot be "
+                                  "reached from here (127.0.0.1:9: ")  # fmt: skip
+    assert "set HF_HUB_OFFLINE=1" in done.stderr

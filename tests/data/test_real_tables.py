@@ -1,0 +1,152 @@
+"""Tables as users export them (spreadsheets, pandas, Parquet writers, `datasets`): labels with stray spaces or
+leading zeros, wide score ranges, id columns, BOMs, "NA" text, non-UTF-8 bytes, JSON arrays, decimal and
+duration columns, mixed-type ids and YAML 1.1 words. Each reads as the user meant, or is refused in one line."""
+
+import datetime
+import decimal
+import json
+from dataclasses import replace
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from pipeline.cli.main import main
+from pipeline.data.mapping import MappingError, flags_mapping, load_mapping, read_mapped, write_rows
+from pipeline.data.read import iter_tables
+from pipeline.data.shards import BadSource
+
+
+def mapped(path, label="label", state="text", **flags):
+    return read_mapped(path, load_mapping(flags_mapping([state] if isinstance(state, str) else state, label,
+                                                        **flags)))[0]  # fmt: skip
+
+
+def write_csv(tmp_path, text: str, name="table.csv", encoding="utf-8") -> str:
+    path = tmp_path / name
+    path.write_bytes(text.encode(encoding))
+    return str(path)
+
+
+def test_spaces_around_a_label_are_no_part_of_it(tmp_path):
+    table = write_csv(tmp_path, "text,label\na,positive\nb, positive\nc,positive \nd,negative\n")
+    rows = mapped(table)
+    assert rows.mapping.questions["label"].options == ("negative", "positive")
+    assert [g["label"] for g in rows.columns.gold] == ["positive", "positive", "positive", "negative"]
+
+
+def test_a_scores_levels_are_read_by_value_and_a_choices_ids_keep_their_zeros(tmp_path):
+    table = write_csv(tmp_path, "text,stars,zip\na,1,02134\nb, 2,2134\nc,03,02134\nd,+4,02134\n")
+    score = mapped(table, "stars", type="score")
+    assert score.mapping.questions["stars"].options == ("1", "2", "3", "4")
+    assert [g["stars"] for g in score.columns.gold] == [0, 1, 2, 3]
+    assert mapped(table, "zip").mapping.questions["zip"].options == ("02134", "2134")  # two zip codes
+    given = mapped(table, "stars", type="score", options=["1", "02", "3", "4"])  # given levels read alike
+    assert [g["stars"] for g in given.columns.gold] == [0, 1, 2, 3]
+
+
+@pytest.mark.parametrize(
+    ("labels", "said"),
+    [
+        (["1", "3000000"], "span 1..3000000: 3,000,000 levels"),  # an amount or an id taken for a score
+        (["0", "50", "100"], "span 0..100: 101 levels"),  # a percentage
+        ([f"{i}.5" for i in range(12)], "are 12 different numbers: 12 levels"),
+    ],
+)
+def test_a_score_with_more_levels_than_a_score_has_is_refused_in_one_line(labels, said, tmp_path):
+    table = write_csv(tmp_path, "text,r\n" + "".join(f"t{i},{label}\n" for i, label in enumerate(labels)))
+    with pytest.raises(MappingError, match=f"the labels of column 'r' {said}, and a score has at most 10"):
+        mapped(table, "r", type="score")
+
+
+def test_an_id_column_taken_for_a_choice_is_refused_in_one_line(tmp_path):
+    table = write_csv(tmp_path, "text,label\n" + "".join(f"t{i},id{i}\n" for i in range(300)))
+    with pytest.raises(
+        MappingError, match="holds 300 different labels, and a choice has at most 255 options"
+    ):
+        mapped(table)
+
+
+def test_a_csv_with_a_byte_order_mark_keeps_its_first_column_as_text(tmp_path):
+    table = write_csv(tmp_path, "\ufeffid,text,label\r\n007,great,positive\r\n008,bad,negative\r\n")
+    [read] = list(iter_tables(table))
+    assert read.column("id").to_pylist() == ["007", "008"]
+
+
+def test_na_and_null_in_a_csv_are_text_and_only_an_empty_cell_is_null(tmp_path):
+    table = write_csv(tmp_path, "text,label\nNA,NA\nnull,positive\nn/a,\nNaN,negative\n")
+    rows = mapped(table)
+    assert rows.columns.state == ["NA", "null", "n/a", "NaN"]  # as the same rows written as JSONL read
+    assert rows.columns.gold == [{"label": "NA"}, {"label": "positive"}, {}, {"label": "negative"}]
+
+
+@pytest.mark.parametrize("where", ["first", "late"])
+@pytest.mark.parametrize("suffix", ["csv", "jsonl"])
+def test_a_file_that_is_not_utf8_is_refused_saying_save_it_as_utf8(where, suffix, tmp_path, capsys):
+    good = ["text,label\n"] if suffix == "csv" else []
+    line = (
+        (lambda text, label: f"{text},{label}\n")
+        if suffix == "csv"
+        else (lambda text, label: json.dumps({"text": text, "label": label}, ensure_ascii=False) + "\n")
+    )
+    rows = [line(f"row {i} " + "x" * 200, "pos") for i in range(30_000 if where == "late" else 1)]
+    path = tmp_path / f"latin.{suffix}"
+    path.write_bytes("".join(good + rows).encode() + line("café", "neg").encode("cp1252"))
+    code = main(["map", "--data", str(path), "--state-column", "text", "--label-column", "label"])
+    [said] = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and said == (f"decision map: {path}: not UTF-8 text (a file saved as Latin-1 or Windows-1252?); "
+                                  "save it as UTF-8 and read it again")  # fmt: skip
+
+
+def test_a_json_array_is_refused_saying_how_to_write_json_lines(tmp_path):
+    path = tmp_path / "records.json"
+    path.write_text(json.dumps([{"text": "a", "label": "x"}, {"text": "b", "label": "y"}], indent=2))
+    with pytest.raises(BadSource, match=r"one JSON array, not JSON lines.*lines=True"):
+        mapped(str(path))
+
+
+def test_a_line_that_is_not_json_has_no_cells_and_its_raw_text_is_no_label(tmp_path):
+    path = tmp_path / "q.jsonl"
+    path.write_text('{"text": "a", "questions": "billing"}\n{"text": "b", "questions": "shipping"}\n'
+                    '{"text": "c", "questions": "billing"\n')  # fmt: skip
+    rows = mapped(str(path), "questions", question="topic")
+    assert rows.mapping.questions["topic"].options == ("billing", "shipping")
+    assert rows.columns.state == ["a", "b", None]  # counted as missing_state, not dropped
+
+
+def test_decimal_duration_and_binary_columns_become_json_values_of_the_state(tmp_path):
+    path = tmp_path / "orders.parquet"
+    pq.write_table(pa.table({
+        "text": ["a", "b"],
+        "amount": pa.array([decimal.Decimal("1.50"), decimal.Decimal("2.00")], pa.decimal128(10, 2)),
+        "wait": pa.array([datetime.timedelta(hours=2), None], pa.duration("s")),
+        "raw": pa.array([b"hi", b"\xff"], pa.binary()),
+        "label": ["pos", "neg"],
+    }), path)  # fmt: skip
+    rows = mapped(str(path), state=["text", "amount", "wait", "raw"])
+    assert rows.columns.state == [
+        {"text": "a", "amount": 1.5, "wait": "2:00:00", "raw": "hi"},
+        {"text": "b", "amount": 2.0, "wait": None, "raw": "\ufffd"},
+    ]
+
+
+def test_ids_of_mixed_types_are_written_to_parquet_as_text(tmp_path):
+    path = tmp_path / "mixed.jsonl"
+    path.write_text('{"id": 1, "text": "a", "label": "pos"}\n{"id": "B-2", "text": "b", "label": "neg"}\n')
+    mapping = load_mapping({"state": "text", "id": "id", "questions": {"label": {"column": "label"}}})
+    out = write_rows(read_mapped(str(path), mapping)[0], tmp_path / "out.parquet")
+    assert pq.read_table(out).column("id").to_pylist() == ["1", "B-2"]
+
+
+def test_yaml_1_1_words_in_a_mapping_stay_the_labels_written(tmp_path):
+    table = write_csv(tmp_path, "text,label,code\na,yes,007\nb,no,010\nc,maybe,007\n")
+    spec = tmp_path / "mapping.yaml"
+    spec.write_text("state: text\nquestions:\n  label: {column: label, options: [yes, no, maybe]}\n"
+                    "  code: {column: code, options: [007, 010]}\n"
+                    "  flag: {column: label, type: noul, options: {yes: it says yes, no: it says no}}\n")  # fmt: skip
+    mapping = load_mapping(str(spec))
+    assert mapping.questions["label"].options == ("yes", "no", "maybe")
+    assert mapping.questions["code"].options == ("007", "010")
+    assert mapping.questions["flag"].descriptions == ("it says no", "it says yes")
+    labels = replace(mapping, questions={"label": mapping.questions["label"]})
+    assert [g["label"] for g in read_mapped(table, labels)[0].columns.gold] == ["yes", "no", "maybe"]

@@ -25,10 +25,12 @@ from prefect.events import emit_event
 from pipeline.config import ConfigError, ValidateConfig, load_params
 from pipeline.data.read import UnreadableInput
 from pipeline.flywheel.harvest import HarvestRefused
+from pipeline.flywheel.table import missing_log
 from pipeline.mlops.tracking import log_harvest
 from pipeline.stages.harvest import HarvestResult, check_target, harvest
 
 READY_EVENT = "decision.harvest.ready"
+ANY_MODEL = "any"
 
 
 def dataset_resource(dataset: str) -> str:
@@ -37,8 +39,9 @@ def dataset_resource(dataset: str) -> str:
 
 
 @task(name="harvest")
-def harvest_task(inference: str, dataset: str, split_config: ValidateConfig, commit: bool) -> HarvestResult:
-    return harvest(inference, dataset, split_config, commit=commit)
+def harvest_task(inference: str, dataset: str, split_config: ValidateConfig, commit: bool,
+                 model: str | None) -> HarvestResult:  # fmt: skip
+    return harvest(inference, dataset, split_config, commit=commit, model=model)
 
 
 @task(name="record-harvest")
@@ -48,13 +51,15 @@ def record(result: HarvestResult) -> str:
 
 @flow(name="harvest", log_prints=True)
 def harvest_flow(params_file: str = "params.yaml", run_config: str | None = None, inference: str | None = None,
-                 dataset: str | None = None, commit: bool = True) -> dict[str, Any]:  # fmt: skip
-    """Harvest the labelled decisions of `inference` (default `flywheel.inference`) into `dataset` (default the
-    run's `retrain.data`). Returns the summary; `mlflow_run_id` names the harvest's MLflow run."""
+                 dataset: str | None = None, commit: bool = True, model: str | None = None) -> dict[str, Any]:  # fmt: skip
+    """Harvest the labelled decisions `model` made (default the run's `retrain.model_name`; `any`: every model's)
+    in `inference` (default `flywheel.inference`) into `dataset` (default the run's `retrain.data`). Returns the
+    summary; `mlflow_run_id` names the harvest's MLflow run."""
     params = load_params(params_file, run_config)
     inference = inference or params.flywheel.inference
     dataset = dataset or params.retrain.data
-    result = harvest_task(inference, dataset, params.validate, commit)
+    model = model or params.retrain.model_name
+    result = harvest_task(inference, dataset, params.validate, commit, None if model == ANY_MODEL else model)
     print(result.line())
     summary = result.to_dict() | {"mlflow_run_id": record(result) if result.rows else None, "ready": False}
     if result.rows >= params.flywheel.retrain_after_rows:
@@ -80,6 +85,8 @@ def main(argv: list[str] | None = None) -> int:
         "--inference", metavar="DIR|URL", help="the inference log (default: flywheel.inference)"
     )
     parser.add_argument("--dataset", help="the folder of shards to add to (default: the run's retrain.data)")
+    parser.add_argument("--model", metavar="NAME", help="whose labelled decisions: a served model's name or "
+                        f"NAME/VERSION (default: the run's retrain.model_name; {ANY_MODEL!r}: every model's)")  # fmt: skip
     parser.add_argument("--no-commit", action="store_true", help="pin with DVC but make no git commit")
     parser.add_argument("--json", action="store_true", help="print the summary as one JSON object")
     args = parser.parse_args(argv)
@@ -88,12 +95,16 @@ def main(argv: list[str] | None = None) -> int:
         # with its traceback). The flow checks them again, as a deployment runs it without this.
         params = load_params(args.params, args.run_config)
         check_target(args.dataset or params.retrain.data, params.validate)
-        summary = harvest_flow(args.params, args.run_config, args.inference, args.dataset, not args.no_commit)
+        if missing := missing_log(args.inference or params.flywheel.inference):
+            raise HarvestRefused(missing)
+        summary = harvest_flow(args.params, args.run_config, args.inference, args.dataset, not args.no_commit,
+                               args.model)  # fmt: skip
     # The data set or the config is wrong: named, nothing written.
     except (HarvestRefused, UnreadableInput, ConfigError) as error:
         print(f"harvest: {error}", file=sys.stderr)
         return 2
-    print(json.dumps(summary) if args.json else f"{summary['rows']} rows harvested into {summary['dataset']}")
+    rows = f"{summary['rows']} {'row' if summary['rows'] == 1 else 'rows'}"
+    print(json.dumps(summary) if args.json else f"{rows} harvested into {summary['dataset']}")
     return 0
 
 

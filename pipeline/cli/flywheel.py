@@ -112,6 +112,7 @@ def _harvest(args: argparse.Namespace) -> int:
     command = ["--params", args.params] + (["--run-config", args.run_config] if args.run_config else [])
     command += ["--inference", args.inference] if args.inference else []
     command += ["--dataset", args.dataset] if args.dataset else []
+    command += ["--model", args.model] if args.model else []
     return launch_flow("flows.harvest", command + (["--json"] if args.json else []), args.quiet)
 
 
@@ -162,6 +163,8 @@ def add_flywheel_commands(commands) -> None:
     )
     harvest.add_argument("--dataset", help="a folder of shards (default: the run's retrain.data)")
     harvest.add_argument("--inference", metavar="DIR|URL", help=INFERENCE_HELP)
+    harvest.add_argument("--model", metavar="NAME", help="whose labelled decisions: a served model's name or "
+                         "NAME/VERSION (default: the run's retrain.model_name; 'any': every model's)")  # fmt: skip
     harvest.add_argument("--params", default="params.yaml")
     harvest.add_argument("--json", action="store_true")
     harvest.add_argument("-q", "--quiet", action="store_true")

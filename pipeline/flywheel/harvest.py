@@ -13,9 +13,10 @@ import fcntl
 import json
 import os
 import uuid
+from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +25,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from pipeline.data.sources import PROVENANCE_COLUMNS, Source
-from pipeline.flywheel.table import Store, utc_now
+from pipeline.flywheel.table import Store, is_model, utc_now
 
 SHARD_PREFIX = "harvest-"
 
@@ -42,17 +43,31 @@ class Labelled:
     """Decisions with feedback that an earlier harvest wrote."""
     not_logged: int
     """Decisions with feedback but no logged decision (a feedback table shared with another log)."""
+    other_models: dict[str, int] = field(default_factory=dict)
+    """Labelled decisions another model made, by its name: another run's traffic in a shared log."""
+    late_labels: int = 0
+    """Labels given after their decision was harvested (new, or changed): not in any row (a decision is
+    harvested once, so no row appears twice with two golds)."""
 
 
-def labelled_rows(store: Store, exclude: set[str]) -> Labelled:
-    """Every logged decision with feedback and not in `exclude`, as a decision row with its provenance."""
+def labelled_rows(store: Store, harvested: dict[str, dict[str, Any]], model: str | None = None) -> Labelled:
+    """Every logged decision of `model` (a name, or NAME/VERSION; None: any model) with feedback and not among
+    the `harvested` ones (decision id -> the gold its row holds), as a decision row with its provenance."""
     gold: dict[str, dict[str, Any]] = {}
     for row in store.feedback().to_pylist():
         gold.setdefault(row["decision_id"], {})[row["question_id"]] = orjson.loads(row["gold"])
-    wanted = set(gold) - exclude
+    late = sum(
+        harvested[d].get(q) != label for d in set(gold) & set(harvested) for q, label in gold[d].items()
+    )
+    wanted = set(gold) - set(harvested)
     decisions = store.decisions(ids=wanted).to_pylist() if wanted else []
+    other_models = Counter(
+        d["model"].split("/")[0] for d in decisions if model and not is_model(d["model"], model)
+    )
     rows = []
     for decision in decisions:
+        if model and not is_model(decision["model"], model):
+            continue
         questions = orjson.loads(decision["questions"])
         labels = gold[decision["decision_id"]]
         rows.append({
@@ -63,7 +78,9 @@ def labelled_rows(store: Store, exclude: set[str]) -> Labelled:
             "decided_at": decision["time"].isoformat(),
             "decided_by": decision["model"],
         })  # fmt: skip
-    return Labelled(rows, len(set(gold) & exclude), len(wanted) - len(decisions))
+    return Labelled(
+        rows, len(set(gold) & set(harvested)), len(wanted) - len(decisions), dict(other_models), late
+    )
 
 
 def harvest_target(source: Source) -> str:
@@ -77,18 +94,21 @@ def harvest_target(source: Source) -> str:
     return source.fmt
 
 
-def harvested_ids(source: Source) -> set[str]:
-    """The decision ids already in the data set's harvested shards."""
-    ids: set[str] = set()
+def harvested_gold(source: Source) -> dict[str, dict[str, Any]]:
+    """The decisions already in the data set's harvested shards: decision id -> the gold its row holds."""
+    harvested: dict[str, dict[str, Any]] = {}
     for shard in source.shards:
         if not shard.path.name.startswith(SHARD_PREFIX):
             continue
         if shard.fmt == "parquet":
-            ids.update(pq.read_table(shard.path, columns=["decision_id"]).column(0).to_pylist())
+            table = pq.read_table(shard.path, columns=["decision_id", "gold"]).to_pylist()
         else:
             lines = shard.path.read_text(encoding="utf-8").splitlines()
-            ids.update(orjson.loads(line)["decision_id"] for line in lines if line.strip())
-    return ids
+            table = [orjson.loads(line) for line in lines if line.strip()]
+        for row in table:
+            gold = row["gold"]
+            harvested[row["decision_id"]] = orjson.loads(gold) if isinstance(gold, str) else gold
+    return harvested
 
 
 def write_shard(folder: Path, fmt: str, rows: list[dict[str, Any]], like: pa.Schema | None) -> Path:

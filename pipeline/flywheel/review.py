@@ -21,7 +21,7 @@ import orjson
 
 from pipeline.data.answers import answer_probabilities
 from pipeline.data.contract import QuestionSpec, judge_gold, parse_question
-from pipeline.flywheel.table import Store
+from pipeline.flywheel.table import Store, is_model
 from pipeline.scoring.conformal import conformal_threshold, prediction_set
 
 MIN_CALIBRATION = 30
@@ -57,7 +57,7 @@ def review_queue(
     if order not in ORDERS:
         raise ValueError(f"order must be one of {', '.join(ORDERS)}, got {order!r}")
     logged = store.decisions().to_pylist()
-    decisions = [row for row in logged if _is_model(row["model"], model)]
+    decisions = [row for row in logged if is_model(row["model"], model)]
     if logged and not decisions:
         names = sorted({row["model"].split("/")[0] for row in logged})
         raise UnknownModel(f"{model}: no logged decision of this model; the log holds {', '.join(names[:10])}"
@@ -97,10 +97,6 @@ def write_queue(items: list[ReviewItem], out: str | Path) -> Path:
     finally:
         staged.unlink(missing_ok=True)
     return out
-
-
-def _is_model(logged: str, wanted: str) -> bool:
-    return logged == wanted or logged.startswith(wanted + "/")
 
 
 class _Answer(NamedTuple):

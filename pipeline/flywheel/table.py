@@ -81,6 +81,12 @@ class StoreUnavailable(OSError):
     """The inference log's database cannot be reached (down, a wrong host or database, refused credentials)."""
 
 
+def is_model(logged: str, wanted: str) -> bool:
+    """Whether a logged decision's model (NAME/VERSION as served from the registry, or an export's name) is
+    `wanted`: a name (every version) or NAME/VERSION."""
+    return logged == wanted or logged.startswith(wanted + "/")
+
+
 def missing_log(where: str | Path) -> str | None:
     """Why `where` holds no inference log to read, or None: a folder that does not exist (a typo, read as a log
     with nothing in it, would look like a quiet window forever)."""

@@ -25,7 +25,7 @@ from pipeline.flywheel.harvest import (
     HarvestRefused,
     harvest_lock,
     harvest_target,
-    harvested_ids,
+    harvested_gold,
     labelled_rows,
     write_shard,
 )
@@ -44,6 +44,10 @@ class HarvestResult:
     """Unusable labelled decisions left out, by reason code."""
     already_harvested: int = 0
     not_logged: int = 0
+    other_models: dict[str, int] = field(default_factory=dict)
+    """Labelled decisions of other models left out, by model name (another run's traffic in a shared log)."""
+    late_labels: int = 0
+    """Labels given after their decision was harvested: in no row (a decision is harvested once)."""
     heldout: int = 0
     """New rows the held-out rule holds out (scored by the gate, never trained on)."""
     shard: str | None = None
@@ -61,27 +65,45 @@ class HarvestResult:
 
     def line(self) -> str:
         if not self.rows:
-            return (f"harvest: nothing new for {self.dataset} ({self.already_harvested} labelled decisions already "
+            said = (f"harvest: nothing new for {self.dataset} ({self.already_harvested} labelled decisions already "
                     "harvested); its revision is unchanged")  # fmt: skip
-        return (f"harvest: {self.rows} rows ({self.labels} labels, {self.heldout} rows held out) from "
-                f"{', '.join(self.models)} into {self.shard}; {self.dataset} revision "
-                f"{(self.previous_revision or '-')[:8]} -> {(self.revision or '-')[:8]}")  # fmt: skip
+        else:
+            said = (f"harvest: {self.rows} {'row' if self.rows == 1 else 'rows'} ({self.labels} labels, {self.heldout} "
+                    f"held out) from {', '.join(self.models)} into {self.shard}; {self.dataset} revision "
+                    f"{(self.previous_revision or '-')[:8]} -> {(self.revision or '-')[:8]}")  # fmt: skip
+        return "\n".join([said, *self.notes()])
+
+    def notes(self) -> list[str]:
+        """What was left out and why, a line each (none when nothing was)."""
+        notes = []
+        if self.other_models:
+            shown = ", ".join(f"{name} ({n})" for name, n in sorted(self.other_models.items()))
+            notes.append(f"left out: labelled decisions of other models: {shown} (the log is shared; --model names "
+                         "whose to harvest)")  # fmt: skip
+        if self.late_labels:
+            notes.append(f"left out: {self.late_labels} label(s) given after their decision was harvested (a "
+                         "decision is harvested once; its row keeps the labels it had then)")  # fmt: skip
+        if self.not_logged:
+            notes.append(f"left out: {self.not_logged} labelled decision(s) not in this inference log")
+        return notes
 
 
 def harvest(inference: str, dataset: str | Path, split_config: ValidateConfig, commit: bool = True,
-            wait: bool = True) -> HarvestResult:  # fmt: skip
-    """Harvest the labelled decisions of the inference log at `inference` into the data set at `dataset`."""
+            wait: bool = True, model: str | None = None) -> HarvestResult:  # fmt: skip
+    """Harvest the labelled decisions `model` made (a name or NAME/VERSION; None: any model's) in the inference
+    log at `inference` into the data set at `dataset`."""
     check_target(dataset, split_config)
     folder = Path(dataset)
     with harvest_lock(folder, wait):
         source = open_source(folder)
         fmt = harvest_target(source)
         previous = data_revision(source)
-        labelled = labelled_rows(open_store(inference), harvested_ids(source))
+        labelled = labelled_rows(open_store(inference), harvested_gold(source), model)
         checked = validate_rows(labelled.rows)
         usable = [labelled.rows[r.row] for r in checked.records]
         base = HarvestResult(str(dataset), 0, 0, dict(checked.report.skipped), labelled.already_harvested,
-                             labelled.not_logged, previous_revision=previous)  # fmt: skip
+                             labelled.not_logged, labelled.other_models, labelled.late_labels,
+                             previous_revision=previous)  # fmt: skip
         if not usable:
             return base
         like = source.schema() if fmt == "parquet" else None
@@ -92,7 +114,8 @@ def harvest(inference: str, dataset: str | Path, split_config: ValidateConfig, c
     times = sorted(row["decided_at"] for row in usable)
     return HarvestResult(
         str(dataset), len(usable), sum(len(r.decisions) for r in checked.records), dict(checked.report.skipped),
-        labelled.already_harvested, labelled.not_logged, heldout, str(shard), revision or data_revision(folder),
+        labelled.already_harvested, labelled.not_logged, labelled.other_models, labelled.late_labels, heldout,
+        str(shard), revision or data_revision(folder),
         previous, pinned_by, committed, times[0], times[-1], tuple(sorted({r["decided_by"] for r in usable})),
         tuple(row["decision_id"] for row in usable),
     )  # fmt: skip

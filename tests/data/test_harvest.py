@@ -108,6 +108,32 @@ def test_a_second_harvest_takes_only_what_is_new(project, tmp_path):
     assert sorted(harvested) == sorted(ids[:7])  # no row twice
 
 
+def test_only_the_runs_model_is_harvested_and_what_is_left_out_is_said(project, tmp_path):
+    store = open_store(tmp_path / "inference")
+    ours = log_decisions(store, 4, model="tickets/1")
+    label(store, ours + log_decisions(store, 3, model="reviews/2"))  # another run's traffic in the shared log
+    first = harvest(str(tmp_path / "inference"), project, ValidateConfig(), model="tickets")
+    assert first.rows == 4 and first.models == ("tickets/1",) and first.other_models == {"reviews": 3}
+    assert "left out: labelled decisions of other models: reviews (3)" in first.line()
+    # A label sent after its decision was harvested (a correction, another question) is in no row: said so.
+    label(store, ours[:1], gold="positive" if TONES[0] != "positive" else "negative")
+    again = harvest(str(tmp_path / "inference"), project, ValidateConfig(), model="tickets")
+    assert again.rows == 0 and again.late_labels == 1
+    assert "left out: 1 label(s) given after their decision was harvested" in again.line()
+    every_model = harvest(str(tmp_path / "inference"), project, ValidateConfig())  # model None: reviews' too
+    assert every_model.rows == 3
+
+
+def test_harvest_refuses_an_inference_log_that_is_not_there(project, tmp_path, capsys, monkeypatch):
+    from flows.harvest import main as harvest_main
+
+    (project.parent.parent / "params.yaml").write_text("retrain:\n  data: data/tickets\n")
+    monkeypatch.chdir(project.parent.parent)
+    assert harvest_main(["--inference", str(tmp_path / "no-such-log")]) == 2
+    [said] = capsys.readouterr().err.strip().splitlines()
+    assert said.startswith(f"harvest: {tmp_path / 'no-such-log'}: no inference log there")
+
+
 def test_a_jsonl_data_set_gets_a_jsonl_shard(tmp_path):
     folder = tmp_path / "rows"
     folder.mkdir()

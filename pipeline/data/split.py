@@ -99,7 +99,9 @@ def split_holdout(records: list[Record], config: ValidateConfig) -> Split:
     units = _units(records)
     positions = [_position(unit, lambda r: digests[id(r)]) for unit in units]
     ranked = sorted(range(len(units)), key=positions.__getitem__)
-    budget = min(config.holdout_max_decisions, config.holdout_fraction * _decisions(records))
+    # Candidates are fixed by their own hash, so a row keeps its side as rows are added until the cap binds (a
+    # budget that grew with the data would let new low-hashing rows push held-out rows into training).
+    budget = config.holdout_max_decisions
     chosen = {i for i, unit in enumerate(units) if any(digests[id(r)] in ledger for r in unit)}
     used = sum(_decisions(units[i]) for i in chosen)
     for i in ranked:

@@ -11,7 +11,7 @@ import pyarrow.parquet as pq
 from pipeline.cli.main import main
 from pipeline.config import ValidateConfig
 from pipeline.data import synthetic
-from pipeline.data.split import split_holdout
+from pipeline.data.split import hash_position, split_holdout
 from pipeline.data.validate import validate_file, validate_rows
 from pipeline.mlops.tracking import TrainingRecord, run_metrics
 
@@ -33,12 +33,28 @@ def test_split_is_stable_when_rows_are_reordered_or_added():
     assert _ids(before.heldout) == _ids(split_holdout(validate_rows(shuffled).records, config).heldout)
 
 
-def test_split_respects_both_caps_and_keeps_rows_whole():
+def test_rows_added_with_fewer_decisions_never_push_a_held_out_row_into_training():
+    # Harvested rows carry the one or two questions labelled: a budget that followed the data's decisions let
+    # such rows, hashing low, push rows held out before into training (then a model is gated on rows it read).
+    config = ValidateConfig(holdout_ledger=None)
+    rows = synthetic.generate_rows(300, seed=8)
+    before = split_holdout(validate_rows(rows).records, config)
+    singles = [row | {"questions": dict(list(row["questions"].items())[:1]), "gold": dict(list(row["gold"].items())[:1])}
+               for row in synthetic.generate_rows(600, seed=9)]  # fmt: skip
+    low = [r for r, record in zip(singles, validate_rows(singles).records)
+           if hash_position(record.content_hash()) < 0.05][:20]  # fmt: skip
+    after = split_holdout(validate_rows(rows + low).records, config)
+    assert len(low) == 20 and _ids(before.heldout) <= _ids(after.heldout)
+
+
+def test_split_respects_its_cap_and_fraction_and_keeps_rows_whole():
     records = validate_rows(synthetic.generate_rows(2000, seed=4)).records
     for config in (ValidateConfig(holdout_max_decisions=60), ValidateConfig(holdout_fraction=0.02)):
         split = split_holdout(records, config)
         decisions = sum(len(r.decisions) for r in split.heldout)
-        assert 0 < decisions <= min(config.holdout_max_decisions, config.holdout_fraction * 6000)
+        assert 0 < decisions <= config.holdout_max_decisions
+        # The fraction is a threshold on each row's hash: about that share of the rows, as sampling allows.
+        assert abs(len(split.heldout) / len(records) - min(config.holdout_fraction, 60 / 6000 * 3)) < 0.02
         assert not _ids(split.heldout) & _ids(split.train)
         assert not _ids(split.validation) & (_ids(split.train) | _ids(split.heldout))
         assert len(split.train) + len(split.validation) + len(split.heldout) == len(records)

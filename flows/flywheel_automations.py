@@ -18,16 +18,20 @@ from __future__ import annotations
 
 import argparse
 import sys
+from uuid import UUID
 
+import httpx
 from prefect.automations import Automation
 from prefect.client.orchestration import get_client
 from prefect.events.actions import RunDeployment
 from prefect.events.schemas.automations import EventTrigger, Posture
 from prefect.events.schemas.events import ResourceSpecification
+from prefect.exceptions import ObjectNotFound
+from prefect.settings import PREFECT_API_URL
 
 from flows.harvest import READY_EVENT, dataset_resource
 from flows.monitor import DRIFT_EVENT, model_resource
-from pipeline.config import load_params
+from pipeline.config import ConfigError, load_params
 
 DEPLOYMENT = "retrain/retrain"
 
@@ -36,16 +40,18 @@ def automation_name(run_config: str | None) -> str:
     return f"decision: retrain {run_config or 'default'} on new rows or drift"
 
 
+class AutomationRefused(RuntimeError):
+    """No Prefect server to hold the automation, or no deployment for it to run; says what to do."""
+
+
 def retrain_on_new_data(params_file: str = "params.yaml", run_config: str | None = None,
                         deployment: str = DEPLOYMENT) -> str:  # fmt: skip
-    """Create (or replace) the automation for one run config; its id. The deployment must exist."""
+    """Create (or replace) the automation for one run config; its id. AutomationRefused, saying what to do,
+    without a Prefect server (PREFECT_API_URL) that answers, or where the deployment does not exist on it."""
     params = load_params(params_file, run_config)
     resources = [dataset_resource(params.retrain.data), model_resource(params.retrain.model_name)]
     name = automation_name(run_config)
-    with get_client(sync_client=True) as client:
-        deployment_id = client.read_deployment_by_name(deployment).id
-        for found in client.read_automations_by_name(name):
-            client.delete_automation(found.id)
+    deployment_id = _replace_automation(name, deployment)
     parameters = {"params_file": params_file, "only_new_data": True} | (
         {"run_config": run_config} if run_config else {}
     )
@@ -59,6 +65,27 @@ def retrain_on_new_data(params_file: str = "params.yaml", run_config: str | None
     return str(automation.create().id)
 
 
+def _replace_automation(name: str, deployment: str) -> UUID:
+    """The deployment's id, once the server's automations called `name` are deleted."""
+    url = PREFECT_API_URL.value()
+    if not url:  # a temporary server ends with this process, and the automation with it
+        raise AutomationRefused("an automation lives on a Prefect server, and PREFECT_API_URL names none; start one "
+                                "(make schedule does, with the retrain deployment) and set PREFECT_API_URL="
+                                "http://127.0.0.1:4200/api")  # fmt: skip
+    try:
+        with get_client(sync_client=True) as client:
+            deployment_id = client.read_deployment_by_name(deployment).id
+            for found in client.read_automations_by_name(name):
+                client.delete_automation(found.id)
+    except ObjectNotFound:
+        raise AutomationRefused(f"no deployment {deployment} on the Prefect server at {url}; create it first: "
+                                "prefect --no-prompt deploy --name retrain (make schedule does)") from None  # fmt: skip
+    except httpx.HTTPError as error:
+        raise AutomationRefused(f"the Prefect server at {url} does not answer ({type(error).__name__}: {error}); "
+                                "start it (make schedule) or fix PREFECT_API_URL") from None  # fmt: skip
+    return deployment_id
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m flows.flywheel_automations", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
@@ -68,7 +95,11 @@ def main(argv: list[str] | None = None) -> int:
         "--deployment", default=DEPLOYMENT, help=f"the retrain deployment (default {DEPLOYMENT})"
     )
     args = parser.parse_args(argv)
-    automation = retrain_on_new_data(args.params, args.run_config, args.deployment)
+    try:
+        automation = retrain_on_new_data(args.params, args.run_config, args.deployment)
+    except (ConfigError, AutomationRefused) as error:
+        print(f"flywheel automation: {error}", file=sys.stderr)
+        return 2
     print(f"automation {automation}: {READY_EVENT} or {DRIFT_EVENT} runs {args.deployment} "
           f"({args.run_config or 'default'} run config, only on new data)")  # fmt: skip
     return 0

@@ -24,7 +24,7 @@ from prefect import flow, task
 from prefect.artifacts import create_markdown_artifact
 from prefect.events import emit_event
 
-from pipeline.cli.monitor import DEFAULT_MODEL, add_monitor_arguments
+from pipeline.cli.monitor import add_monitor_arguments
 from pipeline.config import ConfigError, MonitorConfig, Params, ValidateConfig, load_params
 from pipeline.data.read import UnreadableInput, open_readable
 from pipeline.flywheel.drift import drift_markdown
@@ -49,7 +49,7 @@ def judge(model: str, config: MonitorConfig, split_config: ValidateConfig, row_s
 
 @flow(name="monitor", log_prints=True)
 def monitor(
-    model: str = DEFAULT_MODEL,
+    model: str | None = None,
     inference: str | None = None,
     window_hours: float | None = None,
     window_end: str | None = None,
@@ -58,10 +58,11 @@ def monitor(
     run_config: str | None = None,
 ) -> dict[str, Any]:
     """Judge the window of `window_hours` (monitor.window_hours) ending at `window_end` (ISO 8601; now) of the
-    decisions `model` (NAME@ALIAS or NAME/VERSION) answered, as logged in `inference` (monitor.inference, else flywheel.inference), against
+    decisions `model` (NAME@ALIAS or NAME/VERSION; the run's retrain.model_name@champion) answered, as logged in `inference` (monitor.inference, else flywheel.inference), against
     the rows it trained on (`reference`: its `data` tag). Returns the outcome, with `event` (the emitted event's id
     when the window drifted)."""
     params = load_params(params_file, run_config)
+    model = model or champion_of(params)
     overrides = {"inference": inference_of(params, inference), "window_hours": window_hours}
     config = replace(params.monitor, **{k: v for k, v in overrides.items() if v is not None})
     end = dt.datetime.fromisoformat(window_end) if window_end else None
@@ -73,6 +74,11 @@ def monitor(
                                  description=outcome.line())  # fmt: skip
         event = announce(outcome) if outcome.result.breached else None
     return outcome.to_dict() | {"event": event}
+
+
+def champion_of(params: Params) -> str:
+    """The model a monitor watches by default: the run's registered model at its champion alias."""
+    return f"{params.retrain.model_name}@champion"
 
 
 def inference_of(params: Params, inference: str | None) -> str:
@@ -106,8 +112,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         # The model reference, the params and the inference log: one line and exit 2 before a flow run starts
         # (whose failure Prefect would log with its traceback). The flow checks them again, as a deployment runs it.
-        resolve_version(args.model)
         params = load_params(args.params, args.run_config)
+        resolve_version(args.model or champion_of(params))
         if problem := missing_log(inference_of(params, args.inference)):
             raise MonitorError(problem)
         if args.reference is not None:

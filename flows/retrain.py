@@ -32,6 +32,7 @@ from prefect.artifacts import create_link_artifact, create_markdown_artifact, cr
 from prefect.cache_policies import INPUTS, TASK_SOURCE
 from prefect.runtime import flow_run
 
+from pipeline.cli.tables import console as wide_console
 from pipeline.cli.tables import quiet_libraries
 from pipeline.config import ConfigError, Params, RetrainConfig, load_params
 from pipeline.data import pins
@@ -198,7 +199,9 @@ def retrain(
     verified = verify_pins([config.data, config.base], lock, allow_unpinned)
     inputs = pins.pin_status({"data": config.data, "base": config.base}, lock)
     data_md5, base_md5 = pins.data_revision(config.data), pins.current_md5(Path(config.base))
-    if only_new_data and (skipped := _unchanged_since_champion(config.model_name, config.data, data_md5)):
+    if only_new_data and (
+        skipped := _unchanged_since_champion(config.model_name, config.data, data_md5, run_config)
+    ):
         print(skipped)
         return {"skip_reason": skipped, "model": config.model_name, "data_md5": data_md5}
     key = idempotency_key(data_md5, base_md5, keyed_sections(params), code_digest(), unpinned=allow_unpinned)
@@ -237,14 +240,16 @@ def retrain(
     return summary
 
 
-def _unchanged_since_champion(name: str, data: str, data_md5: str) -> str | None:
-    """The one-line reason to skip when the champion was trained on this data revision, else None."""
+def _unchanged_since_champion(name: str, data: str, data_md5: str, run_config: str | None) -> str | None:
+    """The one-line reason to skip when the champion was trained on this data revision, else None; the harvest
+    command it names is the run's, ready to paste."""
     champion = alias_data_revision(name, CHAMPION)
     if champion is None or champion[1] != data_md5:
         return None
+    harvest = "decision harvest" + (f" --run-config {run_config}" if run_config else "")
     return (
         f"skipped: no new rows in {data} since champion {name} version {champion[0]} (data revision "
-        f"{data_md5[:8]}); harvest labelled decisions (python -m flows.harvest) to give it something to learn"
+        f"{data_md5[:8]}); harvest labelled decisions ({harvest}) to give it something to learn"
     )
 
 
@@ -338,10 +343,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def print_summary(summary: dict[str, Any], run_config: str | None = None) -> None:
-    from rich.console import Console
     from rich.table import Table
 
-    console = Console()
+    console = wide_console()
     console.print(summary["data"]["line"])
     table = Table(
         title=f"{summary['model']} version {summary['version']}: held-out {summary['heldout']['decisions']} decisions"

@@ -13,7 +13,7 @@ import logging
 import sys
 from pathlib import Path
 
-from pipeline.cli.tables import AT_LEAST_ONE, device_option, number_option
+from pipeline.cli.tables import AT_LEAST_ONE, console, device_option, number_option
 
 EXIT_OK, EXIT_FAILED, EXIT_UNUSABLE = 0, 1, 2
 
@@ -137,7 +137,6 @@ def _smoke(args: argparse.Namespace) -> int:
 
 
 def _print_smoke(result) -> None:
-    from rich.console import Console
     from rich.table import Table
 
     table = Table(title=f"Smoke test of {result.url} ({result.model})")
@@ -153,9 +152,9 @@ def _print_smoke(result) -> None:
                         ("largest difference from the trained model", trained_diff),
                         ("latency p50 (ms)", result.latency_ms["p50"]), ("latency p95 (ms)", result.latency_ms["p95"])):  # fmt: skip
         table.add_row(name, str(value))
-    console = Console()
-    console.print(table)
-    console.print("[green]passed[/]" if result.passed else "[red]failed:[/] " + "; ".join(result.failures))
+    out = console()
+    out.print(table)
+    out.print("[green]passed[/]" if result.passed else "[red]failed:[/] " + "; ".join(result.failures))
 
 
 def _keygen(args: argparse.Namespace) -> int:

@@ -10,7 +10,7 @@ import argparse
 import json
 import sys
 
-from pipeline.cli.tables import device_option, progress_outputs
+from pipeline.cli.tables import console, device_option, progress_outputs
 
 EXIT_OK, EXIT_UNREADABLE, EXIT_BAD_INPUT = 0, 1, 2
 
@@ -44,23 +44,39 @@ def _refuse(message: str) -> int:
     return EXIT_BAD_INPUT
 
 
+TABLE_COLUMNS = 150  # what the comparison table needs; a narrower terminal gets a line per question
+
+
 def print_comparison(result) -> None:
-    """One row per question (all first): each model's accuracy and NLL, B's gain with its interval, a verdict."""
-    from rich.console import Console
+    """One row per question (all first): each model's accuracy and NLL, B's gain with its interval, a verdict;
+    in a terminal narrower than that table, the same as two lines per question (cut columns would hide the
+    gains)."""
     from rich.table import Table
 
+    out = console()
     level = f"{result.confidence:.0%}"
-    table = Table(title=f"A = {result.a}, B = {result.b}: {result.rows} rows of {result.data} ({result.records:,} "
-                  f"records; gains B over A, {level} paired record-bootstrap intervals)")  # fmt: skip
+    title = (f"A = {result.a}, B = {result.b}: {result.rows} rows of {result.data} ({result.records:,} records; "
+             f"gains B over A, {level} paired record-bootstrap intervals)")  # fmt: skip
+    if out.width < TABLE_COLUMNS:
+        out.print(title, highlight=False)
+        for q in result.questions:
+            out.print(f"{q.question} ({q.decisions:,} decisions): {q.verdict}", highlight=False)
+            out.print(f"  accuracy {q.accuracy_a:.4f} -> {q.accuracy_b:.4f}, gain {_gain(q, 'accuracy')}; NLL "
+                      f"{q.nll_a:.4f} -> {q.nll_b:.4f}, gain {_gain(q, 'nll')}", highlight=False)  # fmt: skip
+        return
+    table = Table(title=title)
     for column in ("question", "decisions", "acc. A", "acc. B", "acc. gain", "NLL A", "NLL B", "NLL gain",
                    "verdict"):  # fmt: skip
         table.add_column(column, justify="left" if column in ("question", "verdict") else "right")
     for q in result.questions:
         table.add_row(q.question, f"{q.decisions:,}", f"{q.accuracy_a:.4f}", f"{q.accuracy_b:.4f}",
-                      f"{q.accuracy_gain:+.4f} [{q.accuracy_gain_low:+.4f}, {q.accuracy_gain_high:+.4f}]",
-                      f"{q.nll_a:.4f}", f"{q.nll_b:.4f}",
-                      f"{q.nll_gain:+.4f} [{q.nll_gain_low:+.4f}, {q.nll_gain_high:+.4f}]", q.verdict)  # fmt: skip
-    Console().print(table)
+                      _gain(q, "accuracy"), f"{q.nll_a:.4f}", f"{q.nll_b:.4f}", _gain(q, "nll"), q.verdict)  # fmt: skip
+    out.print(table)
+
+
+def _gain(question, measure: str) -> str:
+    gain, low, high = (getattr(question, f"{measure}_gain{end}") for end in ("", "_low", "_high"))
+    return f"{gain:+.4f} [{low:+.4f}, {high:+.4f}]"
 
 
 def add_compare_commands(commands) -> None:

@@ -43,8 +43,8 @@ def window_end(text: str) -> str:
 
 def add_monitor_arguments(parser: argparse.ArgumentParser) -> None:
     """The monitor's options (`decision monitor` and `python -m flows.monitor` share them)."""
-    parser.add_argument("--model", default=DEFAULT_MODEL,
-                        help=f"NAME@ALIAS or NAME/VERSION, models:/ optional (default: {DEFAULT_MODEL})")  # fmt: skip
+    parser.add_argument("--model", help="NAME@ALIAS or NAME/VERSION, models:/ optional (default: the run's "
+                        f"retrain.model_name@champion: {DEFAULT_MODEL} without --run-config)")  # fmt: skip
     parser.add_argument("--inference", metavar="WHERE",
                         help="the inference store: its folder or a postgresql:// URL (over monitor.inference)")  # fmt: skip
     parser.add_argument("--window-hours", type=HOURS, metavar="H", help="over monitor.window_hours")
@@ -60,8 +60,8 @@ def add_monitor_arguments(parser: argparse.ArgumentParser) -> None:
 
 def monitor_arguments(args: argparse.Namespace) -> list[str]:
     """The parsed options as the flow module's command line."""
-    command = ["--model", args.model, "--params", args.params]
-    for flag, value in (("--inference", args.inference), ("--window-hours", args.window_hours),
+    command = ["--params", args.params]
+    for flag, value in (("--model", args.model), ("--inference", args.inference), ("--window-hours", args.window_hours),
                         ("--window-end", args.window_end), ("--reference", args.reference),
                         ("--run-config", args.run_config)):  # fmt: skip
         command += [flag, str(value)] if value is not None else []

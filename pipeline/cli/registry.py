@@ -89,11 +89,10 @@ def _report(args: argparse.Namespace, result: dict) -> None:
     if args.json:
         print(json.dumps(result))
     else:
-        was = (
-            "already; nothing changed"
-            if result["previous"] == result["champion"]
-            else f"was {result['previous']}"
-        )
+        if result["previous"] == result["champion"]:
+            was = "already; nothing changed"
+        else:
+            was = "it had none" if result["previous"] is None else f"was {result['previous']}"
         print(f"{result['name']}: champion is version {result['champion']} ({was})")
 
 

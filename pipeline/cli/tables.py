@@ -46,6 +46,7 @@ def number_option(read: Callable[[str], float], accept: Callable[[float], bool],
     return option
 
 
+WIDE_OUTPUT = 200  # columns a table may use in a log or a pipe
 AT_LEAST_ONE = number_option(int, lambda n: n >= 1, "a whole number of at least 1, e.g. 50")
 
 
@@ -56,6 +57,15 @@ def progress_outputs(args: argparse.Namespace) -> tuple[bool, Callable[[str], No
     if args.quiet:
         return False, None
     return sys.stderr.isatty(), say
+
+
+def console():
+    """Rich's console: the terminal's width, or, where output goes to a file or a pipe (a log, `| tee`, CI), wide
+    enough that no table is cut short with an ellipsis (rich would assume 80 columns there)."""
+    from rich.console import Console
+
+    plain = Console()
+    return plain if plain.is_terminal or os.environ.get("COLUMNS") else Console(width=WIDE_OUTPUT)
 
 
 def quiet_libraries(args: argparse.Namespace) -> None:
@@ -73,7 +83,6 @@ def quiet_libraries(args: argparse.Namespace) -> None:
 
 def print_evaluation(report: dict[str, Any]) -> None:
     """`decision evaluate`: metrics per type, the calibration report, conformal sets and the plots written."""
-    from rich.console import Console
     from rich.table import Table
 
     from pipeline.scoring.report import report_table
@@ -87,7 +96,7 @@ def print_evaluation(report: dict[str, Any]) -> None:
         table.add_column(name, justify="right")
     for kind, metrics in report["metrics"].items():
         table.add_row(kind, *(f"{metrics[n]:.4f}" for n in names))
-    Console().print(table)
+    console().print(table)
     if report["calibration"]:
         print(
             "\ncalibration report (ECE-15 interval: 95% record bootstrap)\n"
@@ -109,7 +118,6 @@ def print_conformal(conformal: dict) -> None:
 
 def print_heldout(run: dict[str, Any]) -> None:
     """Before/after held-out metrics and the run's speed as a table."""
-    from rich.console import Console
     from rich.table import Table
 
     heldout = run["heldout"]
@@ -122,41 +130,40 @@ def print_heldout(run: dict[str, Any]) -> None:
         metrics = heldout[model]
         table.add_row(model.replace("_", " "),
                       *(f"{metrics[k]:.4f}" for k in ("accuracy", "record_accuracy", "loss", "ece")))  # fmt: skip
-    console = Console()
-    console.print(table)
+    out = console()
+    out.print(table)
     if run.get("calibrator_fitted_on"):
-        console.print(f"calibrator {run['calibrator']}, fitted on the {run['calibrator_fitted_on']}")
+        out.print(f"calibrator {run['calibrator']}, fitted on the {run['calibrator_fitted_on']}")
     state = "cancelled after" if run["cancelled"] else "trained"
-    console.print(f"{state} {run['steps']}/{run['planned_steps']} steps in {run['train_seconds']:.1f} s "
+    out.print(f"{state} {run['steps']}/{run['planned_steps']} steps in {run['train_seconds']:.1f} s "
                   f"({run['s_per_step']:.2f} s/step, {run['decisions_per_second']:.1f} decisions/s, "
                   f"{run['precision']}); skipped: {run['skipped'] or 'none'}")  # fmt: skip
-    console.print(f"saved to {run['saved_to']}" if run["saved_to"] else "nothing saved")
+    out.print(f"saved to {run['saved_to']}" if run["saved_to"] else "nothing saved")
 
 
 def print_report(report: dict[str, Any]) -> None:
     """The validation report as readable tables."""
-    from rich.console import Console
     from rich.table import Table
 
-    console = Console()
+    out = console()
     span = "all" if report["rows"] == report["file_rows"] else f"rows {report['slice']} of"
     totals = Table(title=f"Validation of {report['source']} ({span} {report['file_rows']:,} rows)")
     for name in ("rows", "decisions", "kept", "skipped"):
         totals.add_column(name, justify="right")
     totals.add_row(*(f"{report[k]:,}" for k in ("rows", "decisions", "kept", "skipped_total")))
-    console.print(totals)
+    out.print(totals)
     if "states" in report:
-        console.print(StateSizes(**report["states"]).describe(), highlight=False)
+        out.print(StateSizes(**report["states"]).describe(), highlight=False)
     if "groups" in report:
-        console.print(
+        out.print(
             GroupSizes(**report["groups"]).describe(report.get("states", {}).get("rows", report["rows"])),
             highlight=False,
         )
     for question, counts in report.get("labels", {}).items():  # a mapped table: its labels, as `decision map`
         shown = ", ".join(f"{label} {count:,}" for label, count in counts.items())
-        console.print(f"labels of {question}: {shown}", highlight=False)
+        out.print(f"labels of {question}: {shown}", highlight=False)
     if not report["skipped"]:
-        console.print("No decision skipped.")
+        out.print("No decision skipped.")
         return
     reasons = Table(title="Skipped decisions by reason (first example of each)")
     for name, justify in (("reason", "left"), ("count", "right"), ("row", "right"), ("question", "left"),
@@ -166,4 +173,4 @@ def print_report(report: dict[str, Any]) -> None:
         example = report["examples"][reason]
         reasons.add_row(reason, f"{count:,}", str(example["row"]), str(example["question_id"] or "-"),
                         example["value"][:80])  # fmt: skip
-    console.print(reasons)
+    out.print(reasons)

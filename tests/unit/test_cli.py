@@ -67,9 +67,28 @@ def test_decision_monitor_runs_the_flow_module_with_its_options(monkeypatch):
     monkeypatch.setattr(subprocess, "call", lambda command, env: launched.append((command, env)) or 3)
     assert main(["monitor", "--model", "tickets@champion", "--window-hours", "6", "--json", "-q"]) == 3
     [(command, env)] = launched
-    assert command == [sys.executable, "-m", "flows.monitor", "--model", "tickets@champion", "--params", "params.yaml",
+    assert command == [sys.executable, "-m", "flows.monitor", "--params", "params.yaml", "--model", "tickets@champion",
                        "--window-hours", "6.0", "--json"]  # fmt: skip
     assert env["PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL"] == "WARNING"  # --quiet
+
+
+def test_the_monitor_watches_the_runs_champion_unless_told_another_model(tmp_path, monkeypatch, capsys):
+    import flows.monitor as module
+
+    (tmp_path / "params.yaml").write_text("retrain:\n  model_name: decision-model\n")
+    (tmp_path / "configs").mkdir()
+    (tmp_path / "configs" / "fly.yaml").write_text("retrain:\n  model_name: fly\n")
+    monkeypatch.chdir(tmp_path)
+    asked = []
+
+    def resolve_version(model):
+        asked.append(model)
+        raise module.MonitorError(f"{model}: not registered here")  # one line, exit 2, as a real lookup says
+
+    monkeypatch.setattr(module, "resolve_version", resolve_version)
+    for flags in (["--run-config", "fly"], [], ["--run-config", "fly", "--model", "other/3"]):
+        assert module.main(flags) == 2
+    assert asked == ["fly@champion", "decision-model@champion", "other/3"]
 
 
 def test_commands_that_load_the_mlflow_model_say_nothing_about_type_hints():
@@ -247,3 +266,48 @@ def test_scores_or_mapped_rows_are_never_written_into_the_folder_of_shards_being
     assert main(["map", *flags, "--write", inside]) == 2
     assert "inside the folder being read" in capsys.readouterr().err
     assert sorted(p.name for p in (tmp_path / "shards").iterdir()) == ["0.parquet"]
+
+
+@pytest.mark.parametrize("columns", [None, "80"])
+def test_the_comparison_table_never_cuts_a_number_short(columns, monkeypatch, capsys):
+    from types import SimpleNamespace
+
+    from pipeline.cli.compare import print_comparison
+
+    if columns:
+        monkeypatch.setenv("COLUMNS", columns)  # a narrow terminal
+    else:
+        monkeypatch.delenv("COLUMNS", raising=False)  # a log or a pipe: wide enough for the whole table
+    question = SimpleNamespace(question="all", decisions=239, accuracy_a=0.6234, accuracy_b=0.6820,
+                               accuracy_gain=0.0586, accuracy_gain_low=0.0123, accuracy_gain_high=0.1046,
+                               nll_a=0.7730, nll_b=0.7012, nll_gain=0.0718, nll_gain_low=0.0301,
+                               nll_gain_high=0.1190, verdict="B more accurate and better calibrated")  # fmt: skip
+    print_comparison(SimpleNamespace(confidence=0.95, a="runs/fly/1/export", b="runs/fly/2/export", rows=60,
+                                     data="data/fly", records=60, questions=[question]))  # fmt: skip
+    printed = capsys.readouterr().out
+    joined = " ".join(printed.split())
+    assert (
+        "…" not in printed
+        and "+0.0586 [+0.0123, +0.1046]" in joined
+        and "+0.0718 [+0.0301, +0.1190]" in joined
+    )
+    assert ("accuracy 0.6234 -> 0.6820" in joined) == (columns == "80")  # narrow: a line per question
+
+
+def test_the_flywheel_automation_without_a_server_is_one_line_and_exit_2(monkeypatch, capsys):
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    import flows.flywheel_automations as module
+
+    with temporary_settings(updates={PREFECT_API_URL: None}):  # a temporary server would end with the process
+        assert module.main(["--run-config", "tiny"]) == 2
+    [said] = capsys.readouterr().err.strip().splitlines()
+    assert said.startswith(
+        "flywheel automation: an automation lives on a Prefect server, and PREFECT_API_URL names"
+    )
+    with temporary_settings(updates={PREFECT_API_URL: "http://127.0.0.1:9/api"}):  # nothing listens on port 9
+        assert module.main(["--run-config", "tiny"]) == 2
+    [said] = capsys.readouterr().err.strip().splitlines()
+    assert said.startswith(
+        "flywheel automation: the Prefect server at http://127.0.0.1:9/api does not answer"
+    )

@@ -102,6 +102,7 @@ def _retrain(args: argparse.Namespace) -> int:
     command += ["--json"] if args.json else []
     command += ["--owner", args.owner] if args.owner else []
     command += ["--allow-unpinned"] if args.allow_unpinned else []
+    command += ["--only-new-data"] if args.only_new_data else []
     return launch_flow("flows.retrain", command, args.quiet)
 
 
@@ -163,6 +164,9 @@ def add_registry_commands(commands) -> None:
                          help="train even when dvc.lock is missing or does not pin the data or base (refused "
                          "otherwise); the run and version are tagged allow_unpinned=true and the gate holds "
                          "the version: decision promote VERSION --force promotes it")  # fmt: skip
+    retrain.add_argument("--only-new-data", action="store_true",
+                         help="skip (saying why) when the champion was trained on this data revision already (what the "
+                         "scheduled and automated retrains do)")  # fmt: skip
     retrain.add_argument("--json", action="store_true",
                          help="print the summary as one JSON object on stdout (progress stays on stderr)")  # fmt: skip
     retrain.add_argument("-q", "--quiet", action="store_true",

@@ -311,3 +311,10 @@ def test_the_flywheel_automation_without_a_server_is_one_line_and_exit_2(monkeyp
     assert said.startswith(
         "flywheel automation: the Prefect server at http://127.0.0.1:9/api does not answer"
     )
+
+
+def test_decision_retrain_passes_only_new_data_to_the_flow(monkeypatch):
+    launched = []
+    monkeypatch.setattr(subprocess, "call", lambda command, env: launched.append(command) or 0)
+    assert main(["retrain", "--run-config", "fly", "--only-new-data"]) == 0 and main(["retrain"]) == 0
+    assert launched[0][-1] == "--only-new-data" and "--only-new-data" not in launched[1]

@@ -40,6 +40,7 @@ def _feedback_import(args: argparse.Namespace) -> int:
         IMPORTER,
         FeedbackRefused,
         Labeller,
+        located,
         parse_items,
         read_feedback_file,
         store_feedback,
@@ -54,7 +55,10 @@ def _feedback_import(args: argparse.Namespace) -> int:
         items = parse_items(read)
         stored = store_feedback(open_store(where), items, Labeller(None, admin=True), IMPORTER)
     except FeedbackRefused as error:
-        print(f"decision feedback import: nothing stored ({error.status}): {error}", file=sys.stderr)
+        print(
+            f"decision feedback import: nothing stored ({error.status}): {located(error, read)}",
+            file=sys.stderr,
+        )
         return EXIT_REFUSED
     except StoreUnavailable as error:
         print(f"decision feedback import: nothing stored: {error}", file=sys.stderr)
@@ -73,24 +77,23 @@ def _review(args: argparse.Namespace) -> int:
     from pipeline.flywheel.table import StoreUnavailable, open_store
 
     out = Path(args.out)
-    if (problem := _review_out_problem(out, args.overwrite) or unwritable_place(out)) is not None:
-        print(f"decision review: --out {out}: {problem}", file=sys.stderr)
-        return EXIT_REFUSED
+    # The log and the model first: a wrong one is the problem to name, whatever --out holds.
     try:
         items = review_queue(open_store(_inference(args)), args.model, args.top, args.order, args.alpha)
     except (StoreUnavailable, UnknownModel) as error:
         print(f"decision review: {error}", file=sys.stderr)
         return EXIT_REFUSED
+    if (problem := _review_out_problem(out, args.overwrite) or unwritable_place(out)) is not None:
+        print(f"decision review: --out {out}: {problem}", file=sys.stderr)
+        return EXIT_REFUSED
     if not items:
         print(f"decision review: no unlabelled logged decisions of {args.model}", file=sys.stderr)
         return EXIT_OK
     out = write_queue(items, out)
-    sets = (
-        "no conformal sets (fewer than 30 labelled answers)"
-        if items[0].set_size is None
-        else "conformal sets"
-    )
-    print(f"{len(items)} answers to label in {out} (least sure first by {args.order}; {sets}); "
+    no_sets = items[0].set_size is None
+    order = "margin" if no_sets and args.order == "set_size" else args.order  # no sets to order by yet
+    sets = "no conformal sets (fewer than 30 labelled answers)" if no_sets else "conformal sets"
+    print(f"{len(items)} answers to label in {out} (least sure first by {order}; {sets}); "
           f"label them, then: decision feedback import {out}")  # fmt: skip
     return EXIT_OK
 
@@ -147,7 +150,9 @@ def add_flywheel_commands(commands) -> None:
     review.add_argument(
         "--alpha", type=SHARE, default=0.1, help="the conformal sets' miss rate (default 0.1)"
     )
-    review.add_argument("--out", default="review.jsonl", help="the file to write (.jsonl or .csv)")
+    review.add_argument(
+        "--out", default="review.jsonl", help="the file to write (.jsonl or .csv; default review.jsonl)"
+    )
     review.add_argument("--overwrite", action="store_true", help="replace an --out that exists")
     review.add_argument("--inference", metavar="DIR|URL", help=INFERENCE_HELP)
     review.add_argument("--params", default="params.yaml")

@@ -19,6 +19,7 @@ from typing import Any
 import orjson
 
 from pipeline.data.contract import judge_gold, parse_question
+from pipeline.data.mapping import label_text
 from pipeline.flywheel.table import Store, utc_now
 
 IMPORTER = "import"
@@ -39,6 +40,10 @@ class Labeller:
         if self.admin or self.open_server:
             return True
         return self.owner is not None and self.owner == decision_owner
+
+
+LINES = "lines"
+"""An item read from a file's flat rows keeps, under this key, the line each question's label came from."""
 
 
 class FeedbackRefused(ValueError):
@@ -224,8 +229,29 @@ def _grouped(rows: Iterable[tuple[int, dict[str, Any]]]) -> list[dict[str, Any]]
         if label is None or (isinstance(label, str) and not label.strip()):
             continue
         decision_id = str(row["decision_id"])
-        items.setdefault(decision_id, {"decision_id": decision_id, "gold": {}})["gold"][str(question)] = label
+        item = items.setdefault(decision_id, {"decision_id": decision_id, "gold": {}, LINES: {}})
+        # A file's label as a table's cell reads (` 2.0 ` is the score level 2, as the API's 2.0 is).
+        item["gold"][str(question)] = label_text(label) if isinstance(label, str) else label
+        item[LINES][str(question)] = number
     return list(items.values())
+
+
+def located(refused: FeedbackRefused, items: list[dict[str, Any]]) -> str:
+    """A refusal of a file's items with each problem at the file's line (`line 6, question 'tone': ...`),
+    where the items came from flat rows (`read_feedback_file` keeps their lines); as the API says it otherwise."""
+    said = []
+    for error in refused.errors:
+        loc = error["loc"]
+        index = loc[1] if len(loc) > 1 and isinstance(loc[1], int) else 0 if len(items) == 1 else None
+        lines = items[index].get(LINES) if index is not None and index < len(items) else None
+        question = loc[-1] if "gold" in loc[:-1] else None
+        if not lines:
+            said.append(f"{'.'.join(map(str, loc))}: {error['msg']}")
+        elif question is not None and question in lines:
+            said.append(f"line {lines[question]}, question {question!r}: {error['msg']}")
+        else:
+            said.append(f"line(s) {', '.join(map(str, sorted(lines.values())))}: {error['msg']}")
+    return "; ".join(said)
 
 
 def _error(loc: list[Any], message: str) -> dict[str, Any]:

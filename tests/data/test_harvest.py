@@ -296,3 +296,28 @@ def test_an_inference_database_that_cannot_be_reached_is_one_line(tmp_path, caps
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and "127.0.0.1:1/nothing: the inference database cannot be used" in err[0], err
         assert "secret" not in err[0]
+
+
+def test_a_labelled_csv_is_refused_at_its_lines_and_its_cells_read_as_a_tables(tmp_path, capsys):
+    from pipeline.cli.main import main
+
+    store = open_store(tmp_path / "inference")
+    ids = log_decisions(store, 3)
+    inference = ["--inference", str(tmp_path / "inference")]
+    labelled = tmp_path / "labels.csv"
+    rows = [(ids[0], "tone", "negative"), (ids[0], "positive", " true "), (ids[1], "tone", "furious"),
+            (ids[2], "positive", "maybe")]  # fmt: skip
+    write_labels(labelled, rows)
+    assert main(["feedback", "import", str(labelled), *inference]) == 2
+    said = capsys.readouterr().err
+    # The file's lines, not the positions of its rows grouped by decision.
+    assert "line 4, question 'tone': 'furious' is not an option of 'tone'" in said
+    assert "line 5, question 'positive': 'maybe' is not an option" in said and "body." not in said
+    write_labels(labelled, rows[:2])  # " true " is true, as a table reads it
+    assert main(["feedback", "import", str(labelled), *inference]) == 0
+    assert {r["question_id"]: json.loads(r["gold"]) for r in store.feedback().to_pylist()} == {
+        "tone": "negative", "positive": "true"}  # fmt: skip
+
+
+def write_labels(path, rows) -> None:
+    path.write_text("decision_id,question,label\n" + "".join(f"{d},{q},{label}\n" for d, q, label in rows))

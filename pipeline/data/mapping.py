@@ -160,7 +160,9 @@ def load_yaml_file(path: str | Path) -> Any:
     except _RepeatedKey as error:
         raise YamlFileError(f"{path}: {error}") from None
     except yaml.YAMLError as error:
-        raise YamlFileError(f"{path}: not YAML ({error})".replace("\n", " ")) from None
+        # One line, naming the file where the parser says "<unicode string>".
+        said = " ".join(str(error).replace('"<unicode string>"', str(path)).split())
+        raise YamlFileError(f"{path}: not YAML ({said})") from None
 
 
 def load_mapping(value: str | Path | dict) -> Mapping:

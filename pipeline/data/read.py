@@ -314,7 +314,8 @@ def _check_columns(source: Source) -> None:
     if source.fmt != "jsonl" and not set(COLUMNS) & set(names):
         raise BadSource(
             f"{source.text}: not a decision table: no column named state, questions or gold "
-            f"(found {', '.join(names[:8]) or 'none'})"
+            f"(found {', '.join(names[:8]) or 'none'}); for a plain table give --mapping FILE, or --state-column "
+            "and --label-column"
         )
 
 

@@ -13,12 +13,14 @@ is decoded only when a caller asks for it.
 from __future__ import annotations
 
 import csv
+import json
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.csv as pa_csv
 import pyarrow.parquet as pq
 
@@ -86,7 +88,7 @@ class Shard:
         if self.fmt == "parquet":
             base = pq.read_schema(self.path, memory_map=True)
         elif self.fmt == "arrow":
-            base = _open_arrow(self.path).schema
+            base = _with_label_names(_open_arrow(self.path).schema)
         elif self.fmt == "jsonl":
             base = pa.schema([(LINE_COLUMN, pa.large_string())])
         else:
@@ -109,8 +111,9 @@ class Shard:
         if self.fmt != "arrow" and self.path.stat().st_size == 0:
             return  # an empty shard has no rows (Arrow's CSV reader would call it an error)
         reader = _open_arrow(self.path) if self.fmt == "arrow" else _open_text(self.path, self.fmt)
+        names = class_label_names(reader.schema) if self.fmt == "arrow" else {}
         for batch in reader:
-            yield _project(batch, columns)
+            yield _project(_named_labels(batch, names) if names else batch, columns)
 
     def _parquet_from(
         self, lo: int, hi: int | None, columns: Sequence[str] | None
@@ -158,6 +161,40 @@ def _trim(batches: Iterator[pa.RecordBatch], lo: int, hi: int | None) -> Iterato
         offset += size
         if hi is not None and offset >= hi:
             return
+
+
+def class_label_names(schema: pa.Schema) -> dict[str, list[str]]:
+    """The columns `datasets` stores as `ClassLabel` (integers 0..K-1, -1 for none) and their names, from the
+    features it writes into an Arrow file's schema metadata; {} for any other file."""
+    raw = (schema.metadata or {}).get(b"huggingface")
+    try:
+        features = json.loads(raw)["info"]["features"] if raw else {}
+    except (ValueError, KeyError, TypeError):
+        return {}
+    return {
+        name: [str(label) for label in feature["names"]]
+        for name, feature in features.items()
+        if isinstance(feature, dict) and feature.get("_type") == "ClassLabel" and name in schema.names
+    }
+
+
+def _with_label_names(schema: pa.Schema) -> pa.Schema:
+    for name in class_label_names(schema):
+        schema = schema.set(schema.get_field_index(name), pa.field(name, pa.string()))
+    return schema
+
+
+def _named_labels(batch: pa.RecordBatch, names: dict[str, list[str]]) -> pa.RecordBatch:
+    """The batch with each ClassLabel column as its label names (what a table's label column holds; the
+    integers alone would become options "0", "1" a model reads nothing from), -1 as null."""
+    for name, labels in names.items():
+        index = batch.schema.get_field_index(name)
+        codes = batch.column(index)
+        valid = pc.and_(pc.greater_equal(codes, 0), pc.less(codes, len(labels)))
+        indices = pc.if_else(valid, codes, pa.scalar(None, codes.type)).cast(pa.int32())
+        named = pa.DictionaryArray.from_arrays(indices, pa.array(labels, pa.string())).cast(pa.string())
+        batch = batch.set_column(index, pa.field(name, pa.string()), named)
+    return batch
 
 
 def _open_arrow(path: Path) -> pa.ipc.RecordBatchStreamReader:

@@ -43,7 +43,7 @@ def test_a_server_logs_to_postgres_and_feedback_replaces_per_question(served_fol
     )
     feedback = {r["question_id"]: json.loads(r["gold"]) for r in store.feedback().to_pylist()}
     assert feedback == {"tone": "positive", "intensity": 1}  # upserted: the re-send replaced, never added
-    (row,) = labelled_rows(store, exclude=set()).rows
+    (row,) = labelled_rows(store, harvested={}).rows
     assert (
         row["decision_id"] == ids[0]
         and row["state"] == {"text": "late 0"}

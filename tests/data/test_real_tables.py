@@ -150,3 +150,31 @@ def test_yaml_1_1_words_in_a_mapping_stay_the_labels_written(tmp_path):
     assert mapping.questions["flag"].descriptions == ("it says no", "it says yes")
     labels = replace(mapping, questions={"label": mapping.questions["label"]})
     assert [g["label"] for g in read_mapped(table, labels)[0].columns.gold] == ["yes", "no", "maybe"]
+
+
+def test_a_datasets_class_label_column_reads_as_its_names(tmp_path):
+    datasets = pytest.importorskip("datasets")
+    features = datasets.Features(
+        {"text": datasets.Value("string"), "label": datasets.ClassLabel(names=["neg", "pos"])}
+    )
+    rows = {"text": ["awful", "lovely", "unlabelled"], "label": [0, 1, -1]}
+    datasets.DatasetDict({"train": datasets.Dataset.from_dict(rows, features=features)}).save_to_disk(
+        tmp_path / "reviews"
+    )
+    read = mapped(str(tmp_path / "reviews"))
+    # The names, as `datasets` shows them (int2str), not options "0" and "1"; -1 (no label) is a blank cell.
+    assert read.mapping.questions["label"].options == ("neg", "pos")
+    assert read.columns.gold == [{"label": "neg"}, {"label": "pos"}, {}]
+
+
+def test_a_plain_table_without_a_mapping_and_a_mapping_that_is_not_yaml_say_what_to_do(tmp_path, capsys):
+    table = write_csv(tmp_path, "text,label\na,x\n")
+    assert main(["validate", table]) == 2
+    said = capsys.readouterr().err.strip()
+    assert said.endswith("for a plain table give --mapping FILE, or --state-column and --label-column")
+    spec = tmp_path / "mapping.yaml"
+    spec.write_text("state: text\nquestions:\n  label: {column: label\n")
+    assert main(["map", "--data", table, "--mapping", str(spec)]) == 2
+    [said] = capsys.readouterr().err.strip().splitlines()
+    assert said.startswith(f"decision map: mapping {spec}: not YAML (") and f"in {spec}, line 3" in said
+    assert "<unicode string>" not in said

@@ -20,7 +20,7 @@ import sys
 from dataclasses import replace
 from typing import Any
 
-from prefect import flow, task
+from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_markdown_artifact
 from prefect.events import emit_event
 
@@ -44,7 +44,7 @@ def model_resource(name: str) -> str:
 @task(name="judge-window")
 def judge(model: str, config: MonitorConfig, split_config: ValidateConfig, row_slice: str | None,
           window_end: dt.datetime | None, reference: str | None) -> MonitorOutcome:  # fmt: skip
-    return monitor_stage(model, config, split_config, row_slice, window_end, reference)
+    return monitor_stage(model, config, split_config, row_slice, window_end, reference, get_run_logger().info)
 
 
 @flow(name="monitor", log_prints=True)

@@ -17,7 +17,7 @@ from __future__ import annotations
 import datetime as dt
 import os
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -28,6 +28,7 @@ import pyarrow.compute as pc
 
 from pipeline.config import MonitorConfig, ValidateConfig
 from pipeline.data.contract import Record
+from pipeline.data.facts import announced
 from pipeline.data.read import RowSlice
 from pipeline.data.split import TrainSource
 from pipeline.families import load_decision_model
@@ -102,9 +103,11 @@ class MonitorOutcome:
 
 
 def monitor_stage(model: str, config: MonitorConfig, split_config: ValidateConfig, row_slice: str | None = None,
-                  window_end: dt.datetime | None = None, reference: str | None = None) -> MonitorOutcome:  # fmt: skip
+                  window_end: dt.datetime | None = None, reference: str | None = None,
+                  report: Callable[[str], None] | None = None) -> MonitorOutcome:  # fmt: skip
     """Judge the window ending at `window_end` (now) for `model` (`NAME@ALIAS`, `NAME/VERSION`, either behind
-    `models:/`): see the module docstring. `row_slice` and `split_config` read the reference data as training did."""
+    `models:/`): see the module docstring. `row_slice` and `split_config` read the reference data as training did;
+    `report` hears of the two long steps (the reference answered, the drift report) while they run."""
     # First, before any work: a PostgreSQL store without a summary folder is refused.
     summary = summary_folder(config)
     if (problem := missing_log(config.inference)) is not None:
@@ -120,11 +123,20 @@ def monitor_stage(model: str, config: MonitorConfig, split_config: ValidateConfi
     if len(served) < config.min_decisions:
         return outcome
     data = reference or trained_on(registered.tags, outcome.model)
-    answered = answered_reference(outcome.model, data, split_config, row_slice, config.reference_rows)
+    with announced(
+        report, f"answering up to {config.reference_rows:,} reference rows of {data} with {outcome.model}"
+    ):
+        answered = answered_reference(outcome.model, data, split_config, row_slice, config.reference_rows)
     columns = question_columns(answered, config.max_question_columns)
     accuracy = window_accuracy(served, store.feedback())
     frames = features_frame(served, columns), features_frame(answered, columns)
-    result, artifact = report_on_run(*frames, accuracy, config.drift_share, registered.run_id, end, summary)
+    with announced(
+        report,
+        f"comparing {len(served):,} served decisions with {len(answered):,} reference rows (Evidently)",
+    ):
+        result, artifact = report_on_run(
+            *frames, accuracy, config.drift_share, registered.run_id, end, summary
+        )
     latest = write_latest(summary, result, outcome.model, start, end)
     return replace(outcome, result=result, artifact=artifact, latest=str(latest))
 

@@ -93,8 +93,9 @@ def check_feedback(items: list[dict[str, Any]], logged: dict[str, dict[str, Any]
                                   "(unknown, not logged under sampling, or written to another inference log)"))  # fmt: skip
             continue
         if not who.may_label(decision["owner"]):
+            made = "without an API key" if decision["owner"] is None else "with another key"
             forbidden.append(_error([*where, "decision_id"], f"decision {_shown(item['decision_id'])} was made "
-                                    "with another key: only its owner's keys or an admin key may label it"))  # fmt: skip
+                                    f"{made}: only its owner's keys or an admin key may label it"))  # fmt: skip
             continue
         questions = orjson.loads(decision["questions"])
         for qid, entry in item["gold"].items():

@@ -323,7 +323,8 @@ def create_app(catalog: Catalog, keys: KeyStore, config: ServerConfig = ServerCo
                 404, "this server keeps no inference log (decision serve --inference-log DIR|URL)"
             )
         if who.owner is None and not who.open_server:
-            raise _unauthorized("feedback needs the API key that made the decision (or an admin key)")
+            raise _unauthorized("feedback needs an API key: the key that made the decision, or an admin key (a "
+                                "decision made without a key may be labelled with an admin key only)")  # fmt: skip
         labeller = Labeller(who.owner, who.admin, who.open_server)
         # FeedbackItem has checked each item's shape and the list's length: what `parse_items` does for a file.
         items = [item.model_dump() for item in (body if isinstance(body, list) else [body])]

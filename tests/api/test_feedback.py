@@ -80,7 +80,10 @@ def test_only_the_deciding_key_or_an_admin_may_label(api, tmp_path):
     assert send(api, body, "ops-key").status_code == 200
     assert [r["labelled_by"] for r in stored(tmp_path)] == ["ops"]
     keyless = decide(api, None)  # a keyless decision on a keyed server: only an admin may label it
-    assert send(api, {"decision_id": keyless, "gold": {"tone": "negative"}}, "alice-key").status_code == 403
+    refused = send(api, {"decision_id": keyless, "gold": {"tone": "negative"}}, "alice-key")
+    assert refused.status_code == 403 and "was made without an API key" in refused.json()["detail"]["message"]
+    unkeyed = send(api, {"decision_id": keyless, "gold": {"tone": "negative"}}, None)
+    assert unkeyed.status_code == 401 and "admin key only" in unkeyed.json()["detail"]["message"]
     assert send(api, {"decision_id": keyless, "gold": {"tone": "negative"}}, "ops-key").status_code == 200
 
 
@@ -148,15 +151,21 @@ def test_the_feedback_file_forms_read_back_as_items(tmp_path):
                      '{"decision_id": "b", "question": "intensity", "label": 2}\n')  # fmt: skip
     csv = tmp_path / "labels.csv"
     csv.write_text("decision_id,question,label,state\nc,tone,neutral,late\nd,tone,,not labelled yet\n")
+    # Flat rows keep the lines their labels came from (a refusal names them).
     assert read_feedback_file(jsonl) == [{"decision_id": "a", "gold": {"tone": "negative"}},
-                                         {"decision_id": "b", "gold": {"tone": "positive", "intensity": 2}}]  # fmt: skip
-    assert read_feedback_file(csv) == [{"decision_id": "c", "gold": {"tone": "neutral"}}]
+                                         {"decision_id": "b", "gold": {"tone": "positive", "intensity": 2},
+                                          "lines": {"tone": 2, "intensity": 3}}]  # fmt: skip
+    assert read_feedback_file(csv) == [
+        {"decision_id": "c", "gold": {"tone": "neutral"}, "lines": {"tone": 2}}
+    ]
 
 
 def test_a_spreadsheet_s_byte_order_mark_and_a_bad_line_are_read_as_a_person_means_them(tmp_path):
     csv = tmp_path / "labels.csv"
     csv.write_bytes(b"\xef\xbb\xbfdecision_id,question,label\nc,tone,neutral\n")  # Excel's "CSV UTF-8"
-    assert read_feedback_file(csv) == [{"decision_id": "c", "gold": {"tone": "neutral"}}]
+    assert read_feedback_file(csv) == [
+        {"decision_id": "c", "gold": {"tone": "neutral"}, "lines": {"tone": 2}}
+    ]
     jsonl = tmp_path / "labels.jsonl"
     jsonl.write_text('{"decision_id": "a", "gold": {"tone": "negative"}}\n\n{"decision_id": "b", "gold": {\n')
     with pytest.raises(ValueError, match="line 3 is not JSON"):

@@ -14,6 +14,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import orjson
+
 from pipeline.cli.tables import number_option
 
 EXIT_OK, EXIT_UNREADABLE, EXIT_BAD_INPUT = 0, 1, 2
@@ -155,7 +157,7 @@ def _text(result: dict[str, Any]) -> str:
     skipped = f": {_reasons(summary['skipped'])}" if summary["skipped"] else ""
     lines.append(f"{summary['kept']:,} of {summary['decisions']:,} decisions usable{skipped}")
     lines.append(f"the first {len(result['preview'])} rows as they will be trained:")
-    lines += [json.dumps(row, default=str) for row in result["preview"]]
+    lines += [json.dumps(row, default=_as_trained) for row in result["preview"]]
     if result["written"]:
         replaced = " (replacing the file that was there)" if result.get("replaced") else ""
         lines.append(f"wrote {result['rows']:,} decision rows to {result['written']}{replaced}")
@@ -185,3 +187,9 @@ def add_data_commands(commands) -> None:
     command.add_argument("--json", action="store_true", help="print one JSON object instead of lines")
     add_mapping_arguments(command)
     command.set_defaults(handler=_map)
+
+
+def _as_trained(value: Any) -> Any:
+    """A value the preview's JSON has no form for (a timestamp, a date), as the trained state's JSON writes it
+    (orjson: `2024-01-01T12:00:00`)."""
+    return orjson.loads(orjson.dumps(value, default=str))

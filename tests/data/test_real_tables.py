@@ -178,3 +178,14 @@ def test_a_plain_table_without_a_mapping_and_a_mapping_that_is_not_yaml_say_what
     [said] = capsys.readouterr().err.strip().splitlines()
     assert said.startswith(f"decision map: mapping {spec}: not YAML (") and f"in {spec}, line 3" in said
     assert "<unicode string>" not in said
+
+
+def test_the_preview_writes_a_timestamp_as_the_trained_state_does(tmp_path, capsys):
+    path = tmp_path / "events.parquet"
+    pq.write_table(
+        pa.table({"text": ["a"], "when": [datetime.datetime(2024, 1, 1, 12)], "label": ["x"]}), path
+    )
+    assert (
+        main(["map", "--data", str(path), "--state-column", "text", "when", "--label-column", "label"]) == 0
+    )
+    assert '"when": "2024-01-01T12:00:00"' in capsys.readouterr().out  # orjson's form, not str()'s "12:00:00"

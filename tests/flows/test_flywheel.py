@@ -171,7 +171,10 @@ def test_decision_harvest_runs_the_flow_in_its_own_process(prefect_api, tmp_path
     synthetic.write_rows(synthetic.generate_rows(20, seed=3), folder / "part-0.jsonl")
     store = open_store(tmp_path / "inference")
     label(store, log_decisions(store, 5))
-    (tmp_path / "params.yaml").write_text("flywheel:\n  retrain_after_rows: 5\n")
+    # The run's model made them: harvest takes the labelled decisions of retrain.model_name only.
+    (tmp_path / "params.yaml").write_text(
+        "flywheel:\n  retrain_after_rows: 5\nretrain:\n  model_name: tickets\n"
+    )
     command = [sys.executable, "-m", "pipeline.cli", "harvest", "--params", str(tmp_path / "params.yaml"),
                "--dataset", str(folder), "--inference", str(tmp_path / "inference"), "--json", "-q"]  # fmt: skip
     done = subprocess.run(command, env=prefect_api, cwd=tmp_path, capture_output=True, text=True, timeout=300)

@@ -34,7 +34,7 @@ from pipeline.data.shards import (
     not_utf8,
     oversized_row,
 )
-from pipeline.data.sources import Source, open_source
+from pipeline.data.sources import Source, column_types, open_source
 
 COLUMNS = DECISION_COLUMNS
 __all__ = [
@@ -144,6 +144,7 @@ class _Walk:
         self.source, self.row_slice, self.columns, self.count_all = source, row_slice, columns, count_all
         self.total = 0
         self._schema: pa.Schema | None = None
+        self._types = column_types(source)  # where shards encode a column apart (string, large_string, null)
 
     def __iter__(self) -> Iterator[pa.RecordBatch]:
         end = self.row_slice.end
@@ -175,12 +176,24 @@ class _Walk:
                 return
 
     def _aligned(self, batch: pa.RecordBatch) -> pa.RecordBatch:
-        """The batch in the first batch's column order and types (shards may order their columns apart)."""
+        """The batch in the first batch's column order and the source's column types (shards may order their
+        columns apart, and write the same values as string or large_string, dictionary-encoded or all-null)."""
         if self._schema is None:
-            self._schema = batch.schema
+            self._schema = pa.schema(
+                [pa.field(f.name, self._types.get(f.name, f.type)) for f in batch.schema]
+            )
         if batch.schema.equals(self._schema):
             return batch
-        return pa.RecordBatch.from_arrays([batch.column(n) for n in self._schema.names], schema=self._schema)
+        arrays = [_as_type(batch.column(field.name), field.type) for field in self._schema]
+        return pa.RecordBatch.from_arrays(arrays, schema=self._schema)
+
+
+def _as_type(array: pa.Array, kind: pa.DataType) -> pa.Array:
+    if array.type == kind:
+        return array
+    if pa.types.is_dictionary(array.type) and not pa.types.is_dictionary(kind):
+        array = array.dictionary_decode()
+    return array if array.type == kind else array.cast(kind)
 
 
 @contextmanager

@@ -240,20 +240,57 @@ def _check_schemas(source: Source) -> None:
         return
     first = _signature(source.shards[0].schema())
     for shard in source.shards[1:]:
-        if (found := _signature(shard.schema())) != first:
+        found = _signature(shard.schema())
+        if found.keys() != first.keys() or not all(same_values(first[n], found[n]) for n in first):
             raise BadSource(f"{source.text}: shard {shard.path.name} has another schema than "
                             f"{source.shards[0].path.name} ({_difference(first, found)}); make the shards "
                             "agree or read them as separate sources")  # fmt: skip
 
 
-def _signature(schema: pa.Schema) -> dict[str, str]:
-    return {field.name: str(field.type) for field in schema if field.name not in PROVENANCE_COLUMNS}
+def canonical_type(kind: pa.DataType) -> pa.DataType:
+    """The type a column's values are read as, whatever the writer's encoding of it: dictionary-encoded values as
+    their value type, large strings, binaries and lists as plain ones (pandas and polars write the same text as
+    `large_string` and `string`, and a Parquet writer may dictionary-encode it)."""
+    if pa.types.is_dictionary(kind):
+        return canonical_type(kind.value_type)
+    if pa.types.is_large_string(kind):
+        return pa.string()
+    if pa.types.is_large_binary(kind):
+        return pa.binary()
+    if pa.types.is_large_list(kind) or pa.types.is_list(kind):
+        return pa.list_(canonical_type(kind.value_type))
+    return kind
 
 
-def _difference(first: dict[str, str], other: dict[str, str]) -> str:
+def same_values(a: pa.DataType, b: pa.DataType) -> bool:
+    """Whether two shards' types of a column hold the same kind of values (an all-null column holds any)."""
+    return pa.types.is_null(a) or pa.types.is_null(b) or canonical_type(a) == canonical_type(b)
+
+
+def column_types(source: Source) -> dict[str, pa.DataType]:
+    """The type each column of a source's shards is read as: the shards' own where they agree exactly, else the
+    canonical type of the first that is not all-null (`_check_schemas` has refused values of other kinds)."""
+    if len(source.shards) < 2 or source.fmt not in ("parquet", "arrow"):
+        return {}
+    schemas = [shard.schema() for shard in source.shards]
+    types = {}
+    for name in schemas[0].names:
+        found = [schema.field(name).type for schema in schemas if name in schema.names]
+        typed = [kind for kind in found if not pa.types.is_null(kind)] or found
+        types[name] = typed[0] if all(kind == typed[0] for kind in typed) else canonical_type(typed[0])
+    return types
+
+
+def _signature(schema: pa.Schema) -> dict[str, pa.DataType]:
+    return {field.name: field.type for field in schema if field.name not in PROVENANCE_COLUMNS}
+
+
+def _difference(first: dict[str, pa.DataType], other: dict[str, pa.DataType]) -> str:
     problems = [f"no column {n}" for n in first if n not in other]
     problems += [f"extra column {n}" for n in other if n not in first]
-    problems += [f"{n} is {other[n]}, not {t}" for n, t in first.items() if n in other and other[n] != t]
+    problems += [
+        f"{n} is {other[n]}, not {t}" for n, t in first.items() if n in other and not same_values(t, other[n])
+    ]
     return "; ".join(problems[:4])
 
 

@@ -189,3 +189,23 @@ def test_the_preview_writes_a_timestamp_as_the_trained_state_does(tmp_path, caps
         main(["map", "--data", str(path), "--state-column", "text", "when", "--label-column", "label"]) == 0
     )
     assert '"when": "2024-01-01T12:00:00"' in capsys.readouterr().out  # orjson's form, not str()'s "12:00:00"
+
+
+def test_shards_that_encode_the_same_values_apart_read_as_one_source(tmp_path):
+    # pandas writes text as large_string, polars as string; a writer may dictionary-encode it; an all-null column
+    # of one shard has the null type. The values are the same kind: one source, not "another schema".
+    folder = tmp_path / "shards"
+    folder.mkdir()
+    pq.write_table(pa.table({"text": pa.array(["a", "b"], pa.large_string()), "label": ["x", "y"],
+                             "note": pa.array([None, None], pa.null())}), folder / "part-0.parquet")  # fmt: skip
+    pq.write_table(pa.table({"text": pa.array(["c"], pa.string()), "label": pa.array(["x"]).dictionary_encode(),
+                             "note": ["seen"]}), folder / "part-1.parquet")  # fmt: skip
+    rows = mapped(str(folder), state=["text", "note"])
+    assert [s["text"] for s in rows.columns.state] == ["a", "b", "c"]
+    assert [s["note"] for s in rows.columns.state] == [None, None, "seen"]
+    assert [g["label"] for g in rows.columns.gold] == ["x", "y", "x"]
+    pq.write_table(pa.table({"text": [1], "label": ["x"], "note": ["n"]}), folder / "part-2.parquet")
+    with pytest.raises(
+        BadSource, match=r"shard part-2.parquet has another schema than part-0.parquet \(text is int64"
+    ):
+        mapped(str(folder))

@@ -14,6 +14,7 @@ finishes it.
 
 from __future__ import annotations
 
+import threading
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,6 +30,7 @@ from pipeline.training.state_fit import StateFit
 KEY_TAG = "idempotency_key"
 MODELS = ("base", "tuned", "calibrated", BAG_OF_WORDS)
 """What a run's held-out figures hold, in this order: the bag of words only where the run fitted one."""
+_DATASET_LOCK = threading.Lock()
 RUN_METRICS = ("accuracy", "record_accuracy", "ece", "brier", "loss")
 
 
@@ -173,7 +175,7 @@ def log_training_run(record: TrainingRecord, run_id: str | None = None) -> str:
             _log_steps(record.train.get("logged_steps", []))
         _log_validation_checks(record.train.get("early_stopping") or {})
         mlflow.log_metrics(run_metrics(record))
-        _log_dataset(record)
+        log_dataset(record.data, record.data_md5)
         _log_artifacts(record)
         return run.info.run_id
 
@@ -311,7 +313,8 @@ def _log_validation_checks(early_stopping: dict[str, Any]) -> None:
                             "stopped_at_step": float(early_stopping["ended_at"])})  # fmt: skip
 
 
-def _log_dataset(record: TrainingRecord) -> None:
+def log_dataset(data: str, data_md5: str) -> None:
+    """The active run's training data as an MLflow data set input: its path and its DVC md5 as the digest."""
     import mlflow
     from mlflow.data.dataset_source_registry import resolve_dataset_source
     from mlflow.data.meta_dataset import MetaDataset
@@ -320,9 +323,16 @@ def _log_dataset(record: TrainingRecord) -> None:
         warnings.catch_warnings()
     ):  # a file URI "can be interpreted in multiple ways": all of them local files
         warnings.simplefilter("ignore", UserWarning)
-        source = resolve_dataset_source(Path(record.data).resolve().as_uri())
-    dataset = MetaDataset(source, name=Path(record.data).name, digest=record.data_md5)  # the DVC md5
-    mlflow.log_input(dataset, context="training")
+        source = resolve_dataset_source(Path(data).resolve().as_uri())
+    dataset = MetaDataset(source, name=Path(data).name, digest=data_md5)
+    # MLflow's SQL store finds or inserts the data set in two steps: two runs logging the same one at once (a
+    # sweep's parallel trials) both insert, and the second fails on the unique key. One at a time in a process,
+    # and once again where another process won the race (the second try finds the row).
+    with _DATASET_LOCK:
+        try:
+            mlflow.log_input(dataset, context="training")
+        except mlflow.exceptions.MlflowException:
+            mlflow.log_input(dataset, context="training")
 
 
 def _log_artifacts(record: TrainingRecord) -> None:

@@ -20,11 +20,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from prefect import flow, task
+from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_table_artifact
 
 from pipeline.cli.data import BadMappingFlags, add_mapping_arguments, mapping_value
-from pipeline.cli.predict import out_file_problem
+from pipeline.cli.predict import out_file_problem, terminate_as_interrupt
 from pipeline.cli.tables import AT_LEAST_ONE, device_option, quiet_libraries
 from pipeline.data.mapping import MappingError, load_mapping
 from pipeline.data.read import UnreadableInput
@@ -39,7 +39,9 @@ DEFAULT_MODEL = "models:/decision-model@champion"
 def predict(model: str, data: str, out: str, batch_size: int, device: str,
             mapping: str | dict[str, Any] | None = None) -> dict[str, Any]:  # fmt: skip
     read_as = load_mapping(mapping) if mapping is not None else None
-    result = predict_stage(model, data, out, batch_size, device, mapping=read_as)
+    result = predict_stage(
+        model, data, out, batch_size, device, mapping=read_as, report=get_run_logger().info
+    )
     rows = [{"reason": reason, "rows": n} for reason, n in result.failed.items()]
     create_table_artifact(rows or [{"reason": "(none)", "rows": 0}], key="refused-rows",
                           description=f"{result.scored} of {result.rows} rows scored into {result.out}")  # fmt: skip
@@ -95,12 +97,21 @@ def main(argv: list[str] | None = None) -> int:
         # The model, source, columns and out place: one line and exit 2 before a flow run starts (whose failure
         # Prefect would log with its traceback). The flow checks them again, as a deployment runs it without this.
         check_inputs(args.model, args.data, load_mapping(mapping) if mapping is not None else None)
-        summary = batch_predict(args.data, args.model, args.out, args.batch_size, args.device, mapping)
+        with terminate_as_interrupt():
+            summary = batch_predict(args.data, args.model, args.out, args.batch_size, args.device, mapping)
     except (UnreadableInput, MappingError, ModelLayoutError, RegistryError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # Ctrl-C or SIGTERM: the stage has removed its staging file
+        print(f"batch-predict: interrupted; {dated(args.out)} was not written", file=sys.stderr)
+        return 130
+    refused = ", ".join(f"{reason} {n}" for reason, n in summary["failed"].items()) or "none"
     print(json.dumps(summary) if args.json else f"{summary['out']}: {summary['scored']} of {summary['rows']} rows "
-          f"scored by {summary['model']}; refused: {summary['failed'] or 'none'}")  # fmt: skip
+          f"scored by {summary['model']}; refused: {refused}")  # fmt: skip
+    if summary["scored"] == 0:  # as decision predict: a file of refusals only is no result
+        print(f"error: no row of {args.data} could be scored; each row's reason is in {summary['out']}",
+              file=sys.stderr)  # fmt: skip
+        return 2
     return 0
 
 

@@ -39,7 +39,7 @@ def _predict(args: argparse.Namespace) -> int:
     try:
         model, value = _model_and_mapping(args)
         mapping = load_mapping(value) if value is not None else None
-        with _terminate_as_interrupt():
+        with terminate_as_interrupt():
             result = predict_stage(model, args.data, args.out, args.batch_size, args.device, args.precision,
                                    progress=bars, report=say, mapping=mapping)  # fmt: skip
     except (UnreadableInput, ModelLayoutError, RegistryError, PrecisionUnavailable, BadMappingFlags,
@@ -67,6 +67,8 @@ def out_file_problem(out: Path, data: str) -> str | None:
         return f"--out {out}: {clash}; write the scores to another file"
     if out.is_dir():
         return f"--out {out}: a folder; give the Parquet file to write, e.g. {out / 'scores.parquet'}"
+    if out.suffix.lower() != ".parquet":  # a .csv or .jsonl name would hold Parquet bytes
+        return f"--out {out}: the scores are written as Parquet; give a .parquet file, e.g. {out.with_suffix('.parquet')}"
     from pipeline.families.base_folders import unwritable_place
 
     unwritable = unwritable_place(out)  # the stage makes the folders above it that are missing
@@ -90,7 +92,7 @@ def _model_and_mapping(args: argparse.Namespace) -> tuple[str, str | dict | None
 
 
 @contextmanager
-def _terminate_as_interrupt() -> Iterator[None]:
+def terminate_as_interrupt() -> Iterator[None]:
     """SIGTERM (a scheduler or `kill` stopping the job) unwinds as Ctrl-C does, so no partial file is left."""
 
     def interrupt(number, frame):

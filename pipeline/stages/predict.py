@@ -178,9 +178,15 @@ def check_inputs(model: str, data: str | Path, mapping: Mapping | None = None) -
     next(iter_tables(data, 1, keyed_by_index_without_id(mapping, data)))
     if registered_version(model) is None and not Path(model).is_dir():
         raise _no_such_model(model)
+    if (
+        mapping is not None and Path(model).is_dir()
+    ):  # options nothing gives (a registered model: once fetched)
+        unlabelled_mapping(mapping, read_manifest(Path(model)).get(MAPPING_OPTIONS), f"the model {model}")
 
 
 def _no_such_model(source: str) -> ModelLayoutError:
+    if Path(source).is_file():
+        return ModelLayoutError(f"{source}: a file; give the model's export folder (or models:/NAME@ALIAS)")
     return ModelLayoutError(f"{source}: no such folder (or use models:/NAME@ALIAS)")
 
 
@@ -230,37 +236,76 @@ class Scorer:
 
 def _write_scores(scorer: Scorer, chunks: Iterator[pa.Table], out: Path, name: str, bar: tqdm,
                   report: Callable[[str], None] | None) -> tuple[Counter, int]:  # fmt: skip
-    """Answer and write chunk by chunk into OUT.partial, renamed to OUT once complete; (failures by reason, rows)."""
-    staged = out.with_name(out.name + PARTIAL_SUFFIX)
+    """Answer and write chunk by chunk into a staging file of this run's own (two runs writing one OUT never share
+    it), renamed to OUT once complete; (failures by reason, rows)."""
+    staged = staged_path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    failed, rows, writer, last_line = Counter(), 0, None, time.monotonic()
+    output = _Output(staged, name, scorer.questions)
+    failed, rows, last_line = Counter(), 0, time.monotonic()
     try:
         for table in chunks:
             requests = scorer.rows_of(table, rows)
-            if writer is None:  # the flattened columns: the mapping's questions, or the first readable row's
-                flattened = (
-                    scorer.questions
-                    if scorer.questions is not None
-                    else dict.fromkeys(question_ids(requests), ())
-                )
-                schema = output_schema(flattened).with_metadata({"decision.model": name})
-                writer = pq.ParquetWriter(staged, schema)
             scored = answer_rows(scorer.served, requests, scorer.batch_size)
-            writer.write_table(output_table(scored, flattened, schema))
+            output.write(scored, question_ids(requests))
             failed.update(row.error for row in scored if row.error is not None)
             rows += len(scored)
             bar.update(len(scored))
             if bar.disable and time.monotonic() - last_line > LINE_EVERY_S:
                 _say(report, f"{rows} rows scored, {sum(failed.values())} refused")
                 last_line = time.monotonic()
-        writer.close()
+        output.finish()
         os.replace(staged, out)
     except BaseException:  # Ctrl-C too: no half-written file is left behind, under either name
-        if writer is not None:
-            writer.close()
+        output.abort()
         staged.unlink(missing_ok=True)
         raise
     return failed, rows
+
+
+def staged_path(out: Path) -> Path:
+    """Where a run writes OUT before the rename: beside it, named for this process."""
+    return out.with_name(f".{out.name}.{os.getpid()}{PARTIAL_SUFFIX}")
+
+
+HELD_ROWS = 100_000
+"""Refused rows held back while no readable row has named the flattened columns yet; past this, the file is
+written without them."""
+
+
+class _Output:
+    """The Parquet writer of the scores, opened once the flattened columns are known: the mapping's questions,
+    or the first readable row's (rows refused before it are held back, up to `HELD_ROWS`, so a source whose first
+    chunk holds no readable row still gets its `<qid>.label` columns)."""
+
+    def __init__(self, path: Path, model: str, questions: dict[str, tuple] | None) -> None:
+        self.path, self.model, self.flattened = path, model, questions
+        self.writer: pq.ParquetWriter | None = None
+        self.held: list[list[ScoredRow]] = []
+
+    def write(self, scored: list[ScoredRow], asked: list[str]) -> None:
+        if self.flattened is None and asked:
+            self.flattened = dict.fromkeys(asked, ())
+        self.held.append(scored)
+        if self.flattened is not None or sum(map(len, self.held)) > HELD_ROWS:
+            self._flush()
+
+    def finish(self) -> None:
+        """Everything held written (without question columns where no row named them), and the file closed."""
+        self._flush()
+        self.writer.close()
+
+    def abort(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+
+    def _flush(self) -> None:
+        if self.writer is None:
+            self.flattened = self.flattened or {}
+            self.schema = output_schema(self.flattened).with_metadata({"decision.model": self.model})
+            self.writer = pq.ParquetWriter(self.path, self.schema)
+        for part in self.held:
+            self.writer.write_table(output_table(part, self.flattened, self.schema))
+        self.held = []
 
 
 def output_schema(flattened: dict[str, tuple]) -> pa.Schema:

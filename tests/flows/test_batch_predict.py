@@ -59,12 +59,31 @@ def test_bad_input_is_one_line_and_exit_2_before_a_flow_run(tiny_base, tmp_path,
     monkeypatch.setattr(module, "batch_predict", lambda *args: pytest.fail("a flow run started"))
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
     data = synthetic.write_rows(synthetic.generate_rows(3, seed=4), tmp_path / "rows.jsonl")
+    (tmp_path / "new.csv").write_text("text,y\nlate again,\n")
     out = ["--out", str(tmp_path / "scores.parquet")]
     refusals = {
         "no such folder": ["--data", str(data), "--model", str(tmp_path / "nope"), *out],
         "not found": ["--data", str(data), "--model", "models:/nope/1", *out],
         "no such file": ["--data", str(tmp_path / "missing.jsonl"), "--model", str(tiny_base), *out],
         "a folder": ["--data", str(data), "--model", str(tiny_base), "--out", str(tmp_path)],
+        "give a .parquet file": [
+            "--data",
+            str(data),
+            "--model",
+            str(tiny_base),
+            "--out",
+            str(tmp_path / "s.csv"),
+        ],
+        # A mapping whose options neither it nor the model gives: refused before the run, not in its traceback.
+        "take their options from the labels": [
+            "--data",
+            str(tmp_path / "new.csv"),
+            "--model",
+            str(tiny_base),
+            *out,
+            *("--state-column", "text"),
+            *("--label-column", "y"),
+        ],
         "lacks": [
             "--data",
             str(data),
@@ -80,4 +99,19 @@ def test_bad_input_is_one_line_and_exit_2_before_a_flow_run(tiny_base, tmp_path,
         lines = capsys.readouterr().err.strip().splitlines()
         error = [line for line in lines if " INFO mlflow" not in line]  # MLflow making a fresh store says so
         assert len(error) == 1 and error[0].startswith("error: ") and words in error[0], (words, error)
-    assert sorted(path.name for path in tmp_path.iterdir()) == ["mlflow.db", "rows.jsonl"]
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["mlflow.db", "new.csv", "rows.jsonl"]
+
+
+def test_a_run_that_scores_no_row_is_exit_2_and_says_so(prefect_harness, tiny_base, tmp_path, capsys):
+    import flows.batch_predict as module
+
+    data = synthetic.write_rows([{"id": "a", "state": "", "questions": {}}], tmp_path / "rows.jsonl")
+    assert (
+        module.main(["--data", str(data), "--model", str(tiny_base), "--out", str(tmp_path / "s.parquet")])
+        == 2
+    )
+    said = capsys.readouterr()
+    assert "refused: missing_questions 1" in said.out  # the reasons as words, not a Python dict
+    assert said.err.strip().endswith(
+        f"no row of {data} could be scored; each row's reason is in {tmp_path / 's.parquet'}"
+    )

@@ -253,10 +253,46 @@ def test_a_terminated_command_exits_130_and_leaves_no_file(tiny_base, tmp_path):
         command, cwd=Path(__file__).resolve().parents[2], stderr=subprocess.PIPE, text=True
     )
     deadline = time.monotonic() + 120
-    while not (tmp_path / "scores.parquet.partial").exists():
+    while not list(tmp_path.glob(".scores.parquet.*.partial")):
         assert process.poll() is None and time.monotonic() < deadline, process.stderr.read()
         time.sleep(0.05)
     process.send_signal(signal.SIGTERM)
     assert process.wait(timeout=60) == 130
     assert "interrupted" in process.stderr.read()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["rows.jsonl"]
+
+
+def test_question_columns_come_from_the_first_readable_row_even_past_the_first_chunk(tiny_base, tmp_path):
+    rows = [{"id": f"bad-{i}", "state": "", "questions": QUESTIONS} for i in range(7)] + unlabelled_rows(3)
+    data = synthetic.write_rows(rows, tmp_path / "rows.jsonl")
+    out = tmp_path / "scores.parquet"
+    result = predict_stage(str(tiny_base), data, out, rows_per_chunk=3)  # chunks 1-2 hold no readable row
+    scored = read_out(out)
+    assert result.rows == 10 and [r["row_id"] for r in scored] == [row["id"] for row in rows]
+    assert {"tone.label", "tone.confidence", "positive.label"} <= set(scored[0])
+    assert all(r["tone.label"] is None for r in scored[:7]) and scored[7]["tone.label"] is not None
+
+
+def test_two_runs_writing_one_out_stage_apart_and_the_file_is_one_runs_whole(tiny_base, tmp_path):
+    import subprocess
+    import sys
+
+    out = tmp_path / "scores.parquet"
+    inputs = {n: synthetic.write_rows(unlabelled_rows(n), tmp_path / f"rows{n}.jsonl") for n in (60, 20)}
+    runs = [subprocess.Popen([sys.executable, "-m", "pipeline.cli", "predict", "--model", str(tiny_base), "--data",
+                              str(data), "--out", str(out), "-q"], cwd=Path(__file__).resolve().parents[2],
+                             stderr=subprocess.PIPE, text=True) for data in inputs.values()]  # fmt: skip
+    codes = [run.wait(timeout=300) for run in runs]
+    assert codes == [0, 0], [run.stderr.read() for run in runs]
+    # Each run renamed its own complete file in: the last rename wins, whole (a shared staging file mixed them).
+    assert len(read_out(out)) in (60, 20) and not list(tmp_path.glob(".scores.parquet.*"))
+
+
+@pytest.mark.parametrize("name", ["scores.csv", "scores.jsonl", "scores"])
+def test_an_out_that_is_not_a_parquet_name_is_refused(name, tiny_base, tmp_path, capsys):
+    data = synthetic.write_rows(unlabelled_rows(2), tmp_path / "rows.jsonl")
+    assert (
+        main(["predict", "--model", str(tiny_base), "--data", str(data), "--out", str(tmp_path / name)]) == 2
+    )
+    assert "the scores are written as Parquet; give a .parquet file" in capsys.readouterr().err
+    assert not (tmp_path / name).exists()

@@ -13,6 +13,8 @@ one, see `docs/serving.md#batch-scoring`) and the message the API would send, ne
 
 from __future__ import annotations
 
+import json
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -90,6 +92,9 @@ def mapped_rows(table: pa.Table, first_row: int, mapping: Mapping) -> list[RowRe
     ]
 
 
+BODY_PREFIX = re.compile(r"(^|; )body\.")
+
+
 def row_request(row: int, row_id: str | None, state_cell: Any, questions_cell: Any) -> RowRequest:
     """A row's cells (native values or JSON text) as the request the API would parse, or its reason code: the
     row-level codes of validation first, in its order (the questions cell, then the state), then the API's."""
@@ -108,7 +113,8 @@ def row_request(row: int, row_id: str | None, state_cell: Any, questions_cell: A
     try:
         return RowRequest(row, row_id, parse_request(state, questions))
     except (InvalidRequest, RequestTooLarge) as refused:
-        return RowRequest(row, row_id, None, refused.reason, str(refused))
+        # Named as the row's fields (`state`, `questions.q.criteria`): a row has no HTTP body.
+        return RowRequest(row, row_id, None, refused.reason, BODY_PREFIX.sub(r"\1", str(refused)))
 
 
 def answer_rows(model: DecisionModel, rows: list[RowRequest], batch_size: int) -> list[ScoredRow]:
@@ -141,15 +147,27 @@ def answers_json(answers: dict[str, dict[str, Any]] | None) -> str | None:
 
 
 def _line_request(row: int, line: str) -> RowRequest:
+    """A JSONL line as the API reads a body: a key given twice in one object is refused, not its last value
+    scored, and an escaped unpaired surrogate reaches the request's own check (orjson refuses the whole line)."""
+    repeated: list[str] = []
     try:
-        decoded = orjson.loads(line)
-    except orjson.JSONDecodeError as error:
+        decoded = json.loads(line, object_pairs_hook=lambda pairs: _noting_repeats(pairs, repeated))
+    except (ValueError, RecursionError) as error:
         return RowRequest(row, str(row), None, "invalid_json", f"the line is not valid JSON: {error}")
     if not isinstance(decoded, dict):  # as validation reads it: a line with no questions
         return RowRequest(row, str(row), None, "missing_questions", "the line is not a JSON object")
     id_key = next((key for key in ID_COLUMNS if key in decoded), None)
     row_id = _id_text(row, decoded[id_key] if id_key else None, id_key is not None)
+    if repeated:
+        return RowRequest(row, row_id, None, "invalid_json",
+                          f"key {repeated[0]!r} is given twice in one JSON object; give each key once")  # fmt: skip
     return row_request(row, row_id, decoded.get("state"), decoded.get("questions"))
+
+
+def _noting_repeats(pairs: list[tuple[str, Any]], repeated: list[str]) -> dict[str, Any]:
+    keys = [key for key, _ in pairs]
+    repeated.extend(key for i, key in enumerate(keys) if key in keys[:i])
+    return dict(pairs)
 
 
 def _id_text(row: int, value: Any, has_id: bool) -> str | None:

@@ -296,3 +296,26 @@ def test_an_out_that_is_not_a_parquet_name_is_refused(name, tiny_base, tmp_path,
     )
     assert "the scores are written as Parquet; give a .parquet file" in capsys.readouterr().err
     assert not (tmp_path / name).exists()
+
+
+def test_a_jsonl_row_is_read_as_the_api_reads_its_body(tiny_base, tmp_path):
+    # A key given twice is refused, not its last value scored; an escaped unpaired surrogate keeps the row's id
+    # and is the request's invalid_text (the API's 422s); messages name the row's fields, not an HTTP body's.
+    question = {"q": {"type": "noul", "instructions": "Positive?"}}
+    data = tmp_path / "rows.jsonl"
+    data.write_text(
+        '{"id": "twice", "state": "one", "state": "two", "questions": ' + json.dumps(question) + "}\n"
+        '{"id": "lone", "state": "bad \\ud800 text", "questions": ' + json.dumps(question) + "}\n"
+        '{"id": "repeats", "state": "s", "questions": {"q": {"type": "choice", "criteria": ["a", "a"]}}}\n'
+        '{"id": "fine", "state": "ok", "questions": ' + json.dumps(question) + "}\n"
+    )
+    predict_stage(str(tiny_base), data, tmp_path / "scores.parquet")
+    refused = {r["row_id"]: (r["error"], r["error_message"]) for r in read_out(tmp_path / "scores.parquet")}
+    assert refused["twice"] == (
+        "invalid_json",
+        "key 'state' is given twice in one JSON object; give each key once",
+    )
+    assert refused["lone"][0] == "invalid_text" and refused["lone"][1].startswith(
+        "state: text holds an unpaired"
+    )
+    assert refused["repeats"][1].startswith("questions.q.criteria: ") and refused["fine"] == (None, None)

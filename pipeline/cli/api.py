@@ -139,7 +139,7 @@ def _smoke(args: argparse.Namespace) -> int:
 def _print_smoke(result) -> None:
     from rich.table import Table
 
-    table = Table(title=f"Smoke test of {result.url} ({result.model})")
+    table = Table(title=f"Smoke test of {result.url} ({result.model or 'no model answered'})")
     table.add_column("measure")
     table.add_column("value", justify="right")
     agreement = "n/a (no --model-dir)" if result.agreement is None else f"{result.agreement:.4f}"

@@ -248,7 +248,8 @@ def create_app(catalog: Catalog, keys: KeyStore, config: ServerConfig = ServerCo
 
     @app.middleware("http")
     async def measured(request: Request, call_next):
-        if request.url.path != "/v1/systemone":
+        # Decision requests only: a GET's 405 is none.
+        if request.url.path != "/v1/systemone" or request.method != "POST":
             return await call_next(request)
         started = time.perf_counter()
         response = await call_next(request)

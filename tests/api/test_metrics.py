@@ -25,9 +25,11 @@ def test_metrics_count_requests_by_status_and_batches_by_size(served_folder):
                 == 200
             )
         assert client.post("/v1/systemone", json={"state": "x", "questions": {}}).status_code == 422
+        assert client.get("/v1/systemone").status_code == 405  # no decision request: not counted as one
         after = _samples(client)
     assert after[("decision_requests_total", (("status", "200"),))] == 3
     assert after[("decision_requests_total", (("status", "422"),))] == 1
+    assert ("decision_requests_total", (("status", "405"),)) not in after
     assert (
         after[("decision_request_seconds_count", ())] == 4 and after[("decision_request_seconds_sum", ())] > 0
     )

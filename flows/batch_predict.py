@@ -24,7 +24,7 @@ from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_table_artifact
 
 from pipeline.cli.data import BadMappingFlags, add_mapping_arguments, mapping_value
-from pipeline.cli.predict import out_file_problem, terminate_as_interrupt
+from pipeline.cli.predict import nothing_scored, out_file_problem, refusal_counts, terminate_as_interrupt
 from pipeline.cli.tables import AT_LEAST_ONE, device_option, quiet_libraries
 from pipeline.data.mapping import MappingError, load_mapping
 from pipeline.data.read import UnreadableInput
@@ -105,12 +105,10 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:  # Ctrl-C or SIGTERM: the stage has removed its staging file
         print(f"batch-predict: interrupted; {dated(args.out)} was not written", file=sys.stderr)
         return 130
-    refused = ", ".join(f"{reason} {n}" for reason, n in summary["failed"].items()) or "none"
     print(json.dumps(summary) if args.json else f"{summary['out']}: {summary['scored']} of {summary['rows']} rows "
-          f"scored by {summary['model']}; refused: {refused}")  # fmt: skip
-    if summary["scored"] == 0:  # as decision predict: a file of refusals only is no result
-        print(f"error: no row of {args.data} could be scored; each row's reason is in {summary['out']}",
-              file=sys.stderr)  # fmt: skip
+          f"scored by {summary['model']}; refused: {refusal_counts(summary['failed'])}")  # fmt: skip
+    if summary["scored"] == 0:  # as decision predict
+        print(f"error: {nothing_scored(args.data, summary['out'], summary['failed'])}", file=sys.stderr)
         return 2
     return 0
 

@@ -29,6 +29,7 @@ from pipeline.config import ConfigError, MonitorConfig, Params, ValidateConfig, 
 from pipeline.data.read import UnreadableInput, open_readable
 from pipeline.flywheel.drift import drift_markdown
 from pipeline.flywheel.table import missing_log
+from pipeline.mlops.promotion import CHAMPION
 from pipeline.mlops.registry import RegistryError
 from pipeline.stages.monitor import MonitorError, MonitorOutcome, monitor_stage, resolve_version
 
@@ -78,7 +79,7 @@ def monitor(
 
 def champion_of(params: Params) -> str:
     """The model a monitor watches by default: the run's registered model at its champion alias."""
-    return f"{params.retrain.model_name}@champion"
+    return f"{params.retrain.model_name}@{CHAMPION}"
 
 
 def inference_of(params: Params, inference: str | None) -> str:

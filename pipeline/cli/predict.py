@@ -51,10 +51,7 @@ def _predict(args: argparse.Namespace) -> int:
     summary = result.to_dict()
     print(json.dumps(summary) if args.json else _summary_line(summary))
     if result.scored == 0:
-        reasons = ", ".join(f"{reason} {n}" for reason, n in result.failed.items())
-        return _refuse(
-            f"no row of {args.data} could be scored ({reasons}); each row's reason is in {args.out}"
-        )
+        return _refuse(nothing_scored(args.data, args.out, result.failed))
     return EXIT_OK
 
 
@@ -110,8 +107,18 @@ def _refuse(message: str) -> int:
     return EXIT_BAD_INPUT
 
 
+def refusal_counts(failed: dict[str, int]) -> str:
+    """Refused rows by reason, as words (`missing_state 3, too_long 1`), or none."""
+    return ", ".join(f"{reason} {n}" for reason, n in failed.items()) or "none"
+
+
+def nothing_scored(data: str, out: str, failed: dict[str, int]) -> str:
+    """Why a run that scored no row is exit 2: a file of refusals only is no result."""
+    return f"no row of {data} could be scored ({refusal_counts(failed)}); each row's reason is in {out}"
+
+
 def _summary_line(summary: dict) -> str:
-    failed = ", ".join(f"{reason} {n}" for reason, n in summary["failed"].items()) or "none"
+    failed = refusal_counts(summary["failed"])
     return (f"{summary['out']}: {summary['rows']} rows, {summary['scored']} scored by {summary['model']}, "
             f"refused: {failed}; {summary['seconds']:.1f} s ({summary['rows_per_second']} rows/s)")  # fmt: skip
 

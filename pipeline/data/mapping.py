@@ -291,7 +291,7 @@ def _options(raw: Any, qtype: str) -> tuple[tuple | None, tuple | None, str | No
 def _noul_key(key: Any) -> str:
     """A noul option's key as false/true: `true`, `yes` or `1` alike (the labels a noul question reads)."""
     text = label_text(key).lower()
-    return ("true" if NOUL_LABELS[text] else "false") if text in NOUL_LABELS else text
+    return _noul_option(text) if text in NOUL_LABELS else text
 
 
 def _repeated(texts: tuple[str, ...]) -> str | None:

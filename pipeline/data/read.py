@@ -257,19 +257,14 @@ def columns_from_rows(rows: list[dict[str, Any]]) -> RawColumns:
     return RawColumns([row.get("state") for row in rows], [row.get("questions") for row in rows], gold, group)
 
 
-def _decode_line(line: str) -> dict[str, Any]:
+def _decode_line(line: str, keep_unreadable: bool = True) -> dict[str, Any]:
+    """A JSONL line's object ({} for another JSON value). A line that is not JSON is kept raw under `questions`,
+    so validation counts the row as invalid_json rather than dropping it; without `keep_unreadable` (a plain
+    table's cells) it has no cells, and its raw text is no column's value."""
     try:
         row = orjson.loads(line)
     except orjson.JSONDecodeError:
-        return {"questions": line}  # kept raw so validation counts the row as invalid_json, not dropped
-    return row if isinstance(row, dict) else {}
-
-
-def _object_or_nothing(line: str) -> dict[str, Any]:
-    try:
-        row = orjson.loads(line)
-    except orjson.JSONDecodeError:
-        return {}
+        return {"questions": line} if keep_unreadable else {}
     return row if isinstance(row, dict) else {}
 
 
@@ -359,9 +354,8 @@ def table_cells(table: pa.Table, names: Sequence[str]) -> tuple[dict[str, list[A
     """The named columns of an Arrow table (as `read_slice` or `iter_tables` give it) as Python lists, those it
     has, and the columns it has: a JSONL table's lines decoded, its columns the keys its rows use."""
     if LINE_COLUMN in table.column_names:
-        # A line that is no JSON object has no cells (its state is then missing, and counted so): its raw text
-        # is no column's value.
-        rows = [_object_or_nothing(line) for line in table.column(LINE_COLUMN).to_pylist()]
+        # A line that is no JSON object has no cells: its state is then missing, and counted so.
+        rows = [_decode_line(line, keep_unreadable=False) for line in table.column(LINE_COLUMN).to_pylist()]
         found = tuple(dict.fromkeys(key for row in rows for key in row))
         return {n: [row.get(n) for row in rows] for n in names if n in found}, found
     found = tuple(table.column_names)

@@ -316,7 +316,10 @@ def hub_shards(spec: str) -> tuple[Shard, ...]:
     except ImportError:
         raise BadSource(f"hf:{spec}: the `datasets` package is not installed; `pip install datasets`, "
                              f"or {_OFFLINE_HELP}") from None  # fmt: skip
-    if not _hub_offline() and (unreachable := _hub_unreachable()) is not None:
+    if (
+        not env_flag_set("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")
+        and (unreachable := _hub_unreachable()) is not None
+    ):
         # Refused at once: `datasets` would retry for half a minute, printing each retry, before failing.
         raise BadSource(f"hf:{spec}: the Hugging Face Hub cannot be reached from here ({unreachable}); "
                         f"{_OFFLINE_HELP} (or, for a data set in the local cache, set HF_HUB_OFFLINE=1)")  # fmt: skip
@@ -334,10 +337,10 @@ def hub_shards(spec: str) -> tuple[Shard, ...]:
     return tuple(Shard(path, "arrow") for path in files)
 
 
-def _hub_offline() -> bool:
-    """Whether `datasets` is told to read its cache only (HF_HUB_OFFLINE or HF_DATASETS_OFFLINE)."""
-    flags = (os.environ.get("HF_HUB_OFFLINE"), os.environ.get("HF_DATASETS_OFFLINE"))
-    return any(flag and flag.upper() in {"1", "ON", "YES", "TRUE"} for flag in flags)
+def env_flag_set(*names: str) -> bool:
+    """Whether any of these environment variables is set on (1, ON, YES or TRUE, as Hugging Face libraries read
+    their offline flags: `datasets` reads its cache only under HF_HUB_OFFLINE or HF_DATASETS_OFFLINE)."""
+    return any((os.environ.get(name) or "").upper() in {"1", "ON", "YES", "TRUE"} for name in names)
 
 
 def _hub_unreachable(timeout_s: float = 3.0) -> str | None:

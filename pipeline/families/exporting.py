@@ -168,23 +168,23 @@ def write_marker_last(folder: Path, name: str, write: Callable[[Path], None]) ->
 
 
 def write_staged(
-    out: Path, write: Callable[[Path], None], settle: Callable[[Path], None] | None = None
-) -> None:
+    out: Path, write: Callable[[Path], None], settle: Callable[[Path], Any] | None = None
+) -> Any:
     """`write(folder)` into a staging folder beside `out`, then swap it in atomically; nothing half-written stays.
-    `settle(out)` runs once it is in place (a `dvc add`); where it raises, `out` goes back to what it was."""
+    `settle(out)` runs once it is in place (a `dvc add`), and what it returns is returned; where it raises, `out`
+    goes back to what it was."""
     staging = _staging_dir(out)
     try:
         write(staging)
         _swap_in(staging, out)
-        if settle is not None:
-            _settle_or_swap_back(out, staging, settle)
+        return None if settle is None else _settle_or_swap_back(out, staging, settle)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
 
 
-def _settle_or_swap_back(out: Path, previous: Path, settle: Callable[[Path], None]) -> None:
+def _settle_or_swap_back(out: Path, previous: Path, settle: Callable[[Path], Any]) -> Any:
     try:
-        settle(out)
+        return settle(out)
     except BaseException:
         if previous.exists():
             _swap_in(previous, out)

@@ -61,12 +61,11 @@ def labelled_rows(store: Store, harvested: dict[str, dict[str, Any]], model: str
     )
     wanted = set(gold) - set(harvested)
     decisions = store.decisions(ids=wanted).to_pylist() if wanted else []
-    other_models = Counter(
-        d["model"].split("/")[0] for d in decisions if model and not is_model(d["model"], model)
-    )
+    other_models: Counter[str] = Counter()
     rows = []
     for decision in decisions:
         if model and not is_model(decision["model"], model):
+            other_models[decision["model"].split("/")[0]] += 1
             continue
         questions = orjson.loads(decision["questions"])
         labels = gold[decision["decision_id"]]

@@ -132,26 +132,26 @@ def repeated_key(body: bytes) -> str | None:
     """What is wrong where one JSON object gives a key twice (a question id, an option), or None. JSON parsers keep
     the last silently, so the first question would go unanswered and unsaid. A body that is no JSON is left to the
     app's own 422."""
-
-    def unique(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-        seen: set[str] = set()
-        for key, _ in pairs:
-            if key in seen:
-                raise _Repeated(key)
-            seen.add(key)
-        return dict(pairs)
-
     try:
-        json.loads(body, object_pairs_hook=unique)
-    except _Repeated as error:
-        return f"key {error.args[0]!r} is given twice in one JSON object; give each key once"
+        return decode_noting_repeats(body)[1]
     except (ValueError, RecursionError):
         return None
-    return None
 
 
-class _Repeated(Exception):
-    pass
+def decode_noting_repeats(text: str | bytes) -> tuple[Any, str | None]:
+    """The JSON value, and what is wrong where one of its objects gives a key twice (None where none does);
+    ValueError (or RecursionError) for text that is no JSON. An escaped unpaired surrogate is kept, for the
+    request's own check to name."""
+    repeated: list[str] = []
+
+    def noting(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+        keys = [key for key, _ in pairs]
+        repeated.extend(key for i, key in enumerate(keys) if key in keys[:i])
+        return dict(pairs)
+
+    decoded = json.loads(text, object_pairs_hook=noting)
+    said = f"key {repeated[0]!r} is given twice in one JSON object; give each key once" if repeated else None
+    return decoded, said
 
 
 async def _reject(send, status: int, message: str | list[dict[str, Any]]) -> None:

@@ -13,7 +13,6 @@ one, see `docs/serving.md#batch-scoring`) and the message the API would send, ne
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -27,6 +26,7 @@ from pipeline.data.mapping import Mapping, request_questions, state_cells
 from pipeline.data.read import column_values, table_cells
 from pipeline.data.shards import LINE_COLUMN
 from pipeline.families.base import Answered, DecisionModel
+from pipeline.serving.body import decode_noting_repeats
 
 ID_COLUMNS = ("id", "row_id", "decision_id")
 """The columns (or JSONL keys) that name a row, first found wins; without one a row is named by its index."""
@@ -149,9 +149,8 @@ def answers_json(answers: dict[str, dict[str, Any]] | None) -> str | None:
 def _line_request(row: int, line: str) -> RowRequest:
     """A JSONL line as the API reads a body: a key given twice in one object is refused, not its last value
     scored, and an escaped unpaired surrogate reaches the request's own check (orjson refuses the whole line)."""
-    repeated: list[str] = []
     try:
-        decoded = json.loads(line, object_pairs_hook=lambda pairs: _noting_repeats(pairs, repeated))
+        decoded, repeated = decode_noting_repeats(line)
     except (ValueError, RecursionError) as error:
         return RowRequest(row, str(row), None, "invalid_json", f"the line is not valid JSON: {error}")
     if not isinstance(decoded, dict):  # as validation reads it: a line with no questions
@@ -159,15 +158,8 @@ def _line_request(row: int, line: str) -> RowRequest:
     id_key = next((key for key in ID_COLUMNS if key in decoded), None)
     row_id = _id_text(row, decoded[id_key] if id_key else None, id_key is not None)
     if repeated:
-        return RowRequest(row, row_id, None, "invalid_json",
-                          f"key {repeated[0]!r} is given twice in one JSON object; give each key once")  # fmt: skip
+        return RowRequest(row, row_id, None, "invalid_json", repeated)
     return row_request(row, row_id, decoded.get("state"), decoded.get("questions"))
-
-
-def _noting_repeats(pairs: list[tuple[str, Any]], repeated: list[str]) -> dict[str, Any]:
-    keys = [key for key, _ in pairs]
-    repeated.extend(key for i, key in enumerate(keys) if key in keys[:i])
-    return dict(pairs)
 
 
 def _id_text(row: int, value: Any, has_id: bool) -> str | None:

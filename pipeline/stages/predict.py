@@ -178,9 +178,8 @@ def check_inputs(model: str, data: str | Path, mapping: Mapping | None = None) -
     next(iter_tables(data, 1, keyed_by_index_without_id(mapping, data)))
     if registered_version(model) is None and not Path(model).is_dir():
         raise _no_such_model(model)
-    if (
-        mapping is not None and Path(model).is_dir()
-    ):  # options nothing gives (a registered model: once fetched)
+    # Options nothing gives, refused now (a registered model's manifest is read once it is fetched).
+    if mapping is not None and Path(model).is_dir():
         unlabelled_mapping(mapping, read_manifest(Path(model)).get(MAPPING_OPTIONS), f"the model {model}")
 
 

@@ -21,6 +21,7 @@ import yaml
 from safetensors import SafetensorError
 
 from pipeline.data.pins import pin_command
+from pipeline.data.sources import env_flag_set
 from pipeline.families import pick_family
 from pipeline.families.base import BadBase
 from pipeline.families.base_folders import looks_like_hub_id
@@ -68,13 +69,9 @@ def snapshot_base(source: str, out: str | Path) -> PinnedBase:
         raise BadBase(f"{source}: a Hugging Face Hub id, and the Hub is offline here (HF_HUB_OFFLINE); run this "
                       f"where it is reachable, or download it there (`hf download {source} --local-dir DIR`) and "
                       "`decision snapshot --from DIR` here")  # fmt: skip
-    pins: list[tuple[str | None, str | None]] = []
     # A copy `dvc add` refused is taken back out (the folder is as it was): nothing unpinned is left to train on.
-    write_staged(
-        out, lambda staging: _fill(source, folder, staging), settle=lambda done: pins.append(pin_folder(done))
-    )
+    md5, pinned_by = write_staged(out, lambda staging: _fill(source, folder, staging), settle=pin_folder)
     family = pick_family(out)
-    md5, pinned_by = pins[0]
     return PinnedBase(source, str(out), family.name, family.describe_base(out), md5, pinned_by)
 
 
@@ -97,8 +94,7 @@ def _hub_offline() -> bool:
     """Whether the Hub is off for this process (HF_HUB_OFFLINE or TRANSFORMERS_OFFLINE, read now)."""
     from huggingface_hub import constants
 
-    flags = (os.environ.get("HF_HUB_OFFLINE"), os.environ.get("TRANSFORMERS_OFFLINE"))
-    return constants.is_offline_mode() or any(f and f.upper() in {"1", "ON", "YES", "TRUE"} for f in flags)
+    return constants.is_offline_mode() or env_flag_set("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
 
 
 def _download_from_hub(hub_id: str, folder: Path) -> None:

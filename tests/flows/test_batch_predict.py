@@ -113,5 +113,5 @@ def test_a_run_that_scores_no_row_is_exit_2_and_says_so(prefect_harness, tiny_ba
     said = capsys.readouterr()
     assert "refused: missing_questions 1" in said.out  # the reasons as words, not a Python dict
     assert said.err.strip().endswith(
-        f"no row of {data} could be scored; each row's reason is in {tmp_path / 's.parquet'}"
+        f"no row of {data} could be scored (missing_questions 1); each row's reason is in {tmp_path / 's.parquet'}"
     )

@@ -54,6 +54,8 @@ def _promote(args: argparse.Namespace) -> int:
 
     from pipeline.mlops.promotion import CHAMPION, PromotionRefused, current, promote_version
 
+    if _store_missing("promote"):
+        return EXIT_BAD_INPUT
     try:
         before = current(args.name, CHAMPION)
         promote_version(args.name, args.version, args.force)
@@ -72,6 +74,8 @@ def _rollback(args: argparse.Namespace) -> int:
 
     from pipeline.mlops.promotion import CHAMPION, PromotionRefused, current, rollback
 
+    if _store_missing("rollback"):
+        return EXIT_BAD_INPUT
     try:
         before = current(args.name, CHAMPION)
         now = rollback(args.name)
@@ -83,6 +87,16 @@ def _rollback(args: argparse.Namespace) -> int:
         return EXIT_BAD_INPUT
     _report(args, {"name": args.name, "champion": now, "previous": before})
     return EXIT_OK
+
+
+def _store_missing(command: str) -> bool:
+    """Say so where the default SQLite store does not exist here: MLflow would make an empty one and say "not
+    found"."""
+    from pipeline.mlops.registry import missing_store
+
+    if (problem := missing_store()) is not None:
+        print(f"decision {command}: {problem}", file=sys.stderr)
+    return problem is not None
 
 
 def _report(args: argparse.Namespace, result: dict) -> None:

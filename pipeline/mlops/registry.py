@@ -55,6 +55,26 @@ def client():
     return MlflowClient(tracking_uri=uri, registry_uri=uri)
 
 
+def missing_store() -> str | None:
+    """Why a lookup cannot be answered because the SQLite store's file does not exist (MLflow would create an empty
+    store wherever the command runs, and then say the model is not registered); None for another store."""
+    uri = tracking_uri()
+    if not uri.startswith("sqlite:///"):
+        return None
+    path = Path(uri.removeprefix("sqlite:///"))
+    if path.is_file():
+        return None
+    return (f"no MLflow store at {path.resolve()}: run the command in the project folder (a run writes "
+            f"{DEFAULT_TRACKING_URI.removeprefix('sqlite:///')} there) or set MLFLOW_TRACKING_URI to your store")  # fmt: skip
+
+
+def lookup_client():
+    """`client()` for reading the registry: RegistryError where the store does not exist, so no empty one is made."""
+    if (problem := missing_store()) is not None:
+        raise RegistryError(problem)
+    return client()
+
+
 def parse_alias_uri(text: str) -> tuple[str, str] | None:
     """(name, alias) for `models:/NAME@ALIAS`, None for anything else (e.g. a folder)."""
     if not text.startswith(MODEL_URI_PREFIX) or "@" not in text:
@@ -91,15 +111,19 @@ def alias_version(name: str, alias: str) -> str:
     from mlflow.exceptions import MlflowException
 
     try:
-        return str(client().get_model_version_by_alias(name, alias).version)
+        return str(lookup_client().get_model_version_by_alias(name, alias).version)
     except MlflowException as error:
         raise RegistryError(f"models:/{name}@{alias}: {error.message}") from error
+    except RegistryError as error:
+        raise RegistryError(f"models:/{name}@{alias}: {error}") from None
 
 
 def alias_problem(name: str, alias: str) -> str | None:
     """Why `models:/NAME@ALIAS` names no version now, with what to do; None when it does."""
     from mlflow.exceptions import MlflowException
 
+    if (problem := missing_store()) is not None:
+        return problem
     try:
         alias_version(name, alias)
         return None
@@ -123,9 +147,11 @@ def registered_version(uri: str) -> tuple[str, str] | None:
 
     if (numbered := parse_version_uri(uri)) is not None:
         try:
-            client().get_model_version(*numbered)
+            lookup_client().get_model_version(*numbered)
         except MlflowException as error:
             raise RegistryError(f"{uri}: {error.message}") from error
+        except RegistryError as error:
+            raise RegistryError(f"{uri}: {error}") from None
         return numbered
     if (aliased := parse_alias_uri(uri)) is not None:
         return aliased[0], alias_version(*aliased)
@@ -138,6 +164,8 @@ def download_version(name: str, version: str, dst: str | Path) -> Path:
     import mlflow.artifacts
     from mlflow.exceptions import MlflowException
 
+    if (problem := missing_store()) is not None:
+        raise RegistryError(f"models:/{name}/{version}: {problem}")
     uri = use_store()
     try:
         local = Path(mlflow.artifacts.download_artifacts(f"models:/{name}/{version}", dst_path=str(dst),

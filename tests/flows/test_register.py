@@ -49,12 +49,17 @@ def test_decision_register_tags_the_version_and_its_run_with_what_the_manifest_s
         assert tags["data_pinned"] == "false" and tags["base_pinned"] == "true"
 
 
-def test_serving_an_alias_no_version_holds_is_refused_saying_how_to_make_one(store, capsys):
+def test_serving_an_alias_no_version_holds_is_refused_saying_how_to_make_one(store, tmp_path, capsys):
     # It ran on, answering nothing and logging "keeping nothing" every poll (a run whose gate held its version).
     from pipeline.cli.main import main
-    from pipeline.mlops.registry import register_export
+    from pipeline.mlops.registry import ensure_experiment, register_export
 
     args = ["serve", "--model", "models:/tickets@champion", "--port", "1"]
+    # Outside the project folder there is no store: said so, and none is made (MLflow would make an empty one).
+    assert main(args) == 2
+    assert f"no MLflow store at {tmp_path / 'mlflow.db'}" in capsys.readouterr().err
+    assert not (tmp_path / "mlflow.db").exists()
+    ensure_experiment()
     assert main(args) == 2
     assert "no model tickets is registered in this store" in capsys.readouterr().err
     register_export(store, "tickets", tags={"idempotency_key": "k1"})

@@ -80,11 +80,19 @@ def test_the_cli_compares_a_base_with_its_fine_tune_per_question(
     assert json.loads(capsys.readouterr().out)["records"] > result["records"]
 
 
-@pytest.mark.parametrize("missing", ["nope", "models:/nope/1"])
+@pytest.mark.parametrize(
+    "missing, store, said",
+    [("nope", False, "no such folder"), ("models:/nope/1", False, "no MLflow store at"),
+     ("models:/nope/1", True, "not found")],
+)  # fmt: skip
 def test_a_missing_model_is_one_line_naming_its_side_and_exit_2(
-    missing, tiny_base, synthetic_train_file, tmp_path, capsys, monkeypatch
+    missing, store, said, tiny_base, synthetic_train_file, tmp_path, capsys, monkeypatch
 ):
+    from pipeline.mlops.registry import ensure_experiment
+
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
+    if store:
+        ensure_experiment()
     missing = missing if missing.startswith("models:/") else str(tmp_path / missing)
     common = ["--data", str(synthetic_train_file), "--all-rows", "-q"]
     for args, side in (([missing, str(tiny_base)], "A"), ([str(tiny_base), missing], "B")):
@@ -92,7 +100,8 @@ def test_a_missing_model_is_one_line_naming_its_side_and_exit_2(
         lines = capsys.readouterr().err.strip().splitlines()
         err = [line for line in lines if " INFO mlflow" not in line]  # MLflow making a fresh store says so
         assert len(err) == 1 and err[0].startswith(f"decision compare: {side} ({missing}): "), err
-        assert "no such folder" in err[0] or "not found" in err[0]
+        assert said in err[0]
+    assert (tmp_path / "mlflow.db").exists() == store
 
 
 def test_data_too_small_for_a_heldout_split_says_so_and_points_at_all_rows(

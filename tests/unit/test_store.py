@@ -31,3 +31,27 @@ def test_a_tracking_server_that_does_not_answer_is_named_with_its_password_maske
 def test_sqlite_and_other_schemes_need_no_service(tmp_path):
     check_tracking_store(f"sqlite:///{tmp_path}/absent/mlflow.db")  # created on first use: nothing to check
     check_tracking_store("databricks")
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["promote", "3", "--name", "tickets"],
+        ["rollback", "--name", "tickets"],
+        ["serve", "--model", "models:/tickets@champion", "--port", "1"],
+        ["predict", "--model", "models:/tickets/2", "--data", "rows.jsonl", "--out", "scores.parquet"],
+    ],
+)
+def test_a_registry_lookup_where_the_sqlite_store_is_absent_says_so_and_makes_none(
+    command, tmp_path, monkeypatch, capsys
+):
+    # Run outside the project folder, MLflow made an empty mlflow/mlflow.db there and said "not found".
+    from pipeline.cli.main import main
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    (tmp_path / "rows.jsonl").write_text('{"state": "late", "questions": {"q": {"type": "noul"}}}\n')
+    assert main(command) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"no MLflow store at {tmp_path / 'mlflow' / 'mlflow.db'}" in err[0], err
+    assert "MLFLOW_TRACKING_URI" in err[0] and not (tmp_path / "mlflow").exists()

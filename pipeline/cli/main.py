@@ -159,15 +159,16 @@ def _with_mapping(params, args: argparse.Namespace):
 
 
 def _exit_code(error: Exception) -> int:
-    """2 for a bad base, source, slice, mapping or config value (`BadBase`, `BadSource`, `BadSlice`,
-    `MappingError`, `ConfigError`: the user's input, refused before training), else 1 (a file that cannot be
-    read)."""
+    """2 for a bad base, source, slice, mapping, config value or registered model (`BadBase`, `BadSource`,
+    `BadSlice`, `MappingError`, `ConfigError`, `RegistryError`: the user's input, refused before training), else 1
+    (a file that cannot be read)."""
     from pipeline.config import ConfigError
     from pipeline.data.mapping import MappingError
     from pipeline.data.read import BadSlice, BadSource
     from pipeline.families.base import BadBase
+    from pipeline.mlops.registry import RegistryError
 
-    if isinstance(error, BadSource | BadSlice):
+    if isinstance(error, BadSource | BadSlice | RegistryError):
         return EXIT_BAD_SOURCE
     if isinstance(error, ConfigError):
         return EXIT_BAD_CONFIG
@@ -209,6 +210,7 @@ def _evaluate(args: argparse.Namespace) -> int:
     from pipeline.data.mapping import MappingError, load_mapping
     from pipeline.data.read import BadSlice, RowSlice, UnreadableInput
     from pipeline.families.base import ModelLayoutError
+    from pipeline.mlops.registry import RegistryError
     from pipeline.stages.evaluate import evaluate_model
 
     bars, say = progress_outputs(args)
@@ -218,7 +220,7 @@ def _evaluate(args: argparse.Namespace) -> int:
         report = evaluate_model(args.model, args.data, args.plots, RowSlice.parse(args.slice), args.device,
                                 progress=bars, conformal=args.conformal, report=say, mapping=mapping).to_dict()  # fmt: skip
     except (ModelLayoutError, UnreadableInput, BadSlice, FileNotFoundError, ValueError, BadMappingFlags,
-            MappingError) as error:  # fmt: skip
+            MappingError, RegistryError) as error:  # fmt: skip
         print(f"decision evaluate: {error}", file=sys.stderr)
         return _exit_code(error)
     if args.json:
@@ -463,7 +465,10 @@ def build_parser() -> argparse.ArgumentParser:
         "type) and a confusion matrix per question; --conformal ALPHA adds split-conformal prediction sets.",
     )
     evaluate.add_argument(
-        "--model", required=True, help="an export of any family (Laya layout or joint), or a fine-tune folder"
+        "--model",
+        required=True,
+        help="an export of any family (Laya layout or joint), a fine-tune folder, or a registered version: "
+        "models:/NAME@ALIAS or models:/NAME/VERSION",
     )
     evaluate.add_argument("--data", required=True, help=DATA_HELP)
     evaluate.add_argument("--slice", metavar="START:END", help="evaluate rows [START, END) only")

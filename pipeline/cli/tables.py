@@ -87,8 +87,11 @@ def print_evaluation(report: dict[str, Any]) -> None:
 
     from pipeline.scoring.report import report_table
 
+    model = report["model"]
+    if model.startswith("models:/"):  # the version an alias points at now
+        model = f"{model} ({report['served_as']})"
     table = Table(
-        title=f"{report['model']} on {report['data']} ({report['metrics']['overall']['decisions']:,} decisions)"
+        title=f"{model} on {report['data']} ({report['metrics']['overall']['decisions']:,} decisions)"
     )
     names = ("accuracy", "record_accuracy", "ece", "brier", "kl_soft", "score_mae")
     table.add_column("type")

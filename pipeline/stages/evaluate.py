@@ -29,6 +29,7 @@ from pipeline.scoring.decisions import ScoredDecision, with_groups
 from pipeline.scoring.metrics import metrics_by_type
 from pipeline.scoring.plots import reliability_by_type, write_plots
 from pipeline.scoring.report import calibration_report
+from pipeline.stages.predict import model_folder
 
 
 @dataclass
@@ -37,6 +38,10 @@ class EvaluationReport:
     plots written and, when asked, split-conformal prediction sets (`decision evaluate --json` prints it)."""
 
     model: str
+    """The model as given: an export folder, or `models:/NAME@ALIAS` or `models:/NAME/VERSION`."""
+    served_as: str
+    """The name the API serves it under: NAME/VERSION for a registered version (an alias resolved), else the
+    export's name."""
     family: str
     data: str
     rows: int
@@ -56,23 +61,25 @@ class EvaluationReport:
         )
 
 
-def evaluate_model(model_dir: str | Path, data: str | Path, plots_dir: str | Path | None = None,
+def evaluate_model(model: str | Path, data: str | Path, plots_dir: str | Path | None = None,
                    row_slice: RowSlice = RowSlice(), device: str = "cpu", progress: bool = False,
                    conformal: float | None = None, report: Callable[[str], None] | None = None,
                    mapping: Mapping | None = None) -> EvaluationReport:  # fmt: skip
-    """Metrics and the calibration report of `model_dir` on every usable decision of `data`, the PNG plots written
+    """Metrics and the calibration report of `model` (an export folder or a registered version, as `decision
+    predict` takes it) on every usable decision of `data`, the PNG plots written
     to `plots_dir`, and with `conformal` (alpha) split-conformal prediction sets per type. `progress` shows a tqdm
     bar while scoring; `report` gets a line before and after it. `mapping` reads a plain table's columns as
     decision rows (`pipeline.data.mapping`)."""
     say = report or (lambda line: None)
     validated = validate_file(data, row_slice, mapping=mapping)
     refuse_unusable(data, validated.report)  # nothing to score: exit 2 with the reasons, not a table of NaN
-    say(f"scoring {validated.report.kept:,} decisions of {data} with {model_dir} on {device}")
-    started = time.perf_counter()
-    decisions, skipped, probabilities, family = score_records(model_dir, validated.records, device, progress)
+    with model_folder(str(model)) as (name, folder):
+        say(f"scoring {validated.report.kept:,} decisions of {data} with {name} ({model}) on {device}")
+        started = time.perf_counter()
+        decisions, skipped, probabilities, family = score_records(folder, validated.records, device, progress)
     say(f"scored {len(decisions):,} decisions in {time.perf_counter() - started:.0f} s")
     evaluation = EvaluationReport(
-        model=str(model_dir), family=family, data=str(data), rows=validated.report.rows,
+        model=str(model), served_as=name, family=family, data=str(data), rows=validated.report.rows,
         decisions=validated.report.decisions, skipped={**validated.report.skipped, **skipped},
         metrics=metrics_by_type(decisions, probabilities),
         calibration=calibration_report(decisions, probabilities) if decisions else None,

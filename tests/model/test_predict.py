@@ -238,6 +238,34 @@ def test_a_registry_alias_scores_as_its_version_is_served(tiny_base, tmp_path, m
     assert pq.read_schema(tmp_path / "scores.parquet").metadata[b"decision.model"] == result.model.encode()
 
 
+def test_evaluate_scores_a_registered_version_as_its_folder(
+    tiny_base, synthetic_train_file, tmp_path, monkeypatch, capsys
+):
+    # evaluate took a folder only, where predict and compare take models:/NAME@ALIAS too.
+    from pipeline.mlops.registry import client, register_export
+
+    (tmp_path / "mlflow").mkdir()
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path}/mlflow/mlflow.db")
+    version = register_export(tiny_base, "tiny-model")
+    client().set_registered_model_alias("tiny-model", "champion", version)
+    capsys.readouterr()
+    reports = {}
+    for model in (str(tiny_base), "models:/tiny-model@champion"):
+        assert main(["evaluate", "--model", model, "--data", str(synthetic_train_file), "--slice", "0:40", "--json",
+                     "-q"]) == 0  # fmt: skip
+        reports[model] = json.loads(capsys.readouterr().out)
+    by_alias = reports["models:/tiny-model@champion"]
+    assert (
+        by_alias["served_as"] == f"tiny-model/{version}"
+        and by_alias["model"] == "models:/tiny-model@champion"
+    )
+    assert by_alias["metrics"] == reports[str(tiny_base)]["metrics"]
+    assert (
+        main(["evaluate", "--model", "models:/tiny-model@nosuch", "--data", str(synthetic_train_file)]) == 2
+    )
+    assert "models:/tiny-model@nosuch" in capsys.readouterr().err
+
+
 def test_a_terminated_command_exits_130_and_leaves_no_file(tiny_base, tmp_path):
     import signal
     import subprocess

@@ -132,7 +132,16 @@ def _folder(text: str, path: Path) -> Source:
     if any(child.is_dir() and "=" in child.name for child in path.iterdir()):
         return Source(text, "partitioned", _partitioned_shards(path), path)
     files = sorted(p for p in path.iterdir() if p.is_file() and not p.name.startswith((".", "_")))
-    return Source(text, "shards", _typed_shards(text, files), path)
+    return Source(text, "shards", _typed_shards(text, _without_metadata(files)), path)
+
+
+def _without_metadata(files: list[Path]) -> list[Path]:
+    """A folder's files less its `.json` files where it holds `.jsonl`, `.ndjson` or `.parquet` shards: there a
+    `.json` file is the data set's description (`info.json`, `stats.json`, often pretty-printed), not rows. A
+    folder of `.json` files alone is read as JSON lines (Spark writes `part-*.json`)."""
+    if not any(p.suffix.lower() in _SHARD_FORMATS and p.suffix.lower() != ".json" for p in files):
+        return files
+    return [p for p in files if p.suffix.lower() != ".json"]
 
 
 def _typed_shards(text: str, files: list[Path]) -> tuple[Shard, ...]:

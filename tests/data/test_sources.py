@@ -128,6 +128,21 @@ def test_bad_sources_are_refused_before_any_row_is_read(sources, tmp_path):
         open_source(tmp_path / "csvs")
 
 
+@pytest.mark.parametrize("shard", ["part-0.jsonl", "part-0.parquet"])
+def test_a_json_description_beside_the_shards_is_no_shard(shard, tmp_path):
+    # A pretty-printed info.json was read as JSON lines: its lines counted as rows (invalid_json), or beside
+    # Parquet the folder was refused as mixed.
+    folder = tmp_path / "data"
+    synthetic.write_rows(synthetic.generate_rows(4), folder / shard)
+    (folder / "info.json").write_text('{\n  "rows": 4,\n  "license": "CC0"\n}\n')
+    opened = open_source(folder)
+    assert [s.path.name for s in opened.shards] == [shard]
+    assert read_columns(folder)[1] == 4
+    spark = tmp_path / "spark"  # a folder of .json files alone is JSON lines
+    synthetic.write_rows(synthetic.generate_rows(3), spark / "part-0.jsonl").rename(spark / "part-0.json")
+    assert read_columns(spark)[1] == 3
+
+
 def test_shards_whose_schemas_differ_are_refused_naming_the_shard_and_the_difference(tmp_path):
     folder = tmp_path / "shards"
     folder.mkdir()

@@ -16,6 +16,7 @@ from pathlib import Path
 from pipeline.cli.tables import AT_LEAST_ONE, console, device_option, number_option
 
 EXIT_OK, EXIT_FAILED, EXIT_UNUSABLE = 0, 1, 2
+DEFAULT_INFERENCE_LOG = "inference"  # outside a project folder (no params.yaml): ./inference
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -25,14 +26,14 @@ def _serve(args: argparse.Namespace) -> int:
     from pipeline.serving.server import ServeOptions, ServerConfig, run_server
 
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    if args.run_config:
-        from pipeline.config import ConfigError, load_params
+    from pipeline.config import ConfigError
 
-        try:
-            args.model = f"models:/{load_params(run_config=args.run_config).retrain.model_name}@champion"
-        except ConfigError as error:
-            print(f"decision serve: --run-config {args.run_config}: {error}", file=sys.stderr)
-            return EXIT_UNUSABLE
+    try:
+        _from_params(args)
+    except ConfigError as error:
+        where = f"--run-config {args.run_config}: " if args.run_config else ""
+        print(f"decision serve: {where}{error}", file=sys.stderr)
+        return EXIT_UNUSABLE
     if (aliased := parse_alias_uri(args.model)) is None and not Path(args.model).is_dir():
         print(
             f"decision serve: --model {args.model}: no such folder (or use models:/NAME@ALIAS)",
@@ -70,6 +71,21 @@ def _serve(args: argparse.Namespace) -> int:
                            args.backend, _log_config(args))  # fmt: skip
     run_server(options, args.host, args.port, args.access_log)
     return EXIT_OK
+
+
+def _from_params(args: argparse.Namespace) -> None:
+    """--run-config's model (its champion) and the inference log where --inference-log is not given: the
+    project's flywheel.inference (with the run config's), where review, feedback and harvest read it, or
+    ./inference outside a project folder. ConfigError for a bad params file or run config."""
+    from pipeline.config import PARAMS_FILE, load_params
+
+    if args.run_config is None and (args.inference_log is not None or not Path(PARAMS_FILE).is_file()):
+        args.inference_log = args.inference_log or DEFAULT_INFERENCE_LOG
+        return
+    params = load_params(run_config=args.run_config)
+    if args.run_config:
+        args.model = f"models:/{params.retrain.model_name}@champion"
+    args.inference_log = args.inference_log or params.flywheel.inference
 
 
 def _place_problem(args: argparse.Namespace) -> str | None:
@@ -253,9 +269,10 @@ def add_api_commands(commands) -> None:
     )  # fmt: skip
     logged = serve.add_argument_group("inference log", "every answered decision, for feedback, harvest and drift "
                                       "(docs/flywheel.md)")  # fmt: skip
-    logged.add_argument("--inference-log", default="inference", metavar="DIR|URL",
-                        help="where answered decisions are written: a folder of Parquet files by day (default: "
-                             "./inference) or a postgresql:// URL")  # fmt: skip
+    logged.add_argument("--inference-log", metavar="DIR|URL",
+                        help="where answered decisions are written: a folder of Parquet files by day or a "
+                             "postgresql:// URL (default: params.yaml's flywheel.inference, with --run-config's, "
+                             "where review, feedback and harvest read it; ./inference without a params.yaml)")  # fmt: skip
     logged.add_argument("--no-inference-log", action="store_true",
                         help="log nothing (no feedback either: POST /v1/feedback answers 404)")  # fmt: skip
     logged.add_argument("--log-sample", type=SHARE, default=1.0, metavar="SHARE",

@@ -208,3 +208,24 @@ def test_the_require_key_flag_reaches_the_server_config(served_folder, monkeypat
     assert main(["serve", "--model", str(served_folder)]) == 0
     assert [options.config.require_key for options in started] == [True, False]
     assert serve.ServeOptions.from_env(started[0].to_env()).config.require_key  # what each worker reads
+
+
+def test_serve_logs_where_the_project_params_say_review_and_harvest_read(
+    served_folder, tmp_path, monkeypatch
+):
+    # --inference-log defaulted to ./inference whatever flywheel.inference said: review and harvest then read
+    # a log the server never wrote.
+    from pipeline.serving import server as serve
+
+    started = []
+    monkeypatch.setattr(serve, "run_server", lambda options, *args: started.append(options))
+    monkeypatch.chdir(tmp_path)
+    assert main(["serve", "--model", str(served_folder)]) == 0  # no params.yaml here
+    (tmp_path / "params.yaml").write_text("flywheel:\n  inference: logs/served\n")
+    assert main(["serve", "--model", str(served_folder)]) == 0
+    assert main(["serve", "--model", str(served_folder), "--inference-log", "elsewhere"]) == 0
+    assert main(["serve", "--model", str(served_folder), "--no-inference-log"]) == 0
+    wheres = [options.inference_log.where for options in started]
+    assert wheres == ["inference", "logs/served", "elsewhere", None]
+    (tmp_path / "params.yaml").write_text("flywheel:\n  inference_log: typo\n")
+    assert main(["serve", "--model", str(served_folder)]) == 2 and len(started) == 4

@@ -361,7 +361,11 @@ def parse_layer_plan(text: str) -> list:
     return plan
 
 
-def _add_training_arguments(command: argparse.ArgumentParser, out_help: str) -> None:
+NPROC_HELP = ("data-parallel ranks under torchrun, each on its share of every window (default: train.nproc; gloo on "
+              "the CPU, NCCL on GPUs)")  # fmt: skip
+
+
+def _add_training_arguments(command: argparse.ArgumentParser, out_help: str, nproc_help: str = NPROC_HELP) -> None:
     """The flags `train` and `finetune` share (the same names as the params.yaml keys they override)."""
     command.add_argument("--data", required=True, help=DATA_HELP)
     command.add_argument(
@@ -389,8 +393,7 @@ def _add_training_arguments(command: argparse.ArgumentParser, out_help: str) -> 
     command.add_argument("--epochs", type=AT_LEAST_ONE, help="epochs (default: train.epochs; a small set trains more, "
                          "up to train.min_steps steps)")  # fmt: skip
     command.add_argument("--max-steps", type=int, help="cap on optimizer steps (default: train.max_steps)")
-    command.add_argument("--nproc", type=AT_LEAST_ONE, help="data-parallel ranks under torchrun, each on its share of every "
-                         "window (default: train.nproc; gloo on the CPU, NCCL on GPUs)")  # fmt: skip
+    command.add_argument("--nproc", type=AT_LEAST_ONE, help=nproc_help)
     command.add_argument("--threads", type=AT_LEAST_ONE, metavar="N", help="torch CPU threads, split between the ranks "
                          "(default: train.threads; null: the cores this process may use, its affinity mask or "
                          "container CPU quota, whichever is smaller)")  # fmt: skip
@@ -503,7 +506,9 @@ def build_parser() -> argparse.ArgumentParser:
         "only where there is none; the calibration report, expected answers and plots stay in the run folder), "
         "and export the merged model to OUT.",
     )
-    _add_training_arguments(chain, out_help="the export folder")
+    _add_training_arguments(chain, out_help="the export folder",
+                            nproc_help="1 only: finetune trains in one process (decision train --nproc N, or "
+                                       "the retrain flow with train.nproc, trains on N ranks)")  # fmt: skip
     chain.add_argument("--eval-data", help="use this file as the held-out set instead of splitting DATA")
     chain.add_argument("--run-dir", type=run_folder, help="the run folder: split, fine-tune, held-out logits, calibration report, "
                        "expected answers, plots (default: OUT.run beside the export; rewritten each run)")  # fmt: skip

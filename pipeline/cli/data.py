@@ -82,12 +82,13 @@ def _flag(args: argparse.Namespace, flag: str) -> Any:
 
 
 def _map(args: argparse.Namespace) -> int:
+    from pipeline.config import ConfigError
     from pipeline.data.mapping import MappingError, load_mapping, read_mapped, write_rows
     from pipeline.data.read import BadSlice, BadSource, RowSlice, UnreadableInput
     from pipeline.data.validate import validate_columns
 
     try:
-        value = mapping_value(args)
+        value = _run_mapping(args)
         if value is None:
             raise BadMappingFlags(
                 "say how to map DATA: --mapping FILE, or --state-column COL --label-column COL"
@@ -100,7 +101,7 @@ def _map(args: argparse.Namespace) -> int:
         # Nothing is written from rows with no usable decision.
         replaced = bool(args.write) and Path(args.write).exists()
         written = write_rows(mapped, args.write) if args.write and report["kept"] else None
-    except (BadMappingFlags, MappingError) as error:
+    except (BadMappingFlags, MappingError, ConfigError) as error:
         print(f"decision map: {error}", file=sys.stderr)
         return EXIT_BAD_INPUT
     except (UnreadableInput, BadSlice) as error:
@@ -180,13 +181,38 @@ def add_data_commands(commands) -> None:
         "options, a DATA or slice that is the user's mistake, or rows with no usable decision; 1 when DATA "
         "cannot be read (corrupt, an I/O error).",
     )
-    command.add_argument("--data", required=True, help="the table: .jsonl, .parquet or .csv")
+    command.add_argument("--data", help="the table: a file, folder or glob of shards, as training reads them (default: "
+                         "--run-config's retrain.data)")  # fmt: skip
+    command.add_argument("--run-config", metavar="NAME",
+                         help="configs/NAME.yaml (as decision init writes it): its validate.mapping where neither "
+                              "--mapping nor the flags are given, and its retrain.data where --data is not")  # fmt: skip
     command.add_argument("--preview", type=ROWS, default=5, metavar="N", help="rows to print (default: 5)")
     command.add_argument("--write", metavar="OUT", help="write the mapped rows to OUT (.jsonl or .parquet)")
     command.add_argument("--slice", metavar="START:END", help="map rows [START, END) only")
     command.add_argument("--json", action="store_true", help="print one JSON object instead of lines")
     add_mapping_arguments(command)
     command.set_defaults(handler=_map)
+
+
+def _run_mapping(args: argparse.Namespace) -> str | dict[str, Any] | None:
+    """The mapping the flags say; --run-config NAME fills what they leave out: the run's `validate.mapping` and,
+    without --data, its `retrain.data` (set on `args`). ConfigError for a run config that does not load."""
+    from pipeline.config import ConfigError, load_params
+
+    value = mapping_value(args)
+    if args.run_config is not None:
+        try:
+            params = load_params(run_config=args.run_config)
+        except ConfigError as error:
+            raise ConfigError(f"--run-config {args.run_config}: {error}") from None
+        args.data = args.data or params.retrain.data
+        value = value if value is not None else params.validate.mapping
+        if value is None:
+            raise BadMappingFlags(f"--run-config {args.run_config} maps nothing (no validate.mapping: its data "
+                                  f"{params.retrain.data} holds decision rows); give --mapping FILE or the flags")  # fmt: skip
+    if args.data is None:
+        raise BadMappingFlags("say which table: --data DATA, or --run-config NAME for the run's data")
+    return value
 
 
 def _as_trained(value: Any) -> Any:

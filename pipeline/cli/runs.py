@@ -49,6 +49,8 @@ def _print_init(result, then_run: bool) -> None:
     print(
         f"{done} {result.run_config}: the run's data, base, runs/{result.name}/ and model name {result.name}{kept}"
     )
+    if result.mapping_dropped:
+        print(f"removed validate.mapping from {result.run_config}: {result.data} holds decision rows")
     if result.to_commit:
         print(f"commit them (DVC keeps the bytes): git add {' '.join(result.to_commit)}")
     if then_run:

@@ -125,8 +125,11 @@ def check_target(dataset: str | Path, split_config: ValidateConfig) -> None:
     """HarvestRefused, before anything is read or locked, where harvested rows cannot go into `dataset`: a run
     that maps a plain table, no such folder, or a data set that is not a folder of shards."""
     if split_config.mapping is not None:
-        raise HarvestRefused(f"{dataset}: the run maps a plain table to decisions (validate.mapping); harvested "
-                             "rows are decision rows: harvest them into a folder of decision rows instead")  # fmt: skip
+        raise HarvestRefused(
+            f"{dataset}: the run maps a plain table to decisions (validate.mapping), and harvested rows are decision "
+            "rows; make the run's data decision rows once: decision map --run-config NAME --write "
+            "data/own/NAME-rows/part-0.parquet, then decision init --data data/own/NAME-rows --name NAME"
+        )
     if not Path(dataset).exists():  # the lock is made beside it
         raise HarvestRefused(f"{dataset}: no such folder; harvested rows go into an existing folder of Parquet or "
                              "JSONL shards (the run config's retrain.data, or --dataset)")  # fmt: skip

@@ -65,6 +65,9 @@ class InitResult:
     to_commit: tuple[str, ...] = ()
     """What init and DVC wrote that git does not hold yet: the run config, a mapping copy, the pins and DVC's
     .gitignore files (the bytes stay DVC's), for the user to commit."""
+    mapping_dropped: bool = False
+    """An earlier init's `validate.mapping` was removed: DATA holds decision rows now (`decision map --write`
+    made them from the table, to harvest into)."""
 
     @property
     def data_changed(self) -> bool:
@@ -94,6 +97,12 @@ def init_run(data: str, base: str | None = None, name: str | None = None,
     name = run_name(data, name)
     config_file = root / RUN_CONFIGS_DIR / f"{name}.yaml"
     existing = _existing_run_config(config_file)  # one init did not write is never taken over
+    # Without a mapping DATA must hold decision rows (validated so below): an earlier init's mapping of a table
+    # would make the run read them as that table.
+    mapping_dropped = mapping is None and "mapping" in existing.get("validate", {})
+    if mapping_dropped:
+        existing["validate"] = {k: v for k, v in existing["validate"].items() if k != "mapping"}
+        existing = {section: keys for section, keys in existing.items() if keys or section != "validate"}
     data = data if data.startswith(HUB_PREFIX) else os.path.expanduser(data)
     loaded = load_mapping(mapping) if mapping is not None else None  # MappingError, before anything is pinned
     # BadSource / UnreadableInput (an empty folder or file, shards that disagree, a Hub id offline, a table with no
@@ -119,7 +128,8 @@ def init_run(data: str, base: str | None = None, name: str | None = None,
     written = [config.relative_to(root).as_posix(), _mapping_copy(root, name).relative_to(root).as_posix(),
                *_pin_files(pinned.relative_to(root).as_posix()), *_pin_files(rel_base), "dvc.lock"]  # fmt: skip
     return InitResult(name, config.relative_to(root).as_posix(), data_text, data_md5, previous, rel_base, base_md5,
-                      copied, updated=bool(existing), to_commit=tuple(uncommitted(written, root)))  # fmt: skip
+                      copied, updated=bool(existing), to_commit=tuple(uncommitted(written, root)),
+                      mapping_dropped=mapping_dropped)  # fmt: skip
 
 
 def _pin_files(rel: str) -> list[str]:

@@ -217,3 +217,33 @@ def test_a_glob_outside_the_project_copies_only_the_files_it_matches(project, tm
                     for p in (project / "data/own/parts").rglob("*") if p.is_file())  # fmt: skip
     assert copied == ["part-0.jsonl", "sub/part-1.jsonl"]  # nothing else there is pinned
     assert load_params(project / "params.yaml", "parts").retrain.data == "data/own/parts/**/part-*.jsonl"
+
+
+def test_a_mapped_run_becomes_harvestable_as_the_harvest_refusal_says(project, tmp_path, capsys):
+    # Harvest refuses a run that maps a table; re-init on the mapped rows kept the table's mapping, so the run
+    # then read its decision rows as that table.
+    from pipeline.stages.harvest import HarvestRefused, check_target
+
+    table = tmp_path / "tickets.csv"
+    table.write_text(
+        "text,team\n" + "".join(f"parcel {i} lost,shipping\ncharged twice {i},billing\n" for i in range(5))
+    )
+    code, _, err = init(
+        capsys, "--data", str(table), "--name", "tix", "--state-column", "text", "--label-column", "team"
+    )
+    assert code == 0, err
+    params = load_params(project / "params.yaml", "tix")
+    with pytest.raises(HarvestRefused) as refused:
+        check_target(params.retrain.data, params.validate)
+    assert "decision map --run-config NAME --write data/own/NAME-rows/part-0.parquet" in str(refused.value)
+    rows = "data/own/tix-rows/part-0.parquet"
+    assert (
+        main(["map", "--run-config", "tix", "--write", rows, "--preview", "0"]) == 0
+    )  # the run's data and mapping
+    code, result, err = init(capsys, "--data", "data/own/tix-rows", "--name", "tix")
+    assert code == 0 and result["mapping_dropped"], err
+    params = load_params(project / "params.yaml", "tix")
+    assert (params.retrain.data, params.validate.mapping) == ("data/own/tix-rows", None)
+    check_target(params.retrain.data, params.validate)  # harvestable now
+    code, again, _ = init(capsys, "--data", "data/own/tix-rows", "--name", "tix")
+    assert code == 0 and not again["mapping_dropped"]

@@ -365,7 +365,9 @@ NPROC_HELP = ("data-parallel ranks under torchrun, each on its share of every wi
               "the CPU, NCCL on GPUs)")  # fmt: skip
 
 
-def _add_training_arguments(command: argparse.ArgumentParser, out_help: str, nproc_help: str = NPROC_HELP) -> None:
+def _add_training_arguments(
+    command: argparse.ArgumentParser, out_help: str, nproc_help: str = NPROC_HELP
+) -> None:
     """The flags `train` and `finetune` share (the same names as the params.yaml keys they override)."""
     command.add_argument("--data", required=True, help=DATA_HELP)
     command.add_argument(

@@ -219,7 +219,10 @@ def _report(columns: RawColumns, facts: Facts, reasons: np.ndarray, first_row: i
             continue
         reason, row, spec = contract.REASONS[code], int(rows[index]), facts.specs[spec_ids[index]]
         question_id = spec.id if spec else None
-        value = _offending_value(reason, columns.row(row - first_row), question_id)
+        if reason == "too_long":  # counted as the limits count them, not re-read from the raw cells
+            value = _too_long(spec.chars, facts.row_state_chars[row - first_row])
+        else:
+            value = _offending_value(reason, columns.row(row - first_row), question_id)
         skipped[reason] = count
         examples[reason] = {"row": row, "question_id": question_id, "value": value}
     kept = int((reasons < 0).sum())
@@ -229,7 +232,7 @@ def _report(columns: RawColumns, facts: Facts, reasons: np.ndarray, first_row: i
 
 def _offending_value(reason: str, raw: dict[str, Any], question_id: str | None) -> str:
     """A short text showing what was wrong, re-read from the raw row (only for the first example)."""
-    if reason in ("missing_state", "too_long") and question_id is None:
+    if reason == "missing_state" and question_id is None:
         return _truncate(raw.get("state"))
     cell = {"missing_state": "state", "missing_gold": "gold", "too_many_questions": "questions"}.get(reason)
     if reason == "invalid_json":
@@ -247,9 +250,12 @@ def _offending_value(reason: str, raw: dict[str, Any], question_id: str | None) 
         return _truncate(spec.get("type"))
     if reason in ("bad_criteria", "too_many_options", "repeated_options") and isinstance(spec, dict):
         return _truncate(spec.get("criteria"))
-    if reason == "too_long":
-        return f"{len(str(spec))} question characters / {len(str(raw.get('state')))} state characters"
     return _truncate(spec)
+
+
+def _too_long(question_chars: int, state_chars: int) -> str:
+    return (f"{question_chars:,} question characters (at most {contract.MAX_QUESTION_CHARS:,}) / {state_chars:,} "
+            f"state characters (at most {contract.MAX_STATE_CHARS:,})")  # fmt: skip
 
 
 def _first_unparsable(raw: dict[str, Any]) -> Any:

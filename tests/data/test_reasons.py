@@ -144,3 +144,19 @@ def test_arbitrary_rows_never_raise_and_counts_add_up(rows):
     assert report.kept + sum(report.skipped.values()) == report.decisions
     assert report.decisions >= len(rows)
     assert set(report.skipped) <= set(contract.REASONS)
+
+
+def test_a_too_long_example_counts_characters_as_the_limits_do():
+    # It printed len(str(spec)), the Python repr of the question dict: 20,063 for a question the limit counts
+    # as 20,003.
+    question = {
+        "type": "choice",
+        "instructions": "x" * (contract.MAX_QUESTION_CHARS - 1),
+        "criteria": ["ab", "c"],
+    }
+    report = validate_rows([{"state": "late", "questions": {"q": question}, "gold": {"q": "ab"}}]).report
+    assert report.skipped == {"too_long": 1}
+    chars = (
+        f"{contract.MAX_QUESTION_CHARS + 2:,} question characters (at most {contract.MAX_QUESTION_CHARS:,})"
+    )
+    assert report.examples["too_long"]["value"] == f"{chars} / 4 state characters (at most 200,000)"

@@ -276,7 +276,7 @@ def add_api_commands(commands) -> None:
     logged.add_argument("--no-inference-log", action="store_true",
                         help="log nothing (no feedback either: POST /v1/feedback answers 404)")  # fmt: skip
     logged.add_argument("--log-sample", type=SHARE, default=1.0, metavar="SHARE",
-                        help="the share of decisions written (default 1: all)")  # fmt: skip
+                        help="the share of decisions written (default 1.0: all)")  # fmt: skip
     logged.add_argument("--redact-drop", metavar="PATHS",
                         help="comma-separated dotted paths of JSON-object state fields never written, e.g. "
                              "customer.email,notes")  # fmt: skip
@@ -314,9 +314,11 @@ def add_api_commands(commands) -> None:
 
     keygen = commands.add_parser("keygen", help="make an API key for an owner and store its hash",
                                  description="Print a new API key once and add its sha256 to the key file.")  # fmt: skip
-    keygen.add_argument("--owner", required=True)
+    keygen.add_argument(
+        "--owner", required=True, help="whose key: the owner its requests, fine-tunes and feedback belong to"
+    )
     keygen.add_argument("--keys", required=True, help="the key file (created if missing)")
     keygen.add_argument("--admin", action="store_true",
                         help="an admin key: may label any logged decision (POST /v1/feedback), not only its owner's")  # fmt: skip
-    keygen.add_argument("--json", action="store_true")
+    keygen.add_argument("--json", action="store_true", help="print one JSON object instead of lines")
     keygen.set_defaults(handler=_keygen)

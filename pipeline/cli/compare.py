@@ -10,7 +10,7 @@ import argparse
 import json
 import sys
 
-from pipeline.cli.tables import console, device_option, progress_outputs
+from pipeline.cli.tables import SCORING_DEVICE_HELP, console, device_option, progress_outputs
 
 EXIT_OK, EXIT_UNREADABLE, EXIT_BAD_INPUT = 0, 1, 2
 
@@ -103,7 +103,7 @@ def add_compare_commands(commands) -> None:
     )
     compare.add_argument("--params", default="params.yaml", help="where the held-out split is defined")
     compare.add_argument("--confidence", type=float, default=0.95, help="interval level (default 0.95)")
-    compare.add_argument("--device", default="cpu", type=device_option, help="cpu (default), cuda, cuda:1")
+    compare.add_argument("--device", default="cpu", type=device_option, help=SCORING_DEVICE_HELP)
     compare.add_argument("--json", action="store_true", help="print the comparison as one JSON object")
     compare.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
     compare.set_defaults(handler=_compare)

@@ -124,7 +124,9 @@ def add_flywheel_commands(commands) -> None:
     feedback = commands.add_parser(
         "feedback", help="outcomes for logged decisions (POST /v1/feedback, or a file)"
     )
-    actions = feedback.add_subparsers(dest="action", required=True, metavar="ACTION")
+    actions = feedback.add_subparsers(
+        dest="action", required=True, metavar="ACTION", help="import: a labelled file"
+    )
     importing = actions.add_parser(
         "import", help="store a labelled JSONL or CSV file",
         description="Store labels for logged decisions from FILE: JSONL of {decision_id, gold: {question: label}} "
@@ -132,10 +134,12 @@ def add_flywheel_commands(commands) -> None:
                     "(what `decision review` writes; rows with no label are skipped). Checked as the API checks "
                     "feedback; stored whole or not at all (exit 2 naming every problem).",
     )  # fmt: skip
-    importing.add_argument("file")
+    importing.add_argument(
+        "file", help="the labelled .jsonl or .csv file (a filled-in `decision review` file)"
+    )
     importing.add_argument("--inference", metavar="DIR|URL", help=INFERENCE_HELP)
-    importing.add_argument("--params", default="params.yaml")
-    importing.add_argument("--json", action="store_true")
+    importing.add_argument("--params", default="params.yaml", help="the params file")
+    importing.add_argument("--json", action="store_true", help="print one JSON object instead of lines")
     importing.set_defaults(handler=_feedback_import)
 
     review = commands.add_parser(
@@ -146,7 +150,8 @@ def add_flywheel_commands(commands) -> None:
     )  # fmt: skip
     review.add_argument("--model", required=True, help="a model name (every version) or NAME/VERSION")
     review.add_argument("--top", type=AT_LEAST_ONE, default=50, help="how many answers (default 50)")
-    review.add_argument("--order", choices=["margin", "entropy", "set_size"], default="margin")
+    review.add_argument("--order", choices=["margin", "entropy", "set_size"], default="margin",
+                        help="least sure first by the margin (top minus runner-up), the entropy, or the conformal set's size")  # fmt: skip
     review.add_argument(
         "--alpha", type=SHARE, default=0.1, help="the conformal sets' miss rate (default 0.1)"
     )
@@ -155,7 +160,7 @@ def add_flywheel_commands(commands) -> None:
     )
     review.add_argument("--overwrite", action="store_true", help="replace an --out that exists")
     review.add_argument("--inference", metavar="DIR|URL", help=INFERENCE_HELP)
-    review.add_argument("--params", default="params.yaml")
+    review.add_argument("--params", default="params.yaml", help="the params file")
     review.set_defaults(handler=_review)
 
     harvest = commands.add_parser(
@@ -170,7 +175,7 @@ def add_flywheel_commands(commands) -> None:
     harvest.add_argument("--inference", metavar="DIR|URL", help=INFERENCE_HELP)
     harvest.add_argument("--model", metavar="NAME", help="whose labelled decisions: a served model's name or "
                          "NAME/VERSION (default: the run's retrain.model_name; 'any': every model's)")  # fmt: skip
-    harvest.add_argument("--params", default="params.yaml")
-    harvest.add_argument("--json", action="store_true")
-    harvest.add_argument("-q", "--quiet", action="store_true")
+    harvest.add_argument("--params", default="params.yaml", help="the params file")
+    harvest.add_argument("--json", action="store_true", help="print one JSON object instead of lines")
+    harvest.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
     harvest.set_defaults(handler=_harvest)

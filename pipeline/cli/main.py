@@ -29,12 +29,14 @@ from pipeline.cli.runs import add_run_commands
 from pipeline.cli.sweep import add_sweep_commands
 from pipeline.cli.tables import (
     AT_LEAST_ONE,
+    SCORING_DEVICE_HELP,
     device_option,
     print_evaluation,
     print_heldout,
     print_report,
     progress_outputs,
     quiet_libraries,
+    show_defaults,
 )
 
 EXIT_OK, EXIT_UNREADABLE, EXIT_NOTHING_USABLE = 0, 1, 2
@@ -478,7 +480,7 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--data", required=True, help=DATA_HELP)
     evaluate.add_argument("--slice", metavar="START:END", help="evaluate rows [START, END) only")
     evaluate.add_argument("--plots", metavar="DIR", help="write PNG plots here")
-    evaluate.add_argument("--device", default="cpu", type=device_option)
+    evaluate.add_argument("--device", default="cpu", type=device_option, help=SCORING_DEVICE_HELP)
     evaluate.add_argument(
         "--conformal", type=float, metavar="ALPHA",
         help="add split-conformal prediction sets at miscoverage ALPHA (e.g. 0.1): coverage and mean set size per type",
@@ -496,7 +498,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     export.add_argument("--adapter", required=True, help="a LoRA fine-tune folder, or a full model folder")
     export.add_argument("--out", required=True, type=model_out, help="the export folder")
-    export.add_argument("--json", action="store_true")
+    export.add_argument("--json", action="store_true", help="print one JSON object instead of lines")
     export.set_defaults(handler=_export)
 
     chain = commands.add_parser(
@@ -548,6 +550,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_sweep_commands(commands)
     add_flywheel_commands(commands)
     add_monitor_commands(commands)
+    show_defaults(parser)
     return parser
 
 

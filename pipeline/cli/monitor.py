@@ -53,7 +53,7 @@ def add_monitor_arguments(parser: argparse.ArgumentParser) -> None:
                         "time zone is UTC (default: now)")  # fmt: skip
     parser.add_argument("--reference", metavar="DATA",
                         help="the data the version trained on (default: its `data` tag)")  # fmt: skip
-    parser.add_argument("--params", default="params.yaml")
+    parser.add_argument("--params", default="params.yaml", help="the params file")
     parser.add_argument("--run-config", help="configs/<NAME>.yaml overrides, e.g. tiny")
     parser.add_argument("--json", action="store_true", help="print the outcome as one JSON object")
 

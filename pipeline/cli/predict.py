@@ -16,7 +16,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from pipeline.cli.data import BadMappingFlags, add_mapping_arguments, mapping_value
-from pipeline.cli.tables import AT_LEAST_ONE, device_option, progress_outputs
+from pipeline.cli.tables import AT_LEAST_ONE, SCORING_DEVICE_HELP, device_option, progress_outputs
 
 EXIT_OK, EXIT_UNREADABLE, EXIT_BAD_INPUT, EXIT_INTERRUPTED = 0, 1, 2, 130
 
@@ -156,7 +156,7 @@ def add_predict_commands(commands) -> None:
     predict.add_argument(
         "--batch-size", type=AT_LEAST_ONE, default=64, help="requests per call of the model (default 64)"
     )
-    predict.add_argument("--device", default="cpu", type=device_option, help="cpu (default), cuda, cuda:1")
+    predict.add_argument("--device", default="cpu", type=device_option, help=SCORING_DEVICE_HELP)
     predict.add_argument("--precision", choices=["fp32", "bf16"], default="fp32",
                          help="as decision serve --precision: fp32 (default) or bf16 autocast")  # fmt: skip
     predict.add_argument("--json", action="store_true",

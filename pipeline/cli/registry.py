@@ -145,33 +145,33 @@ def add_registry_commands(commands) -> None:
                           help="an export folder (decision export / finetune)")  # fmt: skip
     register.add_argument("--name", default="decision-model", type=model_name, help=name_help)
     register.add_argument("--owner", help=OWNER_HELP)
-    register.add_argument("--json", action="store_true")
+    register.add_argument("--json", action="store_true", help="print one JSON object instead of lines")
     register.set_defaults(handler=_register)
 
     promote = commands.add_parser("promote", help="make a version the champion by hand",
                                   description="Point the champion alias at VERSION and record the move; a version "
                                   "whose smoke test did not pass, or trained with --allow-unpinned, is refused "
                                   "unless --force.")  # fmt: skip
-    promote.add_argument("version")
+    promote.add_argument("version", help="the version number to make the champion")
     promote.add_argument("--name", default="decision-model", help=name_help)
     promote.add_argument(
         "--force",
         action="store_true",
         help="promote even without a passed smoke test, or trained on unpinned inputs",
     )
-    promote.add_argument("--json", action="store_true")
+    promote.add_argument("--json", action="store_true", help="print one JSON object instead of lines")
     promote.set_defaults(handler=_promote)
 
     back = commands.add_parser("rollback", help="move the champion back one step",
                                description="Point champion at the version it held before the latest promotion.")  # fmt: skip
     back.add_argument("--name", default="decision-model", help=name_help)
-    back.add_argument("--json", action="store_true")
+    back.add_argument("--json", action="store_true", help="print one JSON object instead of lines")
     back.set_defaults(handler=_rollback)
 
     retrain = commands.add_parser("retrain", help="run the Prefect retrain flow (what make run does)",
                                   description="Pins, validation, slice, training, calibration, export, MLflow, "
                                   "registration, smoke test, promotion gate; reruns skip finished work.")  # fmt: skip
-    retrain.add_argument("--params", default="params.yaml")
+    retrain.add_argument("--params", default="params.yaml", help="the params file")
     retrain.add_argument("--run-config", help="configs/<NAME>.yaml overrides, e.g. tiny")
     retrain.add_argument("--owner", help=OWNER_HELP)
     retrain.add_argument("--allow-unpinned", action="store_true",

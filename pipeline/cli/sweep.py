@@ -22,7 +22,7 @@ DESCRIPTION = (
 def add_sweep_arguments(parser: argparse.ArgumentParser) -> None:
     """The sweep's options (`decision sweep` and `python -m flows.sweep` share them)."""
     parser.add_argument("--space", required=True, metavar="FILE", help="the search space (docs/sweeps.md)")
-    parser.add_argument("--params", default="params.yaml")
+    parser.add_argument("--params", default="params.yaml", help="the params file")
     parser.add_argument("--run-config", help="configs/<NAME>.yaml overrides, e.g. tiny")
     parser.add_argument(
         "--trials", type=int, metavar="N", help="the trial budget (over the file's `trials:`)"

@@ -19,6 +19,29 @@ def say(line: str) -> None:
     tqdm.write(line, file=sys.stderr)
 
 
+SCORING_DEVICE_HELP = "cpu (default), cuda, cuda:1, ..., or auto (cuda where there is one)"
+
+
+class DefaultsShown(argparse.HelpFormatter):
+    """Help that says each option's default: `(default: X)` after a help text that does not say it already."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        help_text = action.help or ""
+        shown = action.default in (None, False, argparse.SUPPRESS) or not action.option_strings
+        if shown or "default" in help_text or "%(default)" in help_text:
+            return help_text
+        return f"{help_text} (default: %(default)s)"
+
+
+def show_defaults(parser: argparse.ArgumentParser) -> None:
+    """Give `parser` and every subcommand's parser under it `DefaultsShown`."""
+    parser.formatter_class = DefaultsShown
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for command in action.choices.values():
+                show_defaults(command)
+
+
 def device_option(text: str) -> str:
     """`--device`: refused at once (exit 2) where it names no device this process can use, before a model loads."""
     from pipeline.device import device_problem

@@ -16,13 +16,13 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
 
 from pipeline.data.contract import Record
 from pipeline.data.mapping import Mapping
 from pipeline.data.read import RowSlice
 from pipeline.data.split import refuse_unusable
 from pipeline.data.validate import validate_file
+from pipeline.device import pick_device
 from pipeline.families import load_decision_model
 from pipeline.scoring.conformal import conformal_report
 from pipeline.scoring.decisions import ScoredDecision, with_groups
@@ -100,10 +100,11 @@ def score_records(model_dir: str | Path, records: list[Record], device: str = "c
                   ) -> tuple[list[ScoredDecision], dict[str, int], list[np.ndarray], str]:  # fmt: skip
     """(decisions, skipped by reason, probabilities, family name) of `model_dir` on `records`, as served. The
     decisions carry their rows' groups: intervals then draw whole groups, and conformal halves keep them apart."""
+    device = pick_device(device)  # "auto": cuda where there is one
     model = load_decision_model(model_dir).to(device)
     family = model.family
     examples, skipped = family.build_examples(model.loaded, records)
-    decisions, logits = family.score(model.loaded, examples, torch.device(device), 64, progress)
+    decisions, logits = family.score(model.loaded, examples, device, 64, progress)
     probabilities = family.served_probabilities(model.loaded, decisions, logits)
     return with_groups(decisions, [record.group for record in records]), skipped, probabilities, family.name
 

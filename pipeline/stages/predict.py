@@ -28,7 +28,6 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
-import torch
 from tqdm import tqdm
 
 from pipeline.data import read
@@ -36,7 +35,7 @@ from pipeline.data.answers import chosen_option
 from pipeline.data.mapping import Mapping, require_columns, unlabelled_mapping
 from pipeline.data.read import BadSource, UnreadableInput
 from pipeline.data.sources import Source
-from pipeline.device import serving_dtype
+from pipeline.device import pick_device, serving_dtype
 from pipeline.families import load_decision_model
 from pipeline.families.base import DecisionModel, ModelLayoutError
 from pipeline.families.exporting import read_manifest
@@ -91,8 +90,8 @@ def predict_stage(model: str, data: str | Path, out: str | Path, batch_size: int
     from the model's manifest (`mapping_options`). UnreadableInput for a source that is no decision file,
     MappingError for a column the table lacks or options nothing gives, ModelLayoutError or RegistryError for a
     model that cannot be loaded: each before any row is scored."""
-    out = Path(out)
-    dtype = serving_dtype(precision, torch.device(device))
+    out, device = Path(out), pick_device(device)
+    dtype = serving_dtype(precision, device)
     mapping = keyed_by_index_without_id(mapping, data, report)
     chunks = iter_tables(data, rows_per_chunk, mapping)
     first = next(chunks)  # the source is read and checked before the model loads

@@ -318,3 +318,44 @@ def test_decision_retrain_passes_only_new_data_to_the_flow(monkeypatch):
     monkeypatch.setattr(subprocess, "call", lambda command, env: launched.append(command) or 0)
     assert main(["retrain", "--run-config", "fly", "--only-new-data"]) == 0 and main(["retrain"]) == 0
     assert launched[0][-1] == "--only-new-data" and "--only-new-data" not in launched[1]
+
+
+def _commands(parser, path=()):
+    """Every (command path, parser) under `parser`, feedback's `import` included."""
+    import argparse
+
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, command in action.choices.items():
+                yield (*path, name), command
+                yield from _commands(command, (*path, name))
+
+
+def test_every_option_of_every_command_says_what_it_does_and_its_default():
+    # Options had no help at all (--json on five commands, promote's version, --params on five) or left their
+    # default unsaid (serve's --max-wait-ms, --poll-seconds, --max-body-mb; smoke's --timeout).
+    from pipeline.cli.main import build_parser
+
+    unsaid, undefaulted = [], []
+    for path, command in _commands(build_parser()):
+        text = command.format_help()
+        for action in command._actions:
+            name = " ".join(path) + " " + (action.option_strings or [action.dest])[-1]
+            if not action.help:
+                unsaid.append(name)
+            elif action.option_strings and action.default not in (None, False, "==SUPPRESS=="):
+                if f"{action.default}" not in text:
+                    undefaulted.append(name)
+    assert unsaid == [] and undefaulted == []
+
+
+@pytest.mark.parametrize("command", ["evaluate", "predict"])
+def test_device_auto_picks_the_cpu_here_for_scoring_commands_too(
+    command, tiny_base, synthetic_train_file, tmp_path
+):
+    # `--device auto` passed the flag's check, then torch refused the name with a traceback.
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text("".join(synthetic_train_file.read_text().splitlines(keepends=True)[:10]))
+    args = ["--model", str(tiny_base), "--data", str(rows), "--device", "auto", "-q"]
+    out = ["--out", str(tmp_path / "scores.parquet")] if command == "predict" else ["--json"]
+    assert main([command, *args, *out]) == 0

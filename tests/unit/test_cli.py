@@ -343,9 +343,12 @@ def test_every_option_of_every_command_says_what_it_does_and_its_default():
             name = " ".join(path) + " " + (action.option_strings or [action.dest])[-1]
             if not action.help:
                 unsaid.append(name)
-            elif action.option_strings and action.default not in (None, False, "==SUPPRESS=="):
-                if f"{action.default}" not in text:
-                    undefaulted.append(name)
+            elif (
+                action.option_strings
+                and action.default not in (None, False, "==SUPPRESS==")
+                and (f"{action.default}" not in text)
+            ):
+                undefaulted.append(name)
     assert unsaid == [] and undefaulted == []
 
 

@@ -56,7 +56,7 @@ def _feedback_import(args: argparse.Namespace) -> int:
         stored = store_feedback(open_store(where), items, Labeller(None, admin=True), IMPORTER)
     except FeedbackRefused as error:
         print(
-            f"decision feedback import: nothing stored ({error.status}): {located(error, read)}",
+            f"decision feedback import: nothing stored: {located(error, read)}",
             file=sys.stderr,
         )
         return EXIT_REFUSED

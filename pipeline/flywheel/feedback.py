@@ -205,8 +205,16 @@ def read_feedback_file(path: str | Path) -> list[dict[str, Any]]:
     numbered = [(number, _line(text, number))
                 for number, text in enumerate(path.read_text(encoding="utf-8-sig").splitlines(), 1) if text.strip()]  # fmt: skip
     flat = [(number, line) for number, line in numbered if isinstance(line, dict) and "gold" not in line]
-    items = [line for _, line in numbered if not (isinstance(line, dict) and "gold" not in line)]
+    items = [_with_lines(line, number) for number, line in numbered if not (isinstance(line, dict) and "gold" not in line)]  # fmt: skip
     return items + _grouped(flat)
+
+
+def _with_lines(item: Any, number: int) -> Any:
+    """An item line (`{decision_id, gold}`) with its line number under each question, as flat rows keep theirs."""
+    if not isinstance(item, dict):
+        return item
+    gold = item.get("gold")
+    return item | {LINES: {str(q): number for q in gold} if isinstance(gold, dict) and gold else {"": number}}
 
 
 def _line(text: str, number: int) -> Any:
@@ -251,7 +259,10 @@ def located(refused: FeedbackRefused, items: list[dict[str, Any]]) -> str:
         elif question is not None and question in lines:
             said.append(f"line {lines[question]}, question {question!r}: {error['msg']}")
         else:
-            said.append(f"line(s) {', '.join(map(str, sorted(lines.values())))}: {error['msg']}")
+            numbers = sorted(set(lines.values()))
+            said.append(
+                f"line{'s' if len(numbers) > 1 else ''} {', '.join(map(str, numbers))}: {error['msg']}"
+            )
     return "; ".join(said)
 
 

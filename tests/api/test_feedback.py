@@ -152,7 +152,7 @@ def test_the_feedback_file_forms_read_back_as_items(tmp_path):
     csv = tmp_path / "labels.csv"
     csv.write_text("decision_id,question,label,state\nc,tone,neutral,late\nd,tone,,not labelled yet\n")
     # Flat rows keep the lines their labels came from (a refusal names them).
-    assert read_feedback_file(jsonl) == [{"decision_id": "a", "gold": {"tone": "negative"}},
+    assert read_feedback_file(jsonl) == [{"decision_id": "a", "gold": {"tone": "negative"}, "lines": {"tone": 1}},
                                          {"decision_id": "b", "gold": {"tone": "positive", "intensity": 2},
                                           "lines": {"tone": 2, "intensity": 3}}]  # fmt: skip
     assert read_feedback_file(csv) == [

@@ -313,6 +313,15 @@ def test_a_labelled_csv_is_refused_at_its_lines_and_its_cells_read_as_a_tables(t
     # The file's lines, not the positions of its rows grouped by decision.
     assert "line 4, question 'tone': 'furious' is not an option of 'tone'" in said
     assert "line 5, question 'positive': 'maybe' is not an option" in said and "body." not in said
+    # Item lines ({decision_id, gold}) are named by their lines too (they said body.0), beside flat rows.
+    items = tmp_path / "items.jsonl"
+    items.write_text(json.dumps({"decision_id": ids[1], "question": "tone", "label": "negative"}) + "\n\n"
+                     + json.dumps({"decision_id": ids[2], "gold": {"tone": "furious"}}) + "\n"
+                     + json.dumps({"decision_id": "nope", "gold": {"tone": "negative"}}) + "\n")  # fmt: skip
+    assert main(["feedback", "import", str(items), *inference]) == 2
+    said = capsys.readouterr().err
+    assert "line 3, question 'tone': 'furious' is not an option of 'tone'" in said
+    assert "line 4: no logged decision 'nope'" in said and "body." not in said and "(4" not in said
     write_labels(labelled, rows[:2])  # " true " is true, as a table reads it
     assert main(["feedback", "import", str(labelled), *inference]) == 0
     assert {r["question_id"]: json.loads(r["gold"]) for r in store.feedback().to_pylist()} == {

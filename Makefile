@@ -31,7 +31,10 @@ UI_PORT ?= 5000
 MLFLOW_TRACKING_URI ?= sqlite:///mlflow/mlflow.db
 UI_ARTIFACTS ?= $(abspath $(dir $(MLFLOW_TRACKING_URI:sqlite:///%=%)))/artifacts
 
-.PHONY: run sweep test test-all lint bench repo data pull push serve ui browser postgres schedule clean-venv
+.PHONY: help run sweep test test-all lint bench repo data pull push serve ui browser postgres schedule clean-venv
+
+help:  ## these targets and what each does
+	@awk -F':.*## ' '/^[a-z-]+:.*## / {printf "  %-14s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 
 run: $(STAMP) repo  ## the main job: pin data and base, then the retrain flow (train, calibrate, export, register, smoke, promote)
 	python -m pipeline.data.remote pull
@@ -87,7 +90,7 @@ postgres:
 	    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql; } >/dev/null 2>&1; } || \
 	  echo "No PostgreSQL (and apt-get install postgresql was not possible): the postgres tests will be skipped."
 
-lint: $(STAMP)
+lint: $(STAMP)  ## ruff check and ruff format --check, as CI runs them
 	ruff check pipeline flows tests benchmarks scripts
 	ruff format --check pipeline flows tests benchmarks scripts
 
@@ -122,7 +125,7 @@ $(STAMP): pyproject.toml constraints.txt
 	$(BIN)/python -m pip install -q --disable-pip-version-check -c constraints.txt -e '.[dev,postgres,onnx,openvino]'
 	@rm -f $(VENV)/.installed-* && touch $@
 
-clean-venv:
+clean-venv:  ## remove the project virtualenv (the next target makes it again)
 	rm -rf $(VENV)
 
 # Weekly retraining on this machine, as prefect.yaml declares it. `make schedule` starts a Prefect server on

@@ -9,11 +9,16 @@ model = load_decision_model("runs/abc/export")                # a family and its
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 
+import torch
+from safetensors import SafetensorError
+
 from pipeline.config import ConfigError, TrainConfig
-from pipeline.families.base import BadBase, DecisionFamily, DecisionModel
+from pipeline.families.base import BadBase, DecisionFamily, DecisionModel, ModelLayoutError
 from pipeline.families.base_folders import folder_problem
 from pipeline.families.joint.family import JointFamily
 from pipeline.families.laya.family import LayaFamily
@@ -88,10 +93,27 @@ def explain_training(base: str | Path, family: DecisionFamily, config: TrainConf
 
 
 def load_decision_model(folder: str | Path) -> DecisionModel:
-    """A servable model of any family: an export, or a family's fine-tune folder."""
+    """A servable model of any family: an export, or a family's fine-tune folder; ModelLayoutError naming the
+    folder where its files are missing, damaged or of another shape."""
     family = pick_family(folder)
-    with MODEL_BUILDS:
+    with MODEL_BUILDS, loading(folder, ModelLayoutError, "a model", "an unfinished or damaged export?"):
         return DecisionModel(family, family.load_trained(folder))
+
+
+@contextmanager
+def loading(folder: str | Path, refusal: type[ModelLayoutError], what: str, hint: str = "") -> Iterator[None]:
+    """What a loader raises on a folder whose files are missing, truncated, corrupted or of another shape (an OS
+    error, safetensors' own, a shape mismatch, a missing key) as one `refusal` naming the folder; the project's own
+    errors, and running out of memory, as they are."""
+    try:
+        yield
+    except (ModelLayoutError, ConfigError, torch.OutOfMemoryError):
+        raise
+    except (OSError, ValueError, RuntimeError, KeyError, SafetensorError) as error:
+        said = " ".join(str(error).split())  # one line, whatever the loader wrote
+        raise refusal(
+            f"{folder}: does not load as {what} ({type(error).__name__}: {said}){' ' + hint if hint else ''}"
+        ) from error
 
 
 def is_complete_export(folder: Path) -> bool:

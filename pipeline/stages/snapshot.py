@@ -18,11 +18,10 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from safetensors import SafetensorError
 
 from pipeline.data.pins import pin_command
 from pipeline.data.sources import env_flag_set
-from pipeline.families import pick_family
+from pipeline.families import loading, pick_family
 from pipeline.families.base import BadBase
 from pipeline.families.base_folders import looks_like_hub_id
 from pipeline.families.exporting import fsync_tree, write_staged
@@ -83,10 +82,12 @@ def _fill(source: str, folder: Path, staging: Path) -> None:
         _download_from_hub(source, staging)
     try:
         family = pick_family(staging)
-        family.load(staging)  # weights and tokenizer read whole: a truncated file fails here, not in training
-    except (BadBase, OSError, ValueError, RuntimeError, KeyError, SafetensorError) as error:
-        said = " ".join(str(error).split())  # one line, whatever the loader wrote
-        raise BadBase(f"{source}: does not load as a base ({said})") from error
+        with loading(source, BadBase, "a base"):
+            family.load(
+                staging
+            )  # weights and tokenizer read whole: a truncated file fails here, not in training
+    except BadBase as error:  # named by the source, not by the staging copy a loader's words name
+        raise BadBase(str(error).replace(str(staging), str(source))) from error
     fsync_tree(staging)
 
 

@@ -22,8 +22,8 @@ from pipeline.cpu.budget import apply_threads, plan_threads
 from pipeline.cpu.load import ThreadGovernor
 from pipeline.data.split import SplitData
 from pipeline.device import pick_device
-from pipeline.families import MODEL_BUILDS, explain_training, pick_family, resolve_training
-from pipeline.families.base import Candidate, DecisionFamily
+from pipeline.families import MODEL_BUILDS, explain_training, loading, pick_family, resolve_training
+from pipeline.families.base import BadBase, Candidate, DecisionFamily
 from pipeline.scoring.baselines import learning_warnings, majority_labels
 from pipeline.scoring.calibration import plain_probabilities
 from pipeline.scoring.decisions import ScoredDecision
@@ -152,7 +152,7 @@ def prepare_fit(
     threads = ThreadGovernor(budget).start()
     family = pick_family(base, config.family)
     dev = pick_device(device)
-    with MODEL_BUILDS:
+    with MODEL_BUILDS, loading(base, BadBase, "a base"):
         loaded = family.load(base, config, dev)
     train_examples, skipped_train = family.build_examples(loaded, data.split.train)
     heldout_examples, skipped_heldout = family.build_examples(loaded, data.split.heldout)

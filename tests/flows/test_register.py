@@ -33,16 +33,19 @@ def test_a_version_carries_its_key_from_creation_and_a_retry_finds_it(store, mon
     assert other != version and len(client().search_model_versions("name='decision-model'")) == 2
 
 
-def test_decision_register_tags_the_version_and_its_run_with_what_the_manifest_says_was_pinned(store):
+def test_decision_register_tags_the_version_and_its_run_with_what_the_manifest_says_was_pinned(
+    store, tiny_base, tmp_path
+):
     import json
+    import shutil
 
     from pipeline.cli.main import main
     from pipeline.mlops.registry import client
 
+    export = shutil.copytree(tiny_base, tmp_path / "tiny-export")
     inputs = {"data": {"path": "mine.jsonl", "pinned": False}, "base": {"path": "base", "pinned": True}}
-    (store / "manifest.json").write_text(json.dumps({"inputs": inputs}))
-    (store / "head.safetensors").write_bytes(b"")  # the joint marker: register takes complete exports
-    assert main(["register", "--export", str(store), "--name", "decision-model"]) == 0
+    (export / "manifest.json").write_text(json.dumps({"inputs": inputs}))
+    assert main(["register", "--export", str(export), "--name", "decision-model"]) == 0
     version = client().get_model_version("decision-model", "1")
     run = client().get_run(version.run_id)
     for tags in (version.tags, run.data.tags):
@@ -65,3 +68,31 @@ def test_serving_an_alias_no_version_holds_is_refused_saying_how_to_make_one(sto
     register_export(store, "tickets", tags={"idempotency_key": "k1"})
     assert main(args) == 2
     assert "decision promote 1 --name tickets [--force] makes it the champion" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("damage", ["manifest.json", "calibrator.json", "weights"])
+def test_decision_register_refuses_an_export_that_does_not_load_and_makes_no_version(
+    damage, store, tiny_base, tmp_path, capsys
+):
+    # A folder with its marker but no manifest, calibrator or weights was registered (exit 0), and failed later
+    # in every server that fetched it.
+    from pathlib import Path
+
+    from pipeline.cli.main import main
+    from pipeline.families.laya.export import export_model
+    from pipeline.families.laya_layout import load_model
+    from pipeline.mlops.registry import client
+    from pipeline.scoring.calibrators import Calibrator
+
+    calibrator = Calibrator(temperatures=(1.2, 1.0, 0.9))
+    export = Path(
+        export_model(load_model(tiny_base), tmp_path / "laya-export", calibrator, {"source_digest": "x"}).out
+    )
+    assert main(["register", "--export", str(export), "--name", "whole"]) == 0
+    capsys.readouterr()
+    removed = next(export.rglob("*.safetensors")) if damage == "weights" else export / damage
+    removed.unlink()
+    assert main(["register", "--export", str(export), "--name", "damaged"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"decision register: {export}"), err
+    assert not client().search_model_versions("name='damaged'")

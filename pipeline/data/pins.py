@@ -147,13 +147,19 @@ def pin_tags(status: dict[str, dict]) -> dict[str, str]:
 
 def pin_command(rel: str, root: str | Path = ".") -> str:
     """The DVC command that pins `rel`: `dvc repro STAGE` for a stage output of dvc.yaml, else `dvc add`."""
+    stage = producing_stage(rel, root)
+    return f"dvc repro {stage[0]}" if stage is not None else f"dvc add {rel}"
+
+
+def producing_stage(rel: str, root: str | Path = ".") -> tuple[str, str] | None:
+    """(name, cmd) of the dvc.yaml stage whose output `rel` is, or None."""
     pipeline = Path(root) / PIPELINE_FILE
     stages = (yaml.safe_load(pipeline.read_text()) or {}).get("stages", {}) if pipeline.is_file() else {}
     for name, stage in stages.items():
         # An out is a path, or {path: options} when it carries options (persist, cache).
         if rel in {next(iter(out)) if isinstance(out, dict) else out for out in stage.get("outs", [])}:
-            return f"dvc repro {name}"
-    return f"dvc add {rel}"
+            return name, str(stage.get("cmd", ""))
+    return None
 
 
 def _unpinned_message(missing: list[str], lock: Path) -> str:

@@ -19,7 +19,7 @@ from typing import Any
 
 import yaml
 
-from pipeline.data.pins import pin_command
+from pipeline.data.pins import pin_command, producing_stage
 from pipeline.data.sources import env_flag_set
 from pipeline.families import loading, pick_family
 from pipeline.families.base import BadBase
@@ -30,6 +30,10 @@ from pipeline.masking import error_reason
 # What a Hub download takes: configs, safetensors weights and tokenizer files (no pickled .bin weights, no
 # ONNX, TensorFlow or Flax copies).
 HUB_FILES = ["*.json", "*.safetensors", "*.txt", "*.model"]
+SNAPSHOT_COMMANDS = (
+    "decision snapshot",
+    "pipeline.cli snapshot",
+)  # a dvc.yaml stage that snapshots a base itself
 
 
 class PinFailed(RuntimeError):
@@ -68,10 +72,27 @@ def snapshot_base(source: str, out: str | Path) -> PinnedBase:
         raise BadBase(f"{source}: a Hugging Face Hub id, and the Hub is offline here (HF_HUB_OFFLINE); run this "
                       f"where it is reachable, or download it there (`hf download {source} --local-dir DIR`) and "
                       "`decision snapshot --from DIR` here")  # fmt: skip
+    if (rebuilt := _rebuilt_by_a_stage(out)) is not None:
+        raise BadBase(rebuilt)
     # A copy `dvc add` refused is taken back out (the folder is as it was): nothing unpinned is left to train on.
     md5, pinned_by = write_staged(out, lambda staging: _fill(source, folder, staging), settle=pin_folder)
     family = pick_family(out)
     return PinnedBase(source, str(out), family.name, family.describe_base(out), md5, pinned_by)
+
+
+def _rebuilt_by_a_stage(out: Path) -> str | None:
+    """Why `out` must not take a snapshot: dvc.yaml makes it the output of a stage that builds it some other way
+    (the stock MiniLM's), so `dvc repro` (and `make run`) would replace the copy; None otherwise. A stage that runs
+    `decision snapshot` itself is the way to pin a snapshot by `dvc repro`."""
+    root = _dvc_root(out)
+    if root is None:
+        return None
+    stage = producing_stage(out.resolve().relative_to(root).as_posix(), root)
+    if stage is None or any(command in stage[1] for command in SNAPSHOT_COMMANDS):
+        return None
+    return (f"{out}: the output of dvc.yaml's stage {stage[0]} (`{stage[1]}`), which `dvc repro` and `make run` "
+            f"rebuild from their own source, replacing this copy; snapshot into another folder, e.g. "
+            f"{out.parent / (out.name + '-mine')}")  # fmt: skip
 
 
 def _fill(source: str, folder: Path, staging: Path) -> None:
@@ -135,8 +156,10 @@ def run_dvc(arguments: list[str], root: Path) -> None:
                           timeout=3600, env={**os.environ, "PATH": path})  # fmt: skip
     if done.returncode != 0:
         said = [line.strip() for line in (done.stderr or done.stdout).splitlines() if line.strip()]
+        # DVC's ERROR line says why; the lines after it are hints (a command to run), not the reason.
+        reason = next((line for line in said if line.startswith("ERROR")), said[-1] if said else None)
         raise PinFailed(
-            f"dvc {' '.join(arguments)} (in {root}) failed: {said[-1] if said else f'exit {done.returncode}'}"
+            f"dvc {' '.join(arguments)} (in {root}) failed: {reason or f'exit {done.returncode}'}"
         )
 
 

@@ -70,6 +70,16 @@ def test_a_stage_output_is_left_to_dvc_repro(encoder, repo, capsys):
     assert not (repo / "data" / "snapshots" / "staged.dvc").exists()
 
 
+def test_the_output_of_a_stage_that_builds_it_otherwise_is_refused(encoder, repo, capsys):
+    # `--out data/snapshots/minilm` replaced the stock base and said `dvc repro snapshot` pinned it: the stage
+    # rebuilt MiniLM from its package, replacing the user's model.
+    stage = {"cmd": "python -m build_the_stock_base", "outs": ["data/snapshots/stock"]}
+    (repo / "dvc.yaml").write_text(yaml.safe_dump({"stages": {"stock": stage}}))
+    code, _, err = snapshot(capsys, encoder, repo / "data" / "snapshots" / "stock")
+    assert code == 2 and "the output of dvc.yaml's stage stock (`python -m build_the_stock_base`)" in err
+    assert "snapshot into another folder" in err and not (repo / "data" / "snapshots").exists()
+
+
 def test_outside_a_dvc_repository_it_is_copied_and_said_unpinned(encoder, tmp_path, capsys):
     code, printed, _ = snapshot(capsys, encoder, tmp_path / "mine")
     assert code == 0 and files(tmp_path / "mine") == files(encoder)

@@ -55,7 +55,8 @@ def print_comparison(result) -> None:
 
     out = console()
     level = f"{result.confidence:.0%}"
-    title = (f"A = {result.a}, B = {result.b}: {result.rows} rows of {result.data} ({result.records:,} records; "
+    a, b = (_shown(given, served) for given, served in zip((result.a, result.b), result.served_as))
+    title = (f"A = {a}, B = {b}: {result.rows} rows of {result.data} ({result.records:,} records; "
              f"gains B over A, {level} paired record-bootstrap intervals)")  # fmt: skip
     if out.width < TABLE_COLUMNS:
         out.print(title, highlight=False)
@@ -107,3 +108,8 @@ def add_compare_commands(commands) -> None:
     compare.add_argument("--json", action="store_true", help="print the comparison as one JSON object")
     compare.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
     compare.set_defaults(handler=_compare)
+
+
+def _shown(given: str, served_as: str) -> str:
+    """A model as given, with the version an alias points at now (`models:/x@champion (x/3)`)."""
+    return f"{given} ({served_as})" if given.startswith("models:/") and served_as else given

@@ -19,6 +19,9 @@ from pipeline.scoring.decisions import ScoredDecision
 from pipeline.scoring.report import bootstrap_means, record_draws, record_index, two_sided
 
 RESAMPLES = 2000
+# Below this many records a percentile bootstrap has too few distinct resamples to bound anything (one record's
+# interval is a single point): a comparison says so rather than name a winner.
+MIN_RECORDS_TO_JUDGE = 20
 
 Scored = tuple[list[ScoredDecision], list[np.ndarray]]
 
@@ -102,13 +105,22 @@ class QuestionDifference:
     nll_gain: float  # A - B: positive when B is the better calibrated guess
     nll_gain_low: float
     nll_gain_high: float
+    records: int = 0
+    """The records the decisions come from: what the bootstrap resamples."""
+
+    @property
+    def b_less_accurate(self) -> bool:
+        """B is less accurate than A beyond the bootstrap noise (the interval alone, however few the records)."""
+        return self.accuracy_gain_high < 0
 
     @property
     def verdict(self) -> str:
         """Which model is better on this question beyond the bootstrap noise, in words."""
+        if self.records < MIN_RECORDS_TO_JUDGE:
+            return f"too few records to tell ({self.records} < {MIN_RECORDS_TO_JUDGE})"
         if self.accuracy_gain_low > 0:
             return "B more accurate"
-        if self.accuracy_gain_high < 0:
+        if self.b_less_accurate:
             return "A more accurate"
         if self.nll_gain_low > 0:
             return "B: lower NLL, accuracy level"
@@ -141,7 +153,8 @@ def _difference(name: str, chosen: np.ndarray, nll: np.ndarray, right: np.ndarra
     return QuestionDifference(name, int(chosen.sum()), float(right[chosen, 0].mean()), float(right[chosen, 1].mean()),
                               float((right[chosen, 1] - right[chosen, 0]).mean()), *accuracy_gain,
                               float(nll[chosen, 0].mean()), float(nll[chosen, 1].mean()),
-                              float((nll[chosen, 0] - nll[chosen, 1]).mean()), *nll_gain)  # fmt: skip
+                              float((nll[chosen, 0] - nll[chosen, 1]).mean()), *nll_gain,
+                              len(np.unique(record_of[chosen])))  # fmt: skip
 
 
 def _interval(

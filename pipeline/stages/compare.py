@@ -17,6 +17,7 @@ from typing import Any
 
 from pipeline.config import ValidateConfig
 from pipeline.data.split import TrainSource
+from pipeline.families import is_complete_export
 from pipeline.families.base import ModelLayoutError
 from pipeline.mlops.registry import RegistryError
 from pipeline.scoring.paired import QuestionDifference, per_question_differences
@@ -36,10 +37,13 @@ class Comparison:
     records: int
     confidence: float
     questions: list[QuestionDifference] = field(default_factory=list)
+    served_as: tuple[str, str] = ("", "")
+    """A's and B's names as the API serves them: NAME/VERSION for a registered version (an alias resolved)."""
 
     def to_dict(self) -> dict[str, Any]:
-        return {"a": self.a, "b": self.b, "data": self.data, "rows": self.rows, "records": self.records,
-                "confidence": self.confidence, "questions": [q.to_dict() for q in self.questions]}  # fmt: skip
+        return {"a": self.a, "b": self.b, "a_served_as": self.served_as[0], "b_served_as": self.served_as[1],
+                "data": self.data, "rows": self.rows, "records": self.records, "confidence": self.confidence,
+                "questions": [q.to_dict() for q in self.questions]}  # fmt: skip
 
 
 def compare_models(a: str, b: str, data: str | Path, split: ValidateConfig = ValidateConfig(), all_rows: bool = False,
@@ -54,16 +58,21 @@ def compare_models(a: str, b: str, data: str | Path, split: ValidateConfig = Val
         usable = len(validated.split.every_record())
         raise ValueError(f"{data}: no held-out rows to compare on ({usable} usable row(s), too few for a held-out "
                          "split under validate); give --all-rows to compare on every usable row")  # fmt: skip
-    scored = []
+    scored, names = [], []
     for side, source in (("A", a), ("B", b)):
         try:
             with model_folder(source) as (name, folder):
+                if not is_complete_export(
+                    folder
+                ):  # a plain base would be scored with a fresh, untrained head
+                    raise ModelLayoutError(f"{folder}: not an export (a base, or a fine-tune not exported yet?); "
+                                           "compare exports: a run's export/ folder, or decision finetune --out")  # fmt: skip
                 say(f"scoring {sum(len(r.decisions) for r in records):,} decisions with {name}")
                 decisions, _, probabilities, _ = score_records(folder, records, device)
         except (RegistryError, ModelLayoutError) as error:  # which of the two could not be read
             raise type(error)(f"{side} ({source}): {error}") from error
         scored.append((decisions, probabilities))
+        names.append(name)
     differences = per_question_differences(scored[0], scored[1], confidence)
-    return Comparison(
-        a, b, str(data), "all" if all_rows else "held-out", len(records), confidence, differences
-    )
+    return Comparison(a, b, str(data), "all" if all_rows else "held-out", len(records), confidence, differences,
+                      (names[0], names[1]))  # fmt: skip

@@ -74,9 +74,7 @@ def promotion_stage(name: str, version: str, calibrated: dict[str, float], smoke
         comparison, questions = compare_versions(
             name, champion_version, version, heldout, config.nll_confidence
         )
-    worse = [
-        q.question for q in questions[1:] if q.verdict == "A more accurate"
-    ]  # [0] is all questions together
+    worse = [q.question for q in questions[1:] if q.b_less_accurate]  # [0] is all questions together
     verdict = gate(
         calibrated, comparison, smoke_passed, config, learning_warnings, unpinned, worse, bag_of_words
     )

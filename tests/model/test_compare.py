@@ -45,6 +45,14 @@ def test_a_small_difference_on_few_records_is_noise():
     )
 
 
+def test_too_few_records_name_no_winner_however_the_interval_falls():
+    # One record right for B and wrong for A gave "B more accurate" with the interval [+1, +1].
+    for n in (1, 19):
+        _, row = per_question_differences(_scored([False] * n, ["q"] * n), _scored([True] * n, ["q"] * n))
+        assert row.accuracy_gain_low == 1.0 and row.records == n
+        assert row.verdict == f"too few records to tell ({n} < 20)" and row.b_less_accurate is False
+
+
 def test_models_sharing_no_decision_are_refused():
     with pytest.raises(ValueError, match="share no decision"):
         per_question_differences(_scored([True], ["q"]), ([], []))
@@ -113,3 +121,13 @@ def test_data_too_small_for_a_heldout_split_says_so_and_points_at_all_rows(
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1
     assert "no held-out rows" in err[0] and "1 usable row" in err[0] and "--all-rows" in err[0]
+
+
+def test_a_plain_base_is_no_side_of_a_comparison(tiny_base, synthetic_train_file, tmp_path, capsys):
+    # A plain encoder folder was scored with a fresh, untrained head and given a verdict.
+    from tests.tiny import write_tiny_encoder
+
+    encoder = write_tiny_encoder(tmp_path / "bert", "bert")
+    args = ["compare", str(encoder), str(tiny_base), "--data", str(synthetic_train_file), "--all-rows", "-q"]
+    assert main(args) == 2
+    assert f"decision compare: A ({encoder}): {encoder}: not an export" in capsys.readouterr().err

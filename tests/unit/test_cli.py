@@ -282,8 +282,9 @@ def test_the_comparison_table_never_cuts_a_number_short(columns, monkeypatch, ca
                                accuracy_gain=0.0586, accuracy_gain_low=0.0123, accuracy_gain_high=0.1046,
                                nll_a=0.7730, nll_b=0.7012, nll_gain=0.0718, nll_gain_low=0.0301,
                                nll_gain_high=0.1190, verdict="B more accurate and better calibrated")  # fmt: skip
-    print_comparison(SimpleNamespace(confidence=0.95, a="runs/fly/1/export", b="runs/fly/2/export", rows=60,
-                                     data="data/fly", records=60, questions=[question]))  # fmt: skip
+    print_comparison(SimpleNamespace(confidence=0.95, a="runs/fly/1/export", b="models:/fly@champion", rows=60,
+                                     data="data/fly", records=60, questions=[question],
+                                     served_as=("fly-joint-1a2b3c4d", "fly/2")))  # fmt: skip
     printed = capsys.readouterr().out
     joined = " ".join(printed.split())
     assert (
@@ -292,6 +293,7 @@ def test_the_comparison_table_never_cuts_a_number_short(columns, monkeypatch, ca
         and "+0.0718 [+0.0301, +0.1190]" in joined
     )
     assert ("accuracy 0.6234 -> 0.6820" in joined) == (columns == "80")  # narrow: a line per question
+    assert "A = runs/fly/1/export, B = models:/fly@champion (fly/2)" in joined  # the version the alias names
 
 
 def test_the_flywheel_automation_without_a_server_is_one_line_and_exit_2(monkeypatch, capsys):

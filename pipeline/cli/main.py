@@ -118,6 +118,12 @@ def _training_setup(args: argparse.Namespace):
         FileNotFoundError,
         ValueError,
     )
+    out, base = Path(args.out).resolve(), Path(args.base).resolve()
+    if (
+        out == base or out.is_relative_to(base) or base.is_relative_to(out)
+    ):  # the export would replace the base
+        raise ConfigError(f"--out {args.out}: {'the same folder as' if out == base else 'overlaps'} --base "
+                          f"{args.base}, which writing the model would replace; give another --out")  # fmt: skip
     params = _with_mapping(load_params(args.params), args)
     overrides = {
         k: v

@@ -364,3 +364,20 @@ def test_device_auto_picks_the_cpu_here_for_scoring_commands_too(
     args = ["--model", str(tiny_base), "--data", str(rows), "--device", "auto", "-q"]
     out = ["--out", str(tmp_path / "scores.parquet")] if command == "predict" else ["--json"]
     assert main([command, *args, *out]) == 0
+
+
+@pytest.mark.parametrize("command", ["train", "finetune"])
+@pytest.mark.parametrize("out", [".", "export"])
+def test_an_out_that_is_or_holds_the_base_is_refused_before_anything_runs(command, out, tmp_path, capsys):
+    # finetune --out BASE replaced the pinned base with the export, and the next run refused its pin.
+    base = tmp_path / "base"
+    base.mkdir()
+    (base / "config.json").write_text('{"model_type": "bert"}')
+    target = (base / out).resolve()
+    assert (
+        main([command, "--data", str(tmp_path / "rows.jsonl"), "--base", str(base), "--out", str(target)])
+        == 2
+    )
+    err = capsys.readouterr().err
+    assert f"--out {target}: " in err and f"--base {base}, which writing the model would replace" in err
+    assert sorted(p.name for p in base.iterdir()) == ["config.json"]

@@ -94,11 +94,14 @@ def verify_pins(
             problems.append(f"{rel}: not pinned; pin it with `{pin_command(rel, root)}`")
             continue
         md5, source = found_pin
+        # A stage output is rebuilt by its stage; a `dvc add`ed folder has only its cache to come back from.
+        added = str(source).endswith(".dvc")
+        restore = f"dvc checkout --force {rel}" if added else "dvc repro"
         if not target.exists():
-            problems.append(f"{rel}: missing (pinned md5 {md5}); run `dvc repro` or `dvc pull` to restore it")
+            problems.append(f"{rel}: missing (pinned md5 {md5}); run `{restore}` or `dvc pull` to restore it")
         elif (found := current_md5(target)) != md5:
-            problems.append(f"{rel}: bytes differ from {source} (pinned md5 {md5}, found md5 {found}); "
-                            "`dvc repro` rebuilds the pinned bytes, `dvc commit` pins these")  # fmt: skip
+            problems.append(f"{rel}: bytes differ from {source} (pinned md5 {md5}, found md5 {found}); `{restore}` "
+                            f"brings back the pinned bytes, `{f'dvc add {rel}' if added else 'dvc commit'}` pins these")  # fmt: skip
         else:
             verified[rel] = found
     if problems:

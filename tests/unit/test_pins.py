@@ -142,9 +142,16 @@ def test_a_folder_changed_under_a_real_dvc_pin_is_refused_as_dvc_status_sees_it(
     (repo / "out/model/sub/w.bin").write_bytes(b"retrained")
     assert "modified" in json.dumps(json.loads(_dvc(repo, "status", "--json")))  # DVC agrees it changed
     with pytest.raises(
-        PinMismatch, match=r"out/model: bytes differ from dvc\.lock .*`dvc commit` pins these"
+        PinMismatch,
+        match=r"out/model: bytes differ from dvc\.lock .*`dvc repro` brings back .*`dvc commit` pins",
     ):
         verify_inputs([repo / "out/model", repo / "own.csv"], repo / "dvc.lock")
+    # A `dvc add`ed file comes back from the cache, not from a stage (`dvc repro` was the advice).
+    (repo / "own.csv").write_text("edited\n")
+    with pytest.raises(
+        PinMismatch, match=r"own.csv: .*`dvc checkout --force own.csv` brings back .*`dvc add own.csv` pins"
+    ):
+        verify_inputs([repo / "own.csv"], repo / "dvc.lock")
 
 
 def test_the_strict_check_refuses_unpinned_inputs_naming_each_path_and_the_command_that_pins_it(dvc_repo):

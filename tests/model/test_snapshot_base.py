@@ -96,12 +96,22 @@ def truncated_weights(folder) -> str:
     return "does not load as a base"
 
 
+def a_layer_missing(folder) -> str:
+    # transformers filled the missing tensors at random, warned, and the snapshot was taken (exit 0).
+    from safetensors.torch import load_file, save_file
+
+    weights = folder / "model.safetensors"
+    kept = {k: v for k, v in load_file(str(weights)).items() if "layer.1." not in k}
+    save_file(kept, str(weights), metadata={"format": "pt"})
+    return "its weights lack 16 of the model's tensors (encoder.layer.1."
+
+
 def no_config(folder) -> str:
     (folder / "config.json").unlink()
     return "not a model folder: no config.json"
 
 
-@pytest.mark.parametrize("damage", [truncated_weights, no_config])
+@pytest.mark.parametrize("damage", [truncated_weights, a_layer_missing, no_config])
 def test_a_folder_that_is_no_base_is_refused_and_out_is_left_as_it_was(damage, repo, capsys):
     source = write_tiny_encoder(repo.parent / "source", "bert")
     said = damage(source)

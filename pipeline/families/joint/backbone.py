@@ -11,6 +11,8 @@ DeBERTa-v2, ModernBERT, ...).
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +20,7 @@ import torch
 from torch import nn
 
 from pipeline.device import has_native_bf16
+from pipeline.families.base import BadBase
 from pipeline.families.laya_layout import CONFIG_FILE, load_model
 
 ENCODER, CAUSAL_LM = "encoder", "causal_lm"
@@ -94,10 +97,14 @@ def load_causal_lm(folder: str | Path, dtype: torch.dtype = torch.float32, quant
     if not (folder / "config.json").is_file():
         raise FileNotFoundError(f"{folder}: not a Hugging Face model folder (no config.json)")
     if quantization is None:
-        return AutoModelForCausalLM.from_pretrained(str(folder), dtype=dtype, local_files_only=True).eval()
+        with _checked_load(folder) as checked:
+            return checked(AutoModelForCausalLM.from_pretrained(str(folder), dtype=dtype, local_files_only=True,
+                                                                output_loading_info=True)).eval()  # fmt: skip
     compute = getattr(quantization, "bnb_4bit_compute_dtype", None) or dtype
-    lm = AutoModelForCausalLM.from_pretrained(str(folder), dtype=compute, quantization_config=quantization,
-                                              local_files_only=True, device_map={"": device})  # fmt: skip
+    with _checked_load(folder) as checked:
+        lm = checked(AutoModelForCausalLM.from_pretrained(str(folder), dtype=compute, quantization_config=quantization,
+                                                          local_files_only=True, device_map={"": device},
+                                                          output_loading_info=True))  # fmt: skip
     return lm.eval()  # bitsandbytes quantises as the weights land on their device
 
 
@@ -109,7 +116,38 @@ def load_encoder(folder: str | Path, dtype: torch.dtype = torch.float32) -> nn.M
     """
     from transformers import AutoModel
 
-    return AutoModel.from_pretrained(str(folder), dtype=dtype, local_files_only=True).eval()
+    with _checked_load(folder) as checked:
+        return checked(AutoModel.from_pretrained(str(folder), dtype=dtype, local_files_only=True,
+                                                 output_loading_info=True)).eval()  # fmt: skip
+
+
+# Tensors a checkpoint may lack without harm: the pooler, which no family reads.
+UNREAD_PREFIXES = ("pooler.",)
+
+
+@contextmanager
+def _checked_load(folder: str | Path) -> Iterator[Callable[[tuple[nn.Module, dict]], nn.Module]]:
+    """A checker for `from_pretrained(..., output_loading_info=True)`'s result: the model, or BadBase where its
+    checkpoint lacks tensors the model reads (transformers fills them at random and only warns). transformers'
+    own load report is silenced meanwhile: a masked-LM save's head (unexpected) and pooler (missing) are no
+    problem, and what is one is said here."""
+    from transformers.utils import logging as hf_logging
+
+    def checked(loaded: tuple[nn.Module, dict]) -> nn.Module:
+        model, info = loaded
+        missing = sorted(k for k in info.get("missing_keys", []) if not k.startswith(UNREAD_PREFIXES))
+        if missing:
+            raise BadBase(f"{folder}: its weights lack {len(missing)} of the model's tensors ({', '.join(missing[:3])}"
+                          f"{', ...' if len(missing) > 3 else ''}), which would start at random; a partial or "
+                          "mismatched checkpoint? save the whole model again (model.save_pretrained)")  # fmt: skip
+        return model
+
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()
+    try:
+        yield checked
+    finally:
+        hf_logging.set_verbosity(verbosity)
 
 
 def encoder_from_laya_layout(folder: str | Path) -> tuple[nn.Module, Any, int]:

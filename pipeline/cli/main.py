@@ -311,6 +311,9 @@ def _snapshot(args: argparse.Namespace) -> int:
 
     try:
         pinned = snapshot_base(args.source, args.out)
+    except KeyboardInterrupt:
+        print(f"decision snapshot: interrupted; {args.out} and its pin are as they were", file=sys.stderr)
+        return 130
     except BadBase as error:
         print(f"decision snapshot: {error}", file=sys.stderr)
         return EXIT_BAD_BASE

@@ -142,8 +142,16 @@ def pin_folder(out: Path) -> tuple[str | None, str | None]:
     command = pin_command(rel, root)
     if command.startswith("dvc repro"):
         return None, command
-    run_dvc(["add", rel], root)
     pin = root / f"{rel}.dvc"
+    before = pin.read_bytes() if pin.is_file() else None
+    try:
+        run_dvc(["add", rel], root)
+    except BaseException:  # a refusal or Ctrl-C: the folder goes back (write_staged), and so does its pin
+        if before is None:
+            pin.unlink(missing_ok=True)
+        else:
+            pin.write_bytes(before)
+        raise
     return yaml.safe_load(pin.read_text())["outs"][0]["md5"], pin.relative_to(root).as_posix()
 
 

@@ -168,3 +168,20 @@ def test_a_copy_dvc_refuses_to_pin_is_taken_back_out(before, encoder, git_repo, 
     else:
         assert files(out) == before
     assert sorted(p.name for p in out.parent.iterdir()) == ([] if before is None else ["mine"])
+
+
+def test_ctrl_c_while_dvc_pins_leaves_neither_the_copy_nor_a_pin(encoder, repo, capsys, monkeypatch):
+    # Interrupted inside `dvc add`, the folder went back but the .dvc file dvc had written stayed, pinning a
+    # folder that was gone, and the command ended in a traceback.
+    from pipeline.stages import snapshot as stage
+
+    def interrupted(arguments, root):
+        (root / f"{arguments[-1]}.dvc").write_text("outs:\n- md5: 0123.dir\n  path: mine\n")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(stage, "run_dvc", interrupted)
+    out = repo / "data" / "snapshots" / "mine"
+    code, _, err = snapshot(capsys, encoder, out)
+    assert code == 130 and "interrupted" in err
+    assert not out.exists() and not (out.parent / "mine.dvc").exists()
+    assert sorted(p.name for p in out.parent.iterdir()) == []

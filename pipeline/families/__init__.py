@@ -73,6 +73,8 @@ def resolve_training(base: str | Path, config: TrainConfig) -> tuple[DecisionFam
     if method not in family.methods:
         raise ConfigError(f"train.method={method}: the {family.name} family trains with "
                           f"{' or '.join(family.methods)}")  # fmt: skip
+    if (problem := family.method_problem(Path(base), method)) is not None:
+        raise ConfigError(problem)
     resolved = replace(config, family=family.name, method=method)
     return family, replace(resolved, precision=family.training_precision(resolved)[0])
 

@@ -155,6 +155,11 @@ class DecisionFamily(ABC):
         """What `train.method: null` trains with in this family."""
         return self.methods[0]
 
+    def method_problem(self, base: Path, method: str) -> str | None:
+        """Why this family cannot train `base` with `method` (one of its methods), seen from the folder alone before
+        any data is read; None where it can or only loading tells."""
+        return None
+
     @abstractmethod
     def describe_training(self, folder: Path) -> dict[str, Any]:
         """What a fine-tune folder or export of this family records of its training (method, steps, config, ...)."""

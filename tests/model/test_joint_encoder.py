@@ -86,3 +86,24 @@ def test_qlora_on_an_encoder_backbone_is_refused_by_name(tiny_base):
 
     with pytest.raises(ConfigError, match=r"train\.method=qlora: .* has an encoder backbone"):
         pick_family(tiny_base, "joint").load(tiny_base, TrainConfig(method="qlora"))
+
+
+def test_finetune_refuses_qlora_on_an_encoder_before_reading_the_data(tmp_path, capsys):
+    # It was refused once the base loaded, after validation had written OUT.run/.
+    from pipeline.cli.main import main
+    from tests.tiny import write_tiny_encoder
+
+    base = write_tiny_encoder(tmp_path / "bert", "bert")
+    out = tmp_path / "export"
+    args = [
+        "finetune",
+        "--data",
+        str(tmp_path / "no-rows-read.jsonl"),
+        "--base",
+        str(base),
+        "--out",
+        str(out),
+    ]
+    assert main([*args, "--method", "qlora"]) == 2
+    assert "train.method=qlora: " in capsys.readouterr().err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bert"]

@@ -89,6 +89,12 @@ class JointFamily(DecisionFamily):
     def describe_base(self, folder: Path) -> str:
         return describe_base(folder)
 
+    def method_problem(self, base: Path, method: str) -> str | None:
+        if method == "qlora" and (is_encoder_folder(base) or is_laya_layout_folder(base)):
+            return (f"train.method=qlora: {base} has an encoder backbone; QLoRA quantises causal LMs (use --method "
+                    "lora or --method full)")  # fmt: skip
+        return None
+
     def is_export(self, folder: Path) -> bool:
         return is_joint_export(folder)
 

@@ -405,7 +405,9 @@ def _add_training_arguments(
     )
     command.add_argument("--epochs", type=AT_LEAST_ONE, help="epochs (default: train.epochs; a small set trains more, "
                          "up to train.min_steps steps)")  # fmt: skip
-    command.add_argument("--max-steps", type=int, help="cap on optimizer steps (default: train.max_steps)")
+    command.add_argument(
+        "--max-steps", type=AT_LEAST_ONE, help="cap on optimizer steps (default: train.max_steps)"
+    )
     command.add_argument("--nproc", type=AT_LEAST_ONE, help=nproc_help)
     command.add_argument("--threads", type=AT_LEAST_ONE, metavar="N", help="torch CPU threads, split between the ranks "
                          "(default: train.threads; null: the cores this process may use, its affinity mask or "

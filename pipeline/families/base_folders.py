@@ -69,7 +69,7 @@ def _no_config(folder: Path) -> str:
 
 
 def _hugging_face_problem(folder: Path, config: dict) -> str:
-    named = ", ".join(config.get("architectures") or []) or f"model_type {config.get('model_type')!r}"
+    named = ", ".join([*(config.get("architectures") or []), f"model_type {config.get('model_type')!r}"])
     if "auto_map" in config:
         return (f"{folder}: {HF_CONFIG} needs custom code ({named}; auto_map), which is never run here; pick a "
                 "base transformers knows (BERT, RoBERTa, DeBERTa-v2, ModernBERT, Qwen3, Llama, ...)")  # fmt: skip

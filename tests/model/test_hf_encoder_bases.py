@@ -183,8 +183,11 @@ def unknown_architecture(folder):
 
 
 def unknown_model_type(folder):
-    (folder / "config.json").write_text(json.dumps({"model_type": "no-such-model"}))
-    return "neither a causal LM"
+    # Named by its architecture alone, it said "names BertModel" of a model_type nothing runs.
+    (folder / "config.json").write_text(
+        json.dumps({"architectures": ["BertModel"], "model_type": "no-such-model"})
+    )
+    return "names BertModel, model_type 'no-such-model': neither a causal LM"
 
 
 def no_config(folder):

@@ -465,7 +465,8 @@ def build_parser() -> argparse.ArgumentParser:
         "train",
         help="fine-tune a base model on decision rows and report held-out metrics before and after",
         description="Validate DATA, split off the held-out rows, fine-tune BASE in its model family (laya "
-        "or joint) with LoRA, full fine-tuning or QLoRA, and save the fine-tune to OUT (laya LoRA: adapters plus "
+        "or joint) by its head on the frozen backbone (joint's default), LoRA, full fine-tuning or QLoRA, and save "
+        "the fine-tune to OUT (laya LoRA: adapters plus "
         "head; otherwise a whole model). Settings come from params.yaml (train:); flags override them. Ctrl-C stops at the next step "
         "and saves nothing unless --save-on-cancel.",
     )

@@ -21,6 +21,9 @@ def export_folder(text: str) -> str:
     """`--export`: a folder some family wrote completely, checked before any MLflow run is made."""
     from pipeline.families import is_complete_export
 
+    if not Path(text).is_dir():
+        raise argparse.ArgumentTypeError(f"{text}: no such folder; give the export folder (a run's export/, or "
+                                         "decision finetune --out)")  # fmt: skip
     if not is_complete_export(Path(text)):
         raise argparse.ArgumentTypeError(f"{text}: not a complete export (a folder `decision export` or `decision "
                                          "finetune` wrote); export the fine-tune first")  # fmt: skip
@@ -35,11 +38,11 @@ def model_name(text: str) -> str:
 
 
 def _register(args: argparse.Namespace) -> int:
-    from pipeline.data.pins import pin_tags
+    from pipeline.data.pins import current_md5, pin_tags
     from pipeline.families import load_decision_model
     from pipeline.families.base import ModelLayoutError
     from pipeline.families.exporting import MANIFEST, read_manifest
-    from pipeline.mlops.registry import register_export
+    from pipeline.mlops.registry import find_version, register_export
 
     try:  # a version is what servers fetch: it must load, calibrator and weights, before it exists
         if not (Path(args.export) / MANIFEST).is_file():
@@ -54,10 +57,14 @@ def _register(args: argparse.Namespace) -> int:
     # An ad-hoc export's manifest says which of its inputs DVC pinned: the version and its run say so too.
     pinned = pin_tags(read_manifest(args.export).get("inputs", {}))
     tags = {"registered_by": "decision register"} | pinned | ({"owner": args.owner} if args.owner else {})
-    version = register_export(args.export, args.name, tags=tags)
-    print(
-        json.dumps({"name": args.name, "version": version}) if args.json else f"{args.name} version {version}"
-    )
+    # The same bytes (for the same owner) are one version: a second register finds it rather than copy it again.
+    key = f"register:{current_md5(Path(args.export))}:{args.owner or ''}"
+    known = find_version(args.name, key)
+    version = known or register_export(args.export, args.name, tags=tags | {"idempotency_key": key})
+    if args.json:
+        print(json.dumps({"name": args.name, "version": version, "new": known is None}))
+    else:
+        print(f"{args.name} version {version}" + (" (already registered: the same export)" if known else ""))
     return EXIT_OK
 
 
@@ -165,7 +172,7 @@ def add_registry_commands(commands) -> None:
                                   "whose smoke test did not pass, or trained with --allow-unpinned, is refused "
                                   "unless --force.")  # fmt: skip
     promote.add_argument("version", help="the version number to make the champion")
-    promote.add_argument("--name", default="decision-model", help=name_help)
+    promote.add_argument("--name", default="decision-model", type=model_name, help=name_help)
     promote.add_argument(
         "--force",
         action="store_true",
@@ -176,7 +183,7 @@ def add_registry_commands(commands) -> None:
 
     back = commands.add_parser("rollback", help="move the champion back one step",
                                description="Point champion at the version it held before the latest promotion.")  # fmt: skip
-    back.add_argument("--name", default="decision-model", help=name_help)
+    back.add_argument("--name", default="decision-model", type=model_name, help=name_help)
     back.add_argument("--json", action="store_true", help="print one JSON object instead of lines")
     back.set_defaults(handler=_rollback)
 

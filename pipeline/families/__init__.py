@@ -85,10 +85,12 @@ def explain_training(base: str | Path, family: DecisionFamily, config: TrainConf
     folder = Path(base)
     owner = _owner(folder) or family
     why_family = (
-        "what the base is" if owner is family else f"asked for; the base's own family is {owner.name}"
+        "what the base is"
+        if owner is family
+        else f"set by train.family or --family; the base's own is {owner.name}"
     )
     why_method = (f"the {family.name} family's default" if config.method == family.default_method
-                  else "asked for (train.method / --method)")  # fmt: skip
+                  else "set by train.method or --method")  # fmt: skip
     precision, why_precision = family.training_precision(config)
     return (f"{family.name} family ({why_family}): {base} is {family.describe_base(folder)}; method "
             f"{config.method} ({why_method})" + (f"; precision {precision} ({why_precision})" if why_precision else ""))  # fmt: skip

@@ -89,7 +89,9 @@ def test_decision_register_refuses_an_export_that_does_not_load_and_makes_no_ver
         export_model(load_model(tiny_base), tmp_path / "laya-export", calibrator, {"source_digest": "x"}).out
     )
     assert main(["register", "--export", str(export), "--name", "whole"]) == 0
-    capsys.readouterr()
+    assert main(["register", "--export", str(export), "--name", "whole"]) == 0  # the same bytes: one version
+    assert "whole version 1 (already registered: the same export)" in capsys.readouterr().out
+    assert len(client().search_model_versions("name='whole'")) == 1
     removed = next(export.rglob("*.safetensors")) if damage == "weights" else export / damage
     removed.unlink()
     assert main(["register", "--export", str(export), "--name", "damaged"]) == 2

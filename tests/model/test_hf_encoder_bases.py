@@ -163,7 +163,7 @@ def test_lora_on_a_plain_bert_trains_and_the_merged_export_answers_as_trained(le
     assert code == 0, err
     summary = json.loads(out)
     assert (summary["family"], summary["method"]) == ("joint", "lora")
-    assert "method lora (asked for" in err
+    assert "method lora (set by train.method or --method)" in err
     config = json.loads((tmp_path / "export" / "decision_config.json").read_text())
     assert config["fine_tuned"] is True
     assert not any("lora" in line for line in (tmp_path / "export" / "backbone" / "config.json").read_text())

@@ -66,6 +66,10 @@ def snapshot_base(source: str, out: str | Path) -> PinnedBase:
     folder = Path(source).expanduser()
     if folder.exists():
         pick_family(folder)  # a folder no family starts from is refused before anything is copied
+        inside = out.resolve().is_relative_to(folder.resolve()) and out.resolve() != folder.resolve()
+        if inside:  # each run would copy the last copy too, one level deeper
+            raise BadBase(f"{out}: inside {source}, which would then hold its own copy; snapshot to a folder "
+                          "outside it, e.g. data/snapshots/NAME")  # fmt: skip
     elif not looks_like_hub_id(source):
         raise BadBase(f"{source}: no such folder, nor a Hugging Face Hub id (org/name)")
     elif _hub_offline():

@@ -185,3 +185,12 @@ def test_ctrl_c_while_dvc_pins_leaves_neither_the_copy_nor_a_pin(encoder, repo, 
     assert code == 130 and "interrupted" in err
     assert not out.exists() and not (out.parent / "mine.dvc").exists()
     assert sorted(p.name for p in out.parent.iterdir()) == []
+
+
+def test_an_out_inside_the_source_is_refused(encoder, tmp_path, capsys):
+    # Each run copied the copy before it: snap/snap/..., a new md5 every time.
+    import shutil
+
+    source = shutil.copytree(encoder, tmp_path / "source")
+    code, _, err = snapshot(capsys, source, source / "snap")
+    assert code == 2 and f"{source / 'snap'}: inside {source}" in err and not (source / "snap").exists()

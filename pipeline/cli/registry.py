@@ -41,14 +41,10 @@ def _register(args: argparse.Namespace) -> int:
     from pipeline.data.pins import current_md5, pin_tags
     from pipeline.families import load_decision_model
     from pipeline.families.base import ModelLayoutError
-    from pipeline.families.exporting import MANIFEST, read_manifest
+    from pipeline.families.exporting import read_manifest
     from pipeline.mlops.registry import find_version, register_export
 
     try:  # a version is what servers fetch: it must load, calibrator and weights, before it exists
-        if not (Path(args.export) / MANIFEST).is_file():
-            raise ModelLayoutError(
-                f"{args.export}: no {MANIFEST}; an unfinished or damaged export? export it again"
-            )
         load_decision_model(args.export)
     except ModelLayoutError as error:
         print(f"decision register: {error}", file=sys.stderr)

@@ -70,11 +70,11 @@ def test_serving_an_alias_no_version_holds_is_refused_saying_how_to_make_one(sto
     assert "decision promote 1 --name tickets [--force] makes it the champion" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("damage", ["manifest.json", "calibrator.json", "weights"])
+@pytest.mark.parametrize("damage", ["calibrator.json", "weights"])
 def test_decision_register_refuses_an_export_that_does_not_load_and_makes_no_version(
     damage, store, tiny_base, tmp_path, capsys
 ):
-    # A folder with its marker but no manifest, calibrator or weights was registered (exit 0), and failed later
+    # A folder with its marker but no calibrator or weights was registered (exit 0), and failed later
     # in every server that fetched it.
     from pathlib import Path
 

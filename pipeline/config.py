@@ -302,6 +302,13 @@ class TrainConfig:
         for name in ("checkpoint_every_steps", "checkpoint_every_minutes"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"train.{name}: must be >= 0 (0: off), got {getattr(self, name)}")
+        for name in (
+            "lora_lr",
+            "full_lr",
+            "head_lr",
+        ):  # a rate of 0 or below trains nothing, or the wrong way
+            if not getattr(self, name) > 0:
+                raise ConfigError(f"train.{name}: must be > 0, got {getattr(self, name)}")
         if self.max_steps is not None and self.max_steps < 0:
             raise ConfigError(f"train.max_steps: must be >= 0, got {self.max_steps}")
         if self.early_stopping is not None and self.nproc > 1:

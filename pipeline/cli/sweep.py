@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 
 from pipeline.cli.registry import launch_flow
+from pipeline.cli.tables import number_option
 
 DESCRIPTION = (
     "Search train.* settings from a YAML space file (docs/sweeps.md) with Optuna: TPE sampling, a median pruner "
@@ -16,6 +17,12 @@ DESCRIPTION = (
     "validated split. Trials are ranked on the validation split only; the best goes on through export, "
     "registration, its model card, the smoke test and the promotion gate as a challenger. A killed sweep "
     "resumes when run again (the same space and params)."
+)
+
+
+# One seed has no spread: its "± 0" would say there is no noise where there is no measure of it.
+SEEDS = number_option(
+    int, lambda n: n == 0 or n >= 2, "0 (off) or a whole number of seeds of at least 2, e.g. 3"
 )
 
 
@@ -32,7 +39,7 @@ def add_sweep_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--parallel", type=int, metavar="P", help="trials at once (over the file's `parallel:`; default 1)"
     )
-    parser.add_argument("--repeat-best", type=int, default=0, metavar="N",
+    parser.add_argument("--repeat-best", type=SEEDS, default=0, metavar="N",
                         help="then train the best settings with N other seeds: mean and std of accuracy and ECE")  # fmt: skip
     parser.add_argument("--storage", metavar="URL",
                         help="the Optuna study's storage, e.g. postgresql://... (default: SQLite in the sweep's folder)")  # fmt: skip

@@ -66,6 +66,14 @@ def test_range_checks_still_hold_after_the_type_check():
         section_config("train", {"max_steps": -1})
 
 
+@pytest.mark.parametrize("name", ["head_lr", "lora_lr", "full_lr"])
+@pytest.mark.parametrize("rate", [0, -0.01])
+def test_a_learning_rate_is_above_zero(name, rate):
+    # A negative rate loaded and trained the wrong way; a sweep range through it sampled such rates.
+    with pytest.raises(ConfigError, match=re.escape(f"train.{name}: must be > 0, got {rate}")):
+        section_config("train", {name: rate})
+
+
 def test_a_wrong_type_in_a_run_config_is_refused(tmp_path, project_root):
     (tmp_path / "params.yaml").write_text((project_root / "params.yaml").read_text())
     (tmp_path / "configs").mkdir()

@@ -53,8 +53,9 @@ class RemoteReport:
         if not self.missing:
             return f"{where}: {', '.join(self.present)} present ({self.transferred} file(s) fetched)."
         return (
-            f"{where} has not got {', '.join(self.missing)} (or could not be reached): `dvc repro` builds "
-            "them here; `make push` shares them."
+            f"{where} has not got {', '.join(self.missing)} (or could not be reached): `dvc repro` builds what "
+            "dvc.yaml builds here; a `dvc add`ed input (your own data or base) has to be pushed (`make push`) from "
+            "where it was added."
         )
 
 
@@ -90,7 +91,8 @@ def push_pinned(root: str | Path = ".") -> RemoteReport:
         if remote is None:
             raise RemoteError("no default DVC remote to push to: `dvc remote add -d NAME URL` first")
         if missing:
-            raise RemoteError(f"not built here, so not pushed: {', '.join(missing)}; run `dvc repro` first")
+            raise RemoteError(f"not here, so not pushed: {', '.join(missing)}; build what dvc.yaml builds with `dvc "
+                              "repro`, and bring back a `dvc add`ed input with `dvc checkout` (or `dvc pull`)")  # fmt: skip
         try:
             pushed = repo.push()
         except (ImportError, DvcException) as error:
@@ -108,7 +110,10 @@ def _default_remote(repo: Repo) -> tuple[str, str] | None:
 def _outputs_on_disk(repo: Repo, root: Path) -> tuple[list[str], list[str]]:
     """The stage outputs DVC caches (and so pushes and pulls; a `cache: false` output stays with its stage),
     split into those present under `root` and those missing."""
-    paths = sorted(out.def_path for stage in repo.index.stages for out in stage.outs if out.use_cache)
+    # An output's own path is relative to its .dvc file (`own.jsonl` in data/own/own.jsonl.dvc): named from root.
+    root = root.resolve()
+    paths = sorted(Path(out.fs_path).relative_to(root).as_posix() for stage in repo.index.stages for out in stage.outs
+                   if out.use_cache)  # fmt: skip
     present = [path for path in paths if (root / path).exists()]
     return present, [path for path in paths if path not in present]
 

@@ -126,8 +126,26 @@ def test_without_a_default_remote_pull_does_nothing_and_push_refuses(origin):
 
 def test_push_refuses_outputs_that_are_not_built(origin):
     clone = _clone(origin, "clone")
-    with pytest.raises(RemoteError, match=r"not built here, so not pushed: built; run `dvc repro`"):
+    with pytest.raises(
+        RemoteError, match=r"not here, so not pushed: built; build what dvc.yaml builds with `dvc repro`"
+    ):
         push_pinned(clone)
+
+
+def test_an_added_input_in_a_subfolder_is_pushed_and_pulled(origin):
+    # Its output path is relative to its .dvc file: looked up from the root, `own.jsonl` was "not built here" and
+    # nothing was pushed at all.
+    (origin / "data" / "own").mkdir(parents=True)
+    (origin / "data/own/own.jsonl").write_text('{"state": "late"}\n')
+    _dvc(["add", "-q", "data/own/own.jsonl"], origin)
+    _run(["git", "add", "-A"], origin)
+    _run([*GIT, "commit", "-qm", "own data"], origin)
+    pushed = push_pinned(origin)
+    assert pushed.present == ["built", "data/own/own.jsonl"]
+    clone = _clone(origin, "clone")
+    report = _pull(clone)
+    assert (report["present"], report["missing"]) == (["built", "data/own/own.jsonl"], [])
+    assert (clone / "data/own/own.jsonl").read_text() == '{"state": "late"}\n'
 
 
 def test_a_remote_whose_plugin_is_missing_fails_naming_it_with_the_password_masked(origin):

@@ -5,6 +5,7 @@ does not load, or a Hub id while offline is refused in one line, exit code 2, an
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import yaml
@@ -13,6 +14,8 @@ from pipeline.cli.main import main
 from pipeline.data.pins import current_md5, verify_inputs
 from pipeline.families import pick_family
 from tests.tiny import write_tiny_encoder
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture
@@ -194,3 +197,26 @@ def test_an_out_inside_the_source_is_refused(encoder, tmp_path, capsys):
     source = shutil.copytree(encoder, tmp_path / "source")
     code, _, err = snapshot(capsys, source, source / "snap")
     assert code == 2 and f"{source / 'snap'}: inside {source}" in err and not (source / "snap").exists()
+
+
+def test_a_snapshot_in_the_project_s_layout_is_one_dvc_pushes(encoder, tmp_path, capsys):
+    # With the whole of data/snapshots/ ignored but its .dvc files, DVC took the folder as ignored and never read
+    # the .dvc files in it: `dvc push` left every snapshotted base out, and a teammate could not pull it.
+    import shutil
+
+    from dvc.repo import Repo
+
+    folder = tmp_path / "project"
+    folder.mkdir()
+    for command in (["git", "init", "-q"], [sys.executable, "-m", "dvc", "init", "-q"]):
+        done = subprocess.run(command, cwd=folder, capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stderr
+    shutil.copy(ROOT / ".gitignore", folder / ".gitignore")
+    code, _, err = snapshot(capsys, encoder, folder / "data" / "snapshots" / "mine")
+    assert code == 0, err
+    with Repo(str(folder)) as repo:
+        read = {Path(stage.path).relative_to(folder).as_posix() for stage in repo.index.stages}
+    assert read == {"data/snapshots/mine.dvc"}
+    ignored = subprocess.run(["git", "check-ignore", "data/snapshots/mine/config.json", "data/snapshots/mine.dvc"],
+                             cwd=folder, capture_output=True, text=True)  # fmt: skip
+    assert ignored.stdout.split() == ["data/snapshots/mine/config.json"]  # the bytes DVC's, the pin git's

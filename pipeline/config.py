@@ -508,7 +508,7 @@ def load_params(path: str | Path = PARAMS_FILE, run_config: str | None = None,
             raw[section] = {**raw.get(section, {}), **(values or {})}
     unknown = sorted(set(raw) - set(_SECTIONS))
     if unknown:
-        raise ConfigError(f"{path}: unknown section(s) {', '.join(unknown)}; known: {', '.join(_SECTIONS)}")
+        raise ConfigError(f"{source}: unknown section(s) {', '.join(unknown)}; known: {', '.join(_SECTIONS)}")
     try:
         return Params(**{name: section_config(name, raw.get(name) or {}) for name in _SECTIONS})
     except ConfigError as error:

@@ -82,6 +82,15 @@ def test_a_wrong_type_in_a_run_config_is_refused(tmp_path, project_root):
         load_params(tmp_path / "params.yaml", "bad")
 
 
+def test_a_misspelt_section_in_a_run_config_names_the_run_config(tmp_path, project_root):
+    # It said "params.yaml: unknown section(s) trian", sending the user to the file without the typo.
+    (tmp_path / "params.yaml").write_text((project_root / "params.yaml").read_text())
+    (tmp_path / "configs").mkdir()
+    (tmp_path / "configs" / "typo.yaml").write_text(yaml.safe_dump({"trian": {"max_steps": 6}}))
+    with pytest.raises(ConfigError, match=r"with .*configs/typo\.yaml: unknown section\(s\) trian"):
+        load_params(tmp_path / "params.yaml", "typo")
+
+
 def test_the_shipped_params_and_every_run_config_load(project_root):
     params = load_params(project_root / "params.yaml")
     assert type(params.train.lora_lr) is float and params.train.max_steps is None

@@ -50,6 +50,10 @@ class DecisionPyfunc(mlflow.pyfunc.PythonModel):
         self.backend: BackendChoice = choose_backend(
             self._model, wanted, Path(self._graphs.name) / ONNX_FILE, shipped=folder / ONNX_FILE
         )
+        if not any(Path(self._graphs.name).iterdir()):
+            # Nothing was exported (the export ships its graph, or torch serves): removed now, as a served process
+            # is usually stopped by a signal, which leaves a TemporaryDirectory behind.
+            self._graphs.cleanup()
         (log.warning if self.backend.fell_back else log.info)(
             "backend %s: %s", self.backend.name, self.backend.reason
         )

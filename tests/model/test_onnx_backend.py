@@ -303,6 +303,8 @@ def test_the_mlflow_pyfunc_runs_the_backend_its_model_config_names(tiny_base, tm
     pyfunc.load_context(PythonModelContext({EXPORT_ARTIFACT: str(folder)}, {"backend": wanted}))
     expected = "torch" if wanted == "torch" or MISSING_BY_RUNTIME[wanted] else wanted
     assert pyfunc.backend.name == expected, pyfunc.backend.reason
+    # The export ships its graph: no scratch folder is left for a signal-stopped server to leak.
+    assert not Path(pyfunc._graphs.name).exists()
     [got] = pyfunc.predict(None, [{"state": PROBES[1][0], "questions": PROBES[1][1]}])
     [want] = answered(load_decision_model(folder), [PROBES[1]])
     for qid, answer in want.items():

@@ -23,8 +23,9 @@ from typing import Any
 from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_table_artifact
 
+from flows.interrupts import stoppable_run
 from pipeline.cli.data import BadMappingFlags, add_mapping_arguments, mapping_value
-from pipeline.cli.predict import nothing_scored, out_file_problem, refusal_counts, terminate_as_interrupt
+from pipeline.cli.predict import nothing_scored, out_file_problem, refusal_counts
 from pipeline.cli.tables import AT_LEAST_ONE, device_option, quiet_libraries
 from pipeline.data.mapping import MappingError, load_mapping
 from pipeline.data.read import UnreadableInput
@@ -97,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
         # The model, source, columns and out place: one line and exit 2 before a flow run starts (whose failure
         # Prefect would log with its traceback). The flow checks them again, as a deployment runs it without this.
         check_inputs(args.model, args.data, load_mapping(mapping) if mapping is not None else None)
-        with terminate_as_interrupt():
+        with stoppable_run():
             summary = batch_predict(args.data, args.model, args.out, args.batch_size, args.device, mapping)
     except (UnreadableInput, MappingError, ModelLayoutError, RegistryError) as error:
         print(f"error: {error}", file=sys.stderr)

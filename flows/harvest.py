@@ -22,6 +22,7 @@ from prefect import flow, task
 from prefect.artifacts import create_markdown_artifact
 from prefect.events import emit_event
 
+from flows.interrupts import EXIT_INTERRUPTED, stoppable_run
 from pipeline.config import ConfigError, ValidateConfig, load_params
 from pipeline.data.read import UnreadableInput
 from pipeline.flywheel.harvest import HarvestRefused
@@ -97,12 +98,16 @@ def main(argv: list[str] | None = None) -> int:
         check_target(args.dataset or params.retrain.data, params.validate)
         if missing := missing_log(args.inference or params.flywheel.inference):
             raise HarvestRefused(missing)
-        summary = harvest_flow(args.params, args.run_config, args.inference, args.dataset, not args.no_commit,
-                               args.model)  # fmt: skip
+        with stoppable_run():
+            summary = harvest_flow(args.params, args.run_config, args.inference, args.dataset, not args.no_commit,
+                                   args.model)  # fmt: skip
     # The data set or the config is wrong: named, nothing written.
     except (HarvestRefused, UnreadableInput, ConfigError) as error:
         print(f"harvest: {error}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # Ctrl-C or SIGTERM: a rerun takes what this one did not harvest
+        print("harvest: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
     rows = f"{summary['rows']} {'row' if summary['rows'] == 1 else 'rows'}"
     print(json.dumps(summary) if args.json else f"{rows} harvested into {summary['dataset']}")
     return 0

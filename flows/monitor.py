@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
-import json
 import sys
 from dataclasses import replace
 from typing import Any
@@ -24,6 +23,8 @@ from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_markdown_artifact
 from prefect.events import emit_event
 
+from flows.interrupts import EXIT_INTERRUPTED, stoppable_run
+from pipeline.cli.main import to_json
 from pipeline.cli.monitor import add_monitor_arguments
 from pipeline.config import ConfigError, MonitorConfig, Params, ValidateConfig, load_params
 from pipeline.data.read import UnreadableInput, open_readable
@@ -119,12 +120,16 @@ def main(argv: list[str] | None = None) -> int:
             raise MonitorError(problem)
         if args.reference is not None:
             open_readable(args.reference)  # BadSource: no such path, an unknown format, an empty folder
-        outcome = monitor(args.model, args.inference, args.window_hours, args.window_end, args.reference,
-                          args.params, args.run_config)  # fmt: skip
+        with stoppable_run():
+            outcome = monitor(args.model, args.inference, args.window_hours, args.window_end, args.reference,
+                              args.params, args.run_config)  # fmt: skip
     except (ConfigError, MonitorError, RegistryError, UnreadableInput) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
-    print(json.dumps(outcome, default=str) if args.json else outcome["line"])
+    except KeyboardInterrupt:  # Ctrl-C or SIGTERM
+        print("monitor: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    print(to_json(outcome) if args.json else outcome["line"])
     return 0
 
 

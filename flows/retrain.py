@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
-import json
 import os
 import sys
 from pathlib import Path
@@ -32,6 +31,8 @@ from prefect.artifacts import create_link_artifact, create_markdown_artifact, cr
 from prefect.cache_policies import INPUTS, TASK_SOURCE
 from prefect.runtime import flow_run
 
+from flows.interrupts import EXIT_INTERRUPTED, stoppable_run
+from pipeline.cli.main import to_json
 from pipeline.cli.tables import console as wide_console
 from pipeline.cli.tables import quiet_libraries
 from pipeline.config import ConfigError, Params, RetrainConfig, load_params
@@ -49,7 +50,7 @@ from pipeline.mlops.registry import (
     tracking_uri,
 )
 from pipeline.mlops.store import check_tracking_store
-from pipeline.rundir import RunFolder
+from pipeline.rundir import RunBusy, RunFolder
 from pipeline.scoring.bag_of_words import BAG_OF_WORDS
 from pipeline.scoring.report import report_tags
 from pipeline.stages import calibrate as calibrate_stage
@@ -210,6 +211,15 @@ def retrain(
     print(revision.line())
     run_dir = str(Path(config.runs_dir) / key[:16])
     run = RunFolder(run_dir)
+    with run.driven():
+        return _run(params, run, key, revision, verified, inputs, data_md5, base_md5, owner, allow_unpinned)
+
+
+def _run(params: Params, run: RunFolder, key: str, revision: DataRevision, verified: dict[str, str],
+         inputs: dict[str, Any], data_md5: str, base_md5: str | None, owner: str | None,
+         allow_unpinned: bool) -> dict[str, Any]:  # fmt: skip
+    """The run's tasks, from validation to the gate, with its folder held."""
+    config, run_dir = params.retrain, str(run.root)
     # Validated and split once: every later task reads the run's split (RunFolder.split).
     validated = validate(config.data, config.slice, params.validate, str(run.validation), str(run.split))
     tags = {"git_commit": _git_commit(), "data_md5": data_md5, "base_md5": base_md5, "idempotency_key": key,
@@ -330,13 +340,21 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, pins.PinMismatch) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
-    summary = retrain(args.params, args.run_config, owner=args.owner, allow_unpinned=args.allow_unpinned,
-                      only_new_data=args.only_new_data)  # fmt: skip
+    try:
+        with stoppable_run():
+            summary = retrain(args.params, args.run_config, owner=args.owner, allow_unpinned=args.allow_unpinned,
+                              only_new_data=args.only_new_data)  # fmt: skip
+    except KeyboardInterrupt:  # Ctrl-C or SIGTERM: the last checkpoint stays, and a rerun resumes from it
+        print("retrain: interrupted; a rerun resumes from the last checkpoint", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except RunBusy as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
     if "skip_reason" in summary:
-        print(json.dumps(summary) if args.json else summary["skip_reason"])
+        print(to_json(summary) if args.json else summary["skip_reason"])
         return 0
     if args.json:
-        print(json.dumps(summary, default=str))
+        print(to_json(summary))
     else:
         print_summary(summary, args.run_config)
     return 0

@@ -32,6 +32,7 @@ from prefect.cache_policies import NO_CACHE
 from prefect.runtime import flow_run
 from prefect.task_runners import ThreadPoolTaskRunner
 
+from flows.interrupts import EXIT_INTERRUPTED, stoppable_run
 from flows.retrain import (
     card,
     checked_before_a_run,
@@ -42,6 +43,7 @@ from flows.retrain import (
     validate,
     verify_pins,
 )
+from pipeline.cli.main import to_json
 from pipeline.cli.sweep import add_sweep_arguments
 from pipeline.cli.tables import quiet_libraries
 from pipeline.config import ConfigError, Params, load_params
@@ -362,13 +364,17 @@ def main(argv: list[str] | None = None) -> int:
         )  # one line, no run
         if args.storage is not None:
             study.check_storage(args.storage)
-        summary = sweep(args.space, args.params, args.run_config, trials=args.trials, minutes=args.minutes,
-                        parallel=args.parallel, repeat_best=args.repeat_best, storage=args.storage,
-                        allow_unpinned=args.allow_unpinned)  # fmt: skip
+        with stoppable_run():
+            summary = sweep(args.space, args.params, args.run_config, trials=args.trials, minutes=args.minutes,
+                            parallel=args.parallel, repeat_best=args.repeat_best, storage=args.storage,
+                            allow_unpinned=args.allow_unpinned)  # fmt: skip
     except (ConfigError, pins.PinMismatch, study.SweepBusy) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
-    print(json.dumps(summary, default=str) if args.json else _text(summary))
+    except KeyboardInterrupt:  # Ctrl-C or SIGTERM: a rerun resumes the study, the interrupted trial first
+        print("sweep: interrupted; a rerun resumes the study", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    print(to_json(summary) if args.json else _text(summary))
     return 0
 
 

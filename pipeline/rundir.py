@@ -7,8 +7,16 @@ run.plots, run.export
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+
+from pipeline.locking import held_exclusively
+
+
+class RunBusy(RuntimeError):
+    """Another process is running this run (the same data, base, params and code) now."""
 
 
 @dataclass(frozen=True)
@@ -19,6 +27,17 @@ class RunFolder:
 
     def __init__(self, root: str | Path) -> None:
         object.__setattr__(self, "root", Path(root))
+
+    @contextmanager
+    def driven(self) -> Iterator[None]:
+        """This process alone runs the run while it holds this (released if it dies); RunBusy at once where another
+        does: two runs of one key shared its checkpoint and MLflow run, and the second crashed reading a checkpoint
+        the first was writing."""
+        lock = self.root / "run.lock"
+        busy = RunBusy(f"another process is running this run ({lock} is locked): the same data, base, params and "
+                       "code; wait for it, or stop it and run again to resume")  # fmt: skip
+        with held_exclusively(lock, lambda: busy):
+            yield
 
     @property
     def validation(self) -> Path:

@@ -52,8 +52,9 @@ DATA_HELP = (
 
 
 def to_json(value: Any) -> str:
-    """`--json` output as strict JSON: a metric with no value (NaN, e.g. KL without soft gold) becomes null."""
-    return json.dumps(_finite(value), allow_nan=False)
+    """`--json` output as strict JSON: a metric with no value (NaN, e.g. KL without soft gold) becomes null, and a
+    value JSON has no form for (a path, a time) its text."""
+    return json.dumps(_finite(value), allow_nan=False, default=str)
 
 
 def _finite(value: Any) -> Any:

@@ -148,7 +148,25 @@ def launch_flow(module: str, arguments: list[str], quiet: bool = False) -> int:
     # handler still sends them to the server, for the UI); --quiet raises that handler, and MLflow's, to warnings.
     silent = {"PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL": "WARNING", "MLFLOW_LOGGING_LEVEL": "WARNING"}
     command = [sys.executable, "-m", module, *arguments]
-    return subprocess.call(command, env={**env, **os.environ, **(silent if quiet else {})})
+    child = subprocess.Popen(command, env={**env, **os.environ, **(silent if quiet else {})})
+    return _waited(child)
+
+
+def _waited(child) -> int:
+    """`child`'s exit code, once it has stopped itself: a terminal's Ctrl-C reaches it too (one process group), and
+    SIGTERM to this process (a scheduler, `timeout`) is passed on. Each flow stops in seconds, exit 130; killed
+    here instead, or left running, it could not mark its run crashed or stop its temporary API."""
+    import signal
+
+    previous = signal.signal(signal.SIGTERM, lambda number, frame: child.send_signal(number))
+    try:
+        while True:
+            try:
+                return child.wait()
+            except KeyboardInterrupt:
+                continue
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def add_registry_commands(commands) -> None:

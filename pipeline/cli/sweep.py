@@ -20,10 +20,7 @@ DESCRIPTION = (
 )
 
 
-# One seed has no spread: its "± 0" would say there is no noise where there is no measure of it.
-SEEDS = number_option(
-    int, lambda n: n == 0 or n >= 2, "0 (off) or a whole number of seeds of at least 2, e.g. 3"
-)
+SEEDS = number_option(int, lambda n: n >= 0, "0 (off) or a whole number of seeds, e.g. 3")
 
 
 def add_sweep_arguments(parser: argparse.ArgumentParser) -> None:

@@ -167,13 +167,17 @@ def noise_floor(runs: list[dict[str, float]]) -> dict[str, float]:
             [float(run.get(metric, np.nan)) for run in runs]
         )  # a diverged run's NaN shows as NaN
         floor[f"{name}_mean"] = float(values.mean())
-        floor[f"{name}_std"] = float(values.std(ddof=1)) if len(values) > 1 else 0.0
+        # One seed has no spread to measure: NaN (null in JSON), never a 0 that would say there is no noise.
+        floor[f"{name}_std"] = float(values.std(ddof=1)) if len(values) > 1 else float("nan")
     return floor
 
 
 def describe_noise(floor: dict[str, float]) -> str:
     """The noise floor in a line."""
     seeds = int(floor["seeds"])
+    if seeds == 1:
+        return (f"1 seed: accuracy {floor['accuracy_mean']:.4f}, record accuracy {floor['record_accuracy_mean']:.4f}, "
+                f"ECE {floor['ece_mean']:.4f} (one seed has no spread; --repeat-best 2 or more measures it)")  # fmt: skip
     return (f"{seeds} seed{'' if seeds == 1 else 's'}: accuracy {floor['accuracy_mean']:.4f} ± {floor['accuracy_std']:.4f}, "
             f"record accuracy {floor['record_accuracy_mean']:.4f} ± {floor['record_accuracy_std']:.4f}, "
             f"ECE {floor['ece_mean']:.4f} ± {floor['ece_std']:.4f} (mean ± std)")  # fmt: skip

@@ -14,9 +14,7 @@ folder (and training checkpoint) and its MLflow run are picked up where they sto
 
 from __future__ import annotations
 
-import fcntl
 import math
-import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -28,6 +26,7 @@ from optuna.trial import FrozenTrial, TrialState
 from sqlalchemy.exc import SQLAlchemyError
 
 from pipeline.config import ConfigError
+from pipeline.locking import held_exclusively
 from pipeline.masking import error_reason, mask_url
 from pipeline.sweep.space import SearchSpace
 
@@ -47,26 +46,18 @@ class SweepLock:
 
     def __init__(self, folder: str | Path) -> None:
         self.path = Path(folder) / "sweep.lock"
-        self._file = None
+        self._held = held_exclusively(self.path, self._busy)
+
+    def _busy(self) -> SweepBusy:
+        return SweepBusy(f"another process is running this sweep ({self.path} is locked); wait for it, or stop it "
+                         "and run the sweep again to resume")  # fmt: skip
 
     def __enter__(self) -> SweepLock:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._file = self.path.open("a+")
-        try:
-            fcntl.flock(self._file, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            self._file.close()
-            raise SweepBusy(f"another process is running this sweep ({self.path} is locked); wait for it, or "
-                            "stop it and run the sweep again to resume") from None  # fmt: skip
-        self._file.seek(0)
-        self._file.truncate()
-        self._file.write(str(os.getpid()))
-        self._file.flush()
+        self._held.__enter__()
         return self
 
     def __exit__(self, *exc: object) -> None:
-        fcntl.flock(self._file, fcntl.LOCK_UN)
-        self._file.close()
+        self._held.__exit__(*exc)
 
 
 def storage_url(folder: str | Path, url: str | None = None) -> str:

@@ -1,6 +1,7 @@
 """A sweep's parts without training: the search-space file (and its refusals), the Optuna study it drives (budget,
 resume after a kill, pruning), the one-driver lock, and the parent run's table, plots and noise floor."""
 
+import math
 import statistics
 import time
 
@@ -188,6 +189,14 @@ def test_the_noise_floor_is_the_mean_and_sample_std_over_seeds():
     assert floor["ece_mean"] == pytest.approx(
         0.025
     ) and "3 seeds: accuracy 0.8000 ± 0.0200" in report.describe_noise(floor)
+
+
+def test_one_seed_has_no_spread_rather_than_none():
+    # One seed said "± 0.0000": no noise, where nothing measured it.
+    floor = report.noise_floor(
+        [{"calibrated_accuracy": 0.8, "calibrated_record_accuracy": 0.5, "calibrated_ece": 0.02}]
+    )
+    assert math.isnan(floor["accuracy_std"]) and "one seed has no spread" in report.describe_noise(floor)
 
 
 def test_decision_sweep_passes_its_options_to_the_flow():

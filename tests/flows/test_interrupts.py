@@ -1,0 +1,78 @@
+"""Ctrl-C or SIGTERM on a flow run from the command line, on its own temporary Prefect API (no PREFECT_API_URL):
+it stops in seconds with one line and exit 130, and leaves no API server running.
+
+A terminal's Ctrl-C reaches the whole process group: the temporary API used to be in it, died with the flow, and the
+flow then retried the dead API for minutes and exited 1; SIGTERM left the API running."""
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tests.flows.conftest import flow_env, write_tiny_params
+from tests.flows.processes import kill_group, tail
+
+TRAIN = {"max_steps": 4000, "min_steps": 4000, "log_every": 50, "checkpoint_every_steps": 20}
+
+
+def _listening(port: int) -> bool:
+    with socket.socket() as probe:
+        return probe.connect_ex(("127.0.0.1", port)) == 0
+
+
+@pytest.mark.parametrize("how", ["ctrl-c", "sigterm"])
+def test_an_interrupted_flow_stops_at_once_with_its_temporary_api(
+    how, tmp_path, synthetic_train_file, tiny_base
+):
+    params = write_tiny_params(tmp_path, synthetic_train_file, tiny_base, train=TRAIN)
+    env = {k: v for k, v in flow_env({}, f"sqlite:///{tmp_path}/mlflow.db").items() if k != "PREFECT_API_URL"}
+    env |= {"PREFECT_HOME": str(tmp_path / "prefect")}
+    log = tmp_path / "flow.log"
+    with log.open("wb") as out:
+        flow = subprocess.Popen([sys.executable, "-m", "flows.retrain", "--params", str(params)], env=env,
+                                cwd=tmp_path, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
+    try:
+        deadline = time.monotonic() + 240
+        while not any((tmp_path / "runs").glob("*/checkpoint*.pt")):  # mid-training
+            assert flow.poll() is None and time.monotonic() < deadline, tail(log)
+            time.sleep(0.2)
+        said = log.read_text()
+        port = int(said.split("Starting temporary server on http://127.0.0.1:")[1].split()[0])
+        assert _listening(port)
+        if how == "ctrl-c":
+            os.killpg(flow.pid, signal.SIGINT)  # the whole group, as a terminal sends it
+        else:
+            flow.send_signal(signal.SIGTERM)  # the process alone, as a scheduler or `timeout` sends it
+        assert flow.wait(timeout=60) == 130, tail(log)
+    finally:
+        kill_group(flow)
+    assert "retrain: interrupted; a rerun resumes from the last checkpoint" in log.read_text(), tail(log)
+    assert not _listening(port)
+
+
+def test_decision_retrain_passes_sigterm_on_and_waits(tmp_path, synthetic_train_file, tiny_base):
+    # It exited 143 at once and left the flow training (and later registering) on its own.
+    params = write_tiny_params(tmp_path, synthetic_train_file, tiny_base, train=TRAIN)
+    env = {k: v for k, v in flow_env({}, f"sqlite:///{tmp_path}/mlflow.db").items() if k != "PREFECT_API_URL"}
+    env |= {"PREFECT_HOME": str(tmp_path / "prefect")}
+    log = tmp_path / "wrapper.log"
+    with log.open("wb") as out:
+        wrapper = subprocess.Popen([sys.executable, "-m", "pipeline.cli", "retrain", "--params", str(params)],
+                                   env=env, cwd=tmp_path, stdout=out, stderr=subprocess.STDOUT,
+                                   start_new_session=True)  # fmt: skip
+    try:
+        deadline = time.monotonic() + 240
+        while not any((tmp_path / "runs").glob("*/checkpoint*.pt")):
+            assert wrapper.poll() is None and time.monotonic() < deadline, tail(log)
+            time.sleep(0.2)
+        wrapper.send_signal(signal.SIGTERM)
+        assert wrapper.wait(timeout=60) == 130, tail(log)
+        left = subprocess.run(["pgrep", "-f", f"flows.retrain --params {params}"], capture_output=True)
+        assert left.stdout == b"", "the flow outlived its wrapper"
+    finally:
+        kill_group(wrapper)
+    assert "retrain: interrupted" in log.read_text()

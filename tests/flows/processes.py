@@ -70,3 +70,19 @@ def kill_group(proc: subprocess.Popen) -> None:
         with contextlib.suppress(psutil.NoSuchProcess):
             member.kill()
     proc.wait(timeout=30)
+
+
+def record_launches(monkeypatch, exit_code: int = 0, with_env: bool = False) -> list:
+    """The commands `pipeline.cli.registry.launch_flow` starts (with their environments), none of them run: each
+    "process" exits `exit_code` when waited for."""
+    launched = []
+
+    class Launched:
+        def __init__(self, command, env):
+            launched.append((command, env) if with_env else command)
+
+        def wait(self):
+            return exit_code
+
+    monkeypatch.setattr(subprocess, "Popen", Launched)
+    return launched

@@ -1,11 +1,12 @@
 """`python -m flows.retrain` and `decision retrain` pass --allow-unpinned through to the flow."""
 
-import subprocess
+import contextlib
 
 import pytest
 
 import flows.retrain
 from pipeline.cli.main import main
+from tests.flows.processes import record_launches
 
 
 def test_the_flow_command_passes_allow_unpinned_to_the_flow(monkeypatch, capsys):
@@ -14,13 +15,15 @@ def test_the_flow_command_passes_allow_unpinned_to_the_flow(monkeypatch, capsys)
     monkeypatch.setattr(
         flows.retrain, "checked_before_a_run", lambda *args: None
     )  # pins: whatever this clone has
+    monkeypatch.setattr(
+        flows.retrain, "stoppable_run", contextlib.nullcontext
+    )  # no flow runs: no API to start
     assert flows.retrain.main(["--json"]) == 0 and flows.retrain.main(["--allow-unpinned", "--json"]) == 0
     assert [call["allow_unpinned"] for call in calls] == [False, True]
 
 
 def test_decision_retrain_launches_the_flow_with_allow_unpinned(monkeypatch):
-    launched = []
-    monkeypatch.setattr(subprocess, "call", lambda command, env: launched.append(command) or 0)
+    launched = record_launches(monkeypatch)
     assert main(["retrain", "--run-config", "tiny"]) == 0 and main(["retrain", "--allow-unpinned"]) == 0
     assert "--allow-unpinned" not in launched[0] and launched[1][-1] == "--allow-unpinned"
     assert launched[1][1:3] == ["-m", "flows.retrain"]

@@ -8,6 +8,7 @@ import pytest
 
 from pipeline.cli.main import main
 from pipeline.data import synthetic
+from tests.flows.processes import record_launches
 
 
 def test_json_report_and_exit_zero(capsys, synthetic_file):
@@ -63,8 +64,7 @@ def test_json_output_is_strict_json_with_missing_metrics_as_null():
 
 
 def test_decision_monitor_runs_the_flow_module_with_its_options(monkeypatch):
-    launched = []
-    monkeypatch.setattr(subprocess, "call", lambda command, env: launched.append((command, env)) or 3)
+    launched = record_launches(monkeypatch, exit_code=3, with_env=True)
     assert main(["monitor", "--model", "tickets@champion", "--window-hours", "6", "--json", "-q"]) == 3
     [(command, env)] = launched
     assert command == [sys.executable, "-m", "flows.monitor", "--params", "params.yaml", "--model", "tickets@champion",
@@ -316,8 +316,7 @@ def test_the_flywheel_automation_without_a_server_is_one_line_and_exit_2(monkeyp
 
 
 def test_decision_retrain_passes_only_new_data_to_the_flow(monkeypatch):
-    launched = []
-    monkeypatch.setattr(subprocess, "call", lambda command, env: launched.append(command) or 0)
+    launched = record_launches(monkeypatch)
     assert main(["retrain", "--run-config", "fly", "--only-new-data"]) == 0 and main(["retrain"]) == 0
     assert launched[0][-1] == "--only-new-data" and "--only-new-data" not in launched[1]
 

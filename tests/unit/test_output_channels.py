@@ -4,12 +4,12 @@ Each command runs on the tiny model for two steps; stdout must be exactly one JS
 """
 
 import json
-import subprocess
 import sys
 
 import pytest
 
 from pipeline.cli.main import main
+from tests.flows.processes import record_launches
 
 
 @pytest.fixture
@@ -83,8 +83,7 @@ def test_retrain_quiet_lowers_the_flows_console_log_to_warnings(monkeypatch):
     levels = ("PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL", "MLFLOW_LOGGING_LEVEL")
     for name in levels:
         monkeypatch.delenv(name, raising=False)
-    launched = []
-    monkeypatch.setattr(subprocess, "call", lambda command, env: launched.append((command, env)) or 0)
+    launched = record_launches(monkeypatch, with_env=True)
     assert main(["retrain", "--json"]) == 0 and main(["retrain", "--json", "-q"]) == 0
     (loud_command, loud), (quiet_command, quiet) = launched
     assert loud_command == quiet_command and "--json" in quiet_command  # the flow's stdout: the summary

@@ -19,6 +19,11 @@ from tests.flows.processes import kill_group, tail
 TRAIN = {"max_steps": 4000, "min_steps": 4000, "log_every": 50, "checkpoint_every_steps": 20}
 
 
+def _own_api_env(tmp_path) -> dict[str, str]:
+    """A flow's environment with no PREFECT_API_URL (flow_env of no server names none): it starts its own API."""
+    return flow_env({}, f"sqlite:///{tmp_path}/mlflow.db") | {"PREFECT_HOME": str(tmp_path / "prefect")}
+
+
 def _listening(port: int) -> bool:
     with socket.socket() as probe:
         return probe.connect_ex(("127.0.0.1", port)) == 0
@@ -29,8 +34,7 @@ def test_an_interrupted_flow_stops_at_once_with_its_temporary_api(
     how, tmp_path, synthetic_train_file, tiny_base
 ):
     params = write_tiny_params(tmp_path, synthetic_train_file, tiny_base, train=TRAIN)
-    env = {k: v for k, v in flow_env({}, f"sqlite:///{tmp_path}/mlflow.db").items() if k != "PREFECT_API_URL"}
-    env |= {"PREFECT_HOME": str(tmp_path / "prefect")}
+    env = _own_api_env(tmp_path)
     log = tmp_path / "flow.log"
     with log.open("wb") as out:
         # SIGINT as a terminal leaves it: a test run in a shell's background job inherits it ignored (bash ignores
@@ -64,8 +68,7 @@ def test_an_interrupted_flow_stops_at_once_with_its_temporary_api(
 def test_decision_retrain_passes_sigterm_on_and_waits(tmp_path, synthetic_train_file, tiny_base):
     # It exited 143 at once and left the flow training (and later registering) on its own.
     params = write_tiny_params(tmp_path, synthetic_train_file, tiny_base, train=TRAIN)
-    env = {k: v for k, v in flow_env({}, f"sqlite:///{tmp_path}/mlflow.db").items() if k != "PREFECT_API_URL"}
-    env |= {"PREFECT_HOME": str(tmp_path / "prefect")}
+    env = _own_api_env(tmp_path)
     log = tmp_path / "wrapper.log"
     with log.open("wb") as out:
         wrapper = subprocess.Popen([sys.executable, "-m", "pipeline.cli", "retrain", "--params", str(params)],

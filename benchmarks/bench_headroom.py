@@ -5,7 +5,9 @@ The quality goal for a data set (docs/results.md) is ours beating TF-IDF + LR by
 bag of words trained on many times R rows still stays below that line, the goal asks more of R rows than the whole
 data set gives a bag of words, and a miss says as much about the set (terse states, labels the text hardly names) as
 about the model. The figures beside the baseline's at R are the rest of the learning curve, not a contender: no
-other model sees the extra rows.
+other model sees the extra rows. On record sets (every state a JSON object) the tabular baselines of
+`baseline_tabular.py` (one-hot + LR, gradient boosting) are run at each size too: where a tabular model on every
+row stays below the goal line as well, the table holds no more than that for any model to read.
 
 For the sets drawn from one pool (`quality_sets.POOLED_SETS`: spam, records-hi, records-chile, strikes): the first
 R training rows are bench_quality's own, the held-out rows are its own, and the further rows come from beyond the
@@ -28,7 +30,8 @@ ROOT = HERE.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(HERE))
 
-from bench_quality import run_tfidf  # noqa: E402
+from baseline_tabular import TABULAR_MODELS  # noqa: E402
+from bench_quality import run_tabular, run_tfidf  # noqa: E402
 from quality_sets import POOLED_SETS, pooled_rows, sample_rows, write_rows  # noqa: E402
 
 RESULTS = HERE / "results"
@@ -50,16 +53,28 @@ def learning_curve(name: str, rows: int, heldout_rows: int, factors: list[str], 
     if len(held) < heldout_rows:
         raise ValueError(f"{name}: {len(every):,} rows, fewer than {rows:,} + {heldout_rows:,}")
     heldout = write_rows(held, work / "heldout.jsonl")
+    records = all(isinstance(row["state"], dict) for row in training)
     points = []
     for size in training_sizes(rows, len(training), factors):
         train = write_rows(training[:size], work / f"train-{size}.jsonl")
         result = run_tfidf(train, heldout)
         keys = ("accuracy", "record_accuracy", "ece", "brier", "by_question")
         point = {"train_rows": size, **{k: result[k] for k in keys}}
+        if records:
+            point["tabular"] = {
+                model: run_tabular(model, train, heldout)["accuracy"] for model in TABULAR_MODELS
+            }
         print(f"  {name}: {size:,} rows, accuracy {point['accuracy']:.4f}", file=sys.stderr, flush=True)
         points.append(point)
     goal = points[0]["accuracy"] + GOAL_GAIN
-    return {"dataset": name, "rows": rows, "heldout_rows": len(held), "goal_accuracy": goal, "points": points}
+    return {
+        "dataset": name,
+        "rows": rows,
+        "heldout_rows": len(held),
+        "goal_accuracy": goal,
+        "points": points,
+        "tabular_models": list(TABULAR_MODELS) if records else [],
+    }
 
 
 def print_table(curves: list[dict]) -> None:
@@ -68,11 +83,13 @@ def print_table(curves: list[dict]) -> None:
         print(f"{curve['dataset']}: {curve['heldout_rows']:,} held-out rows; goal (TF-IDF + LR at "
               f"{curve['rows']:,} rows + {GOAL_GAIN}) = {curve['goal_accuracy']:.4f}")  # fmt: skip
         header = f"{'train rows':>10} {'x rows':>6} {'acc':>6} {'- goal':>7} {'rec.acc':>7} {'ECE':>6} {'Brier':>6}"
-        print(header + "".join(f" {q[:12]:>12}" for q in questions))
+        tabular = curve["tabular_models"]
+        print(header + "".join(f" {q[:12]:>12}" for q in questions) + "".join(f" {m:>10}" for m in tabular))
         for p in curve["points"]:
             print(f"{p['train_rows']:>10,} {p['train_rows'] / curve['rows']:>6.1f} {p['accuracy']:>6.4f} "
                   f"{p['accuracy'] - curve['goal_accuracy']:>+7.4f} {p['record_accuracy']:>7.4f} {p['ece']:>6.4f} "
-                  f"{p['brier']:>6.4f}" + "".join(f" {p['by_question'][q]:>12.4f}" for q in questions))  # fmt: skip
+                  f"{p['brier']:>6.4f}" + "".join(f" {p['by_question'][q]:>12.4f}" for q in questions)
+                  + "".join(f" {p['tabular'][m]:>10.4f}" for m in tabular))  # fmt: skip
 
 
 def plot(curves: list[dict], path: Path) -> None:
@@ -85,6 +102,8 @@ def plot(curves: list[dict], path: Path) -> None:
     for ax, curve in zip(axes[0], curves):
         sizes = [p["train_rows"] for p in curve["points"]]
         ax.plot(sizes, [p["accuracy"] for p in curve["points"]], marker="o", label="TF-IDF + LR")
+        for model in curve["tabular_models"]:
+            ax.plot(sizes, [p["tabular"][model] for p in curve["points"]], marker="s", label=model)
         ax.axhline(curve["goal_accuracy"], color="tab:red", linestyle="--",
                    label=f"goal at {curve['rows']:,} rows (+{GOAL_GAIN})")  # fmt: skip
         ax.set_xscale("log")

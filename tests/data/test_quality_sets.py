@@ -183,6 +183,39 @@ def test_headroom_scores_bench_quality_s_own_held_out_rows_at_growing_sizes(tmp_
     assert curve["goal_accuracy"] == pytest.approx(curve["points"][0]["accuracy"] + 0.05)
 
 
+def record_pool(n: int, seed: int) -> list[dict]:
+    """Records whose vote follows a number a bag of words cannot read (each value its own token) and a tabular
+    model can."""
+    rng = np.random.default_rng(seed)
+    question = {
+        "type": "choice",
+        "instructions": "How will they vote?",
+        "criteria": {"yes": None, "no": None},
+    }
+    rows = []
+    for row in range(n):
+        leaning = round(float(rng.normal()), 4)
+        label = "yes" if leaning > 0 else "no"
+        rows.append({"id": f"r/{row}", "state": {"leaning": leaning, "region": str(rng.choice(["N", "S"]))},
+                     "questions": {"vote": question}, "gold": {"vote": label}})  # fmt: skip
+    return rows
+
+
+def test_headroom_runs_the_tabular_baselines_on_records_only(tmp_path, monkeypatch):
+    from benchmarks import bench_headroom
+
+    monkeypatch.setattr(bench_headroom, "pooled_rows", lambda name: record_pool(300, 0))
+    curve = bench_headroom.learning_curve("records-chile", 50, 100, ["1", "all"], tmp_path / "records")
+    assert curve["tabular_models"] == ["onehot+lr", "hist-gbm"]
+    for point in curve["points"]:
+        assert set(point["tabular"]) == {"onehot+lr", "hist-gbm"}
+    # the number decides the vote: a tabular model reads it, a bag of its tokens cannot
+    assert curve["points"][-1]["tabular"]["onehot+lr"] > 0.9 > curve["points"][-1]["accuracy"] + 0.1
+    monkeypatch.setattr(bench_headroom, "pooled_rows", lambda name: strike_pool(200, 0))
+    text = bench_headroom.learning_curve("strikes", 20, 50, ["1"], tmp_path / "text")
+    assert text["tabular_models"] == [] and "tabular" not in text["points"][0]
+
+
 def test_headroom_sizes_are_multiples_of_the_rows_capped_at_what_is_left():
     from benchmarks.bench_headroom import training_sizes
 

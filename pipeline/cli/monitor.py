@@ -12,6 +12,7 @@ import math
 
 from pipeline.cli.registry import launch_flow
 from pipeline.cli.tables import number_option
+from pipeline.config import MonitorConfig
 
 DESCRIPTION = (
     "Judge a window of served decisions (the inference store) against the rows the serving version trained on, "
@@ -47,7 +48,9 @@ def add_monitor_arguments(parser: argparse.ArgumentParser) -> None:
                         f"retrain.model_name@champion: {DEFAULT_MODEL} without --run-config)")  # fmt: skip
     parser.add_argument("--inference", metavar="WHERE",
                         help="the inference store: its folder or a postgresql:// URL (over monitor.inference)")  # fmt: skip
-    parser.add_argument("--window-hours", type=HOURS, metavar="H", help="over monitor.window_hours")
+    parser.add_argument("--window-hours", type=HOURS, metavar="H",
+                        help="the window's length, ending at --window-end (default: monitor.window_hours, "
+                        f"{MonitorConfig.window_hours:g} unless the params or run config say otherwise)")  # fmt: skip
     parser.add_argument("--window-end", type=window_end, metavar="ISO",
                         help="the window's end, e.g. 2026-12-03T10:00:00+00:00, not in the future; one without a "
                         "time zone is UTC (default: now)")  # fmt: skip

@@ -29,12 +29,15 @@ def add_sweep_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--params", default="params.yaml", help="the params file")
     parser.add_argument("--run-config", help="configs/<NAME>.yaml overrides, e.g. tiny")
     parser.add_argument(
-        "--trials", type=int, metavar="N", help="the trial budget (over the file's `trials:`)"
+        "--trials", type=int, metavar="N", help="the trial budget (default: the space file's `trials:`)"
     )
     parser.add_argument("--minutes", type=float, metavar="M",
-                        help="the wall-clock budget: no trial starts after M minutes (over the file's `minutes:`)")  # fmt: skip
+                        help="the wall-clock budget: no trial starts after M minutes (default: the space file's `minutes:`)")  # fmt: skip
     parser.add_argument(
-        "--parallel", type=int, metavar="P", help="trials at once (over the file's `parallel:`; default 1)"
+        "--parallel",
+        type=int,
+        metavar="P",
+        help="trials at once (default: the space file's `parallel:`, or 1)",
     )
     parser.add_argument("--repeat-best", type=SEEDS, default=0, metavar="N",
                         help="then train the best settings with N other seeds: mean and std of accuracy and ECE")  # fmt: skip

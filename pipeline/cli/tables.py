@@ -27,8 +27,11 @@ class DefaultsShown(argparse.HelpFormatter):
 
     def _get_help_string(self, action: argparse.Action) -> str:
         help_text = action.help or ""
-        shown = action.default in (None, False, argparse.SUPPRESS) or not action.option_strings
-        if shown or "default" in help_text or "%(default)" in help_text:
+        # by identity: a default of 0 is shown, though 0 == False
+        nothing_to_show = (
+            any(action.default is v for v in (None, False, argparse.SUPPRESS)) or not action.option_strings
+        )
+        if nothing_to_show or "default" in help_text or "%(default)" in help_text:
             return help_text
         return f"{help_text} (default: %(default)s)"
 

@@ -190,12 +190,21 @@ def _check(space: SearchSpace, params: Params, path: Path) -> None:
 def _check_budget(space: SearchSpace) -> None:
     if space.trials is None and space.minutes is None:
         raise ConfigError("search space: no budget; set `trials:` or `minutes:` (or --trials / --minutes)")
-    if space.trials is not None and (not isinstance(space.trials, int) or space.trials < 1):
+    if space.trials is not None and not _counts(space.trials, 1):
         raise ConfigError(f"search space: trials must be a positive int, got {space.trials!r}")
-    if space.minutes is not None and (not isinstance(space.minutes, int | float) or space.minutes <= 0):
+    if space.minutes is not None and not (_number(space.minutes) and space.minutes > 0):
         raise ConfigError(f"search space: minutes must be a positive number, got {space.minutes!r}")
-    if not isinstance(space.parallel, int) or space.parallel < 1:
+    if not _counts(space.parallel, 1):
         raise ConfigError(f"search space: parallel must be a positive int, got {space.parallel!r}")
+
+
+def _number(value: Any) -> bool:
+    """A YAML number; `true` is not one, although Python counts a bool as an int."""
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _counts(value: Any, least: int) -> bool:
+    return _number(value) and isinstance(value, int) and value >= least
 
 
 def _listed(value: Any) -> Any:
@@ -206,7 +215,7 @@ def _listed(value: Any) -> Any:
 def _contains(dist: optuna.distributions.BaseDistribution, value: Any) -> bool:
     if isinstance(dist, optuna.distributions.CategoricalDistribution):
         return value in dist.choices
-    return isinstance(value, int | float) and not isinstance(value, bool) and dist.low <= value <= dist.high
+    return _number(value) and dist.low <= value <= dist.high
 
 
 def _extremes(dist: optuna.distributions.BaseDistribution) -> list[Any]:

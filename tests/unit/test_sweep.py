@@ -62,6 +62,12 @@ def test_a_space_file_becomes_optuna_distributions_and_trial_settings(tmp_path):
         ({"trials": 2, "space": {}}, "`space:` is empty"),
         ({"space": {"train.epochs": [2, 4]}}, "no budget"),
         ({"trials": 0, "space": {"train.epochs": [2, 4]}}, "trials must be a positive int"),
+        ({"trials": True, "space": {"train.epochs": [2, 4]}}, "trials must be a positive int, got True"),
+        ({"minutes": True, "space": {"train.epochs": [2, 4]}}, "minutes must be a positive number, got True"),
+        (
+            {"trials": 2, "parallel": True, "space": {"train.epochs": [2, 4]}},
+            "parallel must be a positive int",
+        ),
         ({"trials": 2, "objective": "heldout_accuracy", "space": {"train.epochs": [2, 4]}}, "objective"),
         ({"trials": 2, "pruner": "hyperband", "space": {"train.epochs": [2, 4]}}, "pruner"),
         ({"trials": 2, "spaces": {}, "space": {"train.epochs": [2, 4]}}, "unknown key"),

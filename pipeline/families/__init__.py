@@ -19,7 +19,7 @@ from safetensors import SafetensorError
 
 from pipeline.config import ConfigError, TrainConfig
 from pipeline.families.base import BadBase, DecisionFamily, DecisionModel, ModelLayoutError
-from pipeline.families.base_folders import folder_problem
+from pipeline.families.base_folders import folder_problem, weights_problem
 from pipeline.families.joint.family import JointFamily
 from pipeline.families.laya.family import LayaFamily
 
@@ -67,8 +67,11 @@ def _owner(folder: Path) -> DecisionFamily | None:
 
 def resolve_training(base: str | Path, config: TrainConfig) -> tuple[DecisionFamily, TrainConfig]:
     """The family that trains on `base` and `config` with its family and method filled in (`train.method: null`
-    is the family's default); ConfigError naming `train.method` when the family does not train that way."""
+    is the family's default); ConfigError naming `train.method` when the family does not train that way, BadBase
+    when one of the base's weight files is damaged."""
     family = pick_family(base, config.family)
+    if (damaged := weights_problem(Path(base))) is not None:
+        raise BadBase(damaged)
     method = config.method or family.default_method
     if method not in family.methods:
         raise ConfigError(f"train.method={method}: the {family.name} family trains with "

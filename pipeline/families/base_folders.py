@@ -12,6 +12,8 @@ import re
 import tempfile
 from pathlib import Path
 
+from safetensors import safe_open
+
 from pipeline.families.exporting import MANIFEST
 from pipeline.families.joint.backbone import (
     HF_CONFIG,
@@ -80,6 +82,21 @@ def _hugging_face_problem(folder: Path, config: dict) -> str:
         return (f"{folder}: no tokenizer beside {HF_CONFIG} (none of {', '.join(TOKENIZER_FILES)}); save the "
                 "model's tokenizer into it (`tokenizer.save_pretrained(folder)`)")  # fmt: skip
     return f"{folder}: {WHAT_TO_DO}"
+
+
+def weights_problem(folder: Path) -> str | None:
+    """Why a weight file under `folder` cannot be read (truncated or corrupted), in one line naming it, or None.
+    Only each safetensors file's header and size are read, so a damaged base is refused before any data is."""
+    for path in sorted(folder.rglob("*.safetensors")):
+        try:
+            with safe_open(
+                str(path), "pt"
+            ):  # checks the header and that the file holds every tensor it lists
+                pass
+        except Exception as error:  # safetensors raises its own SafetensorError on a damaged file
+            return (f"{path}: unreadable weights ({type(error).__name__}: {error}); a truncated or corrupted copy: "
+                    "copy or pin the base again")  # fmt: skip
+    return None
 
 
 # Files that make a folder a model (an export, a fine-tune, a snapshot): one of them, and writing a model there

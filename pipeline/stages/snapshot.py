@@ -22,8 +22,8 @@ import yaml
 from pipeline.data.pins import pin_command, producing_stage
 from pipeline.data.sources import env_flag_set
 from pipeline.families import loading, pick_family
-from pipeline.families.base import BadBase
-from pipeline.families.base_folders import looks_like_hub_id
+from pipeline.families.base import BadBase, ModelLayoutError
+from pipeline.families.base_folders import looks_like_hub_id, weights_problem
 from pipeline.families.exporting import fsync_tree, write_staged
 from pipeline.masking import error_reason
 
@@ -66,6 +66,8 @@ def snapshot_base(source: str, out: str | Path) -> PinnedBase:
     folder = Path(source).expanduser()
     if folder.exists():
         pick_family(folder)  # a folder no family starts from is refused before anything is copied
+        if (damaged := weights_problem(folder)) is not None:  # so is a truncated weight file
+            raise BadBase(damaged)
         inside = out.resolve().is_relative_to(folder.resolve()) and out.resolve() != folder.resolve()
         if inside:  # each run would copy the last copy too, one level deeper
             raise BadBase(f"{out}: inside {source}, which would then hold its own copy; snapshot to a folder "
@@ -111,7 +113,7 @@ def _fill(source: str, folder: Path, staging: Path) -> None:
             family.load(
                 staging
             )  # weights and tokenizer read whole: a truncated file fails here, not in training
-    except BadBase as error:  # named by the source, not by the staging copy a loader's words name
+    except ModelLayoutError as error:  # named by the source, not by the staging copy a loader's words name
         raise BadBase(str(error).replace(str(staging), str(source))) from error
     fsync_tree(staging)
 

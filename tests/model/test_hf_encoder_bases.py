@@ -195,7 +195,20 @@ def no_config(folder):
     return "not a model folder: no config.json"
 
 
-@pytest.mark.parametrize("damage", [no_config, unknown_architecture, unknown_model_type, no_tokenizer])
+def truncated_weights(folder):
+    # A half-copied base: it loaded only after the whole data set was validated, and left the run folder behind.
+    weights = folder / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+    return "model.safetensors: unreadable weights (SafetensorError"
+
+
+def garbage_weights(folder):
+    (folder / "model.safetensors").write_bytes(b"not a tensor file")
+    return "model.safetensors: unreadable weights"
+
+
+@pytest.mark.parametrize("damage", [no_config, unknown_architecture, unknown_model_type, no_tokenizer,
+                                    truncated_weights, garbage_weights])  # fmt: skip
 def test_a_folder_that_is_no_base_is_refused_in_one_line_before_anything_is_written(damage, learnable, tmp_path,
                                                                                      capsys):  # fmt: skip
     folder = write_tiny_encoder(tmp_path / "base", "bert", positions=POSITIONS)
@@ -203,7 +216,7 @@ def test_a_folder_that_is_no_base_is_refused_in_one_line_before_anything_is_writ
     code, _, err = finetune(folder, learnable, tmp_path / "export", write_params(tmp_path), capsys)
     assert code == 2
     [line] = err.strip().splitlines()
-    assert line.startswith(f"decision finetune: {folder}: ") and said in line, line
+    assert line.startswith(f"decision finetune: {folder}") and said in line, line
     assert not (tmp_path / "export").exists() and not (tmp_path / "export.run").exists()
 
 

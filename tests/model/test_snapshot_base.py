@@ -3,6 +3,7 @@ whole into `--out` and pinned by real DVC (`dvc add`) inside a DVC repository; a
 does not load, or a Hub id while offline is refused in one line, exit code 2, and `--out` is left as it was."""
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -96,7 +97,7 @@ def test_outside_a_dvc_repository_it_is_copied_and_said_unpinned(encoder, tmp_pa
 def truncated_weights(folder) -> str:
     weights = folder / "model.safetensors"
     weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
-    return "does not load as a base"
+    return "model.safetensors: unreadable weights (SafetensorError"
 
 
 def a_layer_missing(folder) -> str:
@@ -126,10 +127,22 @@ def test_a_folder_that_is_no_base_is_refused_and_out_is_left_as_it_was(damage, r
     code, _, err = snapshot(capsys, source, out)
     assert code == 2
     [line] = err.strip().splitlines()
-    assert line.startswith(f"decision snapshot: {source}: ") and said in line, line
+    assert line.startswith(f"decision snapshot: {source}") and said in line, line
     assert files(out) == {"config.json": b'{"model_type": "bert"}'}
     assert sorted(p.name for p in out.parent.iterdir()) == ["mine"]  # no staging folder left beside it
     assert not (out.parent / "mine.dvc").exists()
+
+
+def test_a_laya_layout_base_with_truncated_weights_is_refused_in_one_line(tiny_base, repo, tmp_path, capsys):
+    # It gave the loader's traceback (exit 1) after copying the whole folder.
+    source = Path(shutil.copytree(tiny_base, tmp_path / "laya"))
+    said = truncated_weights(source)
+    out = repo / "data" / "snapshots" / "mine"
+    code, _, err = snapshot(capsys, source, out)
+    assert code == 2
+    [line] = err.strip().splitlines()
+    assert line.startswith(f"decision snapshot: {source}/") and said in line, line
+    assert not out.exists() and not (out.parent / "mine.dvc").exists()
 
 
 def test_a_hub_id_while_offline_is_refused_saying_what_to_do(repo, capsys, monkeypatch):

@@ -1,4 +1,5 @@
-"""A flow run from the command line stops on Ctrl-C or SIGTERM within seconds, its temporary API with it.
+"""A flow run from the command line stops on Ctrl-C or SIGTERM within seconds, its temporary API with it, and one
+that will not run (another process holds its run) ends in one line.
 
 Without `PREFECT_API_URL`, Prefect starts a temporary API server as a child process in the caller's process group,
 so a terminal's Ctrl-C stopped the API together with the flow: the flow then spent minutes retrying the dead API to
@@ -10,6 +11,9 @@ and event workers have sent what they hold: stopped before them, they retried it
 
     with stoppable_run():
         summary = retrain(...)        # KeyboardInterrupt on Ctrl-C or SIGTERM: the caller says so, exit 130
+
+    except RunBusy as error:          # in the flow: its state says why in one line, the caller gets `error`
+        return refused(error)
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 from prefect.settings import PREFECT_API_URL, PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS
+from prefect.states import Failed, State
 
 from pipeline.cli.predict import terminate_as_interrupt
 
@@ -56,3 +61,9 @@ def _start_temporary_api() -> None:
         server.start(timeout=PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS.value())
     finally:
         subprocess.Popen = popen
+
+
+def refused(error: Exception) -> State:
+    """A flow's end where it refuses to run: Failed with `error`'s words, logged as one line where a raised error
+    logged Prefect's traceback, and `error` raised again to the caller (which says it and exits 2)."""
+    return Failed(message=str(error), data=error)

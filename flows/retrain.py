@@ -23,6 +23,7 @@ import argparse
 import datetime as dt
 import os
 import sys
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +32,7 @@ from prefect.artifacts import create_link_artifact, create_markdown_artifact, cr
 from prefect.cache_policies import INPUTS, TASK_SOURCE
 from prefect.runtime import flow_run
 
-from flows.interrupts import EXIT_INTERRUPTED, stoppable_run
+from flows.interrupts import EXIT_INTERRUPTED, refused, stoppable_run
 from pipeline.cli.main import to_json
 from pipeline.cli.tables import console as wide_console
 from pipeline.cli.tables import quiet_libraries
@@ -211,7 +212,11 @@ def retrain(
     print(revision.line())
     run_dir = str(Path(config.runs_dir) / key[:16])
     run = RunFolder(run_dir)
-    with run.driven():
+    with ExitStack() as held:
+        try:
+            held.enter_context(run.driven())
+        except RunBusy as error:
+            return refused(error)
         return _run(params, run, key, revision, verified, inputs, data_md5, base_md5, owner, allow_unpinned)
 
 

@@ -21,6 +21,7 @@ import json
 import shutil
 import sys
 import time
+from contextlib import ExitStack
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -32,7 +33,7 @@ from prefect.cache_policies import NO_CACHE
 from prefect.runtime import flow_run
 from prefect.task_runners import ThreadPoolTaskRunner
 
-from flows.interrupts import EXIT_INTERRUPTED, stoppable_run
+from flows.interrupts import EXIT_INTERRUPTED, refused, stoppable_run
 from flows.retrain import (
     card,
     checked_before_a_run,
@@ -151,25 +152,35 @@ def sweep(space_file: str, params_file: str = "params.yaml", run_config: str | N
     key = idempotency_key(data_md5, base_md5, keyed_sections(params) | {"sweep_space": space.text}, code_digest(),
                           unpinned=allow_unpinned)  # fmt: skip
     folder = Path(config.runs_dir) / SWEEPS_FOLDER / key[:16]
-    sweep_run = RunFolder(folder)
+    tags = {"git_commit": git_commit() or "none", "data_md5": data_md5, "base_md5": base_md5, "data": config.data,
+            "base": config.base, "sweep": key[:16], "sweep_objective": space.objective, **pins.pin_tags(inputs),
+            **({"allow_unpinned": "true"} if allow_unpinned else {})}  # fmt: skip
+    with ExitStack() as held:
+        try:  # before the split is written: one process drives a sweep
+            held.enter_context(study.SweepLock(folder))
+        except study.SweepBusy as error:
+            return refused(error)
+        return _swept(params, space, space_file, folder, key, tags, {"pins": verified, "inputs": inputs},
+                      storage, repeat_best)  # fmt: skip
+
+
+def _swept(params: Params, space: SearchSpace, space_file: str, folder: Path, key: str, tags: dict[str, str],
+           checked: dict[str, Any], storage: str | None, repeat_best: int) -> dict[str, Any]:  # fmt: skip
+    """The sweep with its folder held: validate once, search, register the best trial; the summary."""
+    config, sweep_run = params.retrain, RunFolder(folder)
     validated = validate(
         config.data, config.slice, params.validate, str(sweep_run.validation), str(sweep_run.split)
     )
     if not SplitData.load(sweep_run.split).split.validation:
         raise ConfigError("a sweep ranks its trials on the validation split, and this data gave none: raise "
                           "validate.validation_fraction, or lower validate.validation_min_decisions")  # fmt: skip
-    tags = {"git_commit": git_commit() or "none", "data_md5": data_md5, "base_md5": base_md5, "data": config.data,
-            "base": config.base, "sweep": key[:16], "sweep_objective": space.objective, **pins.pin_tags(inputs),
-            **({"allow_unpinned": "true"} if allow_unpinned else {})}  # fmt: skip
     study_storage = study.storage_url(folder, storage)
     study.check_storage(study_storage)  # before the parent run opens: a bad URL leaves no run behind
     parent_id, _ = tracking.open_run(key, flow_run.name, tags | {"sweep_role": "parent"})
     tags["sweep_parent_run"] = parent_id
     _log_parent_setup(parent_id, params, space, space_file)
-    checked = {"pins": verified, "inputs": inputs}
-    with study.SweepLock(folder):
-        searched = study.open_study(space, key, study_storage)
-        rows = _search(searched, space, params, str(folder), key, tags, checked)
+    searched = study.open_study(space, key, study_storage)
+    rows = _search(searched, space, params, str(folder), key, tags, checked)
     best = study.best_trial(searched)
     summary = {"sweep": key[:16], "folder": str(folder), "parent_run_id": parent_id,
                "storage": study_storage, "objective": space.objective,

@@ -39,15 +39,21 @@ from pipeline.cli.tables import quiet_libraries
 from pipeline.config import ConfigError, Params, RetrainConfig, load_params
 from pipeline.data import pins
 from pipeline.data.split import SplitData
-from pipeline.lineage import DataRevision, code_digest, git_commit, idempotency_key, keyed_sections
+from pipeline.lineage import (
+    DataRevision,
+    code_digest,
+    git_commit,
+    idempotency_key,
+    keyed_sections,
+    settings_changed,
+)
 from pipeline.mlops import tracking
 from pipeline.mlops.model_card import attach_model_card, model_card
 from pipeline.mlops.promotion import CHAMPION, UNPINNED_TAG
 from pipeline.mlops.registry import (
     alias_data_revision,
     ensure_experiment,
-    find_version,
-    previous_data_revision,
+    registry_lineage,
     tracking_uri,
 )
 from pipeline.mlops.store import check_tracking_store
@@ -206,9 +212,10 @@ def retrain(
     ):
         print(skipped)
         return {"skip_reason": skipped, "model": config.model_name, "data_md5": data_md5}
-    key = idempotency_key(data_md5, base_md5, keyed_sections(params), code_digest(), unpinned=allow_unpinned)
-    previous = previous_data_revision(config.model_name, key) or (None, None)
-    revision = DataRevision(config.data, data_md5, *previous, rerun_of=find_version(config.model_name, key))
+    code = code_digest()
+    key = idempotency_key(data_md5, base_md5, keyed_sections(params), code, unpinned=allow_unpinned)
+    lineage_tags = {"data_md5": data_md5, "base_md5": base_md5, "code_digest": code}
+    revision = _revision(params, key, lineage_tags)
     print(revision.line())
     run_dir = str(Path(config.runs_dir) / key[:16])
     run = RunFolder(run_dir)
@@ -217,17 +224,28 @@ def retrain(
             held.enter_context(run.driven())
         except RunBusy as error:
             return refused(error)
-        return _run(params, run, key, revision, verified, inputs, data_md5, base_md5, owner, allow_unpinned)
+        return _run(params, run, key, revision, verified, inputs, lineage_tags, owner, allow_unpinned)
+
+
+def _revision(params: Params, key: str, lineage_tags: dict[str, Any]) -> DataRevision:
+    """The data revision against the model's last version, with what else changed since (one registry query)."""
+    config = params.retrain
+    found = registry_lineage(config.model_name, key)
+    now = {name: str(value) for name, value in tracking.flat_params(params.sections()).items()}
+    now |= {tag: str(lineage_tags[tag]) for tag in ("base_md5", "code_digest") if lineage_tags[tag]}
+    now["git_commit"] = _git_commit()
+    return DataRevision(config.data, lineage_tags["data_md5"], found.previous, found.previous_revision,
+                        found.rerun_of, settings_changed(found.previous_settings, now) if found.previous else ())  # fmt: skip
 
 
 def _run(params: Params, run: RunFolder, key: str, revision: DataRevision, verified: dict[str, str],
-         inputs: dict[str, Any], data_md5: str, base_md5: str | None, owner: str | None,
+         inputs: dict[str, Any], lineage_tags: dict[str, Any], owner: str | None,
          allow_unpinned: bool) -> dict[str, Any]:  # fmt: skip
     """The run's tasks, from validation to the gate, with its folder held."""
     config, run_dir = params.retrain, str(run.root)
     # Validated and split once: every later task reads the run's split (RunFolder.split).
     validated = validate(config.data, config.slice, params.validate, str(run.validation), str(run.split))
-    tags = {"git_commit": _git_commit(), "data_md5": data_md5, "base_md5": base_md5, "idempotency_key": key,
+    tags = {"git_commit": _git_commit(), **lineage_tags, "idempotency_key": key,
             "data": config.data, "base": config.base, **pins.pin_tags(inputs),
             **_optional_tags(owner, allow_unpinned)}  # fmt: skip
     trained = train(run_dir, config.base, params.train, config.device, key, tags, inputs, verified)
@@ -235,7 +253,7 @@ def _run(params: Params, run: RunFolder, key: str, revision: DataRevision, verif
     export_dir = export(run_dir, config.data, config.base, params.train)
     tags |= {"prefect_flow_run_id": str(flow_run.id)}
     record = tracking.TrainingRecord(key, params.sections(), trained.to_dict(), calibration.to_dict(),
-                                     validated.to_dict(), config.data, data_md5, export_dir, run_dir, tags,
+                                     validated.to_dict(), config.data, tags["data_md5"], export_dir, run_dir, tags,
                                      flow_run.name)  # fmt: skip
     run_id = log_run(record, trained.mlflow_run_id)
     version = register(

@@ -62,6 +62,8 @@ class DataRevision:
     previous_revision: str | None = None
     rerun_of: str | None = None
     """The version a run of the same idempotency key registered already: this run is that one again."""
+    changes: tuple[str, ...] = ()
+    """What else differs from the previous version (`settings_changed`): why a run on the same data is new."""
 
     @property
     def changed(self) -> bool:
@@ -81,13 +83,44 @@ class DataRevision:
             since = "the model's first version"
         elif self.changed:
             since = f"new: version {self.previous_version} was trained on {self.previous_revision[:12]}"
+            since += f"; also changed: {'; '.join(self.changes)}" if self.changes else ""
         else:
             since = f"unchanged since version {self.previous_version}"
+            since += f"; a new version for its {'; '.join(self.changes)}" if self.changes else ""
         return f"data: {self.source} at revision {self.revision[:12]} ({since})"
 
     def to_dict(self) -> dict[str, Any]:
         """The fields with `changed` and the `line`, as the retrain summary carries them."""
         return asdict(self) | {"changed": self.changed, "line": self.line()}
+
+
+SHOWN_PARAMS = 4  # settings named in a revision's line; the rest counted
+TAGGED_SETTINGS = (
+    "base_md5",
+    "code_digest",
+    "git_commit",
+)  # a version's tags that `settings_changed` compares
+
+
+def settings_changed(before: dict[str, str], now: dict[str, str]) -> tuple[str, ...]:
+    """What differs between two runs' settings (`before`: the previous version's, as MLflow keeps them, `now`:
+    this run's, both flat `section.name` -> text; `base_md5`, `code_digest` and `git_commit` among them as tags):
+    params as `name old -> new`, then the base and the code, in words for a run's first lines."""
+    tagged = {"base_md5": "base", "code_digest": "code"}
+    if "code_digest" not in before:  # a version from before the digest was tagged: its commit says as much
+        tagged["git_commit"] = "git commit"
+    params = [name for name in sorted(before.keys() | now.keys())
+              if name not in TAGGED_SETTINGS and before.get(name) != now.get(name)]  # fmt: skip
+    shown = [
+        f"{name} {before.get(name, '(unset)')} -> {now.get(name, '(unset)')}"
+        for name in params[:SHOWN_PARAMS]
+    ]
+    more = f" and {len(params) - SHOWN_PARAMS} more" if len(params) > SHOWN_PARAMS else ""
+    changes = [f"params ({', '.join(shown)}{more})"] if params else []
+    for tag, what in tagged.items():
+        if before.get(tag) and now.get(tag) and before[tag] != now[tag]:
+            changes.append(f"{what} ({before[tag][:12]} -> {now[tag][:12]})")
+    return tuple(changes)
 
 
 def idempotency_key(

@@ -10,10 +10,13 @@ version is a pyfunc (`pipeline.mlops.pyfunc`) whose artifact is the export folde
 from __future__ import annotations
 
 import os
+from contextlib import suppress
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from pipeline.families import find_exports, pick_family
 from pipeline.families.base import ModelLayoutError
+from pipeline.lineage import TAGGED_SETTINGS
 from pipeline.mlops.pyfunc import EXPORT_ARTIFACT, MODEL_CONFIG, decision_signature
 
 DEFAULT_TRACKING_URI = "sqlite:///mlflow/mlflow.db"
@@ -191,19 +194,41 @@ def find_version(name: str, key: str) -> str | None:
     return str(versions[0].version) if versions else None
 
 
-def previous_data_revision(name: str, key: str) -> tuple[str, str] | None:
-    """(version, data revision) of the newest version of `name` registered under another idempotency key than
-    `key` (a rerun of the same key finds itself otherwise): the data the model's last retrain used."""
+@dataclass(frozen=True)
+class RegistryLineage:
+    """Where a retrain stands among its model's versions, from one registry query."""
+
+    rerun_of: str | None
+    """The version registered under this run's idempotency key: the run is that one again."""
+    previous: str | None = None
+    """The newest version registered under another key: the model's last retrain."""
+    previous_revision: str | None = None
+    """The data revision `previous` was trained on."""
+    previous_settings: dict[str, str] = field(default_factory=dict)
+    """`previous`'s params (flat, as its MLflow run logged them) and its base, code and commit tags."""
+
+
+def registry_lineage(name: str, key: str) -> RegistryLineage:
+    """The version of `key`, and the newest under another key with its settings (`RegistryLineage`)."""
     from mlflow.exceptions import MlflowException
 
     try:
-        versions = client().search_model_versions(f"name='{name}'")
+        versions = sorted(client().search_model_versions(f"name='{name}'"), key=lambda v: -int(v.version))
     except MlflowException:
-        return None
-    for version in sorted(versions, key=lambda v: int(v.version), reverse=True):
-        if version.tags.get("idempotency_key") != key and "data_md5" in version.tags:
-            return str(version.version), version.tags["data_md5"]
-    return None
+        return RegistryLineage(None)
+    rerun_of = next((str(v.version) for v in versions if v.tags.get("idempotency_key") == key), None)
+    previous = _newest_other(versions, key)
+    if previous is None:
+        return RegistryLineage(rerun_of)
+    settings = {tag: previous.tags[tag] for tag in TAGGED_SETTINGS if previous.tags.get(tag)}
+    with suppress(MlflowException):  # its run deleted: the tags still say what they say
+        settings |= client().get_run(previous.run_id).data.params if previous.run_id else {}
+    return RegistryLineage(rerun_of, str(previous.version), previous.tags["data_md5"], settings)
+
+
+def _newest_other(versions: list, key: str):
+    """The newest of `versions` (newest first) registered under another key than `key`, with a data revision."""
+    return next((v for v in versions if v.tags.get("idempotency_key") != key and "data_md5" in v.tags), None)
 
 
 def alias_data_revision(name: str, alias: str) -> tuple[str, str] | None:

@@ -11,7 +11,8 @@ import yaml
 from pipeline.data import synthetic
 from pipeline.data.pins import PinMismatch, Unpinned, current_md5, data_revision, require_pins, verify_inputs
 from pipeline.data.sources import pin_path
-from pipeline.lineage import DataRevision
+from pipeline.lineage import DataRevision, settings_changed
+from pipeline.mlops.registry import RegistryLineage
 
 
 @pytest.fixture
@@ -82,12 +83,44 @@ def test_a_data_revision_says_whether_the_previous_version_trained_on_other_data
 
 def test_the_previous_revision_is_the_newest_version_registered_under_another_key(tmp_path, monkeypatch):
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path}/mlflow.db")
-    from pipeline.mlops.registry import client, previous_data_revision
+    import mlflow
 
-    assert previous_data_revision("shards-model", "k1") is None  # no such model yet
+    from pipeline.mlops.registry import client, registry_lineage
+
+    assert registry_lineage("shards-model", "k1") == RegistryLineage(None)  # no such model yet
     client().create_registered_model("shards-model")
     for key, revision in (("k1", "r1"), ("k2", "r2")):
-        client().create_model_version("shards-model", f"file://{tmp_path}/{key}",
-                                      tags={"idempotency_key": key, "data_md5": revision})  # fmt: skip
-    assert previous_data_revision("shards-model", "k3") == ("2", "r2")
-    assert previous_data_revision("shards-model", "k2") == ("1", "r1")  # a rerun of key k2 skips itself
+        with mlflow.start_run() as run:
+            mlflow.log_params({"train.max_steps": 4 if key == "k1" else 8, "train.lora_r": 8})
+        client().create_model_version("shards-model", f"file://{tmp_path}/{key}", run_id=run.info.run_id,
+                                      tags={"idempotency_key": key, "data_md5": revision, "base_md5": "b" * 32,
+                                            "code_digest": key * 16})  # fmt: skip
+    found = registry_lineage("shards-model", "k3")
+    assert (found.rerun_of, found.previous, found.previous_revision) == (None, "2", "r2")
+    assert found.previous_settings == {"train.max_steps": "8", "train.lora_r": "8", "base_md5": "b" * 32,
+                                       "code_digest": "k2" * 16}  # fmt: skip
+    rerun = registry_lineage(
+        "shards-model", "k2"
+    )  # a rerun of key k2 finds itself, and the one before as previous
+    assert (rerun.rerun_of, rerun.previous, rerun.previous_revision) == ("2", "1", "r1")
+
+
+def test_a_new_version_on_the_same_data_says_what_else_changed():
+    before = {"train.max_steps": "4", "train.lora_r": "8", "base_md5": "b" * 32, "code_digest": "c" * 64}
+    now = {"train.max_steps": "8", "train.lora_r": "8", "train.seed": "1", "base_md5": "d" * 32,
+           "code_digest": "c" * 64, "git_commit": "e" * 40}  # fmt: skip
+    changes = settings_changed(before, now)
+    assert changes == ("params (train.max_steps 4 -> 8, train.seed (unset) -> 1)",
+                       f"base ({'b' * 12} -> {'d' * 12})")  # fmt: skip
+    line = DataRevision("data/shards", "a" * 32, "3", "a" * 32, changes=changes).line()
+    assert line.endswith(f"(unchanged since version 3; a new version for its {'; '.join(changes)})")
+    # a version from before the code digest was tagged: its commit stands in for it
+    assert settings_changed({"git_commit": "1" * 40}, {"git_commit": "2" * 40, "code_digest": "c"}) == (
+        f"git commit ({'1' * 12} -> {'2' * 12})",
+    )
+    many = settings_changed({f"train.k{i}": "0" for i in range(7)}, {f"train.k{i}": "1" for i in range(7)})
+    assert many[0].endswith("train.k3 0 -> 1 and 3 more)")
+    new_data = DataRevision("d", "b" * 32, "3", "a" * 32, changes=("params (train.seed 0 -> 1)",)).line()
+    assert new_data.endswith(
+        f"(new: version 3 was trained on {'a' * 12}; also changed: params (train.seed 0 -> 1))"
+    )

@@ -258,7 +258,12 @@ def test_a_worse_candidate_is_held_as_challenger_and_rollback_restores_the_champ
                                   train={"max_steps": 0})  # fmt: skip
     second = run_flow(untrained)
     assert second["data"]["previous_version"] == first["version"] and not second["data"]["changed"]
-    assert second["data"]["line"].endswith(f"(unchanged since version {first['version']})")
+    # the same data, and the run says why it is a new version all the same
+    assert (
+        f"(unchanged since version {first['version']}; a new version for its params ("
+        in second["data"]["line"]
+    )
+    assert "train.max_steps 60 -> 0" in second["data"]["line"]
     candidate, champion = (
         second["heldout"]["calibrated"]["accuracy"],
         first["heldout"]["calibrated"]["accuracy"],

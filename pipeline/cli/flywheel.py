@@ -88,10 +88,16 @@ def _review(args: argparse.Namespace) -> int:
         return EXIT_REFUSED
     if not items:
         print(f"decision review: no unlabelled logged decisions of {args.model}", file=sys.stderr)
+        if args.json:
+            print(json.dumps({"model": args.model, "answers": 0, "out": None}))
         return EXIT_OK
     out = write_queue(items, out)
     no_sets = items[0].set_size is None
     order = "margin" if no_sets and args.order == "set_size" else args.order  # no sets to order by yet
+    if args.json:
+        print(json.dumps({"model": args.model, "answers": len(items), "out": str(out), "order": order,
+                          "conformal_sets": not no_sets, "alpha": args.alpha}))  # fmt: skip
+        return EXIT_OK
     sets = "no conformal sets (fewer than 30 labelled answers)" if no_sets else "conformal sets"
     print(f"{len(items)} answers to label in {out} (least sure first by {order}; {sets}); "
           f"label them, then: decision feedback import {out}")  # fmt: skip
@@ -161,6 +167,8 @@ def add_flywheel_commands(commands) -> None:
     review.add_argument("--overwrite", action="store_true", help="replace an --out that exists")
     review.add_argument("--inference", metavar="DIR|URL", help=INFERENCE_HELP)
     review.add_argument("--params", default="params.yaml", help="the params file")
+    review.add_argument("--json", action="store_true",
+                        help="print the outcome as one JSON object: answers written, the file, the order")  # fmt: skip
     review.set_defaults(handler=_review)
 
     harvest = commands.add_parser(

@@ -273,7 +273,10 @@ def test_the_review_and_import_commands_round_trip_a_labelled_file(tmp_path, cap
     labelled = out.read_text()
     assert main(["review", "--model", "tickets", "--top", "3", "--out", str(out), *inference]) == 2
     assert "labels in it would be lost" in capsys.readouterr().err and out.read_text() == labelled
-    assert main(["review", "--model", "tickets", "--out", str(out), "--overwrite", *inference]) == 0
+    assert main(["review", "--model", "tickets", "--out", str(out), "--overwrite", *inference, "--json"]) == 0
+    said = json.loads(capsys.readouterr().out)
+    assert said == {"model": "tickets", "answers": len(out.read_text().splitlines()), "out": str(out),
+                    "order": "margin", "conformal_sets": False, "alpha": 0.1}  # fmt: skip
     for where, said in ((tmp_path, "a .jsonl or .csv"), (tmp_path / "queue.txt", "a .jsonl or .csv"),
                         (tmp_path / "sub.csv", "a folder"), (Path("/proc/queue.csv"), "no folder can be made")):  # fmt: skip
         (tmp_path / "sub.csv").mkdir(exist_ok=True)

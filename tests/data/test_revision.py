@@ -83,16 +83,18 @@ def test_a_data_revision_says_whether_the_previous_version_trained_on_other_data
 
 def test_the_previous_revision_is_the_newest_version_registered_under_another_key(tmp_path, monkeypatch):
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path}/mlflow.db")
-    import mlflow
-
     from pipeline.mlops.registry import client, registry_lineage
 
     assert registry_lineage("shards-model", "k1") == RegistryLineage(None)  # no such model yet
     client().create_registered_model("shards-model")
+    experiment = client().create_experiment("lineage")
     for key, revision in (("k1", "r1"), ("k2", "r2")):
-        with mlflow.start_run() as run:
-            mlflow.log_params({"train.max_steps": 4 if key == "k1" else 8, "train.lora_r": 8})
-        client().create_model_version("shards-model", f"file://{tmp_path}/{key}", run_id=run.info.run_id,
+        run_id = (
+            client().create_run(experiment).info.run_id
+        )  # the store of this test, whatever mlflow's global URI
+        client().log_param(run_id, "train.max_steps", 4 if key == "k1" else 8)
+        client().log_param(run_id, "train.lora_r", 8)
+        client().create_model_version("shards-model", f"file://{tmp_path}/{key}", run_id=run_id,
                                       tags={"idempotency_key": key, "data_md5": revision, "base_md5": "b" * 32,
                                             "code_digest": key * 16})  # fmt: skip
     found = registry_lineage("shards-model", "k3")

@@ -38,7 +38,11 @@ from pipeline.cli.tables import console as wide_console
 from pipeline.cli.tables import quiet_libraries
 from pipeline.config import ConfigError, Params, RetrainConfig, load_params
 from pipeline.data import pins
+from pipeline.data.read import iter_tables
+from pipeline.data.shards import BadSource, UnreadableInput
 from pipeline.data.split import SplitData
+from pipeline.families import resolve_training
+from pipeline.families.base import ModelLayoutError
 from pipeline.lineage import (
     DataRevision,
     code_digest,
@@ -332,6 +336,10 @@ def _git_commit() -> str:
     return git_commit() or "none"
 
 
+# What `checked_before_a_run` raises: the run's inputs refused in one line, exit 2.
+REFUSED_INPUTS = (ConfigError, pins.PinMismatch, UnreadableInput, ModelLayoutError)
+
+
 def checked_before_a_run(params_file: str, run_config: str | None, allow_unpinned: bool,
                          lock: str = "dvc.lock") -> Params:  # fmt: skip
     """The run's params, and its data and base pins unless `allow_unpinned`, checked in the calling process: a
@@ -340,7 +348,17 @@ def checked_before_a_run(params_file: str, run_config: str | None, allow_unpinne
     params = load_params(params_file, run_config)
     if not allow_unpinned:
         pins.require_pins([params.retrain.data, params.retrain.base], lock)
+    _inputs_readable(params)
     return params
+
+
+def _inputs_readable(params: Params) -> None:
+    """The data opens and holds a row, and the base is one its family trains from (pinned or not): otherwise
+    BadSource, UnreadableInput, BadBase or ConfigError, in one line, before a flow run logs a traceback."""
+    config = params.retrain
+    if next(iter_tables(config.data, 1), None) is None:
+        raise BadSource(f"{config.data}: no rows; give a data set with decision rows (docs/data-format.md)")
+    resolve_training(config.base, params.train)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -360,7 +378,7 @@ def main(argv: list[str] | None = None) -> int:
     quiet_libraries(args)  # no library progress bars between the flow's log lines where stderr is no terminal
     try:
         checked_before_a_run(args.params, args.run_config, args.allow_unpinned)
-    except (ConfigError, pins.PinMismatch) as error:
+    except REFUSED_INPUTS as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
     try:

@@ -35,6 +35,7 @@ from prefect.task_runners import ThreadPoolTaskRunner
 
 from flows.interrupts import EXIT_INTERRUPTED, refused, stoppable_run
 from flows.retrain import (
+    REFUSED_INPUTS,
     card,
     checked_before_a_run,
     export,
@@ -379,7 +380,7 @@ def main(argv: list[str] | None = None) -> int:
             summary = sweep(args.space, args.params, args.run_config, trials=args.trials, minutes=args.minutes,
                             parallel=args.parallel, repeat_best=args.repeat_best, storage=args.storage,
                             allow_unpinned=args.allow_unpinned)  # fmt: skip
-    except (ConfigError, pins.PinMismatch, study.SweepBusy) as error:
+    except (*REFUSED_INPUTS, study.SweepBusy) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:  # Ctrl-C or SIGTERM: a rerun resumes the study, the interrupted trial first

@@ -408,6 +408,9 @@ class FlywheelConfig:
             raise ConfigError(f"flywheel.retrain_after_rows: must be >= 1, got {self.retrain_after_rows}")
 
 
+MAX_WINDOW_HOURS = 24 * 365 * 100  # a window reaching before the calendar's first year cannot be computed
+
+
 @section("monitor")
 class MonitorConfig:
     """Drift and label-free monitoring (`flows/monitor.py`): a window of served decisions against the rows the
@@ -436,8 +439,9 @@ class MonitorConfig:
     reference's most asked); the question mix column covers the rest."""
 
     def __post_init__(self) -> None:
-        if self.window_hours <= 0:
-            raise ConfigError(f"monitor.window_hours: must be > 0, got {self.window_hours}")
+        if not 0 < self.window_hours <= MAX_WINDOW_HOURS:
+            raise ConfigError(f"monitor.window_hours: must be > 0 and at most {MAX_WINDOW_HOURS:,} (100 years), "
+                              f"got {self.window_hours}")  # fmt: skip
         if not 0.0 < self.drift_share <= 1.0:
             raise ConfigError(f"monitor.drift_share: must lie in (0, 1], got {self.drift_share}")
         for name in ("min_decisions", "reference_rows", "max_question_columns"):

@@ -99,6 +99,8 @@ def _place_problem(args: argparse.Namespace) -> str | None:
         return f"--shadow {args.shadow}: no such folder (or use models:/NAME@ALIAS)"
     if args.finetunes and not Path(args.finetunes).is_dir():
         return f"--finetunes {args.finetunes}: no such folder (a folder of export folders)"
+    if (problem := _log_place_problem(args)) is not None:
+        return problem
     try:
         with socket.create_server((args.host, args.port), reuse_port=False) as _:
             return None
@@ -110,6 +112,21 @@ def _place_problem(args: argparse.Namespace) -> str | None:
             else f"cannot listen there ({os.strerror(error.errno) if error.errno else error})"
         )
         return f"{args.host}:{args.port}: {why}"
+
+
+def _log_place_problem(args: argparse.Namespace) -> str | None:
+    """Why the inference log's folder takes no files (a file there, a read-only place): served decisions would be
+    dropped at every flush, and feedback and harvest would find none of them."""
+    from pipeline.families.base_folders import unwritable_place
+    from pipeline.flywheel.table import POSTGRES_SCHEMES
+
+    where = None if args.no_inference_log else args.inference_log
+    if where is None or str(where).startswith(POSTGRES_SCHEMES):
+        return None
+    if Path(where).exists() and not Path(where).is_dir():
+        return f"--inference-log {where}: a file; the inference log is a folder (or a postgresql:// URL)"
+    unwritable = unwritable_place(Path(where) / "decisions")
+    return None if unwritable is None else f"--inference-log {where}: {unwritable}"
 
 
 def _log_config(args: argparse.Namespace):

@@ -117,11 +117,18 @@ def _map(args: argparse.Namespace) -> int:
 
 
 def _write_problem(out: Path, data: str) -> str | None:
-    """Why mapped rows must not go to `out`: it is the table being mapped, or lies in the folder of its shards."""
+    """Why mapped rows must not go to `out`: it is the table being mapped, lies in the folder of its shards, is a
+    folder, or lies where no file can be made."""
     from pipeline.data.sources import written_into
+    from pipeline.families.base_folders import unwritable_place
 
     clash = written_into(out, data)
-    return f"--write {out}: {clash}; write the rows elsewhere" if clash else None
+    if clash:
+        return f"--write {out}: {clash}; write the rows elsewhere"
+    if out.is_dir():
+        return f"--write {out}: a folder; give the file to write (.jsonl or .parquet)"
+    unwritable = unwritable_place(out)
+    return f"--write {out}: {unwritable}" if unwritable else None
 
 
 def _result(args: argparse.Namespace, mapping, mapped, total: int, report: dict, written) -> dict[str, Any]:

@@ -31,6 +31,7 @@ from pipeline.cli.tables import (
     AT_LEAST_ONE,
     SCORING_DEVICE_HELP,
     device_option,
+    number_option,
     print_evaluation,
     print_heldout,
     print_report,
@@ -125,6 +126,8 @@ def _training_setup(args: argparse.Namespace):
     ):  # the export would replace the base
         raise ConfigError(f"--out {args.out}: {'the same folder as' if out == base else 'overlaps'} --base "
                           f"{args.base}, which writing the model would replace; give another --out")  # fmt: skip
+    if getattr(args, "run_dir", None) and (problem := _run_dir_problem(Path(args.run_dir), out)) is not None:
+        raise ConfigError(f"--run-dir {args.run_dir}: {problem}")
     params = _with_mapping(load_params(args.params), args)
     overrides = {
         k: v
@@ -168,16 +171,16 @@ def _with_mapping(params, args: argparse.Namespace):
 
 
 def _exit_code(error: Exception) -> int:
-    """2 for a bad base, source, slice, mapping, config value or registered model (`BadBase`, `BadSource`,
-    `BadSlice`, `MappingError`, `ConfigError`, `RegistryError`: the user's input, refused before training), else 1
-    (a file that cannot be read)."""
+    """2 for a bad base, source, slice, mapping, config value, registered model or a model that is not there
+    (`BadBase`, `BadSource`, `BadSlice`, `MappingError`, `ConfigError`, `RegistryError`, `NoSuchModel`: the user's
+    input, refused before training), else 1 (a file that cannot be read)."""
     from pipeline.config import ConfigError
     from pipeline.data.mapping import MappingError
     from pipeline.data.read import BadSlice, BadSource
-    from pipeline.families.base import BadBase
+    from pipeline.families.base import BadBase, NoSuchModel
     from pipeline.mlops.registry import RegistryError
 
-    if isinstance(error, BadSource | BadSlice | RegistryError):
+    if isinstance(error, BadSource | BadSlice | RegistryError | NoSuchModel):
         return EXIT_BAD_SOURCE
     if isinstance(error, ConfigError):
         return EXIT_BAD_CONFIG
@@ -248,7 +251,7 @@ def _export(args: argparse.Namespace) -> int:
         result = export_folder(args.adapter, args.out)
     except (ModelLayoutError, NonFiniteWeights, FileNotFoundError) as error:
         print(f"decision export: {error}", file=sys.stderr)
-        return EXIT_UNREADABLE
+        return _exit_code(error)
     if args.json:
         print(to_json({"out": result.out, "written": result.written, "manifest": result.manifest}))
     else:
@@ -348,6 +351,32 @@ def model_out(text: str) -> str:
     problem = out_problem(Path(text))
     if problem is not None:
         raise argparse.ArgumentTypeError(problem)
+    return text
+
+
+def _run_dir_problem(run_dir: Path, out: Path) -> str | None:
+    """Why `run_dir` cannot hold this run: the export replaces --out whole, a run folder in it included, or no
+    folder can be made there."""
+    from pipeline.families.base_folders import unwritable_place
+
+    if run_dir.resolve() == out or run_dir.resolve().is_relative_to(out):
+        return "inside --out, which the export replaces whole (the calibration report and plots with it); give another"
+    return unwritable_place(run_dir)
+
+
+MISCOVERAGE = number_option(float, lambda alpha: 0 < alpha < 1, "a miscoverage between 0 and 1, e.g. 0.1")
+
+
+def plots_folder(text: str) -> str:
+    """`--plots`: a folder that exists or can be made, refused before any row is scored."""
+    from pipeline.families.base_folders import unwritable_place
+
+    if Path(text).exists() and not Path(text).is_dir():
+        raise argparse.ArgumentTypeError(
+            f"{text}: a file; the plots go into a folder: give a new path or a folder"
+        )
+    if (problem := unwritable_place(Path(text) / "plot.png")) is not None:
+        raise argparse.ArgumentTypeError(f"{text}: {problem}")
     return text
 
 
@@ -492,10 +521,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     evaluate.add_argument("--data", required=True, help=DATA_HELP)
     evaluate.add_argument("--slice", metavar="START:END", help="evaluate rows [START, END) only")
-    evaluate.add_argument("--plots", metavar="DIR", help="write PNG plots here")
+    evaluate.add_argument("--plots", metavar="DIR", type=plots_folder, help="write PNG plots here")
     evaluate.add_argument("--device", default="cpu", type=device_option, help=SCORING_DEVICE_HELP)
     evaluate.add_argument(
-        "--conformal", type=float, metavar="ALPHA",
+        "--conformal", type=MISCOVERAGE, metavar="ALPHA",
         help="add split-conformal prediction sets at miscoverage ALPHA (e.g. 0.1): coverage and mean set size per type",
     )  # fmt: skip
     _add_output_flags(evaluate)

@@ -8,11 +8,10 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
-import math
 
 from pipeline.cli.registry import launch_flow
 from pipeline.cli.tables import number_option
-from pipeline.config import MonitorConfig
+from pipeline.config import MAX_WINDOW_HOURS, MonitorConfig
 
 DESCRIPTION = (
     "Judge a window of served decisions (the inference store) against the rows the serving version trained on, "
@@ -25,7 +24,11 @@ DESCRIPTION = (
 DEFAULT_MODEL = "decision-model@champion"
 
 
-HOURS = number_option(float, lambda h: 0 < h < math.inf, "a positive number of hours, e.g. 24")
+HOURS = number_option(
+    float,
+    lambda h: 0 < h <= MAX_WINDOW_HOURS,
+    f"a positive number of hours up to {MAX_WINDOW_HOURS:,}, e.g. 24",
+)
 
 
 def window_end(text: str) -> str:

@@ -62,6 +62,11 @@ class BadBase(ModelLayoutError):
     CLI refuses it with exit code 2 before anything is trained or written."""
 
 
+class NoSuchModel(ModelLayoutError):
+    """A model named where there is none (no such folder, a file, a `models:/` URI of no form the registry reads):
+    the user's input, refused with exit code 2 before any row is read."""
+
+
 # What a tokenizer raises on text it cannot take (`tokenizers` raises TypeError for non-UTF-8 input): a family
 # turns these, raised while encoding one request, into that request's BadQuestion.
 UNENCODABLE = (TypeError, ValueError, UnicodeError)

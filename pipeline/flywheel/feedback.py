@@ -198,6 +198,17 @@ def read_feedback_file(path: str | Path) -> list[dict[str, Any]]:
     """Items from a labelled file: JSONL of items (or of {decision_id, question, label}), or a CSV with
     decision_id, question and label columns (what `decision review` writes; rows with no label are skipped)."""
     path = Path(path)
+    if not path.exists():
+        raise ValueError("no such file")
+    if path.is_dir():
+        raise ValueError("a folder; give the labelled .jsonl or .csv file")
+    try:
+        return _read_labelled(path)
+    except UnicodeDecodeError as error:
+        raise ValueError(f"not UTF-8 text (byte {error.start}); save it as UTF-8") from None
+
+
+def _read_labelled(path: Path) -> list[dict[str, Any]]:
     if path.suffix.lower() == ".csv":
         # utf-8-sig: a spreadsheet's byte-order mark is not part of the first column's name
         with path.open(newline="", encoding="utf-8-sig") as handle:
@@ -217,11 +228,15 @@ def _with_lines(item: Any, number: int) -> Any:
     return item | {LINES: {str(q): number for q in gold} if isinstance(gold, dict) and gold else {"": number}}
 
 
-def _line(text: str, number: int) -> Any:
+def _line(text: str, number: int) -> dict[str, Any]:
     try:
-        return json.loads(text)
+        line = json.loads(text)
     except json.JSONDecodeError as error:  # its own position is within the line: say which line of the file
         raise ValueError(f"line {number} is not JSON ({error.msg}, column {error.colno})") from None
+    if not isinstance(line, dict):
+        raise ValueError(f"line {number} is JSON {type(line).__name__}, not an object: each line is "
+                         '{"decision_id", "question", "label"} or {"decision_id", "gold"}')  # fmt: skip
+    return line
 
 
 def _grouped(rows: Iterable[tuple[int, dict[str, Any]]]) -> list[dict[str, Any]]:

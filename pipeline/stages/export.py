@@ -16,9 +16,9 @@ from pathlib import Path
 
 from pipeline.config import TrainConfig
 from pipeline.data.pins import current_md5
-from pipeline.families import load_decision_model, pick_family, resolve_training
-from pipeline.families.base import ExportResult
-from pipeline.families.exporting import read_manifest
+from pipeline.families import is_complete_export, load_decision_model, pick_family, resolve_training
+from pipeline.families.base import BadBase, ExportResult
+from pipeline.families.exporting import MANIFEST, read_manifest
 from pipeline.families.onnx_encoder import ONNX_FILE, export_encoder, onnxruntime_missing
 from pipeline.lineage import MAPPING_OPTIONS, export_manifest, options_of
 from pipeline.rundir import RunFolder
@@ -31,16 +31,32 @@ def export_folder(source: str | Path, out: str | Path) -> ExportResult:
     """`decision export`: a fine-tune folder (LoRA adapters, a full model, an export) to a merged export at `out`."""
     source, out = Path(source), Path(out)
     family = pick_family(source)
-    if source.resolve() == out.resolve() and family.is_export(out):
+    if source.resolve() == out.resolve() and family.is_export(out) and (out / MANIFEST).is_file():
         return with_encoder_graph(
             ExportResult(str(out), False, read_manifest(out))
         )  # already merged in place
+    if (problem := _replaced_model(out)) is not None:
+        raise BadBase(problem)
     model = load_decision_model(source)
     manifest = {**read_manifest(source), "source": str(source), "source_digest": current_md5(source)}
     # `decision train` on a mapped table keeps the options in the fine-tune's training record.
     options = manifest.get(MAPPING_OPTIONS) or family.describe_training(source).get(MAPPING_OPTIONS)
     manifest |= {MAPPING_OPTIONS: options} if options else {}
     return with_encoder_graph(family.export(model.loaded, out, family.calibrator(model.loaded), manifest))
+
+
+def _replaced_model(out: Path) -> str | None:
+    """Why an export must not be written to `out`: it holds a model this project did not export (a base, a
+    fine-tune, this one included, a Laya model from elsewhere), which the export would replace whole; an earlier
+    export (its manifest written last) is replaced on purpose."""
+    try:
+        pick_family(out)
+    except BadBase:  # no model there (or not a folder): the folder checks of the CLI say what they say
+        return None
+    if is_complete_export(out) and (out / MANIFEST).is_file():
+        return None
+    return (f"{out}: holds a base or a fine-tune, not an export, and the export would replace it whole: give "
+            "another --out")  # fmt: skip
 
 
 def export_stage(run_dir: str | Path, out: str | Path, data: str | Path, base: str | Path,

@@ -37,7 +37,7 @@ from pipeline.data.read import BadSource, UnreadableInput
 from pipeline.data.sources import Source
 from pipeline.device import pick_device, serving_dtype
 from pipeline.families import load_decision_model
-from pipeline.families.base import DecisionModel, ModelLayoutError
+from pipeline.families.base import DecisionModel, NoSuchModel
 from pipeline.families.exporting import read_manifest
 from pipeline.lineage import MAPPING_OPTIONS
 from pipeline.mlops.registry import download_version, registered_version
@@ -182,10 +182,14 @@ def check_inputs(model: str, data: str | Path, mapping: Mapping | None = None) -
         unlabelled_mapping(mapping, read_manifest(Path(model)).get(MAPPING_OPTIONS), f"the model {model}")
 
 
-def _no_such_model(source: str) -> ModelLayoutError:
+def _no_such_model(source: str) -> NoSuchModel:
+    if source.startswith("models:/"):
+        return NoSuchModel(
+            f"{source}: not a registry URI: give models:/NAME@ALIAS or models:/NAME/VERSION (a number)"
+        )
     if Path(source).is_file():
-        return ModelLayoutError(f"{source}: a file; give the model's export folder (or models:/NAME@ALIAS)")
-    return ModelLayoutError(f"{source}: no such folder (or use models:/NAME@ALIAS)")
+        return NoSuchModel(f"{source}: a file; give the model's export folder (or models:/NAME@ALIAS)")
+    return NoSuchModel(f"{source}: no such folder (or use models:/NAME@ALIAS)")
 
 
 @contextmanager

@@ -333,3 +333,25 @@ def test_a_labelled_csv_is_refused_at_its_lines_and_its_cells_read_as_a_tables(t
 
 def write_labels(path, rows) -> None:
     path.write_text("decision_id,question,label\n" + "".join(f"{d},{q},{label}\n" for d, q, label in rows))
+
+
+@pytest.mark.parametrize(
+    ("content", "name", "said"),
+    [(b'[1, 2]\n"x"\n', "labels.jsonl", "line 1 is JSON list, not an object"),
+     (b"\xff\xfe\x00bad", "labels.csv", "not UTF-8 text (byte 0); save it as UTF-8"),
+     (None, "labels", "a folder; give the labelled .jsonl or .csv file"),
+     (None, "missing.csv", "no such file")],
+)  # fmt: skip
+def test_a_labelled_file_that_cannot_be_read_is_one_line_and_exit_2(content, name, said, tmp_path, capsys):
+    # Lines of JSON that were no objects gave an AttributeError traceback.
+    from pipeline.cli.main import main
+
+    log_decisions(open_store(tmp_path / "inference"), 1)
+    path = tmp_path / name
+    if content is not None:
+        path.write_bytes(content)
+    elif name == "labels":
+        path.mkdir()
+    assert main(["feedback", "import", str(path), "--inference", str(tmp_path / "inference")]) == 2
+    [line] = capsys.readouterr().err.strip().splitlines()
+    assert line == f"decision feedback import: {path}: {said}" or said in line, line

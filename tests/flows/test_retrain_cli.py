@@ -1,12 +1,17 @@
 """`python -m flows.retrain` and `decision retrain` pass --allow-unpinned through to the flow."""
 
 import contextlib
+import shutil
+from pathlib import Path
 
 import pytest
+import yaml
 
 import flows.retrain
 from pipeline.cli.main import main
 from tests.flows.processes import record_launches
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_the_flow_command_passes_allow_unpinned_to_the_flow(monkeypatch, capsys):
@@ -35,3 +40,26 @@ def test_a_run_config_that_does_not_exist_is_one_line_and_exit_2_before_a_flow_r
     assert (
         capsys.readouterr().err.strip() == "error: run config 'no-such-run': no file configs/no-such-run.yaml"
     )
+
+
+@pytest.mark.parametrize(
+    ("setting", "said"),
+    [("data: DIR/missing.jsonl", "missing.jsonl: no such file or folder"),
+     ("data: DIR/empty.jsonl", "empty.jsonl: no rows"),
+     ("base: DIR/nope", "nope: no such folder")],
+)  # fmt: skip
+def test_inputs_that_are_not_there_are_one_line_before_a_flow_run_even_unpinned(setting, said, synthetic_train_file,
+                                                                                 tiny_base, tmp_path, capsys,
+                                                                                 monkeypatch):  # fmt: skip
+    # With --allow-unpinned nothing opened them first: the flow run failed with Prefect's traceback, exit 1.
+    monkeypatch.setattr(flows.retrain, "retrain", lambda *args, **kwargs: pytest.fail("a flow run started"))
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "empty.jsonl").write_text("")
+    (tmp_path / "configs").mkdir()  # beside the params file, where run configs are found
+    shutil.copyfile(ROOT / "params.yaml", tmp_path / "params.yaml")
+    key, value = setting.replace("DIR", str(tmp_path)).split(": ")
+    inputs = {"data": str(synthetic_train_file), "base": str(tiny_base)} | {key: value}
+    (tmp_path / "configs" / "mine.yaml").write_text(yaml.safe_dump({"retrain": inputs}))
+    assert flows.retrain.main(["--run-config", "mine", "--allow-unpinned"]) == 2
+    [line] = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith("error: ") and said in line, line

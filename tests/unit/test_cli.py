@@ -1,8 +1,10 @@
 """`decision validate`: its exit codes and its JSON output."""
 
 import json
+import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -387,3 +389,119 @@ def test_repeat_best_is_zero_or_a_number_of_seeds(capsys):
     with pytest.raises(SystemExit) as exit_:
         main(["sweep", "--space", "sweeps/vader.yaml", "--repeat-best", "-1"])
     assert exit_.value.code == 2 and "0 (off) or a whole number of seeds" in capsys.readouterr().err
+
+
+def test_export_never_writes_over_the_base_or_the_fine_tune_it_exports(tiny_base, tmp_path, capsys):
+    # export --out BASE replaced the pinned base with the merged export, and --out ADAPTER deleted the fine-tune.
+    finetune, base = tmp_path / "finetune", Path(shutil.copytree(tiny_base, tmp_path / "base"))
+    shutil.copytree(tiny_base, finetune)  # a Laya-layout model this project did not export (no manifest)
+    before = {folder: sorted(p.name for p in folder.rglob("*")) for folder in (base, finetune)}
+    for out in (base, finetune):
+        assert main(["export", "--adapter", str(finetune), "--out", str(out)]) == 2
+        [line] = capsys.readouterr().err.strip().splitlines()
+        assert f"{out}: holds a base or a fine-tune, not an export" in line, line
+    assert {folder: sorted(p.name for p in folder.rglob("*")) for folder in (base, finetune)} == before
+    assert main(["export", "--adapter", str(finetune), "--out", str(tmp_path / "export")]) == 0
+    assert (
+        main(["export", "--adapter", str(finetune), "--out", str(tmp_path / "export")]) == 0
+    )  # an export: again
+    assert main(["export", "--adapter", str(tmp_path / "nope"), "--out", str(tmp_path / "x")]) == 2
+
+
+@pytest.mark.parametrize(
+    ("run_dir", "said"),
+    [("export", "inside --out, which the export replaces whole"), ("export/run", "inside --out"),
+     ("/proc/run", "no folder can be made in /proc")],
+)  # fmt: skip
+def test_finetune_refuses_a_run_folder_the_export_would_replace_or_no_place_holds(
+    run_dir, said, tmp_path, capsys
+):
+    # --run-dir == --out: the export's swap removed the calibration report and plots the summary pointed at.
+    target = tmp_path / run_dir if not run_dir.startswith("/") else Path(run_dir)
+    args = [
+        "--data",
+        str(tmp_path / "rows.jsonl"),
+        "--base",
+        str(tmp_path / "base"),
+        "--out",
+        str(tmp_path / "export"),
+    ]
+    assert main(["finetune", *args, "--run-dir", str(target)]) == 2
+    assert f"--run-dir {target}: {said}" in capsys.readouterr().err
+    assert not (tmp_path / "export").exists()
+
+
+@pytest.mark.parametrize(
+    ("flag", "value", "said"),
+    [("--plots", "a-file", "a file; the plots go into a folder"), ("--plots", "/proc/plots", "no folder can be made"),
+     ("--conformal", "0", "expected a miscoverage between 0 and 1"), ("--conformal", "nan", "expected a miscoverage")],
+)  # fmt: skip
+def test_evaluate_refuses_a_plots_place_or_a_miscoverage_before_scoring(flag, value, said, tmp_path, capsys):
+    (tmp_path / "a-file").write_text("")
+    where = str(tmp_path / value) if value == "a-file" else value
+    with pytest.raises(SystemExit) as refused:
+        main(["evaluate", "--model", "m", "--data", "d", flag, where])
+    assert refused.value.code == 2 and said in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("model", ["models:/decision-model/abc", "models:/", "nope", "a-file"])
+def test_a_model_that_is_not_there_is_exit_2_for_evaluate_as_for_predict(model, synthetic_train_file, tmp_path,
+                                                                          capsys, monkeypatch):  # fmt: skip
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "a-file").write_text("")
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text("".join(synthetic_train_file.read_text().splitlines(keepends=True)[:5]))
+    assert main(["evaluate", "--model", model, "--data", str(rows)]) == 2
+    [line] = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith(f"decision evaluate: {model}: "), line
+
+
+def test_the_inference_log_must_be_a_folder_the_server_can_write_before_a_model_loads(tmp_path, capsys):
+    # A read-only place served requests and dropped every decision at each flush: feedback and harvest got none.
+    (tmp_path / "a-file").write_text("")
+    for where, said in ((tmp_path / "a-file", "a file; the inference log is a folder"),
+                        (Path("/proc/inference"), "no folder can be made in /proc")):  # fmt: skip
+        assert main(["serve", "--model", str(tmp_path), "--inference-log", str(where)]) == 2
+        [line] = capsys.readouterr().err.strip().splitlines()
+        assert f"--inference-log {where}: {said}" in line, line
+
+
+@pytest.mark.parametrize(
+    ("write", "said"),
+    [("/proc/x/rows.jsonl", "no folder can be made in /proc"), ("a-file/rows.jsonl", "is a file"),
+     (".", "a folder; give the file to write")],
+)  # fmt: skip
+def test_map_refuses_a_write_place_that_takes_no_file_before_reading_rows(write, said, tmp_path, capsys):
+    table = tmp_path / "table.csv"
+    table.write_text("text,label\nhello,pos\nbad day,neg\n")
+    (tmp_path / "a-file").write_text("")
+    target = write if write.startswith("/") else str(tmp_path / write)
+    args = [
+        "map",
+        "--data",
+        str(table),
+        "--state-column",
+        "text",
+        "--label-column",
+        "label",
+        "--write",
+        target,
+    ]
+    assert main(args) == 2
+    [line] = capsys.readouterr().err.strip().splitlines()
+    assert said in line, line
+
+
+def test_a_monitor_window_past_the_calendar_is_refused_as_a_flag_and_as_a_setting(capsys):
+    # --window-hours 1e30 passed the flag's check and overflowed timedelta in the flow.
+    from pipeline.config import ConfigError, MonitorConfig
+
+    with pytest.raises(SystemExit) as refused:
+        main(["monitor", "--window-hours", "1e30"])
+    assert (
+        refused.value.code == 2
+        and "expected a positive number of hours up to 876,000" in capsys.readouterr().err
+    )
+    with pytest.raises(ConfigError, match=r"monitor\.window_hours: must be > 0 and at most 876,000"):
+        MonitorConfig(window_hours=1e30)
+    assert MonitorConfig(window_hours=876_000).window_hours == 876_000

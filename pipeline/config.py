@@ -82,7 +82,7 @@ def _describe(error: pydantic.ValidationError, section: str, cls: type, args: tu
         value, expected = values[key], _type_name(cls.__pydantic_fields__[key].annotation)
         problems.append(f"{section}.{key}: expected {expected}, got {value!r} ({type(value).__name__})")
     if unknown:
-        problems.append(f"{', '.join(unknown)}: unknown key(s) in params.yaml [{section}]; known: "
+        problems.append(f"{', '.join(unknown)}: unknown key(s) in [{section}]; known: "
                         f"{', '.join(sorted(names))}")  # fmt: skip
     return "; ".join(problems)
 
@@ -354,10 +354,8 @@ class RetrainConfig:
     def __post_init__(self) -> None:
         if self.smoke_decisions < 1:
             raise ConfigError(f"retrain.smoke_decisions: must be >= 1, got {self.smoke_decisions}")
-        if not self.model_name or "/" in self.model_name or "@" in self.model_name:
-            raise ConfigError(
-                f"retrain.model_name: a registry name without '/' or '@', got {self.model_name!r}"
-            )
+        if (problem := registry_name_problem(self.model_name)) is not None:
+            raise ConfigError(f"retrain.model_name: {problem}")
 
 
 @section("promote")
@@ -406,6 +404,14 @@ class FlywheelConfig:
     def __post_init__(self) -> None:
         if self.retrain_after_rows < 1:
             raise ConfigError(f"flywheel.retrain_after_rows: must be >= 1, got {self.retrain_after_rows}")
+
+
+def registry_name_problem(name: str) -> str | None:
+    """Why `name` cannot name a registered model everywhere it is used (`models:/NAME@ALIAS`, `NAME/VERSION`, a
+    command line, a URL path), or None."""
+    if not name or any(c.isspace() for c in name) or any(c in name for c in "/:@"):
+        return f"{name!r}: a model name is not blank and has no spaces, '/', ':' or '@'"
+    return None
 
 
 MAX_WINDOW_HOURS = 24 * 365 * 100  # a window reaching before the calendar's first year cannot be computed
@@ -476,14 +482,21 @@ RUN_CONFIGS_DIR = "configs"
 RUN_CONFIG_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")  # a file name in configs/, never a path
 
 
-def _yaml_sections(path: str | Path) -> dict[str, Any]:
-    """A params file's sections; ConfigError naming the file where it is missing, not YAML or not sections."""
+def _yaml_sections(path: str | Path, may_be_empty: bool = False) -> dict[str, Any]:
+    """A params file's sections; ConfigError naming the file where it is missing, a folder, not YAML, not
+    sections, or empty (a run config may be: it overrides nothing)."""
+    if Path(path).is_dir():
+        raise ConfigError(f"{path}: a folder; give the params file (params.yaml, or --params FILE)")
     if not Path(path).is_file():
         raise ConfigError(f"{path}: no such file (the params file: params.yaml, or --params FILE)")
     try:
-        raw = load_yaml_file(path) or {}
+        raw = load_yaml_file(path)
     except YamlFileError as error:
         raise ConfigError(str(error)) from None
+    if raw is None and not may_be_empty:  # every setting would silently fall back to the code's defaults
+        raise ConfigError(f"{path}: empty; a params file holds sections (train:, validate:, ...): start from "
+                          "the project's params.yaml")  # fmt: skip
+    raw = raw or {}
     if not isinstance(raw, dict) or not all(isinstance(v, dict | None) for v in raw.values()):
         raise ConfigError(f"{path}: expected sections of keys (train:, validate:, ...), as params.yaml has")
     return {section: values or {} for section, values in raw.items()}
@@ -505,7 +518,7 @@ def load_params(path: str | Path = PARAMS_FILE, run_config: str | None = None,
         override_file = Path(path).parent / RUN_CONFIGS_DIR / f"{run_config}.yaml"
         if not override_file.is_file():
             raise ConfigError(f"run config {run_config!r}: no file {override_file}")
-        layers.insert(0, _yaml_sections(override_file))
+        layers.insert(0, _yaml_sections(override_file, may_be_empty=True))
         source = f"{path} with {override_file}"
     for layer in layers:
         for section, values in layer.items():

@@ -22,7 +22,8 @@ def export_folder(text: str) -> str:
     from pipeline.families import is_complete_export
 
     if not Path(text).is_dir():
-        raise argparse.ArgumentTypeError(f"{text}: no such folder; give the export folder (a run's export/, or "
+        what = "a file" if Path(text).exists() else "no such folder"
+        raise argparse.ArgumentTypeError(f"{text}: {what}; give the export folder (a run's export/, or "
                                          "decision finetune --out)")  # fmt: skip
     if not is_complete_export(Path(text)):
         raise argparse.ArgumentTypeError(f"{text}: not a complete export (a folder `decision export` or `decision "
@@ -31,9 +32,11 @@ def export_folder(text: str) -> str:
 
 
 def model_name(text: str) -> str:
-    """`--name`: what MLflow's registry takes as a model name (not blank; no '/' or ':')."""
-    if not text.strip() or "/" in text or ":" in text:
-        raise argparse.ArgumentTypeError(f"{text!r}: a model name is not blank and has no '/' or ':'")
+    """`--name`: a model name every door takes (`registry_name_problem`)."""
+    from pipeline.config import registry_name_problem
+
+    if (problem := registry_name_problem(text)) is not None:
+        raise argparse.ArgumentTypeError(problem)
     return text
 
 

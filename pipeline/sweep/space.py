@@ -79,6 +79,8 @@ class SearchSpace:
 def load_space(path: str | Path, params: Params) -> SearchSpace:
     """Read and check a space file against `params` (every value must make a valid train section)."""
     path = Path(path)
+    if path.is_dir():
+        raise ConfigError(f"search space {path}: a folder; give the space file (e.g. sweeps/vader.yaml)")
     if not path.is_file():
         raise ConfigError(f"search space {path}: no such file")
     try:  # not UTF-8, not YAML, a key given twice: one line naming the file
@@ -180,11 +182,14 @@ def _check(space: SearchSpace, params: Params, path: Path) -> None:
     _check_budget(space)
     for name in space.fixed:
         _check_name(name)
-    apply(params, space.fixed)
-    # Every choice, and each range's ends, must make a valid train section on their own.
-    for name, dist in space.distributions.items():
-        for value in _extremes(dist):
-            apply(params, space.overrides({name: value}))
+    try:
+        apply(params, space.fixed)
+        # Every choice, and each range's ends, must make a valid train section on their own.
+        for name, dist in space.distributions.items():
+            for value in _extremes(dist):
+                apply(params, space.overrides({name: value}))
+    except ConfigError as error:  # the setting is the space file's: name it, not params.yaml
+        raise ConfigError(f"search space {path}: {error}") from None
 
 
 def _check_budget(space: SearchSpace) -> None:

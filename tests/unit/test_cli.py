@@ -151,8 +151,11 @@ def test_predict_refuses_an_out_that_is_its_data_or_a_folder_before_loading_a_mo
 
 
 def test_register_refuses_a_folder_that_is_no_export_and_a_name_mlflow_cannot_take(user_files, capsys):
+    # A name with a space was registered, then needed quoting in every models:/ URI; `decision init` refused it.
     for args, said in ((["--export", str(user_files / "notes")], "not a complete export"),
-                       (["--name", "a/b", "--export", str(user_files)], "no '/' or ':'")):  # fmt: skip
+                       (["--name", "a/b", "--export", str(user_files)], "no spaces, '/', ':' or '@'"),
+                       (["--name", "has space", "--export", str(user_files)], "no spaces, '/', ':' or '@'"),
+                       (["--name", "a@b", "--export", str(user_files)], "no spaces, '/', ':' or '@'")):  # fmt: skip
         with pytest.raises(SystemExit) as exit_:
             main(["register", *args])
         assert exit_.value.code == 2 and said in capsys.readouterr().err

@@ -119,7 +119,10 @@ def test_the_monitor_section_ships_its_defaults_and_checks_its_ranges(project_ro
     assert params.flywheel.inference == "inference"  # what the monitor reads when its own is null
     with pytest.raises(ConfigError, match=re.escape("monitor.drift_share: must lie in (0, 1], got 1.5")):
         section_config("monitor", {"drift_share": 1.5})
-    with pytest.raises(ConfigError, match=re.escape("monitor.window_hours: must be > 0, got 0.0")):
+    with pytest.raises(
+        ConfigError,
+        match=re.escape("monitor.window_hours: must be > 0 and at most 876,000 (100 years), got 0.0"),
+    ):
         section_config("monitor", {"window_hours": 0})
     with pytest.raises(ConfigError, match=re.escape("monitor.min_decisions: expected int, got 'many' (str)")):
         section_config("monitor", {"min_decisions": "many"})
@@ -128,7 +131,9 @@ def test_the_monitor_section_ships_its_defaults_and_checks_its_ranges(project_ro
 def test_monitoring_and_flywheel_settings_do_not_change_a_runs_idempotency_key(tmp_path):
     from pipeline.lineage import keyed_sections
 
-    (tmp_path / "defaults.yaml").write_text("")
+    (tmp_path / "defaults.yaml").write_text(
+        "{}"
+    )  # no sections: the code's defaults (an empty file is refused)
     defaults = keyed_sections(load_params(tmp_path / "defaults.yaml"))
     params_file = tmp_path / "params.yaml"
     for unkeyed in ("monitor:\n  window_hours: 6.0\n", "flywheel:\n  retrain_after_rows: 7\n"):
@@ -161,3 +166,16 @@ def test_the_bag_of_words_settings_take_a_row_count_and_a_margin_or_null():
 def test_a_run_config_is_a_name_in_configs_never_a_path(project_root, name):
     with pytest.raises(ConfigError, match="not a path"):
         load_params(project_root / "params.yaml", name)
+
+
+def test_an_empty_params_file_or_a_folder_is_refused_but_an_empty_run_config_overrides_nothing(tmp_path):
+    # A truncated params.yaml trained with the code's defaults (another family and method) and said nothing.
+    (tmp_path / "params.yaml").write_text("")
+    with pytest.raises(ConfigError, match=r"params\.yaml: empty; a params file holds sections"):
+        load_params(tmp_path / "params.yaml")
+    with pytest.raises(ConfigError, match="a folder; give the params file"):
+        load_params(tmp_path)
+    (tmp_path / "params.yaml").write_text("train:\n  max_steps: 7\n")
+    (tmp_path / "configs").mkdir()
+    (tmp_path / "configs" / "nothing.yaml").write_text("")
+    assert load_params(tmp_path / "params.yaml", "nothing").train.max_steps == 7

@@ -53,7 +53,10 @@ def test_a_space_file_becomes_optuna_distributions_and_trial_settings(tmp_path):
     ("content", "message"),
     [
         ({"trials": 2, "space": {"validate.holdout_fraction": [0.1, 0.2]}}, "only train.NAME settings vary"),
-        ({"trials": 2, "space": {"train.nonsense": [1, 2]}}, "nonsense"),
+        (
+            {"trials": 2, "space": {"train.nonsense": [1, 2]}},
+            r"search space .*space\.yaml: train\.nonsense: unknown key",
+        ),
         ({"trials": 2, "space": {"train.lora_r": [4, "eight"]}}, "train.lora_r"),
         ({"trials": 2, "space": {"train.epochs": {"low": 0, "high": 4}}}, "train.epochs"),
         ({"trials": 2, "space": {"train.head_lr": {"low": 0.1, "high": 0.01}}}, "low <= high"),

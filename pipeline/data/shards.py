@@ -203,6 +203,7 @@ def _open_arrow(path: Path) -> pa.ipc.RecordBatchStreamReader:
 
 
 def _open_text(path: Path, fmt: str) -> pa_csv.CSVStreamingReader:
+    _refuse_binary(path, fmt)
     if fmt == "jsonl":
         _refuse_json_array(path)
         # One text column per line: JSON never holds a raw \x1f, and quoting is off, so lines stay intact.
@@ -229,6 +230,18 @@ def _open_text(path: Path, fmt: str) -> pa_csv.CSVStreamingReader:
             or not_utf8(path, error)
             or f"{path}: cannot be read as {fmt.upper()} ({error}); give a file of decision rows"
         ) from None
+
+
+def _refuse_binary(path: Path, fmt: str) -> None:
+    """BadSource for a binary file named as text (a Parquet file renamed .jsonl, an archive): its bytes would
+    otherwise be parsed as lines, and the error would quote them."""
+    with path.open("rb") as handle:
+        head = handle.read(4096)
+    if head.startswith(b"PAR1"):
+        raise BadSource(f"{path}: a Parquet file named .{fmt}; rename it .parquet")
+    if b"\x00" in head:
+        raise BadSource(f"{path}: binary, not {fmt.upper()} text (a NUL byte within its first 4 KiB); give a file "
+                        "of decision rows")  # fmt: skip
 
 
 def _refuse_json_array(path: Path) -> None:

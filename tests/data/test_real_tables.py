@@ -105,6 +105,20 @@ def test_a_json_array_is_refused_saying_how_to_write_json_lines(tmp_path):
         mapped(str(path))
 
 
+@pytest.mark.parametrize("suffix", ["jsonl", "csv"])
+def test_a_binary_file_named_as_text_is_refused_saying_what_it_is_without_quoting_its_bytes(suffix, tmp_path,
+                                                                                            capsys):  # fmt: skip
+    # The error quoted ~150 bytes of the binary file, and a Parquet file was "not UTF-8 (Latin-1?)".
+    parquet, binary = tmp_path / f"table.{suffix}", tmp_path / f"blob.{suffix}"
+    pq.write_table(pa.table({"text": ["a"], "label": ["x"]}), parquet)
+    binary.write_bytes(b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR" + bytes(range(256)))
+    for path, said in ((parquet, f"a Parquet file named .{suffix}; rename it .parquet"),
+                       (binary, f"binary, not {suffix.upper()} text (a NUL byte within its first 4 KiB)")):  # fmt: skip
+        assert main(["validate", str(path)]) == 2
+        [line] = capsys.readouterr().err.strip().splitlines()
+        assert line.startswith(f"decision validate: {path}: {said}"), line
+
+
 def test_a_line_that_is_not_json_has_no_cells_and_its_raw_text_is_no_label(tmp_path):
     path = tmp_path / "q.jsonl"
     path.write_text('{"text": "a", "questions": "billing"}\n{"text": "b", "questions": "shipping"}\n'

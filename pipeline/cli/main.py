@@ -189,10 +189,15 @@ def _exit_code(error: Exception) -> int:
 
 def _source(args: argparse.Namespace, params):
     """Where `train` and `finetune` read their decisions: DATA's slice, split as params.yaml says."""
+    from pipeline.config import ConfigError
     from pipeline.data.read import RowSlice
     from pipeline.data.split import TrainSource
 
     eval_data = getattr(args, "eval_data", None)
+    if eval_data is not None and Path(eval_data).resolve() == Path(args.data).resolve():
+        raise ConfigError(f"--eval-data {eval_data}: the training data itself; its held-out figures would be "
+                          "measured on rows the model trained on: drop --eval-data (a held-out split is carved "
+                          "from --data) or give other rows")  # fmt: skip
     return TrainSource(args.data, RowSlice.parse(args.slice), eval_data, params.validate)
 
 

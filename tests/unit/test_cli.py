@@ -508,3 +508,14 @@ def test_a_monitor_window_past_the_calendar_is_refused_as_a_flag_and_as_a_settin
     with pytest.raises(ConfigError, match=r"monitor\.window_hours: must be > 0 and at most 876,000"):
         MonitorConfig(window_hours=1e30)
     assert MonitorConfig(window_hours=876_000).window_hours == 876_000
+
+
+@pytest.mark.parametrize("command", ["train", "finetune"])
+def test_eval_data_that_is_the_training_data_is_refused(
+    command, synthetic_train_file, tiny_base, tmp_path, capsys
+):
+    # It trained and reported "held-out" figures measured on its own training rows.
+    same = ["--data", str(synthetic_train_file), "--eval-data", str(synthetic_train_file)]
+    assert main(["finetune", *same, "--base", str(tiny_base), "--out", str(tmp_path / "out")]) == 2
+    assert "the training data itself" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists() and not (tmp_path / "out.run").exists()

@@ -71,6 +71,16 @@ def _feedback_import(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def logged_model(text: str) -> str:
+    """`--model`: NAME (every version) or NAME/VERSION, the version a number, as the inference log names them."""
+    name, _, version = text.partition("/")
+    if not name.strip() or (version and not version.isdigit()):
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: give NAME or NAME/VERSION (a version number), e.g. tickets/3"
+        )
+    return text
+
+
 def _review(args: argparse.Namespace) -> int:
     from pipeline.families.base_folders import unwritable_place
     from pipeline.flywheel.review import UnknownModel, review_queue, write_queue
@@ -154,7 +164,9 @@ def add_flywheel_commands(commands) -> None:
                     "first: margin (top probability minus the runner-up), entropy, and the size of a split-conformal "
                     "prediction set once 30 answers are labelled. Writes JSONL, or CSV for a .csv name.",
     )  # fmt: skip
-    review.add_argument("--model", required=True, help="a model name (every version) or NAME/VERSION")
+    review.add_argument(
+        "--model", required=True, type=logged_model, help="a model name (every version) or NAME/VERSION"
+    )
     review.add_argument("--top", type=AT_LEAST_ONE, default=50, help="how many answers (default 50)")
     review.add_argument("--order", choices=["margin", "entropy", "set_size"], default="margin",
                         help="least sure first by the margin (top minus runner-up), the entropy, or the conformal set's size")  # fmt: skip

@@ -519,3 +519,13 @@ def test_eval_data_that_is_the_training_data_is_refused(
     assert main(["finetune", *same, "--base", str(tiny_base), "--out", str(tmp_path / "out")]) == 2
     assert "the training data itself" in capsys.readouterr().err
     assert not (tmp_path / "out").exists() and not (tmp_path / "out.run").exists()
+
+
+@pytest.mark.parametrize("model", ["a/b/c", "tickets/x", "/3"])
+def test_review_takes_a_name_or_name_and_version_number(model, capsys):
+    # `a/b/c` was accepted and matched nothing.
+    with pytest.raises(SystemExit) as refused:
+        main(["review", "--model", model])
+    assert (
+        refused.value.code == 2 and "give NAME or NAME/VERSION (a version number)" in capsys.readouterr().err
+    )

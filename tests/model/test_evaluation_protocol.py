@@ -70,6 +70,8 @@ def test_without_a_validation_split_the_run_says_its_calibrator_saw_held_out_lab
     params.write_text(
         "train:\n  micro_batch: 4\n  lora_r: 4\n  precision: fp32\nvalidate:\n  validation_fraction: 0\n"
     )
-    summary = _finetune(synthetic_train_file, synthetic_train_file, tiny_base, params, tmp_path / "c", capsys)
+    held = tmp_path / "held.jsonl"  # other rows than the training data's (the same file is refused)
+    held.write_text("".join(synthetic_train_file.read_text().splitlines(keepends=True)[100:]))
+    summary = _finetune(synthetic_train_file, held, tiny_base, params, tmp_path / "c", capsys)
     assert summary["calibrator_fitted_on"].startswith("held-out rows, cross-fitted")
     assert not RunFolder(summary["run_dir"]).validation_logits.exists()

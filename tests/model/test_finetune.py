@@ -103,12 +103,14 @@ def test_train_runs_on_the_threads_it_was_given_and_records_them(tiny_base, synt
 
 
 def test_finetune_with_eval_data_and_a_slice(tiny_base, synthetic_train_file, params, tmp_path, capsys):
-    code = main(["finetune", "--data", str(synthetic_train_file), "--eval-data", str(synthetic_train_file),
+    held = tmp_path / "held.jsonl"  # rows 40 on: not the slice trained on (the same file is refused)
+    held.write_text("".join(synthetic_train_file.read_text().splitlines(keepends=True)[40:]))
+    code = main(["finetune", "--data", str(synthetic_train_file), "--eval-data", str(held),
                  "--slice", "0:40", "--base", str(tiny_base), "--out", str(tmp_path / "e"), "--max-steps", "2",
                  "--params", str(params), "--json"])  # fmt: skip
     assert code == 0
     summary = json.loads(capsys.readouterr().out)
-    assert summary["rows"] == 40 and summary["heldout"]["decisions"] == 3 * 160
+    assert summary["rows"] == 40 and summary["heldout"]["decisions"] == 3 * 120  # all of --eval-data held out
 
 
 def test_evaluate_writes_metrics_and_plots(tiny_base, synthetic_train_file, tmp_path, capsys):

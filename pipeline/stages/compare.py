@@ -19,7 +19,7 @@ from pipeline.config import ValidateConfig
 from pipeline.data.split import TrainSource
 from pipeline.families import is_complete_export
 from pipeline.families.base import ModelLayoutError
-from pipeline.mlops.registry import RegistryError
+from pipeline.mlops.registry import RegistryError, registered_version
 from pipeline.scoring.paired import QuestionDifference, per_question_differences
 from pipeline.stages.evaluate import score_records
 from pipeline.stages.predict import model_folder
@@ -46,12 +46,29 @@ class Comparison:
                 "questions": [q.to_dict() for q in self.questions]}  # fmt: skip
 
 
+def _check_present(side: str, source: str) -> None:
+    """RegistryError or ModelLayoutError naming `side` where `source` is neither a registered version nor an
+    export folder."""
+    try:
+        if registered_version(source) is not None:
+            return
+    except RegistryError as error:
+        raise RegistryError(f"{side} ({source}): {error}") from error
+    if not Path(source).is_dir():
+        raise ModelLayoutError(f"{side} ({source}): no such folder (or use models:/NAME@ALIAS)")
+    if not is_complete_export(Path(source)):
+        raise ModelLayoutError(f"{side} ({source}): not an export (a base, or a fine-tune not exported yet?); "
+                               "compare exports: a run's export/ folder, or decision finetune --out")  # fmt: skip
+
+
 def compare_models(a: str, b: str, data: str | Path, split: ValidateConfig = ValidateConfig(), all_rows: bool = False,
                    confidence: float = 0.95, device: str = "cpu",
                    report: Callable[[str], None] | None = None) -> Comparison:  # fmt: skip
     """Score `a` and `b` on the same rows of `data` as served, and compare them per question. ValueError for data
     with no rows to compare on; RegistryError or ModelLayoutError, naming A or B, for a model that cannot be read."""
     say = report or (lambda line: None)
+    for side, source in (("A", a), ("B", b)):  # both, before the data is read and A is scored
+        _check_present(side, source)
     validated = TrainSource(data, split_config=split).validated()
     records = validated.split.every_record() if all_rows else validated.split.heldout
     if not records:

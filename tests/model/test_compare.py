@@ -113,11 +113,11 @@ def test_a_missing_model_is_one_line_naming_its_side_and_exit_2(
 
 
 def test_data_too_small_for_a_heldout_split_says_so_and_points_at_all_rows(
-    synthetic_train_file, tmp_path, capsys
+    synthetic_train_file, tiny_base, tmp_path, capsys
 ):
     one_row = tmp_path / "one.jsonl"
     one_row.write_text(synthetic_train_file.read_text().splitlines()[0] + "\n")
-    code = main(["compare", str(tmp_path), str(tmp_path), "--data", str(one_row)])
+    code = main(["compare", str(tiny_base), str(tiny_base), "--data", str(one_row)])
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1
     assert "no held-out rows" in err[0] and "1 usable row" in err[0] and "--all-rows" in err[0]
@@ -130,4 +130,21 @@ def test_a_plain_base_is_no_side_of_a_comparison(tiny_base, synthetic_train_file
     encoder = write_tiny_encoder(tmp_path / "bert", "bert")
     args = ["compare", str(encoder), str(tiny_base), "--data", str(synthetic_train_file), "--all-rows", "-q"]
     assert main(args) == 2
-    assert f"decision compare: A ({encoder}): {encoder}: not an export" in capsys.readouterr().err
+    assert f"decision compare: A ({encoder}): not an export" in capsys.readouterr().err
+
+
+def test_b_is_checked_before_a_is_scored(tiny_base, synthetic_train_file, tmp_path, capsys, monkeypatch):
+    # A was scored in full (minutes on real data) before a B that is not there was refused.
+    import pipeline.stages.compare as compare_stage
+
+    monkeypatch.setattr(compare_stage, "score_records", lambda *args: pytest.fail("A was scored"))
+    args = [
+        "compare",
+        str(tiny_base),
+        str(tmp_path / "nope"),
+        "--data",
+        str(synthetic_train_file),
+        "--all-rows",
+    ]
+    assert main(args) == 2
+    assert f"decision compare: B ({tmp_path / 'nope'}): no such folder" in capsys.readouterr().err

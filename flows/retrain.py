@@ -44,6 +44,7 @@ from pipeline.data.split import SplitData
 from pipeline.families import resolve_training
 from pipeline.families.base import ModelLayoutError
 from pipeline.lineage import (
+    TAGGED_SETTINGS,
     DataRevision,
     code_digest,
     git_commit,
@@ -218,7 +219,12 @@ def retrain(
         return {"skip_reason": skipped, "model": config.model_name, "data_md5": data_md5}
     code = code_digest()
     key = idempotency_key(data_md5, base_md5, keyed_sections(params), code, unpinned=allow_unpinned)
-    lineage_tags = {"data_md5": data_md5, "base_md5": base_md5, "code_digest": code}
+    lineage_tags = {
+        "data_md5": data_md5,
+        "base_md5": base_md5,
+        "code_digest": code,
+        "git_commit": _git_commit(),
+    }
     revision = _revision(params, key, lineage_tags)
     print(revision.line())
     run_dir = str(Path(config.runs_dir) / key[:16])
@@ -236,8 +242,7 @@ def _revision(params: Params, key: str, lineage_tags: dict[str, Any]) -> DataRev
     config = params.retrain
     found = registry_lineage(config.model_name, key)
     now = {name: str(value) for name, value in tracking.flat_params(params.sections()).items()}
-    now |= {tag: str(lineage_tags[tag]) for tag in ("base_md5", "code_digest") if lineage_tags[tag]}
-    now["git_commit"] = _git_commit()
+    now |= {tag: str(lineage_tags[tag]) for tag in TAGGED_SETTINGS if lineage_tags[tag]}
     return DataRevision(config.data, lineage_tags["data_md5"], found.previous, found.previous_revision,
                         found.rerun_of, settings_changed(found.previous_settings, now) if found.previous else ())  # fmt: skip
 
@@ -249,7 +254,7 @@ def _run(params: Params, run: RunFolder, key: str, revision: DataRevision, verif
     config, run_dir = params.retrain, str(run.root)
     # Validated and split once: every later task reads the run's split (RunFolder.split).
     validated = validate(config.data, config.slice, params.validate, str(run.validation), str(run.split))
-    tags = {"git_commit": _git_commit(), **lineage_tags, "idempotency_key": key,
+    tags = {**lineage_tags, "idempotency_key": key,
             "data": config.data, "base": config.base, **pins.pin_tags(inputs),
             **_optional_tags(owner, allow_unpinned)}  # fmt: skip
     trained = train(run_dir, config.base, params.train, config.device, key, tags, inputs, verified)

@@ -95,11 +95,8 @@ class DataRevision:
 
 
 SHOWN_PARAMS = 4  # settings named in a revision's line; the rest counted
-TAGGED_SETTINGS = (
-    "base_md5",
-    "code_digest",
-    "git_commit",
-)  # a version's tags that `settings_changed` compares
+# A version's tags that `settings_changed` compares.
+TAGGED_SETTINGS = ("base_md5", "code_digest", "git_commit")
 
 
 def settings_changed(before: dict[str, str], now: dict[str, str]) -> tuple[str, ...]:

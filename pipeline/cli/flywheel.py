@@ -13,10 +13,9 @@ import sys
 from pathlib import Path
 
 from pipeline.cli.registry import launch_flow
-from pipeline.cli.tables import AT_LEAST_ONE, number_option
+from pipeline.cli.tables import AT_LEAST_ONE, MISCOVERAGE
 
 EXIT_OK, EXIT_REFUSED = 0, 2
-SHARE = number_option(float, lambda a: 0 < a < 1, "a number between 0 and 1, e.g. 0.1")  # a conformal alpha
 INFERENCE_HELP = (
     "the inference log: a folder or postgresql:// URL (default: params.yaml's flywheel.inference)"
 )
@@ -171,7 +170,7 @@ def add_flywheel_commands(commands) -> None:
     review.add_argument("--order", choices=["margin", "entropy", "set_size"], default="margin",
                         help="least sure first by the margin (top minus runner-up), the entropy, or the conformal set's size")  # fmt: skip
     review.add_argument(
-        "--alpha", type=SHARE, default=0.1, help="the conformal sets' miss rate (default 0.1)"
+        "--alpha", type=MISCOVERAGE, default=0.1, help="the conformal sets' miss rate (default 0.1)"
     )
     review.add_argument(
         "--out", default="review.jsonl", help="the file to write (.jsonl or .csv; default review.jsonl)"

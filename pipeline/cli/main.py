@@ -29,9 +29,9 @@ from pipeline.cli.runs import add_run_commands
 from pipeline.cli.sweep import add_sweep_commands
 from pipeline.cli.tables import (
     AT_LEAST_ONE,
+    MISCOVERAGE,
     SCORING_DEVICE_HELP,
     device_option,
-    number_option,
     print_evaluation,
     print_heldout,
     print_report,
@@ -367,9 +367,6 @@ def _run_dir_problem(run_dir: Path, out: Path) -> str | None:
     if run_dir.resolve() == out or run_dir.resolve().is_relative_to(out):
         return "inside --out, which the export replaces whole (the calibration report and plots with it); give another"
     return unwritable_place(run_dir)
-
-
-MISCOVERAGE = number_option(float, lambda alpha: 0 < alpha < 1, "a miscoverage between 0 and 1, e.g. 0.1")
 
 
 def plots_folder(text: str) -> str:

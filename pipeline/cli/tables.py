@@ -74,6 +74,8 @@ def number_option(read: Callable[[str], float], accept: Callable[[float], bool],
 
 WIDE_OUTPUT = 200  # columns a table may use in a log or a pipe
 AT_LEAST_ONE = number_option(int, lambda n: n >= 1, "a whole number of at least 1, e.g. 50")
+# A conformal set's miscoverage (evaluate --conformal, review --alpha).
+MISCOVERAGE = number_option(float, lambda alpha: 0 < alpha < 1, "a miscoverage between 0 and 1, e.g. 0.1")
 
 
 def progress_outputs(args: argparse.Namespace) -> tuple[bool, Callable[[str], None] | None]:

@@ -88,10 +88,8 @@ def weights_problem(folder: Path) -> str | None:
     """Why a weight file under `folder` cannot be read (truncated or corrupted), in one line naming it, or None.
     Only each safetensors file's header and size are read, so a damaged base is refused before any data is."""
     for path in sorted(folder.rglob("*.safetensors")):
-        try:
-            with safe_open(
-                str(path), "pt"
-            ):  # checks the header and that the file holds every tensor it lists
+        try:  # opening checks the header, and that the file holds every tensor it lists
+            with safe_open(str(path), "pt"):
                 pass
         except Exception as error:  # safetensors raises its own SafetensorError on a damaged file
             return (f"{path}: unreadable weights ({type(error).__name__}: {error}); a truncated or corrupted copy: "

@@ -46,6 +46,11 @@ class Comparison:
                 "questions": [q.to_dict() for q in self.questions]}  # fmt: skip
 
 
+# A plain base would be scored with a fresh, untrained head.
+NOT_AN_EXPORT = ("not an export (a base, or a fine-tune not exported yet?); compare exports: a run's export/ folder, "
+                 "or decision finetune --out")  # fmt: skip
+
+
 def _check_present(side: str, source: str) -> None:
     """RegistryError or ModelLayoutError naming `side` where `source` is neither a registered version nor an
     export folder."""
@@ -57,8 +62,7 @@ def _check_present(side: str, source: str) -> None:
     if not Path(source).is_dir():
         raise ModelLayoutError(f"{side} ({source}): no such folder (or use models:/NAME@ALIAS)")
     if not is_complete_export(Path(source)):
-        raise ModelLayoutError(f"{side} ({source}): not an export (a base, or a fine-tune not exported yet?); "
-                               "compare exports: a run's export/ folder, or decision finetune --out")  # fmt: skip
+        raise ModelLayoutError(f"{side} ({source}): {NOT_AN_EXPORT}")
 
 
 def compare_models(a: str, b: str, data: str | Path, split: ValidateConfig = ValidateConfig(), all_rows: bool = False,
@@ -79,11 +83,8 @@ def compare_models(a: str, b: str, data: str | Path, split: ValidateConfig = Val
     for side, source in (("A", a), ("B", b)):
         try:
             with model_folder(source) as (name, folder):
-                if not is_complete_export(
-                    folder
-                ):  # a plain base would be scored with a fresh, untrained head
-                    raise ModelLayoutError(f"{folder}: not an export (a base, or a fine-tune not exported yet?); "
-                                           "compare exports: a run's export/ folder, or decision finetune --out")  # fmt: skip
+                if not is_complete_export(folder):  # a registered version is fetched only here
+                    raise ModelLayoutError(f"{folder}: {NOT_AN_EXPORT}")
                 say(f"scoring {sum(len(r.decisions) for r in records):,} decisions with {name}")
                 decisions, _, probabilities, _ = score_records(folder, records, device)
         except (RegistryError, ModelLayoutError) as error:  # which of the two could not be read

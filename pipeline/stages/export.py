@@ -31,7 +31,7 @@ def export_folder(source: str | Path, out: str | Path) -> ExportResult:
     """`decision export`: a fine-tune folder (LoRA adapters, a full model, an export) to a merged export at `out`."""
     source, out = Path(source), Path(out)
     family = pick_family(source)
-    if source.resolve() == out.resolve() and family.is_export(out) and (out / MANIFEST).is_file():
+    if source.resolve() == out.resolve() and _written_export(out):
         return with_encoder_graph(
             ExportResult(str(out), False, read_manifest(out))
         )  # already merged in place
@@ -53,10 +53,15 @@ def _replaced_model(out: Path) -> str | None:
         pick_family(out)
     except BadBase:  # no model there (or not a folder): the folder checks of the CLI say what they say
         return None
-    if is_complete_export(out) and (out / MANIFEST).is_file():
+    if _written_export(out):
         return None
     return (f"{out}: holds a base or a fine-tune, not an export, and the export would replace it whole: give "
             "another --out")  # fmt: skip
+
+
+def _written_export(folder: Path) -> bool:
+    """An export this project wrote: complete, with its manifest (a Laya-layout base is complete without one)."""
+    return is_complete_export(folder) and (folder / MANIFEST).is_file()
 
 
 def export_stage(run_dir: str | Path, out: str | Path, data: str | Path, base: str | Path,

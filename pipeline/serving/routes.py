@@ -268,7 +268,7 @@ async def measured(request: Request, call_next):
     return response
 
 
-# Every error leaves through `error_json` (pipeline.serving.errors): one body shape, safe for any echoed input.
+# Every error leaves through `error_json` (pipeline.serving.errors): one body shape, safe for echoed input.
 async def invalid(request: Request, error: RequestValidationError) -> Response:
     return error_json(422, jsonable_encoder(error.errors()))
 

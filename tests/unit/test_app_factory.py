@@ -1,5 +1,6 @@
-"""The Decision API's app factory stays short: `create_app` puts parts together, and the routes, error handlers,
-middleware and lifespan live at module level (`pipeline.serving.routes`), not as closures inside it.
+"""The Decision API's app factory stays short: `create_app` puts parts together, and the routes, the error
+handlers, the middleware and the lifespan live at module level (`pipeline.serving.routes`, `server.lifespan`),
+not as closures inside it.
 
     .venv/bin/python -m pytest tests/unit/test_app_factory.py
 """

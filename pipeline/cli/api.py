@@ -43,14 +43,10 @@ def _serve(args: argparse.Namespace) -> int:
     if aliased is not None and (problem := alias_problem(*aliased)) is not None:
         print(f"decision serve: --model {args.model}: {problem}", file=sys.stderr)  # it would serve nothing
         return EXIT_UNUSABLE
-    try:
-        keys = load_keys(args.keys)  # checked here, so a bad key file is one clear error, not one per worker
+    try:  # checked here, so a bad key file or --require-key without keys is one error, not one per worker
+        load_keys(args.keys).check_require_key(args.require_key)
     except KeyConfigError as error:
         print(f"decision serve: {error}", file=sys.stderr)
-        return EXIT_UNUSABLE
-    if args.require_key and keys.open:
-        print("decision serve: --require-key: no API keys are configured (--keys or DECISION_API_KEYS)",
-              file=sys.stderr)  # fmt: skip
         return EXIT_UNUSABLE
     config = ServerConfig(args.max_batch, args.max_wait_ms / 1000, args.max_queue,
                           BodyLimits(args.max_body_mb * 1024 * 1024, args.max_body_mb * 1024 * 1024),

@@ -24,7 +24,8 @@ KEY_PREFIX = "dp-"
 
 
 class KeyConfigError(ValueError):
-    """A key file or `DECISION_API_KEYS` entry that cannot be read."""
+    """A key file or `DECISION_API_KEYS` entry that cannot be read, or keys that cannot serve as asked
+    (`--require-key` with none configured)."""
 
 
 def hash_key(key: str) -> str:
@@ -41,6 +42,12 @@ class KeyStore:
     @property
     def open(self) -> bool:
         return not self.owners_by_hash
+
+    def check_require_key(self, require_key: bool) -> None:
+        """KeyConfigError where `--require-key` is asked of a server with no keys: it could answer no one.
+        Checked by the CLI before any worker starts, and by every app as it is made."""
+        if require_key and self.open:
+            raise KeyConfigError(f"--require-key: no API keys are configured (--keys or {KEYS_ENV})")
 
     def is_admin(self, key: str) -> bool:
         digest = hash_key(key)

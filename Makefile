@@ -40,7 +40,7 @@ run: $(STAMP) repo  ## the main job: pin data and base, then the retrain flow (t
 	python -m pipeline.data.remote pull
 ifeq ($(DATA),)
 	dvc repro
-	python -m flows.retrain $(if $(RUN_CONFIG),--run-config $(call quoted,$(RUN_CONFIG)))
+	decision retrain $(if $(RUN_CONFIG),--run-config $(call quoted,$(RUN_CONFIG)))
 else
 	decision init --run --data $(call quoted,$(DATA)) $(if $(RUN_CONFIG),--name $(call quoted,$(RUN_CONFIG))) \
 	  $(if $(BASE),--base $(call quoted,$(BASE))) $(if $(MAPPING),--mapping $(call quoted,$(MAPPING)))
@@ -52,7 +52,7 @@ SPACE ?= sweeps/vader.yaml
 sweep: $(STAMP) repo  ## Optuna over the settings in SPACE: trials in MLflow, the best registered through the gate
 	python -m pipeline.data.remote pull
 	$(if $(DATA),$(error make sweep takes NAME=NAME for your own data: run `make run DATA=...` once to pin it),dvc repro)
-	python -m flows.sweep --space $(call quoted,$(SPACE)) $(if $(RUN_CONFIG),--run-config $(call quoted,$(RUN_CONFIG)))
+	decision sweep --space $(call quoted,$(SPACE)) $(if $(RUN_CONFIG),--run-config $(call quoted,$(RUN_CONFIG)))
 
 # The fast tier deselects `full` (tests/conftest.py marks it: services, workers, torchrun ranks, Chromium).
 test: $(STAMP) repo data  ## the fast tier: unit, data, model, api and one tiny flow (CPU, tiny models)

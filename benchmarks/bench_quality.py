@@ -143,17 +143,27 @@ def run_ours(train: Path, heldout: Path, out: Path, overrides: dict[str, dict], 
         train, eval_data=heldout, split_config=replace(params.validate, **overrides["validate"])
     )
     config = replace(params.train, **overrides["train"])
-    summary = finetune(source, base, out, config, hooks=hooks).to_dict()
+    result = finetune(source, base, out, config, hooks=hooks)
     seconds = time.perf_counter() - started
-    calibrated = summary["heldout"]["calibrated"]
+    heldout, train = result.heldout, result.train
+    calibrated = heldout["calibrated"]
     curve.append([seconds, calibrated["accuracy"]])
-    return {"contender": "ours", "family": summary["family"], "method": summary["method"],
-            "steps": summary["steps"], "budget": summary["budget"], "wall_seconds": seconds, "curve": curve,
-            "base_accuracy": summary["heldout"]["base"]["accuracy"],
-            "uncalibrated_ece": summary["heldout"]["tuned"]["ece"], "warnings": summary["warnings"],
-            "uncalibrated_accuracy": summary["heldout"]["tuned"]["accuracy"],
-            "calibrator": summary["calibrator"], "calibrator_fitted_on": summary["calibrator_fitted_on"],
-            **{k: calibrated[k] for k in ("accuracy", "record_accuracy", "ece", "brier")}}  # fmt: skip
+    return {
+        "contender": "ours",
+        "family": train.family,
+        "method": train.method,
+        "steps": train.steps,
+        "budget": train.budget,
+        "wall_seconds": seconds,
+        "curve": curve,
+        "base_accuracy": heldout["base"]["accuracy"],
+        "uncalibrated_ece": heldout["tuned"]["ece"],
+        "warnings": train.warnings,
+        "uncalibrated_accuracy": heldout["tuned"]["accuracy"],
+        "calibrator": result.calibration.calibrator["kind"],
+        "calibrator_fitted_on": result.calibration.calibrator["fitted_on"],
+        **{k: calibrated[k] for k in ("accuracy", "record_accuracy", "ece", "brier")},
+    }
 
 
 def run_laya(train: Path, heldout: Path, out: Path, seconds: float, base: Path) -> dict:

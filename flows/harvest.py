@@ -7,14 +7,12 @@ the flow run gets a markdown artifact. A harvest of at least `flywheel.retrain_a
 Prefect event `decision.harvest.ready`, which the retrain automation (`flows/flywheel_automations.py`) answers by
 running the retrain deployment. Two harvests of one data set never interleave: the second waits for the first.
 
-    python -m flows.harvest --run-config tickets             # into the data set configs/tickets.yaml trains on
-    python -m flows.harvest --run-config tickets --inference postgresql://...  --json
+    decision harvest --run-config tickets             # into the data set configs/tickets.yaml trains on
+    decision harvest --run-config tickets --inference postgresql://...  --json   # this flow in its own process
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 import sys
 from typing import Any
 
@@ -22,13 +20,12 @@ from prefect import flow, task
 from prefect.artifacts import create_markdown_artifact
 from prefect.events import emit_event
 
-from flows.interrupts import EXIT_INTERRUPTED, stoppable_run
+from flows.launched import run_launched
 from pipeline.config import ConfigError, ValidateConfig, load_params
 from pipeline.data.read import UnreadableInput
 from pipeline.flywheel.harvest import HarvestRefused
-from pipeline.flywheel.table import missing_log
 from pipeline.mlops.tracking import log_harvest
-from pipeline.stages.harvest import HarvestResult, check_target, harvest
+from pipeline.stages.harvest import HarvestResult, harvest
 
 READY_EVENT = "decision.harvest.ready"
 ANY_MODEL = "any"
@@ -77,40 +74,13 @@ def _markdown(summary: dict[str, Any]) -> str:
     return f"# Harvest\n\n| | |\n|---|---|\n{rows}\n\nSkipped by reason: {skipped}\n"
 
 
+REFUSED = (HarvestRefused, UnreadableInput, ConfigError)
+"""What ends this flow's process in one line, exit 2."""
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m flows.harvest", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
-    parser.add_argument("--params", default="params.yaml")
-    parser.add_argument("--run-config", metavar="NAME", help="configs/NAME.yaml: its data set is the target")
-    parser.add_argument(
-        "--inference", metavar="DIR|URL", help="the inference log (default: flywheel.inference)"
-    )
-    parser.add_argument("--dataset", help="the folder of shards to add to (default: the run's retrain.data)")
-    parser.add_argument("--model", metavar="NAME", help="whose labelled decisions: a served model's name or "
-                        f"NAME/VERSION (default: the run's retrain.model_name; {ANY_MODEL!r}: every model's)")  # fmt: skip
-    parser.add_argument("--no-commit", action="store_true", help="pin with DVC but make no git commit")
-    parser.add_argument("--json", action="store_true", help="print the summary as one JSON object")
-    args = parser.parse_args(argv)
-    try:
-        # The data set and config: one line and exit 2 before a flow run starts (whose failure Prefect would log
-        # with its traceback). The flow checks them again, as a deployment runs it without this.
-        params = load_params(args.params, args.run_config)
-        check_target(args.dataset or params.retrain.data, params.validate)
-        if missing := missing_log(args.inference or params.flywheel.inference):
-            raise HarvestRefused(missing)
-        with stoppable_run():
-            summary = harvest_flow(args.params, args.run_config, args.inference, args.dataset, not args.no_commit,
-                                   args.model)  # fmt: skip
-    # The data set or the config is wrong: named, nothing written.
-    except (HarvestRefused, UnreadableInput, ConfigError) as error:
-        print(f"harvest: {error}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:  # Ctrl-C or SIGTERM: a rerun takes what this one did not harvest
-        print("harvest: interrupted", file=sys.stderr)
-        return EXIT_INTERRUPTED
-    rows = f"{summary['rows']} {'row' if summary['rows'] == 1 else 'rows'}"
-    print(json.dumps(summary) if args.json else f"{rows} harvested into {summary['dataset']}")
-    return 0
+    """The flow's own process, as `decision harvest` starts it (`flows.launched`)."""
+    return run_launched(harvest_flow, "harvest", REFUSED, "a rerun takes what this one did not harvest", argv)
 
 
 if __name__ == "__main__":

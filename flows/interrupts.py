@@ -26,7 +26,7 @@ from contextlib import contextmanager
 from prefect.settings import PREFECT_API_URL, PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS
 from prefect.states import Failed, State
 
-from pipeline.cli.predict import terminate_as_interrupt
+from pipeline.interrupts import terminate_as_interrupt
 
 EXIT_INTERRUPTED = 130
 

@@ -6,14 +6,13 @@ data drift preset. The report goes to the version's MLflow run and beside the in
 markdown artifact is the verdict with expected against measured accuracy. A drifted window emits the Prefect event
 `decision.drift.detected` (resource `decision-model.<name>`), which an automation can answer, e.g. by retraining.
 
-    python -m flows.monitor                                    # decision-model@champion, params.yaml's monitor:
-    python -m flows.monitor --model tickets@champion --inference /srv/inference --window-hours 6
-    python -m flows.monitor --run-config tiny --json
+    decision monitor                                    # decision-model@champion, params.yaml's monitor:
+    decision monitor --model tickets@champion --inference /srv/inference --window-hours 6
+    decision monitor --run-config tiny --json           # this flow in its own process
 """
 
 from __future__ import annotations
 
-import argparse
 import datetime as dt
 import sys
 from dataclasses import replace
@@ -23,16 +22,18 @@ from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_markdown_artifact
 from prefect.events import emit_event
 
-from flows.interrupts import EXIT_INTERRUPTED, stoppable_run
-from pipeline.cli.main import to_json
-from pipeline.cli.monitor import add_monitor_arguments
-from pipeline.config import ConfigError, MonitorConfig, Params, ValidateConfig, load_params
-from pipeline.data.read import UnreadableInput, open_readable
+from flows.launched import run_launched
+from pipeline.config import ConfigError, MonitorConfig, ValidateConfig, load_params
+from pipeline.data.read import UnreadableInput
 from pipeline.flywheel.drift import drift_markdown
-from pipeline.flywheel.table import missing_log
-from pipeline.mlops.promotion import CHAMPION
 from pipeline.mlops.registry import RegistryError
-from pipeline.stages.monitor import MonitorError, MonitorOutcome, monitor_stage, resolve_version
+from pipeline.stages.monitor import (
+    MonitorError,
+    MonitorOutcome,
+    champion_of,
+    inference_of,
+    monitor_stage,
+)
 
 DRIFT_EVENT = "decision.drift.detected"
 
@@ -78,16 +79,6 @@ def monitor(
     return outcome.to_dict() | {"event": event}
 
 
-def champion_of(params: Params) -> str:
-    """The model a monitor watches by default: the run's registered model at its champion alias."""
-    return f"{params.retrain.model_name}@{CHAMPION}"
-
-
-def inference_of(params: Params, inference: str | None) -> str:
-    """The inference store a window is read from: `inference`, else monitor.inference, else flywheel.inference."""
-    return inference or params.monitor.inference or params.flywheel.inference
-
-
 def announce(outcome: MonitorOutcome) -> str | None:
     """Emit `decision.drift.detected` for the model's name; the event's id (None where no events client runs)."""
     name = outcome.model.split("/")[0]
@@ -106,31 +97,13 @@ def _window(outcome: MonitorOutcome) -> str:
     return f"{outcome.window_start} to {outcome.window_end}"
 
 
+REFUSED = (ConfigError, MonitorError, RegistryError, UnreadableInput)
+"""What ends this flow's process in one line, exit 2."""
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m flows.monitor", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
-    add_monitor_arguments(parser)
-    args = parser.parse_args(argv)
-    try:
-        # The model reference, the params and the inference log: one line and exit 2 before a flow run starts
-        # (whose failure Prefect would log with its traceback). The flow checks them again, as a deployment runs it.
-        params = load_params(args.params, args.run_config)
-        resolve_version(args.model or champion_of(params))
-        if problem := missing_log(inference_of(params, args.inference)):
-            raise MonitorError(problem)
-        if args.reference is not None:
-            open_readable(args.reference)  # BadSource: no such path, an unknown format, an empty folder
-        with stoppable_run():
-            outcome = monitor(args.model, args.inference, args.window_hours, args.window_end, args.reference,
-                              args.params, args.run_config)  # fmt: skip
-    except (ConfigError, MonitorError, RegistryError, UnreadableInput) as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:  # Ctrl-C or SIGTERM
-        print("monitor: interrupted", file=sys.stderr)
-        return EXIT_INTERRUPTED
-    print(to_json(outcome) if args.json else outcome["line"])
-    return 0
+    """The flow's own process, as `decision monitor` starts it (`flows.launched`)."""
+    return run_launched(monitor, "monitor", REFUSED, "nothing recorded", argv)
 
 
 if __name__ == "__main__":

@@ -93,6 +93,12 @@ class DataRevision:
         """The fields with `changed` and the `line`, as the retrain summary carries them."""
         return asdict(self) | {"changed": self.changed, "line": self.line()}
 
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> DataRevision:
+        """A revision as `to_dict` or `asdict` wrote it (JSON: the changes as a list)."""
+        fields = {k: v for k, v in values.items() if k not in ("changed", "line")}
+        return cls(**fields | {"changes": tuple(fields.get("changes", ()))})
+
 
 SHOWN_PARAMS = 4  # settings named in a revision's line; the rest counted
 # A version's tags that `settings_changed` compares.

@@ -2,7 +2,7 @@
 
 run = RunFolder("runs/3f2a...")
 run.train_summary, run.checkpoint, run.finetune, run.heldout, run.calibration, run.calibrator, run.expected_answers,
-run.plots, run.export
+run.result, run.plots, run.export
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from pipeline.locking import held_exclusively
 
 
 class RunBusy(RuntimeError):
-    """Another process is running this run (the same data, base, params and code) now."""
+    """Another process is running this run or sweep (the same data, base, params and code) now."""
 
 
 @dataclass(frozen=True)
@@ -29,13 +29,13 @@ class RunFolder:
         object.__setattr__(self, "root", Path(root))
 
     @contextmanager
-    def driven(self) -> Iterator[None]:
-        """This process alone runs the run while it holds this (released if it dies); RunBusy at once where another
-        does: two runs of one key shared its checkpoint and MLflow run, and the second crashed reading a checkpoint
-        the first was writing."""
-        lock = self.root / "run.lock"
-        busy = RunBusy(f"another process is running this run ({lock} is locked): the same data, base, params and "
-                       "code; wait for it, or stop it and run again to resume")  # fmt: skip
+    def driven(self, what: str = "run") -> Iterator[None]:
+        """This process alone drives the run (or a sweep: `what`) while it holds this (released if it dies);
+        RunBusy at once where another does: two runs of one key shared its checkpoint and MLflow run, and the
+        second crashed reading a checkpoint the first was writing; two sweeps rewrote each other's split."""
+        lock = self.root / f"{what}.lock"
+        busy = RunBusy(f"another process is running this {what} ({lock} is locked): the same data, base, params and "
+                       f"code; wait for it, or stop it and run the {what} again to resume")  # fmt: skip
         with held_exclusively(lock, lambda: busy):
             yield
 
@@ -101,6 +101,11 @@ class RunFolder:
     def calibration_report(self) -> Path:
         """The calibration report (JSON; a markdown table beside it)."""
         return self.root / "calibration_report.json"
+
+    @property
+    def result(self) -> Path:
+        """The run's typed result (`stages.result.RunResult`): what a later process reads the run back from."""
+        return self.root / "result.json"
 
     @property
     def plots(self) -> Path:

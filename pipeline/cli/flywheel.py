@@ -1,8 +1,8 @@
-"""The `decision` subcommands of the flywheel (docs/flywheel.md): `feedback import`, `review` and `harvest`.
+"""The `decision` subcommands of the flywheel (docs/flywheel.md): `feedback import` and `review` (`harvest` is
+`pipeline.cli.harvest`).
 
 decision review --model decision-model --top 50 --out review.csv         # the least sure, to label
 decision feedback import review.csv                                    # the labelled file back
-decision harvest --run-config tickets                                  # the `harvest` flow: a new data revision
 """
 
 from __future__ import annotations
@@ -12,7 +12,6 @@ import json
 import sys
 from pathlib import Path
 
-from pipeline.cli.registry import launch_flow
 from pipeline.cli.tables import AT_LEAST_ONE, MISCOVERAGE
 
 EXIT_OK, EXIT_REFUSED = 0, 2
@@ -126,16 +125,8 @@ def _review_out_problem(out: Path, overwrite: bool) -> str | None:
     return None
 
 
-def _harvest(args: argparse.Namespace) -> int:
-    command = ["--params", args.params] + (["--run-config", args.run_config] if args.run_config else [])
-    command += ["--inference", args.inference] if args.inference else []
-    command += ["--dataset", args.dataset] if args.dataset else []
-    command += ["--model", args.model] if args.model else []
-    return launch_flow("flows.harvest", command + (["--json"] if args.json else []), args.quiet)
-
-
 def add_flywheel_commands(commands) -> None:
-    """Register feedback, review and harvest on the `decision` subparsers."""
+    """Register feedback and review on the `decision` subparsers."""
     feedback = commands.add_parser(
         "feedback", help="outcomes for logged decisions (POST /v1/feedback, or a file)"
     )
@@ -181,20 +172,3 @@ def add_flywheel_commands(commands) -> None:
     review.add_argument("--json", action="store_true",
                         help="print the outcome as one JSON object: answers written, the file, the order")  # fmt: skip
     review.set_defaults(handler=_review)
-
-    harvest = commands.add_parser(
-        "harvest", help="labelled decisions into a new pinned revision of the run's data set (the harvest flow)",
-        description="Run the Prefect flow `harvest`: join feedback to the inference log, validate the rows, write "
-                    "one new shard into the data set, pin it (dvc add, a git commit), record it in MLflow.",
-    )  # fmt: skip
-    harvest.add_argument(
-        "--run-config", metavar="NAME", help="configs/NAME.yaml: its retrain.data is the target"
-    )
-    harvest.add_argument("--dataset", help="a folder of shards (default: the run's retrain.data)")
-    harvest.add_argument("--inference", metavar="DIR|URL", help=INFERENCE_HELP)
-    harvest.add_argument("--model", metavar="NAME", help="whose labelled decisions: a served model's name or "
-                         "NAME/VERSION (default: the run's retrain.model_name; 'any': every model's)")  # fmt: skip
-    harvest.add_argument("--params", default="params.yaml", help="the params file")
-    harvest.add_argument("--json", action="store_true", help="print one JSON object instead of lines")
-    harvest.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
-    harvest.set_defaults(handler=_harvest)

@@ -13,32 +13,34 @@ from __future__ import annotations
 import argparse
 import inspect
 import json
-import math
 import sys
 from pathlib import Path
-from typing import Any
 
 from pipeline.cli.api import add_api_commands
 from pipeline.cli.compare import add_compare_commands
 from pipeline.cli.data import BadMappingFlags, add_data_commands, add_mapping_arguments, mapping_value
 from pipeline.cli.flywheel import add_flywheel_commands
-from pipeline.cli.monitor import add_monitor_commands
+from pipeline.cli.harvest import add_harvest
+from pipeline.cli.monitor import add_monitor
 from pipeline.cli.predict import add_predict_commands
 from pipeline.cli.registry import add_registry_commands
+from pipeline.cli.retrain import add_retrain
 from pipeline.cli.runs import add_run_commands
-from pipeline.cli.sweep import add_sweep_commands
+from pipeline.cli.sweep import add_sweep
 from pipeline.cli.tables import (
     AT_LEAST_ONE,
     MISCOVERAGE,
     SCORING_DEVICE_HELP,
     device_option,
     print_evaluation,
+    print_finetuned,
     print_heldout,
     print_report,
     progress_outputs,
     quiet_libraries,
     show_defaults,
 )
+from pipeline.strict_json import to_json
 
 EXIT_OK, EXIT_UNREADABLE, EXIT_NOTHING_USABLE = 0, 1, 2
 EXIT_BAD_BASE = 2  # a base no family starts from: refused before anything trains
@@ -50,22 +52,6 @@ DATA_HELP = (
     "Parquet folder, a datasets save_to_disk folder (FOLDER:SPLIT for a split), or hf:OWNER/NAME[:SPLIT] "
     "(docs/data-format.md, Sources)"
 )
-
-
-def to_json(value: Any) -> str:
-    """`--json` output as strict JSON: a metric with no value (NaN, e.g. KL without soft gold) becomes null, and a
-    value JSON has no form for (a path, a time) its text."""
-    return json.dumps(_finite(value), allow_nan=False, default=str)
-
-
-def _finite(value: Any) -> Any:
-    if isinstance(value, float):
-        return value if math.isfinite(value) else None
-    if isinstance(value, dict):
-        return {k: _finite(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_finite(v) for v in value]
-    return value
 
 
 def _validate(args: argparse.Namespace) -> int:
@@ -219,7 +205,7 @@ def _train(args: argparse.Namespace) -> int:
     if args.json:
         print(to_json(run.to_dict()))
     else:
-        print_heldout(run.to_dict())
+        print_heldout(run, run.heldout, run.saved_to)
     return 130 if run.cancelled else EXIT_OK
 
 
@@ -276,24 +262,19 @@ def _finetune(args: argparse.Namespace) -> int:
     bars, report = progress_outputs(args)
     try:
         with cancel.on_signals():
-            summary = finetune(_source(args, params), args.base, args.out, config, args.device,
-                               RunHooks(report=report), RunControls(progress=bars, cancel=cancel),
-                               args.run_dir).to_dict()  # fmt: skip
+            result = finetune(_source(args, params), args.base, args.out, config, args.device,
+                              RunHooks(report=report), RunControls(progress=bars, cancel=cancel), args.run_dir)  # fmt: skip
     except errors as error:
         print(f"decision finetune: {error}", file=sys.stderr)
         return _exit_code(error)
-    _warn(summary["warnings"])
-    for notice in summary["notices"]:
+    _warn(result.train.warnings)
+    for notice in result.calibration.notices if result.calibration else []:
         print(f"note: {notice}", file=sys.stderr)
     if args.json:
-        print(to_json(summary))
+        print(to_json(result.to_dict()))
     else:
-        print_heldout({**summary, "saved_to": summary["export_dir"], "planned_steps": summary["steps"]})  # fmt: skip
-        print(
-            f"family: {summary['family']} ({summary['method']}); temperatures: {summary['temperatures']}; "
-            f"run folder (calibration report, plots, expected answers): {summary['run_dir']}"
-        )
-    return 130 if summary["cancelled"] else EXIT_OK
+        print_finetuned(result)
+    return 130 if result.cancelled else EXIT_OK
 
 
 def _families(args: argparse.Namespace) -> int:
@@ -587,13 +568,15 @@ def build_parser() -> argparse.ArgumentParser:
     snapshot.set_defaults(handler=_snapshot)
     add_api_commands(commands)
     add_registry_commands(commands)
+    add_retrain(commands)
     add_run_commands(commands)
     add_data_commands(commands)
     add_predict_commands(commands)
     add_compare_commands(commands)
-    add_sweep_commands(commands)
+    add_sweep(commands)
     add_flywheel_commands(commands)
-    add_monitor_commands(commands)
+    add_harvest(commands)
+    add_monitor(commands)
     show_defaults(parser)
     return parser
 

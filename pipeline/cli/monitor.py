@@ -1,4 +1,5 @@
-"""`decision monitor`: the Prefect `monitor` flow (flows/monitor.py) in its own process.
+"""`decision monitor`: the Prefect `monitor` flow (flows/monitor.py) in its own process; its inputs (the params,
+the model's version, the inference log, the reference data) are checked here first, one line and exit 2.
 
 decision monitor                                             # decision-model@champion, the last monitor.window_hours
 decision monitor --model tickets@champion --inference /srv/inference --window-hours 6 --json
@@ -9,9 +10,12 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 
-from pipeline.cli.registry import launch_flow
+from pipeline.cli.launch import launch_flow
+from pipeline.cli.retrain import RUN_CONFIG_HELP, add_flow_output_flags
+from pipeline.cli.runner import refuse
 from pipeline.cli.tables import number_option
 from pipeline.config import MAX_WINDOW_HOURS, MonitorConfig
+from pipeline.strict_json import to_json
 
 DESCRIPTION = (
     "Judge a window of served decisions (the inference store) against the rows the serving version trained on, "
@@ -45,44 +49,72 @@ def window_end(text: str) -> str:
     return text
 
 
-def add_monitor_arguments(parser: argparse.ArgumentParser) -> None:
-    """The monitor's options (`decision monitor` and `python -m flows.monitor` share them)."""
-    parser.add_argument("--model", help="NAME@ALIAS or NAME/VERSION, models:/ optional (default: the run's "
-                        f"retrain.model_name@champion: {DEFAULT_MODEL} without --run-config)")  # fmt: skip
-    parser.add_argument("--inference", metavar="WHERE",
-                        help="the inference store: its folder or a postgresql:// URL (over monitor.inference)")  # fmt: skip
-    parser.add_argument("--window-hours", type=HOURS, metavar="H",
-                        help="the window's length, ending at --window-end (default: monitor.window_hours, "
-                        f"{MonitorConfig.window_hours:g} unless the params or run config say otherwise)")  # fmt: skip
-    parser.add_argument("--window-end", type=window_end, metavar="ISO",
-                        help="the window's end, e.g. 2026-12-03T10:00:00+00:00, not in the future; one without a "
-                        "time zone is UTC (default: now)")  # fmt: skip
-    parser.add_argument("--reference", metavar="DATA",
-                        help="the data the version trained on (default: its `data` tag)")  # fmt: skip
-    parser.add_argument("--params", default="params.yaml", help="the params file")
-    parser.add_argument("--run-config", help="configs/<NAME>.yaml overrides, e.g. tiny")
-    parser.add_argument("--json", action="store_true", help="print the outcome as one JSON object")
+def add_monitor(commands) -> None:
+    """`decision monitor` on the `decision` subparsers."""
+    monitor = commands.add_parser(
+        "monitor", help="drift and label-free monitoring of a served model", description=DESCRIPTION
+    )
+    monitor.add_argument(
+        "--model",
+        help="NAME@ALIAS or NAME/VERSION, models:/ optional (default: the run's retrain.model_name@champion: "
+        f"{DEFAULT_MODEL} without --run-config)",
+    )
+    monitor.add_argument(
+        "--inference",
+        metavar="WHERE",
+        help="the inference store: its folder or a postgresql:// URL (over monitor.inference)",
+    )
+    monitor.add_argument(
+        "--window-hours",
+        type=HOURS,
+        metavar="H",
+        help="the window's length, ending at --window-end (default: monitor.window_hours, "
+        f"{MonitorConfig.window_hours:g} unless the params or run config say otherwise)",
+    )
+    monitor.add_argument(
+        "--window-end",
+        type=window_end,
+        metavar="ISO",
+        help="the window's end, e.g. 2026-12-03T10:00:00+00:00, not in the future; one without a time zone is "
+        "UTC (default: now)",
+    )
+    monitor.add_argument("--reference", metavar="DATA", help="the data the version trained on (default: its `data` tag)")
+    monitor.add_argument("--params", default="params.yaml", help="the params file")
+    monitor.add_argument("--run-config", help=RUN_CONFIG_HELP)
+    add_flow_output_flags(monitor)
+    monitor.set_defaults(handler=handle_monitor)
 
 
-def monitor_arguments(args: argparse.Namespace) -> list[str]:
-    """The parsed options as the flow module's command line."""
-    command = ["--params", args.params]
-    for flag, value in (("--model", args.model), ("--inference", args.inference), ("--window-hours", args.window_hours),
-                        ("--window-end", args.window_end), ("--reference", args.reference),
-                        ("--run-config", args.run_config)):  # fmt: skip
-        command += [flag, str(value)] if value is not None else []
-    return command + (["--json"] if args.json else [])
+def monitor_parameters(args: argparse.Namespace) -> dict:
+    """The monitor flow's parameters, by name, from the parsed options."""
+    return {
+        "model": args.model,
+        "inference": args.inference,
+        "window_hours": args.window_hours,
+        "window_end": args.window_end,
+        "reference": args.reference,
+        "params_file": args.params,
+        "run_config": args.run_config,
+    }
 
 
-def _monitor(args: argparse.Namespace) -> int:
-    return launch_flow("flows.monitor", monitor_arguments(args), args.quiet)
+def handle_monitor(args: argparse.Namespace) -> int:
+    from pipeline.config import ConfigError, load_params
+    from pipeline.data.read import UnreadableInput, open_readable
+    from pipeline.flywheel.table import missing_log
+    from pipeline.mlops.registry import RegistryError
+    from pipeline.stages.monitor import MonitorError, champion_of, inference_of, resolve_version
 
-
-def add_monitor_commands(commands) -> None:
-    """Register `monitor` on the `decision` subparsers."""
-    monitor = commands.add_parser("monitor", help="drift and label-free monitoring of a served model",
-                                  description=DESCRIPTION)  # fmt: skip
-    add_monitor_arguments(monitor)
-    monitor.add_argument("-q", "--quiet", action="store_true",
-                         help="no progress on stderr: the flow's console log shows warnings and errors only")  # fmt: skip
-    monitor.set_defaults(handler=_monitor)
+    try:
+        params = load_params(args.params, args.run_config)
+        resolve_version(args.model or champion_of(params))
+        if problem := missing_log(inference_of(params, args.inference)):
+            raise MonitorError(problem)
+        if args.reference is not None:
+            open_readable(args.reference)  # BadSource: no such path, an unknown format, an empty folder
+    except (ConfigError, MonitorError, RegistryError, UnreadableInput) as error:
+        return refuse(args, error)
+    launched = launch_flow("flows.monitor", monitor_parameters(args), args.quiet)
+    if launched.result is not None:
+        print(to_json(launched.result) if args.json else launched.result["line"])
+    return launched.code

@@ -9,14 +9,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import signal
 import sys
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 from pipeline.cli.data import BadMappingFlags, add_mapping_arguments, mapping_value
+from pipeline.cli.launch import launch_flow
 from pipeline.cli.tables import AT_LEAST_ONE, SCORING_DEVICE_HELP, device_option, progress_outputs
+from pipeline.interrupts import terminate_as_interrupt
 
 EXIT_OK, EXIT_UNREADABLE, EXIT_BAD_INPUT, EXIT_INTERRUPTED = 0, 1, 2, 130
 
@@ -28,10 +27,11 @@ def _predict(args: argparse.Namespace) -> int:
     from pipeline.device import PrecisionUnavailable
     from pipeline.families.base import ModelLayoutError
     from pipeline.mlops.registry import RegistryError
-    from pipeline.stages.predict import predict_stage
+    from pipeline.stages.predict import dated, predict_stage
 
     if args.model is None and args.run_config is None:
         return _refuse("say which model: --model DIR|models:/NAME@ALIAS, or --run-config NAME")
+    args.out = dated(args.out)
     problem = out_file_problem(Path(args.out), args.data)
     if problem is not None:
         return _refuse(problem)
@@ -39,6 +39,8 @@ def _predict(args: argparse.Namespace) -> int:
     try:
         model, value = _model_and_mapping(args)
         mapping = load_mapping(value) if value is not None else None
+        if args.flow:
+            return _predict_as_flow(args, model, value, mapping)
         with terminate_as_interrupt():
             result = predict_stage(model, args.data, args.out, args.batch_size, args.device, args.precision,
                                    progress=bars, report=say, mapping=mapping)  # fmt: skip
@@ -53,6 +55,25 @@ def _predict(args: argparse.Namespace) -> int:
     if result.scored == 0:
         return _refuse(nothing_scored(args.data, args.out, result.failed))
     return EXIT_OK
+
+
+def _predict_as_flow(args: argparse.Namespace, model: str, value: str | dict | None, mapping) -> int:
+    """The same scoring as the Prefect `batch-predict` flow in its own process (a flow run with its artifact, as
+    its deployment runs it), its inputs checked here first."""
+    from pipeline.stages.predict import check_inputs
+
+    if args.precision != "fp32":
+        return _refuse("--precision with --flow: the batch-predict flow scores at fp32")
+    check_inputs(model, args.data, mapping)  # one line and exit 2, before a flow run starts
+    parameters = {"data": args.data, "model": model, "out": args.out, "batch_size": args.batch_size,
+                  "device": args.device, "mapping": value}  # fmt: skip
+    launched = launch_flow("flows.batch_predict", parameters, args.quiet)
+    if launched.result is None:
+        return launched.code
+    print(json.dumps(launched.result) if args.json else _summary_line(launched.result))
+    if launched.result["scored"] == 0:
+        return _refuse(nothing_scored(args.data, launched.result["out"], launched.result["failed"]))
+    return launched.code
 
 
 def out_file_problem(out: Path, data: str) -> str | None:
@@ -86,20 +107,6 @@ def _model_and_mapping(args: argparse.Namespace) -> tuple[str, str | dict | None
         raise ConfigError(f"--run-config {args.run_config}: {error}") from None
     model = args.model or f"models:/{params.retrain.model_name}@champion"
     return model, value if value is not None else params.validate.mapping
-
-
-@contextmanager
-def terminate_as_interrupt() -> Iterator[None]:
-    """SIGTERM (a scheduler or `kill` stopping the job) unwinds as Ctrl-C does, so no partial file is left."""
-
-    def interrupt(number, frame):
-        raise KeyboardInterrupt
-
-    previous = signal.signal(signal.SIGTERM, interrupt)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
 
 
 def _refuse(message: str) -> int:
@@ -152,7 +159,8 @@ def add_predict_commands(commands) -> None:
         required=True,
         help="decision rows (gold optional), or a plain table with --mapping or the mapping flags: a .jsonl, .parquet or .csv file, a folder or glob of shards, a save_to_disk folder or hf:OWNER/NAME (docs/data-format.md, Sources)",
     )
-    predict.add_argument("--out", required=True, help="the Parquet file to write, e.g. scores.parquet")
+    predict.add_argument("--out", required=True, help="the Parquet file to write, e.g. scores.parquet; {date} "
+                         "becomes today's date (UTC)")  # fmt: skip
     predict.add_argument(
         "--batch-size", type=AT_LEAST_ONE, default=64, help="requests per call of the model (default 64)"
     )
@@ -162,5 +170,7 @@ def add_predict_commands(commands) -> None:
     predict.add_argument("--json", action="store_true",
                          help="print the summary as one JSON object on stdout (progress stays on stderr)")  # fmt: skip
     predict.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
+    predict.add_argument("--flow", action="store_true", help="run it as the Prefect batch-predict flow (a flow "
+                         "run with its refused-rows artifact, as its deployment runs it), in its own process")  # fmt: skip
     add_mapping_arguments(predict)
     predict.set_defaults(handler=_predict)

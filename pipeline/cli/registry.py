@@ -1,9 +1,8 @@
-"""The `decision` subcommands of the registry: `register`, `promote`, `rollback`, and `retrain` (the flow).
+"""The `decision` subcommands of the registry: `register`, `promote` and `rollback`.
 
 decision promote 3                      # champion -> version 3 (refused if its smoke test failed or it
                                         # was trained with --allow-unpinned, unless --force)
 decision rollback                       # champion back one step
-decision retrain --run-config tiny      # the Prefect retrain flow, in its own process
 """
 
 from __future__ import annotations
@@ -13,8 +12,9 @@ import json
 import sys
 from pathlib import Path
 
+from pipeline.cli.retrain import OWNER_HELP
+
 EXIT_OK, EXIT_REFUSED, EXIT_BAD_INPUT = 0, 1, 2
-OWNER_HELP = "tag the version with its owner: the Decision API serves it by name (NAME/VERSION) to their keys"
 
 
 def export_folder(text: str) -> str:
@@ -128,52 +128,8 @@ def _report(args: argparse.Namespace, result: dict) -> None:
         print(f"{result['name']}: champion is version {result['champion']} ({was})")
 
 
-def _retrain(args: argparse.Namespace) -> int:
-    command = ["--params", args.params]
-    command += ["--run-config", args.run_config] if args.run_config else []
-    command += ["--json"] if args.json else []
-    command += ["--owner", args.owner] if args.owner else []
-    command += ["--allow-unpinned"] if args.allow_unpinned else []
-    command += ["--only-new-data"] if args.only_new_data else []
-    return launch_flow("flows.retrain", command, args.quiet)
-
-
-def launch_flow(module: str, arguments: list[str], quiet: bool = False) -> int:
-    """Run a flow module in its own process (the library never imports Prefect, so this only launches it), with
-    the project's Prefect home; its exit code."""
-    import os
-    import subprocess
-    from pathlib import Path
-
-    env = {"PREFECT_HOME": str(Path(".prefect").resolve()), "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-           "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR": "false"}  # fmt: skip
-    # The flow's progress is its run logger's lines, which Prefect's console handler writes to stderr (its API
-    # handler still sends them to the server, for the UI); --quiet raises that handler, and MLflow's, to warnings.
-    silent = {"PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL": "WARNING", "MLFLOW_LOGGING_LEVEL": "WARNING"}
-    command = [sys.executable, "-m", module, *arguments]
-    child = subprocess.Popen(command, env={**env, **os.environ, **(silent if quiet else {})})
-    return _waited(child)
-
-
-def _waited(child) -> int:
-    """`child`'s exit code, once it has stopped itself: a terminal's Ctrl-C reaches it too (one process group), and
-    SIGTERM to this process (a scheduler, `timeout`) is passed on. Each flow stops in seconds, exit 130; killed
-    here instead, or left running, it could not mark its run crashed or stop its temporary API."""
-    import signal
-
-    previous = signal.signal(signal.SIGTERM, lambda number, frame: child.send_signal(number))
-    try:
-        while True:
-            try:
-                return child.wait()
-            except KeyboardInterrupt:
-                continue
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-
-
 def add_registry_commands(commands) -> None:
-    """Register register, promote, rollback and retrain on the `decision` subparsers."""
+    """Register register, promote and rollback on the `decision` subparsers."""
     name_help = "registered model name (default: decision-model)"
     register = commands.add_parser("register", help="register an export folder as a new model version",
                                    description="Log EXPORT as an MLflow pyfunc model and register it; prints the version.")  # fmt: skip
@@ -203,22 +159,3 @@ def add_registry_commands(commands) -> None:
     back.add_argument("--name", default="decision-model", type=model_name, help=name_help)
     back.add_argument("--json", action="store_true", help="print one JSON object instead of lines")
     back.set_defaults(handler=_rollback)
-
-    retrain = commands.add_parser("retrain", help="run the Prefect retrain flow (what make run does)",
-                                  description="Pins, validation, slice, training, calibration, export, MLflow, "
-                                  "registration, smoke test, promotion gate; reruns skip finished work.")  # fmt: skip
-    retrain.add_argument("--params", default="params.yaml", help="the params file")
-    retrain.add_argument("--run-config", help="configs/<NAME>.yaml overrides, e.g. tiny")
-    retrain.add_argument("--owner", help=OWNER_HELP)
-    retrain.add_argument("--allow-unpinned", action="store_true",
-                         help="train even when dvc.lock is missing or does not pin the data or base (refused "
-                         "otherwise); the run and version are tagged allow_unpinned=true and the gate holds "
-                         "the version: decision promote VERSION --force promotes it")  # fmt: skip
-    retrain.add_argument("--only-new-data", action="store_true",
-                         help="skip (saying why) when the champion was trained on this data revision already (what the "
-                         "scheduled and automated retrains do)")  # fmt: skip
-    retrain.add_argument("--json", action="store_true",
-                         help="print the summary as one JSON object on stdout (progress stays on stderr)")  # fmt: skip
-    retrain.add_argument("-q", "--quiet", action="store_true",
-                         help="no progress on stderr: the flow's console log shows warnings and errors only")  # fmt: skip
-    retrain.set_defaults(handler=_retrain)

@@ -11,7 +11,7 @@ import json
 import sys
 
 from pipeline.cli.data import BadMappingFlags, add_mapping_arguments, mapping_value
-from pipeline.cli.registry import launch_flow
+from pipeline.cli.retrain import retrain
 from pipeline.cli.tables import say
 
 EXIT_OK, EXIT_UNUSABLE = 0, 2
@@ -34,7 +34,7 @@ def _init(args: argparse.Namespace) -> int:
     else:
         _print_init(result, args.run)
     if args.run:  # what `make run DATA=...` does next: the retrain flow on the run just set up
-        return launch_flow("flows.retrain", ["--run-config", result.name])
+        return retrain(args, {"run_config": result.name})
     return EXIT_OK
 
 
@@ -54,10 +54,10 @@ def _print_init(result, then_run: bool) -> None:
     if result.to_commit:
         print(f"commit them (DVC keeps the bytes): git add {' '.join(result.to_commit)}")
     if then_run:
-        print(f"training it: python -m flows.retrain --run-config {result.name} (serve it after with make serve "
+        print(f"training it: decision retrain --run-config {result.name} (serve it after with make serve "
               f"NAME={result.name})", flush=True)  # fmt: skip
         return
-    print(f"next: python -m flows.retrain --run-config {result.name}   (or make run NAME={result.name}),\n"
+    print(f"next: decision retrain --run-config {result.name}   (or make run NAME={result.name}),\n"
           f"      then make serve NAME={result.name}")  # fmt: skip
 
 

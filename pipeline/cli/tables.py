@@ -7,9 +7,13 @@ import argparse
 import os
 import sys
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pipeline.data.contract import GroupSizes, StateSizes
+
+if TYPE_CHECKING:  # for annotations only: `decision --help` answers without torch
+    from pipeline.stages.result import RunResult
+    from pipeline.training.fit import TrainRun
 
 
 def say(line: str) -> None:
@@ -147,29 +151,44 @@ def print_conformal(conformal: dict) -> None:
               f"of {figures['mean_options']:.2f} options ({figures['decisions']} decisions)")  # fmt: skip
 
 
-def print_heldout(run: dict[str, Any]) -> None:
-    """Before/after held-out metrics and the run's speed as a table."""
+def print_heldout(train: TrainRun, heldout: dict[str, Any], saved_to: str | None, calibrator: str = "") -> None:
+    """Before/after held-out metrics (`heldout`: base, tuned, and calibrated and a bag of words where the run
+    went that far) and the training run's speed as a table; `calibrator` says what was fitted, on what."""
     from rich.table import Table
 
-    heldout = run["heldout"]
     table = Table(title=f"Held-out decisions: {heldout['decisions']:,}")
     table.add_column("model")
     for name in ("accuracy", "record_accuracy", "loss", "ece"):
         table.add_column(name, justify="right")
-    # base, tuned and calibrated; a bag of words where the run fitted one
     for model in [k for k, v in heldout.items() if isinstance(v, dict)]:
         metrics = heldout[model]
-        table.add_row(model.replace("_", " "),
-                      *(f"{metrics[k]:.4f}" for k in ("accuracy", "record_accuracy", "loss", "ece")))  # fmt: skip
+        figures = (f"{metrics[k]:.4f}" for k in ("accuracy", "record_accuracy", "loss", "ece"))
+        table.add_row(model.replace("_", " "), *figures)
     out = console()
     out.print(table)
-    if run.get("calibrator_fitted_on"):
-        out.print(f"calibrator {run['calibrator']}, fitted on the {run['calibrator_fitted_on']}")
-    state = "cancelled after" if run["cancelled"] else "trained"
-    out.print(f"{state} {run['steps']}/{run['planned_steps']} steps in {run['train_seconds']:.1f} s "
-                  f"({run['s_per_step']:.2f} s/step, {run['decisions_per_second']:.1f} decisions/s, "
-                  f"{run['precision']}); skipped: {run['skipped'] or 'none'}")  # fmt: skip
-    out.print(f"saved to {run['saved_to']}" if run["saved_to"] else "nothing saved")
+    if calibrator:
+        out.print(calibrator)
+    state = "cancelled after" if train.cancelled else "trained"
+    out.print(
+        f"{state} {train.steps}/{train.planned_steps} steps in {train.train_seconds:.1f} s "
+        f"({train.s_per_step:.2f} s/step, {train.decisions_per_second:.1f} decisions/s, {train.precision}); "
+        f"skipped: {train.skipped or 'none'}"
+    )
+    out.print(f"saved to {saved_to}" if saved_to else "nothing saved")
+
+
+def print_finetuned(result: RunResult) -> None:
+    """`decision finetune`: the held-out table, the calibrator, and where the run's files are."""
+    calibration = result.calibration
+    fitted = "" if calibration is None else (
+        f"calibrator {calibration.calibrator['kind']}, fitted on the {calibration.calibrator['fitted_on']}"
+    )
+    print_heldout(result.train, result.heldout, result.export_dir, fitted)
+    temperatures = calibration.temperatures if calibration else "none (not calibrated)"
+    print(
+        f"family: {result.train.family} ({result.train.method}); temperatures: {temperatures}; "
+        f"run folder (calibration report, plots, expected answers): {result.run_dir}"
+    )
 
 
 def print_report(report: dict[str, Any]) -> None:

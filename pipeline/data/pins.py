@@ -2,9 +2,9 @@
 
 A pin is the md5 DVC recorded for a path: a stage output in `dvc.lock` (`dvc repro`) or a `PATH.dvc` file
 (`dvc add PATH`). Hashes come from `dvc_data`, the library `dvc status` compares with, so a folder's `.dir`
-hash is the one DVC writes. The retrain flow calls `require_pins`: every input pinned and matching, or it
-refuses. The ad-hoc commands call `verify_inputs`: a pinned input must match, an unpinned one (a user's own
-file) passes, and `pin_status` records which was which.
+hash is the one DVC writes. One checker, `check_pins`: the retrain flow requires every input pinned and
+matching, or it refuses; the ad-hoc commands require a pinned input to match and let an unpinned one (a user's
+own file) pass; either way the run records which was which (`CheckedInputs`).
 
 A DATA source that is not one path (a glob, one split of a saved DatasetDict, a Hub id: `sources.py`) is pinned
 by the folder `dvc add` tracks for it (`sources.pin_path`); a Hub id cannot be pinned. `data_revision` names the
@@ -14,7 +14,9 @@ rows a source holds: DVC's md5 where the source is all of its pinned path, else 
 from __future__ import annotations
 
 import hashlib
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 import yaml
 from dvc_data.hashfile.build import build
@@ -80,28 +82,62 @@ def pinned_outputs(lock_path: str | Path = LOCK_FILE) -> dict[str, str]:
     return pins
 
 
-def verify_pins(
-    paths: list[str], root: str | Path = ".", lock_path: str | Path | None = None
-) -> dict[str, str]:
-    """Check each path (relative to `root`) against its pin; return {path: md5} or raise PinMismatch listing
-    every problem."""
-    root = Path(root)
-    lock = Path(lock_path or root / LOCK_FILE)
+@dataclass(frozen=True)
+class CheckedInputs:
+    """A run's inputs as checked against their DVC pins (`check_pins`): what it records of them."""
+
+    pins: dict[str, str] = field(default_factory=dict)
+    """md5 by path (relative to the lock's folder) of every input a pin covers, each verified."""
+    inputs: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """Each named input (data, base, eval_data) as {"path", "pinned"}."""
+
+    @property
+    def unpinned(self) -> list[str]:
+        """The inputs no pin covers (their paths as given), unchecked."""
+        return [entry["path"] for entry in self.inputs.values() if not entry["pinned"]]
+
+    def tags(self) -> dict[str, str]:
+        """Run and version tags: `data_pinned=true`, `base_pinned=false`, ..."""
+        return pin_tags(self.inputs)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def check_pins(
+    named: dict[str, str | Path | None], lock_path: str | Path = LOCK_FILE, require: bool = False
+) -> CheckedInputs:
+    """Check each named input (None: not given) against its DVC pin: a pinned one must match (`PinMismatch`
+    listing every problem); one no pin covers passes unchecked, or with `require` is refused (`Unpinned`, raised
+    before anything is hashed, naming each path and the command that pins it)."""
+    lock = Path(lock_path)
+    root = lock.resolve().parent
+    given = {name: str(path) for name, path in named.items() if path is not None}
+    pinned = {name: _relative_to(path, root) for name, path in given.items() if _is_pinned(path, root, lock)}
+    missing = [path for name, path in given.items() if name not in pinned]
+    if require and missing:
+        raise Unpinned(_unpinned_message(missing, lock))
+    inputs = {name: {"path": path, "pinned": name in pinned} for name, path in given.items()}
+    return CheckedInputs(_verified(list(dict.fromkeys(pinned.values())), root, lock), inputs)
+
+
+def _verified(paths: list[str], root: Path, lock: Path) -> dict[str, str]:
+    """{path: md5} for each pinned path (relative to `root`) whose bytes match its pin, or PinMismatch listing
+    every one that does not."""
     problems, verified = [], {}
     for rel in paths:
-        target, found_pin = root / rel, _pin_of(rel, root, lock)
-        if found_pin is None:
-            problems.append(f"{rel}: not pinned; pin it with `{pin_command(rel, root)}`")
-            continue
-        md5, source = found_pin
+        md5, source = _pin_of(rel, root, lock)
         # A stage output is rebuilt by its stage; a `dvc add`ed folder has only its cache to come back from.
         added = str(source).endswith(".dvc")
         restore = f"dvc checkout --force {rel}" if added else "dvc repro"
-        if not target.exists():
+        if not (root / rel).exists():
             problems.append(f"{rel}: missing (pinned md5 {md5}); run `{restore}` or `dvc pull` to restore it")
-        elif (found := current_md5(target)) != md5:
-            problems.append(f"{rel}: bytes differ from {source} (pinned md5 {md5}, found md5 {found}); `{restore}` "
-                            f"brings back the pinned bytes, `{f'dvc add {rel}' if added else 'dvc commit'}` pins these")  # fmt: skip
+        elif (found := current_md5(root / rel)) != md5:
+            pin_these = f"dvc add {rel}" if added else "dvc commit"
+            problems.append(
+                f"{rel}: bytes differ from {source} (pinned md5 {md5}, found md5 {found}); `{restore}` "
+                f"brings back the pinned bytes, `{pin_these}` pins these"
+            )
         else:
             verified[rel] = found
     if problems:
@@ -109,42 +145,8 @@ def verify_pins(
     return verified
 
 
-def verify_inputs(paths: list[str | Path], lock_path: str | Path = LOCK_FILE) -> dict[str, str]:
-    """Verify every input that DVC pins (refusing on a mismatch); unpinned inputs pass through unchecked.
-
-    Returns {path relative to the lock's folder: md5} for the pinned ones.
-    """
-    lock = Path(lock_path)
-    root = lock.resolve().parent
-    relative = [_relative_to(path, root) for path in paths]
-    pinned = [rel for rel in relative if rel is not None and _pin_of(rel, root, lock) is not None]
-    return verify_pins(pinned, root=root, lock_path=lock) if pinned else {}
-
-
-def require_pins(paths: list[str | Path], lock_path: str | Path = LOCK_FILE) -> dict[str, str]:
-    """`verify_inputs`, but an input no pin covers is refused too: `Unpinned`, raised before anything is
-    hashed, naming each path and the command that pins it."""
-    missing = unpinned(paths, lock_path)
-    if missing:
-        raise Unpinned(_unpinned_message(missing, Path(lock_path)))
-    return verify_inputs(paths, lock_path)
-
-
-def unpinned(paths: list[str | Path], lock_path: str | Path = LOCK_FILE) -> list[str]:
-    """The inputs DVC does not pin (so `verify_inputs` could not check them)."""
-    lock = Path(lock_path)
-    root = lock.resolve().parent
-    return [str(path) for path in paths if not _is_pinned(path, root, lock)]
-
-
-def pin_status(inputs: dict[str, str | Path], lock_path: str | Path = LOCK_FILE) -> dict[str, dict]:
-    """{name: {"path", "pinned"}} for each named input (data, base, ...): what a run records of its pins."""
-    missing = set(unpinned(list(inputs.values()), lock_path))
-    return {name: {"path": str(path), "pinned": str(path) not in missing} for name, path in inputs.items()}
-
-
 def pin_tags(status: dict[str, dict]) -> dict[str, str]:
-    """`pin_status` as run and version tags: `data_pinned=true`, `base_pinned=false`, ..."""
+    """`CheckedInputs.inputs` as run and version tags: `data_pinned=true`, `base_pinned=false`, ..."""
     return {f"{name}_pinned": str(entry["pinned"]).lower() for name, entry in status.items()}
 
 

@@ -117,6 +117,24 @@ class ValidationReport:
             {"states": asdict(self.states)} if self.states else {}) | (
             {"groups": asdict(self.groups)} if self.groups else {})  # fmt: skip
 
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> ValidationReport:
+        """The report as `to_dict` wrote it (its derived `skipped_total` dropped)."""
+        states, groups = values.get("states"), values.get("groups")
+        return cls(
+            rows=values["rows"],
+            decisions=values["decisions"],
+            kept=values["kept"],
+            skipped=values["skipped"],
+            examples=values["examples"],
+            source=values.get("source", ""),
+            slice=values.get("slice", ""),
+            file_rows=values.get("file_rows", 0),
+            labels=values.get("labels", {}),
+            states=contract.StateSizes(**states) if states else None,
+            groups=contract.GroupSizes(**groups) if groups else None,
+        )
+
 
 @dataclass
 class ValidatedData:

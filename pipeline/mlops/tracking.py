@@ -1,54 +1,33 @@
-"""MLflow tracking of a retraining run: params, step and run metrics, plots, lineage, the dataset as an input.
+"""MLflow tracking's mechanics: a run per idempotency key, live training curves, params and metrics in one call,
+the data set as an input, a shadow's and a harvest's figures (what a training run logs is `stages.track`).
 
 One run per idempotency key (data md5 + base md5 + params + code digest): logging the same key again finds the
 finished run and returns it, and a flow killed before its run finished reopens that run, so a resumed or
 repeated flow never makes a second run. The run opens when training
 starts (`open_run`) and gets the training curve as it goes (`LiveRun`: loss, lr and s/step per logging step,
-held-out figures at a few points), so the MLflow UI shows a live run; `log_training_run` then adds the rest and
+held-out figures at a few points), so the MLflow UI shows a live run; the track stage then adds the rest and
 finishes it.
 
     run_id, live = open_run(key, "retrain-1a2b3c4d-2026-12-01", tags)
     trained = fit(data, base, config, hooks=RunHooks(on_log=LiveRun(run_id).step, on_eval=LiveRun(run_id).heldout))
-    log_training_run(TrainingRecord(...), run_id)
+    track_run(result, run_id)          # pipeline.stages.track: the rest, and the run finishes
 """
 
 from __future__ import annotations
 
 import threading
 import warnings
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from pipeline.mlops.registry import client, ensure_experiment, use_store
-from pipeline.rundir import RunFolder
 from pipeline.scoring.bag_of_words import BAG_OF_WORDS
-from pipeline.scoring.plots import loss_curve
-from pipeline.scoring.report import report_metrics
-from pipeline.training.state_fit import StateFit
 
 KEY_TAG = "idempotency_key"
 MODELS = ("base", "tuned", "calibrated", BAG_OF_WORDS)
 """What a run's held-out figures hold, in this order: the bag of words only where the run fitted one."""
 _DATASET_LOCK = threading.Lock()
 RUN_METRICS = ("accuracy", "record_accuracy", "ece", "brier", "loss")
-
-
-@dataclass(frozen=True)
-class TrainingRecord:
-    """Everything a retraining run logs; paths point at the stage outputs."""
-
-    key: str
-    params: dict[str, dict[str, Any]]  # params.yaml sections, logged as section.name
-    train: dict[str, Any]  # train.json
-    calibration: dict[str, Any]  # calibration.json
-    validation: dict[str, Any]  # the validation report
-    data: str
-    data_md5: str
-    export_dir: str
-    run_dir: str
-    tags: dict[str, str] = field(default_factory=dict)
-    run_name: str | None = None
 
 
 def runs_under(key: str) -> list:
@@ -148,39 +127,7 @@ def log_values(run_id: str, params: dict[str, Any] | None = None, metrics: dict[
                        params=[Param(k, str(v)) for k, v in (params or {}).items()])  # fmt: skip
 
 
-def log_training_run(record: TrainingRecord, run_id: str | None = None) -> str:
-    """Log one retraining run into `run_id` (opened by `open_run`) or a new run, and finish it; a finished run
-    with the same key is returned as it is."""
-    import mlflow
-
-    opened_run = _active_run(run_id) if run_id is not None else None
-    if run_id is None:
-        existing = find_run(record.key)
-    else:
-        existing = run_id if opened_run is not None and opened_run.info.status == "FINISHED" else None
-    if existing:
-        return existing
-    use_store()
-    resumed = opened_run is not None
-    opened = (
-        {"run_id": run_id} if resumed else {"experiment_id": ensure_experiment(), "run_name": record.run_name}
-    )
-    with mlflow.start_run(**opened) as run:
-        mlflow.set_tags({KEY_TAG: record.key, **record.tags, **learning_tags(record.train),
-                         **state_tags(record.train), **calibration_tags(record.calibration),
-                         **choice_tags(record.train),
-                         "mlflow.note.content": heldout_table(record.calibration["heldout"])})  # fmt: skip
-        mlflow.log_params(flat_params(record.params))
-        if not (resumed and "loss" in opened_run.data.metrics):  # not logged live
-            _log_steps(record.train.get("logged_steps", []))
-        _log_validation_checks(record.train.get("early_stopping") or {})
-        mlflow.log_metrics(run_metrics(record))
-        log_dataset(record.data, record.data_md5)
-        _log_artifacts(record)
-        return run.info.run_id
-
-
-def _active_run(run_id: str):
+def active_run(run_id: str):
     """The run (one read of it), or None when it is gone or deleted."""
     from mlflow.exceptions import MlflowException
 
@@ -202,115 +149,11 @@ def heldout_table(heldout: dict[str, Any]) -> str:
     return "\n".join([*lines, "", f"{heldout['decisions']:,} held-out decisions."])
 
 
-def learning_tags(train: dict[str, Any]) -> dict[str, str]:
-    """`learned` (true or false) and, when false, `learning_warnings`: the questions it did not learn."""
-    warnings = train.get("warnings", [])
-    return (
-        {"learned": "false", "learning_warnings": "; ".join(warnings)[:5000]}
-        if warnings
-        else {"learned": "true"}
-    )
-
-
-def state_tags(train: dict[str, Any]) -> dict[str, str]:
-    """`state_truncation`: what is cut from a state longer than the model's window (`contract.STATE_TRUNCATION`)."""
-    states = train.get("states")
-    return {"state_truncation": states["truncation"]} if states else {}
-
-
-def choice_tags(train: dict[str, Any]) -> dict[str, str]:
-    """`candidate_kept`: which of the run's candidates it kept (`train.lexicon: auto`: tokens, tfidf or
-    ensemble; `both`: ensemble)."""
-    kept = (train.get("choice") or {}).get("kept")
-    return {"candidate_kept": kept} if kept else {}
-
-
-def calibration_tags(calibration: dict[str, Any]) -> dict[str, str]:
-    """What the calibrator was fitted on (`calibration.json`): the validation split, or the held-out rows."""
-    fitted_on = calibration.get("calibrator", {}).get("fitted_on")
-    return {"calibrator_fitted_on": fitted_on} if fitted_on else {}
-
-
 def flat_params(params: dict[str, dict[str, Any]]) -> dict[str, Any]:
     """`section.name` for every setting, exactly as params.yaml spells it."""
     return {
         f"{section}.{name}": value for section, values in params.items() for name, value in values.items()
     }
-
-
-def run_metrics(record: TrainingRecord) -> dict[str, float]:
-    """Held-out figures per model, temperatures, skips by reason, train seconds, peak memory, world size, and how
-    the states fit the model's window."""
-    heldout = record.calibration["heldout"]
-    metrics = {f"{model}_{name}": float(heldout[model][name]) for model in MODELS if model in heldout
-               for name in RUN_METRICS if name in heldout[model]}  # fmt: skip
-    if BAG_OF_WORDS in heldout:  # what the MLflow UI compares runs on: how far the fine-tune is ahead of it
-        metrics["accuracy_over_bag_of_words"] = (
-            metrics["calibrated_accuracy"] - metrics[f"{BAG_OF_WORDS}_accuracy"]
-        )
-    metrics |= {f"temperature_{qtype}": float(t) for qtype, t in record.calibration["temperatures"].items()}
-    if "report" in record.calibration:
-        metrics |= report_metrics(record.calibration["report"], "calibration")
-    metrics |= {f"skipped_{reason}": float(n) for reason, n in record.validation.get("skipped", {}).items()}
-    # Where the rows have groups, how many of them each side of the split holds (`train_groups`, ...).
-    metrics |= {k: float(n) for k, n in record.validation.get("split", {}).items() if k.endswith("_groups")}
-    # The validation split's calibrated figures (cross-fitted over it): what a sweep ranks its trials by.
-    validation = record.calibration.get("validation") or {}
-    if validation:
-        metrics |= {
-            "validation_accuracy": float(validation["accuracy"]),
-            "validation_nll": float(validation["loss"]),
-        }
-    # Each candidate's uncalibrated figures on the validation split, which chose between them.
-    for name, figures in (record.train.get("choice") or {}).get("candidates", {}).items():
-        if "accuracy" not in figures:  # `train.lexicon: both` without a validation split: nothing measured
-            continue
-        metrics |= {f"candidate_{name}_validation_accuracy": float(figures["accuracy"]),
-                    f"candidate_{name}_validation_loss": float(figures["loss"])}  # fmt: skip
-    metrics |= {"heldout_decisions": float(heldout["decisions"]),
-                "validation_decisions": float(record.train.get("validation_decisions", 0)),
-                "train_seconds": float(record.train["train_seconds"]),
-                "s_per_step": float(record.train["s_per_step"]), "steps": float(record.train["steps"]),
-                "peak_memory_mb": float(record.train.get("peak_memory_mb", 0.0)),
-                "score_ms_per_decision": float(record.train.get("score_ms_per_decision", 0.0)),
-                # data-parallel ranks (train.nproc) and rank 0's seconds in their gradient all-reduce
-                "world_size": float(record.train.get("world_size", 1)),
-                "allreduce_seconds": float(record.train.get("allreduce_seconds", 0.0))}  # fmt: skip
-    return metrics | state_metrics(record)
-
-
-def state_metrics(record: TrainingRecord) -> dict[str, float]:
-    """How the states fit the window (`state_rows_truncated`, `state_tokens_dropped`, ... from training) and
-    their sizes in characters (`state_chars_longest`, `state_rows_over_chars`, from validation)."""
-    states = StateFit.from_dict(record.train.get("states"))
-    chars = record.validation.get("states")
-    metrics = states.metrics() if states else {}
-    if chars:
-        metrics |= {"state_chars_longest": float(chars["longest_chars"]),
-                    "state_rows_over_chars": float(chars["rows_over"])}  # fmt: skip
-    return metrics
-
-
-def _log_steps(steps: list[dict[str, float]]) -> None:
-    import mlflow
-
-    for entry in steps:
-        step = int(entry["step"])
-        mlflow.log_metrics(
-            {k: float(entry[k]) for k in ("loss", "lr", "s_per_step") if k in entry}, step=step
-        )
-
-
-def _log_validation_checks(early_stopping: dict[str, Any]) -> None:
-    """The validation split's loss at each early-stopping check (a curve beside the training loss) and the best
-    step the model kept."""
-    import mlflow
-
-    for step, loss in early_stopping.get("checks", []):
-        mlflow.log_metric("validation_loss", float(loss), step=int(step))
-    if early_stopping.get("checks"):
-        mlflow.log_metrics({"best_step": float(early_stopping["best_step"]),
-                            "stopped_at_step": float(early_stopping["ended_at"])})  # fmt: skip
 
 
 def log_dataset(data: str, data_md5: str) -> None:
@@ -333,29 +176,6 @@ def log_dataset(data: str, data_md5: str) -> None:
             mlflow.log_input(dataset, context="training")
         except mlflow.exceptions.MlflowException:
             mlflow.log_input(dataset, context="training")
-
-
-def _log_artifacts(record: TrainingRecord) -> None:
-    import mlflow
-
-    run_dir = Path(record.run_dir)
-    mlflow.log_dict(record.validation, "validation/report.json")
-    mlflow.log_dict(record.calibration, "calibration/calibration.json")
-    run = RunFolder(run_dir)
-    # The full report (per question too), the chosen calibrator, and the trained model's calibrated answers
-    # (what the smoke test compares serving with) stay with the run.
-    for path in (run.calibration_report, run.calibration_report.with_suffix(".md"), run.calibrator,
-                 run.expected_answers):  # fmt: skip
-        if path.is_file():
-            mlflow.log_artifact(str(path), "calibration")
-    for plot in record.calibration.get("plots", []):
-        mlflow.log_artifact(plot, "plots")
-    steps = record.train.get("logged_steps", [])
-    if steps:
-        mlflow.log_artifact(str(loss_curve(steps, run_dir / "plots" / "loss_curve.png")), "plots")
-    manifest = Path(record.export_dir) / "manifest.json"
-    if manifest.is_file():
-        mlflow.log_artifact(str(manifest), "export")
 
 
 HARVEST_EXPERIMENT = "harvest"

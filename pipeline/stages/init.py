@@ -27,7 +27,7 @@ import yaml
 from pipeline.config import RUN_CONFIGS_DIR, ConfigError, RetrainConfig, load_params
 from pipeline.data.facts import announced
 from pipeline.data.mapping import YamlFileError, load_mapping, load_yaml_file
-from pipeline.data.pins import PinMismatch, pin_command, verify_pins
+from pipeline.data.pins import LOCK_FILE, PinMismatch, check_pins, pin_command
 from pipeline.data.read import iter_tables
 from pipeline.data.sources import HUB_PREFIX, is_glob, matched_files, pin_path
 from pipeline.data.split import refuse_unusable
@@ -288,7 +288,7 @@ def _pinned_base(
 def _stage_md5(rel: str, root: Path) -> str | None:
     """A dvc.yaml stage output's pin in dvc.lock (None until `dvc repro` has built it)."""
     try:
-        return verify_pins([rel], root)[rel]
+        return check_pins({rel: root / rel}, root / LOCK_FILE, require=True).pins[rel]
     except PinMismatch:  # no such stage here (a project without dvc.yaml's snapshot stage), or not built
         return None
 

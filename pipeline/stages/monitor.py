@@ -26,7 +26,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from pipeline.config import MonitorConfig, ValidateConfig
+from pipeline.config import MonitorConfig, Params, ValidateConfig
 from pipeline.data.contract import Record
 from pipeline.data.facts import announced
 from pipeline.data.read import RowSlice
@@ -46,6 +46,7 @@ from pipeline.flywheel.drift import (
 )
 from pipeline.flywheel.gauges import LATEST
 from pipeline.flywheel.table import POSTGRES_SCHEMES, missing_log, open_store
+from pipeline.mlops.promotion import CHAMPION
 from pipeline.mlops.registry import (
     MODEL_URI_PREFIX,
     RegistryError,
@@ -100,6 +101,16 @@ class MonitorOutcome:
             "result": None if self.result is None else self.result.to_dict(),
             "line": self.line(),
         }
+
+
+def champion_of(params: Params) -> str:
+    """The model a monitor watches by default: the run's registered model at its champion alias."""
+    return f"{params.retrain.model_name}@{CHAMPION}"
+
+
+def inference_of(params: Params, inference: str | None) -> str:
+    """The inference store a window is read from: `inference`, else monitor.inference, else flywheel.inference."""
+    return inference or params.monitor.inference or params.flywheel.inference
 
 
 def monitor_stage(model: str, config: MonitorConfig, split_config: ValidateConfig, row_slice: str | None = None,

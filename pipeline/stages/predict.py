@@ -14,6 +14,7 @@ complete; a failure or Ctrl-C removes it, so OUT is either whole or untouched.
 
 from __future__ import annotations
 
+import datetime as dt
 import os
 import sys
 import tempfile
@@ -168,6 +169,16 @@ def count_rows(source: str | Path) -> int | None:
     if not all(shard.counted_by_metadata for shard in shards):
         return None
     return sum(shard.known_rows() for shard in shards)
+
+
+DEFAULT_MODEL = "models:/decision-model@champion"
+DEFAULT_OUT = "predictions/{date}.parquet"
+"""Where the batch-predict flow writes unless told: a file per day."""
+
+
+def dated(out: str, today: dt.date | None = None) -> str:
+    """`out` with `{date}` replaced by the date (today, UTC): each scheduled run writes its own file."""
+    return out.replace("{date}", (today or dt.datetime.now(dt.UTC).date()).isoformat())
 
 
 def check_inputs(model: str, data: str | Path, mapping: Mapping | None = None) -> None:

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.config import ConfigError, TrainConfig
-from pipeline.data.pins import pin_status, verify_inputs
+from pipeline.data.pins import CheckedInputs, check_pins
 from pipeline.data.split import SplitData, TrainSource
 from pipeline.device import peak_memory_mb
 from pipeline.families import resolve_training
@@ -43,20 +43,13 @@ def save_trained(trained: Trained, out: Path, data: str | Path, base: str | Path
     return trained.family.save_finetune(trained.loaded, out, training)
 
 
-def checked_inputs(named: dict[str, str | Path | None]) -> dict[str, Any]:
-    """Verify the inputs DVC pins (refusing on a mismatch): their `pins` (md5 by path) and `inputs` (each named
-    input with whether DVC pins it), as a run records them."""
-    named = {name: path for name, path in named.items() if path is not None}
-    return {"pins": verify_inputs(list(named.values())), "inputs": pin_status(named)}
-
-
 def train_on_data(source: TrainSource, base: str | Path, out: str | Path | None, config: TrainConfig,
                   device: str = "auto", hooks: RunHooks = RunHooks(),
                   controls: RunControls = RunControls()) -> TrainRun:  # fmt: skip
     """`decision train`: validate and split `source`, train a fine-tune of `base` and save it to `out` (nothing
     when cancelled, unless `controls.save_on_cancel`). With `train.nproc` > 1 the ranks train under torchrun (a
     signal stops them all; nothing is saved then)."""
-    checked = checked_inputs({"data": source.data, "base": base, "eval_data": source.eval_data})
+    checked = check_pins({"data": source.data, "base": base, "eval_data": source.eval_data})
     resolve_training(base, config)  # refuse a base no family starts from before the data is read
     data = source.validated(hooks.report)
     if config.nproc > 1 and controls.ranks is None:
@@ -67,26 +60,25 @@ def train_on_data(source: TrainSource, base: str | Path, out: str | Path | None,
 
 
 def fit_and_save(data: SplitData, base: str | Path, out: str | Path | None, config: TrainConfig, device: str,
-                 hooks: RunHooks, controls: RunControls, checked: dict[str, Any]) -> TrainRun:  # fmt: skip
+                 hooks: RunHooks, controls: RunControls, checked: CheckedInputs) -> TrainRun:  # fmt: skip
     """Train on `data` and save the fine-tune to `out` unless cancelled (or asked to save anyway); the run
-    records the `checked` pins and inputs (`checked_inputs`)."""
-    trained = fit(data, base, config, device, hooks, controls)
-    run = _recorded(trained.run, checked)
-    if out is not None and (not run.cancelled or controls.save_on_cancel):
-        options = options_of(data.report.labels)
-        run.saved_to = str(save_trained(trained, Path(out), data.report.source, base, options))
-    return run
+    records the `checked` pins and inputs (`pins.check_pins`)."""
+    trained = _recorded(fit(data, base, config, device, hooks, controls), checked)
+    if out is None or (trained.run.cancelled and not controls.save_on_cancel):
+        return trained.run
+    saved = save_trained(trained, Path(out), data.report.source, base, options_of(data.report.labels))
+    return replace(trained.run, saved_to=str(saved))
 
 
 def train_on_ranks(data: SplitData, base: str | Path, out: str | Path | None, config: TrainConfig,
                    device: str = "auto", hooks: RunHooks = RunHooks(), controls: RunControls = RunControls(),
-                   checked: dict[str, Any] | None = None, nproc: int | None = None) -> TrainRun:  # fmt: skip
+                   checked: CheckedInputs = CheckedInputs(), nproc: int | None = None) -> TrainRun:  # fmt: skip
     """`fit_and_save` on `nproc` (default `train.nproc`) torchrun ranks; `nproc=1` measures the launcher. Rank 0's
     progress lines come back to `hooks.report` (none are written without one)."""
     with tempfile.TemporaryDirectory(prefix="decision-ranks-") as folder:
         split = data.save(Path(folder) / "split.pkl")
         arguments = {"base": str(base), "out": out and str(out), "progress": controls.progress,
-                     "report": hooks.report is not None, "checked": checked or {}}  # fmt: skip
+                     "report": hooks.report is not None, "checked": checked.to_dict()}  # fmt: skip
         described = _run_ranks("fit_and_save", Path(folder), split, arguments, config, device, hooks,
                                nproc or config.nproc)  # fmt: skip
     return TrainRun.from_dict(described)
@@ -94,7 +86,7 @@ def train_on_ranks(data: SplitData, base: str | Path, out: str | Path | None, co
 
 def train_stage(run_dir: str | Path, base: str | Path, config: TrainConfig, device: str = "auto",
                 hooks: RunHooks = RunHooks(), controls: RunControls = RunControls(),
-                checked: dict[str, Any] | None = None) -> TrainRun:  # fmt: skip
+                checked: CheckedInputs = CheckedInputs()) -> TrainRun:  # fmt: skip
     """The train stage: on the run folder's split (`RunFolder.split`, from the validate stage), the fine-tune,
     the held-out logits and a summary, into the run folder.
 
@@ -112,7 +104,7 @@ def train_stage(run_dir: str | Path, base: str | Path, config: TrainConfig, devi
     """
     run_folder = RunFolder(run_dir)
     if config.nproc > 1 and controls.ranks is None:
-        arguments = {"base": str(base), "run_dir": str(run_dir), "checked": checked}
+        arguments = {"base": str(base), "run_dir": str(run_dir), "checked": checked.to_dict()}
         described = _run_ranks("train_stage", run_folder.ranks, run_folder.split, arguments, config, device,
                                hooks)  # fmt: skip
         # Rank 0 wrote to the run through MLFLOW_RUN_ID; the run it reports back is this process's to name.
@@ -125,12 +117,10 @@ def train_stage(run_dir: str | Path, base: str | Path, config: TrainConfig, devi
 
     data = SplitData.load(run_folder.split)
     controls = replace(controls, checkpoints=Checkpointer(run_folder.checkpoint, config))
-    trained = fit(data, base, config, device, replace(hooks, on_eval=evaluated), controls)
-    run = _recorded(trained.run, checked or {})
-    options = options_of(data.report.labels)
-    run.saved_to = str(save_trained(trained, run_folder.finetune, run_folder.split, base, options))
-    run.heldout_checkpoints, run.peak_memory_mb = checkpoints, peak_memory_mb()
-    run.mlflow_run_id = hooks.mlflow_run_id
+    trained = _recorded(fit(data, base, config, device, replace(hooks, on_eval=evaluated), controls), checked)
+    saved = save_trained(trained, run_folder.finetune, run_folder.split, base, options_of(data.report.labels))
+    run = replace(trained.run, saved_to=str(saved), heldout_checkpoints=checkpoints,
+                  peak_memory_mb=peak_memory_mb(), mlflow_run_id=hooks.mlflow_run_id)  # fmt: skip
     # Saved with their rows' groups: the calibrate stage cross-fits and bootstraps by group without the split.
     heldout = with_groups(trained.heldout, [record.group for record in data.split.heldout])
     save_heldout(
@@ -145,11 +135,10 @@ def train_stage(run_dir: str | Path, base: str | Path, config: TrainConfig, devi
     return run
 
 
-def _recorded(run: TrainRun, checked: dict[str, Any]) -> TrainRun:
-    """The run with the caller's checked `pins` and `inputs` on it, before anything is saved (the fine-tune's
-    source digest reads the pins)."""
-    run.pins, run.inputs = checked.get("pins", {}), checked.get("inputs", {})
-    return run
+def _recorded(trained: Trained, checked: CheckedInputs) -> Trained:
+    """The fit with the caller's checked `pins` and `inputs` on its run, before anything is saved (the
+    fine-tune's source digest reads the pins)."""
+    return replace(trained, run=replace(trained.run, pins=checked.pins, inputs=checked.inputs))
 
 
 def _run_ranks(job: str, folder: Path, split: Path, arguments: dict[str, Any], config: TrainConfig, device: str,

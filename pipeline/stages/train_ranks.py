@@ -19,6 +19,7 @@ from typing import Any
 from torch.distributed.elastic.multiprocessing.errors import record
 
 from pipeline.config import TrainConfig
+from pipeline.data.pins import CheckedInputs
 from pipeline.data.split import SplitData
 from pipeline.device import pick_device
 from pipeline.rundir import RunFolder
@@ -40,7 +41,7 @@ RANK_HOOKS = RunHooks(
 def _lead_train_stage(spec: dict[str, Any], config: TrainConfig, device: str, ranks: Ranks) -> dict[str, Any]:
     arguments = spec["arguments"]
     run = train_stage(arguments["run_dir"], arguments["base"], config, device, RANK_HOOKS,
-                      RunControls(ranks=ranks), arguments["checked"])  # fmt: skip
+                      RunControls(ranks=ranks), CheckedInputs(**arguments["checked"]))  # fmt: skip
     return run.to_dict()
 
 
@@ -50,7 +51,7 @@ def _lead_fit_and_save(
     arguments = spec["arguments"]
     hooks = RANK_HOOKS if arguments["report"] else RunHooks()
     run = fit_and_save(SplitData.load(spec["split"]), arguments["base"], arguments["out"], config, device, hooks,
-                       RunControls(progress=arguments["progress"], ranks=ranks), arguments["checked"])  # fmt: skip
+                       RunControls(progress=arguments["progress"], ranks=ranks), CheckedInputs(**arguments["checked"]))  # fmt: skip
     return run.to_dict()
 
 

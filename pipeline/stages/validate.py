@@ -30,6 +30,11 @@ class ValidateResult:
         """`validation.json`: the report with the split summary."""
         return self.report.to_dict() | {"split": self.split}
 
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> ValidateResult:
+        """The result as `to_dict` wrote it (`validation.json`)."""
+        return cls(ValidationReport.from_dict(values), values.get("split", {}))
+
 
 def write_validated(
     validated: SplitData, out: str | Path | None = None, split_out: str | Path | None = None

@@ -22,11 +22,12 @@ import numpy as np
 
 from pipeline.scoring.bag_of_words import BAG_OF_WORDS
 from pipeline.scoring.plots import pyplot, save_figure
+from pipeline.stages.result import Release
 
-WORDS = f"{BAG_OF_WORDS}_accuracy"  # the metric `mlops.tracking.run_metrics` logs for it
+WORDS = f"{BAG_OF_WORDS}_accuracy"  # the metric `stages.track.run_metrics` logs for it
 COLUMNS = ("validation_nll", "validation_accuracy", "calibrated_accuracy", "calibrated_record_accuracy",
            "calibrated_ece", "score_ms_per_decision", "steps", "train_seconds")  # fmt: skip
-"""The trial table's figures, by the metric names every run logs (`tracking.run_metrics`)."""
+"""The trial table's figures, by the metric names every run logs (`stages.track.run_metrics`)."""
 NOISE_FIGURES = {"accuracy": "calibrated_accuracy", "record_accuracy": "calibrated_record_accuracy",
                  "ece": "calibrated_ece"}  # fmt: skip
 
@@ -52,6 +53,53 @@ class TrialRow:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+@dataclass(frozen=True)
+class SweepSummary:
+    """What a sweep did: every trial's row, the best trial and its version's way through the gate, the noise floor
+    of its settings over other seeds, and the plots."""
+
+    sweep: str
+    """The sweep's key (its first 16 characters name its folder)."""
+    folder: str
+    parent_run_id: str
+    storage: str
+    objective: str
+    trials: list[TrialRow]
+    best: TrialRow | None = None
+    release: Release | None = None
+    """The best trial's version, registered, smoke-tested and gated (None without a best trial)."""
+    noise_floor: dict[str, float] | None = None
+    plots: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self) | {"release": self.release and self.release.to_dict()}
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> SweepSummary:
+        best, release = values.get("best"), values.get("release")
+        parts = {
+            "trials": [TrialRow(**row) for row in values["trials"]],
+            "best": TrialRow(**best) if best else None,
+            "release": Release.from_dict(release) if release else None,
+        }
+        return cls(**values | parts)
+
+    def text(self) -> str:
+        """The summary as a user reads it after `decision sweep`."""
+        lines = [summary_markdown(self.trials, self.best and self.best.number, self.objective)]
+        if self.noise_floor:
+            lines.append(f"noise floor of the best settings: {describe_noise(self.noise_floor)}")
+        if self.best and self.release:
+            verdict = "promoted to champion" if self.release.promoted else "held as challenger"
+            lines.append(
+                f"best trial {self.best.number}: {self.release.model} version {self.release.version}, {verdict} "
+                f"({'; '.join(self.release.gate.reasons)})"
+            )
+        lines.append(f"parent MLflow run {self.parent_run_id}; plots: {', '.join(self.plots)}")
+        lines.append("next: make ui (the parent run's description holds this table; select its children and Compare)")
+        return "\n".join(lines)
 
 
 def question_accuracy(report: dict[str, Any]) -> dict[str, float]:

@@ -2,11 +2,12 @@
 process, so a killed sweep resumes where it stopped.
 
 The study lives in SQLite in the sweep's folder (`runs/sweeps/<key>/optuna.db`) unless a storage URL is given
-(PostgreSQL, say, for a sweep several machines share). One process drives a sweep at a time (`SweepLock`); a
+(PostgreSQL, say, for a sweep several machines share). One process drives a sweep at a time
+(`RunFolder.driven("sweep")`); a
 trial it left running when it was killed is marked failed and asked again with the same settings, so its run
 folder (and training checkpoint) and its MLflow run are picked up where they stopped.
 
-    with SweepLock(folder):
+    with RunFolder(folder).driven("sweep"):
         study = open_study(space, key, storage_url(folder))
         requeue_interrupted(study)
         trial = study.ask(space.distributions)
@@ -26,7 +27,6 @@ from optuna.trial import FrozenTrial, TrialState
 from sqlalchemy.exc import SQLAlchemyError
 
 from pipeline.config import ConfigError
-from pipeline.locking import held_exclusively
 from pipeline.masking import error_reason, mask_url
 from pipeline.sweep.space import SearchSpace
 
@@ -35,29 +35,6 @@ STARTUP_TRIALS = 3
 """Trials before the pruner prunes (and before TPE models the space): their curves are what it compares with."""
 WARMUP_CHECKS = 5
 """Validation checks (of `train.validation_checks`) a trial always gets before it may be pruned."""
-
-
-class SweepBusy(RuntimeError):
-    """Another process is driving this sweep now."""
-
-
-class SweepLock:
-    """An exclusive lock on the sweep's folder for as long as this process drives it (released if it dies)."""
-
-    def __init__(self, folder: str | Path) -> None:
-        self.path = Path(folder) / "sweep.lock"
-        self._held = held_exclusively(self.path, self._busy)
-
-    def _busy(self) -> SweepBusy:
-        return SweepBusy(f"another process is running this sweep ({self.path} is locked); wait for it, or stop it "
-                         "and run the sweep again to resume")  # fmt: skip
-
-    def __enter__(self) -> SweepLock:
-        self._held.__enter__()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._held.__exit__(*exc)
 
 
 def storage_url(folder: str | Path, url: str | None = None) -> str:

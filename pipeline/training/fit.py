@@ -35,9 +35,10 @@ from pipeline.training.ranks import Ranks
 from pipeline.training.state_fit import StateFit, fit_of_states
 
 
-@dataclass
+@dataclass(frozen=True)
 class TrainRun:
-    """The outcome of a fit: counts, metrics before and after, timings, where it was saved."""
+    """The outcome of a fit: counts, metrics before and after, timings, where it was saved (a new one, by
+    `dataclasses.replace`, for each fact the train stage adds after the fit)."""
 
     rows: int
     decisions: int
@@ -105,7 +106,7 @@ class TrainRun:
         return cls(**(values | {"states": StateFit.from_dict(values.get("states"))}))
 
 
-@dataclass
+@dataclass(frozen=True)
 class Trained:
     """A trained model in memory with its family, held-out decisions and their raw logits before and after."""
 
@@ -169,8 +170,18 @@ def prepare_fit(
     if config.early_stopping is not None and not validation_examples:
         raise ConfigError("train.early_stopping needs a validation split, and this run has none: its training rows "
                           "gave fewer than validate.validation_min_decisions, or validate.validation_fraction is 0")  # fmt: skip
-    return Prepared(family, loaded, dev, data, train_examples, heldout_examples, validation_examples, skipped,
-                    threads, states)  # fmt: skip
+    return Prepared(
+        family=family,
+        loaded=loaded,
+        device=dev,
+        data=data,
+        train_examples=train_examples,
+        heldout_examples=heldout_examples,
+        validation_examples=validation_examples,
+        skipped=skipped,
+        threads=threads,
+        states=states,
+    )
 
 
 def fit(data: SplitData, base: str | Path, config: TrainConfig, device: str = "auto",
@@ -229,8 +240,18 @@ def _fit_prepared(prepared: Prepared, config: TrainConfig, hooks: RunHooks, cont
         _train_run(prepared, config, result, decisions, base_logits, tuned_logits, score_ms), choice=choice
     )
     options = {d.question.id: d.question.options for r in data.split.heldout for d in r.decisions}
-    return Trained(run, family, prepared.loaded, config, decisions, base_logits, tuned_logits, options,
-                   *validation)  # fmt: skip
+    return Trained(
+        run=run,
+        family=family,
+        loaded=prepared.loaded,
+        config=config,
+        heldout=decisions,
+        base_logits=base_logits,
+        tuned_logits=tuned_logits,
+        options=options,
+        validation=validation[0],
+        validation_logits=validation[1],
+    )
 
 
 def follow_fit(data: SplitData, base: str | Path, config: TrainConfig, device: str,

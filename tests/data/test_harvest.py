@@ -125,13 +125,13 @@ def test_only_the_runs_model_is_harvested_and_what_is_left_out_is_said(project, 
 
 
 def test_harvest_refuses_an_inference_log_that_is_not_there(project, tmp_path, capsys, monkeypatch):
-    from flows.harvest import main as harvest_main
+    from pipeline.cli.main import main
 
     (project.parent.parent / "params.yaml").write_text("retrain:\n  data: data/tickets\n")
     monkeypatch.chdir(project.parent.parent)
-    assert harvest_main(["--inference", str(tmp_path / "no-such-log")]) == 2
+    assert main(["harvest", "--inference", str(tmp_path / "no-such-log")]) == 2  # before any flow run
     [said] = capsys.readouterr().err.strip().splitlines()
-    assert said.startswith(f"harvest: {tmp_path / 'no-such-log'}: no inference log there")
+    assert said.startswith(f"decision harvest: {tmp_path / 'no-such-log'}: no inference log there")
 
 
 def test_a_jsonl_data_set_gets_a_jsonl_shard(tmp_path):

@@ -14,7 +14,7 @@ import yaml
 
 from pipeline.cli.main import main
 from pipeline.config import load_params
-from pipeline.data.pins import current_md5, require_pins
+from pipeline.data.pins import check_pins, current_md5
 from pipeline.stages.init import BadInit, run_name
 from tests.tiny import write_tiny_encoder
 
@@ -54,7 +54,7 @@ def test_data_outside_the_project_is_copied_in_pinned_and_named_in_a_run_config(
     assert code == 0, err
     assert (result["name"], result["data"], result["copied"]) == ("tickets", "data/own/tickets.jsonl", True)
     assert (project / "data/own/tickets.jsonl").read_bytes() == source.read_bytes()
-    assert require_pins([project / "data/own/tickets.jsonl"], project / "dvc.lock") == {
+    assert check_pins({"data": project / "data/own/tickets.jsonl"}, project / "dvc.lock", require=True).pins == {
         "data/own/tickets.jsonl": result["data_md5"]
     }
     retrain = load_params(project / "params.yaml", "tickets").retrain
@@ -160,13 +160,11 @@ def test_run_trains_the_run_just_set_up_and_its_name_comes_from_the_data(
     import pipeline.cli.runs as runs
 
     launched = []
-    monkeypatch.setattr(
-        runs, "launch_flow", lambda module, arguments: launched.append((module, arguments)) or 0
-    )
+    monkeypatch.setattr(runs, "retrain", lambda args, parameters: launched.append(parameters) or 0)
     source = write_rows(tmp_path / "exports" / "Tickets.v2.jsonl", 3)
     assert main(["init", "--data", str(source), "--run"]) == 0
-    assert launched == [("flows.retrain", ["--run-config", "tickets"])]
-    assert "training it: python -m flows.retrain --run-config tickets" in capsys.readouterr().out
+    assert launched == [{"run_config": "tickets"}]
+    assert "training it: decision retrain --run-config tickets" in capsys.readouterr().out
     assert main(["init", "--data", str(source), "--name", "", "--run"]) == 2 and len(launched) == 1
 
 

@@ -317,7 +317,7 @@ def test_finetune_trains_on_a_mapped_table_end_to_end_and_predict_reads_new_rows
                  "--state-column", "text", "--label-column", "label", "--question", "tone"])  # fmt: skip
     assert code == 0
     summary = json.loads(capsys.readouterr().out)
-    assert summary["heldout"]["decisions"] == 20 and (tmp_path / "export" / "manifest.json").is_file()
+    assert summary["calibration"]["heldout"]["decisions"] == 20 and (tmp_path / "export" / "manifest.json").is_file()
     # evaluate reads the table through the same flags, as the decision rows `decision map --write` gives
     flags = ["--state-column", "text", "--label-column", "label", "--question", "tone"]
     assert main(["map", "--data", str(path), *flags, "--write", str(tmp_path / "rows.jsonl"), "--json"]) == 0

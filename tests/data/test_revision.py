@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from pipeline.data import synthetic
-from pipeline.data.pins import PinMismatch, Unpinned, current_md5, data_revision, require_pins, verify_inputs
+from pipeline.data.pins import PinMismatch, Unpinned, check_pins, current_md5, data_revision
 from pipeline.data.sources import pin_path
 from pipeline.lineage import DataRevision, settings_changed
 from pipeline.mlops.registry import RegistryLineage
@@ -36,17 +36,17 @@ def test_a_folder_revision_is_its_dvc_pin_and_a_changed_shard_makes_a_new_one(re
     pinned = yaml.safe_load((repo / "shards.dvc").read_text())["outs"][0]["md5"]
     before = data_revision(repo / "shards")
     assert before == pinned == current_md5(repo / "shards")  # what `dvc add` recorded
-    assert verify_inputs([repo / "shards"], repo / "dvc.lock") == {"shards": pinned}
+    assert check_pins({"data": repo / "shards"}, repo / "dvc.lock").pins == {"shards": pinned}
     _change_one_shard(repo / "shards")
     assert data_revision(repo / "shards") != before
     with pytest.raises(PinMismatch, match=r"shards: bytes differ from shards\.dvc"):
-        verify_inputs([repo / "shards"], repo / "dvc.lock")
+        check_pins({"data": repo / "shards"}, repo / "dvc.lock")
 
 
 def test_a_glob_is_pinned_by_its_folder_and_its_revision_follows_only_the_shards_it_matches(repo):
     pattern = f"{repo}/shards/part-[01].parquet"
     assert pin_path(pattern) == repo / "shards"
-    assert require_pins([pattern], repo / "dvc.lock") == {"shards": current_md5(repo / "shards")}
+    assert check_pins({"data": pattern}, repo / "dvc.lock", require=True).pins == {"shards": current_md5(repo / "shards")}
     before = data_revision(pattern)
     assert before != data_revision(repo / "shards")  # two shards of three: not the folder's hash
     synthetic.write_rows(synthetic.generate_rows(10, seed=7), repo / "shards" / "part-2.parquet")
@@ -58,7 +58,7 @@ def test_a_glob_is_pinned_by_its_folder_and_its_revision_follows_only_the_shards
 def test_an_unpinned_glob_names_the_folder_to_dvc_add_and_a_hub_id_says_dvc_cannot_pin_it(repo):
     synthetic.write_rows(synthetic.generate_rows(5), repo / "more" / "a.jsonl")
     with pytest.raises(Unpinned) as error:
-        require_pins([f"{repo}/more/*.jsonl", "hf:owner/name"], repo / "dvc.lock")
+        check_pins({"data": f"{repo}/more/*.jsonl", "eval_data": "hf:owner/name"}, repo / "dvc.lock", require=True)
     message = str(error.value)
     assert f"{repo}/more/*.jsonl: not pinned; pin it with `dvc add more`" in message
     assert "hf:owner/name: a Hub data set, which DVC cannot pin; save it with `save_to_disk`" in message

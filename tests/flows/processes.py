@@ -6,11 +6,13 @@ left it) whatever the outcome; a Prefect server waited on until it answers.
 """
 
 import contextlib
+import json
 import os
 import signal
 import subprocess
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
@@ -72,17 +74,48 @@ def kill_group(proc: subprocess.Popen) -> None:
     proc.wait(timeout=30)
 
 
-def record_launches(monkeypatch, exit_code: int = 0, with_env: bool = False) -> list:
-    """The commands `pipeline.cli.registry.launch_flow` starts (with their environments), none of them run: each
-    "process" exits `exit_code` when waited for."""
+@dataclass(frozen=True)
+class Launch:
+    """A flow's process as `pipeline.cli.launch.launch_flow` would start it: its module, the flow's parameters
+    from its request file, and its environment."""
+
+    module: str
+    parameters: dict
+    env: dict
+
+
+def record_launches(monkeypatch, exit_code: int = 0, result: dict | None = None) -> list[Launch]:
+    """The flows `launch_flow` starts, none of them run: each "process" reads its request, writes `result` as the
+    flow's (where given) and exits `exit_code` when waited for."""
     launched = []
 
-    class Launched:
+    class Process:
         def __init__(self, command, env):
-            launched.append((command, env) if with_env else command)
+            request, written = Path(command[-2]), Path(command[-1])
+            launched.append(Launch(command[2], json.loads(request.read_text()), env))
+            if result is not None:
+                written.write_text(json.dumps(result))
 
         def wait(self):
             return exit_code
 
-    monkeypatch.setattr(subprocess, "Popen", Launched)
+    monkeypatch.setattr(subprocess, "Popen", Process)
     return launched
+
+
+def skip_input_checks(monkeypatch) -> None:
+    """A command's checks of a run's inputs (`stages.start.check_inputs`) pass whatever this checkout holds: for
+    tests of what a command hands its flow."""
+    import pipeline.stages.start
+
+    monkeypatch.setattr(pipeline.stages.start, "check_inputs", lambda *args, **kwargs: None)
+
+
+def launched_here(main, parameters: dict, folder: Path) -> tuple[int, dict | None]:
+    """A flow module's `main` run in this process on `parameters`, as `decision` starts its process (request and
+    result files in `folder`): the exit code, and the result it wrote (None where it wrote none)."""
+    request, result = folder / "request.json", folder / "result.json"
+    request.write_text(json.dumps(parameters))
+    result.unlink(missing_ok=True)
+    code = main([str(request), str(result)])
+    return code, json.loads(result.read_text()) if result.exists() else None

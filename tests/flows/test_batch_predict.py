@@ -4,12 +4,13 @@ deployment is scheduled but off."""
 import datetime as dt
 
 import pyarrow.parquet as pq
-import pytest
 import yaml
 
+from pipeline.cli.main import main
 from pipeline.data import synthetic
 from pipeline.data.mapping import load_mapping
 from pipeline.stages.predict import predict_stage
+from tests.flows.processes import record_launches
 
 
 def test_the_flow_writes_the_dated_file_the_stage_writes(prefect_harness, tiny_base, tmp_path):
@@ -54,9 +55,7 @@ def test_the_shipped_deployment_is_scheduled_but_off(project_root):
 
 
 def test_bad_input_is_one_line_and_exit_2_before_a_flow_run(tiny_base, tmp_path, capsys, monkeypatch):
-    import flows.batch_predict as module
-
-    monkeypatch.setattr(module, "batch_predict", lambda *args: pytest.fail("a flow run started"))
+    launched = record_launches(monkeypatch)
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
     data = synthetic.write_rows(synthetic.generate_rows(3, seed=4), tmp_path / "rows.jsonl")
     (tmp_path / "new.csv").write_text("text,y\nlate again,\n")
@@ -95,20 +94,17 @@ def test_bad_input_is_one_line_and_exit_2_before_a_flow_run(tiny_base, tmp_path,
         ],
     }
     for words, flags in refusals.items():
-        assert module.main(flags) == 2
+        assert main(["predict", "--flow", *flags]) == 2
         error = capsys.readouterr().err.strip().splitlines()
-        assert len(error) == 1 and error[0].startswith("error: ") and words in error[0], (words, error)
+        assert len(error) == 1 and error[0].startswith("decision predict: ") and words in error[0], (words, error)
+    assert not launched
     assert sorted(path.name for path in tmp_path.iterdir()) == ["new.csv", "rows.jsonl"]  # no store was made
 
 
 def test_a_run_that_scores_no_row_is_exit_2_and_says_so(prefect_harness, tiny_base, tmp_path, capsys):
-    import flows.batch_predict as module
-
     data = synthetic.write_rows([{"id": "a", "state": "", "questions": {}}], tmp_path / "rows.jsonl")
-    assert (
-        module.main(["--data", str(data), "--model", str(tiny_base), "--out", str(tmp_path / "s.parquet")])
-        == 2
-    )
+    flags = ["--data", str(data), "--model", str(tiny_base), "--out", str(tmp_path / "s.parquet")]
+    assert main(["predict", "--flow", *flags]) == 2
     said = capsys.readouterr()
     assert "refused: missing_questions 1" in said.out  # the reasons as words, not a Python dict
     assert said.err.strip().endswith(

@@ -13,8 +13,8 @@ import yaml
 import flows.retrain
 import flows.sweep
 from pipeline.rundir import RunFolder
-from pipeline.sweep import study
 from tests.flows.conftest import write_tiny_params
+from tests.flows.processes import launched_here
 
 HOLD = "import fcntl, sys, time; f = open(sys.argv[1], 'a'); fcntl.flock(f, fcntl.LOCK_EX); print('held', flush=True); time.sleep(120)"
 
@@ -33,30 +33,19 @@ def held_elsewhere(path: Path):
 
 
 def run_taken_elsewhere_first(monkeypatch) -> list[Path]:
-    """`RunFolder.driven` with another process holding the run's lock first; the lock files held."""
+    """`RunFolder.driven` (a run's, or a sweep's) with another process holding its lock first; the lock files
+    held."""
     original, held = RunFolder.driven, []
 
     @contextmanager
-    def contended(run):
-        with held_elsewhere(run.root / "run.lock"):
-            held.append(run.root / "run.lock")
-            with original(run):
+    def contended(run, what="run"):
+        lock = run.root / f"{what}.lock"
+        with held_elsewhere(lock):
+            held.append(lock)
+            with original(run, what):
                 yield
 
     monkeypatch.setattr(RunFolder, "driven", contended)
-    return held
-
-
-def sweep_taken_elsewhere_first(monkeypatch) -> list[Path]:
-    """`SweepLock`'s entry with another process holding the sweep's lock first; the lock files held."""
-    original, held = study.SweepLock.__enter__, []
-
-    def contended(lock):
-        with held_elsewhere(lock.path):
-            held.append(lock.path)
-            return original(lock)
-
-    monkeypatch.setattr(study.SweepLock, "__enter__", contended)
     return held
 
 
@@ -76,7 +65,7 @@ def test_a_retrain_of_a_run_another_process_drives_is_one_line_and_exit_2(
     monkeypatch.chdir(tmp_path)  # where its dvc.lock pins the inputs
     held = run_taken_elsewhere_first(monkeypatch)
     capfd.readouterr()
-    code = flows.retrain.main(["--params", str(params)])
+    code, _ = launched_here(flows.retrain.main, {"params_file": str(params)}, tmp_path)
     assert held, "the flow never reached for its run's lock"
     assert_one_line_refusal(code, capfd.readouterr().err, caplog.records, "run")
     assert not (held[0].parent / "validation.json").exists()  # nothing of the run was written
@@ -90,9 +79,9 @@ def test_a_sweep_another_process_drives_is_one_line_and_exit_2_before_its_split_
     monkeypatch.chdir(tmp_path)  # where its dvc.lock pins the inputs
     space = tmp_path / "space.yaml"
     space.write_text(yaml.safe_dump({"trials": 1, "space": {"train.max_steps": [4]}}))
-    held = sweep_taken_elsewhere_first(monkeypatch)
+    held = run_taken_elsewhere_first(monkeypatch)
     capfd.readouterr()
-    code = flows.sweep.main(["--space", str(space), "--params", str(params)])
+    code, _ = launched_here(flows.sweep.main, {"space_file": str(space), "params_file": str(params)}, tmp_path)
     assert held, "the flow never reached for its sweep's lock"
     assert_one_line_refusal(code, capfd.readouterr().err, caplog.records, "sweep")
     assert not RunFolder(held[0].parent).split.exists()

@@ -10,12 +10,15 @@ from pathlib import Path
 import httpx
 import pytest
 
+from pipeline.cli.main import main
 from pipeline.data import synthetic
 from pipeline.flywheel.log import LogConfig
 from pipeline.flywheel.table import open_store
 from pipeline.serving.keys import KeyStore, hash_key
+from pipeline.stages.result import RunResult
 from tests.api.conftest import live_server
 from tests.flows.conftest import ROOT, write_tiny_params
+from tests.flows.processes import record_launches
 from tests.tiny import pin_inputs
 
 pytestmark = pytest.mark.slow
@@ -73,12 +76,9 @@ def test_served_decisions_labelled_harvested_and_retrained_with_lineage(prefect_
     from pipeline.serving.server import ServerConfig, create_app
 
     first = retrain(str(project), lock=str(tmp_path / "dvc.lock"))
-    assert first["promoted"] and current("tiny-model", CHAMPION) == "1"
+    assert first.release.promoted and current("tiny-model", CHAMPION) == "1"
     unchanged = retrain(str(project), lock=str(tmp_path / "dvc.lock"), only_new_data=True)
-    assert (
-        unchanged["skip_reason"].startswith("skipped: no new rows in")
-        and "version 1" in unchanged["skip_reason"]
-    )
+    assert unchanged.skip_reason.startswith("skipped: no new rows in") and "version 1" in unchanged.skip_reason
 
     traffic = synthetic.generate_rows(300, seed=99)
     log = LogConfig(str(tmp_path / "inference"), flush_s=0.5)
@@ -100,12 +100,12 @@ def test_served_decisions_labelled_harvested_and_retrained_with_lineage(prefect_
     assert harvest_flow(str(project))["rows"] == 0  # nothing new the second time
 
     second = retrain(str(project), lock=str(tmp_path / "dvc.lock"), only_new_data=True)
-    assert "skip_reason" not in second and second["version"] == "2"
-    assert second["data"]["changed"] and second["data"]["previous_version"] == "1"
-    assert second["gate"]  # promoted or held, with its reasons
+    assert isinstance(second, RunResult) and second.release.version == "2"
+    assert second.tracked.revision.changed and second.tracked.revision.previous_version == "1"
+    assert second.release.gate.reasons  # promoted or held, with its reasons
     print(f"\nflywheel: {len(ids)} answered, 200 labelled; {harvested['rows']} rows harvested, revision "
           f"{harvested['previous_revision'][:8]} -> {harvested['revision'][:8]}; version 2 "
-          f"{'promoted' if second['promoted'] else 'held'}: {'; '.join(second['gate'])}")  # fmt: skip
+          f"{'promoted' if second.release.promoted else 'held'}: {'; '.join(second.release.gate.reasons)}")  # fmt: skip
     version = client().get_model_version("tiny-model", "2")
     assert version.tags["gate"] in ("promote", "hold") and version.tags["gate_reasons"]
 
@@ -180,7 +180,7 @@ def test_decision_harvest_runs_the_flow_in_its_own_process(prefect_api, tmp_path
     done = subprocess.run(command, env=prefect_api, cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     summary = json.loads(done.stdout.strip().splitlines()[-1])
-    assert summary["rows"] == 5 and summary["ready"] and summary["mlflow_run_id"]
+    assert summary["rows"] == 5 and summary["ready"] and summary.tracked.mlflow_run_id
     single = [*command[:7], str(folder / "part-0.jsonl"), *command[8:]]
     refused = subprocess.run(
         single, env=prefect_api, cwd=tmp_path, capture_output=True, text=True, timeout=300
@@ -206,12 +206,11 @@ def test_the_shipped_flywheel_deployments_are_scheduled_but_off(name, entrypoint
 
 def test_harvest_into_a_data_set_that_does_not_exist_is_one_line_before_a_flow_run(prefect_harness, tmp_path,
                                                                                   capsys, monkeypatch):  # fmt: skip
-    import flows.harvest as module
-
-    monkeypatch.setattr(module, "harvest_flow", lambda *args: pytest.fail("a flow run started"))
+    launched = record_launches(monkeypatch)
     missing = tmp_path / "no" / "rows"
-    assert module.main(["--dataset", str(missing), "--inference", str(tmp_path / "inference")]) == 2
+    assert main(["harvest", "--dataset", str(missing), "--inference", str(tmp_path / "inference")]) == 2
     lines = capsys.readouterr().err.strip().splitlines()
-    assert lines == [f"harvest: {missing}: no such folder; harvested rows go into an existing folder of Parquet "
-                     "or JSONL shards (the run config's retrain.data, or --dataset)"]  # fmt: skip
+    assert lines == [f"decision harvest: {missing}: no such folder; harvested rows go into an existing folder of "
+                     "Parquet or JSONL shards (the run config's retrain.data, or --dataset)"]  # fmt: skip
+    assert not launched
     assert list(tmp_path.iterdir()) == []

@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 
+import psutil
 import pytest
 
 from tests.flows.conftest import flow_env, write_tiny_params
@@ -39,7 +40,7 @@ def test_an_interrupted_flow_stops_at_once_with_its_temporary_api(
     with log.open("wb") as out:
         # SIGINT as a terminal leaves it: a test run in a shell's background job inherits it ignored (bash ignores
         # SIGINT in asynchronous commands), and an ignored SIGINT is one Python never turns into KeyboardInterrupt.
-        flow = subprocess.Popen([sys.executable, "-m", "flows.retrain", "--params", str(params)], env=env,
+        flow = subprocess.Popen([sys.executable, "-m", "pipeline.cli", "retrain", "--params", str(params)], env=env,
                                 cwd=tmp_path, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
                                 preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # fmt: skip
     try:
@@ -53,7 +54,7 @@ def test_an_interrupted_flow_stops_at_once_with_its_temporary_api(
         if how == "ctrl-c":
             os.killpg(flow.pid, signal.SIGINT)  # the whole group, as a terminal sends it
         else:
-            flow.send_signal(signal.SIGTERM)  # the process alone, as a scheduler or `timeout` sends it
+            flow.send_signal(signal.SIGTERM)  # the command alone, as a scheduler or `timeout` sends it: passed on
         try:
             code = flow.wait(timeout=120)
         except subprocess.TimeoutExpired:  # what it was doing, for whoever reads the failure
@@ -79,10 +80,13 @@ def test_decision_retrain_passes_sigterm_on_and_waits(tmp_path, synthetic_train_
         while not any((tmp_path / "runs").glob("*/checkpoint*.pt")):
             assert wrapper.poll() is None and time.monotonic() < deadline, tail(log)
             time.sleep(0.2)
+        flows = psutil.Process(wrapper.pid).children(recursive=True)
+        assert any("flows.retrain" in " ".join(child.cmdline()) for child in flows), "no flow process ran"
         wrapper.send_signal(signal.SIGTERM)
         assert wrapper.wait(timeout=60) == 130, tail(log)
-        left = subprocess.run(["pgrep", "-f", f"flows.retrain --params {params}"], capture_output=True)
-        assert left.stdout == b"", "the flow outlived its wrapper"
+        assert not [child for child in flows if child.is_running() and child.status() != psutil.STATUS_ZOMBIE], (
+            "the flow outlived its wrapper"
+        )
     finally:
         kill_group(wrapper)
     assert "retrain: interrupted" in log.read_text()

@@ -1,4 +1,4 @@
-"""Exactly once under real kills: the retrain flow, run as `python -m flows.retrain` on the tiny project, is
+"""Exactly once under real kills: the retrain flow, run as `decision retrain` on the tiny project, is
 SIGKILLed (its whole process group) at three points and rerun to completion; every time the key ends with one
 FINISHED MLflow run and one model version, and a kill mid-training resumes from the training checkpoint.
 
@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from pipeline.stages.result import RunResult
 from tests.flows.conftest import flow_env, write_tiny_params
 from tests.flows.processes import kill_group, tail
 
@@ -52,7 +53,7 @@ KILL_POINTS = [
 
 def _start_flow(params: Path, env: dict[str, str], log: Path) -> subprocess.Popen:
     with log.open("ab") as out:
-        return subprocess.Popen([sys.executable, "-m", "flows.retrain", "--params", str(params), "--json"],
+        return subprocess.Popen([sys.executable, "-m", "pipeline.cli", "retrain", "--params", str(params), "--json"],
                                 env=env, cwd=params.parent, stdout=out, stderr=subprocess.STDOUT,
                                 start_new_session=True)  # fmt: skip
 
@@ -75,12 +76,12 @@ def _kill_at(point: KillPoint, params: Path, env: dict[str, str], log: Path, tim
         kill_group(proc)
 
 
-def _rerun(params: Path, env: dict[str, str], log: Path) -> dict:
+def _rerun(params: Path, env: dict[str, str], log: Path) -> RunResult:
     with log.open("wb") as out:
-        done = subprocess.run([sys.executable, "-m", "flows.retrain", "--params", str(params), "--json"],
+        done = subprocess.run([sys.executable, "-m", "pipeline.cli", "retrain", "--params", str(params), "--json"],
                               env=env, cwd=params.parent, stdout=subprocess.PIPE, stderr=out, timeout=300)  # fmt: skip
     assert done.returncode == 0, f"the rerun failed ({done.returncode}):\n{tail(log)}"
-    return json.loads(done.stdout.decode().strip().splitlines()[-1])
+    return RunResult.from_dict(json.loads(done.stdout.decode().strip().splitlines()[-1]))
 
 
 def _visible_runs() -> list:
@@ -116,9 +117,9 @@ def test_a_killed_flow_reruns_to_one_finished_run_and_one_version(point, prefect
           f"{_resumed_what(train, trained_before, killed_train)}; then {len(runs)} run(s) "
           f"{[r.info.status for r in runs]}, versions {versions}")  # fmt: skip
     assert [r.info.status for r in runs] == ["FINISHED"]
-    assert runs[0].data.tags["idempotency_key"] == summary["idempotency_key"]
-    assert runs[0].info.run_id == summary["mlflow_run_id"]
-    assert versions == ["1"] and summary["version"] == "1"
+    assert runs[0].data.tags["idempotency_key"] == summary.tracked.key
+    assert runs[0].info.run_id == summary.tracked.mlflow_run_id
+    assert versions == ["1"] and summary.release.version == "1"
     assert train["steps"] == train["planned_steps"] == TRAIN["max_steps"]
     _assert_killed_where_meant(point, trained_before, versions_before, train)
     _assert_one_point_per_step(runs[0].info.run_id, train)

@@ -55,11 +55,11 @@ def test_the_flow_registers_promotes_and_serves_through_a_tracking_server_on_pos
     monkeypatch.setenv("MLFLOW_TRACKING_URI", url)
     summary = run_flow(tiny_params)
 
-    assert summary["version"] == "1" and summary["promoted"] and summary["smoke"]["passed"]
+    assert summary.release.version == "1" and summary.release.promoted and summary.release.smoke.passed
     assert current("tiny-model", CHAMPION) == "1"
     # The server kept them in PostgreSQL, and the artifacts went through it into its artifacts destination.
     assert _rows(cluster, "SELECT name, version FROM model_versions") == [("tiny-model", 1)]
-    assert _rows(cluster, f"SELECT status FROM runs WHERE run_uuid = '{summary['mlflow_run_id']}'") == [
+    assert _rows(cluster, f"SELECT status FROM runs WHERE run_uuid = '{summary.tracked.mlflow_run_id}'") == [
         ("FINISHED",)
     ]
     assert any(artifacts.rglob("manifest.json")) and any(artifacts.rglob("loss_curve.png"))

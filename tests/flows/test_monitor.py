@@ -11,10 +11,12 @@ import orjson
 import pytest
 import yaml
 
+from pipeline.cli.main import main
 from pipeline.data import synthetic
 from pipeline.data.answers import parse_request
 from pipeline.flywheel.gauges import read_gauges
 from pipeline.flywheel.table import ParquetStore
+from tests.flows.processes import record_launches
 
 pytestmark = pytest.mark.slow
 
@@ -165,10 +167,8 @@ def test_a_window_with_too_few_decisions_judges_nothing(prefect_harness, registe
 
 
 def test_bad_input_is_one_line_and_exit_2_before_a_flow_run(registered, tmp_path, capsys, monkeypatch):
-    import flows.monitor as module
-
-    monkeypatch.setattr(module, "monitor", lambda *args, **kwargs: pytest.fail("a flow run started"))
-    model = ["--model", f"{NAME}@champion"]
+    launched = record_launches(monkeypatch)
+    model = ["monitor", "--model", f"{NAME}@champion"]
     refusals = {
         "no inference log there": [*model, "--inference", str(tmp_path / "typo")],
         "no such file": [*model, "--params", str(tmp_path / "params.yaml")],
@@ -181,11 +181,12 @@ def test_bad_input_is_one_line_and_exit_2_before_a_flow_run(registered, tmp_path
         ],
     }
     for words, flags in refusals.items():
-        assert module.main(flags) == 2
+        assert main(flags) == 2
         err = capsys.readouterr().err.strip().splitlines()
-        assert len(err) == 1 and words in err[0], err
+        assert len(err) == 1 and err[0].startswith("decision monitor: ") and words in err[0], err
     for flags, words in ((["--window-hours", "nan"], "a positive number of hours"),
                          (["--window-end", "2999-01-01T00:00:00"], "in the future")):  # fmt: skip
         with pytest.raises(SystemExit) as refused:
-            module.main([*model, *flags])
+            main([*model, *flags])
         assert refused.value.code == 2 and words in capsys.readouterr().err
+    assert not launched

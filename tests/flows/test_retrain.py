@@ -31,26 +31,26 @@ def test_a_first_run_is_tracked_registered_smoke_tested_and_promoted(
     from pipeline.mlops.registry import client
 
     summary = run_flow(tiny_params, owner="alice")
-    assert summary["version"] == "1" and summary["promoted"] and summary["smoke"]["passed"]
+    assert summary.release.version == "1" and summary.release.promoted and summary.release.smoke.passed
     assert current("tiny-model", CHAMPION) == "1" and current("tiny-model", CHALLENGER) == "1"
     version = client().get_model_version("tiny-model", "1")
     assert version.tags["smoke"] == "passed" and version.tags["gate"] == "promote"
     assert version.tags["owner"] == "alice"  # the flow's `owner` parameter
     assert version.tags["data_pinned"] == "true" and "allow_unpinned" not in version.tags
     assert "no champion yet" in version.tags["gate_reasons"]
-    assert summary["data"]["previous_version"] is None and not summary["data"]["changed"]
+    assert summary.tracked.revision.previous_version is None and not summary.tracked.revision.changed
     data_md5 = hashlib.md5(
         Path(yaml.safe_load(tiny_params.read_text())["retrain"]["data"]).read_bytes()
     ).hexdigest()
     assert (
-        version.tags["data_md5"] == data_md5 and version.tags["idempotency_key"] == summary["idempotency_key"]
+        version.tags["data_md5"] == data_md5 and version.tags["idempotency_key"] == summary.tracked.key
     )
 
-    run = client().get_run(summary["mlflow_run_id"])
+    run = client().get_run(summary.tracked.mlflow_run_id)
     assert run.data.params["train.max_steps"] == "4" and run.data.params["promote.max_ece"] == "1.0"
     assert (
         run.data.tags["prefect_flow_run_id"]
-        and run.data.tags["idempotency_key"] == summary["idempotency_key"]
+        and run.data.tags["idempotency_key"] == summary.tracked.key
         and run.data.tags["owner"] == "alice"
     )
     for name in ("base_accuracy", "calibrated_accuracy", "calibrated_ece", "tuned_brier", "temperature_noul",
@@ -68,10 +68,10 @@ def test_a_first_run_is_tracked_registered_smoke_tested_and_promoted(
     assert run.info.status == "FINISHED" and run.info.start_time <= min(m.timestamp for m in heldout)
     assert "| calibrated |" in run.data.tags["mlflow.note.content"]
     # A bag of words on the same held-out decisions, beside the fine-tune: in the summary, the note and the metrics.
-    words = summary["heldout"]["bag_of_words"]
+    words = summary.heldout["bag_of_words"]
     assert words["rows"] > 0 and "| bag of words |" in run.data.tags["mlflow.note.content"]
     assert run.data.metrics["accuracy_over_bag_of_words"] == pytest.approx(
-        summary["heldout"]["calibrated"]["accuracy"] - words["accuracy"]
+        summary.heldout["calibrated"]["accuracy"] - words["accuracy"]
     )
     artifacts = {
         a.path
@@ -136,7 +136,7 @@ def test_a_crash_after_export_resumes_without_redoing_finished_work(prefect_harn
         run_flow(tiny_params)
     summary = run_flow(tiny_params)
     assert calls == {"train": 1, "export": 1, "log": 4}  # training and export ran once, across both runs
-    key = summary["idempotency_key"]
+    key = summary.tracked.key
     runs = client().search_runs(
         [r.experiment_id for r in client().search_experiments()], f"tags.{KEY_TAG} = '{key}'"
     )
@@ -214,12 +214,12 @@ def test_allow_unpinned_trains_tags_the_run_and_version_and_the_gate_holds_it(
     params = write_tiny_params(tmp_path, synthetic_train_file, tiny_base, pin=False)  # no dvc.lock at all
     summary = retrain(str(params), lock=str(tmp_path / "dvc.lock"), allow_unpinned=True)
     # The first version of a model is promoted unless something holds it ("no champion yet"): here the gate does.
-    assert not summary["promoted"] and current("tiny-model", CHAMPION) is None
-    assert UNPINNED_REASON in summary["gate"] and summary["smoke"]["passed"]
-    assert summary["inputs"] == {"data": {"path": str(synthetic_train_file), "pinned": False},
+    assert not summary.release.promoted and current("tiny-model", CHAMPION) is None
+    assert UNPINNED_REASON in summary.release.gate.reasons and summary.release.smoke.passed
+    assert summary.train.inputs == {"data": {"path": str(synthetic_train_file), "pinned": False},
                                  "base": {"path": str(tiny_base), "pinned": False}}  # fmt: skip
-    version = client().get_model_version("tiny-model", summary["version"])
-    run = client().get_run(summary["mlflow_run_id"])
+    version = client().get_model_version("tiny-model", summary.release.version)
+    run = client().get_run(summary.tracked.mlflow_run_id)
     for tags in (version.tags, run.data.tags):
         assert (
             tags[UNPINNED_TAG] == "true" and tags["data_pinned"] == "false" and tags["base_pinned"] == "false"
@@ -228,12 +228,12 @@ def test_allow_unpinned_trains_tags_the_run_and_version_and_the_gate_holds_it(
     manifest = json.loads(
         Path(client().download_artifacts(run.info.run_id, "export/manifest.json", str(tmp_path))).read_text()
     )
-    assert manifest["inputs"] == summary["inputs"]
+    assert manifest["inputs"] == summary.train.inputs
 
     with pytest.raises(PromotionRefused, match=r"unpinned inputs.*--force"):
-        promote_version("tiny-model", summary["version"])
-    promote_version("tiny-model", summary["version"], force=True)
-    assert current("tiny-model", CHAMPION) == summary["version"]
+        promote_version("tiny-model", summary.release.version)
+    promote_version("tiny-model", summary.release.version, force=True)
+    assert current("tiny-model", CHAMPION) == summary.release.version
 
 
 def test_a_worse_candidate_is_held_as_challenger_and_rollback_restores_the_champion(prefect_harness, mlflow_store,
@@ -257,40 +257,40 @@ def test_a_worse_candidate_is_held_as_challenger_and_rollback_restores_the_champ
     untrained = write_tiny_params(tmp_path, data, tiny_base, validate={"holdout_max_decisions": 120},
                                   train={"max_steps": 0})  # fmt: skip
     second = run_flow(untrained)
-    assert second["data"]["previous_version"] == first["version"] and not second["data"]["changed"]
+    assert second.tracked.revision.previous_version == first.release.version and not second.tracked.revision.changed
     # the same data, and the run says why it is a new version all the same
     assert (
-        f"(unchanged since version {first['version']}; a new version for its params ("
-        in second["data"]["line"]
+        f"(unchanged since version {first.release.version}; a new version for its params ("
+        in second.tracked.revision.line()
     )
-    assert "train.max_steps 60 -> 0" in second["data"]["line"]
+    assert "train.max_steps 60 -> 0" in second.tracked.revision.line()
     candidate, champion = (
-        second["heldout"]["calibrated"]["accuracy"],
-        first["heldout"]["calibrated"]["accuracy"],
+        second.heldout["calibrated"]["accuracy"],
+        first.heldout["calibrated"]["accuracy"],
     )
     assert candidate < champion, "the untrained model should be worse for this test to mean anything"
-    assert not second["promoted"] and any("accuracy" in r and "<" in r for r in second["gate"])
+    assert not second.release.promoted and any("accuracy" in r and "<" in r for r in second.release.gate.reasons)
     assert (
-        current("tiny-model", CHAMPION) == first["version"]
-        and current("tiny-model", CHALLENGER) == second["version"]
+        current("tiny-model", CHAMPION) == first.release.version
+        and current("tiny-model", CHALLENGER) == second.release.version
     )
 
-    promote_version("tiny-model", second["version"], why="test: by hand")
-    assert current("tiny-model", CHAMPION) == second["version"]
-    assert rollback("tiny-model") == first["version"] and current("tiny-model", CHAMPION) == first["version"]
+    promote_version("tiny-model", second.release.version, why="test: by hand")
+    assert current("tiny-model", CHAMPION) == second.release.version
+    assert rollback("tiny-model") == first.release.version and current("tiny-model", CHAMPION) == first.release.version
     moves = [(h["alias"], h["from"], h["to"]) for h in history("tiny-model")]
-    assert moves[-1] == ("champion", second["version"], first["version"])
+    assert moves[-1] == ("champion", second.release.version, first.release.version)
     with pytest.raises(PromotionRefused):
         rollback("tiny-model")  # version 1 was the first champion: nothing earlier
 
-    client().set_model_version_tag("tiny-model", second["version"], "smoke", "failed")
+    client().set_model_version_tag("tiny-model", second.release.version, "smoke", "failed")
     with pytest.raises(PromotionRefused, match="--force"):
-        promote_version("tiny-model", second["version"])
-    assert promote_version("tiny-model", second["version"], force=True)
-    assert current("tiny-model", CHAMPION) == second["version"]
+        promote_version("tiny-model", second.release.version)
+    assert promote_version("tiny-model", second.release.version, force=True)
+    assert current("tiny-model", CHAMPION) == second.release.version
     moves = history("tiny-model")
-    assert not promote_version("tiny-model", second["version"], force=True)  # the champion already: no move
-    assert history("tiny-model") == moves and rollback("tiny-model") == first["version"]
+    assert not promote_version("tiny-model", second.release.version, force=True)  # the champion already: no move
+    assert history("tiny-model") == moves and rollback("tiny-model") == first.release.version
 
 
 def test_a_gate_asking_for_a_margin_over_the_bag_of_words_holds_a_version_that_lacks_it(
@@ -303,6 +303,6 @@ def test_a_gate_asking_for_a_margin_over_the_bag_of_words_holds_a_version_that_l
         tmp_path, synthetic_train_file, tiny_base, promote={"min_accuracy_over_bag_of_words": 1.0}
     )
     summary = run_flow(params)
-    words = summary["heldout"]["bag_of_words"]["accuracy"]
-    assert not summary["promoted"] and current("tiny-model", CHAMPION) is None
-    assert f"the bag of words' {words:.4f} + 1.0" in "; ".join(summary["gate"])
+    words = summary.heldout["bag_of_words"]["accuracy"]
+    assert not summary.release.promoted and current("tiny-model", CHAMPION) is None
+    assert f"the bag of words' {words:.4f} + 1.0" in "; ".join(summary.release.gate.reasons)

@@ -16,9 +16,9 @@ def test_the_flow_trains_on_two_ranks_into_one_mlflow_run(prefect_harness, mlflo
     params = write_tiny_params(tmp_path, synthetic_train_file, tiny_base, train={"nproc": 2})
     summary = retrain(str(params), lock=str(tmp_path / "dvc.lock"))
 
-    assert summary["world_size"] == 2 and summary["steps"] == 4 and summary["smoke"]["passed"]
+    assert summary.train.world_size == 2 and summary.train.steps == 4 and summary.release.smoke.passed
     runs = client().search_runs([ensure_experiment()])
-    assert [run.info.run_id for run in runs] == [summary["mlflow_run_id"]]  # no rank opened a second run
+    assert [run.info.run_id for run in runs] == [summary.tracked.mlflow_run_id]  # no rank opened a second run
     run = runs[0]
     assert run.data.metrics["world_size"] == 2 and run.data.params["train.nproc"] == "2"
     assert run.info.status == "FINISHED"

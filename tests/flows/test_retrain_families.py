@@ -24,10 +24,10 @@ def test_a_causal_lm_base_is_retrained_registered_smoke_tested_and_gated(prefect
     first_params = write_tiny_params(tmp_path, data, base, validate={"holdout_max_decisions": 12})
     first = retrain(str(first_params), lock=str(tmp_path / "dvc.lock"))
     assert (
-        first["family"] == "joint"
-        and first["version"] == "1"
-        and first["smoke"]["passed"]
-        and first["promoted"]
+        first.train.family == "joint"
+        and first.release.version == "1"
+        and first.release.smoke.passed
+        and first.release.promoted
     )
     tags = client().get_model_version("tiny-model", "1").tags
     assert tags["smoke"] == "passed" and tags["gate"] == "promote"
@@ -35,8 +35,8 @@ def test_a_causal_lm_base_is_retrained_registered_smoke_tested_and_gated(prefect
     second_params = write_tiny_params(tmp_path, data, base, validate={"holdout_max_decisions": 12},
                                       train={"max_steps": 2})  # fmt: skip
     second = retrain(str(second_params), lock=str(tmp_path / "dvc.lock"))
-    assert second["version"] == "2" and second["smoke"]["passed"]
-    assert any("champion" in reason for reason in second["gate"])  # the joint champion was scored by the gate
+    assert second.release.version == "2" and second.release.smoke.passed
+    assert any("champion" in reason for reason in second.release.gate.reasons)  # the joint champion was scored by the gate
 
     folder = download_version("tiny-model", "2", tmp_path / "v2")
     assert json.loads((folder / "decision_config.json").read_text())["family"] == "joint"
@@ -59,11 +59,11 @@ def test_two_heads_answering_together_go_through_the_flow_as_one_model(
     # A validation split of ~32 decisions, on which each head and the two together are measured.
     params = write_tiny_params(tmp_path, data, base, train=train, validate={"validation_fraction": 0.3})
     result = retrain(str(params), lock=str(tmp_path / "dvc.lock"))
-    assert result["smoke"]["passed"] and result["smoke"]["trained_agreement"] >= 0.995
-    folder = download_version("tiny-model", result["version"], tmp_path / "v1")
+    assert result.release.smoke.passed and result.release.smoke.trained_agreement >= 0.995
+    folder = download_version("tiny-model", result.release.version, tmp_path / "v1")
     head = json.loads((folder / "decision_config.json").read_text())["head"]
     assert [member["bigrams"] > 0 for member in head["members"]] == [False, True]
-    run = client().get_run(result["mlflow_run_id"])
+    run = client().get_run(result.tracked.mlflow_run_id)
     assert run.data.tags["candidate_kept"] == "ensemble"
     assert {f"candidate_{name}_validation_accuracy" for name in ("tokens", "tfidf", "ensemble")} <= set(
         run.data.metrics

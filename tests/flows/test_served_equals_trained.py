@@ -34,16 +34,16 @@ def test_a_corrupted_export_fails_smoke_is_tagged_failed_and_champion_stays(pref
     from pipeline.stages.smoke import smoke_version
 
     first = retrain(str(tiny_params), lock=str(tmp_path / "dvc.lock"))
-    assert first["smoke"]["passed"] and first["smoke"]["trained_agreement"] >= 0.995
-    assert current("tiny-model", CHAMPION) == first["version"]
+    assert first.release.smoke.passed and first.release.smoke.trained_agreement >= 0.995
+    assert current("tiny-model", CHAMPION) == first.release.version
 
     params = load_params(str(tiny_params))
-    run = RunFolder(Path(params.retrain.runs_dir) / first["idempotency_key"][:16])
+    run = RunFolder(Path(params.retrain.runs_dir) / first.tracked.key[:16])
     corrupted = tmp_path / "corrupted"
     shutil.copytree(run.export, corrupted)
     _corrupt_one_tensor(corrupted)
-    version = register_stage(corrupted, "tiny-model", first["mlflow_run_id"],
-                             {"idempotency_key": "corrupted-copy", "mlflow_run_id": first["mlflow_run_id"]})  # fmt: skip
+    version = register_stage(corrupted, "tiny-model", first.tracked.mlflow_run_id,
+                             {"idempotency_key": "corrupted-copy", "mlflow_run_id": first.tracked.mlflow_run_id})  # fmt: skip
     heldout = SplitData.load(run.split).split.heldout  # the run's split, as the flow's smoke task reads it
     smoked = smoke_version("tiny-model", version, heldout, 20, run.expected_answers)
 
@@ -54,4 +54,4 @@ def test_a_corrupted_export_fails_smoke_is_tagged_failed_and_champion_stays(pref
     assert client().get_model_version("tiny-model", version).tags["smoke"] == "failed"
     verdict = promotion_stage("tiny-model", version, {"ece": 0.0}, smoked.passed, heldout, params.promote)
     assert not verdict.promote and "smoke test failed" in verdict.reasons
-    assert current("tiny-model", CHAMPION) == first["version"]
+    assert current("tiny-model", CHAMPION) == first.release.version

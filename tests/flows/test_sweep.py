@@ -57,7 +57,7 @@ def test_a_sweep_logs_children_under_a_parent_and_registers_its_best_trial(swept
     from pipeline.mlops.registry import client
 
     summary, _ = swept
-    parent_id = summary["parent_run_id"]
+    parent_id = summary.parent_run_id
     children = _children(parent_id)
     trials = [run for run in children if run.data.tags["sweep_role"] == "trial"]
     repeats = [run for run in children if run.data.tags["sweep_role"] == "repeat"]
@@ -79,17 +79,17 @@ def test_a_sweep_logs_children_under_a_parent_and_registers_its_best_trial(swept
 
     # The best trial is the lowest validation NLL (never a held-out figure), and it is the registered version.
     best = min(trials, key=lambda run: run.data.metrics["validation_nll"])
-    assert summary["best"]["trial"] == int(best.data.tags["sweep_trial"])
-    version = client().get_model_version("tiny-model", summary["best"]["version"])
+    assert summary.best.number == int(best.data.tags["sweep_trial"])
+    version = client().get_model_version("tiny-model", summary.release.version)
     assert version.run_id == best.info.run_id and version.tags["sweep_trial"] == best.data.tags["sweep_trial"]
-    assert version.tags["smoke"] == "passed" and summary["best"]["smoke_passed"]
-    assert f"the best trial (number {summary['best']['trial']}) of sweep" in version.description
+    assert version.tags["smoke"] == "passed" and summary.release.smoke.passed
+    assert f"the best trial (number {summary.best.number}) of sweep" in version.description
     assert "noise floor" in version.description and "2 seeds" in version.tags["sweep_repeat"]
 
     # The parent: the summary table as its description, the trade-off and per-question plots, the noise floor.
     parent = client().get_run(parent_id)
     assert parent.info.status == "FINISHED" and parent.data.tags["sweep_role"] == "parent"
-    assert f"**{summary['best']['trial']}**" in parent.data.tags["mlflow.note.content"]
+    assert f"**{summary.best.number}**" in parent.data.tags["mlflow.note.content"]
     # Every trial scored the same bag of words on the sweep's one split; the summary says what it reached.
     words = {run.data.metrics["bag_of_words_accuracy"] for run in _children(parent_id)}
     assert (
@@ -101,14 +101,14 @@ def test_a_sweep_logs_children_under_a_parent_and_registers_its_best_trial(swept
     assert parent.data.metrics["repeat_accuracy_mean"] == pytest.approx(sum(accuracies) / 2)
     artifacts = {a.path for a in client().list_artifacts(parent_id, "plots")}
     assert artifacts == {"plots/sweep_tradeoff.png", "plots/sweep_questions.png"}
-    assert (Path(summary["folder"]) / "optuna.db").is_file()
+    assert (Path(summary.folder) / "optuna.db").is_file()
 
 
 def test_the_compare_page_of_a_sweeps_children_shows_their_metrics(swept, tmp_path):
     from pipeline.mlops.registry import ensure_experiment
 
     summary, _ = swept
-    children = [run for run in _children(summary["parent_run_id"]) if run.data.tags["sweep_role"] == "trial"]
+    children = [run for run in _children(summary.parent_run_id) if run.data.tags["sweep_role"] == "trial"]
     ids = json.dumps([run.info.run_id for run in children], separators=(",", ":"))
     page = f"#/compare-runs?runs={ids}&experiments={json.dumps([ensure_experiment()])}"
     chromium = browser.chromium_or_skip()
@@ -138,7 +138,8 @@ def test_a_killed_sweep_resumes_where_it_stopped(prefect_api, tmp_path, monkeypa
     from optuna.trial import TrialState
 
     from pipeline.mlops.registry import client, ensure_experiment
-    from pipeline.sweep.study import SweepLock
+    from pipeline.rundir import RunFolder
+    from pipeline.sweep.report import SweepSummary
 
     uri = f"sqlite:///{tmp_path}/mlflow/mlflow.db"
     (tmp_path / "mlflow").mkdir()
@@ -146,7 +147,7 @@ def test_a_killed_sweep_resumes_where_it_stopped(prefect_api, tmp_path, monkeypa
     ensure_experiment()
     params = write_tiny_params(tmp_path, synthetic_train_file, tiny_base, train=LONG)
     space = write_space(tmp_path, space={"train.lora_lr": {"low": 0.0005, "high": 0.02, "log": True}})
-    command = [sys.executable, "-m", "flows.sweep", "--space", str(space), "--params", str(params), "--json"]
+    command = [sys.executable, "-m", "pipeline.cli", "sweep", "--space", str(space), "--params", str(params), "--json"]
     env = flow_env(prefect_api, uri)
 
     # Kill the sweep once its first trial has finished and the second has a training checkpoint.
@@ -169,15 +170,15 @@ def test_a_killed_sweep_resumes_where_it_stopped(prefect_api, tmp_path, monkeypa
     folder = next(sweeps.iterdir())
     first = next(folder.glob("*/train.json"))
     first_written = first.stat().st_mtime_ns
-    with SweepLock(folder):  # the killed driver's lock died with it
+    with RunFolder(folder).driven("sweep"):  # the killed driver's lock died with it
         pass
 
     with (tmp_path / "rerun.log").open("wb") as log:
         done = subprocess.run(command, env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=log, timeout=400)
     assert done.returncode == 0, f"the resumed sweep failed:\n{tail(tmp_path / 'rerun.log')}"
-    summary = json.loads(done.stdout.decode().strip().splitlines()[-1])
+    summary = SweepSummary.from_dict(json.loads(done.stdout.decode().strip().splitlines()[-1]))
 
-    storage = summary["storage"]
+    storage = summary.storage
     loaded = optuna.load_study(study_name=optuna.get_all_study_names(storage)[0], storage=storage)
     states = [trial.state for trial in loaded.trials]
     assert (
@@ -189,9 +190,9 @@ def test_a_killed_sweep_resumes_where_it_stopped(prefect_api, tmp_path, monkeypa
     assert first.stat().st_mtime_ns == first_written  # the finished trial was not trained again
     resumed = json.loads((Path(retried.user_attrs["run_dir"]) / "train.json").read_text())
     assert resumed["resumed_from_step"] > 0  # the interrupted trial went on from its checkpoint
-    trials = [row for row in summary["trials"] if row["state"] == "finished"]
-    assert len(trials) == 3 and summary["best"]["version"] == "1"
-    runs = _children(summary["parent_run_id"])
+    trials = [row for row in summary.trials if row.state == "finished"]
+    assert len(trials) == 3 and summary.release.version == "1"
+    runs = _children(summary.parent_run_id)
     assert len(runs) == 3 and all(run.info.status == "FINISHED" for run in runs)  # one run per setting
 
     # Run again, asking for the noise floor: no trial runs, one repeat trains, and the same version gets its tag.
@@ -199,7 +200,7 @@ def test_a_killed_sweep_resumes_where_it_stopped(prefect_api, tmp_path, monkeypa
         again = subprocess.run([*command, "--repeat-best", "1"], env=env, cwd=tmp_path, stdout=subprocess.PIPE,
                                stderr=log, timeout=400)  # fmt: skip
     assert again.returncode == 0, f"the rerun failed:\n{tail(tmp_path / 'repeat.log')}"
-    repeated = json.loads(again.stdout.decode().strip().splitlines()[-1])
-    assert repeated["best"]["version"] == "1" and repeated["noise_floor"]["seeds"] == 1
+    repeated = SweepSummary.from_dict(json.loads(again.stdout.decode().strip().splitlines()[-1]))
+    assert repeated.release.version == "1" and repeated.noise_floor["seeds"] == 1
     assert "1 seed:" in client().get_model_version("tiny-model", "1").tags["sweep_repeat"]
     assert len(client().search_model_versions("name='tiny-model'")) == 1

@@ -80,10 +80,10 @@ def test_finetune_reports_its_checks_and_best_step(tiny_base, synthetic_train_fi
                  str(tmp_path / "out"), "--max-steps", "8", "--params", str(params), "--json"])  # fmt: skip
     assert code == 0
     summary = json.loads(capsys.readouterr().out)
-    stopping = summary["early_stopping"]
+    stopping = summary["train"]["early_stopping"]
     assert [step for step, _ in stopping["checks"]] == [2, 4, 6, 8][: len(stopping["checks"])]
     assert stopping["best_step"] in {step for step, _ in stopping["checks"]}
-    assert stopping["ended_at"] == summary["steps"]
+    assert stopping["ended_at"] == summary["train"]["steps"]
 
 
 def _stopping_run(tiny_base, config, checkpoints=None, stop_after=None):

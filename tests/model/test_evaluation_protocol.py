@@ -53,13 +53,13 @@ def test_changing_held_out_labels_changes_no_fitted_parameter(family, tiny_base,
     )
     runs = RunFolder(first["run_dir"]), RunFolder(second["run_dir"])
 
-    assert first["calibrator_fitted_on"].startswith("validation split")
+    assert first["calibration"]["calibrator"]["fitted_on"].startswith("validation split")
     weights = [_weights(run) for run in runs]
     assert weights[0] and weights[0].keys() == weights[1].keys()
     assert all((weights[0][k] == weights[1][k]).all() for k in weights[0])
     assert runs[0].calibrator.read_text() == runs[1].calibrator.read_text()
     assert (
-        first["heldout"]["calibrated"]["loss"] != second["heldout"]["calibrated"]["loss"]
+        first["calibration"]["heldout"]["calibrated"]["loss"] != second["calibration"]["heldout"]["calibrated"]["loss"]
     )  # the labels were read
 
 
@@ -73,5 +73,5 @@ def test_without_a_validation_split_the_run_says_its_calibrator_saw_held_out_lab
     held = tmp_path / "held.jsonl"  # other rows than the training data's (the same file is refused)
     held.write_text("".join(synthetic_train_file.read_text().splitlines(keepends=True)[100:]))
     summary = _finetune(synthetic_train_file, held, tiny_base, params, tmp_path / "c", capsys)
-    assert summary["calibrator_fitted_on"].startswith("held-out rows, cross-fitted")
+    assert summary["calibration"]["calibrator"]["fitted_on"].startswith("held-out rows, cross-fitted")
     assert not RunFolder(summary["run_dir"]).validation_logits.exists()

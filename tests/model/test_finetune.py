@@ -11,8 +11,7 @@ from pipeline.families.laya_layout import load_model
 from pipeline.rundir import RunFolder
 from tests.tiny import pin_inputs
 
-KEYS = {"rows", "decisions", "skipped", "heldout", "temperatures", "export_dir", "train_seconds", "s_per_step",
-        "peak_memory_mb"}  # fmt: skip
+KEYS = {"run_dir", "validation", "train", "calibration", "export_dir", "tracked", "release"}
 
 
 @pytest.fixture
@@ -30,18 +29,19 @@ def test_finetune_json_has_the_stable_keys_and_exports_a_model(tiny_base, synthe
                  "--max-steps", "3", "--params", str(params), "--json"])  # fmt: skip
     assert code == 0
     summary = json.loads(capsys.readouterr().out)
-    assert set(summary) >= KEYS
-    assert set(summary["heldout"]) == {"decisions", "base", "tuned", "calibrated", "bag_of_words"}
+    assert set(summary) == KEYS and summary["tracked"] is None and summary["release"] is None  # no flow: no MLflow
+    assert set(summary["train"]) >= {"rows", "decisions", "skipped", "train_seconds", "s_per_step", "peak_memory_mb"}
+    assert set(summary["calibration"]["heldout"]) == {"decisions", "base", "tuned", "calibrated", "bag_of_words"}
     for model in (
         "base",
         "tuned",
         "calibrated",
         "bag_of_words",
     ):  # a bag of words on the same held-out decisions
-        assert set(summary["heldout"][model]) >= {"accuracy", "record_accuracy", "ece"}
+        assert set(summary["calibration"]["heldout"][model]) >= {"accuracy", "record_accuracy", "ece"}
     assert summary["export_dir"] == str(out)
     exported = load_model(out)
-    assert exported.config["temperature"] == [summary["temperatures"][t] for t in ("choice", "score", "noul")]
+    assert exported.config["temperature"] == [summary["calibration"]["temperatures"][t] for t in ("choice", "score", "noul")]
     manifest = json.loads((out / "manifest.json").read_text())
     assert {"data_md5", "base_md5", "git_commit", "params", "metrics"} <= set(manifest)
 
@@ -72,7 +72,7 @@ def test_train_and_finetune_take_a_users_unpinned_base_and_record_which_input_wa
     run = json.loads(capsys.readouterr().out)
     assert run["inputs"] == expected and run["pins"] == {"pinned/rows.jsonl": current_md5(data)}
     assert main(["finetune", *common, "--out", str(tmp_path / "export")]) == 0
-    assert json.loads(capsys.readouterr().out)["inputs"] == expected
+    assert json.loads(capsys.readouterr().out)["train"]["inputs"] == expected
     assert json.loads((tmp_path / "export" / "manifest.json").read_text())["inputs"] == expected
 
 
@@ -110,7 +110,7 @@ def test_finetune_with_eval_data_and_a_slice(tiny_base, synthetic_train_file, pa
                  "--params", str(params), "--json"])  # fmt: skip
     assert code == 0
     summary = json.loads(capsys.readouterr().out)
-    assert summary["rows"] == 40 and summary["heldout"]["decisions"] == 3 * 120  # all of --eval-data held out
+    assert summary["train"]["rows"] == 40 and summary["calibration"]["heldout"]["decisions"] == 3 * 120  # all of --eval-data held out
 
 
 def test_evaluate_writes_metrics_and_plots(tiny_base, synthetic_train_file, tmp_path, capsys):
@@ -172,5 +172,5 @@ def test_finetune_writes_the_flows_run_files(tiny_base, synthetic_train_file, pa
     )  # the flow's validation report, its split summary included
     assert report["split"]["heldout_decisions"] > 0
     calibration = json.loads(run.calibration.read_text())
-    assert summary["temperatures"] == calibration["temperatures"]
-    assert summary["heldout"]["calibrated"]["ece"] == calibration["heldout"]["calibrated"]["ece"]
+    assert summary["calibration"]["temperatures"] == calibration["temperatures"]
+    assert summary["calibration"]["heldout"]["calibrated"]["ece"] == calibration["heldout"]["calibrated"]["ece"]

@@ -144,8 +144,8 @@ def test_finetune_picks_joint_head_says_why_trains_and_the_export_answers_as_tra
     code, out, err = finetune(encoder, learnable, tmp_path / "export", write_params(tmp_path), capsys)
     assert code == 0, err
     summary = json.loads(out)
-    assert (summary["family"], summary["method"], summary["steps"]) == ("joint", "head", 10)
-    losses = [loss for _, loss in summary["losses"]]
+    assert (summary["train"]["family"], summary["train"]["method"], summary["train"]["steps"]) == ("joint", "head", 10)
+    losses = [loss for _, loss in summary["train"]["losses"]]
     assert losses[-1] < losses[0], losses
     first = err.splitlines()[:3]
     assert any(f"is a plain encoder folder ({architecture(encoder)})" in line for line in first), first
@@ -162,7 +162,7 @@ def test_lora_on_a_plain_bert_trains_and_the_merged_export_answers_as_trained(le
     code, out, err = finetune(bert, learnable, tmp_path / "export", params, capsys)
     assert code == 0, err
     summary = json.loads(out)
-    assert (summary["family"], summary["method"]) == ("joint", "lora")
+    assert (summary["train"]["family"], summary["train"]["method"]) == ("joint", "lora")
     assert "method lora (set by train.method or --method)" in err
     config = json.loads((tmp_path / "export" / "decision_config.json").read_text())
     assert config["fine_tuned"] is True

@@ -51,11 +51,11 @@ def test_lora_finetune_trains_calibrates_exports_and_serves(causal_lm_base, lear
     from pipeline.serving.server import create_app
 
     summary = finetune(causal_lm_base, learnable, tmp_path / "export", write_params(tmp_path, "lora"), capsys)
-    losses = [loss for _, loss in summary["losses"]]
-    assert summary["family"] == "joint" and summary["steps"] == 150
+    losses = [loss for _, loss in summary["train"]["losses"]]
+    assert summary["train"]["family"] == "joint" and summary["train"]["steps"] == 150
     assert losses[-1] < 0.5 * losses[0], losses  # training lowers the loss
-    assert summary["heldout"]["decisions"] >= 1
-    assert all(0.5 <= summary["temperatures"][t] <= 5.0 for t in ("choice", "score", "noul"))
+    assert summary["calibration"]["heldout"]["decisions"] >= 1
+    assert all(0.5 <= summary["calibration"]["temperatures"][t] <= 5.0 for t in ("choice", "score", "noul"))
 
     exported = load_joint(summary["export_dir"])
     question = {"type": "choice", "instructions": "What is the tone?",
@@ -76,8 +76,8 @@ def test_qlora_trains_on_the_cpu_with_a_4bit_backbone(causal_lm_base, learnable,
     summary = finetune(
         causal_lm_base, learnable, tmp_path / "export", write_params(tmp_path, "qlora", 12), capsys
     )
-    assert summary["method"] == "qlora" and summary["steps"] == 12 and summary["export_dir"]
-    assert all(np.isfinite(loss) for _, loss in summary["losses"])
+    assert summary["train"]["method"] == "qlora" and summary["train"]["steps"] == 12 and summary["export_dir"]
+    assert all(np.isfinite(loss) for _, loss in summary["train"]["losses"])
     from pipeline.families.joint.layout import load_joint
 
     exported = load_joint(summary["export_dir"])  # dequantised, 16-bit: loads without bitsandbytes layers

@@ -56,8 +56,8 @@ def test_joint_on_an_encoder_trains_exports_serves_and_evaluates(tiny_base, lear
 
     folder, params = joint_export
     summary = _finetune(tiny_base, learnable, folder / "export", params, capsys, "--family", "joint")
-    assert summary["family"] == "joint" and summary["steps"] == 150
-    losses = [loss for _, loss in summary["losses"]]
+    assert summary["train"]["family"] == "joint" and summary["train"]["steps"] == 150
+    losses = [loss for _, loss in summary["train"]["losses"]]
     assert losses[-1] < 0.7 * losses[0], losses  # the joint head learns on the encoder
     config = json.loads((folder / "export" / "decision_config.json").read_text())
     assert config["backbone"] == "encoder" and config["family"] == "joint"

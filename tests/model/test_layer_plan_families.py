@@ -167,7 +167,7 @@ def test_finetune_with_a_plan_trains_exports_and_records_it(deep_base, learnable
                  "--layer-plan", "[[1, 3, 2]]"])  # fmt: skip
     assert code == 0
     summary = json.loads(capsys.readouterr().out)
-    assert summary["steps"] == 12 and all(np.isfinite(loss) for _, loss in summary["losses"])
+    assert summary["train"]["steps"] == 12 and all(np.isfinite(loss) for _, loss in summary["train"]["losses"])
     export = tmp_path / "out"
     manifest = json.loads((export / "manifest.json").read_text())
     assert manifest["layer_plan"]["visits"] == [0, 1, 2, 1, 2, 3]

@@ -14,13 +14,14 @@ from pipeline.data.answers import parse_request
 from pipeline.data.split import TrainSource
 from pipeline.families.joint.head import HeadEnsemble
 from pipeline.families.joint.predict import answer_joint_requests
-from pipeline.mlops.tracking import TrainingRecord, choice_tags, run_metrics
 from pipeline.scoring.calibration import plain_probabilities
 from pipeline.scoring.metrics import heldout_metrics
+from pipeline.stages.track import choice_tags, run_metrics
 from pipeline.training.checkpoint import Checkpointer
 from pipeline.training.controls import RunControls, RunHooks
 from pipeline.training.fit import fit
 from tests.invariance import INTENSITY, STATE, TOL, TONE, probabilities
+from tests.results import run_result
 from tests.tiny import JOINT_HEAD, load_joint_on, write_learnable_rows
 
 CONFIG = replace(JOINT_HEAD, epochs=3, threads=1, lexicon="auto")
@@ -69,15 +70,10 @@ def test_each_candidate_trains_as_its_own_run_would_and_the_lowest_validation_lo
     )
     assert f"kept {best}" in lines
     # MLflow gets both candidates' figures and which was kept.
-    described = chosen.run.to_dict() | {"peak_memory_mb": 0.0}
-    figures = described["heldout"]["tuned"]
-    heldout = {"decisions": 1, "base": figures, "tuned": figures, "calibrated": figures}
-    record = TrainingRecord("key", {}, described, {"heldout": heldout, "temperatures": {}}, {}, "rows.jsonl", "md5",
-                            "export", "run")  # fmt: skip
-    metrics = run_metrics(record)
+    metrics = run_metrics(run_result(train=chosen.run))
     for name in candidates:
         assert metrics[f"candidate_{name}_validation_accuracy"] == candidates[name]["accuracy"]
-    assert choice_tags(described) == {"candidate_kept": best}
+    assert choice_tags(chosen.run) == {"candidate_kept": best}
 
 
 def test_without_a_validation_split_it_trains_tokens_and_says_so(tiny_base, rows_file):

@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from pipeline.cli.main import main
-from pipeline.data.pins import current_md5, verify_inputs
+from pipeline.data.pins import check_pins, current_md5
 from pipeline.families import pick_family
 from tests.tiny import write_tiny_encoder
 
@@ -60,7 +60,7 @@ def test_a_base_is_copied_whole_and_pinned_by_dvc(kind, encoder, tiny_base, repo
     recorded = yaml.safe_load((repo / "data" / "snapshots" / "mine.dvc").read_text())["outs"][0]["md5"]
     assert pinned["md5"] == recorded == current_md5(out) and pinned["pinned_by"] == "data/snapshots/mine.dvc"
     # What `decision finetune --base` checks: the base is pinned, and matches its pin.
-    assert verify_inputs([out], repo / "dvc.lock") == {"data/snapshots/mine": recorded}
+    assert check_pins({"base": out}, repo / "dvc.lock").pins == {"data/snapshots/mine": recorded}
 
 
 def test_a_stage_output_is_left_to_dvc_repro(encoder, repo, capsys):

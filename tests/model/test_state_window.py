@@ -12,9 +12,10 @@ from pipeline.data import synthetic
 from pipeline.data.contract import state_text
 from pipeline.data.split import TrainSource
 from pipeline.families import pick_family
-from pipeline.mlops.tracking import TrainingRecord, run_metrics, state_tags
+from pipeline.stages.track import run_metrics, state_tags
 from pipeline.training.controls import RunHooks
 from pipeline.training.fit import TrainRun, fit
+from tests.results import run_result
 from tests.tiny import JOINT_HEAD, load_joint_on, synthetic_records, write_tiny_causal_lm
 
 LONG = 500  # words: far beyond every tiny model's window
@@ -108,9 +109,9 @@ def test_a_fit_records_the_states_in_its_run_its_line_and_its_mlflow_metrics(
                     "dropped from their ends"]  # fmt: skip
     described = trained.run.to_dict()  # train.json and --json
     assert described["states"]["rows_truncated"] == 5 and TrainRun.from_dict(described).states == states
-    metrics = run_metrics(_record(described))
+    metrics = run_metrics(run_result(train=TrainRun.from_dict(described)))
     assert metrics["state_rows_truncated"] == 5 and metrics["state_tokens_dropped"] == states.tokens_dropped
-    assert metrics["state_window"] == states.window and state_tags(described) == {"state_truncation": "end"}
+    assert metrics["state_window"] == states.window and state_tags(trained.run) == {"state_truncation": "end"}
 
 
 def test_short_states_are_said_to_fit(tiny_base, tmp_path):
@@ -129,14 +130,6 @@ def _window(states) -> str:
     if states.window == states.widest_window:
         return f"the {states.window}-token window"
     return f"their window ({states.window} to {states.widest_window} tokens)"
-
-
-def _record(train: dict) -> TrainingRecord:
-    figures = train["heldout"]["tuned"]
-    heldout = {"decisions": 1, "base": figures, "tuned": figures, "calibrated": figures}
-    train = train | {"peak_memory_mb": 0.0}  # the train stage measures it; fit alone does not
-    return TrainingRecord("key", {}, train, {"heldout": heldout, "temperatures": {}}, {}, "rows.jsonl", "md5",
-                          "export", "run")  # fmt: skip
 
 
 WINDOWED = replace(JOINT_HEAD, state_windows=3)

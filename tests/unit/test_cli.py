@@ -10,7 +10,7 @@ import pytest
 
 from pipeline.cli.main import main
 from pipeline.data import synthetic
-from tests.flows.processes import record_launches
+from tests.flows.processes import record_launches, skip_input_checks
 
 
 def test_json_report_and_exit_zero(capsys, synthetic_file):
@@ -59,23 +59,30 @@ def test_json_output_is_strict_json_with_missing_metrics_as_null():
     import json
     import math
 
-    from pipeline.cli.main import to_json
+    from pipeline.strict_json import to_json
 
     text = to_json({"kl_soft": math.nan, "per_type": [{"ece": math.inf, "accuracy": 0.5}], "rows": 3})
     assert json.loads(text) == {"kl_soft": None, "per_type": [{"ece": None, "accuracy": 0.5}], "rows": 3}
 
 
 def test_decision_monitor_runs_the_flow_module_with_its_options(monkeypatch):
-    launched = record_launches(monkeypatch, exit_code=3, with_env=True)
+    import pipeline.flywheel.table
+    import pipeline.stages.monitor
+
+    monkeypatch.setattr(pipeline.stages.monitor, "resolve_version", lambda model: ("tickets", "3"))
+    monkeypatch.setattr(pipeline.flywheel.table, "missing_log", lambda where: None)
+    launched = record_launches(monkeypatch, exit_code=3)
     assert main(["monitor", "--model", "tickets@champion", "--window-hours", "6", "--json", "-q"]) == 3
-    [(command, env)] = launched
-    assert command == [sys.executable, "-m", "flows.monitor", "--params", "params.yaml", "--model", "tickets@champion",
-                       "--window-hours", "6.0", "--json"]  # fmt: skip
-    assert env["PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL"] == "WARNING"  # --quiet
+    [launch] = launched
+    assert launch.module == "flows.monitor"
+    assert launch.parameters == {"model": "tickets@champion", "inference": None, "window_hours": 6.0,
+                                 "window_end": None, "reference": None, "params_file": "params.yaml",
+                                 "run_config": None}  # fmt: skip
+    assert launch.env["PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL"] == "WARNING"  # --quiet
 
 
 def test_the_monitor_watches_the_runs_champion_unless_told_another_model(tmp_path, monkeypatch, capsys):
-    import flows.monitor as module
+    import pipeline.stages.monitor as module
 
     (tmp_path / "params.yaml").write_text("retrain:\n  model_name: decision-model\n")
     (tmp_path / "configs").mkdir()
@@ -89,7 +96,7 @@ def test_the_monitor_watches_the_runs_champion_unless_told_another_model(tmp_pat
 
     monkeypatch.setattr(module, "resolve_version", resolve_version)
     for flags in (["--run-config", "fly"], [], ["--run-config", "fly", "--model", "other/3"]):
-        assert module.main(flags) == 2
+        assert main(["monitor", *flags]) == 2
     assert asked == ["fly@champion", "decision-model@champion", "other/3"]
 
 
@@ -321,9 +328,10 @@ def test_the_flywheel_automation_without_a_server_is_one_line_and_exit_2(monkeyp
 
 
 def test_decision_retrain_passes_only_new_data_to_the_flow(monkeypatch):
+    skip_input_checks(monkeypatch)
     launched = record_launches(monkeypatch)
-    assert main(["retrain", "--run-config", "fly", "--only-new-data"]) == 0 and main(["retrain"]) == 0
-    assert launched[0][-1] == "--only-new-data" and "--only-new-data" not in launched[1]
+    assert main(["retrain", "--run-config", "tiny", "--only-new-data"]) == 0 and main(["retrain"]) == 0
+    assert [launch.parameters["only_new_data"] for launch in launched] == [True, False]
 
 
 def _commands(parser, path=()):

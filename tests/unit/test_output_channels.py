@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from pipeline.cli.main import main
-from tests.flows.processes import record_launches
+from tests.flows.processes import record_launches, skip_input_checks
 
 
 @pytest.fixture
@@ -44,7 +44,7 @@ def two_steps(tiny_base, synthetic_train_file, params, tmp_path):
 def test_json_keeps_the_training_progress_on_stderr(command, two_steps, capsys):
     assert main(two_steps(command)) == 0
     out, err = capsys.readouterr()
-    assert _one_json_object(out)["steps"] == 2
+    assert _steps(command, _one_json_object(out)) == 2
     lines = _progress_lines(err)
     assert any(line.startswith("scored ") and "held-out decisions (base)" in line for line in lines), err
     assert any(line.startswith("train lora: step 2/2, loss ") for line in lines), err
@@ -54,8 +54,13 @@ def test_json_keeps_the_training_progress_on_stderr(command, two_steps, capsys):
 def test_quiet_silences_the_training_progress(command, two_steps, capsys):
     assert main([*two_steps(command), "-q"]) == 0
     out, err = capsys.readouterr()
-    assert _one_json_object(out)["steps"] == 2
+    assert _steps(command, _one_json_object(out)) == 2
     assert _progress_lines(err) == []
+
+
+def _steps(command: str, printed: dict) -> int:
+    """The steps trained, as each command's --json says: train prints its training run, finetune the whole run."""
+    return printed["steps"] if command == "train" else printed["train"]["steps"]
 
 
 def test_on_a_terminal_the_bar_is_on_stderr_too(two_steps, capsys, monkeypatch):
@@ -83,12 +88,13 @@ def test_retrain_quiet_lowers_the_flows_console_log_to_warnings(monkeypatch):
     levels = ("PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL", "MLFLOW_LOGGING_LEVEL")
     for name in levels:
         monkeypatch.delenv(name, raising=False)
-    launched = record_launches(monkeypatch, with_env=True)
+    skip_input_checks(monkeypatch)
+    launched = record_launches(monkeypatch)
     assert main(["retrain", "--json"]) == 0 and main(["retrain", "--json", "-q"]) == 0
-    (loud_command, loud), (quiet_command, quiet) = launched
-    assert loud_command == quiet_command and "--json" in quiet_command  # the flow's stdout: the summary
-    assert [loud.get(name) for name in levels] == [None, None]
-    assert [quiet[name] for name in levels] == ["WARNING", "WARNING"]
+    loud, quiet = launched
+    assert loud.parameters == quiet.parameters  # the flow runs the same; only its console log is lowered
+    assert [loud.env.get(name) for name in levels] == [None, None]
+    assert [quiet.env[name] for name in levels] == ["WARNING", "WARNING"]
 
 
 def test_keygen_json_changes_stdout_only(tmp_path, capsys):

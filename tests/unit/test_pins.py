@@ -9,15 +9,12 @@ import sys
 import pytest
 import yaml
 
-from pipeline.data.pins import (
-    PinMismatch,
-    Unpinned,
-    current_md5,
-    pin_status,
-    require_pins,
-    verify_inputs,
-    verify_pins,
-)
+from pipeline.data.pins import PinMismatch, Unpinned, check_pins, current_md5
+
+
+def verify_pins(paths: list[str], root) -> dict[str, str]:
+    """The strict check of paths relative to `root`, as the retrain flow makes it: {path: md5}."""
+    return check_pins({path: root / path for path in paths}, root / "dvc.lock", require=True).pins
 
 
 @pytest.fixture
@@ -57,11 +54,12 @@ def test_tampered_folder_missing_and_unpinned_files_are_all_reported(pinned_copy
     (pinned_copy / "data/model/extra.bin").write_bytes(b"x")
     (pinned_copy / "data/rows.jsonl").unlink()
     with pytest.raises(PinMismatch) as error:
-        verify_pins(["data/rows.jsonl", "data/model", "data/other.csv"], root=pinned_copy)
+        verify_pins(["data/rows.jsonl", "data/model"], root=pinned_copy)
     message = str(error.value)
     assert "data/rows.jsonl: missing" in message
     assert "data/model: bytes differ" in message
-    assert "data/other.csv: not pinned" in message
+    with pytest.raises(Unpinned, match=r"data/other\.csv: not pinned"):  # before anything is hashed
+        verify_pins(["data/rows.jsonl", "data/model", "data/other.csv"], root=pinned_copy)
 
 
 @pytest.mark.data
@@ -133,7 +131,7 @@ def test_hashes_are_the_ones_real_dvc_records_for_files_and_folders(dvc_repo):
     assert current_md5(dvc_repo / "own.csv") == added
     paths = ["out/model", "out/rows.jsonl", "own.csv"]
     assert verify_pins(paths, root=dvc_repo) == {**recorded, "own.csv": added}
-    assert require_pins([dvc_repo / p for p in paths], dvc_repo / "dvc.lock")
+    assert check_pins({p: dvc_repo / p for p in paths}, dvc_repo / "dvc.lock", require=True).pins
 
 
 def test_a_folder_changed_under_a_real_dvc_pin_is_refused_as_dvc_status_sees_it(dvc_repo, tmp_path):
@@ -145,13 +143,13 @@ def test_a_folder_changed_under_a_real_dvc_pin_is_refused_as_dvc_status_sees_it(
         PinMismatch,
         match=r"out/model: bytes differ from dvc\.lock .*`dvc repro` brings back .*`dvc commit` pins",
     ):
-        verify_inputs([repo / "out/model", repo / "own.csv"], repo / "dvc.lock")
+        check_pins({"base": repo / "out/model", "data": repo / "own.csv"}, repo / "dvc.lock")
     # A `dvc add`ed file comes back from the cache, not from a stage (`dvc repro` was the advice).
     (repo / "own.csv").write_text("edited\n")
     with pytest.raises(
         PinMismatch, match=r"own.csv: .*`dvc checkout --force own.csv` brings back .*`dvc add own.csv` pins"
     ):
-        verify_inputs([repo / "own.csv"], repo / "dvc.lock")
+        check_pins({"data": repo / "own.csv"}, repo / "dvc.lock")
 
 
 def test_the_strict_check_refuses_unpinned_inputs_naming_each_path_and_the_command_that_pins_it(dvc_repo):
@@ -159,18 +157,21 @@ def test_the_strict_check_refuses_unpinned_inputs_naming_each_path_and_the_comma
     stray.write_text("{}\n")
     lock = dvc_repo / "dvc.lock"
     with pytest.raises(Unpinned) as error:
-        require_pins([dvc_repo / "out/rows.jsonl", stray], lock)
+        check_pins({"data": dvc_repo / "out/rows.jsonl", "eval_data": stray}, lock, require=True)
     message = str(error.value)
     assert f"{stray}: not pinned; pin it with `dvc add stray.jsonl`" in message
     assert "out/rows.jsonl" not in message and "--allow-unpinned" in message
     # The ad-hoc check lets the user's own file through, and says which input was pinned.
-    assert verify_inputs([dvc_repo / "out/rows.jsonl", stray], lock) == {
+    assert check_pins({"data": dvc_repo / "out/rows.jsonl", "eval_data": stray}, lock).pins == {
         "out/rows.jsonl": current_md5(stray.parent / "out/rows.jsonl")
     }
-    assert pin_status({"data": stray, "base": dvc_repo / "out/model"}, lock) == {
+    checked = check_pins({"data": stray, "base": dvc_repo / "out/model"}, lock)
+    assert checked.inputs == {
         "data": {"path": str(stray), "pinned": False},
         "base": {"path": str(dvc_repo / "out/model"), "pinned": True},
     }
+    assert checked.unpinned == [str(stray)]
+    assert checked.tags() == {"data_pinned": "false", "base_pinned": "true"}
 
 
 def test_without_dvc_lock_the_strict_check_names_the_lock_and_a_stage_output_gets_dvc_repro(
@@ -180,7 +181,7 @@ def test_without_dvc_lock_the_strict_check_names_the_lock_and_a_stage_output_get
     shutil.copytree(dvc_repo, repo)
     (repo / "dvc.lock").unlink()
     with pytest.raises(Unpinned) as error:
-        require_pins([repo / "out/rows.jsonl", repo / "own.csv"], repo / "dvc.lock")
+        check_pins({"data": repo / "out/rows.jsonl", "base": repo / "own.csv"}, repo / "dvc.lock", require=True)
     message = str(error.value)
     assert "dvc.lock is missing" in message
     assert f"{repo / 'out/rows.jsonl'}: not pinned; pin it with `dvc repro build`" in message
@@ -188,4 +189,4 @@ def test_without_dvc_lock_the_strict_check_names_the_lock_and_a_stage_output_get
     elsewhere = tmp_path / "elsewhere.jsonl"
     elsewhere.write_text("{}\n")
     with pytest.raises(Unpinned, match=r"elsewhere\.jsonl: outside .*, where DVC cannot pin it"):
-        require_pins([elsewhere], repo / "dvc.lock")
+        check_pins({"data": elsewhere}, repo / "dvc.lock", require=True)

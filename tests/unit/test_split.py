@@ -13,7 +13,8 @@ from pipeline.config import ValidateConfig
 from pipeline.data import synthetic
 from pipeline.data.split import hash_position, split_holdout
 from pipeline.data.validate import validate_file, validate_rows
-from pipeline.mlops.tracking import TrainingRecord, run_metrics
+from pipeline.stages.track import run_metrics
+from tests.results import run_result, validation
 
 
 def _ids(records):
@@ -206,11 +207,7 @@ def test_a_decision_file_of_any_format_carries_its_group_column(tmp_path):
 def test_the_split_s_group_counts_go_to_mlflow_with_the_run():
     rows = _grouped(synthetic.generate_rows(400, seed=14), groups=40)
     split = split_holdout(validate_rows(rows).records, ValidateConfig())
-    figures = {"decisions": 1, "base": {}, "tuned": {}, "calibrated": {}}
-    record = TrainingRecord("key", {}, {"train_seconds": 1.0, "s_per_step": 1.0, "steps": 1},
-                            {"heldout": figures, "temperatures": {}}, {"split": split.summary()}, "rows.jsonl", "md5",
-                            "export", "run")  # fmt: skip
-    metrics = run_metrics(record)
+    metrics = run_metrics(run_result(validation=replace(validation(), split=split.summary())))
     assert {k: metrics[k] for k in ("train_groups", "validation_groups", "heldout_groups")} == {
         side: float(len(groups)) for side, groups in
         (("train_groups", _sides(split)["train"]), ("validation_groups", _sides(split)["validation"]),

@@ -11,8 +11,9 @@ import yaml
 from optuna.trial import TrialState
 
 from pipeline.cli.main import build_parser
-from pipeline.cli.sweep import sweep_arguments
+from pipeline.cli.sweep import sweep_parameters
 from pipeline.config import ConfigError, Params
+from pipeline.rundir import RunBusy, RunFolder
 from pipeline.sweep import report, study
 from pipeline.sweep.space import apply, load_space
 
@@ -151,10 +152,11 @@ def test_a_diverged_trial_gets_the_worst_value_so_it_is_never_best(tmp_path):
 
 
 def test_one_process_drives_a_sweep_at_a_time(tmp_path):
-    with study.SweepLock(tmp_path), pytest.raises(study.SweepBusy, match="another process"):  # noqa: SIM117
-        with study.SweepLock(tmp_path):  # a second driver, while the first holds it
-            pass
-    with study.SweepLock(tmp_path):  # released
+    sweep = RunFolder(tmp_path)
+    busy = r"another process is running this sweep \(.*sweep.lock is locked\)"
+    with sweep.driven("sweep"), pytest.raises(RunBusy, match=busy), sweep.driven("sweep"):
+        pass  # a second driver, while the first holds it
+    with sweep.driven("sweep"):  # released
         pass
 
 
@@ -212,8 +214,9 @@ def test_decision_sweep_passes_its_options_to_the_flow():
     args = build_parser().parse_args(
         ["sweep", "--space", "s.yaml", "--trials", "5", "--repeat-best", "3", "--json"]
     )
-    assert sweep_arguments(args) == ["--space", "s.yaml", "--params", "params.yaml", "--trials", "5",
-                                     "--repeat-best", "3", "--json"]  # fmt: skip
+    assert sweep_parameters(args) == {"space_file": "s.yaml", "params_file": "params.yaml", "run_config": None,
+                                      "trials": 5, "minutes": None, "parallel": None, "repeat_best": 3,
+                                      "storage": None, "allow_unpinned": False}  # fmt: skip
 
 
 def test_the_first_trial_is_params_yamls_own_settings_where_the_space_holds_them(tmp_path):

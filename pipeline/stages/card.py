@@ -1,8 +1,8 @@
 """The model card of a registered version: what it was trained on and how, what it answers, how well on the held-out
 rows (with intervals), how its calibration was fitted, and what it cannot do. Markdown, built from what the run
-logged (`tracking.TrainingRecord`) and its run folder; the version's description and the run's `model_card.md`.
+logged (`stages.result.RunResult`) and its run folder; the version's description and the run's `model_card.md`.
 
-    card = model_card(record, "decision-model", "7")
+    card = model_card(result, "decision-model", "7")
     attach_model_card("decision-model", "7", run_id, card)
 """
 
@@ -14,20 +14,29 @@ from typing import Any
 
 from pipeline.data.contract import QUESTION_TYPES
 from pipeline.mlops.registry import client
-from pipeline.mlops.tracking import MODELS, TrainingRecord
+from pipeline.mlops.tracking import MODELS
 from pipeline.rundir import RunFolder
 from pipeline.scoring.heldout import load_heldout
+from pipeline.stages.result import RunResult
 
 CARD_FILE = "model_card.md"
 
 
-def model_card(record: TrainingRecord, name: str, version: str) -> str:
-    """The card as Markdown (sections: data, training, questions, held-out figures, calibration, warnings and
-    limits, provenance)."""
-    run = RunFolder(record.run_dir)
+def model_card(result: RunResult, name: str, version: str) -> str:
+    """The card of a tracked, calibrated run as Markdown (sections: data, training, questions, held-out figures,
+    calibration, warnings and limits, provenance)."""
+    run = RunFolder(result.run_dir)
     report = json.loads(run.calibration_report.read_text()) if run.calibration_report.exists() else {}
-    sections = [f"# {name} version {version}", _data(record), _training(record), _questions(run, report),
-                _figures(record, report), _calibration(record), _limits(record), _provenance(record)]  # fmt: skip
+    sections = [
+        f"# {name} version {version}",
+        _data(result),
+        _training(result),
+        _questions(run, report),
+        _figures(result, report),
+        _calibration(result),
+        _limits(result),
+        _provenance(result),
+    ]
     return "\n\n".join(sections) + "\n"
 
 
@@ -37,26 +46,29 @@ def attach_model_card(name: str, version: str, run_id: str, card: str) -> None:
     client().log_text(run_id, card, CARD_FILE)
 
 
-def _data(record: TrainingRecord) -> str:
-    split, validation = record.validation.get("split", {}), record.validation
-    skipped = ", ".join(f"{reason} {n:,}" for reason, n in validation.get("skipped", {}).items()) or "none"
+def _data(result: RunResult) -> str:
+    split, report = result.validation.split, result.validation.report
+    skipped = ", ".join(f"{reason} {n:,}" for reason, n in report.skipped.items()) or "none"
     return "\n".join([
         "## Data",
-        f"- source: `{record.data}`, revision (md5) `{record.data_md5}`",
-        f"- {validation.get('rows', 0):,} rows, {validation.get('decisions', 0):,} decisions; skipped: {skipped}",
+        f"- source: `{result.tracked.data}`, revision (md5) `{result.tracked.data_md5}`",
+        f"- {report.rows:,} rows, {report.decisions:,} decisions; skipped: {skipped}",
         f"- trained on {split.get('train_rows', 0):,} rows ({split.get('train_decisions', 0):,} decisions); "
         f"validation split {split.get('validation_rows', 0):,} rows ({split.get('validation_decisions', 0):,}); "
         f"held out {split.get('heldout_rows', 0):,} rows ({split.get('heldout_decisions', 0):,})",
     ])  # fmt: skip
 
 
-def _training(record: TrainingRecord) -> str:
-    train, base = record.train, record.tags.get("base", record.params.get("retrain", {}).get("base", "?"))
-    lines = ["## Training",
-             f"- base: `{base}` (md5 `{record.tags.get('base_md5', '?')}`)",
-             f"- family `{train.get('family')}`, method `{train.get('method')}`; {train.get('steps', 0):,} steps "
-             f"({train.get('budget', '')}), precision {train.get('precision', '?')}"]  # fmt: skip
-    stopping = train.get("early_stopping") or {}
+def _training(result: RunResult) -> str:
+    train, tags = result.train, result.tracked.tags
+    base = tags.get("base", result.tracked.params.get("retrain", {}).get("base", "?"))
+    lines = [
+        "## Training",
+        f"- base: `{base}` (md5 `{tags.get('base_md5', '?')}`)",
+        f"- family `{train.family}`, method `{train.method}`; {train.steps:,} steps ({train.budget}), "
+        f"precision {train.precision}",
+    ]
+    stopping = train.early_stopping or {}
     if stopping.get("checks") and stopping.get("patience") is not None:
         lines.append(f"- early stopping: ended at step {stopping['ended_at']:,}, kept the best check's weights "
                      f"(step {stopping['best_step']:,}, validation loss {stopping['best_loss']:.4f})")  # fmt: skip
@@ -82,8 +94,8 @@ def _questions(run: RunFolder, report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def _figures(record: TrainingRecord, report: dict[str, Any]) -> str:
-    heldout = record.calibration.get("heldout", {})
+def _figures(result: RunResult, report: dict[str, Any]) -> str:
+    heldout = result.heldout
     lines = ["## Held-out figures",
              f"{heldout.get('decisions', 0):,} held-out decisions; intervals are 95% record bootstraps; the calibrator's "
              "fit is under Calibration.",
@@ -114,9 +126,9 @@ def _interval(figures: dict[str, float], name: str) -> str:
     return f"{figures[name]:.4f} [{figures[f'{name}_low']:.4f}, {figures[f'{name}_high']:.4f}]"
 
 
-def _calibration(record: TrainingRecord) -> str:
-    calibrator = record.calibration.get("calibrator", {})
-    temperatures = ", ".join(f"{t} {v:.3f}" for t, v in record.calibration.get("temperatures", {}).items())
+def _calibration(result: RunResult) -> str:
+    calibrator = result.calibration.calibrator
+    temperatures = ", ".join(f"{t} {v:.3f}" for t, v in result.calibration.temperatures.items())
     intervals = ", ".join(f"{t} {s['temperature']:.2f} [{s['low']:.2f}, {s['high']:.2f}] ({s['decisions']:,} decisions)"
                           for t, s in calibrator.get("temperature_intervals", {}).items())  # fmt: skip
     return "\n".join([
@@ -128,17 +140,18 @@ def _calibration(record: TrainingRecord) -> str:
     ])  # fmt: skip
 
 
-def _limits(record: TrainingRecord) -> str:
-    train = record.train
+def _limits(result: RunResult) -> str:
+    train = result.train
     lines = ["## Warnings and known limits"]
-    lines += [f"- {warning}" for warning in train.get("warnings", [])] or [
+    lines += [f"- {warning}" for warning in train.warnings] or [
         "- no question failed the learning check (better than the base and the class prior)"
     ]
-    states = train.get("states") or {}
+    states = train.states
     if states:
-        lines.append(f"- states: {states.get('rows_truncated', 0):,} of {states.get('rows', 0):,} rows longer than "
-                     f"the model reads ({states.get('tokens_dropped', 0):,} tokens dropped); the longest is "
-                     f"{states.get('longest_tokens', 0):,} tokens")  # fmt: skip
+        lines.append(
+            f"- states: {states.rows_truncated:,} of {states.rows:,} rows longer than the model reads "
+            f"({states.tokens_dropped:,} tokens dropped); the longest is {states.longest_tokens:,} tokens"
+        )
     lines.append(
         "- figures hold for rows drawn like the held-out split; other data, other questions and other "
         "option sets need their own measurement"
@@ -146,12 +159,13 @@ def _limits(record: TrainingRecord) -> str:
     return "\n".join(lines)
 
 
-def _provenance(record: TrainingRecord) -> str:
+def _provenance(result: RunResult) -> str:
+    tracked = result.tracked
     return "\n".join([
         "## Provenance",
-        f"- MLflow run `{record.run_name or record.key[:16]}` (idempotency key `{record.key[:16]}`), git commit "
-        f"`{record.tags.get('git_commit', '?')}`, run folder `{Path(record.run_dir)}`",
-        _origin(record.tags),
+        f"- MLflow run `{tracked.run_name or tracked.key[:16]}` (idempotency key `{tracked.key[:16]}`), git commit "
+        f"`{tracked.tags.get('git_commit', '?')}`, run folder `{Path(result.run_dir)}`",
+        _origin(tracked.tags),
     ])  # fmt: skip
 
 

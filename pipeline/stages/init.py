@@ -26,7 +26,7 @@ import yaml
 
 from pipeline.config import RUN_CONFIGS_DIR, ConfigError, RetrainConfig, load_params
 from pipeline.data.facts import announced
-from pipeline.data.mapping import YamlFileError, load_mapping, load_yaml_file
+from pipeline.data.mapping import load_mapping
 from pipeline.data.pins import PinMismatch, pin_command, verify_pins
 from pipeline.data.read import iter_tables
 from pipeline.data.sources import HUB_PREFIX, is_glob, matched_files, pin_path
@@ -35,6 +35,7 @@ from pipeline.data.validate import validate_file
 from pipeline.families import pick_family
 from pipeline.lineage import uncommitted
 from pipeline.stages.snapshot import pin_folder, run_dvc, snapshot_base
+from pipeline.yaml_files import YamlFileError, load_yaml_file
 
 OWN_DATA_DIR = Path("data/own")
 SNAPSHOTS_DIR = Path("data/snapshots")

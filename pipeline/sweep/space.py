@@ -25,7 +25,7 @@ from typing import Any
 import optuna
 
 from pipeline.config import ConfigError, Params, section_config
-from pipeline.data.mapping import YamlFileError, load_yaml_file
+from pipeline.yaml_files import YamlFileError, load_yaml_file
 
 OBJECTIVES = {"validation_nll": "minimize", "validation_accuracy": "maximize"}
 SWEPT_SECTION = "train"

@@ -128,9 +128,19 @@ def init_run(data: str, base: str | None = None, name: str | None = None,
     config = _write_run_config(config_file, name, merged)
     written = [config.relative_to(root).as_posix(), _mapping_copy(root, name).relative_to(root).as_posix(),
                *_pin_files(pinned.relative_to(root).as_posix()), *_pin_files(rel_base), "dvc.lock"]  # fmt: skip
-    return InitResult(name, config.relative_to(root).as_posix(), data_text, data_md5, previous, rel_base, base_md5,
-                      copied, updated=bool(existing), to_commit=tuple(uncommitted(written, root)),
-                      mapping_dropped=mapping_dropped)  # fmt: skip
+    return InitResult(
+        name=name,
+        run_config=config.relative_to(root).as_posix(),
+        data=data_text,
+        data_md5=data_md5,
+        previous_data_md5=previous,
+        base=rel_base,
+        base_md5=base_md5,
+        copied=copied,
+        updated=bool(existing),
+        to_commit=tuple(uncommitted(written, root)),
+        mapping_dropped=mapping_dropped,
+    )
 
 
 def _pin_files(rel: str) -> list[str]:

@@ -107,8 +107,16 @@ def predict_stage(model: str, data: str | Path, out: str | Path, batch_size: int
             failed, rows = _write_scores(scorer, _chained(first, chunks), out, name, bar, report)
     seconds = time.perf_counter() - loaded
     scored = rows - sum(failed.values())
-    return PredictResult(str(out), name, served.family.name, rows, scored, dict(sorted(failed.items())),
-                         round(seconds, 3), round(loaded - started, 3))  # fmt: skip
+    return PredictResult(
+        out=str(out),
+        model=name,
+        family=served.family.name,
+        rows=rows,
+        scored=scored,
+        failed=dict(sorted(failed.items())),
+        seconds=round(seconds, 3),
+        load_seconds=round(loaded - started, 3),
+    )
 
 
 def mapped_tables(

@@ -46,8 +46,13 @@ from pipeline.families.laya.predict import (  # noqa: E402
     request_items,
 )
 from pipeline.families.laya_layout import load_model  # noqa: E402
-from pipeline.families.onnx_encoder import ONNX_FILE, OnnxEncoder, export_encoder, onnxruntime_missing  # noqa: E402
-from pipeline.families.openvino_encoder import OpenVinoEncoder, openvino_missing  # noqa: E402
+from pipeline.families.runtimes.onnx_encoder import (  # noqa: E402
+    ONNX_FILE,
+    OnnxEncoder,
+    export_encoder,
+    onnxruntime_missing,
+)
+from pipeline.families.runtimes.openvino_encoder import OpenVinoEncoder, openvino_missing  # noqa: E402
 
 
 def batches_of_requests(loaded, bodies: list[dict], concurrency: int) -> list[list]:

@@ -40,9 +40,19 @@ def writer_cost(bodies: list[dict], answers: list[dict], n: int = 5000) -> dict:
 
     with tempfile.TemporaryDirectory() as folder:
         log = InferenceLog(LogConfig(folder, max_queue=n))
-        entries = [Served(f"{i:032x}", "decision-model/1", "1", "alice", bodies[i % len(bodies)]["state"],
-                          bodies[i % len(bodies)]["questions"], answers[i % len(answers)], 60.0)
-                   for i in range(n)]  # fmt: skip
+        entries = [
+            Served(
+                decision_id=f"{i:032x}",
+                model="decision-model/1",
+                model_version="1",
+                owner="alice",
+                state=bodies[i % len(bodies)]["state"],
+                questions=bodies[i % len(bodies)]["questions"],
+                answers=answers[i % len(answers)],
+                latency_ms=60.0,
+            )
+            for i in range(n)
+        ]
         started = time.perf_counter()
         for entry in entries:
             log.record(entry)

@@ -32,8 +32,8 @@ from bench_serve import build_requests  # noqa: E402  (a sibling script)
 
 from pipeline.data.answers import parse_request  # noqa: E402
 from pipeline.families import load_decision_model  # noqa: E402
-from pipeline.families.backends import choose_backend  # noqa: E402
 from pipeline.families.joint.token_cache import TokenCache  # noqa: E402
+from pipeline.families.runtimes.backends import choose_backend  # noqa: E402
 
 BATCH = 8  # requests per answer call: the server's batch at concurrency 8
 

@@ -17,8 +17,9 @@ from typing import Annotated, Any, TypeVar, Union, dataclass_transform, get_args
 import pydantic
 from pydantic import ConfigDict, Strict
 
-from pipeline.data.mapping import MappingError, YamlFileError, load_yaml_file, mapping_from_dict
+from pipeline.data.mapping import MappingError, mapping_from_dict
 from pipeline.layer_plans import plan_spec_problems
+from pipeline.yaml_files import YamlFileError, load_yaml_file
 
 PARAMS_FILE = Path("params.yaml")
 

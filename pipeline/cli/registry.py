@@ -17,7 +17,7 @@ from pipeline.cli.retrain import OWNER_HELP
 EXIT_OK, EXIT_REFUSED, EXIT_BAD_INPUT = 0, 1, 2
 
 
-def export_folder(text: str) -> str:
+def complete_export_argument(text: str) -> str:
     """`--export`: a folder some family wrote completely, checked before any MLflow run is made."""
     from pipeline.families import is_complete_export
 
@@ -133,7 +133,7 @@ def add_registry_commands(commands) -> None:
     name_help = "registered model name (default: decision-model)"
     register = commands.add_parser("register", help="register an export folder as a new model version",
                                    description="Log EXPORT as an MLflow pyfunc model and register it; prints the version.")  # fmt: skip
-    register.add_argument("--export", required=True, type=export_folder,
+    register.add_argument("--export", required=True, type=complete_export_argument,
                           help="an export folder (decision export / finetune)")  # fmt: skip
     register.add_argument("--name", default="decision-model", type=model_name, help=name_help)
     register.add_argument("--owner", help=OWNER_HELP)

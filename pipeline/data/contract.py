@@ -226,17 +226,41 @@ def parse_questions(cell: Any) -> ParsedQuestions:
 def parse_question(qid: str, spec: Any) -> QuestionSpec:
     """One question definition to its spec: shape, type, options in model order, size."""
     if not isinstance(spec, dict) or not isinstance(spec.get("instructions", ""), (str, type(None))):
-        return QuestionSpec(qid, False, None, False, 0, 0, 0, None, None)
+        return _unaskable_spec(qid, question_ok=False, shown_type=None)
     qtype = spec.get("type")
     shown_type = qtype if isinstance(qtype, str) else repr(qtype)
     options, descriptions = _options(qtype, spec.get("criteria")) if qtype in QUESTION_TYPES else (None, [])
     if options is None:
-        return QuestionSpec(qid, True, shown_type, False, 0, 0, 0, None, None)
+        return _unaskable_spec(qid, question_ok=True, shown_type=shown_type)
     instructions = spec.get("instructions") or ""
     question = Question(qid, qtype, instructions, tuple(options), tuple(descriptions))
     index = {option: i for i, option in enumerate(options)}
     return QuestionSpec(
-        qid, True, qtype, True, len(options), len(index), question_chars(question), question, index
+        id=qid,
+        question_ok=True,
+        type=qtype,
+        criteria_ok=True,
+        n_options=len(options),
+        n_distinct=len(index),
+        chars=question_chars(question),
+        question=question,
+        option_index=index,
+    )
+
+
+def _unaskable_spec(qid: str, question_ok: bool, shown_type: str | None) -> QuestionSpec:
+    """The spec of a question that cannot be asked (a definition of the wrong shape, or a type or criteria that
+    give no options): no question, nothing to count."""
+    return QuestionSpec(
+        id=qid,
+        question_ok=question_ok,
+        type=shown_type,
+        criteria_ok=False,
+        n_options=0,
+        n_distinct=0,
+        chars=0,
+        question=None,
+        option_index=None,
     )
 
 

@@ -23,7 +23,6 @@ from typing import Any, NamedTuple
 
 import orjson
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from pipeline.data.shards import (
     DECISION_COLUMNS,
@@ -361,25 +360,3 @@ def table_cells(table: pa.Table, names: Sequence[str]) -> tuple[dict[str, list[A
     found = tuple(table.column_names)
     return {n: column_values(table, n) for n in names if n in found}, found
 
-
-def write_slice(source: str | Path, row_slice: RowSlice, out_dir: str | Path) -> Path:
-    """The rows of `row_slice` as a file of their own (the same format family), taken on the Arrow table.
-
-    No slice of a one-file source means the file itself. JSONL lines are copied as they are; everything else
-    becomes Parquet. The flow's later stages read the slice file, so only its rows are ever read again.
-    """
-    opened = open_readable(source)
-    if row_slice == RowSlice() and opened.kind == "file":
-        return opened.shards[0].path
-    table, _ = read_slice(opened, row_slice)
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    if LINE_COLUMN in table.column_names:
-        out = out_dir / f"slice-{row_slice.start}-{row_slice.end}.jsonl"
-        with out.open("w", encoding="utf-8") as handle:
-            for line in table.column(LINE_COLUMN).to_pylist():  # only the slice's lines become Python
-                handle.write(line + "\n")
-        return out
-    out = out_dir / f"slice-{row_slice.start}-{row_slice.end}.parquet"
-    pq.write_table(table, out)
-    return out

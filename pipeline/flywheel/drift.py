@@ -211,8 +211,17 @@ def drift_report(current: pd.DataFrame, reference: pd.DataFrame, drift_share: fl
     compared = [c for c in current.columns if current[c].notna().any() and reference[c].notna().any()]
     snapshot = _run_evidently(current[compared], reference[compared], drift_share, html)
     share, breached, columns = _read_snapshot(snapshot.dict())
-    return DriftResult(share, drift_share, breached, columns, tuple(c for c in current.columns if c not in compared),
-                       len(current), len(reference), accuracy, None if html is None else str(html))  # fmt: skip
+    return DriftResult(
+        share=share,
+        threshold=drift_share,
+        breached=breached,
+        columns=columns,
+        not_compared=tuple(c for c in current.columns if c not in compared),
+        window_decisions=len(current),
+        reference_decisions=len(reference),
+        accuracy=accuracy,
+        html=None if html is None else str(html),
+    )
 
 
 def _run_evidently(current: pd.DataFrame, reference: pd.DataFrame, drift_share: float, html: Path | None):

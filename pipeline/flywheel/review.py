@@ -126,9 +126,18 @@ def _item(answer: _Answer, threshold: float | None) -> ReviewItem:
     p, options = answer.probabilities, answer.spec.question.options
     top2 = np.sort(p)[-2:] if len(p) > 1 else np.array([0.0, p[0]])
     set_size = None if threshold is None else len(prediction_set(p, threshold))
-    return ReviewItem(answer.row["decision_id"], answer.qid, answer.row["model"], answer.row["time"].isoformat(),
-                      answer.state, list(options), options[int(p.argmax())], float(top2[1] - top2[0]), _entropy(p),
-                      set_size)  # fmt: skip
+    return ReviewItem(
+        decision_id=answer.row["decision_id"],
+        question=answer.qid,
+        model=answer.row["model"],
+        time=answer.row["time"].isoformat(),
+        state=answer.state,
+        options=list(options),
+        answer=options[int(p.argmax())],
+        margin=float(top2[1] - top2[0]),
+        entropy=_entropy(p),
+        set_size=set_size,
+    )
 
 
 def _threshold(answered: list[_Answer], labelled: dict[tuple[str, str], str], alpha: float) -> float | None:

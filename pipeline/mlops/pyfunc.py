@@ -8,9 +8,9 @@ same answers as the Decision API (the same parsing, forward pass, temperatures a
 
 `questions` (and a `state` that is a JSON object or list) may also be sent as JSON text.
 
-The encoder runs where `decision serve --backend` would run it (`pipeline.families.backends`): the model config's
-`backend` (logged as `auto`; `mlflow.pyfunc.load_model(uri, model_config={"backend": "torch"})` overrides it),
-with the graph the export carries, and torch where no runtime passes.
+The encoder runs where `decision serve --backend` would run it (`pipeline.families.runtimes.backends`): the
+model config's `backend` (logged as `auto`; `mlflow.pyfunc.load_model(uri, model_config={"backend": "torch"})`
+overrides it), with the graph the export carries, and torch where no runtime passes.
 """
 
 from __future__ import annotations
@@ -26,8 +26,8 @@ import pandas as pd
 from pipeline.data.answers import parse_request
 from pipeline.data.contract import parse_json_cell, parse_state
 from pipeline.families import load_decision_model
-from pipeline.families.backends import BackendChoice, choose_backend
-from pipeline.families.onnx_encoder import ONNX_FILE
+from pipeline.families.runtimes.backends import BackendChoice, choose_backend
+from pipeline.families.runtimes.onnx_encoder import ONNX_FILE
 
 EXPORT_ARTIFACT = "decision_model"
 MODEL_CONFIG = {

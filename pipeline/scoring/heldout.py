@@ -60,11 +60,19 @@ def load_heldout(path: str | Path) -> HeldOut:
     widths, question_ids = data["widths"], json.loads(str(data["question_id"]))
     # A file written before groups were saved has none: every row its own (-1).
     groups = data["group"] if "group" in data else np.full(len(widths), -1)
+    saved = (widths, data["qtype"], data["target"], data["label"], data["record"], question_ids, data["soft"])
     items = [
-        ScoredDecision(int(q), int(label), int(record), qid, tuple(float(x) for x in t[:w]), bool(soft), int(group))
-        for w, q, t, label, record, qid, soft, group in zip(widths, data["qtype"], data["target"], data["label"],
-                                                            data["record"], question_ids, data["soft"], groups)
-    ]  # fmt: skip
+        ScoredDecision(
+            qtype=int(q),
+            label=int(label),
+            record=int(record),
+            question_id=qid,
+            target=tuple(float(x) for x in t[:w]),
+            soft=bool(soft),
+            group=int(group),
+        )
+        for w, q, t, label, record, qid, soft, group in zip(*saved, groups)
+    ]
     options = {q: tuple(o) for q, o in json.loads(str(data["options"])).items()}
     base = [r[:w] for r, w in zip(data["base"], widths)] if "base" in data else None
     return HeldOut(items, base, [r[:w] for r, w in zip(data["tuned"], widths)], options)

@@ -48,8 +48,16 @@ def paired_comparison(champion: Scored, challenger: Scored, confidence: float = 
         champion, challenger, "champion and challenger share no held-out decision"
     )
     low = _gain_bound(nll[:, 0] - nll[:, 1], record_of, confidence, resamples, seed)
-    return PairedComparison(len(nll), float(nll[:, 0].mean()), float(nll[:, 1].mean()), float(right[:, 0].mean()),
-                            float(right[:, 1].mean()), float((nll[:, 0] - nll[:, 1]).mean()), low, confidence)  # fmt: skip
+    return PairedComparison(
+        decisions=len(nll),
+        champion_nll=float(nll[:, 0].mean()),
+        challenger_nll=float(nll[:, 1].mean()),
+        champion_accuracy=float(right[:, 0].mean()),
+        challenger_accuracy=float(right[:, 1].mean()),
+        nll_gain=float((nll[:, 0] - nll[:, 1]).mean()),
+        nll_gain_low=low,
+        confidence=confidence,
+    )
 
 
 def _matched(
@@ -148,13 +156,25 @@ def per_question_differences(a: Scored, b: Scored, confidence: float = 0.95, res
 
 def _difference(name: str, chosen: np.ndarray, nll: np.ndarray, right: np.ndarray, record_of: np.ndarray,
                 draws: np.ndarray, confidence: float) -> QuestionDifference:  # fmt: skip
-    accuracy_gain = _interval(right[chosen, 1] - right[chosen, 0], record_of[chosen], draws, confidence)
-    nll_gain = _interval(nll[chosen, 0] - nll[chosen, 1], record_of[chosen], draws, confidence)
-    return QuestionDifference(name, int(chosen.sum()), float(right[chosen, 0].mean()), float(right[chosen, 1].mean()),
-                              float((right[chosen, 1] - right[chosen, 0]).mean()), *accuracy_gain,
-                              float(nll[chosen, 0].mean()), float(nll[chosen, 1].mean()),
-                              float((nll[chosen, 0] - nll[chosen, 1]).mean()), *nll_gain,
-                              len(np.unique(record_of[chosen])))  # fmt: skip
+    accuracy_low, accuracy_high = _interval(
+        right[chosen, 1] - right[chosen, 0], record_of[chosen], draws, confidence
+    )
+    nll_low, nll_high = _interval(nll[chosen, 0] - nll[chosen, 1], record_of[chosen], draws, confidence)
+    return QuestionDifference(
+        question=name,
+        decisions=int(chosen.sum()),
+        accuracy_a=float(right[chosen, 0].mean()),
+        accuracy_b=float(right[chosen, 1].mean()),
+        accuracy_gain=float((right[chosen, 1] - right[chosen, 0]).mean()),
+        accuracy_gain_low=accuracy_low,
+        accuracy_gain_high=accuracy_high,
+        nll_a=float(nll[chosen, 0].mean()),
+        nll_b=float(nll[chosen, 1].mean()),
+        nll_gain=float((nll[chosen, 0] - nll[chosen, 1]).mean()),
+        nll_gain_low=nll_low,
+        nll_gain_high=nll_high,
+        records=len(np.unique(record_of[chosen])),
+    )
 
 
 def _interval(

@@ -32,10 +32,10 @@ import torch
 from pipeline.data.answers import answer_probabilities, parse_request
 from pipeline.data.contract import canonical_json
 from pipeline.families import list_models, load_decision_model, written_last
-from pipeline.families.backends import BackendChoice, choose_backend
 from pipeline.families.base import DecisionModel
 from pipeline.families.exporting import read_manifest
-from pipeline.families.onnx_encoder import ONNX_FILE
+from pipeline.families.runtimes.backends import BackendChoice, choose_backend
+from pipeline.families.runtimes.onnx_encoder import ONNX_FILE
 from pipeline.mlops.registry import alias_version, client, download_version, parse_alias_uri
 
 log = logging.getLogger("decision.serve")

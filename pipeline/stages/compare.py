@@ -92,5 +92,13 @@ def compare_models(a: str, b: str, data: str | Path, split: ValidateConfig = Val
         scored.append((decisions, probabilities))
         names.append(name)
     differences = per_question_differences(scored[0], scored[1], confidence)
-    return Comparison(a, b, str(data), "all" if all_rows else "held-out", len(records), confidence, differences,
-                      (names[0], names[1]))  # fmt: skip
+    return Comparison(
+        a=a,
+        b=b,
+        data=str(data),
+        rows="all" if all_rows else "held-out",
+        records=len(records),
+        confidence=confidence,
+        questions=differences,
+        served_as=(names[0], names[1]),
+    )

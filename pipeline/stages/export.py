@@ -19,7 +19,7 @@ from pipeline.data.pins import current_md5
 from pipeline.families import is_complete_export, load_decision_model, pick_family, resolve_training
 from pipeline.families.base import BadBase, ExportResult
 from pipeline.families.exporting import MANIFEST, read_manifest
-from pipeline.families.onnx_encoder import ONNX_FILE, export_encoder, onnxruntime_missing
+from pipeline.families.runtimes.onnx_encoder import ONNX_FILE, export_encoder, onnxruntime_missing
 from pipeline.lineage import MAPPING_OPTIONS, export_manifest, options_of
 from pipeline.rundir import RunFolder
 from pipeline.scoring.calibrators import Calibrator

@@ -26,7 +26,7 @@ import yaml
 
 from pipeline.config import RUN_CONFIGS_DIR, ConfigError, RetrainConfig, load_params
 from pipeline.data.facts import announced
-from pipeline.data.mapping import YamlFileError, load_mapping, load_yaml_file
+from pipeline.data.mapping import load_mapping
 from pipeline.data.pins import LOCK_FILE, PinMismatch, check_pins, pin_command
 from pipeline.data.read import iter_tables
 from pipeline.data.sources import HUB_PREFIX, is_glob, matched_files, pin_path
@@ -35,6 +35,7 @@ from pipeline.data.validate import validate_file
 from pipeline.families import pick_family
 from pipeline.lineage import uncommitted
 from pipeline.stages.snapshot import pin_folder, run_dvc, snapshot_base
+from pipeline.yaml_files import YamlFileError, load_yaml_file
 
 OWN_DATA_DIR = Path("data/own")
 SNAPSHOTS_DIR = Path("data/snapshots")
@@ -127,9 +128,19 @@ def init_run(data: str, base: str | None = None, name: str | None = None,
     config = _write_run_config(config_file, name, merged)
     written = [config.relative_to(root).as_posix(), _mapping_copy(root, name).relative_to(root).as_posix(),
                *_pin_files(pinned.relative_to(root).as_posix()), *_pin_files(rel_base), "dvc.lock"]  # fmt: skip
-    return InitResult(name, config.relative_to(root).as_posix(), data_text, data_md5, previous, rel_base, base_md5,
-                      copied, updated=bool(existing), to_commit=tuple(uncommitted(written, root)),
-                      mapping_dropped=mapping_dropped)  # fmt: skip
+    return InitResult(
+        name=name,
+        run_config=config.relative_to(root).as_posix(),
+        data=data_text,
+        data_md5=data_md5,
+        previous_data_md5=previous,
+        base=rel_base,
+        base_md5=base_md5,
+        copied=copied,
+        updated=bool(existing),
+        to_commit=tuple(uncommitted(written, root)),
+        mapping_dropped=mapping_dropped,
+    )
 
 
 def _pin_files(rel: str) -> list[str]:

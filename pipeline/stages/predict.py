@@ -94,7 +94,7 @@ def predict_stage(model: str, data: str | Path, out: str | Path, batch_size: int
     out, device = Path(out), pick_device(device)
     dtype = serving_dtype(precision, device)
     mapping = keyed_by_index_without_id(mapping, data, report)
-    chunks = iter_tables(data, rows_per_chunk, mapping)
+    chunks = mapped_tables(data, rows_per_chunk, mapping)
     first = next(chunks)  # the source is read and checked before the model loads
     started = time.perf_counter()
     with model_folder(model) as (name, folder):
@@ -108,11 +108,19 @@ def predict_stage(model: str, data: str | Path, out: str | Path, batch_size: int
             failed, rows = _write_scores(scorer, _chained(first, chunks), out, name, bar, report)
     seconds = time.perf_counter() - loaded
     scored = rows - sum(failed.values())
-    return PredictResult(str(out), name, served.family.name, rows, scored, dict(sorted(failed.items())),
-                         round(seconds, 3), round(loaded - started, 3))  # fmt: skip
+    return PredictResult(
+        out=str(out),
+        model=name,
+        family=served.family.name,
+        rows=rows,
+        scored=scored,
+        failed=dict(sorted(failed.items())),
+        seconds=round(seconds, 3),
+        load_seconds=round(loaded - started, 3),
+    )
 
 
-def iter_tables(
+def mapped_tables(
     source: str | Path, rows_per_batch: int, mapping: Mapping | None = None
 ) -> Iterator[pa.Table]:
     """The source's rows (any source `read` reads) as Arrow tables of at most `rows_per_batch` rows, in order,
@@ -144,7 +152,7 @@ def keyed_by_index_without_id(
 
 def _columns(source: Source) -> tuple[str, ...]:
     """A source's column names (a JSONL source: the keys its first rows use; none where it has no row, which
-    `iter_tables` then refuses)."""
+    `mapped_tables` then refuses)."""
     if source.fmt != "jsonl":
         return tuple(source.schema().names)
     first = next(read.iter_tables(source, 1024), None)
@@ -185,7 +193,7 @@ def check_inputs(model: str, data: str | Path, mapping: Mapping | None = None) -
     """What `predict_stage` checks before a model loads, alone and cheaply (a flow's caller checks them before a
     flow run starts): the source's first row and columns, and that `model` is a folder or a registered version.
     UnreadableInput, MappingError, ModelLayoutError or RegistryError, as `predict_stage` raises them."""
-    next(iter_tables(data, 1, keyed_by_index_without_id(mapping, data)))
+    next(mapped_tables(data, 1, keyed_by_index_without_id(mapping, data)))
     if registered_version(model) is None and not Path(model).is_dir():
         raise _no_such_model(model)
     # Options nothing gives, refused now (a registered model's manifest is read once it is fetched).

@@ -136,11 +136,16 @@ def smoke_test(url: str, bodies: list[dict[str, Any]], model_dir: str | Path | N
         failures.append("no held-out decisions to send")
     ms = np.asarray(latencies or [float("nan")]) * 1000
     return SmokeResult(
-        url, ",".join(sorted(n for n in names if n)) or None, len(bodies),
-        sum(len(b["questions"]) for b in bodies), agreement, max_diff,
-        {"p50": round(float(np.percentile(ms, 50)), 2), "p95": round(float(np.percentile(ms, 95)), 2)}, failures,
+        url=url,
+        model=",".join(sorted(n for n in names if n)) or None,
+        requests=len(bodies),
+        decisions=sum(len(b["questions"]) for b in bodies),
+        agreement=agreement,
+        max_probability_diff=max_diff,
+        latency_ms={f"p{q}": round(float(np.percentile(ms, q)), 2) for q in (50, 95)},
+        failures=failures,
         **trained,
-    )  # fmt: skip
+    )
 
 
 def _send_all(url: str, bodies: list[dict[str, Any]], api_key: str | None, model: str | None,

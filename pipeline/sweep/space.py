@@ -25,7 +25,7 @@ from typing import Any
 import optuna
 
 from pipeline.config import ConfigError, Params, section_config
-from pipeline.data.mapping import YamlFileError, load_yaml_file
+from pipeline.yaml_files import YamlFileError, load_yaml_file
 
 OBJECTIVES = {"validation_nll": "minimize", "validation_accuracy": "maximize"}
 SWEPT_SECTION = "train"
@@ -106,9 +106,17 @@ def load_space(path: str | Path, params: Params) -> SearchSpace:
         raise ConfigError(f"search space {path}: `space:` is empty; name at least one train setting to vary")
     fixed = dict(raw.get("fixed") or {})
     distributions = {name: distribution(name, spec) for name, spec in raw["space"].items()}
-    space = SearchSpace(distributions, fixed, raw.get("objective", "validation_nll"), raw.get("trials"),
-                        raw.get("minutes"), raw.get("parallel", 1), raw.get("seed", 0), raw.get("pruner", "median"),
-                        text)  # fmt: skip
+    space = SearchSpace(
+        distributions=distributions,
+        fixed=fixed,
+        objective=raw.get("objective", "validation_nll"),
+        trials=raw.get("trials"),
+        minutes=raw.get("minutes"),
+        parallel=raw.get("parallel", 1),
+        seed=raw.get("seed", 0),
+        pruner=raw.get("pruner", "median"),
+        text=text,
+    )
     _check(space, params, path)
     return space
 

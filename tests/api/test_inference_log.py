@@ -171,7 +171,16 @@ def test_a_full_disk_drops_the_batch_counts_it_and_the_next_flush_writes_again(t
     dropped = []
     store = FillsUp()
     log = InferenceLog(LogConfig("disk"), on_drop=lambda reason, n: dropped.append((reason, n)), store=store)
-    served = Served("a" * 32, "m/1", "1", None, "late", {"q": {"type": "noul"}}, {"q": {"noul": 0.5}}, 1.0)
+    served = Served(
+        decision_id="a" * 32,
+        model="m/1",
+        model_version="1",
+        owner=None,
+        state="late",
+        questions={"q": {"type": "noul"}},
+        answers={"q": {"noul": 0.5}},
+        latency_ms=1.0,
+    )
     assert log.record(served) and log.flush() == 0
     assert dropped == [("write_error", 1)]
     assert log.record(served) and log.flush() == 1 and store.rows[0]["decision_id"] == "a" * 32

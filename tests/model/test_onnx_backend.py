@@ -18,8 +18,10 @@ from fastapi.testclient import TestClient
 from mlflow.pyfunc import PythonModelContext
 
 from pipeline.data.answers import answer_probabilities, parse_request
-from pipeline.families import backends, load_decision_model
-from pipeline.families.backends import (
+from pipeline.families import load_decision_model
+from pipeline.families.base import Answered, DecisionModel
+from pipeline.families.runtimes import backends
+from pipeline.families.runtimes.backends import (
     FP32_PARITY,
     LARGEST_DP,
     PROBES,
@@ -29,9 +31,8 @@ from pipeline.families.backends import (
     check_parity,
     choose_backend,
 )
-from pipeline.families.base import Answered, DecisionModel
-from pipeline.families.onnx_encoder import ONNX_FILE, OnnxEncoder, onnxruntime_missing
-from pipeline.families.openvino_encoder import OpenVinoEncoder, openvino_missing
+from pipeline.families.runtimes.onnx_encoder import ONNX_FILE, OnnxEncoder, onnxruntime_missing
+from pipeline.families.runtimes.openvino_encoder import OpenVinoEncoder, openvino_missing
 from pipeline.mlops.pyfunc import EXPORT_ARTIFACT, DecisionPyfunc
 from pipeline.scoring.calibrators import Calibrator
 from pipeline.serving.server import ServeOptions, build_app

@@ -121,6 +121,7 @@ def test_only_the_family_registry_knows_the_families_by_name():
 
 
 FAMILY_PACKAGES = ("pipeline.families.laya", "pipeline.families.joint")
+RUNTIMES_PACKAGE = "pipeline.families.runtimes"  # where a served encoder runs besides torch: not a family
 
 
 def _family_of(module: str) -> str | None:
@@ -142,6 +143,24 @@ def test_sibling_families_do_not_import_each_other():
     across = [f"{m} imports {t}" for m in modules if _family_of(m)
               for t in edges[m] if _family_of(t) and _family_of(t) != _family_of(m)]  # fmt: skip
     assert across == []
+
+
+def test_the_family_packages_are_those_of_the_registered_families():
+    """The rules above guard the packages the registry's families live in: a third family is guarded once it is
+    registered, and `families/runtimes/` is not one."""
+    from pipeline.families import FAMILIES
+
+    packages = {type(family).__module__.rpartition(".")[0] for family in FAMILIES.values()}
+    assert packages == set(FAMILY_PACKAGES) and RUNTIMES_PACKAGE not in packages
+
+
+def test_the_encoder_runtimes_sit_below_both_families():
+    """Either family's served encoder runs on `families/runtimes/`: it reads the family interface, never a
+    family's own modules."""
+    modules, edges, _ = _graph()
+    runtimes = [m for m in modules if m == RUNTIMES_PACKAGE or m.startswith(RUNTIMES_PACKAGE + ".")]
+    reached = [f"{m} imports {t}" for m in runtimes for t in edges[m] if _family_of(t)]
+    assert len(runtimes) > 1 and reached == []
 
 
 def test_the_family_interface_declares_what_the_cli_and_stages_read():

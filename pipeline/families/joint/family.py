@@ -61,7 +61,7 @@ from pipeline.families.joint.training import (
     score_examples,
     state_cuts,
 )
-from pipeline.families.onnx_encoder import EncoderPass
+from pipeline.families.runtimes.onnx_encoder import EncoderPass
 from pipeline.scoring.calibration import Temperatures
 from pipeline.scoring.calibrators import Calibrator
 from pipeline.scoring.decisions import ScoredDecision

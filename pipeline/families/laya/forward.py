@@ -14,7 +14,7 @@ import torch
 from pipeline.families.base import EncoderRun
 from pipeline.families.forward_passes import autocast_context, length_batches
 from pipeline.families.laya.items import Item, collate_parts, item_parts, join_logits
-from pipeline.families.onnx_encoder import EncoderPass
+from pipeline.families.runtimes.onnx_encoder import EncoderPass
 from pipeline.scoring.calibration import softmax
 
 MASKED_LOGIT = -1e4

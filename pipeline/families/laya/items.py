@@ -66,8 +66,15 @@ def _item(decision: Decision, parts: tuple[Part, ...], record: int) -> Item:
     gold = decision.gold
     target = gold.probabilities or tuple(1.0 if i == gold.label else 0.0 for i in range(n))
     qtype = QUESTION_TYPE_IDS[decision.question.type]
-    return Item(parts, qtype, tuple(target), gold.label, record, decision.question.id,
-                gold.probabilities is not None)  # fmt: skip
+    return Item(
+        parts=parts,
+        qtype=qtype,
+        target=tuple(target),
+        label=gold.label,
+        record=record,
+        question_id=decision.question.id,
+        soft=gold.probabilities is not None,
+    )
 
 
 def state_cuts(items: list[Item]) -> list[StateCut]:

@@ -90,10 +90,15 @@ def pack(parts: list[Part], device: torch.device, chunk: int = ATTENTION_CHUNK) 
         chunks.append(_chunk(group, lengths, starts, counts, marker_start, device))
         marker_start = chunks[-1].marker_end
     return PackedBatch(
-        torch.tensor([t for it in ordered for t in it.ids], device=device), positions.to(device),
-        sequence.to(device), torch.tensor([it.qtype for it in ordered], device=device), markers.to(device),
-        counts, order, chunks,
-    )  # fmt: skip
+        ids=torch.tensor([t for it in ordered for t in it.ids], device=device),
+        positions=positions.to(device),
+        sequence=sequence.to(device),
+        qtype=torch.tensor([it.qtype for it in ordered], device=device),
+        markers=markers.to(device),
+        marker_counts=counts,
+        order=order,
+        chunks=chunks,
+    )
 
 
 def _chunk(group: range, lengths, starts, counts: list[int], marker_start: int, device) -> Chunk:
@@ -103,8 +108,18 @@ def _chunk(group: range, lengths, starts, counts: list[int], marker_start: int, 
     keys = torch.arange(width)[None, :] < lengths[group.start : group.stop, None]
     marker_slots = torch.cat([j * most + torch.arange(counts[g]) for j, g in enumerate(group)])
     start = int(starts[group.start])
-    return Chunk(start, start + len(slots), slots.to(device), keys[:, None, None, :].to(device), rows, width,
-                 marker_start, marker_start + len(marker_slots), marker_slots.to(device), most)  # fmt: skip
+    return Chunk(
+        start=start,
+        end=start + len(slots),
+        slots=slots.to(device),
+        keys=keys[:, None, None, :].to(device),
+        rows=rows,
+        width=width,
+        marker_start=marker_start,
+        marker_end=marker_start + len(marker_slots),
+        marker_slots=marker_slots.to(device),
+        most_markers=most,
+    )
 
 
 @torch.inference_mode()

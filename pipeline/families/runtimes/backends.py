@@ -26,8 +26,8 @@ import torch
 
 from pipeline.data.answers import answer_probabilities, parse_request
 from pipeline.families.base import BadQuestion, DecisionModel, EncoderRun
-from pipeline.families.onnx_encoder import OnnxEncoder, export_encoder, onnxruntime_missing
-from pipeline.families.openvino_encoder import OpenVinoEncoder, openvino_missing
+from pipeline.families.runtimes.onnx_encoder import OnnxEncoder, export_encoder, onnxruntime_missing
+from pipeline.families.runtimes.openvino_encoder import OpenVinoEncoder, openvino_missing
 
 BACKENDS = ("auto", "torch", "onnxruntime", "openvino")
 LARGEST_DP = (

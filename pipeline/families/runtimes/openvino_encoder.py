@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from pipeline.families.onnx_encoder import SessionsByThreads, feed_of
+from pipeline.families.runtimes.onnx_encoder import SessionsByThreads, feed_of
 
 PRECISION_HINTS = {None: "f32", torch.bfloat16: "bf16"}
 

@@ -1,6 +1,7 @@
-"""The README stays a guide: its layout tree names every module, it stays short, and the docs' tables and links hold.
+"""The README stays a guide: its layout tree names every folder, docs/architecture.md's every module, the README stays
+short, and the docs' tables and links hold.
 
-The layout tree is the fenced block under the README's `## Layout` heading. Each line is an entry: a name, two or
+A layout tree is the fenced block under a page's `## Layout` heading. Each line is an entry: a name, two or
 more spaces, and its one-line purpose. A name ending in `/` is a folder (it may span segments, `deploy/k8s/`);
 the entries indented two spaces deeper under it are inside it. So `pipeline/` then `  data/` then `    split.py`
 names `pipeline/data/split.py`, and a file is matched only within its own folder's entry.
@@ -72,10 +73,16 @@ def required_paths(root: Path) -> list[str]:
     return required
 
 
-def missing_from_layout(root: Path, readme: str) -> list[str]:
-    """The modules under `root` that the README's layout tree does not name."""
-    listed = layout_paths(layout_block(readme))
+def missing_from_layout(root: Path, page: str) -> list[str]:
+    """The modules under `root` that the page's layout tree does not name."""
+    listed = layout_paths(layout_block(page))
     return [path for path in required_paths(root) if path not in listed]
+
+
+def package_folders(root: Path) -> list[str]:
+    """The folders the README's tree must name: each module folder, and each package inside `pipeline/`."""
+    inner = sorted(f"{p.parent.relative_to(root).as_posix()}/" for p in (root / "pipeline").glob("*/__init__.py"))
+    return [f"{folder}/" for folder in MODULE_FOLDERS] + inner
 
 
 def _prose_lines(text: str) -> Iterable[tuple[int, str]]:
@@ -130,13 +137,19 @@ def _markdown_files(root: Path) -> list[Path]:
     return [root / "README.md", *sorted((root / "docs").glob("*.md"))]
 
 
-def test_layout_tree_names_every_module(project_root):
-    readme = (project_root / "README.md").read_text(encoding="utf-8")
-    assert missing_from_layout(project_root, readme) == []
+def test_the_architecture_pages_layout_tree_names_every_module(project_root):
+    page = (project_root / "docs" / "architecture.md").read_text(encoding="utf-8")
+    assert missing_from_layout(project_root, page) == []
 
 
-def test_every_layout_entry_has_a_purpose(project_root):
-    paths = layout_paths(layout_block((project_root / "README.md").read_text(encoding="utf-8")))
+def test_the_readmes_layout_tree_names_every_package(project_root):
+    listed = layout_paths(layout_block((project_root / "README.md").read_text(encoding="utf-8")))
+    assert [folder for folder in package_folders(project_root) if folder not in listed] == []
+
+
+@pytest.mark.parametrize("page", ["README.md", "docs/architecture.md"])
+def test_every_layout_entry_has_a_purpose(project_root, page):
+    paths = layout_paths(layout_block((project_root / page).read_text(encoding="utf-8")))
     assert [path for path, purpose in paths.items() if not purpose] == []
 
 

@@ -2,6 +2,8 @@
 # every test. Each creates (or reuses) the project virtualenv in .venv and installs what it needs first.
 # Another Python (3.11-3.13): `make PYTHON=python3.12 test` (after `make clean-venv` if .venv exists).
 SHELL := /bin/bash
+# When make started (read once, as the Makefile is parsed): `make run` ends by saying its wall time.
+MAKE_STARTED := $(shell date +%s)
 PYTHON ?= python3.11
 VENV := .venv
 BIN := $(CURDIR)/$(VENV)/bin
@@ -45,6 +47,7 @@ else
 	decision init --run --data $(call quoted,$(DATA)) $(if $(RUN_CONFIG),--name $(call quoted,$(RUN_CONFIG))) \
 	  $(if $(BASE),--base $(call quoted,$(BASE))) $(if $(MAPPING),--mapping $(call quoted,$(MAPPING)))
 endif
+	@echo "make run: $$(( $$(date +%s) - $(MAKE_STARTED) )) s of wall time, from make's start (the install included)"
 
 # A sweep over train.* settings (docs/sweeps.md): `make sweep [SPACE=FILE] [NAME=NAME]` on the pinned data, as `make run`
 # trains it; every trial an MLflow child run, the best registered and gated as a challenger. Rerun to resume.

@@ -5,7 +5,7 @@ PostgreSQL cluster, the `retrain` deployment on a process pool served by two wor
     python benchmarks/bench_orchestration.py [--repeats 2]
 
 Each repeat trains a fresh tiny project (its own folder, so no task is a cache hit). Per configuration:
-`end to end` is from launching (the `python -m flows.retrain` process; `prefect deployment run`) until the run is
+`end to end` is from launching (the flow's own process, as `decision retrain` starts it; `prefect deployment run`) until the run is
 final, `flow run` is Prefect's own run time of the flow, `tasks` the sum of its task runs' run times, and the
 orchestration overhead per task is (flow run - tasks) / tasks and (end to end - tasks) / tasks. Needs PostgreSQL
 (tests/services.py starts its own cluster); writes benchmarks/results/bench_orchestration.json.

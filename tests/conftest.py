@@ -25,15 +25,33 @@ FULL_ONLY = {
     "tests/data/test_remote.py": "DVC pushes and pulls through a remote",
     "tests/unit/test_store.py": "PostgreSQL clusters and a tracking server",
     "tests/unit/test_prefect_server_preflight.py": "a Prefect server on PostgreSQL",
+    **dict.fromkeys(
+        [
+            f"tests/unit/test_gpu_check.py::{name}"
+            for name in (
+                "test_the_dry_run_checks_every_row_and_fails_none",
+                "test_the_default_fit_keeps_the_ensemble",
+                "test_the_compiled_runs_compiled_and_matched_eager",
+                "test_what_the_cpu_cannot_check_is_skipped",
+            )
+        ],
+        "`scripts/gpu_check.sh --dry-run`: every row of the GPU check trained on the CPU (over a minute)",
+    ),
+    "tests/model/test_export.py::test_a_killed_export_leaves_a_complete_model": "ten export processes, each "
+    "SIGKILLed at another moment of its write (about a minute)",
+    "tests/model/test_compile.py::test_compiled_matches_eager": "torch.compile on the CPU: tens of seconds a graph",
+    "tests/model/test_compile.py::test_no_recompiles_after_warmup": "torch.compile on the CPU, every bucket",
+    "tests/model/test_predict.py::test_a_terminated_command_exits_130": "a real `decision predict` process, "
+    "stopped by SIGTERM mid-file",
 }
-"""Test files (or folders) that run in `make test-all` only, with what makes them slow."""
+"""Test files, folders or tests (a node id's start) that run in `make test-all` only, with what makes them slow."""
 FAST_FLOW = "tests/flows/test_retrain.py::test_a_first_run_is_tracked_registered_smoke_tested_and_promoted"
 """The one tiny flow of the fast tier: the whole retrain chain, end to end, on a tiny model."""
 
 
 def pytest_collection_modifyitems(config, items):
     for item in items:
-        where = Path(item.fspath).relative_to(ROOT).as_posix()
+        where = f"{Path(item.fspath).relative_to(ROOT).as_posix()}::{item.name}"
         if item.nodeid.split("[")[0] != FAST_FLOW and any(where.startswith(prefix) for prefix in FULL_ONLY):
             item.add_marker(pytest.mark.full)
 

@@ -174,14 +174,14 @@ async def systemone(body: DecisionRequest, who: Who, request: Request, parts: Pa
     if parts.inference_log is not None:
         latency_ms = (time.perf_counter() - started) * 1000
         served = Served(
-            decision_id,
-            model.name,
-            model.version,
-            who.owner,
-            body.state,
-            questions,
-            result.answers,
-            latency_ms,
+            decision_id=decision_id,
+            model=model.name,
+            model_version=model.version,
+            owner=who.owner,
+            state=body.state,
+            questions=questions,
+            answers=result.answers,
+            latency_ms=latency_ms,
         )
         parts.inference_log.record(served)
     if parts.shadow is not None and model is parts.catalog.serving:

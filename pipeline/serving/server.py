@@ -51,7 +51,8 @@ def create_app(catalog: Catalog, keys: KeyStore, config: ServerConfig = ServerCo
     written to the inference log under the id its answer carries, off the hot path."""
     keys.check_require_key(config.require_key)
     batcher, metrics, inference_log = _batching(config, threads, log_config)
-    parts = AppParts(catalog, batcher, metrics, keys, config, shadow, threads, inference_log)
+    parts = AppParts(catalog=catalog, batcher=batcher, metrics=metrics, keys=keys, config=config, shadow=shadow,
+                     threads=threads, inference_log=inference_log)  # fmt: skip
     app = FastAPI(title="Decision API", version="1", description=DESCRIPTION, lifespan=lifespan)
     app.state.parts = parts  # what the routes read; the four below by name too, for tests and tools
     app.state.catalog, app.state.batcher, app.state.metrics = catalog, batcher, metrics

@@ -4,7 +4,7 @@ One call checks the data source (any kind `pipeline.data.sources` reads; a mappi
 pins it (`dvc add` of the file or folder; copied into `data/own/` first when it lies outside the project, as DVC
 tracks only what is inside; a Hub data set is written there as Parquet shards), pins the base (`decision snapshot --from` for anything not pinned already; the stock MiniLM
 snapshot by default), and writes the run config `configs/NAME.yaml` that the retrain flow reads
-(`python -m flows.retrain --run-config NAME`): the data, the base, the run folder, the registered model name
+(`decision retrain --run-config NAME`): the data, the base, the run folder, the registered model name
 NAME, and the mapping (`validate.mapping`). Keys a user added to that file by hand are kept. A rerun re-pins: a changed file or shard is a new data
 revision, and the result says so.
 

@@ -70,7 +70,7 @@ def open_study(space: SearchSpace, name: str, storage: str) -> optuna.Study:
 
 def requeue_interrupted(study: optuna.Study) -> list[int]:
     """Trials a killed sweep left running: failed, and their settings asked again next (same run folder, same
-    MLflow run, training resumed from its checkpoint). The caller holds the `SweepLock`, so none is live."""
+    MLflow run, training resumed from its checkpoint). The caller holds the sweep's lock (`RunFolder.driven`), so none is live."""
     interrupted = study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
     for trial in interrupted:
         study.tell(trial.number, state=TrialState.FAIL)

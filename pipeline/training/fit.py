@@ -56,7 +56,7 @@ class TrainRun:
     precision: str = "fp32"
     pins: dict[str, str] = field(default_factory=dict)
     inputs: dict[str, dict[str, Any]] = field(default_factory=dict)
-    """Each input (data, base, eval_data) with its path and whether DVC pins it (`data.pins.pin_status`)."""
+    """Each input (data, base, eval_data) with its path and whether DVC pins it (`data.pins.check_pins`)."""
     losses: list[tuple[int, float]] = field(default_factory=list)
     family: str = "laya"
     method: str = "lora"

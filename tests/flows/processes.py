@@ -62,7 +62,8 @@ def wait_healthy(api: str, server: subprocess.Popen, log: Path, timeout: float =
 
 def kill_group(proc: subprocess.Popen) -> None:
     """SIGKILL a process started in its own session, everything in its group, and any child that left the
-    group (started a session of its own); waits until the process is gone."""
+    group (started a session of its own); waits until all of them are gone (a flow's own process holds its run's
+    lock until it is)."""
     family: list[psutil.Process] = []
     with contextlib.suppress(psutil.NoSuchProcess):
         family = psutil.Process(proc.pid).children(recursive=True)
@@ -72,6 +73,7 @@ def kill_group(proc: subprocess.Popen) -> None:
         with contextlib.suppress(psutil.NoSuchProcess):
             member.kill()
     proc.wait(timeout=30)
+    psutil.wait_procs(family, timeout=30)
 
 
 @dataclass(frozen=True)

@@ -180,7 +180,7 @@ def test_decision_harvest_runs_the_flow_in_its_own_process(prefect_api, tmp_path
     done = subprocess.run(command, env=prefect_api, cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     summary = json.loads(done.stdout.strip().splitlines()[-1])
-    assert summary["rows"] == 5 and summary["ready"] and summary.tracked.mlflow_run_id
+    assert summary["rows"] == 5 and summary["ready"] and summary["mlflow_run_id"]
     single = [*command[:7], str(folder / "part-0.jsonl"), *command[8:]]
     refused = subprocess.run(
         single, env=prefect_api, cwd=tmp_path, capture_output=True, text=True, timeout=300

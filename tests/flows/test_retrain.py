@@ -106,15 +106,15 @@ def test_a_first_run_is_tracked_registered_smoke_tested_and_promoted(
 
 def test_a_crash_after_export_resumes_without_redoing_finished_work(prefect_harness, mlflow_store, tiny_params,
                                                                    monkeypatch):  # fmt: skip
-    import pipeline.mlops.tracking
     import pipeline.stages.export
+    import pipeline.stages.track
     import pipeline.stages.train
     from pipeline.mlops.registry import client
     from pipeline.mlops.tracking import KEY_TAG
 
     calls = {"train": 0, "export": 0, "log": 0}
     real_train, real_export, real_log = (pipeline.stages.train.train_stage, pipeline.stages.export.export_stage,
-                                         pipeline.mlops.tracking.log_training_run)  # fmt: skip
+                                         pipeline.stages.track.track_run)  # fmt: skip
 
     def counted(name, real):
         def wrapper(*args, **kwargs):
@@ -123,15 +123,15 @@ def test_a_crash_after_export_resumes_without_redoing_finished_work(prefect_harn
 
         return wrapper
 
-    def crashing_log(record, run_id=None):
+    def crashing_log(result, run_id=None):
         calls["log"] += 1
         if calls["log"] <= 3:  # the first try and both retries of the first flow run
             raise ConnectionError("tracking store unreachable")
-        return real_log(record, run_id)
+        return real_log(result, run_id)
 
     monkeypatch.setattr(pipeline.stages.train, "train_stage", counted("train", real_train))
     monkeypatch.setattr(pipeline.stages.export, "export_stage", counted("export", real_export))
-    monkeypatch.setattr(pipeline.mlops.tracking, "log_training_run", crashing_log)
+    monkeypatch.setattr(pipeline.stages.track, "track_run", crashing_log)
     with pytest.raises(ConnectionError):
         run_flow(tiny_params)
     summary = run_flow(tiny_params)
@@ -144,7 +144,7 @@ def test_a_crash_after_export_resumes_without_redoing_finished_work(prefect_harn
     assert len(runs) == 1 and runs[0].info.status == "FINISHED"
     assert len(client().get_metric_history(runs[0].info.run_id, "loss")) == 4
     assert [str(v.version) for v in client().search_model_versions("name='tiny-model'")] == ["1"]
-    assert run_flow(tiny_params)["version"] == "1"  # the same key again: no second run, no second version
+    assert run_flow(tiny_params).release.version == "1"  # the same key again: no second run, no second version
     assert len(client().search_runs([runs[0].info.experiment_id])) == 1
 
 

@@ -44,6 +44,6 @@ def test_the_flow_trains_on_exactly_what_dvc_pins(project_root):
         for out in stage.get("outs", [])
     }
     retrain = load_params(project_root / "params.yaml").retrain
-    assert {retrain.data, retrain.base} <= outs  # so verify-pins checks both against dvc.lock
-    source = (project_root / "flows" / "retrain.py").read_text()
-    assert "verify_pins([config.data, config.base], lock, allow_unpinned)" in source
+    assert {retrain.data, retrain.base} <= outs  # so the run's start checks both against dvc.lock
+    source = (project_root / "pipeline" / "stages" / "start.py").read_text()
+    assert 'check_pins({"data": config.data, "base": config.base}, lock, require=not allow_unpinned)' in source

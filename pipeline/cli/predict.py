@@ -13,7 +13,7 @@ from pathlib import Path
 from pipeline.cli.launch import launch_flow
 from pipeline.cli.mapping_flags import BadMappingFlags, add_mapping_arguments, loaded_mapping, mapping_value
 from pipeline.cli.options import AT_LEAST_ONE, SCORING_DEVICE_HELP, device_option, load_run_params
-from pipeline.cli.runner import EXIT_BAD_INPUT, EXIT_OK, input_errors, refuse, run_command
+from pipeline.cli.runner import EXIT_OK, input_errors, refuse, run_command
 from pipeline.cli.tables import progress_outputs
 from pipeline.interrupts import terminate_as_interrupt
 from pipeline.strict_json import to_json
@@ -84,13 +84,10 @@ def _predict_as_flow(args: argparse.Namespace) -> int:
     launched = launch_flow("flows.batch_predict", parameters, args.quiet)
     if launched.result is None:
         return launched.code
-    print(to_json(launched.result) if args.json else _summary_line(launched.result))
-    if (
-        _scored_any(args, launched.result["scored"], launched.result["failed"], launched.result["out"])
-        != EXIT_OK
-    ):
-        return EXIT_BAD_INPUT
-    return launched.code
+    result = launched.result
+    print(to_json(result) if args.json else _summary_line(result))
+    scored = _scored_any(args, result["scored"], result["failed"], result["out"])
+    return launched.code if scored == EXIT_OK else scored
 
 
 def _refused_inputs() -> tuple[type[Exception], ...]:

@@ -1,4 +1,4 @@
-"""The `decision compare` subcommand: two models, the same rows, a paired bootstrap per question.
+"""`decision compare`: two models, the same rows, a paired bootstrap per question.
 
 decision compare models:/decision-model@champion models:/decision-model/7 --data data/processed/vader.jsonl
 decision compare runs/a/export runs/b/export --data data/processed/vader.jsonl --all-rows --json
@@ -7,44 +7,34 @@ decision compare runs/a/export runs/b/export --data data/processed/vader.jsonl -
 from __future__ import annotations
 
 import argparse
-import json
-import sys
 
-from pipeline.cli.tables import SCORING_DEVICE_HELP, console, device_option, progress_outputs
-
-EXIT_OK, EXIT_UNREADABLE, EXIT_BAD_INPUT = 0, 1, 2
+from pipeline.cli.options import SCORING_DEVICE_HELP, device_option
+from pipeline.cli.runner import refuse, run_command
+from pipeline.cli.tables import console, progress_outputs
 
 
-def _compare(args: argparse.Namespace) -> int:
-    from pipeline.config import ConfigError, load_params
+def handle_compare(args: argparse.Namespace) -> int:
     from pipeline.data.read import UnreadableInput
     from pipeline.families.base import ModelLayoutError
-    from pipeline.mlops.registry import RegistryError
-    from pipeline.stages.compare import compare_models
 
     if not 0.5 <= args.confidence < 1:
-        return _refuse(f"--confidence must lie in [0.5, 1), got {args.confidence}")
+        return refuse(args, f"--confidence must lie in [0.5, 1), got {args.confidence}")
+    # ValueError: two models that share no decision, among others; all the user's input here.
+    refused = (UnreadableInput, ModelLayoutError, ValueError)
+    return run_command(args, lambda: _compared(args), print_comparison, refused_input=refused)
+
+
+def _compared(args: argparse.Namespace):
+    from pipeline.config import load_params
+    from pipeline.stages.compare import compare_models
+
     _, say = progress_outputs(args)
-    try:
-        split = load_params(args.params).validate
-        result = compare_models(
-            args.a, args.b, args.data, split, args.all_rows, args.confidence, args.device, say
-        )
-    except (UnreadableInput, ModelLayoutError, RegistryError, ConfigError, ValueError) as error:
-        return _refuse(str(error))
-    if args.json:
-        print(json.dumps(result.to_dict()))
-    else:
-        print_comparison(result)
-    return EXIT_OK
-
-
-def _refuse(message: str) -> int:
-    print(f"decision compare: {message}", file=sys.stderr)
-    return EXIT_BAD_INPUT
+    split = load_params(args.params).validate
+    return compare_models(args.a, args.b, args.data, split, args.all_rows, args.confidence, args.device, say)
 
 
 TABLE_COLUMNS = 150  # what the comparison table needs; a narrower terminal gets a line per question
+COLUMNS = ("question", "decisions", "acc. A", "acc. B", "acc. gain", "NLL A", "NLL B", "NLL gain", "verdict")
 
 
 def print_comparison(result) -> None:
@@ -56,22 +46,27 @@ def print_comparison(result) -> None:
     out = console()
     level = f"{result.confidence:.0%}"
     a, b = (_shown(given, served) for given, served in zip((result.a, result.b), result.served_as))
-    title = (f"A = {a}, B = {b}: {result.rows} rows of {result.data} ({result.records:,} records; "
-             f"gains B over A, {level} paired record-bootstrap intervals)")  # fmt: skip
+    title = (
+        f"A = {a}, B = {b}: {result.rows} rows of {result.data} ({result.records:,} records; "
+        f"gains B over A, {level} paired record-bootstrap intervals)"
+    )
     if out.width < TABLE_COLUMNS:
         out.print(title, highlight=False)
         for q in result.questions:
             out.print(f"{q.question} ({q.decisions:,} decisions): {q.verdict}", highlight=False)
-            out.print(f"  accuracy {q.accuracy_a:.4f} -> {q.accuracy_b:.4f}, gain {_gain(q, 'accuracy')}; NLL "
-                      f"{q.nll_a:.4f} -> {q.nll_b:.4f}, gain {_gain(q, 'nll')}", highlight=False)  # fmt: skip
+            out.print(
+                f"  accuracy {q.accuracy_a:.4f} -> {q.accuracy_b:.4f}, gain {_gain(q, 'accuracy')}; NLL "
+                f"{q.nll_a:.4f} -> {q.nll_b:.4f}, gain {_gain(q, 'nll')}",
+                highlight=False,
+            )
         return
     table = Table(title=title)
-    for column in ("question", "decisions", "acc. A", "acc. B", "acc. gain", "NLL A", "NLL B", "NLL gain",
-                   "verdict"):  # fmt: skip
+    for column in COLUMNS:
         table.add_column(column, justify="left" if column in ("question", "verdict") else "right")
     for q in result.questions:
-        table.add_row(q.question, f"{q.decisions:,}", f"{q.accuracy_a:.4f}", f"{q.accuracy_b:.4f}",
-                      _gain(q, "accuracy"), f"{q.nll_a:.4f}", f"{q.nll_b:.4f}", _gain(q, "nll"), q.verdict)  # fmt: skip
+        accuracy = (f"{q.accuracy_a:.4f}", f"{q.accuracy_b:.4f}", _gain(q, "accuracy"))
+        nll = (f"{q.nll_a:.4f}", f"{q.nll_b:.4f}", _gain(q, "nll"))
+        table.add_row(q.question, f"{q.decisions:,}", *accuracy, *nll, q.verdict)
     out.print(table)
 
 
@@ -80,25 +75,34 @@ def _gain(question, measure: str) -> str:
     return f"{gain:+.4f} [{low:+.4f}, {high:+.4f}]"
 
 
-def add_compare_commands(commands) -> None:
-    """Register `compare` on the `decision` subparsers."""
+DESCRIPTION = (
+    "Score A and B as served (their calibration applied) on the same decision rows of DATA and compare them "
+    "decision by decision: for every question, and for all of them, each model's accuracy and NLL and B's "
+    "gain over A with a paired record-bootstrap interval (a record's decisions resampled together; 2,000 "
+    "draws), and a verdict (which is better beyond the noise, if either). The rows are DATA's held-out "
+    "split under PARAMS' validate section (what a run on DATA reports on and the promotion gate compares "
+    "on), or every usable row with --all-rows. Exit 2 for a model or DATA that cannot be read, or two "
+    "models that share no decision."
+)
+
+
+def add_compare(commands) -> None:
+    """`decision compare` on the `decision` subparsers."""
     compare = commands.add_parser(
         "compare",
         help="compare two models (export folders or registered versions) on the same rows, per question",
-        description="Score A and B as served (their calibration applied) on the same decision rows of DATA and "
-        "compare them decision by decision: for every question, and for all of them, each model's accuracy and "
-        "NLL and B's gain over A with a paired record-bootstrap interval (a record's decisions resampled "
-        "together; 2,000 draws), and a verdict (which is better beyond the noise, if either). The rows are DATA's "
-        "held-out split under PARAMS' validate section (what a run on DATA reports on and the promotion gate "
-        "compares on), or every usable row with --all-rows. Exit 2 for a model or DATA that cannot be read, or "
-        "two models that share no decision.",
+        description=DESCRIPTION,
     )
     compare.add_argument(
         "a", metavar="A", help="an export folder, models:/NAME@ALIAS or models:/NAME/VERSION"
     )
     compare.add_argument("b", metavar="B", help="the same kinds as A")
-    compare.add_argument("--data", required=True, help="decision rows with gold (any source decision validate "
-                         "reads: a file, a folder or glob of shards, a save_to_disk folder)")  # fmt: skip
+    compare.add_argument(
+        "--data",
+        required=True,
+        help="decision rows with gold (any source decision validate reads: a file, a folder or glob of "
+        "shards, a save_to_disk folder)",
+    )
     compare.add_argument(
         "--all-rows", action="store_true", help="every usable row, not only the held-out split"
     )
@@ -107,7 +111,7 @@ def add_compare_commands(commands) -> None:
     compare.add_argument("--device", default="cpu", type=device_option, help=SCORING_DEVICE_HELP)
     compare.add_argument("--json", action="store_true", help="print the comparison as one JSON object")
     compare.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
-    compare.set_defaults(handler=_compare)
+    compare.set_defaults(handler=handle_compare)
 
 
 def _shown(given: str, served_as: str) -> str:

@@ -11,9 +11,9 @@ import argparse
 import datetime as dt
 
 from pipeline.cli.launch import launch_flow
+from pipeline.cli.options import number_option
 from pipeline.cli.retrain import RUN_CONFIG_HELP, add_flow_output_flags
 from pipeline.cli.runner import refuse
-from pipeline.cli.tables import number_option
 from pipeline.config import MAX_WINDOW_HOURS, MonitorConfig
 from pipeline.strict_json import to_json
 

@@ -37,9 +37,11 @@ def run_command(
     refused_input: tuple[type[Exception], ...] = (),
     as_json: Callable[[T], Any] | None = None,
     done: Callable[[T], int] = lambda result: EXIT_OK,
+    interrupted: str | None = None,
 ) -> int:
     """Run `work`; an error of `refused` or of the project's input errors (`input_errors`) is one line and its
-    `exit_code`, one of `refused_input` one line and exit 2. The result goes to stdout as JSON with `--json`
+    `exit_code`, one of `refused_input` one line and exit 2; with `interrupted`, Ctrl-C (or SIGTERM where the
+    work turns it into one) is that line and exit 130. The result goes to stdout as JSON with `--json`
     (`as_json`, by default its `to_dict()`), else through `show`; `done` gives a result's exit code (130 for a
     cancelled run, say)."""
     try:
@@ -48,6 +50,10 @@ def run_command(
         return refuse(args, error, EXIT_BAD_INPUT)
     except (*refused, *input_errors()) as error:
         return refuse(args, error, exit_code(error))
+    except KeyboardInterrupt:
+        if interrupted is None:
+            raise
+        return refuse(args, interrupted, EXIT_INTERRUPTED)
     if getattr(args, "json", False):
         print(to_json(as_json(result) if as_json else result.to_dict()))
     else:

@@ -9,9 +9,9 @@ from __future__ import annotations
 import argparse
 
 from pipeline.cli.launch import launch_flow
+from pipeline.cli.options import number_option
 from pipeline.cli.retrain import RUN_CONFIG_HELP, add_flow_output_flags
 from pipeline.cli.runner import refuse
-from pipeline.cli.tables import number_option
 from pipeline.strict_json import to_json
 
 DESCRIPTION = (

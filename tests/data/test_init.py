@@ -157,10 +157,10 @@ def test_the_run_name_comes_from_the_data_unless_given():
 def test_run_trains_the_run_just_set_up_and_its_name_comes_from_the_data(
     project, tmp_path, capsys, monkeypatch
 ):
-    import pipeline.cli.runs as runs
+    import pipeline.cli.init as init_command
 
     launched = []
-    monkeypatch.setattr(runs, "retrain", lambda args, parameters: launched.append(parameters) or 0)
+    monkeypatch.setattr(init_command, "retrain", lambda args, parameters: launched.append(parameters) or 0)
     source = write_rows(tmp_path / "exports" / "Tickets.v2.jsonl", 3)
     assert main(["init", "--data", str(source), "--run"]) == 0
     assert launched == [{"run_config": "tickets"}]

@@ -5,7 +5,7 @@ import re
 
 import pytest
 
-from pipeline.cli.main import parse_layer_plan
+from pipeline.cli.options import parse_layer_plan
 from pipeline.config import ConfigError, TrainConfig, section_config
 from pipeline.layer_plans import LayerPlanError, resolve_plan
 

@@ -11,11 +11,10 @@ from __future__ import annotations
 import argparse
 
 from pipeline.cli.launch import launch_flow
-from pipeline.cli.retrain import add_flow_output_flags
+from pipeline.cli.options import FLOW_QUIET_HELP, INFERENCE_HELP, add_output_flags
 from pipeline.cli.runner import refuse
 from pipeline.strict_json import to_json
 
-INFERENCE_HELP = "the inference log: a folder or postgresql:// URL (default: params.yaml's flywheel.inference)"
 ANY_MODEL = "any"
 
 
@@ -38,7 +37,7 @@ def add_harvest(commands) -> None:
     )
     harvest.add_argument("--no-commit", action="store_true", help="pin with DVC but make no git commit")
     harvest.add_argument("--params", default="params.yaml", help="the params file")
-    add_flow_output_flags(harvest)
+    add_output_flags(harvest, FLOW_QUIET_HELP)
     harvest.set_defaults(handler=handle_harvest)
 
 

@@ -11,8 +11,8 @@ import argparse
 import datetime as dt
 
 from pipeline.cli.launch import launch_flow
-from pipeline.cli.options import number_option
-from pipeline.cli.retrain import RUN_CONFIG_HELP, add_flow_output_flags
+from pipeline.cli.options import FLOW_QUIET_HELP, add_output_flags, number_option
+from pipeline.cli.retrain import RUN_CONFIG_HELP
 from pipeline.cli.runner import refuse
 from pipeline.config import MAX_WINDOW_HOURS, MonitorConfig
 from pipeline.strict_json import to_json
@@ -81,7 +81,7 @@ def add_monitor(commands) -> None:
     monitor.add_argument("--reference", metavar="DATA", help="the data the version trained on (default: its `data` tag)")
     monitor.add_argument("--params", default="params.yaml", help="the params file")
     monitor.add_argument("--run-config", help=RUN_CONFIG_HELP)
-    add_flow_output_flags(monitor)
+    add_output_flags(monitor, FLOW_QUIET_HELP)
     monitor.set_defaults(handler=handle_monitor)
 
 

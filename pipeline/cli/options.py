@@ -26,16 +26,19 @@ JSON_HELP = "print one JSON object instead of lines"
 MODEL_NAME_HELP = "registered model name (default: decision-model)"
 
 
-def add_output_flags(command: argparse.ArgumentParser) -> None:
-    """`--json` and `--quiet` of a long-running command: one changes stdout, the other silences progress."""
+QUIET_HELP = "no progress on stderr (warnings and errors still appear)"
+FLOW_QUIET_HELP = "no progress on stderr: the flow's console log shows warnings and errors only"
+
+
+def add_output_flags(command: argparse.ArgumentParser, quiet_help: str = QUIET_HELP) -> None:
+    """`--json` and `--quiet` of a long-running command (a flow's: `FLOW_QUIET_HELP`): one changes stdout, the
+    other silences progress."""
     command.add_argument(
         "--json",
         action="store_true",
         help="print one JSON object on stdout instead of tables (progress stays on stderr)",
     )
-    command.add_argument(
-        "-q", "--quiet", action="store_true", help="no progress on stderr (warnings and errors still appear)"
-    )
+    command.add_argument("-q", "--quiet", action="store_true", help=quiet_help)
 
 
 def add_json_flag(command: argparse.ArgumentParser, help: str = JSON_HELP) -> None:

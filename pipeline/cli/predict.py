@@ -13,7 +13,7 @@ from pathlib import Path
 from pipeline.cli.launch import launch_flow
 from pipeline.cli.mapping_flags import BadMappingFlags, add_mapping_arguments, loaded_mapping, mapping_value
 from pipeline.cli.options import AT_LEAST_ONE, SCORING_DEVICE_HELP, device_option, load_run_params
-from pipeline.cli.runner import EXIT_OK, input_errors, refuse, run_command
+from pipeline.cli.runner import EXIT_INTERRUPTED, EXIT_OK, input_errors, refuse, run_command
 from pipeline.cli.tables import progress_outputs
 from pipeline.interrupts import terminate_as_interrupt
 from pipeline.strict_json import to_json
@@ -73,6 +73,8 @@ def _predict_as_flow(args: argparse.Namespace) -> int:
         check_inputs(model, args.data, mapping)
     except (*_refused_inputs(), *input_errors()) as error:
         return refuse(args, error)
+    except KeyboardInterrupt:  # while the model was looked up: no flow started, nothing written
+        return refuse(args, f"interrupted; {args.out} was not written", EXIT_INTERRUPTED)
     parameters = {
         "data": args.data,
         "model": model,

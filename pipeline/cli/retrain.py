@@ -14,6 +14,7 @@ import argparse
 from typing import Any
 
 from pipeline.cli.launch import launch_flow
+from pipeline.cli.options import FLOW_QUIET_HELP, add_output_flags
 from pipeline.cli.runner import refuse
 from pipeline.cli.tables import console
 from pipeline.strict_json import to_json
@@ -47,21 +48,8 @@ def add_retrain(commands) -> None:
         help="skip (saying why) when the champion was trained on this data revision already (what the scheduled "
         "and automated retrains do)",
     )
-    add_flow_output_flags(retrain)
+    add_output_flags(retrain, FLOW_QUIET_HELP)
     retrain.set_defaults(handler=handle_retrain)
-
-
-def add_flow_output_flags(command: argparse.ArgumentParser) -> None:
-    """`--json` and `--quiet` of a command that runs a flow."""
-    command.add_argument(
-        "--json", action="store_true", help="print the result as one JSON object on stdout (progress on stderr)"
-    )
-    command.add_argument(
-        "-q",
-        "--quiet",
-        action="store_true",
-        help="no progress on stderr: the flow's console log shows warnings and errors only",
-    )
 
 
 def handle_retrain(args: argparse.Namespace) -> int:

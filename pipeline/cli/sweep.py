@@ -9,8 +9,8 @@ from __future__ import annotations
 import argparse
 
 from pipeline.cli.launch import launch_flow
-from pipeline.cli.options import number_option
-from pipeline.cli.retrain import RUN_CONFIG_HELP, add_flow_output_flags
+from pipeline.cli.options import FLOW_QUIET_HELP, add_output_flags, number_option
+from pipeline.cli.retrain import RUN_CONFIG_HELP
 from pipeline.cli.runner import refuse
 from pipeline.strict_json import to_json
 
@@ -59,7 +59,7 @@ def add_sweep(commands) -> None:
         action="store_true",
         help="train even when DVC does not pin the data or base; the version is then held",
     )
-    add_flow_output_flags(sweep)
+    add_output_flags(sweep, FLOW_QUIET_HELP)
     sweep.set_defaults(handler=handle_sweep)
 
 

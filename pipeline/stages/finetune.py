@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.config import ConfigError, TrainConfig
+from pipeline.data.leakage import overlap_warning
 from pipeline.data.split import TrainSource
 from pipeline.families import resolve_training
 from pipeline.rundir import RunFolder
@@ -100,7 +101,10 @@ def finetune(source: TrainSource, base: str | Path, out: str | Path, config: Tra
     split = write_validated(validated, run.validation, run.split).split  # as the flow's validate task
     hooks.say(f"run folder {run.root}: {split['train_rows']:,} training rows ({split['train_decisions']:,} decisions), "
               f"{split['validation_rows']:,} for validation ({split['validation_decisions']:,} decisions), "
-              f"{split['heldout_rows']:,} held out ({split['heldout_decisions']:,} decisions){_groups(split)}")  # fmt: skip
+              f"{split['heldout_rows']:,} held out ({split['heldout_decisions']:,} decisions){_groups(split)}"
+              f"{validated.split.kept_together.describe()}")  # fmt: skip
+    if warning := overlap_warning(validated.split.eval_overlap_rows, split["heldout_rows"]):
+        hooks.say(warning)  # --eval-data rows whose state DATA's training rows hold
     trained = train_stage(run.root, base, config, device, hooks, controls, checked)
     if trained.cancelled or controls.cancelled:
         return _result(trained, None, None, run, cancelled=True)

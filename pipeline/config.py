@@ -139,8 +139,11 @@ class ValidateConfig:
     """... and none below this many (too few to fit on): the calibrator is then cross-fitted on the held-out rows,
     and the run says so."""
     holdout_ledger: str | None = None
-    """A file of the content hashes of every row ever held out (the `validate` stage adds to it): those rows stay
-    held out as the data grows, and new rows fill what budget is left, in hash order. None: no memory."""
+    """The file of the content hashes of every row of the data set ever held out (the validate stage, `decision
+    init` and `decision harvest` add to it): those rows stay held out as the data grows, and new rows fill what
+    budget is left, in hash order. None: each data set its own, `<data>.holdout-ledger.txt` beside the file or
+    folder DVC pins for it (`data.split.ledger_path`); a path: that file, whatever the data (never inside a pinned
+    folder)."""
     mapping: str | dict[str, Any] | None = None
     """`data` is a plain table: a mapping YAML file, or the mapping itself (`{state, questions}`, as
     docs/data-format.md, "Mapping a table", writes it), turns its rows into decision rows. None: decision rows."""
@@ -151,6 +154,11 @@ class ValidateConfig:
                 mapping_from_dict(self.mapping, "validate.mapping")
             except MappingError as error:
                 raise ConfigError(str(error)) from None
+        if self.holdout_ledger is not None and not str(self.holdout_ledger).strip():
+            raise ConfigError(
+                "validate.holdout_ledger: empty; give a file path, or null for the data set's own ledger "
+                "beside it"
+            )
         if not 0.0 < self.holdout_fraction < 1.0:
             raise ConfigError(f"validate.holdout_fraction: must lie in (0, 1), got {self.holdout_fraction}")
         if self.holdout_max_decisions < 1:

@@ -93,6 +93,8 @@ def print_init(result, then_run: bool) -> None:
     )
     if result.mapping_dropped:
         print(f"removed validate.mapping from {result.run_config}: {result.data} holds decision rows")
+    if result.ledger:
+        print(f"held out {result.heldout} rows, listed in {result.ledger} (never trained on)")
     if result.to_commit:
         print(f"commit them (DVC keeps the bytes): git add {' '.join(result.to_commit)}")
     if then_run:

@@ -41,6 +41,11 @@ class Unpinned(PinMismatch):
     """Inputs no DVC pin covers: the retrain flow refuses them unless --allow-unpinned."""
 
 
+def dvc_root(path: str | Path) -> Path | None:
+    """The DVC repository `path` lies in (the nearest folder above it holding `.dvc/`), or None."""
+    return next((p for p in Path(path).resolve().parents if (p / ".dvc").is_dir()), None)
+
+
 def current_md5(path: str | Path) -> str:
     """The md5 DVC records for a file, or for a folder its `.dir` hash, computed by DVC's own `dvc_data`."""
     # dry_run: hash only; the objects DVC would cache go nowhere, and the tree's listing to a throwaway store.

@@ -266,9 +266,15 @@ class DecisionFamily(ABC):
 
     @abstractmethod
     def export(
-        self, loaded, out: str | Path, calibrator: Calibrator, manifest: dict[str, Any]
+        self,
+        loaded,
+        out: str | Path,
+        calibrator: Calibrator,
+        manifest: dict[str, Any],
+        files: dict[str, bytes] | None = None,
     ) -> ExportResult:
-        """Merge, check and write a servable, self-describing folder crash-safe; a no-op when already there."""
+        """Merge, check and write a servable, self-describing folder crash-safe; a no-op when already there.
+        `files` go into the folder beside the model (`exporting.write_files`), each named in `manifest`."""
 
     @abstractmethod
     def answer(

@@ -24,6 +24,10 @@ from pipeline.families.base import ModelLayoutError
 from pipeline.scoring.calibrators import CALIBRATOR_FILE, Calibrator
 
 MANIFEST = "manifest.json"
+TRAINING_STATES = "training_states"
+"""The manifest's entry for the fingerprints of the states the model trained on (`data.leakage.state_fingerprints`:
+sorted, distinct little-endian uint64s), by which `decision evaluate` counts evaluation rows it trained on."""
+TRAINING_STATES_FILE = "training_states.u64"
 _RENAME_EXCHANGE = 2
 _AT_FDCWD = -100
 
@@ -89,7 +93,8 @@ def check_finite(state: dict[str, torch.Tensor], dtype: torch.dtype = torch.floa
 
 def already_exported(out: Path, config: dict[str, Any], manifest: dict[str, Any], config_file: str,
                      marker: str, calibrator: Calibrator) -> bool:  # fmt: skip
-    """The same source (weights digest), decision config and calibrator are already in place at `out`.
+    """The same source (weights digest), decision config, calibrator and training states are already in place at
+    `out`.
 
     `marker` is the file written last: without it the folder is no model.
     """
@@ -99,7 +104,9 @@ def already_exported(out: Path, config: dict[str, Any], manifest: dict[str, Any]
     digest = existing.get("source_digest")
     same_source = bool(digest) and digest == manifest.get("source_digest")
     same_calibrator = (existing.get("calibrator") or {}).get("sha256") == manifest["calibrator"]["sha256"]
-    return same_source and same_calibrator and json.loads((out / config_file).read_text()) == config
+    same_states = existing.get(TRAINING_STATES) == manifest.get(TRAINING_STATES)
+    same_config = json.loads((out / config_file).read_text()) == config
+    return same_source and same_calibrator and same_states and same_config
 
 
 def read_manifest(folder: Path) -> dict[str, Any]:
@@ -145,6 +152,44 @@ def read_calibrator(folder: str | Path) -> Calibrator | None:
         return Calibrator.from_json(json.loads(data))
     except (ValueError, KeyError, TypeError, AttributeError) as error:
         raise ModelLayoutError(f"{path}: not a calibrator: {error}") from error
+
+
+def training_states_entry(fingerprints: bytes) -> dict[str, Any]:
+    """The manifest's record of a training-states file (`TRAINING_STATES`): its file, count and hash."""
+    return {
+        "file": TRAINING_STATES_FILE,
+        "count": len(fingerprints) // 8,
+        "sha256": hashlib.sha256(fingerprints).hexdigest(),
+        "fingerprint": "blake2b-64 of each training row's normalised state (pipeline.data.leakage)",
+    }
+
+
+def read_training_states(folder: str | Path) -> bytes | None:
+    """The training-states file the folder's manifest names; None where it names none (an older export, a base),
+    or the file is missing or differs from its hash: nothing to check against then, never an error."""
+    entry = read_manifest(Path(folder)).get(TRAINING_STATES)
+    path = Path(folder) / (entry or {}).get("file", TRAINING_STATES_FILE)
+    if not entry or not path.is_file():
+        return None
+    data = path.read_bytes()
+    return data if hashlib.sha256(data).hexdigest() == entry.get("sha256") else None
+
+
+def with_training_states(
+    manifest: dict[str, Any], states: bytes | None
+) -> tuple[dict[str, Any], dict[str, bytes]]:
+    """(`manifest` naming the training-states file `states`, the files an export writes for it); without
+    `states` the manifest names none and there is nothing to write."""
+    manifest = {k: v for k, v in manifest.items() if k != TRAINING_STATES}
+    if states is None:
+        return manifest, {}
+    return manifest | {TRAINING_STATES: training_states_entry(states)}, {TRAINING_STATES_FILE: states}
+
+
+def write_files(folder: Path, files: dict[str, bytes] | None) -> None:
+    """Files the export carries beside the model (`TRAINING_STATES_FILE`), each named in its manifest."""
+    for name, data in (files or {}).items():
+        (folder / name).write_bytes(data)
 
 
 def load_weights(path: Path, load: Callable[[str], dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:

@@ -8,13 +8,14 @@ from __future__ import annotations
 import json
 import sys
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 from pipeline.config import PARAMS_FILE, Params, load_params
 from pipeline.data.dataset import DatasetResult, build_dataset
+from pipeline.data.split import ledger_under
 from pipeline.families.laya_layout import write_snapshot
 from pipeline.stages import validate as validate_stage
 from pipeline.stages.validate import ValidateResult
@@ -34,13 +35,10 @@ def run_dataset(params: Params, root: Path) -> DatasetResult:
 
 
 def run_validate(params: Params, root: Path) -> ValidateResult:
-    """Validate the dataset, split it, and write the report with the split summary."""
-    config = params.validate
-    if config.holdout_ledger:  # the split reads the ledger where the stage adds to it
-        config = replace(config, holdout_ledger=str(root / config.holdout_ledger))
-    return validate_stage.validate_stage(
-        root / config.data, config, root / config.report, ledger=config.holdout_ledger
-    )
+    """Validate the dataset, split it, write the report with the split summary, and add the held-out rows to the
+    data set's ledger."""
+    config = ledger_under(params.validate, root)
+    return validate_stage.validate_stage(root / config.data, config, root / config.report)
 
 
 def run_snapshot(params: Params, root: Path) -> SnapshotResult:

@@ -18,12 +18,14 @@ from typing import Any
 import numpy as np
 
 from pipeline.data.contract import Record
+from pipeline.data.leakage import FINGERPRINT, overlap_warning, overlapping
 from pipeline.data.mapping import Mapping
 from pipeline.data.read import RowSlice
 from pipeline.data.split import refuse_unusable
 from pipeline.data.validate import validate_file
 from pipeline.device import pick_device
 from pipeline.families import load_decision_model
+from pipeline.families.exporting import read_training_states
 from pipeline.scoring.conformal import conformal_report
 from pipeline.scoring.decisions import ScoredDecision, with_groups
 from pipeline.scoring.metrics import metrics_by_type
@@ -51,6 +53,9 @@ class EvaluationReport:
     calibration: dict[str, Any] | None
     plots: list[str] = field(default_factory=list)
     conformal: dict[str, Any] | None = None
+    training_overlap: int | None = None
+    """How many of the rows have a state (normalised) the model trained on, by the fingerprints its export keeps
+    (`exporting.TRAINING_STATES`); None for a model without them."""
 
     def to_dict(self) -> dict[str, Any]:
         described = asdict(self)
@@ -74,6 +79,9 @@ def evaluate_model(model: str | Path, data: str | Path, plots_dir: str | Path | 
     validated = validate_file(data, row_slice, mapping=mapping)
     refuse_unusable(data, validated.report)  # nothing to score: exit 2 with the reasons, not a table of NaN
     with model_folder(str(model)) as (name, folder):
+        overlap = training_overlap(folder, validated.records)
+        if warning := overlap_warning(overlap, len(validated.records)):
+            say(warning)
         say(f"scoring {validated.report.kept:,} decisions of {data} with {name} ({model}) on {device}")
         started = time.perf_counter()
         decisions, skipped, probabilities, family = score_records(folder, validated.records, device, progress)
@@ -83,6 +91,7 @@ def evaluate_model(model: str | Path, data: str | Path, plots_dir: str | Path | 
         decisions=validated.report.decisions, skipped={**validated.report.skipped, **skipped},
         metrics=metrics_by_type(decisions, probabilities),
         calibration=calibration_report(decisions, probabilities) if decisions else None,
+        training_overlap=overlap,
     )  # fmt: skip
     if conformal is not None:
         evaluation.conformal = conformal_report(decisions, probabilities, conformal)
@@ -94,6 +103,15 @@ def evaluate_model(model: str | Path, data: str | Path, plots_dir: str | Path | 
         )
         evaluation.plots = [str(p) for p in [*written, by_type]]
     return evaluation
+
+
+def training_overlap(folder: str | Path, records: list[Record]) -> int | None:
+    """How many of `records` have a normalised state among those the model in `folder` trained on (the export's
+    training-states file); None where the folder keeps none (an older export, a base): nothing is checked then."""
+    states = read_training_states(folder)
+    if states is None:
+        return None
+    return overlapping((r.state for r in records), np.frombuffer(states, dtype=FINGERPRINT))
 
 
 def score_records(model_dir: str | Path, records: list[Record], device: str = "cpu", progress: bool = False

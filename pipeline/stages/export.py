@@ -15,10 +15,12 @@ import logging
 from pathlib import Path
 
 from pipeline.config import TrainConfig
+from pipeline.data.leakage import state_fingerprints
 from pipeline.data.pins import current_md5
+from pipeline.data.split import SplitData
 from pipeline.families import is_complete_export, load_decision_model, pick_family, resolve_training
 from pipeline.families.base import BadBase, ExportResult
-from pipeline.families.exporting import MANIFEST, read_manifest
+from pipeline.families.exporting import MANIFEST, read_manifest, read_training_states, with_training_states
 from pipeline.families.runtimes.onnx_encoder import ONNX_FILE, export_encoder, onnxruntime_missing
 from pipeline.lineage import MAPPING_OPTIONS, export_manifest, options_of
 from pipeline.rundir import RunFolder
@@ -42,7 +44,10 @@ def export_folder(source: str | Path, out: str | Path) -> ExportResult:
     # `decision train` on a mapped table keeps the options in the fine-tune's training record.
     options = manifest.get(MAPPING_OPTIONS) or family.describe_training(source).get(MAPPING_OPTIONS)
     manifest |= {MAPPING_OPTIONS: options} if options else {}
-    return with_encoder_graph(family.export(model.loaded, out, family.calibrator(model.loaded), manifest))
+    # The source's training states carried over, where it has them (an export's; a fine-tune folder has none).
+    manifest, files = with_training_states(manifest, read_training_states(source))
+    calibrator = family.calibrator(model.loaded)
+    return with_encoder_graph(family.export(model.loaded, out, calibrator, manifest, files))
 
 
 def _replaced_model(out: Path) -> str | None:
@@ -75,7 +80,16 @@ def export_stage(run_dir: str | Path, out: str | Path, data: str | Path, base: s
     model = load_decision_model(run.finetune)
     manifest = export_manifest(data, base, config, model.family.name, summary, calibrator.temperatures,
                                calibration["heldout"], mapped_options(run))  # fmt: skip
-    return with_encoder_graph(model.family.export(model.loaded, out, calibrator, manifest))
+    manifest, files = with_training_states(manifest, training_states(run))
+    return with_encoder_graph(model.family.export(model.loaded, out, calibrator, manifest, files))
+
+
+def training_states(run: RunFolder) -> bytes | None:
+    """The fingerprints of the run's training rows' states (`leakage.state_fingerprints`), which `decision
+    evaluate` counts evaluation rows against; None without a saved split."""
+    if not run.split.is_file():
+        return None
+    return state_fingerprints(r.state for r in SplitData.load(run.split).split.train).tobytes()
 
 
 def with_encoder_graph(result: ExportResult) -> ExportResult:

@@ -12,6 +12,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from pipeline.config import ConfigError, TrainConfig
+from pipeline.data.leakage import overlap_warning
 from pipeline.data.pins import check_pins
 from pipeline.data.split import TrainSource
 from pipeline.families import resolve_training
@@ -46,7 +47,9 @@ def finetune(source: TrainSource, base: str | Path, out: str | Path, config: Tra
     for checkpoint in run.root.glob(f"{run.checkpoint.stem}*{run.checkpoint.suffix}"):  # candidates' too
         checkpoint.unlink()  # a finetune starts afresh: its folder is not keyed by the data
     validation = write_validated(validated, run.validation, run.split)  # as the flow's validate task
-    hooks.say(f"run folder {run.root}: {describe_split(validation.split)}")
+    hooks.say(f"run folder {run.root}: {describe_split(validation.split)}{validated.split.kept_together.describe()}")
+    if warning := overlap_warning(validated.split.eval_overlap_rows, validation.split["heldout_rows"]):
+        hooks.say(warning)  # --eval-data rows whose state DATA's training rows hold
     trained = train_stage(run.root, base, config, device, hooks, controls, checked)
     result = RunResult(run_dir=str(run.root), validation=validation, train=trained)
     if trained.cancelled or controls.cancelled:

@@ -4,7 +4,9 @@ Feedback is joined to the inference log (`flywheel.harvest.labelled_rows`), the 
 training contract (unusable ones counted by reason and left out), and the usable ones become one new shard of
 the data set (a folder of Parquet or JSONL shards). The folder is then pinned again (`dvc add`), and where the
 project is a git repository the new pin is committed, so the revision a retrain reads names these rows. The
-held-out rule (content hash and ledger, `data.split`) decides which new rows are held out; the result counts them.
+held-out rule (content hash and ledger, `data.split`) decides which new rows are held out; the result counts them,
+and the rows it holds out are added to the data set's ledger (`split.ledger_path`), committed with the pin: rows
+held out before stay held out, and so do these, however the data grows.
 
     harvest("inference", "data/tickets", params.validate)   # -> HarvestResult(rows=180, revision=...)
 """
@@ -12,14 +14,14 @@ held-out rule (content hash and ledger, `data.split`) decides which new rows are
 from __future__ import annotations
 
 import subprocess
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from pipeline.config import ValidateConfig
-from pipeline.data.pins import data_revision
+from pipeline.data.pins import data_revision, dvc_root
 from pipeline.data.sources import open_source
-from pipeline.data.split import SplitData, TrainSource
+from pipeline.data.split import SplitData, TrainSource, ledger_path, record_heldout
 from pipeline.data.validate import validate_rows
 from pipeline.flywheel.harvest import (
     HarvestRefused,
@@ -59,6 +61,8 @@ class HarvestResult:
     last_decision: str | None = None
     models: tuple[str, ...] = ()
     decision_ids: tuple[str, ...] = ()
+    ledger: str | None = None
+    """The data set's held-out ledger, where the held-out rows were added."""
 
     def to_dict(self) -> dict[str, Any]:
         return {k: v for k, v in asdict(self).items() if k != "decision_ids"} | {"models": list(self.models)}
@@ -101,24 +105,44 @@ def harvest(inference: str, dataset: str | Path, split_config: ValidateConfig, c
         labelled = labelled_rows(open_store(inference), harvested_gold(source), model)
         checked = validate_rows(labelled.rows)
         usable = [labelled.rows[r.row] for r in checked.records]
-        base = HarvestResult(str(dataset), 0, 0, dict(checked.report.skipped), labelled.already_harvested,
-                             labelled.not_logged, labelled.other_models, labelled.late_labels,
-                             previous_revision=previous)  # fmt: skip
+        base = HarvestResult(
+            dataset=str(dataset),
+            rows=0,
+            labels=0,
+            skipped=dict(checked.report.skipped),
+            already_harvested=labelled.already_harvested,
+            not_logged=labelled.not_logged,
+            other_models=labelled.other_models,
+            late_labels=labelled.late_labels,
+            previous_revision=previous,
+        )
         if not usable:
             return base
         like = source.schema() if fmt == "parquet" else None
         shard = write_shard(folder, fmt, usable, like)
         revision, pinned_by = pin_folder(folder)
-        heldout = _held_out(TrainSource(str(folder), split_config=split_config).validated(), checked.records)
-    committed = _git_commit(folder, pinned_by, f"harvest: {len(usable)} labelled decisions into {folder}") if commit else None  # fmt: skip
+        ledger = ledger_path(folder, split_config)
+        heldout = _record_held_out(
+            TrainSource(str(folder), split_config=split_config).validated(), ledger, checked.records
+        )
+    message = f"harvest: {len(usable)} labelled decisions into {folder}"
+    committed = _git_commit(folder, pinned_by, ledger, message) if commit else None
     times = sorted(row["decided_at"] for row in usable)
-    return HarvestResult(
-        str(dataset), len(usable), sum(len(r.decisions) for r in checked.records), dict(checked.report.skipped),
-        labelled.already_harvested, labelled.not_logged, labelled.other_models, labelled.late_labels, heldout,
-        str(shard), revision or data_revision(folder),
-        previous, pinned_by, committed, times[0], times[-1], tuple(sorted({r["decided_by"] for r in usable})),
-        tuple(row["decision_id"] for row in usable),
-    )  # fmt: skip
+    return replace(
+        base,
+        rows=len(usable),
+        labels=sum(len(r.decisions) for r in checked.records),
+        heldout=heldout,
+        shard=str(shard),
+        revision=revision or data_revision(folder),
+        pinned_by=pinned_by,
+        committed=committed,
+        first_decision=times[0],
+        last_decision=times[-1],
+        models=tuple(sorted({r["decided_by"] for r in usable})),
+        decision_ids=tuple(row["decision_id"] for row in usable),
+        ledger=None if ledger is None else str(ledger),
+    )
 
 
 def check_target(dataset: str | Path, split_config: ValidateConfig) -> None:
@@ -136,20 +160,25 @@ def check_target(dataset: str | Path, split_config: ValidateConfig) -> None:
     harvest_target(open_source(Path(dataset)))
 
 
-def _held_out(split: SplitData, new_records) -> int:
+def _record_held_out(split: SplitData, ledger: Path | None, new_records) -> int:
+    """The split's held-out rows added to the data set's `ledger`; how many of them are new rows."""
+    if ledger is not None:
+        record_heldout(split.split, ledger)
     heldout = {record.content_hash() for record in split.split.heldout}
     return sum(record.content_hash() in heldout for record in new_records)
 
 
-def _git_commit(folder: Path, pin: str | None, message: str) -> str | None:
-    """Commit the data set's new pin (its .dvc file and the .gitignore DVC keeps), where git tracks the project."""
+def _git_commit(folder: Path, pin: str | None, ledger: Path | None, message: str) -> str | None:
+    """Commit the data set's new pin (its .dvc file and the .gitignore DVC keeps) with its held-out ledger (left
+    out where git ignores it), where git tracks the project."""
     if pin is None:
         return None
     root = _git_root(folder)
     if root is None:
         return None
-    dvc_root = next(p for p in folder.resolve().parents if (p / ".dvc").is_dir())
-    paths = [str(dvc_root / pin), str(dvc_root / Path(pin).parent / ".gitignore")]
+    project = dvc_root(folder)
+    paths = [str(project / pin), str(project / Path(pin).parent / ".gitignore")]
+    paths += [str(ledger.resolve())] if ledger is not None and not _ignored(ledger, root) else []
     paths = [p for p in paths if Path(p).exists()]
     subprocess.run(["git", "add", "--", *paths], cwd=root, check=True, capture_output=True)
     done = subprocess.run(["git", "commit", "-q", "-m", message, "--", *paths], cwd=root, capture_output=True, text=True)  # fmt: skip
@@ -158,6 +187,13 @@ def _git_commit(folder: Path, pin: str | None, message: str) -> str | None:
     return subprocess.run(
         ["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True
     ).stdout.strip()
+
+
+def _ignored(path: Path, root: Path) -> bool:
+    done = subprocess.run(
+        ["git", "check-ignore", "-q", "--", str(path.resolve())], cwd=root, capture_output=True
+    )
+    return done.returncode == 0
 
 
 def _git_root(folder: Path) -> Path | None:

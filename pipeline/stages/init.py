@@ -6,7 +6,8 @@ tracks only what is inside; a Hub data set is written there as Parquet shards), 
 snapshot by default), and writes the run config `configs/NAME.yaml` that the retrain flow reads
 (`decision retrain --run-config NAME`): the data, the base, the run folder, the registered model name
 NAME, and the mapping (`validate.mapping`). Keys a user added to that file by hand are kept. A rerun re-pins: a changed file or shard is a new data
-revision, and the result says so.
+revision, and the result says so. The data is split as the run will split it, and the rows held out are added to
+the data set's ledger (`split.ledger_path`), so they stay held out however the data grows.
 
     init_run("~/exports/tickets.csv", name="tickets", mapping="tickets.yaml")   # data/own/tickets.csv pinned
 """
@@ -24,13 +25,14 @@ from typing import Any
 import pyarrow.parquet as pq
 import yaml
 
-from pipeline.config import RUN_CONFIGS_DIR, ConfigError, RetrainConfig, load_params
+from pipeline.config import RUN_CONFIGS_DIR, ConfigError, RetrainConfig, ValidateConfig, load_params
+from pipeline.data.contract import Record
 from pipeline.data.facts import announced
 from pipeline.data.mapping import load_mapping
 from pipeline.data.pins import LOCK_FILE, PinMismatch, check_pins, pin_command
 from pipeline.data.read import iter_tables
 from pipeline.data.sources import HUB_PREFIX, is_glob, matched_files, pin_path
-from pipeline.data.split import refuse_unusable
+from pipeline.data.split import ledger_path, ledger_under, record_heldout, refuse_unusable, split_holdout
 from pipeline.data.validate import validate_file
 from pipeline.families import pick_family
 from pipeline.lineage import uncommitted
@@ -69,6 +71,10 @@ class InitResult:
     mapping_dropped: bool = False
     """An earlier init's `validate.mapping` was removed: DATA holds decision rows now (`decision map --write`
     made them from the table, to harvest into)."""
+    ledger: str | None = None
+    """The data set's held-out ledger (`split.ledger_path`), in the project."""
+    heldout: int = 0
+    """Rows the run's split holds out, each listed in the ledger: they stay held out as the data grows."""
 
     @property
     def data_changed(self) -> bool:
@@ -108,7 +114,8 @@ def init_run(data: str, base: str | None = None, name: str | None = None,
     loaded = load_mapping(mapping) if mapping is not None else None  # MappingError, before anything is pinned
     # BadSource / UnreadableInput (an empty folder or file, shards that disagree, a Hub id offline, a table with no
     # mapping) and a source with no usable decision are refused here, with the reasons, before anything is pinned
-    refuse_unusable(data, validate_file(data, with_records=False, mapping=loaded, report=report).report)
+    checked = validate_file(data, mapping=loaded, report=report)  # its records make the run's first split
+    refuse_unusable(data, checked.report)
     # The base is checked (it loads as a base) before the data is pinned.
     rel_base, base_md5 = _pinned_base(base, root, report)
     sections = {"retrain": {"data": _run_data_text(data, root, name), "base": rel_base, "runs_dir": f"runs/{name}",
@@ -116,7 +123,8 @@ def init_run(data: str, base: str | None = None, name: str | None = None,
                 "validate": {} if mapping is None else {"mapping": _mapping_entry(mapping, root, name)}}  # fmt: skip
     merged = _merged(existing, sections)
     try:  # the config as it will be written, checked before anything is copied, pinned or written
-        load_params(root / "params.yaml", overrides=merged)
+        split_config = ledger_under(load_params(root / "params.yaml", overrides=merged).validate, root)
+        ledger = ledger_path(root / sections["retrain"]["data"], split_config)
     except ConfigError as error:
         raise BadInit(f"{config_file}: {error}") from None
     data_text, pinned, copied = _inside(data, root, name, report)
@@ -126,8 +134,11 @@ def init_run(data: str, base: str | None = None, name: str | None = None,
     if isinstance(mapping, str):
         _copy_mapping(mapping, root, name)
     config = _write_run_config(config_file, name, merged)
+    heldout = _record_split(checked.records, split_config, ledger)
+    rel_ledger = None if ledger is None else _in_project(ledger, root)
     written = [config.relative_to(root).as_posix(), _mapping_copy(root, name).relative_to(root).as_posix(),
-               *_pin_files(pinned.relative_to(root).as_posix()), *_pin_files(rel_base), "dvc.lock"]  # fmt: skip
+               *_pin_files(pinned.relative_to(root).as_posix()), *_pin_files(rel_base), "dvc.lock",
+               *filter(None, [rel_ledger])]  # fmt: skip
     return InitResult(
         name=name,
         run_config=config.relative_to(root).as_posix(),
@@ -140,7 +151,24 @@ def init_run(data: str, base: str | None = None, name: str | None = None,
         updated=bool(existing),
         to_commit=tuple(uncommitted(written, root)),
         mapping_dropped=mapping_dropped,
+        ledger=rel_ledger,
+        heldout=heldout,
     )
+
+
+def _record_split(records: list[Record], config: ValidateConfig, ledger: Path | None) -> int:
+    """The run's first split of `records`: its held-out rows added to the data set's `ledger` (the retrain flow's
+    split reads it), so they stay held out as the data grows; how many rows it holds out."""
+    split = split_holdout(records, config, ledger)
+    if ledger is not None:
+        record_heldout(split, ledger)
+    return len(split.heldout)
+
+
+def _in_project(path: Path, root: Path) -> str:
+    """`path` as the run config and git name it: relative to the project where it lies inside."""
+    resolved = path.resolve()
+    return resolved.relative_to(root).as_posix() if resolved.is_relative_to(root) else str(path)
 
 
 def _pin_files(rel: str) -> list[str]:

@@ -19,7 +19,7 @@ from typing import Any
 
 import yaml
 
-from pipeline.data.pins import pin_command, producing_stage
+from pipeline.data.pins import dvc_root, pin_command, producing_stage
 from pipeline.data.sources import env_flag_set
 from pipeline.families import loading, pick_family
 from pipeline.families.base import BadBase, ModelLayoutError
@@ -90,7 +90,7 @@ def _rebuilt_by_a_stage(out: Path) -> str | None:
     """Why `out` must not take a snapshot: dvc.yaml makes it the output of a stage that builds it some other way
     (the stock MiniLM's), so `dvc repro` (and `make run`) would replace the copy; None otherwise. A stage that runs
     `decision snapshot` itself is the way to pin a snapshot by `dvc repro`."""
-    root = _dvc_root(out)
+    root = dvc_root(out)
     if root is None:
         return None
     stage = producing_stage(out.resolve().relative_to(root).as_posix(), root)
@@ -141,7 +141,7 @@ def _download_from_hub(hub_id: str, folder: Path) -> None:
 def pin_folder(out: Path) -> tuple[str | None, str | None]:
     """(md5, what pins it) for `out`: `dvc add` inside a DVC repository, unless dvc.yaml makes it a stage
     output (then `dvc repro` pins it); (None, None) outside any repository."""
-    root = _dvc_root(out)
+    root = dvc_root(out)
     if root is None:
         return None, None
     rel = out.resolve().relative_to(root).as_posix()
@@ -175,8 +175,3 @@ def run_dvc(arguments: list[str], root: Path) -> None:
         raise PinFailed(
             f"dvc {' '.join(arguments)} (in {root}) failed: {reason or f'exit {done.returncode}'}"
         )
-
-
-def _dvc_root(path: Path) -> Path | None:
-    """The DVC repository `path` lies in (the nearest folder above it holding `.dvc/`), or None."""
-    return next((p for p in path.resolve().parents if (p / ".dvc").is_dir()), None)

@@ -140,10 +140,17 @@ def calibration_metrics(result: RunResult) -> dict[str, float]:
     return metrics
 
 
+SPLIT_COUNTS = ("shared_state_rows", "near_duplicate_rows", "eval_overlap_rows")
+"""The split's leakage counts (`data.leakage`): rows kept on one side because they read the same state as
+another, and evaluation rows whose state the training rows hold."""
+
+
 def split_metrics(result: RunResult) -> dict[str, float]:
-    """Skips by reason, and where the rows have groups how many of them each side of the split holds."""
+    """Skips by reason, where the rows have groups how many of them each side of the split holds, and the split's
+    leakage counts."""
     metrics = {f"skipped_{reason}": float(n) for reason, n in result.validation.report.skipped.items()}
-    return metrics | {k: float(n) for k, n in result.validation.split.items() if k.endswith("_groups")}
+    split = result.validation.split
+    return metrics | {k: float(n) for k, n in split.items() if k.endswith("_groups") or k in SPLIT_COUNTS}
 
 
 def candidate_metrics(train: TrainRun) -> dict[str, float]:

@@ -8,19 +8,20 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from pipeline.config import ValidateConfig
+from pipeline.data.pins import dvc_root
 from pipeline.data.read import RowSlice
-from pipeline.data.split import SplitData, TrainSource, record_heldout
+from pipeline.data.split import SplitData, TrainSource, ledger_path, record_heldout
 from pipeline.data.validate import ValidationReport
 
 
 @dataclass(frozen=True)
 class ValidateResult:
-    """The report, the split's row and decision counts, and (with a ledger) how many rows it newly holds out."""
+    """The report, the split's row and decision counts, and how many rows it newly added to the ledger."""
 
     report: ValidationReport
     split: dict[str, int]
@@ -51,19 +52,19 @@ def write_validated(
 
 
 def validate_stage(data: str | Path, config: ValidateConfig, out: str | Path | None = None,
-                   row_slice: str | None = None, ledger: str | Path | None = None,
-                   split_out: str | Path | None = None,
+                   row_slice: str | None = None, split_out: str | Path | None = None,
                    report: Callable[[str], None] | None = None) -> ValidateResult:  # fmt: skip
     """The report of `data` (or its slice) with the split summary; written to `out` if given, and the split
     itself to `split_out` (a run's `RunFolder.split`) if given; `report` hears of reading and checking that run past 2 s.
 
-    With `ledger` (the DVC stage passes `validate.holdout_ledger`), the held-out rows are added to it, so they
-    stay held out as the data grows; the flow's validate task only reads it.
+    The held-out rows are added to the data set's ledger (`ledger_path`), so they stay held out as the data grows:
+    for `dvc repro validate` and the retrain flow's validate task alike, wherever the data lies in a DVC project.
     """
     validated = TrainSource(data, RowSlice.parse(row_slice), split_config=config).validated(report)
     result = write_validated(validated, out, split_out)
-    if ledger is not None:
-        # Kept out of the written report: the count depends on what earlier runs held out, and the written report
-        # is a DVC metric that must depend on the data and params alone.
-        return ValidateResult(result.report, result.split, record_heldout(validated.split, ledger))
-    return result
+    ledger = ledger_path(data, config)
+    if ledger is None or dvc_root(ledger) is None:  # a Hub id, a file outside a DVC project: nothing pins it
+        return result
+    # Kept out of the written report: the count depends on what earlier runs held out, and the written report
+    # is a DVC metric that must depend on the data and params alone.
+    return replace(result, newly_held_out=record_heldout(validated.split, ledger))

@@ -15,11 +15,12 @@ import pytest
 from pipeline.config import ValidateConfig
 from pipeline.data.pins import data_revision
 from pipeline.data.sources import open_source
-from pipeline.data.split import TrainSource
+from pipeline.data.split import TrainSource, read_ledger, split_holdout
 from pipeline.flywheel.harvest import HarvestRefused, harvest_lock
 from pipeline.flywheel.review import UnknownModel, review_queue, write_queue
 from pipeline.flywheel.table import new_decision_id, open_store, utc_now
 from pipeline.stages.harvest import harvest
+from pipeline.stages.validate import validate_stage
 from tests.api.conftest import QUESTIONS
 
 TONES = ("negative", "neutral", "positive")
@@ -90,6 +91,35 @@ def test_labelled_decisions_become_one_new_pinned_and_committed_shard(project, t
     assert sum(len(r.decisions) for r in split.every_record()) == 80  # 60 old rows + 20 harvested, each once
     harvested_heldout = [r for r in split.heldout if isinstance(r.state, dict) and "n" in r.state]
     assert result.heldout == len(harvested_heldout)
+
+
+def test_rows_held_out_before_a_harvest_stay_held_out_and_the_harvested_ones_join_the_committed_ledger(
+    project, tmp_path
+):
+    config = ValidateConfig(holdout_max_decisions=6, holdout_fraction=0.5)  # the cap binds
+    # What the retrain flow's validate task runs: it records the rows it holds out.
+    before = validate_stage(str(project), config)
+    ledger = project.parent / "tickets.holdout-ledger.txt"  # beside the pinned folder, never inside it
+    held_before = read_ledger(ledger)
+    assert before.newly_held_out == before.split["heldout_rows"] == len(held_before) == 6
+    revision = data_revision(project)
+    assert validate_stage(str(project), config).newly_held_out == 0 and data_revision(project) == revision
+
+    store = open_store(tmp_path / "inference")
+    label(store, log_decisions(store, 40))
+    result = harvest(str(tmp_path / "inference"), project, config)
+    records = TrainSource(str(project), split_config=config).validated().split
+    held_after = {r.content_hash() for r in records.heldout}
+    assert held_before <= held_after  # the flow's next split keeps them out of training
+    harvested = {r.content_hash() for r in records.heldout if "n" in r.state}
+    assert len(harvested) == result.heldout and harvested <= read_ledger(ledger)
+    assert result.ledger == str(ledger)
+    # Without the ledger the new rows, hashing lower, would have pushed rows held out before into training.
+    assert held_before - {r.content_hash() for r in split_holdout(records.every_record(), config).heldout}
+    log = subprocess.run(
+        ["git", "log", "--format=%s", "--", "data/tickets.holdout-ledger.txt"], capture_output=True, text=True
+    )
+    assert log.stdout.startswith("harvest: 40 labelled decisions")
 
 
 def test_a_second_harvest_takes_only_what_is_new(project, tmp_path):

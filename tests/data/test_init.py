@@ -15,6 +15,7 @@ import yaml
 from pipeline.cli.main import main
 from pipeline.config import load_params
 from pipeline.data.pins import check_pins, current_md5
+from pipeline.data.split import TrainSource, read_ledger, split_holdout
 from pipeline.stages.init import BadInit, run_name
 from tests.tiny import write_tiny_encoder
 
@@ -145,6 +146,26 @@ def test_a_run_config_init_cannot_update_is_refused_before_anything_is_pinned(pr
     assert not (project / "data").exists()
 
 
+def test_an_initd_data_set_that_grows_past_the_cap_keeps_its_held_out_rows_held_out(project, capsys):
+    params = yaml.safe_load((project / "params.yaml").read_text())
+    params["validate"] |= {"holdout_max_decisions": 4, "holdout_fraction": 0.5}  # the cap binds at once
+    (project / "params.yaml").write_text(yaml.safe_dump(params))
+    write_rows(project / "data" / "tickets" / "part-0.jsonl", 20)
+    code, result, err = init(capsys, "--data", "data/tickets")
+    assert code == 0, err
+    ledger = project / "data" / "tickets.holdout-ledger.txt"  # beside the pinned folder, never inside it
+    held = read_ledger(ledger)
+    assert (result["ledger"], result["heldout"], len(held)) == ("data/tickets.holdout-ledger.txt", 4, 4)
+    grown = "".join(json.dumps(ROW | {"state": f"late {i}"}) + "\n" for i in range(20, 400))
+    (project / "data" / "tickets" / "part-1.jsonl").write_text(grown)
+    config = load_params(project / "params.yaml", "tickets").validate
+    split = TrainSource("data/tickets", split_config=config).validated().split  # what the retrain flow splits
+    assert held <= {r.content_hash() for r in split.heldout}
+    # Without the ledger the new rows, hashing lower, would have pushed those rows into training.
+    stateless = split_holdout(split.every_record(), config)
+    assert held - {r.content_hash() for r in stateless.heldout}
+
+
 def test_the_run_name_comes_from_the_data_unless_given():
     assert run_name("data/shards/", None) == "shards"
     assert run_name("~/exports/Q3.tickets.csv", None) == "q3"
@@ -198,6 +219,7 @@ def test_init_names_the_files_to_commit(tmp_path, capsys, monkeypatch):
         "configs/tickets.yaml",
         "data/own/tickets.jsonl.dvc",
         "data/own/.gitignore",
+        "data/own/tickets.jsonl.holdout-ledger.txt",  # the rows held out, by content hash: never trained on
     }
     assert "data/own/tickets.jsonl" not in result["to_commit"]  # the bytes are DVC's
 

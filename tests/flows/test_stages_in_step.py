@@ -11,13 +11,14 @@ def test_dvc_and_the_flow_validate_with_the_same_function(project_root, monkeypa
     import flows.retrain
     import pipeline.stages.dvc as stages
     import pipeline.stages.validate as validate_stage
+    from pipeline.data.split import ledger_path
     from pipeline.data.validate import ValidationReport
     from pipeline.stages.validate import ValidateResult
 
     calls = []
 
-    def spy(data, config, out=None, row_slice=None, ledger=None, split_out=None, report=None):
-        calls.append((str(data), ledger))
+    def spy(data, config, out=None, row_slice=None, split_out=None, report=None):
+        calls.append((str(data), ledger_path(data, config)))
         return ValidateResult(ValidationReport(1, 1, 1, {}, {}), {})
 
     monkeypatch.setattr(validate_stage, "validate_stage", spy)
@@ -31,8 +32,10 @@ def test_dvc_and_the_flow_validate_with_the_same_function(project_root, monkeypa
     )
     (dvc_data, dvc_ledger), (flow_data, flow_ledger) = calls
     assert dvc_data.endswith(params.retrain.data) and flow_data == params.retrain.data
-    # Only the stage adds to the held-out ledger; the flow reads it through the split.
-    assert str(dvc_ledger).endswith(params.validate.holdout_ledger) and flow_ledger is None
+    # Both add the held-out rows to one ledger, the data set's, which dvc.yaml declares the stage's output.
+    assert dvc_ledger == project_root / flow_ledger
+    outs = yaml.safe_load((project_root / "dvc.yaml").read_text())["stages"]["validate"]["outs"]
+    assert [str(flow_ledger)] == [next(iter(out)) for out in outs]
 
 
 def test_the_flow_trains_on_exactly_what_dvc_pins(project_root):

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from pipeline.cli.main import main
+from pipeline.data.leakage import overlap_warning
 from pipeline.data.pins import current_md5
 from pipeline.families.laya_layout import load_model
 from pipeline.rundir import RunFolder
@@ -113,12 +114,38 @@ def test_finetune_with_eval_data_and_a_slice(tiny_base, synthetic_train_file, pa
     assert summary["train"]["rows"] == 40 and summary["calibration"]["heldout"]["decisions"] == 3 * 120  # all of --eval-data held out
 
 
+def test_evaluation_rows_the_model_trained_on_are_counted_and_warned_of(
+    tiny_base, synthetic_train_file, params, tmp_path, capsys
+):
+    held = tmp_path / "held.jsonl"  # rows 30-79: 10 of them (30-39) in the slice trained on
+    held.write_text("".join(synthetic_train_file.read_text().splitlines(keepends=True)[30:80]))
+    out = tmp_path / "export"
+    data = ["--data", str(synthetic_train_file), "--slice", "0:40", "--eval-data", str(held)]
+    run = ["--base", str(tiny_base), "--out", str(out), "--max-steps", "1", "--params", str(params), "--json"]
+    code = main(["finetune", *data, *run])
+    assert code == 0
+    assert overlap_warning(10, 50) in capsys.readouterr().err
+    validation = json.loads(RunFolder(tmp_path / "export.run").validation.read_text())
+    assert validation["split"]["eval_overlap_rows"] == 10
+    # The export keeps its training rows' fingerprints: evaluate counts the rows it trained on (0-39 of 0-59).
+    assert json.loads((out / "manifest.json").read_text())["training_states"]["count"] == 40
+    code = main(
+        ["evaluate", "--model", str(out), "--data", str(synthetic_train_file), "--slice", ":60", "--json"]
+    )
+    output = capsys.readouterr()
+    assert code == 0 and json.loads(output.out)["training_overlap"] == 40
+    assert overlap_warning(40, 60) in output.err
+
+
 def test_evaluate_writes_metrics_and_plots(tiny_base, synthetic_train_file, tmp_path, capsys):
     plots = tmp_path / "plots"
     code = main(["evaluate", "--model", str(tiny_base), "--data", str(synthetic_train_file), "--slice", "0:60",
                  "--plots", str(plots), "--json"])  # fmt: skip
     assert code == 0
-    report = json.loads(capsys.readouterr().out)
+    output = capsys.readouterr()
+    report = json.loads(output.out)
+    # A base keeps no training states: nothing to check, no warning.
+    assert report["training_overlap"] is None and "warning" not in output.err
     assert set(report["metrics"]) == {"overall", "choice", "score", "noul"}
     assert report["metrics"]["overall"]["decisions"] == 180
     names = sorted(p.name for p in plots.iterdir())

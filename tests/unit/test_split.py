@@ -1,16 +1,20 @@
 """The held-out split: whole rows (or whole groups), stable under reordering and growth, within its caps."""
 
 import csv
+import hashlib
 import json
 import random
 from dataclasses import replace
+from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+import pytest
 
 from pipeline.cli.main import main
 from pipeline.config import ValidateConfig
 from pipeline.data import synthetic
+from pipeline.data.leakage import KeptTogether, StateKeys, near_key, normalised_state, state_keys
 from pipeline.data.split import hash_position, split_holdout
 from pipeline.data.validate import validate_file, validate_rows
 from pipeline.stages.track import run_metrics
@@ -37,7 +41,7 @@ def test_split_is_stable_when_rows_are_reordered_or_added():
 def test_rows_added_with_fewer_decisions_never_push_a_held_out_row_into_training():
     # Harvested rows carry the one or two questions labelled: a budget that followed the data's decisions let
     # such rows, hashing low, push rows held out before into training (then a model is gated on rows it read).
-    config = ValidateConfig(holdout_ledger=None)
+    config = ValidateConfig()
     rows = synthetic.generate_rows(300, seed=8)
     before = split_holdout(validate_rows(rows).records, config)
     singles = [row | {"questions": dict(list(row["questions"].items())[:1]), "gold": dict(list(row["gold"].items())[:1])}
@@ -94,30 +98,100 @@ def test_tiny_sets_hold_out_one_row_but_never_the_last():
 
 def test_with_the_shipped_params_a_row_held_out_once_stays_held_out_as_the_data_grows_past_the_cap(tmp_path):
     from pipeline.config import load_params
-    from pipeline.data.split import read_ledger, record_heldout
+    from pipeline.data.split import ledger_path, read_ledger, record_heldout
 
-    shipped = load_params("params.yaml").validate
-    assert shipped.holdout_ledger, "params.yaml ships a ledger"
-    config = replace(shipped, holdout_ledger=str(tmp_path / "ledger.txt"))
+    config = load_params("params.yaml").validate
+    assert ledger_path(config.data, config) == Path(f"{config.data}.holdout-ledger.txt")  # the data set's own
+    ledger = tmp_path / "ledger.txt"
     rows = synthetic.generate_rows(20_000, seed=5)  # 3 decisions a row: the cap binds from ~13,400 rows
-    first = split_holdout(validate_rows(rows[:14_000]).records, config)
-    assert sum(len(r.decisions) for r in first.heldout) <= shipped.holdout_max_decisions
-    assert record_heldout(first, config.holdout_ledger) == len(first.heldout)
-    assert read_ledger(config.holdout_ledger) == _ids(first.heldout)
+    first = split_holdout(validate_rows(rows[:14_000]).records, config, ledger)
+    assert sum(len(r.decisions) for r in first.heldout) <= config.holdout_max_decisions
+    assert record_heldout(first, ledger) == len(first.heldout)
+    assert read_ledger(ledger) == _ids(first.heldout)
 
     grown = rows[:]
     random.Random(1).shuffle(grown)
-    after = split_holdout(validate_rows(grown).records, config)
+    after = split_holdout(validate_rows(grown).records, config, ledger)
     assert _ids(first.heldout) <= _ids(after.heldout) and _ids(first.train) <= _ids(after.train)
     new = _ids(after.heldout) - _ids(first.heldout)
     assert new <= _ids(validate_rows(rows[14_000:]).records)  # only new rows fill what budget is left
-    assert sum(len(r.decisions) for r in after.heldout) <= shipped.holdout_max_decisions
-    record_heldout(after, config.holdout_ledger)
-    assert _ids(split_holdout(validate_rows(grown).records, config).heldout) == _ids(after.heldout)
+    assert sum(len(r.decisions) for r in after.heldout) <= config.holdout_max_decisions
+    record_heldout(after, ledger)
+    assert _ids(split_holdout(validate_rows(grown).records, config, ledger).heldout) == _ids(after.heldout)
 
     # Without the ledger the same growth moves rows that were held out into training.
-    stateless = split_holdout(validate_rows(grown).records, replace(config, holdout_ledger=None))
+    stateless = split_holdout(validate_rows(grown).records, config)
     assert _ids(first.heldout) - _ids(stateless.heldout)
+
+
+def _digest(records) -> str:
+    return hashlib.sha256("".join(sorted(r.content_hash() for r in records)).encode()).hexdigest()[:16]
+
+
+def test_rows_of_distinct_states_split_exactly_as_before_the_leakage_check():
+    """Digests of the sides the split chose before states were compared (pinned from that code): where no two rows
+    share a state or a near-duplicate key, joining them changes nothing, with groups or without."""
+    rows = synthetic.generate_rows(3000, seed=21)
+    config = ValidateConfig(holdout_max_decisions=600, validation_max_decisions=600)
+    plain = split_holdout(validate_rows(rows).records, config)
+    assert plain.kept_together == KeptTogether()
+    assert (_digest(plain.heldout), _digest(plain.validation)) == ("ae9fb6f488433a12", "bbe88424b985102f")
+    grouped = [{**row, "group": f"user-{i % 97}"} for i, row in enumerate(rows)]
+    split = split_holdout(validate_rows(grouped).records, config)
+    assert (_digest(split.heldout), _digest(split.validation)) == ("2164afebf9da04c8", "86bc04144103c00c")
+
+
+def _side_of(split) -> dict[str, str]:
+    sides = ("train", "validation", "heldout")
+    return {r.content_hash(): side for side in sides for r in getattr(split, side)}
+
+
+def test_rows_sharing_a_state_or_nearly_go_to_one_side_and_are_counted():
+    rows = synthetic.generate_rows(600, seed=30)
+    # Twins of 40 rows: 20 shouted (one normalised state) and 20 with their words sorted (near-duplicates).
+    shouted = [{**row, "state": "  " + row["state"].upper() + "!!"} for row in rows[:20]]
+    shuffled = [{**row, "state": ", ".join(sorted(row["state"].split()))} for row in rows[20:40]]
+    config = ValidateConfig(holdout_fraction=0.3, holdout_max_decisions=10_000, validation_min_decisions=10)
+    records = validate_rows(rows + shouted + shuffled).records
+    split = split_holdout(records, config)
+    sides = _side_of(split)
+    twins = list(zip(records[:40], records[600:], strict=True))
+    assert all(sides[a.content_hash()] == sides[b.content_hash()] for a, b in twins)
+    assert {sides[a.content_hash()] for a, _ in twins} == {"train", "validation", "heldout"}
+    assert split.kept_together == KeptTogether(shared_state_rows=40, near_duplicate_rows=40)
+    assert split.summary() | {"shared_state_rows": 40, "near_duplicate_rows": 40} == split.summary()
+    assert split_holdout(validate_rows(rows).records, config).kept_together == KeptTogether()
+
+
+def test_a_state_two_groups_share_joins_the_groups_and_short_or_json_states_match_exactly_only():
+    rows = synthetic.generate_rows(200, seed=31)
+    grouped = [{**row, "group": f"user-{i % 20}"} for i, row in enumerate(rows)]
+    grouped[1] = {**grouped[1], "state": grouped[0]["state"] + "."}  # user-1 asks what user-0 asked
+    records = validate_rows(grouped).records
+    sides = _side_of(split_holdout(records, ValidateConfig(holdout_fraction=0.3)))
+    assert len({sides[r.content_hash()] for r in records if r.group in ('"user-0"', '"user-1"')}) == 1
+    assert near_key(normalised_state("late 1")) is None  # too few words to call two texts near-duplicates
+    numbers_aside = near_key(normalised_state("Order 1234 arrived late, very late"))
+    assert numbers_aside == near_key("late order 77 arrived very")
+    assert state_keys({"text": "Late!", "n": 1}) == StateKeys('{"n":1,"text":"Late!"}', None)  # exact only
+    assert state_keys({"n": 1, "text": "Late!"}) == state_keys({"text": "Late!", "n": 1})  # key order aside
+
+
+def test_each_data_set_has_its_ledger_beside_what_dvc_pins_never_inside(tmp_path):
+    from pipeline.config import ConfigError
+    from pipeline.data.split import ledger_path
+
+    folder = tmp_path / "tickets"
+    folder.mkdir()
+    (tmp_path / "tickets.dvc").write_text("outs:\n- path: tickets\n")  # `dvc add tickets` pins the folder
+    beside = tmp_path / "tickets.holdout-ledger.txt"
+    for data in (folder, f"{folder}/*.parquet", folder / "part-0.parquet"):  # the folder, a glob, one shard
+        assert ledger_path(data, ValidateConfig()) == beside
+    assert ledger_path(tmp_path / "rows.csv", ValidateConfig()) == tmp_path / "rows.csv.holdout-ledger.txt"
+    assert ledger_path("hf:owner/name", ValidateConfig()) is None  # nothing pins a Hub data set
+    assert ledger_path(folder, ValidateConfig(holdout_ledger="one.txt")) == Path("one.txt")
+    with pytest.raises(ConfigError, match=r"validate\.holdout_ledger: .* inside"):
+        ledger_path(folder, ValidateConfig(holdout_ledger=str(folder / "ledger.txt")))
 
 
 def _grouped(rows, groups: int, seed: int = 0):
@@ -168,7 +242,7 @@ def test_a_ledger_entry_for_any_row_of_a_group_holds_out_the_whole_group(tmp_pat
     train_group = next(r.group for r in split_holdout(records, ValidateConfig()).train)
     ledger = tmp_path / "ledger.txt"
     ledger.write_text(next(r.content_hash() for r in records if r.group == train_group) + "\n")
-    split = split_holdout(records, ValidateConfig(holdout_ledger=str(ledger)))
+    split = split_holdout(records, ValidateConfig(), ledger)
     assert train_group in _sides(split)["heldout"] and train_group not in _sides(split)["train"]
     assert {r.content_hash() for r in records if r.group == train_group} <= _ids(split.heldout)
 

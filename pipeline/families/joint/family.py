@@ -212,9 +212,14 @@ class JointFamily(DecisionFamily):
         return Path(export_joint(loaded, out, Calibrator(), manifest).out)
 
     def export(
-        self, loaded: LoadedJoint, out, calibrator: Calibrator, manifest: dict[str, Any]
+        self,
+        loaded: LoadedJoint,
+        out,
+        calibrator: Calibrator,
+        manifest: dict[str, Any],
+        files: dict[str, bytes] | None = None,
     ) -> ExportResult:
-        return export_joint(loaded, out, calibrator, manifest)
+        return export_joint(loaded, out, calibrator, manifest, files)
 
     def answer(
         self,

@@ -46,6 +46,7 @@ from pipeline.families.exporting import (
     load_weights,
     read_calibrator,
     write_calibrator,
+    write_files,
     write_marker_last,
     write_staged,
 )
@@ -342,9 +343,14 @@ def _with_pad_token(tokenizer):
 
 
 def export_joint(
-    loaded: LoadedJoint, out: str | Path, calibrator: Calibrator, manifest: dict[str, Any]
+    loaded: LoadedJoint,
+    out: str | Path,
+    calibrator: Calibrator,
+    manifest: dict[str, Any],
+    files: dict[str, bytes] | None = None,
 ) -> ExportResult:
-    """Merge, check and write `loaded` to `out` crash-safe; a no-op when `out` already holds this export.
+    """Merge, check and write `loaded` to `out` crash-safe, with `files` beside it (each named in `manifest`); a
+    no-op when `out` already holds this export.
 
     The calibrator goes to `calibrator.json` (what this project's readers apply) and its type temperatures
     (choice, score, noul) into the config. The training model is left as it is (adapters included); the merge
@@ -371,7 +377,7 @@ def export_joint(
     write_staged(
         out,
         lambda staging: _write_layout(
-            backbone, head, loaded.tokenizer, config, manifest, calibrator, staging
+            backbone, head, loaded.tokenizer, config, manifest, calibrator, staging, files
         ),
     )
     return ExportResult(str(out), True, manifest)
@@ -429,10 +435,11 @@ def _export_dtype(backbone: nn.Module) -> torch.dtype:
     return torch.bfloat16 if vocabulary_table(backbone).dtype == torch.bfloat16 else torch.float16
 
 
-def _write_layout(backbone, head, tokenizer, config, manifest, calibrator, folder: Path) -> None:
+def _write_layout(backbone, head, tokenizer, config, manifest, calibrator, folder: Path, files) -> None:
     from safetensors.torch import save_file
 
     write_calibrator(folder, calibrator)
+    write_files(folder, files)
     backbone.save_pretrained(str(folder / BACKBONE_DIR))
     tokenizer.save_pretrained(str(folder / BACKBONE_DIR))
     (folder / JOINT_CONFIG).write_text(json.dumps(config, indent=2))

@@ -22,6 +22,7 @@ from pipeline.families.exporting import (
     check_finite,
     merged_copy,
     write_calibrator,
+    write_files,
     write_marker_last,
     write_staged,
 )
@@ -36,8 +37,9 @@ SAME = "laya.Agent applies the same per-type temperatures (rl_agent_config.json)
 
 
 def export_model(loaded: LoadedModel, out: str | Path, calibrator: Calibrator | tuple[float, ...] | list[float],
-                 manifest: dict[str, Any]) -> ExportResult:  # fmt: skip
-    """Merge, check and write `loaded` to `out` crash-safe; a no-op when `out` already holds this export."""
+                 manifest: dict[str, Any], files: dict[str, bytes] | None = None) -> ExportResult:  # fmt: skip
+    """Merge, check and write `loaded` to `out` crash-safe, with `files` beside it (each named in `manifest`); a
+    no-op when `out` already holds this export."""
     out = Path(out)
     calibrator = as_calibrator(calibrator)
     config = {**loaded.config, "temperature": [float(t) for t in calibrator.temperatures], "fine_tuned": True}
@@ -63,15 +65,18 @@ def export_model(loaded: LoadedModel, out: str | Path, calibrator: Calibrator | 
     check_finite(state)
     write_staged(
         out,
-        lambda staging: _write_layout(model, state, loaded.tokenizer, config, manifest, calibrator, staging),
+        lambda staging: _write_layout(
+            model, state, loaded.tokenizer, config, manifest, calibrator, staging, files
+        ),
     )
     return ExportResult(str(out), True, manifest)
 
 
-def _write_layout(model, state, tokenizer, config, manifest, calibrator, folder: Path) -> None:
+def _write_layout(model, state, tokenizer, config, manifest, calibrator, folder: Path, files) -> None:
     from safetensors.torch import save_file
 
     write_calibrator(folder, calibrator)
+    write_files(folder, files)
     save_file(
         {k: v.detach().half().contiguous() for k, v in state.items()}, str(folder / "model.safetensors")
     )

@@ -121,9 +121,14 @@ class LayaFamily(DecisionFamily):
         )
 
     def export(
-        self, loaded: LoadedModel, out, calibrator: Calibrator, manifest: dict[str, Any]
+        self,
+        loaded: LoadedModel,
+        out,
+        calibrator: Calibrator,
+        manifest: dict[str, Any],
+        files: dict[str, bytes] | None = None,
     ) -> ExportResult:
-        return export_model(loaded, out, calibrator, manifest)
+        return export_model(loaded, out, calibrator, manifest, files)
 
     def answer(
         self,

@@ -39,7 +39,8 @@ def record_columns(states: list[dict]) -> tuple[list[str], list[str]]:
 
 
 def record_frame(states: list[dict], numeric: list[str], categorical: list[str]) -> pd.DataFrame:
-    """The states as a table: numbers as floats (null as NaN), categories as text (null as its own category)."""
+    """The states as a table: numbers as floats (null as NaN), categories as text (null as its own
+    category)."""
 
     def category(value) -> str:
         if value is None:
@@ -58,9 +59,15 @@ def tabular_model(name: str, numeric: list[str], categorical: list[str]) -> Pipe
     """An unfitted scikit-learn pipeline from a frame of `record_frame`'s columns to the labels."""
     if name == "onehot+lr":
         columns = ColumnTransformer(
-            [("numbers", make_pipeline(SimpleImputer(strategy="median", add_indicator=True), StandardScaler()), numeric),
-             ("categories", OneHotEncoder(handle_unknown="ignore"), categorical)]
-        )  # fmt: skip
+            [
+                (
+                    "numbers",
+                    make_pipeline(SimpleImputer(strategy="median", add_indicator=True), StandardScaler()),
+                    numeric,
+                ),
+                ("categories", OneHotEncoder(handle_unknown="ignore"), categorical),
+            ]
+        )
         return make_pipeline(columns, LogisticRegression(max_iter=2000))
     if name == "hist-gbm":
         # An unseen category becomes NaN, which the trees send down the missing-value branch.

@@ -49,14 +49,26 @@ def main() -> None:
         )
     overall = detailed_metrics(decisions, words.probabilities)
     results["overall"] = overall["accuracy"]
-    print(f"TF-IDF + logistic regression, {len(train):,} training rows, {len(decisions)} held-out decisions "
-          f"({words.seconds:.0f} s); ECE {overall['ece']:.4f}")  # fmt: skip
+    print(
+        f"TF-IDF + logistic regression, {len(train):,} training rows, {len(decisions)} held-out decisions "
+        f"({words.seconds:.0f} s); ECE {overall['ece']:.4f}"
+    )
     for name, accuracy in results.items():
         print(f"  {name:<12} {accuracy:.4f}")
     out = ROOT / "benchmarks/results/baseline_tfidf.json"
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"train_rows": len(train), "heldout_decisions": len(decisions), "accuracy": results,
-                               "ece": overall["ece"], "seconds": words.seconds}, indent=2))  # fmt: skip
+    out.write_text(
+        json.dumps(
+            {
+                "train_rows": len(train),
+                "heldout_decisions": len(decisions),
+                "accuracy": results,
+                "ece": overall["ece"],
+                "seconds": words.seconds,
+            },
+            indent=2,
+        )
+    )
 
 
 if __name__ == "__main__":

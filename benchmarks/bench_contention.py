@@ -1,5 +1,5 @@
-"""Speed that survives a shared machine: our Decision API, laya-serve and our training step, quiet, beside busy
-processes and under a 1-core quota, side by side in one run.
+"""Speed that survives a shared machine: our Decision API, laya-serve and our training step, quiet, beside
+busy processes and under a 1-core quota, side by side in one run.
 
 Conditions, each measured with fresh processes (so a server's thread choice sees the condition from its start):
   quiet     nothing else runs (beyond what already ran on the machine)
@@ -11,10 +11,11 @@ In each: ours (`decision serve`, default threads, and `--threads N` for each `--
 same folder (and ours on a joint-family export with `--joint`), one at a time, warmed up, then the same requests at each concurrency (bench_serve's client); then
 `decision train --max-steps STEPS` on a slice of the data, its median s/step (the first step left out).
 
-Prints requests/s and steps/s per condition with the ratios to quiet and ours/laya, the threads ours chose and why
-(its /healthz and train.json), and the goals: under busy1 on a 2-core machine (half its cores) and under quota1,
-ours keeps at least (cores kept / cores) / 1.1 of its quiet speed (it falls by at most the share lost, plus 10%), and
-ours stays ahead of laya at every load. Writes JSON to benchmarks/results/bench_contention.json.
+Prints requests/s and steps/s per condition with the ratios to quiet and ours/laya, the threads ours chose and
+why (its /healthz and train.json), and the goals: under busy1 on a 2-core machine (half its cores) and under
+quota1, ours keeps at least (cores kept / cores) / 1.1 of its quiet speed (it falls by at most the share lost,
+plus 10%), and ours stays ahead of laya at every load. Writes JSON to
+benchmarks/results/bench_contention.json.
 
     python benchmarks/bench_contention.py [--model models/vader-minilm] [--requests 40] [--concurrency 1 8]
     python benchmarks/bench_contention.py --steps 8 --train-method lora --also-threads 1
@@ -61,7 +62,8 @@ class Condition:
     confine: Confine | None = None
     how: str = ""
     kept_share: float | None = None
-    """The machine's share left to us (None: no goal): cores free of busy processes, or the quota, over cores."""
+    """The machine's share left to us (None: no goal): cores free of busy processes, or the quota, over
+    cores."""
 
 
 @contextlib.contextmanager
@@ -69,8 +71,10 @@ def busy_processes(count: int) -> Iterator[list[int]]:
     """`count` busy-looping Pythons, each pinned to one of the last cores; killed on the way out."""
     cores = sorted(os.sched_getaffinity(0))
     pinned = [cores[-1 - i % len(cores)] for i in range(count)]
-    processes = [subprocess.Popen([sys.executable, "-c", "while True: pass"], preexec_fn=_pin_to({core}))
-                 for core in pinned]  # fmt: skip
+    processes = [
+        subprocess.Popen([sys.executable, "-c", "while True: pass"], preexec_fn=_pin_to({core}))
+        for core in pinned
+    ]
     try:
         yield pinned
     finally:
@@ -85,7 +89,8 @@ def _pin_to(cores: set[int]) -> Confine:
 
 @contextlib.contextmanager
 def one_cpu_quota(files: CgroupFiles = CgroupFiles()) -> Iterator[tuple[Confine, str]]:
-    """(confine, how): a child cgroup of this process's with a 1-CPU quota where one can be made, else core 0."""
+    """(confine, how): a child cgroup of this process's with a 1-CPU quota where one can be made, else core
+    0."""
     folder, version = None, ""
     try:
         folder, version = _make_quota_cgroup(files)
@@ -103,7 +108,8 @@ def one_cpu_quota(files: CgroupFiles = CgroupFiles()) -> Iterator[tuple[Confine,
 
 
 def _make_quota_cgroup(files: CgroupFiles) -> tuple[Path, str]:
-    """A new cgroup under this process's own, with a quota of 1 CPU per 100 ms period (OSError where refused)."""
+    """A new cgroup under this process's own, with a quota of 1 CPU per 100 ms period (OSError where
+    refused)."""
     paths = cgroup_paths(files)
     name = f"decision-bench-{os.getpid()}"
     unified = files.cgroup_root / paths.get("", "/").strip("/")
@@ -142,7 +148,8 @@ def _join(procs: Path) -> Confine:
 
 
 def measure_server(name: str, start, condition: Condition, model: Path, bodies: list[dict], args) -> dict:
-    """Start a server under `condition`, warm it up, load it at each concurrency; its /healthz when it has one."""
+    """Start a server under `condition`, warm it up, load it at each concurrency; its /healthz when it has
+    one."""
     import httpx
 
     port = free_port()
@@ -158,8 +165,11 @@ def measure_server(name: str, start, condition: Condition, model: Path, bodies: 
         process.wait(timeout=30)
     threads, source = _threads_of(health)
     for run in runs:
-        print(f"  {condition.name:<7}{name:<19}c={run['concurrency']}: {run['throughput_rps']:.1f} req/s, "
-              f"p50 {run['p50_ms']:.0f} ms, errors {run['errors']}", flush=True)  # fmt: skip
+        print(
+            f"  {condition.name:<7}{name:<19}c={run['concurrency']}: {run['throughput_rps']:.1f} req/s, "
+            f"p50 {run['p50_ms']:.0f} ms, errors {run['errors']}",
+            flush=True,
+        )
     return {"runs": runs, "threads": threads, "threads_source": source}
 
 
@@ -173,31 +183,70 @@ def _threads_of(health) -> tuple[int | None, str | None]:
 
 
 def measure_training(condition: Condition, args, params: Path, threads: int | None = None) -> dict:
-    """`decision train --max-steps` on a slice under `condition` (with `--threads` when given): median s/step and
-    the threads it chose."""
+    """`decision train --max-steps` on a slice under `condition` (with `--threads` when given): median s/step
+    and the threads it chose."""
     name = "train" if threads is None else f"train --threads {threads}"
     with tempfile.TemporaryDirectory(prefix="bench-contention-") as folder:
-        command = [sys.executable, "-m", "pipeline.cli.main", "train", "--data", str(args.train_data or args.data),
-                   "--slice", f"0:{args.rows}", "--base", str(args.base), "--out", f"{folder}/tune", "--max-steps",
-                   str(args.steps), "--params", str(params), "--device", args.device, "--json", "-q"]  # fmt: skip
+        command = [
+            sys.executable,
+            "-m",
+            "pipeline.cli.main",
+            "train",
+            "--data",
+            str(args.train_data or args.data),
+            "--slice",
+            f"0:{args.rows}",
+            "--base",
+            str(args.base),
+            "--out",
+            f"{folder}/tune",
+            "--max-steps",
+            str(args.steps),
+            "--params",
+            str(params),
+            "--device",
+            args.device,
+            "--json",
+            "-q",
+        ]
         command += [] if threads is None else ["--threads", str(threads)]
-        done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=args.train_timeout,
-                              preexec_fn=condition.confine)  # fmt: skip
+        done = subprocess.run(
+            command,
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=args.train_timeout,
+            preexec_fn=condition.confine,
+        )
     if done.returncode != 0:
         raise RuntimeError(f"{name} under {condition.name} failed:\n{done.stderr[-2000:]}")
     run = json.loads(done.stdout)
-    result = {"s_per_step": run["s_per_step"], "steps_per_s": 1 / run["s_per_step"], "steps": run["steps"],
-              "threads": run["threads"], "threads_source": run["threads_source"]}  # fmt: skip
-    print(f"  {condition.name:<7}{name:<19}{result['steps_per_s']:.3f} steps/s ({run['steps']} steps, "
-          f"{result['s_per_step']:.2f} s/step), threads {run['threads']} ({run['threads_source']})", flush=True)  # fmt: skip
+    result = {
+        "s_per_step": run["s_per_step"],
+        "steps_per_s": 1 / run["s_per_step"],
+        "steps": run["steps"],
+        "threads": run["threads"],
+        "threads_source": run["threads_source"],
+    }
+    print(
+        f"  {condition.name:<7}{name:<19}{result['steps_per_s']:.3f} steps/s ({run['steps']} steps, "
+        f"{result['s_per_step']:.2f} s/step), threads {run['threads']} ({run['threads_source']})",
+        flush=True,
+    )
     return result
 
 
 def training_params(args, folder: Path) -> Path:
     """params.yaml with the benchmark's training method and micro-batch (one micro-batch per step)."""
     params = yaml.safe_load((ROOT / "params.yaml").read_text())
-    params["train"] |= {"method": args.train_method, "micro_batch": args.micro_batch, "grad_accum": 1,
-                        "warmup_steps": 0, "checkpoint_every_steps": 0, "checkpoint_every_minutes": 0.0}  # fmt: skip
+    params["train"] |= {
+        "method": args.train_method,
+        "micro_batch": args.micro_batch,
+        "grad_accum": 1,
+        "warmup_steps": 0,
+        "checkpoint_every_steps": 0,
+        "checkpoint_every_minutes": 0.0,
+    }
     path = folder / "params.yaml"
     path.write_text(yaml.safe_dump(params))
     return path
@@ -223,12 +272,18 @@ def run_condition(condition: Condition, model: Path, bodies: list[dict], args, p
         for threads in [None, *args.also_threads] if args.steps else []:
             measured = measure_training(condition, args, params, threads)
             training["train" if threads is None else f"train --threads {threads}"] = measured
-    return {"condition": condition.name, "how": condition.how, "kept_share": condition.kept_share,
-            "servers": servers, "training": training}  # fmt: skip
+    return {
+        "condition": condition.name,
+        "how": condition.how,
+        "kept_share": condition.kept_share,
+        "servers": servers,
+        "training": training,
+    }
 
 
 def ratios(results: list[dict]) -> list[dict]:
-    """Per condition, server and concurrency: req/s, its ratio to quiet, ours/laya; and the training step's."""
+    """Per condition, server and concurrency: req/s, its ratio to quiet, ours/laya; and the training
+    step's."""
     quiet = next(r for r in results if r["condition"] == "quiet")
     rows = []
     for result in results:
@@ -237,33 +292,54 @@ def ratios(results: list[dict]) -> list[dict]:
                 laya = next(
                     r for r in result["servers"]["laya"]["runs"] if r["concurrency"] == run["concurrency"]
                 )
-                rows.append({"condition": result["condition"], "what": name, "concurrency": run["concurrency"],
-                             "per_s": run["throughput_rps"], "vs_quiet": run["throughput_rps"] / base["throughput_rps"],
-                             "vs_laya": run["throughput_rps"] / laya["throughput_rps"],
-                             "threads": server["threads"], "threads_source": server["threads_source"]})  # fmt: skip
+                rows.append(
+                    {
+                        "condition": result["condition"],
+                        "what": name,
+                        "concurrency": run["concurrency"],
+                        "per_s": run["throughput_rps"],
+                        "vs_quiet": run["throughput_rps"] / base["throughput_rps"],
+                        "vs_laya": run["throughput_rps"] / laya["throughput_rps"],
+                        "threads": server["threads"],
+                        "threads_source": server["threads_source"],
+                    }
+                )
         for name, run in result["training"].items():
             per_s = run["steps_per_s"]
-            rows.append({"condition": result["condition"], "what": name, "concurrency": None, "per_s": per_s,
-                         "vs_quiet": per_s / quiet["training"][name]["steps_per_s"], "vs_laya": None,
-                         "threads": run["threads"], "threads_source": run["threads_source"]})  # fmt: skip
+            rows.append(
+                {
+                    "condition": result["condition"],
+                    "what": name,
+                    "concurrency": None,
+                    "per_s": per_s,
+                    "vs_quiet": per_s / quiet["training"][name]["steps_per_s"],
+                    "vs_laya": None,
+                    "threads": run["threads"],
+                    "threads_source": run["threads_source"],
+                }
+            )
     return rows
 
 
 def print_table(rows: list[dict]) -> None:
     print(
-        f"\n{'condition':<10}{'what':<20}{'c':>3}{'per s':>9}{'vs quiet':>10}{'ours/laya':>11}  threads (source)"
+        f"\n{'condition':<10}{'what':<20}{'c':>3}{'per s':>9}{'vs quiet':>10}{'ours/laya':>11}  threads "
+        "(source)"
     )
     for row in rows:
         c = "" if row["concurrency"] is None else row["concurrency"]
         vs_laya = "" if row["vs_laya"] is None or row["what"] == "laya" else f"{row['vs_laya']:.2f}x"
         unit = " st/s" if row["what"].startswith("train") else " rq/s"
         threads = "" if row["threads"] is None else f"{row['threads']} ({row['threads_source']})"
-        print(f"{row['condition']:<10}{row['what']:<20}{c:>3}{row['per_s']:>9.2f}{unit}{row['vs_quiet']:>5.2f}"
-              f"{vs_laya:>11}  {threads}")  # fmt: skip
+        print(
+            f"{row['condition']:<10}{row['what']:<20}{c:>3}{row['per_s']:>9.2f}{unit}{row['vs_quiet']:>5.2f}"
+            f"{vs_laya:>11}  {threads}"
+        )
 
 
 def goals(rows: list[dict], conditions: dict[str, Condition]) -> dict[str, bool]:
-    """Ours keeps kept_share / 1.1 of its quiet speed where the condition has a goal, and beats laya everywhere."""
+    """Ours keeps kept_share / 1.1 of its quiet speed where the condition has a goal, and beats laya
+    everywhere."""
     met = {}
     for row in rows:
         if row["what"] not in ("ours", "ours joint", "train"):
@@ -330,8 +406,11 @@ def main() -> int:
 
     started = time.perf_counter()
     bodies = build_requests(args.data, args.requests)
-    print(f"model {args.model}, {len(bodies)} requests x {len(bodies[0]['questions'])} questions per level, "
-          f"{affinity_cpus()} cores in this process's affinity mask", flush=True)  # fmt: skip
+    print(
+        f"model {args.model}, {len(bodies)} requests x {len(bodies[0]['questions'])} questions per level, "
+        f"{affinity_cpus()} cores in this process's affinity mask",
+        flush=True,
+    )
     with contextlib.ExitStack() as stack, tempfile.TemporaryDirectory(prefix="bench-contention-") as folder:
         conditions = build_conditions(names, stack)
         for condition in conditions.values():
@@ -345,9 +424,20 @@ def main() -> int:
     wall = time.perf_counter() - started
     print(f"\nwall time {wall:.0f} s")
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"model": str(args.model), "cores": affinity_cpus(), "results": results,
-                                    "rows": rows, "goals": met, "wall_seconds": wall,
-                                    "settings": {k: str(v) for k, v in vars(args).items()}}, indent=2))  # fmt: skip
+    args.out.write_text(
+        json.dumps(
+            {
+                "model": str(args.model),
+                "cores": affinity_cpus(),
+                "results": results,
+                "rows": rows,
+                "goals": met,
+                "wall_seconds": wall,
+                "settings": {k: str(v) for k, v in vars(args).items()},
+            },
+            indent=2,
+        )
+    )
     print(f"wrote {args.out}")
     return 0
 

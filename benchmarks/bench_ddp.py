@@ -1,12 +1,13 @@
 """Data-parallel training: one process against torchrun ranks on the same global batch, side by side.
 
-Each row trains the same fine-tune (params.yaml's `train:` settings, with the method, steps and batch below) on the
-same rows, one run after the other: in this process (1 rank, no launcher), then under `torch.distributed.run`
-with 1 rank (the launcher's own cost) and with `--ranks` ranks (each on its share of every window; gloo on the
-CPU, NCCL on GPUs). It prints s/step (median, first step left out), decisions/s over the training loop, the
-all-reduce's seconds per step and its share of a step (rank 0's time inside the one gradient all-reduce per
-step), and each figure's ratio to the one-process row. On a 2-core machine two CPU ranks cannot be faster (each
-gets one core); the point there is that they train the same model (tests/model/test_ddp.py).
+Each row trains the same fine-tune (params.yaml's `train:` settings, with the method, steps and batch below)
+on the same rows, one run after the other: in this process (1 rank, no launcher), then under
+`torch.distributed.run` with 1 rank (the launcher's own cost) and with `--ranks` ranks (each on its share of
+every window; gloo on the CPU, NCCL on GPUs). It prints s/step (median, first step left out), decisions/s over
+the training loop, the all-reduce's seconds per step and its share of a step (rank 0's time inside the one
+gradient all-reduce per step), and each figure's ratio to the one-process row. On a 2-core machine two CPU
+ranks cannot be faster (each gets one core); the point there is that they train the same model
+(tests/model/test_ddp.py).
 
     python benchmarks/bench_ddp.py --data /work/main/data/processed/vader.jsonl \\
         --base /work/main/data/snapshots/minilm [--rows 300] [--steps 8] [--method lora] [--device cpu]
@@ -30,10 +31,16 @@ RESULTS = HERE / "results"
 def measure(label: str, run) -> dict:
     """The figures of one `TrainRun`, per optimizer step."""
     steps = max(run.steps, 1)
-    return {"setup": label, "world_size": run.world_size, "steps": run.steps, "s_per_step": run.s_per_step,
-            "decisions_per_s": run.decisions_per_second, "allreduce_s_per_step": run.allreduce_seconds / steps,
-            "allreduce_share": run.allreduce_seconds / run.train_seconds if run.train_seconds else 0.0,
-            "train_seconds": run.train_seconds}  # fmt: skip
+    return {
+        "setup": label,
+        "world_size": run.world_size,
+        "steps": run.steps,
+        "s_per_step": run.s_per_step,
+        "decisions_per_s": run.decisions_per_second,
+        "allreduce_s_per_step": run.allreduce_seconds / steps,
+        "allreduce_share": run.allreduce_seconds / run.train_seconds if run.train_seconds else 0.0,
+        "train_seconds": run.train_seconds,
+    }
 
 
 def run_all(args: argparse.Namespace) -> list[dict]:
@@ -43,9 +50,17 @@ def run_all(args: argparse.Namespace) -> list[dict]:
     from pipeline.data.split import TrainSource
     from pipeline.stages.train import train_on_data, train_on_ranks
 
-    config = replace(load_params(ROOT / "params.yaml").train, method=args.method, max_steps=args.steps,
-                     micro_batch=args.micro_batch, grad_accum=args.grad_accum, precision="fp32", log_every=1000,
-                     warmup_steps=0, **({"family": args.family} if args.family else {}))  # fmt: skip
+    config = replace(
+        load_params(ROOT / "params.yaml").train,
+        method=args.method,
+        max_steps=args.steps,
+        micro_batch=args.micro_batch,
+        grad_accum=args.grad_accum,
+        precision="fp32",
+        log_every=1000,
+        warmup_steps=0,
+        **({"family": args.family} if args.family else {}),
+    )
     source = TrainSource(
         args.data, RowSlice(0, args.rows), split_config=ValidateConfig(holdout_max_decisions=args.heldout)
     )
@@ -71,10 +86,12 @@ def print_table(rows: list[dict], window: int) -> None:
     header = ("setup", "ranks", "s/step", "x", "decisions/s", "x", "all-reduce s/step", "all-reduce share")
     print("| " + " | ".join(header) + " |\n|" + "---|" * len(header))
     for row in rows:
-        print(f"| {row['setup']} | {row['world_size']} | {row['s_per_step']:.3f} | "
-              f"{row['s_per_step'] / base['s_per_step']:.2f} | {row['decisions_per_s']:.1f} | "
-              f"{row['decisions_per_s'] / base['decisions_per_s']:.2f} | {row['allreduce_s_per_step']:.4f} | "
-              f"{100 * row['allreduce_share']:.1f}% |")  # fmt: skip
+        print(
+            f"| {row['setup']} | {row['world_size']} | {row['s_per_step']:.3f} | "
+            f"{row['s_per_step'] / base['s_per_step']:.2f} | {row['decisions_per_s']:.1f} | "
+            f"{row['decisions_per_s'] / base['decisions_per_s']:.2f} | {row['allreduce_s_per_step']:.4f} | "
+            f"{100 * row['allreduce_share']:.1f}% |"
+        )
 
 
 def main() -> int:

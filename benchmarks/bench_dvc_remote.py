@@ -1,5 +1,5 @@
-"""A fresh clone getting its pinned data: building it (`dvc repro`, no remote) vs pulling it from a DVC remote first
-(`python -m pipeline.data.remote pull`, then `dvc repro`, as `make run` does), side by side in one run.
+"""A fresh clone getting its pinned data: building it (`dvc repro`, no remote) vs pulling it from a DVC remote
+first (`python -m pipeline.data.remote pull`, then `dvc repro`, as `make run` does), side by side in one run.
 
 Clones this checkout's HEAD twice into a temporary folder; the first builds the data and pushes it to a local
 directory remote, the second pulls. Nothing in this checkout is touched. About a minute and a half on 2 cores.

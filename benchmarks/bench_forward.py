@@ -1,18 +1,21 @@
-"""Forward-pass benchmark: where the laya family's serving time goes, without HTTP, and how close it is to the limit.
+"""Forward-pass benchmark: where the laya family's serving time goes, without HTTP, and how close it is to the
+limit.
 
 On bench_serve.py's 5-question requests, grouped as the server groups them at concurrency 8 (8 requests per
-batch), it runs, side by side in one process: the padded pass (length-grouped passes of 16, the training forward),
-the packed pass in fp32 (what `decision serve` runs) and the packed pass under bf16 autocast (`--precision bf16`).
-It prints requests/s per variant and the ratios to padded, each variant's calibrated answers against the padded
-pass (largest probability difference, argmax agreement), the share of the packed pass's time spent in matrix
-products (torch.profiler), and the GFLOP/s of a matrix product at each of the encoder's own linear shapes: when
-the products already run at those rates, no fp32 change to the same FLOPs can make the pass much faster.
+batch), it runs, side by side in one process: the padded pass (length-grouped passes of 16, the training
+forward), the packed pass in fp32 (what `decision serve` runs) and the packed pass under bf16 autocast
+(`--precision bf16`). It prints requests/s per variant and the ratios to padded, each variant's calibrated
+answers against the padded pass (largest probability difference, argmax agreement), the share of the packed
+pass's time spent in matrix products (torch.profiler), and the GFLOP/s of a matrix product at each of the
+encoder's own linear shapes: when the products already run at those rates, no fp32 change to the same FLOPs
+can make the pass much faster.
 
-The backend column: where the runtimes are installed (and on the CPU), the same padded passes of 16 also run with
-the encoder exported to ONNX and run by ONNX Runtime (`decision serve --backend onnxruntime`, fp32) and compiled by
-OpenVINO (`--backend openvino`, fp32, and bf16 as `--precision bf16` runs it), the head in torch, measured in the
-same run as the torch variants. Each row's GFLOP/s is its requests/s times the FLOPs one request needs (counted by
-torch on the packed pass, no padding), against the fp32 matmul peak measured in the same run.
+The backend column: where the runtimes are installed (and on the CPU), the same padded passes of 16 also run
+with the encoder exported to ONNX and run by ONNX Runtime (`decision serve --backend onnxruntime`, fp32) and
+compiled by OpenVINO (`--backend openvino`, fp32, and bf16 as `--precision bf16` runs it), the head in torch,
+measured in the same run as the torch variants. Each row's GFLOP/s is its requests/s times the FLOPs one
+request needs (counted by torch on the packed pass, no padding), against the fp32 matmul peak measured in the
+same run.
 
     python benchmarks/bench_forward.py [--model DIR] [--requests 80] [--repeats 3] [--device cuda]
 """
@@ -56,7 +59,8 @@ from pipeline.families.runtimes.openvino_encoder import OpenVinoEncoder, openvin
 
 
 def batches_of_requests(loaded, bodies: list[dict], concurrency: int) -> list[list]:
-    """The items of each batch the server would form at `concurrency`: that many requests' questions together."""
+    """The items of each batch the server would form at `concurrency`: that many requests' questions
+    together."""
     encoded = []
     for body in bodies:
         request = parse_request(body["state"], body["questions"])
@@ -68,8 +72,8 @@ def batches_of_requests(loaded, bodies: list[dict], concurrency: int) -> list[li
 
 
 def variants(loaded, runtimes: dict, bounds: tuple[float, ...] = ()) -> dict:
-    """(variant, backend) -> a run of a batch's items to their logits; `runtimes`: (backend, dtype) -> encoder,
-    each also in passes cut at each padding bound of `bounds` (`forward_passes.bounded_batches`)."""
+    """(variant, backend) -> a run of a batch's items to their logits; `runtimes`: (backend, dtype) ->
+    encoder, each also in passes cut at each padding bound of `bounds` (`forward_passes.bounded_batches`)."""
     runs = {
         ("padded, passes of 16", "torch"): lambda items: padded_item_logits(loaded, items, 16),
         ("packed fp32", "torch"): lambda items: packed_item_logits(loaded.model, items),
@@ -87,9 +91,9 @@ def variants(loaded, runtimes: dict, bounds: tuple[float, ...] = ()) -> dict:
 
 
 def runtime_encoders(loaded, device: torch.device, folder: Path) -> dict:
-    """The model's encoder exported once to ONNX, then in ONNX Runtime (fp32) and OpenVINO (fp32; bf16 where the
-    CPU has it), each on this process's threads: (backend, dtype) -> encoder; a runtime that cannot run here is
-    left out, saying why."""
+    """The model's encoder exported once to ONNX, then in ONNX Runtime (fp32) and OpenVINO (fp32; bf16 where
+    the CPU has it), each on this process's threads: (backend, dtype) -> encoder; a runtime that cannot run
+    here is left out, saying why."""
     if device.type != "cpu":
         print("runtime columns left out: the runtimes run on the CPU only")
         return {}
@@ -97,9 +101,11 @@ def runtime_encoders(loaded, device: torch.device, folder: Path) -> dict:
     path = export_encoder(LayaFamily().served_encoder(loaded), folder / ONNX_FILE)
     print(f"encoder exported to ONNX in {time.perf_counter() - started:.1f} s")
     encoders = {}
-    candidates = {("onnxruntime", None): (onnxruntime_missing, lambda d: OnnxEncoder(path)),
-                  ("openvino", None): (openvino_missing, lambda d: OpenVinoEncoder(path, d)),
-                  ("openvino", torch.bfloat16): (openvino_missing, lambda d: OpenVinoEncoder(path, d))}  # fmt: skip
+    candidates = {
+        ("onnxruntime", None): (onnxruntime_missing, lambda d: OnnxEncoder(path)),
+        ("openvino", None): (openvino_missing, lambda d: OpenVinoEncoder(path, d)),
+        ("openvino", torch.bfloat16): (openvino_missing, lambda d: OpenVinoEncoder(path, d)),
+    }
     for (backend, dtype), (missing, build) in candidates.items():
         why_not = missing(dtype) if backend == "openvino" else missing()
         if why_not is not None:
@@ -138,9 +144,9 @@ def parity(loaded, run, reference, batches: list[list]) -> tuple[float, float]:
 
 
 def padding_share(batches: list[list], pass_size: int = 16, bound: float | None = None) -> float:
-    """The share of the tokens a runtime computes that are padding: its passes group a batch's sequences by length
-    (`length_batches`, `pass_size` at a time, cut at `bound` padding when given), each padded to its longest; the
-    packed pass computes none."""
+    """The share of the tokens a runtime computes that are padding: its passes group a batch's sequences by
+    length (`length_batches`, `pass_size` at a time, cut at `bound` padding when given), each padded to its
+    longest; the packed pass computes none."""
     real = padded = 0
     for items in batches:
         lengths = [len(part) for part in item_parts(items)]
@@ -164,8 +170,9 @@ def matmul_share(run, batches: list[list]) -> float:
     )
 
 
-def linear_rate(tokens: int, k: int, n: int, device: torch.device, dtype: torch.dtype = torch.float32,
-                repeats: int = 20) -> float:  # fmt: skip
+def linear_rate(
+    tokens: int, k: int, n: int, device: torch.device, dtype: torch.dtype = torch.float32, repeats: int = 20
+) -> float:
     """GFLOP/s of a [tokens, k] x [k, n] product in `dtype` on `device`."""
     x, w = torch.randn(tokens, k, dtype=dtype, device=device), torch.randn(n, k, dtype=dtype, device=device)
     for _ in range(3):
@@ -185,8 +192,12 @@ def synchronize(device: torch.device) -> None:
 
 def linear_rates(tokens: int, hidden: int, inner: int, device: torch.device) -> dict[str, float]:
     """GFLOP/s at the encoder's linear shapes in fp32, and its feed-forward product in bf16."""
-    shapes = {"q/k/v/out": (hidden, hidden), "fused qkv": (hidden, 3 * hidden), "ffn up": (hidden, inner),
-              "ffn down": (inner, hidden)}  # fmt: skip
+    shapes = {
+        "q/k/v/out": (hidden, hidden),
+        "fused qkv": (hidden, 3 * hidden),
+        "ffn up": (hidden, inner),
+        "ffn down": (inner, hidden),
+    }
     rates = {
         f"{tokens}x{k}x{n} ({name})": linear_rate(tokens, k, n, device) for name, (k, n) in shapes.items()
     }
@@ -197,30 +208,42 @@ def linear_rates(tokens: int, hidden: int, inner: int, device: torch.device) -> 
 
 
 def measure(loaded, runs: dict, batches: list[list], n_requests: int, args, flops: float) -> dict:
-    """Requests/s (interleaved), GFLOP/s and parity against torch's padded pass, per (variant, backend), in one
-    process."""
+    """Requests/s (interleaved), GFLOP/s and parity against torch's padded pass, per (variant, backend), in
+    one process."""
     reference = runs["padded, passes of 16", "torch"]
-    print(f"model {args.model} on {args.device}, {n_requests} requests in batches of {args.concurrency}, "
-          f"{torch.get_num_threads()} threads; best of {args.repeats}")  # fmt: skip
+    print(
+        f"model {args.model} on {args.device}, {n_requests} requests in batches of {args.concurrency}, "
+        f"{torch.get_num_threads()} threads; best of {args.repeats}"
+    )
     rates, rows = requests_per_second(runs, batches, n_requests, args.repeats), {}
     for (name, backend), run in runs.items():
         rps = rates[name, backend]
         difference, agreement = parity(loaded, run, reference, batches)
-        rows[name, backend] = {"variant": name, "backend": backend, "requests_per_s": rps, "gflops": rps * flops / 1e9,
-                               "max_probability_difference": difference, "argmax_agreement": agreement}  # fmt: skip
+        rows[name, backend] = {
+            "variant": name,
+            "backend": backend,
+            "requests_per_s": rps,
+            "gflops": rps * flops / 1e9,
+            "max_probability_difference": difference,
+            "argmax_agreement": agreement,
+        }
     return rows
 
 
 def print_table(rows: dict, peak: float) -> None:
     base = rows["padded, passes of 16", "torch"]["requests_per_s"]
     packed = rows["packed fp32", "torch"]["requests_per_s"]
-    print(f"\n{'variant':<27}{'backend':<13}{'req/s':>8}{'x padded':>10}{'x packed':>10}{'GFLOP/s':>9}{'x peak':>8}"
-          f"{'max |dp|':>11}{'argmax':>9}")  # fmt: skip
+    print(
+        f"\n{'variant':<27}{'backend':<13}{'req/s':>8}{'x padded':>10}{'x packed':>10}{'GFLOP/s':>9}{'x peak':>8}"
+        f"{'max |dp|':>11}{'argmax':>9}"
+    )
     for row in rows.values():
         rps = row["requests_per_s"]
-        print(f"{row['variant']:<27}{row['backend']:<13}{rps:>8.1f}{rps / base:>9.2f}x{rps / packed:>9.2f}x"
-              f"{row['gflops']:>9.1f}{row['gflops'] / peak:>7.0%} {row['max_probability_difference']:>10.1e}"
-              f"{row['argmax_agreement']:>9.1%}")  # fmt: skip
+        print(
+            f"{row['variant']:<27}{row['backend']:<13}{rps:>8.1f}{rps / base:>9.2f}x{rps / packed:>9.2f}x"
+            f"{row['gflops']:>9.1f}{row['gflops'] / peak:>7.0%} {row['max_probability_difference']:>10.1e}"
+            f"{row['argmax_agreement']:>9.1%}"
+        )
 
 
 def main() -> int:
@@ -273,10 +296,20 @@ def main() -> int:
     for shape, rate in rates.items():
         print(f"  {shape:<28}{rate:>7.0f}")
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"model": str(args.model), "variants": list(rows.values()), "matmul_share": share,
-                                    "padding_share": padding_share(batches),
-                                    "gflop_per_request": flops / 1e9, "matmul_peak_gflops": peak,
-                                    "linear_gflops": rates}, indent=2))  # fmt: skip
+    args.out.write_text(
+        json.dumps(
+            {
+                "model": str(args.model),
+                "variants": list(rows.values()),
+                "matmul_share": share,
+                "padding_share": padding_share(batches),
+                "gflop_per_request": flops / 1e9,
+                "matmul_peak_gflops": peak,
+                "linear_gflops": rates,
+            },
+            indent=2,
+        )
+    )
     return 0
 
 

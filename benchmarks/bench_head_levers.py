@@ -1,11 +1,11 @@
 """The joint head's levers, one at a time, on a validation split made from training rows only.
 
-The training rows `bench_quality.py` uses for a data set (`quality_sets.py`) are split in two by a hash of their
-group (State of the Union: the address, so no validation passage comes from an address trained on; other sets:
-the row); the frozen encoder's features are computed once; then the head is trained afresh for each variant, with params.yaml's
-`train:` settings and the variant's changes, and scored on the validation rows (uncalibrated). The held-out
-rows of `bench_quality.py` are never read, so choosing a default here does not tune on them. TF-IDF + LR on
-the same two parts is the reference line.
+The training rows `bench_quality.py` uses for a data set (`quality_sets.py`) are split in two by a hash of
+their group (State of the Union: the address, so no validation passage comes from an address trained on; other
+sets: the row); the frozen encoder's features are computed once; then the head is trained afresh for each
+variant, with params.yaml's `train:` settings and the variant's changes, and scored on the validation rows
+(uncalibrated). The held-out rows of `bench_quality.py` are never read, so choosing a default here does not
+tune on them. TF-IDF + LR on the same two parts is the reference line.
 
     python benchmarks/bench_head_levers.py [--dataset sotu] [--validation 500] [--variants JSON]
 
@@ -105,17 +105,25 @@ def main() -> None:
     ready = family.training_examples(loaded, examples, config, cpu, say)
     held_ready = family.training_examples(loaded, held, config, cpu, say)
     tfidf = run_tfidf(train_file, validation_file)
-    print(f"{args.dataset}: {len(ready):,} training rows, {len(held_ready):,} validation rows "
-          f"({sum(len(e.targets) for e in held_ready):,} decisions); TF-IDF + LR {tfidf['accuracy']:.4f}")  # fmt: skip
+    print(
+        f"{args.dataset}: {len(ready):,} training rows, {len(held_ready):,} validation rows "
+        f"({sum(len(e.targets) for e in held_ready):,} decisions); TF-IDF + LR {tfidf['accuracy']:.4f}"
+    )
     results = []
     for variant in args.variants:
         head_changes = dict(variant.get("head", {}))
         torch.manual_seed(head_changes.get("seed", 0))
-        loaded.model.head = JointHead(hidden, head_config["width"], head_config["heads"], head_config["layers"],
-                                      head_config["chunk"], dropout=head_changes.get("dropout", 0.0),
-                                      read_layers=head_config["read_layers"],
-                                      lexicon=head_config["lexicon"] if head_changes.get("lexicon", True) else 0,
-                                      bigrams=head_config.get("bigrams", 0))  # fmt: skip
+        loaded.model.head = JointHead(
+            hidden,
+            head_config["width"],
+            head_config["heads"],
+            head_config["layers"],
+            head_config["chunk"],
+            dropout=head_changes.get("dropout", 0.0),
+            read_layers=head_config["read_layers"],
+            lexicon=head_config["lexicon"] if head_changes.get("lexicon", True) else 0,
+            bigrams=head_config.get("bigrams", 0),
+        )
         run_config = replace(config, **{k: v for k, v in variant.items() if k != "head"})
         family.prepare(loaded, run_config)
         family.learn_from_rows(loaded, examples)
@@ -124,11 +132,18 @@ def main() -> None:
         seconds = time.perf_counter() - started
         decisions, logits = family.score(loaded, held_ready, cpu, 64, False)
         metrics = heldout_metrics(decisions, plain_probabilities(logits))
-        row = {"variant": variant, "steps": result.steps, "seconds": round(seconds, 1),
-               **{k: metrics[k] for k in ("accuracy", "record_accuracy", "ece")}}  # fmt: skip
+        row = {
+            "variant": variant,
+            "steps": result.steps,
+            "seconds": round(seconds, 1),
+            **{k: metrics[k] for k in ("accuracy", "record_accuracy", "ece")},
+        }
         results.append(row)
-        print(f"{json.dumps(variant):<44} {row['steps']:>5} steps {seconds:>5.0f} s  accuracy {row['accuracy']:.4f}"
-              f"  record {row['record_accuracy']:.4f}  ECE {row['ece']:.4f}", flush=True)  # fmt: skip
+        print(
+            f"{json.dumps(variant):<44} {row['steps']:>5} steps {seconds:>5.0f} s  accuracy "
+            f"{row['accuracy']:.4f}  record {row['record_accuracy']:.4f}  ECE {row['ece']:.4f}",
+            flush=True,
+        )
     RESULTS.mkdir(exist_ok=True)
     out = RESULTS / "bench_head_levers.json"
     out.write_text(

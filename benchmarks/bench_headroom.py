@@ -1,18 +1,19 @@
 """Headroom: how far TF-IDF + logistic regression gets on a data set given more training rows, scored on the same
 held-out rows as `bench_quality.py --rows R --heldout H`.
 
-The quality goal for a data set (docs/results.md) is ours beating TF-IDF + LR by 0.05 at R training rows. Where the
-bag of words trained on many times R rows still stays below that line, the goal asks more of R rows than the whole
-data set gives a bag of words, and a miss says as much about the set (terse states, labels the text hardly names) as
-about the model. The figures beside the baseline's at R are the rest of the learning curve, not a contender: no
-other model sees the extra rows. On record sets (every state a JSON object) the tabular baselines of
-`baseline_tabular.py` (one-hot + LR, gradient boosting) are run at each size too: where a tabular model on every
-row stays below the goal line as well, the table holds no more than that for any model to read.
+The quality goal for a data set (docs/results.md) is ours beating TF-IDF + LR by 0.05 at R training rows.
+Where the bag of words trained on many times R rows still stays below that line, the goal asks more of R rows
+than the whole data set gives a bag of words, and a miss says as much about the set (terse states, labels the
+text hardly names) as about the model. The figures beside the baseline's at R are the rest of the learning
+curve, not a contender: no other model sees the extra rows. On record sets (every state a JSON object) the
+tabular baselines of `baseline_tabular.py` (one-hot + LR, gradient boosting) are run at each size too: where a
+tabular model on every row stays below the goal line as well, the table holds no more than that for any model
+to read.
 
-For the sets drawn from one pool (`quality_sets.POOLED_SETS`: spam, records-hi, records-chile, strikes): the first
-R training rows are bench_quality's own, the held-out rows are its own, and the further rows come from beyond the
-held-out rows in the same seeded order. It prints a table (accuracy, ECE, Brier and each question's accuracy at
-each size, with the goal line), writes `benchmarks/results/bench_headroom.json` and a plot
+For the sets drawn from one pool (`quality_sets.POOLED_SETS`: spam, records-hi, records-chile, strikes): the
+first R training rows are bench_quality's own, the held-out rows are its own, and the further rows come from
+beyond the held-out rows in the same seeded order. It prints a table (accuracy, ECE, Brier and each question's
+accuracy at each size, with the goal line), writes `benchmarks/results/bench_headroom.json` and a plot
 (`bench_headroom.png`: held-out accuracy against training rows, the goal line across).
 
     python benchmarks/bench_headroom.py --datasets strikes [--rows 1000] [--heldout 500] [--factors 1,2,4,8,all]
@@ -46,7 +47,8 @@ def training_sizes(rows: int, available: int, factors: list[str]) -> list[int]:
 
 
 def learning_curve(name: str, rows: int, heldout_rows: int, factors: list[str], work: Path) -> dict:
-    """TF-IDF + LR at each training size on bench_quality's held-out rows of `name`, its files under `work`."""
+    """TF-IDF + LR at each training size on bench_quality's held-out rows of `name`, its files under
+    `work`."""
     every = sample_rows(pooled_rows(name), sys.maxsize, name)
     held = every[rows : rows + heldout_rows]
     training = every[:rows] + every[rows + heldout_rows :]  # bench_quality's own first
@@ -80,16 +82,21 @@ def learning_curve(name: str, rows: int, heldout_rows: int, factors: list[str], 
 def print_table(curves: list[dict]) -> None:
     for curve in curves:
         questions = list(curve["points"][0]["by_question"])
-        print(f"{curve['dataset']}: {curve['heldout_rows']:,} held-out rows; goal (TF-IDF + LR at "
-              f"{curve['rows']:,} rows + {GOAL_GAIN}) = {curve['goal_accuracy']:.4f}")  # fmt: skip
+        print(
+            f"{curve['dataset']}: {curve['heldout_rows']:,} held-out rows; goal (TF-IDF + LR at "
+            f"{curve['rows']:,} rows + {GOAL_GAIN}) = {curve['goal_accuracy']:.4f}"
+        )
         header = f"{'train rows':>10} {'x rows':>6} {'acc':>6} {'- goal':>7} {'rec.acc':>7} {'ECE':>6} {'Brier':>6}"
         tabular = curve["tabular_models"]
         print(header + "".join(f" {q[:12]:>12}" for q in questions) + "".join(f" {m:>10}" for m in tabular))
         for p in curve["points"]:
-            print(f"{p['train_rows']:>10,} {p['train_rows'] / curve['rows']:>6.1f} {p['accuracy']:>6.4f} "
-                  f"{p['accuracy'] - curve['goal_accuracy']:>+7.4f} {p['record_accuracy']:>7.4f} {p['ece']:>6.4f} "
-                  f"{p['brier']:>6.4f}" + "".join(f" {p['by_question'][q]:>12.4f}" for q in questions)
-                  + "".join(f" {p['tabular'][m]:>10.4f}" for m in tabular))  # fmt: skip
+            print(
+                f"{p['train_rows']:>10,} {p['train_rows'] / curve['rows']:>6.1f} {p['accuracy']:>6.4f} "
+                f"{p['accuracy'] - curve['goal_accuracy']:>+7.4f} {p['record_accuracy']:>7.4f} {p['ece']:>6.4f} "
+                f"{p['brier']:>6.4f}"
+                + "".join(f" {p['by_question'][q]:>12.4f}" for q in questions)
+                + "".join(f" {p['tabular'][m]:>10.4f}" for m in tabular)
+            )
 
 
 def plot(curves: list[dict], path: Path) -> None:
@@ -104,8 +111,12 @@ def plot(curves: list[dict], path: Path) -> None:
         ax.plot(sizes, [p["accuracy"] for p in curve["points"]], marker="o", label="TF-IDF + LR")
         for model in curve["tabular_models"]:
             ax.plot(sizes, [p["tabular"][model] for p in curve["points"]], marker="s", label=model)
-        ax.axhline(curve["goal_accuracy"], color="tab:red", linestyle="--",
-                   label=f"goal at {curve['rows']:,} rows (+{GOAL_GAIN})")  # fmt: skip
+        ax.axhline(
+            curve["goal_accuracy"],
+            color="tab:red",
+            linestyle="--",
+            label=f"goal at {curve['rows']:,} rows (+{GOAL_GAIN})",
+        )
         ax.set_xscale("log")
         ax.set_title(f"{curve['dataset']} ({curve['heldout_rows']:,} held-out rows)")
         ax.set_xlabel("training rows")
@@ -127,8 +138,11 @@ def main() -> None:
         "--rows", type=int, default=1000, help="bench_quality's --rows: the goal's training rows"
     )
     parser.add_argument("--heldout", type=int, default=500, help="bench_quality's --heldout")
-    parser.add_argument("--factors", default="1,2,4,8,all",
-                        help="training sizes as multiples of --rows, or all (every row not held out)")  # fmt: skip
+    parser.add_argument(
+        "--factors",
+        default="1,2,4,8,all",
+        help="training sizes as multiples of --rows, or all (every row not held out)",
+    )
     args = parser.parse_args()
     names = args.datasets.split(",")
     unknown = [n for n in names if n not in POOLED_SETS]

@@ -1,5 +1,5 @@
-"""What the inference log costs the Decision API: requests/s and p50 with logging on, as a ratio to logging off,
-measured side by side in one run.
+"""What the inference log costs the Decision API: requests/s and p50 with logging on, as a ratio to logging
+off, measured side by side in one run.
 
 The same `decision serve` on the same model and requests (VADER held-out states, 5 questions each, as
 bench_serve.py sends them), once with `--inference-log` on a fresh folder and once with `--no-inference-log`,
@@ -85,32 +85,49 @@ def main() -> int:
             "log on": functools.partial(start_ours, backend=args.backend, inference_log=folder),
             "log off": functools.partial(start_ours, backend=args.backend),
         }
-        print(f"model {args.model}, {len(bodies)} requests x {len(bodies[0]['questions'])} questions, "
-              f"{args.rounds} rounds, logging into {folder}", flush=True)  # fmt: skip
+        print(
+            f"model {args.model}, {len(bodies)} requests x {len(bodies[0]['questions'])} questions, "
+            f"{args.rounds} rounds, logging into {folder}",
+            flush=True,
+        )
         best = measure_interleaved(starts, args.model, bodies, args.concurrency, "cpu", args.rounds)
         written = open_store(folder).decisions().num_rows
     n = len(bodies)  # per round: the ready probe, the warm-up, the measured levels, the sampled answers
     sent = args.rounds * (1 + min(16, n) + len(args.concurrency) * n + min(SAMPLE, n))
     rows = []
     for on, off in zip(best["log on"]["runs"], best["log off"]["runs"]):
-        rows.append({"concurrency": on["concurrency"], "rps_on": on["throughput_rps"], "rps_off": off["throughput_rps"],
-                     "rps_ratio": on["throughput_rps"] / off["throughput_rps"], "p50_on_ms": on["p50_ms"],
-                     "p50_off_ms": off["p50_ms"], "p50_ratio": off["p50_ms"] / on["p50_ms"]})  # fmt: skip
+        rows.append(
+            {
+                "concurrency": on["concurrency"],
+                "rps_on": on["throughput_rps"],
+                "rps_off": off["throughput_rps"],
+                "rps_ratio": on["throughput_rps"] / off["throughput_rps"],
+                "p50_on_ms": on["p50_ms"],
+                "p50_off_ms": off["p50_ms"],
+                "p50_ratio": off["p50_ms"] / on["p50_ms"],
+            }
+        )
     print(
-        "\n| concurrency | req/s log on | req/s log off | on/off | p50 on (ms) | p50 off (ms) | off/on | goal |"
+        "\n| concurrency | req/s log on | req/s log off | on/off | p50 on (ms) | p50 off (ms) | off/on | "
+        "goal |"
     )
     print("|---:|---:|---:|---:|---:|---:|---:|---|")
     for r in rows:
         met = "met" if min(r["rps_ratio"], r["p50_ratio"]) >= GOAL else "MISSED"
-        print(f"| {r['concurrency']} | {r['rps_on']:.1f} | {r['rps_off']:.1f} | {r['rps_ratio']:.3f} | "
-              f"{r['p50_on_ms']:.1f} | {r['p50_off_ms']:.1f} | {r['p50_ratio']:.3f} | >= {GOAL}: {met} |")  # fmt: skip
+        print(
+            f"| {r['concurrency']} | {r['rps_on']:.1f} | {r['rps_off']:.1f} | {r['rps_ratio']:.3f} | "
+            f"{r['p50_on_ms']:.1f} | {r['p50_off_ms']:.1f} | {r['p50_ratio']:.3f} | >= {GOAL}: {met} |"
+        )
     print(f"\ndecisions written with logging on: {written} of {sent} answered")
     answers = best["log on"]["sample"]
     cost = writer_cost(bodies, answers)
     median_ms = min(r["p50_off_ms"] for r in rows)
-    print(f"the log's own cost per decision (in process, 5,000 decisions): record {cost['record_us']:.1f} us on the "
-          f"request path, flush {cost['flush_us']:.1f} us in the background thread: "
-          f"{(cost['record_us'] + cost['flush_us']) / (median_ms * 1000):.2%} of the fastest p50 without the log")  # fmt: skip
+    print(
+        f"the log's own cost per decision (in process, 5,000 decisions): record {cost['record_us']:.1f} us "
+        f"on the request path, flush {cost['flush_us']:.1f} us in the background thread: "
+        f"{(cost['record_us'] + cost['flush_us']) / (median_ms * 1000):.2%} of the fastest p50 without the "
+        "log"
+    )
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(
         json.dumps({"rows": rows, "written": written, "answered": sent, "rounds": args.rounds}, indent=2)

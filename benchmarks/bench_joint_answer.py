@@ -1,13 +1,13 @@
 """Where a joint-family answer's time goes, per encoder backend, in process: the encoder pass against the rest
 (tokenising, the head in torch, calibration, answer shaping), with the question texts' token cache on and off.
 
-On bench_serve.py's 5-question requests, answered 8 at a time as the server groups them at concurrency 8, it runs,
-interleaved round by round in one process, each backend that is installed (torch, ONNX Runtime, OpenVINO, fp32)
-with the token cache (`joint.token_cache`, what a server keeps) and without it (capacity 0: every question text
-tokenised again in every request, as before the cache). It prints per variant the best round's requests/s, the
-encoder's and the rest's milliseconds per request, the ratio of each runtime to torch, and the cache's ratio. The
-encoder's share bounds what any encoder runtime can do for the whole answer: a runtime k times faster on the
-encoder makes the answer 1 / (1 - s + s / k) times faster at encoder share s.
+On bench_serve.py's 5-question requests, answered 8 at a time as the server groups them at concurrency 8, it
+runs, interleaved round by round in one process, each backend that is installed (torch, ONNX Runtime,
+OpenVINO, fp32) with the token cache (`joint.token_cache`, what a server keeps) and without it (capacity 0:
+every question text tokenised again in every request, as before the cache). It prints per variant the best
+round's requests/s, the encoder's and the rest's milliseconds per request, the ratio of each runtime to torch,
+and the cache's ratio. The encoder's share bounds what any encoder runtime can do for the whole answer: a
+runtime k times faster on the encoder makes the answer 1 / (1 - s + s / k) times faster at encoder share s.
 
     python benchmarks/bench_joint_answer.py --model runs/<key>/export [--requests 80] [--repeats 5]
 """
@@ -55,8 +55,9 @@ def encoders(model, folder: Path, wanted: list[str]) -> dict[str, TimedEncoder]:
     """Each wanted backend that serves this model here, timed; torch is the model's own pass."""
     out = {}
     for name in wanted:
-        choice = choose_backend(model, name, ROOT / "benchmarks/.cache/joint_answer/encoder.onnx",
-                                shipped=folder / "encoder.onnx")  # fmt: skip
+        choice = choose_backend(
+            model, name, ROOT / "benchmarks/.cache/joint_answer/encoder.onnx", shipped=folder / "encoder.onnx"
+        )
         if choice.name != name:
             print(f"{name}: not measured ({choice.reason})")
             continue
@@ -75,8 +76,11 @@ def one_round(model, requests, encoder: TimedEncoder, cached: bool) -> dict[str,
         model.answer(requests[i : i + BATCH])
     wall = time.perf_counter() - start
     n = len(requests)
-    return {"requests_per_s": n / wall, "encoder_ms": 1e3 * encoder.seconds / n,
-            "rest_ms": 1e3 * (wall - encoder.seconds) / n}  # fmt: skip
+    return {
+        "requests_per_s": n / wall,
+        "encoder_ms": 1e3 * encoder.seconds / n,
+        "rest_ms": 1e3 * (wall - encoder.seconds) / n,
+    }
 
 
 def main() -> None:
@@ -112,19 +116,25 @@ def main() -> None:
         for name in timed
         for cached in (True, False)
     ]
-    print(f"{args.model}: {len(requests)} requests, {BATCH} per call, best of {args.repeats} rounds, "
-          f"{torch.get_num_threads()} threads")  # fmt: skip
-    print(f"{'backend':12s} {'cache':5s} {'req/s':>7s} {'encoder ms':>10s} {'rest ms':>8s} {'share':>6s} "
-          f"{'x torch':>7s} {'x no cache':>10s}")  # fmt: skip
+    print(
+        f"{args.model}: {len(requests)} requests, {BATCH} per call, best of {args.repeats} rounds, "
+        f"{torch.get_num_threads()} threads"
+    )
+    print(
+        f"{'backend':12s} {'cache':5s} {'req/s':>7s} {'encoder ms':>10s} {'rest ms':>8s} {'share':>6s} "
+        f"{'x torch':>7s} {'x no cache':>10s}"
+    )
     for row in rows:
         torch_row = best["torch", row["token_cache"]] if "torch" in timed else None
         share = row["encoder_ms"] / (row["encoder_ms"] + row["rest_ms"])
         versus_torch = row["requests_per_s"] / torch_row["requests_per_s"] if torch_row else float("nan")
         versus_off = row["requests_per_s"] / best[row["backend"], False]["requests_per_s"]
         row.update(encoder_share=share, x_torch=versus_torch, x_no_cache=versus_off)
-        print(f"{row['backend']:12s} {'on' if row['token_cache'] else 'off':5s} {row['requests_per_s']:7.1f} "
-              f"{row['encoder_ms']:10.2f} {row['rest_ms']:8.2f} {share:6.0%} {versus_torch:6.2f}x "
-              f"{versus_off:9.2f}x")  # fmt: skip
+        print(
+            f"{row['backend']:12s} {'on' if row['token_cache'] else 'off':5s} {row['requests_per_s']:7.1f} "
+            f"{row['encoder_ms']:10.2f} {row['rest_ms']:8.2f} {share:6.0%} {versus_torch:6.2f}x "
+            f"{versus_off:9.2f}x"
+        )
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({"model": str(args.model), "rows": rows}, indent=1))
 

@@ -2,10 +2,11 @@
 
 Each plan fine-tunes the joint family on the stock MiniLM snapshot with LoRA for the same number of optimizer
 steps on the same VADER training rows, then is scored on the same held-out rows (accuracy and ECE of the
-uncalibrated fine-tune) and served by our Decision API (one process, the CPU) with the same 5-question requests
-at concurrency 1 and 8. Plans: native (6 layers), the first 4, the first 3, and layers 2-3 run twice (8 visits).
-Prints one table with each figure's ratio to native, writes benchmarks/results/bench_layer_plans.json and a plot
-of held-out accuracy against serving throughput (bench_layer_plans.png).
+uncalibrated fine-tune) and served by our Decision API (one process, the CPU) with the same 5-question
+requests at concurrency 1 and 8. Plans: native (6 layers), the first 4, the first 3, and layers 2-3 run twice
+(8 visits). Prints one table with each figure's ratio to native, writes
+benchmarks/results/bench_layer_plans.json and a plot of held-out accuracy against serving throughput
+(bench_layer_plans.png).
 
     python benchmarks/bench_layer_plans.py [--steps 120] [--rows 600] [--heldout 150] [--requests 48]
         [--data data/processed/vader.jsonl] [--base data/snapshots/minilm]
@@ -35,7 +36,8 @@ PLANS = {
 
 
 def write_subsets(data: Path, rows: int, heldout: int, folder: Path) -> tuple[Path, Path]:
-    """The first `rows` training rows and `heldout` held-out rows of the content-hash split, as JSONL files."""
+    """The first `rows` training rows and `heldout` held-out rows of the content-hash split, as JSONL
+    files."""
     from pipeline.config import ValidateConfig
     from pipeline.data.split import split_holdout
     from pipeline.data.validate import validate_file
@@ -56,14 +58,33 @@ def fine_tune(plan, train: Path, heldout: Path, base: Path, out: Path, steps: in
 
     params = load_params(ROOT / "params.yaml")
     layer_plan = tuple(tuple(e) if isinstance(e, list) else e for e in plan) if plan else None
-    config = replace(params.train, family="joint", method="lora", micro_batch=8, grad_accum=1, epochs=100,
-                     min_steps=0, max_steps=steps, warmup_steps=10, layer_plan=layer_plan, log_every=20,
-                     checkpoint_every_steps=0, checkpoint_every_minutes=0.0)  # fmt: skip
-    run = train_on_data(TrainSource(train, eval_data=heldout, split_config=params.validate), base, out, config,
-                        device="cpu")  # fmt: skip
+    config = replace(
+        params.train,
+        family="joint",
+        method="lora",
+        micro_batch=8,
+        grad_accum=1,
+        epochs=100,
+        min_steps=0,
+        max_steps=steps,
+        warmup_steps=10,
+        layer_plan=layer_plan,
+        log_every=20,
+        checkpoint_every_steps=0,
+        checkpoint_every_minutes=0.0,
+    )
+    run = train_on_data(
+        TrainSource(train, eval_data=heldout, split_config=params.validate), base, out, config, device="cpu"
+    )
     tuned = run.heldout["tuned"]
-    return {"steps": run.steps, "s_per_step": run.s_per_step, "accuracy": tuned["accuracy"], "ece": tuned["ece"],
-            "base_accuracy": run.heldout["base"]["accuracy"], "decisions": run.heldout["decisions"]}  # fmt: skip
+    return {
+        "steps": run.steps,
+        "s_per_step": run.s_per_step,
+        "accuracy": tuned["accuracy"],
+        "ece": tuned["ece"],
+        "base_accuracy": run.heldout["base"]["accuracy"],
+        "decisions": run.heldout["decisions"],
+    }
 
 
 def serve(folder: Path, bodies: list[dict]) -> dict[int, float]:
@@ -82,13 +103,17 @@ def ratios(rows: dict[str, dict]) -> None:
 
 def print_table(rows: dict[str, dict], steps: int) -> None:
     print(f"\nLoRA (joint family), {steps} steps of micro-batch 8 per plan; ratios to native in brackets")
-    print(f"{'plan':<15}{'visits':>7}{'accuracy':>16}{'ECE':>16}{'train s/step':>18}{'req/s c=1':>16}"
-          f"{'req/s c=8':>16}")  # fmt: skip
+    print(
+        f"{'plan':<15}{'visits':>7}{'accuracy':>16}{'ECE':>16}{'train s/step':>18}{'req/s c=1':>16}"
+        f"{'req/s c=8':>16}"
+    )
     for name, row in rows.items():
         r = row["ratio"]
-        print(f"{name:<15}{row['visits']:>7}{row['accuracy']:>9.3f} ({r['accuracy']:.2f}){row['ece']:>9.3f} "
-              f"({r['ece']:.2f}){row['s_per_step']:>11.2f} ({r['s_per_step']:.2f}){row['rps_1']:>9.1f} "
-              f"({r['rps_1']:.2f}){row['rps_8']:>9.1f} ({r['rps_8']:.2f})")  # fmt: skip
+        print(
+            f"{name:<15}{row['visits']:>7}{row['accuracy']:>9.3f} ({r['accuracy']:.2f}){row['ece']:>9.3f} "
+            f"({r['ece']:.2f}){row['s_per_step']:>11.2f} ({r['s_per_step']:.2f}){row['rps_1']:>9.1f} "
+            f"({r['rps_1']:.2f}){row['rps_8']:>9.1f} ({r['rps_8']:.2f})"
+        )
 
 
 def plot(rows: dict[str, dict], path: Path) -> None:
@@ -136,8 +161,9 @@ def main() -> int:
     ratios(rows)
     print_table(rows, args.steps)
     RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "bench_layer_plans.json").write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()},
-                                                               "plans": rows}, indent=2))  # fmt: skip
+    (RESULTS / "bench_layer_plans.json").write_text(
+        json.dumps({"args": {k: str(v) for k, v in vars(args).items()}, "plans": rows}, indent=2)
+    )
     plot(rows, RESULTS / "bench_layer_plans.png")
     print(f"wrote {RESULTS / 'bench_layer_plans.json'} and {RESULTS / 'bench_layer_plans.png'}")
     return 0

@@ -1,6 +1,6 @@
-"""Model quality: our default fine-tune against TF-IDF + logistic regression and laya's own trainer, on VADER and
-more real data sets: text, terse reports, long text and records (`quality_sets.py` says what they are, where they
-come from and their licences).
+"""Model quality: our default fine-tune against TF-IDF + logistic regression and laya's own trainer, on VADER
+and more real data sets: text, terse reports, long text and records (`quality_sets.py` says what they are,
+where they come from and their licences).
 
 For each data set, one after the other in this process, on the same training rows and the same held-out rows:
 - ours: `decision finetune` with params.yaml's defaults (`pipeline.stages.finetune.finetune`), the held-out rows
@@ -60,8 +60,8 @@ def heldout_decisions(path: Path):
 
 
 def run_tfidf(train: Path, heldout: Path) -> dict:
-    """TF-IDF + logistic regression per question: the bag of words every run shows (`scoring.bag_of_words`), on all
-    the training rows."""
+    """TF-IDF + logistic regression per question: the bag of words every run shows (`scoring.bag_of_words`),
+    on all the training rows."""
     from pipeline.data.validate import validate_file
     from pipeline.scoring.bag_of_words import bag_of_words
 
@@ -113,12 +113,18 @@ def contender_figures(contender: str, decisions, scored: list[np.ndarray], secon
         q: float(np.mean([r for d, r in zip(decisions, right) if d.question_id == q]))
         for q in sorted({d.question_id for d in decisions})
     }
-    return {"contender": contender, "wall_seconds": seconds, "curve": [[seconds, None]],
-            "by_question": by_question, **detailed_metrics(decisions, scored)}  # fmt: skip
+    return {
+        "contender": contender,
+        "wall_seconds": seconds,
+        "curve": [[seconds, None]],
+        "by_question": by_question,
+        **detailed_metrics(decisions, scored),
+    }
 
 
 def run_ours(train: Path, heldout: Path, out: Path, overrides: dict[str, dict], base: Path) -> dict:
-    """Our default chain from `base` with `overrides` ({"train": {...}, "validate": {...}}) over params.yaml's."""
+    """Our default chain from `base` with `overrides` ({"train": {...}, "validate": {...}}) over
+    params.yaml's."""
     from dataclasses import replace
 
     from pipeline.config import load_params
@@ -167,7 +173,8 @@ def run_ours(train: Path, heldout: Path, out: Path, overrides: dict[str, dict], 
 
 
 def run_laya(train: Path, heldout: Path, out: Path, seconds: float, base: Path) -> dict:
-    """laya's trainer, stopped after `seconds` of wall time, on the rows its pace gets through in that time."""
+    """laya's trainer, stopped after `seconds` of wall time, on the rows its pace gets through in that
+    time."""
     import laya.train as laya_train
 
     started = time.perf_counter()
@@ -207,8 +214,13 @@ def run_laya(train: Path, heldout: Path, out: Path, seconds: float, base: Path) 
         laya_train.encode_item, laya_train.train_model = original_encode, original_train
     wall = time.perf_counter() - started
     metrics = score_laya_export(out, heldout)
-    return {"contender": "laya.train", "train_rows": take, "wall_seconds": wall, "curve": [[wall, metrics["accuracy"]]],
-            **metrics}  # fmt: skip
+    return {
+        "contender": "laya.train",
+        "train_rows": take,
+        "wall_seconds": wall,
+        "curve": [[wall, metrics["accuracy"]]],
+        **metrics,
+    }
 
 
 def score_laya_export(folder: Path, heldout: Path) -> dict:
@@ -219,16 +231,20 @@ def score_laya_export(folder: Path, heldout: Path) -> dict:
     return {k: overall[k] for k in ("accuracy", "record_accuracy", "ece", "brier")}
 
 
-def run_dataset(name: str, rows: int, heldout_rows: int, laya: bool, overrides: dict[str, dict],
-                base: Path = BASE) -> dict:  # fmt: skip
+def run_dataset(
+    name: str, rows: int, heldout_rows: int, laya: bool, overrides: dict[str, dict], base: Path = BASE
+) -> dict:
     from pipeline.data.validate import validate_file
 
     work = HERE / ".cache" / "quality" / name
     train, heldout = dataset_files(name, work, rows, heldout_rows)
     train_data, held_report = validate_file(train), validate_file(heldout).report
     train_report = train_data.report
-    print(f"{name}: {train_report.rows:,} training rows ({train_report.decisions:,} decisions), "
-          f"{held_report.rows:,} held-out rows ({held_report.decisions:,} decisions)", file=sys.stderr)  # fmt: skip
+    print(
+        f"{name}: {train_report.rows:,} training rows ({train_report.decisions:,} decisions), "
+        f"{held_report.rows:,} held-out rows ({held_report.decisions:,} decisions)",
+        file=sys.stderr,
+    )
     tfidf = run_tfidf(train, heldout)
     records = all(isinstance(r.state, dict) for r in train_data.records)
     tabular = [run_tabular(model, train, heldout) for model in TABULAR_MODELS] if records else []
@@ -236,32 +252,45 @@ def run_dataset(name: str, rows: int, heldout_rows: int, laya: bool, overrides: 
     contenders = [ours, tfidf, *tabular]
     if laya:
         contenders.append(run_laya(train, heldout, work / "laya", ours["wall_seconds"], base))
-    return {"dataset": name, "train_rows": train_report.rows, "train_decisions": train_report.decisions,
-            "heldout_rows": held_report.rows, "heldout_decisions": held_report.decisions,
-            "contenders": contenders,
-            "ratios": {f"ours/{c['contender']}": c_ratio(ours, c) for c in contenders[1:]}}  # fmt: skip
+    return {
+        "dataset": name,
+        "train_rows": train_report.rows,
+        "train_decisions": train_report.decisions,
+        "heldout_rows": held_report.rows,
+        "heldout_decisions": held_report.decisions,
+        "contenders": contenders,
+        "ratios": {f"ours/{c['contender']}": c_ratio(ours, c) for c in contenders[1:]},
+    }
 
 
 def c_ratio(ours: dict, other: dict) -> dict:
-    return {"accuracy": ours["accuracy"] / other["accuracy"],
-            "accuracy_gain": ours["accuracy"] - other["accuracy"],
-            "record_accuracy": ours["record_accuracy"] / max(other["record_accuracy"], 1e-9)}  # fmt: skip
+    return {
+        "accuracy": ours["accuracy"] / other["accuracy"],
+        "accuracy_gain": ours["accuracy"] - other["accuracy"],
+        "record_accuracy": ours["record_accuracy"] / max(other["record_accuracy"], 1e-9),
+    }
 
 
 def print_table(results: list[dict]) -> None:
-    header = (f"{'data set':<13} {'rows':>6} {'dec.':>6}  {'contender':<11} {'steps':>5} {'wall s':>7} "
-              f"{'acc':>6} {'uncal.':>6} {'rec.acc':>7} {'ECE':>6} {'Brier':>6}")  # fmt: skip
+    header = (
+        f"{'data set':<13} {'rows':>6} {'dec.':>6}  {'contender':<11} {'steps':>5} {'wall s':>7} "
+        f"{'acc':>6} {'uncal.':>6} {'rec.acc':>7} {'ECE':>6} {'Brier':>6}"
+    )
     print(header)
     print("-" * len(header))
     for result in results:
         for c in result["contenders"]:
-            print(f"{result['dataset']:<13} {result['train_rows']:>6} {result['heldout_decisions']:>6}  "
-                  f"{c['contender']:<11} {c.get('steps', '-')!s:>5} {c['wall_seconds']:>7.0f} {c['accuracy']:>6.4f} "
-                  f"{c.get('uncalibrated_accuracy', c['accuracy']):>6.4f} "
-                  f"{c['record_accuracy']:>7.4f} {c['ece']:>6.4f} {c['brier']:>6.4f}")  # fmt: skip
+            print(
+                f"{result['dataset']:<13} {result['train_rows']:>6} {result['heldout_decisions']:>6}  "
+                f"{c['contender']:<11} {c.get('steps', '-')!s:>5} {c['wall_seconds']:>7.0f} "
+                f"{c['accuracy']:>6.4f} {c.get('uncalibrated_accuracy', c['accuracy']):>6.4f} "
+                f"{c['record_accuracy']:>7.4f} {c['ece']:>6.4f} {c['brier']:>6.4f}"
+            )
         for name, ratio in result["ratios"].items():
-            print(f"{'':<13} {name}: accuracy x{ratio['accuracy']:.3f} ({ratio['accuracy_gain']:+.4f}), "
-                  f"record accuracy x{ratio['record_accuracy']:.2f}")  # fmt: skip
+            print(
+                f"{'':<13} {name}: accuracy x{ratio['accuracy']:.3f} ({ratio['accuracy_gain']:+.4f}), "
+                f"record accuracy x{ratio['record_accuracy']:.2f}"
+            )
 
 
 def plot(results: list[dict], path: Path) -> None:
@@ -286,8 +315,8 @@ def plot(results: list[dict], path: Path) -> None:
 
 
 def param_overrides(pairs: list[str], section: type, flag: str) -> dict:
-    """`KEY=VALUE` pairs as params of `section` (values read as YAML: 4, 0.5, null, [0, 1]); ValueError names a bad
-    one."""
+    """`KEY=VALUE` pairs as params of `section` (values read as YAML: 4, 0.5, null, [0, 1]); ValueError names
+    a bad one."""
     known = set(section.__dataclass_fields__)
     overrides = {}
     for pair in pairs:
@@ -315,29 +344,54 @@ def main() -> None:
     parser.add_argument(
         "--rows", type=int, default=3000, help="training rows of each set but VADER (VADER: all)"
     )
-    parser.add_argument("--heldout", type=int, default=500,
-                        help="held-out rows of each set but VADER (the sotu sets: at most what their held-out addresses give)")  # fmt: skip
+    parser.add_argument(
+        "--heldout",
+        type=int,
+        default=500,
+        help="held-out rows of each set but VADER (the sotu sets: at most what their held-out addresses "
+        "give)",
+    )
     parser.add_argument(
         "--no-laya", action="store_true", help="leave laya's trainer out (it takes as long as ours)"
     )
-    parser.add_argument("--seed", type=int, default=None, help="train.seed for ours (default: params.yaml's), "
-                        "to measure the noise from seeds")  # fmt: skip
-    parser.add_argument("--train", action="append", default=[], metavar="KEY=VALUE",
-                        help="a train param for ours over params.yaml's (repeatable), to measure a lever: "
-                        "--train state_windows=4")  # fmt: skip
-    parser.add_argument("--base", type=Path, default=BASE,
-                        help="the base model folder ours (and laya's trainer) start from: another encoder, a "
-                        "snapshot with a longer window (default: the stock MiniLM snapshot)")  # fmt: skip
-    parser.add_argument("--validate", action="append", default=[], metavar="KEY=VALUE",
-                        help="a validate param over params.yaml's (repeatable): --validate validation_fraction=0 "
-                        "is the protocol before the validation split")  # fmt: skip
+    parser.add_argument(
+        "--seed",
+        type=int,
+        default=None,
+        help="train.seed for ours (default: params.yaml's), to measure the noise from seeds",
+    )
+    parser.add_argument(
+        "--train",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a train param for ours over params.yaml's (repeatable), to measure a lever: "
+        "--train state_windows=4",
+    )
+    parser.add_argument(
+        "--base",
+        type=Path,
+        default=BASE,
+        help="the base model folder ours (and laya's trainer) start from: another encoder, a "
+        "snapshot with a longer window (default: the stock MiniLM snapshot)",
+    )
+    parser.add_argument(
+        "--validate",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a validate param over params.yaml's (repeatable): --validate validation_fraction=0 "
+        "is the protocol before the validation split",
+    )
     args = parser.parse_args()
     from pipeline.config import TrainConfig, ValidateConfig
 
     try:
         seed = {} if args.seed is None else {"seed": args.seed}
-        overrides = {"train": param_overrides(args.train, TrainConfig, "--train") | seed,
-                     "validate": param_overrides(args.validate, ValidateConfig, "--validate")}  # fmt: skip
+        overrides = {
+            "train": param_overrides(args.train, TrainConfig, "--train") | seed,
+            "validate": param_overrides(args.validate, ValidateConfig, "--validate"),
+        }
     except ValueError as error:
         parser.error(str(error))
     unknown = [name for name in args.datasets.split(",") if name not in DATASETS]

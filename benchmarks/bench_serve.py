@@ -17,12 +17,12 @@ Goals: at concurrency 8 at least 2x the peer's throughput; at concurrency 1 a p5
     python benchmarks/bench_serve.py --backends torch onnxruntime openvino   # ours on each encoder runtime
     python benchmarks/bench_serve.py --fairness --requests 20 --rounds 2   # another caller's latency behind a flood
 
-With `--backends`, ours runs once per `decision serve --backend` (the first fills the main table), and a backend
-table gives each one's requests/s against laya-serve, p50, GFLOP/s against the matmul peak, parity with the
-trained model (goal: |Δp| <= 1e-4, every argmax) and the backend each server reported on /healthz; `--joint` and
-`--bf16` then run per backend too (bf16: the backends that serve it). With torch among the backends and `--joint`,
-it also prints each runtime's requests/s over torch's at c=8 for both families (goal: the joint export's factor
-at least the laya family's).
+With `--backends`, ours runs once per `decision serve --backend` (the first fills the main table), and a
+backend table gives each one's requests/s against laya-serve, p50, GFLOP/s against the matmul peak, parity
+with the trained model (goal: |Δp| <= 1e-4, every argmax) and the backend each server reported on /healthz;
+`--joint` and `--bf16` then run per backend too (bf16: the backends that serve it). With torch among the
+backends and `--joint`, it also prints each runtime's requests/s over torch's at c=8 for both families (goal:
+the joint export's factor at least the laya family's).
 """
 
 from __future__ import annotations
@@ -47,13 +47,21 @@ from pipeline.families import load_decision_model  # noqa: E402
 from pipeline.rundir import RunFolder  # noqa: E402  (after the path set-up, as a script run from anywhere)
 
 SAMPLE = 40  # requests whose answers are compared (with laya's, with the trained model's)
-TOPIC = {"type": "choice", "instructions": "Where does this text come from?",
-         "criteria": {"product": "a product review", "movie": "a movie review", "news": "a news editorial",
-                      "social": "a social media post"}}  # fmt: skip
+TOPIC = {
+    "type": "choice",
+    "instructions": "Where does this text come from?",
+    "criteria": {
+        "product": "a product review",
+        "movie": "a movie review",
+        "news": "a news editorial",
+        "social": "a social media post",
+    },
+}
 
 
 def default_model() -> Path:
-    """The model the serving benchmarks serve: `make run`'s export where one was made, else the stock snapshot."""
+    """The model the serving benchmarks serve: `make run`'s export where one was made, else the stock
+    snapshot."""
     exported = ROOT / "models/vader-minilm"
     return exported if exported.exists() else ROOT / "data/snapshots/minilm"
 
@@ -81,20 +89,36 @@ def start_ours(
     inference_log: str | None = None,
     keys: str | None = None,
 ) -> subprocess.Popen:
-    """`decision serve` on `model`; `confine` runs in the child before it starts (an affinity mask, a cgroup), so
-    the server sees its CPU from the start. The inference log is off unless `inference_log` names a folder: a
-    benchmark's requests are not traffic (bench_inference_log.py measures what logging costs)."""
-    command = [sys.executable, "-m", "pipeline.cli.main", "serve", "--model", str(model), "--port", str(port),
-               "--device", device, "--workers", str(workers), "--precision", precision,
-               "--backend", backend]  # fmt: skip
+    """`decision serve` on `model`; `confine` runs in the child before it starts (an affinity mask, a cgroup),
+    so the server sees its CPU from the start. The inference log is off unless `inference_log` names a folder:
+    a benchmark's requests are not traffic (bench_inference_log.py measures what logging costs)."""
+    command = [
+        sys.executable,
+        "-m",
+        "pipeline.cli.main",
+        "serve",
+        "--model",
+        str(model),
+        "--port",
+        str(port),
+        "--device",
+        device,
+        "--workers",
+        str(workers),
+        "--precision",
+        precision,
+        "--backend",
+        backend,
+    ]
     command += ["--inference-log", inference_log] if inference_log else ["--no-inference-log"]
     if shadow_share is not None:  # the same folder as its own challenger: the cost of shadowing alone
         command += ["--shadow", str(model), "--shadow-share", str(shadow_share)]
     if threads is not None:
         command += ["--threads", str(threads)]
     command += ["--keys", keys] if keys else []
-    return subprocess.Popen(command, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            preexec_fn=confine)  # fmt: skip
+    return subprocess.Popen(
+        command, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, preexec_fn=confine
+    )
 
 
 def start_laya(
@@ -102,12 +126,21 @@ def start_laya(
 ) -> subprocess.Popen:
     """laya-serve maps every built-in model name to the folder, or its router reaches for a hub."""
     folder = str(model.resolve())
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "LAYA_HOST": "127.0.0.1", "LAYA_PORT": str(port),
-           "LAYA_DEVICE": device, "LAYA_MODELS": "english",
-           "LAYA_EXTRA_MODELS": json.dumps({"english": folder, "multilingual": folder, "typed-decisions": folder})}  # fmt: skip
+    env = {
+        **os.environ,
+        "HF_HUB_OFFLINE": "1",
+        "LAYA_HOST": "127.0.0.1",
+        "LAYA_PORT": str(port),
+        "LAYA_DEVICE": device,
+        "LAYA_MODELS": "english",
+        "LAYA_EXTRA_MODELS": json.dumps(
+            {"english": folder, "multilingual": folder, "typed-decisions": folder}
+        ),
+    }
     laya_serve = Path(sys.executable).with_name("laya-serve")
-    return subprocess.Popen([str(laya_serve)], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            preexec_fn=confine)  # fmt: skip
+    return subprocess.Popen(
+        [str(laya_serve)], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, preexec_fn=confine
+    )
 
 
 def wait_ready(url: str, body: dict, process: subprocess.Popen, timeout_s: float = 180) -> None:
@@ -162,16 +195,22 @@ def load(url: str, bodies: list[dict], concurrency: int, deadline_s: float | Non
         thread.join()
     wall = time.perf_counter() - started
     ms = np.asarray(latencies) * 1000
-    return {"concurrency": concurrency, "requests": len(latencies), "errors": len(errors),
-            "p50_ms": float(np.percentile(ms, 50)), "p95_ms": float(np.percentile(ms, 95)),
-            "throughput_rps": len(latencies) / wall}  # fmt: skip
+    return {
+        "concurrency": concurrency,
+        "requests": len(latencies),
+        "errors": len(errors),
+        "p50_ms": float(np.percentile(ms, 50)),
+        "p95_ms": float(np.percentile(ms, 95)),
+        "throughput_rps": len(latencies) / wall,
+    }
 
 
 def fairness(model: Path, bodies: list[dict], args) -> dict:
     """Another caller's latency behind a flood: one key floods the server (`--flood` client threads sending
     without pause) while a second sends `--requests` requests one at a time, with its own key (its own line,
-    taken in turn with the flood's) and, alternating, with the flood's key (one line with the flood: what a plain
-    first-come queue gives it). p50 and p95 of the second caller's requests and the flood's throughput, each."""
+    taken in turn with the flood's) and, alternating, with the flood's key (one line with the flood: what a
+    plain first-come queue gives it). p50 and p95 of the second caller's requests and the flood's throughput,
+    each."""
     import tempfile
 
     from pipeline.serving.keys import add_key
@@ -193,15 +232,19 @@ def fairness(model: Path, bodies: list[dict], args) -> dict:
         finally:
             process.terminate()
             process.wait(timeout=30)
-    print(f"\na second caller's {len(bodies)} requests, one at a time, behind {args.flood} flood threads "
-          f"(best of {args.rounds} rounds, alternating)")  # fmt: skip
+    print(
+        f"\na second caller's {len(bodies)} requests, one at a time, behind {args.flood} flood threads "
+        f"(best of {args.rounds} rounds, alternating)"
+    )
     print(f"{'second caller sends with':<26}{'p50 ms':>9}{'p95 ms':>9}{'flood req/s':>13}")
     best = {name: min(runs, key=lambda run: run["p50_ms"]) for name, runs in rounds.items()}
     for name, run in best.items():
         print(f"{name:<26}{run['p50_ms']:>9.0f}{run['p95_ms']:>9.0f}{run['flood_rps']:>13.1f}")
     shared, own = best["the flood's key"], best["own key"]
-    print(f"p50 in a line of its own / in the flood's line: {own['p50_ms'] / shared['p50_ms']:.2f}; "
-          f"p95 {own['p95_ms'] / shared['p95_ms']:.2f}")  # fmt: skip
+    print(
+        f"p50 in a line of its own / in the flood's line: {own['p50_ms'] / shared['p50_ms']:.2f}; "
+        f"p95 {own['p95_ms'] / shared['p95_ms']:.2f}"
+    )
     return {"flood_threads": args.flood, "rounds": rounds, "best": best}
 
 
@@ -236,8 +279,11 @@ def _behind_a_flood(url: str, bodies: list[dict], flood_key: str, key: str, thre
         thread.join()
     answered = sum(window[0] <= moment <= window[1] for moment in sent)
     ms = np.asarray(latencies) * 1000
-    return {"p50_ms": float(np.percentile(ms, 50)), "p95_ms": float(np.percentile(ms, 95)),
-            "flood_rps": answered / (window[1] - window[0])}  # fmt: skip
+    return {
+        "p50_ms": float(np.percentile(ms, 50)),
+        "p95_ms": float(np.percentile(ms, 95)),
+        "flood_rps": answered / (window[1] - window[0]),
+    }
 
 
 def answers(url: str, bodies: list[dict]) -> list[dict]:
@@ -247,8 +293,16 @@ def answers(url: str, bodies: list[dict]) -> list[dict]:
         return [http.post("/v1/systemone", json=b).json()["answers"] for b in bodies]
 
 
-def measure(name: str, start, model: Path, bodies: list[dict], levels: list[int], warmup: int, device: str,
-            processes: int = 1) -> dict:  # fmt: skip
+def measure(
+    name: str,
+    start,
+    model: Path,
+    bodies: list[dict],
+    levels: list[int],
+    warmup: int,
+    device: str,
+    processes: int = 1,
+) -> dict:
     from pipeline.stages.smoke import free_port
 
     port = free_port()
@@ -267,16 +321,20 @@ def measure(name: str, start, model: Path, bodies: list[dict], levels: list[int]
     if health["backend"]:
         print(f"  {name}: backend {health['backend']} ({health['backend_reason']})", flush=True)
     for run in runs:
-        print(f"  {name:<5} c={run['concurrency']}: {run['throughput_rps']:.1f} req/s, p50 {run['p50_ms']:.0f} ms, "
-              f"p95 {run['p95_ms']:.0f} ms, errors {run['errors']}", flush=True)  # fmt: skip
+        print(
+            f"  {name:<5} c={run['concurrency']}: {run['throughput_rps']:.1f} req/s, p50 {run['p50_ms']:.0f} "
+            f"ms, p95 {run['p95_ms']:.0f} ms, errors {run['errors']}",
+            flush=True,
+        )
     return {"runs": runs, "sample": sample, **health}
 
 
-def measure_interleaved(starts: dict[str, Callable], model: Path, bodies: list[dict], levels: list[int],
-                        device: str, rounds: int) -> dict[str, dict]:  # fmt: skip
-    """Each server measured `rounds` times, the servers in turn each round, so that a spell of load on the shared
-    machine falls on all of them alike; per server and concurrency, its best round (the same rule for every
-    server, laya-serve included)."""
+def measure_interleaved(
+    starts: dict[str, Callable], model: Path, bodies: list[dict], levels: list[int], device: str, rounds: int
+) -> dict[str, dict]:
+    """Each server measured `rounds` times, the servers in turn each round, so that a spell of load on the
+    shared machine falls on all of them alike; per server and concurrency, its best round (the same rule for
+    every server, laya-serve included)."""
     measured: dict[str, list[dict]] = {name: [] for name in starts}
     for round_ in range(rounds):
         for name, start in starts.items():
@@ -292,7 +350,8 @@ def best_rounds(results: list[dict]) -> dict:
 
 
 def served_backend(url: str) -> dict:
-    """The encoder runtime a server reports on /healthz, and why (None for a server that reports none: laya's)."""
+    """The encoder runtime a server reports on /healthz, and why (None for a server that reports none:
+    laya's)."""
     import httpx
 
     response = httpx.get(f"{url}/healthz", timeout=10)
@@ -301,7 +360,8 @@ def served_backend(url: str) -> dict:
 
 
 def wait_processes(url: str, n: int, timeout_s: float = 180) -> None:
-    """Until `n` server processes have each answered /healthz with a loaded model (new connections reach any)."""
+    """Until `n` server processes have each answered /healthz with a loaded model (new connections reach
+    any)."""
     import httpx
 
     seen: set[int] = set()
@@ -331,8 +391,9 @@ def flops_per_request(loaded, bodies: list[dict]) -> float:
 
 
 def matmul_peak_gflops(m: int = 2048, k: int = 2048, n: int = 2048, repeats: int = 5) -> float:
-    """The best fp32 GFLOP/s of an m x k by k x n matmul here, with torch's default threads: the distance to the
-    limit (square: the machine's; the model's own feed-forward shape: what its layers could reach at best)."""
+    """The best fp32 GFLOP/s of an m x k by k x n matmul here, with torch's default threads: the distance to
+    the limit (square: the machine's; the model's own feed-forward shape: what its layers could reach at
+    best)."""
     import torch
 
     a, b = torch.randn(m, k), torch.randn(k, n)
@@ -346,8 +407,8 @@ def matmul_peak_gflops(m: int = 2048, k: int = 2048, n: int = 2048, repeats: int
 
 
 def feed_forward_shape(loaded, bodies: list[dict], concurrency: int = 8) -> tuple[int, int, int]:
-    """(tokens in one serving pass at `concurrency`: its requests' sequences packed into one pass, hidden width,
-    feed-forward width) of the model's encoder on these requests."""
+    """(tokens in one serving pass at `concurrency`: its requests' sequences packed into one pass, hidden
+    width, feed-forward width) of the model's encoder on these requests."""
     from pipeline.data.answers import parse_request
 
     tokens = [loaded.answer([parse_request(b["state"], b["questions"])])[0].input_tokens for b in bodies]
@@ -367,14 +428,18 @@ def peer_rps(table: list[dict], concurrency: int) -> float | None:
 def max_difference(ours: list[dict], peer: list[dict]) -> float:
     from pipeline.data.answers import answer_probabilities
 
-    diffs = [np.abs(np.subtract(answer_probabilities(a[q]), answer_probabilities(b[q]))).max()
-             for a, b in zip(ours, peer) for q in a]  # fmt: skip
+    diffs = [
+        np.abs(np.subtract(answer_probabilities(a[q]), answer_probabilities(b[q]))).max()
+        for a, b in zip(ours, peer)
+        for q in a
+    ]
     return float(max(diffs))
 
 
 def trained_answers(served, bodies: list[dict]) -> list[dict] | None:
-    """A laya-family model's answers from the forward pass training uses (`decision_logits`, padded, one sequence
-    at a time, calibrated as served): what the server's packed pass must equal. None for other families."""
+    """A laya-family model's answers from the forward pass training uses (`decision_logits`, padded, one
+    sequence at a time, calibrated as served): what the server's packed pass must equal. None for other
+    families."""
     from pipeline.data.answers import parse_request, shape_answers
     from pipeline.families.laya.predict import calibrated_probabilities, padded_item_logits, request_items
 
@@ -393,14 +458,19 @@ def trained_answers(served, bodies: list[dict]) -> list[dict] | None:
 
 
 def parity_with(sample: list[dict], reference: list[dict] | None, name: str) -> dict | None:
-    """How far served answers are from the trained model's fp32 forward pass (printed); None without a reference."""
+    """How far served answers are from the trained model's fp32 forward pass (printed); None without a
+    reference."""
     if reference is None:
         return None
-    parity = {"max_probability_difference": max_difference(sample, reference),
-              "argmax_agreement": argmax_agreement(sample, reference)}  # fmt: skip
-    print(f"{name} vs the trained model's fp32 forward pass ({len(sample)} requests): largest probability difference "
-          f"{parity['max_probability_difference']:.2e} (goal <= 1e-3), argmax agreement "
-          f"{parity['argmax_agreement']:.1%} (goal 100%)")  # fmt: skip
+    parity = {
+        "max_probability_difference": max_difference(sample, reference),
+        "argmax_agreement": argmax_agreement(sample, reference),
+    }
+    print(
+        f"{name} vs the trained model's fp32 forward pass ({len(sample)} requests): largest probability "
+        f"difference {parity['max_probability_difference']:.2e} (goal <= 1e-3), argmax agreement "
+        f"{parity['argmax_agreement']:.1%} (goal 100%)"
+    )
     return parity
 
 
@@ -414,8 +484,11 @@ def in_process_answers(model: Path, bodies: list[dict]) -> list[dict]:
 def argmax_agreement(ours: list[dict], reference: list[dict]) -> float:
     from pipeline.data.answers import answer_probabilities
 
-    same = [np.argmax(answer_probabilities(a[q])) == np.argmax(answer_probabilities(b[q]))
-            for a, b in zip(ours, reference) for q in a]  # fmt: skip
+    same = [
+        np.argmax(answer_probabilities(a[q])) == np.argmax(answer_probabilities(b[q]))
+        for a, b in zip(ours, reference)
+        for q in a
+    ]
     return float(np.mean(same))
 
 
@@ -429,23 +502,48 @@ def main() -> int:
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8])
     parser.add_argument("--device", default="cpu", help="where both servers run the model (cpu or cuda)")
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks/results/bench_serve.json")
-    parser.add_argument("--shadow-share", type=float,
-                        help="also measure ours with a shadow challenger scoring this share of requests")  # fmt: skip
-    parser.add_argument("--workers", type=int, nargs="+", default=[1],
-                        help="measure ours with each number of server processes (the first is compared with laya)")  # fmt: skip
-    parser.add_argument("--bf16", action="store_true",
-                        help="also measure ours with --precision bf16 (where the CPU runs bf16 natively) and its parity")  # fmt: skip
-    parser.add_argument("--joint", type=Path,
-                        help="a `joint`-family export: also measure ours on it against laya-serve on --model")  # fmt: skip
-    parser.add_argument("--rounds", type=int, default=1,
-                        help="measure ours (each backend) and laya-serve this many times in turn, keeping each one's "
-                             "best round (default 1)")  # fmt: skip
-    parser.add_argument("--backends", nargs="+", default=["auto"],
-                        choices=["auto", "torch", "onnxruntime", "openvino"],
-                        help="ours with each `decision serve --backend` (default: auto); the first fills the main table")  # fmt: skip
-    parser.add_argument("--fairness", action="store_true",
-                        help="only measure a second caller's latency behind a flood from another key (--flood "
-                        "threads), in its own line and in the flood's; --requests is the second caller's")  # fmt: skip
+    parser.add_argument(
+        "--shadow-share",
+        type=float,
+        help="also measure ours with a shadow challenger scoring this share of requests",
+    )
+    parser.add_argument(
+        "--workers",
+        type=int,
+        nargs="+",
+        default=[1],
+        help="measure ours with each number of server processes (the first is compared with laya)",
+    )
+    parser.add_argument(
+        "--bf16",
+        action="store_true",
+        help="also measure ours with --precision bf16 (where the CPU runs bf16 natively) and its parity",
+    )
+    parser.add_argument(
+        "--joint",
+        type=Path,
+        help="a `joint`-family export: also measure ours on it against laya-serve on --model",
+    )
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="measure ours (each backend) and laya-serve this many times in turn, keeping each one's "
+        "best round (default 1)",
+    )
+    parser.add_argument(
+        "--backends",
+        nargs="+",
+        default=["auto"],
+        choices=["auto", "torch", "onnxruntime", "openvino"],
+        help="ours with each `decision serve --backend` (default: auto); the first fills the main table",
+    )
+    parser.add_argument(
+        "--fairness",
+        action="store_true",
+        help="only measure a second caller's latency behind a flood from another key (--flood "
+        "threads), in its own line and in the flood's; --requests is the second caller's",
+    )
     parser.add_argument("--flood", type=int, default=32, help="the flood's client threads with --fairness")
     args = parser.parse_args()
 
@@ -456,18 +554,33 @@ def main() -> int:
         args.out.with_name("bench_serve_fairness.json").write_text(json.dumps(result, indent=2))
         return 0
     print(
-        f"model {args.model} on {args.device}, {len(bodies)} requests x {len(bodies[0]['questions'])} questions",
+        f"model {args.model} on {args.device}, {len(bodies)} requests x {len(bodies[0]['questions'])} "
+        "questions",
         flush=True,
     )
     first = args.backends[0]
     starts = {
         f"ours {b}": functools.partial(start_ours, workers=args.workers[0], backend=b) for b in args.backends
     }
-    interleaved = measure_interleaved({**starts, "laya": start_laya}, args.model, bodies, args.concurrency,
-                                      args.device, args.rounds)  # fmt: skip
+    interleaved = measure_interleaved(
+        {**starts, "laya": start_laya}, args.model, bodies, args.concurrency, args.device, args.rounds
+    )
     by_workers = {args.workers[0]: interleaved[f"ours {first}"]}
-    by_workers.update({w: measure(f"ours x{w}", functools.partial(start_ours, workers=w, backend=first), args.model,
-                                  bodies, args.concurrency, 16, args.device, w) for w in args.workers[1:]})  # fmt: skip
+    by_workers.update(
+        {
+            w: measure(
+                f"ours x{w}",
+                functools.partial(start_ours, workers=w, backend=first),
+                args.model,
+                bodies,
+                args.concurrency,
+                16,
+                args.device,
+                w,
+            )
+            for w in args.workers[1:]
+        }
+    )
     ours = by_workers[args.workers[0]]
     peer = interleaved["laya"]
     table = []
@@ -475,15 +588,24 @@ def main() -> int:
     for mine, theirs in zip(ours["runs"], peer["runs"]):
         for name, run in (("ours", mine), ("laya", theirs)):
             print(
-                f"{run['concurrency']:>3} {name:<6}{run['throughput_rps']:>8.1f}{run['p50_ms']:>9.0f}{run['p95_ms']:>9.0f}"
+                f"{run['concurrency']:>3} "
+                f"{name:<6}{run['throughput_rps']:>8.1f}{run['p50_ms']:>9.0f}{run['p95_ms']:>9.0f}"
             )
-        table.append({"concurrency": mine["concurrency"], "ours": mine, "laya": theirs,
-                      "throughput_ratio": mine["throughput_rps"] / theirs["throughput_rps"],
-                      "p50_ratio": mine["p50_ms"] / theirs["p50_ms"]})  # fmt: skip
+        table.append(
+            {
+                "concurrency": mine["concurrency"],
+                "ours": mine,
+                "laya": theirs,
+                "throughput_ratio": mine["throughput_rps"] / theirs["throughput_rps"],
+                "p50_ratio": mine["p50_ms"] / theirs["p50_ms"],
+            }
+        )
     print()
     for row in table:
-        print(f"c={row['concurrency']}: throughput ours/laya {row['throughput_ratio']:.2f}x, "
-              f"p50 ours/laya {row['p50_ratio']:.2f}")  # fmt: skip
+        print(
+            f"c={row['concurrency']}: throughput ours/laya {row['throughput_ratio']:.2f}x, "
+            f"p50 ours/laya {row['p50_ratio']:.2f}"
+        )
     difference = max_difference(ours["sample"], peer["sample"])
     print(
         f"largest probability difference between the servers' answers ({SAMPLE} requests; laya applies only "
@@ -505,25 +627,40 @@ def main() -> int:
     peak = matmul_peak_gflops()
     shape = feed_forward_shape(served, bodies[:20])
     shaped_peak = matmul_peak_gflops(*shape)
-    print(f"\n{flops / 1e9:.2f} GFLOP per request (counted by torch.utils.flop_counter); fp32 matmul peak here "
-          f"{peak:.1f} GFLOP/s (2048^3), {shaped_peak:.1f} GFLOP/s at the model's feed-forward shape "
-          f"{shape[0]}x{shape[1]}x{shape[2]} (one packed pass at c=8)")  # fmt: skip
+    print(
+        f"\n{flops / 1e9:.2f} GFLOP per request (counted by torch.utils.flop_counter); fp32 matmul peak here "
+        f"{peak:.1f} GFLOP/s (2048^3), {shaped_peak:.1f} GFLOP/s at the model's feed-forward shape "
+        f"{shape[0]}x{shape[1]}x{shape[2]} (one packed pass at c=8)"
+    )
     needed = 2 * peer_rps(table, 8) * flops / 1e9 if peer_rps(table, 8) else None
     if needed:
         print(
-            f"2x laya at c=8 needs {needed:.1f} GFLOP/s = {needed / shaped_peak:.0%} of the feed-forward-shape peak"
+            f"2x laya at c=8 needs {needed:.1f} GFLOP/s = {needed / shaped_peak:.0%} of the "
+            "feed-forward-shape peak"
         )
     for row in table:
         achieved = row["ours"]["throughput_rps"] * flops / 1e9
-        print(f"c={row['concurrency']}: ours {achieved:.1f} GFLOP/s = {achieved / peak:.0%} of the matmul peak; laya "
-              f"{row['laya']['throughput_rps'] * flops / 1e9:.1f} GFLOP/s")  # fmt: skip
+        print(
+            f"c={row['concurrency']}: ours {achieved:.1f} GFLOP/s = {achieved / peak:.0%} of the matmul "
+            f"peak; laya {row['laya']['throughput_rps'] * flops / 1e9:.1f} GFLOP/s"
+        )
     shadowed = None
     if args.shadow_share is not None:
-        shadowed = measure(f"ours+shadow {args.shadow_share}", functools.partial(start_ours, shadow_share=args.shadow_share),
-                           args.model, bodies, args.concurrency, 16, args.device)  # fmt: skip
+        shadowed = measure(
+            f"ours+shadow {args.shadow_share}",
+            functools.partial(start_ours, shadow_share=args.shadow_share),
+            args.model,
+            bodies,
+            args.concurrency,
+            16,
+            args.device,
+        )
         for run, plain in zip(shadowed["runs"], ours["runs"]):
-            print(f"c={run['concurrency']}: with the shadow, p50 {run['p50_ms']:.0f} ms vs {plain['p50_ms']:.0f} ms "
-                  f"({run['p50_ms'] / plain['p50_ms']:.2f}x), req/s {run['throughput_rps'] / plain['throughput_rps']:.2f}x")  # fmt: skip
+            print(
+                f"c={run['concurrency']}: with the shadow, p50 {run['p50_ms']:.0f} ms vs "
+                f"{plain['p50_ms']:.0f} ms ({run['p50_ms'] / plain['p50_ms']:.2f}x), req/s "
+                f"{run['throughput_rps'] / plain['throughput_rps']:.2f}x"
+            )
     bf16 = bf16_table(args.model, bodies, args, peer, reference) if args.bf16 else None
     # With several backends, the backend table measures the joint export on each, in turn.
     joint = (
@@ -537,18 +674,34 @@ def main() -> int:
         measured = {b: interleaved[f"ours {b}"] for b in args.backends}
         backends = backends_table(measured, bodies, args, peer, goals, compared)
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"model": str(args.model), "device": args.device, "table": table, "goals": goals,
-                                    "joint": joint, "bf16": bf16, "backends": backends,
-                                    "max_probability_difference": difference, "parity": parity, "workers": workers,
-                                    "gflop_per_request": flops / 1e9, "matmul_peak_gflops": peak,
-                                    "feed_forward_shape": shape, "feed_forward_peak_gflops": shaped_peak,
-                                    "shadow": shadowed and shadowed["runs"]}, indent=2))  # fmt: skip
+    args.out.write_text(
+        json.dumps(
+            {
+                "model": str(args.model),
+                "device": args.device,
+                "table": table,
+                "goals": goals,
+                "joint": joint,
+                "bf16": bf16,
+                "backends": backends,
+                "max_probability_difference": difference,
+                "parity": parity,
+                "workers": workers,
+                "gflop_per_request": flops / 1e9,
+                "matmul_peak_gflops": peak,
+                "feed_forward_shape": shape,
+                "feed_forward_peak_gflops": shaped_peak,
+                "shadow": shadowed and shadowed["runs"],
+            },
+            indent=2,
+        )
+    )
     return 0
 
 
 def bf16_table(model: Path, bodies: list[dict], args, peer: dict, reference: list[dict] | None) -> dict:
-    """Ours with --precision bf16 on the same model against laya-serve's runs, and how far its answers move; per
-    backend that serves bf16 (torch, openvino) when `--backends` lists several."""
+    """Ours with --precision bf16 on the same model against laya-serve's runs, and how far its answers move;
+    per backend that serves bf16 (torch, openvino) when `--backends` lists several."""
     others = [b for b in args.backends[1:] if b in BF16_BACKENDS]
     by_backend = {b: bf16_table_on(model, bodies, args, peer, reference, b) for b in others}
     return {**bf16_table_on(model, bodies, args, peer, reference, args.backends[0]), "by_backend": by_backend}
@@ -557,79 +710,136 @@ def bf16_table(model: Path, bodies: list[dict], args, peer: dict, reference: lis
 BF16_BACKENDS = ("auto", "torch", "openvino")  # ONNX Runtime serves fp32 only
 
 
-def bf16_table_on(model: Path, bodies: list[dict], args, peer: dict, reference: list[dict] | None,
-                  backend: str) -> dict:  # fmt: skip
-    measured = measure(f"ours bf16 {backend}", functools.partial(start_ours, precision="bf16", backend=backend),
-                       model, bodies, args.concurrency, 16, args.device)  # fmt: skip
+def bf16_table_on(
+    model: Path, bodies: list[dict], args, peer: dict, reference: list[dict] | None, backend: str
+) -> dict:
+    measured = measure(
+        f"ours bf16 {backend}",
+        functools.partial(start_ours, precision="bf16", backend=backend),
+        model,
+        bodies,
+        args.concurrency,
+        16,
+        args.device,
+    )
     rows = []
     for run, theirs in zip(measured["runs"], peer["runs"]):
         ratio = run["throughput_rps"] / theirs["throughput_rps"]
         rows.append({"concurrency": run["concurrency"], "bf16": run, "throughput_ratio": ratio})
-        print(f"c={run['concurrency']}: ours bf16 {run['throughput_rps']:.1f} req/s vs laya "
-              f"{theirs['throughput_rps']:.1f}: {ratio:.2f}x; p50 {run['p50_ms']:.0f} vs {theirs['p50_ms']:.0f} ms")  # fmt: skip
+        print(
+            f"c={run['concurrency']}: ours bf16 {run['throughput_rps']:.1f} req/s vs laya "
+            f"{theirs['throughput_rps']:.1f}: {ratio:.2f}x; p50 {run['p50_ms']:.0f} vs "
+            f"{theirs['p50_ms']:.0f} ms"
+        )
     parity = parity_with(measured["sample"], reference, f"ours bf16 {backend}")
     joint = None
     if args.joint:
-        joint = measure(f"joint bf16 {backend}", functools.partial(start_ours, precision="bf16", backend=backend),
-                        args.joint, bodies, args.concurrency, 16, args.device)  # fmt: skip
+        joint = measure(
+            f"joint bf16 {backend}",
+            functools.partial(start_ours, precision="bf16", backend=backend),
+            args.joint,
+            bodies,
+            args.concurrency,
+            16,
+            args.device,
+        )
         for run, theirs in zip(joint["runs"], peer["runs"]):
-            print(f"c={run['concurrency']}: joint bf16 {run['throughput_rps']:.1f} req/s vs laya "
-                  f"{theirs['throughput_rps']:.1f}: {run['throughput_rps'] / theirs['throughput_rps']:.2f}x")  # fmt: skip
+            print(
+                f"c={run['concurrency']}: joint bf16 {run['throughput_rps']:.1f} req/s vs laya "
+                f"{theirs['throughput_rps']:.1f}: {run['throughput_rps'] / theirs['throughput_rps']:.2f}x"
+            )
         fp32 = in_process_answers(args.joint, bodies[:SAMPLE])
         moved = max_difference(joint["sample"], fp32)
-        print(f"joint bf16 vs the joint export's fp32 answers in process ({SAMPLE} requests): largest probability "
-              f"difference {moved:.2e}, argmax agreement {argmax_agreement(joint['sample'], fp32):.1%}")  # fmt: skip
+        print(
+            f"joint bf16 vs the joint export's fp32 answers in process ({SAMPLE} requests): largest "
+            f"probability difference {moved:.2e}, argmax agreement "
+            f"{argmax_agreement(joint['sample'], fp32):.1%}"
+        )
         joint = {"runs": joint["runs"], "max_probability_difference_to_fp32": moved}
     return {"backend": measured["backend"], "runs": rows, "parity": parity, "joint": joint}
 
 
-def joint_table(model: Path, bodies: list[dict], args, peer: dict, goals: dict, backend: str,
-                measured: dict | None = None) -> dict:  # fmt: skip
-    """Ours on a `joint` export (one pass per request answers every question) against laya-serve's runs (measured
-    here unless given)."""
+def joint_table(
+    model: Path, bodies: list[dict], args, peer: dict, goals: dict, backend: str, measured: dict | None = None
+) -> dict:
+    """Ours on a `joint` export (one pass per request answers every question) against laya-serve's runs
+    (measured here unless given)."""
     if measured is None:
-        measured = measure(f"joint {backend}", functools.partial(start_ours, backend=backend), model, bodies,
-                           args.concurrency, 16, args.device)  # fmt: skip
+        measured = measure(
+            f"joint {backend}",
+            functools.partial(start_ours, backend=backend),
+            model,
+            bodies,
+            args.concurrency,
+            16,
+            args.device,
+        )
     flops = flops_per_request(load_decision_model(model), bodies[:20])
     accuracy = heldout_accuracy(model)
     print(f"\njoint export {model}: {flops / 1e9:.2f} GFLOP per request, held-out accuracy {accuracy}")
     rows = []
     for run, theirs in zip(measured["runs"], peer["runs"]):
         ratio = run["throughput_rps"] / theirs["throughput_rps"]
-        rows.append({"concurrency": run["concurrency"], "joint": run, "throughput_ratio": ratio,
-                     "p50_ratio": run["p50_ms"] / theirs["p50_ms"]})  # fmt: skip
-        print(f"c={run['concurrency']}: joint {run['throughput_rps']:.1f} req/s vs laya {theirs['throughput_rps']:.1f}: "
-              f"{ratio:.2f}x; p50 {run['p50_ms']:.0f} vs {theirs['p50_ms']:.0f} ms")  # fmt: skip
+        rows.append(
+            {
+                "concurrency": run["concurrency"],
+                "joint": run,
+                "throughput_ratio": ratio,
+                "p50_ratio": run["p50_ms"] / theirs["p50_ms"],
+            }
+        )
+        print(
+            f"c={run['concurrency']}: joint {run['throughput_rps']:.1f} req/s vs laya "
+            f"{theirs['throughput_rps']:.1f}: {ratio:.2f}x; p50 {run['p50_ms']:.0f} vs "
+            f"{theirs['p50_ms']:.0f} ms"
+        )
     by_c = {row["concurrency"]: row for row in rows}
     if 8 in by_c:
         goals["joint_c8_throughput_at_least_3x"] = by_c[8]["throughput_ratio"] >= 3.0
         print(
-            f"goal joint >= 3x laya at c=8: {'met' if goals['joint_c8_throughput_at_least_3x'] else 'NOT met'}"
+            "goal joint >= 3x laya at c=8: "
+            f"{'met' if goals['joint_c8_throughput_at_least_3x'] else 'NOT met'}"
         )
-    return {"model": str(model), "backend": measured["backend"], "runs": rows, "gflop_per_request": flops / 1e9,
-            "heldout_accuracy": accuracy}  # fmt: skip
+    return {
+        "model": str(model),
+        "backend": measured["backend"],
+        "runs": rows,
+        "gflop_per_request": flops / 1e9,
+        "heldout_accuracy": accuracy,
+    }
 
 
-def backends_table(measured: dict[str, dict], bodies: list[dict], args, peer: dict, goals: dict,
-                   compared: dict) -> dict:  # fmt: skip
-    """Ours on each `--backends` entry (measured in turn with laya-serve) against laya-serve: req/s and its ratio,
-    p50, GFLOP/s against the matmul peak, parity with the trained model; goals per backend; the joint export on
-    each backend, in turn, with `--joint`."""
-    print(f"\n{'backend':<12}{'served':<13}{'c':>3}{'req/s':>8}{'x laya':>8}{'p50 ms':>8}{'x laya':>8}"
-          f"{'GFLOP/s':>9}{'x peak':>8}")  # fmt: skip
+def backends_table(
+    measured: dict[str, dict], bodies: list[dict], args, peer: dict, goals: dict, compared: dict
+) -> dict:
+    """Ours on each `--backends` entry (measured in turn with laya-serve) against laya-serve: req/s and its
+    ratio, p50, GFLOP/s against the matmul peak, parity with the trained model; goals per backend; the joint
+    export on each backend, in turn, with `--joint`."""
+    print(
+        f"\n{'backend':<12}{'served':<13}{'c':>3}{'req/s':>8}{'x laya':>8}{'p50 ms':>8}{'x laya':>8}"
+        f"{'GFLOP/s':>9}{'x peak':>8}"
+    )
     rows = []
     for backend, result in measured.items():
         for run, theirs in zip(result["runs"], peer["runs"]):
             gflops = run["throughput_rps"] * compared["flops"] / 1e9
-            row = {"backend": backend, "served": result["backend"], "concurrency": run["concurrency"],
-                   "throughput_rps": run["throughput_rps"], "p50_ms": run["p50_ms"],
-                   "throughput_ratio": run["throughput_rps"] / theirs["throughput_rps"],
-                   "p50_ratio": run["p50_ms"] / theirs["p50_ms"], "gflops": gflops,
-                   "share_of_peak": gflops / compared["peak"]}  # fmt: skip
+            row = {
+                "backend": backend,
+                "served": result["backend"],
+                "concurrency": run["concurrency"],
+                "throughput_rps": run["throughput_rps"],
+                "p50_ms": run["p50_ms"],
+                "throughput_ratio": run["throughput_rps"] / theirs["throughput_rps"],
+                "p50_ratio": run["p50_ms"] / theirs["p50_ms"],
+                "gflops": gflops,
+                "share_of_peak": gflops / compared["peak"],
+            }
             rows.append(row)
-            print(f"{backend:<12}{row['served']!s:<13}{row['concurrency']:>3}{row['throughput_rps']:>8.1f}"
-                  f"{row['throughput_ratio']:>7.2f}x{row['p50_ms']:>8.0f}{row['p50_ratio']:>7.2f}x{gflops:>9.1f}"
-                  f"{row['share_of_peak']:>7.0%}")  # fmt: skip
+            print(
+                f"{backend:<12}{row['served']!s:<13}{row['concurrency']:>3}{row['throughput_rps']:>8.1f}"
+                f"{row['throughput_ratio']:>7.2f}x{row['p50_ms']:>8.0f}{row['p50_ratio']:>7.2f}x{gflops:>9.1f}"
+                f"{row['share_of_peak']:>7.0%}"
+            )
     parity = {b: parity_with(r["sample"], compared["reference"], f"ours {b}") for b, r in measured.items()}
     for row in rows:
         if row["concurrency"] == 8:
@@ -663,9 +873,9 @@ def backends_table(measured: dict[str, dict], bodies: list[dict], args, peer: di
 
 
 def lead_growth(rows: list[dict], joint: dict[str, dict], goals: dict) -> dict[str, dict]:
-    """Each runtime's requests/s over torch's at c=8, for the laya family (`--model`) and the joint export, from
-    the same run: a runtime grows each family's lead over laya-serve by this factor (goal: the joint family's by
-    at least the laya family's)."""
+    """Each runtime's requests/s over torch's at c=8, for the laya family (`--model`) and the joint export,
+    from the same run: a runtime grows each family's lead over laya-serve by this factor (goal: the joint
+    family's by at least the laya family's)."""
     laya = {row["backend"]: row["throughput_rps"] for row in rows if row["concurrency"] == 8}
     joints = {
         b: run["joint"]["throughput_rps"]
@@ -682,14 +892,16 @@ def lead_growth(rows: list[dict], joint: dict[str, dict], goals: dict) -> dict[s
             }
             met = growth[backend]["joint"] >= growth[backend]["laya"]
             goals[f"{backend}_joint_lead_grows_as_laya"] = met
-            print(f"{backend} over torch at c=8: laya family {growth[backend]['laya']:.2f}x, joint export "
-                  f"{growth[backend]['joint']:.2f}x (goal: joint >= laya): {'met' if met else 'NOT met'}")  # fmt: skip
+            print(
+                f"{backend} over torch at c=8: laya family {growth[backend]['laya']:.2f}x, joint export "
+                f"{growth[backend]['joint']:.2f}x (goal: joint >= laya): {'met' if met else 'NOT met'}"
+            )
     return growth
 
 
 def heldout_accuracy(model: Path) -> float | None:
-    """The held-out accuracy the calibration report of the export's run measured (runs/<key>/export's report is
-    runs/<key>/calibration_report.json; None for a folder outside a run)."""
+    """The held-out accuracy the calibration report of the export's run measured (runs/<key>/export's report
+    is runs/<key>/calibration_report.json; None for a folder outside a run)."""
     report = RunFolder(model.parent).calibration_report
     if model.name != "export" or not report.is_file():
         return None
@@ -701,13 +913,22 @@ def workers_table(by_workers: dict[int, dict], first: int) -> list[dict]:
     rows = []
     for w, measured in by_workers.items():
         for run, baseline in zip(measured["runs"], by_workers[first]["runs"]):
-            rows.append({"workers": w, "concurrency": run["concurrency"], "throughput_rps": run["throughput_rps"],
-                         "p50_ms": run["p50_ms"], "throughput_ratio": run["throughput_rps"] / baseline["throughput_rps"]})  # fmt: skip
+            rows.append(
+                {
+                    "workers": w,
+                    "concurrency": run["concurrency"],
+                    "throughput_rps": run["throughput_rps"],
+                    "p50_ms": run["p50_ms"],
+                    "throughput_ratio": run["throughput_rps"] / baseline["throughput_rps"],
+                }
+            )
     if len(by_workers) > 1:
         print("\nworkers  c   req/s  p50 ms  req/s vs " + f"{first} worker(s)")
         for row in rows:
-            print(f"{row['workers']:>7} {row['concurrency']:>2} {row['throughput_rps']:>7.1f} {row['p50_ms']:>7.0f} "
-                  f"{row['throughput_ratio']:>8.2f}x")  # fmt: skip
+            print(
+                f"{row['workers']:>7} {row['concurrency']:>2} {row['throughput_rps']:>7.1f} "
+                f"{row['p50_ms']:>7.0f} {row['throughput_ratio']:>8.2f}x"
+            )
     return rows
 
 

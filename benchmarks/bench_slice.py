@@ -1,5 +1,6 @@
-"""Peak memory of taking 1,000 rows from a 10k-row and a 2M-row decision file: Arrow-range slice vs naive; and,
-with `--shards`, from the same 200k rows as 1 shard and as 50 shards (a folder of Parquet, then of JSONL).
+"""Peak memory of taking 1,000 rows from a 10k-row and a 2M-row decision file: Arrow-range slice vs naive;
+and, with `--shards`, from the same 200k rows as 1 shard and as 50 shards (a folder of Parquet, then of
+JSONL).
 
 Each measurement runs in a fresh Python process; the parent samples the child's RssAnon (anonymous memory, so
 the page cache of a memory-mapped file is not counted) every few milliseconds and keeps the peak.
@@ -35,7 +36,8 @@ _WORDS = (
 
 
 def build_file(rows: int, path: Path, chunk: int = 100_000) -> Path:
-    """A Parquet decision file with ~300-character text states, JSON-text questions and gold, 10k-row groups."""
+    """A Parquet decision file with ~300-character text states, JSON-text questions and gold, 10k-row
+    groups."""
     import numpy as np
     import orjson
     import pyarrow as pa
@@ -43,11 +45,17 @@ def build_file(rows: int, path: Path, chunk: int = 100_000) -> Path:
 
     from pipeline.data.synthetic import INTENSITY_LEGEND, TONES
 
-    questions = orjson.dumps({
-        "tone": {"type": "choice", "instructions": "What is the tone?", "criteria": list(TONES)},
-        "intensity": {"type": "score", "instructions": "How intense?", "criteria": list(INTENSITY_LEGEND)},
-        "is_negative": {"type": "noul", "instructions": "The text is negative."},
-    }).decode()  # fmt: skip
+    questions = orjson.dumps(
+        {
+            "tone": {"type": "choice", "instructions": "What is the tone?", "criteria": list(TONES)},
+            "intensity": {
+                "type": "score",
+                "instructions": "How intense?",
+                "criteria": list(INTENSITY_LEGEND),
+            },
+            "is_negative": {"type": "noul", "instructions": "The text is negative."},
+        }
+    ).decode()
     rng = np.random.default_rng(0)
     words = np.array(_WORDS)
     path.parent.mkdir(parents=True, exist_ok=True)

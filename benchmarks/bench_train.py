@@ -3,8 +3,8 @@
 Both trainers start from the stock MiniLM snapshot (data/snapshots/minilm) and train one epoch over the same
 training rows (micro-batch 8, accumulation 8), each in a fresh process of this script, one after the other.
 laya runs `laya.train.finetune` (full fine-tuning, soft cross-entropy); its training loop is timed by wrapping
-`laya.train.train_model`. Ours runs `pipeline.stages.train.train_on_data` with params.yaml's training settings.
-Both fine-tunes are then scored with the same code on the same held-out rows.
+`laya.train.train_model`. Ours runs `pipeline.stages.train.train_on_data` with params.yaml's training
+settings. Both fine-tunes are then scored with the same code on the same held-out rows.
 
     python benchmarks/bench_train.py [--rows 600] [--heldout 100] [--profile]
 
@@ -62,12 +62,24 @@ def run_laya(train: Path, out: Path) -> dict:
         return history
 
     laya_train.train_model = timed_train_model
-    config = laya_train.TrainConfig(epochs=1, micro_batch=MICRO_BATCH, grad_accum=GRAD_ACCUM, loss="soft-ce",
-                                    calib_max=0, calib_frac=0.0, log_every=0)  # fmt: skip
+    config = laya_train.TrainConfig(
+        epochs=1,
+        micro_batch=MICRO_BATCH,
+        grad_accum=GRAD_ACCUM,
+        loss="soft-ce",
+        calib_max=0,
+        calib_frac=0.0,
+        log_every=0,
+    )
     laya_train.finetune(str(train), str(BASE), str(out), config, device="cpu")
     micro_steps = -(-timed["items"] // MICRO_BATCH)
-    return {"decisions": timed["items"], "train_seconds": timed["train_seconds"], "micro_steps": micro_steps,
-            "steps": -(-micro_steps // GRAD_ACCUM), "model": str(out)}  # fmt: skip
+    return {
+        "decisions": timed["items"],
+        "train_seconds": timed["train_seconds"],
+        "micro_steps": micro_steps,
+        "steps": -(-micro_steps // GRAD_ACCUM),
+        "model": str(out),
+    }
 
 
 def run_ours(train: Path, out: Path, method: str, precision: str | None, profile: bool) -> dict:
@@ -79,9 +91,17 @@ def run_ours(train: Path, out: Path, method: str, precision: str | None, profile
     from pipeline.stages.train import train_on_data
 
     params = load_params(ROOT / "params.yaml")
-    config = replace(params.train, family="laya", method=method, min_steps=0,
-                     precision=precision or params.train.precision, epochs=1,
-                     micro_batch=MICRO_BATCH, grad_accum=GRAD_ACCUM, max_steps=None)  # fmt: skip
+    config = replace(
+        params.train,
+        family="laya",
+        method=method,
+        min_steps=0,
+        precision=precision or params.train.precision,
+        epochs=1,
+        micro_batch=MICRO_BATCH,
+        grad_accum=GRAD_ACCUM,
+        max_steps=None,
+    )
     profiler = None
     if profile:
         import cProfile
@@ -93,9 +113,15 @@ def run_ours(train: Path, out: Path, method: str, precision: str | None, profile
     if profiler is not None:
         profiler.disable()
         _print_profile(profiler)
-    return {"decisions": run.train_decisions,
-            "train_seconds": run.train_seconds, "steps": run.steps, "s_per_step": run.s_per_step,
-            "precision": run.precision, "method": config.method, "model": str(out)}  # fmt: skip
+    return {
+        "decisions": run.train_decisions,
+        "train_seconds": run.train_seconds,
+        "steps": run.steps,
+        "s_per_step": run.s_per_step,
+        "precision": run.precision,
+        "method": config.method,
+        "model": str(out),
+    }
 
 
 def _print_profile(profiler) -> None:
@@ -185,16 +211,20 @@ def report(results: dict) -> None:
     for name, r in results.items():
         r["decisions_per_second"] = r["decisions"] / r["train_seconds"]
         r["s_per_step"] = r["train_seconds"] / r["steps"]
-        print(f"{name:<10}{r['decisions']:>10}{r['steps']:>7}{r['train_seconds']:>9.1f}{r['s_per_step']:>8.2f}"
-              f"{r['decisions_per_second']:>8.1f}{r['heldout']['accuracy']:>10.4f}")  # fmt: skip
+        print(
+            f"{name:<10}{r['decisions']:>10}{r['steps']:>7}{r['train_seconds']:>9.1f}{r['s_per_step']:>8.2f}"
+            f"{r['decisions_per_second']:>8.1f}{r['heldout']['accuracy']:>10.4f}"
+        )
     laya = results["laya"]
     summary = {}
     for name in [n for n in results if n != "laya"]:
         ratio = results[name]["decisions_per_second"] / laya["decisions_per_second"]
         gap = results[name]["heldout"]["accuracy"] - laya["heldout"]["accuracy"]
         summary[name] = {"speed_ratio": ratio, "accuracy_gap": gap}
-        print(f"{name} / laya decisions/s = {ratio:.2f}x (goal >= 1.3x); accuracy {name} - laya = {gap:+.4f} "
-              f"(goal: within 0.01)")  # fmt: skip
+        print(
+            f"{name} / laya decisions/s = {ratio:.2f}x (goal >= 1.3x); accuracy {name} - laya = {gap:+.4f} "
+            f"(goal: within 0.01)"
+        )
     RESULTS.mkdir(parents=True, exist_ok=True)
     out = RESULTS / "bench_train.json"
     out.write_text(json.dumps({"results": results, "summary": summary}, indent=2))

@@ -1,9 +1,9 @@
 """Validation throughput: decisions per second on 100k- and 1M-decision files, and where the time goes.
 
-Files come from the synthetic generator (three question types, hard and soft gold, 1% broken rows, ~300-character
-states), written as Parquet (JSON-text cells) and JSONL (native nested values), and cached under
-benchmarks/.cache/. Each file is validated in a fresh process; the share of time is split into reading (Arrow
-and decoding), parsing (facts per decision), the pandera schema, and collecting the report and records.
+Files come from the synthetic generator (three question types, hard and soft gold, 1% broken rows,
+~300-character states), written as Parquet (JSON-text cells) and JSONL (native nested values), and cached
+under benchmarks/.cache/. Each file is validated in a fresh process; the share of time is split into reading
+(Arrow and decoding), parsing (facts per decision), the pandera schema, and collecting the report and records.
 
     python benchmarks/bench_validate.py
 
@@ -59,15 +59,21 @@ def main() -> None:
         for fmt in ("parquet", "jsonl"):
             path = build(name, fmt)
             for mode in MODES:
-                out = subprocess.run([sys.executable, __file__, "--child", str(path), mode], capture_output=True,
-                                     text=True, check=True, cwd=HERE.parent)  # fmt: skip
+                out = subprocess.run(
+                    [sys.executable, __file__, "--child", str(path), mode],
+                    capture_output=True,
+                    text=True,
+                    check=True,
+                    cwd=HERE.parent,
+                )
                 results[f"{name}.{fmt} {mode}"] = json.loads(out.stdout)
     print_table(results)
 
 
 def print_table(results: dict) -> None:
     print(
-        f"\n{'file':<22}{'decisions':>11}{'seconds':>9}{'dec/s':>10}  {'read':>6}{'parse':>7}{'pandera':>9}{'collect':>9}"
+        f"\n{'file':<22}{'decisions':>11}{'seconds':>9}{'dec/s':>10}  "
+        f"{'read':>6}{'parse':>7}{'pandera':>9}{'collect':>9}"
     )
     for key, r in results.items():
         parts = r["parts"]
@@ -75,14 +81,17 @@ def print_table(results: dict) -> None:
         r["decisions_per_second"] = r["decisions"] / r["seconds"]
         r["share"] = {k: v / total for k, v in parts.items()}
         share = r["share"]
-        print(f"{key:<22}{r['decisions']:>11,}{r['seconds']:>9.2f}{r['decisions_per_second']:>10,.0f}  "
-              f"{share['read']:>6.0%}{share['parse']:>7.0%}{share['schema']:>9.0%}{share['collect']:>9.0%}")  # fmt: skip
+        print(
+            f"{key:<22}{r['decisions']:>11,}{r['seconds']:>9.2f}{r['decisions_per_second']:>10,.0f}  "
+            f"{share['read']:>6.0%}{share['parse']:>7.0%}{share['schema']:>9.0%}{share['collect']:>9.0%}"
+        )
     for mode in MODES:
         best = max(
             r["decisions_per_second"] for k, r in results.items() if k.startswith("1M") and k.endswith(mode)
         )
         print(
-            f"1M decisions, {mode:<8}: best {best:,.0f} decisions/s = {best / GOAL:.2f} x the goal of {GOAL:,}/s"
+            f"1M decisions, {mode:<8}: best {best:,.0f} decisions/s = {best / GOAL:.2f} x the goal of "
+            f"{GOAL:,}/s"
         )
     RESULTS.mkdir(parents=True, exist_ok=True)
     out = RESULTS / "bench_validate.json"

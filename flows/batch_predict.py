@@ -1,9 +1,10 @@
-"""The `batch-predict` Prefect flow: score a decision file with a served model into Parquet (`decision predict` as a
-flow), on demand or on the schedule of its deployment in `prefect.yaml` (off until a user turns it on).
+"""The `batch-predict` Prefect flow: score a decision file with a served model into Parquet (`decision
+predict` as a flow), on demand or on the schedule of its deployment in `prefect.yaml` (off until a user turns
+it on).
 
-One task calls the predict stage (`pipeline.stages.predict`); the run's artifact is the count of refused rows by
-reason. `{date}` in `out` becomes the run's date (UTC), so a scheduled run writes a file of its own and never
-overwrites yesterday's.
+One task calls the predict stage (`pipeline.stages.predict`); the run's artifact is the count of refused rows
+by reason. `{date}` in `out` becomes the run's date (UTC), so a scheduled run writes a file of its own and
+never overwrites yesterday's.
 
     decision predict --flow --data data/new.jsonl --out 'predictions/{date}.parquet'   # this flow, its own process
     decision predict --flow --data new_tickets.csv --model models:/tickets@champion --mapping configs/tickets.mapping.yaml --out s.parquet
@@ -27,15 +28,19 @@ from pipeline.stages.predict import DEFAULT_MODEL, DEFAULT_OUT, dated, predict_s
 
 
 @task(name="predict")
-def predict(model: str, data: str, out: str, batch_size: int, device: str,
-            mapping: str | dict[str, Any] | None = None) -> dict[str, Any]:  # fmt: skip
+def predict(
+    model: str, data: str, out: str, batch_size: int, device: str, mapping: str | dict[str, Any] | None = None
+) -> dict[str, Any]:
     read_as = load_mapping(mapping) if mapping is not None else None
     result = predict_stage(
         model, data, out, batch_size, device, mapping=read_as, report=get_run_logger().info
     )
     rows = [{"reason": reason, "rows": n} for reason, n in result.failed.items()]
-    create_table_artifact(rows or [{"reason": "(none)", "rows": 0}], key="refused-rows",
-                          description=f"{result.scored} of {result.rows} rows scored into {result.out}")  # fmt: skip
+    create_table_artifact(
+        rows or [{"reason": "(none)", "rows": 0}],
+        key="refused-rows",
+        description=f"{result.scored} of {result.rows} rows scored into {result.out}",
+    )
     return result.to_dict()
 
 
@@ -48,8 +53,8 @@ def batch_predict(
     device: str = "cpu",
     mapping: str | dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Score every row of `data` with `model` (an export folder or `models:/NAME@ALIAS`) into `out`; a row that
-    cannot be scored keeps its reason code there. `mapping` (a mapping file, or the mapping itself, as
+    """Score every row of `data` with `model` (an export folder or `models:/NAME@ALIAS`) into `out`; a row
+    that cannot be scored keeps its reason code there. `mapping` (a mapping file, or the mapping itself, as
     `validate.mapping`) reads a plain table. Returns the summary (rows, scored, refused by reason, rate)."""
     return predict(model, data, dated(out), batch_size, device, mapping)
 

@@ -1,4 +1,5 @@
-"""The flywheel's Prefect automation: a retrain starts when a harvest brings enough new rows or drift is detected.
+"""The flywheel's Prefect automation: a retrain starts when a harvest brings enough new rows or drift is
+detected.
 
     PREFECT_API_URL=http://127.0.0.1:4200/api python -m flows.flywheel_automations --run-config tickets
 
@@ -44,8 +45,9 @@ class AutomationRefused(RuntimeError):
     """No Prefect server to hold the automation, or no deployment for it to run; says what to do."""
 
 
-def retrain_on_new_data(params_file: str = "params.yaml", run_config: str | None = None,
-                        deployment: str = DEPLOYMENT) -> str:  # fmt: skip
+def retrain_on_new_data(
+    params_file: str = "params.yaml", run_config: str | None = None, deployment: str = DEPLOYMENT
+) -> str:
     """Create (or replace) the automation for one run config; its id. AutomationRefused, saying what to do,
     without a Prefect server (PREFECT_API_URL) that answers, or where the deployment does not exist on it."""
     params = load_params(params_file, run_config)
@@ -57,11 +59,14 @@ def retrain_on_new_data(params_file: str = "params.yaml", run_config: str | None
     )
     automation = Automation(
         name=name,
-        trigger=EventTrigger(expect={READY_EVENT, DRIFT_EVENT},
-                             match=ResourceSpecification({"prefect.resource.id": resources}),
-                             posture=Posture.Reactive, threshold=1),
+        trigger=EventTrigger(
+            expect={READY_EVENT, DRIFT_EVENT},
+            match=ResourceSpecification({"prefect.resource.id": resources}),
+            posture=Posture.Reactive,
+            threshold=1,
+        ),
         actions=[RunDeployment(source="selected", deployment_id=deployment_id, parameters=parameters)],
-    )  # fmt: skip
+    )
     return str(automation.create().id)
 
 
@@ -69,26 +74,35 @@ def _replace_automation(name: str, deployment: str) -> UUID:
     """The deployment's id, once the server's automations called `name` are deleted."""
     url = PREFECT_API_URL.value()
     if not url:  # a temporary server ends with this process, and the automation with it
-        raise AutomationRefused("an automation lives on a Prefect server, and PREFECT_API_URL names none; start one "
-                                "(make schedule does, with the retrain deployment) and set PREFECT_API_URL="
-                                "http://127.0.0.1:4200/api")  # fmt: skip
+        raise AutomationRefused(
+            "an automation lives on a Prefect server, and PREFECT_API_URL names none; start one "
+            "(make schedule does, with the retrain deployment) and set PREFECT_API_URL="
+            "http://127.0.0.1:4200/api"
+        )
     try:
         with get_client(sync_client=True) as client:
             deployment_id = client.read_deployment_by_name(deployment).id
             for found in client.read_automations_by_name(name):
                 client.delete_automation(found.id)
     except ObjectNotFound:
-        raise AutomationRefused(f"no deployment {deployment} on the Prefect server at {url}; create it first: "
-                                "prefect --no-prompt deploy --name retrain (make schedule does)") from None  # fmt: skip
+        raise AutomationRefused(
+            f"no deployment {deployment} on the Prefect server at {url}; create it first: "
+            "prefect --no-prompt deploy --name retrain (make schedule does)"
+        ) from None
     except httpx.HTTPError as error:
-        raise AutomationRefused(f"the Prefect server at {url} does not answer ({type(error).__name__}: {error}); "
-                                "start it (make schedule) or fix PREFECT_API_URL") from None  # fmt: skip
+        raise AutomationRefused(
+            f"the Prefect server at {url} does not answer ({type(error).__name__}: {error}); "
+            "start it (make schedule) or fix PREFECT_API_URL"
+        ) from None
     return deployment_id
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m flows.flywheel_automations", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    parser = argparse.ArgumentParser(
+        prog="python -m flows.flywheel_automations",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("--params", default="params.yaml")
     parser.add_argument("--run-config", metavar="NAME", help="configs/NAME.yaml: the run to retrain")
     parser.add_argument(
@@ -100,8 +114,10 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, AutomationRefused) as error:
         print(f"flywheel automation: {error}", file=sys.stderr)
         return 2
-    print(f"automation {automation}: {READY_EVENT} or {DRIFT_EVENT} runs {args.deployment} "
-          f"({args.run_config or 'default'} run config, only on new data)")  # fmt: skip
+    print(
+        f"automation {automation}: {READY_EVENT} or {DRIFT_EVENT} runs {args.deployment} "
+        f"({args.run_config or 'default'} run config, only on new data)"
+    )
     return 0
 
 

@@ -4,8 +4,9 @@ One task runs the harvest stage (`pipeline.stages.harvest`): feedback joined to 
 validated with reasons, one new shard, `dvc add`, a git commit of the pin. MLflow records the revision, the
 counts, the date range, the model versions the rows came from and every decision id (experiment `harvest`);
 the flow run gets a markdown artifact. A harvest of at least `flywheel.retrain_after_rows` new rows emits the
-Prefect event `decision.harvest.ready`, which the retrain automation (`flows/flywheel_automations.py`) answers by
-running the retrain deployment. Two harvests of one data set never interleave: the second waits for the first.
+Prefect event `decision.harvest.ready`, which the retrain automation (`flows/flywheel_automations.py`) answers
+by running the retrain deployment. Two harvests of one data set never interleave: the second waits for the
+first.
 
     decision harvest --run-config tickets             # into the data set configs/tickets.yaml trains on
     decision harvest --run-config tickets --inference postgresql://...  --json   # this flow in its own process
@@ -37,8 +38,9 @@ def dataset_resource(dataset: str) -> str:
 
 
 @task(name="harvest")
-def harvest_task(inference: str, dataset: str, split_config: ValidateConfig, commit: bool,
-                 model: str | None) -> HarvestResult:  # fmt: skip
+def harvest_task(
+    inference: str, dataset: str, split_config: ValidateConfig, commit: bool, model: str | None
+) -> HarvestResult:
     return harvest(inference, dataset, split_config, commit=commit, model=model)
 
 
@@ -48,11 +50,17 @@ def record(result: HarvestResult) -> str:
 
 
 @flow(name="harvest", log_prints=True)
-def harvest_flow(params_file: str = "params.yaml", run_config: str | None = None, inference: str | None = None,
-                 dataset: str | None = None, commit: bool = True, model: str | None = None) -> dict[str, Any]:  # fmt: skip
-    """Harvest the labelled decisions `model` made (default the run's `retrain.model_name`; `any`: every model's)
-    in `inference` (default `flywheel.inference`) into `dataset` (default the run's `retrain.data`). Returns the
-    summary; `mlflow_run_id` names the harvest's MLflow run."""
+def harvest_flow(
+    params_file: str = "params.yaml",
+    run_config: str | None = None,
+    inference: str | None = None,
+    dataset: str | None = None,
+    commit: bool = True,
+    model: str | None = None,
+) -> dict[str, Any]:
+    """Harvest the labelled decisions `model` made (default the run's `retrain.model_name`; `any`: every
+    model's) in `inference` (default `flywheel.inference`) into `dataset` (default the run's `retrain.data`).
+    Returns the summary; `mlflow_run_id` names the harvest's MLflow run."""
     params = load_params(params_file, run_config)
     inference = inference or params.flywheel.inference
     dataset = dataset or params.retrain.data
@@ -61,8 +69,11 @@ def harvest_flow(params_file: str = "params.yaml", run_config: str | None = None
     print(result.line())
     summary = result.to_dict() | {"mlflow_run_id": record(result) if result.rows else None, "ready": False}
     if result.rows >= params.flywheel.retrain_after_rows:
-        emit_event(READY_EVENT, resource={"prefect.resource.id": dataset_resource(dataset)},
-                   payload={"rows": result.rows, "revision": result.revision, "run_config": run_config})  # fmt: skip
+        emit_event(
+            READY_EVENT,
+            resource={"prefect.resource.id": dataset_resource(dataset)},
+            payload={"rows": result.rows, "revision": result.revision, "run_config": run_config},
+        )
         summary["ready"] = True
     create_markdown_artifact(_markdown(summary), key="harvest", description=result.line())
     return summary

@@ -4,9 +4,9 @@ files, so no command line is built twice (`pipeline.cli.launch` is the other sid
     python -m flows.retrain REQUEST.json RESULT.json     # what `decision retrain` runs; not typed by hand
 
 REQUEST holds the flow's parameters by name. The flow runs with a temporary API only this process stops, and
-SIGTERM as Ctrl-C (`flows.interrupts`); its result (`to_dict()`, or the dict it returned) is written to RESULT as
-strict JSON. Exit 0 with a result; 2 where the flow refused to run (another process drives the run, an input
-the flow's own checks refused), its reason on stderr; 130 when interrupted.
+SIGTERM as Ctrl-C (`flows.interrupts`); its result (`to_dict()`, or the dict it returned) is written to RESULT
+as strict JSON. Exit 0 with a result; 2 where the flow refused to run (another process drives the run, an
+input the flow's own checks refused), its reason on stderr; 130 when interrupted.
 """
 
 from __future__ import annotations
@@ -21,14 +21,22 @@ from flows.interrupts import EXIT_INTERRUPTED, stoppable_run
 from pipeline.strict_json import to_json
 
 EXIT_REFUSED = 2
-USAGE = "this module is a flow's own process, started by `decision {command}` (see `decision {command} --help`)"
+USAGE = (
+    "this module is a flow's own process, started by `decision {command}` (see `decision {command} --help`)"
+)
 
 
-def run_launched(flow: Callable[..., Any], command: str, refused: tuple[type[Exception], ...],
-                 interrupted: str, argv: list[str] | None = None) -> int:  # fmt: skip
+def run_launched(
+    flow: Callable[..., Any],
+    command: str,
+    refused: tuple[type[Exception], ...],
+    interrupted: str,
+    argv: list[str] | None = None,
+) -> int:
     """Run `flow` on the request file named in `argv` and write its result beside; the exit code.
 
-    `refused`: the errors that end the run in one line (exit 2); `interrupted`: what Ctrl-C or SIGTERM says."""
+    `refused`: the errors that end the run in one line (exit 2); `interrupted`: what Ctrl-C or SIGTERM
+    says."""
     files = sys.argv[1:] if argv is None else argv
     if len(files) != 2:
         print(USAGE.format(command=command), file=sys.stderr)

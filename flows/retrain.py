@@ -1,12 +1,12 @@
-"""The `retrain` Prefect flow: pins → validate (with the slice, once) → train → calibrate → export → MLflow → register →
-smoke test over HTTP → promotion gate → aliases. Every task is a thin call into `pipeline/`.
+"""The `retrain` Prefect flow: pins → validate (with the slice, once) → train → calibrate → export → MLflow →
+register → smoke test over HTTP → promotion gate → aliases. Every task is a thin call into `pipeline/`.
 
 Task results persist under the project's Prefect home (`.prefect/`, set by the Makefile and `decision
 retrain`), cached on their inputs and source, so a rerun after a crash skips the finished tasks, and a train
 task killed midway resumes from its last training checkpoint in the run folder. The idempotency key (data +
 base snapshot + params + code) names the run folder, the MLflow run and the model version, so the same key
-never makes a second run or version (a killed flow's unfinished run is reopened). Retries only where I/O can fail transiently:
-the registry and the HTTP smoke test; never training.
+never makes a second run or version (a killed flow's unfinished run is reopened). Retries only where I/O can
+fail transiently: the registry and the HTTP smoke test; never training.
 
 It trains only on inputs DVC pins (`dvc.lock`, or a `.dvc` file) and refuses before any task runs otherwise,
 naming each path and the command that pins it. `--allow-unpinned` trains anyway: the run and the version are
@@ -81,8 +81,9 @@ def validate(data: str, row_slice: str | None, config, report_file: str, split: 
 
 
 @task(name="train", **CACHED)
-def train(run_dir: str, base: str, config, device: str, key: str, tags: dict[str, str],
-          checked: CheckedInputs) -> TrainRun:  # fmt: skip
+def train(
+    run_dir: str, base: str, config, device: str, key: str, tags: dict[str, str], checked: CheckedInputs
+) -> TrainRun:
     # No progress bar in the Prefect log: the run logger gets a line every 10 steps or 30 s instead.
     # The MLflow run opens now, so its curves fill in the UI while training runs.
     # With train.nproc > 1 the stage runs on torchrun ranks: rank 0's lines and curves come back here, to this
@@ -104,8 +105,8 @@ def calibrate(run_dir: str, bag_of_words_rows: int) -> CalibrationResult:
     words = result.heldout.get(BAG_OF_WORDS)
     if words:
         logger.info(
-            "bag of words (TF-IDF + logistic regression) on %s training rows in %.0f s: held-out accuracy %.4f, "
-            "the calibrated fine-tune's %.4f",
+            "bag of words (TF-IDF + logistic regression) on %s training rows in %.0f s: held-out accuracy "
+            "%.4f, the calibrated fine-tune's %.4f",
             f"{words['rows']:,}",
             words["seconds"],
             words["accuracy"],
@@ -148,8 +149,9 @@ def smoke(name: str, version: str, run_dir: str, n: int) -> SmokeResult:
 
 
 @task(name="promotion-gate", **IO_RETRIES)
-def promotion_gate(result: RunResult, name: str, version: str, smoke_passed: bool, config,
-                   unpinned: bool = False) -> GateResult:  # fmt: skip
+def promotion_gate(
+    result: RunResult, name: str, version: str, smoke_passed: bool, config, unpinned: bool = False
+) -> GateResult:
     """The gate on the run's calibrated held-out figures (and its bag of words' where scored), scored against
     the champion on the run's held-out rows."""
     heldout = SplitData.load(RunFolder(result.run_dir).split).split.heldout
@@ -185,10 +187,11 @@ def retrain(
 ) -> RunResult | RunSkipped:
     """Retrain on the pinned data and base, track, register, smoke-test and (through the gate) promote.
 
-    `owner` tags the run and the version: the Decision API then serves that version by name to the owner's keys.
-    `allow_unpinned` trains on inputs DVC does not pin (refused otherwise); the gate then holds the version.
-    `only_new_data` (the scheduled deployment's setting) skips the run, with its reason, when the data revision is
-    the one the champion was trained on: no new rows arrived, so there is nothing new to learn.
+    `owner` tags the run and the version: the Decision API then serves that version by name to the owner's
+    keys. `allow_unpinned` trains on inputs DVC does not pin (refused otherwise); the gate then holds the
+    version. `only_new_data` (the scheduled deployment's setting) skips the run, with its reason, when the
+    data revision is the one the champion was trained on: no new rows arrived, so there is nothing new to
+    learn.
     """
     start = start_run(params_file, run_config, lock, allow_unpinned, owner)
     if start.checked.unpinned:
@@ -226,15 +229,23 @@ def _run(start: RunStart, run: RunFolder, revision) -> RunResult:
         run_name=flow_run.name,
         revision=revision,
     )
-    result = RunResult(run_dir=run_dir, validation=validated, train=trained, calibration=calibration,
-                       export_dir=export_dir, tracked=tracked)  # fmt: skip
+    result = RunResult(
+        run_dir=run_dir,
+        validation=validated,
+        train=trained,
+        calibration=calibration,
+        export_dir=export_dir,
+        tracked=tracked,
+    )
     run_id = track(result, trained.mlflow_run_id)
     result = replace(result, tracked=replace(tracked, mlflow_run_id=run_id))
     version_tags = {**tracked.tags, "mlflow_run_id": run_id, **report_tags(calibration.to_dict())}
     version = register(export_dir, config.model_name, run_id, version_tags)
     card(result, config.model_name, version, run_id)
     smoked = smoke(config.model_name, version, run_dir, config.smoke_decisions)
-    verdict = promotion_gate(result, config.model_name, version, smoked.passed, params.promote, start.unpinned)
+    verdict = promotion_gate(
+        result, config.model_name, version, smoked.passed, params.promote, start.unpinned
+    )
     release = Release(model=config.model_name, version=version, smoke=smoked, gate=verdict)
     result = replace(result, release=release).saved(run.result)
     _publish(result)
@@ -256,8 +267,8 @@ def before_after_markdown(result: RunResult) -> str:
     verdict = "promoted to champion" if release.promoted else "held as challenger"
     notices = "".join(f"\n\nNote: {notice}" for notice in result.calibration.notices)
     return (
-        f"{tracking.heldout_table(result.heldout)}\n\n"
-        f"Version {release.version} of `{release.model}`: {verdict} ({'; '.join(release.gate.reasons)}).{notices}"
+        f"{tracking.heldout_table(result.heldout)}\n\nVersion {release.version} of `{release.model}`: "
+        f"{verdict} ({'; '.join(release.gate.reasons)}).{notices}"
     )
 
 

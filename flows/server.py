@@ -1,5 +1,5 @@
-"""`prefect server start`, after checking its database: a PostgreSQL that is down or refuses is named (password
-masked) in one line, instead of the server's 185-line start-up traceback that does not name it.
+"""`prefect server start`, after checking its database: a PostgreSQL that is down or refuses is named
+(password masked) in one line, instead of the server's 185-line start-up traceback that does not name it.
 
     PREFECT_API_DATABASE_CONNECTION_URL=postgresql+asyncpg://prefect:PASSWORD@db:5432/prefect \\
       python -m flows.server --host 0.0.0.0 --port 4200        # any `prefect server start` arguments

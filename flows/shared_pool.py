@@ -57,30 +57,44 @@ def crash_silent_runs(after_s: float = CRASH_AFTER_S) -> str:
     automation = Automation(
         name=AUTOMATION_NAME,
         trigger=EventTrigger(
-            after={"prefect.flow-run.heartbeat"}, expect={"prefect.flow-run.heartbeat", *FINAL_EVENTS},
+            after={"prefect.flow-run.heartbeat"},
+            expect={"prefect.flow-run.heartbeat", *FINAL_EVENTS},
             match=ResourceSpecification({"prefect.resource.id": ["prefect.flow-run.*"]}),
-            for_each={"prefect.resource.id"}, posture=Posture.Proactive, threshold=1,
+            for_each={"prefect.resource.id"},
+            posture=Posture.Proactive,
+            threshold=1,
             within=dt.timedelta(seconds=after_s),
         ),
-        actions=[ChangeFlowRunState(state=StateType.CRASHED,
-                                    message=f"no heartbeat for {after_s:g} s: its worker or machine died")],
-    )  # fmt: skip
+        actions=[
+            ChangeFlowRunState(
+                state=StateType.CRASHED, message=f"no heartbeat for {after_s:g} s: its worker or machine died"
+            )
+        ],
+    )
     return str(automation.create().id)
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m flows.shared_pool", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    parser = argparse.ArgumentParser(
+        prog="python -m flows.shared_pool",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument(
         "folder", help="the shared result storage: a folder every worker sees at the same path"
     )
     parser.add_argument("--name", default=BLOCK_NAME, help=f"the storage block's name (default {BLOCK_NAME})")
-    parser.add_argument("--crash-after", type=float, default=CRASH_AFTER_S,
-                        help=f"seconds without a heartbeat before a run is marked CRASHED (default {CRASH_AFTER_S})")  # fmt: skip
+    parser.add_argument(
+        "--crash-after",
+        type=float,
+        default=CRASH_AFTER_S,
+        help=f"seconds without a heartbeat before a run is marked CRASHED (default {CRASH_AFTER_S})",
+    )
     args = parser.parse_args(argv)
     print(f"default result storage: {share_results(args.folder, args.name)} ({Path(args.folder).resolve()})")
     print(
-        f"automation {crash_silent_runs(args.crash_after)}: a run silent for {args.crash_after:g} s is CRASHED"
+        f"automation {crash_silent_runs(args.crash_after)}: a run silent for {args.crash_after:g} s is "
+        "CRASHED"
     )
     return 0
 

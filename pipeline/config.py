@@ -25,7 +25,8 @@ PARAMS_FILE = Path("params.yaml")
 
 
 class ConfigError(ValueError):
-    """A configuration value is missing, unknown, of the wrong type or out of range; the message names the key."""
+    """A configuration value is missing, unknown, of the wrong type or out of range; the message names the
+    key."""
 
 
 _Item = TypeVar("_Item")
@@ -65,8 +66,8 @@ def section(name: str) -> Callable[[_Section], _Section]:
 
 
 def _describe(error: pydantic.ValidationError, section: str, cls: type, args: tuple, kwargs: dict) -> str:
-    """pydantic's errors as `section.key: expected ..., got ...`, a range check's own message (pydantic wraps a
-    ValueError raised in `__post_init__`), and the unknown keys with the known ones."""
+    """pydantic's errors as `section.key: expected ..., got ...`, a range check's own message (pydantic wraps
+    a ValueError raised in `__post_init__`), and the unknown keys with the known ones."""
     names = [f.name for f in fields(cls)]
     values = dict(zip(names, args)) | kwargs
     problems, wrong, unknown = [], [], []
@@ -83,8 +84,9 @@ def _describe(error: pydantic.ValidationError, section: str, cls: type, args: tu
         value, expected = values[key], _type_name(cls.__pydantic_fields__[key].annotation)
         problems.append(f"{section}.{key}: expected {expected}, got {value!r} ({type(value).__name__})")
     if unknown:
-        problems.append(f"{', '.join(unknown)}: unknown key(s) in [{section}]; known: "
-                        f"{', '.join(sorted(names))}")  # fmt: skip
+        problems.append(
+            f"{', '.join(unknown)}: unknown key(s) in [{section}]; known: {', '.join(sorted(names))}"
+        )
     return "; ".join(problems)
 
 
@@ -130,23 +132,25 @@ class ValidateConfig:
     holdout_fraction: float = 0.1
     """... and at most this share of the rows' decisions."""
     validation_fraction: float = 0.1
-    """Of the training rows, at most this share of decisions is carved off as the validation split (the rows that
-    hash highest): never trained on, it fits the calibrator and makes every choice a run makes, so the held-out
-    rows are scored once by a model and a calibrator that never saw them. 0: no validation split ..."""
+    """Of the training rows, at most this share of decisions is carved off as the validation split (the rows
+    that hash highest): never trained on, it fits the calibrator and makes every choice a run makes, so the
+    held-out rows are scored once by a model and a calibrator that never saw them. 0: no validation split
+    ..."""
     validation_max_decisions: int = 4000
     """... at most this many decisions ..."""
     validation_min_decisions: int = 100
     """... and none below this many (too few to fit on): the calibrator is then cross-fitted on the held-out rows,
     and the run says so."""
     holdout_ledger: str | None = None
-    """The file of the content hashes of every row of the data set ever held out (the validate stage, `decision
-    init` and `decision harvest` add to it): those rows stay held out as the data grows, and new rows fill what
-    budget is left, in hash order. None: each data set its own, `<data>.holdout-ledger.txt` beside the file or
-    folder DVC pins for it (`data.split.ledger_path`); a path: that file, whatever the data (never inside a pinned
-    folder)."""
+    """The file of the content hashes of every row of the data set ever held out (the validate stage,
+    `decision init` and `decision harvest` add to it): those rows stay held out as the data grows, and new
+    rows fill what budget is left, in hash order. None: each data set its own, `<data>.holdout-ledger.txt`
+    beside the file or folder DVC pins for it (`data.split.ledger_path`); a path: that file, whatever the data
+    (never inside a pinned folder)."""
     mapping: str | dict[str, Any] | None = None
     """`data` is a plain table: a mapping YAML file, or the mapping itself (`{state, questions}`, as
-    docs/data-format.md, "Mapping a table", writes it), turns its rows into decision rows. None: decision rows."""
+    docs/data-format.md, "Mapping a table", writes it), turns its rows into decision rows. None: decision
+    rows."""
 
     def __post_init__(self) -> None:
         if isinstance(self.mapping, dict):
@@ -166,8 +170,10 @@ class ValidateConfig:
                 f"validate.holdout_max_decisions: must be >= 1, got {self.holdout_max_decisions}"
             )
         if not 0.0 <= self.validation_fraction < 1.0 - self.holdout_fraction:
-            raise ConfigError(f"validate.validation_fraction: must lie in [0, 1 - holdout_fraction), "
-                              f"got {self.validation_fraction}")  # fmt: skip
+            raise ConfigError(
+                f"validate.validation_fraction: must lie in [0, 1 - holdout_fraction), "
+                f"got {self.validation_fraction}"
+            )
 
 
 @section("snapshot")
@@ -191,7 +197,8 @@ class SnapshotConfig:
 
 @section("train")
 class TrainConfig:
-    """Training settings (`train:` in params.yaml); defaults from the recipe (docs/training.md, "The recipe")."""
+    """Training settings (`train:` in params.yaml); defaults from the recipe (docs/training.md, "The
+    recipe")."""
 
     family: str | None = None
     """laya | joint: the model family (None: what the base folder is; `pipeline.families.pick_family`)."""
@@ -213,11 +220,11 @@ class TrainConfig:
     """Joint family: width of a fresh head's fields (an export keeps its own)."""
     lexicon: str = "tokens"
     """Joint family on an encoder: a fresh head's lexical channel. `tokens`: a bag of the state's tokens, each
-    weighing 1; `tfidf`: also the training rows' frequent token pairs, every entry weighed by its idf; `both` (the
-    default in params.yaml): a head of each on the same frozen features, answering together (the mean of their
-    probabilities); `auto`: the same two heads, keeping whichever of them or the two together has the lowest loss
-    on the validation split (`tokens` when the run has none). `both` and `auto` need `train.method: head`
-    (elsewhere: `tokens`)."""
+    weighing 1; `tfidf`: also the training rows' frequent token pairs, every entry weighed by its idf; `both`
+    (the default in params.yaml): a head of each on the same frozen features, answering together (the mean of
+    their probabilities); `auto`: the same two heads, keeping whichever of them or the two together has the
+    lowest loss on the validation split (`tokens` when the run has none). `both` and `auto` need
+    `train.method: head` (elsewhere: `tokens`)."""
     weight_decay: float = 0.01
     grad_clip: float = 1.0
     micro_batch: int = 8
@@ -231,7 +238,8 @@ class TrainConfig:
     """Cap on optimizer steps (None: run every epoch)."""
     seed: int = 0
     precision: str = "auto"
-    """auto | fp32 | bf16: autocast dtype of the encoder; auto means bf16 where the device runs it natively."""
+    """auto | fp32 | bf16: autocast dtype of the encoder; auto means bf16 where the device runs it
+    natively."""
     gradient_checkpointing: bool = False
     log_every: int = 10
     checkpoint_every_steps: int = 100
@@ -245,7 +253,8 @@ class TrainConfig:
     rows) has not fallen for this many checks, and keep the weights of the best check; None: train the whole
     budget. Needs a validation split."""
     validation_checks: int = 20
-    """How many times a run scores its validation split's loss, evenly over its budget (with `early_stopping`)."""
+    """How many times a run scores its validation split's loss, evenly over its budget (with
+    `early_stopping`)."""
     label_smoothing: float = 0.0
     """Joint family: mix the target with uniform over the question's options (off by default)."""
     brier_weight: float = 0.0
@@ -259,22 +268,22 @@ class TrainConfig:
     """With `nproc` > 1: how long a rank waits on the others in a collective before it fails the stage (a
     hung rank); a rank that dies fails it at once."""
     threads: int | None = None
-    """torch's CPU threads for the whole run, split between the `nproc` ranks. None: the cores the process may use
-    (its affinity mask or its container's CPU quota, whichever is smaller; `OMP_NUM_THREADS` when set), as
+    """torch's CPU threads for the whole run, split between the `nproc` ranks. None: the cores the process may
+    use (its affinity mask or its container's CPU quota, whichever is smaller; `OMP_NUM_THREADS` when set), as
     `pipeline.cpu.budget` finds them; the run's log and `train.json` say which."""
     state_windows: int = 1
-    """Joint family on an encoder: a state longer than the encoder's window is read in up to this many windows,
-    each encoded on its own, and the head attends over all of them (what is left beyond is cut, and counted).
-    1: the first window only. Saved with the model and applied wherever it is served."""
+    """Joint family on an encoder: a state longer than the encoder's window is read in up to this many
+    windows, each encoded on its own, and the head attends over all of them (what is left beyond is cut, and
+    counted). 1: the first window only. Saved with the model and applied wherever it is served."""
     layer_plan: Listed[int] | Listed[Listed[int]] | None = None
     """The backbone's layers to run, in order: indices (`[0, 1, 1, 2, 3]` visits layer 1 twice with the same
-    weights; `[0, 1, 2, 3]` skips the rest) or repeat ranges `[[start, end, passes]]` (half open; passes count the
-    first visit). Saved with the model and applied wherever it is served. None: the base folder's own plan, if
-    any, else native (`pipeline.families.layer_plan`)."""
+    weights; `[0, 1, 2, 3]` skips the rest) or repeat ranges `[[start, end, passes]]` (half open; passes count
+    the first visit). Saved with the model and applied wherever it is served. None: the base folder's own
+    plan, if any, else native (`pipeline.families.layer_plan`)."""
     bag_of_words_rows: int = 50_000
-    """The calibrate stage also fits a bag of words (TF-IDF + logistic regression per question) on up to this many
-    training rows and scores it on the same held-out decisions, shown beside the fine-tune in the run's table and
-    in MLflow (`pipeline.scoring.bag_of_words`); 0: none."""
+    """The calibrate stage also fits a bag of words (TF-IDF + logistic regression per question) on up to this
+    many training rows and scores it on the same held-out decisions, shown beside the fine-tune in the run's
+    table and in MLflow (`pipeline.scoring.bag_of_words`); 0: none."""
 
     def __post_init__(self) -> None:
         self._check_layer_plan()
@@ -321,8 +330,10 @@ class TrainConfig:
         if self.max_steps is not None and self.max_steps < 0:
             raise ConfigError(f"train.max_steps: must be >= 0, got {self.max_steps}")
         if self.early_stopping is not None and self.nproc > 1:
-            raise ConfigError("train.early_stopping: not with train.nproc > 1 (every rank would have to stop at the "
-                              "same step); set one or the other")  # fmt: skip
+            raise ConfigError(
+                "train.early_stopping: not with train.nproc > 1 (every rank would have to stop at the "
+                "same step); set one or the other"
+            )
         if self.early_stopping is not None and self.early_stopping < 1:
             raise ConfigError(
                 f"train.early_stopping: a patience of >= 1 check, or null; got {self.early_stopping}"
@@ -372,8 +383,8 @@ class PromoteConfig:
     """The promotion gate between a new version and `champion`."""
 
     nll_confidence: float = 0.95
-    """The challenger's NLL gain over the champion (same held-out decisions, both scored now) must be above zero
-    at this one-sided confidence of a paired record bootstrap."""
+    """The challenger's NLL gain over the champion (same held-out decisions, both scored now) must be above
+    zero at this one-sided confidence of a paired record bootstrap."""
     max_accuracy_drop: float = 0.005
     """...and its held-out accuracy at least the champion's minus this."""
     max_ece: float = 0.05
@@ -381,9 +392,9 @@ class PromoteConfig:
     refuse_unlearned: bool = True
     """Never promote a fine-tune that is no better than its base or the class prior on some question."""
     min_accuracy_over_bag_of_words: float | None = None
-    """With a number, promote only a fine-tune whose calibrated held-out accuracy is at least its bag of words'
-    (`train.bag_of_words_rows`, the same decisions) plus this (0: at least equal); a run that scored no bag of
-    words is then held. None: the bag of words is shown, not gated on."""
+    """With a number, promote only a fine-tune whose calibrated held-out accuracy is at least its bag of
+    words' (`train.bag_of_words_rows`, the same decisions) plus this (0: at least equal); a run that scored no
+    bag of words is then held. None: the bag of words is shown, not gated on."""
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.max_ece <= 1.0:
@@ -416,8 +427,8 @@ class FlywheelConfig:
 
 
 def registry_name_problem(name: str) -> str | None:
-    """Why `name` cannot name a registered model everywhere it is used (`models:/NAME@ALIAS`, `NAME/VERSION`, a
-    command line, a URL path), or None."""
+    """Why `name` cannot name a registered model everywhere it is used (`models:/NAME@ALIAS`, `NAME/VERSION`,
+    a command line, a URL path), or None."""
     if not name or any(c.isspace() for c in name) or any(c in name for c in "/:@"):
         return f"{name!r}: a model name is not blank and has no spaces, '/', ':' or '@'"
     return None
@@ -432,31 +443,33 @@ class MonitorConfig:
     serving version trained on, answered by the same model."""
 
     inference: str | None = None
-    """The inference store the server logs to: the folder of its Parquet tables, or a `postgresql://` URL. None:
-    `flywheel.inference`, where the server and harvest find it."""
+    """The inference store the server logs to: the folder of its Parquet tables, or a `postgresql://` URL.
+    None: `flywheel.inference`, where the server and harvest find it."""
     summary_folder: str | None = None
-    """The folder whose `monitor/latest.json` holds the latest summary (the server's gauges). None: the inference
-    folder; a PostgreSQL store needs one."""
+    """The folder whose `monitor/latest.json` holds the latest summary (the server's gauges). None: the
+    inference folder; a PostgreSQL store needs one."""
     window_hours: float = 24.0
     """The window judged: the served decisions of this many hours before its end (now, unless given)."""
     drift_share: float = 0.5
-    """Drift is declared when at least this share of the compared columns drifted (Evidently's dataset-drift rule;
-    0.5 is its default)."""
+    """Drift is declared when at least this share of the compared columns drifted (Evidently's dataset-drift
+    rule; 0.5 is its default)."""
     min_decisions: int = 100
     """A window with fewer served decisions is not judged: the column tests would have little power."""
     reference_rows: int = 1000
-    """At most this many rows of the training data (every split, taken in content-hash order) are answered by the
-    model as the reference. Up to 1,000 Evidently tests each column with a p-value (K-S, chi-square, Z), which
-    allows for a small window; above, with a distance and a fixed 0.1 threshold that a window of 150 decisions
-    crossed by chance in 13% of columns (3.8% at 1,000; docs/flywheel.md, Drift)."""
+    """At most this many rows of the training data (every split, taken in content-hash order) are answered by
+    the model as the reference. Up to 1,000 Evidently tests each column with a p-value (K-S, chi-square, Z),
+    which allows for a small window; above, with a distance and a fixed 0.1 threshold that a window of 150
+    decisions crossed by chance in 13% of columns (3.8% at 1,000; docs/flywheel.md, Drift)."""
     max_question_columns: int = 20
     """The chosen option and top probability get a column each for at most this many question ids (the
     reference's most asked); the question mix column covers the rest."""
 
     def __post_init__(self) -> None:
         if not 0 < self.window_hours <= MAX_WINDOW_HOURS:
-            raise ConfigError(f"monitor.window_hours: must be > 0 and at most {MAX_WINDOW_HOURS:,} (100 years), "
-                              f"got {self.window_hours}")  # fmt: skip
+            raise ConfigError(
+                f"monitor.window_hours: must be > 0 and at most {MAX_WINDOW_HOURS:,} (100 years), "
+                f"got {self.window_hours}"
+            )
         if not 0.0 < self.drift_share <= 1.0:
             raise ConfigError(f"monitor.drift_share: must lie in (0, 1], got {self.drift_share}")
         for name in ("min_decisions", "reference_rows", "max_question_columns"):
@@ -503,21 +516,26 @@ def _yaml_sections(path: str | Path, may_be_empty: bool = False) -> dict[str, An
     except YamlFileError as error:
         raise ConfigError(str(error)) from None
     if raw is None and not may_be_empty:  # every setting would silently fall back to the code's defaults
-        raise ConfigError(f"{path}: empty; a params file holds sections (train:, validate:, ...): start from "
-                          "the project's params.yaml")  # fmt: skip
+        raise ConfigError(
+            f"{path}: empty; a params file holds sections (train:, validate:, ...): start from "
+            "the project's params.yaml"
+        )
     raw = raw or {}
     if not isinstance(raw, dict) or not all(isinstance(v, dict | None) for v in raw.values()):
         raise ConfigError(f"{path}: expected sections of keys (train:, validate:, ...), as params.yaml has")
     return {section: values or {} for section, values in raw.items()}
 
 
-def load_params(path: str | Path = PARAMS_FILE, run_config: str | None = None,
-                overrides: dict[str, dict[str, Any]] | None = None) -> Params:  # fmt: skip
+def load_params(
+    path: str | Path = PARAMS_FILE,
+    run_config: str | None = None,
+    overrides: dict[str, dict[str, Any]] | None = None,
+) -> Params:
     """Every section of `params.yaml` as its config dataclass; unknown sections and keys are refused by name.
 
     `run_config` names `configs/<name>.yaml` (beside params.yaml), whose sections override single keys, e.g.
-    the `tiny` run the tests and `RUN_CONFIG=tiny make run` use; `overrides` (sections of keys, as a run config
-    holds them) override after it: a run config checked before it is written.
+    the `tiny` run the tests and `RUN_CONFIG=tiny make run` use; `overrides` (sections of keys, as a run
+    config holds them) override after it: a run config checked before it is written.
     """
     raw = _yaml_sections(path)
     layers, source = [overrides or {}], str(path)

@@ -1,4 +1,5 @@
-"""Device and precision choice, in one place: the device a run uses, the autocast dtype, the memory it peaked at.
+"""Device and precision choice, in one place: the device a run uses, the autocast dtype, the memory it peaked
+at.
 
 device = pick_device("auto")                    # cuda when available, else cpu
 dtype = resolve_precision("auto", device)       # bf16 only where the device runs it natively
@@ -45,8 +46,8 @@ def resolve_precision(precision: str, device: torch.device) -> torch.dtype | Non
 
 
 def has_native_bf16(device: torch.device) -> bool:
-    """Whether `device` runs bf16 natively: a CUDA GPU with bf16 in hardware (compute capability 8.0 on; an older
-    GPU only emulates it, far slower than fp32), a CPU with AVX-512 bf16 or AMX."""
+    """Whether `device` runs bf16 natively: a CUDA GPU with bf16 in hardware (compute capability 8.0 on; an
+    older GPU only emulates it, far slower than fp32), a CPU with AVX-512 bf16 or AMX."""
     if device.type == "cuda":
         return torch.cuda.is_bf16_supported(including_emulation=False)
     return cpu_has_native_bf16()
@@ -57,16 +58,17 @@ class PrecisionUnavailable(ValueError):
 
 
 def serving_dtype(precision: str, device: torch.device) -> torch.dtype | None:
-    """The autocast dtype `decision serve --precision` asks for: fp32 (None) or bf16, which is refused where the
-    device only emulates it (FACTS: ~1 GFLOP/s there against ~120 in fp32), so it can never be a silent slowdown."""
+    """The autocast dtype `decision serve --precision` asks for: fp32 (None) or bf16, which is refused where
+    the device only emulates it (FACTS: ~1 GFLOP/s there against ~120 in fp32), so it can never be a silent
+    slowdown."""
     if precision == "fp32":
         return None
     if precision != "bf16":
         raise PrecisionUnavailable(f"--precision {precision!r}: choose fp32 or bf16")
     if not has_native_bf16(device):
         raise PrecisionUnavailable(
-            f"--precision bf16: {device.type} here has no native bf16 (no AVX-512 bf16 or AMX on a CPU), so it would "
-            "be emulated and far slower than fp32; serve with --precision fp32"
+            f"--precision bf16: {device.type} here has no native bf16 (no AVX-512 bf16 or AMX on a CPU), so "
+            "it would be emulated and far slower than fp32; serve with --precision fp32"
         )
     return torch.bfloat16
 

@@ -1,5 +1,5 @@
-"""SIGTERM (a scheduler, `timeout` or `kill` stopping the job) unwinds as Ctrl-C does, so a command or a flow's
-process cleans up as it would on Ctrl-C: no partial file left, its run marked as it ended.
+"""SIGTERM (a scheduler, `timeout` or `kill` stopping the job) unwinds as Ctrl-C does, so a command or a
+flow's process cleans up as it would on Ctrl-C: no partial file left, its run marked as it ended.
 
     with terminate_as_interrupt():
         write_every_row()        # KeyboardInterrupt on SIGTERM too

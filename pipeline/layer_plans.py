@@ -2,9 +2,9 @@
 problem with one, named by its index (`pipeline.families.planned_layers` runs a plan on a backbone).
 
 A plan lists the physical layers to visit, in order: `[0, 1, 1, 2, 3]` visits layer 1 twice with the same
-parameters, `[0, 1, 2, 3]` on a six-layer encoder skips the last two. Repeat ranges `(start, end, passes)` (half
-open, `passes` counting the first visit) say the same over the native order: `[(2, 4, 2)]` on six layers is
-`[0, 1, 2, 3, 2, 3, 4, 5]`.
+parameters, `[0, 1, 2, 3]` on a six-layer encoder skips the last two. Repeat ranges `(start, end, passes)`
+(half open, `passes` counting the first visit) say the same over the native order: `[(2, 4, 2)]` on six layers
+is `[0, 1, 2, 3, 2, 3, 4, 5]`.
 
     plan = resolve_plan([(2, 4, 2)], 6)     # LayerPlan(visits=(0, 1, 2, 3, 2, 3, 4, 5), layers=6)
 """
@@ -49,8 +49,11 @@ def plan_spec_problems(spec: Sequence[Any]) -> list[str]:
     if any(ranges) and not all(ranges):
         return ["train.layer_plan: either layer indices or (start, end, passes) ranges, not both"]
     entries = [tuple(entry) for entry in spec] if all(ranges) else [(entry,) for entry in spec]
-    wrong = [f"train.layer_plan[{i}]: expected whole numbers, got {list(e) if all(ranges) else e[0]!r}"
-             for i, e in enumerate(entries) if not all(_is_int(v) for v in e)]  # fmt: skip
+    wrong = [
+        f"train.layer_plan[{i}]: expected whole numbers, got {list(e) if all(ranges) else e[0]!r}"
+        for i, e in enumerate(entries)
+        if not all(_is_int(v) for v in e)
+    ]
     if wrong or all(ranges):
         return wrong or _range_problems(entries)
     return [f"train.layer_plan[{i}]: layer index must be >= 0, got {v}" for i, v in enumerate(spec) if v < 0]
@@ -85,11 +88,19 @@ def resolve_plan(spec: Sequence[Any] | None, layers: int) -> LayerPlan | None:
     if problems:
         raise LayerPlanError("; ".join(problems))
     if isinstance(spec[0], (list, tuple)):
-        problems = [f"train.layer_plan[{i}]: range end {entry[1]} is past the last layer of a backbone of "
-                    f"{layers} layers" for i, entry in enumerate(spec) if entry[1] > layers]  # fmt: skip
+        problems = [
+            f"train.layer_plan[{i}]: range end {entry[1]} is past the last layer of a backbone of "
+            f"{layers} layers"
+            for i, entry in enumerate(spec)
+            if entry[1] > layers
+        ]
     else:
-        problems = [f"train.layer_plan[{i}]: layer {v} is out of range for a backbone of {layers} layers "
-                    f"(0..{layers - 1})" for i, v in enumerate(spec) if v >= layers]  # fmt: skip
+        problems = [
+            f"train.layer_plan[{i}]: layer {v} is out of range for a backbone of {layers} layers "
+            f"(0..{layers - 1})"
+            for i, v in enumerate(spec)
+            if v >= layers
+        ]
     if problems:
         raise LayerPlanError("; ".join(problems))
     ranges = isinstance(spec[0], (list, tuple))

@@ -1,7 +1,7 @@
 """Lineage: what a run or an export came from (git commit, data and base hashes, params, code digest).
 
-One place for the digests that name things: `idempotency_key` names a retraining run (its run folder, MLflow run
-and model version); `source_digest` names a trained model, so exporting the same one twice is a no-op.
+One place for the digests that name things: `idempotency_key` names a retraining run (its run folder, MLflow
+run and model version); `source_digest` names a trained model, so exporting the same one twice is a no-op.
 """
 
 from __future__ import annotations
@@ -34,8 +34,13 @@ def uncommitted(paths: list[str], root: str | Path = ".") -> list[str]:
     if not present:
         return []
     try:
-        done = subprocess.run(["git", "status", "--porcelain", "--untracked-files=all", "--", *present], cwd=root,
-                              capture_output=True, text=True, timeout=10)  # fmt: skip
+        done = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=all", "--", *present],
+            cwd=root,
+            capture_output=True,
+            text=True,
+            timeout=10,
+        )
     except (OSError, subprocess.TimeoutExpired):
         return []
     listed = {line[3:] for line in done.stdout.splitlines()} if done.returncode == 0 else set()
@@ -107,13 +112,16 @@ TAGGED_SETTINGS = ("base_md5", "code_digest", "git_commit")
 
 def settings_changed(before: dict[str, str], now: dict[str, str]) -> tuple[str, ...]:
     """What differs between two runs' settings (`before`: the previous version's, as MLflow keeps them, `now`:
-    this run's, both flat `section.name` -> text; `base_md5`, `code_digest` and `git_commit` among them as tags):
-    params as `name old -> new`, then the base and the code, in words for a run's first lines."""
+    this run's, both flat `section.name` -> text; `base_md5`, `code_digest` and `git_commit` among them as
+    tags): params as `name old -> new`, then the base and the code, in words for a run's first lines."""
     tagged = {"base_md5": "base", "code_digest": "code"}
     if "code_digest" not in before:  # a version from before the digest was tagged: its commit says as much
         tagged["git_commit"] = "git commit"
-    params = [name for name in sorted(before.keys() | now.keys())
-              if name not in TAGGED_SETTINGS and before.get(name) != now.get(name)]  # fmt: skip
+    params = [
+        name
+        for name in sorted(before.keys() | now.keys())
+        if name not in TAGGED_SETTINGS and before.get(name) != now.get(name)
+    ]
     shown = [
         f"{name} {before.get(name, '(unset)')} -> {now.get(name, '(unset)')}"
         for name in params[:SHOWN_PARAMS]
@@ -141,8 +149,9 @@ def idempotency_key(
 
 
 def keyed_sections(params: Params) -> dict[str, Any]:
-    """Every params section as the idempotency key reads it (but `UNKEYED_SECTIONS`): a mapping file's path replaced
-    by what the file says, so an edited mapping (new decision rows from the same table) makes a new run."""
+    """Every params section as the idempotency key reads it (but `UNKEYED_SECTIONS`): a mapping file's path
+    replaced by what the file says, so an edited mapping (new decision rows from the same table) makes a new
+    run."""
     sections = {name: values for name, values in params.sections().items() if name not in UNKEYED_SECTIONS}
     if isinstance(params.validate.mapping, str):
         sections["validate"]["mapping"] = mapping_content(params.validate.mapping)
@@ -167,8 +176,16 @@ def options_of(labels: dict[str, dict[str, int]] | None) -> dict[str, list[str]]
     return {qid: list(counts) for qid, counts in labels.items()} if labels else None
 
 
-def export_manifest(data, base, config: TrainConfig, family: str, run: dict[str, Any], temperatures,
-                    heldout: dict[str, Any], options: dict[str, list[str]] | None = None) -> dict[str, Any]:  # fmt: skip
+def export_manifest(
+    data,
+    base,
+    config: TrainConfig,
+    family: str,
+    run: dict[str, Any],
+    temperatures,
+    heldout: dict[str, Any],
+    options: dict[str, list[str]] | None = None,
+) -> dict[str, Any]:
     """The `manifest.json` of an export: data and base hashes, git commit, params, metrics, digest, and with
     `options` (a mapped table's options per question) `mapping_options`.
 
@@ -177,10 +194,17 @@ def export_manifest(data, base, config: TrainConfig, family: str, run: dict[str,
     """
     pins, steps, losses = run.get("pins", {}), run["steps"], run.get("losses", [])
     return {
-        "data": str(data), "data_md5": data_revision(data), "base": str(base),
-        "base_md5": current_md5(Path(base)), "pins": pins, "inputs": run.get("inputs", {}),
-        "git_commit": git_commit(), "family": family,
-        "params": {"train": asdict(config)}, "steps": steps, "temperatures": list(temperatures),
+        "data": str(data),
+        "data_md5": data_revision(data),
+        "base": str(base),
+        "base_md5": current_md5(Path(base)),
+        "pins": pins,
+        "inputs": run.get("inputs", {}),
+        "git_commit": git_commit(),
+        "family": family,
+        "params": {"train": asdict(config)},
+        "steps": steps,
+        "temperatures": list(temperatures),
         "metrics": {k: v for k, v in heldout.items() if isinstance(v, dict)},
         "source_digest": source_digest(data, base, config, pins, steps, losses),
-    } | ({MAPPING_OPTIONS: options} if options else {})  # fmt: skip
+    } | ({MAPPING_OPTIONS: options} if options else {})

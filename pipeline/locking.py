@@ -15,8 +15,8 @@ from pathlib import Path
 
 @contextmanager
 def held_exclusively(path: Path, busy: Callable[[], Exception]) -> Iterator[None]:
-    """Hold `path` locked (made with its folder where missing, holding this process's id); `busy()` is raised at
-    once where another process holds it."""
+    """Hold `path` locked (made with its folder where missing, holding this process's id); `busy()` is raised
+    at once where another process holds it."""
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("a+") as handle:
         try:

@@ -6,7 +6,8 @@ from urllib.parse import urlsplit, urlunsplit
 
 
 def mask_url(url: str) -> str:
-    """`url` with the password of its user part replaced by `***` (s3://key:secret@host/... -> s3://key:***@...)."""
+    """`url` with the password of its user part replaced by `***` (s3://key:secret@host/... ->
+    s3://key:***@...)."""
     parts = urlsplit(url)
     if parts.password is None:
         return url
@@ -15,8 +16,9 @@ def mask_url(url: str) -> str:
 
 
 def error_reason(error: object, url: str | None = None) -> str:
-    """The first line of an error's message (its type's name where it has none), with `url`'s password masked: what
-    a one-line error may quote of a driver's or a library's message, which can span lines and quote the URL."""
+    """The first line of an error's message (its type's name where it has none), with `url`'s password masked:
+    what a one-line error may quote of a driver's or a library's message, which can span lines and quote the
+    URL."""
     text = str(error).strip()
     reason = text.splitlines()[0] if text else type(error).__name__
     password = urlsplit(url).password if url else None

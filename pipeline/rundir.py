@@ -1,4 +1,5 @@
-"""The files a retraining run writes under `runs/<key>/`, named in one place (every stage reads them from here).
+"""The files a retraining run writes under `runs/<key>/`, named in one place (every stage reads them from
+here).
 
 run = RunFolder("runs/3f2a...")
 run.train_summary, run.checkpoint, run.finetune, run.heldout, run.calibration, run.calibrator, run.expected_answers,
@@ -34,8 +35,10 @@ class RunFolder:
         RunBusy at once where another does: two runs of one key shared its checkpoint and MLflow run, and the
         second crashed reading a checkpoint the first was writing; two sweeps rewrote each other's split."""
         lock = self.root / f"{what}.lock"
-        busy = RunBusy(f"another process is running this {what} ({lock} is locked): the same data, base, params and "
-                       f"code; wait for it, or stop it and run the {what} again to resume")  # fmt: skip
+        busy = RunBusy(
+            f"another process is running this {what} ({lock} is locked): the same data, base, params and "
+            f"code; wait for it, or stop it and run the {what} again to resume"
+        )
         with held_exclusively(lock, lambda: busy):
             yield
 
@@ -46,8 +49,8 @@ class RunFolder:
 
     @property
     def split(self) -> Path:
-        """The validated rows split into training and held-out (`data.split.SplitData`): validated once, read by
-        training, the smoke test and the gate."""
+        """The validated rows split into training and held-out (`data.split.SplitData`): validated once, read
+        by training, the smoke test and the gate."""
         return self.root / "split.pkl"
 
     @property
@@ -57,9 +60,10 @@ class RunFolder:
 
     @property
     def checkpoint(self) -> Path:
-        """The training state at the last checkpoint (`training.checkpoint`): a killed run resumes from it. Kept
-        after training, so a rerun whose train task did not finish resumes at the end instead of retraining; it
-        holds the trainable weights with their optimizer moments and may be deleted once the run is done."""
+        """The training state at the last checkpoint (`training.checkpoint`): a killed run resumes from it.
+        Kept after training, so a rerun whose train task did not finish resumes at the end instead of
+        retraining; it holds the trainable weights with their optimizer moments and may be deleted once the
+        run is done."""
         return self.root / "checkpoint.pt"
 
     @property
@@ -79,7 +83,8 @@ class RunFolder:
 
     @property
     def validation_logits(self) -> Path:
-        """The validation split's decisions with the fine-tune's raw logits: what the calibrator is fitted on."""
+        """The validation split's decisions with the fine-tune's raw logits: what the calibrator is fitted
+        on."""
         return self.root / "validation.npz"
 
     @property
@@ -94,7 +99,8 @@ class RunFolder:
 
     @property
     def expected_answers(self) -> Path:
-        """Every held-out decision's calibrated probabilities from the trained model: what serving must reproduce."""
+        """Every held-out decision's calibrated probabilities from the trained model: what serving must
+        reproduce."""
         return self.root / "expected_answers.npz"
 
     @property
@@ -104,7 +110,8 @@ class RunFolder:
 
     @property
     def result(self) -> Path:
-        """The run's typed result (`stages.result.RunResult`): what a later process reads the run back from."""
+        """The run's typed result (`stages.result.RunResult`): what a later process reads the run back
+        from."""
         return self.root / "result.json"
 
     @property

@@ -1,5 +1,5 @@
-"""Results as strict JSON (what `--json` prints and a flow's process hands back): a metric with no value (NaN, e.g.
-KL without soft gold) becomes null, and a value JSON has no form for (a path, a time) its text.
+"""Results as strict JSON (what `--json` prints and a flow's process hands back): a metric with no value (NaN,
+e.g. KL without soft gold) becomes null, and a value JSON has no form for (a path, a time) its text.
 
     print(to_json(result.to_dict()))
 """

@@ -1,5 +1,5 @@
-"""YAML files a person writes (a mapping, params.yaml, run configs, a sweep's space), read so that a mistake is
-one line naming the file.
+"""YAML files a person writes (a mapping, params.yaml, run configs, a sweep's space), read so that a mistake
+is one line naming the file.
 
     content = load_yaml_file("params.yaml")     # YamlFileError: "params.yaml: key 'train' given twice (...)"
 
@@ -48,7 +48,8 @@ def _unique_mapping(loader: _UniqueKeyLoader, node: yaml.MappingNode, deep: bool
 _UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _unique_mapping)
 
 # YAML 1.2's plain scalars, not PyYAML's YAML 1.1: `yes`, `no`, `on`, `off` and `NO` (Norway) stay text, as do
-# `007` and `010` (1.1 reads them as octal 7 and 8), so labels listed as options are the labels the data holds.
+# `007` and `010` (1.1 reads them as octal 7 and 8), so labels listed as options are the labels the data
+# holds.
 _UniqueKeyLoader.yaml_implicit_resolvers = {
     first: [
         (tag, rx) for tag, rx in resolvers if tag not in ("tag:yaml.org,2002:bool", "tag:yaml.org,2002:int")
@@ -64,7 +65,8 @@ _UniqueKeyLoader.add_implicit_resolver(
 
 
 def load_yaml_file(path: str | Path) -> Any:
-    """The file's YAML content (None for an empty file); YamlFileError, one line naming the file, otherwise."""
+    """The file's YAML content (None for an empty file); YamlFileError, one line naming the file,
+    otherwise."""
     try:
         text = Path(path).read_text(encoding="utf-8")
     except UnicodeDecodeError as error:

@@ -1,5 +1,6 @@
-"""GPU check: the trainer, per-layer compile, bf16, layer plans, QLoRA, the export merge, the packed serving pass, the
-data-parallel launcher and the default fine-tune on one CUDA GPU, as one table and one JSON file, within one device lease.
+"""GPU check: the trainer, per-layer compile, bf16, layer plans, QLoRA, the export merge, the packed serving
+pass, the data-parallel launcher and the default fine-tune on one CUDA GPU, as one table and one JSON file,
+within one device lease.
 
     bash scripts/gpu_check.sh                       # on the GPU machine (what it carries and its budget: see there)
     bash scripts/gpu_check.sh --dry-run             # every row on the CPU with the tiny models
@@ -21,10 +22,10 @@ Rows, in order (each pass, fail or skipped, with its reason and numbers):
   gpu_tests       pytest -m gpu on tests/model/test_gpu.py
 
 The models are random, built where the check runs (`scripts/gpu_check_setup.py`); the packages the GPU machine
-lacks are hidden from this process first (`scripts/gpu_check_absent.py`), so the dry run imports what a GPU run can.
-A row that would start past the time budget is skipped, saying so; the JSON is rewritten after every row, so a run
-killed by its timeout still leaves the rows it finished. Exit status: 0 when no row failed, 1 when one did, 2 when
-there is no CUDA device and no --dry-run.
+lacks are hidden from this process first (`scripts/gpu_check_absent.py`), so the dry run imports what a GPU
+run can. A row that would start past the time budget is skipped, saying so; the JSON is rewritten after every
+row, so a run killed by its timeout still leaves the rows it finished. Exit status: 0 when no row failed, 1
+when one did, 2 when there is no CUDA device and no --dry-run.
 """
 
 from __future__ import annotations
@@ -46,8 +47,18 @@ sys.path.insert(0, str(ROOT))
 # Nothing of the project, nor torch, at module level: `main` hides the packages the GPU machine lacks first.
 from scripts.gpu_check_absent import ABSENT, DRY_RUN_ABSENT, hide_absent  # noqa: E402
 
-ROWS = ("device", "laya_train", "layer_plan", "packed_forward", "export_merge", "data_parallel", "default_fit",
-        "joint_train", "qlora", "gpu_tests")  # fmt: skip
+ROWS = (
+    "device",
+    "laya_train",
+    "layer_plan",
+    "packed_forward",
+    "export_merge",
+    "data_parallel",
+    "default_fit",
+    "joint_train",
+    "qlora",
+    "gpu_tests",
+)
 TESTS_TIMEOUT = 180.0
 """Most seconds the gpu_tests row may take (less when less of the budget is left)."""
 
@@ -56,11 +67,17 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--dry-run", action="store_true",
-                        help="the CPU: tiny models, dynamo's eager compile backend, a 240 s budget")  # fmt: skip
+    parser.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="the CPU: tiny models, dynamo's eager compile backend, a 240 s budget",
+    )
     parser.add_argument("--device", choices=["cuda", "cpu"], help="default: cuda (cpu with --dry-run)")
-    parser.add_argument("--size", choices=["tiny", "small", "long"],
-                        help="default: small on CUDA, tiny on the CPU; long: small on ~100-token states")  # fmt: skip
+    parser.add_argument(
+        "--size",
+        choices=["tiny", "small", "long"],
+        help="default: small on CUDA, tiny on the CPU; long: small on ~100-token states",
+    )
     parser.add_argument(
         "--backend", help="torch.compile backend (default: inductor on CUDA, eager (dynamo alone) on the CPU)"
     )
@@ -68,9 +85,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--budget", type=float, help="seconds for all rows (default: 420 on CUDA, 240 on the CPU)"
     )
-    parser.add_argument("--out", type=Path, default=Path(os.environ.get("GPU_CHECK_OUT") or
-                                                         ROOT / "benchmarks/results/gpu_check.json"),
-                        help="the JSON results (default: $GPU_CHECK_OUT, else benchmarks/results/gpu_check.json)")  # fmt: skip
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=Path(os.environ.get("GPU_CHECK_OUT") or ROOT / "benchmarks/results/gpu_check.json"),
+        help="the JSON results (default: $GPU_CHECK_OUT, else benchmarks/results/gpu_check.json)",
+    )
     args = parser.parse_args(argv)
     cpu = args.dry_run or args.device == "cpu"
     args.device = args.device or ("cpu" if cpu else "cuda")
@@ -104,19 +124,26 @@ def row_functions(setup, deadline: float) -> dict[str, Callable]:
 
 
 def run_row(name: str, check: Callable, setup) -> dict:
-    """One row as the JSON holds it; an error inside a check is that row's failure, named, and the next row runs."""
+    """One row as the JSON holds it; an error inside a check is that row's failure, named, and the next row
+    runs."""
     from scripts.gpu_check_setup import Outcome
 
     started = time.perf_counter()
     try:
         outcome = check(setup)
-    # Deliberately broad: a check harness records what broke (type, message, traceback) as the row's failure and
-    # goes on to the next row; the exit status still says that a row failed.
+    # Deliberately broad: a check harness records what broke (type, message, traceback) as the row's failure
+    # and goes on to the next row; the exit status still says that a row failed.
     except Exception as error:
-        outcome = Outcome("fail", f"{type(error).__name__}: {error}",
-                          {"traceback": traceback.format_exc()[-4000:]})  # fmt: skip
-    return {"row": name, "status": outcome.status, "seconds": round(time.perf_counter() - started, 2),
-            "reason": outcome.reason, "numbers": outcome.numbers}  # fmt: skip
+        outcome = Outcome(
+            "fail", f"{type(error).__name__}: {error}", {"traceback": traceback.format_exc()[-4000:]}
+        )
+    return {
+        "row": name,
+        "status": outcome.status,
+        "seconds": round(time.perf_counter() - started, 2),
+        "reason": outcome.reason,
+        "numbers": outcome.numbers,
+    }
 
 
 CARRIED = ("laya", "orjson", "pandera")
@@ -152,19 +179,33 @@ def main(argv: list[str] | None = None) -> int:
     carried = carried_packages()
     missing = [name for name, where in carried.items() if where is None]
     if missing:
-        print(f"gpu_check: {', '.join(missing)} not importable: fetch the wheels here (bash scripts/gpu_check.sh "
-              "--fetch-wheels) and carry .whl/; gpu_check.sh installs them", file=sys.stderr)  # fmt: skip
+        print(
+            f"gpu_check: {', '.join(missing)} not importable: fetch the wheels here (bash "
+            "scripts/gpu_check.sh --fetch-wheels) and carry .whl/; gpu_check.sh installs them",
+            file=sys.stderr,
+        )
         return 2
-    results = {"device": args.device, "size": args.size, "backend": args.backend, "budget_seconds": args.budget,
-               "hidden_packages": hidden, "carried": carried, "rows": []}  # fmt: skip
-    print(f"gpu check on {args.device} ({args.size} models, compile backend {args.backend}, budget "
-          f"{args.budget:.0f} s); results: {args.out}\n\n{'row':<15}{'status':<8}{'seconds':>8}  result",
-          flush=True)  # fmt: skip
+    results = {
+        "device": args.device,
+        "size": args.size,
+        "backend": args.backend,
+        "budget_seconds": args.budget,
+        "hidden_packages": hidden,
+        "carried": carried,
+        "rows": [],
+    }
+    print(
+        f"gpu check on {args.device} ({args.size} models, compile backend {args.backend}, budget "
+        f"{args.budget:.0f} s); results: {args.out}\n\n{'row':<15}{'status':<8}{'seconds':>8}  result",
+        flush=True,
+    )
     with tempfile.TemporaryDirectory(prefix="gpu_check_") as work:
         run_rows(args, build_setup(args, Path(work)), results)
     statuses = [row["status"] for row in results["rows"]]
-    print(f"\n{statuses.count('pass')} passed, {statuses.count('fail')} failed, {statuses.count('skipped')} skipped "
-          f"in {results['wall_seconds']:.0f} s; wrote {args.out}")  # fmt: skip
+    print(
+        f"\n{statuses.count('pass')} passed, {statuses.count('fail')} failed, {statuses.count('skipped')} "
+        f"skipped in {results['wall_seconds']:.0f} s; wrote {args.out}"
+    )
     return 1 if "fail" in statuses else 0
 
 
@@ -176,8 +217,14 @@ def build_setup(args: argparse.Namespace, work: Path):
     from tests.tiny import synthetic_records
 
     sizes = SIZES[args.size]
-    return Setup(torch.device(args.device), sizes, write_bases(work / "bases", sizes),
-                 synthetic_records(sizes.rows, 0, sizes.state_chars), args.backend, work)  # fmt: skip
+    return Setup(
+        torch.device(args.device),
+        sizes,
+        write_bases(work / "bases", sizes),
+        synthetic_records(sizes.rows, 0, sizes.state_chars),
+        args.backend,
+        work,
+    )
 
 
 def run_rows(args: argparse.Namespace, setup, results: dict) -> None:
@@ -187,8 +234,13 @@ def run_rows(args: argparse.Namespace, setup, results: dict) -> None:
     checks = row_functions(setup, deadline)
     for name in args.rows:
         if time.monotonic() > deadline:
-            row = {"row": name, "status": "skipped", "seconds": 0.0, "numbers": {},
-                   "reason": f"past the check's budget of {args.budget:.0f} s"}  # fmt: skip
+            row = {
+                "row": name,
+                "status": "skipped",
+                "seconds": 0.0,
+                "numbers": {},
+                "reason": f"past the check's budget of {args.budget:.0f} s",
+            }
         else:
             row = run_row(name, checks[name], setup)
         results["rows"].append(row)

@@ -1,11 +1,11 @@
-"""The GPU check's `default_fit` row: the fine-tune `make run` trains by default (params.yaml's `train`: the joint
-family's head on a frozen encoder, both lexical heads kept together, precision `auto`) through the stage's own
-`pipeline.training.fit`, on the GPU against the same fit on the CPU.
+"""The GPU check's `default_fit` row: the fine-tune `make run` trains by default (params.yaml's `train`: the
+joint family's head on a frozen encoder, both lexical heads kept together, precision `auto`) through the
+stage's own `pipeline.training.fit`, on the GPU against the same fit on the CPU.
 
-What a GPU user meets first is this path, not LoRA: the features are computed once on the device, each head trains
-on them, and the two answer together. The CPU fit is the reference (the test suite runs it every time). Two things
-are compared, on rows whose tone a word in the text gives away (`tests.tiny.write_learnable_rows`), validated and
-split as the stage does:
+What a GPU user meets first is this path, not LoRA: the features are computed once on the device, each head
+trains on them, and the two answer together. The CPU fit is the reference (the test suite runs it every time).
+Two things are compared, on rows whose tone a word in the text gives away (`tests.tiny.write_learnable_rows`),
+validated and split as the stage does:
 
 - the base's held-out pass before any step (frozen encoder, fresh heads, no dropout: the same arithmetic on both
   devices): its logits within `FP32_LOGITS` of the CPU's (relative, as vectors) in fp32, `AUTO_LOGITS` at precision
@@ -35,7 +35,8 @@ from scripts.gpu_check_train import relative
 from tests.tiny import write_learnable_rows
 
 FP32_LOGITS = 1e-3
-"""Largest relative difference of the base's held-out logits (before training), the GPU's fp32 pass against the CPU's."""
+"""Largest relative difference of the base's held-out logits (before training), the GPU's fp32 pass against
+the CPU's."""
 AUTO_LOGITS = 0.1
 """... the GPU's `auto`-precision pass (bf16 where native: 8 bits of mantissa) against the CPU's fp32 pass."""
 ACCURACY_DROP = 0.05
@@ -54,10 +55,17 @@ def split_data(setup: Setup) -> SplitData:
 
 
 def check_default_fit(setup: Setup) -> Outcome:
-    """params.yaml's default fine-tune on the CPU (fp32), on the GPU in fp32 and on the GPU at precision `auto`."""
+    """params.yaml's default fine-tune on the CPU (fp32), on the GPU in fp32 and on the GPU at precision
+    `auto`."""
     defaults = load_params().train
-    config = replace(defaults, max_steps=STEPS, min_steps=STEPS, warmup_steps=5, checkpoint_every_steps=0,
-                     checkpoint_every_minutes=0.0)  # fmt: skip
+    config = replace(
+        defaults,
+        max_steps=STEPS,
+        min_steps=STEPS,
+        warmup_steps=5,
+        checkpoint_every_steps=0,
+        checkpoint_every_minutes=0.0,
+    )
     data = split_data(setup)
     runs = {"cpu fp32": _timed_fit(data, setup, replace(config, precision="fp32"), "cpu")}
     if setup.device.type == "cuda":
@@ -73,9 +81,9 @@ def check_default_fit(setup: Setup) -> Outcome:
         figures = numbers[label] = _figures(trained, reference, reference_accuracy, seconds)
         problems += [f"{label}: {problem}" for problem in _problems(label, figures)]
     summary = "; ".join(
-        f"{label}{'' if f['precision'] in label else ' (' + f['precision'] + ')'}: {f['s_per_step'] * 1e3:.1f} ms/step, "
-        f"{f['seconds']:.1f} s in all, base pass vs cpu {f['base_difference']:.1e}, trained accuracy "
-        f"{f['accuracy']:.3f}"
+        f"{label}{'' if f['precision'] in label else ' (' + f['precision'] + ')'}: "
+        f"{f['s_per_step'] * 1e3:.1f} ms/step, {f['seconds']:.1f} s in all, base pass vs cpu "
+        f"{f['base_difference']:.1e}, trained accuracy {f['accuracy']:.3f}"
         for label, f in numbers.items()
         if label != "config"
     )
@@ -97,11 +105,17 @@ def _figures(
 ) -> dict[str, Any]:
     base, reference_base = (torch.from_numpy(np.concatenate(t.base_logits)) for t in (trained, reference))
     accuracy = _accuracy(trained)
-    return {"kept": trained.run.choice.get("kept"), "precision": trained.run.precision, "steps": trained.run.steps,
-            "s_per_step": trained.run.s_per_step, "seconds": seconds,
-            "finite": bool(np.isfinite(np.concatenate(plain_probabilities(trained.tuned_logits))).all()),
-            "base_difference": relative(base, reference_base), "accuracy": accuracy,
-            "accuracy_below_cpu": reference_accuracy - accuracy}  # fmt: skip
+    return {
+        "kept": trained.run.choice.get("kept"),
+        "precision": trained.run.precision,
+        "steps": trained.run.steps,
+        "s_per_step": trained.run.s_per_step,
+        "seconds": seconds,
+        "finite": bool(np.isfinite(np.concatenate(plain_probabilities(trained.tuned_logits))).all()),
+        "base_difference": relative(base, reference_base),
+        "accuracy": accuracy,
+        "accuracy_below_cpu": reference_accuracy - accuracy,
+    }
 
 
 def _problems(label: str, figures: dict[str, Any]) -> list[str]:

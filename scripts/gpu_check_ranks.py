@@ -41,13 +41,29 @@ def main(argv: list[str] | None = None) -> int:
         family.learn_from_rows(loaded, examples)
         without_dropout(loaded.model)  # as the run in the launching process
         ready = family.training_examples(loaded, examples, config, device)
-        result = train(loaded.model, ready, config, device, family.batch_task(loaded, config),
-                       controls=RunControls(ranks=ranks))  # fmt: skip
+        result = train(
+            loaded.model,
+            ready,
+            config,
+            device,
+            family.batch_task(loaded, config),
+            controls=RunControls(ranks=ranks),
+        )
         if ranks.is_main:
-            Path(spec["out"]).write_text(json.dumps({
-                "backend": dist.get_backend(), "world_size": ranks.world, "all_reduce": ones.item() / ranks.world,
-                "steps": result.steps, "s_per_step": result.s_per_step, "losses": [loss for _, loss in result.losses],
-                "allreduce_seconds": result.allreduce_seconds, "compile": result.compile}))  # fmt: skip
+            Path(spec["out"]).write_text(
+                json.dumps(
+                    {
+                        "backend": dist.get_backend(),
+                        "world_size": ranks.world,
+                        "all_reduce": ones.item() / ranks.world,
+                        "steps": result.steps,
+                        "s_per_step": result.s_per_step,
+                        "losses": [loss for _, loss in result.losses],
+                        "allreduce_seconds": result.allreduce_seconds,
+                        "compile": result.compile,
+                    }
+                )
+            )
     finally:
         leave_ranks()
     return 0

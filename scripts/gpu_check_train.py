@@ -1,12 +1,12 @@
 """The GPU check's training rows: each family in fp32 and bf16, eager and compiled per layer; QLoRA; the
-data-parallel launcher with one rank. Every run goes through the trainer's own loop (`pipeline.training.loop.train`)
-after the family's own preparation, as `pipeline.training.fit` runs it.
+data-parallel launcher with one rank. Every run goes through the trainer's own loop
+(`pipeline.training.loop.train`) after the family's own preparation, as `pipeline.training.fit` runs it.
 
-A compiled run is forced by `DECISION_COMPILE=1` (the auto rule compiles only CUDA runs of 4,000 forward passes
-or more) and must show it in the run's compile report: enabled, graphs compiled, no fallback to eager, no
-recompile after the warm-up. Parity is measured against the fp32 eager run of the same seed and data, dropout off
-(its masks depend on the padded shape, which compiling changes): the gradients the loop computed for its first
-step (captured at the optimizer's step) and the losses of every step.
+A compiled run is forced by `DECISION_COMPILE=1` (the auto rule compiles only CUDA runs of 4,000 forward
+passes or more) and must show it in the run's compile report: enabled, graphs compiled, no fallback to eager,
+no recompile after the warm-up. Parity is measured against the fp32 eager run of the same seed and data,
+dropout off (its masks depend on the padded shape, which compiling changes): the gradients the loop computed
+for its first step (captured at the optimizer's step) and the losses of every step.
 """
 
 from __future__ import annotations
@@ -66,17 +66,36 @@ class Run:
 
     def figures(self) -> dict[str, Any]:
         losses = self.losses()
-        return {"precision": self.result.precision, "s_per_step": self.result.s_per_step, "steps": self.result.steps,
-                "first_loss": losses[0], "last_loss": losses[-1], "peak_gib": self.peak_gib,
-                "wall_seconds": self.wall_seconds, "compile": self.result.compile}  # fmt: skip
+        return {
+            "precision": self.result.precision,
+            "s_per_step": self.result.s_per_step,
+            "steps": self.result.steps,
+            "first_loss": losses[0],
+            "last_loss": losses[-1],
+            "peak_gib": self.peak_gib,
+            "wall_seconds": self.wall_seconds,
+            "compile": self.result.compile,
+        }
 
 
 def training_config(sizes: Sizes, family: str, method: str = "lora") -> TrainConfig:
     """Fixed steps of `sizes` (more epochs where the rows are few), a loss every step, no checkpoints."""
-    return TrainConfig(family=family, method=method, lora_r=sizes.lora_r, lora_alpha=2 * sizes.lora_r,
-                       micro_batch=sizes.micro_batch, grad_accum=sizes.grad_accum, max_steps=sizes.steps,
-                       min_steps=sizes.steps, log_every=1, precision="fp32", head_width=64,
-                       checkpoint_every_steps=0, checkpoint_every_minutes=0.0, dist_timeout_minutes=2.0)  # fmt: skip
+    return TrainConfig(
+        family=family,
+        method=method,
+        lora_r=sizes.lora_r,
+        lora_alpha=2 * sizes.lora_r,
+        micro_batch=sizes.micro_batch,
+        grad_accum=sizes.grad_accum,
+        max_steps=sizes.steps,
+        min_steps=sizes.steps,
+        log_every=1,
+        precision="fp32",
+        head_width=64,
+        checkpoint_every_steps=0,
+        checkpoint_every_minutes=0.0,
+        dist_timeout_minutes=2.0,
+    )
 
 
 @contextmanager
@@ -95,8 +114,8 @@ def forced_compile(compiled: bool) -> Iterator[None]:
 
 @contextmanager
 def first_step_gradients() -> Iterator[list[torch.Tensor]]:
-    """Inside, the gradients of the first optimizer step anywhere in the process land in the yielded list (flat,
-    fp32, on the CPU, in the optimizer's parameter order)."""
+    """Inside, the gradients of the first optimizer step anywhere in the process land in the yielded list
+    (flat, fp32, on the CPU, in the optimizer's parameter order)."""
     captured: list[torch.Tensor] = []
 
     def capture(optimizer, _args, _kwargs) -> None:
@@ -133,8 +152,14 @@ def train_run(setup: Setup, family_name: str, base: Path, config: TrainConfig, c
     quantised = sum(1 for p in loaded.model.parameters() if is_quantised(p))
     started = time.perf_counter()
     with forced_compile(compiled), first_step_gradients() as gradients:
-        result = train(loaded.model, ready, config, setup.device, task,
-                       controls=RunControls(compile=CompileConfig(backend=setup.backend)))  # fmt: skip
+        result = train(
+            loaded.model,
+            ready,
+            config,
+            setup.device,
+            task,
+            controls=RunControls(compile=CompileConfig(backend=setup.backend)),
+        )
     peak = torch.cuda.max_memory_allocated(setup.device) / 2**30 if setup.device.type == "cuda" else None
     label = f"{config.precision} {'compiled' if compiled else 'eager'}"
     return Run(label, result, gradients[0], peak, time.perf_counter() - started, quantised)
@@ -157,8 +182,8 @@ def relative(a: torch.Tensor | float, b: torch.Tensor | float) -> float:
 
 
 def check_training(setup: Setup, family_name: str, base: Path) -> Outcome:
-    """LoRA in fp32 and bf16, eager and compiled per layer: compile really happened, gradients and losses agree
-    with fp32 eager, and s/step of each."""
+    """LoRA in fp32 and bf16, eager and compiled per layer: compile really happened, gradients and losses
+    agree with fp32 eager, and s/step of each."""
     config = training_config(setup.sizes, family_name)
     runs = [train_run(setup, family_name, base, replace(config, precision=p), c) for p, c in MODES]
     reference, problems, numbers = runs[0], [], {}
@@ -171,12 +196,14 @@ def check_training(setup: Setup, family_name: str, base: Path) -> Outcome:
     speed = {run.label: reference.result.s_per_step / run.result.s_per_step for run in runs}
     numbers["speed_vs_fp32_eager"] = speed
     compiled = runs[1].result.compile
-    summary = (f"fp32 eager {reference.result.s_per_step * 1e3:.1f} ms/step; speed x fp32 eager: "
-               + ", ".join(f"{label} {x:.2f}" for label, x in list(speed.items())[1:])
-               + f"; compiled ({setup.backend}): {compiled.get('graphs_compiled', 0)} graphs, warm-up "
-               f"{compiled.get('warmup_seconds', 0.0):.1f} s; gradients vs fp32 eager: compiled "
-               f"{numbers['fp32 compiled']['gradient_difference']:.1e}, bf16 "
-               f"{numbers['bf16 eager']['gradient_difference']:.1e}")  # fmt: skip
+    summary = (
+        f"fp32 eager {reference.result.s_per_step * 1e3:.1f} ms/step; speed x fp32 eager: "
+        + ", ".join(f"{label} {x:.2f}" for label, x in list(speed.items())[1:])
+        + f"; compiled ({setup.backend}): {compiled.get('graphs_compiled', 0)} graphs, warm-up "
+        f"{compiled.get('warmup_seconds', 0.0):.1f} s; gradients vs fp32 eager: compiled "
+        f"{numbers['fp32 compiled']['gradient_difference']:.1e}, bf16 "
+        f"{numbers['bf16 eager']['gradient_difference']:.1e}"
+    )
     return judged(problems, summary, numbers)
 
 
@@ -190,8 +217,11 @@ def _run_problems(run: Run, figures: dict[str, Any]) -> list[str]:
         limits = {"gradient_difference": BF16_GRADIENTS, "first_loss_difference": BF16_LOSS}
     else:
         limits = {}
-    return problems + [f"{run.label}: {name} {figures[name]:.1e} > {limit:.0e}"
-                       for name, limit in limits.items() if not figures[name] <= limit]  # fmt: skip
+    return problems + [
+        f"{run.label}: {name} {figures[name]:.1e} > {limit:.0e}"
+        for name, limit in limits.items()
+        if not figures[name] <= limit
+    ]
 
 
 def compile_problems(report: dict[str, Any]) -> list[str]:
@@ -207,11 +237,14 @@ def compile_problems(report: dict[str, Any]) -> list[str]:
 
 
 def check_qlora(setup: Setup) -> Outcome:
-    """The joint family on the causal LM in bf16: LoRA (fp32 weights under bf16 autocast) against QLoRA (nf4 4-bit
-    weights computing in bf16): both train, the backbone really is 4-bit, peak GPU memory of each."""
+    """The joint family on the causal LM in bf16: LoRA (fp32 weights under bf16 autocast) against QLoRA (nf4
+    4-bit weights computing in bf16): both train, the backbone really is 4-bit, peak GPU memory of each."""
     if importlib.util.find_spec("bitsandbytes") is None:
-        return Outcome("skipped", "bitsandbytes is not importable here (the lent GPU machine has none: carry its "
-                                  "wheel, bash scripts/gpu_check.sh --fetch-wheels; the CPU dry run hides it)")  # fmt: skip
+        return Outcome(
+            "skipped",
+            "bitsandbytes is not importable here (the lent GPU machine has none: carry its "
+            "wheel, bash scripts/gpu_check.sh --fetch-wheels; the CPU dry run hides it)",
+        )
     config = replace(training_config(setup.sizes, "joint"), precision="bf16")
     runs = [
         train_run(setup, "joint", setup.bases.causal_lm, replace(config, method=m), False)
@@ -226,11 +259,16 @@ def check_qlora(setup: Setup) -> Outcome:
     if not qlora.quantised_weights:
         problems.append("qlora: no 4-bit weight in the loaded backbone")
     memory = lora.peak_gib / qlora.peak_gib if lora.peak_gib and qlora.peak_gib else None
-    numbers = {"lora": lora.figures(), "qlora": qlora.figures() | {"quantised_weights": qlora.quantised_weights},
-               "peak_memory_lora_over_qlora": memory}  # fmt: skip
-    summary = (f"LoRA {lora.result.s_per_step * 1e3:.1f} ms/step, QLoRA {qlora.result.s_per_step * 1e3:.1f} ms/step "
-               f"({qlora.quantised_weights} 4-bit weights)"
-               + (f"; peak memory LoRA / QLoRA {memory:.2f}x" if memory else ""))  # fmt: skip
+    numbers = {
+        "lora": lora.figures(),
+        "qlora": qlora.figures() | {"quantised_weights": qlora.quantised_weights},
+        "peak_memory_lora_over_qlora": memory,
+    }
+    summary = (
+        f"LoRA {lora.result.s_per_step * 1e3:.1f} ms/step, QLoRA {qlora.result.s_per_step * 1e3:.1f} ms/step "
+        f"({qlora.quantised_weights} 4-bit weights)"
+        + (f"; peak memory LoRA / QLoRA {memory:.2f}x" if memory else "")
+    )
     return judged(problems, summary, numbers)
 
 
@@ -242,8 +280,18 @@ def check_data_parallel(setup: Setup) -> Outcome:
     alone = train_run(setup, "laya", setup.bases.laya, config, False)
     alone_wall = time.perf_counter() - started  # loading and preparing too, as a rank does
     spec, out = setup.work / "ranks.json", setup.work / "rank0.json"
-    spec.write_text(json.dumps({"base": str(setup.bases.laya), "config": asdict(config), "device": setup.device.type,
-                                "rows": len(setup.records), "state_chars": setup.sizes.state_chars, "out": str(out)}))  # fmt: skip
+    spec.write_text(
+        json.dumps(
+            {
+                "base": str(setup.bases.laya),
+                "config": asdict(config),
+                "device": setup.device.type,
+                "rows": len(setup.records),
+                "state_chars": setup.sizes.state_chars,
+                "out": str(out),
+            }
+        )
+    )
     lines: list[str] = []
     started = time.perf_counter()
     with forced_compile(False):  # the ranks inherit the variable: eager, as the run in this process
@@ -252,15 +300,29 @@ def check_data_parallel(setup: Setup) -> Outcome:
     ranked = json.loads(out.read_text())
     expected = "nccl" if setup.device.type == "cuda" else "gloo"
     difference = max(map(relative, ranked["losses"], alone.losses()))
-    problems = [f"{name}: {got!r}, expected {want!r}" for name, got, want in (
-        ("backend", ranked["backend"], expected), ("world size", ranked["world_size"], 1),
-        ("all-reduce of ones", ranked["all_reduce"], 1.0), ("steps", ranked["steps"], alone.result.steps)) if got != want]  # fmt: skip
+    problems = [
+        f"{name}: {got!r}, expected {want!r}"
+        for name, got, want in (
+            ("backend", ranked["backend"], expected),
+            ("world size", ranked["world_size"], 1),
+            ("all-reduce of ones", ranked["all_reduce"], 1.0),
+            ("steps", ranked["steps"], alone.result.steps),
+        )
+        if got != want
+    ]
     if not difference <= RANKED_LOSS:
         problems.append(f"losses differ from this process's by {difference:.1e}")
-    numbers = {"in_process": alone.figures() | {"wall_seconds": alone_wall}, "torchrun": ranked,
-               "launcher_wall_seconds": wall, "loss_difference": difference, "rank0_lines": lines[-5:]}  # fmt: skip
+    numbers = {
+        "in_process": alone.figures() | {"wall_seconds": alone_wall},
+        "torchrun": ranked,
+        "launcher_wall_seconds": wall,
+        "loss_difference": difference,
+        "rank0_lines": lines[-5:],
+    }
     ratio = ranked["s_per_step"] / alone.result.s_per_step
-    summary = (f"torchrun, 1 rank ({ranked['backend']}): {ranked['s_per_step'] * 1e3:.1f} ms/step, {ratio:.2f}x this "
-               f"process's; {wall:.1f} s from launch to exit against {alone_wall:.1f} s to load and train here; losses within "
-               f"{difference:.1e}")  # fmt: skip
+    summary = (
+        f"torchrun, 1 rank ({ranked['backend']}): {ranked['s_per_step'] * 1e3:.1f} ms/step, {ratio:.2f}x "
+        f"this process's; {wall:.1f} s from launch to exit against {alone_wall:.1f} s to load and train "
+        f"here; losses within {difference:.1e}"
+    )
     return judged(problems, summary, numbers)

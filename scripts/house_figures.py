@@ -3,10 +3,10 @@
     python scripts/house_figures.py            # a table
     python scripts/house_figures.py --json     # one JSON object
 
-Counted over `pipeline/` and `flows/` (the library and its flows) unless a row says otherwise: modules and lines,
-the longest functions, calls that build one of the project's classes with more than 6 positional arguments,
-formatter-skip lines and lines longer than the formatter's 110 characters (also over tests/, benchmarks/ and
-scripts/), the app factory's length, and the flow modules that import `pipeline.cli`.
+Counted over `pipeline/` and `flows/` (the library and its flows) unless a row says otherwise: modules and
+lines, the longest functions, calls that build one of the project's classes with more than 6 positional
+arguments, formatter-skip lines and lines longer than the formatter's 110 characters (also over tests/,
+benchmarks/ and scripts/), the app factory's length, and the flow modules that import `pipeline.cli`.
 """
 
 from __future__ import annotations
@@ -49,8 +49,12 @@ def functions(tree: ast.AST) -> list[ast.FunctionDef | ast.AsyncFunctionDef]:
 
 def project_classes(files: list[Path]) -> set[str]:
     """Names of the classes the project defines (tests' own classes left out)."""
-    return {node.name for path in files for node in ast.walk(ast.parse(path.read_text()))
-            if isinstance(node, ast.ClassDef)}
+    return {
+        node.name
+        for path in files
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.ClassDef)
+    }
 
 
 def called_name(call: ast.Call) -> str | None:
@@ -62,7 +66,8 @@ def called_name(call: ast.Call) -> str | None:
 
 
 def positional_calls(files: list[Path], classes: set[str]) -> list[str]:
-    """`file:line Class(n positional)` for every call building a project class with too many positional args."""
+    """`file:line Class(n positional)` for every call building a project class with too many positional
+    args."""
     found = []
     for path in files:
         for node in ast.walk(ast.parse(path.read_text())):
@@ -125,7 +130,9 @@ def measure() -> Figures:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     figures = measure()
     if parser.parse_args().json:
@@ -133,17 +140,25 @@ def main() -> None:
         return
     print(f"modules (pipeline, flows): {figures.modules}, {figures.lines:,} lines")
     print("longest functions: " + "; ".join(figures.longest_functions))
-    print(f"calls building a project class with > {MAX_POSITIONAL} positional arguments: "
-          f"{len(figures.positional_calls)}")
+    print(
+        f"calls building a project class with > {MAX_POSITIONAL} positional arguments: "
+        f"{len(figures.positional_calls)}"
+    )
     for call in figures.positional_calls:
         print(f"  {call}")
-    print(f"`# fmt: skip` lines: {figures.fmt_skip_library} in pipeline and flows, "
-          f"{figures.fmt_skip_everywhere} with tests, benchmarks and scripts")
-    print(f"lines over {LINE_LENGTH} characters: {figures.long_lines_library} in pipeline and flows, "
-          f"{figures.long_lines_everywhere} everywhere")
+    print(
+        f"`# fmt: skip` lines: {figures.fmt_skip_library} in pipeline and flows, "
+        f"{figures.fmt_skip_everywhere} with tests, benchmarks and scripts"
+    )
+    print(
+        f"lines over {LINE_LENGTH} characters: {figures.long_lines_library} in pipeline and flows, "
+        f"{figures.long_lines_everywhere} everywhere"
+    )
     print(f"create_app: {figures.create_app_lines} lines")
-    print(f"flow modules importing pipeline.cli: {len(figures.flows_importing_cli)} "
-          f"({', '.join(figures.flows_importing_cli) or 'none'})")
+    print(
+        f"flow modules importing pipeline.cli: {len(figures.flows_importing_cli)} "
+        f"({', '.join(figures.flows_importing_cli) or 'none'})"
+    )
 
 
 if __name__ == "__main__":

@@ -1,5 +1,5 @@
-"""Headless Chromium over the MLflow UI as `make ui` starts it: start the UI on a free port, load a page until the
-expected text shows, read its visible text, check its screenshot. Used by the UI tests (tests/flows).
+"""Headless Chromium over the MLflow UI as `make ui` starts it: start the UI on a free port, load a page until
+the expected text shows, read its visible text, check its screenshot. Used by the UI tests (tests/flows).
 
     with make_ui(tmp / "ui.log") as url:
         dom = render(chromium, f"{url}/#/experiments/1/runs", tmp / "page.png", ["my-run"], tmp)
@@ -46,15 +46,16 @@ def chromium_or_skip() -> str:
 def make_ui(log: Path) -> Iterator[str]:
     """`make ui` on a free loopback port over $MLFLOW_TRACKING_URI; its whole process group is stopped after.
 
-    `-o STAMP` keeps make from reinstalling the virtualenv mid-test; the environment drops a parent make's flags
-    (under `make test`) so this runs as `make ui` typed in a shell.
+    `-o STAMP` keeps make from reinstalling the virtualenv mid-test; the environment drops a parent make's
+    flags (under `make test`) so this runs as `make ui` typed in a shell.
     """
     port = free_port()
     env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL")}
     command = ["make", "--no-print-directory", "-o", stamp(env), "ui", f"UI_PORT={port}"]
     with log.open("wb") as out:
-        process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
-                                   start_new_session=True)  # fmt: skip
+        process = subprocess.Popen(
+            command, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+        )
         try:
             url = f"http://127.0.0.1:{port}"
             wait_for_http(f"{url}/health", process, log)
@@ -108,7 +109,8 @@ def running(proc: psutil.Process) -> bool:
 
 
 def render(browser: str, url: str, png: Path, expected: list[str], scratch: Path) -> str:
-    """The page's DOM once every expected string is visible (or after the longest budget), with a screenshot."""
+    """The page's DOM once every expected string is visible (or after the longest budget), with a
+    screenshot."""
     for budget_ms in BUDGETS_MS:
         dom = chromium(browser, url, png, budget_ms, scratch / "profile")
         if all(part in visible_text(dom) for part in expected):
@@ -117,13 +119,24 @@ def render(browser: str, url: str, png: Path, expected: list[str], scratch: Path
 
 
 def chromium(browser: str, url: str, png: Path, budget_ms: int, profile: Path) -> str:
-    """One headless load: the DOM on stdout and a screenshot, both taken when the virtual-time budget runs out.
+    """One headless load: the DOM on stdout and a screenshot, both taken when the virtual-time budget runs
+    out.
 
-    --no-sandbox because CI runs as root; a private profile so parallel runs and a user's own profile never clash.
+    --no-sandbox because CI runs as root; a private profile so parallel runs and a user's own profile never
+    clash.
     """
-    command = [browser, "--headless=new", "--no-sandbox", "--disable-gpu", f"--user-data-dir={profile}",
-               f"--window-size={WINDOW[0]},{WINDOW[1]}", f"--virtual-time-budget={budget_ms}",
-               f"--screenshot={png}", "--dump-dom", url]  # fmt: skip
+    command = [
+        browser,
+        "--headless=new",
+        "--no-sandbox",
+        "--disable-gpu",
+        f"--user-data-dir={profile}",
+        f"--window-size={WINDOW[0]},{WINDOW[1]}",
+        f"--virtual-time-budget={budget_ms}",
+        f"--screenshot={png}",
+        "--dump-dom",
+        url,
+    ]
     png.unlink(missing_ok=True)  # a screenshot left by an earlier run must not pass for this one
     done = subprocess.run(command, capture_output=True, text=True, timeout=budget_ms / 1000 + 60)
     assert done.returncode == 0, f"{browser} failed on {url} ({done.returncode}):\n{done.stderr[-2000:]}"

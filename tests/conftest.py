@@ -44,7 +44,8 @@ FULL_ONLY = {
     "tests/model/test_predict.py::test_a_terminated_command_exits_130": "a real `decision predict` process, "
     "stopped by SIGTERM mid-file",
 }
-"""Test files, folders or tests (a node id's start) that run in `make test-all` only, with what makes them slow."""
+"""Test files, folders or tests (a node id's start) that run in `make test-all` only, with what makes them
+slow."""
 FAST_FLOW = "tests/flows/test_retrain.py::test_a_first_run_is_tracked_registered_smoke_tested_and_promoted"
 """The one tiny flow of the fast tier: the whole retrain chain, end to end, on a tiny model."""
 

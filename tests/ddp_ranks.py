@@ -1,9 +1,9 @@
 """One rank of the data-parallel equality check in `tests/model/test_ddp.py`, as torchrun starts it; the test
 also calls `train_tiny` and `first_window_gradients` in its own process as the one-process reference.
 
-The families' heads carry dropout (Laya's head 0.1, the joint lexical bag 0.3), whose masks each rank draws from
-its own generator: a data-parallel run is then the same in distribution, not in value, so the check turns every
-dropout off and compares values.
+The families' heads carry dropout (Laya's head 0.1, the joint lexical bag 0.3), whose masks each rank draws
+from its own generator: a data-parallel run is then the same in distribution, not in value, so the check turns
+every dropout off and compares values.
 
     python -m torch.distributed.run --standalone --nproc-per-node 2 tests/ddp_ranks.py SPEC OUT
 """
@@ -51,18 +51,22 @@ def train_tiny(data: str, base: str, config: TrainConfig, ranks: Ranks | None = 
     return {name: p.detach().clone() for name, p in _trainable(model).items()}, result
 
 
-def first_window_gradients(data: str, base: str, config: TrainConfig,
-                           ranks: Ranks | None = None) -> dict[str, torch.Tensor]:  # fmt: skip
-    """The gradient of the first window's mean loss at the start, by parameter; with `ranks`, this rank's share
-    of the window all-reduced as the loop does it."""
+def first_window_gradients(
+    data: str, base: str, config: TrainConfig, ranks: Ranks | None = None
+) -> dict[str, torch.Tensor]:
+    """The gradient of the first window's mean loss at the start, by parameter; with `ranks`, this rank's
+    share of the window all-reduced as the loop does it."""
     ranks = ranks or Ranks()
     model, ready, task = _ready(data, base, config)
     window = plan_windows(len(ready), config, [len(e) for e in ready])[0]
     model.train()
     loss = accumulate_gradients(
-        ranks.shard(window), ready, config.micro_batch,
-        lambda indices: task.summed_loss(model, task.collate([ready[i] for i in indices]), None), len(window),
-    )  # fmt: skip
+        ranks.shard(window),
+        ready,
+        config.micro_batch,
+        lambda indices: task.summed_loss(model, task.collate([ready[i] for i in indices]), None),
+        len(window),
+    )
     trainable = _trainable(model)
     ranks.reduce(list(trainable.values()), loss)
     return {name: torch.zeros_like(p) if p.grad is None else p.grad.clone() for name, p in trainable.items()}

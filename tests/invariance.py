@@ -4,8 +4,11 @@ tests/api/test_conformance.py over HTTP): the questions, and how two answers are
 import numpy as np
 
 TOL = 1e-4  # docs/serving.md: an answer moves with nothing but its question and the state, beyond float rounding
-TONE = {"type": "choice", "instructions": "What is the tone?",
-        "criteria": {"negative": None, "neutral": "neither", "positive": None}}  # fmt: skip
+TONE = {
+    "type": "choice",
+    "instructions": "What is the tone?",
+    "criteria": {"negative": None, "neutral": "neither", "positive": None},
+}
 INTENSITY = {"type": "score", "instructions": "How intense?", "criteria": ["none", "mild", "strong"]}
 POSITIVE = {"type": "noul", "instructions": "The text is positive.", "criteria": None}
 OTHERS = {

@@ -81,7 +81,8 @@ class Postgres:
         return f"{driver}://{PG_USER}:{self.password}@127.0.0.1:{self.port}/{database}"
 
     def create_database(self, name: str) -> str:
-        """A fresh database; its `postgresql://` URI (SQLAlchemy 2.1 reads it with psycopg 3, as MLflow does)."""
+        """A fresh database; its `postgresql://` URI (SQLAlchemy 2.1 reads it with psycopg 3, as MLflow
+        does)."""
         import psycopg
 
         # autocommit: CREATE DATABASE cannot run inside a transaction.
@@ -92,8 +93,11 @@ class Postgres:
     def stop(self) -> None:
         """Stop the server now (a database that went down); the cluster is deleted on exit as usual."""
         with contextlib.suppress(RuntimeError):
-            _run(_as_postgres_user([str(self.bin_dir / "pg_ctl"), "-D", str(self.data), "-m", "immediate",
-                                    "-w", "stop"]))  # fmt: skip
+            _run(
+                _as_postgres_user(
+                    [str(self.bin_dir / "pg_ctl"), "-D", str(self.data), "-m", "immediate", "-w", "stop"]
+                )
+            )
 
 
 def _as_postgres_user(command: list[str]) -> list[str]:
@@ -115,11 +119,39 @@ def postgres_cluster() -> Iterator[Postgres]:
     port = free_port()
     cluster = Postgres(port, password, data, bin_dir)
     try:  # a failed initdb or start removes the folder too
-        _run(_as_postgres_user([str(bin_dir / "initdb"), "-D", str(data), "-U", PG_USER, "--auth=scram-sha-256",
-                                f"--pwfile={root / 'pw'}", "-E", "UTF8"]))  # fmt: skip
+        _run(
+            _as_postgres_user(
+                [
+                    str(bin_dir / "initdb"),
+                    "-D",
+                    str(data),
+                    "-U",
+                    PG_USER,
+                    "--auth=scram-sha-256",
+                    f"--pwfile={root / 'pw'}",
+                    "-E",
+                    "UTF8",
+                ]
+            )
+        )
         options = f"-p {port} -k {root} -c listen_addresses=127.0.0.1 -c fsync=off -c max_connections=200"
-        _run(_as_postgres_user([str(bin_dir / "pg_ctl"), "-D", str(data), "-l", str(root / "server.log"),
-                                "-o", options, "-w", "-t", "60", "start"]))  # fmt: skip
+        _run(
+            _as_postgres_user(
+                [
+                    str(bin_dir / "pg_ctl"),
+                    "-D",
+                    str(data),
+                    "-l",
+                    str(root / "server.log"),
+                    "-o",
+                    options,
+                    "-w",
+                    "-t",
+                    "60",
+                    "start",
+                ]
+            )
+        )
         yield cluster
     finally:
         if (data / "postmaster.pid").exists():
@@ -140,10 +172,24 @@ def mlflow_server(
     """`mlflow server` on `backend_uri` with proxied artifacts in `artifacts`, one worker on a free loopback
     port; its URL once /health answers."""
     port = free_port()
-    command = [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", backend_uri,
-               "--artifacts-destination", str(artifacts), "--host", "127.0.0.1", "--port", str(port),
-               "--workers", "1"]  # fmt: skip
-    # No job runner: it starts more processes and is not used here (0.4 GB of memory instead of 2.4 GB, measured).
+    command = [
+        sys.executable,
+        "-m",
+        "mlflow",
+        "server",
+        "--backend-store-uri",
+        backend_uri,
+        "--artifacts-destination",
+        str(artifacts),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--workers",
+        "1",
+    ]
+    # No job runner: it starts more processes and is not used here (0.4 GB of memory instead of 2.4 GB,
+    # measured).
     server_env = (env or dict(os.environ)) | {"MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
     url = f"http://127.0.0.1:{port}"
     with background(command, server_env, log) as server:
@@ -172,8 +218,8 @@ def prefect_env(home: Path, api: str | None = None, **extra: str) -> dict[str, s
 
 @contextlib.contextmanager
 def prefect_server(database_url: str | None, home: Path) -> Iterator[str]:
-    """`python -m flows.server` (`prefect server start`) on a free loopback port, its database at `database_url`
-    (`postgresql+asyncpg://…`; None: SQLite in `home`); its API URL once healthy."""
+    """`python -m flows.server` (`prefect server start`) on a free loopback port, its database at
+    `database_url` (`postgresql+asyncpg://…`; None: SQLite in `home`); its API URL once healthy."""
     home.mkdir(parents=True, exist_ok=True)
     port = free_port()
     database = {"PREFECT_API_DATABASE_CONNECTION_URL": database_url} if database_url else {}

@@ -35,19 +35,38 @@ def tiny_tokenizer():
     )
     backend.normalizer = normalizers.BertNormalizer(lowercase=True)
     backend.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
-    return PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="[UNK]", pad_token="[PAD]",
-                                   cls_token="[CLS]", sep_token="[SEP]", mask_token="[MASK]")  # fmt: skip
+    return PreTrainedTokenizerFast(
+        tokenizer_object=backend,
+        unk_token="[UNK]",
+        pad_token="[PAD]",
+        cls_token="[CLS]",
+        sep_token="[SEP]",
+        mask_token="[MASK]",
+    )
 
 
-def tiny_model(seed: int = 0, hidden: int = 32, layers: int = 2, dropout: float = 0.0, heads: int = 2,
-               intermediate: int | None = None):  # fmt: skip
+def tiny_model(
+    seed: int = 0,
+    hidden: int = 32,
+    layers: int = 2,
+    dropout: float = 0.0,
+    heads: int = 2,
+    intermediate: int | None = None,
+):
     """A random BERT encoder (feed-forward `intermediate` wide, 2 x hidden by default) under a Laya head."""
     from laya.common import DecisionModel
     from transformers import BertConfig, BertModel
 
-    config = BertConfig(vocab_size=200, hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads,
-                        intermediate_size=intermediate or 2 * hidden, max_position_embeddings=256,
-                        hidden_dropout_prob=dropout, attention_probs_dropout_prob=dropout)  # fmt: skip
+    config = BertConfig(
+        vocab_size=200,
+        hidden_size=hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        intermediate_size=intermediate or 2 * hidden,
+        max_position_embeddings=256,
+        hidden_dropout_prob=dropout,
+        attention_probs_dropout_prob=dropout,
+    )
     torch.manual_seed(seed)
     config._attn_implementation = "sdpa"
     encoder = BertModel(config)
@@ -65,15 +84,27 @@ def write_tiny_base(
     from laya.train import save_checkpoint
 
     tokenizer = tiny_tokenizer()
-    cfg = {"encoder": "tiny-bert", "head_layers": 1, "act_costs": {"defer": 0.1}, "temperature": [1.0, 1.0, 1.0],
-           "temperature_by_options": {}, "max_len": max_len, "head_max_len": head_max_len, "amp_dtype": "bf16",
-           "fine_tuned": False, "training": {}}  # fmt: skip
+    cfg = {
+        "encoder": "tiny-bert",
+        "head_layers": 1,
+        "act_costs": {"defer": 0.1},
+        "temperature": [1.0, 1.0, 1.0],
+        "temperature_by_options": {},
+        "max_len": max_len,
+        "head_max_len": head_max_len,
+        "amp_dtype": "bf16",
+        "fine_tuned": False,
+        "training": {},
+    }
     save_checkpoint(tiny_model(seed, layers=layers, **sizes), tokenizer, cfg, str(folder))
     return folder
 
 
-SENTENCES = [" ".join(WORDS), "What is the tone? The order was late and the box was broken.",
-             '{"negative": null, "neutral": null, "positive": null} ["false", "true"] options: - tone (choice):']  # fmt: skip
+SENTENCES = [
+    " ".join(WORDS),
+    "What is the tone? The order was late and the box was broken.",
+    '{"negative": null, "neutral": null, "positive": null} ["false", "true"] options: - tone (choice):',
+]
 """What the tiny BPE and Unigram tokenizers are trained on, in memory."""
 
 
@@ -88,24 +119,34 @@ def _trained_bpe(specials: list[str], vocab_size: int):
 
 
 def tiny_bpe_tokenizer(vocab_size: int = 320):
-    """A byte-level BPE tokenizer trained in memory on a few sentences (Qwen/Llama-like; nothing downloaded)."""
+    """A byte-level BPE tokenizer trained in memory on a few sentences (Qwen/Llama-like; nothing
+    downloaded)."""
     from transformers import PreTrainedTokenizerFast
 
     specials = ["<|begin_of_text|>", "<|end_of_text|>", "<|pad|>"]
-    return PreTrainedTokenizerFast(tokenizer_object=_trained_bpe(specials, vocab_size), bos_token=specials[0],
-                                   eos_token=specials[1], pad_token=specials[2])  # fmt: skip
+    return PreTrainedTokenizerFast(
+        tokenizer_object=_trained_bpe(specials, vocab_size),
+        bos_token=specials[0],
+        eos_token=specials[1],
+        pad_token=specials[2],
+    )
 
 
 ENCODER_ARCHITECTURES = ("bert", "roberta", "deberta-v2", "modernbert")
 """The plain Hugging Face encoders `write_tiny_encoder` builds (model_type names)."""
-BERT_SPECIALS = {"pad_token": "[PAD]", "unk_token": "[UNK]", "cls_token": "[CLS]", "sep_token": "[SEP]",
-                 "mask_token": "[MASK]"}  # fmt: skip
+BERT_SPECIALS = {
+    "pad_token": "[PAD]",
+    "unk_token": "[UNK]",
+    "cls_token": "[CLS]",
+    "sep_token": "[SEP]",
+    "mask_token": "[MASK]",
+}
 
 
 def tiny_encoder_tokenizer(arch: str):
-    """A tokenizer built the way `arch`'s own is: WordPiece with [CLS]/[SEP] (BERT), byte-level BPE whose cls and
-    sep are <s> and </s> (RoBERTa), a SentencePiece-style Unigram with [CLS]/[SEP] (DeBERTa-v2), byte-level BPE
-    with [CLS]/[SEP] (ModernBERT)."""
+    """A tokenizer built the way `arch`'s own is: WordPiece with [CLS]/[SEP] (BERT), byte-level BPE whose cls
+    and sep are <s> and </s> (RoBERTa), a SentencePiece-style Unigram with [CLS]/[SEP] (DeBERTa-v2),
+    byte-level BPE with [CLS]/[SEP] (ModernBERT)."""
     from tokenizers import SentencePieceUnigramTokenizer
     from transformers import PreTrainedTokenizerFast
 
@@ -113,9 +154,16 @@ def tiny_encoder_tokenizer(arch: str):
         return tiny_tokenizer()
     if arch == "roberta":
         specials = ["<s>", "<pad>", "</s>", "<unk>", "<mask>"]  # RoBERTa's ids: <s> 0, <pad> 1, </s> 2
-        return PreTrainedTokenizerFast(tokenizer_object=_trained_bpe(specials, 320), bos_token="<s>", eos_token="</s>",
-                                       cls_token="<s>", sep_token="</s>", pad_token="<pad>", unk_token="<unk>",
-                                       mask_token="<mask>")  # fmt: skip
+        return PreTrainedTokenizerFast(
+            tokenizer_object=_trained_bpe(specials, 320),
+            bos_token="<s>",
+            eos_token="</s>",
+            cls_token="<s>",
+            sep_token="</s>",
+            pad_token="<pad>",
+            unk_token="<unk>",
+            mask_token="<mask>",
+        )
     specials = list(BERT_SPECIALS.values())
     if arch == "deberta-v2":
         trainer = SentencePieceUnigramTokenizer()
@@ -126,10 +174,11 @@ def tiny_encoder_tokenizer(arch: str):
     return PreTrainedTokenizerFast(tokenizer_object=_trained_bpe(specials, 320), **BERT_SPECIALS)
 
 
-def write_tiny_encoder(folder: Path, arch: str = "bert", seed: int = 0, hidden: int = 32, layers: int = 2,
-                       positions: int = 128) -> Path:  # fmt: skip
-    """A tiny random plain Hugging Face encoder of `arch` (one of `ENCODER_ARCHITECTURES`) with its tokenizer, as
-    `save_pretrained` writes a checkpoint; it reaches `positions` tokens."""
+def write_tiny_encoder(
+    folder: Path, arch: str = "bert", seed: int = 0, hidden: int = 32, layers: int = 2, positions: int = 128
+) -> Path:
+    """A tiny random plain Hugging Face encoder of `arch` (one of `ENCODER_ARCHITECTURES`) with its tokenizer,
+    as `save_pretrained` writes a checkpoint; it reaches `positions` tokens."""
     from transformers import AutoModel
 
     tokenizer = tiny_encoder_tokenizer(arch)
@@ -144,26 +193,49 @@ def write_tiny_encoder(folder: Path, arch: str = "bert", seed: int = 0, hidden: 
 def _tiny_encoder_config(arch: str, tokenizer, hidden: int, layers: int, positions: int):
     from transformers import BertConfig, DebertaV2Config, ModernBertConfig, RobertaConfig
 
-    sizes = {"vocab_size": len(tokenizer), "hidden_size": hidden, "num_hidden_layers": layers,
-             "num_attention_heads": 2, "intermediate_size": 2 * hidden, "pad_token_id": tokenizer.pad_token_id}  # fmt: skip
+    sizes = {
+        "vocab_size": len(tokenizer),
+        "hidden_size": hidden,
+        "num_hidden_layers": layers,
+        "num_attention_heads": 2,
+        "intermediate_size": 2 * hidden,
+        "pad_token_id": tokenizer.pad_token_id,
+    }
     if arch == "bert":
         return BertConfig(max_position_embeddings=positions, **sizes)
     if arch == "roberta":  # positions are numbered from pad_token_id + 1, as RoBERTa's 514 reach 512 tokens
-        return RobertaConfig(max_position_embeddings=positions + tokenizer.pad_token_id + 1,
-                             bos_token_id=tokenizer.cls_token_id, eos_token_id=tokenizer.sep_token_id, **sizes)  # fmt: skip
+        return RobertaConfig(
+            max_position_embeddings=positions + tokenizer.pad_token_id + 1,
+            bos_token_id=tokenizer.cls_token_id,
+            eos_token_id=tokenizer.sep_token_id,
+            **sizes,
+        )
     if arch == "deberta-v2":  # DeBERTa-v3's settings: relative attention only, no absolute positions
-        return DebertaV2Config(max_position_embeddings=positions, relative_attention=True, position_buckets=64,
-                               position_biased_input=False, pos_att_type=["p2c", "c2p"], norm_rel_ebd="layer_norm",
-                               share_att_key=True, **sizes)  # fmt: skip
-    ids = {"cls_token_id": tokenizer.cls_token_id, "sep_token_id": tokenizer.sep_token_id,
-           "bos_token_id": tokenizer.cls_token_id, "eos_token_id": tokenizer.sep_token_id}  # fmt: skip
+        return DebertaV2Config(
+            max_position_embeddings=positions,
+            relative_attention=True,
+            position_buckets=64,
+            position_biased_input=False,
+            pos_att_type=["p2c", "c2p"],
+            norm_rel_ebd="layer_norm",
+            share_att_key=True,
+            **sizes,
+        )
+    ids = {
+        "cls_token_id": tokenizer.cls_token_id,
+        "sep_token_id": tokenizer.sep_token_id,
+        "bos_token_id": tokenizer.cls_token_id,
+        "eos_token_id": tokenizer.sep_token_id,
+    }
     return ModernBertConfig(max_position_embeddings=positions, local_attention=64, **ids, **sizes)
 
 
-def write_tiny_causal_lm(folder: Path, seed: int = 0, hidden: int = 64, layers: int = 2, arch: str = "qwen3",
-                         **extra) -> Path:  # fmt: skip
-    """A tiny random Qwen3 (or `arch="llama"`: Llama) causal LM (tied embeddings) with the tiny BPE tokenizer, as a
-    local checkpoint; `extra` goes to the config over the tiny sizes (e.g. sliding-window settings, head counts)."""
+def write_tiny_causal_lm(
+    folder: Path, seed: int = 0, hidden: int = 64, layers: int = 2, arch: str = "qwen3", **extra
+) -> Path:
+    """A tiny random Qwen3 (or `arch="llama"`: Llama) causal LM (tied embeddings) with the tiny BPE tokenizer,
+    as a local checkpoint; `extra` goes to the config over the tiny sizes (e.g. sliding-window settings, head
+    counts)."""
     from transformers import LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM
 
     tokenizer = tiny_bpe_tokenizer()
@@ -171,10 +243,21 @@ def write_tiny_causal_lm(folder: Path, seed: int = 0, hidden: int = 64, layers: 
         "qwen3": (Qwen3Config, Qwen3ForCausalLM),
         "llama": (LlamaConfig, LlamaForCausalLM),
     }[arch]
-    sizes = {"vocab_size": 512, "intermediate_size": 2 * hidden, "num_attention_heads": 4, "num_key_value_heads": 2,
-             "head_dim": 16, "max_position_embeddings": 1024} | extra  # fmt: skip
-    config = config_class(hidden_size=hidden, num_hidden_layers=layers, tie_word_embeddings=True,
-                          pad_token_id=tokenizer.pad_token_id, **sizes)  # fmt: skip
+    sizes = {
+        "vocab_size": 512,
+        "intermediate_size": 2 * hidden,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 16,
+        "max_position_embeddings": 1024,
+    } | extra
+    config = config_class(
+        hidden_size=hidden,
+        num_hidden_layers=layers,
+        tie_word_embeddings=True,
+        pad_token_id=tokenizer.pad_token_id,
+        **sizes,
+    )
     torch.manual_seed(seed)
     model_class(config).save_pretrained(folder)
     tokenizer.save_pretrained(folder)
@@ -182,8 +265,9 @@ def write_tiny_causal_lm(folder: Path, seed: int = 0, hidden: int = 64, layers: 
 
 
 def synthetic_records(n: int, seed: int = 0, state_chars: int = 120) -> list[Record]:
-    """`n` clean synthetic rows as the records validation would keep of them (every decision of each), read with
-    the contract's own parsers and without the validation schema (pandera), which the lent GPU machine lacks."""
+    """`n` clean synthetic rows as the records validation would keep of them (every decision of each), read
+    with the contract's own parsers and without the validation schema (pandera), which the lent GPU machine
+    lacks."""
     return [_record(index, row) for index, row in enumerate(synthetic.generate_rows(n, seed, 0, state_chars))]
 
 
@@ -199,7 +283,8 @@ def _record(index: int, row: dict[str, Any]) -> Record:
 
 
 def without_dropout(model: torch.nn.Module) -> None:
-    """Every dropout of the model off, in training mode too (modules and the float rates some modules keep)."""
+    """Every dropout of the model off, in training mode too (modules and the float rates some modules
+    keep)."""
     for module in model.modules():
         if isinstance(module, torch.nn.Dropout):
             module.p = 0.0
@@ -231,10 +316,19 @@ def write_learnable_rows(path: Path, n: int, seed: int = 0) -> Path:
     return synthetic.write_rows(rows, path)
 
 
-# The joint family's `head` method on a tiny base: a high learning rate and many epochs, so a few dozen learnable
-# rows are learned in seconds.
-JOINT_HEAD = TrainConfig(family="joint", method="head", micro_batch=8, grad_accum=1, head_lr=3e-3, head_width=32,
-                         epochs=30, log_every=5, precision="fp32")  # fmt: skip
+# The joint family's `head` method on a tiny base: a high learning rate and many epochs, so a few dozen
+# learnable rows are learned in seconds.
+JOINT_HEAD = TrainConfig(
+    family="joint",
+    method="head",
+    micro_batch=8,
+    grad_accum=1,
+    head_lr=3e-3,
+    head_width=32,
+    epochs=30,
+    log_every=5,
+    precision="fp32",
+)
 
 
 def load_joint_on(base: Path, config: TrainConfig = JOINT_HEAD):
@@ -274,5 +368,10 @@ def contrary_row(row: dict[str, Any]) -> dict[str, Any]:
     taught, this contradicts."""
     gold = row["gold"]
     tone = gold["tone"]["label"] if isinstance(gold["tone"], dict) else gold["tone"]
-    return row | {"gold": {"tone": "negative" if tone != "negative" else "positive",
-                           "intensity": (gold["intensity"] + 2) % 5, "is_negative": not gold["is_negative"]}}  # fmt: skip
+    return row | {
+        "gold": {
+            "tone": "negative" if tone != "negative" else "positive",
+            "intensity": (gold["intensity"] + 2) % 5,
+            "is_negative": not gold["is_negative"],
+        }
+    }

@@ -1,6 +1,6 @@
-"""`decision harvest`: the Prefect `harvest` flow (flows/harvest.py) in its own process: labelled served decisions
-become a new pinned revision of the run's data set. The target and the inference log are checked here first (one
-line, exit 2).
+"""`decision harvest`: the Prefect `harvest` flow (flows/harvest.py) in its own process: labelled served
+decisions become a new pinned revision of the run's data set. The target and the inference log are checked
+here first (one line, exit 2).
 
 decision harvest --run-config tickets                      # into the data set configs/tickets.yaml trains on
 decision harvest --run-config tickets --inference postgresql://...  --json
@@ -23,10 +23,12 @@ def add_harvest(commands) -> None:
     harvest = commands.add_parser(
         "harvest",
         help="labelled decisions into a new pinned revision of the run's data set (the harvest flow)",
-        description="Run the Prefect flow `harvest`: join feedback to the inference log, validate the rows, write "
-        "one new shard into the data set, pin it (dvc add, a git commit), record it in MLflow.",
+        description="Run the Prefect flow `harvest`: join feedback to the inference log, validate the rows, "
+        "write one new shard into the data set, pin it (dvc add, a git commit), record it in MLflow.",
     )
-    harvest.add_argument("--run-config", metavar="NAME", help="configs/NAME.yaml: its retrain.data is the target")
+    harvest.add_argument(
+        "--run-config", metavar="NAME", help="configs/NAME.yaml: its retrain.data is the target"
+    )
     harvest.add_argument("--dataset", help="a folder of shards (default: the run's retrain.data)")
     harvest.add_argument("--inference", metavar="DIR|URL", help=INFERENCE_HELP)
     harvest.add_argument(

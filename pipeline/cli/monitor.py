@@ -1,5 +1,6 @@
-"""`decision monitor`: the Prefect `monitor` flow (flows/monitor.py) in its own process; its inputs (the params,
-the model's version, the inference log, the reference data) are checked here first, one line and exit 2.
+"""`decision monitor`: the Prefect `monitor` flow (flows/monitor.py) in its own process; its inputs (the
+params, the model's version, the inference log, the reference data) are checked here first, one line and exit
+2.
 
 decision monitor                                             # decision-model@champion, the last monitor.window_hours
 decision monitor --model tickets@champion --inference /srv/inference --window-hours 6 --json
@@ -18,12 +19,12 @@ from pipeline.config import MAX_WINDOW_HOURS, MonitorConfig
 from pipeline.strict_json import to_json
 
 DESCRIPTION = (
-    "Judge a window of served decisions (the inference store) against the rows the serving version trained on, "
-    "answered by that same version: Evidently's data drift preset over state length and kind, the question mix, "
-    "and per question the chosen option and its top probability; expected accuracy against the accuracy measured "
-    "on the decisions with feedback. The HTML report goes to the version's MLflow run (monitoring/) and to "
-    "<inference>/monitor/, whose latest.json the server's /metrics reads; a drifted window emits the Prefect event "
-    "decision.drift.detected (docs/flywheel.md, Drift)."
+    "Judge a window of served decisions (the inference store) against the rows the serving version trained "
+    "on, answered by that same version: Evidently's data drift preset over state length and kind, the "
+    "question mix, and per question the chosen option and its top probability; expected accuracy against the "
+    "accuracy measured on the decisions with feedback. The HTML report goes to the version's MLflow run "
+    "(monitoring/) and to <inference>/monitor/, whose latest.json the server's /metrics reads; a drifted "
+    "window emits the Prefect event decision.drift.detected (docs/flywheel.md, Drift)."
 )
 DEFAULT_MODEL = "decision-model@champion"
 
@@ -75,10 +76,12 @@ def add_monitor(commands) -> None:
         "--window-end",
         type=window_end,
         metavar="ISO",
-        help="the window's end, e.g. 2026-12-03T10:00:00+00:00, not in the future; one without a time zone is "
-        "UTC (default: now)",
+        help="the window's end, e.g. 2026-12-03T10:00:00+00:00, not in the future; one without a time zone "
+        "is UTC (default: now)",
     )
-    monitor.add_argument("--reference", metavar="DATA", help="the data the version trained on (default: its `data` tag)")
+    monitor.add_argument(
+        "--reference", metavar="DATA", help="the data the version trained on (default: its `data` tag)"
+    )
     monitor.add_argument("--params", default="params.yaml", help="the params file")
     monitor.add_argument("--run-config", help=RUN_CONFIG_HELP)
     add_output_flags(monitor, FLOW_QUIET_HELP)

@@ -4,8 +4,9 @@ decision retrain                         # params.yaml: pins, validate, train, c
 decision retrain --run-config tiny --json
 decision retrain --allow-unpinned        # data or base not pinned yet: the version is then held
 
-The run's inputs are checked here first (a bad config, an unpinned or changed input, data with no rows, a base no
-family trains from: one line, exit 2, before a flow run starts); the flow's own process checks them once more.
+The run's inputs are checked here first (a bad config, an unpinned or changed input, data with no rows, a base
+no family trains from: one line, exit 2, before a flow run starts); the flow's own process checks them once
+more.
 """
 
 from __future__ import annotations
@@ -28,9 +29,9 @@ def add_retrain(commands) -> None:
     retrain = commands.add_parser(
         "retrain",
         help="run the Prefect retrain flow (what make run does)",
-        description="Pins, validation, slice, training, calibration, export, MLflow, registration, smoke test, "
-        "promotion gate; reruns skip finished work. Exit 2 when the inputs are refused (before a flow run "
-        "starts) or another process runs the same run; 130 when interrupted (a rerun resumes).",
+        description="Pins, validation, slice, training, calibration, export, MLflow, registration, smoke "
+        "test, promotion gate; reruns skip finished work. Exit 2 when the inputs are refused (before a flow "
+        "run starts) or another process runs the same run; 130 when interrupted (a rerun resumes).",
     )
     retrain.add_argument("--params", default="params.yaml", help="the params file")
     retrain.add_argument("--run-config", help=RUN_CONFIG_HELP)
@@ -38,15 +39,15 @@ def add_retrain(commands) -> None:
     retrain.add_argument(
         "--allow-unpinned",
         action="store_true",
-        help="train even when dvc.lock is missing or does not pin the data or base (refused otherwise); the run "
-        "and version are tagged allow_unpinned=true and the gate holds the version: decision promote VERSION "
-        "--force promotes it",
+        help="train even when dvc.lock is missing or does not pin the data or base (refused otherwise); the "
+        "run and version are tagged allow_unpinned=true and the gate holds the version: decision promote "
+        "VERSION --force promotes it",
     )
     retrain.add_argument(
         "--only-new-data",
         action="store_true",
-        help="skip (saying why) when the champion was trained on this data revision already (what the scheduled "
-        "and automated retrains do)",
+        help="skip (saying why) when the champion was trained on this data revision already (what the "
+        "scheduled and automated retrains do)",
     )
     add_output_flags(retrain, FLOW_QUIET_HELP)
     retrain.set_defaults(handler=handle_retrain)
@@ -63,8 +64,9 @@ def handle_retrain(args: argparse.Namespace) -> int:
     return retrain(args, parameters, args.json, args.quiet)
 
 
-def retrain(args: argparse.Namespace, parameters: dict[str, Any], as_json: bool = False,
-            quiet: bool = False) -> int:  # fmt: skip
+def retrain(
+    args: argparse.Namespace, parameters: dict[str, Any], as_json: bool = False, quiet: bool = False
+) -> int:
     """Check the run's inputs here, then run the flow on `parameters` (its own, by name) and print its result;
     the flow's exit code."""
     from pipeline.config import load_params
@@ -73,7 +75,9 @@ def retrain(args: argparse.Namespace, parameters: dict[str, Any], as_json: bool 
 
     params_file, run_config = parameters.get("params_file", "params.yaml"), parameters.get("run_config")
     try:
-        check_inputs(load_params(params_file, run_config), allow_unpinned=parameters.get("allow_unpinned", False))
+        check_inputs(
+            load_params(params_file, run_config), allow_unpinned=parameters.get("allow_unpinned", False)
+        )
     except REFUSED_INPUTS as error:
         return refuse(args, error)
     launched = launch_flow("flows.retrain", parameters, quiet)
@@ -98,7 +102,9 @@ def print_summary(result, run_config: str | None = None) -> None:
     out, release, train = console(), result.release, result.train
     out.print(result.tracked.revision.line())
     heldout = result.heldout
-    table = Table(title=f"{release.model} version {release.version}: held-out {heldout['decisions']} decisions")
+    table = Table(
+        title=f"{release.model} version {release.version}: held-out {heldout['decisions']} decisions"
+    )
     for column in ("model", "accuracy", "record acc.", "ECE", "Brier"):
         table.add_column(column, justify="right" if column != "model" else "left")
     for model in [m for m in MODELS if m in heldout]:  # a bag of words where fitted
@@ -108,8 +114,10 @@ def print_summary(result, run_config: str | None = None) -> None:
     out.print(_calibrator_line(result.calibration))
     out.print(f"{_smoke_line(release.smoke)}; gate: {'; '.join(release.gate.reasons)}")
     champion = "none yet" if release.gate.champion is None else f"version {release.gate.champion}"
-    out.print(f"champion: {champion}; {train.steps} steps in {train.train_seconds:.0f} s; MLflow run "
-              f"{result.tracked.mlflow_run_id}")  # fmt: skip
+    out.print(
+        f"champion: {champion}; {train.steps} steps in {train.train_seconds:.0f} s; MLflow run "
+        f"{result.tracked.mlflow_run_id}"
+    )
     for warning in train.warnings:
         out.print(f"[bold yellow]warning[/]: the fine-tune did not learn: {warning}")
     for notice in result.calibration.notices:
@@ -127,7 +135,9 @@ def _calibrator_line(calibration) -> str:
 
 
 def _smoke_line(smoke) -> str:
-    failed = "" if smoke.passed else f": {'; '.join(smoke.failures or ['see the version tag smoke_failures'])}"
+    failed = (
+        "" if smoke.passed else f": {'; '.join(smoke.failures or ['see the version tag smoke_failures'])}"
+    )
     return (
         f"smoke test: {'passed' if smoke.passed else 'FAILED'}{failed} (agreement {smoke.agreement}, "
         f"p50 {smoke.latency_ms['p50']} ms)"
@@ -138,9 +148,13 @@ def _print_next(out, release, run_config: str | None) -> None:
     """The next commands: serving where there is a champion, else how to promote the held version by hand."""
     serve = f"make serve NAME={run_config}" if run_config else "make serve"
     if release.gate.champion is None:
-        out.print(f"[bold yellow]no champion[/]: version {release.version} is held as challenger, so {serve} has "
-                  f"nothing to serve yet; once the reasons above are understood, decision promote "
-                  f"{release.version} --name {release.model} --force promotes it by hand")  # fmt: skip
+        out.print(
+            f"[bold yellow]no champion[/]: version {release.version} is held as challenger, so {serve} has "
+            f"nothing to serve yet; once the reasons above are understood, decision promote "
+            f"{release.version} --name {release.model} --force promotes it by hand"
+        )
     serving = "" if release.gate.champion is None else f"[bold]{serve}[/] (Decision API on @champion), "
-    out.print(f"next: [bold]make ui[/] (MLflow UI), {serving}[bold]make schedule[/] (weekly retraining on a "
-              "local Prefect server)")  # fmt: skip
+    out.print(
+        f"next: [bold]make ui[/] (MLflow UI), {serving}[bold]make schedule[/] (weekly retraining on a "
+        "local Prefect server)"
+    )

@@ -45,7 +45,8 @@ class ReviewQueue:
 
 
 def logged_model(text: str) -> str:
-    """`--model`: NAME (every version) or NAME/VERSION, the version a number, as the inference log names it."""
+    """`--model`: NAME (every version) or NAME/VERSION, the version a number, as the inference log names
+    it."""
     name, _, version = text.partition("/")
     if not name.strip() or (version and not version.isdigit()):
         raise argparse.ArgumentTypeError(

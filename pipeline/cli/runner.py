@@ -1,11 +1,11 @@
-"""What every `decision` command does around its work, written once: an error the user can act on is one line on
-stderr (`decision COMMAND: ...`) with its exit code, and the result is printed as one JSON object (`--json`) or
-as the command's text.
+"""What every `decision` command does around its work, written once: an error the user can act on is one line
+on stderr (`decision COMMAND: ...`) with its exit code, and the result is printed as one JSON object
+(`--json`) or as the command's text.
 
     return run_command(args, lambda: export_folder(args.adapter, args.out), print_exported)
 
-Exit codes: 0 done; 2 the user's input refused before any work (a bad flag, config, source, slice, mapping, base,
-registered model, or a model that is not there); 1 a file that cannot be read or a step that failed; 130
+Exit codes: 0 done; 2 the user's input refused before any work (a bad flag, config, source, slice, mapping,
+base, registered model, or a model that is not there); 1 a file that cannot be read or a step that failed; 130
 interrupted (Ctrl-C or SIGTERM).
 """
 
@@ -62,8 +62,8 @@ def run_command(
 
 
 def input_errors() -> tuple[type[Exception], ...]:
-    """The project's errors that say the user's input is wrong (exit 2): imported when a command has run, so that
-    `decision --help` answers without the libraries behind them."""
+    """The project's errors that say the user's input is wrong (exit 2): imported when a command has run, so
+    that `decision --help` answers without the libraries behind them."""
     from pipeline.config import ConfigError
     from pipeline.data.mapping import MappingError
     from pipeline.data.read import BadSlice, BadSource

@@ -15,9 +15,9 @@ from pipeline.cli.runner import refuse
 from pipeline.strict_json import to_json
 
 DESCRIPTION = (
-    "Search train.* settings from a YAML space file (docs/sweeps.md) with Optuna: TPE sampling, a median pruner "
-    "on each trial's validation curve, every trial an MLflow child run under one parent run, all on one "
-    "validated split. Trials are ranked on the validation split only; the best goes on through export, "
+    "Search train.* settings from a YAML space file (docs/sweeps.md) with Optuna: TPE sampling, a median "
+    "pruner on each trial's validation curve, every trial an MLflow child run under one parent run, all on "
+    "one validated split. Trials are ranked on the validation split only; the best goes on through export, "
     "registration, its model card, the smoke test and the promotion gate as a challenger. A killed sweep "
     "resumes when run again (the same space and params)."
 )
@@ -32,7 +32,9 @@ def add_sweep(commands) -> None:
     sweep.add_argument("--space", required=True, metavar="FILE", help="the search space (docs/sweeps.md)")
     sweep.add_argument("--params", default="params.yaml", help="the params file")
     sweep.add_argument("--run-config", help=RUN_CONFIG_HELP)
-    sweep.add_argument("--trials", type=int, metavar="N", help="the trial budget (default: the space file's `trials:`)")
+    sweep.add_argument(
+        "--trials", type=int, metavar="N", help="the trial budget (default: the space file's `trials:`)"
+    )
     sweep.add_argument(
         "--minutes",
         type=float,
@@ -40,7 +42,10 @@ def add_sweep(commands) -> None:
         help="the wall-clock budget: no trial starts after M minutes (default: the space file's `minutes:`)",
     )
     sweep.add_argument(
-        "--parallel", type=int, metavar="P", help="trials at once (default: the space file's `parallel:`, or 1)"
+        "--parallel",
+        type=int,
+        metavar="P",
+        help="trials at once (default: the space file's `parallel:`, or 1)",
     )
     sweep.add_argument(
         "--repeat-best",

@@ -2,10 +2,11 @@
 
 torch's default thread count follows the affinity mask (`taskset`, a cpuset: OpenMP reads it) but not a
 container's CPU quota (cgroup v2 `cpu.max`, v1 `cpu.cfs_quota_us` / `cpu.cfs_period_us`), and `os.cpu_count()`
-follows neither: a process held to 1 CPU on a 64-core host runs 64 threads, and every parallel region waits for a
-descheduled thread, so throughput falls far more than the share of the machine it lost. The budget here is the
-smaller of the affinity mask's size and the quota rounded up; one setting overrides it (`decision serve --threads
-N`, `train.threads`), and server workers or training ranks divide it between them, never multiply it.
+follows neither: a process held to 1 CPU on a 64-core host runs 64 threads, and every parallel region waits
+for a descheduled thread, so throughput falls far more than the share of the machine it lost. The budget here
+is the smaller of the affinity mask's size and the quota rounded up; one setting overrides it (`decision serve
+--threads N`, `train.threads`), and server workers or training ranks divide it between them, never multiply
+it.
 
     budget = plan_threads(None, "--threads", share=2, sharing="workers")   # min(affinity, quota) // 2, at least 1
     apply_threads(budget)                                                  # torch's pools on budget.threads
@@ -33,8 +34,8 @@ class CpuBudget:
     source: str
     """e.g. "affinity 2", "cgroup v2 quota 1.5 cpu (affinity 4)", "--threads 3", "OMP_NUM_THREADS=1"."""
     automatic: bool = False
-    """Found from the CPU the process has (not set): `cpu.load.ThreadGovernor` may then run fewer threads while
-    other processes keep some of those cores busy."""
+    """Found from the CPU the process has (not set): `cpu.load.ThreadGovernor` may then run fewer threads
+    while other processes keep some of those cores busy."""
 
     def describe(self) -> str:
         return f"{self.threads} ({self.source})"
@@ -56,7 +57,8 @@ def affinity_cpus() -> int:
 
 
 def cgroup_paths(files: CgroupFiles = CgroupFiles()) -> dict[str, str]:
-    """{controllers: path} from /proc/self/cgroup, e.g. {"": "/app"} (v2) or {"cpu,cpuacct": "/docker/ab"} (v1)."""
+    """{controllers: path} from /proc/self/cgroup, e.g. {"": "/app"} (v2) or {"cpu,cpuacct": "/docker/ab"}
+    (v1)."""
     try:
         text = (files.proc_self / "cgroup").read_text()
     except OSError:
@@ -78,8 +80,8 @@ def cgroup_v2_quota(files: CgroupFiles = CgroupFiles()) -> float | None:
 
 
 def cgroup_v1_quota(files: CgroupFiles = CgroupFiles()) -> float | None:
-    """CPUs allowed by `cpu.cfs_quota_us / cpu.cfs_period_us` (quota -1: none) of this process's v1 cpu cgroup or
-    any above it; None without a limit. The hierarchy is mounted as `cpu,cpuacct` or `cpu` (often both)."""
+    """CPUs allowed by `cpu.cfs_quota_us / cpu.cfs_period_us` (quota -1: none) of this process's v1 cpu cgroup
+    or any above it; None without a limit. The hierarchy is mounted as `cpu,cpuacct` or `cpu` (often both)."""
     for controllers, path in cgroup_paths(files).items():
         if "cpu" not in controllers.split(","):
             continue
@@ -92,7 +94,8 @@ def cgroup_v1_quota(files: CgroupFiles = CgroupFiles()) -> float | None:
 
 
 def usable_cpus(files: CgroupFiles = CgroupFiles()) -> CpuBudget:
-    """min(the affinity mask's cores, the cgroup quota rounded up), at least 1, naming the limit that binds."""
+    """min(the affinity mask's cores, the cgroup quota rounded up), at least 1, naming the limit that
+    binds."""
     cores = affinity_cpus()
     for version, quota in (("v2", cgroup_v2_quota(files)), ("v1", cgroup_v1_quota(files))):
         if quota is not None and math.ceil(quota) < cores:
@@ -102,8 +105,13 @@ def usable_cpus(files: CgroupFiles = CgroupFiles()) -> CpuBudget:
     return CpuBudget(cores, f"affinity {cores}", True)
 
 
-def plan_threads(setting: int | None, name: str, share: int = 1, sharing: str = "workers",
-                 files: CgroupFiles = CgroupFiles()) -> CpuBudget:  # fmt: skip
+def plan_threads(
+    setting: int | None,
+    name: str,
+    share: int = 1,
+    sharing: str = "workers",
+    files: CgroupFiles = CgroupFiles(),
+) -> CpuBudget:
     """The threads of one of `share` processes (server workers, training ranks) that split one budget.
 
     Precedence: `setting` (the `name`d flag or params key) is the whole budget; else `OMP_NUM_THREADS`, which is
@@ -121,22 +129,26 @@ def plan_threads(setting: int | None, name: str, share: int = 1, sharing: str = 
 
 
 def omp_threads() -> int | None:
-    """`OMP_NUM_THREADS` when it holds a positive count (its first, for a nested list like "4,2"), else None."""
+    """`OMP_NUM_THREADS` when it holds a positive count (its first, for a nested list like "4,2"), else
+    None."""
     first = os.environ.get(OMP_ENV, "").split(",")[0].strip()
     return int(first) if first.isdigit() and int(first) > 0 else None
 
 
 def apply_threads(budget: CpuBudget) -> None:
-    """Size torch's intra-op pool (and its inter-op pool, where that can still be sized) to `budget.threads`."""
+    """Size torch's intra-op pool (and its inter-op pool, where that can still be sized) to
+    `budget.threads`."""
     torch.set_num_threads(budget.threads)
-    # torch sizes the inter-op pool once per process, before its first inter-op work, and raises after: a process
-    # that trains or serves twice keeps the first size. Only `torch.jit.fork` and a few ops use that pool.
+    # torch sizes the inter-op pool once per process, before its first inter-op work, and raises after: a
+    # process that trains or serves twice keeps the first size. Only `torch.jit.fork` and a few ops use that
+    # pool.
     with contextlib.suppress(RuntimeError):
         torch.set_num_interop_threads(budget.threads)
 
 
 def child_environment(threads: int) -> dict[str, str]:
-    """The variables that start a child process's OpenMP and MKL pools on `threads` (set before torch loads)."""
+    """The variables that start a child process's OpenMP and MKL pools on `threads` (set before torch
+    loads)."""
     return {OMP_ENV: str(threads), "MKL_NUM_THREADS": str(threads)}
 
 

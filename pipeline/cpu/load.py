@@ -1,9 +1,9 @@
 """Threads that follow the cores other processes leave free, re-read while a process serves or trains.
 
-`budget` says what a process may use (its affinity mask, its quota). A busy neighbour changes neither, yet with
-one thread per core every parallel region waits for the thread that shares its core with the neighbour, and
-throughput falls far more than the share of the machine lost: with one busy process on one of two cores, the
-server kept 0.30 of its quiet requests/s on 2 threads and 0.61 on 1 (`benchmarks/bench_contention.py`).
+`budget` says what a process may use (its affinity mask, its quota). A busy neighbour changes neither, yet
+with one thread per core every parallel region waits for the thread that shares its core with the neighbour,
+and throughput falls far more than the share of the machine lost: with one busy process on one of two cores,
+the server kept 0.30 of its quiet requests/s on 2 threads and 0.61 on 1 (`benchmarks/bench_contention.py`).
 
 So a sampler thread reads, once a second, how busy this process's cores were with other processes' work:
 `/proc/stat` per core (user, nice, system, irq, softirq, steal), less this process's own CPU time. Niced work
@@ -45,7 +45,8 @@ TAKEN_SHARE = 0.4
 
 @dataclass(frozen=True)
 class CpuReading:
-    """CPU seconds at one moment: every process's busy time on this process's cores, and this process's own."""
+    """CPU seconds at one moment: every process's busy time on this process's cores, and this process's
+    own."""
 
     wall: float
     busy: float
@@ -53,7 +54,8 @@ class CpuReading:
 
 
 def read_cpu(cores: frozenset[int], stat_file: Path = PROC_STAT) -> CpuReading | None:
-    """Busy seconds on `cores` (all processes) and this process's CPU seconds; None where /proc/stat is absent."""
+    """Busy seconds on `cores` (all processes) and this process's CPU seconds; None where /proc/stat is
+    absent."""
     try:
         lines = stat_file.read_text().splitlines()
     except OSError:
@@ -111,7 +113,8 @@ class ThreadGovernor:
             self._thread = None
 
     def follow(self) -> int:
-        """Size the calling thread's torch pool to the current count (a no-op when it already is); the count."""
+        """Size the calling thread's torch pool to the current count (a no-op when it already is); the
+        count."""
         threads = self.threads
         if torch.get_num_threads() != threads:
             torch.set_num_threads(threads)
@@ -122,14 +125,24 @@ class ThreadGovernor:
         self.busy = busy
         threads = free_threads(self.budget.threads, len(self.cores) or affinity_cpus(), busy)
         if threads != self.threads:
-            log.info("torch threads %d -> %d: other processes kept %.1f of %d cores busy", self.threads, threads,
-                     busy, len(self.cores))  # fmt: skip
+            log.info(
+                "torch threads %d -> %d: other processes kept %.1f of %d cores busy",
+                self.threads,
+                threads,
+                busy,
+                len(self.cores),
+            )
             self.threads = threads
 
     def state(self) -> dict:
         """What /healthz and a run's summary report."""
-        return {"threads": self.threads, "threads_budget": self.budget.threads, "threads_source": self.describe(),
-                "threads_adaptive": self.adaptive, "others_busy_cores": round(self.busy, 2)}  # fmt: skip
+        return {
+            "threads": self.threads,
+            "threads_budget": self.budget.threads,
+            "threads_source": self.describe(),
+            "threads_adaptive": self.adaptive,
+            "others_busy_cores": round(self.busy, 2),
+        }
 
     def describe(self) -> str:
         if not self.adaptive:

@@ -8,10 +8,10 @@ Shared by the HTTP server, the smoke test and the MLflow model, so all three ans
              "confidence": c, "x_top_probability": max p}
     noul    {"type": "noul", "noul": P(true), "x_confidence": max(p, 1 - p)}
 
-`confidence` is the Jev confidence `c = (max p - 1/n) / (1 - 1/n)` over the n options or levels: 0 for a uniform
-answer, 1 for a certain one (a one-level score is certain: 1). A noul answer carries none; fields beyond the Jev
-answer start with `x_`. Figures are rounded to 4 decimals; probabilities arrive in model order (choice in
-criteria order, score by level, noul false then true).
+`confidence` is the Jev confidence `c = (max p - 1/n) / (1 - 1/n)` over the n options or levels: 0 for a
+uniform answer, 1 for a certain one (a one-level score is certain: 1). A noul answer carries none; fields
+beyond the Jev answer start with `x_`. Figures are rounded to 4 decimals; probabilities arrive in model order
+(choice in criteria order, score by level, noul false then true).
 """
 
 from __future__ import annotations
@@ -39,15 +39,16 @@ from pipeline.data.contract import (
 )
 
 DECIMALS = 4
-# The Decision API's own floor (docs/serving.md): a question with one option asks nothing. A data row may hold one
-# (docs/data-format.md); it trains, but a request with one is refused.
+# The Decision API's own floor (docs/serving.md): a question with one option asks nothing. A data row may hold
+# one (docs/data-format.md); it trains, but a request with one is refused.
 MIN_CHOICE_OPTIONS = 2
 
 
 def shape_answer(
     question: Question, probabilities: np.ndarray, legend: list[Any] | None = None
 ) -> dict[str, Any]:
-    """The wire answer to one question; `legend` overrides the score level texts (e.g. JSON-valued criteria)."""
+    """The wire answer to one question; `legend` overrides the score level texts (e.g. JSON-valued
+    criteria)."""
     p = np.asarray(probabilities, dtype=np.float64)
     if question.type == "noul":
         p_true = float(p[1])
@@ -55,8 +56,12 @@ def shape_answer(
     by_option = {option: _round(float(v)) for option, v in zip(question.options, p)}
     sureness = {"confidence": _round(jev_confidence(p)), "x_top_probability": _round(float(p.max()))}
     if question.type == "choice":
-        return {"type": "choice", "choice": question.options[int(p.argmax())], "probabilities": by_option,
-                **sureness}  # fmt: skip
+        return {
+            "type": "choice",
+            "choice": question.options[int(p.argmax())],
+            "probabilities": by_option,
+            **sureness,
+        }
     texts = legend if legend is not None else question.descriptions
     return {
         "type": "score",
@@ -79,8 +84,8 @@ def jev_confidence(probabilities: np.ndarray) -> float:
 
 
 def request_limits() -> dict[str, Any]:
-    """What one request may hold (docs/serving.md), as `/v1/models` states it; the same figures `parse_request`
-    enforces."""
+    """What one request may hold (docs/serving.md), as `/v1/models` states it; the same figures
+    `parse_request` enforces."""
     return {
         "max_questions": MAX_QUESTIONS,
         "choice_options": {"min": MIN_CHOICE_OPTIONS, "max": MAX_CHOICE_OPTIONS},
@@ -90,8 +95,11 @@ def request_limits() -> dict[str, Any]:
     }
 
 
-def shape_answers(questions: dict[str, Question], probabilities: dict[str, np.ndarray],
-                  legends: dict[str, list[Any]] | None = None) -> dict[str, dict[str, Any]]:  # fmt: skip
+def shape_answers(
+    questions: dict[str, Question],
+    probabilities: dict[str, np.ndarray],
+    legends: dict[str, list[Any]] | None = None,
+) -> dict[str, dict[str, Any]]:
     """Wire answers for every question, in the order the questions were asked."""
     legends = legends or {}
     return {qid: shape_answer(q, probabilities[qid], legends.get(qid)) for qid, q in questions.items()}
@@ -119,8 +127,9 @@ def _round(value: float) -> float:
 
 
 class InvalidRequest(ValueError):
-    """A request that cannot be answered; `errors` are FastAPI-style `{"loc", "msg", "type"}` entries, and `reason`
-    is the reason code of the first (validation's code where it has one: `bad_criteria`, ...; see `REFUSALS`)."""
+    """A request that cannot be answered; `errors` are FastAPI-style `{"loc", "msg", "type"}` entries, and
+    `reason` is the reason code of the first (validation's code where it has one: `bad_criteria`, ...; see
+    `REFUSALS`)."""
 
     def __init__(self, errors: list[dict[str, Any]], reason: str = "invalid_request") -> None:
         super().__init__("; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in errors))
@@ -129,16 +138,17 @@ class InvalidRequest(ValueError):
 
 
 class RequestTooLarge(ValueError):
-    """A request over the Decision API's size limits (docs/data-format.md, Columns: questions, characters); `reason` is
-    `too_many_questions` or `too_long`."""
+    """A request over the Decision API's size limits (docs/data-format.md, Columns: questions, characters);
+    `reason` is `too_many_questions` or `too_long`."""
 
     def __init__(self, message: str, reason: str = "too_long") -> None:
         super().__init__(message)
         self.reason = reason
 
 
-# The reason codes of a refused request beyond validation's (`contract.REASONS`): the Decision API takes 2 or more
-# choice options where a data row may hold one; text that is no valid Unicode or cannot be written as JSON.
+# The reason codes of a refused request beyond validation's (`contract.REASONS`): the Decision API takes 2 or
+# more choice options where a data row may hold one; text that is no valid Unicode or cannot be written as
+# JSON.
 REFUSALS = ("too_few_options", "invalid_text")
 
 
@@ -152,9 +162,10 @@ class ParsedRequest:
 
 
 def request_parts(request: ParsedRequest, max_chars: int) -> list[ParsedRequest]:
-    """The request as consecutive groups of its questions (in order, never a question cut) of at most `max_chars`
-    question characters each (a longer question alone): each answer depends on its own question and the state
-    only, so the parts answer what the whole would, and a server can let other requests run between them."""
+    """The request as consecutive groups of its questions (in order, never a question cut) of at most
+    `max_chars` question characters each (a longer question alone): each answer depends on its own question
+    and the state only, so the parts answer what the whole would, and a server can let other requests run
+    between them."""
     parts: list[list[str]] = []
     size = max_chars + 1
     for qid, question in request.questions.items():
@@ -164,12 +175,19 @@ def request_parts(request: ParsedRequest, max_chars: int) -> list[ParsedRequest]
             size = 0
         parts[-1].append(qid)
         size += chars
-    return [ParsedRequest(request.state, {q: request.questions[q] for q in part},
-                          {q: request.legends[q] for q in part if q in request.legends}) for part in parts]  # fmt: skip
+    return [
+        ParsedRequest(
+            request.state,
+            {q: request.questions[q] for q in part},
+            {q: request.legends[q] for q in part if q in request.legends},
+        )
+        for part in parts
+    ]
 
 
 def parse_request(state: Any, questions: dict[str, Any]) -> ParsedRequest:
-    """Validate a request's questions against the contract; RequestTooLarge or InvalidRequest naming fields."""
+    """Validate a request's questions against the contract; RequestTooLarge or InvalidRequest naming
+    fields."""
     _check_sizes(state, questions)
     parsed, legends, errors, reasons = {}, {}, [], []
     for qid, raw in questions.items():
@@ -214,16 +232,23 @@ SURROGATE = re.compile("[\ud800-\udfff]")  # what is left of a surrogate after J
 
 
 def _refuse_unpaired_surrogates(state: Any, questions: dict[str, Any]) -> None:
-    """InvalidRequest naming every field whose text holds an unpaired UTF-16 surrogate (JSON can carry one as a
-    \\u escape; no UTF-8 text, and so no tokenizer, can)."""
+    """InvalidRequest naming every field whose text holds an unpaired UTF-16 surrogate (JSON can carry one as
+    a \\u escape; no UTF-8 text, and so no tokenizer, can)."""
     places = [("state", state)] + [(f"questions.{qid}", raw) for qid, raw in questions.items()]
     bad = [
         where for where, value in places if _has_unpaired_surrogate(value) or _has_unpaired_surrogate(where)
     ]
     if bad:
-        raise InvalidRequest([_error(["body", *where.split(".", 1)], "text holds an unpaired surrogate "
-                                     "(invalid Unicode); send valid UTF-16 pairs or UTF-8") for where in bad],
-                             "invalid_text")  # fmt: skip
+        raise InvalidRequest(
+            [
+                _error(
+                    ["body", *where.split(".", 1)],
+                    "text holds an unpaired surrogate (invalid Unicode); send valid UTF-16 pairs or UTF-8",
+                )
+                for where in bad
+            ],
+            "invalid_text",
+        )
 
 
 def _has_unpaired_surrogate(value: Any) -> bool:
@@ -274,13 +299,20 @@ class Problem(NamedTuple):
 
 
 def _question_problem(spec: QuestionSpec) -> Problem | None:
-    """The problem of a question the model cannot answer, else None; the first in validation's order of codes."""
+    """The problem of a question the model cannot answer, else None; the first in validation's order of
+    codes."""
     if not spec.question_ok:
-        return Problem("bad_question", "instructions",
-                       "a question is an object whose instructions are text, a JSON object or list, or null")  # fmt: skip
+        return Problem(
+            "bad_question",
+            "instructions",
+            "a question is an object whose instructions are text, a JSON object or list, or null",
+        )
     if spec.type not in QUESTION_TYPES:
-        return Problem("unknown_question_type", "type",
-                       f"unknown question type {spec.type}; expected one of {', '.join(QUESTION_TYPES)}")  # fmt: skip
+        return Problem(
+            "unknown_question_type",
+            "type",
+            f"unknown question type {spec.type}; expected one of {', '.join(QUESTION_TYPES)}",
+        )
     if not spec.criteria_ok:
         return Problem("bad_criteria", "criteria", _CRITERIA_SHAPES[spec.type])
     if spec.type == "choice" and not MIN_CHOICE_OPTIONS <= spec.n_options <= MAX_CHOICE_OPTIONS:
@@ -296,7 +328,9 @@ def _question_problem(spec: QuestionSpec) -> Problem | None:
 
 _CRITERIA_SHAPES = {
     "choice": "choice criteria: a non-empty object {option_id: description or null} or a list of option ids",
-    "score": f"score criteria: a list (not an object) of {MIN_SCORE_LEVELS}..{MAX_SCORE_LEVELS} level descriptions; "
-    "level i is item i",
+    "score": (
+        f"score criteria: a list (not an object) of {MIN_SCORE_LEVELS}..{MAX_SCORE_LEVELS} level descriptions; "
+        "level i is item i"
+    ),
     "noul": 'noul criteria: null or {"true": description, "false": description}',
 }

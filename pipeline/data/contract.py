@@ -52,7 +52,8 @@ class Unreadable(ValueError):
 
 @dataclass(frozen=True, slots=True)
 class Question:
-    """A question normalised to its ordered options (choice: criteria order, score: by level, noul: false, true)."""
+    """A question normalised to its ordered options (choice: criteria order, score: by level, noul: false,
+    true)."""
 
     id: str
     type: str
@@ -86,12 +87,13 @@ class Record:
     gold: dict[str, Any]
     questions_json: bytes  # the row's questions as canonical JSON
     group: str | None = None
-    """The row's `group` as canonical JSON (`group_key`): rows that share it are held out, or carved for validation,
-    together; None: the row goes alone."""
+    """The row's `group` as canonical JSON (`group_key`): rows that share it are held out, or carved for
+    validation, together; None: the row goes alone."""
 
     def request_questions(self) -> dict[str, Any]:
-        """The row's questions as a request asks them again: each usable decision's in file order with its options
-        in model order (`question_request`), then the row's other questions as `questions_json` holds them."""
+        """The row's questions as a request asks them again: each usable decision's in file order with its
+        options in model order (`question_request`), then the row's other questions as `questions_json` holds
+        them."""
         asked = {d.question.id: question_request(d.question) for d in self.decisions}
         return asked | {qid: q for qid, q in orjson.loads(self.questions_json).items() if qid not in asked}
 
@@ -105,9 +107,9 @@ class Record:
 
 
 def group_key(cell: Any) -> str | None:
-    """A `group` cell as the key its rows share: its canonical JSON (so `7` and `"7"` are two groups, as a number
-    column and a text column would keep them apart); None for an absent, null, NaN (a missing number in a table
-    written by pandas) or empty cell: a row of its own."""
+    """A `group` cell as the key its rows share: its canonical JSON (so `7` and `"7"` are two groups, as a
+    number column and a text column would keep them apart); None for an absent, null, NaN (a missing number in
+    a table written by pandas) or empty cell: a row of its own."""
     if cell is None or cell == "" or (isinstance(cell, float) and math.isnan(cell)):
         return None
     return orjson.dumps(cell, option=orjson.OPT_SORT_KEYS | orjson.OPT_NON_STR_KEYS).decode()
@@ -136,7 +138,8 @@ class ParsedQuestions(NamedTuple):
 
 
 def parse_json_cell(value: Any) -> Any:
-    """Return the native value of a cell that holds JSON text, or the value itself when it is already native."""
+    """Return the native value of a cell that holds JSON text, or the value itself when it is already
+    native."""
     if isinstance(value, (bytes, str)):
         try:
             return orjson.loads(value)
@@ -146,7 +149,8 @@ def parse_json_cell(value: Any) -> Any:
 
 
 def parse_state(value: Any) -> Any:
-    """A state is any JSON value; a string is plain text unless it is a JSON object or list written as text."""
+    """A state is any JSON value; a string is plain text unless it is a JSON object or list written as
+    text."""
     if isinstance(value, str):
         stripped = value.lstrip()
         if stripped[:1] == "{":
@@ -160,8 +164,8 @@ def parse_state(value: Any) -> Any:
 
 
 STATE_TRUNCATION = "end"
-"""What every family does with a state longer than the room its sequence leaves it: the state's first tokens are
-kept and its end is cut (`families.base.cut_state`). Training counts the rows cut and the tokens dropped
+"""What every family does with a state longer than the room its sequence leaves it: the state's first tokens
+are kept and its end is cut (`families.base.cut_state`). Training counts the rows cut and the tokens dropped
 (`training.state_fit`); docs/data-format.md, States."""
 LONG_STATE_CHARS = 1_000
 """Validation counts the states longer than this many characters: about 250 tokens of English prose, the stock
@@ -171,7 +175,8 @@ MiniLM's 256-token window. Validation has no tokenizer; training counts each mod
 @dataclass(frozen=True)
 class StateSizes:
     """The readable rows' states in characters, as the model reads them (`state_text`): validation has no
-    tokenizer, so the token counts and what a model's window cuts come with training (`training.state_fit`)."""
+    tokenizer, so the token counts and what a model's window cuts come with training
+    (`training.state_fit`)."""
 
     rows: int
     longest_chars: int
@@ -181,13 +186,16 @@ class StateSizes:
 
     def describe(self) -> str:
         """One line: the longest state and how many are over `over_chars`."""
-        return (f"states: the longest is {self.longest_chars:,} characters; {self.rows_over:,} of {self.rows:,} "
-                f"rows over {self.over_chars:,} (about 250 tokens; training counts each model's tokens)")  # fmt: skip
+        return (
+            f"states: the longest is {self.longest_chars:,} characters; {self.rows_over:,} of {self.rows:,} "
+            f"rows over {self.over_chars:,} (about 250 tokens; training counts each model's tokens)"
+        )
 
 
 @dataclass(frozen=True)
 class GroupSizes:
-    """The readable rows' `group` cells: how many groups, how many rows have one, and the largest group's rows."""
+    """The readable rows' `group` cells: how many groups, how many rows have one, and the largest group's
+    rows."""
 
     groups: int
     rows: int
@@ -195,13 +203,15 @@ class GroupSizes:
 
     def describe(self, readable: int) -> str:
         """One line, with `readable` the rows that could be read."""
-        return (f"groups: {self.groups:,} ({self.rows:,} of {readable:,} rows have one; the largest has "
-                f"{self.largest:,} rows): each group's rows go to one side of the held-out and validation splits")  # fmt: skip
+        return (
+            f"groups: {self.groups:,} ({self.rows:,} of {readable:,} rows have one; the largest has "
+            f"{self.largest:,} rows): each group's rows go to one side of the held-out and validation splits"
+        )
 
 
 def state_text(state: Any) -> str:
-    """The state as the model reads it: text stays text, anything else becomes compact JSON (orjson: keys in the
-    row's order, no spaces, non-ASCII kept, NaN and infinities as null); docs/data-format.md, States."""
+    """The state as the model reads it: text stays text, anything else becomes compact JSON (orjson: keys in
+    the row's order, no spaces, non-ASCII kept, NaN and infinities as null); docs/data-format.md, States."""
     return state if isinstance(state, str) else orjson.dumps(state).decode()
 
 
@@ -249,8 +259,8 @@ def parse_question(qid: str, spec: Any) -> QuestionSpec:
 
 
 def _unaskable_spec(qid: str, question_ok: bool, shown_type: str | None) -> QuestionSpec:
-    """The spec of a question that cannot be asked (a definition of the wrong shape, or a type or criteria that
-    give no options): no question, nothing to count."""
+    """The spec of a question that cannot be asked (a definition of the wrong shape, or a type or criteria
+    that give no options): no question, nothing to count."""
     return QuestionSpec(
         id=qid,
         question_ok=question_ok,
@@ -265,16 +275,17 @@ def _unaskable_spec(qid: str, question_ok: bool, shown_type: str | None) -> Ques
 
 
 def question_request(question: Question) -> dict[str, Any]:
-    """The question as a request asks it, its options in model order: what the model was trained on. A record's
-    `questions_json` is canonical (keys sorted), so it would ask a choice's option map in another order."""
+    """The question as a request asks it, its options in model order: what the model was trained on. A
+    record's `questions_json` is canonical (keys sorted), so it would ask a choice's option map in another
+    order."""
     criteria = criteria_of(question.type, question.options, question.descriptions)
     return {"type": question.type, "instructions": question.instructions, "criteria": criteria}
 
 
 def criteria_of(qtype: str, options: Sequence[str], descriptions: Sequence[str | None]) -> Any:
     """A question's criteria as the row format and a request write them, in option order: a score's level
-    descriptions, a noul's described sides (or null), a choice's option ids, or {option: description} where any
-    option has one."""
+    descriptions, a noul's described sides (or null), a choice's option ids, or {option: description} where
+    any option has one."""
     if qtype == "score":
         return list(descriptions)
     if qtype == "noul":
@@ -329,8 +340,8 @@ def _choice_options(criteria: Any) -> tuple[list[str] | None, list[str | None]]:
 
 
 def _score_options(criteria: Any) -> tuple[list[str] | None, list[str | None]]:
-    # A list only (docs/data-format.md; the Decision API too): a level is its position, and a map's keys are no
-    # order a reader agrees on.
+    # A list only (docs/data-format.md; the Decision API too): a level is its position, and a map's keys are
+    # no order a reader agrees on.
     if not isinstance(criteria, list) or len(criteria) < MIN_SCORE_LEVELS:
         return None, []
     if not all(isinstance(d, (str, type(None))) for d in criteria):

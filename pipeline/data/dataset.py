@@ -103,8 +103,10 @@ def read_ground_truth(archive_bytes: bytes) -> dict[str, list[tuple[str, str, li
     with tarfile.open(fileobj=io.BytesIO(inner)) as truth:
         members = {Path(m.name).name: m for m in truth.getmembers() if m.isfile()}
         read = lambda name: truth.extractfile(members[name]).read().decode("utf-8-sig")  # noqa: E731
-        return {source: _join(read(f"{source}_GroundTruth.txt"), read(f"{source}_anonDataRatings.txt"))
-                for source in SOURCES}  # fmt: skip
+        return {
+            source: _join(read(f"{source}_GroundTruth.txt"), read(f"{source}_anonDataRatings.txt"))
+            for source in SOURCES
+        }
 
 
 def _join(ground_truth: str, ratings: str) -> list[tuple[str, str, list[int]]]:
@@ -139,17 +141,23 @@ def decision_row(source: str, sentence_id: str, text: str, ratings: list[int]) -
             "is_negative": _noul_gold(p_negative),
             "is_positive": _noul_gold(p_positive),
             # Keyed by level, as other Laya-layout tools read soft score targets.
-            "intensity": {"label": max(range(len(intensity)), key=intensity.__getitem__),
-                          "probabilities": {str(level): p for level, p in enumerate(intensity)}},
+            "intensity": {
+                "label": max(range(len(intensity)), key=intensity.__getitem__),
+                "probabilities": {str(level): p for level, p in enumerate(intensity)},
+            },
         },
         "mean_rating": round(mean, 4),
-    }  # fmt: skip
+    }
 
 
 def _noul_gold(p_true: float) -> dict[str, Any]:
-    # `noul` is P(true) (docs/data-format.md); `probabilities` repeats it in the form other Laya-layout tools read.
-    return {"label": "true" if p_true > 0.5 else "false", "noul": p_true,
-            "probabilities": {"false": 1.0 - p_true, "true": p_true}}  # fmt: skip
+    # `noul` is P(true) (docs/data-format.md); `probabilities` repeats it in the form other Laya-layout tools
+    # read.
+    return {
+        "label": "true" if p_true > 0.5 else "false",
+        "noul": p_true,
+        "probabilities": {"false": 1.0 - p_true, "true": p_true},
+    }
 
 
 def _majority(tone: dict[str, float], mean: float) -> str:
@@ -188,7 +196,8 @@ def build_rows(archive_bytes: bytes) -> tuple[list[dict[str, Any]], int]:
 
 
 def build_dataset(config: DatasetConfig, root: Path = Path(".")) -> DatasetResult:
-    """The `dataset` stage: verify the archive, build the rows, write them as JSONL (byte-for-byte reproducible)."""
+    """The `dataset` stage: verify the archive, build the rows, write them as JSONL (byte-for-byte
+    reproducible)."""
     rows, duplicates = build_rows(verify_archive(root / config.archive, config.archive_sha256))
     payload = b"".join(orjson.dumps(row) + b"\n" for row in rows)
     out = root / config.out

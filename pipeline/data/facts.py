@@ -1,8 +1,9 @@
 """Turn raw decision rows into per-decision facts, the input of the validation schema.
 
-Each distinct `questions` cell is parsed once (datasets repeat the same questions on every row), so the work per
-decision is the gold check alone. Facts are kept per row (index, spec offset, decision count, row error) and
-per decision (the gold verdict); `Facts.frame()` expands them into the flat columns the pandera schema judges.
+Each distinct `questions` cell is parsed once (datasets repeat the same questions on every row), so the work
+per decision is the gold check alone. Facts are kept per row (index, spec offset, decision count, row error)
+and per decision (the gold verdict); `Facts.frame()` expands them into the flat columns the pandera schema
+judges.
 """
 
 from __future__ import annotations
@@ -77,30 +78,36 @@ class Facts:
         def per_decision(position: int) -> np.ndarray:
             return np.fromiter((v[position] for v in verdicts), dtype=bool, count=len(verdicts))
 
-        return pd.DataFrame({
-            "row": self.decision_rows(),
-            "row_error": pd.Categorical.from_codes(
-                np.repeat(np.asarray(self.row_error, dtype=np.int64), counts) - 1, categories=contract.ROW_REASONS
-            ),
-            "question_ok": per_spec([bool(s and s.question_ok) for s in specs], bool),
-            "question_type": pd.Categorical(per_spec([s.type if s else None for s in specs], object)),
-            "criteria_ok": per_spec([bool(s and s.criteria_ok) for s in specs], bool),
-            "n_options": per_spec([s.n_options if s else 0 for s in specs], np.int64),
-            "n_distinct": per_spec([s.n_distinct if s else 0 for s in specs], np.int64),
-            "question_chars": per_spec([s.chars if s else 0 for s in specs], np.int64),
-            "state_chars": np.repeat(np.asarray(self.row_state_chars, dtype=np.int64), counts),
-            "has_gold": np.fromiter((v is not NO_GOLD for v in verdicts), dtype=bool, count=len(verdicts)),
-            "label_ok": per_decision(0),
-            "probabilities_ok": per_decision(1),
-        })  # fmt: skip
+        return pd.DataFrame(
+            {
+                "row": self.decision_rows(),
+                "row_error": pd.Categorical.from_codes(
+                    np.repeat(np.asarray(self.row_error, dtype=np.int64), counts) - 1,
+                    categories=contract.ROW_REASONS,
+                ),
+                "question_ok": per_spec([bool(s and s.question_ok) for s in specs], bool),
+                "question_type": pd.Categorical(per_spec([s.type if s else None for s in specs], object)),
+                "criteria_ok": per_spec([bool(s and s.criteria_ok) for s in specs], bool),
+                "n_options": per_spec([s.n_options if s else 0 for s in specs], np.int64),
+                "n_distinct": per_spec([s.n_distinct if s else 0 for s in specs], np.int64),
+                "question_chars": per_spec([s.chars if s else 0 for s in specs], np.int64),
+                "state_chars": np.repeat(np.asarray(self.row_state_chars, dtype=np.int64), counts),
+                "has_gold": np.fromiter(
+                    (v is not NO_GOLD for v in verdicts), dtype=bool, count=len(verdicts)
+                ),
+                "label_ok": per_decision(0),
+                "probabilities_ok": per_decision(1),
+            }
+        )
 
 
 @contextmanager
-def announced(report: Callable[[str], None] | None, what: str, after_s: float = 2.0,
-              every_s: float = 10.0) -> Iterator[None]:  # fmt: skip
-    """Run the block; while it runs past `after_s`, say `what` to `report` with the seconds so far, and again every
-    `every_s`. A long read or check is seen to be alive; a short one says nothing, so an error in it stays the one
-    line the user reads."""
+def announced(
+    report: Callable[[str], None] | None, what: str, after_s: float = 2.0, every_s: float = 10.0
+) -> Iterator[None]:
+    """Run the block; while it runs past `after_s`, say `what` to `report` with the seconds so far, and again
+    every `every_s`. A long read or check is seen to be alive; a short one says nothing, so an error in it
+    stays the one line the user reads."""
     if report is None:
         yield
         return

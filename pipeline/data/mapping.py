@@ -1,11 +1,12 @@
-"""Turn a plain table into decision rows: which column is the state, which columns are gold for which question.
+"""Turn a plain table into decision rows: which column is the state, which columns are gold for which
+question.
 
 A mapping (a YAML file, a params.yaml `validate.mapping`, or the flags of the common case) names the state
 column (several columns make a JSON-object state `{column: value}`) and, per question, the column holding its
-labels, its type, instructions and options: given, or taken from the labels found; optionally an `id` column and a
-`group` column (rows with equal cells are held out together). It is applied to the cells
-of the row slice only (the slice is taken on the Arrow table first), and the mapped rows then go through
-validation like the rows of any decision file, so unusable ones are counted by reason.
+labels, its type, instructions and options: given, or taken from the labels found; optionally an `id` column
+and a `group` column (rows with equal cells are held out together). It is applied to the cells of the row
+slice only (the slice is taken on the Arrow table first), and the mapped rows then go through validation like
+the rows of any decision file, so unusable ones are counted by reason.
 
     decision map --data tickets.csv --state-column text --label-column label --preview 5
     decision validate tickets.csv --mapping tickets.mapping.yaml
@@ -42,8 +43,8 @@ NOUL_LABELS = {"true": True, "false": False, "yes": True, "no": False, "1": True
 
 
 class MappingError(ValueError):
-    """A mapping that cannot apply (an unknown key, a wrong type, a column the table lacks, a label outside the
-    given options); the message names the thing and what to do."""
+    """A mapping that cannot apply (an unknown key, a wrong type, a column the table lacks, a label outside
+    the given options); the message names the thing and what to do."""
 
 
 @dataclass(frozen=True)
@@ -69,20 +70,25 @@ class Mapping:
     id: str | None = None
     """A column that names each row (kept in `decision map` output, ignored by training)."""
     group: str | None = None
-    """A column whose equal cells make a group: its rows go to one side of the held-out and validation splits."""
+    """A column whose equal cells make a group: its rows go to one side of the held-out and validation
+    splits."""
 
     @property
     def columns(self) -> tuple[str, ...]:
         """Every column the mapping reads, each once."""
         state = (self.state,) if isinstance(self.state, str) else self.state
-        named = (*state, *(q.column for q in self.questions.values()), *([self.id] if self.id else []),
-                 *([self.group] if self.group else []))  # fmt: skip
+        named = (
+            *state,
+            *(q.column for q in self.questions.values()),
+            *([self.id] if self.id else []),
+            *([self.group] if self.group else []),
+        )
         return tuple(dict.fromkeys(named))
 
     @property
     def unlabelled_columns(self) -> tuple[str, ...]:
-        """The columns scoring reads: the state's and the id's. Label columns are not read (unlabelled rows have
-        none)."""
+        """The columns scoring reads: the state's and the id's. Label columns are not read (unlabelled rows
+        have none)."""
         state = (self.state,) if isinstance(self.state, str) else self.state
         return tuple(dict.fromkeys((*state, *([self.id] if self.id else []))))
 
@@ -121,18 +127,24 @@ def mapping_content(value: str | Path | dict) -> Any:
         raise MappingError(f"mapping {error}") from None
 
 
-def flags_mapping(state_columns: list[str], label_column: str, question: str | None = None,
-                  type: str = "choice", instructions: str | None = None,
-                  options: list[str] | None = None) -> dict[str, Any]:  # fmt: skip
-    """The mapping the flags of the common case stand for (one or more state columns, one question whose labels
-    are `label_column`), as YAML would write it: `load_mapping` checks it."""
+def flags_mapping(
+    state_columns: list[str],
+    label_column: str,
+    question: str | None = None,
+    type: str = "choice",
+    instructions: str | None = None,
+    options: list[str] | None = None,
+) -> dict[str, Any]:
+    """The mapping the flags of the common case stand for (one or more state columns, one question whose
+    labels are `label_column`), as YAML would write it: `load_mapping` checks it."""
     raw_question = {"column": label_column, "type": type, "instructions": instructions, "options": options}
     state = state_columns[0] if len(state_columns) == 1 else list(state_columns)
     return {"state": state, "questions": {question or label_column: raw_question}}
 
 
 def mapping_from_dict(raw: Any, where: str) -> Mapping:
-    """Check a parsed mapping and build it; every problem is collected and raised once, each naming its key."""
+    """Check a parsed mapping and build it; every problem is collected and raised once, each naming its
+    key."""
     if not isinstance(raw, dict):
         raise MappingError(f"{where}: expected a mapping with keys state and questions, got {raw!r:.80}")
     problems = _unknown_keys(raw, _MAPPING_KEYS, where)
@@ -164,15 +176,19 @@ def mapping_from_dict(raw: Any, where: str) -> Mapping:
 def _columns_used_twice(
     state: str | list[str], questions: dict[str, QuestionMapping], where: str
 ) -> list[str]:
-    """A state column named twice, or a label column that is also read as the state (every row would be its own
-    option): each a mistake a run would train on silently."""
+    """A state column named twice, or a label column that is also read as the state (every row would be its
+    own option): each a mistake a run would train on silently."""
     states = [state] if isinstance(state, str) else list(state)
     problems = [
         f"{where}: state: column {name!r} named twice"
         for name in sorted({n for n in states if states.count(n) > 1})
     ]
-    problems += [f"{where}: questions.{qid}.column: {q.column!r} is also the state; a question's labels come "
-                 "from a column of their own" for qid, q in questions.items() if q.column in states]  # fmt: skip
+    problems += [
+        f"{where}: questions.{qid}.column: {q.column!r} is also the state; a question's labels come "
+        "from a column of their own"
+        for qid, q in questions.items()
+        if q.column in states
+    ]
     return problems
 
 
@@ -196,7 +212,8 @@ def _question(qid: str, spec: Any, where: str) -> tuple[QuestionMapping | None, 
 
 
 def _options(raw: Any, qtype: str) -> tuple[tuple | None, tuple | None, str | None]:
-    """(option texts, descriptions, problem) from a mapping's `options`: a list of labels, or {label: text}."""
+    """(option texts, descriptions, problem) from a mapping's `options`: a list of labels, or {label:
+    text}."""
     if raw is None:
         return (("false", "true"), (None, None), None) if qtype == "noul" else (None, None, None)
     if qtype == "noul":
@@ -303,9 +320,9 @@ def require_columns(names: tuple[str, ...], found: tuple[str, ...], where: str) 
     missing = [name for name in names if name not in found]
     if missing and not found:
         raise MappingError(
-            f"{where}: the mapping names column(s) {', '.join(map(repr, missing))}, and no row of it has columns: "
-            "JSON lines hold one JSON object per line (a JSON array or indented JSON is not JSONL; pandas writes "
-            "it with to_json(orient='records', lines=True))"
+            f"{where}: the mapping names column(s) {', '.join(map(repr, missing))}, and no row of it has "
+            "columns: JSON lines hold one JSON object per line (a JSON array or indented JSON is not JSONL; "
+            "pandas writes it with to_json(orient='records', lines=True))"
         )
     if missing:
         raise MappingError(
@@ -319,9 +336,10 @@ def map_cells(table: TableCells, mapping: Mapping, where: str = "the table") -> 
     each question's column (a blank cell: no gold for that question in that row)."""
     cells = table.cells
     counts = {qid: _label_counts(qid, q, cells[q.column], where) for qid, q in mapping.questions.items()}
-    fixed = replace(mapping, questions={
-        qid: _fixed_options(qid, q, counts[qid], where) for qid, q in mapping.questions.items()
-    })  # fmt: skip
+    fixed = replace(
+        mapping,
+        questions={qid: _fixed_options(qid, q, counts[qid], where) for qid, q in mapping.questions.items()},
+    )
     questions = orjson.dumps(request_questions(fixed)).decode()
     gold_columns = {qid: _gold_cells(cells[q.column], q) for qid, q in fixed.questions.items()}
     n = len(cells[mapping.columns[0]])
@@ -340,8 +358,8 @@ def _cell_key(value: Any) -> Any:
 
 
 def _label_counts(qid: str, question: QuestionMapping, values: list[Any], where: str) -> dict[str, int]:
-    """How often each label occurs, by its text (distinct cells are converted once, not every row). MappingError
-    for cells that hold a list or an object: no question type has such a label."""
+    """How often each label occurs, by its text (distinct cells are converted once, not every row).
+    MappingError for cells that hold a list or an object: no question type has such a label."""
     merged: Counter[str] = Counter()
     compound: Counter[str] = Counter()
     for key, count in Counter(map(_cell_key, values)).items():
@@ -355,9 +373,9 @@ def _label_counts(qid: str, question: QuestionMapping, values: list[Any], where:
             for t, n in compound.most_common(3)
         )
         raise MappingError(
-            f"question {qid!r}: column {question.column!r} holds lists or objects, not labels, in {where}: {shown}; "
-            "a label is one text, number or true/false per cell (for several tags per row, map a noul question "
-            "per tag)"
+            f"question {qid!r}: column {question.column!r} holds lists or objects, not labels, in {where}: "
+            f"{shown}; a label is one text, number or true/false per cell (for several tags per row, map a "
+            "noul question per tag)"
         )
     return dict(merged)
 
@@ -365,7 +383,8 @@ def _label_counts(qid: str, question: QuestionMapping, values: list[Any], where:
 def _fixed_options(
     qid: str, question: QuestionMapping, counts: dict[str, int], where: str
 ) -> QuestionMapping:
-    """The question with its options fixed: given ones checked against the labels found, or the labels found."""
+    """The question with its options fixed: given ones checked against the labels found, or the labels
+    found."""
     if question.type == "noul":
         unknown = {t: n for t, n in counts.items() if t.strip().lower() not in NOUL_LABELS}
         _refuse_unknown(
@@ -374,12 +393,19 @@ def _fixed_options(
         return question
     if question.options is not None:
         unknown = {t: n for t, n in counts.items() if t not in question.options}
-        _refuse_unknown(qid, question, unknown, where, "add them to its options, or leave options out to take "
-                        "them from the labels")  # fmt: skip
+        _refuse_unknown(
+            qid,
+            question,
+            unknown,
+            where,
+            "add them to its options, or leave options out to take them from the labels",
+        )
         return question
     if not counts:
-        raise MappingError(f"question {qid!r}: column {question.column!r} holds no label in {where}; give its "
-                           "options in the mapping")  # fmt: skip
+        raise MappingError(
+            f"question {qid!r}: column {question.column!r} holds no label in {where}; give its "
+            "options in the mapping"
+        )
     options = (
         _levels(qid, question, counts) if question.type == "score" else _choice_options(qid, question, counts)
     )
@@ -388,9 +414,10 @@ def _fixed_options(
 
 
 def unlabelled_mapping(mapping: Mapping, trained: dict[str, list[str]] | None, model: str) -> Mapping:
-    """The mapping with every question's options fixed without reading a label (unlabelled rows have none): the
-    options it gives, a noul's false/true, else the options `model` records it was trained with (`trained`, by
-    question id: its manifest's `mapping_options`). MappingError naming every question left without options."""
+    """The mapping with every question's options fixed without reading a label (unlabelled rows have none):
+    the options it gives, a noul's false/true, else the options `model` records it was trained with
+    (`trained`, by question id: its manifest's `mapping_options`). MappingError naming every question left
+    without options."""
     trained = trained or {}
     fixed, unknown = {}, []
     for qid, question in mapping.questions.items():
@@ -403,9 +430,9 @@ def unlabelled_mapping(mapping: Mapping, trained: dict[str, list[str]] | None, m
         fixed[qid] = question
     if unknown:
         raise MappingError(
-            f"question(s) {', '.join(unknown)} take their options from the labels, which unlabelled rows do not "
-            f"have, and {model} does not record the options it was trained with; list them in the mapping "
-            "(options: [...]) or with --options"
+            f"question(s) {', '.join(unknown)} take their options from the labels, which unlabelled rows do "
+            f"not have, and {model} does not record the options it was trained with; list them in the "
+            "mapping (options: [...]) or with --options"
         )
     return replace(mapping, questions=fixed)
 
@@ -418,8 +445,10 @@ def _refuse_unknown(
             f"{t!r} ({n} row{'s' if n > 1 else ''})"
             for t, n in sorted(unknown.items(), key=lambda i: -i[1])[:10]
         )
-        raise MappingError(f"question {qid!r}: column {question.column!r} holds labels that are not among its "
-                           f"options in {where}: {shown}; {fix}")  # fmt: skip
+        raise MappingError(
+            f"question {qid!r}: column {question.column!r} holds labels that are not among its "
+            f"options in {where}: {shown}; {fix}"
+        )
 
 
 def _choice_options(qid: str, question: QuestionMapping, counts: dict[str, int]) -> tuple[str, ...]:
@@ -427,8 +456,8 @@ def _choice_options(qid: str, question: QuestionMapping, counts: dict[str, int])
     (an id, a free-text or an amount column taken for a label: every decision would be skipped)."""
     if len(counts) > MAX_CHOICE_OPTIONS:
         raise MappingError(
-            f"question {qid!r}: column {question.column!r} holds {len(counts):,} different labels, and a choice has "
-            f"at most {MAX_CHOICE_OPTIONS} options; is it the label column? (the most common: "
+            f"question {qid!r}: column {question.column!r} holds {len(counts):,} different labels, and a "
+            f"choice has at most {MAX_CHOICE_OPTIONS} options; is it the label column? (the most common: "
             f"{', '.join(repr(t) for t, _ in Counter(counts).most_common(5))})"
         )
     return tuple(sorted(counts, key=_option_order))
@@ -437,8 +466,8 @@ def _choice_options(qid: str, question: QuestionMapping, counts: dict[str, int])
 def _levels(qid: str, question: QuestionMapping, counts: dict[str, int]) -> tuple[str, ...]:
     """A score's levels from its labels: whole numbers give every level from the smallest to the largest found
     (ratings 1..5 stay five levels when no row says 4), other numbers the labels found by value. Text labels
-    are refused (MappingError): their order ("low", "high", "medium") is the user's to give, not the alphabet's;
-    so are labels that would make more levels than a score has."""
+    are refused (MappingError): their order ("low", "high", "medium") is the user's to give, not the
+    alphabet's; so are labels that would make more levels than a score has."""
     words = [text for text in counts if _option_order(text)[0]]
     if words:
         raise MappingError(
@@ -452,9 +481,9 @@ def _levels(qid: str, question: QuestionMapping, counts: dict[str, int]) -> tupl
     if levels > MAX_SCORE_LEVELS:
         said = f"span {low}..{high}" if whole else f"are {len(counts)} different numbers"
         raise MappingError(
-            f"question {qid!r} is a score and the labels of column {question.column!r} {said}: {levels:,} levels, "
-            f"and a score has at most {MAX_SCORE_LEVELS}; list its levels in the mapping (options: [...]), or map "
-            "it as a choice"
+            f"question {qid!r} is a score and the labels of column {question.column!r} {said}: {levels:,} "
+            f"levels, and a score has at most {MAX_SCORE_LEVELS}; list its levels in the mapping (options: "
+            "[...]), or map it as a choice"
         )
     if whole:
         return tuple(str(level) for level in range(int(low), int(high) + 1))
@@ -476,8 +505,8 @@ def request_questions(mapping: Mapping) -> dict[str, dict[str, Any]]:
 
 
 def _question_json(question: QuestionMapping) -> dict[str, Any]:
-    """The question as the row format writes it (docs/data-format.md, "Questions"); a score's level the mapping
-    leaves undescribed is described by its label."""
+    """The question as the row format writes it (docs/data-format.md, "Questions"); a score's level the
+    mapping leaves undescribed is described by its label."""
     descriptions = question.descriptions
     if question.type == "score":
         descriptions = tuple(d if d is not None else o for o, d in zip(question.options, descriptions))
@@ -486,7 +515,8 @@ def _question_json(question: QuestionMapping) -> dict[str, Any]:
 
 
 def _gold_cells(values: list[Any], question: QuestionMapping) -> list[Any]:
-    """Each row's gold entry for the question (None for a blank cell): an option id, a level, or true/false."""
+    """Each row's gold entry for the question (None for a blank cell): an option id, a level, or
+    true/false."""
     if question.type == "noul":
         entry = lambda text: NOUL_LABELS[text.strip().lower()]  # noqa: E731
     elif question.type == "score":
@@ -512,7 +542,8 @@ def state_cells(cells: dict[str, list[Any]], state: str | tuple[str, ...]) -> li
 
 
 def decision_rows(mapped: MappedColumns, limit: int | None = None) -> list[dict[str, Any]]:
-    """The first `limit` mapped rows (all with None) as the row format writes them, `id` first where mapped."""
+    """The first `limit` mapped rows (all with None) as the row format writes them, `id` first where
+    mapped."""
     columns = mapped.columns
     count = len(columns) if limit is None else min(limit, len(columns))
     questions = orjson.loads(columns.questions[0]) if count else {}
@@ -558,7 +589,10 @@ def _write_jsonl(mapped: MappedColumns, path: Path) -> None:
 
 def _write_parquet(mapped: MappedColumns, path: Path) -> None:
     columns = mapped.columns
-    text = lambda value: value if isinstance(value, str) or value is None else orjson.dumps(value).decode()  # noqa: E731
+
+    def text(value: Any) -> Any:
+        return value if isinstance(value, str) or value is None else orjson.dumps(value).decode()
+
     table = {"id": _arrow_column(mapped.ids)} if mapped.ids is not None else {}
     table |= {
         "state": pa.array([text(state) for state in columns.state], pa.large_string()),
@@ -579,7 +613,8 @@ def _arrow_column(values: list[Any]) -> pa.Array:
 
 
 def option_counts(mapped: MappedColumns) -> dict[str, dict[str, int]]:
-    """Per question, how many rows give each option (in model order; a noul's labels counted as false/true)."""
+    """Per question, how many rows give each option (in model order; a noul's labels counted as
+    false/true)."""
     counted = {}
     for qid, question in mapped.mapping.questions.items():
         by_option = Counter()

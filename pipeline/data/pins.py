@@ -6,9 +6,10 @@ hash is the one DVC writes. One checker, `check_pins`: the retrain flow requires
 matching, or it refuses; the ad-hoc commands require a pinned input to match and let an unpinned one (a user's
 own file) pass; either way the run records which was which (`CheckedInputs`).
 
-A DATA source that is not one path (a glob, one split of a saved DatasetDict, a Hub id: `sources.py`) is pinned
-by the folder `dvc add` tracks for it (`sources.pin_path`); a Hub id cannot be pinned. `data_revision` names the
-rows a source holds: DVC's md5 where the source is all of its pinned path, else an md5 over its shards.
+A DATA source that is not one path (a glob, one split of a saved DatasetDict, a Hub id: `sources.py`) is
+pinned by the folder `dvc add` tracks for it (`sources.pin_path`); a Hub id cannot be pinned. `data_revision`
+names the rows a source holds: DVC's md5 where the source is all of its pinned path, else an md5 over its
+shards.
 """
 
 from __future__ import annotations
@@ -64,8 +65,10 @@ def data_revision(source: str | Path | Source) -> str:
     opened = source if isinstance(source, Source) else open_source(source)
     if opened.whole and opened.pin_path is not None:
         return current_md5(opened.pin_path)
-    lines = [f"{_shard_name(shard.path, opened.pin_path)}\t{shard.path.stat().st_size}\t{current_md5(shard.path)}"
-             for shard in opened.shards]  # fmt: skip
+    lines = [
+        f"{_shard_name(shard.path, opened.pin_path)}\t{shard.path.stat().st_size}\t{current_md5(shard.path)}"
+        for shard in opened.shards
+    ]
     return hashlib.md5("\n".join(lines).encode()).hexdigest()
 
 
@@ -113,8 +116,8 @@ def check_pins(
     named: dict[str, str | Path | None], lock_path: str | Path = LOCK_FILE, require: bool = False
 ) -> CheckedInputs:
     """Check each named input (None: not given) against its DVC pin: a pinned one must match (`PinMismatch`
-    listing every problem); one no pin covers passes unchecked, or with `require` is refused (`Unpinned`, raised
-    before anything is hashed, naming each path and the command that pins it)."""
+    listing every problem); one no pin covers passes unchecked, or with `require` is refused (`Unpinned`,
+    raised before anything is hashed, naming each path and the command that pins it)."""
     lock = Path(lock_path)
     root = lock.resolve().parent
     given = {name: str(path) for name, path in named.items() if path is not None}
@@ -181,8 +184,10 @@ def _unpinned_message(missing: list[str], lock: Path) -> str:
 
 def _unpinned_line(path: str, root: Path) -> str:
     if path.startswith(HUB_PREFIX):
-        return (f"{path}: a Hub data set, which DVC cannot pin; save it with `save_to_disk` to a folder in {root} "
-                "and `dvc add` that folder")  # fmt: skip
+        return (
+            f"{path}: a Hub data set, which DVC cannot pin; save it with `save_to_disk` to a folder in "
+            f"{root} and `dvc add` that folder"
+        )
     rel = _relative_to(path, root)
     if rel is None:  # DVC tracks only what lies inside its repository
         return f"{path}: outside {root}, where DVC cannot pin it; copy it in and `dvc add` it"

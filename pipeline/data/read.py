@@ -1,11 +1,11 @@
-"""Read a data source (a file, a folder or glob of shards, a saved or Hub data set: `sources.py`) as Arrow, and
-take a row slice before any row becomes Python.
+"""Read a data source (a file, a folder or glob of shards, a saved or Hub data set: `sources.py`) as Arrow,
+and take a row slice before any row becomes Python.
 
 Rows are numbered across the source's shards in order. Shards whose row count is in their metadata (Parquet
-footers, Arrow batch lengths) are skipped unread when they lie outside the slice, and inside a Parquet shard only
-the row groups that overlap it are read. JSONL and CSV are streamed in record batches; batches before the slice
-are dropped as soon as they are counted. JSONL lines are read by Arrow as one raw text column, so a line is
-decoded only when it falls inside the slice.
+footers, Arrow batch lengths) are skipped unread when they lie outside the slice, and inside a Parquet shard
+only the row groups that overlap it are read. JSONL and CSV are streamed in record batches; batches before the
+slice are dropped as soon as they are counted. JSONL lines are read by Arrow as one raw text column, so a line
+is decoded only when it falls inside the slice.
 
     columns, total_rows = read_columns("data.parquet", RowSlice(1000, 2000))
     for table in iter_tables("data/shards", rows_per_batch=4096): ...   # bounded memory, any source
@@ -127,7 +127,8 @@ def iter_tables(
 
 
 def open_readable(source: str | Path | Source) -> Source:
-    """`sources.open_source`, with an unreadable shard (a corrupt footer, say) refused as `UnreadableInput`."""
+    """`sources.open_source`, with an unreadable shard (a corrupt footer, say) refused as
+    `UnreadableInput`."""
     if isinstance(source, Source):
         return source
     with _readable(str(source), "data"):
@@ -176,7 +177,8 @@ class _Walk:
 
     def _aligned(self, batch: pa.RecordBatch) -> pa.RecordBatch:
         """The batch in the first batch's column order and the source's column types (shards may order their
-        columns apart, and write the same values as string or large_string, dictionary-encoded or all-null)."""
+        columns apart, and write the same values as string or large_string, dictionary-encoded or
+        all-null)."""
         if self._schema is None:
             self._schema = pa.schema(
                 [pa.field(f.name, self._types.get(f.name, f.type)) for f in batch.schema]
@@ -228,7 +230,8 @@ class RawColumns:
 
 
 def read_columns(source: str | Path | Source, row_slice: RowSlice = RowSlice()) -> tuple[RawColumns, int]:
-    """Python cells for the slice only, and the source's row count; `answers` stands in for a missing `gold`."""
+    """Python cells for the slice only, and the source's row count; `answers` stands in for a missing
+    `gold`."""
     opened = open_readable(source)
     _check_columns(opened)
     table, total = read_slice(opened, row_slice, None if opened.fmt == "jsonl" else COLUMNS)
@@ -236,8 +239,8 @@ def read_columns(source: str | Path | Source, row_slice: RowSlice = RowSlice()) 
 
 
 def raw_columns(table: pa.Table) -> RawColumns:
-    """The contract columns of an Arrow table (as `read_slice` or `iter_tables` give it) as Python cells: JSONL
-    lines decoded, `answers` standing in for a missing `gold`, absent columns as None."""
+    """The contract columns of an Arrow table (as `read_slice` or `iter_tables` give it) as Python cells:
+    JSONL lines decoded, `answers` standing in for a missing `gold`, absent columns as None."""
     if LINE_COLUMN in table.column_names:
         return columns_from_rows([_decode_line(line) for line in table.column(LINE_COLUMN).to_pylist()])
     n = table.num_rows
@@ -257,9 +260,9 @@ def columns_from_rows(rows: list[dict[str, Any]]) -> RawColumns:
 
 
 def _decode_line(line: str, keep_unreadable: bool = True) -> dict[str, Any]:
-    """A JSONL line's object ({} for another JSON value). A line that is not JSON is kept raw under `questions`,
-    so validation counts the row as invalid_json rather than dropping it; without `keep_unreadable` (a plain
-    table's cells) it has no cells, and its raw text is no column's value."""
+    """A JSONL line's object ({} for another JSON value). A line that is not JSON is kept raw under
+    `questions`, so validation counts the row as invalid_json rather than dropping it; without
+    `keep_unreadable` (a plain table's cells) it has no cells, and its raw text is no column's value."""
     try:
         row = orjson.loads(line)
     except orjson.JSONDecodeError:
@@ -320,8 +323,8 @@ def _check_columns(source: Source) -> None:
         names = source.schema().names
     if source.fmt != "jsonl" and not set(COLUMNS) & set(names):
         raise BadSource(
-            f"{source.text}: not a decision table: no column named state, questions or gold "
-            f"(found {', '.join(names[:8]) or 'none'}); for a plain table give --mapping FILE, or --state-column "
+            f"{source.text}: not a decision table: no column named state, questions or gold (found "
+            f"{', '.join(names[:8]) or 'none'}); for a plain table give --mapping FILE, or --state-column "
             "and --label-column"
         )
 
@@ -338,8 +341,8 @@ def read_cells(
     source: str | Path | Source, names: Sequence[str], row_slice: RowSlice = RowSlice()
 ) -> TableCells:
     """The named columns of any table (not only a decision file) for the slice only; a name the table lacks is
-    left out of `cells` (the caller says what to do). CSV cells stay text; JSONL lines are decoded in the slice
-    only, and its columns are the keys its rows there use."""
+    left out of `cells` (the caller says what to do). CSV cells stay text; JSONL lines are decoded in the
+    slice only, and its columns are the keys its rows there use."""
     opened = open_readable(source)
     table, total = read_slice(opened, row_slice, None if opened.fmt == "jsonl" else names)
     cells, found = table_cells(table, names)
@@ -350,8 +353,8 @@ def read_cells(
 
 
 def table_cells(table: pa.Table, names: Sequence[str]) -> tuple[dict[str, list[Any]], tuple[str, ...]]:
-    """The named columns of an Arrow table (as `read_slice` or `iter_tables` give it) as Python lists, those it
-    has, and the columns it has: a JSONL table's lines decoded, its columns the keys its rows use."""
+    """The named columns of an Arrow table (as `read_slice` or `iter_tables` give it) as Python lists, those
+    it has, and the columns it has: a JSONL table's lines decoded, its columns the keys its rows use."""
     if LINE_COLUMN in table.column_names:
         # A line that is no JSON object has no cells: its state is then missing, and counted so.
         rows = [_decode_line(line, keep_unreadable=False) for line in table.column(LINE_COLUMN).to_pylist()]
@@ -359,4 +362,3 @@ def table_cells(table: pa.Table, names: Sequence[str]) -> tuple[dict[str, list[A
         return {n: [row.get(n) for row in rows] for n in names if n in found}, found
     found = tuple(table.column_names)
     return {n: column_values(table, n) for n in names if n in found}, found
-

@@ -1,4 +1,5 @@
-"""Share the DVC-pinned dataset and base snapshot through a DVC remote: push them once, pull them on every clone.
+"""Share the DVC-pinned dataset and base snapshot through a DVC remote: push them once, pull them on every
+clone.
 
 A remote is plain DVC configuration, set once per team (`.dvc/config`, committed) or per machine
 (`.dvc/config.local`, not committed); nothing here names one:
@@ -7,9 +8,9 @@ A remote is plain DVC configuration, set once per team (`.dvc/config`, committed
     python -m pipeline.data.remote push     # make push: the outputs dvc.lock pins, to the default remote
     python -m pipeline.data.remote pull     # make pull (and the start of make run): fetch what the remote has
 
-`make run` pulls before `dvc repro`: outputs the remote holds arrive with the bytes dvc.lock pins, so `dvc repro`
-finds their stages up to date and skips them; whatever the remote lacks (or an unreachable remote: DVC reports
-both as missing objects) is left to `dvc repro` to build, as on a machine with no remote at all.
+`make run` pulls before `dvc repro`: outputs the remote holds arrive with the bytes dvc.lock pins, so `dvc
+repro` finds their stages up to date and skips them; whatever the remote lacks (or an unreachable remote: DVC
+reports both as missing objects) is left to `dvc repro` to build, as on a machine with no remote at all.
 """
 
 from __future__ import annotations
@@ -31,7 +32,8 @@ class RemoteError(RuntimeError):
 
 @dataclass(frozen=True)
 class RemoteReport:
-    """What a pull or push did: the remote (its URL with any password masked) and the pinned outputs by fate."""
+    """What a pull or push did: the remote (its URL with any password masked) and the pinned outputs by
+    fate."""
 
     action: str
     remote: str | None
@@ -53,21 +55,23 @@ class RemoteReport:
         if not self.missing:
             return f"{where}: {', '.join(self.present)} present ({self.transferred} file(s) fetched)."
         return (
-            f"{where} has not got {', '.join(self.missing)} (or could not be reached): `dvc repro` builds what "
-            "dvc.yaml builds here; a `dvc add`ed input (your own data or base) has to be pushed (`make push`) from "
-            "where it was added."
+            f"{where} has not got {', '.join(self.missing)} (or could not be reached): `dvc repro` builds "
+            "what dvc.yaml builds here; a `dvc add`ed input (your own data or base) has to be pushed (`make "
+            "push`) from where it was added."
         )
 
 
 def default_remote(root: str | Path = ".") -> tuple[str, str] | None:
-    """(name, masked URL) of the repository's default remote (`.dvc/config` or `.dvc/config.local`), or None."""
+    """(name, masked URL) of the repository's default remote (`.dvc/config` or `.dvc/config.local`), or
+    None."""
     with Repo(str(root)) as repo:
         return _default_remote(repo)
 
 
 def pull_pinned(root: str | Path = ".") -> RemoteReport:
-    """Fetch and check out every cached output dvc.lock pins from the default remote; what it lacks is reported
-    in `missing`, never raised, so `dvc repro` can build it. Without a default remote, does nothing."""
+    """Fetch and check out every cached output dvc.lock pins from the default remote; what it lacks is
+    reported in `missing`, never raised, so `dvc repro` can build it. Without a default remote, does
+    nothing."""
     with Repo(str(root)) as repo:
         remote = _default_remote(repo)
         if remote is None:
@@ -91,8 +95,10 @@ def push_pinned(root: str | Path = ".") -> RemoteReport:
         if remote is None:
             raise RemoteError("no default DVC remote to push to: `dvc remote add -d NAME URL` first")
         if missing:
-            raise RemoteError(f"not here, so not pushed: {', '.join(missing)}; build what dvc.yaml builds with `dvc "
-                              "repro`, and bring back a `dvc add`ed input with `dvc checkout` (or `dvc pull`)")  # fmt: skip
+            raise RemoteError(
+                f"not here, so not pushed: {', '.join(missing)}; build what dvc.yaml builds with `dvc "
+                "repro`, and bring back a `dvc add`ed input with `dvc checkout` (or `dvc pull`)"
+            )
         try:
             pushed = repo.push()
         except (ImportError, DvcException) as error:
@@ -110,10 +116,15 @@ def _default_remote(repo: Repo) -> tuple[str, str] | None:
 def _outputs_on_disk(repo: Repo, root: Path) -> tuple[list[str], list[str]]:
     """The stage outputs DVC caches (and so pushes and pulls; a `cache: false` output stays with its stage),
     split into those present under `root` and those missing."""
-    # An output's own path is relative to its .dvc file (`own.jsonl` in data/own/own.jsonl.dvc): named from root.
+    # An output's own path is relative to its .dvc file (`own.jsonl` in data/own/own.jsonl.dvc): named from
+    # root.
     root = root.resolve()
-    paths = sorted(Path(out.fs_path).relative_to(root).as_posix() for stage in repo.index.stages for out in stage.outs
-                   if out.use_cache)  # fmt: skip
+    paths = sorted(
+        Path(out.fs_path).relative_to(root).as_posix()
+        for stage in repo.index.stages
+        for out in stage.outs
+        if out.use_cache
+    )
     present = [path for path in paths if (root / path).exists()]
     return present, [path for path in paths if path not in present]
 

@@ -40,9 +40,9 @@ class UnreadableInput(ValueError):
 
 
 class BadSource(UnreadableInput):
-    """The source is the user's mistake (no such path, an unknown format, an empty folder, shards that disagree,
-    a plain table with no mapping, a Hub id while offline): the CLI says so in one line and exits 2, before
-    anything trains."""
+    """The source is the user's mistake (no such path, an unknown format, an empty folder, shards that
+    disagree, a plain table with no mapping, a Hub id while offline): the CLI says so in one line and exits 2,
+    before anything trains."""
 
 
 def detect_format(path: Path) -> str:
@@ -65,8 +65,8 @@ def detect_format(path: Path) -> str:
 
 @dataclass(frozen=True)
 class Shard:
-    """One file of a source. `fmt` is parquet, jsonl, csv or arrow (an Arrow IPC stream, as `datasets` writes);
-    `partition` holds the hive partition values (`lang=en/`) that become columns of every row."""
+    """One file of a source. `fmt` is parquet, jsonl, csv or arrow (an Arrow IPC stream, as `datasets`
+    writes); `partition` holds the hive partition values (`lang=en/`) that become columns of every row."""
 
     path: Path
     fmt: str
@@ -219,8 +219,8 @@ def _open_text(path: Path, fmt: str) -> pa_csv.CSVStreamingReader:
         # Every cell as text: types inferred from the first block could clash with a later block's, and a
         # mapping reads a plain table's columns (a label of "1" in one block and "n/a" in the next).
         text = {name: pa.large_string() for name in (*header, *DECISION_COLUMNS)}
-        # Only an empty cell is null: "NA", "null" or "n/a" is text (a country code, a free-text answer), as in
-        # the same rows written as JSONL.
+        # Only an empty cell is null: "NA", "null" or "n/a" is text (a country code, a free-text answer), as
+        # in the same rows written as JSONL.
         convert = pa_csv.ConvertOptions(column_types=text, strings_can_be_null=True, null_values=[""])
     try:
         return pa_csv.open_csv(path, read_options=read, parse_options=parse, convert_options=convert)
@@ -240,8 +240,10 @@ def _refuse_binary(path: Path, fmt: str) -> None:
     if head.startswith(b"PAR1"):
         raise BadSource(f"{path}: a Parquet file named .{fmt}; rename it .parquet")
     if b"\x00" in head:
-        raise BadSource(f"{path}: binary, not {fmt.upper()} text (a NUL byte within its first 4 KiB); give a file "
-                        "of decision rows")  # fmt: skip
+        raise BadSource(
+            f"{path}: binary, not {fmt.upper()} text (a NUL byte within its first 4 KiB); give a file "
+            "of decision rows"
+        )
 
 
 def _refuse_json_array(path: Path) -> None:
@@ -249,8 +251,10 @@ def _refuse_json_array(path: Path) -> None:
     with path.open("rb") as handle:
         head = handle.read(1024).lstrip(b"\xef\xbb\xbf \t\r\n")
     if head.startswith(b"["):
-        raise BadSource(f"{path}: one JSON array, not JSON lines; write one JSON object per line (pandas: "
-                        "to_json(path, orient='records', lines=True))")  # fmt: skip
+        raise BadSource(
+            f"{path}: one JSON array, not JSON lines; write one JSON object per line (pandas: "
+            "to_json(path, orient='records', lines=True))"
+        )
 
 
 def not_utf8(where: str | Path, error: Exception) -> str | None:
@@ -258,16 +262,22 @@ def not_utf8(where: str | Path, error: Exception) -> str | None:
     too, says "invalid UTF8"), or None for another error."""
     if "invalid UTF8" not in str(error) and not isinstance(error, UnicodeDecodeError):
         return None
-    return f"{where}: not UTF-8 text (a file saved as Latin-1 or Windows-1252?); save it as UTF-8 and read it again"
+    return (
+        f"{where}: not UTF-8 text (a file saved as Latin-1 or Windows-1252?); save it as UTF-8 and read it "
+        "again"
+    )
 
 
 def oversized_row(where: str | Path, error: Exception) -> str | None:
-    """The message for a text shard with a row too long to stream in blocks (Arrow says it "straddles" them), or
-    None for another error: no usable row is that long (a state holds at most MAX_STATE_CHARS characters)."""
+    """The message for a text shard with a row too long to stream in blocks (Arrow says it "straddles" them),
+    or None for another error: no usable row is that long (a state holds at most MAX_STATE_CHARS
+    characters)."""
     if "straddl" not in str(error):
         return None
-    return (f"{where}: a row (line) too long to read in blocks of {_BLOCK_SIZE >> 20} MiB, and no usable row is "
-            f"(a state holds at most {MAX_STATE_CHARS:,} characters); shorten or drop it")  # fmt: skip
+    return (
+        f"{where}: a row (line) too long to read in blocks of {_BLOCK_SIZE >> 20} MiB, and no usable row is "
+        f"(a state holds at most {MAX_STATE_CHARS:,} characters); shorten or drop it"
+    )
 
 
 def csv_header(path: Path) -> list[str]:

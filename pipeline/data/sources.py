@@ -1,5 +1,6 @@
-"""What a DATA argument names: a file, a folder or glob of shards, a partitioned Parquet data set, a Hugging Face
-`datasets` folder (`save_to_disk`), or a Hub id; resolved to an ordered list of shards before any row is read.
+"""What a DATA argument names: a file, a folder or glob of shards, a partitioned Parquet data set, a Hugging
+Face `datasets` folder (`save_to_disk`), or a Hub id; resolved to an ordered list of shards before any row is
+read.
 
     decision validate rows.parquet               # one file: JSONL, Parquet or CSV
     decision validate data/shards                # a folder of *.parquet or *.jsonl shards, in name order
@@ -10,8 +11,9 @@
     decision validate hf:owner/name[/config][:split]   # the Hub, where `datasets` is installed and online
 
 A Hub id is loaded with the optional `datasets` package, which prepares the split once in its cache (or reads
-the cache when offline); the Arrow files it prepared are then read as a `save_to_disk` folder's are. Without the
-package, or offline without a cached copy, the source is refused in one line saying how to bring the data here.
+the cache when offline); the Arrow files it prepared are then read as a `save_to_disk` folder's are. Without
+the package, or offline without a cached copy, the source is refused in one line saying how to bring the data
+here.
 
 Shards of one source must share one format and one schema (column names and types); a source that breaks this,
 an empty folder or a glob that matches nothing is a `BadSource`, raised before any row is read.
@@ -39,7 +41,8 @@ from pipeline.data.shards import (
 )
 
 HUB_PREFIX = "hf:"
-# Where a harvested row came from (`pipeline.flywheel.harvest`): shards may have them or not; training never reads them.
+# Where a harvested row came from (`pipeline.flywheel.harvest`): shards may have them or not; training never
+# reads them.
 PROVENANCE_COLUMNS = ("decision_id", "decided_at", "decided_by")
 DEFAULT_SPLIT = "train"
 _GLOB_CHARS = set("*?[")
@@ -50,9 +53,10 @@ _SHARD_FORMATS = {**{s: "jsonl" for s in JSONL_SUFFIXES}, **{s: "parquet" for s 
 class Source:
     """A resolved DATA argument: its shards in reading order, and the path DVC pins for it.
 
-    `kind` is file, shards (a folder or glob), partitioned, saved (a `save_to_disk` folder) or hub. `pin_path` is
-    the file or folder `dvc add` tracks (a glob's folder, a DatasetDict's root), None for a Hub id. `whole` is
-    True when the shards are everything under `pin_path`, so the folder's DVC hash names exactly these rows.
+    `kind` is file, shards (a folder or glob), partitioned, saved (a `save_to_disk` folder) or hub. `pin_path`
+    is the file or folder `dvc add` tracks (a glob's folder, a DatasetDict's root), None for a Hub id. `whole`
+    is True when the shards are everything under `pin_path`, so the folder's DVC hash names exactly these
+    rows.
     """
 
     text: str
@@ -93,7 +97,8 @@ def pin_path(text: str | Path) -> Path | None:
 
 def written_into(out: str | Path, data: str) -> str | None:
     """How a file written to `out` would be read back as part of DATA, or None: it is DATA's file, or lies in
-    DATA's folder (or under a glob's), where the next read takes it for a shard. A Hub id is never written to."""
+    DATA's folder (or under a glob's), where the next read takes it for a shard. A Hub id is never written
+    to."""
     source = pin_path(data)
     if source is None:
         return None
@@ -136,9 +141,9 @@ def _folder(text: str, path: Path) -> Source:
 
 
 def _without_metadata(files: list[Path]) -> list[Path]:
-    """A folder's files less its `.json` files where it holds `.jsonl`, `.ndjson` or `.parquet` shards: there a
-    `.json` file is the data set's description (`info.json`, `stats.json`, often pretty-printed), not rows. A
-    folder of `.json` files alone is read as JSON lines (Spark writes `part-*.json`)."""
+    """A folder's files less its `.json` files where it holds `.jsonl`, `.ndjson` or `.parquet` shards: there
+    a `.json` file is the data set's description (`info.json`, `stats.json`, often pretty-printed), not rows.
+    A folder of `.json` files alone is read as JSON lines (Spark writes `part-*.json`)."""
     if not any(p.suffix.lower() in _SHARD_FORMATS and p.suffix.lower() != ".json" for p in files):
         return files
     return [p for p in files if p.suffix.lower() != ".json"]
@@ -147,8 +152,10 @@ def _without_metadata(files: list[Path]) -> list[Path]:
 def _typed_shards(text: str, files: list[Path]) -> tuple[Shard, ...]:
     """Shards of one format, in name order; a CSV among them, mixed formats or none at all are refused."""
     if csv := [p.name for p in files if p.suffix.lower() == ".csv"]:
-        raise BadSource(f"{text}: holds CSV files ({csv[0]}); shards must be Parquet or JSONL (convert them, "
-                        "or pass one CSV file as DATA)")  # fmt: skip
+        raise BadSource(
+            f"{text}: holds CSV files ({csv[0]}); shards must be Parquet or JSONL (convert them, "
+            "or pass one CSV file as DATA)"
+        )
     shards = [Shard(p, _SHARD_FORMATS[p.suffix.lower()]) for p in files if p.suffix.lower() in _SHARD_FORMATS]
     if not shards:
         raise BadSource(
@@ -156,8 +163,10 @@ def _typed_shards(text: str, files: list[Path]) -> tuple[Shard, ...]:
         )
     if len(formats := sorted({s.fmt for s in shards})) > 1:
         examples = [f"{fmt} ({next(s.path.name for s in shards if s.fmt == fmt)})" for fmt in formats]
-        raise BadSource(f"{text}: mixes {' and '.join(examples)} shards; keep one format per source (move the "
-                        "other files out)")  # fmt: skip
+        raise BadSource(
+            f"{text}: mixes {' and '.join(examples)} shards; keep one format per source (move the "
+            "other files out)"
+        )
     return tuple(shards)
 
 
@@ -169,7 +178,8 @@ def _glob_shards(text: str) -> tuple[Shard, ...]:
 
 
 def _partitioned_shards(path: Path) -> tuple[Shard, ...]:
-    """Hive-partitioned Parquet (`key=value/` folders): one shard per file, its partition values as columns."""
+    """Hive-partitioned Parquet (`key=value/` folders): one shard per file, its partition values as
+    columns."""
     try:
         dataset = ds.dataset(path, format="parquet", partitioning="hive")
     except (pa.ArrowException, OSError) as error:
@@ -189,8 +199,10 @@ def _partition_shard(fragment: ds.ParquetFileFragment, schema: pa.Schema) -> Sha
 def _default_split(path: Path) -> str:
     splits = json.loads((path / "dataset_dict.json").read_text()).get("splits", [])
     if DEFAULT_SPLIT not in splits:
-        raise BadSource(f"{path}: a DatasetDict without a {DEFAULT_SPLIT!r} split; name one as "
-                        f"{path}:SPLIT (it has {', '.join(splits) or 'none'})")  # fmt: skip
+        raise BadSource(
+            f"{path}: a DatasetDict without a {DEFAULT_SPLIT!r} split; name one as "
+            f"{path}:SPLIT (it has {', '.join(splits) or 'none'})"
+        )
     return DEFAULT_SPLIT
 
 
@@ -198,8 +210,10 @@ def _saved_shards(folder: Path) -> tuple[Shard, ...]:
     """The Arrow files of a `save_to_disk` folder, in the order its `state.json` lists them."""
     state = folder / "state.json"
     if not state.is_file():
-        raise BadSource(f"{folder}: not a datasets save_to_disk folder (no state.json); save it again with "
-                        "Dataset.save_to_disk")  # fmt: skip
+        raise BadSource(
+            f"{folder}: not a datasets save_to_disk folder (no state.json); save it again with "
+            "Dataset.save_to_disk"
+        )
     files = [folder / entry["filename"] for entry in json.loads(state.read_text()).get("_data_files", [])]
     if not files:
         raise BadSource(
@@ -237,29 +251,33 @@ def _glob_root(text: str) -> Path:
 
 def _check_schemas(source: Source) -> None:
     """Every shard has the first shard's columns and types (JSONL lines are checked row by row later), but for
-    the provenance columns a harvested shard adds (`PROVENANCE_COLUMNS`), which training never reads; no column
-    name is given twice (a CSV header can), which no column choice could tell apart."""
+    the provenance columns a harvested shard adds (`PROVENANCE_COLUMNS`), which training never reads; no
+    column name is given twice (a CSV header can), which no column choice could tell apart."""
     if source.fmt == "jsonl" or not source.shards:
         return
     names = source.shards[0].schema().names
     if repeated := sorted({name for name in names if names.count(name) > 1}):
-        raise BadSource(f"{source.text}: column(s) {', '.join(map(repr, repeated))} named more than once in "
-                        f"{source.shards[0].path.name}; give each column a name of its own")  # fmt: skip
+        raise BadSource(
+            f"{source.text}: column(s) {', '.join(map(repr, repeated))} named more than once in "
+            f"{source.shards[0].path.name}; give each column a name of its own"
+        )
     if len(source.shards) < 2:
         return
     first = _signature(source.shards[0].schema())
     for shard in source.shards[1:]:
         found = _signature(shard.schema())
         if found.keys() != first.keys() or not all(same_values(first[n], found[n]) for n in first):
-            raise BadSource(f"{source.text}: shard {shard.path.name} has another schema than "
-                            f"{source.shards[0].path.name} ({_difference(first, found)}); make the shards "
-                            "agree or read them as separate sources")  # fmt: skip
+            raise BadSource(
+                f"{source.text}: shard {shard.path.name} has another schema than "
+                f"{source.shards[0].path.name} ({_difference(first, found)}); make the shards "
+                "agree or read them as separate sources"
+            )
 
 
 def canonical_type(kind: pa.DataType) -> pa.DataType:
-    """The type a column's values are read as, whatever the writer's encoding of it: dictionary-encoded values as
-    their value type, large strings, binaries and lists as plain ones (pandas and polars write the same text as
-    `large_string` and `string`, and a Parquet writer may dictionary-encode it)."""
+    """The type a column's values are read as, whatever the writer's encoding of it: dictionary-encoded values
+    as their value type, large strings, binaries and lists as plain ones (pandas and polars write the same
+    text as `large_string` and `string`, and a Parquet writer may dictionary-encode it)."""
     if pa.types.is_dictionary(kind):
         return canonical_type(kind.value_type)
     if pa.types.is_large_string(kind):
@@ -277,8 +295,9 @@ def same_values(a: pa.DataType, b: pa.DataType) -> bool:
 
 
 def column_types(source: Source) -> dict[str, pa.DataType]:
-    """The type each column of a source's shards is read as: the shards' own where they agree exactly, else the
-    canonical type of the first that is not all-null (`_check_schemas` has refused values of other kinds)."""
+    """The type each column of a source's shards is read as: the shards' own where they agree exactly, else
+    the canonical type of the first that is not all-null (`_check_schemas` has refused values of other
+    kinds)."""
     if len(source.shards) < 2 or source.fmt not in ("parquet", "arrow"):
         return {}
     schemas = [shard.schema() for shard in source.shards]
@@ -318,26 +337,31 @@ def parse_hub_id(spec: str) -> tuple[str, str | None, str]:
 
 
 def hub_shards(spec: str) -> tuple[Shard, ...]:
-    """The Arrow files `datasets` prepared for the split, in order; refused in one line when it cannot load."""
+    """The Arrow files `datasets` prepared for the split, in order; refused in one line when it cannot
+    load."""
     repo, config, split = parse_hub_id(spec)
     try:
         import datasets  # optional: only a Hub id needs it, so it is imported only for one
     except ImportError:
-        raise BadSource(f"hf:{spec}: the `datasets` package is not installed; `pip install datasets`, "
-                             f"or {_OFFLINE_HELP}") from None  # fmt: skip
+        raise BadSource(
+            f"hf:{spec}: the `datasets` package is not installed; `pip install datasets`, or {_OFFLINE_HELP}"
+        ) from None
     if (
         not env_flag_set("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")
         and (unreachable := _hub_unreachable()) is not None
     ):
         # Refused at once: `datasets` would retry for half a minute, printing each retry, before failing.
-        raise BadSource(f"hf:{spec}: the Hugging Face Hub cannot be reached from here ({unreachable}); "
-                        f"{_OFFLINE_HELP} (or, for a data set in the local cache, set HF_HUB_OFFLINE=1)")  # fmt: skip
+        raise BadSource(
+            f"hf:{spec}: the Hugging Face Hub cannot be reached from here ({unreachable}); "
+            f"{_OFFLINE_HELP} (or, for a data set in the local cache, set HF_HUB_OFFLINE=1)"
+        )
     try:
         dataset = datasets.load_dataset(repo, config, split=split)
     except (ConnectionError, OSError, ValueError) as error:
         reason = (str(error).strip().splitlines() or [type(error).__name__])[0][:200]
-        raise BadSource(f"hf:{spec}: cannot load it from the Hugging Face Hub ({reason}); "
-                             f"{_OFFLINE_HELP}") from None  # fmt: skip
+        raise BadSource(
+            f"hf:{spec}: cannot load it from the Hugging Face Hub ({reason}); {_OFFLINE_HELP}"
+        ) from None
     files = [Path(entry["filename"]) for entry in dataset.cache_files]
     if not files:
         raise BadSource(
@@ -347,8 +371,8 @@ def hub_shards(spec: str) -> tuple[Shard, ...]:
 
 
 def env_flag_set(*names: str) -> bool:
-    """Whether any of these environment variables is set on (1, ON, YES or TRUE, as Hugging Face libraries read
-    their offline flags: `datasets` reads its cache only under HF_HUB_OFFLINE or HF_DATASETS_OFFLINE)."""
+    """Whether any of these environment variables is set on (1, ON, YES or TRUE, as Hugging Face libraries
+    read their offline flags: `datasets` reads its cache only under HF_HUB_OFFLINE or HF_DATASETS_OFFLINE)."""
     return any((os.environ.get(name) or "").upper() in {"1", "ON", "YES", "TRUE"} for name in names)
 
 

@@ -1,21 +1,22 @@
 """The held-out split: whole rows, chosen by a stable hash of each row's content (or of its group).
 
 A row's place in the hash order depends on its content only, so reordering the file never moves it. Rows that
-share a `group` (`Record.group`: a user, a document, a source) take one place, their group's, and go to one side
-together, so a model is measured on groups it never saw; a ledger entry for any of them holds out all of them.
-Rows that share a normalised state, or are near-duplicates (`leakage`), are joined to one unit with their groups
-(transitively), placed at the lowest of their rows' places: one state asked two ways never lands on both sides,
-and a row alone or a group alone falls where it always did. Rows are candidates when their hash falls below
-`holdout_fraction`; candidates are taken in hash order up to `holdout_max_decisions` decisions. Without a memory,
-a new row that hashes low would push a held-out row into training once the cap binds; so each data set has a
-ledger (`ledger_path`: `validate.holdout_ledger`, or `<data>.holdout-ledger.txt` beside the path DVC pins): the
-rows it lists stay held out whatever the budget, new candidates fill only what budget is left, and
-`record_heldout` adds them to it (the validate stage, `decision init` and `decision harvest` do).
+share a `group` (`Record.group`: a user, a document, a source) take one place, their group's, and go to one
+side together, so a model is measured on groups it never saw; a ledger entry for any of them holds out all of
+them. Rows that share a normalised state, or are near-duplicates (`leakage`), are joined to one unit with
+their groups (transitively), placed at the lowest of their rows' places: one state asked two ways never lands
+on both sides, and a row alone or a group alone falls where it always did. Rows are candidates when their hash
+falls below `holdout_fraction`; candidates are taken in hash order up to `holdout_max_decisions` decisions.
+Without a memory, a new row that hashes low would push a held-out row into training once the cap binds; so
+each data set has a ledger (`ledger_path`: `validate.holdout_ledger`, or `<data>.holdout-ledger.txt` beside
+the path DVC pins): the rows it lists stay held out whatever the budget, new candidates fill only what budget
+is left, and `record_heldout` adds them to it (the validate stage, `decision init` and `decision harvest` do).
 
 The validation split is carved from the training side the same way, from the other end of the hash order (the
 rows that hash highest, up to `validation_fraction` and `validation_max_decisions`): never trained on, it is
 what the calibrator is fitted on, so nothing fitted ever reads a held-out label. No ledger is needed: a row
-that hashes that high is never a held-out candidate, so growth moves rows between training and validation only.
+that hashes that high is never a held-out candidate, so growth moves rows between training and validation
+only.
 """
 
 from __future__ import annotations
@@ -52,17 +53,17 @@ class Split:
     kept_together: KeptTogether = field(default_factory=KeptTogether)
     """Rows that share a normalised state, or are near-duplicates, with another row: each kept on one side."""
     eval_overlap_rows: int | None = None
-    """With the held-out rows from another file (`--eval-data`): how many share a normalised state with a training
-    row; None when the held-out rows were split from the data."""
+    """With the held-out rows from another file (`--eval-data`): how many share a normalised state with a
+    training row; None when the held-out rows were split from the data."""
 
     def every_record(self) -> list[Record]:
         """Training, validation and held-out records together."""
         return self.train + self.validation + self.heldout
 
     def summary(self) -> dict[str, int]:
-        """Row and decision counts on each side, group counts where the rows have groups, the rows kept on one side
-        with another (`kept_together`), and with `--eval-data` the held-out rows that share a training row's
-        state."""
+        """Row and decision counts on each side, group counts where the rows have groups, the rows kept on one
+        side with another (`kept_together`), and with `--eval-data` the held-out rows that share a training
+        row's state."""
         counts = {
             "train_rows": len(self.train),
             "train_decisions": _decisions(self.train),
@@ -73,8 +74,10 @@ class Split:
         }
         if any(r.group is not None for r in self.every_record()):
             sides = {"train": self.train, "heldout": self.heldout, "validation": self.validation}
-            counts |= {f"{side}_groups": len({r.group for r in rows if r.group is not None})
-                       for side, rows in sides.items()}  # fmt: skip
+            counts |= {
+                f"{side}_groups": len({r.group for r in rows if r.group is not None})
+                for side, rows in sides.items()
+            }
         counts |= asdict(self.kept_together)
         if self.eval_overlap_rows is not None:
             counts["eval_overlap_rows"] = self.eval_overlap_rows
@@ -95,32 +98,32 @@ LEDGER_SUFFIX = ".holdout-ledger.txt"
 
 def ledger_path(data: str | Path, config: ValidateConfig) -> Path | None:
     """The held-out ledger of the data set `data`: `validate.holdout_ledger` where set, else
-    `<name>.holdout-ledger.txt` beside the file or folder DVC pins for it (beside the pinned folder a file lies in: a
-    ledger inside would change the data revision); None for a Hub id, which nothing pins. ConfigError for a set
-    ledger inside that folder."""
+    `<name>.holdout-ledger.txt` beside the file or folder DVC pins for it (beside the pinned folder a file
+    lies in: a ledger inside would change the data revision); None for a Hub id, which nothing pins.
+    ConfigError for a set ledger inside that folder."""
     pinned = _pinned_path(data)
     if config.holdout_ledger is None:
         return None if pinned is None else pinned.with_name(pinned.name + LEDGER_SUFFIX)
     ledger = Path(config.holdout_ledger)
     if pinned is not None and pinned.is_dir() and ledger.resolve().is_relative_to(pinned.resolve()):
         raise ConfigError(
-            f"validate.holdout_ledger: {ledger} lies inside {pinned}, the data set's folder DVC pins (its revision "
-            "would change); put it beside that folder, or null for the default there"
+            f"validate.holdout_ledger: {ledger} lies inside {pinned}, the data set's folder DVC pins (its "
+            "revision would change); put it beside that folder, or null for the default there"
         )
     return ledger
 
 
 def ledger_under(config: ValidateConfig, root: Path) -> ValidateConfig:
-    """`config` with the ledger it sets (a path in params.yaml or a run config) under the project `root`, where
-    the data it names lies."""
+    """`config` with the ledger it sets (a path in params.yaml or a run config) under the project `root`,
+    where the data it names lies."""
     if config.holdout_ledger is None:
         return config
     return replace(config, holdout_ledger=str(root / config.holdout_ledger))
 
 
 def _pinned_path(data: str | Path) -> Path | None:
-    """What DVC pins for `data` (`sources.pin_path`), or the folder above it that a `.dvc` file pins (`data` is a
-    shard of that folder); None for a Hub id."""
+    """What DVC pins for `data` (`sources.pin_path`), or the folder above it that a `.dvc` file pins (`data`
+    is a shard of that folder); None for a Hub id."""
     path = pin_path(data)
     if path is None:
         return None
@@ -138,8 +141,8 @@ def read_ledger(path: str | Path | None) -> frozenset[str]:
 
 
 def record_heldout(split: Split, path: str | Path) -> int:
-    """Add the split's held-out rows to the ledger at `path` (written whole, then renamed, under a lock: two runs
-    adding at once both land); how many are new."""
+    """Add the split's held-out rows to the ledger at `path` (written whole, then renamed, under a lock: two
+    runs adding at once both land); how many are new."""
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
     with _ledger_lock(target):
@@ -156,7 +159,8 @@ def record_heldout(split: Split, path: str | Path) -> int:
 
 @contextmanager
 def _ledger_lock(ledger: Path) -> Iterator[None]:
-    """The ledger's folder locked (no lock file is left beside the data) while its ledger is read and replaced."""
+    """The ledger's folder locked (no lock file is left beside the data) while its ledger is read and
+    replaced."""
     folder = os.open(ledger.parent, os.O_RDONLY)
     try:
         fcntl.flock(folder, fcntl.LOCK_EX)
@@ -169,8 +173,8 @@ def _ledger_lock(ledger: Path) -> Iterator[None]:
 def split_holdout(
     records: list[Record], config: ValidateConfig, ledger_file: str | Path | None = None
 ) -> Split:
-    """Split records into train and held-out sets (see the module docstring for the rule); the rows the ledger at
-    `ledger_file` lists (`ledger_path`; None: no ledger) stay held out."""
+    """Split records into train and held-out sets (see the module docstring for the rule); the rows the ledger
+    at `ledger_file` lists (`ledger_path`; None: no ledger) stay held out."""
     ledger = read_ledger(ledger_file)
     hashed = _Hashed.of(records)  # once: the ledger, the order and both splits' units read them
     units = _units(records, hashed.state)
@@ -202,8 +206,8 @@ def split_holdout(
 @gc_paused()
 def carve_validation(split: Split, config: ValidateConfig) -> Split:
     """`split` with its validation split carved from the training rows (or groups) that hash highest (module
-    docstring): up to `validation_fraction` of the training decisions and `validation_max_decisions`; none when
-    that is fewer than `validation_min_decisions`, or would leave no training row."""
+    docstring): up to `validation_fraction` of the training decisions and `validation_max_decisions`; none
+    when that is fewer than `validation_min_decisions`, or would leave no training row."""
     return _carved(split, config, _Hashed.of(split.train))
 
 
@@ -248,8 +252,8 @@ def _carved(split: Split, config: ValidateConfig, hashed: _Hashed) -> Split:
 
 def _units(records: list[Record], keys: Callable[[Record], StateKeys]) -> list[list[Record]]:
     """What goes to one side whole, in the order of each one's first row: rows joined, directly or through
-    others, by a shared group (`Record.group`), normalised state or near-duplicate key (`keys`); each other row
-    alone."""
+    others, by a shared group (`Record.group`), normalised state or near-duplicate key (`keys`); each other
+    row alone."""
     parent = list(range(len(records)))
     firsts: tuple[dict, dict, dict] = ({}, {}, {})  # each state's, group's and near-duplicate key's first row
     for i, record in enumerate(records):
@@ -286,8 +290,8 @@ def _row_position(record: Record, digest: Callable[[Record], str]) -> float:
 
 @dataclass(frozen=True)
 class TrainSource:
-    """Where a run's decisions come from and how they split: rows START:END of a file, split by `split_config`,
-    or all of them for training with `eval_data` held out instead."""
+    """Where a run's decisions come from and how they split: rows START:END of a file, split by
+    `split_config`, or all of them for training with `eval_data` held out instead."""
 
     data: str | Path
     row_slice: RowSlice = field(default_factory=RowSlice)
@@ -295,8 +299,8 @@ class TrainSource:
     split_config: ValidateConfig = field(default_factory=ValidateConfig)
 
     def validated(self, report: Callable[[str], None] | None = None) -> SplitData:
-        """Validate the rows (and `eval_data`) and split them, the data set's ledger (`ledger_path`) read: once per
-        run; later steps read the result.
+        """Validate the rows (and `eval_data`) and split them, the data set's ledger (`ledger_path`) read:
+        once per run; later steps read the result.
 
         With `split_config.mapping` both files are plain tables mapped to decision rows, `eval_data` with the
         options fixed on `data` (so both ask the same questions). `report` hears of each file's reading and
@@ -312,8 +316,8 @@ class TrainSource:
         return SplitData(validated.report, self._held_apart(validated.records, held.records))
 
     def _held_apart(self, records: list[Record], held: list[Record]) -> Split:
-        """All of `records` for training (less the validation split carved from them), `held` held out, and how
-        many of those share a normalised state with a training row."""
+        """All of `records` for training (less the validation split carved from them), `held` held out, and
+        how many of those share a normalised state with a training row."""
         split = carve_validation(Split(records, held), self.split_config)
         trained = state_fingerprints(r.state for r in split.train)
         return replace(split, eval_overlap_rows=overlapping((r.state for r in held), trained))
@@ -324,8 +328,10 @@ def refuse_unusable(source: str | Path, report: ValidationReport) -> None:
     score, so nothing is loaded, trained or written for it."""
     if report.kept == 0:
         reasons = ", ".join(f"{reason} {n:,}" for reason, n in report.skipped.items() if n) or "no rows"
-        raise BadSource(f"{source}: no usable decision ({report.decisions:,} decisions; skipped: {reasons}); "
-                        f"`decision validate {source}` shows an example of each reason")  # fmt: skip
+        raise BadSource(
+            f"{source}: no usable decision ({report.decisions:,} decisions; skipped: {reasons}); "
+            f"`decision validate {source}` shows an example of each reason"
+        )
 
 
 @dataclass(frozen=True)
@@ -350,7 +356,8 @@ class SplitData:
 
     @staticmethod
     def load(path: str | Path) -> SplitData:
-        """What `save` wrote (a file of this run's own: pickle is safe to read here, never for foreign files)."""
+        """What `save` wrote (a file of this run's own: pickle is safe to read here, never for foreign
+        files)."""
         with open(path, "rb") as handle:
             loaded = pickle.load(handle)
         if not isinstance(loaded, SplitData):

@@ -105,17 +105,39 @@ def broken_rows() -> list[tuple[dict[str, Any], str, int]]:
         ({"state": "s", "questions": {"q": q, "r": q}}, "missing_gold", 2),
         ({"state": "s", "questions": {f"q{i}": q for i in range(65)}, "gold": {}}, "too_many_questions", 65),
         ({"state": "s", "questions": {"q": "just a string"}, "gold": {"q": "a"}}, "bad_question", 1),
-        ({"state": "s", "questions": {"q": {**q, "type": "rank"}}, "gold": {"q": "a"}}, "unknown_question_type", 1),
+        (
+            {"state": "s", "questions": {"q": {**q, "type": "rank"}}, "gold": {"q": "a"}},
+            "unknown_question_type",
+            1,
+        ),
         ({"state": "s", "questions": {"q": {**q, "criteria": 7}}, "gold": {"q": "a"}}, "bad_criteria", 1),
-        ({"state": "s", "questions": {"q": {**q, "criteria": [str(i) for i in range(256)]}}, "gold": {"q": "1"}},
-         "too_many_options", 1),
-        ({"state": "s", "questions": {"q": {**q, "criteria": ["a", "a"]}}, "gold": {"q": "a"}}, "repeated_options", 1),
+        (
+            {
+                "state": "s",
+                "questions": {"q": {**q, "criteria": [str(i) for i in range(256)]}},
+                "gold": {"q": "1"},
+            },
+            "too_many_options",
+            1,
+        ),
+        (
+            {"state": "s", "questions": {"q": {**q, "criteria": ["a", "a"]}}, "gold": {"q": "a"}},
+            "repeated_options",
+            1,
+        ),
         ({"state": long_text, "questions": {"q": q}, "gold": {"q": "a"}}, "too_long", 1),
         ({"state": "s", "questions": {"q": q, "r": q}, "gold": {"q": "a"}}, "no_gold_for_question", 1),
         ({"state": "s", "questions": {"q": q}, "gold": {"q": "c"}}, "gold_label_not_an_option", 1),
-        ({"state": "s", "questions": {"q": q}, "gold": {"q": {"label": "a", "probabilities": {"a": 0.9, "b": 0.9}}}},
-         "gold_probabilities_invalid", 1),
-    ]  # fmt: skip
+        (
+            {
+                "state": "s",
+                "questions": {"q": q},
+                "gold": {"q": {"label": "a", "probabilities": {"a": 0.9, "b": 0.9}}},
+            },
+            "gold_probabilities_invalid",
+            1,
+        ),
+    ]
 
 
 def generate_rows(
@@ -125,10 +147,11 @@ def generate_rows(
     rng = random.Random(seed)
     broken = [row for row, _, _ in broken_rows()]
     return [
-        broken[(i // broken_every) % len(broken)] if broken_every and i % broken_every == broken_every - 1
+        broken[(i // broken_every) % len(broken)]
+        if broken_every and i % broken_every == broken_every - 1
         else clean_row(rng, state_chars)
         for i in range(n)
-    ]  # fmt: skip
+    ]
 
 
 def _as_text(value: Any) -> str | None:
@@ -139,12 +162,19 @@ def _as_text(value: Any) -> str | None:
 
 def rows_to_table(rows: list[dict[str, Any]]) -> pa.Table:
     """Rows as an Arrow table of JSON text cells (state stays plain text when it is a string)."""
-    return pa.table({
-        "state": [r.get("state") if isinstance(r.get("state"), str | None) else _as_text(r["state"]) for r in rows],
-        "questions": [r.get("questions") if isinstance(r.get("questions"), str) else _as_text(r.get("questions"))
-                      for r in rows],
-        "gold": [_as_text(r.get("gold")) for r in rows],
-    })  # fmt: skip
+    return pa.table(
+        {
+            "state": [
+                r.get("state") if isinstance(r.get("state"), str | None) else _as_text(r["state"])
+                for r in rows
+            ],
+            "questions": [
+                r.get("questions") if isinstance(r.get("questions"), str) else _as_text(r.get("questions"))
+                for r in rows
+            ],
+            "gold": [_as_text(r.get("gold")) for r in rows],
+        }
+    )
 
 
 def write_rows(rows: list[dict[str, Any]], path: str | Path, row_group_size: int = 10_000) -> Path:

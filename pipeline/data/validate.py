@@ -1,8 +1,8 @@
 """Validate decision rows: parse facts per decision, judge them with a pandera schema, count skips by reason.
 
-Parsing (`pipeline.data.facts`) turns each row into flat per-decision facts; the pandera schema below holds the
-rules, one named check per reason code, evaluated column-wise over all decisions at once. A decision that fails
-several checks is counted under the first reason in `contract.REASONS`. Nothing raises on a bad row.
+Parsing (`pipeline.data.facts`) turns each row into flat per-decision facts; the pandera schema below holds
+the rules, one named check per reason code, evaluated column-wise over all decisions at once. A decision that
+fails several checks is counted under the first reason in `contract.REASONS`. Nothing raises on a bad row.
 
     decision validate data/processed/vader.jsonl --slice 0:1000
 """
@@ -45,18 +45,27 @@ def build_schema() -> pa.DataFrameSchema:
     row_rules = [_rule(code, lambda f, code=code: f["row_error"].ne(code)) for code in contract.ROW_REASONS]
     question_rules = [
         _rule("bad_question", lambda f: ~readable(f) | f["question_ok"]),
-        _rule("unknown_question_type", lambda f: ~readable(f) | ~f["question_ok"]
-              | f["question_type"].isin(contract.QUESTION_TYPES)),
+        _rule(
+            "unknown_question_type",
+            lambda f: ~readable(f) | ~f["question_ok"] | f["question_type"].isin(contract.QUESTION_TYPES),
+        ),
         _rule("bad_criteria", lambda f: ~f["question_type"].isin(contract.QUESTION_TYPES) | f["criteria_ok"]),
-        _rule("too_many_options", lambda f: ~f["criteria_ok"] | f["n_options"].le(_option_limit(f))
-              | f["question_type"].eq("noul")),
+        _rule(
+            "too_many_options",
+            lambda f: ~f["criteria_ok"] | f["n_options"].le(_option_limit(f)) | f["question_type"].eq("noul"),
+        ),
         _rule("repeated_options", lambda f: f["n_options"].eq(f["n_distinct"])),
-        _rule("too_long", lambda f: f["question_chars"].le(contract.MAX_QUESTION_CHARS)
-              & f["state_chars"].le(contract.MAX_STATE_CHARS)),
+        _rule(
+            "too_long",
+            lambda f: (
+                f["question_chars"].le(contract.MAX_QUESTION_CHARS)
+                & f["state_chars"].le(contract.MAX_STATE_CHARS)
+            ),
+        ),
         _rule("no_gold_for_question", lambda f: ~f["criteria_ok"] | f["has_gold"]),
         _rule("gold_label_not_an_option", lambda f: ~f["has_gold"] | f["label_ok"]),
         _rule("gold_probabilities_invalid", lambda f: ~f["has_gold"] | f["probabilities_ok"]),
-    ]  # fmt: skip
+    ]
     return pa.DataFrameSchema(
         {
             "row": pa.Column(int, pa.Check.ge(0)),
@@ -109,13 +118,22 @@ class ValidationReport:
 
     def to_dict(self) -> dict[str, Any]:
         """The report as a JSON-ready dict (the `--json` output and `validation.json`)."""
-        return {
-            "source": self.source, "slice": self.slice, "file_rows": self.file_rows, "rows": self.rows,
-            "decisions": self.decisions, "kept": self.kept, "skipped_total": self.decisions - self.kept,
-            "skipped": dict(self.skipped), "examples": dict(self.examples),
-        } | ({"labels": self.labels} if self.labels else {}) | (
-            {"states": asdict(self.states)} if self.states else {}) | (
-            {"groups": asdict(self.groups)} if self.groups else {})  # fmt: skip
+        return (
+            {
+                "source": self.source,
+                "slice": self.slice,
+                "file_rows": self.file_rows,
+                "rows": self.rows,
+                "decisions": self.decisions,
+                "kept": self.kept,
+                "skipped_total": self.decisions - self.kept,
+                "skipped": dict(self.skipped),
+                "examples": dict(self.examples),
+            }
+            | ({"labels": self.labels} if self.labels else {})
+            | ({"states": asdict(self.states)} if self.states else {})
+            | ({"groups": asdict(self.groups)} if self.groups else {})
+        )
 
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> ValidationReport:
@@ -143,7 +161,8 @@ class ValidatedData:
     records: list[Record]
     report: ValidationReport
     mapping: Mapping | None = None
-    """The mapping the rows were read with, its options fixed (another file read with it gets the same ones)."""
+    """The mapping the rows were read with, its options fixed (another file read with it gets the same
+    ones)."""
 
 
 def validate_columns(columns: RawColumns, first_row: int = 0, with_records: bool = True) -> ValidatedData:
@@ -179,9 +198,10 @@ def validate_file(
 ) -> ValidatedData:
     """Read the slice of a decision file (Arrow first, Python objects for the slice only) and validate it.
 
-    With `mapping`, the file is a plain table and the slice's mapped rows are validated (`pipeline.data.mapping`;
-    raises MappingError for a column the table lacks or a label outside given options). `report` hears of a
-    phase (reading, checking) that runs past 2 s: about 17 and 23 s per million rows on a 2-core machine.
+    With `mapping`, the file is a plain table and the slice's mapped rows are validated
+    (`pipeline.data.mapping`; raises MappingError for a column the table lacks or a label outside given
+    options). `report` hears of a phase (reading, checking) that runs past 2 s: about 17 and 23 s per million
+    rows on a 2-core machine.
     """
     started = time.perf_counter()
     with (
@@ -204,7 +224,8 @@ def validate_file(
 
 
 def judge(facts: Facts) -> np.ndarray:
-    """Per decision, the index in `contract.REASONS` it is skipped for, or -1 when kept (decided by pandera)."""
+    """Per decision, the index in `contract.REASONS` it is skipped for, or -1 when kept (decided by
+    pandera)."""
     if not facts.verdicts:
         return np.zeros(0, dtype=np.int64)
     frame = facts.frame()
@@ -244,8 +265,15 @@ def _report(columns: RawColumns, facts: Facts, reasons: np.ndarray, first_row: i
         skipped[reason] = count
         examples[reason] = {"row": row, "question_id": question_id, "value": value}
     kept = int((reasons < 0).sum())
-    return ValidationReport(len(columns), len(reasons), kept, skipped, examples, states=state_sizes(facts),
-                            groups=group_sizes(facts))  # fmt: skip
+    return ValidationReport(
+        len(columns),
+        len(reasons),
+        kept,
+        skipped,
+        examples,
+        states=state_sizes(facts),
+        groups=group_sizes(facts),
+    )
 
 
 def _offending_value(reason: str, raw: dict[str, Any], question_id: str | None) -> str:
@@ -272,8 +300,10 @@ def _offending_value(reason: str, raw: dict[str, Any], question_id: str | None) 
 
 
 def _too_long(question_chars: int, state_chars: int) -> str:
-    return (f"{question_chars:,} question characters (at most {contract.MAX_QUESTION_CHARS:,}) / {state_chars:,} "
-            f"state characters (at most {contract.MAX_STATE_CHARS:,})")  # fmt: skip
+    return (
+        f"{question_chars:,} question characters (at most {contract.MAX_QUESTION_CHARS:,}) / {state_chars:,} "
+        f"state characters (at most {contract.MAX_STATE_CHARS:,})"
+    )
 
 
 def _first_unparsable(raw: dict[str, Any]) -> Any:
@@ -312,6 +342,14 @@ def _records(facts: Facts, reasons: np.ndarray) -> list[Record]:
             for i in range(count)
             if kept[first + i]
         )
-        records.append(Record(row, facts.states[row], decisions, facts.golds[row], facts.questions[row],
-                              facts.groups.get(row)))  # fmt: skip
+        records.append(
+            Record(
+                row,
+                facts.states[row],
+                decisions,
+                facts.golds[row],
+                facts.questions[row],
+                facts.groups.get(row),
+            )
+        )
     return records

@@ -23,11 +23,11 @@ from pipeline.families.base_folders import folder_problem, weights_problem
 from pipeline.families.joint.family import JointFamily
 from pipeline.families.laya.family import LayaFamily
 
-# transformers builds models inside `no_init_weights`, which swaps torch.nn.init's functions for no-ops process-wide
-# and puts back what it found: two loads at once in two threads (a server's catalog and its shadow's) can leave
-# the no-ops in place for good, and every model initialised later in the process holds uninitialised memory
-# (NaN). One model built at a time: a load, and (in training, where a sweep runs trials in threads) the adapters and
-# heads a family adds to a loaded base.
+# transformers builds models inside `no_init_weights`, which swaps torch.nn.init's functions for no-ops
+# process-wide and puts back what it found: two loads at once in two threads (a server's catalog and its
+# shadow's) can leave the no-ops in place for good, and every model initialised later in the process holds
+# uninitialised memory (NaN). One model built at a time: a load, and (in training, where a sweep runs trials
+# in threads) the adapters and heads a family adds to a loaded base.
 MODEL_BUILDS = threading.Lock()
 
 # Order matters only where a folder could be read as several: a joint export is checked before the rest.
@@ -35,10 +35,10 @@ FAMILIES: dict[str, DecisionFamily] = {family.name: family for family in (JointF
 
 
 PICKING_RULE = (
-    "with no --family (train.family: null) a base trains in the family whose base it is (`starts from` above; "
-    "a Laya-layout folder: laya, a plain Hugging Face encoder or causal LM folder: joint); --family picks another "
-    "that can start from it. The method is that family's default unless --method (train.method) names another. "
-    "A run's first lines say which and why."
+    "with no --family (train.family: null) a base trains in the family whose base it is (`starts from` "
+    "above; a Laya-layout folder: laya, a plain Hugging Face encoder or causal LM folder: joint); --family "
+    "picks another that can start from it. The method is that family's default unless --method "
+    "(train.method) names another. A run's first lines say which and why."
 )
 """How a family and method follow from a base (`decision families` states it)."""
 
@@ -56,8 +56,10 @@ def pick_family(folder: str | Path, name: str | None = None) -> DecisionFamily:
         raise BadBase(folder_problem(folder))
     if name is None:
         return owner
-    raise BadBase(f"{folder}: the {name} family cannot start from it: it is {owner.describe_base(folder)}; "
-                  f"train it in the {owner.name} family (--family {owner.name}, or train.family: null)")  # fmt: skip
+    raise BadBase(
+        f"{folder}: the {name} family cannot start from it: it is {owner.describe_base(folder)}; "
+        f"train it in the {owner.name} family (--family {owner.name}, or train.family: null)"
+    )
 
 
 def _owner(folder: Path) -> DecisionFamily | None:
@@ -66,16 +68,17 @@ def _owner(folder: Path) -> DecisionFamily | None:
 
 
 def resolve_training(base: str | Path, config: TrainConfig) -> tuple[DecisionFamily, TrainConfig]:
-    """The family that trains on `base` and `config` with its family and method filled in (`train.method: null`
-    is the family's default); ConfigError naming `train.method` when the family does not train that way, BadBase
-    when one of the base's weight files is damaged."""
+    """The family that trains on `base` and `config` with its family and method filled in (`train.method:
+    null` is the family's default); ConfigError naming `train.method` when the family does not train that way,
+    BadBase when one of the base's weight files is damaged."""
     family = pick_family(base, config.family)
     if (damaged := weights_problem(Path(base))) is not None:
         raise BadBase(damaged)
     method = config.method or family.default_method
     if method not in family.methods:
-        raise ConfigError(f"train.method={method}: the {family.name} family trains with "
-                          f"{' or '.join(family.methods)}")  # fmt: skip
+        raise ConfigError(
+            f"train.method={method}: the {family.name} family trains with {' or '.join(family.methods)}"
+        )
     if (problem := family.method_problem(Path(base), method)) is not None:
         raise ConfigError(problem)
     resolved = replace(config, family=family.name, method=method)
@@ -92,11 +95,17 @@ def explain_training(base: str | Path, family: DecisionFamily, config: TrainConf
         if owner is family
         else f"set by train.family or --family; the base's own is {owner.name}"
     )
-    why_method = (f"the {family.name} family's default" if config.method == family.default_method
-                  else "set by train.method or --method")  # fmt: skip
+    why_method = (
+        f"the {family.name} family's default"
+        if config.method == family.default_method
+        else "set by train.method or --method"
+    )
     precision, why_precision = family.training_precision(config)
-    return (f"{family.name} family ({why_family}): {base} is {family.describe_base(folder)}; method "
-            f"{config.method} ({why_method})" + (f"; precision {precision} ({why_precision})" if why_precision else ""))  # fmt: skip
+    return (
+        f"{family.name} family ({why_family}): {base} is {family.describe_base(folder)}; method "
+        f"{config.method} ({why_method})"
+        + (f"; precision {precision} ({why_precision})" if why_precision else "")
+    )
 
 
 def load_decision_model(folder: str | Path) -> DecisionModel:
@@ -109,9 +118,9 @@ def load_decision_model(folder: str | Path) -> DecisionModel:
 
 @contextmanager
 def loading(folder: str | Path, refusal: type[ModelLayoutError], what: str, hint: str = "") -> Iterator[None]:
-    """What a loader raises on a folder whose files are missing, truncated, corrupted or of another shape (an OS
-    error, safetensors' own, a shape mismatch, a missing key) as one `refusal` naming the folder; the project's own
-    errors, and running out of memory, as they are."""
+    """What a loader raises on a folder whose files are missing, truncated, corrupted or of another shape (an
+    OS error, safetensors' own, a shape mismatch, a missing key) as one `refusal` naming the folder; the
+    project's own errors, and running out of memory, as they are."""
     try:
         yield
     except (ModelLayoutError, ConfigError, torch.OutOfMemoryError):

@@ -1,9 +1,10 @@
-"""The model-family interface: everything a stage needs of a model family, and nothing a stage may ask beyond it.
+"""The model-family interface: everything a stage needs of a model family, and nothing a stage may ask beyond
+it.
 
 A family is how a backbone turns decision rows into per-option logits and how it is saved. Every stage (train,
-calibrate, export, evaluate, smoke test, gate, Decision API, MLflow model) holds a `DecisionFamily` and the model
-it loaded, and calls the interface; no stage asks which family it holds. `pipeline.families.pick_family` is the
-only place that chooses one.
+calibrate, export, evaluate, smoke test, gate, Decision API, MLflow model) holds a `DecisionFamily` and the
+model it loaded, and calls the interface; no stage asks which family it holds. `pipeline.families.pick_family`
+is the only place that chooses one.
 
     family = pick_family("data/snapshots/minilm")           # laya: a Laya-layout folder
     loaded = family.load("data/snapshots/minilm", config, device)
@@ -44,8 +45,8 @@ EncoderRun = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 @dataclass(frozen=True)
 class Candidate:
     """One of the models a run trains side by side and keeps the best of on its validation split
-    (`DecisionFamily.candidates`): its name, its config and the loaded model it trains. `together`: trained to answer
-    with the others (`DecisionFamily.combined`), not to be chosen among them."""
+    (`DecisionFamily.candidates`): its name, its config and the loaded model it trains. `together`: trained to
+    answer with the others (`DecisionFamily.combined`), not to be chosen among them."""
 
     name: str
     config: TrainConfig
@@ -63,8 +64,8 @@ class BadBase(ModelLayoutError):
 
 
 class NoSuchModel(ModelLayoutError):
-    """A model named where there is none (no such folder, a file, a `models:/` URI of no form the registry reads):
-    the user's input, refused with exit code 2 before any row is read."""
+    """A model named where there is none (no such folder, a file, a `models:/` URI of no form the registry
+    reads): the user's input, refused with exit code 2 before any row is read."""
 
 
 # What a tokenizer raises on text it cannot take (`tokenizers` raises TypeError for non-UTF-8 input): a family
@@ -99,9 +100,10 @@ class ExportResult:
 
 @dataclass(frozen=True, slots=True)
 class StateCut:
-    """What a model reads of one row's state: its tokens as serialised (`contract.state_text`), how many of them
-    its sequences keep (the fewest, where a row is read in several sequences), and the room those sequences left
-    the state (the least). A state longer than its room loses its end (`contract.STATE_TRUNCATION`)."""
+    """What a model reads of one row's state: its tokens as serialised (`contract.state_text`), how many of
+    them its sequences keep (the fewest, where a row is read in several sequences), and the room those
+    sequences left the state (the least). A state longer than its room loses its end
+    (`contract.STATE_TRUNCATION`)."""
 
     tokens: int
     kept: int
@@ -113,13 +115,14 @@ class StateCut:
 
 
 def cut_state(ids: list[int], room: int) -> list[int]:
-    """The state tokens a window of `room` tokens keeps: the first ones, the end cut (`contract.STATE_TRUNCATION`)."""
+    """The state tokens a window of `room` tokens keeps: the first ones, the end cut
+    (`contract.STATE_TRUNCATION`)."""
     return ids[: max(0, room)]
 
 
 def cuts_by_row(sequences: list[tuple[int, StateCut]]) -> list[StateCut]:
-    """One cut per row from `(row, cut)` per sequence: a row read in several sequences counts the one that kept
-    the fewest of its state's tokens, and the least room any of them left it."""
+    """One cut per row from `(row, cut)` per sequence: a row read in several sequences counts the one that
+    kept the fewest of its state's tokens, and the least room any of them left it."""
     rows: dict[int, StateCut] = {}
     for row, cut in sequences:
         seen = rows.setdefault(row, cut)
@@ -132,9 +135,9 @@ class BatchTask:
     """How a family's examples become batches and a summed loss, for the one training loop.
 
     `summed_loss(model, batch, dtype)` sums over the batch's decisions, so accumulation stays exact;
-    `backbone` is the parameter-name prefix that gets the backbone learning rate; `decisions(example)` counts the
-    decisions an example holds; `layers(model)` is the module whose repeated blocks are compiled on GPU; `pad_id`
-    pads token ids (compile buckets pad with it too).
+    `backbone` is the parameter-name prefix that gets the backbone learning rate; `decisions(example)` counts
+    the decisions an example holds; `layers(model)` is the module whose repeated blocks are compiled on GPU;
+    `pad_id` pads token ids (compile buckets pad with it too).
     """
 
     collate: Callable[[list[Any]], dict[str, torch.Tensor]]
@@ -161,13 +164,14 @@ class DecisionFamily(ABC):
         return self.methods[0]
 
     def method_problem(self, base: Path, method: str) -> str | None:
-        """Why this family cannot train `base` with `method` (one of its methods), seen from the folder alone before
-        any data is read; None where it can or only loading tells."""
+        """Why this family cannot train `base` with `method` (one of its methods), seen from the folder alone
+        before any data is read; None where it can or only loading tells."""
         return None
 
     @abstractmethod
     def describe_training(self, folder: Path) -> dict[str, Any]:
-        """What a fine-tune folder or export of this family records of its training (method, steps, config, ...)."""
+        """What a fine-tune folder or export of this family records of its training (method, steps, config,
+        ...)."""
 
     @abstractmethod
     def owns(self, folder: Path) -> bool:
@@ -175,12 +179,13 @@ class DecisionFamily(ABC):
 
     @abstractmethod
     def can_load(self, folder: Path) -> bool:
-        """Whether this family can start from `folder` when asked for by name (a backbone that fits several)."""
+        """Whether this family can start from `folder` when asked for by name (a backbone that fits
+        several)."""
 
     @abstractmethod
     def describe_base(self, folder: Path) -> str:
-        """What this family makes of `folder` as a base, in words: `a plain encoder folder (BertModel): the joint
-        head on its last hidden states, ...` (a run's first lines say it)."""
+        """What this family makes of `folder` as a base, in words: `a plain encoder folder (BertModel): the
+        joint head on its last hidden states, ...` (a run's first lines say it)."""
 
     @abstractmethod
     def is_export(self, folder: Path) -> bool:
@@ -192,7 +197,8 @@ class DecisionFamily(ABC):
 
     @abstractmethod
     def load(self, folder: str | Path, config: TrainConfig | None = None, device: torch.device | None = None):
-        """A base or an export as a loaded model on `device` (the CPU by default); `config` picks e.g. QLoRA."""
+        """A base or an export as a loaded model on `device` (the CPU by default); `config` picks e.g.
+        QLoRA."""
 
     @abstractmethod
     def load_trained(self, folder: str | Path):
@@ -204,8 +210,8 @@ class DecisionFamily(ABC):
 
     @abstractmethod
     def state_cuts(self, examples: list[Any]) -> list[StateCut]:
-        """One `StateCut` per row that `examples` (from one `build_examples` call) read: how many of its state's
-        tokens the model keeps and how many it drops."""
+        """One `StateCut` per row that `examples` (from one `build_examples` call) read: how many of its
+        state's tokens the model keeps and how many it drops."""
 
     @abstractmethod
     def prepare(self, loaded, config: TrainConfig) -> None:
@@ -213,27 +219,35 @@ class DecisionFamily(ABC):
 
     def training_precision(self, config: TrainConfig) -> tuple[str, str]:
         """The precision `config` (its method resolved) really trains in, and why when that is not
-        `config.precision` (the run records and says what ran, not what was asked); `config.precision` by default."""
+        `config.precision` (the run records and says what ran, not what was asked); `config.precision` by
+        default."""
         return config.precision, ""
 
     def candidates(self, loaded, config: TrainConfig) -> list[Candidate]:
         """The models this run trains, one after the other on the same examples (a frozen backbone's features
-        computed once), keeping the one with the lowest loss on the validation split; each config is resolved (nothing
-        left to choose). One by default: `loaded` itself."""
+        computed once), keeping the one with the lowest loss on the validation split; each config is resolved
+        (nothing left to choose). One by default: `loaded` itself."""
         return [Candidate("", config, loaded)]
 
     def combined(self, trained: list[Candidate]) -> Candidate | None:
-        """One model made of the trained candidates together: kept where they were trained `together`, else tried
-        beside them on the validation split and kept where its loss is the lowest; None (the default): none."""
+        """One model made of the trained candidates together: kept where they were trained `together`, else
+        tried beside them on the validation split and kept where its loss is the lowest; None (the default):
+        none."""
         return None
 
     def learn_from_rows(self, loaded, examples: list[Any]) -> None:
-        """Set what the model counts in its training rows rather than learns by gradient (the joint head's word
-        weights), before the first step; nothing by default."""
+        """Set what the model counts in its training rows rather than learns by gradient (the joint head's
+        word weights), before the first step; nothing by default."""
         return None
 
-    def training_examples(self, loaded, examples: list[Any], config: TrainConfig, device: torch.device,
-                          report: Callable[[str], None] | None = None) -> list[Any]:  # fmt: skip
+    def training_examples(
+        self,
+        loaded,
+        examples: list[Any],
+        config: TrainConfig,
+        device: torch.device,
+        report: Callable[[str], None] | None = None,
+    ) -> list[Any]:
         """The examples as the training loop reads them, after `prepare` (a family may compute a frozen
         backbone's features once here); as they are by default."""
         return examples
@@ -243,21 +257,25 @@ class DecisionFamily(ABC):
         """Collate and summed loss for the training loop."""
 
     @abstractmethod
-    def score(self, loaded, examples: list[Any], device: torch.device, batch_size: int = 32,
-              progress: bool = False) -> tuple[list[ScoredDecision], list[np.ndarray]]:  # fmt: skip
+    def score(
+        self, loaded, examples: list[Any], device: torch.device, batch_size: int = 32, progress: bool = False
+    ) -> tuple[list[ScoredDecision], list[np.ndarray]]:
         """Raw option logits of every decision the examples hold (eval mode, no grad), in example order."""
 
     @abstractmethod
-    def served_probabilities(self, loaded, decisions: list[ScoredDecision],
-                             logits: list[np.ndarray]) -> list[np.ndarray]:  # fmt: skip
-        """The probabilities the loaded model answers with for these decisions' logits (its calibration applied)."""
+    def served_probabilities(
+        self, loaded, decisions: list[ScoredDecision], logits: list[np.ndarray]
+    ) -> list[np.ndarray]:
+        """The probabilities the loaded model answers with for these decisions' logits (its calibration
+        applied)."""
 
     @abstractmethod
     def temperatures(self, loaded) -> Temperatures:
         """The loaded model's own temperatures by question type (from its config)."""
 
     def calibrator(self, loaded) -> Calibrator:
-        """The loaded model's calibrator (what a re-export keeps): its calibrator.json, else its type temperatures."""
+        """The loaded model's calibrator (what a re-export keeps): its calibrator.json, else its type
+        temperatures."""
         return loaded.calibrator or type_temperatures(self.temperatures(loaded))
 
     @abstractmethod
@@ -284,8 +302,8 @@ class DecisionFamily(ABC):
         dtype: torch.dtype | None = None,
         encoder: EncoderRun | None = None,
     ) -> list[Answered | BadQuestion]:
-        """Answer parsed requests in shared forward passes (the backbone under autocast to `dtype` when given); a
-        request that cannot be encoded fails alone. `encoder`, when given, runs the encoder pass of
+        """Answer parsed requests in shared forward passes (the backbone under autocast to `dtype` when
+        given); a request that cannot be encoded fails alone. `encoder`, when given, runs the encoder pass of
         `served_encoder` in place of the torch modules (another runtime); the head stays in torch."""
 
     def served_encoder(self, loaded) -> torch.nn.Module | None:

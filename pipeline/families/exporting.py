@@ -1,4 +1,5 @@
-"""Crash-safe export mechanics every family shares: CPU copies, LoRA merging, finiteness checks, staged writes.
+"""Crash-safe export mechanics every family shares: CPU copies, LoRA merging, finiteness checks, staged
+writes.
 
 A family writes its layout into a staging folder beside the target (its marker file last), then the staging
 folder is swapped with the target in one atomic rename (`renameat2` RENAME_EXCHANGE), so a reader sees the old
@@ -25,8 +26,9 @@ from pipeline.scoring.calibrators import CALIBRATOR_FILE, Calibrator
 
 MANIFEST = "manifest.json"
 TRAINING_STATES = "training_states"
-"""The manifest's entry for the fingerprints of the states the model trained on (`data.leakage.state_fingerprints`:
-sorted, distinct little-endian uint64s), by which `decision evaluate` counts evaluation rows it trained on."""
+"""The manifest's entry for the fingerprints of the states the model trained on
+(`data.leakage.state_fingerprints`: sorted, distinct little-endian uint64s), by which `decision evaluate`
+counts evaluation rows it trained on."""
 TRAINING_STATES_FILE = "training_states.u64"
 _RENAME_EXCHANGE = 2
 _AT_FDCWD = -100
@@ -91,10 +93,16 @@ def check_finite(state: dict[str, torch.Tensor], dtype: torch.dtype = torch.floa
         raise NonFiniteWeights(f"refusing to export non-finite weights: {', '.join(bad[:8])}")
 
 
-def already_exported(out: Path, config: dict[str, Any], manifest: dict[str, Any], config_file: str,
-                     marker: str, calibrator: Calibrator) -> bool:  # fmt: skip
-    """The same source (weights digest), decision config, calibrator and training states are already in place at
-    `out`.
+def already_exported(
+    out: Path,
+    config: dict[str, Any],
+    manifest: dict[str, Any],
+    config_file: str,
+    marker: str,
+    calibrator: Calibrator,
+) -> bool:
+    """The same source (weights digest), decision config, calibrator and training states are already in place
+    at `out`.
 
     `marker` is the file written last: without it the folder is no model.
     """
@@ -124,9 +132,14 @@ def calibrator_bytes(calibrator: Calibrator) -> bytes:
 
 
 def calibrator_entry(calibrator: Calibrator, served_by_others: str) -> dict[str, Any]:
-    """The manifest's record of the export's calibrator: its file, kind and hash, and what other readers apply."""
-    return {"file": CALIBRATOR_FILE, "kind": calibrator.kind,
-            "sha256": hashlib.sha256(calibrator_bytes(calibrator)).hexdigest(), "other_readers": served_by_others}  # fmt: skip
+    """The manifest's record of the export's calibrator: its file, kind and hash, and what other readers
+    apply."""
+    return {
+        "file": CALIBRATOR_FILE,
+        "kind": calibrator.kind,
+        "sha256": hashlib.sha256(calibrator_bytes(calibrator)).hexdigest(),
+        "other_readers": served_by_others,
+    }
 
 
 def write_calibrator(folder: Path, calibrator: Calibrator) -> None:
@@ -165,8 +178,8 @@ def training_states_entry(fingerprints: bytes) -> dict[str, Any]:
 
 
 def read_training_states(folder: str | Path) -> bytes | None:
-    """The training-states file the folder's manifest names; None where it names none (an older export, a base),
-    or the file is missing or differs from its hash: nothing to check against then, never an error."""
+    """The training-states file the folder's manifest names; None where it names none (an older export, a
+    base), or the file is missing or differs from its hash: nothing to check against then, never an error."""
     entry = read_manifest(Path(folder)).get(TRAINING_STATES)
     path = Path(folder) / (entry or {}).get("file", TRAINING_STATES_FILE)
     if not entry or not path.is_file():
@@ -199,12 +212,14 @@ def load_weights(path: Path, load: Callable[[str], dict[str, torch.Tensor]]) -> 
     try:
         return load(str(path))
     except Exception as error:  # safetensors raises its own SafetensorError (and OSError) on damaged files
-        raise ModelLayoutError(f"{path}: unreadable weights ({type(error).__name__}: {error}); a truncated or "
-                               "corrupted export?") from error  # fmt: skip
+        raise ModelLayoutError(
+            f"{path}: unreadable weights ({type(error).__name__}: {error}); a truncated or corrupted export?"
+        ) from error
 
 
 def write_marker_last(folder: Path, name: str, write: Callable[[Path], None]) -> None:
-    """Everything else in `folder` synced, then `write(partial)` and one rename to `name`: only now is it a model."""
+    """Everything else in `folder` synced, then `write(partial)` and one rename to `name`: only now is it a
+    model."""
     fsync_tree(folder)
     partial = folder / (name + ".partial")
     write(partial)
@@ -215,9 +230,9 @@ def write_marker_last(folder: Path, name: str, write: Callable[[Path], None]) ->
 def write_staged(
     out: Path, write: Callable[[Path], None], settle: Callable[[Path], Any] | None = None
 ) -> Any:
-    """`write(folder)` into a staging folder beside `out`, then swap it in atomically; nothing half-written stays.
-    `settle(out)` runs once it is in place (a `dvc add`), and what it returns is returned; where it raises, `out`
-    goes back to what it was."""
+    """`write(folder)` into a staging folder beside `out`, then swap it in atomically; nothing half-written
+    stays. `settle(out)` runs once it is in place (a `dvc add`), and what it returns is returned; where it
+    raises, `out` goes back to what it was."""
     staging = _staging_dir(out)
     try:
         write(staging)

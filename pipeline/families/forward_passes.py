@@ -19,12 +19,14 @@ def length_batches(lengths: list[int], batch_size: int) -> list[list[int]]:
 
 
 def bounded_batches(lengths: list[int], batch_size: int, max_padding: float | None) -> list[list[int]]:
-    """`length_batches`, with a pass also cut where the next sequence would make padding more than `max_padding`
-    of the tokens the pass computes (None: cut by size alone): more, smaller passes for less padding.
+    """`length_batches`, with a pass also cut where the next sequence would make padding more than
+    `max_padding` of the tokens the pass computes (None: cut by size alone): more, smaller passes for less
+    padding.
 
     Serving does not use it: measured side by side (`benchmarks/bench_forward.py --bounds 0.05 0.1 0.2`), the
-    runtimes' passes of 16 pad 12.2% of their tokens and passes cut at 5% pad 4.3%, yet run no faster (ONNX Runtime
-    26.9 against 26.7 req/s, OpenVINO 31.9 against 30.6): the smaller passes cost what the padding saved."""
+    runtimes' passes of 16 pad 12.2% of their tokens and passes cut at 5% pad 4.3%, yet run no faster (ONNX
+    Runtime 26.9 against 26.7 req/s, OpenVINO 31.9 against 30.6): the smaller passes cost what the padding
+    saved."""
     if max_padding is None:
         return length_batches(lengths, batch_size)
     passes: list[list[int]] = []

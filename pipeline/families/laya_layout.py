@@ -67,7 +67,8 @@ def load_model(path: str | Path) -> LoadedModel:
 
 
 def _load_tokenizer(folder: Path):
-    """The tokenizer as saved; one transformers cannot read as is is fixed up (laya's way) in a temporary copy."""
+    """The tokenizer as saved; one transformers cannot read as is is fixed up (laya's way) in a temporary
+    copy."""
     from transformers import AutoTokenizer
 
     try:
@@ -91,8 +92,9 @@ def save_model(loaded: LoadedModel, path: str | Path) -> Path:
     return Path(path)
 
 
-def build_base(encoder_dir: str | Path, seed: int, head_layers: int = 2, max_len: int = 256,
-               head_max_len: int = 128) -> LoadedModel:  # fmt: skip
+def build_base(
+    encoder_dir: str | Path, seed: int, head_layers: int = 2, max_len: int = 256, head_max_len: int = 128
+) -> LoadedModel:
     """A fresh decision model: a pretrained encoder from a local folder and a seeded, new head."""
     from laya.common import DecisionModel
     from transformers import AutoModel, AutoTokenizer
@@ -118,8 +120,9 @@ def build_base(encoder_dir: str | Path, seed: int, head_layers: int = 2, max_len
     return LoadedModel(model.eval(), tokenizer, config)
 
 
-def write_snapshot(out: str | Path, encoder_dir: str | Path, seed: int, head_layers: int, max_len: int,
-                   head_max_len: int) -> Path:  # fmt: skip
+def write_snapshot(
+    out: str | Path, encoder_dir: str | Path, seed: int, head_layers: int, max_len: int, head_max_len: int
+) -> Path:
     """Build the stock base and write it to `out` atomically (a staging folder moved in whole)."""
     out = Path(out)
     staging = out.with_name(out.name + ".partial")

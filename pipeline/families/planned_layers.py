@@ -1,16 +1,16 @@
 """Run a backbone's layers as a layer plan says (`pipeline.layer_plans`), sharing parameters between visits.
 
-Embeddings, masks, rotary position embeddings and the final norm run once, natively; only the layer loop follows
-the plan.
+Embeddings, masks, rotary position embeddings and the final norm run once, natively; only the layer loop
+follows the plan.
 
     plan = resolve_plan([(2, 4, 2)], layer_count(backbone))
     apply_layer_plan(backbone, plan)       # BERT-like encoders, Qwen3 / Llama decoders
     apply_layer_plan(backbone, None)       # native execution again, same weights
 
-The physical layers stay where they are (`named_parameters`, `state_dict` and checkpoint keys unchanged, one copy
-of each parameter, LoRA adapters on a layer shared by its visits, autograd summing every visit). What changes is
-what the native forward loop iterates: `PlannedLayers`, kept in the layer container's instance attributes where
-it shadows the registered ModuleList for attribute access only.
+The physical layers stay where they are (`named_parameters`, `state_dict` and checkpoint keys unchanged, one
+copy of each parameter, LoRA adapters on a layer shared by its visits, autograd summing every visit). What
+changes is what the native forward loop iterates: `PlannedLayers`, kept in the layer container's instance
+attributes where it shadows the registered ModuleList for attribute access only.
 """
 
 from __future__ import annotations
@@ -28,9 +28,10 @@ class PlannedLayers(nn.ModuleList):
     """The physical layers (same objects, same indices), iterated as the plan says.
 
     Native forward loops index the config by loop position (Qwen3's `layer_types[i]`) and slice the list to
-    `config.num_hidden_layers`, so iterating yields as many entries as there are physical layers: the first runs
-    every visit of the plan, the rest hand the hidden states through. Indexing and `len` stay physical, so
-    `get_submodule("...layers.3")`, peft and the export see the real layers. `physical` is the registered list.
+    `config.num_hidden_layers`, so iterating yields as many entries as there are physical layers: the first
+    runs every visit of the plan, the rest hand the hidden states through. Indexing and `len` stay physical,
+    so `get_submodule("...layers.3")`, peft and the export see the real layers. `physical` is the registered
+    list.
     """
 
     def __init__(self, physical: nn.ModuleList, plan: LayerPlan) -> None:
@@ -84,8 +85,10 @@ def _layer_home(backbone: nn.Module) -> tuple[nn.Module, str]:
         for name in ("layer", "layers"):
             if isinstance(module, nn.Module) and isinstance(module._modules.get(name), nn.ModuleList):
                 return module, name
-    raise LayerPlanError(f"a layer plan needs a BERT-like encoder (encoder.layer) or a decoder (layers); "
-                         f"{type(backbone).__name__} has neither")  # fmt: skip
+    raise LayerPlanError(
+        f"a layer plan needs a BERT-like encoder (encoder.layer) or a decoder (layers); "
+        f"{type(backbone).__name__} has neither"
+    )
 
 
 def physical_layers(backbone: nn.Module) -> nn.ModuleList:
@@ -99,7 +102,8 @@ def layer_count(backbone: nn.Module) -> int:
 
 
 def visited_layers(backbone: nn.Module) -> list[nn.Module]:
-    """The backbone's layers in the order its forward runs them: its plan's visits, else the physical layers."""
+    """The backbone's layers in the order its forward runs them: its plan's visits, else the physical
+    layers."""
     plan = current_plan(backbone)
     layers = physical_layers(backbone)
     return [layers[i] for i in plan.visits] if plan is not None else list(layers)
@@ -136,16 +140,19 @@ def apply_layer_plan(backbone: nn.Module, plan: LayerPlan | None) -> None:
 
 
 def _refuse_mixed_attention(home: nn.Module) -> None:
-    """A decoder whose layers attend differently (sliding-window next to full) needs a mask per visit; the native
-    loop hands out one per position, so such a backbone cannot run a plan here."""
+    """A decoder whose layers attend differently (sliding-window next to full) needs a mask per visit; the
+    native loop hands out one per position, so such a backbone cannot run a plan here."""
     types = getattr(getattr(home, "config", None), "layer_types", None)
     if types and len(set(types)) > 1:
-        raise LayerPlanError(f"{type(home).__name__} mixes attention types by layer ({sorted(set(types))}); a layer "
-                             "plan runs only on backbones whose layers all attend alike")  # fmt: skip
+        raise LayerPlanError(
+            f"{type(home).__name__} mixes attention types by layer ({sorted(set(types))}); a layer "
+            "plan runs only on backbones whose layers all attend alike"
+        )
 
 
 def freeze_skipped(backbone: nn.Module) -> None:
-    """Layers the plan never visits get no gradient: freeze them, so neither the optimizer nor DDP waits on them."""
+    """Layers the plan never visits get no gradient: freeze them, so neither the optimizer nor DDP waits on
+    them."""
     plan = current_plan(backbone)
     if plan is None:
         return
@@ -168,8 +175,9 @@ def configure_plan(
 
 def materialise_plan(backbone: nn.Module) -> LayerPlan | None:
     """Rewrite `backbone` (a copy: it is changed in place) as a native stack that runs like its plan: skipped
-    layers dropped, a repeated layer written out as copies, the config's layer count (and layer types) to match.
-    Returns the plan it had (None: nothing to do). What a reader without plans (`laya.Agent`) can load."""
+    layers dropped, a repeated layer written out as copies, the config's layer count (and layer types) to
+    match. Returns the plan it had (None: nothing to do). What a reader without plans (`laya.Agent`) can
+    load."""
     plan = current_plan(backbone)
     if plan is None:
         return None
@@ -194,8 +202,9 @@ def materialise_plan(backbone: nn.Module) -> LayerPlan | None:
 
 
 def plan_manifest(plan: LayerPlan | None, form: str) -> dict[str, Any] | None:
-    """What `manifest.json` says of an export's plan: its visits, the physical layer count, and the form written
-    (`plan`: the physical layers and the plan in the config; `materialised`: a native stack that runs like it)."""
+    """What `manifest.json` says of an export's plan: its visits, the physical layer count, and the form
+    written (`plan`: the physical layers and the plan in the config; `materialised`: a native stack that runs
+    like it)."""
     if plan is None:
         return None
     return {"visits": plan.to_json(), "physical_layers": plan.layers, "form": form}

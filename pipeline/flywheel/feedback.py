@@ -1,9 +1,9 @@
 """Outcomes sent back for logged decisions: `POST /v1/feedback` and `decision feedback import FILE`.
 
-An item is `{"decision_id": ID, "gold": {question_id: label or {label, probabilities}}}`; a body is one item or a
-list of them. Each gold entry is checked with the training rows' contract (`contract.judge_gold`) against the
-question as it was asked: an unknown question, a label that is not an option or probabilities that are not a
-distribution are refused by name. Only the owner of the key that made a decision (or an admin key) may label
+An item is `{"decision_id": ID, "gold": {question_id: label or {label, probabilities}}}`; a body is one item
+or a list of them. Each gold entry is checked with the training rows' contract (`contract.judge_gold`) against
+the question as it was asked: an unknown question, a label that is not an option or probabilities that are not
+a distribution are refused by name. Only the owner of the key that made a decision (or an admin key) may label
 it. A request is stored whole or not at all, and a re-sent (decision, question) replaces the earlier label.
 """
 
@@ -71,14 +71,22 @@ def parse_items(body: Any) -> list[dict[str, Any]]:
             errors.append(_error([*where, "decision_id"], "a decision id (a string) is required"))
         gold = item.get("gold")
         if not isinstance(gold, dict) or not gold:
-            errors.append(_error([*where, "gold"], "gold must be an object {question_id: label or {label, probabilities}}"))  # fmt: skip
+            errors.append(
+                _error(
+                    [*where, "gold"], "gold must be an object {question_id: label or {label, probabilities}}"
+                )
+            )
     if errors:
         raise FeedbackRefused(422, errors)
     return items
 
 
-def check_feedback(items: list[dict[str, Any]], logged: dict[str, dict[str, Any]], who: Labeller,
-                   labelled_by: str | None = None) -> list[dict[str, Any]]:  # fmt: skip
+def check_feedback(
+    items: list[dict[str, Any]],
+    logged: dict[str, dict[str, Any]],
+    who: Labeller,
+    labelled_by: str | None = None,
+) -> list[dict[str, Any]]:
     """The feedback rows to store, or FeedbackRefused naming every problem (403 before 404 before 422).
 
     `logged` maps decision ids to their inference-table rows (as `Store.decisions` returns them).
@@ -89,13 +97,23 @@ def check_feedback(items: list[dict[str, Any]], logged: dict[str, dict[str, Any]
         where = ["body", i] if len(items) > 1 else ["body"]
         decision = logged.get(item["decision_id"])
         if decision is None:
-            unknown.append(_error([*where, "decision_id"], f"no logged decision {_shown(item['decision_id'])} "
-                                  "(unknown, not logged under sampling, or written to another inference log)"))  # fmt: skip
+            unknown.append(
+                _error(
+                    [*where, "decision_id"],
+                    f"no logged decision {_shown(item['decision_id'])} "
+                    "(unknown, not logged under sampling, or written to another inference log)",
+                )
+            )
             continue
         if not who.may_label(decision["owner"]):
             made = "without an API key" if decision["owner"] is None else "with another key"
-            forbidden.append(_error([*where, "decision_id"], f"decision {_shown(item['decision_id'])} was made "
-                                    f"{made}: only its owner's keys or an admin key may label it"))  # fmt: skip
+            forbidden.append(
+                _error(
+                    [*where, "decision_id"],
+                    f"decision {_shown(item['decision_id'])} was made "
+                    f"{made}: only its owner's keys or an admin key may label it",
+                )
+            )
             continue
         questions = orjson.loads(decision["questions"])
         for qid, entry in item["gold"].items():
@@ -103,11 +121,15 @@ def check_feedback(items: list[dict[str, Any]], logged: dict[str, dict[str, Any]
             if problem:
                 invalid.append(_error([*where, "gold", _cut(qid)], problem))
                 continue
-            # A label given again for the same question, later in the body, replaces the earlier one (as a later
-            # request's does): one row per (decision, question), so every store keeps the last.
-            rows[item["decision_id"], qid] = {"decision_id": item["decision_id"], "question_id": qid,
-                                              "gold": _json(entry), "time": now,
-                                              "labelled_by": labelled_by if labelled_by is not None else who.owner}  # fmt: skip
+            # A label given again for the same question, later in the body, replaces the earlier one (as a
+            # later request's does): one row per (decision, question), so every store keeps the last.
+            rows[item["decision_id"], qid] = {
+                "decision_id": item["decision_id"],
+                "question_id": qid,
+                "gold": _json(entry),
+                "time": now,
+                "labelled_by": labelled_by if labelled_by is not None else who.owner,
+            }
     for status, errors in ((403, forbidden), (404, unknown), (422, invalid)):
         if errors:
             raise FeedbackRefused(status, _at_most(forbidden + unknown + invalid))
@@ -153,8 +175,8 @@ SHOWN_CHARACTERS = 80
 
 
 def _shown(value: Any) -> str:
-    """A label as an error message quotes it: at most `SHOWN_CHARACTERS`, whatever it is (a 5,000-digit number's
-    repr raises)."""
+    """A label as an error message quotes it: at most `SHOWN_CHARACTERS`, whatever it is (a 5,000-digit
+    number's repr raises)."""
     try:
         text = repr(value)
     except ValueError:
@@ -162,16 +184,26 @@ def _shown(value: Any) -> str:
     return _cut(text)
 
 
-def store_feedback(store: Store, items: list[dict[str, Any]], who: Labeller, labelled_by: str | None = None,
-                   flush: Callable[[], Any] | None = None) -> int:  # fmt: skip
+def store_feedback(
+    store: Store,
+    items: list[dict[str, Any]],
+    who: Labeller,
+    labelled_by: str | None = None,
+    flush: Callable[[], Any] | None = None,
+) -> int:
     """Check `items` against the logged decisions and store them whole; how many labels were stored.
 
     `flush` writes decisions the server answered but has not written yet, so a decision labelled the moment it
     was answered is found.
     """
-    if malformed := [_error(["body", i, "decision_id"] if len(items) > 1 else ["body", "decision_id"],
-                            f"{_shown(item['decision_id'])} is no decision id (the X-Decision-Id of an answer)")
-                     for i, item in enumerate(items) if not _plausible_id(item["decision_id"])]:  # fmt: skip
+    if malformed := [
+        _error(
+            ["body", i, "decision_id"] if len(items) > 1 else ["body", "decision_id"],
+            f"{_shown(item['decision_id'])} is no decision id (the X-Decision-Id of an answer)",
+        )
+        for i, item in enumerate(items)
+        if not _plausible_id(item["decision_id"])
+    ]:
         raise FeedbackRefused(
             422, _at_most(malformed)
         )  # before any store is asked (PostgreSQL refuses a NUL)
@@ -196,7 +228,8 @@ def _logged(store: Store, ids: set[str]) -> dict[str, dict[str, Any]]:
 
 def read_feedback_file(path: str | Path) -> list[dict[str, Any]]:
     """Items from a labelled file: JSONL of items (or of {decision_id, question, label}), or a CSV with
-    decision_id, question and label columns (what `decision review` writes; rows with no label are skipped)."""
+    decision_id, question and label columns (what `decision review` writes; rows with no label are
+    skipped)."""
     path = Path(path)
     if not path.exists():
         raise ValueError("no such file")
@@ -213,15 +246,23 @@ def _read_labelled(path: Path) -> list[dict[str, Any]]:
         # utf-8-sig: a spreadsheet's byte-order mark is not part of the first column's name
         with path.open(newline="", encoding="utf-8-sig") as handle:
             return _grouped(enumerate(csv.DictReader(handle), 2))  # line 1 is the header
-    numbered = [(number, _line(text, number))
-                for number, text in enumerate(path.read_text(encoding="utf-8-sig").splitlines(), 1) if text.strip()]  # fmt: skip
+    numbered = [
+        (number, _line(text, number))
+        for number, text in enumerate(path.read_text(encoding="utf-8-sig").splitlines(), 1)
+        if text.strip()
+    ]
     flat = [(number, line) for number, line in numbered if isinstance(line, dict) and "gold" not in line]
-    items = [_with_lines(line, number) for number, line in numbered if not (isinstance(line, dict) and "gold" not in line)]  # fmt: skip
+    items = [
+        _with_lines(line, number)
+        for number, line in numbered
+        if not (isinstance(line, dict) and "gold" not in line)
+    ]
     return items + _grouped(flat)
 
 
 def _with_lines(item: Any, number: int) -> Any:
-    """An item line (`{decision_id, gold}`) with its line number under each question, as flat rows keep theirs."""
+    """An item line (`{decision_id, gold}`) with its line number under each question, as flat rows keep
+    theirs."""
     if not isinstance(item, dict):
         return item
     gold = item.get("gold")
@@ -234,21 +275,26 @@ def _line(text: str, number: int) -> dict[str, Any]:
     except json.JSONDecodeError as error:  # its own position is within the line: say which line of the file
         raise ValueError(f"line {number} is not JSON ({error.msg}, column {error.colno})") from None
     if not isinstance(line, dict):
-        raise ValueError(f"line {number} is JSON {type(line).__name__}, not an object: each line is "
-                         '{"decision_id", "question", "label"} or {"decision_id", "gold"}')  # fmt: skip
+        raise ValueError(
+            f"line {number} is JSON {type(line).__name__}, not an object: each line is "
+            '{"decision_id", "question", "label"} or {"decision_id", "gold"}'
+        )
     return line
 
 
 def _grouped(rows: Iterable[tuple[int, dict[str, Any]]]) -> list[dict[str, Any]]:
-    """Flat (decision_id, question, label) rows, with their line numbers, as items, one per decision; unlabelled
-    rows skipped. ValueError naming the first line that lacks a decision id, a question or a label field."""
+    """Flat (decision_id, question, label) rows, with their line numbers, as items, one per decision;
+    unlabelled rows skipped. ValueError naming the first line that lacks a decision id, a question or a label
+    field."""
     items: dict[str, dict[str, Any]] = {}
     for number, row in rows:
         question = row.get("question") or row.get("question_id")
         if not row.get("decision_id") or not question or "label" not in row:
             fields = ", ".join(_shown(key) for key, value in row.items() if value not in (None, "")) or "none"
-            raise ValueError(f"line {number}: a labelled row needs decision_id, question and label (its filled "
-                             f"fields: {fields})")  # fmt: skip
+            raise ValueError(
+                f"line {number}: a labelled row needs decision_id, question and label (its filled "
+                f"fields: {fields})"
+            )
         label = row["label"]
         if label is None or (isinstance(label, str) and not label.strip()):
             continue
@@ -262,7 +308,8 @@ def _grouped(rows: Iterable[tuple[int, dict[str, Any]]]) -> list[dict[str, Any]]
 
 def located(refused: FeedbackRefused, items: list[dict[str, Any]]) -> str:
     """A refusal of a file's items with each problem at the file's line (`line 6, question 'tone': ...`),
-    where the items came from flat rows (`read_feedback_file` keeps their lines); as the API says it otherwise."""
+    where the items came from flat rows (`read_feedback_file` keeps their lines); as the API says it
+    otherwise."""
     said = []
     for error in refused.errors:
         loc = error["loc"]

@@ -1,7 +1,8 @@
 """The drift monitor's latest summary as the server's gauges: `monitor/latest.json` read at scrape time.
 
-`drift.write_latest` writes it after each judged window; `decision serve` reads it here on every `GET /metrics`
-(a file read, no pandas or Evidently), so the gauges are as fresh as the last monitor run, and their age says how old.
+`drift.write_latest` writes it after each judged window; `decision serve` reads it here on every `GET
+/metrics` (a file read, no pandas or Evidently), so the gauges are as fresh as the last monitor run, and their
+age says how old.
 """
 
 from __future__ import annotations
@@ -12,8 +13,15 @@ from pathlib import Path
 
 LATEST = Path("monitor") / "latest.json"
 """The latest summary, under the summary folder (by default the inference folder): what /metrics reads."""
-GAUGES = ("drift_share", "drifted_columns", "expected_accuracy", "measured_accuracy", "labelled_decisions",
-          "window_decisions", "report_age_seconds")  # fmt: skip
+GAUGES = (
+    "drift_share",
+    "drifted_columns",
+    "expected_accuracy",
+    "measured_accuracy",
+    "labelled_decisions",
+    "window_decisions",
+    "report_age_seconds",
+)
 
 
 def read_gauges(folder: str | Path, now: dt.datetime | None = None) -> dict[str, float]:

@@ -1,10 +1,10 @@
 """Labelled decisions as decision rows: the join of feedback to the inference log, and the shard they become.
 
 A harvested row is `{state, questions, gold}` with only the questions that have feedback (as they were asked),
-plus its provenance (`decision_id`, `decided_at`, `decided_by`: the model name and version that answered), which
-training never reads. A decision already in a harvested shard of the data set is not harvested again, so no row
-appears twice. The shard is written beside the data set under a dot-name and renamed into it: a harvest killed
-mid-write leaves no half shard.
+plus its provenance (`decision_id`, `decided_at`, `decided_by`: the model name and version that answered),
+which training never reads. A decision already in a harvested shard of the data set is not harvested again, so
+no row appears twice. The shard is written beside the data set under a dot-name and renamed into it: a harvest
+killed mid-write leaves no half shard.
 """
 
 from __future__ import annotations
@@ -69,14 +69,16 @@ def labelled_rows(store: Store, harvested: dict[str, dict[str, Any]], model: str
             continue
         questions = orjson.loads(decision["questions"])
         labels = gold[decision["decision_id"]]
-        rows.append({
-            "state": orjson.loads(decision["state"]),
-            "questions": {qid: questions[qid] for qid in labels if qid in questions},
-            "gold": labels,
-            "decision_id": decision["decision_id"],
-            "decided_at": decision["time"].isoformat(),
-            "decided_by": decision["model"],
-        })  # fmt: skip
+        rows.append(
+            {
+                "state": orjson.loads(decision["state"]),
+                "questions": {qid: questions[qid] for qid in labels if qid in questions},
+                "gold": labels,
+                "decision_id": decision["decision_id"],
+                "decided_at": decision["time"].isoformat(),
+                "decided_by": decision["model"],
+            }
+        )
     return Labelled(
         rows, len(set(gold) & set(harvested)), len(wanted) - len(decisions), dict(other_models), late
     )
@@ -86,9 +88,10 @@ def harvest_target(source: Source) -> str:
     """The shard format a data set takes harvested rows in (parquet or jsonl); HarvestRefused otherwise."""
     if source.kind != "shards" or source.pin_path is None or not source.pin_path.is_dir():
         raise HarvestRefused(
-            f"{source.text}: harvested rows go into a folder of Parquet or JSONL shards, and this data set is "
-            f"{'one file' if source.kind == 'file' else source.kind}; move it into a folder (mkdir data/mine && "
-            "mv FILE data/mine/), point the run config's retrain.data at the folder, and pin it (decision init)"
+            f"{source.text}: harvested rows go into a folder of Parquet or JSONL shards, and this data set "
+            f"is {'one file' if source.kind == 'file' else source.kind}; move it into a folder (mkdir "
+            "data/mine && mv FILE data/mine/), point the run config's retrain.data at the folder, and pin "
+            "it (decision init)"
         )
     return source.fmt
 
@@ -113,7 +116,8 @@ def harvested_gold(source: Source) -> dict[str, dict[str, Any]]:
 def write_shard(folder: Path, fmt: str, rows: list[dict[str, Any]], like: pa.Schema | None) -> Path:
     """A new shard of `rows` in `folder` (renamed in whole). Parquet takes the decision columns' types of the
     existing shards (`like`): JSON text where they hold text, so every shard keeps one schema."""
-    name = f"{SHARD_PREFIX}{utc_now():%Y%m%dT%H%M%S}-{uuid.uuid4().hex[:6]}.{'parquet' if fmt == 'parquet' else 'jsonl'}"
+    suffix = "parquet" if fmt == "parquet" else "jsonl"
+    name = f"{SHARD_PREFIX}{utc_now():%Y%m%dT%H%M%S}-{uuid.uuid4().hex[:6]}.{suffix}"
     staged = folder.parent / f".{folder.name}.{name}.tmp"  # beside the folder: DVC never hashes a half shard
     try:
         if fmt == "parquet":
@@ -131,11 +135,17 @@ def write_shard(folder: Path, fmt: str, rows: list[dict[str, Any]], like: pa.Sch
 def _parquet_table(rows: list[dict[str, Any]], like: pa.Schema | None) -> pa.Table:
     columns: dict[str, list[Any]] = {}
     for name in ("state", "questions", "gold"):
-        text = like is None or name not in like.names or pa.types.is_string(like.field(name).type) or \
-            pa.types.is_large_string(like.field(name).type)  # fmt: skip
+        text = (
+            like is None
+            or name not in like.names
+            or pa.types.is_string(like.field(name).type)
+            or pa.types.is_large_string(like.field(name).type)
+        )
         if not text:
-            raise HarvestRefused(f"the data set's shards hold {name} as {like.field(name).type}; harvested rows "
-                                 "are written as JSON text, so keep decision columns as text (JSON) in Parquet shards")  # fmt: skip
+            raise HarvestRefused(
+                f"the data set's shards hold {name} as {like.field(name).type}; harvested rows "
+                "are written as JSON text, so keep decision columns as text (JSON) in Parquet shards"
+            )
         columns[name] = [_text(row[name]) for row in rows]
     for name in PROVENANCE_COLUMNS:
         columns[name] = [row[name] for row in rows]

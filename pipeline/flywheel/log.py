@@ -68,8 +68,13 @@ class Served:
 class InferenceLog:
     """The bounded queue and the writer thread; `on_drop(reason, n)` counts what was not written."""
 
-    def __init__(self, config: LogConfig, on_drop: Callable[[str, int], None] = lambda reason, n: None,
-                 on_write: Callable[[int], None] = lambda n: None, store: Store | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        config: LogConfig,
+        on_drop: Callable[[str, int], None] = lambda reason, n: None,
+        on_write: Callable[[int], None] = lambda n: None,
+        store: Store | None = None,
+    ) -> None:
         if config.where is None:
             raise ValueError("the inference log is off (where=None): nothing to open")
         self.config = config
@@ -85,8 +90,12 @@ class InferenceLog:
     def start(self) -> None:
         self._thread = threading.Thread(target=self._run, name="inference-log", daemon=True)
         self._thread.start()
-        log.info("inference log: %s (sample %.2f, flush every %.1f s)", self.store.where, self.config.sample,
-                 self.config.flush_s)  # fmt: skip
+        log.info(
+            "inference log: %s (sample %.2f, flush every %.1f s)",
+            self.store.where,
+            self.config.sample,
+            self.config.flush_s,
+        )
 
     def stop(self) -> None:
         """Write everything queued, then end the thread (the server's shutdown, SIGTERM included)."""
@@ -135,9 +144,14 @@ class InferenceLog:
             reason = "write_error"
             if type(error).__name__ not in self._failures_logged:
                 self._failures_logged.add(type(error).__name__)
-                log.error("inference log: could not write %d decisions to %s (%s: %s); dropping them and "
-                          "counting drops on /metrics", len(entries), self.store.where, type(error).__name__,
-                          error)  # fmt: skip
+                log.error(
+                    "inference log: could not write %d decisions to %s (%s: %s); dropping them and "
+                    "counting drops on /metrics",
+                    len(entries),
+                    self.store.where,
+                    type(error).__name__,
+                    error,
+                )
             self._on_drop(reason, len(entries))
             return 0
         self._on_write(len(rows))
@@ -146,11 +160,16 @@ class InferenceLog:
     def _row(self, entry: Served) -> dict[str, Any]:
         state = redact(entry.state, self.config.drop_fields, self.config.hash_fields)
         return {
-            "decision_id": entry.decision_id, "time": entry.time, "model": entry.model,
-            "model_version": entry.model_version, "owner": entry.owner, "state": _json(state),
-            "questions": _json(entry.questions), "answers": _json(entry.answers),
+            "decision_id": entry.decision_id,
+            "time": entry.time,
+            "model": entry.model,
+            "model_version": entry.model_version,
+            "owner": entry.owner,
+            "state": _json(state),
+            "questions": _json(entry.questions),
+            "answers": _json(entry.answers),
             "latency_ms": float(entry.latency_ms),
-        }  # fmt: skip
+        }
 
 
 def _stamped(served: Served) -> Served:

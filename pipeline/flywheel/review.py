@@ -3,9 +3,9 @@
 Per answered question: the margin (top probability minus the runner-up; a noul's |2p - 1|), the entropy of its
 distribution, and the size of its split-conformal prediction set. The conformal threshold comes from the
 decisions of the same model that already have feedback (nonconformity 1 - P(gold), the quantile at 1 - alpha),
-which is valid where those labels came from ordinary traffic; with fewer than `MIN_CALIBRATION` labels there is no
-set. Ranked by margin (smallest first), ties by entropy. The file (JSONL or CSV) has one row per question with an
-empty `label` column; `decision feedback import` reads it back once labelled.
+which is valid where those labels came from ordinary traffic; with fewer than `MIN_CALIBRATION` labels there
+is no set. Ranked by margin (smallest first), ties by entropy. The file (JSONL or CSV) has one row per
+question with an empty `label` column; `decision feedback import` reads it back once labelled.
 """
 
 from __future__ import annotations
@@ -53,15 +53,18 @@ def review_queue(
     store: Store, model: str, top: int, order: str = "margin", alpha: float = 0.1
 ) -> list[ReviewItem]:
     """The `top` least sure answered questions of `model` (a name, or NAME/VERSION) without feedback yet.
-    UnknownModel where the log holds decisions, none of them `model`'s (a typo would read as nothing to label)."""
+    UnknownModel where the log holds decisions, none of them `model`'s (a typo would read as nothing to
+    label)."""
     if order not in ORDERS:
         raise ValueError(f"order must be one of {', '.join(ORDERS)}, got {order!r}")
     logged = store.decisions().to_pylist()
     decisions = [row for row in logged if is_model(row["model"], model)]
     if logged and not decisions:
         names = sorted({row["model"].split("/")[0] for row in logged})
-        raise UnknownModel(f"{model}: no logged decision of this model; the log holds {', '.join(names[:10])}"
-                           + (f" and {len(names) - 10} more" if len(names) > 10 else ""))  # fmt: skip
+        raise UnknownModel(
+            f"{model}: no logged decision of this model; the log holds {', '.join(names[:10])}"
+            + (f" and {len(names) - 10} more" if len(names) > 10 else "")
+        )
     labelled = {(r["decision_id"], r["question_id"]): r["gold"] for r in store.feedback().to_pylist()}
     answered = _answers(decisions)
     threshold = _threshold(answered, labelled, alpha)

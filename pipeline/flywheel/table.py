@@ -5,8 +5,9 @@ By default both are Parquet files partitioned by day under one folder, readable 
     inference/decisions/day=2026-12-03/part-20261203T101500-4242-1a2b3c4d.parquet
     inference/feedback/day=2026-12-03/part-....parquet
 
-Each flush is one new file, written under a dot-name and renamed, so a reader (or a kill) never sees half a file.
-With a `postgresql://` URL both are tables in that database instead (`decision_log`, `decision_feedback`).
+Each flush is one new file, written under a dot-name and renamed, so a reader (or a kill) never sees half a
+file. With a `postgresql://` URL both are tables in that database instead (`decision_log`,
+`decision_feedback`).
 
 Feedback is idempotent per (decision_id, question_id): PostgreSQL upserts; the Parquet table appends and every
 read keeps the latest entry of each pair, so a re-send replaces the label and never adds a second one.
@@ -71,14 +72,19 @@ class Store(Protocol):
 
     def append(self, table: str, rows: list[dict[str, Any]]) -> None: ...
 
-    def decisions(self, ids: Iterable[str] | None = None, since: dt.datetime | None = None,
-                  until: dt.datetime | None = None) -> pa.Table: ...  # fmt: skip
+    def decisions(
+        self,
+        ids: Iterable[str] | None = None,
+        since: dt.datetime | None = None,
+        until: dt.datetime | None = None,
+    ) -> pa.Table: ...
 
     def feedback(self) -> pa.Table: ...
 
 
 class StoreUnavailable(OSError):
-    """The inference log's database cannot be reached (down, a wrong host or database, refused credentials)."""
+    """The inference log's database cannot be reached (down, a wrong host or database, refused
+    credentials)."""
 
 
 def is_model(logged: str, wanted: str) -> bool:
@@ -88,18 +94,20 @@ def is_model(logged: str, wanted: str) -> bool:
 
 
 def missing_log(where: str | Path) -> str | None:
-    """Why `where` holds no inference log to read, or None: a folder that does not exist (a typo, read as a log
-    with nothing in it, would look like a quiet window forever)."""
+    """Why `where` holds no inference log to read, or None: a folder that does not exist (a typo, read as a
+    log with nothing in it, would look like a quiet window forever)."""
     text = str(where)
     if "://" in text or Path(text).is_dir():
         return None
-    return (f"{text}: no inference log there (`decision serve --inference-log {text}` writes one; --inference "
-            "names another)")  # fmt: skip
+    return (
+        f"{text}: no inference log there (`decision serve --inference-log {text}` writes one; --inference "
+        "names another)"
+    )
 
 
 def open_store(where: str | Path) -> Store:
-    """A `postgresql://` URL is a database; anything else is the folder of the Parquet tables. StoreUnavailable
-    for a database that cannot be reached."""
+    """A `postgresql://` URL is a database; anything else is the folder of the Parquet tables.
+    StoreUnavailable for a database that cannot be reached."""
     text = str(where)
     if text.startswith(POSTGRES_SCHEMES):
         return PostgresStore(text)
@@ -137,8 +145,12 @@ class ParquetStore:
         data = ds.dataset(folder, format="parquet", partitioning="hive", schema=TABLES[table])
         return data.to_table(filter=where, columns=TABLES[table].names)
 
-    def decisions(self, ids: Iterable[str] | None = None, since: dt.datetime | None = None,
-                  until: dt.datetime | None = None) -> pa.Table:  # fmt: skip
+    def decisions(
+        self,
+        ids: Iterable[str] | None = None,
+        since: dt.datetime | None = None,
+        until: dt.datetime | None = None,
+    ) -> pa.Table:
         """Logged decisions, optionally only these ids or those in [since, until)."""
         where = _decision_filter(ids, since, until)
         return self._read("decisions", where).sort_by("time")
@@ -148,8 +160,9 @@ class ParquetStore:
         return latest_feedback(self._read("feedback"))
 
 
-def _decision_filter(ids: Iterable[str] | None, since: dt.datetime | None,
-                     until: dt.datetime | None) -> ds.Expression | None:  # fmt: skip
+def _decision_filter(
+    ids: Iterable[str] | None, since: dt.datetime | None, until: dt.datetime | None
+) -> ds.Expression | None:
     terms = []
     if ids is not None:
         terms.append(ds.field("decision_id").isin(pa.array(list(ids), pa.string())))
@@ -207,8 +220,12 @@ class PostgresStore:
         with self.engine.begin() as connection:
             connection.execute(statement)
 
-    def decisions(self, ids: Iterable[str] | None = None, since: dt.datetime | None = None,
-                  until: dt.datetime | None = None) -> pa.Table:  # fmt: skip
+    def decisions(
+        self,
+        ids: Iterable[str] | None = None,
+        since: dt.datetime | None = None,
+        until: dt.datetime | None = None,
+    ) -> pa.Table:
         sql_table = self.tables["decisions"]
         query = sa.select(sql_table).order_by(sql_table.c.time)
         if ids is not None:

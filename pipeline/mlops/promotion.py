@@ -1,12 +1,12 @@
 """Promotion to serving: the gate, the `challenger`/`champion` aliases, their history, and rollback.
 
-A new version always gets `challenger`. `champion` moves only through the gate (champion and challenger
-scored now on the same held-out decisions: the challenger's NLL lower beyond a paired record bootstrap's noise,
-its accuracy not worse than the champion's by more than `max_accuracy_drop`; its calibrated ECE at most
-`max_ece`; its smoke test passed) or by hand (`decision promote VERSION`, which still refuses a version
-whose smoke test failed unless forced). Every alias move is appended to the registered model's history (who,
-when, from, to, why), so `decision rollback` moves `champion` back one step. A server following `@champion`
-picks each move up.
+A new version always gets `challenger`. `champion` moves only through the gate (champion and challenger scored
+now on the same held-out decisions: the challenger's NLL lower beyond a paired record bootstrap's noise, its
+accuracy not worse than the champion's by more than `max_accuracy_drop`; its calibrated ECE at most `max_ece`;
+its smoke test passed) or by hand (`decision promote VERSION`, which still refuses a version whose smoke test
+failed unless forced). Every alias move is appended to the registered model's history (who, when, from, to,
+why), so `decision rollback` moves `champion` back one step. A server following `@champion` picks each move
+up.
 
 A version trained with --allow-unpinned (tagged `allow_unpinned=true`) is held by the gate and refused by
 `decision promote` unless forced.
@@ -37,7 +37,8 @@ UNPINNED_REASON = "trained on unpinned inputs (--allow-unpinned); promote by han
 
 
 class PromotionRefused(RuntimeError):
-    """A version that may not become champion (failed smoke test, unknown version, nothing to roll back to)."""
+    """A version that may not become champion (failed smoke test, unknown version, nothing to roll back
+    to)."""
 
 
 @dataclass(frozen=True)
@@ -49,17 +50,24 @@ class Verdict:
         return {"promote": self.promote, "reasons": self.reasons}
 
 
-def gate(candidate: dict[str, float], comparison: PairedComparison | None, smoke_passed: bool,
-         config: PromoteConfig, learning_warnings: list[str] | None = None, unpinned: bool = False,
-         worse_questions: list[str] | None = None, bag_of_words: float | None = None) -> Verdict:  # fmt: skip
+def gate(
+    candidate: dict[str, float],
+    comparison: PairedComparison | None,
+    smoke_passed: bool,
+    config: PromoteConfig,
+    learning_warnings: list[str] | None = None,
+    unpinned: bool = False,
+    worse_questions: list[str] | None = None,
+    bag_of_words: float | None = None,
+) -> Verdict:
     """Whether the candidate may replace the champion; every reason is given, passing or not.
 
-    `candidate` holds its calibrated (cross-fitted) held-out figures; `comparison` champion and candidate scored
-    now on the same decisions (None: no champion yet); `unpinned`: it was trained with --allow-unpinned, so it is
-    held whatever its figures. `worse_questions`: the questions on which the champion is more accurate beyond the
-    bootstrap noise (same decisions); any one holds the candidate, however it does overall. `bag_of_words`: the
-    held-out accuracy of the run's bag of words (None: not scored), gated on with
-    `promote.min_accuracy_over_bag_of_words`.
+    `candidate` holds its calibrated (cross-fitted) held-out figures; `comparison` champion and candidate
+    scored now on the same decisions (None: no champion yet); `unpinned`: it was trained with
+    --allow-unpinned, so it is held whatever its figures. `worse_questions`: the questions on which the
+    champion is more accurate beyond the bootstrap noise (same decisions); any one holds the candidate,
+    however it does overall. `bag_of_words`: the held-out accuracy of the run's bag of words (None: not
+    scored), gated on with `promote.min_accuracy_over_bag_of_words`.
     """
     reasons, ok = [], True
     if unpinned:
@@ -92,20 +100,26 @@ def _versus_bag_of_words(
         reasons.append("no bag of words scored (train.bag_of_words_rows: 0) to gate on")
         return False
     ahead = candidate["accuracy"] >= words + margin
-    reasons.append(f"accuracy {candidate['accuracy']:.4f} {'>=' if ahead else '<'} the bag of words' {words:.4f} "
-                   f"+ {margin}")  # fmt: skip
+    reasons.append(
+        f"accuracy {candidate['accuracy']:.4f} {'>=' if ahead else '<'} the bag of words' {words:.4f} "
+        f"+ {margin}"
+    )
     return ahead
 
 
 def _versus_champion(c: PairedComparison, config: PromoteConfig, reasons: list[str]) -> bool:
     better = c.nll_gain_low > 0
-    reasons.append(f"NLL {c.challenger_nll:.4f} vs champion {c.champion_nll:.4f} on {c.decisions} decisions: gain "
-                   f"{c.nll_gain:+.4f}, its {c.confidence:.0%} lower bound {c.nll_gain_low:+.4f} "
-                   f"{'>' if better else '<='} 0")  # fmt: skip
+    reasons.append(
+        f"NLL {c.challenger_nll:.4f} vs champion {c.champion_nll:.4f} on {c.decisions} decisions: gain "
+        f"{c.nll_gain:+.4f}, its {c.confidence:.0%} lower bound {c.nll_gain_low:+.4f} "
+        f"{'>' if better else '<='} 0"
+    )
     floor = c.champion_accuracy - config.max_accuracy_drop
     not_worse = c.challenger_accuracy >= floor
-    reasons.append(f"accuracy {c.challenger_accuracy:.4f} {'>=' if not_worse else '<'} {floor:.4f} "
-                   f"(champion {c.champion_accuracy:.4f} - {config.max_accuracy_drop})")  # fmt: skip
+    reasons.append(
+        f"accuracy {c.challenger_accuracy:.4f} {'>=' if not_worse else '<'} {floor:.4f} "
+        f"(champion {c.champion_accuracy:.4f} - {config.max_accuracy_drop})"
+    )
     return better and not_worse
 
 
@@ -126,8 +140,14 @@ def set_alias(name: str, alias: str, version: str, why: str, who: str | None = N
     if previous == str(version):
         return False
     client().set_registered_model_alias(name, alias, version)
-    entry = {"alias": alias, "from": previous, "to": str(version), "who": who or _who(),
-             "when": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"), "why": why}  # fmt: skip
+    entry = {
+        "alias": alias,
+        "from": previous,
+        "to": str(version),
+        "who": who or _who(),
+        "when": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        "why": why,
+    }
     _write_history([*history(name), entry][-HISTORY_KEPT:], name)
     return True
 
@@ -162,7 +182,8 @@ def rollback(name: str) -> str:
 
 
 def champion_stack(entries: list[dict[str, Any]]) -> list[str]:
-    """The champions in order, promotions pushing and rollbacks popping, so rollback goes one step at a time."""
+    """The champions in order, promotions pushing and rollbacks popping, so rollback goes one step at a
+    time."""
     stack: list[str] = []
     for entry in entries:
         if entry["alias"] != CHAMPION:

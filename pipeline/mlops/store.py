@@ -78,5 +78,7 @@ def _message(uri: str, error: object, what: str = "MLflow tracking store") -> st
     reason = error_reason(error, uri)  # a driver's message may quote the URI it was given, password and all
     if what != "MLflow tracking store":
         return f"{what} {mask_url(uri)} is not reachable ({reason})"
-    return (f"MLflow tracking store {mask_url(uri)} is not reachable ({reason}); start it, or point "
-            "MLFLOW_TRACKING_URI at one that is (unset, it is the local SQLite store)")  # fmt: skip
+    return (
+        f"MLflow tracking store {mask_url(uri)} is not reachable ({reason}); start it, or point "
+        "MLFLOW_TRACKING_URI at one that is (unset, it is the local SQLite store)"
+    )

@@ -1,5 +1,6 @@
-"""MLflow tracking's mechanics: a run per idempotency key, live training curves, params and metrics in one call,
-the data set as an input, a shadow's and a harvest's figures (what a training run logs is `stages.track`).
+"""MLflow tracking's mechanics: a run per idempotency key, live training curves, params and metrics in one
+call, the data set as an input, a shadow's and a harvest's figures (what a training run logs is
+`stages.track`).
 
 One run per idempotency key (data md5 + base md5 + params + code digest): logging the same key again finds the
 finished run and returns it, and a flow killed before its run finished reopens that run, so a resumed or
@@ -66,14 +67,18 @@ def open_run(key: str, run_name: str | None = None, tags: dict[str, str] | None 
 
 
 def record_shadow(served_name: str, summary: dict[str, Any]) -> None:
-    """A shadow summary as metrics of the challenger version's run (`NAME/VERSION`) and tags on the version."""
+    """A shadow summary as metrics of the challenger version's run (`NAME/VERSION`) and tags on the
+    version."""
     name, _, version = served_name.rpartition("/")
     if not name:
         return  # a folder, not a registry version: nothing to record it on
     found = client().get_model_version(name, version)
-    values = {"shadow_agreement": summary["agreement"], "shadow_mean_abs_diff": summary["mean_abs_diff"],
-              "shadow_scored": summary["scored"],
-              "shadow_latency_p50_ms": (summary["challenger_latency_ms"] or {}).get("p50")}  # fmt: skip
+    values = {
+        "shadow_agreement": summary["agreement"],
+        "shadow_mean_abs_diff": summary["mean_abs_diff"],
+        "shadow_scored": summary["scored"],
+        "shadow_latency_p50_ms": (summary["challenger_latency_ms"] or {}).get("p50"),
+    }
     for key, value in values.items():
         if value is not None:
             if found.run_id:
@@ -114,17 +119,25 @@ class LiveRun:
         self.last_step |= dict.fromkeys(new, step)
 
 
-def log_values(run_id: str, params: dict[str, Any] | None = None, metrics: dict[str, float] | None = None,
-               step: int = 0, timestamp_ms: int | None = None) -> None:  # fmt: skip
-    """Params and metrics (at `step`, stamped `timestamp_ms` or now) into a run in one call; MLflow splits it where
-    its batch limits say."""
+def log_values(
+    run_id: str,
+    params: dict[str, Any] | None = None,
+    metrics: dict[str, float] | None = None,
+    step: int = 0,
+    timestamp_ms: int | None = None,
+) -> None:
+    """Params and metrics (at `step`, stamped `timestamp_ms` or now) into a run in one call; MLflow splits it
+    where its batch limits say."""
     import time
 
     from mlflow.entities import Metric, Param
 
     now = int(time.time() * 1000) if timestamp_ms is None else timestamp_ms
-    client().log_batch(run_id, metrics=[Metric(k, float(v), now, step) for k, v in (metrics or {}).items()],
-                       params=[Param(k, str(v)) for k, v in (params or {}).items()])  # fmt: skip
+    client().log_batch(
+        run_id,
+        metrics=[Metric(k, float(v), now, step) for k, v in (metrics or {}).items()],
+        params=[Param(k, str(v)) for k, v in (params or {}).items()],
+    )
 
 
 def active_run(run_id: str):
@@ -144,8 +157,10 @@ def heldout_table(heldout: dict[str, Any]) -> str:
     lines = ["| model | accuracy | record accuracy | ECE | Brier |", "|---|---|---|---|---|"]
     for model in [m for m in MODELS if m in heldout]:
         m = heldout[model]
-        lines.append(f"| {model.replace('_', ' ')} | {m['accuracy']:.4f} | {m['record_accuracy']:.4f} | "
-                     f"{m['ece']:.4f} | {m['brier']:.4f} |")  # fmt: skip
+        lines.append(
+            f"| {model.replace('_', ' ')} | {m['accuracy']:.4f} | {m['record_accuracy']:.4f} | "
+            f"{m['ece']:.4f} | {m['brier']:.4f} |"
+        )
     return "\n".join([*lines, "", f"{heldout['decisions']:,} held-out decisions."])
 
 
@@ -169,8 +184,8 @@ def log_dataset(data: str, data_md5: str) -> None:
         source = resolve_dataset_source(Path(data).resolve().as_uri())
     dataset = MetaDataset(source, name=Path(data).name, digest=data_md5)
     # MLflow's SQL store finds or inserts the data set in two steps: two runs logging the same one at once (a
-    # sweep's parallel trials) both insert, and the second fails on the unique key. One at a time in a process,
-    # and once again where another process won the race (the second try finds the row).
+    # sweep's parallel trials) both insert, and the second fails on the unique key. One at a time in a
+    # process, and once again where another process won the race (the second try finds the row).
     with _DATASET_LOCK:
         try:
             mlflow.log_input(dataset, context="training")
@@ -183,12 +198,27 @@ HARVEST_EXPERIMENT = "harvest"
 
 def log_harvest(summary: dict[str, Any], decision_ids: list[str]) -> str:
     """One run in the `harvest` experiment: the data set and its revisions, the counts, the date range and the
-    model versions the rows came from as params and metrics, and every harvested decision id as an artifact."""
+    model versions the rows came from as params and metrics, and every harvested decision id as an
+    artifact."""
     experiment = ensure_experiment(HARVEST_EXPERIMENT)
-    run = client().create_run(experiment, run_name=f"harvest-{(summary.get('revision') or 'none')[:8]}",
-                              tags={"dataset": summary["dataset"], "models": ",".join(summary["models"])})  # fmt: skip
-    params = {k: summary[k] for k in ("dataset", "revision", "previous_revision", "shard", "first_decision",
-                                      "last_decision", "committed") if summary.get(k) is not None}  # fmt: skip
+    run = client().create_run(
+        experiment,
+        run_name=f"harvest-{(summary.get('revision') or 'none')[:8]}",
+        tags={"dataset": summary["dataset"], "models": ",".join(summary["models"])},
+    )
+    params = {
+        k: summary[k]
+        for k in (
+            "dataset",
+            "revision",
+            "previous_revision",
+            "shard",
+            "first_decision",
+            "last_decision",
+            "committed",
+        )
+        if summary.get(k) is not None
+    }
     metrics = {k: summary[k] for k in ("rows", "labels", "heldout", "already_harvested", "not_logged")}
     metrics |= {f"skipped_{reason}": n for reason, n in summary["skipped"].items()}
     log_values(run.info.run_id, params | {"models": ",".join(summary["models"]) or "-"}, metrics)

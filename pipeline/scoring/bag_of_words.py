@@ -1,10 +1,11 @@
-"""A bag of words on the run's own split: what a fine-tune should beat, measured on the same held-out decisions.
+"""A bag of words on the run's own split: what a fine-tune should beat, measured on the same held-out
+decisions.
 
 TF-IDF features of each state (words and word pairs, as `contract.state_text` renders it) and one logistic
 regression per question id, trained on the rows the fine-tune trained on (the validation split left out) and
 scored on the held-out decisions the fine-tune was scored on. On terse, keyword-heavy text it can beat the
-default fine-tune (docs/training.md, "Compare with a bag of words on your data"): every run shows it beside the
-fine-tune so that a user sees this on their own data without a second tool.
+default fine-tune (docs/training.md, "Compare with a bag of words on your data"): every run shows it beside
+the fine-tune so that a user sees this on their own data without a second tool.
 
     words = bag_of_words(split.train, split.heldout, decisions, max_rows=50_000)
     detailed_metrics(decisions, words.probabilities)
@@ -33,8 +34,9 @@ BAG_OF_WORDS = "bag_of_words"
 """Its key beside `base`, `tuned` and `calibrated` in a run's held-out figures."""
 UNSEEN_OPTION = 1e-9  # an option no training row chose: never exactly 0, so its log-loss stays finite
 MAX_CHARACTERS = 50_000_000
-"""The most state text it reads: 20,000 synthetic states of 500 words (60 M characters) peaked at 1.7 GB. Beyond
-it, fewer rows, still evenly spaced, so that long states cannot exhaust memory once training is done."""
+"""The most state text it reads: 20,000 synthetic states of 500 words (60 M characters) peaked at 1.7 GB.
+Beyond it, fewer rows, still evenly spaced, so that long states cannot exhaust memory once training is
+done."""
 
 
 @dataclass(frozen=True)
@@ -50,16 +52,18 @@ class BagOfWords:
 
 @dataclass(frozen=True)
 class QuestionModel:
-    """One question's classifier over the TF-IDF features of its `vectorizer`, or over nothing (None: its labels'
-    frequencies, where it cannot learn)."""
+    """One question's classifier over the TF-IDF features of its `vectorizer`, or over nothing (None: its
+    labels' frequencies, where it cannot learn)."""
 
     vectorizer: TfidfVectorizer | None
     classifier: LogisticRegression | DummyClassifier
 
 
-def bag_of_words(train: Sequence[Record], heldout: Sequence[Record], decisions: Sequence[ScoredDecision],
-                 max_rows: int) -> BagOfWords:  # fmt: skip
-    """Fit on up to `max_rows` of the `train` records and answer each of `decisions` (`record` indexes `heldout`)."""
+def bag_of_words(
+    train: Sequence[Record], heldout: Sequence[Record], decisions: Sequence[ScoredDecision], max_rows: int
+) -> BagOfWords:
+    """Fit on up to `max_rows` of the `train` records and answer each of `decisions` (`record` indexes
+    `heldout`)."""
     started = time.perf_counter()
     rows = training_rows(train, max_rows)
     models = fit_questions(rows)
@@ -90,7 +94,8 @@ def evenly_spaced(records: Sequence[Record], max_rows: int) -> list[Record]:
 def training_rows(
     records: Sequence[Record], max_rows: int, max_characters: int = MAX_CHARACTERS
 ) -> list[Record]:
-    """Up to `max_rows` of `records`, evenly spaced, and fewer where their states hold more than `max_characters`."""
+    """Up to `max_rows` of `records`, evenly spaced, and fewer where their states hold more than
+    `max_characters`."""
     rows = evenly_spaced(records, max_rows)
     characters = sum(len(state_text(record.state)) for record in rows)
     if characters <= max_characters:
@@ -131,8 +136,8 @@ def _vectorized(texts: list[str]) -> tuple[TfidfVectorizer | None, Any]:
 
 
 def fit_question(vectorizer: TfidfVectorizer | None, features, labels: list[int]) -> QuestionModel:
-    """Logistic regression on the rows' features; the labels' frequencies where it cannot learn (one label only,
-    or no features)."""
+    """Logistic regression on the rows' features; the labels' frequencies where it cannot learn (one label
+    only, or no features)."""
     if vectorizer is not None and len(set(labels)) > 1:
         return QuestionModel(vectorizer, LogisticRegression(max_iter=2000).fit(features, labels))
     return QuestionModel(None, DummyClassifier(strategy="prior").fit(np.zeros((len(labels), 1)), labels))
@@ -149,8 +154,9 @@ def _answers(model: QuestionModel, rows: list[int], texts: list[str], features: 
 
 
 def _over_options(classes: np.ndarray, row: np.ndarray, n_options: int) -> np.ndarray:
-    """A model's probabilities over the labels it saw, spread over the decision's `n_options` (an unseen option
-    gets `UNSEEN_OPTION`; a label beyond them, from rows that gave the question more options, is dropped)."""
+    """A model's probabilities over the labels it saw, spread over the decision's `n_options` (an unseen
+    option gets `UNSEEN_OPTION`; a label beyond them, from rows that gave the question more options, is
+    dropped)."""
     full = np.full(n_options, UNSEEN_OPTION)
     kept = classes < n_options
     full[classes[kept]] = row[kept]

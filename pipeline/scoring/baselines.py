@@ -24,9 +24,14 @@ def majority_labels(records) -> dict[str, int]:
     return {qid: counter.most_common(1)[0][0] for qid, counter in counts.items()}
 
 
-def learning_warnings(decisions: list[ScoredDecision], base_logits: list[np.ndarray],
-                      tuned_logits: list[np.ndarray], majority: dict[str, int]) -> list[str]:  # fmt: skip
-    """One line per question whose fine-tuned held-out accuracy is no better than the base's or the prior's."""
+def learning_warnings(
+    decisions: list[ScoredDecision],
+    base_logits: list[np.ndarray],
+    tuned_logits: list[np.ndarray],
+    majority: dict[str, int],
+) -> list[str]:
+    """One line per question whose fine-tuned held-out accuracy is no better than the base's or the
+    prior's."""
     by_question: dict[str, list[int]] = defaultdict(list)
     for i, decision in enumerate(decisions):
         by_question[decision.question_id].append(i)
@@ -40,8 +45,10 @@ def learning_warnings(decisions: list[ScoredDecision], base_logits: list[np.ndar
                 f"question {qid!r}: fine-tuned accuracy {tuned:.4f} is no better than the base's {base:.4f}"
             )
         if tuned <= prior:
-            warnings.append(f"question {qid!r}: fine-tuned accuracy {tuned:.4f} is no better than always answering "
-                            f"its most common training label ({prior:.4f})")  # fmt: skip
+            warnings.append(
+                f"question {qid!r}: fine-tuned accuracy {tuned:.4f} is no better than always answering "
+                f"its most common training label ({prior:.4f})"
+            )
     return warnings
 
 

@@ -53,16 +53,23 @@ def softmax(logits: np.ndarray, temperature: float = 1.0) -> np.ndarray:
     return z / z.sum()
 
 
-def _by_width(logits: list[np.ndarray], targets: list[np.ndarray],
-              weights: np.ndarray | None = None) -> Stacked:  # fmt: skip
-    """Logits, targets and weights (default 1 each) stacked into one [n, k] triple per option count, so each NLL is
-    a few array operations."""
+def _by_width(
+    logits: list[np.ndarray], targets: list[np.ndarray], weights: np.ndarray | None = None
+) -> Stacked:
+    """Logits, targets and weights (default 1 each) stacked into one [n, k] triple per option count, so each
+    NLL is a few array operations."""
     groups: dict[int, list[int]] = {}
     for i, z in enumerate(logits):
         groups.setdefault(len(z), []).append(i)
     weights = np.ones(len(logits)) if weights is None else np.asarray(weights, dtype=np.float64)
-    return [(np.asarray([logits[i] for i in rows], dtype=np.float64), np.asarray([targets[i] for i in rows]),
-             weights[rows]) for rows in groups.values()]  # fmt: skip
+    return [
+        (
+            np.asarray([logits[i] for i in rows], dtype=np.float64),
+            np.asarray([targets[i] for i in rows]),
+            weights[rows],
+        )
+        for rows in groups.values()
+    ]
 
 
 def _mean_nll(log_t: float, stacked: Stacked) -> float:
@@ -71,8 +78,13 @@ def _mean_nll(log_t: float, stacked: Stacked) -> float:
 
 
 def _best_temperature(stacked: Stacked, lo: float, hi: float) -> float:
-    found = minimize_scalar(_mean_nll, bounds=(math.log(lo), math.log(hi)), args=(stacked,), method="bounded",
-                            options={"xatol": 1e-6})  # fmt: skip
+    found = minimize_scalar(
+        _mean_nll,
+        bounds=(math.log(lo), math.log(hi)),
+        args=(stacked,),
+        method="bounded",
+        options={"xatol": 1e-6},
+    )
     return float(min(max(math.exp(found.x), lo), hi))
 
 
@@ -83,9 +95,14 @@ def fit_temperature(
     return _best_temperature(_by_width(logits, targets), lo, hi)
 
 
-def temperature_interval(decisions: list[ScoredDecision], logits: list[np.ndarray], soft: bool = False,
-                         resamples: int = INTERVAL_RESAMPLES, level: float = 0.95,
-                         seed: int = 0) -> tuple[float, float]:  # fmt: skip
+def temperature_interval(
+    decisions: list[ScoredDecision],
+    logits: list[np.ndarray],
+    soft: bool = False,
+    resamples: int = INTERVAL_RESAMPLES,
+    level: float = 0.95,
+    seed: int = 0,
+) -> tuple[float, float]:
     """The percentile bootstrap interval of the temperature `fit_temperature` fits on these decisions, drawing
     whole clusters (`ScoredDecision.cluster`: a group's rows, else a row's decisions) with replacement, so a
     split of a few groups shows how little it pins the temperature down."""
@@ -96,8 +113,9 @@ def temperature_interval(decisions: list[ScoredDecision], logits: list[np.ndarra
     return two_sided(np.asarray(fitted), level)
 
 
-def temperature_spreads(decisions: list[ScoredDecision], logits: list[np.ndarray],
-                        soft: bool = False) -> dict[str, dict[str, Any]]:  # fmt: skip
+def temperature_spreads(
+    decisions: list[ScoredDecision], logits: list[np.ndarray], soft: bool = False
+) -> dict[str, dict[str, Any]]:
     """Per question type with `MIN_DECISIONS` or more: the temperature fitted on all its decisions, the 95%
     bootstrap interval (`temperature_interval`), and how many decisions and clusters it rests on."""
     spreads = {}
@@ -108,23 +126,33 @@ def temperature_spreads(decisions: list[ScoredDecision], logits: list[np.ndarray
         part = [decisions[i] for i in chosen], [logits[i] for i in chosen]
         low, high = temperature_interval(*part, soft)
         grouped = any(d.group >= 0 for d in part[0])
-        spreads[name] = {"temperature": fit_temperature(part[1], _targets(part[0], soft)), "low": low,
-                         "high": high, "decisions": len(chosen), "drawn": "groups" if grouped else "rows",
-                         "clusters": len({d.cluster for d in part[0]})}  # fmt: skip
+        spreads[name] = {
+            "temperature": fit_temperature(part[1], _targets(part[0], soft)),
+            "low": low,
+            "high": high,
+            "decisions": len(chosen),
+            "drawn": "groups" if grouped else "rows",
+            "clusters": len({d.cluster for d in part[0]}),
+        }
     return spreads
 
 
 def loose_temperatures(spreads: dict[str, dict[str, Any]], ratio: float = LOOSE_RATIO) -> str | None:
     """A line for the run's notes when a type's temperature interval spans `ratio` or more (high / low): the
     validation split is too small, or too few groups, to pin it, and the held-out confidence may be off."""
-    loose = [f"{name} T {s['temperature']:.2f} (95% bootstrap interval {s['low']:.2f}-{s['high']:.2f}, from "
-             f"{s['decisions']:,} decisions in {s['clusters']:,} {s['drawn']})"
-             for name, s in spreads.items() if s["high"] >= ratio * s["low"]]  # fmt: skip
+    loose = [
+        f"{name} T {s['temperature']:.2f} (95% bootstrap interval {s['low']:.2f}-{s['high']:.2f}, from "
+        f"{s['decisions']:,} decisions in {s['clusters']:,} {s['drawn']})"
+        for name, s in spreads.items()
+        if s["high"] >= ratio * s["low"]
+    ]
     if not loose:
         return None
-    return ("the validation split pins the calibrator's temperatures only loosely: " + "; ".join(loose) + ". "
-            "Held-out confidence may be off by as much; more validation rows narrow it "
-            "(validate.validation_fraction, validate.validation_max_decisions).")  # fmt: skip
+    return (
+        "the validation split pins the calibrator's temperatures only loosely: " + "; ".join(loose) + ". "
+        "Held-out confidence may be off by as much; more validation rows narrow it "
+        "(validate.validation_fraction, validate.validation_max_decisions)."
+    )
 
 
 def _targets(decisions: list[ScoredDecision], soft: bool) -> list[np.ndarray]:
@@ -133,12 +161,17 @@ def _targets(decisions: list[ScoredDecision], soft: bool) -> list[np.ndarray]:
     ]
 
 
-def fit_calibration(decisions: list[ScoredDecision], logits: list[np.ndarray], soft: bool = False,
-                    min_decisions: int = MIN_DECISIONS, guard: bool = True) -> Calibration:  # fmt: skip
+def fit_calibration(
+    decisions: list[ScoredDecision],
+    logits: list[np.ndarray],
+    soft: bool = False,
+    min_decisions: int = MIN_DECISIONS,
+    guard: bool = True,
+) -> Calibration:
     """One temperature per question type from decisions the model did not train on and their raw logits.
 
-    With `guard`, a type whose fitted temperature makes its cross-fitted ECE worse than T = 1 keeps T = 1 (and its
-    note says so): calibration never makes held-out calibration worse than no calibration.
+    With `guard`, a type whose fitted temperature makes its cross-fitted ECE worse than T = 1 keeps T = 1 (and
+    its note says so): calibration never makes held-out calibration worse than no calibration.
     """
     temperatures, notes = list(NO_TEMPERATURES), {}
     targets = _targets(decisions, soft)
@@ -154,16 +187,19 @@ def fit_calibration(decisions: list[ScoredDecision], logits: list[np.ndarray], s
             else None
         )
         if hurt is not None and hurt[0] > hurt[1]:
-            notes[name] = (f"kept T=1: the fitted T={fitted:.3f} made the cross-fitted ECE worse "
-                           f"({hurt[0]:.4f} vs {hurt[1]:.4f} at T=1)")  # fmt: skip
+            notes[name] = (
+                f"kept T=1: the fitted T={fitted:.3f} made the cross-fitted ECE worse "
+                f"({hurt[0]:.4f} vs {hurt[1]:.4f} at T=1)"
+            )
             continue
         temperatures[qtype] = fitted
         notes[name] = f"fitted on {len(chosen)} decisions"
     return Calibration((temperatures[0], temperatures[1], temperatures[2]), notes)
 
 
-def _cross_fitted_ece(decisions: list[ScoredDecision], logits: list[np.ndarray],
-                      soft: bool) -> tuple[float, float] | None:  # fmt: skip
+def _cross_fitted_ece(
+    decisions: list[ScoredDecision], logits: list[np.ndarray], soft: bool
+) -> tuple[float, float] | None:
     """(ECE with each half's temperature fitted on the other half, ECE at T = 1) of one type's decisions, or
     None when a half is too small to fit on."""
     halves = cross_fit_halves(decisions)
@@ -189,11 +225,16 @@ def plain_probabilities(logits: list[np.ndarray]) -> list[np.ndarray]:
     return [softmax(z) for z in logits]
 
 
-def cross_fitted_metrics(decisions: list[ScoredDecision], logits: list[np.ndarray], soft: bool = False,
-                         min_decisions: int = MIN_DECISIONS) -> dict[str, float]:  # fmt: skip
+def cross_fitted_metrics(
+    decisions: list[ScoredDecision],
+    logits: list[np.ndarray],
+    soft: bool = False,
+    min_decisions: int = MIN_DECISIONS,
+) -> dict[str, float]:
     """Held-out metrics after calibration, each half of the records scored with the other half's temperatures.
 
-    A type the guard keeps at T = 1 (`fit_calibration` on all of them) is scored at T = 1, as it will be served.
+    A type the guard keeps at T = 1 (`fit_calibration` on all of them) is scored at T = 1, as it will be
+    served.
     """
     final = fit_calibration(decisions, logits, soft, min_decisions)
     kept = {qtype for qtype, t in enumerate(final.temperatures) if t == 1.0}

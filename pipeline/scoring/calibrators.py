@@ -92,9 +92,13 @@ class Calibrator:
 
     def to_json(self) -> dict[str, Any]:
         return {
-            "kind": self.kind, "temperatures": self.by_name(), "notes": self.notes,
-            "questions": {q: {k: v for k, v in vars(t).items() if v is not None} for q, t in self.questions.items()},
-        }  # fmt: skip
+            "kind": self.kind,
+            "temperatures": self.by_name(),
+            "notes": self.notes,
+            "questions": {
+                q: {k: v for k, v in vars(t).items() if v is not None} for q, t in self.questions.items()
+            },
+        }
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Calibrator:
@@ -142,7 +146,8 @@ class Choice:
 def choose_calibrator(
     decisions: list[ScoredDecision], logits: list[np.ndarray], soft: bool = False
 ) -> Choice:
-    """The kind with the lowest cross-fitted NLL, refitted on all decisions; kinds that cannot fit are left out."""
+    """The kind with the lowest cross-fitted NLL, refitted on all decisions; kinds that cannot fit are left
+    out."""
     if not decisions:
         return Choice(Calibrator(notes={"chosen": "no decisions to fit on: T = 1"}), {}, [])
     kept = _kept_types(decisions, logits, soft)
@@ -153,8 +158,11 @@ def choose_calibrator(
             scored[kind] = (mean_nll(decisions, probabilities), probabilities)
     best = min(scored, key=lambda kind: (round(scored[kind][0], 6), KINDS.index(kind)))
     calibrator = fit_calibrator(best, decisions, logits, soft, kept)
-    notes = {**calibrator.notes, "chosen": f"{best}: lowest cross-fitted NLL among " + ", ".join(
-        f"{k} {v[0]:.4f}" for k, v in scored.items())}  # fmt: skip
+    notes = {
+        **calibrator.notes,
+        "chosen": f"{best}: lowest cross-fitted NLL among "
+        + ", ".join(f"{k} {v[0]:.4f}" for k, v in scored.items()),
+    }
     calibrator = Calibrator(calibrator.kind, calibrator.temperatures, calibrator.questions, notes)
     return Choice(calibrator, {k: v[0] for k, v in scored.items()}, scored[best][1])
 
@@ -167,19 +175,28 @@ def mean_nll(decisions: list[ScoredDecision], probabilities: list[np.ndarray]) -
 
 
 def _kept_types(decisions: list[ScoredDecision], logits: list[np.ndarray], soft: bool) -> set[int]:
-    """Types whose temperature the guard keeps at 1 on all decisions: every kind's fallback serves them at 1."""
+    """Types whose temperature the guard keeps at 1 on all decisions: every kind's fallback serves them at
+    1."""
     final = fit_calibration(decisions, logits, soft)
     return {qtype for qtype, t in enumerate(final.temperatures) if t == 1.0}
 
 
-def fit_calibrator(kind: str, decisions: list[ScoredDecision], logits: list[np.ndarray], soft: bool = False,
-                   kept: set[int] | None = None) -> Calibrator:  # fmt: skip
+def fit_calibrator(
+    kind: str,
+    decisions: list[ScoredDecision],
+    logits: list[np.ndarray],
+    soft: bool = False,
+    kept: set[int] | None = None,
+) -> Calibrator:
     """A calibrator of `kind` fitted on these decisions; types in `kept` keep T = 1 (the guard's verdict)."""
     guarded = kept is None
     base = fit_calibration(decisions, logits, soft, guard=guarded)
     temperatures = tuple(1.0 if kept and q in kept else t for q, t in enumerate(base.temperatures))
-    fit_one = {TYPE_TEMPERATURE: None, QUESTION_TEMPERATURE: _question_temperature,
-               VECTOR_SCALING: _vector_scaling}[kind]  # fmt: skip
+    fit_one = {
+        TYPE_TEMPERATURE: None,
+        QUESTION_TEMPERATURE: _question_temperature,
+        VECTOR_SCALING: _vector_scaling,
+    }[kind]
     questions = {}
     if fit_one is not None:
         for qid, rows in _by_question(decisions).items():
@@ -197,8 +214,14 @@ def _by_question(decisions: list[ScoredDecision]) -> dict[str, list[int]]:
     for i, d in enumerate(decisions):
         groups.setdefault(d.question_id, []).append(i)
     first = {q: decisions[rows[0]] for q, rows in groups.items()}
-    return {q: [i for i in rows if decisions[i].qtype == first[q].qtype and decisions[i].n_options == first[q].n_options]
-            for q, rows in groups.items()}  # fmt: skip
+    return {
+        q: [
+            i
+            for i in rows
+            if decisions[i].qtype == first[q].qtype and decisions[i].n_options == first[q].n_options
+        ]
+        for q, rows in groups.items()
+    }
 
 
 def _target(decision: ScoredDecision, soft: bool) -> np.ndarray:
@@ -207,15 +230,17 @@ def _target(decision: ScoredDecision, soft: bool) -> np.ndarray:
     )
 
 
-def _question_temperature(first: ScoredDecision, logits: list[np.ndarray],
-                          targets: list[np.ndarray]) -> QuestionTransform | None:  # fmt: skip
+def _question_temperature(
+    first: ScoredDecision, logits: list[np.ndarray], targets: list[np.ndarray]
+) -> QuestionTransform | None:
     if len(logits) < MIN_QUESTION_DECISIONS:
         return None
     return QuestionTransform(first.qtype, first.n_options, fit_temperature(logits, targets))
 
 
-def _vector_scaling(first: ScoredDecision, logits: list[np.ndarray],
-                    targets: list[np.ndarray]) -> QuestionTransform | None:  # fmt: skip
+def _vector_scaling(
+    first: ScoredDecision, logits: list[np.ndarray], targets: list[np.ndarray]
+) -> QuestionTransform | None:
     k = first.n_options
     if len(logits) < VECTOR_MIN_PER_OPTION * k:
         return None
@@ -223,9 +248,11 @@ def _vector_scaling(first: ScoredDecision, logits: list[np.ndarray],
     return QuestionTransform(first.qtype, k, weights=tuple(weights), bias=tuple(bias))
 
 
-def fit_vector_scaling(logits: np.ndarray, targets: np.ndarray,
-                       ridge: float = VECTOR_RIDGE) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
-    """Per-option weights and biases minimising mean NLL + ridge * (|w - 1|^2 + |b|^2) (L-BFGS, exact gradient)."""
+def fit_vector_scaling(
+    logits: np.ndarray, targets: np.ndarray, ridge: float = VECTOR_RIDGE
+) -> tuple[np.ndarray, np.ndarray]:
+    """Per-option weights and biases minimising mean NLL + ridge * (|w - 1|^2 + |b|^2) (L-BFGS, exact
+    gradient)."""
     n, k = logits.shape
 
     def loss(theta: np.ndarray) -> tuple[float, np.ndarray]:
@@ -242,10 +269,15 @@ def fit_vector_scaling(logits: np.ndarray, targets: np.ndarray,
     return found.x[:k], found.x[k:]
 
 
-def cross_fitted_probabilities(kind: str, decisions: list[ScoredDecision], logits: list[np.ndarray],
-                               soft: bool = False, kept: set[int] | None = None) -> list[np.ndarray] | None:  # fmt: skip
-    """Each half of the records (by record parity) scored by a `kind` calibrator fitted on the other half; None
-    when the kind would add nothing over per-type temperatures (no question has enough decisions)."""
+def cross_fitted_probabilities(
+    kind: str,
+    decisions: list[ScoredDecision],
+    logits: list[np.ndarray],
+    soft: bool = False,
+    kept: set[int] | None = None,
+) -> list[np.ndarray] | None:
+    """Each half of the records (by record parity) scored by a `kind` calibrator fitted on the other half;
+    None when the kind would add nothing over per-type temperatures (no question has enough decisions)."""
     kept = _kept_types(decisions, logits, soft) if kept is None else kept
     halves = cross_fit_halves(decisions)
     out: list[np.ndarray | None] = [None] * len(decisions)

@@ -20,7 +20,8 @@ from pipeline.scoring.decisions import ScoredDecision, cross_fit_halves
 
 
 def conformal_threshold(scores: np.ndarray, alpha: float) -> float:
-    """The split-conformal quantile of calibration scores (1.0, every option, when too few to reach 1 - alpha)."""
+    """The split-conformal quantile of calibration scores (1.0, every option, when too few to reach 1 -
+    alpha)."""
     n = len(scores)
     rank = math.ceil((n + 1) * (1 - alpha))
     if rank > n:
@@ -33,8 +34,9 @@ def prediction_set(probabilities: np.ndarray, threshold: float) -> np.ndarray:
     return np.flatnonzero(1.0 - np.asarray(probabilities) <= threshold + 1e-12)
 
 
-def conformal_report(decisions: list[ScoredDecision], probabilities: list[np.ndarray],
-                     alpha: float) -> dict[str, Any]:  # fmt: skip
+def conformal_report(
+    decisions: list[ScoredDecision], probabilities: list[np.ndarray], alpha: float
+) -> dict[str, Any]:
     """Per question type: target coverage, achieved coverage and mean set size (and options, for scale)."""
     if not 0 < alpha < 1:
         raise ValueError(f"--conformal: alpha must be between 0 and 1 (e.g. 0.1); got {alpha}")

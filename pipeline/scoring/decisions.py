@@ -1,4 +1,5 @@
-"""A scored decision: what every metric, calibration and plot needs of one held-out decision, whatever the family.
+"""A scored decision: what every metric, calibration and plot needs of one held-out decision, whatever the
+family.
 
 Families turn their own examples (a Laya sequence per question, a joint record per row) into these plus one
 row of raw option logits each, so everything under `pipeline.scoring` is family-free.
@@ -14,8 +15,8 @@ from pipeline.data.contract import QUESTION_TYPE_IDS, Record
 
 @dataclass(frozen=True, slots=True)
 class ScoredDecision:
-    """One decision's type, gold and place: `record` groups a row's decisions (record accuracy, cross-fitting), and
-    `group` a group's rows (cross-fitting)."""
+    """One decision's type, gold and place: `record` groups a row's decisions (record accuracy,
+    cross-fitting), and `group` a group's rows (cross-fitting)."""
 
     qtype: int  # pipeline.data.contract.QUESTION_TYPE_IDS
     label: int
@@ -33,8 +34,8 @@ class ScoredDecision:
 
     @property
     def cluster(self) -> int:
-        """What a bootstrap resamples it with: its group (numbered below 0, apart from row indices), else its row,
-        so an interval counts a group's rows, which share a speaker or a source, as one draw."""
+        """What a bootstrap resamples it with: its group (numbered below 0, apart from row indices), else its
+        row, so an interval counts a group's rows, which share a speaker or a source, as one draw."""
         return -1 - self.group if self.group >= 0 else self.record
 
     @property
@@ -68,6 +69,14 @@ def gold_decisions(records: Sequence[Record]) -> list[ScoredDecision]:
         for d in record.decisions:
             options = len(d.question.options)
             target = d.gold.probabilities or tuple(float(k == d.gold.label) for k in range(options))
-            decisions.append(ScoredDecision(QUESTION_TYPE_IDS[d.question.type], d.gold.label, index, d.question.id,
-                                            tuple(target), d.gold.probabilities is not None))  # fmt: skip
+            decisions.append(
+                ScoredDecision(
+                    QUESTION_TYPE_IDS[d.question.type],
+                    d.gold.label,
+                    index,
+                    d.question.id,
+                    tuple(target),
+                    d.gold.probabilities is not None,
+                )
+            )
     return decisions

@@ -1,10 +1,10 @@
 """Held-out (or validation) decisions with their raw logits, saved between stages (train writes, calibrate and
-gates read), and
-the calibrated probabilities the trained model gave them (calibrate writes, the smoke test compares serving with).
+gates read), and the calibrated probabilities the trained model gave them (calibrate writes, the smoke test
+compares serving with).
 
-One `.npz`: per decision its type, gold label, record, row group, question id, target distribution and the logits of the
-base and the fine-tune (padded to the widest question), plus the option names of every question id (JSON) so
-plots can label their axes. Logits, not probabilities: calibration needs them.
+One `.npz`: per decision its type, gold label, record, row group, question id, target distribution and the
+logits of the base and the fine-tune (padded to the widest question), plus the option names of every question
+id (JSON) so plots can label their axes. Logits, not probabilities: calibration needs them.
 """
 
 from __future__ import annotations
@@ -41,16 +41,19 @@ def save_heldout(path: str | Path, heldout: HeldOut) -> Path:
 
     items = heldout.items
     np.savez_compressed(
-        path, widths=np.asarray(widths, dtype=np.int64), qtype=np.asarray([it.qtype for it in items], dtype=np.int64),
+        path,
+        widths=np.asarray(widths, dtype=np.int64),
+        qtype=np.asarray([it.qtype for it in items], dtype=np.int64),
         label=np.asarray([it.label for it in items], dtype=np.int64),
         record=np.asarray([it.record for it in items], dtype=np.int64),
         group=np.asarray([it.group for it in items], dtype=np.int64),
-        soft=np.asarray([it.soft for it in items], dtype=bool), target=padded([it.target for it in items]),
+        soft=np.asarray([it.soft for it in items], dtype=bool),
+        target=padded([it.target for it in items]),
         **({} if heldout.base_logits is None else {"base": padded(heldout.base_logits)}),
         tuned=padded(heldout.tuned_logits),
         question_id=np.asarray(json.dumps([it.question_id for it in items])),
         options=np.asarray(json.dumps({q: list(o) for q, o in heldout.options.items()})),
-    )  # fmt: skip
+    )
     return path
 
 
@@ -85,9 +88,13 @@ def save_expected(path: str | Path, decisions: list[ScoredDecision], probabiliti
     padded = np.full((len(probabilities), k), np.nan)
     for i, p in enumerate(probabilities):
         padded[i, : len(p)] = p
-    np.savez_compressed(path, record=np.asarray([d.record for d in decisions], dtype=np.int64),
-                        question_id=np.asarray(json.dumps([d.question_id for d in decisions])),
-                        widths=np.asarray([len(p) for p in probabilities], dtype=np.int64), probabilities=padded)  # fmt: skip
+    np.savez_compressed(
+        path,
+        record=np.asarray([d.record for d in decisions], dtype=np.int64),
+        question_id=np.asarray(json.dumps([d.question_id for d in decisions])),
+        widths=np.asarray([len(p) for p in probabilities], dtype=np.int64),
+        probabilities=padded,
+    )
     return path
 
 

@@ -1,7 +1,8 @@
-"""Held-out metrics of option probabilities against gold: accuracy, record accuracy, loss, ECE, Brier, KL, MAE.
+"""Held-out metrics of option probabilities against gold: accuracy, record accuracy, loss, ECE, Brier, KL,
+MAE.
 
-ECE uses 15 equal-width bins on the top-label probability with bins (lo, hi] (the first bin [0, e1]), as laya's
-reference implementation does.
+ECE uses 15 equal-width bins on the top-label probability with bins (lo, hi] (the first bin [0, e1]), as
+laya's reference implementation does.
 """
 
 from __future__ import annotations
@@ -39,14 +40,24 @@ def expected_calibration_error(confidence: np.ndarray, correct: np.ndarray, bins
 
 
 def heldout_metrics(items: list[ScoredDecision], probabilities: list[np.ndarray]) -> dict[str, float]:
-    """Accuracy per decision and per record (all of a record's decisions right), mean soft-CE loss, and ECE."""
+    """Accuracy per decision and per record (all of a record's decisions right), mean soft-CE loss, and
+    ECE."""
     if not items:
-        return {"decisions": 0, "accuracy": float("nan"), "record_accuracy": float("nan"), "loss": float("nan"),
-                "ece": float("nan")}  # fmt: skip
+        return {
+            "decisions": 0,
+            "accuracy": float("nan"),
+            "record_accuracy": float("nan"),
+            "loss": float("nan"),
+            "ece": float("nan"),
+        }
     confidence = np.array([p.max() for p in probabilities])
     correct = np.array([int(p.argmax()) == it.label for it, p in zip(items, probabilities)])
-    loss = np.array([-(np.asarray(it.target) * np.log(np.clip(p, 1e-12, 1.0))).sum()
-                     for it, p in zip(items, probabilities)])  # fmt: skip
+    loss = np.array(
+        [
+            -(np.asarray(it.target) * np.log(np.clip(p, 1e-12, 1.0))).sum()
+            for it, p in zip(items, probabilities)
+        ]
+    )
     by_record: dict[int, bool] = defaultdict(lambda: True)
     for item, right in zip(items, correct):
         by_record[item.record] &= bool(right)
@@ -65,8 +76,12 @@ def detailed_metrics(items: list[ScoredDecision], probabilities: list[np.ndarray
     if not items:
         return metrics | {"brier": float("nan"), "kl_soft": float("nan"), "score_mae": float("nan")}
     brier = [float(((p - np.eye(len(p))[it.label]) ** 2).sum()) for it, p in zip(items, probabilities)]
-    kl = [float((t * (np.log(np.clip(t, 1e-12, 1)) - np.log(np.clip(p, 1e-12, 1)))).sum())
-          for it, p in zip(items, probabilities) if it.soft for t in [np.asarray(it.target)]]  # fmt: skip
+    kl = [
+        float((t * (np.log(np.clip(t, 1e-12, 1)) - np.log(np.clip(p, 1e-12, 1)))).sum())
+        for it, p in zip(items, probabilities)
+        if it.soft
+        for t in [np.asarray(it.target)]
+    ]
     mae = [
         abs(float(np.dot(np.arange(len(p)), p)) - it.label)
         for it, p in zip(items, probabilities)

@@ -2,9 +2,9 @@
 
 Both models answer the same decisions (matched by record and question id; a decision one of them skipped is
 left out of both). The NLL gain is the champion's mean NLL minus the challenger's (positive: the challenger is
-better). Records (whole groups, where the rows have a `group`) are resampled with replacement, all resamples at
-once, and the gain is recomputed over each draw; its lower `confidence` quantile above zero means the challenger
-is better beyond the noise of which records (or groups) happened to be held out.
+better). Records (whole groups, where the rows have a `group`) are resampled with replacement, all resamples
+at once, and the gain is recomputed over each draw; its lower `confidence` quantile above zero means the
+challenger is better beyond the noise of which records (or groups) happened to be held out.
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ from pipeline.scoring.decisions import ScoredDecision
 from pipeline.scoring.report import bootstrap_means, record_draws, record_index, two_sided
 
 RESAMPLES = 2000
-# Below this many records a percentile bootstrap has too few distinct resamples to bound anything (one record's
-# interval is a single point): a comparison says so rather than name a winner.
+# Below this many records a percentile bootstrap has too few distinct resamples to bound anything (one
+# record's interval is a single point): a comparison says so rather than name a winner.
 MIN_RECORDS_TO_JUDGE = 20
 
 Scored = tuple[list[ScoredDecision], list[np.ndarray]]
@@ -41,8 +41,9 @@ class PairedComparison:
         return asdict(self)
 
 
-def paired_comparison(champion: Scored, challenger: Scored, confidence: float = 0.95,
-                      resamples: int = RESAMPLES, seed: int = 0) -> PairedComparison:  # fmt: skip
+def paired_comparison(
+    champion: Scored, challenger: Scored, confidence: float = 0.95, resamples: int = RESAMPLES, seed: int = 0
+) -> PairedComparison:
     """The two models' NLL and accuracy on their common decisions, and the bootstrap bound on the NLL gain."""
     _, nll, right, record_of = _matched(
         champion, challenger, "champion and challenger share no held-out decision"
@@ -63,9 +64,9 @@ def paired_comparison(champion: Scored, challenger: Scored, confidence: float = 
 def _matched(
     a: Scored, b: Scored, empty: str
 ) -> tuple[list[tuple[int, str]], np.ndarray, np.ndarray, np.ndarray]:
-    """The decisions both answered (by record and question id, sorted), with [n, 2] NLLs and right-or-wrong of A
-    and B, and each decision's index (0..n-1) of what the bootstrap draws: its record, or its group where the rows
-    have groups (`ScoredDecision.cluster`); ValueError `empty` (+ " to compare on") when none."""
+    """The decisions both answered (by record and question id, sorted), with [n, 2] NLLs and right-or-wrong of
+    A and B, and each decision's index (0..n-1) of what the bootstrap draws: its record, or its group where
+    the rows have groups (`ScoredDecision.cluster`); ValueError `empty` (+ " to compare on") when none."""
     ours, theirs = _by_key(a), _by_key(b)
     keys = sorted(ours.keys() & theirs.keys())
     if not keys:
@@ -98,8 +99,8 @@ def _gain_bound(
 
 @dataclass(frozen=True)
 class QuestionDifference:
-    """Two models on one question's shared decisions (or on all of them, `question` "all"): accuracy and NLL of
-    each, and B minus A with a two-sided record-bootstrap interval at `confidence`."""
+    """Two models on one question's shared decisions (or on all of them, `question` "all"): accuracy and NLL
+    of each, and B minus A with a two-sided record-bootstrap interval at `confidence`."""
 
     question: str
     decisions: int
@@ -118,7 +119,8 @@ class QuestionDifference:
 
     @property
     def b_less_accurate(self) -> bool:
-        """B is less accurate than A beyond the bootstrap noise (the interval alone, however few the records)."""
+        """B is less accurate than A beyond the bootstrap noise (the interval alone, however few the
+        records)."""
         return self.accuracy_gain_high < 0
 
     @property
@@ -140,11 +142,12 @@ class QuestionDifference:
         return asdict(self) | {"verdict": self.verdict}
 
 
-def per_question_differences(a: Scored, b: Scored, confidence: float = 0.95, resamples: int = RESAMPLES,
-                             seed: int = 0) -> list[QuestionDifference]:  # fmt: skip
-    """A against B on the decisions both answered (matched by record and question id): one row for all of them,
-    then one per question id. Records are resampled with replacement (a record's decisions move together), the
-    same draws for every row."""
+def per_question_differences(
+    a: Scored, b: Scored, confidence: float = 0.95, resamples: int = RESAMPLES, seed: int = 0
+) -> list[QuestionDifference]:
+    """A against B on the decisions both answered (matched by record and question id): one row for all of
+    them, then one per question id. Records are resampled with replacement (a record's decisions move
+    together), the same draws for every row."""
     keys, nll, right, record_of = _matched(a, b, "the two models share no decision")
     draws = record_draws(record_of, resamples, np.random.default_rng(seed))
     questions = np.array([k[1] for k in keys])
@@ -154,8 +157,15 @@ def per_question_differences(a: Scored, b: Scored, confidence: float = 0.95, res
     return [_difference(name, chosen, nll, right, record_of, draws, confidence) for name, chosen in rows]
 
 
-def _difference(name: str, chosen: np.ndarray, nll: np.ndarray, right: np.ndarray, record_of: np.ndarray,
-                draws: np.ndarray, confidence: float) -> QuestionDifference:  # fmt: skip
+def _difference(
+    name: str,
+    chosen: np.ndarray,
+    nll: np.ndarray,
+    right: np.ndarray,
+    record_of: np.ndarray,
+    draws: np.ndarray,
+    confidence: float,
+) -> QuestionDifference:
     accuracy_low, accuracy_high = _interval(
         right[chosen, 1] - right[chosen, 0], record_of[chosen], draws, confidence
     )

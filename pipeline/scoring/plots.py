@@ -61,8 +61,13 @@ def _reliability_axis(axis, items: list[ScoredDecision], probabilities: list[np.
             accuracy.append(correct[chosen].mean())
     axis.plot([0, 1], [0, 1], linestyle="--", color="grey", label="perfect calibration")
     axis.bar(centers, accuracy, width=1 / ECE_BINS, edgecolor="black", alpha=0.7, label="accuracy")
-    axis.set(xlabel="confidence (top probability)", ylabel="accuracy", xlim=(0, 1), ylim=(0, 1),
-             title=f"{title}\nECE {expected_calibration_error(confidence, correct):.4f}, n={len(items)}")  # fmt: skip
+    axis.set(
+        xlabel="confidence (top probability)",
+        ylabel="accuracy",
+        xlim=(0, 1),
+        ylim=(0, 1),
+        title=f"{title}\nECE {expected_calibration_error(confidence, correct):.4f}, n={len(items)}",
+    )
     axis.legend(loc="upper left")
 
 
@@ -75,8 +80,13 @@ def save_figure(plt, figure, out: Path) -> Path:
     return out
 
 
-def confusion_matrix(items: list[ScoredDecision], probabilities: list[np.ndarray], options: tuple[str, ...], out: Path,
-                     title: str) -> Path:  # fmt: skip
+def confusion_matrix(
+    items: list[ScoredDecision],
+    probabilities: list[np.ndarray],
+    options: tuple[str, ...],
+    out: Path,
+    title: str,
+) -> Path:
     """Gold option (rows) against predicted option (columns), counts in the cells."""
     plt = pyplot()
     k = len(options)
@@ -114,16 +124,28 @@ def loss_curve(steps: list[dict[str, float]], out: Path, title: str = "training 
     return out
 
 
-def write_plots(items: list[ScoredDecision], probabilities: list[np.ndarray], options: dict[str, tuple[str, ...]],
-                folder: Path, reliability: str = "reliability.png", title: str = "all decisions") -> list[Path]:  # fmt: skip
+def write_plots(
+    items: list[ScoredDecision],
+    probabilities: list[np.ndarray],
+    options: dict[str, tuple[str, ...]],
+    folder: Path,
+    reliability: str = "reliability.png",
+    title: str = "all decisions",
+) -> list[Path]:
     """A reliability diagram of every decision and one confusion matrix per question id (`options` names the
     axes), as PNG files in `folder`."""
     written = [reliability_diagram(items, probabilities, folder / reliability, title)]
     for question_id in sorted({it.question_id for it in items}):
         chosen = [i for i, it in enumerate(items) if it.question_id == question_id]
-        written.append(confusion_matrix([items[i] for i in chosen], [probabilities[i] for i in chosen],
-                                        options[question_id], folder / f"confusion_{_safe(question_id)}.png",
-                                        f"question {question_id}"))  # fmt: skip
+        written.append(
+            confusion_matrix(
+                [items[i] for i in chosen],
+                [probabilities[i] for i in chosen],
+                options[question_id],
+                folder / f"confusion_{_safe(question_id)}.png",
+                f"question {question_id}",
+            )
+        )
     return written
 
 

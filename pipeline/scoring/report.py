@@ -1,5 +1,5 @@
-"""The calibration report: accuracy and ECE-15 with bootstrap 95% intervals, NLL, Brier, classwise ECE and KL from
-the soft gold, overall, per question type and per question.
+"""The calibration report: accuracy and ECE-15 with bootstrap 95% intervals, NLL, Brier, classwise ECE and KL
+from the soft gold, overall, per question type and per question.
 
 The interval resamples whole records (a row's decisions share a state, so they are not independent; where rows
 have a `group`, whole groups, whose rows share a speaker or a source): each
@@ -35,8 +35,12 @@ METRICS = (
 )
 
 
-def calibration_report(decisions: list[ScoredDecision], probabilities: list[np.ndarray],
-                       resamples: int = RESAMPLES, seed: int = 0) -> dict[str, Any]:  # fmt: skip
+def calibration_report(
+    decisions: list[ScoredDecision],
+    probabilities: list[np.ndarray],
+    resamples: int = RESAMPLES,
+    seed: int = 0,
+) -> dict[str, Any]:
     """{"overall": figures, "by_type": {type: figures}, "by_question": {id: figures}}."""
     groups = {"overall": list(range(len(decisions)))}
     by_type = _groups(decisions, lambda d: QUESTION_TYPES[d.qtype])
@@ -61,10 +65,12 @@ def _groups(decisions: list[ScoredDecision], key) -> dict[str, list[int]]:
     return dict(sorted(groups.items()))
 
 
-def group_figures(decisions: list[ScoredDecision], probabilities: list[np.ndarray], resamples: int,
-                  rng: np.random.Generator) -> dict[str, float]:  # fmt: skip
-    """One slice's figures (overall, a type, a question); the ECE and accuracy intervals from `resamples` bootstrap
-    draws of whole records, or of whole groups where the rows have a `group` (`ScoredDecision.cluster`)."""
+def group_figures(
+    decisions: list[ScoredDecision], probabilities: list[np.ndarray], resamples: int, rng: np.random.Generator
+) -> dict[str, float]:
+    """One slice's figures (overall, a type, a question); the ECE and accuracy intervals from `resamples`
+    bootstrap draws of whole records, or of whole groups where the rows have a `group`
+    (`ScoredDecision.cluster`)."""
     if not decisions:
         return {name: float("nan") for name in METRICS} | {"decisions": 0}
     confidence = np.array([float(p.max()) for p in probabilities])
@@ -76,25 +82,37 @@ def group_figures(decisions: list[ScoredDecision], probabilities: list[np.ndarra
     brier = [float(((p - np.eye(len(p))[d.label]) ** 2).sum()) for d, p in zip(decisions, probabilities)]
     kl = [_kl(np.asarray(d.target), p) for d, p in zip(decisions, probabilities) if d.soft]
     return {
-        "decisions": len(decisions), "accuracy": float(correct.mean()), "accuracy_low": accuracy_low,
+        "decisions": len(decisions),
+        "accuracy": float(correct.mean()),
+        "accuracy_low": accuracy_low,
         "accuracy_high": accuracy_high,
-        "nll": float(np.mean([-math.log(max(g, 1e-12)) for g in gold])), "brier": float(np.mean(brier)),
-        "ece": expected_calibration_error(confidence, correct), "ece_low": low, "ece_high": high,
+        "nll": float(np.mean([-math.log(max(g, 1e-12)) for g in gold])),
+        "brier": float(np.mean(brier)),
+        "ece": expected_calibration_error(confidence, correct),
+        "ece_low": low,
+        "ece_high": high,
         "classwise_ece": classwise_ece(decisions, probabilities),
         "kl_soft": float(np.mean(kl)) if kl else float("nan"),
-    }  # fmt: skip
+    }
 
 
 def _kl(target: np.ndarray, p: np.ndarray) -> float:
     return float((target * (np.log(np.clip(target, 1e-12, 1)) - np.log(np.clip(p, 1e-12, 1)))).sum())
 
 
-def ece_interval(confidence: np.ndarray, correct: np.ndarray, records: list[int], resamples: int,
-                 rng: np.random.Generator, level: float = 0.95) -> tuple[float, float]:  # fmt: skip
+def ece_interval(
+    confidence: np.ndarray,
+    correct: np.ndarray,
+    records: list[int],
+    resamples: int,
+    rng: np.random.Generator,
+    level: float = 0.95,
+) -> tuple[float, float]:
     """The percentile bootstrap interval of the ECE, resampling records with replacement, less the bootstrap's
     bias. A resample's ECE is larger than the sample's on average (its bins' gaps are absolute values, so
-    resampling noise only adds to them): on a well-calibrated model the plain percentile interval can lie wholly
-    above the ECE it is about. Both ends move down by that bias (the resamples' mean over the ECE), at least 0."""
+    resampling noise only adds to them): on a well-calibrated model the plain percentile interval can lie
+    wholly above the ECE it is about. Both ends move down by that bias (the resamples' mean over the ECE), at
+    least 0."""
     record_of = record_index(records)
     draws = record_draws(record_of, resamples, rng)
     weights = draws[:, record_of].astype(
@@ -108,8 +126,9 @@ def ece_interval(confidence: np.ndarray, correct: np.ndarray, records: list[int]
     return max(low - bias, 0.0), max(high - bias, 0.0)
 
 
-def accuracy_interval(correct: np.ndarray, records: list[int], resamples: int, rng: np.random.Generator,
-                      level: float = 0.95) -> tuple[float, float]:  # fmt: skip
+def accuracy_interval(
+    correct: np.ndarray, records: list[int], resamples: int, rng: np.random.Generator, level: float = 0.95
+) -> tuple[float, float]:
     """The percentile bootstrap interval of the accuracy, resampling records with replacement."""
     record_of = record_index(records)
     return two_sided(bootstrap_means(correct, record_of, record_draws(record_of, resamples, rng)), level)
@@ -165,11 +184,15 @@ def report_metrics(report: dict[str, Any], prefix: str = "report") -> dict[str, 
 
 
 def report_tags(calibration: dict[str, Any]) -> dict[str, str]:
-    """A version's calibration at a glance (the calibrate stage's result): calibrator, ECE with its interval, NLL."""
+    """A version's calibration at a glance (the calibrate stage's result): calibrator, ECE with its interval,
+    NLL."""
     overall = calibration["report"]["overall"]
-    tags = {"calibrator": calibration["calibrator"]["kind"],
-            "calibration_ece": f"{overall['ece']:.4f} [{overall['ece_low']:.4f}, {overall['ece_high']:.4f}]",
-            "calibration_nll": f"{overall['nll']:.4f}", "calibration_accuracy": f"{overall['accuracy']:.4f}"}  # fmt: skip
+    tags = {
+        "calibrator": calibration["calibrator"]["kind"],
+        "calibration_ece": f"{overall['ece']:.4f} [{overall['ece_low']:.4f}, {overall['ece_high']:.4f}]",
+        "calibration_nll": f"{overall['nll']:.4f}",
+        "calibration_accuracy": f"{overall['accuracy']:.4f}",
+    }
     for name, figures in calibration["report"]["by_type"].items():
         tags[f"calibration_ece_{name}"] = (
             f"{figures['ece']:.4f} [{figures['ece_low']:.4f}, {figures['ece_high']:.4f}]"
@@ -182,8 +205,10 @@ def report_table(report: dict[str, Any], with_questions: bool = True) -> str:
     rows = [("overall", report["overall"])] + [(f"type {t}", f) for t, f in report["by_type"].items()]
     if with_questions:
         rows += [(f"question {q}", f) for q, f in report["by_question"].items()]
-    lines = ["| group | decisions | accuracy | NLL | Brier | ECE-15 [95% CI] | classwise ECE | KL soft |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
+    lines = [
+        "| group | decisions | accuracy | NLL | Brier | ECE-15 [95% CI] | classwise ECE | KL soft |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
     for name, f in rows:
         lines.append(
             f"| {name} | {f['decisions']} | {f['accuracy']:.4f} | {f['nll']:.4f} | {f['brier']:.4f} | "

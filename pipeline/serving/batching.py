@@ -3,12 +3,12 @@
 Requests wait in a bounded queue, one line per caller. One worker takes waiting requests from the callers in
 turn (one from each, round-robin), gathers for at most `max_wait_s` (or until `max_items` questions), and runs
 them together in a single inference thread, so torch keeps every core for one batch instead of splitting them
-between requests. While a batch runs, new arrivals queue up and form the next batch, so under load batches grow
-without any added wait. Taking callers in turn means that a caller with many requests waiting delays another
-caller's request by about one batch, not by everything it queued first. A full queue is refused at once (the
-server answers 503 with Retry-After), to the caller with the most requests waiting: a newcomer with fewer takes
-the place of that caller's latest one, which gets the refusal. A failing request fails alone: a batch that raises
-is run again one job at a time, so only the job that raises gets the exception.
+between requests. While a batch runs, new arrivals queue up and form the next batch, so under load batches
+grow without any added wait. Taking callers in turn means that a caller with many requests waiting delays
+another caller's request by about one batch, not by everything it queued first. A full queue is refused at
+once (the server answers 503 with Retry-After), to the caller with the most requests waiting: a newcomer with
+fewer takes the place of that caller's latest one, which gets the refusal. A failing request fails alone: a
+batch that raises is run again one job at a time, so only the job that raises gets the exception.
 
     batcher = MicroBatcher(run_batch, max_items=64, max_wait_s=0.002, max_queue=256)
     result = await batcher.submit(key, payload, n_items, caller="alice")
@@ -85,8 +85,14 @@ RunBatch = Callable[[Hashable, list[Any]], list[Any]]
 class MicroBatcher:
     """Bounded queue plus one worker that batches jobs with the same key."""
 
-    def __init__(self, run_batch: RunBatch, max_items: int = 64, max_wait_s: float = 0.002,
-                 max_queue: int = 256, on_batch: Callable[[int, int], None] | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        run_batch: RunBatch,
+        max_items: int = 64,
+        max_wait_s: float = 0.002,
+        max_queue: int = 256,
+        on_batch: Callable[[int, int], None] | None = None,
+    ) -> None:
         self._run_batch = run_batch
         self._on_batch = on_batch  # (requests, questions) of every batch run, for the server's metrics
         self.max_items, self.max_wait_s, self.max_queue = max_items, max_wait_s, max_queue
@@ -121,7 +127,8 @@ class MicroBatcher:
 
     async def submit(self, key: Hashable, payload: Any, n_items: int, caller: Hashable = None) -> Any:
         """Queue one job of `caller` and wait for its result. QueueFull at once when the queue is at its bound
-        and `caller` has as many waiting as any other caller (else that caller's latest job gets it instead)."""
+        and `caller` has as many waiting as any other caller (else that caller's latest job gets it
+        instead)."""
         if self._arrived is None:
             raise RuntimeError("MicroBatcher.start() was not called")
         if len(self._queue) >= self.max_queue:
@@ -148,7 +155,8 @@ class MicroBatcher:
                     _settle(job.future, result)
 
     async def _run_apart_on_failure(self, loop, key: Hashable, group: list[Job]) -> list[Any]:
-        """The group's results; when the batch raises, each job alone, so the failure stays with its own job."""
+        """The group's results; when the batch raises, each job alone, so the failure stays with its own
+        job."""
         self.running += 1
         try:
             return await loop.run_in_executor(

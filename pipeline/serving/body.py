@@ -2,11 +2,10 @@
 
 Clients compress bodies of 1 KiB or more with zstd (typesafe-sdk does by default). This ASGI middleware reads
 the body once, refuses one over the limit with 413 (the compressed size first, then the decompressed size,
-read through a bounded stream so a small bomb cannot expand in memory), answers 422 where one JSON object gives a
-key twice (a question id: parsers keep the last silently), 400 for a body that is not
-valid zstd and 415 for an encoding it does not know or a Content-Type that is not JSON (each as
-`pipeline.serving.errors` writes every error), and hands the app the plain JSON (a body sent with no Content-Type
-is read as JSON).
+read through a bounded stream so a small bomb cannot expand in memory), answers 422 where one JSON object
+gives a key twice (a question id: parsers keep the last silently), 400 for a body that is not valid zstd and
+415 for an encoding it does not know or a Content-Type that is not JSON (each as `pipeline.serving.errors`
+writes every error), and hands the app the plain JSON (a body sent with no Content-Type is read as JSON).
 """
 
 from __future__ import annotations
@@ -67,13 +66,16 @@ JSON = b"application/json"
 
 
 def check_declared(headers: dict[bytes, bytes], limits: BodyLimits) -> None:
-    """Refuse from the headers alone: a Content-Type that is not JSON (415: a form or plain text would reach the
-    app as one long string and come back echoed in a 422), and a Content-Length over the limit (413 at once,
-    rather than waiting for bytes the limit would refuse anyway)."""
+    """Refuse from the headers alone: a Content-Type that is not JSON (415: a form or plain text would reach
+    the app as one long string and come back echoed in a 422), and a Content-Length over the limit (413 at
+    once, rather than waiting for bytes the limit would refuse anyway)."""
     declared = headers.get(b"content-type", b"").decode("latin-1").split(";")[0].strip().lower()
     if declared and declared != JSON.decode() and not declared.endswith("+json"):
-        raise BodyRejected(415, f"Content-Type {declared!r} is not supported: send the body as JSON with "
-                           "Content-Type: application/json (curl: -H 'Content-Type: application/json')")  # fmt: skip
+        raise BodyRejected(
+            415,
+            f"Content-Type {declared!r} is not supported: send the body as JSON with "
+            "Content-Type: application/json (curl: -H 'Content-Type: application/json')",
+        )
     length = headers.get(b"content-length", b"").strip()
     if length.isdigit() and int(length) > limits.max_compressed_bytes:
         raise BodyRejected(413, f"{int(length)} bytes declared, at most {limits.max_compressed_bytes}")
@@ -129,9 +131,9 @@ def _replay(body: bytes):
 
 
 def repeated_key(body: bytes) -> str | None:
-    """What is wrong where one JSON object gives a key twice (a question id, an option), or None. JSON parsers keep
-    the last silently, so the first question would go unanswered and unsaid. A body that is no JSON is left to the
-    app's own 422."""
+    """What is wrong where one JSON object gives a key twice (a question id, an option), or None. JSON parsers
+    keep the last silently, so the first question would go unanswered and unsaid. A body that is no JSON is
+    left to the app's own 422."""
     try:
         return decode_noting_repeats(body)[1]
     except (ValueError, RecursionError):

@@ -84,14 +84,22 @@ class Finetune:
 class Catalog:
     """Resolves model names for callers; loads, follows and swaps the serving model."""
 
-    def __init__(self, source: str, finetunes_dir: str | Path | None = None, poll_s: float = 5.0,
-                 max_loaded_finetunes: int = 4, device: str = "cpu", dtype: torch.dtype | None = None,
-                 backend: str = "torch") -> None:  # fmt: skip
+    def __init__(
+        self,
+        source: str,
+        finetunes_dir: str | Path | None = None,
+        poll_s: float = 5.0,
+        max_loaded_finetunes: int = 4,
+        device: str = "cpu",
+        dtype: torch.dtype | None = None,
+        backend: str = "torch",
+    ) -> None:
         self.source, self.alias = source, parse_alias_uri(source)
         self.finetunes_dir = Path(finetunes_dir) if finetunes_dir else None
         self.poll_s, self.max_loaded, self.device = poll_s, max_loaded_finetunes, device
         self.dtype = dtype  # the serving precision's autocast dtype (None: fp32), for every model it loads
-        # `--backend` (`decision serve` passes its default, auto): what each loaded model asks of `choose_backend`
+        # `--backend` (`decision serve` passes its default, auto): what each loaded model asks of
+        # `choose_backend`
         self.backend = backend
         self.backends: dict[Path, BackendChoice] = {}  # by folder: the runtime each loaded model got, and why
         self.serving: ServedModel | None = None
@@ -115,7 +123,8 @@ class Catalog:
         self._cache.cleanup()
 
     def resolve(self, requested: str | None, owner: str | None, open_server: bool) -> ServedModel:
-        """The model a caller gets for a name; ModelForbidden before ModelNotFound, so names cannot be probed."""
+        """The model a caller gets for a name; ModelForbidden before ModelNotFound, so names cannot be
+        probed."""
         serving = self.serving
         asks_default = requested is None or requested in DEFAULT_NAMES
         if not asks_default and owner is None and not open_server:
@@ -148,8 +157,11 @@ class Catalog:
             for finetune in self._finetunes.values():
                 if finetune.name != serving.name and (open_server or finetune.owner == owner):
                     loaded = self._loaded_finetunes.get(finetune.name)
-                    entries.append(_metadata(finetune.name, f"fine-tune of {finetune.owner or 'the team'}", "")
-                                   | finetune.facts | {"limits": limits | {"max_len": model_max_len(loaded)}})  # fmt: skip
+                    entries.append(
+                        _metadata(finetune.name, f"fine-tune of {finetune.owner or 'the team'}", "")
+                        | finetune.facts
+                        | {"limits": limits | {"max_len": model_max_len(loaded)}}
+                    )
         return entries
 
     def _run(self) -> None:
@@ -205,8 +217,9 @@ class Catalog:
         for version in client().search_model_versions(f"name='{name}'"):
             key = f"{name}/{version.version}"
             facts = version_facts(version.tags, str(version.version))
-            self._finetunes.setdefault(key, Finetune(key, version.tags.get("owner"), version=str(version.version),
-                                                     facts=facts))  # fmt: skip
+            self._finetunes.setdefault(
+                key, Finetune(key, version.tags.get("owner"), version=str(version.version), facts=facts)
+            )
 
     def _load_finetune(self, finetune: Finetune) -> ServedModel:
         with self._lock:
@@ -228,8 +241,8 @@ class Catalog:
 
     def _load(self, folder: Path) -> DecisionModel:
         model = load_decision_model(folder).to(self.device, self.dtype)
-        # The export's own encoder graph (`decision export` writes it) when it has one; else one exported into this
-        # server's cache, never into the folder (a DVC output, maybe read-only).
+        # The export's own encoder graph (`decision export` writes it) when it has one; else one exported into
+        # this server's cache, never into the folder (a DVC output, maybe read-only).
         graph = (
             Path(self._cache.name)
             / "onnx"
@@ -249,7 +262,8 @@ class Catalog:
 
 
 def checked(model: ServedModel) -> ServedModel:
-    """The model, once it answers a canary request as the server would, with finite probabilities summing to 1.
+    """The model, once it answers a canary request as the server would, with finite probabilities summing to
+    1.
 
     The answers are rounded to 4 decimals, so a choice or score sums to 1 within half a unit per option.
     """
@@ -265,8 +279,8 @@ def checked(model: ServedModel) -> ServedModel:
 
 
 def export_name(folder: Path) -> str:
-    """The name an export folder is served under: its manifest's `name` (`name/version` with a `version`), else
-    one derived from its lineage (`_lineage_name`); a folder without a manifest (a base, another tool's
+    """The name an export folder is served under: its manifest's `name` (`name/version` with a `version`),
+    else one derived from its lineage (`_lineage_name`); a folder without a manifest (a base, another tool's
     checkpoint) keeps its folder name."""
     manifest = read_manifest(folder)
     if manifest.get("name"):
@@ -305,7 +319,8 @@ def manifest_facts(manifest: dict[str, Any]) -> dict[str, Any]:
 
 
 def version_facts(tags: dict[str, str], version: str) -> dict[str, Any]:
-    """Family, version and calibration summary of a registry version, from its tags (nothing is downloaded)."""
+    """Family, version and calibration summary of a registry version, from its tags (nothing is
+    downloaded)."""
     calibration = {k: tags[k] for k in ("calibrator", "calibration_ece", "calibration_accuracy") if k in tags}
     return {"family": tags.get("family"), "version": version, "calibration": calibration}
 

@@ -33,8 +33,10 @@ FALLBACK_TYPE = "api_error"
 
 
 class ErrorDetail(BaseModel):
-    error_type: str = Field(description="authentication_error, permission_error, not_found_error, "
-                            "request_too_large, overloaded_error, model_loading, internal_error, ...")  # fmt: skip
+    error_type: str = Field(
+        description="authentication_error, permission_error, not_found_error, "
+        "request_too_large, overloaded_error, model_loading, internal_error, ..."
+    )
     message: str
 
 
@@ -65,15 +67,16 @@ def error_detail(status: int, message: str, error_type: str | None = None) -> di
     return {"error_type": error_type or ERROR_TYPES.get(status, FALLBACK_TYPE), "message": message}
 
 
-def api_error(status: int, message: str, error_type: str | None = None,
-              headers: dict[str, str] | None = None) -> HTTPException:  # fmt: skip
+def api_error(
+    status: int, message: str, error_type: str | None = None, headers: dict[str, str] | None = None
+) -> HTTPException:
     """An exception for a handler to raise; the app's HTTPException handler writes it as `error_json`."""
     return HTTPException(status, error_detail(status, message, error_type), headers)
 
 
 def error_json(status: int, detail: Any, headers: dict[str, str] | None = None) -> Response:
-    """The error response: a 422's list as it is, anything else as `{"error_type", "message"}` (a bare message,
-    from Starlette or older code, gets its status's type)."""
+    """The error response: a 422's list as it is, anything else as `{"error_type", "message"}` (a bare
+    message, from Starlette or older code, gets its status's type)."""
     if status != 422 and not _is_detail(detail):
         detail = error_detail(status, str(detail))
     return Response(error_text(detail), status, headers, media_type="application/json")
@@ -84,8 +87,12 @@ def error_text(detail: Any) -> bytes:
     so non-ASCII is escaped (an unpaired surrogate becomes its \\u escape instead of failing the response, as
     Starlette's strict UTF-8 would) and anything JSON has no form for is written as text."""
     if isinstance(detail, list):  # a 422's errors: what they quote of the input, bounded and always JSON
-        detail = [{k: v if k in ("loc", "msg", "type") else _echoed(v) for k, v in error.items()}
-                  if isinstance(error, dict) else error for error in detail]  # fmt: skip
+        detail = [
+            {k: v if k in ("loc", "msg", "type") else _echoed(v) for k, v in error.items()}
+            if isinstance(error, dict)
+            else error
+            for error in detail
+        ]
     return json.dumps({"detail": detail}, ensure_ascii=True, default=str).encode("ascii")
 
 
@@ -93,9 +100,9 @@ MAX_ECHO_CHARACTERS = 200
 
 
 def _echoed(value: Any) -> Any:
-    """What a 422 quotes of the input: the value itself where it is short, strict JSON; else its JSON text as a
-    string, cut at `MAX_ECHO_CHARACTERS` (a NaN state stays readable by strict parsers, and an 8 MB body that
-    failed validation is not sent back)."""
+    """What a 422 quotes of the input: the value itself where it is short, strict JSON; else its JSON text as
+    a string, cut at `MAX_ECHO_CHARACTERS` (a NaN state stays readable by strict parsers, and an 8 MB body
+    that failed validation is not sent back)."""
     try:
         strict = json.dumps(value, ensure_ascii=True, default=str, allow_nan=False)
     except (ValueError, RecursionError):

@@ -41,25 +41,53 @@ class ServerMetrics:
 
     content_type = CONTENT_TYPE_LATEST
 
-    def __init__(self, queue_depth: Callable[[], int], log_depth: Callable[[], int] = lambda: 0,
-                 monitor_folder: str | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        queue_depth: Callable[[], int],
+        log_depth: Callable[[], int] = lambda: 0,
+        monitor_folder: str | None = None,
+    ) -> None:
         self.registry = CollectorRegistry()
-        self.requests = Counter("decision_requests", "Answered POST /v1/systemone requests, by HTTP status",
-                                ["status"], registry=self.registry)  # fmt: skip
-        self.latency = Histogram("decision_request_seconds", "Latency of POST /v1/systemone",
-                                 buckets=LATENCY_BUCKETS, registry=self.registry)  # fmt: skip
-        self.batch_requests = Histogram("decision_batch_requests", "Requests per forward-pass batch",
-                                        buckets=BATCH_BUCKETS, registry=self.registry)  # fmt: skip
-        self.batch_questions = Histogram("decision_batch_questions", "Questions per forward-pass batch",
-                                         buckets=BATCH_BUCKETS, registry=self.registry)  # fmt: skip
+        self.requests = Counter(
+            "decision_requests",
+            "Answered POST /v1/systemone requests, by HTTP status",
+            ["status"],
+            registry=self.registry,
+        )
+        self.latency = Histogram(
+            "decision_request_seconds",
+            "Latency of POST /v1/systemone",
+            buckets=LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        self.batch_requests = Histogram(
+            "decision_batch_requests",
+            "Requests per forward-pass batch",
+            buckets=BATCH_BUCKETS,
+            registry=self.registry,
+        )
+        self.batch_questions = Histogram(
+            "decision_batch_questions",
+            "Questions per forward-pass batch",
+            buckets=BATCH_BUCKETS,
+            registry=self.registry,
+        )
         depth = Gauge("decision_queue_depth", "Requests waiting for a batch", registry=self.registry)
         depth.set_function(queue_depth)
-        self.logged = Counter("decision_log_written", "Decisions written to the inference log",
-                              registry=self.registry)  # fmt: skip
-        self.log_dropped = Counter("decision_log_dropped", "Decisions the inference log could not write",
-                                   ["reason"], registry=self.registry)  # fmt: skip
-        Gauge("decision_log_queue_depth", "Decisions waiting for the inference log's next flush",
-              registry=self.registry).set_function(log_depth)  # fmt: skip
+        self.logged = Counter(
+            "decision_log_written", "Decisions written to the inference log", registry=self.registry
+        )
+        self.log_dropped = Counter(
+            "decision_log_dropped",
+            "Decisions the inference log could not write",
+            ["reason"],
+            registry=self.registry,
+        )
+        Gauge(
+            "decision_log_queue_depth",
+            "Decisions waiting for the inference log's next flush",
+            registry=self.registry,
+        ).set_function(log_depth)
         if monitor_folder is not None:
             self.registry.register(MonitorGauges(monitor_folder))
 

@@ -1,8 +1,8 @@
 """Offline scoring: rows of a decision file as Decision API requests, answered through the serving function.
 
-A row is read as a request body would carry it (its `state` and `questions`; `gold` is ignored, so unlabelled rows
-are what it expects), or, from a plain table, through a mapping (`mapped_rows`: the state column(s) and the
-mapping's questions) and goes through the API's own parsing (`answers.parse_request`) and the model's own
+A row is read as a request body would carry it (its `state` and `questions`; `gold` is ignored, so unlabelled
+rows are what it expects), or, from a plain table, through a mapping (`mapped_rows`: the state column(s) and
+the mapping's questions) and goes through the API's own parsing (`answers.parse_request`) and the model's own
 `answer`, the function the server's micro-batcher calls: a scored row's answers are the answers the API serves
 for the same request. A row the API would refuse is kept with its reason code (validation's code where it has
 one, see `docs/serving.md#batch-scoring`) and the message the API would send, never dropped.
@@ -31,8 +31,8 @@ from pipeline.serving.body import decode_noting_repeats
 ID_COLUMNS = ("id", "row_id", "decision_id")
 """The columns (or JSONL keys) that name a row, first found wins; without one a row is named by its index."""
 NOT_ENCODABLE = "not_encodable"
-"""The model cannot encode the request: its options do not fit the model's window, or the tokenizer refuses its
-text (the API's 422 from the model)."""
+"""The model cannot encode the request: its options do not fit the model's window, or the tokenizer refuses
+its text (the API's 422 from the model)."""
 
 
 @dataclass(frozen=True)
@@ -59,8 +59,8 @@ class ScoredRow:
 
 
 def table_rows(table: pa.Table, first_row: int) -> list[RowRequest]:
-    """The rows of an Arrow table (a JSONL file's raw lines, or Parquet/CSV columns) as requests; `first_row` is
-    the index of the table's first row in the source."""
+    """The rows of an Arrow table (a JSONL file's raw lines, or Parquet/CSV columns) as requests; `first_row`
+    is the index of the table's first row in the source."""
     if table.column_names == [LINE_COLUMN]:
         return [
             _line_request(first_row + i, line) for i, line in enumerate(table.column(LINE_COLUMN).to_pylist())
@@ -118,8 +118,8 @@ def row_request(row: int, row_id: str | None, state_cell: Any, questions_cell: A
 
 
 def answer_rows(model: DecisionModel, rows: list[RowRequest], batch_size: int) -> list[ScoredRow]:
-    """Every row's answers, the parsed requests answered `batch_size` at a time by the model's `answer` (shared
-    forward passes, as the server's batches); a request the model cannot encode keeps its message."""
+    """Every row's answers, the parsed requests answered `batch_size` at a time by the model's `answer`
+    (shared forward passes, as the server's batches); a request the model cannot encode keeps its message."""
     scored: list[ScoredRow | None] = [None] * len(rows)
     valid = [i for i, r in enumerate(rows) if r.request is not None]
     for start in range(0, len(valid), batch_size):
@@ -148,7 +148,8 @@ def answers_json(answers: dict[str, dict[str, Any]] | None) -> str | None:
 
 def _line_request(row: int, line: str) -> RowRequest:
     """A JSONL line as the API reads a body: a key given twice in one object is refused, not its last value
-    scored, and an escaped unpaired surrogate reaches the request's own check (orjson refuses the whole line)."""
+    scored, and an escaped unpaired surrogate reaches the request's own check (orjson refuses the whole
+    line)."""
     try:
         decoded, repeated = decode_noting_repeats(line)
     except (ValueError, RecursionError) as error:

@@ -33,7 +33,8 @@ _SHOWN = {
 
 
 class QuestionIn(BaseModel):
-    """One question: `criteria` per type (choice: object or list of ids; score: list of levels; noul: optional)."""
+    """One question: `criteria` per type (choice: object or list of ids; score: list of levels; noul:
+    optional)."""
 
     model_config = ConfigDict(extra="ignore")
     type: Literal[QUESTION_TYPES]  # type: ignore[valid-type]

@@ -40,19 +40,32 @@ log = logging.getLogger("decision.serve")
 DESCRIPTION = "System One decisions: calibrated probabilities per option in one forward pass."
 
 
-def create_app(catalog: Catalog, keys: KeyStore, config: ServerConfig = ServerConfig(),
-               shadow: ShadowScorer | None = None, threads: ThreadGovernor | None = None,
-               log_config: LogConfig | None = None) -> FastAPI:  # fmt: skip
+def create_app(
+    catalog: Catalog,
+    keys: KeyStore,
+    config: ServerConfig = ServerConfig(),
+    shadow: ShadowScorer | None = None,
+    threads: ThreadGovernor | None = None,
+    log_config: LogConfig | None = None,
+) -> FastAPI:
     """The Decision API app; the catalog starts loading (and following its alias) when the app starts. With
     `shadow`, a sampled share of the serving model's answered requests is scored by the challenger after the
-    answer has gone out (`/v1/shadow` reports the comparison). `threads` follows the CPU budget the process was
-    given (and other processes' load, where the budget was found, not set); every batch runs on its count, and
-    `/healthz` says how many threads and why. With `log_config` (and its `where` set) every answered decision is
-    written to the inference log under the id its answer carries, off the hot path."""
+    answer has gone out (`/v1/shadow` reports the comparison). `threads` follows the CPU budget the process
+    was given (and other processes' load, where the budget was found, not set); every batch runs on its count,
+    and `/healthz` says how many threads and why. With `log_config` (and its `where` set) every answered
+    decision is written to the inference log under the id its answer carries, off the hot path."""
     keys.check_require_key(config.require_key)
     batcher, metrics, inference_log = _batching(config, threads, log_config)
-    parts = AppParts(catalog=catalog, batcher=batcher, metrics=metrics, keys=keys, config=config, shadow=shadow,
-                     threads=threads, inference_log=inference_log)  # fmt: skip
+    parts = AppParts(
+        catalog=catalog,
+        batcher=batcher,
+        metrics=metrics,
+        keys=keys,
+        config=config,
+        shadow=shadow,
+        threads=threads,
+        inference_log=inference_log,
+    )
     app = FastAPI(title="Decision API", version="1", description=DESCRIPTION, lifespan=lifespan)
     app.state.parts = parts  # what the routes read; the four below by name too, for tests and tools
     app.state.catalog, app.state.batcher, app.state.metrics = catalog, batcher, metrics
@@ -112,7 +125,8 @@ def _batching(
 
 
 def _monitor_folder(log_config: LogConfig | None) -> str | None:
-    """Where the drift monitor leaves its summary by default: the inference folder (a PostgreSQL log has none)."""
+    """Where the drift monitor leaves its summary by default: the inference folder (a PostgreSQL log has
+    none)."""
     if log_config is None or log_config.where is None or log_config.where.startswith(POSTGRES_SCHEMES):
         return None
     return log_config.where
@@ -160,16 +174,21 @@ class ServeOptions:
         data = json.loads(text)
         limits = BodyLimits(**data["config"].pop("limits"))
         logged = {k: tuple(v) if isinstance(v, list) else v for k, v in data.pop("inference_log").items()}
-        return cls(**{**data, "config": ServerConfig(**data["config"], limits=limits),
-                      "inference_log": LogConfig(**logged)})  # fmt: skip
+        return cls(
+            **{
+                **data,
+                "config": ServerConfig(**data["config"], limits=limits),
+                "inference_log": LogConfig(**logged),
+            }
+        )
 
 
 OPTIONS_ENV = "DECISION_SERVE_OPTIONS"
 
 
 def serving_threads(options: ServeOptions) -> CpuBudget:
-    """Each server process's share of the CPU budget (`--threads`, else the cores it may use), split between the
-    `--workers`."""
+    """Each server process's share of the CPU budget (`--threads`, else the cores it may use), split between
+    the `--workers`."""
     return plan_threads(options.threads, "--threads", share=options.workers, sharing="workers")
 
 
@@ -180,15 +199,28 @@ def build_app(options: ServeOptions) -> FastAPI:
     apply_threads(threads)  # before the model loads: a thread keeps the pool size it first ran with
     log.info("torch threads in process %d: %s", os.getpid(), threads.describe())
     dtype = serving_dtype(options.precision, torch.device(options.device))
-    catalog = Catalog(options.model, options.finetunes, poll_s=options.poll_s, device=options.device, dtype=dtype,
-                      backend=options.backend)  # fmt: skip
+    catalog = Catalog(
+        options.model,
+        options.finetunes,
+        poll_s=options.poll_s,
+        device=options.device,
+        dtype=dtype,
+        backend=options.backend,
+    )
     shadow = None
     if options.shadow:
-        source = Catalog(options.shadow, poll_s=options.poll_s, device=options.device, dtype=dtype,
-                         backend=options.backend)  # fmt: skip
+        source = Catalog(
+            options.shadow, poll_s=options.poll_s, device=options.device, dtype=dtype, backend=options.backend
+        )
         shadow = ShadowScorer(source, options.shadow_share, on_report=record_shadow)
-    return create_app(catalog, load_keys(options.keys), options.config, shadow, ThreadGovernor(threads),
-                      options.inference_log)  # fmt: skip
+    return create_app(
+        catalog,
+        load_keys(options.keys),
+        options.config,
+        shadow,
+        ThreadGovernor(threads),
+        options.inference_log,
+    )
 
 
 def app_from_environment() -> FastAPI:
@@ -212,5 +244,12 @@ def run_server(
         return
     log.info("%d workers, torch threads in each: %s", options.workers, serving_threads(options).describe())
     os.environ[OPTIONS_ENV] = options.to_env()
-    uvicorn.run("pipeline.serving.server:app_from_environment", factory=True, workers=options.workers, host=host,
-                port=port, log_level="info", access_log=access_log)  # fmt: skip
+    uvicorn.run(
+        "pipeline.serving.server:app_from_environment",
+        factory=True,
+        workers=options.workers,
+        host=host,
+        port=port,
+        log_level="info",
+        access_log=access_log,
+    )

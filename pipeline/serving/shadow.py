@@ -59,20 +59,34 @@ class ShadowStats:
     def summary(self) -> dict[str, Any]:
         ms = np.asarray(self.latency_s) * 1000
         return {
-            "offered": self.offered, "scored": self.scored, "dropped": self.dropped, "failed": self.failed,
+            "offered": self.offered,
+            "scored": self.scored,
+            "dropped": self.dropped,
+            "failed": self.failed,
             "decisions": self.decisions,
             "agreement": self.agreements / self.decisions if self.decisions else None,
             "mean_abs_diff": self.abs_diff_sum / self.decisions if self.decisions else None,
-            "challenger_latency_ms": {"p50": float(np.percentile(ms, 50)), "p95": float(np.percentile(ms, 95))}
-            if len(ms) else None,
-        }  # fmt: skip
+            "challenger_latency_ms": {
+                "p50": float(np.percentile(ms, 50)),
+                "p95": float(np.percentile(ms, 95)),
+            }
+            if len(ms)
+            else None,
+        }
 
 
 class ShadowScorer:
     """Scores a sampled share of answered requests with the challenger in a background thread."""
 
-    def __init__(self, source, share: float = 0.1, max_queue: int = 64, report_every_s: float = 60.0,
-                 on_report: Callable[[str, dict[str, Any]], None] | None = None, seed: int | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        source,
+        share: float = 0.1,
+        max_queue: int = 64,
+        report_every_s: float = 60.0,
+        on_report: Callable[[str, dict[str, Any]], None] | None = None,
+        seed: int | None = None,
+    ) -> None:
         if not 0.0 < share <= 1.0:
             raise ValueError(f"--shadow-share must be in (0, 1], got {share}")
         self.source, self.share = source, share
@@ -113,8 +127,12 @@ class ShadowScorer:
     def summary(self) -> dict[str, Any]:
         serving = self.source.serving
         with self._lock:
-            return {"challenger": serving.name if serving else None, "share": self.share,
-                    "load_error": self.source.load_error, **self.stats.summary()}  # fmt: skip
+            return {
+                "challenger": serving.name if serving else None,
+                "share": self.share,
+                "load_error": self.source.load_error,
+                **self.stats.summary(),
+            }
 
     def _run(self) -> None:
         reported = time.monotonic()
@@ -123,8 +141,9 @@ class ShadowScorer:
                 request, champion = self._queue.get(timeout=0.2)
             except queue.Empty:
                 continue
-            # The cores belong to the champion's requests: score only while its batcher is idle. Under load the
-            # queue fills and new requests are dropped (counted), so the shadow samples less, never slows answers.
+            # The cores belong to the champion's requests: score only while its batcher is idle. Under load
+            # the queue fills and new requests are dropped (counted), so the shadow samples less, never slows
+            # answers.
             while self.busy() and not self._stop.wait(0.002):
                 pass
             self._score(request, champion)
@@ -154,9 +173,14 @@ class ShadowScorer:
         summary = self.summary()
         if not summary["scored"]:
             return
-        log.info("shadow %s: %d scored, agreement %.4f, mean |dp| %.4f, p50 %.1f ms", summary["challenger"],
-                 summary["scored"], summary["agreement"] or 0.0, summary["mean_abs_diff"] or 0.0,
-                 (summary["challenger_latency_ms"] or {}).get("p50", 0.0))  # fmt: skip
+        log.info(
+            "shadow %s: %d scored, agreement %.4f, mean |dp| %.4f, p50 %.1f ms",
+            summary["challenger"],
+            summary["scored"],
+            summary["agreement"] or 0.0,
+            summary["mean_abs_diff"] or 0.0,
+            (summary["challenger_latency_ms"] or {}).get("p50", 0.0),
+        )
         if self.on_report is not None and summary["challenger"]:
             try:
                 self.on_report(summary["challenger"], summary)

@@ -1,7 +1,8 @@
-"""The calibrate stage: the calibrator chosen by cross-fitted NLL on the run's validation logits (a split of the
-training rows), the held-out figures before and after (and a bag of words' on the same decisions,
+"""The calibrate stage: the calibrator chosen by cross-fitted NLL on the run's validation logits (a split of
+the training rows), the held-out figures before and after (and a bag of words' on the same decisions,
 `scoring.bag_of_words`), the calibration report, the trained model's calibrated answers for the smoke test to
-compare serving with, and the plots. Family-free: it reads logits, and the split's states for the bag of words.
+compare serving with, and the plots. Family-free: it reads logits, and the split's states for the bag of
+words.
 """
 
 from __future__ import annotations
@@ -39,8 +40,8 @@ class CalibrationResult:
     notes: dict[str, str]
     """Why a type kept T = 1 (too few decisions, no gain), by type."""
     calibrator: dict[str, Any]
-    """The chosen calibrator's kind, each kind's cross-fitted NLL, what it was fitted on (`fitted_on`), and each
-    type's temperature with its bootstrap interval (`temperature_intervals`, `scoring.calibration`)."""
+    """The chosen calibrator's kind, each kind's cross-fitted NLL, what it was fitted on (`fitted_on`), and
+    each type's temperature with its bootstrap interval (`temperature_intervals`, `scoring.calibration`)."""
     heldout: dict[str, Any]
     """The held-out figures of the base and the fine-tune at T = 1, of the calibrated fine-tune and, with
     `bag_of_words_rows`, of a bag of words (`scoring.bag_of_words`; its `rows` and `seconds` too)."""
@@ -51,28 +52,33 @@ class CalibrationResult:
     """The validation split's figures, calibrated by cross-fitting over it (what a sweep ranks its trials by:
     no held-out label involved); empty without a validation split."""
     notices: list[str] = field(default_factory=list)
-    """What a user should look at that is no failure: the fine-tune answering fewer held-out decisions right than
-    its bag of words (`scoring.bag_of_words.behind_bag_of_words`); temperatures the validation split pins only
-    loosely (`scoring.calibration.loose_temperatures`)."""
+    """What a user should look at that is no failure: the fine-tune answering fewer held-out decisions right
+    than its bag of words (`scoring.bag_of_words.behind_bag_of_words`); temperatures the validation split pins
+    only loosely (`scoring.calibration.loose_temperatures`)."""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
 
-def calibrate_stage(run_dir: str | Path, soft: bool = False, bag_of_words_rows: int = 0,
-                    say: Callable[[str], None] | None = None,
-                    bag_of_words_cache: Path | None = None) -> CalibrationResult:  # fmt: skip
+def calibrate_stage(
+    run_dir: str | Path,
+    soft: bool = False,
+    bag_of_words_rows: int = 0,
+    say: Callable[[str], None] | None = None,
+    bag_of_words_cache: Path | None = None,
+) -> CalibrationResult:
     """Calibrator, figures and report from `validation.npz` and `heldout.npz` into the run folder; plots under
     `plots/`.
 
-    The calibrator is chosen and fitted on the validation split (carved from the training rows), and the held-out
-    decisions are scored once with it: no held-out label reaches anything fitted. A run without a validation
-    split (too few training rows; `validate.validation_fraction` 0) falls back to cross-fitting on the held-out
-    rows, and `calibrator.fitted_on` says so. With `bag_of_words_rows` (`train.bag_of_words_rows`), a bag of words
-    fitted on up to that many of the split's training rows is scored on the same held-out decisions (`say` gets a
-    line before it starts: on tens of thousands of long states it takes a minute or more). With
-    `bag_of_words_cache` (a folder runs on one split share: a sweep's), its figures are kept there by the split's
-    and the held-out decisions' digest and read back by every later run on them, not fitted again.
+    The calibrator is chosen and fitted on the validation split (carved from the training rows), and the
+    held-out decisions are scored once with it: no held-out label reaches anything fitted. A run without a
+    validation split (too few training rows; `validate.validation_fraction` 0) falls back to cross-fitting on
+    the held-out rows, and `calibrator.fitted_on` says so. With `bag_of_words_rows`
+    (`train.bag_of_words_rows`), a bag of words fitted on up to that many of the split's training rows is
+    scored on the same held-out decisions (`say` gets a line before it starts: on tens of thousands of long
+    states it takes a minute or more). With `bag_of_words_cache` (a folder runs on one split share: a
+    sweep's), its figures are kept there by the split's and the held-out decisions' digest and read back by
+    every later run on them, not fitted again.
     """
     run = RunFolder(run_dir)
     held = load_heldout(run.heldout)  # with their rows' groups, as the train stage saved them
@@ -103,21 +109,29 @@ def calibrate_stage(run_dir: str | Path, soft: bool = False, bag_of_words_rows: 
         **_bag_of_words(run, held, bag_of_words_rows, say or (lambda line: None), bag_of_words_cache),
     }
     result = CalibrationResult(
-        temperatures=calibrator.by_name(), notes=dict(calibrator.notes),
-        calibrator={"kind": calibrator.kind, "cross_fitted_nll": choice.nll, "fitted_on": fitted_on,
-                    "temperature_intervals": spreads},
-        heldout=heldout, report={"overall": report["overall"], "by_type": report["by_type"]},
-        plots=_write_plots(held, calibrator.kind, served, calibrated, run.plots), validation=validation,
+        temperatures=calibrator.by_name(),
+        notes=dict(calibrator.notes),
+        calibrator={
+            "kind": calibrator.kind,
+            "cross_fitted_nll": choice.nll,
+            "fitted_on": fitted_on,
+            "temperature_intervals": spreads,
+        },
+        heldout=heldout,
+        report={"overall": report["overall"], "by_type": report["by_type"]},
+        plots=_write_plots(held, calibrator.kind, served, calibrated, run.plots),
+        validation=validation,
         notices=[line for line in [behind_bag_of_words(heldout), loose_temperatures(spreads)] if line],
-    )  # fmt: skip
+    )
     run.calibration.write_text(json.dumps(result.to_dict(), indent=2))
     return result
 
 
-def _bag_of_words(run: RunFolder, held: HeldOut, max_rows: int, say: Callable[[str], None],
-                  cache: Path | None = None) -> dict[str, Any]:  # fmt: skip
-    """{BAG_OF_WORDS: its figures on the held-out decisions}, or {} when off or the run folder has no split; read
-    from `cache` where a run on the same split and decisions left them there."""
+def _bag_of_words(
+    run: RunFolder, held: HeldOut, max_rows: int, say: Callable[[str], None], cache: Path | None = None
+) -> dict[str, Any]:
+    """{BAG_OF_WORDS: its figures on the held-out decisions}, or {} when off or the run folder has no split;
+    read from `cache` where a run on the same split and decisions left them there."""
     if max_rows < 1 or not run.split.exists():
         return {}
     kept = cache / f"bag_of_words-{_split_digest(run, held, max_rows)}.json" if cache is not None else None
@@ -126,8 +140,10 @@ def _bag_of_words(run: RunFolder, held: HeldOut, max_rows: int, say: Callable[[s
         say(f"bag of words: {figures['accuracy']:.4f} held out, as fitted once for this split ({kept})")
         return {BAG_OF_WORDS: figures}
     split = SplitData.load(run.split).split
-    say(f"fitting a bag of words (TF-IDF + logistic regression) on up to {min(max_rows, len(split.train)):,} "
-        f"training rows, to score on the same {len(held.items):,} held-out decisions")  # fmt: skip
+    say(
+        f"fitting a bag of words (TF-IDF + logistic regression) on up to {min(max_rows, len(split.train)):,} "
+        f"training rows, to score on the same {len(held.items):,} held-out decisions"
+    )
     words = bag_of_words(split.train, split.heldout, held.items, max_rows)
     figures = detailed_metrics(held.items, words.probabilities) | {
         "rows": words.rows,
@@ -159,6 +175,7 @@ def _write_plots(held: HeldOut, kind: str, served, calibrated, folder: Path) -> 
     tuned = plain_probabilities(held.tuned_logits)
     before = reliability_diagram(held.items, tuned, folder / "reliability_before.png", "fine-tune, T = 1")
     by_type = reliability_by_type(held.items, calibrated, folder / "reliability_by_type.png", "calibrated")
-    after = write_plots(held.items, served, held.options, folder, "reliability_after.png",
-                        f"calibrated ({kind})")  # fmt: skip
+    after = write_plots(
+        held.items, served, held.options, folder, "reliability_after.png", f"calibrated ({kind})"
+    )
     return [str(p) for p in [before, by_type, *after]]

@@ -1,6 +1,7 @@
-"""The model card of a registered version: what it was trained on and how, what it answers, how well on the held-out
-rows (with intervals), how its calibration was fitted, and what it cannot do. Markdown, built from what the run
-logged (`stages.result.RunResult`) and its run folder; the version's description and the run's `model_card.md`.
+"""The model card of a registered version: what it was trained on and how, what it answers, how well on the
+held-out rows (with intervals), how its calibration was fitted, and what it cannot do. Markdown, built from
+what the run logged (`stages.result.RunResult`) and its run folder; the version's description and the run's
+`model_card.md`.
 
     card = model_card(result, "decision-model", "7")
     attach_model_card("decision-model", "7", run_id, card)
@@ -23,8 +24,8 @@ CARD_FILE = "model_card.md"
 
 
 def model_card(result: RunResult, name: str, version: str) -> str:
-    """The card of a tracked, calibrated run as Markdown (sections: data, training, questions, held-out figures,
-    calibration, warnings and limits, provenance)."""
+    """The card of a tracked, calibrated run as Markdown (sections: data, training, questions, held-out
+    figures, calibration, warnings and limits, provenance)."""
     run = RunFolder(result.run_dir)
     report = json.loads(run.calibration_report.read_text()) if run.calibration_report.exists() else {}
     sections = [
@@ -49,14 +50,17 @@ def attach_model_card(name: str, version: str, run_id: str, card: str) -> None:
 def _data(result: RunResult) -> str:
     split, report = result.validation.split, result.validation.report
     skipped = ", ".join(f"{reason} {n:,}" for reason, n in report.skipped.items()) or "none"
-    return "\n".join([
-        "## Data",
-        f"- source: `{result.tracked.data}`, revision (md5) `{result.tracked.data_md5}`",
-        f"- {report.rows:,} rows, {report.decisions:,} decisions; skipped: {skipped}",
-        f"- trained on {split.get('train_rows', 0):,} rows ({split.get('train_decisions', 0):,} decisions); "
-        f"validation split {split.get('validation_rows', 0):,} rows ({split.get('validation_decisions', 0):,}); "
-        f"held out {split.get('heldout_rows', 0):,} rows ({split.get('heldout_decisions', 0):,})",
-    ])  # fmt: skip
+    return "\n".join(
+        [
+            "## Data",
+            f"- source: `{result.tracked.data}`, revision (md5) `{result.tracked.data_md5}`",
+            f"- {report.rows:,} rows, {report.decisions:,} decisions; skipped: {skipped}",
+            f"- trained on {split.get('train_rows', 0):,} rows ({split.get('train_decisions', 0):,} "
+            f"decisions); validation split {split.get('validation_rows', 0):,} rows "
+            f"({split.get('validation_decisions', 0):,}); held out {split.get('heldout_rows', 0):,} rows "
+            f"({split.get('heldout_decisions', 0):,})",
+        ]
+    )
 
 
 def _training(result: RunResult) -> str:
@@ -70,18 +74,24 @@ def _training(result: RunResult) -> str:
     ]
     stopping = train.early_stopping or {}
     if stopping.get("checks") and stopping.get("patience") is not None:
-        lines.append(f"- early stopping: ended at step {stopping['ended_at']:,}, kept the best check's weights "
-                     f"(step {stopping['best_step']:,}, validation loss {stopping['best_loss']:.4f})")  # fmt: skip
+        lines.append(
+            f"- early stopping: ended at step {stopping['ended_at']:,}, kept the best check's weights "
+            f"(step {stopping['best_step']:,}, validation loss {stopping['best_loss']:.4f})"
+        )
     return "\n".join(lines)
 
 
 def _questions(run: RunFolder, report: dict[str, Any]) -> str:
     """Intended use: the questions it was trained and measured on, with their options."""
-    lines = ["## Intended use",
-             "Answers these questions, one forward pass per state, with calibrated probabilities per option, for "
-             "states like its training data's. Other questions are answered by the same head but were never "
-             "measured: check them on your own labelled rows (`decision evaluate`) first.", "",
-             "| question | type | options | held-out decisions |", "|---|---|---|---:|"]  # fmt: skip
+    lines = [
+        "## Intended use",
+        "Answers these questions, one forward pass per state, with calibrated probabilities per option, for "
+        "states like its training data's. Other questions are answered by the same head but were never "
+        "measured: check them on your own labelled rows (`decision evaluate`) first.",
+        "",
+        "| question | type | options | held-out decisions |",
+        "|---|---|---|---:|",
+    ]
     if not run.heldout.exists():
         return "\n".join(lines)
     held = load_heldout(run.heldout)
@@ -96,15 +106,22 @@ def _questions(run: RunFolder, report: dict[str, Any]) -> str:
 
 def _figures(result: RunResult, report: dict[str, Any]) -> str:
     heldout = result.heldout
-    lines = ["## Held-out figures",
-             f"{heldout.get('decisions', 0):,} held-out decisions; intervals are 95% record bootstraps; the calibrator's "
-             "fit is under Calibration.",
-             "", "| model | accuracy | record accuracy | ECE | Brier |", "|---|---:|---:|---:|---:|"]  # fmt: skip
+    lines = [
+        "## Held-out figures",
+        f"{heldout.get('decisions', 0):,} held-out decisions; intervals are 95% record bootstraps; the "
+        "calibrator's fit is under Calibration.",
+        "",
+        "| model | accuracy | record accuracy | ECE | Brier |",
+        "|---|---:|---:|---:|---:|",
+    ]
     for model in MODELS:  # a bag of words where the run fitted one
         m = heldout.get(model, {})
         if m:
-            lines.append(f"| {model.replace('_', ' ')} | {m['accuracy']:.4f} | {m.get('record_accuracy', float('nan')):.4f} | "
-                         f"{m['ece']:.4f} | {m.get('brier', float('nan')):.4f} |")  # fmt: skip
+            lines.append(
+                f"| {model.replace('_', ' ')} | {m['accuracy']:.4f} | "
+                f"{m.get('record_accuracy', float('nan')):.4f} | {m['ece']:.4f} | "
+                f"{m.get('brier', float('nan')):.4f} |"
+            )
     if report:
         lines += [
             "",
@@ -115,8 +132,10 @@ def _figures(result: RunResult, report: dict[str, Any]) -> str:
             (f"question {q}", f) for q, f in report["by_question"].items()
         ]
         for group, f in groups:
-            lines.append(f"| {group} | {f['decisions']:,} | {_interval(f, 'accuracy')} | {_interval(f, 'ece')} | "
-                         f"{f['nll']:.4f} |")  # fmt: skip
+            lines.append(
+                f"| {group} | {f['decisions']:,} | {_interval(f, 'accuracy')} | {_interval(f, 'ece')} | "
+                f"{f['nll']:.4f} |"
+            )
     return "\n".join(lines)
 
 
@@ -129,15 +148,23 @@ def _interval(figures: dict[str, float], name: str) -> str:
 def _calibration(result: RunResult) -> str:
     calibrator = result.calibration.calibrator
     temperatures = ", ".join(f"{t} {v:.3f}" for t, v in result.calibration.temperatures.items())
-    intervals = ", ".join(f"{t} {s['temperature']:.2f} [{s['low']:.2f}, {s['high']:.2f}] ({s['decisions']:,} decisions)"
-                          for t, s in calibrator.get("temperature_intervals", {}).items())  # fmt: skip
-    return "\n".join([
-        "## Calibration",
-        f"- calibrator `{calibrator.get('kind', '?')}`, chosen by cross-fitted NLL; fitted on the "
-        f"{calibrator.get('fitted_on', 'held-out rows')}",
-        f"- type temperatures: {temperatures}",
-        *([f"- each type's temperature as fitted, with its 95% bootstrap interval: {intervals}"] if intervals else []),
-    ])  # fmt: skip
+    intervals = ", ".join(
+        f"{t} {s['temperature']:.2f} [{s['low']:.2f}, {s['high']:.2f}] ({s['decisions']:,} decisions)"
+        for t, s in calibrator.get("temperature_intervals", {}).items()
+    )
+    return "\n".join(
+        [
+            "## Calibration",
+            f"- calibrator `{calibrator.get('kind', '?')}`, chosen by cross-fitted NLL; fitted on the "
+            f"{calibrator.get('fitted_on', 'held-out rows')}",
+            f"- type temperatures: {temperatures}",
+            *(
+                [f"- each type's temperature as fitted, with its 95% bootstrap interval: {intervals}"]
+                if intervals
+                else []
+            ),
+        ]
+    )
 
 
 def _limits(result: RunResult) -> str:
@@ -161,21 +188,26 @@ def _limits(result: RunResult) -> str:
 
 def _provenance(result: RunResult) -> str:
     tracked = result.tracked
-    return "\n".join([
-        "## Provenance",
-        f"- MLflow run `{tracked.run_name or tracked.key[:16]}` (idempotency key `{tracked.key[:16]}`), git commit "
-        f"`{tracked.tags.get('git_commit', '?')}`, run folder `{Path(result.run_dir)}`",
-        _origin(tracked.tags),
-    ])  # fmt: skip
+    return "\n".join(
+        [
+            "## Provenance",
+            f"- MLflow run `{tracked.run_name or tracked.key[:16]}` (idempotency key `{tracked.key[:16]}`), "
+            f"git commit `{tracked.tags.get('git_commit', '?')}`, run folder `{Path(result.run_dir)}`",
+            _origin(tracked.tags),
+        ]
+    )
 
 
 def _origin(tags: dict[str, str]) -> str:
     """Which flow trained it: `retrain` on params.yaml's settings, or a sweep's best trial (`flows.sweep`)."""
     if "sweep" not in tags:
         return "- trained by the `retrain` flow with params.yaml's settings (not from a sweep)"
-    line = (f"- the best trial (number {tags.get('sweep_trial', '?')}) of sweep `{tags['sweep']}`, ranked by "
-            f"{tags.get('sweep_objective', '?')} on the validation split (never the held-out rows); its settings: "
-            f"{tags.get('sweep_settings', '?')}; parent MLflow run `{tags.get('sweep_parent_run', '?')}`")  # fmt: skip
+    line = (
+        f"- the best trial (number {tags.get('sweep_trial', '?')}) of sweep `{tags['sweep']}`, ranked by "
+        f"{tags.get('sweep_objective', '?')} on the validation split (never the held-out rows); its "
+        f"settings: {tags.get('sweep_settings', '?')}; parent MLflow run "
+        f"`{tags.get('sweep_parent_run', '?')}`"
+    )
     if "sweep_repeat" in tags:
         line += f"\n- noise floor, the same settings over other seeds: {tags['sweep_repeat']}"
     return line

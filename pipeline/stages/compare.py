@@ -27,7 +27,8 @@ from pipeline.stages.predict import model_folder
 
 @dataclass(frozen=True)
 class Comparison:
-    """What `decision compare` prints: the two models, the rows, and one difference per question (all first)."""
+    """What `decision compare` prints: the two models, the rows, and one difference per question (all
+    first)."""
 
     a: str
     b: str
@@ -41,14 +42,24 @@ class Comparison:
     """A's and B's names as the API serves them: NAME/VERSION for a registered version (an alias resolved)."""
 
     def to_dict(self) -> dict[str, Any]:
-        return {"a": self.a, "b": self.b, "a_served_as": self.served_as[0], "b_served_as": self.served_as[1],
-                "data": self.data, "rows": self.rows, "records": self.records, "confidence": self.confidence,
-                "questions": [q.to_dict() for q in self.questions]}  # fmt: skip
+        return {
+            "a": self.a,
+            "b": self.b,
+            "a_served_as": self.served_as[0],
+            "b_served_as": self.served_as[1],
+            "data": self.data,
+            "rows": self.rows,
+            "records": self.records,
+            "confidence": self.confidence,
+            "questions": [q.to_dict() for q in self.questions],
+        }
 
 
 # A plain base would be scored with a fresh, untrained head.
-NOT_AN_EXPORT = ("not an export (a base, or a fine-tune not exported yet?); compare exports: a run's export/ folder, "
-                 "or decision finetune --out")  # fmt: skip
+NOT_AN_EXPORT = (
+    "not an export (a base, or a fine-tune not exported yet?); compare exports: a run's export/ folder, "
+    "or decision finetune --out"
+)
 
 
 def _check_present(side: str, source: str) -> None:
@@ -65,11 +76,19 @@ def _check_present(side: str, source: str) -> None:
         raise ModelLayoutError(f"{side} ({source}): {NOT_AN_EXPORT}")
 
 
-def compare_models(a: str, b: str, data: str | Path, split: ValidateConfig = ValidateConfig(), all_rows: bool = False,
-                   confidence: float = 0.95, device: str = "cpu",
-                   report: Callable[[str], None] | None = None) -> Comparison:  # fmt: skip
-    """Score `a` and `b` on the same rows of `data` as served, and compare them per question. ValueError for data
-    with no rows to compare on; RegistryError or ModelLayoutError, naming A or B, for a model that cannot be read."""
+def compare_models(
+    a: str,
+    b: str,
+    data: str | Path,
+    split: ValidateConfig = ValidateConfig(),
+    all_rows: bool = False,
+    confidence: float = 0.95,
+    device: str = "cpu",
+    report: Callable[[str], None] | None = None,
+) -> Comparison:
+    """Score `a` and `b` on the same rows of `data` as served, and compare them per question. ValueError for
+    data with no rows to compare on; RegistryError or ModelLayoutError, naming A or B, for a model that cannot
+    be read."""
     say = report or (lambda line: None)
     for side, source in (("A", a), ("B", b)):  # both, before the data is read and A is scored
         _check_present(side, source)
@@ -77,8 +96,10 @@ def compare_models(a: str, b: str, data: str | Path, split: ValidateConfig = Val
     records = validated.split.every_record() if all_rows else validated.split.heldout
     if not records:
         usable = len(validated.split.every_record())
-        raise ValueError(f"{data}: no held-out rows to compare on ({usable} usable row(s), too few for a held-out "
-                         "split under validate); give --all-rows to compare on every usable row")  # fmt: skip
+        raise ValueError(
+            f"{data}: no held-out rows to compare on ({usable} usable row(s), too few for a held-out "
+            "split under validate); give --all-rows to compare on every usable row"
+        )
     scored, names = [], []
     for side, source in (("A", a), ("B", b)):
         try:

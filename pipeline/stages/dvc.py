@@ -35,8 +35,8 @@ def run_dataset(params: Params, root: Path) -> DatasetResult:
 
 
 def run_validate(params: Params, root: Path) -> ValidateResult:
-    """Validate the dataset, split it, write the report with the split summary, and add the held-out rows to the
-    data set's ledger."""
+    """Validate the dataset, split it, write the report with the split summary, and add the held-out rows to
+    the data set's ledger."""
     config = ledger_under(params.validate, root)
     return validate_stage.validate_stage(root / config.data, config, root / config.report)
 
@@ -51,8 +51,14 @@ def run_snapshot(params: Params, root: Path) -> SnapshotResult:
             f"but {installed} is installed"
         )
     module = __import__(config.encoder_package.replace("-", "_"))
-    out = write_snapshot(root / config.out, module.get_model_path(), config.seed, config.head_layers,
-                         config.max_len, config.head_max_len)  # fmt: skip
+    out = write_snapshot(
+        root / config.out,
+        module.get_model_path(),
+        config.seed,
+        config.head_layers,
+        config.max_len,
+        config.head_max_len,
+    )
     return SnapshotResult(str(config.out), sorted(p.name for p in out.rglob("*") if p.is_file()))
 
 

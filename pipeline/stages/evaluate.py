@@ -36,8 +36,9 @@ from pipeline.stages.predict import model_folder
 
 @dataclass
 class EvaluationReport:
-    """A model's figures on decision rows, as served: metrics per type and overall, the calibration report, the
-    plots written and, when asked, split-conformal prediction sets (`decision evaluate --json` prints it)."""
+    """A model's figures on decision rows, as served: metrics per type and overall, the calibration report,
+    the plots written and, when asked, split-conformal prediction sets (`decision evaluate --json` prints
+    it)."""
 
     model: str
     """The model as given: an export folder, or `models:/NAME@ALIAS` or `models:/NAME/VERSION`."""
@@ -54,8 +55,8 @@ class EvaluationReport:
     plots: list[str] = field(default_factory=list)
     conformal: dict[str, Any] | None = None
     training_overlap: int | None = None
-    """How many of the rows have a state (normalised) the model trained on, by the fingerprints its export keeps
-    (`exporting.TRAINING_STATES`); None for a model without them."""
+    """How many of the rows have a state (normalised) the model trained on, by the fingerprints its export
+    keeps (`exporting.TRAINING_STATES`); None for a model without them."""
 
     def to_dict(self) -> dict[str, Any]:
         described = asdict(self)
@@ -66,15 +67,22 @@ class EvaluationReport:
         )
 
 
-def evaluate_model(model: str | Path, data: str | Path, plots_dir: str | Path | None = None,
-                   row_slice: RowSlice = RowSlice(), device: str = "cpu", progress: bool = False,
-                   conformal: float | None = None, report: Callable[[str], None] | None = None,
-                   mapping: Mapping | None = None) -> EvaluationReport:  # fmt: skip
+def evaluate_model(
+    model: str | Path,
+    data: str | Path,
+    plots_dir: str | Path | None = None,
+    row_slice: RowSlice = RowSlice(),
+    device: str = "cpu",
+    progress: bool = False,
+    conformal: float | None = None,
+    report: Callable[[str], None] | None = None,
+    mapping: Mapping | None = None,
+) -> EvaluationReport:
     """Metrics and the calibration report of `model` (an export folder or a registered version, as `decision
-    predict` takes it) on every usable decision of `data`, the PNG plots written
-    to `plots_dir`, and with `conformal` (alpha) split-conformal prediction sets per type. `progress` shows a tqdm
-    bar while scoring; `report` gets a line before and after it. `mapping` reads a plain table's columns as
-    decision rows (`pipeline.data.mapping`)."""
+    predict` takes it) on every usable decision of `data`, the PNG plots written to `plots_dir`, and with
+    `conformal` (alpha) split-conformal prediction sets per type. `progress` shows a tqdm bar while scoring;
+    `report` gets a line before and after it. `mapping` reads a plain table's columns as decision rows
+    (`pipeline.data.mapping`)."""
     say = report or (lambda line: None)
     validated = validate_file(data, row_slice, mapping=mapping)
     refuse_unusable(data, validated.report)  # nothing to score: exit 2 with the reasons, not a table of NaN
@@ -87,12 +95,17 @@ def evaluate_model(model: str | Path, data: str | Path, plots_dir: str | Path | 
         decisions, skipped, probabilities, family = score_records(folder, validated.records, device, progress)
     say(f"scored {len(decisions):,} decisions in {time.perf_counter() - started:.0f} s")
     evaluation = EvaluationReport(
-        model=str(model), served_as=name, family=family, data=str(data), rows=validated.report.rows,
-        decisions=validated.report.decisions, skipped={**validated.report.skipped, **skipped},
+        model=str(model),
+        served_as=name,
+        family=family,
+        data=str(data),
+        rows=validated.report.rows,
+        decisions=validated.report.decisions,
+        skipped={**validated.report.skipped, **skipped},
         metrics=metrics_by_type(decisions, probabilities),
         calibration=calibration_report(decisions, probabilities) if decisions else None,
         training_overlap=overlap,
-    )  # fmt: skip
+    )
     if conformal is not None:
         evaluation.conformal = conformal_report(decisions, probabilities, conformal)
     if plots_dir is not None:
@@ -106,18 +119,21 @@ def evaluate_model(model: str | Path, data: str | Path, plots_dir: str | Path | 
 
 
 def training_overlap(folder: str | Path, records: list[Record]) -> int | None:
-    """How many of `records` have a normalised state among those the model in `folder` trained on (the export's
-    training-states file); None where the folder keeps none (an older export, a base): nothing is checked then."""
+    """How many of `records` have a normalised state among those the model in `folder` trained on (the
+    export's training-states file); None where the folder keeps none (an older export, a base): nothing is
+    checked then."""
     states = read_training_states(folder)
     if states is None:
         return None
     return overlapping((r.state for r in records), np.frombuffer(states, dtype=FINGERPRINT))
 
 
-def score_records(model_dir: str | Path, records: list[Record], device: str = "cpu", progress: bool = False
-                  ) -> tuple[list[ScoredDecision], dict[str, int], list[np.ndarray], str]:  # fmt: skip
+def score_records(
+    model_dir: str | Path, records: list[Record], device: str = "cpu", progress: bool = False
+) -> tuple[list[ScoredDecision], dict[str, int], list[np.ndarray], str]:
     """(decisions, skipped by reason, probabilities, family name) of `model_dir` on `records`, as served. The
-    decisions carry their rows' groups: intervals then draw whole groups, and conformal halves keep them apart."""
+    decisions carry their rows' groups: intervals then draw whole groups, and conformal halves keep them
+    apart."""
     device = pick_device(device)  # "auto": cuda where there is one
     model = load_decision_model(model_dir).to(device)
     family = model.family
@@ -127,8 +143,9 @@ def score_records(model_dir: str | Path, records: list[Record], device: str = "c
     return with_groups(decisions, [record.group for record in records]), skipped, probabilities, family.name
 
 
-def score_heldout(model_dir: str | Path, heldout: list[Record],
-                  device: str = "cpu") -> tuple[list[ScoredDecision], list[np.ndarray]]:  # fmt: skip
+def score_heldout(
+    model_dir: str | Path, heldout: list[Record], device: str = "cpu"
+) -> tuple[list[ScoredDecision], list[np.ndarray]]:
     """The decisions of a run's held-out records and `model_dir`'s probabilities for them, as served: what the
     gate compares, champion and challenger alike."""
     decisions, _, probabilities, _ = score_records(model_dir, heldout, device)

@@ -30,7 +30,8 @@ log = logging.getLogger(__name__)
 
 
 def export_folder(source: str | Path, out: str | Path) -> ExportResult:
-    """`decision export`: a fine-tune folder (LoRA adapters, a full model, an export) to a merged export at `out`."""
+    """`decision export`: a fine-tune folder (LoRA adapters, a full model, an export) to a merged export at
+    `out`."""
     source, out = Path(source), Path(out)
     family = pick_family(source)
     if source.resolve() == out.resolve() and _written_export(out):
@@ -52,25 +53,29 @@ def export_folder(source: str | Path, out: str | Path) -> ExportResult:
 
 def _replaced_model(out: Path) -> str | None:
     """Why an export must not be written to `out`: it holds a model this project did not export (a base, a
-    fine-tune, this one included, a Laya model from elsewhere), which the export would replace whole; an earlier
-    export (its manifest written last) is replaced on purpose."""
+    fine-tune, this one included, a Laya model from elsewhere), which the export would replace whole; an
+    earlier export (its manifest written last) is replaced on purpose."""
     try:
         pick_family(out)
     except BadBase:  # no model there (or not a folder): the folder checks of the CLI say what they say
         return None
     if _written_export(out):
         return None
-    return (f"{out}: holds a base or a fine-tune, not an export, and the export would replace it whole: give "
-            "another --out")  # fmt: skip
+    return (
+        f"{out}: holds a base or a fine-tune, not an export, and the export would replace it whole: give "
+        "another --out"
+    )
 
 
 def _written_export(folder: Path) -> bool:
-    """An export this project wrote: complete, with its manifest (a Laya-layout base is complete without one)."""
+    """An export this project wrote: complete, with its manifest (a Laya-layout base is complete without
+    one)."""
     return is_complete_export(folder) and (folder / MANIFEST).is_file()
 
 
-def export_stage(run_dir: str | Path, out: str | Path, data: str | Path, base: str | Path,
-                 config: TrainConfig) -> ExportResult:  # fmt: skip
+def export_stage(
+    run_dir: str | Path, out: str | Path, data: str | Path, base: str | Path, config: TrainConfig
+) -> ExportResult:
     """The flow's export stage: the run's fine-tune with the calibrator its calibrate stage chose, merged."""
     run = RunFolder(run_dir)
     _, config = resolve_training(base, config)  # the manifest records the family and method trained
@@ -78,8 +83,16 @@ def export_stage(run_dir: str | Path, out: str | Path, data: str | Path, base: s
     calibration = json.loads(run.calibration.read_text())
     calibrator = Calibrator.from_json(json.loads(run.calibrator.read_text()))
     model = load_decision_model(run.finetune)
-    manifest = export_manifest(data, base, config, model.family.name, summary, calibrator.temperatures,
-                               calibration["heldout"], mapped_options(run))  # fmt: skip
+    manifest = export_manifest(
+        data,
+        base,
+        config,
+        model.family.name,
+        summary,
+        calibrator.temperatures,
+        calibration["heldout"],
+        mapped_options(run),
+    )
     manifest, files = with_training_states(manifest, training_states(run))
     return with_encoder_graph(model.family.export(model.loaded, out, calibrator, manifest, files))
 
@@ -94,8 +107,9 @@ def training_states(run: RunFolder) -> bytes | None:
 
 def with_encoder_graph(result: ExportResult) -> ExportResult:
     """`result`'s folder with its encoder as an ONNX graph beside the weights (`encoder.onnx`), made from the
-    weights as written (as a server loads them); left as it is where the onnx extra is missing or the family keeps
-    its backbone in torch (said in the log), or where a graph is already there for an unchanged export."""
+    weights as written (as a server loads them); left as it is where the onnx extra is missing or the family
+    keeps its backbone in torch (said in the log), or where a graph is already there for an unchanged
+    export."""
     out = Path(result.out)
     graph = out / ONNX_FILE
     if graph.is_file() and not result.written:
@@ -115,8 +129,8 @@ def with_encoder_graph(result: ExportResult) -> ExportResult:
 
 
 def mapped_options(run: RunFolder) -> dict[str, list[str]] | None:
-    """Per question, the options a run trained with when its data was a table read through a mapping (the label
-    counts its validation report keeps, in the model's order); None for decision rows or no report."""
+    """Per question, the options a run trained with when its data was a table read through a mapping (the
+    label counts its validation report keeps, in the model's order); None for decision rows or no report."""
     if not run.validation.is_file():
         return None
     return options_of(json.loads(run.validation.read_text()).get("labels"))

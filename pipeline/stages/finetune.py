@@ -30,15 +30,24 @@ def default_run_dir(out: str | Path) -> Path:
     return Path(out).with_name(Path(out).name + ".run")
 
 
-def finetune(source: TrainSource, base: str | Path, out: str | Path, config: TrainConfig, device: str = "auto",
-             hooks: RunHooks = RunHooks(), controls: RunControls = RunControls(),
-             run_dir: str | Path | None = None) -> RunResult:  # fmt: skip
+def finetune(
+    source: TrainSource,
+    base: str | Path,
+    out: str | Path,
+    config: TrainConfig,
+    device: str = "auto",
+    hooks: RunHooks = RunHooks(),
+    controls: RunControls = RunControls(),
+    run_dir: str | Path | None = None,
+) -> RunResult:
     """Validate and split `source` once, then the flow's train, calibrate and export stages over `run_dir`
     (default `<out>.run`, started afresh); the export goes to `out`. A cancel during training or calibration
     exports nothing (the result says so: `RunResult.cancelled`)."""
     if config.nproc > 1:  # a cancel (Ctrl-C) is this process's; the ranks' stage has no cancel to share it
-        raise ConfigError(f"train.nproc={config.nproc}: finetune trains in one process; train data-parallel with "
-                          "`decision train --nproc N` or the retrain flow (train.nproc in params.yaml)")  # fmt: skip
+        raise ConfigError(
+            f"train.nproc={config.nproc}: finetune trains in one process; train data-parallel with "
+            "`decision train --nproc N` or the retrain flow (train.nproc in params.yaml)"
+        )
     _, config = resolve_training(base, config)  # refuse a method the family lacks before validating
     checked = check_pins({"data": source.data, "base": base, "eval_data": source.eval_data})
     validated = source.validated(hooks.report)  # a source refused here leaves no run folder behind
@@ -47,7 +56,9 @@ def finetune(source: TrainSource, base: str | Path, out: str | Path, config: Tra
     for checkpoint in run.root.glob(f"{run.checkpoint.stem}*{run.checkpoint.suffix}"):  # candidates' too
         checkpoint.unlink()  # a finetune starts afresh: its folder is not keyed by the data
     validation = write_validated(validated, run.validation, run.split)  # as the flow's validate task
-    hooks.say(f"run folder {run.root}: {describe_split(validation.split)}{validated.split.kept_together.describe()}")
+    hooks.say(
+        f"run folder {run.root}: {describe_split(validation.split)}{validated.split.kept_together.describe()}"
+    )
     if warning := overlap_warning(validated.split.eval_overlap_rows, validation.split["heldout_rows"]):
         hooks.say(warning)  # --eval-data rows whose state DATA's training rows hold
     trained = train_stage(run.root, base, config, device, hooks, controls, checked)
@@ -63,10 +74,14 @@ def finetune(source: TrainSource, base: str | Path, out: str | Path, config: Tra
 
 def describe_split(split: dict[str, int]) -> str:
     """The split's rows and decisions on each side, in one line (groups too, where the rows have them)."""
-    line = (f"{split['train_rows']:,} training rows ({split['train_decisions']:,} decisions), "
-            f"{split['validation_rows']:,} for validation ({split['validation_decisions']:,} decisions), "
-            f"{split['heldout_rows']:,} held out ({split['heldout_decisions']:,} decisions)")  # fmt: skip
+    line = (
+        f"{split['train_rows']:,} training rows ({split['train_decisions']:,} decisions), "
+        f"{split['validation_rows']:,} for validation ({split['validation_decisions']:,} decisions), "
+        f"{split['heldout_rows']:,} held out ({split['heldout_decisions']:,} decisions)"
+    )
     if "heldout_groups" not in split:
         return line
-    return (f"{line}; groups: {split['train_groups']:,} training, {split['validation_groups']:,} validation, "
-            f"{split['heldout_groups']:,} held out")  # fmt: skip
+    return (
+        f"{line}; groups: {split['train_groups']:,} training, {split['validation_groups']:,} validation, "
+        f"{split['heldout_groups']:,} held out"
+    )

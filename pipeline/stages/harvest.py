@@ -4,9 +4,9 @@ Feedback is joined to the inference log (`flywheel.harvest.labelled_rows`), the 
 training contract (unusable ones counted by reason and left out), and the usable ones become one new shard of
 the data set (a folder of Parquet or JSONL shards). The folder is then pinned again (`dvc add`), and where the
 project is a git repository the new pin is committed, so the revision a retrain reads names these rows. The
-held-out rule (content hash and ledger, `data.split`) decides which new rows are held out; the result counts them,
-and the rows it holds out are added to the data set's ledger (`split.ledger_path`), committed with the pin: rows
-held out before stay held out, and so do these, however the data grows.
+held-out rule (content hash and ledger, `data.split`) decides which new rows are held out; the result counts
+them, and the rows it holds out are added to the data set's ledger (`split.ledger_path`), committed with the
+pin: rows held out before stay held out, and so do these, however the data grows.
 
     harvest("inference", "data/tickets", params.validate)   # -> HarvestResult(rows=180, revision=...)
 """
@@ -69,12 +69,16 @@ class HarvestResult:
 
     def line(self) -> str:
         if not self.rows:
-            said = (f"harvest: nothing new for {self.dataset} ({self.already_harvested} labelled decisions already "
-                    "harvested); its revision is unchanged")  # fmt: skip
+            said = (
+                f"harvest: nothing new for {self.dataset} ({self.already_harvested} labelled decisions "
+                "already harvested); its revision is unchanged"
+            )
         else:
-            said = (f"harvest: {self.rows} {'row' if self.rows == 1 else 'rows'} ({self.labels} labels, {self.heldout} "
-                    f"held out) from {', '.join(self.models)} into {self.shard}; {self.dataset} revision "
-                    f"{(self.previous_revision or '-')[:8]} -> {(self.revision or '-')[:8]}")  # fmt: skip
+            said = (
+                f"harvest: {self.rows} {'row' if self.rows == 1 else 'rows'} ({self.labels} labels, "
+                f"{self.heldout} held out) from {', '.join(self.models)} into {self.shard}; {self.dataset} "
+                f"revision {(self.previous_revision or '-')[:8]} -> {(self.revision or '-')[:8]}"
+            )
         return "\n".join([said, *self.notes()])
 
     def notes(self) -> list[str]:
@@ -82,20 +86,30 @@ class HarvestResult:
         notes = []
         if self.other_models:
             shown = ", ".join(f"{name} ({n})" for name, n in sorted(self.other_models.items()))
-            notes.append(f"left out: labelled decisions of other models: {shown} (the log is shared; --model names "
-                         "whose to harvest)")  # fmt: skip
+            notes.append(
+                f"left out: labelled decisions of other models: {shown} (the log is shared; --model names "
+                "whose to harvest)"
+            )
         if self.late_labels:
-            notes.append(f"left out: {self.late_labels} label(s) given after their decision was harvested (a "
-                         "decision is harvested once; its row keeps the labels it had then)")  # fmt: skip
+            notes.append(
+                f"left out: {self.late_labels} label(s) given after their decision was harvested (a "
+                "decision is harvested once; its row keeps the labels it had then)"
+            )
         if self.not_logged:
             notes.append(f"left out: {self.not_logged} labelled decision(s) not in this inference log")
         return notes
 
 
-def harvest(inference: str, dataset: str | Path, split_config: ValidateConfig, commit: bool = True,
-            wait: bool = True, model: str | None = None) -> HarvestResult:  # fmt: skip
-    """Harvest the labelled decisions `model` made (a name or NAME/VERSION; None: any model's) in the inference
-    log at `inference` into the data set at `dataset`."""
+def harvest(
+    inference: str,
+    dataset: str | Path,
+    split_config: ValidateConfig,
+    commit: bool = True,
+    wait: bool = True,
+    model: str | None = None,
+) -> HarvestResult:
+    """Harvest the labelled decisions `model` made (a name or NAME/VERSION; None: any model's) in the
+    inference log at `inference` into the data set at `dataset`."""
     check_target(dataset, split_config)
     folder = Path(dataset)
     with harvest_lock(folder, wait):
@@ -150,13 +164,15 @@ def check_target(dataset: str | Path, split_config: ValidateConfig) -> None:
     that maps a plain table, no such folder, or a data set that is not a folder of shards."""
     if split_config.mapping is not None:
         raise HarvestRefused(
-            f"{dataset}: the run maps a plain table to decisions (validate.mapping), and harvested rows are decision "
-            "rows; make the run's data decision rows once: decision map --run-config NAME --write "
+            f"{dataset}: the run maps a plain table to decisions (validate.mapping), and harvested rows are "
+            "decision rows; make the run's data decision rows once: decision map --run-config NAME --write "
             "data/own/NAME-rows/part-0.parquet, then decision init --data data/own/NAME-rows --name NAME"
         )
     if not Path(dataset).exists():  # the lock is made beside it
-        raise HarvestRefused(f"{dataset}: no such folder; harvested rows go into an existing folder of Parquet or "
-                             "JSONL shards (the run config's retrain.data, or --dataset)")  # fmt: skip
+        raise HarvestRefused(
+            f"{dataset}: no such folder; harvested rows go into an existing folder of Parquet or "
+            "JSONL shards (the run config's retrain.data, or --dataset)"
+        )
     harvest_target(open_source(Path(dataset)))
 
 
@@ -169,8 +185,8 @@ def _record_held_out(split: SplitData, ledger: Path | None, new_records) -> int:
 
 
 def _git_commit(folder: Path, pin: str | None, ledger: Path | None, message: str) -> str | None:
-    """Commit the data set's new pin (its .dvc file and the .gitignore DVC keeps) with its held-out ledger (left
-    out where git ignores it), where git tracks the project."""
+    """Commit the data set's new pin (its .dvc file and the .gitignore DVC keeps) with its held-out ledger
+    (left out where git ignores it), where git tracks the project."""
     if pin is None:
         return None
     root = _git_root(folder)
@@ -181,7 +197,9 @@ def _git_commit(folder: Path, pin: str | None, ledger: Path | None, message: str
     paths += [str(ledger.resolve())] if ledger is not None and not _ignored(ledger, root) else []
     paths = [p for p in paths if Path(p).exists()]
     subprocess.run(["git", "add", "--", *paths], cwd=root, check=True, capture_output=True)
-    done = subprocess.run(["git", "commit", "-q", "-m", message, "--", *paths], cwd=root, capture_output=True, text=True)  # fmt: skip
+    done = subprocess.run(
+        ["git", "commit", "-q", "-m", message, "--", *paths], cwd=root, capture_output=True, text=True
+    )
     if done.returncode != 0:
         return None  # nothing to commit, or no git identity: the pin is on disk either way
     return subprocess.run(

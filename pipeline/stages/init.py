@@ -1,13 +1,14 @@
 """`decision init` (and `make run DATA=...`): make a user's data and base the inputs of a named run.
 
-One call checks the data source (any kind `pipeline.data.sources` reads; a mapping when it is a plain table) and
-pins it (`dvc add` of the file or folder; copied into `data/own/` first when it lies outside the project, as DVC
-tracks only what is inside; a Hub data set is written there as Parquet shards), pins the base (`decision snapshot --from` for anything not pinned already; the stock MiniLM
-snapshot by default), and writes the run config `configs/NAME.yaml` that the retrain flow reads
-(`decision retrain --run-config NAME`): the data, the base, the run folder, the registered model name
-NAME, and the mapping (`validate.mapping`). Keys a user added to that file by hand are kept. A rerun re-pins: a changed file or shard is a new data
-revision, and the result says so. The data is split as the run will split it, and the rows held out are added to
-the data set's ledger (`split.ledger_path`), so they stay held out however the data grows.
+One call checks the data source (any kind `pipeline.data.sources` reads; a mapping when it is a plain table)
+and pins it (`dvc add` of the file or folder; copied into `data/own/` first when it lies outside the project,
+as DVC tracks only what is inside; a Hub data set is written there as Parquet shards), pins the base
+(`decision snapshot --from` for anything not pinned already; the stock MiniLM snapshot by default), and writes
+the run config `configs/NAME.yaml` that the retrain flow reads (`decision retrain --run-config NAME`): the
+data, the base, the run folder, the registered model name NAME, and the mapping (`validate.mapping`). Keys a
+user added to that file by hand are kept. A rerun re-pins: a changed file or shard is a new data revision, and
+the result says so. The data is split as the run will split it, and the rows held out are added to the data
+set's ledger (`split.ledger_path`), so they stay held out however the data grows.
 
     init_run("~/exports/tickets.csv", name="tickets", mapping="tickets.yaml")   # data/own/tickets.csv pinned
 """
@@ -89,14 +90,21 @@ def run_name(data: str, name: str | None) -> str:
     registry and file name."""
     chosen = name if name is not None else Path(data.rstrip("/")).name.split(".")[0].lower()
     if not NAME_PATTERN.match(chosen):
-        raise BadInit(f"run name {chosen!r}: use 1-63 of a-z, 0-9, '.', '_', '-' (starting and ending with a "
-                      "letter or digit); pass NAME=... (make) or --name")  # fmt: skip
+        raise BadInit(
+            f"run name {chosen!r}: use 1-63 of a-z, 0-9, '.', '_', '-' (starting and ending with a "
+            "letter or digit); pass NAME=... (make) or --name"
+        )
     return chosen
 
 
-def init_run(data: str, base: str | None = None, name: str | None = None,
-             mapping: str | dict[str, Any] | None = None, root: str | Path = ".",
-             report: Callable[[str], None] | None = None) -> InitResult:  # fmt: skip
+def init_run(
+    data: str,
+    base: str | None = None,
+    name: str | None = None,
+    mapping: str | dict[str, Any] | None = None,
+    root: str | Path = ".",
+    report: Callable[[str], None] | None = None,
+) -> InitResult:
     """Pin `data` and `base` (None: the stock snapshot) and write `configs/<name>.yaml` under `root`; the data
     source, the mapping and the base are checked before anything is copied or pinned. `report` hears of each
     step that runs past 2 s (reading and checking the data, copying it in, snapshotting the base, pinning)."""
@@ -104,23 +112,30 @@ def init_run(data: str, base: str | None = None, name: str | None = None,
     name = run_name(data, name)
     config_file = root / RUN_CONFIGS_DIR / f"{name}.yaml"
     existing = _existing_run_config(config_file)  # one init did not write is never taken over
-    # Without a mapping DATA must hold decision rows (validated so below): an earlier init's mapping of a table
-    # would make the run read them as that table.
+    # Without a mapping DATA must hold decision rows (validated so below): an earlier init's mapping of a
+    # table would make the run read them as that table.
     mapping_dropped = mapping is None and "mapping" in existing.get("validate", {})
     if mapping_dropped:
         existing["validate"] = {k: v for k, v in existing["validate"].items() if k != "mapping"}
         existing = {section: keys for section, keys in existing.items() if keys or section != "validate"}
     data = data if data.startswith(HUB_PREFIX) else os.path.expanduser(data)
     loaded = load_mapping(mapping) if mapping is not None else None  # MappingError, before anything is pinned
-    # BadSource / UnreadableInput (an empty folder or file, shards that disagree, a Hub id offline, a table with no
-    # mapping) and a source with no usable decision are refused here, with the reasons, before anything is pinned
+    # BadSource / UnreadableInput (an empty folder or file, shards that disagree, a Hub id offline, a table
+    # with no mapping) and a source with no usable decision are refused here, with the reasons, before
+    # anything is pinned
     checked = validate_file(data, mapping=loaded, report=report)  # its records make the run's first split
     refuse_unusable(data, checked.report)
     # The base is checked (it loads as a base) before the data is pinned.
     rel_base, base_md5 = _pinned_base(base, root, report)
-    sections = {"retrain": {"data": _run_data_text(data, root, name), "base": rel_base, "runs_dir": f"runs/{name}",
-                            "model_name": name},
-                "validate": {} if mapping is None else {"mapping": _mapping_entry(mapping, root, name)}}  # fmt: skip
+    sections = {
+        "retrain": {
+            "data": _run_data_text(data, root, name),
+            "base": rel_base,
+            "runs_dir": f"runs/{name}",
+            "model_name": name,
+        },
+        "validate": {} if mapping is None else {"mapping": _mapping_entry(mapping, root, name)},
+    }
     merged = _merged(existing, sections)
     try:  # the config as it will be written, checked before anything is copied, pinned or written
         split_config = ledger_under(load_params(root / "params.yaml", overrides=merged).validate, root)
@@ -136,9 +151,14 @@ def init_run(data: str, base: str | None = None, name: str | None = None,
     config = _write_run_config(config_file, name, merged)
     heldout = _record_split(checked.records, split_config, ledger)
     rel_ledger = None if ledger is None else _in_project(ledger, root)
-    written = [config.relative_to(root).as_posix(), _mapping_copy(root, name).relative_to(root).as_posix(),
-               *_pin_files(pinned.relative_to(root).as_posix()), *_pin_files(rel_base), "dvc.lock",
-               *filter(None, [rel_ledger])]  # fmt: skip
+    written = [
+        config.relative_to(root).as_posix(),
+        _mapping_copy(root, name).relative_to(root).as_posix(),
+        *_pin_files(pinned.relative_to(root).as_posix()),
+        *_pin_files(rel_base),
+        "dvc.lock",
+        *filter(None, [rel_ledger]),
+    ]
     return InitResult(
         name=name,
         run_config=config.relative_to(root).as_posix(),
@@ -157,8 +177,8 @@ def init_run(data: str, base: str | None = None, name: str | None = None,
 
 
 def _record_split(records: list[Record], config: ValidateConfig, ledger: Path | None) -> int:
-    """The run's first split of `records`: its held-out rows added to the data set's `ledger` (the retrain flow's
-    split reads it), so they stay held out as the data grows; how many rows it holds out."""
+    """The run's first split of `records`: its held-out rows added to the data set's `ledger` (the retrain
+    flow's split reads it), so they stay held out as the data grows; how many rows it holds out."""
     split = split_holdout(records, config, ledger)
     if ledger is not None:
         record_heldout(split, ledger)
@@ -177,8 +197,9 @@ def _pin_files(rel: str) -> list[str]:
 
 
 def _existing_run_config(path: Path) -> dict[str, Any]:
-    """The sections of a run config an earlier init wrote ({} where there is none); BadInit for one init did not
-    write (a shipped or hand-written config, which a rerun must not take over) or one that cannot be read."""
+    """The sections of a run config an earlier init wrote ({} where there is none); BadInit for one init did
+    not write (a shipped or hand-written config, which a rerun must not take over) or one that cannot be
+    read."""
     if not path.exists():
         return {}
     try:
@@ -191,8 +212,10 @@ def _existing_run_config(path: Path) -> dict[str, Any]:
         raise BadInit(f"{path}: expected sections of keys (retrain:, train:, ...); fix or remove it")
     written_for = (sections.get("retrain") or {}).get("model_name")
     if written_for != path.stem:  # init always names the model after the run
-        raise BadInit(f"{path} exists and `decision init` did not write it (its retrain.model_name is "
-                      f"{written_for!r}, not {path.stem!r}): give another --name (NAME=), or move that file away")  # fmt: skip
+        raise BadInit(
+            f"{path} exists and `decision init` did not write it (its retrain.model_name is "
+            f"{written_for!r}, not {path.stem!r}): give another --name (NAME=), or move that file away"
+        )
     return {section: values or {} for section, values in sections.items()}
 
 
@@ -206,8 +229,8 @@ def _merged(existing: dict[str, Any], sections: dict[str, dict[str, Any]]) -> di
 
 
 def _run_data_text(data: str, root: Path, name: str) -> str:
-    """The DATA text the run will read (`_inside` makes it so): the source's path inside the project, or where it
-    is copied to under data/own/."""
+    """The DATA text the run will read (`_inside` makes it so): the source's path inside the project, or where
+    it is copied to under data/own/."""
     if data.startswith(HUB_PREFIX):
         return (OWN_DATA_DIR / name).as_posix()
     path = pin_path(data).expanduser().resolve()
@@ -218,9 +241,9 @@ def _run_data_text(data: str, root: Path, name: str) -> str:
 
 
 def _inside(data: str, root: Path, name: str, report: Callable[[str], None] | None) -> tuple[str, Path, bool]:
-    """(the DATA text the run reads, the path DVC pins, whether it was copied in): the source as it is when its
-    path lies inside the project; else its file or folder copied to data/own/ (replaced whole each time) with
-    the glob or split kept; a Hub data set written there as Parquet shards."""
+    """(the DATA text the run reads, the path DVC pins, whether it was copied in): the source as it is when
+    its path lies inside the project; else its file or folder copied to data/own/ (replaced whole each time)
+    with the glob or split kept; a Hub data set written there as Parquet shards."""
     text = _run_data_text(data, root, name)
     if data.startswith(HUB_PREFIX):
         target = root / OWN_DATA_DIR / name
@@ -239,7 +262,8 @@ def _inside(data: str, root: Path, name: str, report: Callable[[str], None] | No
 
 
 def _staged(target: Path, fill) -> None:
-    """Fill a staging path beside `target`, then swap it in: a crash mid-copy leaves the old copy, never half."""
+    """Fill a staging path beside `target`, then swap it in: a crash mid-copy leaves the old copy, never
+    half."""
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = target.with_name(f".{target.name}.copying")
     shutil.rmtree(staging, ignore_errors=True)
@@ -284,7 +308,8 @@ def _mapping_copy(root: Path, name: str) -> Path:
 
 
 def _copy_mapping(mapping: str, root: Path, name: str) -> None:
-    """A mapping file outside the project copied to configs/<name>.mapping.yaml (the run config names it there)."""
+    """A mapping file outside the project copied to configs/<name>.mapping.yaml (the run config names it
+    there)."""
     path = Path(mapping).expanduser().resolve()
     if not path.is_relative_to(root):
         copy = _mapping_copy(root, name)
@@ -303,8 +328,8 @@ def _pinned_base(
     base: str | None, root: Path, report: Callable[[str], None] | None
 ) -> tuple[str, str | None]:
     """(the base's path in the project, its md5): the stock snapshot by default, a pinned folder as it is (a
-    dvc.yaml stage's output built or brought up to date first, now that the name, data and mapping passed), and
-    anything else (a folder elsewhere, a Hub id) snapshotted to data/snapshots/<its name> and pinned."""
+    dvc.yaml stage's output built or brought up to date first, now that the name, data and mapping passed),
+    and anything else (a folder elsewhere, a Hub id) snapshotted to data/snapshots/<its name> and pinned."""
     folder = root / RetrainConfig().base if base is None else Path(base).expanduser().resolve()
     if folder.is_relative_to(root):
         rel = folder.relative_to(root).as_posix()
@@ -336,7 +361,10 @@ def _write_run_config(path: Path, name: str, sections: dict[str, Any]) -> Path:
     """configs/<name>.yaml holding `sections` (checked already), written whole or not at all."""
     path.parent.mkdir(exist_ok=True)
     staging = path.with_name(f".{path.name}.tmp")
-    staging.write_text(f"{INIT_HEADER} (make run DATA=... NAME={name}); keys you add are kept.\n"
-                       + yaml.safe_dump(sections, sort_keys=False), encoding="utf-8")  # fmt: skip
+    staging.write_text(
+        f"{INIT_HEADER} (make run DATA=... NAME={name}); keys you add are kept.\n"
+        + yaml.safe_dump(sections, sort_keys=False),
+        encoding="utf-8",
+    )
     staging.replace(path)
     return path

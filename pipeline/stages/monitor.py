@@ -1,12 +1,13 @@
 """The monitor stage: a window of served decisions judged against the rows the serving version trained on.
 
-The version an alias points at is looked up in the registry. Its reference is the data its `data` tag names (or
-`reference`), validated as the params file says, at most `monitor.reference_rows` rows in content-hash order,
-answered by that version's own export. The window is what the inference store logged under `NAME/VERSION` in the
-`monitor.window_hours` before its end; fewer than `monitor.min_decisions` decisions are not judged. The drift
-report (`pipeline.flywheel.drift`) goes to the version's MLflow run as `monitoring/drift-<window end>.html`, its
-gauges as `monitor_*` metrics (step: the window end in epoch seconds), and the summary to `monitor/latest.json`
-(the HTML beside it as `latest.html`) under the summary folder, where the server reads its gauges.
+The version an alias points at is looked up in the registry. Its reference is the data its `data` tag names
+(or `reference`), validated as the params file says, at most `monitor.reference_rows` rows in content-hash
+order, answered by that version's own export. The window is what the inference store logged under
+`NAME/VERSION` in the `monitor.window_hours` before its end; fewer than `monitor.min_decisions` decisions are
+not judged. The drift report (`pipeline.flywheel.drift`) goes to the version's MLflow run as
+`monitoring/drift-<window end>.html`, its gauges as `monitor_*` metrics (step: the window end in epoch
+seconds), and the summary to `monitor/latest.json` (the HTML beside it as `latest.html`) under the summary
+folder, where the server reads its gauges.
 
     params = load_params()
     outcome = monitor_stage("decision-model@champion", params.monitor, params.validate)
@@ -90,11 +91,17 @@ class MonitorOutcome:
             return f"{self.model}: {window}, fewer than {self.needed}: nothing judged"
         r, gauges = self.result, self.result.gauges()
         verdict = f"drift in {len(r.drifted)} of {len(r.columns)} columns ({', '.join(r.drifted) or 'none'})"
-        measured = (f", measured {gauges['measured_accuracy']:.4f} on {int(gauges['labelled_decisions'])} labelled "
-                    "answers" if "measured_accuracy" in gauges else ", no feedback yet")  # fmt: skip
-        return (f"{self.model}: {window}: {verdict}, share {r.share:.2f} "
-                f"{'>=' if r.breached else '<'} {r.threshold:.2f}; expected accuracy "
-                f"{gauges.get('expected_accuracy', float('nan')):.4f}{measured}")  # fmt: skip
+        measured = (
+            f", measured {gauges['measured_accuracy']:.4f} on {int(gauges['labelled_decisions'])} labelled "
+            "answers"
+            if "measured_accuracy" in gauges
+            else ", no feedback yet"
+        )
+        return (
+            f"{self.model}: {window}: {verdict}, share {r.share:.2f} "
+            f"{'>=' if r.breached else '<'} {r.threshold:.2f}; expected accuracy "
+            f"{gauges.get('expected_accuracy', float('nan')):.4f}{measured}"
+        )
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self) | {
@@ -109,16 +116,23 @@ def champion_of(params: Params) -> str:
 
 
 def inference_of(params: Params, inference: str | None) -> str:
-    """The inference store a window is read from: `inference`, else monitor.inference, else flywheel.inference."""
+    """The inference store a window is read from: `inference`, else monitor.inference, else
+    flywheel.inference."""
     return inference or params.monitor.inference or params.flywheel.inference
 
 
-def monitor_stage(model: str, config: MonitorConfig, split_config: ValidateConfig, row_slice: str | None = None,
-                  window_end: dt.datetime | None = None, reference: str | None = None,
-                  report: Callable[[str], None] | None = None) -> MonitorOutcome:  # fmt: skip
+def monitor_stage(
+    model: str,
+    config: MonitorConfig,
+    split_config: ValidateConfig,
+    row_slice: str | None = None,
+    window_end: dt.datetime | None = None,
+    reference: str | None = None,
+    report: Callable[[str], None] | None = None,
+) -> MonitorOutcome:
     """Judge the window ending at `window_end` (now) for `model` (`NAME@ALIAS`, `NAME/VERSION`, either behind
-    `models:/`): see the module docstring. `row_slice` and `split_config` read the reference data as training did;
-    `report` hears of the two long steps (the reference answered, the drift report) while they run."""
+    `models:/`): see the module docstring. `row_slice` and `split_config` read the reference data as training
+    did; `report` hears of the two long steps (the reference answered, the drift report) while they run."""
     # First, before any work: a PostgreSQL store without a summary folder is refused.
     summary = summary_folder(config)
     if (problem := missing_log(config.inference)) is not None:
@@ -129,8 +143,14 @@ def monitor_stage(model: str, config: MonitorConfig, split_config: ValidateConfi
     start = end - dt.timedelta(hours=config.window_hours)
     store = open_store(config.inference)
     served = served_rows(served_by(store.decisions(since=start, until=end), f"{name}/{version}"))
-    outcome = MonitorOutcome(f"{name}/{version}", registered.run_id, start.isoformat(), end.isoformat(), len(served),
-                             config.min_decisions)  # fmt: skip
+    outcome = MonitorOutcome(
+        f"{name}/{version}",
+        registered.run_id,
+        start.isoformat(),
+        end.isoformat(),
+        len(served),
+        config.min_decisions,
+    )
     if len(served) < config.min_decisions:
         return outcome
     data = reference or trained_on(registered.tags, outcome.model)
@@ -152,19 +172,26 @@ def monitor_stage(model: str, config: MonitorConfig, split_config: ValidateConfi
     return replace(outcome, result=result, artifact=artifact, latest=str(latest))
 
 
-def answered_reference(model: str, data: str, split_config: ValidateConfig, row_slice: str | None,
-                       limit: int) -> list[DecisionRow]:  # fmt: skip
+def answered_reference(
+    model: str, data: str, split_config: ValidateConfig, row_slice: str | None, limit: int
+) -> list[DecisionRow]:
     """The reference rows (`reference_records`) as `model` (NAME/VERSION) answers them, its export fetched."""
     records = reference_records(data, split_config, row_slice, limit)
     with model_folder(MODEL_URI_PREFIX + model) as (_, folder):
         return reference_rows(records, load_decision_model(folder))
 
 
-def report_on_run(current: pd.DataFrame, reference: pd.DataFrame, accuracy: tuple[QuestionAccuracy, ...],
-                  drift_share: float, run_id: str, window_end: dt.datetime,
-                  summary: str) -> tuple[DriftResult, str]:  # fmt: skip
-    """The drift report logged on the run (`record_on_run`) and kept as `monitor/latest.html` under `summary`; the
-    result and the report's artifact path."""
+def report_on_run(
+    current: pd.DataFrame,
+    reference: pd.DataFrame,
+    accuracy: tuple[QuestionAccuracy, ...],
+    drift_share: float,
+    run_id: str,
+    window_end: dt.datetime,
+    summary: str,
+) -> tuple[DriftResult, str]:
+    """The drift report logged on the run (`record_on_run`) and kept as `monitor/latest.html` under `summary`;
+    the result and the report's artifact path."""
     reports = Path(summary) / LATEST.parent
     reports.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=reports, prefix=".drift-") as staging:
@@ -189,23 +216,26 @@ def resolve_version(model: str) -> tuple[str, str]:
 
 
 def served_by(decisions: pa.Table, served_name: str) -> pa.Table:
-    """The decisions answered under `served_name` (NAME/VERSION): other models' traffic is another comparison."""
+    """The decisions answered under `served_name` (NAME/VERSION): other models' traffic is another
+    comparison."""
     return decisions.filter(pc.equal(decisions["model"], served_name))
 
 
 def trained_on(tags: dict[str, str], model: str) -> str:
     """The data a version trained on, from its `data` tag (the retrain and sweep flows set it)."""
     if not tags.get("data"):
-        raise MonitorError(f"{model} has no `data` tag (registered by hand?): give the data it trained on with "
-                           "--reference DATA")  # fmt: skip
+        raise MonitorError(
+            f"{model} has no `data` tag (registered by hand?): give the data it trained on with "
+            "--reference DATA"
+        )
     return tags["data"]
 
 
 def reference_records(
     data: str, split_config: ValidateConfig, row_slice: str | None, limit: int
 ) -> list[Record]:
-    """At most `limit` validated rows of `data` (training, validation and held-out alike), in content-hash order: the
-    same rows on every run, spread over the file."""
+    """At most `limit` validated rows of `data` (training, validation and held-out alike), in content-hash
+    order: the same rows on every run, spread over the file."""
     split = TrainSource(data, RowSlice.parse(row_slice), split_config=split_config).validated().split
     return sorted(split.every_record(), key=Record.content_hash)[:limit]
 
@@ -215,17 +245,23 @@ def summary_folder(config: MonitorConfig) -> str:
     if config.summary_folder is not None:
         return config.summary_folder
     if config.inference.startswith(POSTGRES_SCHEMES):
-        raise MonitorError("monitor.summary_folder: a folder is needed for monitor/latest.json when "
-                           "monitor.inference is a PostgreSQL URL")  # fmt: skip
+        raise MonitorError(
+            "monitor.summary_folder: a folder is needed for monitor/latest.json when "
+            "monitor.inference is a PostgreSQL URL"
+        )
     return config.inference
 
 
 def record_on_run(run_id: str, result: DriftResult, html: Path, window_end: dt.datetime) -> str:
-    """The HTML report under the run's `monitoring/` and its gauges as `monitor_*` metrics at the window end (as
-    step, in epoch seconds, and as timestamp); the report's artifact path."""
+    """The HTML report under the run's `monitoring/` and its gauges as `monitor_*` metrics at the window end
+    (as step, in epoch seconds, and as timestamp); the report's artifact path."""
     client().log_artifact(run_id, str(html), MONITORING)
-    log_values(run_id, metrics={f"monitor_{k}": v for k, v in result.gauges().items()},
-               step=int(window_end.timestamp()), timestamp_ms=int(window_end.timestamp() * 1000))  # fmt: skip
+    log_values(
+        run_id,
+        metrics={f"monitor_{k}": v for k, v in result.gauges().items()},
+        step=int(window_end.timestamp()),
+        timestamp_ms=int(window_end.timestamp() * 1000),
+    )
     return f"{MONITORING}/{html.name}"
 
 

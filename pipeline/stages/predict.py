@@ -1,11 +1,11 @@
-"""The predict stage: score the rows of a decision file, or of a plain table read through a mapping, with a served
-model into one Parquet file, keyed by row id.
+"""The predict stage: score the rows of a decision file, or of a plain table read through a mapping, with a
+served model into one Parquet file, keyed by row id.
 
 Rows are read, answered and written a chunk at a time (never the whole file in memory), through the Decision
-API's own parsing and answer function (`pipeline.serving.offline`), so each answer is what the API serves for the
-same request, calibrated. Every source row gets one output row, in source order: its answers, or the reason code
-the API or validation gives for refusing it. The file is written as `OUT.partial` and renamed to OUT when
-complete; a failure or Ctrl-C removes it, so OUT is either whole or untouched.
+API's own parsing and answer function (`pipeline.serving.offline`), so each answer is what the API serves for
+the same request, calibrated. Every source row gets one output row, in source order: its answers, or the
+reason code the API or validation gives for refusing it. The file is written as `OUT.partial` and renamed to
+OUT when complete; a failure or Ctrl-C removes it, so OUT is either whole or untouched.
 
     result = predict_stage("models/vader-minilm", "data/new.jsonl", "scores.parquet")
     result = predict_stage("models:/decision-model@champion", "data/new.parquet", "scores.parquet", batch_size=64)
@@ -65,7 +65,8 @@ RowReader = Callable[[pa.Table, int], list[RowRequest]]
 
 @dataclass(frozen=True)
 class PredictResult:
-    """What a scoring run wrote: where, with which model, how many rows were scored and why the others failed."""
+    """What a scoring run wrote: where, with which model, how many rows were scored and why the others
+    failed."""
 
     out: str
     model: str
@@ -82,15 +83,24 @@ class PredictResult:
         return asdict(self) | {"rows_per_second": rate}
 
 
-def predict_stage(model: str, data: str | Path, out: str | Path, batch_size: int = 64, device: str = "cpu",
-                  precision: str = "fp32", progress: bool = False, report: Callable[[str], None] | None = None,
-                  rows_per_chunk: int = ROWS_PER_CHUNK, mapping: Mapping | None = None) -> PredictResult:  # fmt: skip
+def predict_stage(
+    model: str,
+    data: str | Path,
+    out: str | Path,
+    batch_size: int = 64,
+    device: str = "cpu",
+    precision: str = "fp32",
+    progress: bool = False,
+    report: Callable[[str], None] | None = None,
+    rows_per_chunk: int = ROWS_PER_CHUNK,
+    mapping: Mapping | None = None,
+) -> PredictResult:
     """Score every row of `data` with `model` (an export folder or `models:/NAME@ALIAS`) into the Parquet file
     `out`; `batch_size` requests share the serving function's forward passes. `mapping` reads a plain table's
-    state (and id) columns as decision rows asking the mapping's questions; options it takes from the labels come
-    from the model's manifest (`mapping_options`). UnreadableInput for a source that is no decision file,
-    MappingError for a column the table lacks or options nothing gives, ModelLayoutError or RegistryError for a
-    model that cannot be loaded: each before any row is scored."""
+    state (and id) columns as decision rows asking the mapping's questions; options it takes from the labels
+    come from the model's manifest (`mapping_options`). UnreadableInput for a source that is no decision file,
+    MappingError for a column the table lacks or options nothing gives, ModelLayoutError or RegistryError for
+    a model that cannot be loaded: each before any row is scored."""
     out, device = Path(out), pick_device(device)
     dtype = serving_dtype(precision, device)
     mapping = keyed_by_index_without_id(mapping, data, report)
@@ -143,7 +153,8 @@ def keyed_by_index_without_id(
     mapping: Mapping | None, source: str | Path, report: Callable[[str], None] | None = None
 ) -> Mapping | None:
     """The mapping as scoring `source` reads it: without its id column where the source has none (new rows to
-    score often come without the training table's ids), the rows then keyed by their index, and `report` told."""
+    score often come without the training table's ids), the rows then keyed by their index, and `report`
+    told."""
     if mapping is None or mapping.id is None or mapping.id in _columns(read.open_readable(source)):
         return mapping
     _say(report, f"note: {source} has no id column {mapping.id!r}: each row is keyed by its index (row_id)")
@@ -166,9 +177,11 @@ def _check_columns(source: Source, table: pa.Table, mapping: Mapping | None) -> 
     if mapping is not None:
         require_columns(mapping.unlabelled_columns, found, source.text)
     elif source.fmt != "jsonl" and "questions" not in found:
-        raise BadSource(f"{source.text}: not a decision table: no column named questions (found "
-                              f"{', '.join(found[:8]) or 'none'}); for a plain table give --mapping FILE or "
-                              "--state-column and --label-column")  # fmt: skip
+        raise BadSource(
+            f"{source.text}: not a decision table: no column named questions (found "
+            f"{', '.join(found[:8]) or 'none'}); for a plain table give --mapping FILE or "
+            "--state-column and --label-column"
+        )
 
 
 def count_rows(source: str | Path) -> int | None:
@@ -190,9 +203,10 @@ def dated(out: str, today: dt.date | None = None) -> str:
 
 
 def check_inputs(model: str, data: str | Path, mapping: Mapping | None = None) -> None:
-    """What `predict_stage` checks before a model loads, alone and cheaply (a flow's caller checks them before a
-    flow run starts): the source's first row and columns, and that `model` is a folder or a registered version.
-    UnreadableInput, MappingError, ModelLayoutError or RegistryError, as `predict_stage` raises them."""
+    """What `predict_stage` checks before a model loads, alone and cheaply (a flow's caller checks them before
+    a flow run starts): the source's first row and columns, and that `model` is a folder or a registered
+    version. UnreadableInput, MappingError, ModelLayoutError or RegistryError, as `predict_stage` raises
+    them."""
     next(mapped_tables(data, 1, keyed_by_index_without_id(mapping, data)))
     if registered_version(model) is None and not Path(model).is_dir():
         raise _no_such_model(model)
@@ -231,8 +245,8 @@ def _row_reader(
     folder: Path, name: str, mapping: Mapping | None
 ) -> tuple[RowReader, dict[str, tuple] | None]:
     """How a table becomes requests, and the questions every row asks where a mapping says them, each with the
-    table's labels of its levels for a score (else empty): with a mapping, its options fixed from the mapping or
-    the model's manifest (MappingError when neither gives them)."""
+    table's labels of its levels for a score (else empty): with a mapping, its options fixed from the mapping
+    or the model's manifest (MappingError when neither gives them)."""
     if mapping is None:
         return table_rows, None
     trained = read_manifest(folder).get(MAPPING_OPTIONS)
@@ -243,22 +257,28 @@ def _row_reader(
 
 @dataclass(frozen=True)
 class Scorer:
-    """How a chunk is scored: its rows read as requests by `rows_of` (table, index of its first row), answered by
-    `served` `batch_size` at a time."""
+    """How a chunk is scored: its rows read as requests by `rows_of` (table, index of its first row), answered
+    by `served` `batch_size` at a time."""
 
     served: DecisionModel
     rows_of: RowReader
     questions: dict[str, tuple] | None
     """The flattened questions where a mapping says them, with a score's labels by level (a score mapped from
-    ratings 1..5 answers level 0..4; its `.label` column says 1..5, as the table does); None: those of the first
-    readable row, labelled as answered."""
+    ratings 1..5 answers level 0..4; its `.label` column says 1..5, as the table does); None: those of the
+    first readable row, labelled as answered."""
     batch_size: int
 
 
-def _write_scores(scorer: Scorer, chunks: Iterator[pa.Table], out: Path, name: str, bar: tqdm,
-                  report: Callable[[str], None] | None) -> tuple[Counter, int]:  # fmt: skip
-    """Answer and write chunk by chunk into a staging file of this run's own (two runs writing one OUT never share
-    it), renamed to OUT once complete; (failures by reason, rows)."""
+def _write_scores(
+    scorer: Scorer,
+    chunks: Iterator[pa.Table],
+    out: Path,
+    name: str,
+    bar: tqdm,
+    report: Callable[[str], None] | None,
+) -> tuple[Counter, int]:
+    """Answer and write chunk by chunk into a staging file of this run's own (two runs writing one OUT never
+    share it), renamed to OUT once complete; (failures by reason, rows)."""
     staged = staged_path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     output = _Output(staged, name, scorer.questions)
@@ -295,8 +315,8 @@ written without them."""
 
 class _Output:
     """The Parquet writer of the scores, opened once the flattened columns are known: the mapping's questions,
-    or the first readable row's (rows refused before it are held back, up to `HELD_ROWS`, so a source whose first
-    chunk holds no readable row still gets its `<qid>.label` columns)."""
+    or the first readable row's (rows refused before it are held back, up to `HELD_ROWS`, so a source whose
+    first chunk holds no readable row still gets its `<qid>.label` columns)."""
 
     def __init__(self, path: Path, model: str, questions: dict[str, tuple] | None) -> None:
         self.path, self.model, self.flattened = path, model, questions
@@ -331,9 +351,16 @@ class _Output:
 
 def output_schema(flattened: dict[str, tuple]) -> pa.Schema:
     """The output columns: `row` (index in the source), `row_id`, `answers` (the API's JSON), `input_tokens`,
-    `error` (reason code) and `error_message`; then `<qid>.label` and `<qid>.confidence` per flattened question."""
-    fields = [("row", pa.int64()), ("row_id", pa.string()), ("answers", pa.string()), ("input_tokens", pa.int64()),
-              ("error", pa.string()), ("error_message", pa.string())]  # fmt: skip
+    `error` (reason code) and `error_message`; then `<qid>.label` and `<qid>.confidence` per flattened
+    question."""
+    fields = [
+        ("row", pa.int64()),
+        ("row_id", pa.string()),
+        ("answers", pa.string()),
+        ("input_tokens", pa.int64()),
+        ("error", pa.string()),
+        ("error_message", pa.string()),
+    ]
     for qid in flattened:
         fields += [(f"{qid}.label", pa.string()), (f"{qid}.confidence", pa.float64())]
     return pa.schema(fields)
@@ -343,10 +370,13 @@ def output_table(scored: list[ScoredRow], flattened: dict[str, tuple], schema: p
     """Scored rows as a table of `output_schema`; a flattened question a row did not ask is null there, and a
     score with the table's labels of its levels is labelled by them."""
     columns: dict[str, list[Any]] = {
-        "row": [r.row for r in scored], "row_id": [r.row_id for r in scored],
-        "answers": [answers_json(r.answers) for r in scored], "input_tokens": [r.input_tokens for r in scored],
-        "error": [r.error for r in scored], "error_message": [r.message for r in scored],
-    }  # fmt: skip
+        "row": [r.row for r in scored],
+        "row_id": [r.row_id for r in scored],
+        "answers": [answers_json(r.answers) for r in scored],
+        "input_tokens": [r.input_tokens for r in scored],
+        "error": [r.error for r in scored],
+        "error_message": [r.message for r in scored],
+    }
     for qid, levels in flattened.items():
         answers = [(r.answers or {}).get(qid) for r in scored]
         chosen = [chosen_option(a) if a else None for a in answers]
@@ -356,7 +386,8 @@ def output_table(scored: list[ScoredRow], flattened: dict[str, tuple], schema: p
 
 
 def _confidence(answer: dict[str, Any]) -> float:
-    """The Jev confidence of a choice or score answer; a noul answer's `x_confidence` (max(P(true), P(false)))."""
+    """The Jev confidence of a choice or score answer; a noul answer's `x_confidence` (max(P(true),
+    P(false)))."""
     return answer["confidence"] if "confidence" in answer else answer["x_confidence"]
 
 

@@ -35,7 +35,8 @@ from pipeline.stages.evaluate import score_heldout
 
 
 def register_stage(export_dir: str | Path, name: str, run_id: str, tags: dict[str, str]) -> str:
-    """Register the export as a new version (or find the one with the same idempotency key); it gets `challenger`."""
+    """Register the export as a new version (or find the one with the same idempotency key); it gets
+    `challenger`."""
     version = register_export(export_dir, name, run_id, tags)
     set_alias(name, CHALLENGER, version, "new version")
     return version
@@ -52,20 +53,29 @@ class GateResult:
     comparison: dict[str, Any] | None = None
     """Champion and challenger scored now on the same decisions (None: no champion yet)."""
     questions: list[dict[str, Any]] = field(default_factory=list)
-    """The same comparison per question (A the champion, B the challenger): accuracy and NLL gains with intervals."""
+    """The same comparison per question (A the champion, B the challenger): accuracy and NLL gains with
+    intervals."""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
 
-def promotion_stage(name: str, version: str, calibrated: dict[str, float], smoke_passed: bool,
-                    heldout: list[Record], config: PromoteConfig, learning_warnings: list[str] | None = None,
-                    unpinned: bool = False, bag_of_words: float | None = None) -> GateResult:  # fmt: skip
-    """Gate `version` against the champion, both scored now on the run's `heldout` records; move `champion` when
-    it passes.
+def promotion_stage(
+    name: str,
+    version: str,
+    calibrated: dict[str, float],
+    smoke_passed: bool,
+    heldout: list[Record],
+    config: PromoteConfig,
+    learning_warnings: list[str] | None = None,
+    unpinned: bool = False,
+    bag_of_words: float | None = None,
+) -> GateResult:
+    """Gate `version` against the champion, both scored now on the run's `heldout` records; move `champion`
+    when it passes.
 
-    `unpinned`: the version was trained with --allow-unpinned, and the gate holds it. `bag_of_words`: the run's
-    bag of words' held-out accuracy (`promote.min_accuracy_over_bag_of_words` gates on it)."""
+    `unpinned`: the version was trained with --allow-unpinned, and the gate holds it. `bag_of_words`: the
+    run's bag of words' held-out accuracy (`promote.min_accuracy_over_bag_of_words` gates on it)."""
     champion_version = current(name, CHAMPION)
     if champion_version == version:
         return GateResult(False, ["already the champion"], version, version)
@@ -88,14 +98,21 @@ def promotion_stage(name: str, version: str, calibrated: dict[str, float], smoke
         client().set_model_version_tag(name, version, key, value)
     if verdict.promote:
         set_alias(name, CHAMPION, version, "promotion gate: " + "; ".join(verdict.reasons))
-    return GateResult(verdict.promote, verdict.reasons, current(name, CHAMPION), champion_version,
-                      comparison and comparison.to_dict(), [q.to_dict() for q in questions[1:]])  # fmt: skip
+    return GateResult(
+        verdict.promote,
+        verdict.reasons,
+        current(name, CHAMPION),
+        champion_version,
+        comparison and comparison.to_dict(),
+        [q.to_dict() for q in questions[1:]],
+    )
 
 
-def compare_versions(name: str, champion: str, challenger: str, heldout: list[Record],
-                     confidence: float) -> tuple[PairedComparison, list[QuestionDifference]]:  # fmt: skip
-    """Both registered versions downloaded and scored now on the same held-out records (harvested held-out rows
-    among them), compared decision by decision, overall and per question."""
+def compare_versions(
+    name: str, champion: str, challenger: str, heldout: list[Record], confidence: float
+) -> tuple[PairedComparison, list[QuestionDifference]]:
+    """Both registered versions downloaded and scored now on the same held-out records (harvested held-out
+    rows among them), compared decision by decision, overall and per question."""
     with tempfile.TemporaryDirectory() as tmp:
         scored = [
             score_heldout(download_version(name, v, f"{tmp}/{v}"), heldout) for v in (champion, challenger)

@@ -1,10 +1,10 @@
-"""One typed result of a training run, whichever door started it: `decision finetune`, the retrain flow, a sweep's
-trial.
+"""One typed result of a training run, whichever door started it: `decision finetune`, the retrain flow, a
+sweep's trial.
 
-The validate, train and calibrate stages' own results side by side (never copied field by field), the export, and
-what a flow adds: the run's identity in MLflow (`Tracked`) and, once registered, smoke-tested and gated, its
-`Release`. Built by keyword; MLflow tracking logs it (`stages.track`), `--json` prints `to_dict()`, and the run
-folder keeps it (`RunFolder.result`) for a later process to read back.
+The validate, train and calibrate stages' own results side by side (never copied field by field), the export,
+and what a flow adds: the run's identity in MLflow (`Tracked`) and, once registered, smoke-tested and gated,
+its `Release`. Built by keyword; MLflow tracking logs it (`stages.track`), `--json` prints `to_dict()`, and
+the run folder keeps it (`RunFolder.result`) for a later process to read back.
 
     result = finetune(source, base, out, config)
     result.heldout["calibrated"]["accuracy"], result.calibration.temperatures, result.export_dir
@@ -29,8 +29,8 @@ from pipeline.training.fit import TrainRun
 
 @dataclass(frozen=True)
 class Tracked:
-    """A run as MLflow and the registry know it: its idempotency key, name, params and tags, the data it read, and
-    that data's revision against the model's previous version."""
+    """A run as MLflow and the registry know it: its idempotency key, name, params and tags, the data it read,
+    and that data's revision against the model's previous version."""
 
     key: str
     params: dict[str, dict[str, Any]]
@@ -41,7 +41,8 @@ class Tracked:
     run_name: str | None = None
     mlflow_run_id: str | None = None
     revision: DataRevision | None = None
-    """Which revision of its data the run used, against the model's last version (the retrain flow's first line)."""
+    """Which revision of its data the run used, against the model's last version (the retrain flow's first
+    line)."""
 
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> Tracked:
@@ -95,7 +96,8 @@ class RunResult:
     tracked: Tracked | None = None
     """None outside a flow (`decision finetune`)."""
     release: Release | None = None
-    """None until the version is registered, smoke-tested and gated (the retrain flow, a sweep's best trial)."""
+    """None until the version is registered, smoke-tested and gated (the retrain flow, a sweep's best
+    trial)."""
 
     @property
     def cancelled(self) -> bool:
@@ -103,8 +105,8 @@ class RunResult:
 
     @property
     def heldout(self) -> dict[str, Any]:
-        """The held-out figures: base, fine-tune, calibrated and the bag of words where scored (the train stage's
-        base and fine-tune where the run stopped before calibration)."""
+        """The held-out figures: base, fine-tune, calibrated and the bag of words where scored (the train
+        stage's base and fine-tune where the run stopped before calibration)."""
         return self.calibration.heldout if self.calibration is not None else self.train.heldout
 
     def to_dict(self) -> dict[str, Any]:
@@ -146,7 +148,8 @@ class RunResult:
 
 @dataclass(frozen=True)
 class RunSkipped:
-    """A retrain that did not run: `only_new_data` found the champion trained on this data revision already."""
+    """A retrain that did not run: `only_new_data` found the champion trained on this data revision
+    already."""
 
     skip_reason: str
     model: str

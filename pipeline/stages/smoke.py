@@ -35,8 +35,8 @@ from pipeline.scoring.heldout import load_expected
 
 MIN_AGREEMENT = 0.995
 MAX_PROBABILITY_DIFF = 1e-3
-# Served against trained: measured 5.0e-5 on `make run`'s joint export (the answers' 4-decimal rounding) and up to
-# 6e-4 on the tiny LoRA Laya export (its fp16 weights); a corrupted tensor moves answers by far more.
+# Served against trained: measured 5.0e-5 on `make run`'s joint export (the answers' 4-decimal rounding) and
+# up to 6e-4 on the tiny LoRA Laya export (its fp16 weights); a corrupted tensor moves answers by far more.
 TRAINED_MAX_DIFF = 5e-3
 
 
@@ -82,8 +82,9 @@ def heldout_requests(records: list[Record], n: int) -> list[dict[str, Any]]:
     return bodies
 
 
-def compare_with_trained(served: list[dict[str, Any] | None], expected: dict[tuple[int, str], np.ndarray],
-                         failures: list[str]) -> dict[str, float]:  # fmt: skip
+def compare_with_trained(
+    served: list[dict[str, Any] | None], expected: dict[tuple[int, str], np.ndarray], failures: list[str]
+) -> dict[str, float]:
     """Served answers (the i-th for held-out record i) against the trained model's (`load_expected`); failures
     appended."""
     by_record: dict[int, list[tuple[str, np.ndarray]]] = {}
@@ -102,24 +103,36 @@ def compare_with_trained(served: list[dict[str, Any] | None], expected: dict[tup
                 continue
             agree += int(p.argmax()) == int(want.argmax())
             diffs.append(float(np.abs(p - want).max()))
-    figures = {"trained_agreement": agree / total if total else 0.0,
-               "trained_max_probability_diff": max(diffs, default=float("nan")),
-               "trained_mean_probability_diff": float(np.mean(diffs)) if diffs else float("nan")}  # fmt: skip
+    figures = {
+        "trained_agreement": agree / total if total else 0.0,
+        "trained_max_probability_diff": max(diffs, default=float("nan")),
+        "trained_mean_probability_diff": float(np.mean(diffs)) if diffs else float("nan"),
+    }
     if not total or figures["trained_agreement"] < MIN_AGREEMENT:
-        failures.append(f"agreement with the trained model {figures['trained_agreement']:.4f} below {MIN_AGREEMENT} "
-                        f"({total} decisions)")  # fmt: skip
+        failures.append(
+            f"agreement with the trained model {figures['trained_agreement']:.4f} below {MIN_AGREEMENT} "
+            f"({total} decisions)"
+        )
     if diffs and figures["trained_max_probability_diff"] > TRAINED_MAX_DIFF:
-        failures.append(f"largest probability difference from the trained model "
-                        f"{figures['trained_max_probability_diff']:.2e} above {TRAINED_MAX_DIFF:.0e}")  # fmt: skip
+        failures.append(
+            f"largest probability difference from the trained model "
+            f"{figures['trained_max_probability_diff']:.2e} above {TRAINED_MAX_DIFF:.0e}"
+        )
     return figures
 
 
-def smoke_test(url: str, bodies: list[dict[str, Any]], model_dir: str | Path | None = None,
-               api_key: str | None = None, model: str | None = None, timeout_s: float = 30.0,
-               expected: str | Path | None = None) -> SmokeResult:  # fmt: skip
-    """Send each body, time it, and compare the answers with the folder's in-process answers and (with `expected`)
-    with the trained model's. The folder and the expected answers are read before any request is sent:
-    ModelLayoutError or SmokeInputError names the one that cannot be read."""
+def smoke_test(
+    url: str,
+    bodies: list[dict[str, Any]],
+    model_dir: str | Path | None = None,
+    api_key: str | None = None,
+    model: str | None = None,
+    timeout_s: float = 30.0,
+    expected: str | Path | None = None,
+) -> SmokeResult:
+    """Send each body, time it, and compare the answers with the folder's in-process answers and (with
+    `expected`) with the trained model's. The folder and the expected answers are read before any request is
+    sent: ModelLayoutError or SmokeInputError names the one that cannot be read."""
     wanted = _expected_answers(expected) if expected is not None else None
     local = load_decision_model(model_dir) if model_dir is not None else None
     served, latencies, failures = _send_all(url, bodies, api_key, model, timeout_s)
@@ -148,8 +161,9 @@ def smoke_test(url: str, bodies: list[dict[str, Any]], model_dir: str | Path | N
     )
 
 
-def _send_all(url: str, bodies: list[dict[str, Any]], api_key: str | None, model: str | None,
-              timeout_s: float) -> tuple[list[dict[str, Any] | None], list[float], list[str]]:  # fmt: skip
+def _send_all(
+    url: str, bodies: list[dict[str, Any]], api_key: str | None, model: str | None, timeout_s: float
+) -> tuple[list[dict[str, Any] | None], list[float], list[str]]:
     import httpx
 
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
@@ -159,8 +173,11 @@ def _send_all(url: str, bodies: list[dict[str, Any]], api_key: str | None, model
             payload = body | ({"model": model} if model else {})
             started = time.perf_counter()
             try:
-                response = http.post("/v1/systemone", content=orjson.dumps(payload),
-                                     headers={"Content-Type": "application/json"})  # fmt: skip
+                response = http.post(
+                    "/v1/systemone",
+                    content=orjson.dumps(payload),
+                    headers={"Content-Type": "application/json"},
+                )
             except httpx.HTTPError as error:
                 failures.append(f"request {index}: {type(error).__name__}: {error}")
                 served.append(None)
@@ -179,8 +196,10 @@ def _expected_answers(path: str | Path) -> dict[tuple[int, str], np.ndarray]:
         return load_expected(path)
     except (OSError, ValueError, KeyError) as error:  # missing, not an .npz, or an .npz of other arrays
         what = "no such file" if isinstance(error, FileNotFoundError) else "not a run's expected answers"
-        raise SmokeInputError(f"--expected {path}: {what}; give the expected_answers.npz of the run folder that "
-                              "trained the model") from error  # fmt: skip
+        raise SmokeInputError(
+            f"--expected {path}: {what}; give the expected_answers.npz of the run folder that "
+            "trained the model"
+        ) from error
 
 
 def _in_process(model: DecisionModel, bodies: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -206,18 +225,33 @@ def _compare(served: list[dict[str, Any] | None], expected: list[dict[str, Any]]
     return (agree / total if total else 0.0), max_diff
 
 
-def serve_and_smoke(model_dir: str | Path, bodies: list[dict[str, Any]], timeout_s: float = 180.0,
-                    expected: str | Path | None = None) -> SmokeResult:  # fmt: skip
-    """Start `decision serve` on the folder (a real server process on a free loopback port), smoke-test it, stop it."""
+def serve_and_smoke(
+    model_dir: str | Path,
+    bodies: list[dict[str, Any]],
+    timeout_s: float = 180.0,
+    expected: str | Path | None = None,
+) -> SmokeResult:
+    """Start `decision serve` on the folder (a real server process on a free loopback port), smoke-test it,
+    stop it."""
     import subprocess
     import sys
     import tempfile
 
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    # The smoke test's requests are not traffic: they stay out of the inference log (and so out of drift and harvest).
-    command = [sys.executable, "-m", "pipeline.cli", "serve", "--model", str(model_dir), "--port", str(port),
-               "--no-inference-log"]  # fmt: skip
+    # The smoke test's requests are not traffic: they stay out of the inference log (and so out of drift and
+    # harvest).
+    command = [
+        sys.executable,
+        "-m",
+        "pipeline.cli",
+        "serve",
+        "--model",
+        str(model_dir),
+        "--port",
+        str(port),
+        "--no-inference-log",
+    ]
     with tempfile.TemporaryFile("w+") as log:  # a file, not a pipe: a chatty server can never block on it
         server = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=log, text=True)
         try:
@@ -258,19 +292,24 @@ def _wait_healthy(url: str, server, log, timeout_s: float) -> None:
         time.sleep(0.2)
 
 
-def smoke_version(name: str, version: str, heldout: list[Record], n: int,
-                  expected: str | Path | None = None) -> SmokeResult:  # fmt: skip
+def smoke_version(
+    name: str, version: str, heldout: list[Record], n: int, expected: str | Path | None = None
+) -> SmokeResult:
     """The flow's smoke-test stage: serve a registered version over HTTP, smoke-test it on the run's `heldout`
     records against its folder and the trained model's `expected` answers, tag the version."""
     bodies = heldout_requests(heldout, n)
     with tempfile.TemporaryDirectory() as tmp:
         result = serve_and_smoke(download_version(name, version, tmp), bodies, expected=expected)
-    tags = {SMOKE_TAG: "passed" if result.passed else "failed", "smoke_agreement": str(result.agreement),
-            "smoke_max_probability_diff": str(result.max_probability_diff),
-            "smoke_trained_agreement": str(result.trained_agreement),
-            "smoke_trained_max_probability_diff": str(result.trained_max_probability_diff),
-            "smoke_failures": "; ".join(result.failures)[:4000] or "none",
-            "smoke_p50_ms": str(result.latency_ms["p50"]), "smoke_p95_ms": str(result.latency_ms["p95"])}  # fmt: skip
+    tags = {
+        SMOKE_TAG: "passed" if result.passed else "failed",
+        "smoke_agreement": str(result.agreement),
+        "smoke_max_probability_diff": str(result.max_probability_diff),
+        "smoke_trained_agreement": str(result.trained_agreement),
+        "smoke_trained_max_probability_diff": str(result.trained_max_probability_diff),
+        "smoke_failures": "; ".join(result.failures)[:4000] or "none",
+        "smoke_p50_ms": str(result.latency_ms["p50"]),
+        "smoke_p95_ms": str(result.latency_ms["p95"]),
+    }
     for key, value in tags.items():
         client().set_model_version_tag(name, version, key, value)
     return result

@@ -1,7 +1,8 @@
-"""`decision snapshot --from`: make any base a pinned input. A local folder (or a Hugging Face Hub id, downloaded
-once where the Hub is reachable) is copied beside `--out`, checked to load as some family's base, swapped in with
-one rename, and pinned with `dvc add` when `--out` lies inside a DVC repository (a dvc.yaml stage's output is
-pinned by `dvc repro` instead). Nothing is fetched from the Hub at training time: training reads the pinned copy.
+"""`decision snapshot --from`: make any base a pinned input. A local folder (or a Hugging Face Hub id,
+downloaded once where the Hub is reachable) is copied beside `--out`, checked to load as some family's base,
+swapped in with one rename, and pinned with `dvc add` when `--out` lies inside a DVC repository (a dvc.yaml
+stage's output is pinned by `dvc repro` instead). Nothing is fetched from the Hub at training time: training
+reads the pinned copy.
 
     decision snapshot --from ~/models/deberta-v3-small --out data/snapshots/deberta-v3-small
     decision snapshot --from answerdotai/ModernBERT-base --out data/snapshots/modernbert     # where online
@@ -52,16 +53,17 @@ class PinnedBase:
     md5: str | None
     """DVC's md5 of the folder (its `.dir` hash); None where nothing pins it."""
     pinned_by: str | None
-    """The `.dvc` file that pins it, `dvc repro STAGE` for a stage output, or None outside a DVC repository."""
+    """The `.dvc` file that pins it, `dvc repro STAGE` for a stage output, or None outside a DVC
+    repository."""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
 
 def snapshot_base(source: str, out: str | Path) -> PinnedBase:
-    """Copy (or download) `source` to `out` whole, once it loads as a base, and pin it; BadBase, naming `source`
-    and what to do, when it is no base or a Hub id cannot be fetched, PinFailed when `dvc add` refuses the copy;
-    on either, `out` is left as it was."""
+    """Copy (or download) `source` to `out` whole, once it loads as a base, and pin it; BadBase, naming
+    `source` and what to do, when it is no base or a Hub id cannot be fetched, PinFailed when `dvc add`
+    refuses the copy; on either, `out` is left as it was."""
     out = Path(out)
     folder = Path(source).expanduser()
     if folder.exists():
@@ -70,35 +72,42 @@ def snapshot_base(source: str, out: str | Path) -> PinnedBase:
             raise BadBase(damaged)
         inside = out.resolve().is_relative_to(folder.resolve()) and out.resolve() != folder.resolve()
         if inside:  # each run would copy the last copy too, one level deeper
-            raise BadBase(f"{out}: inside {source}, which would then hold its own copy; snapshot to a folder "
-                          "outside it, e.g. data/snapshots/NAME")  # fmt: skip
+            raise BadBase(
+                f"{out}: inside {source}, which would then hold its own copy; snapshot to a folder "
+                "outside it, e.g. data/snapshots/NAME"
+            )
     elif not looks_like_hub_id(source):
         raise BadBase(f"{source}: no such folder, nor a Hugging Face Hub id (org/name)")
     elif _hub_offline():
-        raise BadBase(f"{source}: a Hugging Face Hub id, and the Hub is offline here (HF_HUB_OFFLINE); run this "
-                      f"where it is reachable, or download it there (`hf download {source} --local-dir DIR`) and "
-                      "`decision snapshot --from DIR` here")  # fmt: skip
+        raise BadBase(
+            f"{source}: a Hugging Face Hub id, and the Hub is offline here (HF_HUB_OFFLINE); run this "
+            f"where it is reachable, or download it there (`hf download {source} --local-dir DIR`) and "
+            "`decision snapshot --from DIR` here"
+        )
     if (rebuilt := _rebuilt_by_a_stage(out)) is not None:
         raise BadBase(rebuilt)
-    # A copy `dvc add` refused is taken back out (the folder is as it was): nothing unpinned is left to train on.
+    # A copy `dvc add` refused is taken back out (the folder is as it was): nothing unpinned is left to train
+    # on.
     md5, pinned_by = write_staged(out, lambda staging: _fill(source, folder, staging), settle=pin_folder)
     family = pick_family(out)
     return PinnedBase(source, str(out), family.name, family.describe_base(out), md5, pinned_by)
 
 
 def _rebuilt_by_a_stage(out: Path) -> str | None:
-    """Why `out` must not take a snapshot: dvc.yaml makes it the output of a stage that builds it some other way
-    (the stock MiniLM's), so `dvc repro` (and `make run`) would replace the copy; None otherwise. A stage that runs
-    `decision snapshot` itself is the way to pin a snapshot by `dvc repro`."""
+    """Why `out` must not take a snapshot: dvc.yaml makes it the output of a stage that builds it some other
+    way (the stock MiniLM's), so `dvc repro` (and `make run`) would replace the copy; None otherwise. A stage
+    that runs `decision snapshot` itself is the way to pin a snapshot by `dvc repro`."""
     root = dvc_root(out)
     if root is None:
         return None
     stage = producing_stage(out.resolve().relative_to(root).as_posix(), root)
     if stage is None or any(command in stage[1] for command in SNAPSHOT_COMMANDS):
         return None
-    return (f"{out}: the output of dvc.yaml's stage {stage[0]} (`{stage[1]}`), which `dvc repro` and `make run` "
-            f"rebuild from their own source, replacing this copy; snapshot into another folder, e.g. "
-            f"{out.parent / (out.name + '-mine')}")  # fmt: skip
+    return (
+        f"{out}: the output of dvc.yaml's stage {stage[0]} (`{stage[1]}`), which `dvc repro` and `make run` "
+        f"rebuild from their own source, replacing this copy; snapshot into another folder, e.g. "
+        f"{out.parent / (out.name + '-mine')}"
+    )
 
 
 def _fill(source: str, folder: Path, staging: Path) -> None:
@@ -126,14 +135,17 @@ def _hub_offline() -> bool:
 
 
 def _download_from_hub(hub_id: str, folder: Path) -> None:
-    """The Hub repository's model files into `folder`; BadBase saying what to do where the Hub cannot be reached."""
+    """The Hub repository's model files into `folder`; BadBase saying what to do where the Hub cannot be
+    reached."""
     from huggingface_hub import snapshot_download
 
     try:
         snapshot_download(hub_id, local_dir=str(folder), allow_patterns=HUB_FILES)
     except (OSError, ValueError) as error:  # unreachable, unknown, gated: huggingface_hub raises OSErrors
-        raise BadBase(f"{hub_id}: cannot download it from the Hugging Face Hub ({error_reason(error)}); "
-                      "check the id and the connection, or snapshot a local folder") from error  # fmt: skip
+        raise BadBase(
+            f"{hub_id}: cannot download it from the Hugging Face Hub ({error_reason(error)}); "
+            "check the id and the connection, or snapshot a local folder"
+        ) from error
     # The download's own bookkeeping (.cache/huggingface) is no part of the model.
     shutil.rmtree(folder / ".cache", ignore_errors=True)
 
@@ -162,12 +174,19 @@ def pin_folder(out: Path) -> tuple[str | None, str | None]:
 
 
 def run_dvc(arguments: list[str], root: Path) -> None:
-    """`dvc ARGUMENTS` in the repository `root`; PinFailed quoting dvc's own error line when it fails. The stages
-    `dvc repro` runs call `python`: this interpreter's, as under `make`, whatever PATH the caller has."""
+    """`dvc ARGUMENTS` in the repository `root`; PinFailed quoting dvc's own error line when it fails. The
+    stages `dvc repro` runs call `python`: this interpreter's, as under `make`, whatever PATH the caller
+    has."""
     path = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
     # Not -q: it silences dvc's ERROR line too, and that line is what the user needs to read.
-    done = subprocess.run([sys.executable, "-m", "dvc", *arguments], cwd=root, capture_output=True, text=True,
-                          timeout=3600, env={**os.environ, "PATH": path})  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-m", "dvc", *arguments],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        timeout=3600,
+        env={**os.environ, "PATH": path},
+    )
     if done.returncode != 0:
         said = [line.strip() for line in (done.stderr or done.stdout).splitlines() if line.strip()]
         # DVC's ERROR line says why; the lines after it are hints (a command to run), not the reason.

@@ -1,11 +1,12 @@
-"""The start of a run, one function for the retrain and the sweep flow: the tracking store answers, the params load,
-the inputs are checked against their DVC pins and opened, and the run gets its idempotency key and lineage tags.
+"""The start of a run, one function for the retrain and the sweep flow: the tracking store answers, the params
+load, the inputs are checked against their DVC pins and opened, and the run gets its idempotency key and
+lineage tags.
 
     start = start_run("params.yaml", "tiny", lock="dvc.lock", allow_unpinned=False)
     with RunFolder(start.folder()).driven(): ...      # one process drives a run
 
-`check_inputs` is the part a command runs before it starts a flow (one line and exit 2, where a flow run would log
-a traceback); the flow's own process checks once more (a deployment runs it without the command).
+`check_inputs` is the part a command runs before it starts a flow (one line and exit 2, where a flow run would
+log a traceback); the flow's own process checks once more (a deployment runs it without the command).
 """
 
 from __future__ import annotations
@@ -48,10 +49,12 @@ class RunStart:
     base_md5: str
     code: str
     unpinned: bool
-    """Trained with --allow-unpinned: the run and its version are tagged so, and the gate holds the version."""
+    """Trained with --allow-unpinned: the run and its version are tagged so, and the gate holds the
+    version."""
     key: str
     tags: dict[str, str]
-    """Lineage (data and base md5, code digest, git commit), the inputs and whether DVC pins them, the owner."""
+    """Lineage (data and base md5, code digest, git commit), the inputs and whether DVC pins them, the
+    owner."""
 
     def folder(self, *under: str) -> Path:
         """The run's folder: `retrain.runs_dir`/`under`.../the key's first 16 characters."""
@@ -64,8 +67,8 @@ class RunStart:
 
 
 def check_inputs(params: Params, lock: str | Path = LOCK_FILE, allow_unpinned: bool = False) -> CheckedInputs:
-    """The run's data and base against their pins (every one pinned unless `allow_unpinned`), the data opened and
-    holding a row, and the base one its family trains from: one of `REFUSED_INPUTS` otherwise."""
+    """The run's data and base against their pins (every one pinned unless `allow_unpinned`), the data opened
+    and holding a row, and the base one its family trains from: one of `REFUSED_INPUTS` otherwise."""
     config = params.retrain
     checked = check_pins({"data": config.data, "base": config.base}, lock, require=not allow_unpinned)
     if next(iter_tables(config.data, 1), None) is None:
@@ -74,8 +77,13 @@ def check_inputs(params: Params, lock: str | Path = LOCK_FILE, allow_unpinned: b
     return checked
 
 
-def start_run(params_file: str, run_config: str | None, lock: str | Path = LOCK_FILE, allow_unpinned: bool = False,
-              owner: str | None = None) -> RunStart:  # fmt: skip
+def start_run(
+    params_file: str,
+    run_config: str | None,
+    lock: str | Path = LOCK_FILE,
+    allow_unpinned: bool = False,
+    owner: str | None = None,
+) -> RunStart:
     """Check the tracking store (a store that is down fails the run now, not after training), load the params,
     check the inputs once, and key and tag the run."""
     check_tracking_store(tracking_uri())
@@ -83,7 +91,12 @@ def start_run(params_file: str, run_config: str | None, lock: str | Path = LOCK_
     config = params.retrain
     checked = check_inputs(params, lock, allow_unpinned)
     data_md5, base_md5, code = data_revision(config.data), current_md5(Path(config.base)), code_digest()
-    lineage = {"data_md5": data_md5, "base_md5": base_md5, "code_digest": code, "git_commit": git_commit() or "none"}
+    lineage = {
+        "data_md5": data_md5,
+        "base_md5": base_md5,
+        "code_digest": code,
+        "git_commit": git_commit() or "none",
+    }
     optional = ({"owner": owner} if owner else {}) | ({UNPINNED_TAG: "true"} if allow_unpinned else {})
     return RunStart(
         params=params,
@@ -97,9 +110,17 @@ def start_run(params_file: str, run_config: str | None, lock: str | Path = LOCK_
     )
 
 
-def _key(params: Params, data_md5: str, base_md5: str, code: str, unpinned: bool,
-         parts: dict[str, Any] | None = None) -> str:  # fmt: skip
-    return idempotency_key(data_md5, base_md5, keyed_sections(params) | (parts or {}), code, unpinned=unpinned)
+def _key(
+    params: Params,
+    data_md5: str,
+    base_md5: str,
+    code: str,
+    unpinned: bool,
+    parts: dict[str, Any] | None = None,
+) -> str:
+    return idempotency_key(
+        data_md5, base_md5, keyed_sections(params) | (parts or {}), code, unpinned=unpinned
+    )
 
 
 def revision_of(start: RunStart) -> DataRevision:
@@ -120,8 +141,8 @@ def revision_of(start: RunStart) -> DataRevision:
 
 
 def unchanged_since_champion(start: RunStart, run_config: str | None) -> str | None:
-    """The one-line reason to skip a run whose data revision the champion was trained on (nothing new to learn),
-    else None; the harvest command it names is the run's, ready to paste."""
+    """The one-line reason to skip a run whose data revision the champion was trained on (nothing new to
+    learn), else None; the harvest command it names is the run's, ready to paste."""
     name, data = start.params.retrain.model_name, start.params.retrain.data
     champion = alias_data_revision(name, CHAMPION)
     if champion is None or champion[1] != start.data_md5:

@@ -1,5 +1,6 @@
-"""The track stage: one run's result (`stages.result.RunResult`) into its MLflow run: params, the training curve
-where it was not logged live, run metrics, tags, the data set as an input, and the run folder's reports and plots.
+"""The track stage: one run's result (`stages.result.RunResult`) into its MLflow run: params, the training
+curve where it was not logged live, run metrics, tags, the data set as an input, and the run folder's reports
+and plots.
 
 One run per idempotency key: logging a key whose run finished returns that run, and a run a killed flow left
 unfinished is reopened (`mlops.tracking.open_run`), so a resumed or repeated flow never makes a second run.
@@ -33,8 +34,8 @@ from pipeline.training.fit import TrainRun
 
 
 def track_run(result: RunResult, run_id: str | None = None) -> str:
-    """Log a calibrated run (`result.tracked` says who it is) into `run_id` (opened by `open_run`) or a new run,
-    and finish it; a finished run with the same key is returned as it is."""
+    """Log a calibrated run (`result.tracked` says who it is) into `run_id` (opened by `open_run`) or a new
+    run, and finish it; a finished run with the same key is returned as it is."""
     import mlflow
 
     tracked = result.tracked
@@ -45,7 +46,9 @@ def track_run(result: RunResult, run_id: str | None = None) -> str:
     if existing:
         return existing
     use_store()
-    where = {"run_id": run_id} if opened else {"experiment_id": ensure_experiment(), "run_name": tracked.run_name}
+    where = (
+        {"run_id": run_id} if opened else {"experiment_id": ensure_experiment(), "run_name": tracked.run_name}
+    )
     with mlflow.start_run(**where) as run:
         mlflow.set_tags({KEY_TAG: tracked.key, **tracked.tags, **run_tags(result)})
         mlflow.log_params(flat_params(tracked.params))
@@ -78,7 +81,8 @@ def learning_tags(train: TrainRun) -> dict[str, str]:
 
 
 def state_tags(train: TrainRun) -> dict[str, str]:
-    """`state_truncation`: what is cut from a state longer than the model's window (`contract.STATE_TRUNCATION`)."""
+    """`state_truncation`: what is cut from a state longer than the model's window
+    (`contract.STATE_TRUNCATION`)."""
     return {"state_truncation": train.states.truncation} if train.states else {}
 
 
@@ -96,8 +100,9 @@ def calibration_tags(result: RunResult) -> dict[str, str]:
 
 
 def run_metrics(result: RunResult) -> dict[str, float]:
-    """Held-out figures per model, temperatures, the calibration report, skips by reason, the validation split's
-    figures, the candidates', train seconds, peak memory, world size, and how the states fit the model's window."""
+    """Held-out figures per model, temperatures, the calibration report, skips by reason, the validation
+    split's figures, the candidates', train seconds, peak memory, world size, and how the states fit the
+    model's window."""
     return (
         heldout_metrics(result.heldout)
         | calibration_metrics(result)
@@ -109,7 +114,8 @@ def run_metrics(result: RunResult) -> dict[str, float]:
 
 
 def heldout_metrics(heldout: dict[str, Any]) -> dict[str, float]:
-    """`{model}_{figure}` for each model scored on the held-out decisions, and the lead over the bag of words."""
+    """`{model}_{figure}` for each model scored on the held-out decisions, and the lead over the bag of
+    words."""
     metrics = {
         f"{model}_{name}": float(heldout[model][name])
         for model in MODELS
@@ -146,8 +152,8 @@ another, and evaluation rows whose state the training rows hold."""
 
 
 def split_metrics(result: RunResult) -> dict[str, float]:
-    """Skips by reason, where the rows have groups how many of them each side of the split holds, and the split's
-    leakage counts."""
+    """Skips by reason, where the rows have groups how many of them each side of the split holds, and the
+    split's leakage counts."""
     metrics = {f"skipped_{reason}": float(n) for reason, n in result.validation.report.skipped.items()}
     split = result.validation.split
     return metrics | {k: float(n) for k, n in split.items() if k.endswith("_groups") or k in SPLIT_COUNTS}
@@ -201,8 +207,8 @@ def _log_steps(steps: list[dict[str, float]]) -> None:
 
 
 def _log_validation_checks(early_stopping: dict[str, Any]) -> None:
-    """The validation split's loss at each early-stopping check (a curve beside the training loss) and the best
-    step the model kept."""
+    """The validation split's loss at each early-stopping check (a curve beside the training loss) and the
+    best step the model kept."""
     import mlflow
 
     for step, loss in early_stopping.get("checks", []):
@@ -225,7 +231,12 @@ def _log_artifacts(result: RunResult) -> None:
         mlflow.log_dict(result.calibration.to_dict(), "calibration/calibration.json")
     # The full report (per question too), the chosen calibrator, and the trained model's calibrated answers
     # (what the smoke test compares serving with) stay with the run.
-    kept = (run.calibration_report, run.calibration_report.with_suffix(".md"), run.calibrator, run.expected_answers)
+    kept = (
+        run.calibration_report,
+        run.calibration_report.with_suffix(".md"),
+        run.calibrator,
+        run.expected_answers,
+    )
     for path in kept:
         if path.is_file():
             mlflow.log_artifact(str(path), "calibration")

@@ -40,8 +40,15 @@ RANK_HOOKS = RunHooks(
 
 def _lead_train_stage(spec: dict[str, Any], config: TrainConfig, device: str, ranks: Ranks) -> dict[str, Any]:
     arguments = spec["arguments"]
-    run = train_stage(arguments["run_dir"], arguments["base"], config, device, RANK_HOOKS,
-                      RunControls(ranks=ranks), CheckedInputs(**arguments["checked"]))  # fmt: skip
+    run = train_stage(
+        arguments["run_dir"],
+        arguments["base"],
+        config,
+        device,
+        RANK_HOOKS,
+        RunControls(ranks=ranks),
+        CheckedInputs(**arguments["checked"]),
+    )
     return run.to_dict()
 
 
@@ -50,8 +57,16 @@ def _lead_fit_and_save(
 ) -> dict[str, Any]:
     arguments = spec["arguments"]
     hooks = RANK_HOOKS if arguments["report"] else RunHooks()
-    run = fit_and_save(SplitData.load(spec["split"]), arguments["base"], arguments["out"], config, device, hooks,
-                       RunControls(progress=arguments["progress"], ranks=ranks), CheckedInputs(**arguments["checked"]))  # fmt: skip
+    run = fit_and_save(
+        SplitData.load(spec["split"]),
+        arguments["base"],
+        arguments["out"],
+        config,
+        device,
+        hooks,
+        RunControls(progress=arguments["progress"], ranks=ranks),
+        CheckedInputs(**arguments["checked"]),
+    )
     return run.to_dict()
 
 
@@ -64,8 +79,13 @@ def _follow(spec: dict[str, Any], config: TrainConfig, device: str, ranks: Ranks
         "run_dir"
     )  # the stage's run folder: resume from rank 0's checkpoint, as it does
     checkpoints = Checkpointer(RunFolder(run_dir).checkpoint, config) if run_dir else None
-    follow_fit(SplitData.load(spec["split"]), spec["arguments"]["base"], config, device,
-               RunControls(checkpoints=checkpoints, ranks=ranks))  # fmt: skip
+    follow_fit(
+        SplitData.load(spec["split"]),
+        spec["arguments"]["base"],
+        config,
+        device,
+        RunControls(checkpoints=checkpoints, ranks=ranks),
+    )
 
 
 @record  # torchrun then reports this rank's traceback as the root cause of a failure

@@ -1,5 +1,5 @@
-"""The validate stage: the validation report of a decision file (or its slice) with the held-out split summary,
-and, for a run, the validated rows split in two (`RunFolder.split`) for every later stage to read.
+"""The validate stage: the validation report of a decision file (or its slice) with the held-out split
+summary, and, for a run, the validated rows split in two (`RunFolder.split`) for every later stage to read.
 
 The same function for `dvc repro validate` and the retraining flow's validate task.
 """
@@ -40,8 +40,8 @@ class ValidateResult:
 def write_validated(
     validated: SplitData, out: str | Path | None = None, split_out: str | Path | None = None
 ) -> ValidateResult:
-    """Validated rows as the validate stage leaves them: the report with the split summary written to `out`, and
-    the split itself to `split_out` (a run's `RunFolder.split`), each where given."""
+    """Validated rows as the validate stage leaves them: the report with the split summary written to `out`,
+    and the split itself to `split_out` (a run's `RunFolder.split`), each where given."""
     result = ValidateResult(validated.report, validated.split.summary())
     if out is not None:
         Path(out).parent.mkdir(parents=True, exist_ok=True)
@@ -51,14 +51,21 @@ def write_validated(
     return result
 
 
-def validate_stage(data: str | Path, config: ValidateConfig, out: str | Path | None = None,
-                   row_slice: str | None = None, split_out: str | Path | None = None,
-                   report: Callable[[str], None] | None = None) -> ValidateResult:  # fmt: skip
+def validate_stage(
+    data: str | Path,
+    config: ValidateConfig,
+    out: str | Path | None = None,
+    row_slice: str | None = None,
+    split_out: str | Path | None = None,
+    report: Callable[[str], None] | None = None,
+) -> ValidateResult:
     """The report of `data` (or its slice) with the split summary; written to `out` if given, and the split
-    itself to `split_out` (a run's `RunFolder.split`) if given; `report` hears of reading and checking that run past 2 s.
+    itself to `split_out` (a run's `RunFolder.split`) if given; `report` hears of reading and checking that
+    run past 2 s.
 
-    The held-out rows are added to the data set's ledger (`ledger_path`), so they stay held out as the data grows:
-    for `dvc repro validate` and the retrain flow's validate task alike, wherever the data lies in a DVC project.
+    The held-out rows are added to the data set's ledger (`ledger_path`), so they stay held out as the data
+    grows: for `dvc repro validate` and the retrain flow's validate task alike, wherever the data lies in a
+    DVC project.
     """
     validated = TrainSource(data, RowSlice.parse(row_slice), split_config=config).validated(report)
     result = write_validated(validated, out, split_out)

@@ -1,6 +1,6 @@
 """What a sweep's parent run carries: the trials as a table (Markdown and JSON), the trade-off plot (held-out
-accuracy against ECE, coloured by scoring latency), per-question accuracy across trials, and the noise floor of the
-best settings over several seeds.
+accuracy against ECE, coloured by scoring latency), per-question accuracy across trials, and the noise floor
+of the best settings over several seeds.
 
 Trials are ranked by their validation figure only; the held-out columns are reported beside it, never used to
 choose.
@@ -25,11 +25,22 @@ from pipeline.scoring.plots import pyplot, save_figure
 from pipeline.stages.result import Release
 
 WORDS = f"{BAG_OF_WORDS}_accuracy"  # the metric `stages.track.run_metrics` logs for it
-COLUMNS = ("validation_nll", "validation_accuracy", "calibrated_accuracy", "calibrated_record_accuracy",
-           "calibrated_ece", "score_ms_per_decision", "steps", "train_seconds")  # fmt: skip
+COLUMNS = (
+    "validation_nll",
+    "validation_accuracy",
+    "calibrated_accuracy",
+    "calibrated_record_accuracy",
+    "calibrated_ece",
+    "score_ms_per_decision",
+    "steps",
+    "train_seconds",
+)
 """The trial table's figures, by the metric names every run logs (`stages.track.run_metrics`)."""
-NOISE_FIGURES = {"accuracy": "calibrated_accuracy", "record_accuracy": "calibrated_record_accuracy",
-                 "ece": "calibrated_ece"}  # fmt: skip
+NOISE_FIGURES = {
+    "accuracy": "calibrated_accuracy",
+    "record_accuracy": "calibrated_record_accuracy",
+    "ece": "calibrated_ece",
+}
 
 
 @dataclass(frozen=True)
@@ -57,8 +68,8 @@ class TrialRow:
 
 @dataclass(frozen=True)
 class SweepSummary:
-    """What a sweep did: every trial's row, the best trial and its version's way through the gate, the noise floor
-    of its settings over other seeds, and the plots."""
+    """What a sweep did: every trial's row, the best trial and its version's way through the gate, the noise
+    floor of its settings over other seeds, and the plots."""
 
     sweep: str
     """The sweep's key (its first 16 characters name its folder)."""
@@ -94,11 +105,13 @@ class SweepSummary:
         if self.best and self.release:
             verdict = "promoted to champion" if self.release.promoted else "held as challenger"
             lines.append(
-                f"best trial {self.best.number}: {self.release.model} version {self.release.version}, {verdict} "
-                f"({'; '.join(self.release.gate.reasons)})"
+                f"best trial {self.best.number}: {self.release.model} version {self.release.version}, "
+                f"{verdict} ({'; '.join(self.release.gate.reasons)})"
             )
         lines.append(f"parent MLflow run {self.parent_run_id}; plots: {', '.join(self.plots)}")
-        lines.append("next: make ui (the parent run's description holds this table; select its children and Compare)")
+        lines.append(
+            "next: make ui (the parent run's description holds this table; select its children and Compare)"
+        )
         return "\n".join(lines)
 
 
@@ -114,8 +127,12 @@ def summary_markdown(rows: list[TrialRow], best: int | None, objective: str) -> 
     header = ["trial", "state", *names, *COLUMNS]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for row in ordered:
-        cells = [f"{row.number} (params.yaml)" if row.baseline else str(row.number), row.state, *(_cell(row.settings.get(name)) for name in names),
-                 *(_cell(row.metrics.get(name)) for name in COLUMNS)]  # fmt: skip
+        cells = [
+            f"{row.number} (params.yaml)" if row.baseline else str(row.number),
+            row.state,
+            *(_cell(row.settings.get(name)) for name in names),
+            *(_cell(row.metrics.get(name)) for name in COLUMNS),
+        ]
         if row.number == best:
             cells = [f"**{cell}**" for cell in cells]
         lines.append("| " + " | ".join(cells) + " |")
@@ -129,8 +146,8 @@ def summary_markdown(rows: list[TrialRow], best: int | None, objective: str) -> 
 
 
 def bag_of_words_accuracy(rows: list[TrialRow]) -> float | None:
-    """The held-out accuracy of the bag of words every trial scored on the sweep's one split (the same in each;
-    `scoring.bag_of_words`), or None where no trial did (`train.bag_of_words_rows: 0`)."""
+    """The held-out accuracy of the bag of words every trial scored on the sweep's one split (the same in
+    each; `scoring.bag_of_words`), or None where no trial did (`train.bag_of_words_rows: 0`)."""
     return next((row.metrics[WORDS] for row in rows if WORDS in row.metrics), None)
 
 
@@ -146,7 +163,8 @@ def _cell(value: Any) -> str:
 
 def tradeoff_plot(rows: list[TrialRow], best: int | None, out: Path) -> Path | None:
     """Held-out accuracy against calibrated ECE, each finished trial coloured by its scoring latency (ms per
-    decision), the best by validation circled; and accuracy against latency beside it. None with no finished trial."""
+    decision), the best by validation circled; and accuracy against latency beside it. None with no finished
+    trial."""
     done = [row for row in rows if row.state == "finished" and "calibrated_accuracy" in row.metrics]
     if not done:
         return None
@@ -224,8 +242,14 @@ def describe_noise(floor: dict[str, float]) -> str:
     """The noise floor in a line."""
     seeds = int(floor["seeds"])
     if seeds == 1:
-        return (f"1 seed: accuracy {floor['accuracy_mean']:.4f}, record accuracy {floor['record_accuracy_mean']:.4f}, "
-                f"ECE {floor['ece_mean']:.4f} (one seed has no spread; --repeat-best 2 or more measures it)")  # fmt: skip
-    return (f"{seeds} seed{'' if seeds == 1 else 's'}: accuracy {floor['accuracy_mean']:.4f} ± {floor['accuracy_std']:.4f}, "
-            f"record accuracy {floor['record_accuracy_mean']:.4f} ± {floor['record_accuracy_std']:.4f}, "
-            f"ECE {floor['ece_mean']:.4f} ± {floor['ece_std']:.4f} (mean ± std)")  # fmt: skip
+        return (
+            f"1 seed: accuracy {floor['accuracy_mean']:.4f}, record accuracy "
+            f"{floor['record_accuracy_mean']:.4f}, ECE {floor['ece_mean']:.4f} (one seed has no spread; "
+            "--repeat-best 2 or more measures it)"
+        )
+    return (
+        f"{seeds} seed{'' if seeds == 1 else 's'}: accuracy {floor['accuracy_mean']:.4f} ± "
+        f"{floor['accuracy_std']:.4f}, record accuracy {floor['record_accuracy_mean']:.4f} ± "
+        f"{floor['record_accuracy_std']:.4f}, ECE {floor['ece_mean']:.4f} ± {floor['ece_std']:.4f} (mean ± "
+        "std)"
+    )

@@ -1,5 +1,5 @@
-"""A sweep's search space, read from a small YAML file (docs/sweeps.md): which `train.*` settings vary, over what,
-with what budget, and what the trials are ranked by.
+"""A sweep's search space, read from a small YAML file (docs/sweeps.md): which `train.*` settings vary, over
+what, with what budget, and what the trials are ranked by.
 
     objective: validation_nll         # or validation_accuracy: the validation split's, calibrated by cross-fitting
     trials: 12                        # the budget: trials, wall minutes, or both (whichever ends first)
@@ -35,7 +35,8 @@ PRUNERS = ("median", "none")
 
 @dataclass(frozen=True)
 class SearchSpace:
-    """The parsed space file: Optuna distributions by `train.NAME`, fixed overrides, the budget and the objective."""
+    """The parsed space file: Optuna distributions by `train.NAME`, fixed overrides, the budget and the
+    objective."""
 
     distributions: dict[str, optuna.distributions.BaseDistribution]
     fixed: dict[str, Any] = field(default_factory=dict)
@@ -57,14 +58,16 @@ class SearchSpace:
         return self.fixed | {name: decode(value) for name, value in sampled.items()}
 
     def baseline(self, params: Params) -> dict[str, Any] | None:
-        """params.yaml's own values of the swept settings, as Optuna stores them, when every one lies in the space:
-        the sweep's first trial, so every other is compared with what `make run` trains. None when one lies out."""
+        """params.yaml's own values of the swept settings, as Optuna stores them, when every one lies in the
+        space: the sweep's first trial, so every other is compared with what `make run` trains. None when one
+        lies out."""
         current = params.sections()[SWEPT_SECTION]
         values = {name: encode(_listed(current[name.split(".", 1)[1]])) for name in self.distributions}
         return values if all(_contains(self.distributions[n], v) for n, v in values.items()) else None
 
-    def with_budget(self, trials: int | None = None, minutes: float | None = None,
-                    parallel: int | None = None) -> SearchSpace:  # fmt: skip
+    def with_budget(
+        self, trials: int | None = None, minutes: float | None = None, parallel: int | None = None
+    ) -> SearchSpace:
         """The command line's budget over the file's (None keeps the file's)."""
         space = replace(
             self,
@@ -122,8 +125,8 @@ def load_space(path: str | Path, params: Params) -> SearchSpace:
 
 
 def distribution(name: str, spec: Any) -> optuna.distributions.BaseDistribution:
-    """One setting's distribution: a list is a choice, `{low, high[, log][, step]}` a range (int when both bounds
-    are ints)."""
+    """One setting's distribution: a list is a choice, `{low, high[, log][, step]}` a range (int when both
+    bounds are ints)."""
     _check_name(name)
     if isinstance(spec, list):
         if not spec:
@@ -174,8 +177,10 @@ def apply(params: Params, overrides: dict[str, Any]) -> Params:
 def _check_name(name: str) -> None:
     section, _, key = str(name).partition(".")
     if section != SWEPT_SECTION or not key:
-        raise ConfigError(f"search space {name}: only train.NAME settings vary in a sweep (every trial trains on "
-                          "the same validated split, so the data sections stay as params.yaml sets them)")  # fmt: skip
+        raise ConfigError(
+            f"search space {name}: only train.NAME settings vary in a sweep (every trial trains on "
+            "the same validated split, so the data sections stay as params.yaml sets them)"
+        )
 
 
 def _check(space: SearchSpace, params: Params, path: Path) -> None:

@@ -1,5 +1,5 @@
-"""A sweep's Optuna study: TPE sampling, a median pruner on the validation curve, and storage that outlives the
-process, so a killed sweep resumes where it stopped.
+"""A sweep's Optuna study: TPE sampling, a median pruner on the validation curve, and storage that outlives
+the process, so a killed sweep resumes where it stopped.
 
 The study lives in SQLite in the sweep's folder (`runs/sweeps/<key>/optuna.db`) unless a storage URL is given
 (PostgreSQL, say, for a sweep several machines share). One process drives a sweep at a time
@@ -32,7 +32,8 @@ from pipeline.sweep.space import SearchSpace
 
 STUDY_FILE = "optuna.db"
 STARTUP_TRIALS = 3
-"""Trials before the pruner prunes (and before TPE models the space): their curves are what it compares with."""
+"""Trials before the pruner prunes (and before TPE models the space): their curves are what it compares
+with."""
 WARMUP_CHECKS = 5
 """Validation checks (of `train.validation_checks`) a trial always gets before it may be pruned."""
 
@@ -43,14 +44,16 @@ def storage_url(folder: str | Path, url: str | None = None) -> str:
 
 
 def check_storage(url: str) -> None:
-    """ConfigError, naming the URL (its password hidden), where Optuna cannot keep a study at `url`: no database
-    URL, no driver for it, or a server that does not answer. Checked before a sweep opens its MLflow run, so a
-    bad `--storage` leaves nothing behind."""
+    """ConfigError, naming the URL (its password hidden), where Optuna cannot keep a study at `url`: no
+    database URL, no driver for it, or a server that does not answer. Checked before a sweep opens its MLflow
+    run, so a bad `--storage` leaves nothing behind."""
     try:
         optuna.storages.RDBStorage(url).engine.dispose()
     except (SQLAlchemyError, ImportError) as error:
-        raise ConfigError(f"--storage {mask_url(url)}: Optuna cannot keep a study there ({error_reason(error, url)}); give a database "
-                          "URL it can reach, e.g. postgresql+psycopg://USER@HOST/DB or sqlite:///PATH") from error  # fmt: skip
+        raise ConfigError(
+            f"--storage {mask_url(url)}: Optuna cannot keep a study there ({error_reason(error, url)}); give "
+            "a database URL it can reach, e.g. postgresql+psycopg://USER@HOST/DB or sqlite:///PATH"
+        ) from error
 
 
 def open_study(space: SearchSpace, name: str, storage: str) -> optuna.Study:
@@ -58,11 +61,15 @@ def open_study(space: SearchSpace, name: str, storage: str) -> optuna.Study:
 
     The sampler's seed is the space's plus the trials the study already holds: a resumed sweep draws on from
     there, not the first process's draws again (which would ask settings already tried)."""
-    pruner = (optuna.pruners.MedianPruner(n_startup_trials=STARTUP_TRIALS, n_warmup_steps=WARMUP_CHECKS + 1)
-              if space.pruner == "median" else optuna.pruners.NopPruner())  # fmt: skip
+    pruner = (
+        optuna.pruners.MedianPruner(n_startup_trials=STARTUP_TRIALS, n_warmup_steps=WARMUP_CHECKS + 1)
+        if space.pruner == "median"
+        else optuna.pruners.NopPruner()
+    )
     optuna.logging.set_verbosity(optuna.logging.WARNING)  # the flow says what each trial did
-    study = optuna.create_study(storage=storage, study_name=name, pruner=pruner, direction=space.direction,
-                                load_if_exists=True)  # fmt: skip
+    study = optuna.create_study(
+        storage=storage, study_name=name, pruner=pruner, direction=space.direction, load_if_exists=True
+    )
     seed = space.seed + len(study.get_trials(deepcopy=False))
     study.sampler = optuna.samplers.TPESampler(seed=seed, n_startup_trials=STARTUP_TRIALS)
     return study
@@ -70,7 +77,8 @@ def open_study(space: SearchSpace, name: str, storage: str) -> optuna.Study:
 
 def requeue_interrupted(study: optuna.Study) -> list[int]:
     """Trials a killed sweep left running: failed, and their settings asked again next (same run folder, same
-    MLflow run, training resumed from its checkpoint). The caller holds the sweep's lock (`RunFolder.driven`), so none is live."""
+    MLflow run, training resumed from its checkpoint). The caller holds the sweep's lock (`RunFolder.driven`),
+    so none is live."""
     interrupted = study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
     for trial in interrupted:
         study.tell(trial.number, state=TrialState.FAIL)
@@ -80,14 +88,16 @@ def requeue_interrupted(study: optuna.Study) -> list[int]:
 
 @dataclass(frozen=True)
 class Budget:
-    """Trials (counted across resumes) and wall minutes (of this process: a resumed sweep gets them afresh)."""
+    """Trials (counted across resumes) and wall minutes (of this process: a resumed sweep gets them
+    afresh)."""
 
     trials: int | None
     minutes: float | None
     started: float
 
     def spent_trials(self, study: optuna.Study) -> int:
-        """Trials that ended (finished, pruned or failed), less those a kill interrupted: each was asked again."""
+        """Trials that ended (finished, pruned or failed), less those a kill interrupted: each was asked
+        again."""
         ended = study.get_trials(
             deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
         )
@@ -103,8 +113,8 @@ class Budget:
 
 def pruning_callback(trial: optuna.Trial) -> Callable[[int, float], bool]:
     """What a training run asks at each validation check (`RunControls.prune`): the check's loss goes to the
-    trial, numbered by check (not step, so runs with different budgets compare at the same share of theirs), and
-    the answer is whether the pruner stops it."""
+    trial, numbered by check (not step, so runs with different budgets compare at the same share of theirs),
+    and the answer is whether the pruner stops it."""
     checks = {"n": 0}
 
     def prune(_step: int, loss: float) -> bool:

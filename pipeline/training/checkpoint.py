@@ -1,4 +1,5 @@
-"""Training checkpoints: the state a killed run needs to carry on where it was, written so a kill never breaks it.
+"""Training checkpoints: the state a killed run needs to carry on where it was, written so a kill never breaks
+it.
 
 A checkpoint holds what training changes and nothing it can rebuild: the parameters that require grad (the
 head, LoRA adapters or the whole encoder, as the method trains), the optimizer and learning-rate schedule
@@ -111,8 +112,8 @@ class Checkpointer:
         self.last_saved = clock()
 
     def beside(self, name: str) -> Checkpointer:
-        """A checkpointer as this one, to a file of its own beside this one's (`checkpoint.NAME.pt`): one of a run's
-        candidates (`DecisionFamily.candidates`)."""
+        """A checkpointer as this one, to a file of its own beside this one's (`checkpoint.NAME.pt`): one of a
+        run's candidates (`DecisionFamily.candidates`)."""
         other = copy.copy(self)
         other.path = self.path.with_name(f"{self.path.stem}.{name}{self.path.suffix}")
         return other
@@ -135,7 +136,8 @@ class Checkpointer:
         self.last_saved = self.clock()
 
     def load(self, expected: str) -> TrainState | None:
-        """The saved state when there is one for this fingerprint, else None (nothing saved, or another run's)."""
+        """The saved state when there is one for this fingerprint, else None (nothing saved, or another
+        run's)."""
         if not self.path.is_file():
             return None
         # weights_only=False: the file holds RNG states (tuples, NumPy arrays); it is this run folder's own.

@@ -73,7 +73,8 @@ class CompileConfig:
     mode: str | None = None
     """`torch.compile` mode (None: the backend's default), e.g. "max-autotune-no-cudagraphs"."""
     backend: str = "inductor"
-    """`torch.compile` backend; tests use "eager" or "aot_eager": the same dynamo graphs and guards, far faster."""
+    """`torch.compile` backend; tests use "eager" or "aot_eager": the same dynamo graphs and guards, far
+    faster."""
 
     def __post_init__(self) -> None:
         if self.bucket < 1:
@@ -127,7 +128,8 @@ def decide_compile(
 
 
 def bucket_length(length: int, config: CompileConfig) -> int:
-    """The padded length for `length` tokens: the next bucket multiple, or `length` beyond the static limit."""
+    """The padded length for `length` tokens: the next bucket multiple, or `length` beyond the static
+    limit."""
     if length < 1:
         raise ValueError(f"bucket_length: length must be >= 1, got {length}")
     if length > config.max_static_len:
@@ -178,7 +180,8 @@ def pick_warmup_batches(batches: Iterable[Batch], config: CompileConfig) -> list
 
 
 def encoder_layers(encoder: nn.Module) -> nn.ModuleList:
-    """The encoder's repeated blocks: BERT's `encoder.layer`, else its largest ModuleList of one block type."""
+    """The encoder's repeated blocks: BERT's `encoder.layer`, else its largest ModuleList of one block
+    type."""
     inner = getattr(encoder, "encoder", None)
     if isinstance(getattr(inner, "layer", None), nn.ModuleList):
         # Each physical layer once, even under a layer plan: a layer visited twice is one compiled module.
@@ -218,7 +221,8 @@ def compiled_encoder(
     pad_id: int = 0,
     backbone: nn.Module | None = None,
 ) -> Iterator[CompileReport]:
-    """Compile the layers of `backbone` (default `model.encoder`) in place, warm them up, yield a report; always eager again on exit.
+    """Compile the layers of `backbone` (default `model.encoder`) in place, warm them up, yield a report;
+    always eager again on exit.
 
     `loss_fn(model, batch)` must be the loop's own forward and loss (same autocast, same mode), so the
     warm-up compiles the graphs the loop will ask for (`pick_warmup_batches` chooses one per bucket).
@@ -333,7 +337,8 @@ def _restore_eager(layers: nn.ModuleList) -> None:
 
 @contextmanager
 def _non_reentrant_checkpointing(layers: nn.ModuleList) -> Iterator[None]:
-    """Switch checkpointed layers to non-reentrant checkpointing for the run; dynamo cannot trace reentrant."""
+    """Switch checkpointed layers to non-reentrant checkpointing for the run; dynamo cannot trace
+    reentrant."""
     swapped = []
     for layer in layers:
         func = getattr(layer, "_gradient_checkpointing_func", None)

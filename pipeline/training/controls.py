@@ -37,7 +37,8 @@ class CancelToken:
 
     @contextmanager
     def on_signals(self, signals: tuple[int, ...] = (signal.SIGINT, signal.SIGTERM)) -> Iterator[CancelToken]:
-        """Within the block, the first SIGINT/SIGTERM cancels at the next step; the handlers are restored after."""
+        """Within the block, the first SIGINT/SIGTERM cancels at the next step; the handlers are restored
+        after."""
         previous = {s: signal.getsignal(s) for s in signals}
         for sig in signals:
             signal.signal(sig, lambda number, _frame: self.cancel(f"signal {signal.Signals(number).name}"))
@@ -53,8 +54,8 @@ class RunHooks:
     """Who listens to a run, as it happens; nothing in training reads what they do.
 
     `report` gets progress lines (the budget, scoring, a line every 10 steps or 30 s); `on_log` each logging
-    step (step, loss, lr, s/step); `on_eval(step, metrics)` the held-out figures of the base (step 0), a third and
-    two thirds of the way, and of the fine-tune (the flow sends both to the live MLflow run).
+    step (step, loss, lr, s/step); `on_eval(step, metrics)` the held-out figures of the base (step 0), a third
+    and two thirds of the way, and of the fine-tune (the flow sends both to the live MLflow run).
     """
 
     report: Callable[[str], None] | None = None
@@ -78,9 +79,9 @@ class RunHooks:
 
 @dataclass(frozen=True)
 class RunControls:
-    """What steers a run: a progress bar on the terminal, a cancel token (checked at each step; a signal can set
-    it), checkpoints to save and resume from, this process's data-parallel ranks, how layers compile, and whether
-    a cancelled run is saved."""
+    """What steers a run: a progress bar on the terminal, a cancel token (checked at each step; a signal can
+    set it), checkpoints to save and resume from, this process's data-parallel ranks, how layers compile, and
+    whether a cancelled run is saved."""
 
     progress: bool = False
     cancel: CancelToken | None = None
@@ -94,8 +95,9 @@ class RunControls:
     threads: ThreadGovernor | None = None
     """Followed before each step: fewer torch threads while other processes keep some of the cores busy."""
     prune: Callable[[int, float], bool] | None = None
-    """A sweep's pruner (`sweep.study.pruning_callback`): asked at each validation check with (step, loss); True
-    stops the run there. The run then scores the validation split at each check even without early stopping."""
+    """A sweep's pruner (`sweep.study.pruning_callback`): asked at each validation check with (step, loss);
+    True stops the run there. The run then scores the validation split at each check even without early
+    stopping."""
 
     @property
     def cancelled(self) -> bool:

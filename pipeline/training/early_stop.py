@@ -1,10 +1,10 @@
 """Early stopping on the validation split: the run scores the loss of the rows carved from its training rows
-(`data.split.carve_validation`) at `train.validation_checks` points of its budget, stops once it has not fallen
-for `train.early_stopping` checks, and ends with the weights of its best check.
+(`data.split.carve_validation`) at `train.validation_checks` points of its budget, stops once it has not
+fallen for `train.early_stopping` checks, and ends with the weights of its best check.
 
 The loss is the training objective itself (`BatchTask.summed_loss`, in eval mode, without gradients) over the
-validation examples as the loop reads them, so a frozen backbone's cached features serve here too. Nothing here
-reads a held-out row.
+validation examples as the loop reads them, so a frozen backbone's cached features serve here too. Nothing
+here reads a held-out row.
 
     stopper = EarlyStopping(validation_examples, config, task)
     train(model, examples, config, device, task, stopper=stopper)   # "stopped early at step N: best step M"
@@ -54,10 +54,17 @@ class EarlyStopping:
     def patience(self) -> int | None:
         return self.config.early_stopping
 
-    def stops(self, step: int, total: int, model: torch.nn.Module, trainable: dict[str, torch.nn.Parameter],
-              batch_of: Callable[[list[Any]], dict[str, torch.Tensor]], dtype) -> bool:  # fmt: skip
-        """At a check's step, score the validation loss (keeping the weights when it is the best so far); True when
-        the run should stop there: `patience` checks in a row without a lower loss."""
+    def stops(
+        self,
+        step: int,
+        total: int,
+        model: torch.nn.Module,
+        trainable: dict[str, torch.nn.Parameter],
+        batch_of: Callable[[list[Any]], dict[str, torch.Tensor]],
+        dtype,
+    ) -> bool:
+        """At a check's step, score the validation loss (keeping the weights when it is the best so far); True
+        when the run should stop there: `patience` checks in a row without a lower loss."""
         if step not in check_steps(total, self.config.validation_checks):
             return False
         loss = validation_loss(model, self.examples, self.task, batch_of, dtype, self.config.eval_batch_size)
@@ -69,8 +76,10 @@ class EarlyStopping:
                     name: p.detach().to("cpu", copy=True) for name, p in trainable.items()
                 }
         if self.report is not None:
-            self.report(f"validation loss {loss:.4f} at step {step} of {total} "
-                        f"(best {self.best_loss:.4f} at step {self.best_step})")  # fmt: skip
+            self.report(
+                f"validation loss {loss:.4f} at step {step} of {total} "
+                f"(best {self.best_loss:.4f} at step {self.best_step})"
+            )
         if self.prune is not None and self.prune(step, loss):
             self.pruned_at = step
             return True
@@ -80,14 +89,20 @@ class EarlyStopping:
     def stopped(self, step: int, total: int) -> str:
         """The line a run says when it stops early."""
         if self.pruned_at is not None:
-            return (f"pruned at step {step} of {total}: the sweep's pruner found validation loss {self.checks[-1][1]:.4f} "
-                    "worse than the earlier trials' at this point")  # fmt: skip
-        return (f"stopped early at step {step} of {total}: the validation loss has not fallen for {self.patience} "
-                f"checks (best {self.best_loss:.4f} at step {self.best_step}, whose weights the model keeps)")  # fmt: skip
+            return (
+                f"pruned at step {step} of {total}: the sweep's pruner found validation loss "
+                f"{self.checks[-1][1]:.4f} worse than the earlier trials' at this point"
+            )
+        return (
+            f"stopped early at step {step} of {total}: the validation loss has not fallen for "
+            f"{self.patience} checks (best {self.best_loss:.4f} at step {self.best_step}, whose weights the "
+            "model keeps)"
+        )
 
     def restore_best(self, trainable: dict[str, torch.nn.Parameter], step: int) -> bool:
-        """Put the best check's weights back when early stopping is on and training ended past it; whether it did.
-        (Without early stopping the checks only watch, for a pruner: the run ends with its last weights.)"""
+        """Put the best check's weights back when early stopping is on and training ended past it; whether it
+        did. (Without early stopping the checks only watch, for a pruner: the run ends with its last
+        weights.)"""
         if self.patience is None or self.best_parameters is None or self.best_step == step:
             return False
         with torch.no_grad():
@@ -97,14 +112,23 @@ class EarlyStopping:
 
     def summary(self, step: int) -> dict[str, Any]:
         """What the run records: its checks, the best step and loss, and the step training ended at."""
-        return {"checks": [list(c) for c in self.checks], "best_step": self.best_step,
-                "best_loss": self.best_loss if self.checks else None, "ended_at": step,
-                "patience": self.patience, "pruned_at": self.pruned_at}  # fmt: skip
+        return {
+            "checks": [list(c) for c in self.checks],
+            "best_step": self.best_step,
+            "best_loss": self.best_loss if self.checks else None,
+            "ended_at": step,
+            "patience": self.patience,
+            "pruned_at": self.pruned_at,
+        }
 
     def to_state(self) -> dict[str, Any]:
         """What a training checkpoint carries of it, so a resumed run stops where the whole run would."""
-        return {"checks": list(self.checks), "best_step": self.best_step, "best_loss": self.best_loss,
-                "best_parameters": self.best_parameters}  # fmt: skip
+        return {
+            "checks": list(self.checks),
+            "best_step": self.best_step,
+            "best_loss": self.best_loss,
+            "best_parameters": self.best_parameters,
+        }
 
     def load_state(self, state: dict[str, Any] | None) -> None:
         if state:
@@ -112,10 +136,16 @@ class EarlyStopping:
             self.best_loss, self.best_parameters = state["best_loss"], state["best_parameters"]
 
 
-def validation_loss(model: torch.nn.Module, examples: Sequence[Any], task: BatchTask,
-                    batch_of: Callable[[list[Any]], dict[str, torch.Tensor]], dtype,
-                    batch_size: int) -> float:  # fmt: skip
-    """The mean training loss per decision over `examples`, in eval mode without gradients (train mode after)."""
+def validation_loss(
+    model: torch.nn.Module,
+    examples: Sequence[Any],
+    task: BatchTask,
+    batch_of: Callable[[list[Any]], dict[str, torch.Tensor]],
+    dtype,
+    batch_size: int,
+) -> float:
+    """The mean training loss per decision over `examples`, in eval mode without gradients (train mode
+    after)."""
     model.eval()
     total, decisions = 0.0, 0
     ordered = sorted(examples, key=len)  # batches of like lengths: less padding

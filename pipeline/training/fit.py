@@ -1,4 +1,5 @@
-"""The fit chain, family-free, on rows validated and split once: examples, base scores, training, tuned scores.
+"""The fit chain, family-free, on rows validated and split once: examples, base scores, training, tuned
+scores.
 
 data = TrainSource("data/processed/vader.jsonl").validated()
 trained = fit(data, "data/snapshots/minilm", TrainConfig(max_steps=40))
@@ -61,7 +62,8 @@ class TrainRun:
     family: str = "laya"
     method: str = "lora"
     warnings: list[str] = field(default_factory=list)
-    """Questions on which the fine-tune is no better than the base or the class prior (`scoring.baselines`)."""
+    """Questions on which the fine-tune is no better than the base or the class prior
+    (`scoring.baselines`)."""
     budget: str = ""
     """How many steps the run planned and why (`training.loop.plan_budget`)."""
     logged_steps: list[dict[str, float]] = field(default_factory=list)
@@ -79,8 +81,8 @@ class TrainRun:
     mlflow_run_id: str | None = None
     """The MLflow run the flow's train task opened for it."""
     threads: int | None = None
-    """torch's CPU threads in each rank at the end (`cpu.budget.plan_threads`, fewer while other processes kept
-    cores busy: `cpu.load`) ..."""
+    """torch's CPU threads in each rank at the end (`cpu.budget.plan_threads`, fewer while other processes
+    kept cores busy: `cpu.load`) ..."""
     threads_source: str = ""
     """... and where that number came from (`train.threads`, the affinity mask, a cgroup quota, others' load)."""
     states: StateFit | None = None
@@ -91,11 +93,11 @@ class TrainRun:
     """With `train.early_stopping`: the validation checks, the best step and where training ended
     (`TrainResult.early_stopping`)."""
     choice: dict[str, Any] = field(default_factory=dict)
-    """Where the family trained several candidates (`DecisionFamily.candidates`, e.g. `train.lexicon: auto`): each
-    one's validation accuracy and loss, steps and seconds, and the one kept."""
+    """Where the family trained several candidates (`DecisionFamily.candidates`, e.g. `train.lexicon: auto`):
+    each one's validation accuracy and loss, steps and seconds, and the one kept."""
     score_ms_per_decision: float = 0.0
-    """Milliseconds per held-out decision when the fine-tune scored them (batches of `train.eval_batch_size`, on
-    the training device): what a sweep plots as latency."""
+    """Milliseconds per held-out decision when the fine-tune scored them (batches of `train.eval_batch_size`,
+    on the training device): what a sweep plots as latency."""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -146,8 +148,8 @@ class Prepared:
 def prepare_fit(
     data: SplitData, base: str | Path, config: TrainConfig, device: str, world: int = 1
 ) -> Prepared:
-    """Size torch's threads (this process's share of `train.threads` among `world` ranks), load the base in its
-    family (`config` resolved: family and method filled in) and build its examples."""
+    """Size torch's threads (this process's share of `train.threads` among `world` ranks), load the base in
+    its family (`config` resolved: family and method filled in) and build its examples."""
     budget = plan_threads(config.threads, "train.threads", share=world, sharing="ranks")
     apply_threads(budget)  # before anything runs: the base's scoring uses them too
     threads = ThreadGovernor(budget).start()
@@ -158,8 +160,10 @@ def prepare_fit(
     train_examples, skipped_train = family.build_examples(loaded, data.split.train)
     heldout_examples, skipped_heldout = family.build_examples(loaded, data.split.heldout)
     validation_examples, skipped_validation = family.build_examples(loaded, data.split.validation)
-    skipped = sum((Counter(c) for c in (skipped_train, skipped_heldout, skipped_validation)),
-                  Counter(data.report.skipped))  # fmt: skip
+    skipped = sum(
+        (Counter(c) for c in (skipped_train, skipped_heldout, skipped_validation)),
+        Counter(data.report.skipped),
+    )
     # Each split's cuts apart: a family may key them by record index, which restarts in every split.
     cuts = [
         cut
@@ -168,8 +172,10 @@ def prepare_fit(
     ]
     states = fit_of_states(cuts)
     if config.early_stopping is not None and not validation_examples:
-        raise ConfigError("train.early_stopping needs a validation split, and this run has none: its training rows "
-                          "gave fewer than validate.validation_min_decisions, or validate.validation_fraction is 0")  # fmt: skip
+        raise ConfigError(
+            "train.early_stopping needs a validation split, and this run has none: its training rows "
+            "gave fewer than validate.validation_min_decisions, or validate.validation_fraction is 0"
+        )
     return Prepared(
         family=family,
         loaded=loaded,
@@ -184,12 +190,18 @@ def prepare_fit(
     )
 
 
-def fit(data: SplitData, base: str | Path, config: TrainConfig, device: str = "auto",
-        hooks: RunHooks = RunHooks(), controls: RunControls = RunControls()) -> Trained:  # fmt: skip
+def fit(
+    data: SplitData,
+    base: str | Path,
+    config: TrainConfig,
+    device: str = "auto",
+    hooks: RunHooks = RunHooks(),
+    controls: RunControls = RunControls(),
+) -> Trained:
     """Score the base on the held-out rows, train on the others, score again; nothing is written.
 
-    `hooks.on_eval(step, metrics)` gets the held-out figures of the base (step 0), at a third and two thirds of
-    the way, and of the fine-tune; they are only looked at: nothing in training reads them. With
+    `hooks.on_eval(step, metrics)` gets the held-out figures of the base (step 0), at a third and two thirds
+    of the way, and of the fine-tune; they are only looked at: nothing in training reads them. With
     `controls.ranks` this is rank 0 of a data-parallel run: the other ranks train beside it (`follow_fit`) and
     only this one scores. The run's `pins` and `inputs` are the caller's to record.
     """
@@ -205,13 +217,16 @@ def fit(data: SplitData, base: str | Path, config: TrainConfig, device: str = "a
 def _fit_prepared(prepared: Prepared, config: TrainConfig, hooks: RunHooks, controls: RunControls) -> Trained:
     family, dev, data = prepared.family, prepared.device, prepared.data
     hooks.say(prepared.states.describe())
-    hooks.say(f"{family.name} family ({config.method}) on {dev}, torch threads "
-              f"{prepared.threads.threads} ({prepared.threads.describe()}): "
-              f"{len(prepared.train_examples):,} training, {len(prepared.validation_examples):,} validation and "
-              f"{len(prepared.heldout_examples):,} held-out examples; scoring the base")  # fmt: skip
+    hooks.say(
+        f"{family.name} family ({config.method}) on {dev}, torch threads "
+        f"{prepared.threads.threads} ({prepared.threads.describe()}): "
+        f"{len(prepared.train_examples):,} training, {len(prepared.validation_examples):,} validation and "
+        f"{len(prepared.heldout_examples):,} held-out examples; scoring the base"
+    )
 
-    def scored(what: str, progress: bool, examples: list[Any] = prepared.heldout_examples,
-               split: str = "held-out") -> tuple[list[ScoredDecision], list[np.ndarray]]:  # fmt: skip
+    def scored(
+        what: str, progress: bool, examples: list[Any] = prepared.heldout_examples, split: str = "held-out"
+    ) -> tuple[list[ScoredDecision], list[np.ndarray]]:
         prepared.threads.follow()
         started = time.perf_counter()
         result = family.score(prepared.loaded, examples, dev, config.eval_batch_size, progress)
@@ -254,8 +269,9 @@ def _fit_prepared(prepared: Prepared, config: TrainConfig, hooks: RunHooks, cont
     )
 
 
-def follow_fit(data: SplitData, base: str | Path, config: TrainConfig, device: str,
-               controls: RunControls) -> TrainResult:  # fmt: skip
+def follow_fit(
+    data: SplitData, base: str | Path, config: TrainConfig, device: str, controls: RunControls
+) -> TrainResult:
     """A rank other than 0 of a data-parallel run: the same preparation, then its share of every window (it
     resumes from rank 0's checkpoint as rank 0 does); no scoring, nothing written."""
     _, config = resolve_training(base, config)
@@ -268,28 +284,37 @@ def follow_fit(data: SplitData, base: str | Path, config: TrainConfig, device: s
 
 
 def _candidates(prepared: Prepared, config: TrainConfig, hooks: RunHooks) -> list[Candidate]:
-    """What the family trains for `config`; only the first when there is no validation split to choose on (unless
-    they are trained to answer together)."""
+    """What the family trains for `config`; only the first when there is no validation split to choose on
+    (unless they are trained to answer together)."""
     candidates = prepared.family.candidates(prepared.loaded, config)
     names = ", ".join(c.name for c in candidates)
     if len(candidates) > 1 and not prepared.validation_examples and not candidates[0].together:
-        hooks.say(f"no validation split to choose between {names}: training {candidates[0].name} "
-                  "(validate.validation_fraction)")  # fmt: skip
+        hooks.say(
+            f"no validation split to choose between {names}: training {candidates[0].name} "
+            "(validate.validation_fraction)"
+        )
         return candidates[:1]
     if len(candidates) > 1 and candidates[0].together:
         hooks.say(f"training {len(candidates)} heads on the same features, to answer together: {names}")
     elif len(candidates) > 1:
-        hooks.say(f"training {len(candidates)} candidates on the same features, keeping the one with the lowest loss "
-                  f"on the validation split: {names}")  # fmt: skip
+        hooks.say(
+            f"training {len(candidates)} candidates on the same features, keeping the one with the lowest "
+            f"loss on the validation split: {names}"
+        )
     return candidates
 
 
-def _trained_candidates(prepared: Prepared, config: TrainConfig, hooks: RunHooks, controls: RunControls,
-                        evaluate: Callable[[int], None] | None) -> Iterator[tuple[Candidate, TrainResult]]:  # fmt: skip
-    """The family's candidates for `config`, each trained in turn in `prepared.loaded` on the same examples (a frozen
-    backbone's features computed once); a cancelled one ends the run. With several, each checkpoints to a file of
-    its own (so a resumed run finds each where it stopped), and neither held-out checks (`evaluate`) nor a sweep's
-    pruner see their steps, which would interleave."""
+def _trained_candidates(
+    prepared: Prepared,
+    config: TrainConfig,
+    hooks: RunHooks,
+    controls: RunControls,
+    evaluate: Callable[[int], None] | None,
+) -> Iterator[tuple[Candidate, TrainResult]]:
+    """The family's candidates for `config`, each trained in turn in `prepared.loaded` on the same examples (a
+    frozen backbone's features computed once); a cancelled one ends the run. With several, each checkpoints to
+    a file of its own (so a resumed run finds each where it stopped), and neither held-out checks (`evaluate`)
+    nor a sweep's pruner see their steps, which would interleave."""
     candidates = _candidates(prepared, config, hooks)
     features: dict[str, list[Any]] = {}
     for candidate in candidates:
@@ -305,12 +330,17 @@ def _trained_candidates(prepared: Prepared, config: TrainConfig, hooks: RunHooks
             return
 
 
-def _train_best(prepared: Prepared, config: TrainConfig, hooks: RunHooks, controls: RunControls,
-                evaluate: Callable[[int], None] | None) -> tuple[TrainResult, TrainConfig, dict[str, Any]]:  # fmt: skip
-    """Train the family's candidates for `config` and keep in `prepared.loaded` their combination where they were
-    trained together, else the one with the lowest loss on the validation split (then the higher accuracy), their
-    combination among them: its result (seconds: all of them), its config and what was kept, with each one's
-    validation figures."""
+def _train_best(
+    prepared: Prepared,
+    config: TrainConfig,
+    hooks: RunHooks,
+    controls: RunControls,
+    evaluate: Callable[[int], None] | None,
+) -> tuple[TrainResult, TrainConfig, dict[str, Any]]:
+    """Train the family's candidates for `config` and keep in `prepared.loaded` their combination where they
+    were trained together, else the one with the lowest loss on the validation split (then the higher
+    accuracy), their combination among them: its result (seconds: all of them), its config and what was kept,
+    with each one's validation figures."""
     trained = list(_trained_candidates(prepared, config, hooks, controls, evaluate))
     last, result = trained[-1]
     if len(trained) == 1 or result.cancelled:
@@ -325,34 +355,49 @@ def _train_best(prepared: Prepared, config: TrainConfig, hooks: RunHooks, contro
         (kept, result, _), by = trials[-1], "trained together"
     else:
         # The loss, as sweeps rank trials (`validation_nll`): on 200-1,000 decisions accuracy moves with a few
-        # answers; on sotu, long-sotu, VADER and records-chile the lowest loss was the best held out (docs/results.md).
+        # answers; on sotu, long-sotu, VADER and records-chile the lowest loss was the best held out
+        # (docs/results.md).
         kept, result, _ = min(trials, key=lambda t: (t[2]["loss"], -t[2]["accuracy"]))
         by = "validation loss, then accuracy"
     prepared.loaded = kept.loaded
     hooks.say(f"kept {kept.name}")
-    choice = {"kept": kept.name, "by": by, "candidates": {
-        c.name: {**m, "steps": r.steps, "train_seconds": r.train_seconds} for c, r, m in trials}}  # fmt: skip
+    choice = {
+        "kept": kept.name,
+        "by": by,
+        "candidates": {
+            c.name: {**m, "steps": r.steps, "train_seconds": r.train_seconds} for c, r, m in trials
+        },
+    }
     return replace(result, train_seconds=sum(r.train_seconds for _, r, _ in trials)), kept.config, choice
 
 
-def _validation_figures(prepared: Prepared, candidate: Candidate, result: TrainResult, config: TrainConfig,
-                        hooks: RunHooks) -> dict[str, float]:  # fmt: skip
+def _validation_figures(
+    prepared: Prepared, candidate: Candidate, result: TrainResult, config: TrainConfig, hooks: RunHooks
+) -> dict[str, float]:
     """A trained candidate's uncalibrated accuracy and loss on the validation split ({} without one), said."""
     if not prepared.validation_examples:
         return {}
-    decisions, logits = prepared.family.score(candidate.loaded, prepared.validation_examples, prepared.device,
-                                              config.eval_batch_size)  # fmt: skip
+    decisions, logits = prepared.family.score(
+        candidate.loaded, prepared.validation_examples, prepared.device, config.eval_batch_size
+    )
     metrics = _metrics(decisions, logits)
-    hooks.say(f"candidate {candidate.name}: validation accuracy {metrics['accuracy']:.4f}, loss "
-              f"{metrics['loss']:.4f} ({result.steps} steps in {result.train_seconds:.0f} s)")  # fmt: skip
+    hooks.say(
+        f"candidate {candidate.name}: validation accuracy {metrics['accuracy']:.4f}, loss "
+        f"{metrics['loss']:.4f} ({result.steps} steps in {result.train_seconds:.0f} s)"
+    )
     return {"accuracy": metrics["accuracy"], "loss": metrics["loss"]}
 
 
-def _train_prepared(prepared: Prepared, config: TrainConfig, hooks: RunHooks, controls: RunControls,
-                    evaluate: Callable[[int], None] | None,
-                    features: dict[str, list[Any]] | None = None) -> TrainResult:  # fmt: skip
-    """Train `prepared.loaded` from its fresh state. `features` keeps the examples as the loop reads them (a frozen
-    backbone's features) for the next candidate on the same backbone."""
+def _train_prepared(
+    prepared: Prepared,
+    config: TrainConfig,
+    hooks: RunHooks,
+    controls: RunControls,
+    evaluate: Callable[[int], None] | None,
+    features: dict[str, list[Any]] | None = None,
+) -> TrainResult:
+    """Train `prepared.loaded` from its fresh state. `features` keeps the examples as the loop reads them (a
+    frozen backbone's features) for the next candidate on the same backbone."""
     family, loaded = prepared.family, prepared.loaded
     # Fresh adapters draw their initial values: seeded, so the seed reproduces a run in any process, and a
     # data-parallel rank 0 starts where one process would (it broadcasts its values to the other ranks).
@@ -370,7 +415,8 @@ def _train_prepared(prepared: Prepared, config: TrainConfig, hooks: RunHooks, co
             )
         return features[split]
 
-    # `ready` may hold a frozen backbone's cached features: dropped once the head (the last candidate) is trained.
+    # `ready` may hold a frozen backbone's cached features: dropped once the head (the last candidate) is
+    # trained.
     ready = ready_examples("train", prepared.train_examples)
     controls = replace(controls, threads=prepared.threads)
     stopper = None
@@ -380,29 +426,54 @@ def _train_prepared(prepared: Prepared, config: TrainConfig, hooks: RunHooks, co
     return train(loaded.model, ready, config, prepared.device, task, hooks, controls, evaluate, stopper)
 
 
-def _train_run(prepared: Prepared, config: TrainConfig, result: TrainResult, decisions, base_logits,
-               tuned_logits, score_ms: float) -> TrainRun:  # fmt: skip
+def _train_run(
+    prepared: Prepared,
+    config: TrainConfig,
+    result: TrainResult,
+    decisions,
+    base_logits,
+    tuned_logits,
+    score_ms: float,
+) -> TrainRun:
     task = prepared.family.batch_task(prepared.loaded, config)
     train_examples = prepared.train_examples
     return TrainRun(
-        rows=prepared.data.report.rows, decisions=prepared.data.report.decisions,
+        rows=prepared.data.report.rows,
+        decisions=prepared.data.report.decisions,
         skipped=dict(prepared.skipped),
         train_decisions=sum(task.decisions(e) for e in train_examples),
         validation_decisions=sum(task.decisions(e) for e in prepared.validation_examples),
-        heldout={"decisions": len(decisions), "base": _metrics(decisions, base_logits),
-                 "tuned": _metrics(decisions, tuned_logits)},
-        steps=result.steps, planned_steps=result.planned_steps, cancelled=result.cancelled,
-        train_seconds=result.train_seconds, s_per_step=result.s_per_step,
-        decisions_per_second=result.decisions_per_second, saved_to=None, compile=result.compile,
-        precision=result.precision, losses=result.losses,
-        family=prepared.family.name, method=config.method,
-        warnings=learning_warnings(decisions, base_logits, tuned_logits, majority_labels(prepared.data.split.train)),
-        budget=plan_budget(len(train_examples), config).reason, logged_steps=result.logged_steps,
-        resumed_from_step=result.resumed_from_step, world_size=result.world_size,
-        allreduce_seconds=result.allreduce_seconds, threads=prepared.threads.threads,
-        early_stopping=result.early_stopping, score_ms_per_decision=score_ms,
-        threads_source=prepared.threads.describe(), states=prepared.states,
-    )  # fmt: skip
+        heldout={
+            "decisions": len(decisions),
+            "base": _metrics(decisions, base_logits),
+            "tuned": _metrics(decisions, tuned_logits),
+        },
+        steps=result.steps,
+        planned_steps=result.planned_steps,
+        cancelled=result.cancelled,
+        train_seconds=result.train_seconds,
+        s_per_step=result.s_per_step,
+        decisions_per_second=result.decisions_per_second,
+        saved_to=None,
+        compile=result.compile,
+        precision=result.precision,
+        losses=result.losses,
+        family=prepared.family.name,
+        method=config.method,
+        warnings=learning_warnings(
+            decisions, base_logits, tuned_logits, majority_labels(prepared.data.split.train)
+        ),
+        budget=plan_budget(len(train_examples), config).reason,
+        logged_steps=result.logged_steps,
+        resumed_from_step=result.resumed_from_step,
+        world_size=result.world_size,
+        allreduce_seconds=result.allreduce_seconds,
+        threads=prepared.threads.threads,
+        early_stopping=result.early_stopping,
+        score_ms_per_decision=score_ms,
+        threads_source=prepared.threads.describe(),
+        states=prepared.states,
+    )
 
 
 def _metrics(decisions: list[ScoredDecision], logits: list[np.ndarray]) -> dict[str, float]:
@@ -413,5 +484,12 @@ def training_description(
     config: TrainConfig, base: str | Path, run: TrainRun, source_digest: str
 ) -> dict[str, Any]:
     """What a saved fine-tune records of its training (any family)."""
-    return {"family": run.family, "method": config.method, "steps": run.steps, "config": asdict(config),
-            "pins": run.pins, "base": str(base), "source_digest": source_digest}  # fmt: skip
+    return {
+        "family": run.family,
+        "method": config.method,
+        "steps": run.steps,
+        "config": asdict(config),
+        "pins": run.pins,
+        "base": str(base),
+        "source_digest": source_digest,
+    }

@@ -1,14 +1,15 @@
 """Start N data-parallel ranks under `torch.distributed.run` (torchrun) and wait for them, relaying rank 0.
 
-The ranks run a module (`pipeline.stages.train_ranks`) on a spec file; rank 0 prints its progress lines and, as
-tagged JSON lines, its logging steps and held-out checkpoints, which this side hands to the caller's `report`,
-`on_log` and `on_eval` as a run in this process would (so a flow's live MLflow run fills in from here, and no
-rank opens one). Every rank gets the MLflow run id as `MLFLOW_RUN_ID`, so an `mlflow.start_run()` in any of
-them would join that run rather than start another.
+The ranks run a module (`pipeline.stages.train_ranks`) on a spec file; rank 0 prints its progress lines and,
+as tagged JSON lines, its logging steps and held-out checkpoints, which this side hands to the caller's
+`report`, `on_log` and `on_eval` as a run in this process would (so a flow's live MLflow run fills in from
+here, and no rank opens one). Every rank gets the MLflow run id as `MLFLOW_RUN_ID`, so an `mlflow.start_run()`
+in any of them would join that run rather than start another.
 
 A rank that fails ends the stage: torchrun stops the other ranks and prints the root cause (rank, exit code,
-the rank's traceback or the signal that killed it), and `RankFailed` carries that. A rank stuck in a collective
-fails after `train.dist_timeout_minutes` (the process group's timeout), which ends the others the same way.
+the rank's traceback or the signal that killed it), and `RankFailed` carries that. A rank stuck in a
+collective fails after `train.dist_timeout_minutes` (the process group's timeout), which ends the others the
+same way.
 
     launch_ranks("pipeline.stages.train_ranks", spec_file, nproc=2, hooks=RunHooks(report=print))
 """
@@ -41,20 +42,29 @@ class RankFailed(RuntimeError):
 
 
 def emit_event(kind: str, **payload: Any) -> None:
-    """On rank 0: one event line for the launching process (`log`: a logging step, `eval`: held-out metrics)."""
+    """On rank 0: one event line for the launching process (`log`: a logging step, `eval`: held-out
+    metrics)."""
     print(RANK_EVENT + json.dumps({"kind": kind, **payload}), flush=True)
 
 
 def torchrun_command(module: str, spec: Path, nproc: int) -> list[str]:
     """torchrun on this machine (`--standalone`: its own rendezvous on a free port) running `module spec`."""
-    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
-            "-m", module, str(spec)]  # fmt: skip
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc-per-node={nproc}",
+        "-m",
+        module,
+        str(spec),
+    ]
 
 
 def rank_environment(nproc: int, run_id: str | None, threads: int | None = None) -> dict[str, str]:
-    """This environment, plus: this checkout first on the path (the ranks import the same code), the MLflow run
-    id, and each rank's share of the CPU budget (`threads`: `train.threads`, None: the cores this process may
-    use) as OpenMP's and MKL's thread counts (torchrun would give each rank one thread)."""
+    """This environment, plus: this checkout first on the path (the ranks import the same code), the MLflow
+    run id, and each rank's share of the CPU budget (`threads`: `train.threads`, None: the cores this process
+    may use) as OpenMP's and MKL's thread counts (torchrun would give each rank one thread)."""
     env = dict(os.environ)
     root = str(Path(pipeline.__file__).resolve().parents[1])
     env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
@@ -69,12 +79,19 @@ def launch_ranks(
 ) -> None:
     """Run `module spec` on `nproc` ranks and return when all have finished; `RankFailed` when one failed.
 
-    Rank 0's plain stdout lines go to `hooks.report` (else to stderr, so a `--json` stdout stays one object), its
-    events to `hooks.on_log` and `hooks.on_eval`. The ranks split `threads` (`train.threads`) between them."""
+    Rank 0's plain stdout lines go to `hooks.report` (else to stderr, so a `--json` stdout stays one object),
+    its events to `hooks.on_log` and `hooks.on_eval`. The ranks split `threads` (`train.threads`) between
+    them."""
     environment = rank_environment(nproc, hooks.mlflow_run_id, threads)
-    process = subprocess.Popen(torchrun_command(module, spec, nproc), env=environment,
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, bufsize=1,
-                               preexec_fn=_end_with_parent if sys.platform == "linux" else None)  # fmt: skip
+    process = subprocess.Popen(
+        torchrun_command(module, spec, nproc),
+        env=environment,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        bufsize=1,
+        preexec_fn=_end_with_parent if sys.platform == "linux" else None,
+    )
     kept: deque[str] = deque(maxlen=STDERR_KEPT)
     echo = threading.Thread(target=_echo_stderr, args=(process.stderr, kept), daemon=True)
     echo.start()
@@ -92,8 +109,9 @@ def launch_ranks(
 
 
 def _end_with_parent() -> None:
-    """In torchrun before it starts (Linux): SIGTERM when this process dies, killed or not. torchrun then stops
-    its ranks, so a killed flow leaves no ranks training on into the run folder its rerun resumes from."""
+    """In torchrun before it starts (Linux): SIGTERM when this process dies, killed or not. torchrun then
+    stops its ranks, so a killed flow leaves no ranks training on into the run folder its rerun resumes
+    from."""
     PR_SET_PDEATHSIG = 1
     ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
 
@@ -137,12 +155,15 @@ def describe_failure(stderr: list[str], code: int, nproc: int) -> str:
     fields = _culprit([_failure_fields(entry) for entry in _entries(record)])
     error = fields.get("traceback", "").strip().splitlines()
     last = next((line.strip() for line in reversed(error) if line.strip()), "no error recorded")
-    return (f"data-parallel training on {nproc} ranks failed: rank {fields.get('rank', '?')} "
-            f"(exit code {fields.get('exitcode', '?')}): {last}\n" + "\n".join(record))  # fmt: skip
+    return (
+        f"data-parallel training on {nproc} ranks failed: rank {fields.get('rank', '?')} "
+        f"(exit code {fields.get('exitcode', '?')}): {last}\n" + "\n".join(record)
+    )
 
 
 def _entries(record: list[str]) -> list[list[str]]:
-    """The `[n]:` entries of torchrun's failure record (its other failures and its root cause), root cause last."""
+    """The `[n]:` entries of torchrun's failure record (its other failures and its root cause), root cause
+    last."""
     entries: list[list[str]] = []
     for line in record:
         if line.startswith("[") and line.rstrip().endswith("]:"):
@@ -153,10 +174,10 @@ def _entries(record: list[str]) -> list[list[str]]:
 
 
 def _culprit(failures: list[dict[str, str]]) -> dict[str, str]:
-    """torchrun's root cause (the record's last entry), unless torchrun stopped it itself (SIGTERM): under load it
-    can stop a peer before it sees the rank that died, and then the rank killed by another signal (the OOM
-    killer's SIGKILL, a SIGSEGV) is the cause. A root cause of its own (a timeout, an error) stands, even where
-    torchrun then had to SIGKILL a peer that ignored its SIGTERM (a stopped or hung rank)."""
+    """torchrun's root cause (the record's last entry), unless torchrun stopped it itself (SIGTERM): under
+    load it can stop a peer before it sees the rank that died, and then the rank killed by another signal (the
+    OOM killer's SIGKILL, a SIGSEGV) is the cause. A root cause of its own (a timeout, an error) stands, even
+    where torchrun then had to SIGKILL a peer that ignored its SIGTERM (a stopped or hung rank)."""
     if not failures:
         return {}
     root = failures[-1]

@@ -1,11 +1,11 @@
 """Fine-tune a decision model: LoRA (peft) or full fine-tuning, soft cross-entropy, exact accumulation.
 
 Each optimizer step sees a window of `micro_batch x grad_accum` items drawn in seeded random order; inside the
-window items are sorted by length and cut into micro-batches (less padding), and each micro-batch's summed loss is
-divided by the window's item count, so the accumulated gradient is exactly that of the window's mean loss. The
-loss is read back from the device once per logging step (and once per checkpoint). A cancel (flag or signal)
-stops at the next step. With a `Checkpointer` the loop saves its state every N steps or M minutes and a rerun
-resumes from it (`pipeline.training.checkpoint`).
+window items are sorted by length and cut into micro-batches (less padding), and each micro-batch's summed
+loss is divided by the window's item count, so the accumulated gradient is exactly that of the window's mean
+loss. The loss is read back from the device once per logging step (and once per checkpoint). A cancel (flag or
+signal) stops at the next step. With a `Checkpointer` the loop saves its state every N steps or M minutes and
+a rerun resumes from it (`pipeline.training.checkpoint`).
 
     decision train --data data/processed/vader.jsonl --base data/snapshots/minilm --out runs/lora
 """
@@ -97,8 +97,9 @@ def build_optimizer(model: torch.nn.Module, config: TrainConfig, total_steps: in
 
 
 BUCKET_WINDOWS = 50
-"""Windows per length bucket: a shuffled epoch is cut into pools of this many windows, each pool sorted by length
-before it is cut, so a window pads to a length near its own items' (the pools, and the windows, stay random)."""
+"""Windows per length bucket: a shuffled epoch is cut into pools of this many windows, each pool sorted by
+length before it is cut, so a window pads to a length near its own items' (the pools, and the windows, stay
+random)."""
 
 
 @dataclass(frozen=True)
@@ -120,8 +121,10 @@ def plan_budget(n_items: int, config: TrainConfig) -> Budget:
     steps = per_epoch * epochs
     what = f"{n_items:,} examples in windows of {window} = {per_epoch:,} steps per epoch"
     if epochs > config.epochs:
-        reason = (f"{what}; {config.epochs} epochs (train.epochs) would be {per_epoch * config.epochs:,} steps, "
-                  f"fewer than train.min_steps {config.min_steps}, so {epochs} epochs")  # fmt: skip
+        reason = (
+            f"{what}; {config.epochs} epochs (train.epochs) would be {per_epoch * config.epochs:,} steps, "
+            f"fewer than train.min_steps {config.min_steps}, so {epochs} epochs"
+        )
     else:
         reason = f"{what}; {epochs} epochs (train.epochs)"
     if config.max_steps is not None and config.max_steps < steps:
@@ -157,15 +160,20 @@ def micro_batches(window: list[int], items: Sequence[Any], micro_batch: int) -> 
     return [ordered[i : i + micro_batch] for i in range(0, len(ordered), micro_batch)]
 
 
-def accumulate_gradients(window: list[int], items: Sequence[Any], micro_batch: int,
-                         summed_loss: Callable[[list[int]], torch.Tensor],
-                         window_size: int | None = None) -> torch.Tensor:  # fmt: skip
-    """Backpropagate one window in length-grouped micro-batches; the gradient is that of the window's mean loss.
+def accumulate_gradients(
+    window: list[int],
+    items: Sequence[Any],
+    micro_batch: int,
+    summed_loss: Callable[[list[int]], torch.Tensor],
+    window_size: int | None = None,
+) -> torch.Tensor:
+    """Backpropagate one window in length-grouped micro-batches; the gradient is that of the window's mean
+    loss.
 
     Each micro-batch's summed loss is divided by the window's item count (not the micro-batch's), so splitting
-    a window differently gives the same gradient up to float rounding. A rank's share of a window is divided by
-    the whole window's `window_size`, so the ranks' summed gradients are the window's. Returns the summed loss,
-    on the device.
+    a window differently gives the same gradient up to float rounding. A rank's share of a window is divided
+    by the whole window's `window_size`, so the ranks' summed gradients are the window's. Returns the summed
+    loss, on the device.
     """
     total = torch.zeros(())
     for indices in micro_batches(window, items, micro_batch):
@@ -175,21 +183,29 @@ def accumulate_gradients(window: list[int], items: Sequence[Any], micro_batch: i
     return total
 
 
-def train(model: torch.nn.Module, examples: Sequence[Any], config: TrainConfig, device: torch.device,
-          task: BatchTask, hooks: RunHooks = RunHooks(), controls: RunControls = RunControls(),
-          evaluate: Callable[[int], None] | None = None, stopper: EarlyStopping | None = None) -> TrainResult:  # fmt: skip
+def train(
+    model: torch.nn.Module,
+    examples: Sequence[Any],
+    config: TrainConfig,
+    device: torch.device,
+    task: BatchTask,
+    hooks: RunHooks = RunHooks(),
+    controls: RunControls = RunControls(),
+    evaluate: Callable[[int], None] | None = None,
+    stopper: EarlyStopping | None = None,
+) -> TrainResult:
     """Train `model` in place on a family's `examples`, batched and scored by the family's `task`.
 
     The model must already be prepared (the family's `prepare`). `hooks.report` gets a progress line (step,
     loss, s/step, ETA) at least every 10 steps or 30 s, `hooks.on_log` every logging step. `evaluate(step)` is
-    called after the steps of `eval_steps` (a third and two thirds of the way), e.g. to score held-out decisions;
-    it must not train. With `controls.checkpoints`, the training state is saved as they say and a run whose
-    checkpoint matches this one's config and data resumes from it ("resumed from step N"), on the same data order
-    and schedule. With `controls.ranks` (data-parallel), this process trains on its share of every window and the
-    gradients are all-reduced before each optimizer step; every rank resumes from the checkpoint, only rank 0
-    writes one. `controls.cancel` stops it at the next step. With a `stopper`, the validation loss is checked at
-    its steps, training stops once it has not fallen for `train.early_stopping` checks, and the model ends with the
-    best check's weights.
+    called after the steps of `eval_steps` (a third and two thirds of the way), e.g. to score held-out
+    decisions; it must not train. With `controls.checkpoints`, the training state is saved as they say and a
+    run whose checkpoint matches this one's config and data resumes from it ("resumed from step N"), on the
+    same data order and schedule. With `controls.ranks` (data-parallel), this process trains on its share of
+    every window and the gradients are all-reduced before each optimizer step; every rank resumes from the
+    checkpoint, only rank 0 writes one. `controls.cancel` stops it at the next step. With a `stopper`, the
+    validation loss is checked at its steps, training stops once it has not fallen for `train.early_stopping`
+    checks, and the model ends with the best check's weights.
     """
     ranks, checkpoints = controls.ranks or Ranks(), controls.checkpoints
     if not examples:
@@ -255,9 +271,13 @@ def train(model: torch.nn.Module, examples: Sequence[Any], config: TrainConfig, 
             if controls.threads is not None:
                 controls.threads.follow()
             step_started = time.perf_counter()
-            window_loss = accumulate_gradients(ranks.shard(window), examples, config.micro_batch,
-                                               lambda indices: loss_fn(model, batch_of(indices, compiled.enabled)),
-                                               len(window))  # fmt: skip
+            window_loss = accumulate_gradients(
+                ranks.shard(window),
+                examples,
+                config.micro_batch,
+                lambda indices: loss_fn(model, batch_of(indices, compiled.enabled)),
+                len(window),
+            )
             running += ranks.reduce(params, window_loss.to(device))
             seen_since_log += len(window)
             torch.nn.utils.clip_grad_norm_(params, config.grad_clip)
@@ -270,8 +290,9 @@ def train(model: torch.nn.Module, examples: Sequence[Any], config: TrainConfig, 
             if evaluate is not None and result.steps in eval_steps(len(windows)):
                 evaluate(result.steps)
                 model.train()
-            if stopper is not None and stopper.stops(result.steps, len(windows), model, trainable, validation_batch,
-                                                     dtype):  # fmt: skip
+            if stopper is not None and stopper.stops(
+                result.steps, len(windows), model, trainable, validation_batch, dtype
+            ):
                 hooks.say(stopper.stopped(result.steps, len(windows)))
                 break
             if log.due(result.steps):
@@ -284,8 +305,11 @@ def train(model: torch.nn.Module, examples: Sequence[Any], config: TrainConfig, 
                 log.tick(result, time.perf_counter() - started)
             if checkpoints is not None and ranks.is_main and checkpoints.due(result.steps, len(windows)):
                 result.train_seconds = earlier_seconds + time.perf_counter() - started
-                checkpoints.save(train_state(expected, trainable, optimizer, scheduler, result, running,
-                                             seen_since_log, stopper))  # fmt: skip
+                checkpoints.save(
+                    train_state(
+                        expected, trainable, optimizer, scheduler, result, running, seen_since_log, stopper
+                    )
+                )
         log.close()
     if stopper is not None:
         restored = stopper.restore_best(trainable, result.steps)
@@ -301,24 +325,40 @@ TALLIES = ("steps", "decisions", "losses", "step_seconds", "logged_steps", "trai
 """The parts of a `TrainResult` a checkpoint carries, so a resumed run reports the whole run."""
 
 
-def train_state(expected: str, trainable: dict[str, torch.nn.Parameter], optimizer, scheduler,
-                result: TrainResult, running: torch.Tensor, seen_since_log: int,
-                stopper: EarlyStopping | None = None) -> TrainState:  # fmt: skip
+def train_state(
+    expected: str,
+    trainable: dict[str, torch.nn.Parameter],
+    optimizer,
+    scheduler,
+    result: TrainResult,
+    running: torch.Tensor,
+    seen_since_log: int,
+    stopper: EarlyStopping | None = None,
+) -> TrainState:
     """The loop's state after `result.steps` steps (the loss summed since the last logging step and the early
     stopper's checks included), under the run's `expected` fingerprint (`checkpoint.fingerprint`)."""
     tallies = {name: getattr(result, name) for name in TALLIES}
     if stopper is not None:
         tallies["early_stopping"] = stopper.to_state()
     return TrainState(
-        step=result.steps, fingerprint=expected,
+        step=result.steps,
+        fingerprint=expected,
         parameters={name: p.detach().to("cpu", copy=True) for name, p in trainable.items()},
-        optimizer=optimizer.state_dict(), scheduler=scheduler.state_dict(), rng=rng_states(),
+        optimizer=optimizer.state_dict(),
+        scheduler=scheduler.state_dict(),
+        rng=rng_states(),
         tallies=tallies | {"running": running.item(), "seen_since_log": seen_since_log},
-    )  # fmt: skip
+    )
 
 
-def resume(state: TrainState, trainable: dict[str, torch.nn.Parameter], optimizer, scheduler,
-           result: TrainResult, device: torch.device) -> tuple[torch.Tensor, int]:  # fmt: skip
+def resume(
+    state: TrainState,
+    trainable: dict[str, torch.nn.Parameter],
+    optimizer,
+    scheduler,
+    result: TrainResult,
+    device: torch.device,
+) -> tuple[torch.Tensor, int]:
     """Put a saved state back into the model, optimizer, schedule, RNGs and `result`; the running loss sum and
     item count since the last logging step."""
     load_parameters(trainable, state.parameters)

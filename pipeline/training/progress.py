@@ -1,6 +1,6 @@
 """What the training loop reports as it goes: a progress bar on the terminal, a callback per logging step, and
-a progress line (step, loss, s/step, ETA) at least every `LINE_EVERY_STEPS` steps or `LINE_EVERY_S` seconds for
-whoever listens (the flow passes its run logger, so the lines reach the Prefect log and the terminal).
+a progress line (step, loss, s/step, ETA) at least every `LINE_EVERY_STEPS` steps or `LINE_EVERY_S` seconds
+for whoever listens (the flow passes its run logger, so the lines reach the Prefect log and the terminal).
 
     log = StepLog(total_steps, config, on_log, progress=True, report=print)
     if log.due(step): log.write(result, mean_loss, lr, elapsed) else: log.tick(result, elapsed)
@@ -28,12 +28,18 @@ def eta_text(seconds: float) -> str:
 
 
 class StepLog:
-    """Logging steps every `train.log_every` steps and at the last one; a tqdm bar when `progress`; progress lines
-    to `report` every 10 steps or 30 s, whichever comes first."""
+    """Logging steps every `train.log_every` steps and at the last one; a tqdm bar when `progress`; progress
+    lines to `report` every 10 steps or 30 s, whichever comes first."""
 
-    def __init__(self, total: int, config: TrainConfig, on_log: Callable[[dict[str, float]], None] | None,
-                 progress: bool, report: Callable[[str], None] | None = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:  # fmt: skip
+    def __init__(
+        self,
+        total: int,
+        config: TrainConfig,
+        on_log: Callable[[dict[str, float]], None] | None,
+        progress: bool,
+        report: Callable[[str], None] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         from tqdm.auto import tqdm
 
         self.total, self.every, self.on_log, self.report, self.clock = (
@@ -48,7 +54,8 @@ class StepLog:
         self.bar = tqdm(total=total, unit="step", desc=f"train {config.method}", disable=not progress)
 
     def resume(self, step: int) -> None:
-        """The run carries on from `step`: the bar starts there and s/step counts only this process's steps."""
+        """The run carries on from `step`: the bar starts there and s/step counts only this process's
+        steps."""
         self.first_step = self.last_step = step
         self.bar.update(step)
 
@@ -79,8 +86,10 @@ class StepLog:
         self.last_line, self.last_step = now, result.steps
         per_step = elapsed / max(1, result.steps - self.first_step)
         loss = "n/a" if self.loss is None else f"{self.loss:.4f}"
-        self.report(f"train {self.method}: step {result.steps}/{self.total}, loss {loss}, {per_step:.2f} s/step, "
-                    f"ETA {eta_text(per_step * (self.total - result.steps))}")  # fmt: skip
+        self.report(
+            f"train {self.method}: step {result.steps}/{self.total}, loss {loss}, {per_step:.2f} s/step, "
+            f"ETA {eta_text(per_step * (self.total - result.steps))}"
+        )
 
     def close(self) -> None:
         self.bar.close()

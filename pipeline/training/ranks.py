@@ -4,13 +4,13 @@ Every rank plans the same windows (`loop.plan_windows` is a pure function of the
 `world`-th item of each, starting at its `rank`. Its micro-batch losses are divided by the whole window's item
 count, so the all-reduced (summed) gradient is exactly the window's mean-loss gradient of one process.
 
-The gradients are all-reduced explicitly, one flat buffer per optimizer step, rather than by wrapping the model
-in `DistributedDataParallel`: DDP reduces only through its wrapper's `forward`, and the Laya family's loss calls
-the encoder, type embedding and scorer of the model directly (`families.laya.forward.decision_logits`), while
-the compile wrapper (`training.compile`) swaps encoder layers in place. With gradient accumulation DDP would
-reduce once per window too (`no_sync` on the other micro-batches); here that one reduction also carries the
-window's summed loss and which parameters got a gradient (a parameter no rank reached stays without one, so
-AdamW skips it as on one process).
+The gradients are all-reduced explicitly, one flat buffer per optimizer step, rather than by wrapping the
+model in `DistributedDataParallel`: DDP reduces only through its wrapper's `forward`, and the Laya family's
+loss calls the encoder, type embedding and scorer of the model directly
+(`families.laya.forward.decision_logits`), while the compile wrapper (`training.compile`) swaps encoder layers
+in place. With gradient accumulation DDP would reduce once per window too (`no_sync` on the other
+micro-batches); here that one reduction also carries the window's summed loss and which parameters got a
+gradient (a parameter no rank reached stays without one, so AdamW skips it as on one process).
 
     ranks = join_ranks(torch.device("cpu"), timeout_minutes=30)   # under torchrun: RANK, WORLD_SIZE, ...
     loss = ranks.reduce(params, local_loss)                        # after backward, before the optimizer step
@@ -47,7 +47,8 @@ class Ranks:
         return list(window[self.rank :: self.world])
 
     def broadcast(self, parameters: Sequence[torch.Tensor]) -> None:
-        """Rank 0's values into every rank's parameters (a fresh head or adapter is initialised per process)."""
+        """Rank 0's values into every rank's parameters (a fresh head or adapter is initialised per
+        process)."""
         if self.world == 1:
             return
         with torch.no_grad():

@@ -1,4 +1,5 @@
-"""How the states fit the model's window: rows whose state was cut, tokens dropped, the longest state in tokens.
+"""How the states fit the model's window: rows whose state was cut, tokens dropped, the longest state in
+tokens.
 
 Every family says per row what it keeps of the state (`DecisionFamily.state_cuts`); `fit` sums that over the
 training and held-out examples, says it in one progress line, and records it in the run (`TrainRun.states`:
@@ -46,8 +47,11 @@ class StateFit:
 
     def describe(self) -> str:
         """One progress line: how many rows are cut and how many tokens that drops."""
-        window = (f"the {self.window:,}-token window" if self.window == self.widest_window
-                  else f"their window ({self.window:,} to {self.widest_window:,} tokens)")  # fmt: skip
+        window = (
+            f"the {self.window:,}-token window"
+            if self.window == self.widest_window
+            else f"their window ({self.window:,} to {self.widest_window:,} tokens)"
+        )
         line = f"states: {self.rows_truncated:,} of {self.rows:,} rows longer than {window}"
         if not self.rows_truncated:
             return f"{line} (the longest is {self.longest_tokens:,} tokens)"

@@ -9,8 +9,11 @@ import pytest
 
 from pipeline.stages.smoke import free_port
 
-TONE = {"type": "choice", "instructions": "What is the tone?",
-        "criteria": {"negative": None, "neutral": "neither", "positive": None}}  # fmt: skip
+TONE = {
+    "type": "choice",
+    "instructions": "What is the tone?",
+    "criteria": {"negative": None, "neutral": "neither", "positive": None},
+}
 INTENSITY = {"type": "score", "instructions": "How intense?", "criteria": ["none", "mild", "strong"]}
 POSITIVE = {"type": "noul", "instructions": "The text is positive.", "criteria": None}
 QUESTIONS = {"tone": TONE, "intensity": INTENSITY, "positive": POSITIVE}

@@ -1,5 +1,6 @@
-"""Bad versions behind a followed alias: a truncated weight file, a missing calibrator, a version whose files are
-gone. Each is a clear error naming what is wrong, the old model keeps serving, and a damaged folder never loads."""
+"""Bad versions behind a followed alias: a truncated weight file, a missing calibrator, a version whose files
+are gone. Each is a clear error naming what is wrong, the old model keeps serving, and a damaged folder never
+loads."""
 
 import logging
 import shutil

@@ -1,5 +1,5 @@
-"""Jev conformance over HTTP, both families, on trained exports (docs/serving.md): an answer depends on its question
-and the state alone; 2-255 options and 1-10 levels; the spec's fields, confidence and error bodies.
+"""Jev conformance over HTTP, both families, on trained exports (docs/serving.md): an answer depends on its
+question and the state alone; 2-255 options and 1-10 levels; the spec's fields, confidence and error bodies.
 
 Each family's export is a real `decision finetune` of the tiny base on synthetic rows of all three question
 types, served by uvicorn on a loopback port.
@@ -21,15 +21,40 @@ from tests.invariance import INTENSITY, OTHERS, POSITIVE, STATE, TONE, assert_sa
 def server(request, tiny_base, synthetic_train_file, tmp_path_factory):
     folder = tmp_path_factory.mktemp(f"conformance-{request.param}")
     params = folder / "params.yaml"
-    params.write_text(yaml.safe_dump({
-        "validate": {"holdout_max_decisions": 60, "holdout_fraction": 0.2},
-        "train": {"family": request.param, "method": "head" if request.param == "joint" else "lora",
-                  "max_steps": 12, "micro_batch": 8, "grad_accum": 1, "lora_r": 4, "lora_alpha": 8,
-                  "head_width": 32, "log_every": 4, "precision": "fp32"},
-    }))  # fmt: skip
+    params.write_text(
+        yaml.safe_dump(
+            {
+                "validate": {"holdout_max_decisions": 60, "holdout_fraction": 0.2},
+                "train": {
+                    "family": request.param,
+                    "method": "head" if request.param == "joint" else "lora",
+                    "max_steps": 12,
+                    "micro_batch": 8,
+                    "grad_accum": 1,
+                    "lora_r": 4,
+                    "lora_alpha": 8,
+                    "head_width": 32,
+                    "log_every": 4,
+                    "precision": "fp32",
+                },
+            }
+        )
+    )
     export = folder / "export"
-    argv = ["finetune", "--data", str(synthetic_train_file), "--base", str(tiny_base), "--out", str(export),
-            "--params", str(params), "--device", "cpu", "-q"]  # fmt: skip
+    argv = [
+        "finetune",
+        "--data",
+        str(synthetic_train_file),
+        "--base",
+        str(tiny_base),
+        "--out",
+        str(export),
+        "--params",
+        str(params),
+        "--device",
+        "cpu",
+        "-q",
+    ]
     assert main(argv) == 0
     with live_server(make_app(export)) as url:
         yield request.param, url
@@ -70,8 +95,10 @@ def test_an_answer_does_not_move_with_batch_mates(server):
     _, url = server
     asked = {"tone": TONE, "positive": POSITIVE}
     alone = answers(url, asked)
-    mates = [(f"state number {i} " * (i + 1), {**OTHERS, f"x{i}": {**TONE, "criteria": list("abcdefg"[: i + 2])}})
-             for i in range(6)]  # fmt: skip
+    mates = [
+        (f"state number {i} " * (i + 1), {**OTHERS, f"x{i}": {**TONE, "criteria": list("abcdefg"[: i + 2])}})
+        for i in range(6)
+    ]
     with ThreadPoolExecutor(8) as pool:  # sent together, so the server batches them
         futures = [pool.submit(answers, url, q, s) for s, q in mates[:3]]
         mine = pool.submit(answers, url, asked)
@@ -108,9 +135,14 @@ def test_score_takes_1_to_10_levels(server, levels):
 
 def test_64_questions_with_long_option_lists_are_answered(server):
     _, url = server
-    questions = {f"q{i}": {"type": "choice", "instructions": f"Which label fits best, round {i}?",
-                           "criteria": {f"label {j}": f"the {j}th of the labels" for j in range(40)}}
-                 for i in range(64)}  # fmt: skip
+    questions = {
+        f"q{i}": {
+            "type": "choice",
+            "instructions": f"Which label fits best, round {i}?",
+            "criteria": {f"label {j}": f"the {j}th of the labels" for j in range(40)},
+        }
+        for i in range(64)
+    }
     body = json.dumps({"state": STATE, "questions": questions})
     assert len(body) < 1024 * 1024
     got = answers(url, questions)
@@ -130,7 +162,14 @@ def test_the_spec_fields_and_jev_confidence(server):
         max(noul["noul"], 1 - noul["noul"])
     )
     extra = {k for answer in got.values() for k in answer} - {
-        "type", "choice", "score", "noul", "legend", "probabilities", "confidence"}  # fmt: skip
+        "type",
+        "choice",
+        "score",
+        "noul",
+        "legend",
+        "probabilities",
+        "confidence",
+    }
     assert all(k.startswith("x_") for k in extra), extra
 
 

@@ -1,6 +1,8 @@
-"""Every refusal of the Decision API has one body shape (docs/serving.md), and `--require-key` refuses keyless callers.
+"""Every refusal of the Decision API has one body shape (docs/serving.md), and `--require-key` refuses keyless
+callers.
 
-422: FastAPI's `{"detail": [{"loc", "msg", "type"}]}`; every other error: `{"detail": {"error_type", "message"}}`.
+422: FastAPI's `{"detail": [{"loc", "msg", "type"}]}`; every other error: `{"detail": {"error_type",
+"message"}}`.
 """
 
 import json
@@ -37,7 +39,8 @@ def ask(client, body=None, **headers):
 
 
 def refusal(response, status: int, error_type: str) -> str:
-    """The message of a refusal, once its status and `{"detail": {"error_type", "message"}}` body are checked."""
+    """The message of a refusal, once its status and `{"detail": {"error_type", "message"}}` body are
+    checked."""
     assert response.status_code == status, response.text
     assert response.headers["content-type"] == "application/json"
     detail = response.json()["detail"]
@@ -113,9 +116,11 @@ def test_a_422_quoting_a_non_finite_number_is_still_strict_json(keyed_client, bo
 
 @pytest.mark.parametrize(
     "body",
-    [b'{"state": "ok", "questions": {"q": {"type": "noul"}, "q": {"type": "choice", "criteria": ["a", "b"]}}}',
-     b'{"state": "ok", "state": "other", "questions": {"q": {"type": "noul"}}}'],
-)  # fmt: skip
+    [
+        b'{"state": "ok", "questions": {"q": {"type": "noul"}, "q": {"type": "choice", "criteria": ["a", "b"]}}}',
+        b'{"state": "ok", "state": "other", "questions": {"q": {"type": "noul"}}}',
+    ],
+)
 def test_a_key_given_twice_is_a_422_not_a_question_dropped_unsaid(keyed_client, body):
     # json.loads keeps the last of two equal keys: the first question would go unanswered, with a 200
     response = keyed_client.post("/v1/systemone", content=body, headers={"Content-Type": "application/json"})
@@ -146,15 +151,22 @@ def test_422_keeps_the_fastapi_list_and_names_the_field(keyed_client):
 
 @pytest.mark.parametrize(
     ("question", "field", "said"),
-    [({"type": "choice", "criteria": 5}, "criteria", "choice criteria: a non-empty object"),
-     ({"type": "score", "criteria": "none, mild"}, "criteria", "score criteria: a list"),
-     ({"type": "noul", "criteria": [True]}, "criteria", "noul criteria: null or"),
-     ({"type": "choice", "instructions": 7, "criteria": ["a", "b"]}, "instructions", "text, a JSON object or list")],
-)  # fmt: skip
+    [
+        ({"type": "choice", "criteria": 5}, "criteria", "choice criteria: a non-empty object"),
+        ({"type": "score", "criteria": "none, mild"}, "criteria", "score criteria: a list"),
+        ({"type": "noul", "criteria": [True]}, "criteria", "noul criteria: null or"),
+        (
+            {"type": "choice", "instructions": 7, "criteria": ["a", "b"]},
+            "instructions",
+            "text, a JSON object or list",
+        ),
+    ],
+)
 def test_a_field_of_the_wrong_json_type_is_one_error_saying_what_the_question_type_takes(
     keyed_client, question, field, said
 ):
-    # pydantic's check of a union gave one error per branch, each naming a Python type ("dict[str,nullable[...]]")
+    # pydantic's check of a union gave one error per branch, each naming a Python type
+    # ("dict[str,nullable[...]]")
     response = ask(keyed_client, {"state": STATE, "questions": {"q": question}})
     assert response.status_code == 422
     [detail] = response.json()["detail"]

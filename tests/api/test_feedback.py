@@ -1,5 +1,5 @@
-"""`POST /v1/feedback`: outcomes for logged decisions, checked with the training rows' contract, by the key that
-made the decision (or an admin key), stored whole or not at all, idempotent per (decision, question)."""
+"""`POST /v1/feedback`: outcomes for logged decisions, checked with the training rows' contract, by the key
+that made the decision (or an admin key), stored whole or not at all, idempotent per (decision, question)."""
 
 import json
 
@@ -22,8 +22,12 @@ KEYS = KeyStore(
 
 @pytest.fixture()
 def api(served_folder, tmp_path):
-    app = create_app(Catalog(str(served_folder)), KEYS, ServerConfig(),
-                     log_config=LogConfig(str(tmp_path / "inference"), flush_s=30))  # fmt: skip
+    app = create_app(
+        Catalog(str(served_folder)),
+        KEYS,
+        ServerConfig(),
+        log_config=LogConfig(str(tmp_path / "inference"), flush_s=30),
+    )
     with TestClient(app) as client:
         yield wait_ready(client)
 
@@ -114,9 +118,11 @@ def test_gold_that_does_not_fit_the_question_is_a_422_naming_it(api, tmp_path, g
 
 def test_one_bad_item_stores_nothing_and_every_problem_is_named(api, tmp_path):
     good, other = decide(api), decide(api)
-    body = [{"decision_id": good, "gold": {"tone": "negative"}},
-            {"decision_id": other, "gold": {"tone": "furious"}},
-            {"decision_id": "no-such-decision", "gold": {"tone": "negative"}}]  # fmt: skip
+    body = [
+        {"decision_id": good, "gold": {"tone": "negative"}},
+        {"decision_id": other, "gold": {"tone": "furious"}},
+        {"decision_id": "no-such-decision", "gold": {"tone": "negative"}},
+    ]
     refused = send(api, body)
     assert refused.status_code == 404
     message = refused.json()["detail"]["message"]
@@ -126,35 +132,55 @@ def test_one_bad_item_stores_nothing_and_every_problem_is_named(api, tmp_path):
 
 @pytest.mark.parametrize(
     "body",
-    [{}, {"decision_id": "x"}, {"decision_id": "x", "gold": {}}, {"decision_id": "", "gold": {"a": 1}},
-     {"decision_id": 3, "gold": {"tone": "negative"}}, [], "text", [{"decision_id": "x", "gold": "negative"}]],
-)  # fmt: skip
+    [
+        {},
+        {"decision_id": "x"},
+        {"decision_id": "x", "gold": {}},
+        {"decision_id": "", "gold": {"a": 1}},
+        {"decision_id": 3, "gold": {"tone": "negative"}},
+        [],
+        "text",
+        [{"decision_id": "x", "gold": "negative"}],
+    ],
+)
 def test_malformed_bodies_are_a_422(api, body):
     assert send(api, body).status_code == 422
 
 
 @pytest.mark.parametrize(
     ("body", "loc"),
-    [({"decision_id": "x"}, ["body", "item", "gold"]), ([{"decision_id": "x"}], ["body", "items", 0, "gold"]),
-     ([], ["body", "items"]), (5, ["body", "item"])],
-)  # fmt: skip
+    [
+        ({"decision_id": "x"}, ["body", "item", "gold"]),
+        ([{"decision_id": "x"}], ["body", "items", 0, "gold"]),
+        ([], ["body", "items"]),
+        (5, ["body", "item"]),
+    ],
+)
 def test_a_malformed_body_is_one_error_at_its_field_not_one_per_form_of_body(api, body, loc):
-    # one item or a list: the body's JSON kind says which form it is, so the other form's failure is not reported
+    # one item or a list: the body's JSON kind says which form it is, so the other form's failure is not
+    # reported
     [detail] = send(api, body).json()["detail"]
     assert detail["loc"] == loc
 
 
 def test_the_feedback_file_forms_read_back_as_items(tmp_path):
     jsonl = tmp_path / "labels.jsonl"
-    jsonl.write_text('{"decision_id": "a", "gold": {"tone": "negative"}}\n'
-                     '{"decision_id": "b", "question": "tone", "label": "positive"}\n'
-                     '{"decision_id": "b", "question": "intensity", "label": 2}\n')  # fmt: skip
+    jsonl.write_text(
+        '{"decision_id": "a", "gold": {"tone": "negative"}}\n'
+        '{"decision_id": "b", "question": "tone", "label": "positive"}\n'
+        '{"decision_id": "b", "question": "intensity", "label": 2}\n'
+    )
     csv = tmp_path / "labels.csv"
     csv.write_text("decision_id,question,label,state\nc,tone,neutral,late\nd,tone,,not labelled yet\n")
     # Flat rows keep the lines their labels came from (a refusal names them).
-    assert read_feedback_file(jsonl) == [{"decision_id": "a", "gold": {"tone": "negative"}, "lines": {"tone": 1}},
-                                         {"decision_id": "b", "gold": {"tone": "positive", "intensity": 2},
-                                          "lines": {"tone": 2, "intensity": 3}}]  # fmt: skip
+    assert read_feedback_file(jsonl) == [
+        {"decision_id": "a", "gold": {"tone": "negative"}, "lines": {"tone": 1}},
+        {
+            "decision_id": "b",
+            "gold": {"tone": "positive", "intensity": 2},
+            "lines": {"tone": 2, "intensity": 3},
+        },
+    ]
     assert read_feedback_file(csv) == [
         {"decision_id": "c", "gold": {"tone": "neutral"}, "lines": {"tone": 2}}
     ]
@@ -174,8 +200,10 @@ def test_a_spreadsheet_s_byte_order_mark_and_a_bad_line_are_read_as_a_person_mea
 
 def test_one_question_labelled_twice_in_one_body_keeps_the_last_label(api, tmp_path):
     decision_id = decide(api)
-    body = [{"decision_id": decision_id, "gold": {"tone": "negative"}},
-            {"decision_id": decision_id, "gold": {"tone": "neutral"}}]  # fmt: skip
+    body = [
+        {"decision_id": decision_id, "gold": {"tone": "negative"}},
+        {"decision_id": decision_id, "gold": {"tone": "neutral"}},
+    ]
     response = send(api, body)
     assert response.status_code == 200 and response.json() == {"stored": 1, "decisions": 1}
     assert [json.loads(row["gold"]) for row in stored(tmp_path)] == ["neutral"]

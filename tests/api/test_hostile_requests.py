@@ -1,5 +1,6 @@
-"""Hostile requests against a live server: each is answered (422 naming the field, or 200), never a 5xx or a reset
-connection, its batch-mates are answered normally, and the server keeps serving on the same connection."""
+"""Hostile requests against a live server: each is answered (422 naming the field, or 200), never a 5xx or a
+reset connection, its batch-mates are answered normally, and the server keeps serving on the same
+connection."""
 
 import json
 import socket
@@ -22,7 +23,8 @@ def _nested(depth: int):
     return value
 
 
-# Raw bodies (bytes), so that what no JSON encoder here would write (lone surrogates) reaches the server as sent.
+# Raw bodies (bytes), so that what no JSON encoder here would write (lone surrogates) reaches the server as
+# sent.
 HOSTILE = {
     "unpaired surrogate in the state": b'{"state": "bad \\ud800 text", "questions": %s}',
     "unpaired low surrogate in an instruction": (
@@ -104,19 +106,28 @@ def test_hostile_requests_do_not_fail_their_batch_mates(server):
             _assert_answered(result)
 
 
-# Text that includes what JSON can carry and a tokenizer may refuse: surrogates (category Cs) and control characters.
-HOSTILE_TEXT = st.text(st.characters(codec=None, categories=["Cs", "Cc", "Cf", "Mn", "Zs", "L", "N", "P"]),
-                       max_size=60)  # fmt: skip
-JSON_VALUE = st.recursive(st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | HOSTILE_TEXT,
-                          lambda inner: st.lists(inner, max_size=3) | st.dictionaries(HOSTILE_TEXT, inner, max_size=3),
-                          max_leaves=8)  # fmt: skip
+# Text that includes what JSON can carry and a tokenizer may refuse: surrogates (category Cs) and control
+# characters.
+HOSTILE_TEXT = st.text(
+    st.characters(codec=None, categories=["Cs", "Cc", "Cf", "Mn", "Zs", "L", "N", "P"]), max_size=60
+)
+JSON_VALUE = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | HOSTILE_TEXT,
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(HOSTILE_TEXT, inner, max_size=3),
+    max_leaves=8,
+)
 QUESTION = st.fixed_dictionaries(
     {"type": st.sampled_from(["choice", "score", "noul"])},
-    optional={"instructions": JSON_VALUE, "criteria": JSON_VALUE | st.lists(HOSTILE_TEXT, max_size=5)
-              | st.dictionaries(HOSTILE_TEXT, st.none() | HOSTILE_TEXT, max_size=5)},
-)  # fmt: skip
-REQUEST = st.fixed_dictionaries({"state": JSON_VALUE, "questions": st.dictionaries(HOSTILE_TEXT, QUESTION,
-                                                                                    min_size=1, max_size=4)})  # fmt: skip
+    optional={
+        "instructions": JSON_VALUE,
+        "criteria": JSON_VALUE
+        | st.lists(HOSTILE_TEXT, max_size=5)
+        | st.dictionaries(HOSTILE_TEXT, st.none() | HOSTILE_TEXT, max_size=5),
+    },
+)
+REQUEST = st.fixed_dictionaries(
+    {"state": JSON_VALUE, "questions": st.dictionaries(HOSTILE_TEXT, QUESTION, min_size=1, max_size=4)}
+)
 
 
 @settings(max_examples=120, deadline=None, suppress_health_check=list(HealthCheck))
@@ -132,8 +143,10 @@ def test_a_body_declared_over_the_limit_is_refused_at_once_not_waited_for(server
     # The headers promise 100 MB and no byte follows: a server that reads before it checks would wait forever.
     host, port = server.removeprefix("http://").split(":")
     with socket.create_connection((host, int(port)), timeout=10) as connection:
-        connection.sendall(b"POST /v1/systemone HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                           b"Content-Length: 100000000\r\n\r\n")  # fmt: skip
+        connection.sendall(
+            b"POST /v1/systemone HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b"Content-Length: 100000000\r\n\r\n"
+        )
         answer = b""  # recv times out (a failure) if no answer comes
         while b"request_too_large" not in answer and (chunk := connection.recv(4096)):
             answer += chunk

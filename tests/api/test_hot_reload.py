@@ -1,4 +1,5 @@
-"""Serving `models:/NAME@champion`: moving the alias swaps versions under load, and a bad version never serves."""
+"""Serving `models:/NAME@champion`: moving the alias swaps versions under load, and a bad version never
+serves."""
 
 import shutil
 import threading

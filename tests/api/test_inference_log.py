@@ -1,6 +1,6 @@
-"""The inference log: every answered decision gets an id (header and body) and is written, off the hot path, with
-its model, owner, state, questions, answers and latency; sampling, redaction, the off switch, and a log that
-cannot be written (serving goes on, drops counted on /metrics)."""
+"""The inference log: every answered decision gets an id (header and body) and is written, off the hot path,
+with its model, owner, state, questions, answers and latency; sampling, redaction, the off switch, and a log
+that cannot be written (serving goes on, drops counted on /metrics)."""
 
 import json
 import os
@@ -24,8 +24,11 @@ def logged_app(folder, log: LogConfig, keys: KeyStore = KEYS):
 
 
 def ask(api, state, key="alice-key"):
-    response = api.post("/v1/systemone", json={"state": state, "questions": QUESTIONS},
-                        headers={"Authorization": f"Bearer {key}"})  # fmt: skip
+    response = api.post(
+        "/v1/systemone",
+        json={"state": state, "questions": QUESTIONS},
+        headers={"Authorization": f"Bearer {key}"},
+    )
     assert response.status_code == 200, response.text
     return response
 
@@ -99,8 +102,11 @@ def test_the_off_switch_writes_nothing_and_feedback_says_why(served_folder, tmp_
     with TestClient(logged_app(served_folder, LogConfig(None))) as api:
         wait_ready(api)
         decision_id = ask(api, "late").json()["decision_id"]
-        refused = api.post("/v1/feedback", json={"decision_id": decision_id, "gold": {"tone": "negative"}},
-                           headers={"Authorization": "Bearer alice-key"})  # fmt: skip
+        refused = api.post(
+            "/v1/feedback",
+            json={"decision_id": decision_id, "gold": {"tone": "negative"}},
+            headers={"Authorization": "Bearer alice-key"},
+        )
     assert refused.status_code == 404 and "no inference log" in refused.json()["detail"]["message"]
     assert not (tmp_path / "inference").exists()
 
@@ -117,8 +123,8 @@ def test_a_log_folder_that_cannot_be_written_never_stops_serving(served_folder, 
 
 
 def test_a_log_path_that_is_a_file_never_stops_serving(served_folder, tmp_path):
-    """A path that cannot hold the log (here a file where the folder should be; a full disk fails the same way,
-    with OSError, in the writer thread)."""
+    """A path that cannot hold the log (here a file where the folder should be; a full disk fails the same
+    way, with OSError, in the writer thread)."""
     blocked = tmp_path / "inference"
     blocked.write_text("not a folder")
     _serve_through_failing_log(served_folder, blocked)
@@ -194,8 +200,10 @@ def test_the_drift_monitors_latest_summary_is_on_metrics(served_folder, tmp_path
         wait_ready(api)
         assert "decision_monitor_" not in api.get("/metrics").text  # no report yet: no gauges
         (folder / LATEST).parent.mkdir(parents=True)
-        summary = {"written_at": "2026-12-03T10:00:00+00:00",
-                   "gauges": {"drift_share": 0.6, "expected_accuracy": 0.81, "window_decisions": 150}}  # fmt: skip
+        summary = {
+            "written_at": "2026-12-03T10:00:00+00:00",
+            "gauges": {"drift_share": 0.6, "expected_accuracy": 0.81, "window_decisions": 150},
+        }
         (folder / LATEST).write_text(json.dumps(summary))
         assert metric(api, "decision_monitor_drift_share") == 0.6
         assert metric(api, "decision_monitor_window_decisions") == 150

@@ -1,5 +1,5 @@
-"""The inference log under real signals, on a real `decision serve` process: SIGTERM writes everything answered,
-and SIGKILL loses at most what was answered within the last flush interval."""
+"""The inference log under real signals, on a real `decision serve` process: SIGTERM writes everything
+answered, and SIGKILL loses at most what was answered within the last flush interval."""
 
 import os
 import signal
@@ -16,8 +16,22 @@ from tests.flows.processes import background, tail
 
 def serve(folder, inference, flush_s: float, log):
     port = free_port()
-    command = [sys.executable, "-m", "pipeline.cli", "serve", "--model", str(folder), "--port", str(port),
-               "--inference-log", str(inference), "--log-flush-seconds", str(flush_s), "--threads", "1"]  # fmt: skip
+    command = [
+        sys.executable,
+        "-m",
+        "pipeline.cli",
+        "serve",
+        "--model",
+        str(folder),
+        "--port",
+        str(port),
+        "--inference-log",
+        str(inference),
+        "--log-flush-seconds",
+        str(flush_s),
+        "--threads",
+        "1",
+    ]
     return background(command, dict(os.environ), log), f"http://127.0.0.1:{port}"
 
 
@@ -36,8 +50,12 @@ def healthy(url: str, proc, log) -> None:
 
 def answer(url: str, n: int) -> list[str]:
     with httpx.Client(base_url=url, timeout=30) as client:
-        return [client.post("/v1/systemone", json={"state": f"late {i}", "questions": QUESTIONS}).json()["decision_id"]
-                for i in range(n)]  # fmt: skip
+        return [
+            client.post("/v1/systemone", json={"state": f"late {i}", "questions": QUESTIONS}).json()[
+                "decision_id"
+            ]
+            for i in range(n)
+        ]
 
 
 def test_sigterm_writes_every_answered_decision(served_folder, tmp_path):

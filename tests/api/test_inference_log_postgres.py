@@ -1,5 +1,6 @@
-"""The inference and feedback tables in PostgreSQL (`--inference-log postgresql://...`): a real cluster, a real
-server writing to it, feedback upserted on (decision, question), and the harvest's join reading it back."""
+"""The inference and feedback tables in PostgreSQL (`--inference-log postgresql://...`): a real cluster, a
+real server writing to it, feedback upserted on (decision, question), and the harvest's join reading it
+back."""
 
 import json
 
@@ -30,8 +31,12 @@ def test_a_server_logs_to_postgres_and_feedback_replaces_per_question(served_fol
     )
     with TestClient(app) as api:
         wait_ready(api)
-        ids = [api.post("/v1/systemone", json={"state": {"text": f"late {i}"}, "questions": QUESTIONS}).json()["decision_id"]
-               for i in range(3)]  # fmt: skip
+        ids = [
+            api.post("/v1/systemone", json={"state": {"text": f"late {i}"}, "questions": QUESTIONS}).json()[
+                "decision_id"
+            ]
+            for i in range(3)
+        ]
         for label in ("negative", "positive"):
             sent = api.post(
                 "/v1/feedback", json={"decision_id": ids[0], "gold": {"tone": label, "intensity": 1}}

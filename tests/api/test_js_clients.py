@@ -219,14 +219,38 @@ def _require_node() -> None:
 
 def _npm_install(spec: str, folder: Path) -> list[str]:
     # --ignore-scripts: nothing from the registry runs at install time.
-    return ["npm", "install", "--prefix", str(folder), "--no-audit", "--no-fund", "--ignore-scripts",
-            "--fetch-retries=1", "--fetch-timeout=30000", spec]  # fmt: skip
+    return [
+        "npm",
+        "install",
+        "--prefix",
+        str(folder),
+        "--no-audit",
+        "--no-fund",
+        "--ignore-scripts",
+        "--fetch-retries=1",
+        "--fetch-timeout=30000",
+        spec,
+    ]
 
 
 def _pip_install(spec: str, folder: Path) -> list[str]:
     # --no-deps: it needs httpx, pydantic and opentelemetry-api, all pinned here; nothing may shadow those.
-    return [sys.executable, "-m", "pip", "install", "--no-deps", "--target", str(folder), "--no-input",
-            "--disable-pip-version-check", "--timeout", "30", "--retries", "1", spec]  # fmt: skip
+    return [
+        sys.executable,
+        "-m",
+        "pip",
+        "install",
+        "--no-deps",
+        "--target",
+        str(folder),
+        "--no-input",
+        "--disable-pip-version-check",
+        "--timeout",
+        "30",
+        "--retries",
+        "1",
+        spec,
+    ]
 
 
 def _install(cache: Path, spec: str, command) -> Path:

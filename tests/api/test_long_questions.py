@@ -1,5 +1,5 @@
-"""The Decision API on the laya family with questions at the contract's edges: a choice among 200 options (read in
-several sequences, one softmax) and a score of one level."""
+"""The Decision API on the laya family with questions at the contract's edges: a choice among 200 options
+(read in several sequences, one softmax) and a score of one level."""
 
 import numpy as np
 import pytest
@@ -12,8 +12,11 @@ from tests.api.conftest import TONE, make_app
 from tests.api.conftest import wait_ready as ready
 
 STATE = "the order was late and the box was broken"
-MANY = {"type": "choice", "instructions": "which product is it about",
-        "criteria": {f"product-{i}": f"product number {i}" for i in range(200)}}  # fmt: skip
+MANY = {
+    "type": "choice",
+    "instructions": "which product is it about",
+    "criteria": {f"product-{i}": f"product number {i}" for i in range(200)},
+}
 ONE_LEVEL = {"type": "score", "instructions": "how late was it", "criteria": ["late"]}
 
 

@@ -10,8 +10,11 @@ from tests.api.conftest import QUESTIONS, make_app, wait_ready
 def _samples(client) -> dict[tuple[str, tuple], float]:
     response = client.get("/metrics")
     assert response.status_code == 200 and response.headers["content-type"].startswith("text/plain")
-    return {(s.name, tuple(sorted(s.labels.items()))): s.value
-            for family in text_string_to_metric_families(response.text) for s in family.samples}  # fmt: skip
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(response.text)
+        for s in family.samples
+    }
 
 
 def test_metrics_count_requests_by_status_and_batches_by_size(served_folder):

@@ -28,19 +28,38 @@ def test_mlflow_models_serve_answers_like_the_decision_api(tmp_path, monkeypatch
 
     with TestClient(make_app(served_folder)) as api:
         wait_ready(api)
-        expected = [api.post("/v1/systemone", json={"state": s, "questions": QUESTIONS}).json()["answers"]
-                    for s in STATES]  # fmt: skip
+        expected = [
+            api.post("/v1/systemone", json={"state": s, "questions": QUESTIONS}).json()["answers"]
+            for s in STATES
+        ]
 
     port = free_port()
     mlflow_cli = Path(sys.executable).with_name("mlflow")
     server = subprocess.Popen(
-        [str(mlflow_cli), "models", "serve", "-m", "models:/decision-model@champion", "--env-manager", "local",
-         "-h", "127.0.0.1", "-p", str(port)],
-        # mlflow execs `uvicorn` from PATH: the one beside this interpreter, also when pytest runs outside `make`.
-        env={**os.environ, "MLFLOW_TRACKING_URI": uri, "PATH": f"{mlflow_cli.parent}{os.pathsep}{os.environ['PATH']}"},
+        [
+            str(mlflow_cli),
+            "models",
+            "serve",
+            "-m",
+            "models:/decision-model@champion",
+            "--env-manager",
+            "local",
+            "-h",
+            "127.0.0.1",
+            "-p",
+            str(port),
+        ],
+        # mlflow execs `uvicorn` from PATH: the one beside this interpreter, also when pytest runs outside
+        # `make`.
+        env={
+            **os.environ,
+            "MLFLOW_TRACKING_URI": uri,
+            "PATH": f"{mlflow_cli.parent}{os.pathsep}{os.environ['PATH']}",
+        },
         start_new_session=True,
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         body = {"dataframe_records": [{"state": s, "questions": QUESTIONS} for s in STATES]}
         predictions = _post_when_ready(f"http://127.0.0.1:{port}/invocations", body, server)
@@ -78,8 +97,9 @@ print(json.dumps(model.predict(json.loads(sys.argv[2]))))
 
 
 @pytest.mark.slow
-def test_a_registered_version_answers_from_a_fresh_process_that_cannot_import_the_project(tmp_path, monkeypatch,
-                                                                                         served_folder):  # fmt: skip
+def test_a_registered_version_answers_from_a_fresh_process_that_cannot_import_the_project(
+    tmp_path, monkeypatch, served_folder
+):
     import json
 
     from pipeline.mlops.registry import register_export
@@ -91,9 +111,14 @@ def test_a_registered_version_answers_from_a_fresh_process_that_cannot_import_th
     elsewhere.mkdir()
     requests = [{"state": s, "questions": QUESTIONS} for s in STATES]
     project = str(Path(__file__).resolve().parents[2])
-    done = subprocess.run([sys.executable, "-c", LOADER, project, json.dumps(requests)], cwd=elsewhere,
-                          env={**os.environ, "MLFLOW_TRACKING_URI": uri, "PYTHONPATH": ""},
-                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-c", LOADER, project, json.dumps(requests)],
+        cwd=elsewhere,
+        env={**os.environ, "MLFLOW_TRACKING_URI": uri, "PYTHONPATH": ""},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     answers = json.loads(done.stdout.strip().splitlines()[-1])
     with TestClient(make_app(served_folder)) as api:

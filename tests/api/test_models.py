@@ -1,5 +1,5 @@
-"""Model names and `/v1/models` (docs/serving.md): an export answers under its manifest's name, never its folder's, and
-every listed model states the limits a request must keep."""
+"""Model names and `/v1/models` (docs/serving.md): an export answers under its manifest's name, never its
+folder's, and every listed model states the limits a request must keep."""
 
 import json
 import shutil
@@ -14,8 +14,13 @@ from pipeline.serving.keys import KeyStore, hash_key
 from tests.api.conftest import QUESTIONS, make_app
 from tests.api.conftest import wait_ready as ready
 
-LINEAGE = {"base": "data/snapshots/minilm", "family": "laya", "source_digest": "d" * 64,
-           "calibrator": {"kind": "type_temperature", "sha256": "c" * 64}, "exported_at": "2025-01-01T00:00:00Z"}  # fmt: skip
+LINEAGE = {
+    "base": "data/snapshots/minilm",
+    "family": "laya",
+    "source_digest": "d" * 64,
+    "calibrator": {"kind": "type_temperature", "sha256": "c" * 64},
+    "exported_at": "2025-01-01T00:00:00Z",
+}
 
 
 def export_like(served_folder, tmp_path, manifest, name="export"):

@@ -1,6 +1,6 @@
-"""Serving precision: `decision serve --precision bf16` runs both families' backbones under bf16 autocast where the
-CPU runs bf16 natively (answers close to fp32's), and is refused by name where bf16 would be emulated; fp32 stays
-the default."""
+"""Serving precision: `decision serve --precision bf16` runs both families' backbones under bf16 autocast
+where the CPU runs bf16 natively (answers close to fp32's), and is refused by name where bf16 would be
+emulated; fp32 stays the default."""
 
 import httpx
 import numpy as np
@@ -43,8 +43,11 @@ def test_bf16_is_refused_by_name_where_the_cpu_would_emulate_it(monkeypatch, ser
 def linear_output_dtypes(model: DecisionModel) -> set[torch.dtype]:
     """The dtypes every linear layer of the model produced while answering."""
     seen: set[torch.dtype] = set()
-    hooks = [m.register_forward_hook(lambda _m, _i, out: seen.add(out.dtype))
-             for m in model.loaded.model.modules() if isinstance(m, torch.nn.Linear)]  # fmt: skip
+    hooks = [
+        m.register_forward_hook(lambda _m, _i, out: seen.add(out.dtype))
+        for m in model.loaded.model.modules()
+        if isinstance(m, torch.nn.Linear)
+    ]
     try:
         probabilities(model)
     finally:
@@ -72,5 +75,8 @@ def test_a_bf16_server_says_so_and_answers(served_folder):
         assert response.status_code == 200
         [fp32] = load_decision_model(served_folder).answer([parse_request(STATES[0], QUESTIONS)])
         for question in QUESTIONS:
-            np.testing.assert_allclose(answer_probabilities(response.json()["answers"][question]),
-                                       answer_probabilities(fp32.answers[question]), atol=2e-2)  # fmt: skip
+            np.testing.assert_allclose(
+                answer_probabilities(response.json()["answers"][question]),
+                answer_probabilities(fp32.answers[question]),
+                atol=2e-2,
+            )

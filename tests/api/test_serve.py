@@ -91,10 +91,19 @@ def test_invalid_requests_get_422_naming_the_field(open_client):
         ({"state": 2**70, "questions": QUESTIONS}, ["body", "state"]),  # found by schemathesis: was a 500
         ({"state": STATE, "questions": {}}, ["body", "questions"]),
         ({"state": STATE, "questions": {"q": {"type": "box"}}}, ["body", "questions", "q", "type"]),
-        ({"state": STATE, "questions": {"q": {**TONE, "criteria": ["a", "a"]}}}, ["body", "questions", "q", "criteria"]),
-        ({"state": STATE, "questions": {"q": {**INTENSITY, "criteria": []}}}, ["body", "questions", "q", "criteria"]),
-        ({"state": STATE, "questions": {"q": {**POSITIVE, "criteria": {"maybe": "x"}}}}, ["body", "questions", "q", "criteria"]),
-    ]  # fmt: skip
+        (
+            {"state": STATE, "questions": {"q": {**TONE, "criteria": ["a", "a"]}}},
+            ["body", "questions", "q", "criteria"],
+        ),
+        (
+            {"state": STATE, "questions": {"q": {**INTENSITY, "criteria": []}}},
+            ["body", "questions", "q", "criteria"],
+        ),
+        (
+            {"state": STATE, "questions": {"q": {**POSITIVE, "criteria": {"maybe": "x"}}}},
+            ["body", "questions", "q", "criteria"],
+        ),
+    ]
     for body, loc in cases:
         response = ask(open_client, body)
         assert response.status_code == 422, body
@@ -138,16 +147,23 @@ def test_keys_by_bearer_or_header_and_401_for_unknown(keyed_client):
 
 def test_the_authorization_header_is_read_as_before(keyed_client):
     # Scheme case, spaces around the key, the same key in both headers, blank headers (as absent).
-    for headers in ({"Authorization": "bearer alice-key"}, {"Authorization": "Bearer   alice-key  "},
-                    {"Authorization": "Bearer alice-key", "X-API-Key": "alice-key"}, {"X-API-Key": " bob-key "},
-                    {"Authorization": ""}, {"X-API-Key": "  "}):  # fmt: skip
+    for headers in (
+        {"Authorization": "bearer alice-key"},
+        {"Authorization": "Bearer   alice-key  "},
+        {"Authorization": "Bearer alice-key", "X-API-Key": "alice-key"},
+        {"X-API-Key": " bob-key "},
+        {"Authorization": ""},
+        {"X-API-Key": "  "},
+    ):
         assert ask(keyed_client, **headers).status_code == 200, headers
     # A header that is not `Bearer <key>` is refused, not taken for a keyless call.
     for authorization in ("Basic YWxpY2U6eA==", "Bearer", "Bearer    ", "alice-key", "Token alice-key"):
         response = ask(keyed_client, Authorization=authorization)
         assert response.status_code == 401, authorization
-        assert response.json()["detail"] == {"error_type": "authentication_error",
-                                             "message": "Authorization must be 'Bearer <key>'"}  # fmt: skip
+        assert response.json()["detail"] == {
+            "error_type": "authentication_error",
+            "message": "Authorization must be 'Bearer <key>'",
+        }
         assert response.headers["WWW-Authenticate"] == "Bearer"
 
 

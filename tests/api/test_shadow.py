@@ -26,7 +26,8 @@ def _wait_scored(client, n: int, timeout_s: float = 60.0) -> dict:
 
 
 class SlowServing:
-    """A challenger catalog whose model takes `delay_s` longer to answer (to show the champion never waits)."""
+    """A challenger catalog whose model takes `delay_s` longer to answer (to show the champion never
+    waits)."""
 
     def __init__(self, catalog: Catalog, delay_s: float) -> None:
         self.catalog, self.delay_s = catalog, delay_s
@@ -71,8 +72,9 @@ def test_the_champion_answers_without_waiting_for_a_slow_shadow(served_folder, t
     assert 0.0 <= report["agreement"] <= 1.0 and report["mean_abs_diff"] > 0  # a different model: it differs
 
 
-def test_a_registry_challenger_is_followed_and_its_comparison_recorded_on_its_version(served_folder, tmp_path,
-                                                                                      monkeypatch):  # fmt: skip
+def test_a_registry_challenger_is_followed_and_its_comparison_recorded_on_its_version(
+    served_folder, tmp_path, monkeypatch
+):
     from pipeline.mlops.registry import client as mlflow_client
     from pipeline.mlops.registry import register_export
     from pipeline.mlops.tracking import record_shadow

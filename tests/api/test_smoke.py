@@ -23,8 +23,20 @@ def server_url(served_folder):
 
 
 def test_smoke_passes_against_the_folder_it_serves(server_url, served_folder, synthetic_train_file, capsys):
-    code = main(["smoke", "--url", server_url, "--data", str(synthetic_train_file), "--n", "20",
-                 "--model-dir", str(served_folder), "--json"])  # fmt: skip
+    code = main(
+        [
+            "smoke",
+            "--url",
+            server_url,
+            "--data",
+            str(synthetic_train_file),
+            "--n",
+            "20",
+            "--model-dir",
+            str(served_folder),
+            "--json",
+        ]
+    )
     result = json.loads(capsys.readouterr().out)
     assert code == 0 and result["passed"]
     assert result["decisions"] >= 20 and result["agreement"] == 1.0
@@ -37,8 +49,19 @@ def test_smoke_fails_when_the_server_answers_for_another_model(server_url, synth
     bodies = heldout_requests(_heldout(synthetic_train_file), 40)
     result = smoke_test(server_url, bodies, other)
     assert not result.passed and result.max_probability_diff > 1e-3
-    code = main(["smoke", "--url", server_url, "--data", str(synthetic_train_file), "--n", "20",
-                 "--model-dir", str(other)])  # fmt: skip
+    code = main(
+        [
+            "smoke",
+            "--url",
+            server_url,
+            "--data",
+            str(synthetic_train_file),
+            "--n",
+            "20",
+            "--model-dir",
+            str(other),
+        ]
+    )
     assert code == 1
 
 
@@ -70,16 +93,22 @@ def test_a_model_folder_or_expected_answers_that_cannot_be_read_is_refused_befor
 
 
 def test_held_out_questions_are_asked_with_their_options_in_the_order_the_model_was_trained_on():
-    # A record's questions_json is canonical (keys sorted): asked from it, {shipping, billing, product} came back as
-    # billing, product, shipping, and the served probabilities, compared by position with the trained model's,
-    # failed every run whose options were a map out of alphabetical order.
+    # A record's questions_json is canonical (keys sorted): asked from it, {shipping, billing, product} came
+    # back as billing, product, shipping, and the served probabilities, compared by position with the trained
+    # model's, failed every run whose options were a map out of alphabetical order.
     from pipeline.data.validate import validate_rows
 
-    team = {"type": "choice", "instructions": "Which team?", "criteria": {"shipping": "parcels", "billing": None,
-                                                                          "product": "how it works"}}  # fmt: skip
+    team = {
+        "type": "choice",
+        "instructions": "Which team?",
+        "criteria": {"shipping": "parcels", "billing": None, "product": "how it works"},
+    }
     urgency = {"type": "score", "instructions": "How urgent?", "criteria": ["later", None, "now"]}
-    row = {"state": "charged twice", "questions": {"urgency": urgency, "team": team, "spare": {"type": "noul"}},
-           "gold": {"team": "billing", "urgency": 2}}  # fmt: skip
+    row = {
+        "state": "charged twice",
+        "questions": {"urgency": urgency, "team": team, "spare": {"type": "noul"}},
+        "gold": {"team": "billing", "urgency": 2},
+    }
     [record] = validate_rows([row]).records
     [body] = heldout_requests([record], 10)
     assert body["questions"] == {"urgency": urgency, "team": team}

@@ -17,8 +17,18 @@ pytestmark = pytest.mark.slow
 def test_two_workers_share_one_port_and_answer_alike(served_folder, tmp_path):
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    command = [sys.executable, "-m", "pipeline.cli", "serve", "--model", str(served_folder), "--port", str(port),
-               "--workers", "2"]  # fmt: skip
+    command = [
+        sys.executable,
+        "-m",
+        "pipeline.cli",
+        "serve",
+        "--model",
+        str(served_folder),
+        "--port",
+        str(port),
+        "--workers",
+        "2",
+    ]
     with open(tmp_path / "serve.log", "w") as log:
         server = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     try:

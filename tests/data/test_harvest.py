@@ -29,39 +29,78 @@ TONES = ("negative", "neutral", "positive")
 def answer(p_negative: float) -> dict:
     rest = (1 - p_negative) / 2
     probabilities = {"negative": p_negative, "neutral": rest, "positive": rest}
-    return {"tone": {"type": "choice", "choice": max(probabilities, key=probabilities.get),
-                     "probabilities": probabilities, "confidence": 0.0, "x_top_probability": max(probabilities.values())},
-            "positive": {"type": "noul", "noul": 1 - p_negative, "x_confidence": max(p_negative, 1 - p_negative)}}  # fmt: skip
+    return {
+        "tone": {
+            "type": "choice",
+            "choice": max(probabilities, key=probabilities.get),
+            "probabilities": probabilities,
+            "confidence": 0.0,
+            "x_top_probability": max(probabilities.values()),
+        },
+        "positive": {"type": "noul", "noul": 1 - p_negative, "x_confidence": max(p_negative, 1 - p_negative)},
+    }
 
 
 def log_decisions(store, n: int, model="tickets/1", owner="alice") -> list[str]:
     ids = [new_decision_id() for _ in range(n)]
     questions = {"tone": QUESTIONS["tone"], "positive": QUESTIONS["positive"]}
-    store.append("decisions", [
-        {"decision_id": i, "time": utc_now(), "model": model, "model_version": model.split("/")[-1], "owner": owner,
-         "state": json.dumps({"text": f"ticket {k} was late", "n": k}), "questions": json.dumps(questions),
-         "answers": json.dumps(answer(0.34 + 0.6 * k / max(n, 1))), "latency_ms": 3.0}
-        for k, i in enumerate(ids)
-    ])  # fmt: skip
+    store.append(
+        "decisions",
+        [
+            {
+                "decision_id": i,
+                "time": utc_now(),
+                "model": model,
+                "model_version": model.split("/")[-1],
+                "owner": owner,
+                "state": json.dumps({"text": f"ticket {k} was late", "n": k}),
+                "questions": json.dumps(questions),
+                "answers": json.dumps(answer(0.34 + 0.6 * k / max(n, 1))),
+                "latency_ms": 3.0,
+            }
+            for k, i in enumerate(ids)
+        ],
+    )
     return ids
 
 
 def label(store, ids, gold=None) -> None:
-    store.append("feedback", [{"decision_id": i, "question_id": "tone", "gold": json.dumps(gold or TONES[k % 3]),
-                               "labelled_by": "alice", "time": utc_now()} for k, i in enumerate(ids)])  # fmt: skip
+    store.append(
+        "feedback",
+        [
+            {
+                "decision_id": i,
+                "question_id": "tone",
+                "gold": json.dumps(gold or TONES[k % 3]),
+                "labelled_by": "alice",
+                "time": utc_now(),
+            }
+            for k, i in enumerate(ids)
+        ],
+    )
 
 
 @pytest.fixture()
 def project(tmp_path, monkeypatch):
     """A git + DVC project with a data set of 60 rows in one Parquet shard, pinned."""
     monkeypatch.chdir(tmp_path)
-    for command in (["git", "init", "-q"], ["git", "config", "user.email", "t@t"], ["git", "config", "user.name", "t"],
-                    [sys.executable, "-m", "dvc", "init", "-q"]):  # fmt: skip
+    for command in (
+        ["git", "init", "-q"],
+        ["git", "config", "user.email", "t@t"],
+        ["git", "config", "user.name", "t"],
+        [sys.executable, "-m", "dvc", "init", "-q"],
+    ):
         subprocess.run(command, check=True, capture_output=True)
     folder = tmp_path / "data" / "tickets"
     folder.mkdir(parents=True)
-    rows = [{"state": json.dumps({"text": f"old ticket {k}"}), "questions": json.dumps({"tone": QUESTIONS["tone"]}),
-             "gold": json.dumps({"tone": TONES[k % 3]})} for k in range(60)]  # fmt: skip
+    rows = [
+        {
+            "state": json.dumps({"text": f"old ticket {k}"}),
+            "questions": json.dumps({"tone": QUESTIONS["tone"]}),
+            "gold": json.dumps({"tone": TONES[k % 3]}),
+        }
+        for k in range(60)
+    ]
     pq.write_table(pa.Table.from_pylist(rows), folder / "part-0000.parquet")
     subprocess.run(
         [sys.executable, "-m", "dvc", "add", "-q", "data/tickets"], check=True, capture_output=True
@@ -133,8 +172,12 @@ def test_a_second_harvest_takes_only_what_is_new(project, tmp_path):
     label(store, ids[4:7])
     third = harvest(str(tmp_path / "inference"), project, ValidateConfig())
     assert third.rows == 3 and third.previous_revision == first.revision
-    harvested = [i for s in open_source(project).shards if s.path.name.startswith("harvest-")
-                 for i in pq.read_table(s.path, columns=["decision_id"]).column(0).to_pylist()]  # fmt: skip
+    harvested = [
+        i
+        for s in open_source(project).shards
+        if s.path.name.startswith("harvest-")
+        for i in pq.read_table(s.path, columns=["decision_id"]).column(0).to_pylist()
+    ]
     assert sorted(harvested) == sorted(ids[:7])  # no row twice
 
 
@@ -167,8 +210,10 @@ def test_harvest_refuses_an_inference_log_that_is_not_there(project, tmp_path, c
 def test_a_jsonl_data_set_gets_a_jsonl_shard(tmp_path):
     folder = tmp_path / "rows"
     folder.mkdir()
-    (folder / "a.jsonl").write_text(json.dumps({"state": "x", "questions": {"tone": QUESTIONS["tone"]},
-                                                "gold": {"tone": "negative"}}) + "\n")  # fmt: skip
+    (folder / "a.jsonl").write_text(
+        json.dumps({"state": "x", "questions": {"tone": QUESTIONS["tone"]}, "gold": {"tone": "negative"}})
+        + "\n"
+    )
     store = open_store(tmp_path / "inference")
     label(store, log_decisions(store, 3))
     result = harvest(str(tmp_path / "inference"), folder, ValidateConfig(), commit=False)
@@ -305,10 +350,20 @@ def test_the_review_and_import_commands_round_trip_a_labelled_file(tmp_path, cap
     assert "labels in it would be lost" in capsys.readouterr().err and out.read_text() == labelled
     assert main(["review", "--model", "tickets", "--out", str(out), "--overwrite", *inference, "--json"]) == 0
     said = json.loads(capsys.readouterr().out)
-    assert said == {"model": "tickets", "answers": len(out.read_text().splitlines()), "out": str(out),
-                    "order": "margin", "conformal_sets": False, "alpha": 0.1}  # fmt: skip
-    for where, said in ((tmp_path, "a .jsonl or .csv"), (tmp_path / "queue.txt", "a .jsonl or .csv"),
-                        (tmp_path / "sub.csv", "a folder"), (Path("/proc/queue.csv"), "no folder can be made")):  # fmt: skip
+    assert said == {
+        "model": "tickets",
+        "answers": len(out.read_text().splitlines()),
+        "out": str(out),
+        "order": "margin",
+        "conformal_sets": False,
+        "alpha": 0.1,
+    }
+    for where, said in (
+        (tmp_path, "a .jsonl or .csv"),
+        (tmp_path / "queue.txt", "a .jsonl or .csv"),
+        (tmp_path / "sub.csv", "a folder"),
+        (Path("/proc/queue.csv"), "no folder can be made"),
+    ):
         (tmp_path / "sub.csv").mkdir(exist_ok=True)
         assert main(["review", "--model", "tickets", "--out", str(where), *inference]) == 2
         err = capsys.readouterr().err.strip().splitlines()
@@ -338,8 +393,12 @@ def test_a_labelled_csv_is_refused_at_its_lines_and_its_cells_read_as_a_tables(t
     ids = log_decisions(store, 3)
     inference = ["--inference", str(tmp_path / "inference")]
     labelled = tmp_path / "labels.csv"
-    rows = [(ids[0], "tone", "negative"), (ids[0], "positive", " true "), (ids[1], "tone", "furious"),
-            (ids[2], "positive", "maybe")]  # fmt: skip
+    rows = [
+        (ids[0], "tone", "negative"),
+        (ids[0], "positive", " true "),
+        (ids[1], "tone", "furious"),
+        (ids[2], "positive", "maybe"),
+    ]
     write_labels(labelled, rows)
     assert main(["feedback", "import", str(labelled), *inference]) == 2
     said = capsys.readouterr().err
@@ -348,9 +407,14 @@ def test_a_labelled_csv_is_refused_at_its_lines_and_its_cells_read_as_a_tables(t
     assert "line 5, question 'positive': 'maybe' is not an option" in said and "body." not in said
     # Item lines ({decision_id, gold}) are named by their lines too (they said body.0), beside flat rows.
     items = tmp_path / "items.jsonl"
-    items.write_text(json.dumps({"decision_id": ids[1], "question": "tone", "label": "negative"}) + "\n\n"
-                     + json.dumps({"decision_id": ids[2], "gold": {"tone": "furious"}}) + "\n"
-                     + json.dumps({"decision_id": "nope", "gold": {"tone": "negative"}}) + "\n")  # fmt: skip
+    items.write_text(
+        json.dumps({"decision_id": ids[1], "question": "tone", "label": "negative"})
+        + "\n\n"
+        + json.dumps({"decision_id": ids[2], "gold": {"tone": "furious"}})
+        + "\n"
+        + json.dumps({"decision_id": "nope", "gold": {"tone": "negative"}})
+        + "\n"
+    )
     assert main(["feedback", "import", str(items), *inference]) == 2
     said = capsys.readouterr().err
     assert "line 3, question 'tone': 'furious' is not an option of 'tone'" in said
@@ -358,7 +422,9 @@ def test_a_labelled_csv_is_refused_at_its_lines_and_its_cells_read_as_a_tables(t
     write_labels(labelled, rows[:2])  # " true " is true, as a table reads it
     assert main(["feedback", "import", str(labelled), *inference]) == 0
     assert {r["question_id"]: json.loads(r["gold"]) for r in store.feedback().to_pylist()} == {
-        "tone": "negative", "positive": "true"}  # fmt: skip
+        "tone": "negative",
+        "positive": "true",
+    }
 
 
 def write_labels(path, rows) -> None:
@@ -367,11 +433,13 @@ def write_labels(path, rows) -> None:
 
 @pytest.mark.parametrize(
     ("content", "name", "said"),
-    [(b'[1, 2]\n"x"\n', "labels.jsonl", "line 1 is JSON list, not an object"),
-     (b"\xff\xfe\x00bad", "labels.csv", "not UTF-8 text (byte 0); save it as UTF-8"),
-     (None, "labels", "a folder; give the labelled .jsonl or .csv file"),
-     (None, "missing.csv", "no such file")],
-)  # fmt: skip
+    [
+        (b'[1, 2]\n"x"\n', "labels.jsonl", "line 1 is JSON list, not an object"),
+        (b"\xff\xfe\x00bad", "labels.csv", "not UTF-8 text (byte 0); save it as UTF-8"),
+        (None, "labels", "a folder; give the labelled .jsonl or .csv file"),
+        (None, "missing.csv", "no such file"),
+    ],
+)
 def test_a_labelled_file_that_cannot_be_read_is_one_line_and_exit_2(content, name, said, tmp_path, capsys):
     # Lines of JSON that were no objects gave an AttributeError traceback.
     from pipeline.cli.main import main

@@ -1,7 +1,7 @@
-"""`decision init` (what `make run DATA=...` calls): a user's data, inside the project or outside it (copied in),
-and base become pinned inputs (real DVC) of a run config the retrain flow loads; a rerun on changed data says it
-is a new revision; a bad name, missing data or a base that is no model is one line, exit code 2, and no config is
-written."""
+"""`decision init` (what `make run DATA=...` calls): a user's data, inside the project or outside it (copied
+in), and base become pinned inputs (real DVC) of a run config the retrain flow loads; a rerun on changed data
+says it is a new revision; a bad name, missing data or a base that is no model is one line, exit code 2, and
+no config is written."""
 
 import json
 import shutil
@@ -20,7 +20,11 @@ from pipeline.stages.init import BadInit, run_name
 from tests.tiny import write_tiny_encoder
 
 ROOT = Path(__file__).resolve().parents[2]
-ROW = {"state": "late again", "questions": {"late": {"type": "noul", "instructions": "It was late."}}, "gold": {"late": True}}  # fmt: skip
+ROW = {
+    "state": "late again",
+    "questions": {"late": {"type": "noul", "instructions": "It was late."}},
+    "gold": {"late": True},
+}
 
 
 @pytest.fixture
@@ -29,8 +33,13 @@ def project(tmp_path, monkeypatch):
     folder = tmp_path / "project"
     folder.mkdir()
     shutil.copy(ROOT / "params.yaml", folder / "params.yaml")
-    done = subprocess.run([sys.executable, "-m", "dvc", "init", "--no-scm", "-q"], cwd=folder, capture_output=True,
-                          text=True, timeout=120)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-m", "dvc", "init", "--no-scm", "-q"],
+        cwd=folder,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 0, done.stderr
     monkeypatch.chdir(folder)
     return folder
@@ -55,12 +64,16 @@ def test_data_outside_the_project_is_copied_in_pinned_and_named_in_a_run_config(
     assert code == 0, err
     assert (result["name"], result["data"], result["copied"]) == ("tickets", "data/own/tickets.jsonl", True)
     assert (project / "data/own/tickets.jsonl").read_bytes() == source.read_bytes()
-    assert check_pins({"data": project / "data/own/tickets.jsonl"}, project / "dvc.lock", require=True).pins == {
-        "data/own/tickets.jsonl": result["data_md5"]
-    }
+    assert check_pins(
+        {"data": project / "data/own/tickets.jsonl"}, project / "dvc.lock", require=True
+    ).pins == {"data/own/tickets.jsonl": result["data_md5"]}
     retrain = load_params(project / "params.yaml", "tickets").retrain
     assert (retrain.data, retrain.base, retrain.runs_dir, retrain.model_name) == (
-        "data/own/tickets.jsonl", "data/snapshots/minilm", "runs/tickets", "tickets")  # fmt: skip
+        "data/own/tickets.jsonl",
+        "data/snapshots/minilm",
+        "runs/tickets",
+        "tickets",
+    )
     assert result["previous_data_md5"] is None and not result["data_changed"]
 
 
@@ -134,8 +147,9 @@ def test_bad_input_is_one_line_exit_2_and_writes_no_config(project, capsys, flag
         ("retrain:\n  model_name: mine\ntrain:\n  bogus_key: 1\n", "bogus_key"),
     ],
 )
-def test_a_run_config_init_cannot_update_is_refused_before_anything_is_pinned(project, tmp_path, capsys, config,
-                                                                              said):  # fmt: skip
+def test_a_run_config_init_cannot_update_is_refused_before_anything_is_pinned(
+    project, tmp_path, capsys, config, said
+):
     source = write_rows(tmp_path / "exports" / "mine.jsonl", 3)
     (project / "configs").mkdir()
     (project / "configs" / "mine.yaml").write_text(config)
@@ -193,8 +207,11 @@ def test_the_stock_base_is_built_after_the_name_and_data_are_checked(project, tm
     # A snapshot stage standing in for dvc.yaml's (which copies MiniLM): `python` must be this interpreter's,
     # whatever PATH the user has, as under `make run`.
     build = "import pathlib; p = pathlib.Path('data/snapshots/minilm'); p.mkdir(parents=True); (p / 'w').write_text('x')"
-    (project / "dvc.yaml").write_text(yaml.safe_dump({"stages": {"snapshot": {
-        "cmd": f'python -c "{build}"', "outs": ["data/snapshots/minilm"]}}}))  # fmt: skip
+    (project / "dvc.yaml").write_text(
+        yaml.safe_dump(
+            {"stages": {"snapshot": {"cmd": f'python -c "{build}"', "outs": ["data/snapshots/minilm"]}}}
+        )
+    )
     monkeypatch.setenv("PATH", "/usr/bin:/bin")
     source = write_rows(tmp_path / "rows.jsonl", 3)
     code, _, err = init(capsys, "--data", str(source), "--name", "Bad Name")
@@ -233,8 +250,11 @@ def test_a_glob_outside_the_project_copies_only_the_files_it_matches(project, tm
     (exports / "unrelated.bin").write_bytes(b"\0" * 100)
     code, result, err = init(capsys, "--data", f"{exports}/**/part-*.jsonl", "--name", "parts")
     assert code == 0 and result["copied"], err
-    copied = sorted(p.relative_to(project / "data/own/parts").as_posix()
-                    for p in (project / "data/own/parts").rglob("*") if p.is_file())  # fmt: skip
+    copied = sorted(
+        p.relative_to(project / "data/own/parts").as_posix()
+        for p in (project / "data/own/parts").rglob("*")
+        if p.is_file()
+    )
     assert copied == ["part-0.jsonl", "sub/part-1.jsonl"]  # nothing else there is pinned
     assert load_params(project / "params.yaml", "parts").retrain.data == "data/own/parts/**/part-*.jsonl"
 

@@ -1,5 +1,5 @@
-"""A mapping turns a plain table into decision rows: state columns, questions from label columns, options given
-or found; and bad mappings are refused with one line naming the thing (exit 2 from the CLI)."""
+"""A mapping turns a plain table into decision rows: state columns, questions from label columns, options
+given or found; and bad mappings are refused with one line naming the thing (exit 2 from the CLI)."""
 
 import json
 
@@ -24,12 +24,33 @@ from pipeline.data.validate import validate_file
 from pipeline.lineage import keyed_sections
 
 TICKETS = [
-    {"id": "t1", "text": "parcel two weeks late", "channel": "email", "team": "shipping", "urgency": 3, "refund": "yes"},
-    {"id": "t2", "text": "charged twice", "channel": "phone", "team": "billing", "urgency": 2, "refund": "no"},
-    {"id": "t3", "text": "box crushed", "channel": "email", "team": "shipping", "urgency": None, "refund": "Yes"},
+    {
+        "id": "t1",
+        "text": "parcel two weeks late",
+        "channel": "email",
+        "team": "shipping",
+        "urgency": 3,
+        "refund": "yes",
+    },
+    {
+        "id": "t2",
+        "text": "charged twice",
+        "channel": "phone",
+        "team": "billing",
+        "urgency": 2,
+        "refund": "no",
+    },
+    {
+        "id": "t3",
+        "text": "box crushed",
+        "channel": "email",
+        "team": "shipping",
+        "urgency": None,
+        "refund": "Yes",
+    },
     {"id": "t4", "text": "how do I log in", "channel": "chat", "team": None, "urgency": 0, "refund": None},
     {"id": "t5", "text": "refund please", "channel": "email", "team": "billing", "urgency": 1, "refund": "1"},
-]  # fmt: skip
+]
 MAPPING_YAML = """\
 state: [text, channel]
 id: id
@@ -137,8 +158,15 @@ def test_score_levels_fill_the_gaps_between_whole_numbers_or_follow_given_labels
     mapped, _ = read_mapped(path, load_mapping(flags_mapping(["review"], "stars", type="score")))
     assert mapped.mapping.questions["stars"].options == ("1", "2", "3", "4", "5")
     assert [g["stars"] for g in mapped.columns.gold] == [4, 0, 2]
-    named = mapping_from_dict({"state": "review", "questions": {"stars": {
-        "column": "stars", "type": "score", "options": {1: "poor", 3: "fine", 5: "great"}}}}, "test")  # fmt: skip
+    named = mapping_from_dict(
+        {
+            "state": "review",
+            "questions": {
+                "stars": {"column": "stars", "type": "score", "options": {1: "poor", 3: "fine", 5: "great"}}
+            },
+        },
+        "test",
+    )
     data = validate_file(path, mapping=named)
     question = data.records[0].decisions[0].question
     assert question.descriptions == ("poor", "fine", "great") and data.records[0].decisions[0].gold.label == 2
@@ -181,9 +209,18 @@ def test_a_noul_label_that_is_not_yes_or_no_is_refused(tmp_path):
 @pytest.mark.parametrize(
     ("raw", "message"),
     [
-        ({"state": "text", "questions": {"q": {"column": "l"}}, "labels": "l"}, r"mapping: unknown key\(s\) labels"),
-        ({"state": "text", "questions": {"q": {"column": "l", "typ": "score"}}}, r"questions.q: unknown key\(s\) typ"),
-        ({"state": "text", "questions": {"q": {"column": "l", "type": "rank"}}}, "questions.q.type: expected one of"),
+        (
+            {"state": "text", "questions": {"q": {"column": "l"}}, "labels": "l"},
+            r"mapping: unknown key\(s\) labels",
+        ),
+        (
+            {"state": "text", "questions": {"q": {"column": "l", "typ": "score"}}},
+            r"questions.q: unknown key\(s\) typ",
+        ),
+        (
+            {"state": "text", "questions": {"q": {"column": "l", "type": "rank"}}},
+            "questions.q.type: expected one of",
+        ),
         ({"state": 3, "questions": {"q": {"column": "l"}}}, "state: expected a column name"),
         ({"state": "text", "questions": {}}, "questions: expected"),
         ({"state": "text", "questions": {"q": {"column": "l", "options": ["a", "a"]}}}, "'a' given twice"),
@@ -192,7 +229,7 @@ def test_a_noul_label_that_is_not_yes_or_no_is_refused(tmp_path):
         ({"state": ["text", "text"], "questions": {"q": {"column": "l"}}}, "column 'text' named twice"),
         ({"state": "text", "questions": {"q": {"column": "text"}}}, "'text' is also the state"),
     ],
-)  # fmt: skip
+)
 def test_a_bad_mapping_is_refused_naming_the_key(raw, message):
     with pytest.raises(MappingError, match=message):
         load_mapping(raw)
@@ -310,14 +347,39 @@ def test_finetune_trains_on_a_mapped_table_end_to_end_and_predict_reads_new_rows
     lines = [f"{words[label][i % 3]} item {i},{label}" for i in range(40) for label in ("pos", "neg")]
     path.write_text("text,label\n" + "\n".join(lines) + "\n")
     params = tmp_path / "params.yaml"
-    params.write_text("train:\n  micro_batch: 8\n  grad_accum: 1\n  precision: fp32\n"
-                      "validate:\n  holdout_max_decisions: 20\n  holdout_fraction: 0.3\n")  # fmt: skip
-    code = main(["finetune", "--data", str(path), "--base", str(tiny_base), "--out", str(tmp_path / "export"),
-                 "--max-steps", "2", "--params", str(params), "--json", "-q",
-                 "--state-column", "text", "--label-column", "label", "--question", "tone"])  # fmt: skip
+    params.write_text(
+        "train:\n  micro_batch: 8\n  grad_accum: 1\n  precision: fp32\n"
+        "validate:\n  holdout_max_decisions: 20\n  holdout_fraction: 0.3\n"
+    )
+    code = main(
+        [
+            "finetune",
+            "--data",
+            str(path),
+            "--base",
+            str(tiny_base),
+            "--out",
+            str(tmp_path / "export"),
+            "--max-steps",
+            "2",
+            "--params",
+            str(params),
+            "--json",
+            "-q",
+            "--state-column",
+            "text",
+            "--label-column",
+            "label",
+            "--question",
+            "tone",
+        ]
+    )
     assert code == 0
     summary = json.loads(capsys.readouterr().out)
-    assert summary["calibration"]["heldout"]["decisions"] == 20 and (tmp_path / "export" / "manifest.json").is_file()
+    assert (
+        summary["calibration"]["heldout"]["decisions"] == 20
+        and (tmp_path / "export" / "manifest.json").is_file()
+    )
     # evaluate reads the table through the same flags, as the decision rows `decision map --write` gives
     flags = ["--state-column", "text", "--label-column", "label", "--question", "tone"]
     assert main(["map", "--data", str(path), *flags, "--write", str(tmp_path / "rows.jsonl"), "--json"]) == 0
@@ -359,8 +421,9 @@ def test_finetune_trains_on_a_mapped_table_end_to_end_and_predict_reads_new_rows
 
 
 @pytest.mark.parametrize("suffix", ["jsonl", "parquet"])
-def test_a_group_column_groups_the_mapped_rows_and_the_written_file_keeps_it(tickets, mapping_file, tmp_path,
-                                                                              suffix):  # fmt: skip
+def test_a_group_column_groups_the_mapped_rows_and_the_written_file_keeps_it(
+    tickets, mapping_file, tmp_path, suffix
+):
     raw = {**yaml.safe_load(MAPPING_YAML), "group": "channel"}
     mapping = load_mapping(raw)
     direct = validate_file(tickets, mapping=mapping)
@@ -416,16 +479,44 @@ def test_map_never_writes_over_the_table_it_reads_and_says_when_it_replaces_a_fi
 ):
     rows = tmp_path / "rows.jsonl"
     args = ["map", "--data", str(rows), "--state-column", "state", "--label-column", "gold", "--preview", "0"]
-    assert main(["map", "--data", str(plain_csv), "--state-column", "text", "--label-column", "label",
-                 "--write", str(rows)]) == 0  # fmt: skip
+    assert (
+        main(
+            [
+                "map",
+                "--data",
+                str(plain_csv),
+                "--state-column",
+                "text",
+                "--label-column",
+                "label",
+                "--write",
+                str(rows),
+            ]
+        )
+        == 0
+    )
     before = rows.read_bytes()
     capsys.readouterr()
     assert main([*args, "--write", str(rows)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err == [f"decision map: --write {rows}: the data being read; write the rows elsewhere"]
     assert rows.read_bytes() == before
-    assert main(["map", "--data", str(plain_csv), "--state-column", "text", "--label-column", "label",
-                 "--write", str(rows)]) == 0  # fmt: skip
+    assert (
+        main(
+            [
+                "map",
+                "--data",
+                str(plain_csv),
+                "--state-column",
+                "text",
+                "--label-column",
+                "label",
+                "--write",
+                str(rows),
+            ]
+        )
+        == 0
+    )
     assert "(replacing the file that was there)" in capsys.readouterr().out
 
 
@@ -440,8 +531,11 @@ def test_a_column_named_twice_is_one_line_and_exit_two(tmp_path, capsys):
 def test_a_score_labelled_in_words_needs_its_levels_in_order(tmp_path):
     path = tmp_path / "urgency.csv"
     path.write_text("text,urgency\nno rush,low\ndown for all,high\nslow page,medium\n")
-    with pytest.raises(MappingError, match=r"score .* not numbers \('high', 'low', 'medium'\): list its levels "
-                       "lowest first"):  # fmt: skip
+    with pytest.raises(
+        MappingError,
+        match=r"score .* not numbers \('high', 'low', 'medium'\): list its levels "
+        "lowest first",
+    ):
         read_mapped(path, load_mapping(flags_mapping(["text"], "urgency", type="score")))
     given = flags_mapping(["text"], "urgency", type="score", options=["low", "medium", "high"])
     mapped, _ = read_mapped(path, load_mapping(given))
@@ -460,8 +554,10 @@ def test_true_and_1_in_one_column_stay_two_labels(tmp_path):
 
 def test_a_label_column_of_lists_or_objects_is_refused_naming_them(tmp_path, capsys):
     path = tmp_path / "tags.jsonl"
-    path.write_text('{"text": "a", "tags": ["late", "damaged"]}\n{"text": "b", "tags": {"k": 1}}\n'
-                    '{"text": "c", "tags": "late"}\n')  # fmt: skip
+    path.write_text(
+        '{"text": "a", "tags": ["late", "damaged"]}\n{"text": "b", "tags": {"k": 1}}\n'
+        '{"text": "c", "tags": "late"}\n'
+    )
     args = ["map", "--data", str(path), "--state-column", "text", "--label-column", "tags"]
     assert main(args) == 2
     err = capsys.readouterr().err

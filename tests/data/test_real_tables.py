@@ -1,6 +1,7 @@
-"""Tables as users export them (spreadsheets, pandas, Parquet writers, `datasets`): labels with stray spaces or
-leading zeros, wide score ranges, id columns, BOMs, "NA" text, non-UTF-8 bytes, JSON arrays, decimal and
-duration columns, mixed-type ids and YAML 1.1 words. Each reads as the user meant, or is refused in one line."""
+"""Tables as users export them (spreadsheets, pandas, Parquet writers, `datasets`): labels with stray spaces
+or leading zeros, wide score ranges, id columns, BOMs, "NA" text, non-UTF-8 bytes, JSON arrays, decimal and
+duration columns, mixed-type ids and YAML 1.1 words. Each reads as the user meant, or is refused in one
+line."""
 
 import datetime
 import decimal
@@ -18,8 +19,9 @@ from pipeline.data.shards import BadSource
 
 
 def mapped(path, label="label", state="text", **flags):
-    return read_mapped(path, load_mapping(flags_mapping([state] if isinstance(state, str) else state, label,
-                                                        **flags)))[0]  # fmt: skip
+    return read_mapped(
+        path, load_mapping(flags_mapping([state] if isinstance(state, str) else state, label, **flags))
+    )[0]
 
 
 def write_csv(tmp_path, text: str, name="table.csv", encoding="utf-8") -> str:
@@ -94,8 +96,10 @@ def test_a_file_that_is_not_utf8_is_refused_saying_save_it_as_utf8(where, suffix
     path.write_bytes("".join(good + rows).encode() + line("café", "neg").encode("cp1252"))
     code = main(["map", "--data", str(path), "--state-column", "text", "--label-column", "label"])
     [said] = capsys.readouterr().err.strip().splitlines()
-    assert code == 2 and said == (f"decision map: {path}: not UTF-8 text (a file saved as Latin-1 or Windows-1252?); "
-                                  "save it as UTF-8 and read it again")  # fmt: skip
+    assert code == 2 and said == (
+        f"decision map: {path}: not UTF-8 text (a file saved as Latin-1 or Windows-1252?); "
+        "save it as UTF-8 and read it again"
+    )
 
 
 def test_a_json_array_is_refused_saying_how_to_write_json_lines(tmp_path):
@@ -106,14 +110,17 @@ def test_a_json_array_is_refused_saying_how_to_write_json_lines(tmp_path):
 
 
 @pytest.mark.parametrize("suffix", ["jsonl", "csv"])
-def test_a_binary_file_named_as_text_is_refused_saying_what_it_is_without_quoting_its_bytes(suffix, tmp_path,
-                                                                                            capsys):  # fmt: skip
+def test_a_binary_file_named_as_text_is_refused_saying_what_it_is_without_quoting_its_bytes(
+    suffix, tmp_path, capsys
+):
     # The error quoted ~150 bytes of the binary file, and a Parquet file was "not UTF-8 (Latin-1?)".
     parquet, binary = tmp_path / f"table.{suffix}", tmp_path / f"blob.{suffix}"
     pq.write_table(pa.table({"text": ["a"], "label": ["x"]}), parquet)
     binary.write_bytes(b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR" + bytes(range(256)))
-    for path, said in ((parquet, f"a Parquet file named .{suffix}; rename it .parquet"),
-                       (binary, f"binary, not {suffix.upper()} text (a NUL byte within its first 4 KiB)")):  # fmt: skip
+    for path, said in (
+        (parquet, f"a Parquet file named .{suffix}; rename it .parquet"),
+        (binary, f"binary, not {suffix.upper()} text (a NUL byte within its first 4 KiB)"),
+    ):
         assert main(["validate", str(path)]) == 2
         [line] = capsys.readouterr().err.strip().splitlines()
         assert line.startswith(f"decision validate: {path}: {said}"), line
@@ -121,8 +128,10 @@ def test_a_binary_file_named_as_text_is_refused_saying_what_it_is_without_quotin
 
 def test_a_line_that_is_not_json_has_no_cells_and_its_raw_text_is_no_label(tmp_path):
     path = tmp_path / "q.jsonl"
-    path.write_text('{"text": "a", "questions": "billing"}\n{"text": "b", "questions": "shipping"}\n'
-                    '{"text": "c", "questions": "billing"\n')  # fmt: skip
+    path.write_text(
+        '{"text": "a", "questions": "billing"}\n{"text": "b", "questions": "shipping"}\n'
+        '{"text": "c", "questions": "billing"\n'
+    )
     rows = mapped(str(path), "questions", question="topic")
     assert rows.mapping.questions["topic"].options == ("billing", "shipping")
     assert rows.columns.state == ["a", "b", None]  # counted as missing_state, not dropped
@@ -130,13 +139,18 @@ def test_a_line_that_is_not_json_has_no_cells_and_its_raw_text_is_no_label(tmp_p
 
 def test_decimal_duration_and_binary_columns_become_json_values_of_the_state(tmp_path):
     path = tmp_path / "orders.parquet"
-    pq.write_table(pa.table({
-        "text": ["a", "b"],
-        "amount": pa.array([decimal.Decimal("1.50"), decimal.Decimal("2.00")], pa.decimal128(10, 2)),
-        "wait": pa.array([datetime.timedelta(hours=2), None], pa.duration("s")),
-        "raw": pa.array([b"hi", b"\xff"], pa.binary()),
-        "label": ["pos", "neg"],
-    }), path)  # fmt: skip
+    pq.write_table(
+        pa.table(
+            {
+                "text": ["a", "b"],
+                "amount": pa.array([decimal.Decimal("1.50"), decimal.Decimal("2.00")], pa.decimal128(10, 2)),
+                "wait": pa.array([datetime.timedelta(hours=2), None], pa.duration("s")),
+                "raw": pa.array([b"hi", b"\xff"], pa.binary()),
+                "label": ["pos", "neg"],
+            }
+        ),
+        path,
+    )
     rows = mapped(str(path), state=["text", "amount", "wait", "raw"])
     assert rows.columns.state == [
         {"text": "a", "amount": 1.5, "wait": "2:00:00", "raw": "hi"},
@@ -155,9 +169,11 @@ def test_ids_of_mixed_types_are_written_to_parquet_as_text(tmp_path):
 def test_yaml_1_1_words_in_a_mapping_stay_the_labels_written(tmp_path):
     table = write_csv(tmp_path, "text,label,code\na,yes,007\nb,no,010\nc,maybe,007\n")
     spec = tmp_path / "mapping.yaml"
-    spec.write_text("state: text\nquestions:\n  label: {column: label, options: [yes, no, maybe]}\n"
-                    "  code: {column: code, options: [007, 010]}\n"
-                    "  flag: {column: label, type: noul, options: {yes: it says yes, no: it says no}}\n")  # fmt: skip
+    spec.write_text(
+        "state: text\nquestions:\n  label: {column: label, options: [yes, no, maybe]}\n"
+        "  code: {column: code, options: [007, 010]}\n"
+        "  flag: {column: label, type: noul, options: {yes: it says yes, no: it says no}}\n"
+    )
     mapping = load_mapping(str(spec))
     assert mapping.questions["label"].options == ("yes", "no", "maybe")
     assert mapping.questions["code"].options == ("007", "010")
@@ -206,14 +222,30 @@ def test_the_preview_writes_a_timestamp_as_the_trained_state_does(tmp_path, caps
 
 
 def test_shards_that_encode_the_same_values_apart_read_as_one_source(tmp_path):
-    # pandas writes text as large_string, polars as string; a writer may dictionary-encode it; an all-null column
-    # of one shard has the null type. The values are the same kind: one source, not "another schema".
+    # pandas writes text as large_string, polars as string; a writer may dictionary-encode it; an all-null
+    # column of one shard has the null type. The values are the same kind: one source, not "another schema".
     folder = tmp_path / "shards"
     folder.mkdir()
-    pq.write_table(pa.table({"text": pa.array(["a", "b"], pa.large_string()), "label": ["x", "y"],
-                             "note": pa.array([None, None], pa.null())}), folder / "part-0.parquet")  # fmt: skip
-    pq.write_table(pa.table({"text": pa.array(["c"], pa.string()), "label": pa.array(["x"]).dictionary_encode(),
-                             "note": ["seen"]}), folder / "part-1.parquet")  # fmt: skip
+    pq.write_table(
+        pa.table(
+            {
+                "text": pa.array(["a", "b"], pa.large_string()),
+                "label": ["x", "y"],
+                "note": pa.array([None, None], pa.null()),
+            }
+        ),
+        folder / "part-0.parquet",
+    )
+    pq.write_table(
+        pa.table(
+            {
+                "text": pa.array(["c"], pa.string()),
+                "label": pa.array(["x"]).dictionary_encode(),
+                "note": ["seen"],
+            }
+        ),
+        folder / "part-1.parquet",
+    )
     rows = mapped(str(folder), state=["text", "note"])
     assert [s["text"] for s in rows.columns.state] == ["a", "b", "c"]
     assert [s["note"] for s in rows.columns.state] == [None, None, "seen"]

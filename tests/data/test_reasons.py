@@ -103,8 +103,8 @@ def test_bad_gold_is_skipped(gold, reason):
 
 @pytest.mark.parametrize("criteria", [{"0": "lo", "1": "hi"}, {"low": "lo", "high": "hi"}])
 def test_score_criteria_given_as_a_map_are_skipped_as_bad_criteria(criteria):
-    # A level is its position in a list (docs/data-format.md); the Decision API refuses a map too, so no row trains on
-    # a question the served model would refuse.
+    # A level is its position in a list (docs/data-format.md); the Decision API refuses a map too, so no row
+    # trains on a question the served model would refuse.
     row = {"state": "s", "questions": {"q": {"type": "score", "criteria": criteria}}, "gold": {"q": 1}}
     report = validate_rows([row]).report
     assert report.skipped == {"bad_criteria": 1} and report.examples["bad_criteria"]["question_id"] == "q"

@@ -1,6 +1,6 @@
-"""A DVC remote with real DVC and git: push the pinned outputs from one clone, and a fresh clone with no built data
-pulls them, so `dvc repro` skips the stage that would have built them (a local directory remote, as a team's
-S3 bucket behaves). A tiny DVC project of its own in tmp_path, never the project's data; ~15 s.
+"""A DVC remote with real DVC and git: push the pinned outputs from one clone, and a fresh clone with no built
+data pulls them, so `dvc repro` skips the stage that would have built them (a local directory remote, as a
+team's S3 bucket behaves). A tiny DVC project of its own in tmp_path, never the project's data; ~15 s.
 
     python -m pytest tests/data/test_remote.py -q
 """
@@ -133,8 +133,8 @@ def test_push_refuses_outputs_that_are_not_built(origin):
 
 
 def test_an_added_input_in_a_subfolder_is_pushed_and_pulled(origin):
-    # Its output path is relative to its .dvc file: looked up from the root, `own.jsonl` was "not built here" and
-    # nothing was pushed at all.
+    # Its output path is relative to its .dvc file: looked up from the root, `own.jsonl` was "not built here"
+    # and nothing was pushed at all.
     (origin / "data" / "own").mkdir(parents=True)
     (origin / "data/own/own.jsonl").write_text('{"state": "late"}\n')
     _dvc(["add", "-q", "data/own/own.jsonl"], origin)

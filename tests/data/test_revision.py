@@ -46,7 +46,9 @@ def test_a_folder_revision_is_its_dvc_pin_and_a_changed_shard_makes_a_new_one(re
 def test_a_glob_is_pinned_by_its_folder_and_its_revision_follows_only_the_shards_it_matches(repo):
     pattern = f"{repo}/shards/part-[01].parquet"
     assert pin_path(pattern) == repo / "shards"
-    assert check_pins({"data": pattern}, repo / "dvc.lock", require=True).pins == {"shards": current_md5(repo / "shards")}
+    assert check_pins({"data": pattern}, repo / "dvc.lock", require=True).pins == {
+        "shards": current_md5(repo / "shards")
+    }
     before = data_revision(pattern)
     assert before != data_revision(repo / "shards")  # two shards of three: not the folder's hash
     synthetic.write_rows(synthetic.generate_rows(10, seed=7), repo / "shards" / "part-2.parquet")
@@ -58,7 +60,9 @@ def test_a_glob_is_pinned_by_its_folder_and_its_revision_follows_only_the_shards
 def test_an_unpinned_glob_names_the_folder_to_dvc_add_and_a_hub_id_says_dvc_cannot_pin_it(repo):
     synthetic.write_rows(synthetic.generate_rows(5), repo / "more" / "a.jsonl")
     with pytest.raises(Unpinned) as error:
-        check_pins({"data": f"{repo}/more/*.jsonl", "eval_data": "hf:owner/name"}, repo / "dvc.lock", require=True)
+        check_pins(
+            {"data": f"{repo}/more/*.jsonl", "eval_data": "hf:owner/name"}, repo / "dvc.lock", require=True
+        )
     message = str(error.value)
     assert f"{repo}/more/*.jsonl: not pinned; pin it with `dvc add more`" in message
     assert "hf:owner/name: a Hub data set, which DVC cannot pin; save it with `save_to_disk`" in message
@@ -74,7 +78,8 @@ def test_a_data_revision_says_whether_the_previous_version_trained_on_other_data
     assert (
         new.line() == f"data: data/shards at revision {'b' * 12} (new: version 3 was trained on {'a' * 12})"
     )
-    # The same run again (data B → version 4, then a rerun on B): it is version 4, not new data since version 3.
+    # The same run again (data B → version 4, then a rerun on B): it is version 4, not new data since version
+    # 3.
     again = DataRevision("data/shards", "b" * 32, "3", "a" * 32, rerun_of="4")
     assert not again.changed and again.line().endswith(
         "(a rerun of version 4: the same data, base, params and code)"
@@ -94,13 +99,25 @@ def test_the_previous_revision_is_the_newest_version_registered_under_another_ke
         )  # the store of this test, whatever mlflow's global URI
         client().log_param(run_id, "train.max_steps", 4 if key == "k1" else 8)
         client().log_param(run_id, "train.lora_r", 8)
-        client().create_model_version("shards-model", f"file://{tmp_path}/{key}", run_id=run_id,
-                                      tags={"idempotency_key": key, "data_md5": revision, "base_md5": "b" * 32,
-                                            "code_digest": key * 16})  # fmt: skip
+        client().create_model_version(
+            "shards-model",
+            f"file://{tmp_path}/{key}",
+            run_id=run_id,
+            tags={
+                "idempotency_key": key,
+                "data_md5": revision,
+                "base_md5": "b" * 32,
+                "code_digest": key * 16,
+            },
+        )
     found = registry_lineage("shards-model", "k3")
     assert (found.rerun_of, found.previous, found.previous_revision) == (None, "2", "r2")
-    assert found.previous_settings == {"train.max_steps": "8", "train.lora_r": "8", "base_md5": "b" * 32,
-                                       "code_digest": "k2" * 16}  # fmt: skip
+    assert found.previous_settings == {
+        "train.max_steps": "8",
+        "train.lora_r": "8",
+        "base_md5": "b" * 32,
+        "code_digest": "k2" * 16,
+    }
     rerun = registry_lineage(
         "shards-model", "k2"
     )  # a rerun of key k2 finds itself, and the one before as previous
@@ -109,11 +126,19 @@ def test_the_previous_revision_is_the_newest_version_registered_under_another_ke
 
 def test_a_new_version_on_the_same_data_says_what_else_changed():
     before = {"train.max_steps": "4", "train.lora_r": "8", "base_md5": "b" * 32, "code_digest": "c" * 64}
-    now = {"train.max_steps": "8", "train.lora_r": "8", "train.seed": "1", "base_md5": "d" * 32,
-           "code_digest": "c" * 64, "git_commit": "e" * 40}  # fmt: skip
+    now = {
+        "train.max_steps": "8",
+        "train.lora_r": "8",
+        "train.seed": "1",
+        "base_md5": "d" * 32,
+        "code_digest": "c" * 64,
+        "git_commit": "e" * 40,
+    }
     changes = settings_changed(before, now)
-    assert changes == ("params (train.max_steps 4 -> 8, train.seed (unset) -> 1)",
-                       f"base ({'b' * 12} -> {'d' * 12})")  # fmt: skip
+    assert changes == (
+        "params (train.max_steps 4 -> 8, train.seed (unset) -> 1)",
+        f"base ({'b' * 12} -> {'d' * 12})",
+    )
     line = DataRevision("data/shards", "a" * 32, "3", "a" * 32, changes=changes).line()
     assert line.endswith(f"(unchanged since version 3; a new version for its {'; '.join(changes)})")
     # a version from before the code digest was tagged: its commit stands in for it

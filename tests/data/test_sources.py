@@ -1,7 +1,7 @@
 """Every source kind reads the same rows as one file does: a folder or glob of Parquet or JSONL shards, a
-hive-partitioned Parquet set, a `datasets` save_to_disk folder (a DatasetDict's splits too); slices cross shard
-boundaries without reading the shards outside them; `iter_tables` streams any of them; bad sources are one line
-and exit 2 from the CLI."""
+hive-partitioned Parquet set, a `datasets` save_to_disk folder (a DatasetDict's splits too); slices cross
+shard boundaries without reading the shards outside them; `iter_tables` streams any of them; bad sources are
+one line and exit 2 from the CLI."""
 
 import os
 import subprocess
@@ -77,8 +77,14 @@ def test_iter_tables_gives_the_slice_in_fixed_size_tables_across_shards(sources,
 
 
 def test_a_hive_partitioned_parquet_set_keeps_its_partition_columns(tmp_path):
-    table = pa.table({"state": [f"s{i}" for i in range(20)], "questions": ["{}"] * 20,
-                      "lang": ["en", "fr"] * 10, "year": [2024, 2025] * 10})  # fmt: skip
+    table = pa.table(
+        {
+            "state": [f"s{i}" for i in range(20)],
+            "questions": ["{}"] * 20,
+            "lang": ["en", "fr"] * 10,
+            "year": [2024, 2025] * 10,
+        }
+    )
     pq.write_to_dataset(table, tmp_path / "events", partition_cols=["lang", "year"])
     source = open_source(tmp_path / "events")
     assert source.kind == "partitioned" and len(source.shards) == 2
@@ -159,8 +165,13 @@ def test_shards_whose_schemas_differ_are_refused_naming_the_shard_and_the_differ
 
 
 def _decision(*args, env=None):
-    return subprocess.run([sys.executable, "-m", "pipeline.cli", *args], capture_output=True, text=True,
-                          timeout=300, env={**os.environ, **(env or {})})  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-m", "pipeline.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, **(env or {})},
+    )
 
 
 def test_the_cli_says_one_line_and_exits_2_for_an_empty_folder_and_a_hub_id_offline(tmp_path):
@@ -202,6 +213,8 @@ def test_a_hub_id_where_the_hub_cannot_be_reached_is_one_line_at_once(tmp_path):
     done = _decision("validate", "hf:nobody/no-such-set:train", env=closed)
     # One line, not a retry per attempt before it: the Hub is not tried once its endpoint takes no connection.
     assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1, done.stderr
-    assert done.stderr.startswith("decision validate: hf:nobody/no-such-set:train: the Hugging Face Hub cannot be "
-                                  "reached from here (127.0.0.1:9: ")  # fmt: skip
+    assert done.stderr.startswith(
+        "decision validate: hf:nobody/no-such-set:train: the Hugging Face Hub cannot be "
+        "reached from here (127.0.0.1:9: "
+    )
     assert "set HF_HUB_OFFLINE=1" in done.stderr

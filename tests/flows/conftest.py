@@ -1,4 +1,5 @@
-"""Flow fixtures: a Prefect test harness, a private MLflow store, and a tiny project (synthetic rows, tiny base)."""
+"""Flow fixtures: a Prefect test harness, a private MLflow store, and a tiny project (synthetic rows, tiny
+base)."""
 
 import os
 import sys
@@ -43,15 +44,33 @@ def write_tiny_params(folder: Path, data: Path, base: Path, pin: bool = True, **
     if pin:
         data, base = pin_inputs(folder, data, base)
     params = {
-        # A validation split of ~44 decisions (10% of the training rows): the calibrator fits on it, as in a real run.
-        "validate": {"data": str(data), "report": str(folder / "validation.json"), "holdout_max_decisions": 40,
-                     "validation_min_decisions": 30},
-        "train": {"max_steps": 4, "micro_batch": 4, "grad_accum": 2, "log_every": 1, "lora_r": 4, "lora_alpha": 4},
-        "retrain": {"data": str(data), "base": str(base), "runs_dir": str(folder / "runs"),
-                    "model_name": "tiny-model", "smoke_decisions": 20, "device": "cpu"},
+        # A validation split of ~44 decisions (10% of the training rows): the calibrator fits on it, as in a
+        # real run.
+        "validate": {
+            "data": str(data),
+            "report": str(folder / "validation.json"),
+            "holdout_max_decisions": 40,
+            "validation_min_decisions": 30,
+        },
+        "train": {
+            "max_steps": 4,
+            "micro_batch": 4,
+            "grad_accum": 2,
+            "log_every": 1,
+            "lora_r": 4,
+            "lora_alpha": 4,
+        },
+        "retrain": {
+            "data": str(data),
+            "base": str(base),
+            "runs_dir": str(folder / "runs"),
+            "model_name": "tiny-model",
+            "smoke_decisions": 20,
+            "device": "cpu",
+        },
         # A few steps on tiny data learn little: the learning check would rightly hold such runs back.
         "promote": {"max_ece": 1.0, "refuse_unlearned": False},
-    }  # fmt: skip
+    }
     for section, values in overrides.items():
         params[section] = {**params.get(section, {}), **values}
     path = folder / "params.yaml"
@@ -72,8 +91,18 @@ def prefect_api(tmp_path_factory):
     env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
     env |= {"PREFECT_HOME": str(home), "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
     port = free_port()
-    command = [sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1", "--port", str(port),
-               "--no-ui"]  # fmt: skip
+    command = [
+        sys.executable,
+        "-m",
+        "prefect",
+        "server",
+        "start",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--no-ui",
+    ]
     with background(command, env, home / "server.log") as server:
         api = f"http://127.0.0.1:{port}/api"
         wait_healthy(api, server, home / "server.log")
@@ -81,10 +110,16 @@ def prefect_api(tmp_path_factory):
 
 
 def flow_env(prefect_env: dict[str, str], mlflow_uri: str) -> dict[str, str]:
-    """The environment of a flow process: `prefect_api`'s, this checkout first on the path, the MLflow store."""
+    """The environment of a flow process: `prefect_api`'s, this checkout first on the path, the MLflow
+    store."""
     # The flow must import this checkout's `pipeline` and `flows`, whatever the caller's PYTHONPATH says.
     path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
     # One thread: the tiny model gains nothing from more, and on a busy machine spinning threads made its
     # steps 20x slower (0.9 s instead of 0.04 s), the test's time with them.
-    return prefect_env | {"MLFLOW_TRACKING_URI": mlflow_uri, "PYTHONPATH": path, "PYTHONUNBUFFERED": "1",
-                          "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR": "false", "OMP_NUM_THREADS": "1"}  # fmt: skip
+    return prefect_env | {
+        "MLFLOW_TRACKING_URI": mlflow_uri,
+        "PYTHONPATH": path,
+        "PYTHONUNBUFFERED": "1",
+        "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR": "false",
+        "OMP_NUM_THREADS": "1",
+    }

@@ -29,8 +29,9 @@ def background(command: list[str], env: dict[str, str], log: Path) -> Iterator[s
     to the group, then SIGKILL to whatever is left, including children that started sessions of their own (an
     idle Prefect 3.9 worker never finishes the graceful stop its first SIGINT starts)."""
     with log.open("wb") as out:
-        proc = subprocess.Popen(command, env=env, cwd=log.parent, stdout=out, stderr=subprocess.STDOUT,
-                                start_new_session=True)  # fmt: skip
+        proc = subprocess.Popen(
+            command, env=env, cwd=log.parent, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+        )
     try:
         yield proc
     finally:
@@ -62,8 +63,8 @@ def wait_healthy(api: str, server: subprocess.Popen, log: Path, timeout: float =
 
 def kill_group(proc: subprocess.Popen) -> None:
     """SIGKILL a process started in its own session, everything in its group, and any child that left the
-    group (started a session of its own); waits until all of them are gone (a flow's own process holds its run's
-    lock until it is)."""
+    group (started a session of its own); waits until all of them are gone (a flow's own process holds its
+    run's lock until it is)."""
     family: list[psutil.Process] = []
     with contextlib.suppress(psutil.NoSuchProcess):
         family = psutil.Process(proc.pid).children(recursive=True)
@@ -87,8 +88,8 @@ class Launch:
 
 
 def record_launches(monkeypatch, exit_code: int = 0, result: dict | None = None) -> list[Launch]:
-    """The flows `launch_flow` starts, none of them run: each "process" reads its request, writes `result` as the
-    flow's (where given) and exits `exit_code` when waited for."""
+    """The flows `launch_flow` starts, none of them run: each "process" reads its request, writes `result` as
+    the flow's (where given) and exits `exit_code` when waited for."""
     launched = []
 
     class Process:
@@ -106,16 +107,16 @@ def record_launches(monkeypatch, exit_code: int = 0, result: dict | None = None)
 
 
 def skip_input_checks(monkeypatch) -> None:
-    """A command's checks of a run's inputs (`stages.start.check_inputs`) pass whatever this checkout holds: for
-    tests of what a command hands its flow."""
+    """A command's checks of a run's inputs (`stages.start.check_inputs`) pass whatever this checkout holds:
+    for tests of what a command hands its flow."""
     import pipeline.stages.start
 
     monkeypatch.setattr(pipeline.stages.start, "check_inputs", lambda *args, **kwargs: None)
 
 
 def launched_here(main, parameters: dict, folder: Path) -> tuple[int, dict | None]:
-    """A flow module's `main` run in this process on `parameters`, as `decision` starts its process (request and
-    result files in `folder`): the exit code, and the result it wrote (None where it wrote none)."""
+    """A flow module's `main` run in this process on `parameters`, as `decision` starts its process (request
+    and result files in `folder`): the exit code, and the result it wrote (None where it wrote none)."""
     request, result = folder / "request.json", folder / "result.json"
     request.write_text(json.dumps(parameters))
     result.unlink(missing_ok=True)

@@ -73,7 +73,8 @@ def test_bad_input_is_one_line_and_exit_2_before_a_flow_run(tiny_base, tmp_path,
             "--out",
             str(tmp_path / "s.csv"),
         ],
-        # A mapping whose options neither it nor the model gives: refused before the run, not in its traceback.
+        # A mapping whose options neither it nor the model gives: refused before the run, not in its
+        # traceback.
         "take their options from the labels": [
             "--data",
             str(tmp_path / "new.csv"),
@@ -96,7 +97,10 @@ def test_bad_input_is_one_line_and_exit_2_before_a_flow_run(tiny_base, tmp_path,
     for words, flags in refusals.items():
         assert main(["predict", "--flow", *flags]) == 2
         error = capsys.readouterr().err.strip().splitlines()
-        assert len(error) == 1 and error[0].startswith("decision predict: ") and words in error[0], (words, error)
+        assert len(error) == 1 and error[0].startswith("decision predict: ") and words in error[0], (
+            words,
+            error,
+        )
     assert not launched
     assert sorted(path.name for path in tmp_path.iterdir()) == ["new.csv", "rows.jsonl"]  # no store was made
 
@@ -108,5 +112,6 @@ def test_a_run_that_scores_no_row_is_exit_2_and_says_so(prefect_harness, tiny_ba
     said = capsys.readouterr()
     assert "refused: missing_questions 1" in said.out  # the reasons as words, not a Python dict
     assert said.err.strip().endswith(
-        f"no row of {data} could be scored (missing_questions 1); each row's reason is in {tmp_path / 's.parquet'}"
+        f"no row of {data} could be scored (missing_questions 1); each row's reason is in "
+        f"{tmp_path / 's.parquet'}"
     )

@@ -1,6 +1,6 @@
-"""A run another process is driving is refused in one line: the retrain and sweep flows end Failed with the lock's
-words (no traceback in their log: Prefect printed one before the refusal), and the command exits 2. The other
-process is real: a child holding the run's lock file, taken when the flow reaches for it."""
+"""A run another process is driving is refused in one line: the retrain and sweep flows end Failed with the
+lock's words (no traceback in their log: Prefect printed one before the refusal), and the command exits 2. The
+other process is real: a child holding the run's lock file, taken when the flow reaches for it."""
 
 import subprocess
 import sys
@@ -81,7 +81,9 @@ def test_a_sweep_another_process_drives_is_one_line_and_exit_2_before_its_split_
     space.write_text(yaml.safe_dump({"trials": 1, "space": {"train.max_steps": [4]}}))
     held = run_taken_elsewhere_first(monkeypatch)
     capfd.readouterr()
-    code, _ = launched_here(flows.sweep.main, {"space_file": str(space), "params_file": str(params)}, tmp_path)
+    code, _ = launched_here(
+        flows.sweep.main, {"space_file": str(space), "params_file": str(params)}, tmp_path
+    )
     assert held, "the flow never reached for its sweep's lock"
     assert_one_line_refusal(code, capfd.readouterr().err, caplog.records, "sweep")
     assert not RunFolder(held[0].parent).split.exists()

@@ -1,5 +1,5 @@
-"""The shipped `prefect.yaml` on a real Prefect server: deploy `retrain`, run it through a process worker on the
-tiny project, and find the version it registered in a private MLflow store (about a minute).
+"""The shipped `prefect.yaml` on a real Prefect server: deploy `retrain`, run it through a process worker on
+the tiny project, and find the version it registered in a private MLflow store (about a minute).
 
     python -m pytest tests/flows/test_deployment.py -q -s
 
@@ -48,8 +48,8 @@ def _wait_finished(api: str, run_id: str, worker_log: Path, timeout: float = 240
 
 @pytest.fixture
 def prefect_env(tmp_path, monkeypatch) -> dict[str, str]:
-    """The environment of every Prefect process here: a private home, API, MLflow store; no PREFECT_* inherited
-    (`make test` exports the project's PREFECT_HOME)."""
+    """The environment of every Prefect process here: a private home, API, MLflow store; no PREFECT_*
+    inherited (`make test` exports the project's PREFECT_HOME)."""
     home, store = tmp_path / "prefect-home", tmp_path / "mlflow"
     home.mkdir()
     store.mkdir()
@@ -57,17 +57,21 @@ def prefect_env(tmp_path, monkeypatch) -> dict[str, str]:
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)  # for this process's registry check
     env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
     return env | {
-        "PREFECT_HOME": str(home), "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-        "PREFECT_API_URL": f"http://127.0.0.1:{free_port()}/api", "PREFECT_WORKER_QUERY_SECONDS": "1",
-        "MLFLOW_TRACKING_URI": uri, "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR": "false", "PYTHONUNBUFFERED": "1",
-    }  # fmt: skip
+        "PREFECT_HOME": str(home),
+        "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+        "PREFECT_API_URL": f"http://127.0.0.1:{free_port()}/api",
+        "PREFECT_WORKER_QUERY_SECONDS": "1",
+        "MLFLOW_TRACKING_URI": uri,
+        "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR": "false",
+        "PYTHONUNBUFFERED": "1",
+    }
 
 
 def _deploy_and_run(
     env: dict[str, str], pool: str, parameters: dict[str, str], logs: Path
 ) -> tuple[dict, dict, dict]:
-    """Server, work pool, `prefect deploy` of the shipped file, worker, one run with `parameters`: the deployment
-    as deployed, the finished run, and the deployment after it."""
+    """Server, work pool, `prefect deploy` of the shipped file, worker, one run with `parameters`: the
+    deployment as deployed, the finished run, and the deployment after it."""
     api = env["PREFECT_API_URL"]
     server_env = {k: v for k, v in env.items() if k != "PREFECT_API_URL"}
     port = api.removeprefix("http://127.0.0.1:").removesuffix("/api")
@@ -103,8 +107,10 @@ def test_prefect_yaml_deploys_and_a_worker_runs_retrain(
     assert run["parameters"] == {"only_new_data": True, **overrides}  # the deployment's own, and ours
     schedule = deployed["schedules"][0]
     assert (schedule["schedule"]["cron"], schedule["schedule"]["timezone"], schedule["active"]) == (
-        "0 3 * * 1", "UTC", True,
-    )  # fmt: skip
+        "0 3 * * 1",
+        "UTC",
+        True,
+    )
     assert deployed["global_concurrency_limit"]["limit"] == 1
     assert deployed["concurrency_options"]["collision_strategy"] == "ENQUEUE"
     assert after["global_concurrency_limit"]["active_slots"] == 0, "the finished run still holds the slot"

@@ -1,7 +1,8 @@
-"""The flywheel end to end on real services: train and promote a champion, serve it over HTTP with the inference
-log on, send 300 requests with the real typesafe client, label 200 of them through POST /v1/feedback, harvest
-them into a new pinned data revision, retrain, and follow the lineage from the new version back to the decision
-ids. A scheduled run with no new rows skips, saying why; the retrain automation fires on the harvest's event."""
+"""The flywheel end to end on real services: train and promote a champion, serve it over HTTP with the
+inference log on, send 300 requests with the real typesafe client, label 200 of them through POST
+/v1/feedback, harvest them into a new pinned data revision, retrain, and follow the lineage from the new
+version back to the decision ids. A scheduled run with no new rows skips, saying why; the retrain automation
+fires on the harvest's event."""
 
 import subprocess
 import sys
@@ -27,8 +28,12 @@ KEYS = KeyStore({hash_key("alice-key"): "alice"})
 
 
 def git_dvc_project(folder):
-    for command in (["git", "init", "-q"], ["git", "config", "user.email", "t@t"], ["git", "config", "user.name", "t"],
-                    [sys.executable, "-m", "dvc", "init", "-q"]):  # fmt: skip
+    for command in (
+        ["git", "init", "-q"],
+        ["git", "config", "user.email", "t@t"],
+        ["git", "config", "user.name", "t"],
+        [sys.executable, "-m", "dvc", "init", "-q"],
+    ):
         subprocess.run(command, cwd=folder, check=True, capture_output=True)
 
 
@@ -39,11 +44,20 @@ def project(tmp_path, tiny_base, monkeypatch):
     data = tmp_path / "data" / "tickets"
     data.mkdir(parents=True)
     synthetic.write_rows(synthetic.generate_rows(160, seed=11), data / "part-0000.parquet")
-    subprocess.run([sys.executable, "-m", "dvc", "add", "-q", "data/tickets"], cwd=tmp_path, check=True,
-                   capture_output=True)  # fmt: skip
+    subprocess.run(
+        [sys.executable, "-m", "dvc", "add", "-q", "data/tickets"],
+        cwd=tmp_path,
+        check=True,
+        capture_output=True,
+    )
     (base,) = pin_inputs(tmp_path, tiny_base)  # the base in dvc.lock; the data set by its data/tickets.dvc
-    params = write_tiny_params(tmp_path, data, base, pin=False,
-                               flywheel={"inference": str(tmp_path / "inference"), "retrain_after_rows": 150})  # fmt: skip
+    params = write_tiny_params(
+        tmp_path,
+        data,
+        base,
+        pin=False,
+        flywheel={"inference": str(tmp_path / "inference"), "retrain_after_rows": 150},
+    )
     monkeypatch.chdir(tmp_path)
     return params
 
@@ -56,18 +70,24 @@ def ask_typesafe(url: str, rows: list[dict]) -> list[str]:
     with TypeSafeClient(api_key="alice-key", base_url=url) as client:
         for row in rows:
             q = row["questions"]
-            result = client.system_one(state=row["state"], questions={
-                "tone": Choice(instructions=q["tone"]["instructions"], criteria=q["tone"]["criteria"]),
-                "intensity": Score(instructions=q["intensity"]["instructions"], criteria=q["intensity"]["criteria"]),
-                "is_negative": Noul(instructions=q["is_negative"]["instructions"]),
-            })  # fmt: skip
+            result = client.system_one(
+                state=row["state"],
+                questions={
+                    "tone": Choice(instructions=q["tone"]["instructions"], criteria=q["tone"]["criteria"]),
+                    "intensity": Score(
+                        instructions=q["intensity"]["instructions"], criteria=q["intensity"]["criteria"]
+                    ),
+                    "is_negative": Noul(instructions=q["is_negative"]["instructions"]),
+                },
+            )
             assert result.choices["tone"].choice in q["tone"]["criteria"]  # the client parsed the answer
             ids.append(result.raw_http_response.json()["decision_id"])
     return ids
 
 
-def test_served_decisions_labelled_harvested_and_retrained_with_lineage(prefect_harness, mlflow_store, project,
-                                                                       tmp_path):  # fmt: skip
+def test_served_decisions_labelled_harvested_and_retrained_with_lineage(
+    prefect_harness, mlflow_store, project, tmp_path
+):
     from flows.harvest import harvest_flow
     from flows.retrain import retrain
     from pipeline.mlops.promotion import CHAMPION, current
@@ -78,7 +98,9 @@ def test_served_decisions_labelled_harvested_and_retrained_with_lineage(prefect_
     first = retrain(str(project), lock=str(tmp_path / "dvc.lock"))
     assert first.release.promoted and current("tiny-model", CHAMPION) == "1"
     unchanged = retrain(str(project), lock=str(tmp_path / "dvc.lock"), only_new_data=True)
-    assert unchanged.skip_reason.startswith("skipped: no new rows in") and "version 1" in unchanged.skip_reason
+    assert (
+        unchanged.skip_reason.startswith("skipped: no new rows in") and "version 1" in unchanged.skip_reason
+    )
 
     traffic = synthetic.generate_rows(300, seed=99)
     log = LogConfig(str(tmp_path / "inference"), flush_s=0.5)
@@ -87,8 +109,12 @@ def test_served_decisions_labelled_harvested_and_retrained_with_lineage(prefect_
         ids = ask_typesafe(url, traffic)
         labels = [{"decision_id": i, "gold": row["gold"]} for i, row in zip(ids[:200], traffic[:200])]
         for start in range(0, 200, 50):  # four requests of 50 items
-            stored = httpx.post(f"{url}/v1/feedback", json=labels[start:start + 50],
-                                headers={"Authorization": "Bearer alice-key"}, timeout=60)  # fmt: skip
+            stored = httpx.post(
+                f"{url}/v1/feedback",
+                json=labels[start : start + 50],
+                headers={"Authorization": "Bearer alice-key"},
+                timeout=60,
+            )
             assert stored.status_code == 200 and stored.json() == {"stored": 150, "decisions": 50}, (
                 stored.text
             )
@@ -103,9 +129,11 @@ def test_served_decisions_labelled_harvested_and_retrained_with_lineage(prefect_
     assert isinstance(second, RunResult) and second.release.version == "2"
     assert second.tracked.revision.changed and second.tracked.revision.previous_version == "1"
     assert second.release.gate.reasons  # promoted or held, with its reasons
-    print(f"\nflywheel: {len(ids)} answered, 200 labelled; {harvested['rows']} rows harvested, revision "
-          f"{harvested['previous_revision'][:8]} -> {harvested['revision'][:8]}; version 2 "
-          f"{'promoted' if second.release.promoted else 'held'}: {'; '.join(second.release.gate.reasons)}")  # fmt: skip
+    print(
+        f"\nflywheel: {len(ids)} answered, 200 labelled; {harvested['rows']} rows harvested, revision "
+        f"{harvested['previous_revision'][:8]} -> {harvested['revision'][:8]}; version 2 "
+        f"{'promoted' if second.release.promoted else 'held'}: {'; '.join(second.release.gate.reasons)}"
+    )
     version = client().get_model_version("tiny-model", "2")
     assert version.tags["gate"] in ("promote", "hold") and version.tags["gate_reasons"]
 
@@ -118,8 +146,8 @@ def test_served_decisions_labelled_harvested_and_retrained_with_lineage(prefect_
 
 
 def test_the_automation_runs_the_retrain_deployment_when_a_harvest_is_ready(prefect_api, tmp_path):
-    """A real server with its trigger service: a ready harvest, then drift of the run's model, each create a retrain
-    flow run of the deployment; drift of another model creates none."""
+    """A real server with its trigger service: a ready harvest, then drift of the run's model, each create a
+    retrain flow run of the deployment; drift of another model creates none."""
     script = f"""
 import asyncio, sys, time
 from prefect.client.orchestration import get_client
@@ -151,8 +179,14 @@ time.sleep(10)
 print("RUNS", len(retrain_runs(2)))  # another model's drift starts nothing
 """
     (tmp_path / "params.yaml").write_text("retrain:\n  data: data/tickets\n  model_name: tickets\n")
-    done = subprocess.run([sys.executable, "-c", script], env=prefect_api, capture_output=True, text=True,
-                          timeout=240, cwd=str(ROOT))  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-c", script],
+        env=prefect_api,
+        capture_output=True,
+        text=True,
+        timeout=240,
+        cwd=str(ROOT),
+    )
     assert done.returncode == 0, done.stderr[-3000:] + done.stdout[-2000:]
     parameters = done.stdout.split("PARAMETERS", 1)[1].split("RUNS")[0]
     assert "'only_new_data': True" in parameters
@@ -160,8 +194,8 @@ print("RUNS", len(retrain_runs(2)))  # another model's drift starts nothing
 
 
 def test_decision_harvest_runs_the_flow_in_its_own_process(prefect_api, tmp_path):
-    """`decision harvest` as a user runs it: the flow `harvest` through a real Prefect API, JSON out; a data set that
-    is one file is exit 2 with what to do."""
+    """`decision harvest` as a user runs it: the flow `harvest` through a real Prefect API, JSON out; a data
+    set that is one file is exit 2 with what to do."""
     import json
 
     from tests.data.test_harvest import label, log_decisions
@@ -175,8 +209,20 @@ def test_decision_harvest_runs_the_flow_in_its_own_process(prefect_api, tmp_path
     (tmp_path / "params.yaml").write_text(
         "flywheel:\n  retrain_after_rows: 5\nretrain:\n  model_name: tickets\n"
     )
-    command = [sys.executable, "-m", "pipeline.cli", "harvest", "--params", str(tmp_path / "params.yaml"),
-               "--dataset", str(folder), "--inference", str(tmp_path / "inference"), "--json", "-q"]  # fmt: skip
+    command = [
+        sys.executable,
+        "-m",
+        "pipeline.cli",
+        "harvest",
+        "--params",
+        str(tmp_path / "params.yaml"),
+        "--dataset",
+        str(folder),
+        "--inference",
+        str(tmp_path / "inference"),
+        "--json",
+        "-q",
+    ]
     done = subprocess.run(command, env=prefect_api, cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     summary = json.loads(done.stdout.strip().splitlines()[-1])
@@ -188,8 +234,9 @@ def test_decision_harvest_runs_the_flow_in_its_own_process(prefect_api, tmp_path
     assert refused.returncode == 2 and "move it into a folder" in refused.stderr
 
 
-@pytest.mark.parametrize(("name", "entrypoint"), [("harvest", "flows.harvest:harvest_flow"),
-                                                  ("monitor", "flows.monitor:monitor")])  # fmt: skip
+@pytest.mark.parametrize(
+    ("name", "entrypoint"), [("harvest", "flows.harvest:harvest_flow"), ("monitor", "flows.monitor:monitor")]
+)
 def test_the_shipped_flywheel_deployments_are_scheduled_but_off(name, entrypoint):
     import importlib
 
@@ -204,13 +251,16 @@ def test_the_shipped_flywheel_deployments_are_scheduled_but_off(name, entrypoint
     assert set(deployment["parameters"]) <= set(flow.parameters.properties)
 
 
-def test_harvest_into_a_data_set_that_does_not_exist_is_one_line_before_a_flow_run(prefect_harness, tmp_path,
-                                                                                  capsys, monkeypatch):  # fmt: skip
+def test_harvest_into_a_data_set_that_does_not_exist_is_one_line_before_a_flow_run(
+    prefect_harness, tmp_path, capsys, monkeypatch
+):
     launched = record_launches(monkeypatch)
     missing = tmp_path / "no" / "rows"
     assert main(["harvest", "--dataset", str(missing), "--inference", str(tmp_path / "inference")]) == 2
     lines = capsys.readouterr().err.strip().splitlines()
-    assert lines == [f"decision harvest: {missing}: no such folder; harvested rows go into an existing folder of "
-                     "Parquet or JSONL shards (the run config's retrain.data, or --dataset)"]  # fmt: skip
+    assert lines == [
+        f"decision harvest: {missing}: no such folder; harvested rows go into an existing folder of "
+        "Parquet or JSONL shards (the run config's retrain.data, or --dataset)"
+    ]
     assert not launched
     assert list(tmp_path.iterdir()) == []

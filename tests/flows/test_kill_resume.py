@@ -5,8 +5,8 @@ FINISHED MLflow run and one model version, and a kill mid-training resumes from 
     python -m pytest tests/flows/test_kill_resume.py -q -s     # -s shows a line per kill point
 
 The kill points: (a) mid-training, once a checkpoint is on disk; (b) after calibration, before registration;
-(c) once the version exists, before the flow finishes (its smoke test is running). The flows talk to one private
-Prefect server (its start costs ~15 s; each flow's own temporary server would cost that per run).
+(c) once the version exists, before the flow finishes (its smoke test is running). The flows talk to one
+private Prefect server (its start costs ~15 s; each flow's own temporary server would cost that per run).
 """
 
 import json
@@ -26,7 +26,8 @@ from tests.flows.processes import kill_group, tail
 pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[2]
-# Enough steps that a kill lands mid-training (~0.04 s a step on the tiny model), checkpoints every 20 of them.
+# Enough steps that a kill lands mid-training (~0.04 s a step on the tiny model), checkpoints every 20 of
+# them.
 TRAIN = {"max_steps": 160, "min_steps": 160, "log_every": 5, "checkpoint_every_steps": 20}
 POLL_S = 0.05
 
@@ -53,9 +54,14 @@ KILL_POINTS = [
 
 def _start_flow(params: Path, env: dict[str, str], log: Path) -> subprocess.Popen:
     with log.open("ab") as out:
-        return subprocess.Popen([sys.executable, "-m", "pipeline.cli", "retrain", "--params", str(params), "--json"],
-                                env=env, cwd=params.parent, stdout=out, stderr=subprocess.STDOUT,
-                                start_new_session=True)  # fmt: skip
+        return subprocess.Popen(
+            [sys.executable, "-m", "pipeline.cli", "retrain", "--params", str(params), "--json"],
+            env=env,
+            cwd=params.parent,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
 
 
 def _kill_at(point: KillPoint, params: Path, env: dict[str, str], log: Path, timeout: float = 150) -> None:
@@ -78,8 +84,14 @@ def _kill_at(point: KillPoint, params: Path, env: dict[str, str], log: Path, tim
 
 def _rerun(params: Path, env: dict[str, str], log: Path) -> RunResult:
     with log.open("wb") as out:
-        done = subprocess.run([sys.executable, "-m", "pipeline.cli", "retrain", "--params", str(params), "--json"],
-                              env=env, cwd=params.parent, stdout=subprocess.PIPE, stderr=out, timeout=300)  # fmt: skip
+        done = subprocess.run(
+            [sys.executable, "-m", "pipeline.cli", "retrain", "--params", str(params), "--json"],
+            env=env,
+            cwd=params.parent,
+            stdout=subprocess.PIPE,
+            stderr=out,
+            timeout=300,
+        )
     assert done.returncode == 0, f"the rerun failed ({done.returncode}):\n{tail(log)}"
     return RunResult.from_dict(json.loads(done.stdout.decode().strip().splitlines()[-1]))
 
@@ -92,8 +104,9 @@ def _visible_runs() -> list:
 
 
 @pytest.mark.parametrize("point", KILL_POINTS, ids=["mid-training", "before-register", "after-register"])
-def test_a_killed_flow_reruns_to_one_finished_run_and_one_version(point, prefect_api, tmp_path, monkeypatch,
-                                                                  synthetic_train_file, tiny_base):  # fmt: skip
+def test_a_killed_flow_reruns_to_one_finished_run_and_one_version(
+    point, prefect_api, tmp_path, monkeypatch, synthetic_train_file, tiny_base
+):
     from pipeline.mlops.registry import ensure_experiment
 
     uri = f"sqlite:///{tmp_path}/mlflow/mlflow.db"
@@ -112,10 +125,12 @@ def test_a_killed_flow_reruns_to_one_finished_run_and_one_version(point, prefect
 
     train = json.loads((run_dir / "train.json").read_text())
     runs, versions = _visible_runs(), _versions()
-    print(f"\nkilled {point.name}: train.json {'written' if trained_before else 'absent'}, runs "
-          f"{runs_before or 'none'}, versions {versions_before or 'none'}; rerun: "
-          f"{_resumed_what(train, trained_before, killed_train)}; then {len(runs)} run(s) "
-          f"{[r.info.status for r in runs]}, versions {versions}")  # fmt: skip
+    print(
+        f"\nkilled {point.name}: train.json {'written' if trained_before else 'absent'}, runs "
+        f"{runs_before or 'none'}, versions {versions_before or 'none'}; rerun: "
+        f"{_resumed_what(train, trained_before, killed_train)}; then {len(runs)} run(s) "
+        f"{[r.info.status for r in runs]}, versions {versions}"
+    )
     assert [r.info.status for r in runs] == ["FINISHED"]
     assert runs[0].data.tags["idempotency_key"] == summary.tracked.key
     assert runs[0].info.run_id == summary.tracked.mlflow_run_id

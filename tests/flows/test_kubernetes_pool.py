@@ -1,6 +1,6 @@
 """The Kubernetes variant of `retrain`, as far as a machine without a cluster can check it (about a minute):
-the base job template in deploy/k8s/ registers as a `kubernetes` work pool on a real Prefect server,
-`prefect deploy --name retrain-k8s` registers the shipped deployment on it, and the Kubernetes worker's own job
+the base job template in deploy/k8s/ registers as a `kubernetes` work pool on a real Prefect server, `prefect
+deploy --name retrain-k8s` registers the shipped deployment on it, and the Kubernetes worker's own job
 configuration renders the Job it would submit for a flow run of that deployment, which the official Kubernetes
 client's models read back field for field (a misplaced or misspelt field would be dropped by them).
 
@@ -121,8 +121,11 @@ def test_a_flow_run_renders_a_job_the_kubernetes_models_read_back_unchanged(serv
 def test_the_round_trip_catches_a_misplaced_field():
     """The upstream default puts `completions` and `parallelism` in the pod spec, where Kubernetes has no such
     fields: the check that passes ours must drop them from it."""
-    job = {"apiVersion": "batch/v1", "kind": "Job",
-           "spec": {"template": {"spec": {"completions": 1, "containers": [{"name": "x", "image": "y"}]}}}}  # fmt: skip
+    job = {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "spec": {"template": {"spec": {"completions": 1, "containers": [{"name": "x", "image": "y"}]}}},
+    }
     assert "completions" not in _round_trip(job)["spec"]["template"]["spec"]
 
 
@@ -142,7 +145,8 @@ async def _render_job(api: str, pool: dict, deployment_id: str) -> tuple[dict, s
 
 
 def _round_trip(manifest: dict) -> dict:
-    """`manifest` read into the Kubernetes client's V1Job model and written out again: unknown fields vanish."""
+    """`manifest` read into the Kubernetes client's V1Job model and written out again: unknown fields
+    vanish."""
 
     async def read_back() -> dict:
         async with kubernetes_client.ApiClient() as api:  # no cluster: its JSON-to-model reader only

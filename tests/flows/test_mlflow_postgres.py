@@ -1,8 +1,8 @@
-"""MLflow on PostgreSQL: a real `mlflow server` whose backend store is a PostgreSQL cluster this module starts,
-with proxied artifacts, selected by one setting (`MLFLOW_TRACKING_URI=http://…`). The retrain flow registers,
-smoke-tests (`decision serve` on the fetched version) and promotes through it; the Decision API follows
-`@champion` on it; the pyfunc loads from it. A PostgreSQL that is down or refuses fails the flow before any
-training, naming the URI with its password masked.
+"""MLflow on PostgreSQL: a real `mlflow server` whose backend store is a PostgreSQL cluster this module
+starts, with proxied artifacts, selected by one setting (`MLFLOW_TRACKING_URI=http://…`). The retrain flow
+registers, smoke-tests (`decision serve` on the fetched version) and promotes through it; the Decision API
+follows `@champion` on it; the pyfunc loads from it. A PostgreSQL that is down or refuses fails the flow
+before any training, naming the URI with its password masked.
 
     python -m pytest tests/flows/test_mlflow_postgres.py -q      # skips, saying why, without PostgreSQL
 """

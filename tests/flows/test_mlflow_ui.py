@@ -1,5 +1,6 @@
-"""The MLflow UI as `make ui` starts it, opened in headless Chromium: the experiment lists a logged run, and the
-run's page shows its metrics. Screenshots land in tests/artifacts/ (ignored by git) for a person to look at.
+"""The MLflow UI as `make ui` starts it, opened in headless Chromium: the experiment lists a logged run, and
+the run's page shows its metrics. Screenshots land in tests/artifacts/ (ignored by git) for a person to look
+at.
 
     python -m pytest tests/flows/test_mlflow_ui.py -s   # -s prints where the screenshots are
 
@@ -50,7 +51,8 @@ def test_the_ui_lists_the_run_and_shows_its_metrics(chromium, mlflow_store, tmp_
 
 
 def _log_run() -> tuple[str, str]:
-    """A finished run in the project's experiment; the client API, so MLflow's global tracking URI is untouched."""
+    """A finished run in the project's experiment; the client API, so MLflow's global tracking URI is
+    untouched."""
     from pipeline.mlops.registry import client, ensure_experiment
 
     experiment_id = ensure_experiment()

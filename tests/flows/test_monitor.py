@@ -1,6 +1,6 @@
-"""The `monitor` flow on a real tiny registered model and a real inference folder: a drifted window is reported on
-the version's MLflow run and in latest.json and emits `decision.drift.detected`; a window drawn like the training
-rows is not drift, and its feedback is measured; a window too small judges nothing."""
+"""The `monitor` flow on a real tiny registered model and a real inference folder: a drifted window is
+reported on the version's MLflow run and in latest.json and emits `decision.drift.detected`; a window drawn
+like the training rows is not drift, and its feedback is measured; a window too small judges nothing."""
 
 import datetime as dt
 import json
@@ -26,8 +26,8 @@ END = dt.datetime(2026, 12, 3, 12, tzinfo=dt.UTC)
 
 @pytest.fixture(scope="module")
 def registered(tiny_base, synthetic_train_file, tmp_path_factory):
-    """`tiny-model@champion`: the tiny base registered with the `data` tag the retrain flow sets, in a store of the
-    module's own (MLFLOW_TRACKING_URI set for the module's tests)."""
+    """`tiny-model@champion`: the tiny base registered with the `data` tag the retrain flow sets, in a store
+    of the module's own (MLFLOW_TRACKING_URI set for the module's tests)."""
     from pipeline.mlops.registry import client, register_export
 
     store = tmp_path_factory.mktemp("mlflow")
@@ -47,8 +47,13 @@ def served_model(tiny_base):
 
 
 def params_file(folder, inference, **monitor):
-    settings = {"inference": str(inference), "window_hours": 1.0, "min_decisions": 30, "reference_rows": 120,
-                "drift_share": 0.3}  # fmt: skip
+    settings = {
+        "inference": str(inference),
+        "window_hours": 1.0,
+        "min_decisions": 30,
+        "reference_rows": 120,
+        "drift_share": 0.3,
+    }
     path = folder / "params.yaml"
     path.write_text(yaml.safe_dump({"monitor": settings | monitor}))
     return path
@@ -59,10 +64,19 @@ def log_window(store, model, version, rows, served_as=None):
     logged = []
     for i, row in enumerate(rows):
         [answered] = model.answer([parse_request(row["state"], row["questions"])])
-        logged.append({"decision_id": f"d{i}", "time": END - dt.timedelta(minutes=59 - i % 59), "model": served_as or f"{NAME}/{version}",
-                       "model_version": version, "owner": None, "state": orjson.dumps(row["state"]).decode(),
-                       "questions": orjson.dumps(row["questions"]).decode(),
-                       "answers": orjson.dumps(answered.answers).decode(), "latency_ms": 5.0})  # fmt: skip
+        logged.append(
+            {
+                "decision_id": f"d{i}",
+                "time": END - dt.timedelta(minutes=59 - i % 59),
+                "model": served_as or f"{NAME}/{version}",
+                "model_version": version,
+                "owner": None,
+                "state": orjson.dumps(row["state"]).decode(),
+                "questions": orjson.dumps(row["questions"]).decode(),
+                "answers": orjson.dumps(answered.answers).decode(),
+                "latency_ms": 5.0,
+            }
+        )
     store.append("decisions", logged)
 
 
@@ -70,12 +84,18 @@ def new_kind_of_traffic(n):
     """Long JSON tickets, asking only the tone and whether it is negative (no intensity)."""
     rng = random.Random(9)
     rows = synthetic.generate_rows(n, seed=21)
-    return [{"state": {"ticket": i, "channel": rng.choice(["email", "chat"]), "notes": row["state"] * 3},
-             "questions": {q: row["questions"][q] for q in ("tone", "is_negative")}} for i, row in enumerate(rows)]  # fmt: skip
+    return [
+        {
+            "state": {"ticket": i, "channel": rng.choice(["email", "chat"]), "notes": row["state"] * 3},
+            "questions": {q: row["questions"][q] for q in ("tone", "is_negative")},
+        }
+        for i, row in enumerate(rows)
+    ]
 
 
 def read_events(event_id, timeout=30.0):
-    """The drift events the Prefect API stored, once `event_id` is among them (the server writes events in batches)."""
+    """The drift events the Prefect API stored, once `event_id` is among them (the server writes events in
+    batches)."""
     from prefect.client.orchestration import get_client
     from prefect.events.filters import EventFilter, EventNameFilter, EventOccurredFilter
 
@@ -83,8 +103,10 @@ def read_events(event_id, timeout=30.0):
     deadline = time.monotonic() + timeout
     with get_client(sync_client=True) as client:
         while True:
-            wanted = EventFilter(event=EventNameFilter(name=["decision.drift.detected"]),
-                                 occurred=EventOccurredFilter(since=since))  # `until` defaults to now: made anew  # fmt: skip
+            wanted = EventFilter(
+                event=EventNameFilter(name=["decision.drift.detected"]),
+                occurred=EventOccurredFilter(since=since),
+            )  # `until` defaults to now: made anew
             events = client.read_events(
                 filter=wanted, limit=50
             ).events  # the API's page limit (its client asks 100)
@@ -137,8 +159,19 @@ def test_a_window_like_the_training_rows_is_not_drift_and_its_feedback_is_measur
     log_window(
         store, served_model, registered, rows[:5], served_as="other-model/4"
     )  # another model's traffic
-    store.append("feedback", [{"decision_id": f"d{i}", "question_id": "tone", "gold": json.dumps(rows[i]["gold"]["tone"]),
-                               "labelled_by": "import", "time": END} for i in range(12)])  # fmt: skip
+    store.append(
+        "feedback",
+        [
+            {
+                "decision_id": f"d{i}",
+                "question_id": "tone",
+                "gold": json.dumps(rows[i]["gold"]["tone"]),
+                "labelled_by": "import",
+                "time": END,
+            }
+            for i in range(12)
+        ],
+    )
     outcome = monitor(
         f"{NAME}/{registered}", window_end=END.isoformat(), params_file=str(params_file(tmp_path, inference))
     )
@@ -161,8 +194,10 @@ def test_a_window_with_too_few_decisions_judges_nothing(prefect_harness, registe
         f"{NAME}@champion", window_end=END.isoformat(), params_file=str(params_file(tmp_path, inference))
     )
     assert outcome["result"] is None and outcome["event"] is None
-    assert outcome["line"].endswith("10 decisions from 2026-12-03T11:00:00+00:00 to 2026-12-03T12:00:00+00:00, "
-                                    "fewer than 30: nothing judged")  # fmt: skip
+    assert outcome["line"].endswith(
+        "10 decisions from 2026-12-03T11:00:00+00:00 to 2026-12-03T12:00:00+00:00, "
+        "fewer than 30: nothing judged"
+    )
     assert read_gauges(inference) == {} and not (inference / "monitor").exists()
 
 
@@ -184,8 +219,10 @@ def test_bad_input_is_one_line_and_exit_2_before_a_flow_run(registered, tmp_path
         assert main(flags) == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and err[0].startswith("decision monitor: ") and words in err[0], err
-    for flags, words in ((["--window-hours", "nan"], "a positive number of hours"),
-                         (["--window-end", "2999-01-01T00:00:00"], "in the future")):  # fmt: skip
+    for flags, words in (
+        (["--window-hours", "nan"], "a positive number of hours"),
+        (["--window-end", "2999-01-01T00:00:00"], "in the future"),
+    ):
         with pytest.raises(SystemExit) as refused:
             main([*model, *flags])
         assert refused.value.code == 2 and words in capsys.readouterr().err

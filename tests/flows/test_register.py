@@ -53,12 +53,14 @@ def test_decision_register_tags_the_version_and_its_run_with_what_the_manifest_s
 
 
 def test_serving_an_alias_no_version_holds_is_refused_saying_how_to_make_one(store, tmp_path, capsys):
-    # It ran on, answering nothing and logging "keeping nothing" every poll (a run whose gate held its version).
+    # It ran on, answering nothing and logging "keeping nothing" every poll (a run whose gate held its
+    # version).
     from pipeline.cli.main import main
     from pipeline.mlops.registry import ensure_experiment, register_export
 
     args = ["serve", "--model", "models:/tickets@champion", "--port", "1"]
-    # Outside the project folder there is no store: said so, and none is made (MLflow would make an empty one).
+    # Outside the project folder there is no store: said so, and none is made (MLflow would make an empty
+    # one).
     assert main(args) == 2
     assert f"no MLflow store at {tmp_path / 'mlflow.db'}" in capsys.readouterr().err
     assert not (tmp_path / "mlflow.db").exists()

@@ -42,9 +42,7 @@ def test_a_first_run_is_tracked_registered_smoke_tested_and_promoted(
     data_md5 = hashlib.md5(
         Path(yaml.safe_load(tiny_params.read_text())["retrain"]["data"]).read_bytes()
     ).hexdigest()
-    assert (
-        version.tags["data_md5"] == data_md5 and version.tags["idempotency_key"] == summary.tracked.key
-    )
+    assert version.tags["data_md5"] == data_md5 and version.tags["idempotency_key"] == summary.tracked.key
 
     run = client().get_run(summary.tracked.mlflow_run_id)
     assert run.data.params["train.max_steps"] == "4" and run.data.params["promote.max_ece"] == "1.0"
@@ -53,12 +51,26 @@ def test_a_first_run_is_tracked_registered_smoke_tested_and_promoted(
         and run.data.tags["idempotency_key"] == summary.tracked.key
         and run.data.tags["owner"] == "alice"
     )
-    for name in ("base_accuracy", "calibrated_accuracy", "calibrated_ece", "tuned_brier", "temperature_noul",
-                 "train_seconds", "peak_memory_mb"):  # fmt: skip
+    for name in (
+        "base_accuracy",
+        "calibrated_accuracy",
+        "calibrated_ece",
+        "tuned_brier",
+        "temperature_noul",
+        "train_seconds",
+        "peak_memory_mb",
+    ):
         assert name in run.data.metrics, name
     # How the states fit the window (from training) and their sizes (from validation), never silent.
-    assert {"state_rows", "state_rows_truncated", "state_tokens_dropped", "state_longest_tokens", "state_window",
-            "state_chars_longest", "state_rows_over_chars"} <= set(run.data.metrics)  # fmt: skip
+    assert {
+        "state_rows",
+        "state_rows_truncated",
+        "state_tokens_dropped",
+        "state_longest_tokens",
+        "state_window",
+        "state_chars_longest",
+        "state_rows_over_chars",
+    } <= set(run.data.metrics)
     assert run.data.metrics["state_rows"] > 0 and run.data.tags["state_truncation"] == "end"
     assert len(client().get_metric_history(run.info.run_id, "loss")) == 4  # one point per logged step
     # Logged live, from the run opened when training started: held-out figures of the base (step 0), at a
@@ -67,7 +79,8 @@ def test_a_first_run_is_tracked_registered_smoke_tested_and_promoted(
     assert sorted(m.step for m in heldout) == [0, 1, 3, 4]
     assert run.info.status == "FINISHED" and run.info.start_time <= min(m.timestamp for m in heldout)
     assert "| calibrated |" in run.data.tags["mlflow.note.content"]
-    # A bag of words on the same held-out decisions, beside the fine-tune: in the summary, the note and the metrics.
+    # A bag of words on the same held-out decisions, beside the fine-tune: in the summary, the note and the
+    # metrics.
     words = summary.heldout["bag_of_words"]
     assert words["rows"] > 0 and "| bag of words |" in run.data.tags["mlflow.note.content"]
     assert run.data.metrics["accuracy_over_bag_of_words"] == pytest.approx(
@@ -78,14 +91,27 @@ def test_a_first_run_is_tracked_registered_smoke_tested_and_promoted(
         for folder in ("plots", "validation", "export")
         for a in client().list_artifacts(run.info.run_id, folder)
     }
-    assert {"plots/reliability_after.png", "plots/reliability_by_type.png", "plots/loss_curve.png",
-            "validation/report.json", "export/manifest.json"} <= artifacts  # fmt: skip
+    assert {
+        "plots/reliability_after.png",
+        "plots/reliability_by_type.png",
+        "plots/loss_curve.png",
+        "validation/report.json",
+        "export/manifest.json",
+    } <= artifacts
     # The calibration report travels with the run (artifacts, metrics) and the version (tags).
     calibration = {a.path for a in client().list_artifacts(run.info.run_id, "calibration")}
-    assert {"calibration/calibration_report.json", "calibration/calibration_report.md", "calibration/calibrator.json",
-            "calibration/expected_answers.npz"} <= calibration  # fmt: skip
-    assert {"calibration_overall_ece", "calibration_overall_ece_high", "calibration_overall_nll",
-            "calibration_choice_classwise_ece"} <= set(run.data.metrics)  # fmt: skip
+    assert {
+        "calibration/calibration_report.json",
+        "calibration/calibration_report.md",
+        "calibration/calibrator.json",
+        "calibration/expected_answers.npz",
+    } <= calibration
+    assert {
+        "calibration_overall_ece",
+        "calibration_overall_ece_high",
+        "calibration_overall_nll",
+        "calibration_choice_classwise_ece",
+    } <= set(run.data.metrics)
     assert version.tags["calibrator"] in ("type_temperature", "question_temperature", "vector_scaling")
     low, high = (float(x) for x in version.tags["calibration_ece"].split("[")[1].rstrip("]").split(","))
     assert low <= float(version.tags["calibration_ece"].split()[0]) <= high
@@ -94,8 +120,16 @@ def test_a_first_run_is_tracked_registered_smoke_tested_and_promoted(
     assert [i.dataset.digest for i in inputs] == [data_md5]
     # The model card: the version's description and the run's model_card.md, the same text.
     card = version.description
-    for section in ("# tiny-model version 1", "## Data", "## Training", "## Intended use", "## Held-out figures",
-                    "## Calibration", "## Warnings and known limits", "## Provenance"):  # fmt: skip
+    for section in (
+        "# tiny-model version 1",
+        "## Data",
+        "## Training",
+        "## Intended use",
+        "## Held-out figures",
+        "## Calibration",
+        "## Warnings and known limits",
+        "## Provenance",
+    ):
         assert section in card, section
     assert data_md5 in card and "accuracy [95% CI]" in card and run.data.tags["calibrator_fitted_on"] in card
     assert "temperature as fitted, with its 95% bootstrap interval" in card
@@ -104,8 +138,9 @@ def test_a_first_run_is_tracked_registered_smoke_tested_and_promoted(
     assert "model_card.md" in {a.path for a in client().list_artifacts(run.info.run_id)}
 
 
-def test_a_crash_after_export_resumes_without_redoing_finished_work(prefect_harness, mlflow_store, tiny_params,
-                                                                   monkeypatch):  # fmt: skip
+def test_a_crash_after_export_resumes_without_redoing_finished_work(
+    prefect_harness, mlflow_store, tiny_params, monkeypatch
+):
     import pipeline.stages.export
     import pipeline.stages.track
     import pipeline.stages.train
@@ -113,8 +148,11 @@ def test_a_crash_after_export_resumes_without_redoing_finished_work(prefect_harn
     from pipeline.mlops.tracking import KEY_TAG
 
     calls = {"train": 0, "export": 0, "log": 0}
-    real_train, real_export, real_log = (pipeline.stages.train.train_stage, pipeline.stages.export.export_stage,
-                                         pipeline.stages.track.track_run)  # fmt: skip
+    real_train, real_export, real_log = (
+        pipeline.stages.train.train_stage,
+        pipeline.stages.export.export_stage,
+        pipeline.stages.track.track_run,
+    )
 
     def counted(name, real):
         def wrapper(*args, **kwargs):
@@ -144,7 +182,9 @@ def test_a_crash_after_export_resumes_without_redoing_finished_work(prefect_harn
     assert len(runs) == 1 and runs[0].info.status == "FINISHED"
     assert len(client().get_metric_history(runs[0].info.run_id, "loss")) == 4
     assert [str(v.version) for v in client().search_model_versions("name='tiny-model'")] == ["1"]
-    assert run_flow(tiny_params).release.version == "1"  # the same key again: no second run, no second version
+    assert (
+        run_flow(tiny_params).release.version == "1"
+    )  # the same key again: no second run, no second version
     assert len(client().search_runs([runs[0].info.experiment_id])) == 1
 
 
@@ -213,11 +253,14 @@ def test_allow_unpinned_trains_tags_the_run_and_version_and_the_gate_holds_it(
 
     params = write_tiny_params(tmp_path, synthetic_train_file, tiny_base, pin=False)  # no dvc.lock at all
     summary = retrain(str(params), lock=str(tmp_path / "dvc.lock"), allow_unpinned=True)
-    # The first version of a model is promoted unless something holds it ("no champion yet"): here the gate does.
+    # The first version of a model is promoted unless something holds it ("no champion yet"): here the gate
+    # does.
     assert not summary.release.promoted and current("tiny-model", CHAMPION) is None
     assert UNPINNED_REASON in summary.release.gate.reasons and summary.release.smoke.passed
-    assert summary.train.inputs == {"data": {"path": str(synthetic_train_file), "pinned": False},
-                                 "base": {"path": str(tiny_base), "pinned": False}}  # fmt: skip
+    assert summary.train.inputs == {
+        "data": {"path": str(synthetic_train_file), "pinned": False},
+        "base": {"path": str(tiny_base), "pinned": False},
+    }
     version = client().get_model_version("tiny-model", summary.release.version)
     run = client().get_run(summary.tracked.mlflow_run_id)
     for tags in (version.tags, run.data.tags):
@@ -236,9 +279,9 @@ def test_allow_unpinned_trains_tags_the_run_and_version_and_the_gate_holds_it(
     assert current("tiny-model", CHAMPION) == summary.release.version
 
 
-def test_a_worse_candidate_is_held_as_challenger_and_rollback_restores_the_champion(prefect_harness, mlflow_store,
-                                                                                    tmp_path, synthetic_train_file,
-                                                                                    tiny_base):  # fmt: skip
+def test_a_worse_candidate_is_held_as_challenger_and_rollback_restores_the_champion(
+    prefect_harness, mlflow_store, tmp_path, synthetic_train_file, tiny_base
+):
     from pipeline.mlops.promotion import (
         CHALLENGER,
         CHAMPION,
@@ -251,13 +294,22 @@ def test_a_worse_candidate_is_held_as_challenger_and_rollback_restores_the_champ
     from pipeline.mlops.registry import client
 
     data = write_learnable_rows(tmp_path / "learnable.jsonl", 400)
-    trained = write_tiny_params(tmp_path, data, tiny_base, validate={"holdout_max_decisions": 120},
-                                train={"max_steps": 60, "lora_lr": 0.005, "head_lr": 0.003})  # fmt: skip
+    trained = write_tiny_params(
+        tmp_path,
+        data,
+        tiny_base,
+        validate={"holdout_max_decisions": 120},
+        train={"max_steps": 60, "lora_lr": 0.005, "head_lr": 0.003},
+    )
     first = run_flow(trained)
-    untrained = write_tiny_params(tmp_path, data, tiny_base, validate={"holdout_max_decisions": 120},
-                                  train={"max_steps": 0})  # fmt: skip
+    untrained = write_tiny_params(
+        tmp_path, data, tiny_base, validate={"holdout_max_decisions": 120}, train={"max_steps": 0}
+    )
     second = run_flow(untrained)
-    assert second.tracked.revision.previous_version == first.release.version and not second.tracked.revision.changed
+    assert (
+        second.tracked.revision.previous_version == first.release.version
+        and not second.tracked.revision.changed
+    )
     # the same data, and the run says why it is a new version all the same
     assert (
         f"(unchanged since version {first.release.version}; a new version for its params ("
@@ -269,7 +321,9 @@ def test_a_worse_candidate_is_held_as_challenger_and_rollback_restores_the_champ
         first.heldout["calibrated"]["accuracy"],
     )
     assert candidate < champion, "the untrained model should be worse for this test to mean anything"
-    assert not second.release.promoted and any("accuracy" in r and "<" in r for r in second.release.gate.reasons)
+    assert not second.release.promoted and any(
+        "accuracy" in r and "<" in r for r in second.release.gate.reasons
+    )
     assert (
         current("tiny-model", CHAMPION) == first.release.version
         and current("tiny-model", CHALLENGER) == second.release.version
@@ -277,7 +331,10 @@ def test_a_worse_candidate_is_held_as_challenger_and_rollback_restores_the_champ
 
     promote_version("tiny-model", second.release.version, why="test: by hand")
     assert current("tiny-model", CHAMPION) == second.release.version
-    assert rollback("tiny-model") == first.release.version and current("tiny-model", CHAMPION) == first.release.version
+    assert (
+        rollback("tiny-model") == first.release.version
+        and current("tiny-model", CHAMPION) == first.release.version
+    )
     moves = [(h["alias"], h["from"], h["to"]) for h in history("tiny-model")]
     assert moves[-1] == ("champion", second.release.version, first.release.version)
     with pytest.raises(PromotionRefused):
@@ -289,7 +346,9 @@ def test_a_worse_candidate_is_held_as_challenger_and_rollback_restores_the_champ
     assert promote_version("tiny-model", second.release.version, force=True)
     assert current("tiny-model", CHAMPION) == second.release.version
     moves = history("tiny-model")
-    assert not promote_version("tiny-model", second.release.version, force=True)  # the champion already: no move
+    assert not promote_version(
+        "tiny-model", second.release.version, force=True
+    )  # the champion already: no move
     assert history("tiny-model") == moves and rollback("tiny-model") == first.release.version
 
 

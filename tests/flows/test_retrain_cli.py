@@ -1,5 +1,5 @@
-"""`decision retrain` hands its options to the flow by name (--allow-unpinned among them), checks the run's inputs
-before a flow run starts, and the flow's own process runs the flow on what it was handed."""
+"""`decision retrain` hands its options to the flow by name (--allow-unpinned among them), checks the run's
+inputs before a flow run starts, and the flow's own process runs the flow on what it was handed."""
 
 import contextlib
 import json
@@ -48,13 +48,15 @@ def test_a_run_config_that_does_not_exist_is_one_line_and_exit_2_before_a_flow_r
 
 @pytest.mark.parametrize(
     ("setting", "said"),
-    [("data: DIR/missing.jsonl", "missing.jsonl: no such file or folder"),
-     ("data: DIR/empty.jsonl", "empty.jsonl: no rows"),
-     ("base: DIR/nope", "nope: no such folder")],
-)  # fmt: skip
-def test_inputs_that_are_not_there_are_one_line_before_a_flow_run_even_unpinned(setting, said, synthetic_train_file,
-                                                                                 tiny_base, tmp_path, capsys,
-                                                                                 monkeypatch):  # fmt: skip
+    [
+        ("data: DIR/missing.jsonl", "missing.jsonl: no such file or folder"),
+        ("data: DIR/empty.jsonl", "empty.jsonl: no rows"),
+        ("base: DIR/nope", "nope: no such folder"),
+    ],
+)
+def test_inputs_that_are_not_there_are_one_line_before_a_flow_run_even_unpinned(
+    setting, said, synthetic_train_file, tiny_base, tmp_path, capsys, monkeypatch
+):
     # With --allow-unpinned nothing opened them first: the flow run failed with Prefect's traceback, exit 1.
     launched = record_launches(monkeypatch)
     monkeypatch.chdir(tmp_path)

@@ -1,5 +1,5 @@
-"""The retrain flow with `train.nproc: 2`: the train task runs the stage on two torchrun ranks (gloo), and the run
-is one MLflow run, logged live from rank 0's steps, that reports the world size."""
+"""The retrain flow with `train.nproc: 2`: the train task runs the stage on two torchrun ranks (gloo), and the
+run is one MLflow run, logged live from rank 0's steps, that reports the world size."""
 
 import pytest
 
@@ -8,8 +8,9 @@ from tests.flows.conftest import write_tiny_params
 pytestmark = pytest.mark.slow
 
 
-def test_the_flow_trains_on_two_ranks_into_one_mlflow_run(prefect_harness, mlflow_store, tmp_path,
-                                                          synthetic_train_file, tiny_base):  # fmt: skip
+def test_the_flow_trains_on_two_ranks_into_one_mlflow_run(
+    prefect_harness, mlflow_store, tmp_path, synthetic_train_file, tiny_base
+):
     from flows.retrain import retrain
     from pipeline.mlops.registry import client, ensure_experiment
 

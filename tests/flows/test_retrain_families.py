@@ -1,7 +1,7 @@
 """The retrain flow is family-free: a tiny random causal LM (the joint family) goes through pins, validation,
 training, calibration, export, MLflow, registration, the HTTP smoke test and the gate, and the gate scores a
-joint champion; `decision evaluate` scores the registered version. Two joint heads answering together (the default
-`train.lexicon: both`) go through it as one model."""
+joint champion; `decision evaluate` scores the registered version. Two joint heads answering together (the
+default `train.lexicon: both`) go through it as one model."""
 
 import json
 
@@ -13,8 +13,9 @@ from tests.tiny import write_learnable_rows, write_tiny_base, write_tiny_causal_
 pytestmark = pytest.mark.slow
 
 
-def test_a_causal_lm_base_is_retrained_registered_smoke_tested_and_gated(prefect_harness, mlflow_store, tmp_path,
-                                                                       capsys):  # fmt: skip
+def test_a_causal_lm_base_is_retrained_registered_smoke_tested_and_gated(
+    prefect_harness, mlflow_store, tmp_path, capsys
+):
     from flows.retrain import retrain
     from pipeline.cli.main import main
     from pipeline.mlops.registry import client, download_version
@@ -32,11 +33,14 @@ def test_a_causal_lm_base_is_retrained_registered_smoke_tested_and_gated(prefect
     tags = client().get_model_version("tiny-model", "1").tags
     assert tags["smoke"] == "passed" and tags["gate"] == "promote"
 
-    second_params = write_tiny_params(tmp_path, data, base, validate={"holdout_max_decisions": 12},
-                                      train={"max_steps": 2})  # fmt: skip
+    second_params = write_tiny_params(
+        tmp_path, data, base, validate={"holdout_max_decisions": 12}, train={"max_steps": 2}
+    )
     second = retrain(str(second_params), lock=str(tmp_path / "dvc.lock"))
     assert second.release.version == "2" and second.release.smoke.passed
-    assert any("champion" in reason for reason in second.release.gate.reasons)  # the joint champion was scored by the gate
+    assert any(
+        "champion" in reason for reason in second.release.gate.reasons
+    )  # the joint champion was scored by the gate
 
     folder = download_version("tiny-model", "2", tmp_path / "v2")
     assert json.loads((folder / "decision_config.json").read_text())["family"] == "joint"
@@ -48,8 +52,9 @@ def test_a_causal_lm_base_is_retrained_registered_smoke_tested_and_gated(prefect
 def test_two_heads_answering_together_go_through_the_flow_as_one_model(
     prefect_harness, mlflow_store, tmp_path
 ):
-    """params.yaml's default (`train.lexicon: both`): the flow trains a tokens head and a tfidf head on the tiny
-    encoder, exports them as one model, serves it over HTTP as it was trained (the smoke test) and records both."""
+    """params.yaml's default (`train.lexicon: both`): the flow trains a tokens head and a tfidf head on the
+    tiny encoder, exports them as one model, serves it over HTTP as it was trained (the smoke test) and
+    records both."""
     from flows.retrain import retrain
     from pipeline.mlops.registry import client, download_version
 

@@ -71,12 +71,31 @@ def stack(tmp_path_factory) -> Iterator[Stack]:
             mlflow_server(pg.create_database("mlflow"), root / "artifacts", root / "mlflow.log") as tracking,
         ):
             path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
-            env = prefect_env(root / "client", api, MLFLOW_TRACKING_URI=tracking, PREFECT_WORKER_QUERY_SECONDS="1",
-                              MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR="false", OMP_NUM_THREADS="1", PYTHONPATH=path)  # fmt: skip
+            env = prefect_env(
+                root / "client",
+                api,
+                MLFLOW_TRACKING_URI=tracking,
+                PREFECT_WORKER_QUERY_SECONDS="1",
+                MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR="false",
+                OMP_NUM_THREADS="1",
+                PYTHONPATH=path,
+            )
             _prefect(["work-pool", "create", _pool(), "--type", "process"], env)
-            shared = subprocess.run([sys.executable, "-m", "flows.shared_pool", str(root / "shared-results"),
-                                     "--crash-after", str(CRASH_AFTER_S)],
-                                    env=env, cwd=ROOT, capture_output=True, text=True, timeout=120)  # fmt: skip
+            shared = subprocess.run(
+                [
+                    sys.executable,
+                    "-m",
+                    "flows.shared_pool",
+                    str(root / "shared-results"),
+                    "--crash-after",
+                    str(CRASH_AFTER_S),
+                ],
+                env=env,
+                cwd=ROOT,
+                capture_output=True,
+                text=True,
+                timeout=120,
+            )
             assert shared.returncode == 0, shared.stderr
             _prefect(["--no-prompt", "deploy", "--name", "retrain"], env)
             yield Stack(api, env, root)
@@ -156,8 +175,12 @@ def test_a_worker_killed_mid_run_crashes_it_and_the_other_worker_resumes_from_th
     runs_dir = Path(project["params_file"]).parent / "runs"
     with worker(stack, "worker-a") as first:
         crashed = _run(stack, project)
-        _wait(stack, crashed, lambda run: any(runs_dir.glob("*/calibration.json")) or run["state_type"] in TERMINAL,
-              "calibrated")  # fmt: skip
+        _wait(
+            stack,
+            crashed,
+            lambda run: any(runs_dir.glob("*/calibration.json")) or run["state_type"] in TERMINAL,
+            "calibrated",
+        )
         _kill_mid_run(first)
     # No one is left to report it: the heartbeat automation marks it once CRASH_AFTER_S pass in silence.
     assert _finished(stack, crashed)["state_type"] == "CRASHED"
@@ -187,8 +210,10 @@ def test_two_workers_on_the_pool_never_run_two_retrains_at_once(stack, project):
         runs = [_run(stack, project), _run(stack, project)]
         finished = [_finished(stack, run_id) for run_id in runs]
     assert [run["state_type"] for run in finished] == ["COMPLETED", "COMPLETED"]
-    spans = sorted((dt.datetime.fromisoformat(r["start_time"]), dt.datetime.fromisoformat(r["end_time"]))
-                   for r in finished)  # fmt: skip
+    spans = sorted(
+        (dt.datetime.fromisoformat(r["start_time"]), dt.datetime.fromisoformat(r["end_time"]))
+        for r in finished
+    )
     print(f"\nruns: {[(str(s), str(e)) for s, e in spans]}")
     assert spans[0][1] <= spans[1][0], f"the two retrains overlapped: {spans}"
     deployment = httpx.get(f"{stack.api}/deployments/name/retrain/retrain", timeout=10).json()

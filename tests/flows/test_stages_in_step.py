@@ -1,4 +1,5 @@
-"""dvc.yaml and the retrain flow stay in step: the same stage functions, and the flow verifies DVC's outputs."""
+"""dvc.yaml and the retrain flow stay in step: the same stage functions, and the flow verifies DVC's
+outputs."""
 
 import logging
 
@@ -49,4 +50,6 @@ def test_the_flow_trains_on_exactly_what_dvc_pins(project_root):
     retrain = load_params(project_root / "params.yaml").retrain
     assert {retrain.data, retrain.base} <= outs  # so the run's start checks both against dvc.lock
     source = (project_root / "pipeline" / "stages" / "start.py").read_text()
-    assert 'check_pins({"data": config.data, "base": config.base}, lock, require=not allow_unpinned)' in source
+    assert (
+        'check_pins({"data": config.data, "base": config.base}, lock, require=not allow_unpinned)' in source
+    )

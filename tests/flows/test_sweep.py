@@ -1,6 +1,7 @@
-"""The sweep flow on the tiny project: trials as MLflow children of one parent run with `make run`'s names, the best
-trial (by the validation split) registered with its model card, the noise floor over seeds, the parent's summary and
-plots, MLflow's compare page of the children in headless Chromium, and a killed sweep resumed where it stopped.
+"""The sweep flow on the tiny project: trials as MLflow children of one parent run with `make run`'s names,
+the best trial (by the validation split) registered with its model card, the noise floor over seeds, the
+parent's summary and plots, MLflow's compare page of the children in headless Chromium, and a killed sweep
+resumed where it stopped.
 
     python -m pytest tests/flows/test_sweep.py -q -s     # -s prints where the compare page's screenshot is
 """
@@ -23,8 +24,12 @@ from tests.flows.processes import kill_group, tail
 
 pytestmark = pytest.mark.slow
 
-SPACE = {"objective": "validation_nll", "trials": 3, "seed": 0,
-         "space": {"train.lora_lr": {"low": 0.0005, "high": 0.02, "log": True}, "train.max_steps": [4, 8]}}  # fmt: skip
+SPACE = {
+    "objective": "validation_nll",
+    "trials": 3,
+    "seed": 0,
+    "space": {"train.lora_lr": {"low": 0.0005, "high": 0.02, "log": True}, "train.max_steps": [4, 8]},
+}
 COMPARE_SCREENSHOT = ARTIFACTS / "mlflow_compare_sweep.png"
 
 
@@ -36,8 +41,8 @@ def write_space(folder: Path, **changes) -> Path:
 
 @pytest.fixture
 def swept(prefect_harness, mlflow_store, tmp_path, synthetic_train_file, tiny_base):
-    """A three-trial sweep of the tiny project, two trials at a time, with two repeats of its best settings, run
-    in-process."""
+    """A three-trial sweep of the tiny project, two trials at a time, with two repeats of its best settings,
+    run in-process."""
     from flows.sweep import sweep
 
     params = write_tiny_params(tmp_path, synthetic_train_file, tiny_base)
@@ -65,13 +70,20 @@ def test_a_sweep_logs_children_under_a_parent_and_registers_its_best_trial(swept
     assert len(repeats) == 2 and all(run.info.status == "FINISHED" for run in children)
     first, second = trials[0].info, trials[1].info  # asked together (parallel: 2): they ran at the same time
     assert max(first.start_time, second.start_time) < min(first.end_time, second.end_time)
-    # The same param and metric names as a `make run` run: params.yaml flattened, held-out and validation figures.
+    # The same param and metric names as a `make run` run: params.yaml flattened, held-out and validation
+    # figures.
     for run in trials:
         assert {"train.lora_lr", "train.max_steps", "validate.holdout_max_decisions"} <= set(run.data.params)
-        assert {"calibrated_accuracy", "calibrated_ece", "validation_nll", "validation_accuracy",
-                "score_ms_per_decision"} <= set(run.data.metrics)  # fmt: skip
-    # Two trials trained in two threads, each loading the base and adding adapters: nothing left torch's initialisers
-    # swapped out (every model built later would hold uninitialised memory), and every figure is finite.
+        assert {
+            "calibrated_accuracy",
+            "calibrated_ece",
+            "validation_nll",
+            "validation_accuracy",
+            "score_ms_per_decision",
+        } <= set(run.data.metrics)
+    # Two trials trained in two threads, each loading the base and adding adapters: nothing left torch's
+    # initialisers swapped out (every model built later would hold uninitialised memory), and every figure is
+    # finite.
     assert all(math.isfinite(run.data.metrics["calibrated_loss"]) for run in children)
     assert torch.isfinite(torch.nn.Linear(64, 64).weight).all()
     sampled = {(run.data.params["train.lora_lr"], run.data.params["train.max_steps"]) for run in trials}
@@ -113,8 +125,8 @@ def test_the_compare_page_of_a_sweeps_children_shows_their_metrics(swept, tmp_pa
     page = f"#/compare-runs?runs={ids}&experiments={json.dumps([ensure_experiment()])}"
     chromium = browser.chromium_or_skip()
     ARTIFACTS.mkdir(exist_ok=True)
-    # The metrics table has a column per child, in the order asked, each value rounded to 3 decimals; it renders
-    # its first rows only (alphabetical), so the check reads calibrated_ece, one of them.
+    # The metrics table has a column per child, in the order asked, each value rounded to 3 decimals; it
+    # renders its first rows only (alphabetical), so the check reads calibrated_ece, one of them.
     eces = " ".join(str(round(run.data.metrics["calibrated_ece"], 3)) for run in children)
     expected = ["trial-0 trial-1 trial-2", "calibrated_ece", eces]
     with browser.make_ui(tmp_path / "ui.log") as url:
@@ -132,8 +144,9 @@ def test_the_compare_page_of_a_sweeps_children_shows_their_metrics(swept, tmp_pa
 LONG = {"max_steps": 120, "min_steps": 120, "log_every": 5, "checkpoint_every_steps": 20}
 
 
-def test_a_killed_sweep_resumes_where_it_stopped(prefect_api, tmp_path, monkeypatch, synthetic_train_file,
-                                                 tiny_base):  # fmt: skip
+def test_a_killed_sweep_resumes_where_it_stopped(
+    prefect_api, tmp_path, monkeypatch, synthetic_train_file, tiny_base
+):
     import optuna
     from optuna.trial import TrialState
 
@@ -147,14 +160,25 @@ def test_a_killed_sweep_resumes_where_it_stopped(prefect_api, tmp_path, monkeypa
     ensure_experiment()
     params = write_tiny_params(tmp_path, synthetic_train_file, tiny_base, train=LONG)
     space = write_space(tmp_path, space={"train.lora_lr": {"low": 0.0005, "high": 0.02, "log": True}})
-    command = [sys.executable, "-m", "pipeline.cli", "sweep", "--space", str(space), "--params", str(params), "--json"]
+    command = [
+        sys.executable,
+        "-m",
+        "pipeline.cli",
+        "sweep",
+        "--space",
+        str(space),
+        "--params",
+        str(params),
+        "--json",
+    ]
     env = flow_env(prefect_api, uri)
 
     # Kill the sweep once its first trial has finished and the second has a training checkpoint.
     sweeps = tmp_path / "runs" / "sweeps"
     with (tmp_path / "killed.log").open("wb") as log:
-        proc = subprocess.Popen(command, env=env, cwd=tmp_path, stdout=log, stderr=subprocess.STDOUT,
-                                start_new_session=True)  # fmt: skip
+        proc = subprocess.Popen(
+            command, env=env, cwd=tmp_path, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
     deadline = time.monotonic() + 240
     try:
         while not (
@@ -195,10 +219,17 @@ def test_a_killed_sweep_resumes_where_it_stopped(prefect_api, tmp_path, monkeypa
     runs = _children(summary.parent_run_id)
     assert len(runs) == 3 and all(run.info.status == "FINISHED" for run in runs)  # one run per setting
 
-    # Run again, asking for the noise floor: no trial runs, one repeat trains, and the same version gets its tag.
+    # Run again, asking for the noise floor: no trial runs, one repeat trains, and the same version gets its
+    # tag.
     with (tmp_path / "repeat.log").open("wb") as log:
-        again = subprocess.run([*command, "--repeat-best", "1"], env=env, cwd=tmp_path, stdout=subprocess.PIPE,
-                               stderr=log, timeout=400)  # fmt: skip
+        again = subprocess.run(
+            [*command, "--repeat-best", "1"],
+            env=env,
+            cwd=tmp_path,
+            stdout=subprocess.PIPE,
+            stderr=log,
+            timeout=400,
+        )
     assert again.returncode == 0, f"the rerun failed:\n{tail(tmp_path / 'repeat.log')}"
     repeated = SweepSummary.from_dict(json.loads(again.stdout.decode().strip().splitlines()[-1]))
     assert repeated.release.version == "1" and repeated.noise_floor["seeds"] == 1

@@ -1,5 +1,5 @@
-"""A served answer does not depend on what it was batched with: the same request alone and among batch-mates of
-other lengths and other questions gets the same probabilities (padding is masked), for every family."""
+"""A served answer does not depend on what it was batched with: the same request alone and among batch-mates
+of other lengths and other questions gets the same probabilities (padding is masked), for every family."""
 
 from dataclasses import replace
 
@@ -12,11 +12,14 @@ from pipeline.families.base import Answered, DecisionModel
 from tests.tiny import JOINT_HEAD, load_joint_on
 
 QUESTIONS = {
-    "tone": {"type": "choice", "instructions": "What is the tone?",
-             "criteria": {"negative": "unhappy", "neutral": "neither", "positive": "happy"}},
+    "tone": {
+        "type": "choice",
+        "instructions": "What is the tone?",
+        "criteria": {"negative": "unhappy", "neutral": "neither", "positive": "happy"},
+    },
     "good": {"type": "noul", "instructions": "The text is positive."},
     "level": {"type": "score", "instructions": "How intense is it?", "criteria": ["calm", "mild", "strong"]},
-}  # fmt: skip
+}
 MATES = [
     ("a " + "very " * 60 + "long review of a phone that broke", QUESTIONS),
     ("ok", {"good": QUESTIONS["good"]}),

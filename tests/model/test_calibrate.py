@@ -1,4 +1,5 @@
-"""Temperature calibration and the evaluation metrics, checked against known answers and laya's reference ECE."""
+"""Temperature calibration and the evaluation metrics, checked against known answers and laya's reference
+ECE."""
 
 import numpy as np
 import pytest
@@ -40,8 +41,10 @@ def test_fit_temperature_is_clamped():
 
 
 def _items(labels, qtypes, records=None):
-    return [ScoredDecision(q, y, (records or list(range(len(labels))))[i], "q", tuple(np.eye(3)[y]))
-            for i, (y, q) in enumerate(zip(labels, qtypes))]  # fmt: skip
+    return [
+        ScoredDecision(q, y, (records or list(range(len(labels))))[i], "q", tuple(np.eye(3)[y]))
+        for i, (y, q) in enumerate(zip(labels, qtypes))
+    ]
 
 
 def test_a_type_with_too_few_decisions_keeps_t_1_and_says_so():
@@ -116,8 +119,10 @@ def test_a_temperature_that_helps_is_kept():
 
 def _grouped(items, group_size):
     """The same decisions with every `group_size` consecutive rows in one group (a speaker, a source)."""
-    return [ScoredDecision(d.qtype, d.label, d.record, d.question_id, d.target, group=d.record // group_size)
-            for d in items]  # fmt: skip
+    return [
+        ScoredDecision(d.qtype, d.label, d.record, d.question_id, d.target, group=d.record // group_size)
+        for d in items
+    ]
 
 
 def test_the_temperature_interval_holds_the_true_temperature_and_narrows_with_more_decisions():

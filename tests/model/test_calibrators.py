@@ -89,10 +89,13 @@ def test_the_winner_is_scored_cross_fitted_not_in_sample():
 
 def test_the_file_round_trips_and_a_reused_id_with_other_options_falls_back_to_its_type():
     calibrator = Calibrator(
-        VECTOR_SCALING, (1.5, 1.0, 0.8),
-        {"tone": QuestionTransform(0, 3, weights=(0.5, 1.0, 2.0), bias=(0.1, 0.0, -0.1)),
-         "flag": QuestionTransform(2, 2, temperature=2.0)},
-    )  # fmt: skip
+        VECTOR_SCALING,
+        (1.5, 1.0, 0.8),
+        {
+            "tone": QuestionTransform(0, 3, weights=(0.5, 1.0, 2.0), bias=(0.1, 0.0, -0.1)),
+            "flag": QuestionTransform(2, 2, temperature=2.0),
+        },
+    )
     again = Calibrator.from_json(json.loads(json.dumps(calibrator.to_json())))
     z = np.array([1.0, -0.5, 0.25])
     assert again.probabilities(0, "tone", z) == pytest.approx(softmax(z * [0.5, 1.0, 2.0] + [0.1, 0.0, -0.1]))
@@ -104,10 +107,13 @@ def test_the_file_round_trips_and_a_reused_id_with_other_options_falls_back_to_i
 
 
 QUESTIONS = {
-    "tone": {"type": "choice", "instructions": "what tone", "criteria": {"negative": None, "neutral": "none",
-                                                                         "positive": None}},
+    "tone": {
+        "type": "choice",
+        "instructions": "what tone",
+        "criteria": {"negative": None, "neutral": "none", "positive": None},
+    },
     "good": {"type": "noul", "instructions": "it is good", "criteria": None},
-}  # fmt: skip
+}
 RICHER = Calibrator(QUESTION_TEMPERATURE, (1.5, 1.0, 2.0), {"tone": QuestionTransform(0, 3, temperature=3.0)})
 
 
@@ -218,8 +224,9 @@ def test_cross_fitting_keeps_a_group_on_one_side_so_a_bias_learnt_from_its_label
     grouped = with_groups(decisions, groups)
     for group in set(groups):
         assert len({d.half for d, g in zip(grouped, groups) if g == group}) == 1
-    # Rows apart, both halves share every group's labels and a per-option bias looks like a gain; groups apart,
-    # the bias one half's groups teach is measured on the other half's, as the served model meets new groups.
+    # Rows apart, both halves share every group's labels and a per-option bias looks like a gain; groups
+    # apart, the bias one half's groups teach is measured on the other half's, as the served model meets new
+    # groups.
     assert choose_calibrator(decisions, logits).calibrator.kind == VECTOR_SCALING
     choice = choose_calibrator(grouped, logits)
     assert choice.calibrator.kind != VECTOR_SCALING

@@ -1,4 +1,5 @@
-"""`decision compare A B`: a paired record bootstrap per question on the same rows, from the CLI and in numbers."""
+"""`decision compare A B`: a paired record bootstrap per question on the same rows, from the CLI and in
+numbers."""
 
 import json
 
@@ -14,8 +15,9 @@ from pipeline.scoring.paired import per_question_differences
 def _scored(right: list[bool], questions: list[str], confident: float = 0.9):
     """Two-option decisions, one per record, gold 0; the model puts `confident` on gold where `right`."""
     decisions = [ScoredDecision(2, 0, i, q, (1.0, 0.0)) for i, q in enumerate(questions)]
-    probabilities = [np.array([confident, 1 - confident]) if r else np.array([1 - confident, confident])
-                     for r in right]  # fmt: skip
+    probabilities = [
+        np.array([confident, 1 - confident]) if r else np.array([1 - confident, confident]) for r in right
+    ]
     return decisions, probabilities
 
 
@@ -68,11 +70,30 @@ def test_the_cli_compares_a_base_with_its_fine_tune_per_question(
     tiny_base, synthetic_train_file, tmp_path, capsys
 ):
     params = tmp_path / "params.yaml"
-    params.write_text("train:\n  micro_batch: 4\n  lora_r: 4\n  precision: fp32\n"
-                      "validate:\n  holdout_max_decisions: 120\n  holdout_fraction: 0.3\n")  # fmt: skip
+    params.write_text(
+        "train:\n  micro_batch: 4\n  lora_r: 4\n  precision: fp32\n"
+        "validate:\n  holdout_max_decisions: 120\n  holdout_fraction: 0.3\n"
+    )
     out = tmp_path / "export"
-    assert main(["finetune", "--data", str(synthetic_train_file), "--base", str(tiny_base), "--out", str(out),
-                 "--max-steps", "3", "--params", str(params), "--json"]) == 0  # fmt: skip
+    assert (
+        main(
+            [
+                "finetune",
+                "--data",
+                str(synthetic_train_file),
+                "--base",
+                str(tiny_base),
+                "--out",
+                str(out),
+                "--max-steps",
+                "3",
+                "--params",
+                str(params),
+                "--json",
+            ]
+        )
+        == 0
+    )
     capsys.readouterr()
     common = ["--data", str(synthetic_train_file), "--params", str(params), "--json", "-q"]
     assert main(["compare", str(tiny_base), str(out), *common]) == 0
@@ -90,9 +111,12 @@ def test_the_cli_compares_a_base_with_its_fine_tune_per_question(
 
 @pytest.mark.parametrize(
     "missing, store, said",
-    [("nope", False, "no such folder"), ("models:/nope/1", False, "no MLflow store at"),
-     ("models:/nope/1", True, "not found")],
-)  # fmt: skip
+    [
+        ("nope", False, "no such folder"),
+        ("models:/nope/1", False, "no MLflow store at"),
+        ("models:/nope/1", True, "not found"),
+    ],
+)
 def test_a_missing_model_is_one_line_naming_its_side_and_exit_2(
     missing, store, said, tiny_base, synthetic_train_file, tmp_path, capsys, monkeypatch
 ):

@@ -13,11 +13,14 @@ from pipeline.families.laya.predict import predict
 from pipeline.families.laya_layout import ModelLayoutError, load_model, save_model
 
 QUESTIONS = {
-    "tone": {"type": "choice", "instructions": "what tone", "criteria": {"negative": None, "neutral": "none",
-                                                                         "positive": None}},
+    "tone": {
+        "type": "choice",
+        "instructions": "what tone",
+        "criteria": {"negative": None, "neutral": "none", "positive": None},
+    },
     "level": {"type": "score", "instructions": "how strong", "criteria": ["none", "mild", "strong"]},
     "good": {"type": "noul", "instructions": "it is good", "criteria": None},
-}  # fmt: skip
+}
 STATES = ["this is great", {"turns": ["i hate the order", "it was late"]}, "okay product"]
 
 
@@ -68,8 +71,13 @@ def test_our_forward_equals_laya_forward_in_fp32(tiny_base):
     batch = collate(items, loaded.tokenizer.pad_token_id)
     with torch.no_grad():
         ours = decision_logits(loaded.model, batch)
-        theirs, _act = loaded.model(batch["input_ids"], batch["attention_mask"], batch["marker_pos"],
-                                    batch["marker_mask"], batch["qtype"])  # fmt: skip
+        theirs, _act = loaded.model(
+            batch["input_ids"],
+            batch["attention_mask"],
+            batch["marker_pos"],
+            batch["marker_mask"],
+            batch["qtype"],
+        )
     torch.testing.assert_close(ours, theirs, rtol=1e-6, atol=1e-5)
 
 
@@ -103,7 +111,8 @@ def test_a_folder_without_the_config_is_not_a_model(tmp_path):
 
 
 def test_loading_never_modifies_the_folder(tmp_path):
-    """laya's own loader rewrites tokenizer_config.json on first load; ours only reads (pinned hashes hold)."""
+    """laya's own loader rewrites tokenizer_config.json on first load; ours only reads (pinned hashes
+    hold)."""
     from pipeline.data.pins import current_md5
     from tests.tiny import write_tiny_base
 

@@ -1,5 +1,6 @@
-"""Models loaded in several threads at once (a server's catalog and its shadow's, a sweep's parallel trials) leave
-torch's initialisers as they were: transformers swaps them for no-ops while it builds a model, process-wide."""
+"""Models loaded in several threads at once (a server's catalog and its shadow's, a sweep's parallel trials)
+leave torch's initialisers as they were: transformers swaps them for no-ops while it builds a model,
+process-wide."""
 
 import math
 import threading

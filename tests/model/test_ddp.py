@@ -1,7 +1,7 @@
-"""Data-parallel training under torchrun on the CPU (gloo, 2 ranks, tiny models, fp32): after k steps the trained
-parameters equal one process's on the same global batch and seed, for both families and for LoRA, full fine-tuning
-and the head alone; rank 0 alone writes; a rank that is killed or hangs fails the stage with its error, not a
-hang."""
+"""Data-parallel training under torchrun on the CPU (gloo, 2 ranks, tiny models, fp32): after k steps the
+trained parameters equal one process's on the same global batch and seed, for both families and for LoRA, full
+fine-tuning and the head alone; rank 0 alone writes; a rank that is killed or hangs fails the stage with its
+error, not a hang."""
 
 import json
 import os
@@ -27,35 +27,57 @@ from tests.ddp_ranks import first_window_gradients, saved_result, train_tiny
 
 pytestmark = pytest.mark.slow
 
-# Windows of 12 items cut into micro-batches of 4: each rank trains on 6 (two micro-batches of 4 and 2), so the
-# accumulation over the window is split differently on one process and on two; only rounding may differ.
-BASE = TrainConfig(micro_batch=4, grad_accum=3, max_steps=4, log_every=1, lora_r=4, lora_alpha=4, lora_lr=5e-3,
-                   full_lr=1e-3, head_lr=1e-3, warmup_steps=1, precision="fp32", head_width=32,
-                   checkpoint_every_minutes=0.0)  # fmt: skip
+# Windows of 12 items cut into micro-batches of 4: each rank trains on 6 (two micro-batches of 4 and 2), so
+# the accumulation over the window is split differently on one process and on two; only rounding may differ.
+BASE = TrainConfig(
+    micro_batch=4,
+    grad_accum=3,
+    max_steps=4,
+    log_every=1,
+    lora_r=4,
+    lora_alpha=4,
+    lora_lr=5e-3,
+    full_lr=1e-3,
+    head_lr=1e-3,
+    warmup_steps=1,
+    precision="fp32",
+    head_width=32,
+    checkpoint_every_minutes=0.0,
+)
 CASES = {
     "laya-lora": replace(BASE, family="laya", method="lora"),
     "joint-full": replace(BASE, family="joint", method="full"),
     # the default method: the head on a frozen backbone's cached features
     "joint-head": replace(BASE, family="joint", method="head"),
-    # a layer plan visiting the tiny encoder's first layer twice: one shared module, its gradients summed per rank
-    # and then over ranks
+    # a layer plan visiting the tiny encoder's first layer twice: one shared module, its gradients summed per
+    # rank and then over ranks
     "laya-lora-plan": replace(BASE, family="laya", method="lora", layer_plan=(0, 0, 1)),
 }
 
 
 def _two_ranks(config: TrainConfig, data, base, folder):
-    """`tests/ddp_ranks.py` on 2 gloo ranks under torchrun, in the environment the stage's launcher gives them."""
+    """`tests/ddp_ranks.py` on 2 gloo ranks under torchrun, in the environment the stage's launcher gives
+    them."""
     spec, out = folder / "spec.json", folder / "rank0.pt"
     spec.write_text(json.dumps({"data": str(data), "base": str(base), "config": asdict(config)}))
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
-               str(Path(__file__).parents[1] / "ddp_ranks.py"), str(spec), str(out)]  # fmt: skip
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node=2",
+        str(Path(__file__).parents[1] / "ddp_ranks.py"),
+        str(spec),
+        str(out),
+    ]
     done = subprocess.run(command, env=rank_environment(2, None), capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     return saved_result(str(out))
 
 
 def _with_signal(gradients: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """Per parameter, the elements whose first-window gradient is above rounding noise (1e-6 of the largest)."""
+    """Per parameter, the elements whose first-window gradient is above rounding noise (1e-6 of the
+    largest)."""
     top = max(g.abs().max().item() for g in gradients.values())
     return {name: g.abs() > 1e-6 * top for name, g in gradients.items()}
 
@@ -65,14 +87,15 @@ def test_two_ranks_train_the_parameters_one_process_trains(case, tiny_base, synt
     config = CASES[case]
     initial, _ = train_tiny(str(synthetic_train_file), str(tiny_base), replace(config, max_steps=0))
     alone, alone_result = train_tiny(str(synthetic_train_file), str(tiny_base), config)
-    ranked, ranked_result, ranked_gradients = _two_ranks(replace(config, nproc=2), synthetic_train_file, tiny_base,
-                                                         tmp_path)  # fmt: skip
+    ranked, ranked_result, ranked_gradients = _two_ranks(
+        replace(config, nproc=2), synthetic_train_file, tiny_base, tmp_path
+    )
     gradients = first_window_gradients(str(synthetic_train_file), str(tiny_base), config)
     # The all-reduced gradient of the first window is the one process's: the same items, scaled the same (Adam
-    # would hide a wrong scale from the parameters).
-    # Rounding scales with a parameter's largest gradient: a word embedding row summed over many occurrences (the
-    # joint family's isolated question text repeats in every option's sequence) differed by 1.5e-7 where the
-    # largest entry was 0.16, once in 6,400 elements; a wrong scale or a missing item is off by far more.
+    # would hide a wrong scale from the parameters). Rounding scales with a parameter's largest gradient: a
+    # word embedding row summed over many occurrences (the joint family's isolated question text repeats in
+    # every option's sequence) differed by 1.5e-7 where the largest entry was 0.16, once in 6,400 elements; a
+    # wrong scale or a missing item is off by far more.
     for name, gradient in gradients.items():
         atol = max(1e-7, 1e-5 * gradient.abs().max().item())
         torch.testing.assert_close(ranked_gradients[name], gradient, rtol=1e-5, atol=atol, msg=name)
@@ -80,13 +103,15 @@ def test_two_ranks_train_the_parameters_one_process_trains(case, tiny_base, synt
     assert ranked_result.world_size == 2 and alone_result.world_size == 1
     assert ranked_result.steps == alone_result.steps == config.max_steps
     assert ranked.keys() == alone.keys() and alone
-    # Directions the loss does not depend on (a key bias under softmax, one bias shared by every option's logit)
-    # get a gradient of pure rounding noise, which Adam scales to a full step either way: those are left out.
+    # Directions the loss does not depend on (a key bias under softmax, one bias shared by every option's
+    # logit) get a gradient of pure rounding noise, which Adam scales to a full step either way: those are
+    # left out.
     signal = _with_signal(gradients)
     assert sum(m.sum().item() for m in signal.values()) > 0.5 * sum(m.numel() for m in signal.values())
     for name in alone:
-        torch.testing.assert_close(ranked[name][signal[name]], alone[name][signal[name]], rtol=1e-5, atol=1e-6,
-                                   msg=name)  # fmt: skip
+        torch.testing.assert_close(
+            ranked[name][signal[name]], alone[name][signal[name]], rtol=1e-5, atol=1e-6, msg=name
+        )
     if config.layer_plan is not None:  # the plan ran: without it the same steps train other parameters
         native, _ = train_tiny(str(synthetic_train_file), str(tiny_base), replace(config, layer_plan=None))
         assert any(not torch.allclose(native[name], alone[name], atol=1e-6) for name in alone)
@@ -122,7 +147,8 @@ def test_the_stage_on_two_ranks_is_written_and_scored_by_rank_0(tiny_base, synth
 
 
 def _run_folder(data: Path, run_dir: Path) -> Path:
-    """A run folder holding `data` validated and split, as the validate stage leaves it for the train stage."""
+    """A run folder holding `data` validated and split, as the validate stage leaves it for the train
+    stage."""
     TrainSource(data).validated().save(RunFolder(run_dir).split)
     return run_dir
 
@@ -145,8 +171,11 @@ def _rank_process(rank: int, timeout_s: float = 120.0) -> psutil.Process:
 
 def _live_children(before: set[int] = frozenset()) -> list[psutil.Process]:
     """This process's live children, leaving out `before` (servers other tests' fixtures keep running)."""
-    return [c for c in psutil.Process().children(recursive=True)
-            if c.pid not in before and c.is_running() and c.status() != "zombie"]  # fmt: skip
+    return [
+        c
+        for c in psutil.Process().children(recursive=True)
+        if c.pid not in before and c.is_running() and c.status() != "zombie"
+    ]
 
 
 def _child_pids() -> set[int]:
@@ -202,8 +231,12 @@ def test_killing_the_launching_process_takes_its_ranks_down(tiny_base, synthetic
     run_dir = tmp_path / "run"
     script = PARENT.replace("{config}", repr(asdict(_long_run())))
     _run_folder(synthetic_train_file, run_dir)
-    parent = subprocess.Popen([sys.executable, "-c", script, str(run_dir), str(tiny_base)],
-                              env=rank_environment(1, None), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    parent = subprocess.Popen(
+        [sys.executable, "-c", script, str(run_dir), str(tiny_base)],
+        env=rank_environment(1, None),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         deadline = time.monotonic() + 180
         while not RunFolder(run_dir).checkpoint.exists() and time.monotonic() < deadline:
@@ -227,13 +260,17 @@ def test_a_hung_rank_fails_the_stage_after_the_process_group_timeout(
     run_dir, timeout_minutes, stopped, before = tmp_path / "run", 0.1, [], _child_pids()
     stopper = _after_first_checkpoint(run_dir, lambda rank: os.kill(rank.pid, signal.SIGSTOP), stopped)
     with pytest.raises(RankFailed, match=r"rank 0 ") as failure:
-        train_stage(_run_folder(synthetic_train_file, run_dir), tiny_base,
-                    _long_run(dist_timeout_minutes=timeout_minutes), "cpu")  # fmt: skip
+        train_stage(
+            _run_folder(synthetic_train_file, run_dir),
+            tiny_base,
+            _long_run(dist_timeout_minutes=timeout_minutes),
+            "cpu",
+        )
     stopper.join(timeout=5)
     elapsed = time.monotonic() - stopped[0]
     assert "timed out" in str(failure.value).lower() or "timeout" in str(failure.value).lower()
-    # Not before the timeout (rank 0 may have entered the all-reduce a step before the stop), and not long after
-    # it (torchrun then takes the stopped rank down too).
+    # Not before the timeout (rank 0 may have entered the all-reduce a step before the stop), and not long
+    # after it (torchrun then takes the stopped rank down too).
     assert 60 * timeout_minutes - 1 <= elapsed < 60 * timeout_minutes + 90
     assert not _live_children(before)
 
@@ -248,9 +285,28 @@ def test_finetune_refuses_more_than_one_rank(tiny_base, synthetic_train_file, tm
 def test_decision_train_json_reports_the_world_size(tiny_base, synthetic_train_file, tmp_path, capsys):
     from pipeline.cli.main import main
 
-    code = main(["train", "--data", str(synthetic_train_file), "--base", str(tiny_base), "--out",
-                 str(tmp_path / "out"), "--nproc", "2", "--max-steps", "2", "--method", "lora", "--family", "laya",
-                 "--device", "cpu", "--json"])  # fmt: skip
+    code = main(
+        [
+            "train",
+            "--data",
+            str(synthetic_train_file),
+            "--base",
+            str(tiny_base),
+            "--out",
+            str(tmp_path / "out"),
+            "--nproc",
+            "2",
+            "--max-steps",
+            "2",
+            "--method",
+            "lora",
+            "--family",
+            "laya",
+            "--device",
+            "cpu",
+            "--json",
+        ]
+    )
     printed, err = capsys.readouterr()
     assert code == 0
     summary = json.loads(printed)  # one JSON object: rank 0's progress lines went to stderr
@@ -262,8 +318,8 @@ def test_decision_train_json_reports_the_world_size(tiny_base, synthetic_train_f
 def test_two_ranks_train_every_candidate_and_rank_0_keeps_the_one_one_process_keeps(
     tiny_base, synthetic_train_file, tmp_path
 ):
-    """`train.lexicon: auto` under torchrun: each rank trains both heads in turn, rank 0 alone scores them on the
-    validation split and keeps one, as one process does."""
+    """`train.lexicon: auto` under torchrun: each rank trains both heads in turn, rank 0 alone scores them on
+    the validation split and keeps one, as one process does."""
     split = ValidateConfig(holdout_fraction=0.2, validation_fraction=0.25, validation_min_decisions=10)
     config = replace(CASES["joint-head"], lexicon="auto", max_steps=6)
     summaries = {}

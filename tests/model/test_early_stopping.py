@@ -1,5 +1,5 @@
-"""Early stopping on the validation split: checks spread over the budget, a stop after `patience` checks without a
-lower validation loss, the best check's weights kept, and a clear refusal where it cannot run."""
+"""Early stopping on the validation split: checks spread over the budget, a stop after `patience` checks
+without a lower validation loss, the best check's weights kept, and a clear refusal where it cannot run."""
 
 import json
 from dataclasses import replace
@@ -21,8 +21,19 @@ from pipeline.training.loop import train
 from tests.tiny import contrary_row
 
 CPU = torch.device("cpu")
-CONFIG = TrainConfig(method="full", micro_batch=4, grad_accum=2, full_lr=3e-3, head_lr=3e-3, epochs=12,
-                     min_steps=0, log_every=5, precision="fp32", threads=1, warmup_steps=0)  # fmt: skip
+CONFIG = TrainConfig(
+    method="full",
+    micro_batch=4,
+    grad_accum=2,
+    full_lr=3e-3,
+    head_lr=3e-3,
+    epochs=12,
+    min_steps=0,
+    log_every=5,
+    precision="fp32",
+    threads=1,
+    warmup_steps=0,
+)
 
 
 def test_checks_are_spread_over_the_budget_and_end_at_its_last_step():
@@ -64,8 +75,21 @@ def test_early_stopping_is_refused_without_a_validation_split_or_with_several_ra
         TrainConfig(early_stopping=3, nproc=2)
     params = tmp_path / "params.yaml"
     params.write_text("train:\n  early_stopping: 3\nvalidate:\n  validation_fraction: 0\n")
-    code = main(["finetune", "--data", str(synthetic_train_file), "--base", str(tiny_base),
-                 "--out", str(tmp_path / "out"), "--max-steps", "3", "--params", str(params)])  # fmt: skip
+    code = main(
+        [
+            "finetune",
+            "--data",
+            str(synthetic_train_file),
+            "--base",
+            str(tiny_base),
+            "--out",
+            str(tmp_path / "out"),
+            "--max-steps",
+            "3",
+            "--params",
+            str(params),
+        ]
+    )
     assert code == 2  # a config error, said in one line before anything trains
     assert "train.early_stopping needs a validation split" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
@@ -73,11 +97,27 @@ def test_early_stopping_is_refused_without_a_validation_split_or_with_several_ra
 
 def test_finetune_reports_its_checks_and_best_step(tiny_base, synthetic_train_file, tmp_path, capsys):
     params = tmp_path / "params.yaml"
-    params.write_text("train:\n  micro_batch: 4\n  lora_r: 4\n  precision: fp32\n  threads: 1\n"
-                      "  early_stopping: 3\n  validation_checks: 4\n"
-                      "validate:\n  validation_fraction: 0.2\n  validation_min_decisions: 30\n")  # fmt: skip
-    code = main(["finetune", "--data", str(synthetic_train_file), "--base", str(tiny_base), "--out",
-                 str(tmp_path / "out"), "--max-steps", "8", "--params", str(params), "--json"])  # fmt: skip
+    params.write_text(
+        "train:\n  micro_batch: 4\n  lora_r: 4\n  precision: fp32\n  threads: 1\n"
+        "  early_stopping: 3\n  validation_checks: 4\n"
+        "validate:\n  validation_fraction: 0.2\n  validation_min_decisions: 30\n"
+    )
+    code = main(
+        [
+            "finetune",
+            "--data",
+            str(synthetic_train_file),
+            "--base",
+            str(tiny_base),
+            "--out",
+            str(tmp_path / "out"),
+            "--max-steps",
+            "8",
+            "--params",
+            str(params),
+            "--json",
+        ]
+    )
     assert code == 0
     summary = json.loads(capsys.readouterr().out)
     stopping = summary["train"]["early_stopping"]
@@ -100,14 +140,28 @@ def _stopping_run(tiny_base, config, checkpoints=None, stop_after=None):
         if stop_after is not None and entry["step"] >= stop_after:
             cancel.cancel("test")
 
-    result = train(loaded.model, items, config, CPU, task, RunHooks(on_log=on_log),
-                   RunControls(cancel=cancel, checkpoints=checkpoints), stopper=EarlyStopping(contrary, config, task))  # fmt: skip
+    result = train(
+        loaded.model,
+        items,
+        config,
+        CPU,
+        task,
+        RunHooks(on_log=on_log),
+        RunControls(cancel=cancel, checkpoints=checkpoints),
+        stopper=EarlyStopping(contrary, config, task),
+    )
     return result, {n: p.detach().clone() for n, p in loaded.model.named_parameters() if p.requires_grad}
 
 
 def test_a_resumed_run_stops_where_the_whole_run_stops_with_the_same_weights(tiny_base, tmp_path):
-    config = replace(CONFIG, early_stopping=2, validation_checks=12, log_every=1, checkpoint_every_steps=4,
-                     checkpoint_every_minutes=0.0)  # fmt: skip
+    config = replace(
+        CONFIG,
+        early_stopping=2,
+        validation_checks=12,
+        log_every=1,
+        checkpoint_every_steps=4,
+        checkpoint_every_minutes=0.0,
+    )
     whole, whole_params = _stopping_run(tiny_base, config)
     assert whole.steps < whole.planned_steps and len(whole.early_stopping["checks"]) >= 3
     stop = whole.early_stopping["checks"][1][0] + 2  # past the second check, and past a checkpoint

@@ -1,8 +1,8 @@
 """The evaluation protocol: nothing fitted reads a held-out label.
 
-The calibrator is chosen and fitted on the validation split carved from the training rows, and the held-out rows
-are scored once. Two runs whose held-out rows differ only in their gold labels must fit the same weights and the
-same calibrator, and report different held-out figures.
+The calibrator is chosen and fitted on the validation split carved from the training rows, and the held-out
+rows are scored once. Two runs whose held-out rows differ only in their gold labels must fit the same weights
+and the same calibrator, and report different held-out figures.
 """
 
 import json
@@ -19,15 +19,35 @@ from tests.tiny import contrary_row
 @pytest.fixture
 def params(tmp_path):
     path = tmp_path / "params.yaml"
-    # One thread: the same arithmetic in both runs (a thread count the load governor changes mid-run would not be).
-    path.write_text("train:\n  micro_batch: 4\n  lora_r: 4\n  precision: fp32\n  threads: 1\n"
-                    "validate:\n  validation_fraction: 0.2\n  validation_min_decisions: 30\n")  # fmt: skip
+    # One thread: the same arithmetic in both runs (a thread count the load governor changes mid-run would not
+    # be).
+    path.write_text(
+        "train:\n  micro_batch: 4\n  lora_r: 4\n  precision: fp32\n  threads: 1\n"
+        "validate:\n  validation_fraction: 0.2\n  validation_min_decisions: 30\n"
+    )
     return path
 
 
 def _finetune(data, eval_data, base, params, out, capsys, *extra: str) -> dict:
-    code = main(["finetune", "--data", str(data), "--eval-data", str(eval_data), "--base", str(base),
-                 "--out", str(out), "--max-steps", "4", "--params", str(params), "--json", *extra])  # fmt: skip
+    code = main(
+        [
+            "finetune",
+            "--data",
+            str(data),
+            "--eval-data",
+            str(eval_data),
+            "--base",
+            str(base),
+            "--out",
+            str(out),
+            "--max-steps",
+            "4",
+            "--params",
+            str(params),
+            "--json",
+            *extra,
+        ]
+    )
     assert code == 0
     return json.loads(capsys.readouterr().out)
 
@@ -41,8 +61,9 @@ def _weights(run: RunFolder) -> dict:
 
 
 @pytest.mark.parametrize("family", ["laya", "joint"])
-def test_changing_held_out_labels_changes_no_fitted_parameter(family, tiny_base, synthetic_train_file, params,
-                                                              tmp_path, capsys):  # fmt: skip
+def test_changing_held_out_labels_changes_no_fitted_parameter(
+    family, tiny_base, synthetic_train_file, params, tmp_path, capsys
+):
     heldout = synthetic.generate_rows(60, seed=12)
     original = synthetic.write_rows(heldout, tmp_path / "heldout.jsonl")
     relabelled = synthetic.write_rows([contrary_row(r) for r in heldout], tmp_path / "relabelled.jsonl")
@@ -59,7 +80,8 @@ def test_changing_held_out_labels_changes_no_fitted_parameter(family, tiny_base,
     assert all((weights[0][k] == weights[1][k]).all() for k in weights[0])
     assert runs[0].calibrator.read_text() == runs[1].calibrator.read_text()
     assert (
-        first["calibration"]["heldout"]["calibrated"]["loss"] != second["calibration"]["heldout"]["calibrated"]["loss"]
+        first["calibration"]["heldout"]["calibrated"]["loss"]
+        != second["calibration"]["heldout"]["calibrated"]["loss"]
     )  # the labels were read
 
 

@@ -1,4 +1,5 @@
-"""Merged export: parity with base + adapter, laya compatibility, idempotence, and crash safety under SIGKILL."""
+"""Merged export: parity with base + adapter, laya compatibility, idempotence, and crash safety under
+SIGKILL."""
 
 import json
 import os
@@ -28,10 +29,20 @@ from pipeline.families.laya_layout import load_model
 from pipeline.stages.export import export_folder
 from pipeline.training.loop import train
 
-CONFIG = TrainConfig(method="lora", micro_batch=4, grad_accum=2, lora_r=4, lora_lr=2e-2, max_steps=4,
-                     precision="fp32", log_every=2)  # fmt: skip
-QUESTIONS = {"tone": {"type": "choice", "instructions": "what tone", "criteria": ["negative", "neutral", "positive"]},
-             "good": {"type": "noul", "instructions": "it is good"}}  # fmt: skip
+CONFIG = TrainConfig(
+    method="lora",
+    micro_batch=4,
+    grad_accum=2,
+    lora_r=4,
+    lora_lr=2e-2,
+    max_steps=4,
+    precision="fp32",
+    log_every=2,
+)
+QUESTIONS = {
+    "tone": {"type": "choice", "instructions": "what tone", "criteria": ["negative", "neutral", "positive"]},
+    "good": {"type": "noul", "instructions": "it is good"},
+}
 
 
 @pytest.fixture(scope="module")
@@ -126,8 +137,12 @@ def test_a_killed_export_leaves_a_complete_model_and_nothing_partial_is_listed(t
     env = {**os.environ, "PYTHONPATH": os.getcwd()}
     seen = set()
     for delay in np.linspace(0.02, 0.6, 10):  # seconds into the loop: kills land at many points of a write
-        child = subprocess.Popen([sys.executable, str(script), str(tiny_base), str(target)], stdout=subprocess.PIPE,
-                                 text=True, env=env)  # fmt: skip
+        child = subprocess.Popen(
+            [sys.executable, str(script), str(tiny_base), str(target)],
+            stdout=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
         assert child.stdout.readline().strip() == "ready"
         time.sleep(delay)
         child.send_signal(signal.SIGKILL)

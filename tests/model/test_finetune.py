@@ -18,21 +18,53 @@ KEYS = {"run_dir", "validation", "train", "calibration", "export_dir", "tracked"
 @pytest.fixture
 def params(tmp_path):
     path = tmp_path / "params.yaml"
-    path.write_text("train:\n  micro_batch: 4\n  grad_accum: 2\n  lora_r: 4\n  precision: fp32\n"
-                    "validate:\n  holdout_max_decisions: 120\n  holdout_fraction: 0.3\n")  # fmt: skip
+    path.write_text(
+        "train:\n  micro_batch: 4\n  grad_accum: 2\n  lora_r: 4\n  precision: fp32\n"
+        "validate:\n  holdout_max_decisions: 120\n  holdout_fraction: 0.3\n"
+    )
     return path
 
 
-def test_finetune_json_has_the_stable_keys_and_exports_a_model(tiny_base, synthetic_train_file, params, tmp_path,
-                                                              capsys):  # fmt: skip
+def test_finetune_json_has_the_stable_keys_and_exports_a_model(
+    tiny_base, synthetic_train_file, params, tmp_path, capsys
+):
     out = tmp_path / "export"
-    code = main(["finetune", "--data", str(synthetic_train_file), "--base", str(tiny_base), "--out", str(out),
-                 "--max-steps", "3", "--params", str(params), "--json"])  # fmt: skip
+    code = main(
+        [
+            "finetune",
+            "--data",
+            str(synthetic_train_file),
+            "--base",
+            str(tiny_base),
+            "--out",
+            str(out),
+            "--max-steps",
+            "3",
+            "--params",
+            str(params),
+            "--json",
+        ]
+    )
     assert code == 0
     summary = json.loads(capsys.readouterr().out)
-    assert set(summary) == KEYS and summary["tracked"] is None and summary["release"] is None  # no flow: no MLflow
-    assert set(summary["train"]) >= {"rows", "decisions", "skipped", "train_seconds", "s_per_step", "peak_memory_mb"}
-    assert set(summary["calibration"]["heldout"]) == {"decisions", "base", "tuned", "calibrated", "bag_of_words"}
+    assert (
+        set(summary) == KEYS and summary["tracked"] is None and summary["release"] is None
+    )  # no flow: no MLflow
+    assert set(summary["train"]) >= {
+        "rows",
+        "decisions",
+        "skipped",
+        "train_seconds",
+        "s_per_step",
+        "peak_memory_mb",
+    }
+    assert set(summary["calibration"]["heldout"]) == {
+        "decisions",
+        "base",
+        "tuned",
+        "calibrated",
+        "bag_of_words",
+    }
     for model in (
         "base",
         "tuned",
@@ -42,7 +74,9 @@ def test_finetune_json_has_the_stable_keys_and_exports_a_model(tiny_base, synthe
         assert set(summary["calibration"]["heldout"][model]) >= {"accuracy", "record_accuracy", "ece"}
     assert summary["export_dir"] == str(out)
     exported = load_model(out)
-    assert exported.config["temperature"] == [summary["calibration"]["temperatures"][t] for t in ("choice", "score", "noul")]
+    assert exported.config["temperature"] == [
+        summary["calibration"]["temperatures"][t] for t in ("choice", "score", "noul")
+    ]
     manifest = json.loads((out / "manifest.json").read_text())
     assert {"data_md5", "base_md5", "git_commit", "params", "metrics"} <= set(manifest)
 
@@ -77,25 +111,56 @@ def test_train_and_finetune_take_a_users_unpinned_base_and_record_which_input_wa
     assert json.loads((tmp_path / "export" / "manifest.json").read_text())["inputs"] == expected
 
 
-def test_train_refuses_a_pinned_input_whose_bytes_differ(tiny_base, synthetic_train_file, params, tmp_path,
-                                                         capsys, monkeypatch):  # fmt: skip
+def test_train_refuses_a_pinned_input_whose_bytes_differ(
+    tiny_base, synthetic_train_file, params, tmp_path, capsys, monkeypatch
+):
     (data,) = pin_inputs(tmp_path, synthetic_train_file)
     monkeypatch.chdir(tmp_path)
     with data.open("a") as handle:
         handle.write("\n")
-    code = main(["train", "--data", str(data), "--base", str(tiny_base), "--out", str(tmp_path / "tune"),
-                 "--params", str(params), "--json"])  # fmt: skip
+    code = main(
+        [
+            "train",
+            "--data",
+            str(data),
+            "--base",
+            str(tiny_base),
+            "--out",
+            str(tmp_path / "tune"),
+            "--params",
+            str(params),
+            "--json",
+        ]
+    )
     assert code == 1 and not (tmp_path / "tune").exists()
     assert "pinned/rows.jsonl: bytes differ from dvc.lock" in capsys.readouterr().err
 
 
-def test_train_runs_on_the_threads_it_was_given_and_records_them(tiny_base, synthetic_train_file, params,
-                                                                 tmp_path, capsys):  # fmt: skip
+def test_train_runs_on_the_threads_it_was_given_and_records_them(
+    tiny_base, synthetic_train_file, params, tmp_path, capsys
+):
     before = torch.get_num_threads()
     try:
-        code = main(["train", "--data", str(synthetic_train_file), "--slice", "0:40", "--base", str(tiny_base),
-                     "--out", str(tmp_path / "tune"), "--max-steps", "1", "--threads", "1", "--params", str(params),
-                     "--json"])  # fmt: skip
+        code = main(
+            [
+                "train",
+                "--data",
+                str(synthetic_train_file),
+                "--slice",
+                "0:40",
+                "--base",
+                str(tiny_base),
+                "--out",
+                str(tmp_path / "tune"),
+                "--max-steps",
+                "1",
+                "--threads",
+                "1",
+                "--params",
+                str(params),
+                "--json",
+            ]
+        )
         assert code == 0 and torch.get_num_threads() == 1
     finally:
         torch.set_num_threads(before)
@@ -106,12 +171,31 @@ def test_train_runs_on_the_threads_it_was_given_and_records_them(tiny_base, synt
 def test_finetune_with_eval_data_and_a_slice(tiny_base, synthetic_train_file, params, tmp_path, capsys):
     held = tmp_path / "held.jsonl"  # rows 40 on: not the slice trained on (the same file is refused)
     held.write_text("".join(synthetic_train_file.read_text().splitlines(keepends=True)[40:]))
-    code = main(["finetune", "--data", str(synthetic_train_file), "--eval-data", str(held),
-                 "--slice", "0:40", "--base", str(tiny_base), "--out", str(tmp_path / "e"), "--max-steps", "2",
-                 "--params", str(params), "--json"])  # fmt: skip
+    code = main(
+        [
+            "finetune",
+            "--data",
+            str(synthetic_train_file),
+            "--eval-data",
+            str(held),
+            "--slice",
+            "0:40",
+            "--base",
+            str(tiny_base),
+            "--out",
+            str(tmp_path / "e"),
+            "--max-steps",
+            "2",
+            "--params",
+            str(params),
+            "--json",
+        ]
+    )
     assert code == 0
     summary = json.loads(capsys.readouterr().out)
-    assert summary["train"]["rows"] == 40 and summary["calibration"]["heldout"]["decisions"] == 3 * 120  # all of --eval-data held out
+    assert (
+        summary["train"]["rows"] == 40 and summary["calibration"]["heldout"]["decisions"] == 3 * 120
+    )  # all of --eval-data held out
 
 
 def test_evaluation_rows_the_model_trained_on_are_counted_and_warned_of(
@@ -139,8 +223,20 @@ def test_evaluation_rows_the_model_trained_on_are_counted_and_warned_of(
 
 def test_evaluate_writes_metrics_and_plots(tiny_base, synthetic_train_file, tmp_path, capsys):
     plots = tmp_path / "plots"
-    code = main(["evaluate", "--model", str(tiny_base), "--data", str(synthetic_train_file), "--slice", "0:60",
-                 "--plots", str(plots), "--json"])  # fmt: skip
+    code = main(
+        [
+            "evaluate",
+            "--model",
+            str(tiny_base),
+            "--data",
+            str(synthetic_train_file),
+            "--slice",
+            "0:60",
+            "--plots",
+            str(plots),
+            "--json",
+        ]
+    )
     assert code == 0
     output = capsys.readouterr()
     report = json.loads(output.out)
@@ -175,8 +271,13 @@ def test_a_cancel_during_calibration_exports_nothing(tiny_base, synthetic_train_
 
     monkeypatch.setattr(stage, "calibrate_stage", cancelled_while_fitting)
     config = TrainConfig(micro_batch=4, grad_accum=2, lora_r=4, precision="fp32", max_steps=2)
-    summary = finetune(TrainSource(synthetic_train_file), tiny_base, tmp_path / "export", config,
-                       controls=RunControls(cancel=cancel))  # fmt: skip
+    summary = finetune(
+        TrainSource(synthetic_train_file),
+        tiny_base,
+        tmp_path / "export",
+        config,
+        controls=RunControls(cancel=cancel),
+    )
     assert summary.cancelled and summary.export_dir is None
     assert not (tmp_path / "export").exists()
 
@@ -184,14 +285,36 @@ def test_a_cancel_during_calibration_exports_nothing(tiny_base, synthetic_train_
 def test_finetune_writes_the_flows_run_files(tiny_base, synthetic_train_file, params, tmp_path, capsys):
     """One chain: the run folder holds what the flow's does (calibration report, expected answers, plots)."""
     out = tmp_path / "export"
-    code = main(["finetune", "--data", str(synthetic_train_file), "--base", str(tiny_base), "--out", str(out),
-                 "--max-steps", "2", "--params", str(params), "--json"])  # fmt: skip
+    code = main(
+        [
+            "finetune",
+            "--data",
+            str(synthetic_train_file),
+            "--base",
+            str(tiny_base),
+            "--out",
+            str(out),
+            "--max-steps",
+            "2",
+            "--params",
+            str(params),
+            "--json",
+        ]
+    )
     assert code == 0
     summary = json.loads(capsys.readouterr().out)
     run = RunFolder(summary["run_dir"])
     assert run.root == tmp_path / "export.run"
-    for path in (run.split, run.train_summary, run.heldout, run.calibration, run.calibrator, run.expected_answers,
-                 run.calibration_report, run.calibration_report.with_suffix(".md")):  # fmt: skip
+    for path in (
+        run.split,
+        run.train_summary,
+        run.heldout,
+        run.calibration,
+        run.calibrator,
+        run.expected_answers,
+        run.calibration_report,
+        run.calibration_report.with_suffix(".md"),
+    ):
         assert path.is_file(), path
     assert (run.plots / "reliability_after.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     report = json.loads(
@@ -200,4 +323,6 @@ def test_finetune_writes_the_flows_run_files(tiny_base, synthetic_train_file, pa
     assert report["split"]["heldout_decisions"] > 0
     calibration = json.loads(run.calibration.read_text())
     assert summary["calibration"]["temperatures"] == calibration["temperatures"]
-    assert summary["calibration"]["heldout"]["calibrated"]["ece"] == calibration["heldout"]["calibrated"]["ece"]
+    assert (
+        summary["calibration"]["heldout"]["calibrated"]["ece"] == calibration["heldout"]["calibrated"]["ece"]
+    )

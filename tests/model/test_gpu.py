@@ -1,6 +1,6 @@
-"""On a CUDA GPU (the `gpu` marker: deselected by default; `scripts/gpu_check.sh` runs these there): native bf16
-follows the compute capability, a forced compile really compiles the encoder layers on CUDA and trains, and a bf16
-training step stays close to fp32's. Skipped where torch sees no CUDA device.
+"""On a CUDA GPU (the `gpu` marker: deselected by default; `scripts/gpu_check.sh` runs these there): native
+bf16 follows the compute capability, a forced compile really compiles the encoder layers on CUDA and trains,
+and a bf16 training step stays close to fp32's. Skipped where torch sees no CUDA device.
 
 Nothing here may import what the GPU machine lacks (pandera, DVC, MLflow, ...): the records come from
 `tests.tiny.synthetic_records`, not from validation.
@@ -26,9 +26,20 @@ CUDA = torch.device("cuda")
 
 def tiny_run(base, precision: str, steps: int = 3) -> TrainResult:
     """LoRA on the tiny base on CUDA for `steps` steps (dropout off, a loss every step)."""
-    config = TrainConfig(family="laya", method="lora", lora_r=4, lora_alpha=8, micro_batch=8, grad_accum=1,
-                         max_steps=steps, min_steps=steps, log_every=1, precision=precision,
-                         checkpoint_every_steps=0, checkpoint_every_minutes=0.0)  # fmt: skip
+    config = TrainConfig(
+        family="laya",
+        method="lora",
+        lora_r=4,
+        lora_alpha=8,
+        micro_batch=8,
+        grad_accum=1,
+        max_steps=steps,
+        min_steps=steps,
+        log_every=1,
+        precision=precision,
+        checkpoint_every_steps=0,
+        checkpoint_every_minutes=0.0,
+    )
     family = pick_family(base, "laya")
     loaded = family.load(base, config, CUDA)
     examples, _ = family.build_examples(loaded, synthetic_records(24, seed=0, state_chars=16))

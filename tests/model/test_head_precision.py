@@ -1,6 +1,6 @@
 """A head on a frozen backbone trains in fp32 whatever `train.precision` asks: its features are computed once
-outside autocast and the head turns autocast off inside. The run records and says fp32, not the precision asked
-for, and asking for bf16 changes none of its answers."""
+outside autocast and the head turns autocast off inside. The run records and says fp32, not the precision
+asked for, and asking for bf16 changes none of its answers."""
 
 from dataclasses import replace
 
@@ -36,8 +36,8 @@ def test_a_head_run_asked_for_another_precision_records_and_says_fp32(tiny_base,
 
 
 def _losses(base, data, precision: str) -> list[float]:
-    """The training loop's losses for a head on cached features under `precision` (as the fit chain prepares it,
-    without `resolve_training`, which would make it fp32)."""
+    """The training loop's losses for a head on cached features under `precision` (as the fit chain prepares
+    it, without `resolve_training`, which would make it fp32)."""
     config = replace(CONFIG, precision=precision)
     family = pick_family(base, "joint")
     loaded = family.load(base, config, torch.device("cpu"))

@@ -1,9 +1,9 @@
-"""Any Hugging Face encoder folder is a base. A tiny random BERT, RoBERTa, DeBERTa-v2 and ModernBERT, each with a
-tokenizer built the way its own is (`tests/tiny.py`; nothing downloaded), load as the joint family's base with a
-fresh isolated head; `decision finetune` picks the family and method from the folder and says why, trains the
-head, exports, and the export answers as the trained model did; LoRA wraps every linear layer of each encoder's
-blocks and is merged on export. A folder that is no base is refused in one line, exit code 2, before anything
-is written."""
+"""Any Hugging Face encoder folder is a base. A tiny random BERT, RoBERTa, DeBERTa-v2 and ModernBERT, each
+with a tokenizer built the way its own is (`tests/tiny.py`; nothing downloaded), load as the joint family's
+base with a fresh isolated head; `decision finetune` picks the family and method from the folder and says why,
+trains the head, exports, and the export answers as the trained model did; LoRA wraps every linear layer of
+each encoder's blocks and is merged on export. A folder that is no base is refused in one line, exit code 2,
+before anything is written."""
 
 import json
 from dataclasses import replace
@@ -29,14 +29,18 @@ from tests.tiny import JOINT_HEAD, load_joint_on, write_learnable_rows, write_ti
 
 ARCHITECTURES = ("bert", "roberta", "deberta-v2", "modernbert")
 POSITIONS = 128
-TONE = {"type": "choice", "instructions": "What is the tone?",
-        "criteria": {"negative": None, "neutral": "neither", "positive": None}}  # fmt: skip
+TONE = {
+    "type": "choice",
+    "instructions": "What is the tone?",
+    "criteria": {"negative": None, "neutral": "neither", "positive": None},
+}
 
 
 @pytest.fixture(scope="module", params=ARCHITECTURES)
 def encoder(request, tmp_path_factory):
-    return write_tiny_encoder(tmp_path_factory.mktemp("encoders") / request.param, request.param,
-                              positions=POSITIONS)  # fmt: skip
+    return write_tiny_encoder(
+        tmp_path_factory.mktemp("encoders") / request.param, request.param, positions=POSITIONS
+    )
 
 
 @pytest.fixture(scope="module")
@@ -45,11 +49,25 @@ def learnable(tmp_path_factory):
 
 
 def write_params(folder, steps: int = 10, **train):
-    # A few steps at a high learning rate: enough for the loss to fall, and the export to differ from the base.
-    params = {"validate": {"holdout_max_decisions": 6, "holdout_fraction": 0.25},
-              "train": {"max_steps": steps, "micro_batch": 8, "grad_accum": 1, "head_lr": 0.01, "head_width": 32,
-                        "lora_r": 4, "lora_alpha": 8, "lora_lr": 0.005, "log_every": 2, "precision": "fp32",
-                        "epochs": 100, **train}}  # fmt: skip
+    # A few steps at a high learning rate: enough for the loss to fall, and the export to differ from the
+    # base.
+    params = {
+        "validate": {"holdout_max_decisions": 6, "holdout_fraction": 0.25},
+        "train": {
+            "max_steps": steps,
+            "micro_batch": 8,
+            "grad_accum": 1,
+            "head_lr": 0.01,
+            "head_width": 32,
+            "lora_r": 4,
+            "lora_alpha": 8,
+            "lora_lr": 0.005,
+            "log_every": 2,
+            "precision": "fp32",
+            "epochs": 100,
+            **train,
+        },
+    }
     path = folder / "params.yaml"
     path.write_text(yaml.safe_dump(params))
     return path
@@ -57,8 +75,23 @@ def write_params(folder, steps: int = 10, **train):
 
 def finetune(base, data, out, params, capsys, *flags) -> tuple[int, str, str]:
     capsys.readouterr()  # what came before (transformers' progress bars while the base was written)
-    code = main(["finetune", "--data", str(data), "--base", str(base), "--out", str(out), "--params", str(params),
-                 "--device", "cpu", "--json", *flags])  # fmt: skip
+    code = main(
+        [
+            "finetune",
+            "--data",
+            str(data),
+            "--base",
+            str(base),
+            "--out",
+            str(out),
+            "--params",
+            str(params),
+            "--device",
+            "cpu",
+            "--json",
+            *flags,
+        ]
+    )
     captured = capsys.readouterr()
     return code, captured.out, captured.err
 
@@ -98,11 +131,17 @@ def test_a_plain_encoder_loads_with_a_fresh_isolated_head_and_is_only_read(encod
     assert head["read_layers"] == 2  # min(4, its 2 layers)
     assert head["lexicon"] == loaded.model.lm.get_input_embeddings().num_embeddings == len(tokenizer)
     assert loaded.max_len == POSITIONS  # what its positions reach (RoBERTa's are numbered from pad id + 1)
-    [record] = encode_row(tokenizer, "the order was late", list(parse_request("s", {"tone": TONE}).questions.values()),
-                          loaded.layout)  # fmt: skip
+    [record] = encode_row(
+        tokenizer,
+        "the order was late",
+        list(parse_request("s", {"tone": TONE}).questions.values()),
+        loaded.layout,
+    )
     assert (record.ids[0], record.ids[-1]) == (tokenizer.cls_token_id, tokenizer.sep_token_id)
-    assert all(seq[0] == tokenizer.cls_token_id and seq[-1] == tokenizer.sep_token_id
-               for seq in record.field_sequences[0])  # fmt: skip
+    assert all(
+        seq[0] == tokenizer.cls_token_id and seq[-1] == tokenizer.sep_token_id
+        for seq in record.field_sequences[0]
+    )
     # A state longer than the positions is cut to fit, not an error.
     [long] = answer_joint_requests(loaded, [parse_request("the order was late " * 200, {"tone": TONE})])
     assert sum(long.answers["tone"]["probabilities"].values()) == pytest.approx(1.0, abs=1e-3)
@@ -125,8 +164,8 @@ def test_lora_wraps_every_linear_layer_of_the_encoder_blocks(encoder):
 
 
 def assert_export_answers_as_trained(summary: dict) -> None:
-    """The export, reloaded, answers the held-out rows as the trained model did before export (the run folder's
-    expected answers)."""
+    """The export, reloaded, answers the held-out rows as the trained model did before export (the run
+    folder's expected answers)."""
     run = RunFolder(summary["run_dir"])
     model = load_decision_model(summary["export_dir"])
     bodies = heldout_requests(SplitData.load(run.split).split.heldout, 100)
@@ -139,12 +178,17 @@ def assert_export_answers_as_trained(summary: dict) -> None:
     assert failures == [] and figures["trained_agreement"] == 1.0, figures
 
 
-def test_finetune_picks_joint_head_says_why_trains_and_the_export_answers_as_trained(encoder, learnable, tmp_path,
-                                                                                      capsys):  # fmt: skip
+def test_finetune_picks_joint_head_says_why_trains_and_the_export_answers_as_trained(
+    encoder, learnable, tmp_path, capsys
+):
     code, out, err = finetune(encoder, learnable, tmp_path / "export", write_params(tmp_path), capsys)
     assert code == 0, err
     summary = json.loads(out)
-    assert (summary["train"]["family"], summary["train"]["method"], summary["train"]["steps"]) == ("joint", "head", 10)
+    assert (summary["train"]["family"], summary["train"]["method"], summary["train"]["steps"]) == (
+        "joint",
+        "head",
+        10,
+    )
     losses = [loss for _, loss in summary["train"]["losses"]]
     assert losses[-1] < losses[0], losses
     first = err.splitlines()[:3]
@@ -177,8 +221,9 @@ def no_tokenizer(folder):
 
 
 def unknown_architecture(folder):
-    (folder / "config.json").write_text(json.dumps({"architectures": ["T5ForConditionalGeneration"],
-                                                    "model_type": "t5"}))  # fmt: skip
+    (folder / "config.json").write_text(
+        json.dumps({"architectures": ["T5ForConditionalGeneration"], "model_type": "t5"})
+    )
     return "neither a causal LM"
 
 
@@ -196,7 +241,8 @@ def no_config(folder):
 
 
 def truncated_weights(folder):
-    # A half-copied base: it loaded only after the whole data set was validated, and left the run folder behind.
+    # A half-copied base: it loaded only after the whole data set was validated, and left the run folder
+    # behind.
     weights = folder / "model.safetensors"
     weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
     return "model.safetensors: unreadable weights (SafetensorError"
@@ -207,10 +253,13 @@ def garbage_weights(folder):
     return "model.safetensors: unreadable weights"
 
 
-@pytest.mark.parametrize("damage", [no_config, unknown_architecture, unknown_model_type, no_tokenizer,
-                                    truncated_weights, garbage_weights])  # fmt: skip
-def test_a_folder_that_is_no_base_is_refused_in_one_line_before_anything_is_written(damage, learnable, tmp_path,
-                                                                                     capsys):  # fmt: skip
+@pytest.mark.parametrize(
+    "damage",
+    [no_config, unknown_architecture, unknown_model_type, no_tokenizer, truncated_weights, garbage_weights],
+)
+def test_a_folder_that_is_no_base_is_refused_in_one_line_before_anything_is_written(
+    damage, learnable, tmp_path, capsys
+):
     folder = write_tiny_encoder(tmp_path / "base", "bert", positions=POSITIONS)
     said = damage(folder)
     code, _, err = finetune(folder, learnable, tmp_path / "export", write_params(tmp_path), capsys)
@@ -223,8 +272,22 @@ def test_a_folder_that_is_no_base_is_refused_in_one_line_before_anything_is_writ
 def test_train_refuses_a_folder_that_is_no_base_too(learnable, tmp_path, capsys):
     (tmp_path / "empty").mkdir()
     capsys.readouterr()
-    code = main(["train", "--data", str(learnable), "--base", str(tmp_path / "empty"), "--out", str(tmp_path / "tune"),
-                 "--params", str(write_params(tmp_path)), "--device", "cpu", "--json"])  # fmt: skip
+    code = main(
+        [
+            "train",
+            "--data",
+            str(learnable),
+            "--base",
+            str(tmp_path / "empty"),
+            "--out",
+            str(tmp_path / "tune"),
+            "--params",
+            str(write_params(tmp_path)),
+            "--device",
+            "cpu",
+            "--json",
+        ]
+    )
     assert code == 2 and "empty: not a model folder: no config.json" in capsys.readouterr().err
     assert not (tmp_path / "tune").exists()
 
@@ -232,8 +295,9 @@ def test_train_refuses_a_folder_that_is_no_base_too(learnable, tmp_path, capsys)
 def test_a_hub_id_is_refused_while_offline_with_what_to_do(learnable, tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    code, _, err = finetune("google-bert/bert-base-uncased", learnable, tmp_path / "export", write_params(tmp_path),
-                            capsys)  # fmt: skip
+    code, _, err = finetune(
+        "google-bert/bert-base-uncased", learnable, tmp_path / "export", write_params(tmp_path), capsys
+    )
     assert code == 2
     [line] = err.strip().splitlines()
     assert "google-bert/bert-base-uncased: no such folder" in line
@@ -246,6 +310,9 @@ def test_a_family_that_cannot_start_from_the_folder_names_the_one_that_can(tmp_p
 
     folder = write_tiny_encoder(tmp_path / "base", "bert", positions=POSITIONS)
     assert pick_family(folder).name == "joint"
-    with pytest.raises(BadBase, match=r"the laya family cannot start from it: it is a plain encoder folder "
-                       r"\(BertModel\).* \(--family joint"):  # fmt: skip
+    with pytest.raises(
+        BadBase,
+        match=r"the laya family cannot start from it: it is a plain encoder folder "
+        r"\(BertModel\).* \(--family joint",
+    ):
         pick_family(folder, "laya")

@@ -1,6 +1,6 @@
-"""The joint family on an encoder reads the questions apart from the state: each row is `[CLS] state [SEP]`, the
-questions one field sequence shared by every row that asks them, and `head` trains the decision head on the
-frozen encoder's hidden states, computed once."""
+"""The joint family on an encoder reads the questions apart from the state: each row is `[CLS] state [SEP]`,
+the questions one field sequence shared by every row that asks them, and `head` trains the decision head on
+the frozen encoder's hidden states, computed once."""
 
 from dataclasses import replace
 

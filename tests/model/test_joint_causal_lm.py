@@ -1,4 +1,5 @@
-"""The joint family on a causal LM (`pipeline.families.joint.head`) on a tiny random Qwen3, with hand-built batches."""
+"""The joint family on a causal LM (`pipeline.families.joint.head`) on a tiny random Qwen3, with hand-built
+batches."""
 
 from pathlib import Path
 
@@ -21,19 +22,32 @@ LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", 
 # Per row: its length, then per question (qtype, question span, option spans, target over the options).
 # Row 0 fills T; row 1 is right-padded and has one real question, so questions and options are uneven.
 ROWS = [
-    (40, [(0, (1, 6), [(7, 9), (10, 11), (12, 15)], [0.0, 0.0, 1.0]),
-          (1, (16, 22), [(23, 24), (25, 26), (27, 28), (29, 31)], [0.1, 0.2, 0.6, 0.1])]),
+    (
+        40,
+        [
+            (0, (1, 6), [(7, 9), (10, 11), (12, 15)], [0.0, 0.0, 1.0]),
+            (1, (16, 22), [(23, 24), (25, 26), (27, 28), (29, 31)], [0.1, 0.2, 0.6, 0.1]),
+        ],
+    ),
     (31, [(2, (2, 8), [(9, 11), (12, 14)], [0.0, 1.0])]),
-]  # fmt: skip
+]
 
 
 def tiny_qwen3(folder: Path, seed: int = 0) -> Path:
     """A tiny random Qwen3 causal LM with tied embeddings, saved as a local checkpoint."""
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
-    config = Qwen3Config(vocab_size=VOCAB, hidden_size=HIDDEN, intermediate_size=128, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=512,
-                         tie_word_embeddings=True)  # fmt: skip
+    config = Qwen3Config(
+        vocab_size=VOCAB,
+        hidden_size=HIDDEN,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        max_position_embeddings=512,
+        tie_word_embeddings=True,
+    )
     torch.manual_seed(seed)
     Qwen3ForCausalLM(config).save_pretrained(folder)
     return folder
@@ -45,11 +59,17 @@ def make_batch(extra_questions: int = 0, seed: int = 0) -> tuple[dict, torch.Ten
     q = max(len(questions) for _, questions in ROWS) + extra_questions
     k = max(len(spans) for _, questions in ROWS for *_, spans, _ in questions)
     gen = torch.Generator().manual_seed(seed)
-    batch = {"input_ids": torch.zeros(b, t, dtype=torch.long), "attention_mask": torch.zeros(b, t, dtype=torch.long),
-             "question_spans": torch.zeros(b, q, 2, dtype=torch.long), "question_mask": torch.zeros(b, q, dtype=torch.bool),
-             "option_spans": torch.zeros(b, q, k, 2, dtype=torch.long), "option_mask": torch.zeros(b, q, k, dtype=torch.bool),
-             "option_tokens": torch.zeros(b, q, k, 3, dtype=torch.long),
-             "option_token_mask": torch.zeros(b, q, k, 3, dtype=torch.bool), "qtype": torch.zeros(b, q, dtype=torch.long)}  # fmt: skip
+    batch = {
+        "input_ids": torch.zeros(b, t, dtype=torch.long),
+        "attention_mask": torch.zeros(b, t, dtype=torch.long),
+        "question_spans": torch.zeros(b, q, 2, dtype=torch.long),
+        "question_mask": torch.zeros(b, q, dtype=torch.bool),
+        "option_spans": torch.zeros(b, q, k, 2, dtype=torch.long),
+        "option_mask": torch.zeros(b, q, k, dtype=torch.bool),
+        "option_tokens": torch.zeros(b, q, k, 3, dtype=torch.long),
+        "option_token_mask": torch.zeros(b, q, k, 3, dtype=torch.bool),
+        "qtype": torch.zeros(b, q, dtype=torch.long),
+    }
     target = torch.zeros(b, q, k)
     for row, (length, questions) in enumerate(ROWS):
         batch["input_ids"][row, :length] = torch.randint(5, VOCAB, (length,), generator=gen)

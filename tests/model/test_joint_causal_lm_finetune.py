@@ -1,4 +1,5 @@
-"""`decision finetune` on a causal-LM base (joint family) (tiny random Qwen3 on CPU): train, calibrate, export, reload, serve."""
+"""`decision finetune` on a causal-LM base (joint family) (tiny random Qwen3 on CPU): train, calibrate,
+export, reload, serve."""
 
 import json
 import time
@@ -25,18 +26,45 @@ def learnable(tmp_path_factory):
 def write_params(folder, method: str, steps: int = 150):
     # A small set seen for many epochs: a random tiny backbone learns slowly in general, but the loss on what
     # it trains on must fall, through the same trainer, calibration and export as any base.
-    params = {"validate": {"holdout_max_decisions": 6, "holdout_fraction": 0.25},
-              "train": {"method": method, "max_steps": steps, "micro_batch": 4, "grad_accum": 2, "lora_r": 8,
-                        "lora_alpha": 16, "lora_lr": 0.001, "full_lr": 0.0005, "head_lr": 0.001, "log_every": 5,
-                        "precision": "fp32", "epochs": 100}}  # fmt: skip
+    params = {
+        "validate": {"holdout_max_decisions": 6, "holdout_fraction": 0.25},
+        "train": {
+            "method": method,
+            "max_steps": steps,
+            "micro_batch": 4,
+            "grad_accum": 2,
+            "lora_r": 8,
+            "lora_alpha": 16,
+            "lora_lr": 0.001,
+            "full_lr": 0.0005,
+            "head_lr": 0.001,
+            "log_every": 5,
+            "precision": "fp32",
+            "epochs": 100,
+        },
+    }
     path = folder / f"params-{method}.yaml"
     path.write_text(yaml.safe_dump(params))
     return path
 
 
 def finetune(base, data, out, params, capsys) -> dict:
-    code = main(["finetune", "--data", str(data), "--base", str(base), "--out", str(out), "--params", str(params),
-                 "--device", "cpu", "--json"])  # fmt: skip
+    code = main(
+        [
+            "finetune",
+            "--data",
+            str(data),
+            "--base",
+            str(base),
+            "--out",
+            str(out),
+            "--params",
+            str(params),
+            "--device",
+            "cpu",
+            "--json",
+        ]
+    )
     assert code == 0
     return json.loads(capsys.readouterr().out)
 
@@ -58,16 +86,22 @@ def test_lora_finetune_trains_calibrates_exports_and_serves(causal_lm_base, lear
     assert all(0.5 <= summary["calibration"]["temperatures"][t] <= 5.0 for t in ("choice", "score", "noul"))
 
     exported = load_joint(summary["export_dir"])
-    question = {"type": "choice", "instructions": "What is the tone?",
-                "criteria": {"negative": None, "neutral": None, "positive": None}}  # fmt: skip
+    question = {
+        "type": "choice",
+        "instructions": "What is the tone?",
+        "criteria": {"negative": None, "neutral": None, "positive": None},
+    }
     body = {"state": "this product was great", "questions": {"tone": question}}
     expected = answer_joint_requests(exported, [parse_request(body["state"], body["questions"])])[0].answers
     with TestClient(create_app(Catalog(summary["export_dir"]), KeyStore())) as client:
         while client.get("/healthz").status_code != 200:
             time.sleep(0.05)
         served = client.post("/v1/systemone", json=body).json()["answers"]
-    np.testing.assert_allclose(list(served["tone"]["probabilities"].values()),
-                               list(expected["tone"]["probabilities"].values()), atol=1e-4)  # fmt: skip
+    np.testing.assert_allclose(
+        list(served["tone"]["probabilities"].values()),
+        list(expected["tone"]["probabilities"].values()),
+        atol=1e-4,
+    )
 
 
 @pytest.mark.slow
@@ -85,8 +119,9 @@ def test_qlora_trains_on_the_cpu_with_a_4bit_backbone(causal_lm_base, learnable,
 
 
 @pytest.mark.slow
-def test_a_causal_lm_export_registers_and_answers_as_an_mlflow_model(causal_lm_base, learnable, tmp_path, capsys,
-                                                                    monkeypatch):  # fmt: skip
+def test_a_causal_lm_export_registers_and_answers_as_an_mlflow_model(
+    causal_lm_base, learnable, tmp_path, capsys, monkeypatch
+):
     import mlflow.pyfunc
 
     from pipeline.data.answers import parse_request
@@ -137,9 +172,17 @@ def test_a_llama_backbone_loads_and_answers(tmp_path):
     from tests.tiny import tiny_bpe_tokenizer
 
     tokenizer = tiny_bpe_tokenizer()
-    config = LlamaConfig(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
-                         tie_word_embeddings=False, pad_token_id=tokenizer.pad_token_id)  # fmt: skip
+    config = LlamaConfig(
+        vocab_size=512,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=1024,
+        tie_word_embeddings=False,
+        pad_token_id=tokenizer.pad_token_id,
+    )
     LlamaForCausalLM(config).save_pretrained(tmp_path / "llama")
     tokenizer.save_pretrained(tmp_path / "llama")
     loaded = load_joint(tmp_path / "llama")

@@ -1,6 +1,6 @@
-"""The joint family on an encoder backbone: `decision finetune --family joint` on a Laya-layout base trains the
-joint record head on its encoder, exports a joint folder, and the Decision API, `decision evaluate` and the MLflow
-model answer from it, with no branch outside the family."""
+"""The joint family on an encoder backbone: `decision finetune --family joint` on a Laya-layout base trains
+the joint record head on its encoder, exports a joint folder, and the Decision API, `decision evaluate` and
+the MLflow model answer from it, with no branch outside the family."""
 
 import json
 
@@ -15,8 +15,11 @@ from pipeline.families import load_decision_model, pick_family
 from tests.api.conftest import wait_ready
 from tests.tiny import write_learnable_rows
 
-QUESTION = {"type": "choice", "instructions": "What is the tone?",
-            "criteria": {"negative": None, "neutral": None, "positive": None}}  # fmt: skip
+QUESTION = {
+    "type": "choice",
+    "instructions": "What is the tone?",
+    "criteria": {"negative": None, "neutral": None, "positive": None},
+}
 
 
 @pytest.fixture(scope="module")
@@ -28,17 +31,46 @@ def learnable(tmp_path_factory):
 def joint_export(tiny_base, learnable, tmp_path_factory):
     folder = tmp_path_factory.mktemp("joint")
     params = folder / "params.yaml"
-    params.write_text(yaml.safe_dump({
-        "validate": {"holdout_max_decisions": 6, "holdout_fraction": 0.25},
-        "train": {"max_steps": 150, "micro_batch": 4, "grad_accum": 2, "lora_r": 8, "lora_alpha": 16,
-                  "lora_lr": 0.001, "head_lr": 0.001, "log_every": 5, "precision": "fp32", "epochs": 100},
-    }))  # fmt: skip
+    params.write_text(
+        yaml.safe_dump(
+            {
+                "validate": {"holdout_max_decisions": 6, "holdout_fraction": 0.25},
+                "train": {
+                    "max_steps": 150,
+                    "micro_batch": 4,
+                    "grad_accum": 2,
+                    "lora_r": 8,
+                    "lora_alpha": 16,
+                    "lora_lr": 0.001,
+                    "head_lr": 0.001,
+                    "log_every": 5,
+                    "precision": "fp32",
+                    "epochs": 100,
+                },
+            }
+        )
+    )
     return folder, params
 
 
 def _finetune(base, data, out, params, capsys, *extra) -> dict:
-    code = main(["finetune", "--data", str(data), "--base", str(base), "--out", str(out), "--params", str(params),
-                 "--device", "cpu", "--json", *extra])  # fmt: skip
+    code = main(
+        [
+            "finetune",
+            "--data",
+            str(data),
+            "--base",
+            str(base),
+            "--out",
+            str(out),
+            "--params",
+            str(params),
+            "--device",
+            "cpu",
+            "--json",
+            *extra,
+        ]
+    )
     assert code == 0
     return json.loads(capsys.readouterr().out)
 
@@ -72,8 +104,11 @@ def test_joint_on_an_encoder_trains_exports_serves_and_evaluates(tiny_base, lear
     with TestClient(create_app(Catalog(str(folder / "export")), KeyStore())) as client:
         wait_ready(client)
         served = client.post("/v1/systemone", json=body).json()["answers"]
-    np.testing.assert_allclose(list(served["tone"]["probabilities"].values()),
-                               list(expected["tone"]["probabilities"].values()), atol=1e-4)  # fmt: skip
+    np.testing.assert_allclose(
+        list(served["tone"]["probabilities"].values()),
+        list(expected["tone"]["probabilities"].values()),
+        atol=1e-4,
+    )
 
     assert main(["evaluate", "--model", str(folder / "export"), "--data", str(learnable), "--json"]) == 0
     strict = lambda constant: pytest.fail(f"--json printed {constant}, which is not JSON")  # noqa: E731

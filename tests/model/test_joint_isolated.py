@@ -1,4 +1,5 @@
-"""The joint family's questions are isolated (docs/serving.md): an answer depends on its question and the state alone.
+"""The joint family's questions are isolated (docs/serving.md): an answer depends on its question and the
+state alone.
 
 On an encoder each question and each option is a field sequence of its own and the head's fields attend within
 their question; on a causal LM each question is read after the state in a sequence of its own. So renaming a

@@ -57,17 +57,29 @@ def bpe_tokenizer(pad: bool = True):
     backend.train_from_iterator(
         LINES, vocab_size=TOKENIZER_VOCAB, min_frequency=1, special_tokens=SPECIALS, show_progress=False
     )
-    return PreTrainedTokenizerFast(tokenizer_object=backend._tokenizer, bos_token=SPECIALS[0],
-                                   eos_token=SPECIALS[1], pad_token=SPECIALS[2] if pad else None)  # fmt: skip
+    return PreTrainedTokenizerFast(
+        tokenizer_object=backend._tokenizer,
+        bos_token=SPECIALS[0],
+        eos_token=SPECIALS[1],
+        pad_token=SPECIALS[2] if pad else None,
+    )
 
 
 def tiny_lm_folder(folder: Path, dtype: torch.dtype = torch.float32, pad: bool = True) -> Path:
     """A tiny random Qwen3 (tied embeddings) in `dtype` with its tokenizer, as a local checkpoint."""
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
-    config = Qwen3Config(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, head_dim=16,
-                         max_position_embeddings=1024, tie_word_embeddings=True)  # fmt: skip
+    config = Qwen3Config(
+        vocab_size=VOCAB,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        max_position_embeddings=1024,
+        tie_word_embeddings=True,
+    )
     torch.manual_seed(0)
     Qwen3ForCausalLM(config).to(dtype).save_pretrained(folder)
     tokenizer = bpe_tokenizer(pad)
@@ -183,8 +195,12 @@ def test_a_4bit_base_with_lora_exports_dequantised_to_bf16(tmp_path):
     from transformers import BitsAndBytesConfig
 
     folder = tiny_lm_folder(tmp_path / "lm", torch.bfloat16)
-    nf4 = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
-                             bnb_4bit_compute_dtype=torch.bfloat16)  # fmt: skip
+    nf4 = BitsAndBytesConfig(
+        load_in_4bit=True,
+        bnb_4bit_quant_type="nf4",
+        bnb_4bit_use_double_quant=True,
+        bnb_4bit_compute_dtype=torch.bfloat16,
+    )
     loaded = fresh(folder, torch.bfloat16, quantization=nf4)
     lm = loaded.model.lm
     assert type(lm.model.layers[0].mlp.up_proj.weight).__name__ == "Params4bit"

@@ -1,5 +1,6 @@
-"""The joint head's lexical channel on an encoder: a bag of the state's words scored against each option, which a
-fresh head starts without (it adds nothing until trained) and which learns what the backbone's features lack."""
+"""The joint head's lexical channel on an encoder: a bag of the state's words scored against each option,
+which a fresh head starts without (it adds nothing until trained) and which learns what the backbone's
+features lack."""
 
 from dataclasses import replace
 
@@ -47,9 +48,16 @@ def _trained_loss(family, loaded, rows) -> tuple[float, float]:
     family.prepare(loaded, HEAD)
     family.learn_from_rows(loaded, examples)
     ready = family.training_examples(loaded, examples, HEAD, CPU)
-    blank = [replace(e, features=CachedFeatures(torch.zeros_like(e.features.state),
-                                                {k: torch.zeros_like(v) for k, v in e.features.fields.items()}))
-             for e in ready]  # fmt: skip
+    blank = [
+        replace(
+            e,
+            features=CachedFeatures(
+                torch.zeros_like(e.features.state),
+                {k: torch.zeros_like(v) for k, v in e.features.fields.items()},
+            ),
+        )
+        for e in ready
+    ]
     result = train(loaded.model, blank, HEAD, CPU, family.batch_task(loaded, HEAD))
     return result.losses[0][1], result.losses[-1][1]
 
@@ -91,7 +99,8 @@ def test_an_export_keeps_the_channel_and_an_old_head_config_loads_without_it(tin
     assert set(saved) == {"table.weight", "option.weight", "option.bias", "idf", "pairs"}
     for name, value in lexical.state_dict().items():
         torch.testing.assert_close(saved[name], value)
-    # An export written before pairs and weights: no `bigrams`, no `idf` or `pairs`, a table of the vocabulary only.
+    # An export written before pairs and weights: no `bigrams`, no `idf` or `pairs`, a table of the vocabulary
+    # only.
     config = json.loads((folder / JOINT_CONFIG).read_text())
     del config["head"]["bigrams"]
     (folder / JOINT_CONFIG).write_text(json.dumps(config))

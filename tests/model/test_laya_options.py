@@ -1,6 +1,6 @@
-"""The laya family on questions whose options do not fit one Laya sequence: several ordinary sequences, one softmax
-across them, in serving, scoring and training; a question that fits is read as before, bit for bit; score
-questions of 1 to 10 levels."""
+"""The laya family on questions whose options do not fit one Laya sequence: several ordinary sequences, one
+softmax across them, in serving, scoring and training; a question that fits is read as before, bit for bit;
+score questions of 1 to 10 levels."""
 
 from dataclasses import replace
 
@@ -27,15 +27,21 @@ from pipeline.training.loop import train
 
 CPU = torch.device("cpu")
 STATE = "the order was late and the box was broken"
-TONE = {"type": "choice", "instructions": "what tone", "criteria": {"negative": None, "neutral": "none",
-                                                                    "positive": None}}  # fmt: skip
+TONE = {
+    "type": "choice",
+    "instructions": "what tone",
+    "criteria": {"negative": None, "neutral": "none", "positive": None},
+}
 SQUEEZED = {  # fits one sequence only with every option cut short, as laya.Agent reads it
     "type": "choice",
     "instructions": "which one",
     "criteria": {f"o{i}": "good product order okay fine" for i in range(20)},
 }
-MANY = {"type": "choice", "instructions": "which product is it about",
-        "criteria": [f"product {i}" for i in range(MAX_CHOICE_OPTIONS)]}  # fmt: skip
+MANY = {
+    "type": "choice",
+    "instructions": "which product is it about",
+    "criteria": [f"product {i}" for i in range(MAX_CHOICE_OPTIONS)],
+}
 
 
 @pytest.fixture
@@ -80,8 +86,9 @@ def test_too_many_options_are_read_in_several_ordinary_laya_sequences(loaded):
     start = 0
     for part in parts:
         run = list(range(start, start + len(part.markers)))
-        ids, markers = build_sequence(loaded.tokenizer, STATE, internal, loaded.max_len, loaded.head_max_len,
-                                      option_order=run)  # fmt: skip
+        ids, markers = build_sequence(
+            loaded.tokenizer, STATE, internal, loaded.max_len, loaded.head_max_len, option_order=run
+        )
         assert part == Part(tuple(ids), tuple(markers), QUESTION_TYPE_IDS["choice"])
         head, _markers, stats = build_head(loaded.tokenizer, internal, loaded.head_max_len, option_order=run)
         assert stats["tokens_per_option"] is None and len(head) <= loaded.head_max_len + 3  # options whole
@@ -114,10 +121,13 @@ def test_a_fitting_question_answers_the_same_beside_a_split_one(loaded):
 @pytest.mark.slow
 def test_sixty_four_questions_with_long_option_lists_are_answered_and_every_token_counted(loaded):
     questions = {
-        f"q{k}": {"type": "choice", "instructions": f"which item {k}",
-                  "criteria": [f"item {k} {i}" for i in range(64 + k)]}
+        f"q{k}": {
+            "type": "choice",
+            "instructions": f"which item {k}",
+            "criteria": [f"item {k} {i}" for i in range(64 + k)],
+        }
         for k in range(MAX_QUESTIONS)
-    }  # fmt: skip
+    }
     request = parse_request(STATE, questions)
     (answered,) = LayaFamily().answer(loaded, [request])
     assert isinstance(answered, Answered) and list(answered.answers) == list(questions)
@@ -145,10 +155,13 @@ def _many_rows(n: int, options: int = MAX_CHOICE_OPTIONS) -> list[dict]:
     states = ["the order was late", "great product", "the box was broken", "fine okay"]
     many = {**MANY, "criteria": MANY["criteria"][:options]}
     return [
-        {"state": states[i % len(states)], "questions": {"q": many, "tone": TONE},
-         "gold": {"q": f"product {7 * i % 40}", "tone": "neutral"}}
+        {
+            "state": states[i % len(states)],
+            "questions": {"q": many, "tone": TONE},
+            "gold": {"q": f"product {7 * i % 40}", "tone": "neutral"},
+        }
         for i in range(n)
-    ]  # fmt: skip
+    ]
 
 
 def test_a_split_decision_is_scored_and_trained_through_one_softmax(loaded):
@@ -174,8 +187,17 @@ def test_training_on_split_decisions_lowers_their_loss(tiny_base):
     loaded = load_model(tiny_base)
     items, _skipped = build_items(validate_rows(_many_rows(8, options=48)).records, loaded)
     assert all(len(item.parts) > 1 for item in items if item.question_id == "q")
-    config = TrainConfig(method="full", micro_batch=4, grad_accum=2, full_lr=1e-3, head_lr=1e-3, log_every=2,
-                         precision="fp32", max_steps=12, epochs=12)  # fmt: skip
+    config = TrainConfig(
+        method="full",
+        micro_batch=4,
+        grad_accum=2,
+        full_lr=1e-3,
+        head_lr=1e-3,
+        log_every=2,
+        precision="fp32",
+        max_steps=12,
+        epochs=12,
+    )
     task = laya_batch_task(loaded.tokenizer.pad_token_id)
     result = train(loaded.model, items, config, CPU, task)
     assert result.losses[-1][1] < 0.8 * result.losses[0][1], result.losses

@@ -1,6 +1,6 @@
 """Layer plans through both families: loaded with a plan, exported with it (the Laya export materialised, so
-`laya.Agent` answers as ours; the joint export in plan form), served with it, and refused clearly before training
-when they cannot run."""
+`laya.Agent` answers as ours; the joint export in plan form), served with it, and refused clearly before
+training when they cannot run."""
 
 import json
 
@@ -43,9 +43,11 @@ def _agent(folder, state):
     import laya
 
     answers = laya.Agent(str(folder), device="cpu").system_one(state, QUESTIONS)["answers"]
-    return {"tone": [answers["tone"]["probabilities"][k] for k in ("negative", "neutral", "positive")],
-            "intensity": [answers["intensity"]["probabilities"][str(i)] for i in range(3)],
-            "positive": [1 - answers["positive"]["noul"], answers["positive"]["noul"]]}  # fmt: skip
+    return {
+        "tone": [answers["tone"]["probabilities"][k] for k in ("negative", "neutral", "positive")],
+        "intensity": [answers["intensity"]["probabilities"][str(i)] for i in range(3)],
+        "positive": [1 - answers["positive"]["noul"], answers["positive"]["noul"]],
+    }
 
 
 def _probabilities(model: DecisionModel, state) -> np.ndarray:
@@ -150,11 +152,25 @@ def learnable(tmp_path_factory):
 
 def _params(folder, **train):
     params = folder / "params.yaml"
-    params.write_text(yaml.safe_dump({
-        "validate": {"holdout_max_decisions": 6, "holdout_fraction": 0.25},
-        "train": {"max_steps": 12, "micro_batch": 4, "grad_accum": 1, "lora_r": 4, "lora_alpha": 8, "head_width": 32,
-                  "log_every": 4, "precision": "fp32", "epochs": 10, **train},
-    }))  # fmt: skip
+    params.write_text(
+        yaml.safe_dump(
+            {
+                "validate": {"holdout_max_decisions": 6, "holdout_fraction": 0.25},
+                "train": {
+                    "max_steps": 12,
+                    "micro_batch": 4,
+                    "grad_accum": 1,
+                    "lora_r": 4,
+                    "lora_alpha": 8,
+                    "head_width": 32,
+                    "log_every": 4,
+                    "precision": "fp32",
+                    "epochs": 10,
+                    **train,
+                },
+            }
+        )
+    )
     return params
 
 
@@ -162,12 +178,31 @@ def _params(folder, **train):
 @pytest.mark.parametrize("family", ["laya", "joint"])
 def test_finetune_with_a_plan_trains_exports_and_records_it(deep_base, learnable, tmp_path, capsys, family):
     params = _params(tmp_path, method="lora")
-    code = main(["finetune", "--data", str(learnable), "--base", str(deep_base), "--out", str(tmp_path / "out"),
-                 "--params", str(params), "--device", "cpu", "--json", "--family", family,
-                 "--layer-plan", "[[1, 3, 2]]"])  # fmt: skip
+    code = main(
+        [
+            "finetune",
+            "--data",
+            str(learnable),
+            "--base",
+            str(deep_base),
+            "--out",
+            str(tmp_path / "out"),
+            "--params",
+            str(params),
+            "--device",
+            "cpu",
+            "--json",
+            "--family",
+            family,
+            "--layer-plan",
+            "[[1, 3, 2]]",
+        ]
+    )
     assert code == 0
     summary = json.loads(capsys.readouterr().out)
-    assert summary["train"]["steps"] == 12 and all(np.isfinite(loss) for _, loss in summary["train"]["losses"])
+    assert summary["train"]["steps"] == 12 and all(
+        np.isfinite(loss) for _, loss in summary["train"]["losses"]
+    )
     export = tmp_path / "out"
     manifest = json.loads((export / "manifest.json").read_text())
     assert manifest["layer_plan"]["visits"] == [0, 1, 2, 1, 2, 3]
@@ -182,8 +217,23 @@ def test_finetune_with_a_plan_trains_exports_and_records_it(deep_base, learnable
 
 
 def _train(base, data, folder, plan) -> int:
-    return main(["train", "--data", str(data), "--base", str(base), "--out", str(folder / "out"),
-                 "--params", str(_params(folder)), "--device", "cpu", "--layer-plan", plan])  # fmt: skip
+    return main(
+        [
+            "train",
+            "--data",
+            str(data),
+            "--base",
+            str(base),
+            "--out",
+            str(folder / "out"),
+            "--params",
+            str(_params(folder)),
+            "--device",
+            "cpu",
+            "--layer-plan",
+            plan,
+        ]
+    )
 
 
 def test_an_index_out_of_range_is_refused_by_name_before_any_training(deep_base, learnable, tmp_path, capsys):
@@ -201,8 +251,9 @@ def test_an_empty_plan_is_refused_by_name_before_any_model_loads(deep_base, lear
 
 
 def test_a_causal_lm_that_cannot_run_a_plan_is_refused_before_training(tmp_path, learnable, capsys):
-    base = write_tiny_causal_lm(tmp_path / "sliding", layers=LAYERS, use_sliding_window=True, sliding_window=8,
-                                max_window_layers=2)  # fmt: skip
+    base = write_tiny_causal_lm(
+        tmp_path / "sliding", layers=LAYERS, use_sliding_window=True, sliding_window=8, max_window_layers=2
+    )
     assert (
         _train(base, learnable, tmp_path, "0,1,1,2,3") != 0
         and "mixes attention types" in capsys.readouterr().err

@@ -1,6 +1,6 @@
-"""Layer plans on the backbones, against oracles: the identity plan is native execution exactly, a repeated layer
-is a hand-built stack calling that module twice (outputs and the summed gradient), and parameters, checkpoint
-keys, LoRA adapters and optimizer state stay single."""
+"""Layer plans on the backbones, against oracles: the identity plan is native execution exactly, a repeated
+layer is a hand-built stack calling that module twice (outputs and the summed gradient), and parameters,
+checkpoint keys, LoRA adapters and optimizer state stay single."""
 
 import copy
 
@@ -36,8 +36,16 @@ def _causal_lm(arch: str):
         "llama": (LlamaConfig, LlamaForCausalLM),
     }[arch]
     torch.manual_seed(2)
-    config = config_class(vocab_size=200, hidden_size=32, intermediate_size=64, num_hidden_layers=LAYERS,
-                          num_attention_heads=4, num_key_value_heads=2, head_dim=8, max_position_embeddings=128)  # fmt: skip
+    config = config_class(
+        vocab_size=200,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=LAYERS,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        max_position_embeddings=128,
+    )
     return model_class(config).train()
 
 
@@ -58,7 +66,8 @@ def _hidden(backbone: nn.Module) -> torch.Tensor:
 
 
 def _grads(backbone: nn.Module) -> dict[str, torch.Tensor]:
-    """Forward, a weighted loss (so the gradient depends on every position), backward; the gradients by name."""
+    """Forward, a weighted loss (so the gradient depends on every position), backward; the gradients by
+    name."""
     hidden = _hidden(backbone)
     weights = torch.linspace(-1, 1, hidden.numel()).reshape(hidden.shape)
     (hidden * weights).sum().backward()
@@ -68,7 +77,8 @@ def _grads(backbone: nn.Module) -> dict[str, torch.Tensor]:
 
 
 def _hand_built(backbone: nn.Module, visits: list[int]) -> nn.Module:
-    """A copy whose layer list holds the same module objects in plan order: the native loop calls each visit."""
+    """A copy whose layer list holds the same module objects in plan order: the native loop calls each
+    visit."""
     built = copy.deepcopy(backbone)
     home = built.encoder if hasattr(built, "encoder") else built.model
     name = "layer" if hasattr(built, "encoder") else "layers"
@@ -182,9 +192,18 @@ def test_a_materialised_plan_is_a_native_stack_that_runs_alike(kind):
 def test_a_causal_lm_whose_layers_attend_differently_refuses_a_plan_by_name():
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
-    config = Qwen3Config(vocab_size=200, hidden_size=32, intermediate_size=64, num_hidden_layers=LAYERS,
-                         num_attention_heads=4, num_key_value_heads=2, head_dim=8, use_sliding_window=True,
-                         sliding_window=4, max_window_layers=2)  # fmt: skip
+    config = Qwen3Config(
+        vocab_size=200,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=LAYERS,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        use_sliding_window=True,
+        sliding_window=4,
+        max_window_layers=2,
+    )
     assert len(set(config.layer_types)) > 1
     with pytest.raises(LayerPlanError, match="mixes attention types"):
         apply_layer_plan(Qwen3ForCausalLM(config), resolve_plan(REPEAT, LAYERS))

@@ -1,7 +1,7 @@
-"""`train.lexicon: auto`: a `tokens` head and a `tfidf` head trained one after the other on the same frozen features,
-each as its own run would train it, and the one (or the two together) with the lowest validation loss kept; where
-there is nothing to choose (no validation split, a LoRA run, a trained head) it is `tokens`. `both` keeps the two
-together."""
+"""`train.lexicon: auto`: a `tokens` head and a `tfidf` head trained one after the other on the same frozen
+features, each as its own run would train it, and the one (or the two together) with the lowest validation
+loss kept; where there is nothing to choose (no validation split, a LoRA run, a trained head) it is `tokens`.
+`both` keeps the two together."""
 
 from dataclasses import replace
 
@@ -52,7 +52,8 @@ def test_each_candidate_trains_as_its_own_run_would_and_the_lowest_validation_lo
         figures = _validation_figures(run)
         assert candidates[name]["accuracy"] == pytest.approx(figures["accuracy"])
         assert candidates[name]["loss"] == pytest.approx(figures["loss"], rel=1e-5)
-    # The ensemble answers with the two heads' mean probabilities: scored as the mean of the two runs' answers.
+    # The ensemble answers with the two heads' mean probabilities: scored as the mean of the two runs'
+    # answers.
     mean = [(a + b) / 2 for a, b in zip(*(plain_probabilities(r.validation_logits) for r in alone.values()))]
     together = heldout_metrics(alone["tokens"].validation, mean)
     assert candidates["ensemble"]["accuracy"] == pytest.approx(together["accuracy"])
@@ -152,10 +153,12 @@ def test_the_heads_together_answer_with_the_mean_of_their_probabilities(tiny_bas
     served = _served(together.loaded)
     for got, a, b in zip(served, *apart):
         np.testing.assert_allclose(got, (a + b) / 2, atol=TOL)  # each answer rounded to 4 places
-    # The field vectors it caches per question text are both heads'; answering again reads them from the cache.
+    # The field vectors it caches per question text are both heads'; answering again reads them from the
+    # cache.
     assert together.loaded.field_cache.vectors
     np.testing.assert_allclose(np.concatenate(_served(together.loaded)), np.concatenate(served), atol=1e-12)
-    # Exported, it loads back as the same two heads on one backbone (stored in 16 bits: answers within rounding).
+    # Exported, it loads back as the same two heads on one backbone (stored in 16 bits: answers within
+    # rounding).
     out = family.save_finetune(together.loaded, tmp_path / "export", {})
     back = family.load_trained(out)
     assert isinstance(back.model.head, HeadEnsemble) and len(back.model.head.members) == 2

@@ -1,8 +1,8 @@
 """The encoder runtimes behind `decision serve --backend` (ONNX Runtime, OpenVINO): the encoder exported with
 dynamic batch and token axes answers as torch does (largest |Δp| <= 1e-4, every argmax the same) for both
 families on each runtime, an answer does not depend on its batch-mates, a runtime follows the thread count the
-governor sets, `auto` serves the fastest that passes, and a missing runtime, a failed export or a failed parity
-check falls back to torch.
+governor sets, `auto` serves the fastest that passes, and a missing runtime, a failed export or a failed
+parity check falls back to torch.
 
 The parity tests skip, saying why, where a runtime's extra (`onnx`: onnxruntime and onnx; `openvino`) is not
 installed."""
@@ -51,7 +51,7 @@ REQUESTS = [
     ("great " * 30 + "phone, " + "terrible case " * 5, QUESTIONS),
     ("fine", {"level": QUESTIONS["level"]}),
     *PROBES,
-]  # fmt: skip
+]
 
 
 @pytest.fixture(params=["laya", "joint"])
@@ -71,7 +71,8 @@ def runtime(request) -> str:
 
 @pytest.fixture
 def onnx_model(model, runtime, tmp_path) -> DecisionModel:
-    """The model with its encoder on `runtime` (named onnx_model: both runtimes run the exported ONNX graph)."""
+    """The model with its encoder on `runtime` (named onnx_model: both runtimes run the exported ONNX
+    graph)."""
     choice = choose_backend(model, runtime, tmp_path / "encoder.onnx")
     assert choice.name == runtime, choice.reason
     return DecisionModel(model.family, model.loaded, model.dtype, choice.encoder)

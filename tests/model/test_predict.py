@@ -1,5 +1,5 @@
-"""Batch scoring (`decision predict`): answers equal the served answers, row by row, for both families; unlabelled
-rows are scored; a refused row keeps its reason code; the output is whole or absent."""
+"""Batch scoring (`decision predict`): answers equal the served answers, row by row, for both families;
+unlabelled rows are scored; a refused row keeps its reason code; the output is whole or absent."""
 
 import json
 from pathlib import Path
@@ -22,8 +22,13 @@ from tests.tiny import load_joint_on
 
 # Temperatures away from 1, so answers that skipped the export's calibration could not equal the served ones.
 CALIBRATOR = Calibrator(temperatures=(2.0, 0.6, 1.7))
-STATES = ["the battery died after a day", "ok", {"text": "nested", "meta": {"stars": 2, "tags": ["x", None]}},
-          "a " + "very " * 80 + "long review of a phone that broke", ["turn one", {"speaker": "b", "said": "fine"}]]  # fmt: skip
+STATES = [
+    "the battery died after a day",
+    "ok",
+    {"text": "nested", "meta": {"stars": 2, "tags": ["x", None]}},
+    "a " + "very " * 80 + "long review of a phone that broke",
+    ["turn one", {"speaker": "b", "said": "fine"}],
+]
 ONE_OPTION = {"type": "choice", "instructions": "Pick", "criteria": ["only"]}
 # One refused row per reason: (row, its code).
 BAD_ROWS = [
@@ -32,11 +37,14 @@ BAD_ROWS = [
     ({"state": "s", "questions": {}}, "missing_questions"),
     ({"state": "s", "questions": {f"q{i}": QUESTIONS["positive"] for i in range(65)}}, "too_many_questions"),
     ({"state": "s", "questions": {"q": {"type": "rank", "criteria": ["a", "b"]}}}, "unknown_question_type"),
-    ({"state": "s", "questions": {"q": {"type": "score", "criteria": {"0": "low", "1": "high"}}}}, "bad_criteria"),
+    (
+        {"state": "s", "questions": {"q": {"type": "score", "criteria": {"0": "low", "1": "high"}}}},
+        "bad_criteria",
+    ),
     ({"state": "s", "questions": {"q": {"type": "choice", "criteria": ["a", "a"]}}}, "repeated_options"),
     ({"state": "x" * 200_001, "questions": QUESTIONS}, "too_long"),
     ({"state": "s", "questions": {"tone": QUESTIONS["tone"], "one": ONE_OPTION}}, "too_few_options"),
-]  # fmt: skip
+]
 
 
 @pytest.fixture(scope="module", params=["laya", "joint"])
@@ -59,7 +67,10 @@ def unlabelled_rows(n: int) -> list[dict]:
         {"tone": QUESTIONS["tone"]},
         {"positive": QUESTIONS["positive"], "tone": QUESTIONS["tone"]},
     ]
-    return [{"id": f"r-{i}", "state": STATES[i % len(STATES)], "questions": subsets[i % len(subsets)]} for i in range(n)]  # fmt: skip
+    return [
+        {"id": f"r-{i}", "state": STATES[i % len(STATES)], "questions": subsets[i % len(subsets)]}
+        for i in range(n)
+    ]
 
 
 def read_out(path: Path) -> list[dict]:
@@ -137,7 +148,9 @@ def test_labelled_rows_score_as_unlabelled_ones(tiny_base, tmp_path):
     with_gold = predict_stage(
         str(tiny_base), synthetic.write_rows(rows, tmp_path / "a.jsonl"), tmp_path / "a.parquet"
     )
-    without = predict_stage(str(tiny_base), synthetic.write_rows(unlabelled, tmp_path / "b.jsonl"), tmp_path / "b.parquet")  # fmt: skip
+    without = predict_stage(
+        str(tiny_base), synthetic.write_rows(unlabelled, tmp_path / "b.jsonl"), tmp_path / "b.parquet"
+    )
     assert with_gold.scored == without.scored == 6
     assert read_out(tmp_path / "a.parquet") == read_out(tmp_path / "b.parquet")
 
@@ -251,8 +264,22 @@ def test_evaluate_scores_a_registered_version_as_its_folder(
     capsys.readouterr()
     reports = {}
     for model in (str(tiny_base), "models:/tiny-model@champion"):
-        assert main(["evaluate", "--model", model, "--data", str(synthetic_train_file), "--slice", "0:40", "--json",
-                     "-q"]) == 0  # fmt: skip
+        assert (
+            main(
+                [
+                    "evaluate",
+                    "--model",
+                    model,
+                    "--data",
+                    str(synthetic_train_file),
+                    "--slice",
+                    "0:40",
+                    "--json",
+                    "-q",
+                ]
+            )
+            == 0
+        )
         reports[model] = json.loads(capsys.readouterr().out)
     by_alias = reports["models:/tiny-model@champion"]
     assert (
@@ -275,8 +302,19 @@ def test_a_terminated_command_exits_130_and_leaves_no_file(tiny_base, tmp_path):
     rows = unlabelled_rows(3) * 1000  # long enough to be stopped midway
     data = synthetic.write_rows(rows, tmp_path / "rows.jsonl")
     out = tmp_path / "scores.parquet"
-    command = [sys.executable, "-m", "pipeline.cli", "predict", "--model", str(tiny_base), "--data", str(data),
-               "--out", str(out), "-q"]  # fmt: skip
+    command = [
+        sys.executable,
+        "-m",
+        "pipeline.cli",
+        "predict",
+        "--model",
+        str(tiny_base),
+        "--data",
+        str(data),
+        "--out",
+        str(out),
+        "-q",
+    ]
     process = subprocess.Popen(
         command, cwd=Path(__file__).resolve().parents[2], stderr=subprocess.PIPE, text=True
     )
@@ -307,12 +345,31 @@ def test_two_runs_writing_one_out_stage_apart_and_the_file_is_one_runs_whole(tin
 
     out = tmp_path / "scores.parquet"
     inputs = {n: synthetic.write_rows(unlabelled_rows(n), tmp_path / f"rows{n}.jsonl") for n in (60, 20)}
-    runs = [subprocess.Popen([sys.executable, "-m", "pipeline.cli", "predict", "--model", str(tiny_base), "--data",
-                              str(data), "--out", str(out), "-q"], cwd=Path(__file__).resolve().parents[2],
-                             stderr=subprocess.PIPE, text=True) for data in inputs.values()]  # fmt: skip
+    runs = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "pipeline.cli",
+                "predict",
+                "--model",
+                str(tiny_base),
+                "--data",
+                str(data),
+                "--out",
+                str(out),
+                "-q",
+            ],
+            cwd=Path(__file__).resolve().parents[2],
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for data in inputs.values()
+    ]
     codes = [run.wait(timeout=300) for run in runs]
     assert codes == [0, 0], [run.stderr.read() for run in runs]
-    # Each run renamed its own complete file in: the last rename wins, whole (a shared staging file mixed them).
+    # Each run renamed its own complete file in: the last rename wins, whole (a shared staging file mixed
+    # them).
     assert len(read_out(out)) in (60, 20) and not list(tmp_path.glob(".scores.parquet.*"))
 
 
@@ -327,8 +384,9 @@ def test_an_out_that_is_not_a_parquet_name_is_refused(name, tiny_base, tmp_path,
 
 
 def test_a_jsonl_row_is_read_as_the_api_reads_its_body(tiny_base, tmp_path):
-    # A key given twice is refused, not its last value scored; an escaped unpaired surrogate keeps the row's id
-    # and is the request's invalid_text (the API's 422s); messages name the row's fields, not an HTTP body's.
+    # A key given twice is refused, not its last value scored; an escaped unpaired surrogate keeps the row's
+    # id and is the request's invalid_text (the API's 422s); messages name the row's fields, not an HTTP
+    # body's.
     question = {"q": {"type": "noul", "instructions": "Positive?"}}
     data = tmp_path / "rows.jsonl"
     data.write_text(

@@ -1,7 +1,7 @@
-"""Batch scoring of a plain table through a mapping (`decision predict --mapping` / the mapping flags): it scores as
-the decision rows `decision map --write` gives, for both families; unlabelled tables take their options from the
-mapping or from the options the model records it trained with, else exit 2; a missing column exits 2 before any
-scoring and leaves no file; a folder of shards scores as the one file."""
+"""Batch scoring of a plain table through a mapping (`decision predict --mapping` / the mapping flags): it
+scores as the decision rows `decision map --write` gives, for both families; unlabelled tables take their
+options from the mapping or from the options the model records it trained with, else exit 2; a missing column
+exits 2 before any scoring and leaves no file; a folder of shards scores as the one file."""
 
 import json
 import shutil
@@ -26,28 +26,46 @@ from tests.tiny import load_joint_on
 
 CALIBRATOR = Calibrator(temperatures=(2.0, 0.6, 1.7))
 TICKETS = [
-    {"id": "t1", "text": "the order was late", "channel": "email", "team": "shipping", "urgency": 3, "refund": "yes"},
-    {"id": "t2", "text": "charged twice, terrible", "channel": "phone", "team": "billing", "urgency": 2, "refund": "no"},
+    {
+        "id": "t1",
+        "text": "the order was late",
+        "channel": "email",
+        "team": "shipping",
+        "urgency": 3,
+        "refund": "yes",
+    },
+    {
+        "id": "t2",
+        "text": "charged twice, terrible",
+        "channel": "phone",
+        "team": "billing",
+        "urgency": 2,
+        "refund": "no",
+    },
     {"id": "t3", "text": None, "channel": None, "team": "shipping", "urgency": 1, "refund": "Yes"},
     {"id": "t4", "text": "great product", "channel": "chat", "team": None, "urgency": 0, "refund": None},
     {"id": "t5", "text": "bad, hate it", "channel": "email", "team": "billing", "urgency": 1, "refund": "1"},
-]  # fmt: skip
+]
 LABELS = ("team", "urgency", "refund")
 MAPPING = {
     "state": ["text", "channel"],
     "id": "id",
     "questions": {
-        "department": {"column": "team", "instructions": "Which team?", "options": ["shipping", "billing", "product"]},
+        "department": {
+            "column": "team",
+            "instructions": "Which team?",
+            "options": ["shipping", "billing", "product"],
+        },
         "urgency": {"column": "urgency", "type": "score", "instructions": "How urgent?"},
         "wants_refund": {"column": "refund", "type": "noul", "instructions": "Money back?"},
     },
-}  # fmt: skip
+}
 TRAINED = {"department": ["shipping", "billing", "product"], "urgency": ["0", "1", "2", "3"]}
 
 
 def with_options(export: Path, folder: Path, options: dict | None) -> Path:
-    """A copy of `export` whose manifest records `options` as a model trained through a mapping does (None: the
-    manifest of a model trained on decision rows)."""
+    """A copy of `export` whose manifest records `options` as a model trained through a mapping does (None:
+    the manifest of a model trained on decision rows)."""
     shutil.copytree(export, folder)
     manifest = json.loads((folder / MANIFEST).read_text())
     manifest.pop(MAPPING_OPTIONS, None)
@@ -128,8 +146,20 @@ def test_an_unlabelled_table_takes_its_options_from_the_mapping(laya_export, tmp
     )  # records no options: the flags give them
     table = write_table([{"channel": r["channel"], "text": r["text"]} for r in TICKETS], tmp_path / "new.csv")
     out = tmp_path / "scores.parquet"
-    flags = ["--state-column", "text", "--label-column", "team", "--question", "department",
-             "--instructions", "Which team?", "--options", "shipping", "billing", "product"]  # fmt: skip
+    flags = [
+        "--state-column",
+        "text",
+        "--label-column",
+        "team",
+        "--question",
+        "department",
+        "--instructions",
+        "Which team?",
+        "--options",
+        "shipping",
+        "billing",
+        "product",
+    ]
     assert (
         main(["predict", "--model", str(plain), "--data", str(table), "--out", str(out), "-q", *flags]) == 0
     )
@@ -168,13 +198,29 @@ def test_options_from_the_labels_come_from_the_model_or_exit_2_before_scoring(la
 
 
 def test_a_mapped_score_is_labelled_as_the_table_labels_it(laya_export, tmp_path):
-    # Star ratings 1..4 are levels 0..3 to the model (and in `answers`, as served); the `.label` column says 1..4.
+    # Star ratings 1..4 are levels 0..3 to the model (and in `answers`, as served); the `.label` column says
+    # 1..4.
     rated = with_options(laya_export, tmp_path / "rated", TRAINED | {"urgency": ["1", "2", "3", "4"]})
     table = write_table(unlabelled(TICKETS), tmp_path / "new.jsonl")
     (tmp_path / "m.json").write_text(json.dumps(MAPPING))
     out = tmp_path / "scores.parquet"
-    assert main(["predict", "--model", str(rated), "--data", str(table), "--mapping", str(tmp_path / "m.json"),
-                 "--out", str(out), "-q"]) == 0  # fmt: skip
+    assert (
+        main(
+            [
+                "predict",
+                "--model",
+                str(rated),
+                "--data",
+                str(table),
+                "--mapping",
+                str(tmp_path / "m.json"),
+                "--out",
+                str(out),
+                "-q",
+            ]
+        )
+        == 0
+    )
     scored = [o for o in read_out(out) if o["answers"]]
     assert scored
     for o in scored:
@@ -190,7 +236,10 @@ def test_a_column_the_table_lacks_exits_2_before_the_model_loads(
     table = write_table(unlabelled(TICKETS), tmp_path / f"new{suffix}")
     out = tmp_path / "scores.parquet"
     monkeypatch.setattr(predict_module, "load_decision_model", lambda folder: pytest.fail("model loaded"))
-    for flags, column in ((["--state-column", "body"], "'body'"), (["--state-column", "text", "channel", "tone"], "'tone'")):  # fmt: skip
+    for flags, column in (
+        (["--state-column", "body"], "'body'"),
+        (["--state-column", "text", "channel", "tone"], "'tone'"),
+    ):
         args = ["predict", "--model", str(laya_export), "--data", str(table), "--out", str(out), "-q"]
         assert main([*args, *flags, "--label-column", "team", "--options", "a", "b"]) == 2
         error = capsys.readouterr().err.strip().splitlines()
@@ -214,14 +263,24 @@ def test_a_folder_of_shards_scores_as_the_one_file(laya_export, tmp_path, fmt):
     rows = unlabelled(TICKETS) * 4
     rows = [row | {"id": f"r{i}"} for i, row in enumerate(rows)]
     mapping = load_mapping(MAPPING)
-    one = predict_stage(str(laya_export), write_table(rows, tmp_path / f"all.{fmt}"), tmp_path / "one.parquet",
-                        mapping=mapping)  # fmt: skip
+    one = predict_stage(
+        str(laya_export),
+        write_table(rows, tmp_path / f"all.{fmt}"),
+        tmp_path / "one.parquet",
+        mapping=mapping,
+    )
     shards = tmp_path / "shards"
     shards.mkdir()
     for part, start in enumerate(range(0, len(rows), 7)):
         write_table(rows[start : start + 7], shards / f"part-{part}.{fmt}")
-    many = predict_stage(str(laya_export), str(shards), tmp_path / "many.parquet", mapping=mapping,
-                         rows_per_chunk=3, batch_size=2)  # fmt: skip
+    many = predict_stage(
+        str(laya_export),
+        str(shards),
+        tmp_path / "many.parquet",
+        mapping=mapping,
+        rows_per_chunk=3,
+        batch_size=2,
+    )
     assert one.rows == many.rows == 20 and one.failed == many.failed == {"missing_state": 4}
     assert read_out(tmp_path / "one.parquet") == read_out(tmp_path / "many.parquet")
 
@@ -260,16 +319,41 @@ def test_train_then_export_keeps_the_options_a_mapped_table_trained_with(tiny_ba
     }  # options from the labels
     (tmp_path / "m.json").write_text(json.dumps(labelled))
     method = ["--method", "lora"] if family == "laya" else ["--method", "head"]
-    train = ["train", "--data", str(table), "--mapping", str(tmp_path / "m.json"), "--base", str(tiny_base),
-             "--family", family, *method, "--max-steps", "1", "--out", str(tmp_path / "ft"), "-q"]  # fmt: skip
+    train = [
+        "train",
+        "--data",
+        str(table),
+        "--mapping",
+        str(tmp_path / "m.json"),
+        "--base",
+        str(tiny_base),
+        "--family",
+        family,
+        *method,
+        "--max-steps",
+        "1",
+        "--out",
+        str(tmp_path / "ft"),
+        "-q",
+    ]
     assert main(train) == 0
     assert main(["export", "--adapter", str(tmp_path / "ft"), "--out", str(tmp_path / "export")]) == 0
     manifest = json.loads((tmp_path / "export" / MANIFEST).read_text())
     assert manifest[MAPPING_OPTIONS] == {"urgency": ["0", "1", "2", "3"]}
     new = write_table(unlabelled(TICKETS), tmp_path / "new.jsonl")
     out = tmp_path / "scores.parquet"
-    predict = ["predict", "--model", str(tmp_path / "export"), "--data", str(new), "--mapping",
-               str(tmp_path / "m.json"), "--out", str(out), "-q"]  # fmt: skip
+    predict = [
+        "predict",
+        "--model",
+        str(tmp_path / "export"),
+        "--data",
+        str(new),
+        "--mapping",
+        str(tmp_path / "m.json"),
+        "--out",
+        str(out),
+        "-q",
+    ]
     assert main(predict) == 0
     answers = [json.loads(o["answers"]) for o in read_out(out) if o["answers"]]
     assert answers and all(list(a["urgency"]["probabilities"]) == ["0", "1", "2", "3"] for a in answers)

@@ -1,4 +1,5 @@
-"""Record encoding for the joint family on a causal LM: exact spans, state truncation, too-long skips, batch collation."""
+"""Record encoding for the joint family on a causal LM: exact spans, state truncation, too-long skips, batch
+collation."""
 
 import pytest
 import torch
@@ -15,14 +16,24 @@ from pipeline.families.joint.token_cache import TokenCache, tokenize
 from tests.tiny import tiny_tokenizer
 
 QUESTIONS = {
-    "tone": {"type": "choice", "instructions": "What is the tone?",
-             "criteria": {"negative": "a bad tone", "neutral": None, "positive": "a good tone"}},
-    "intensity": {"type": "score", "instructions": "How strong is it?", "criteria": ["none", "mild", "strong"]},
+    "tone": {
+        "type": "choice",
+        "instructions": "What is the tone?",
+        "criteria": {"negative": "a bad tone", "neutral": None, "positive": "a good tone"},
+    },
+    "intensity": {
+        "type": "score",
+        "instructions": "How strong is it?",
+        "criteria": ["none", "mild", "strong"],
+    },
     "is_negative": {"type": "noul", "instructions": "The text is negative.", "criteria": None},
-    "holds": {"type": "noul", "instructions": "The statement holds.",
-              "criteria": {"true": "it does", "false": "it does not"}},
+    "holds": {
+        "type": "noul",
+        "instructions": "The statement holds.",
+        "criteria": {"true": "it does", "false": "it does not"},
+    },
     "pick": {"type": "choice", "instructions": "Pick one.", "criteria": ["yes", "no"]},
-}  # fmt: skip
+}
 STATE = {"text": "the product was great but the order was late", "source": "review"}
 LONG_STATE = "the product was great but the order was late and I hate that. " * 40
 
@@ -38,8 +49,12 @@ def bpe_tokenizer():
     backend.train_from_iterator(
         lines, vocab_size=400, min_frequency=1, special_tokens=specials, show_progress=False
     )
-    return PreTrainedTokenizerFast(tokenizer_object=backend._tokenizer, bos_token=specials[0],
-                                   eos_token=specials[1], pad_token=specials[2])  # fmt: skip
+    return PreTrainedTokenizerFast(
+        tokenizer_object=backend._tokenizer,
+        bos_token=specials[0],
+        eos_token=specials[1],
+        pad_token=specials[2],
+    )
 
 
 @pytest.fixture(scope="module", params=["bpe", "wordpiece"])
@@ -97,8 +112,12 @@ def test_question_spans_decode_to_the_field_text(tokenizer):
 
 def test_spans_increase_inside_the_sequence_and_option_tokens_match(tokenizer):
     record = encode_record(tokenizer, STATE, questions(), max_len=1024)
-    flat = [edge for q_span, o_spans in zip(record.question_spans, record.option_spans)
-            for span in (q_span, *o_spans) for edge in span]  # fmt: skip
+    flat = [
+        edge
+        for q_span, o_spans in zip(record.question_spans, record.option_spans)
+        for span in (q_span, *o_spans)
+        for edge in span
+    ]
     assert flat == sorted(flat) and flat[0] > 0 and flat[-1] <= len(record)
     assert all(start < end for start, end in zip(flat[::2], flat[1::2]))
     for spans, tokens in zip(record.option_spans, record.option_tokens):
@@ -108,8 +127,14 @@ def test_spans_increase_inside_the_sequence_and_option_tokens_match(tokenizer):
 
 def test_layout_carries_state_descriptions_and_bos_but_never_eos(tokenizer):
     record = encode_record(tokenizer, STATE, questions(), max_len=1024)
-    for part in ('{"negative":"a bad tone","neutral":null,"positive":"a good tone"}', '"0":"none"', '["false","true"]',
-                 '{"false":"it does not","true":"it does"}', '"source":"review"', "Questions:\n- tone"):  # fmt: skip
+    for part in (
+        '{"negative":"a bad tone","neutral":null,"positive":"a good tone"}',
+        '"0":"none"',
+        '["false","true"]',
+        '{"false":"it does not","true":"it does"}',
+        '"source":"review"',
+        "Questions:\n- tone",
+    ):
         assert reads_containing(tokenizer, record.ids, part)
     assert not record.state_truncated and record.state_tokens > 0
     if tokenizer.bos_token_id is not None:
@@ -200,8 +225,10 @@ def test_collate_pads_records_with_different_question_and_option_counts(tokenize
     assert_batch_matches(batch, 1, big)
     assert_batch_matches(batch, 0, small)
     assert batch["question_spans"][0, 2:].eq(0).all() and batch["option_tokens"][0, 2:].eq(0).all()
-    assert all(t.dtype == (torch.bool if "mask" in n and n != "attention_mask" else torch.long)
-               for n, t in batch.items())  # fmt: skip
+    assert all(
+        t.dtype == (torch.bool if "mask" in n and n != "attention_mask" else torch.long)
+        for n, t in batch.items()
+    )
 
 
 def assert_batch_matches(batch: dict, row: int, record: EncodedRecord) -> None:
@@ -214,8 +241,11 @@ def assert_batch_matches(batch: dict, row: int, record: EncodedRecord) -> None:
             assert mask.sum().item() == len(option)
 
 
-LAYOUTS = {"in the sequence": {}, "fields apart": {"fields_apart": True},
-           "isolated": {"fields_apart": True, "isolated": True}}  # fmt: skip
+LAYOUTS = {
+    "in the sequence": {},
+    "fields apart": {"fields_apart": True},
+    "isolated": {"fields_apart": True, "isolated": True},
+}
 
 
 class CountingTokenizer:

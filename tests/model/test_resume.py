@@ -1,5 +1,6 @@
-"""Training checkpoints on a tiny model: a run stopped after its checkpoint and resumed in a fresh model ends where
-an uninterrupted run ends; a write cut short leaves the previous checkpoint; another config's is not resumed."""
+"""Training checkpoints on a tiny model: a run stopped after its checkpoint and resumed in a fresh model ends
+where an uninterrupted run ends; a write cut short leaves the previous checkpoint; another config's is not
+resumed."""
 
 from dataclasses import replace
 
@@ -19,9 +20,22 @@ from pipeline.training.loop import train
 
 CPU = torch.device("cpu")
 # LoRA dropout on, so a resume that did not restore the RNG states would draw other masks and drift.
-RESUMABLE = TrainConfig(method="lora", micro_batch=4, grad_accum=2, lora_r=4, lora_alpha=4, lora_dropout=0.1,
-                        lora_lr=5e-3, head_lr=1e-3, warmup_steps=2, max_steps=6, log_every=4,
-                        checkpoint_every_steps=3, checkpoint_every_minutes=0.0, precision="fp32")  # fmt: skip
+RESUMABLE = TrainConfig(
+    method="lora",
+    micro_batch=4,
+    grad_accum=2,
+    lora_r=4,
+    lora_alpha=4,
+    lora_dropout=0.1,
+    lora_lr=5e-3,
+    head_lr=1e-3,
+    warmup_steps=2,
+    max_steps=6,
+    log_every=4,
+    checkpoint_every_steps=3,
+    checkpoint_every_minutes=0.0,
+    precision="fp32",
+)
 
 
 @pytest.fixture(scope="module")
@@ -41,8 +55,15 @@ def _run(tiny_base, items, checkpoints=None, stop_after=None):
         if stop_after is not None and entry["step"] >= stop_after:
             cancel.cancel("test")
 
-    result = train(loaded.model, items, RESUMABLE, CPU, laya_batch_task(loaded.tokenizer.pad_token_id),
-                   RunHooks(on_log=on_log), RunControls(cancel=cancel, checkpoints=checkpoints))  # fmt: skip
+    result = train(
+        loaded.model,
+        items,
+        RESUMABLE,
+        CPU,
+        laya_batch_task(loaded.tokenizer.pad_token_id),
+        RunHooks(on_log=on_log),
+        RunControls(cancel=cancel, checkpoints=checkpoints),
+    )
     trained = {n: p.detach().clone() for n, p in loaded.model.named_parameters() if p.requires_grad}
     return result, trained
 
@@ -97,11 +118,15 @@ def test_another_configs_checkpoint_is_not_resumed(tiny_base, tiny_items, tmp_pa
 
 def test_checkpoints_fall_due_every_n_steps_or_m_minutes_and_at_the_end(tmp_path):
     now = [0.0]
-    saver = Checkpointer(tmp_path / "c.pt", replace(RESUMABLE, checkpoint_every_steps=10,
-                                                    checkpoint_every_minutes=1.0), clock=lambda: now[0])  # fmt: skip
+    saver = Checkpointer(
+        tmp_path / "c.pt",
+        replace(RESUMABLE, checkpoint_every_steps=10, checkpoint_every_minutes=1.0),
+        clock=lambda: now[0],
+    )
     assert [s for s in range(1, 31) if saver.due(s, 25)] == [10, 20, 25, 30]
     now[0] = 61.0  # a minute since the last save: due at any step
     assert saver.due(3, 25)
-    never_by_steps = Checkpointer(tmp_path / "c.pt", replace(RESUMABLE, checkpoint_every_steps=0,
-                                                             checkpoint_every_minutes=0.0))  # fmt: skip
+    never_by_steps = Checkpointer(
+        tmp_path / "c.pt", replace(RESUMABLE, checkpoint_every_steps=0, checkpoint_every_minutes=0.0)
+    )
     assert [s for s in range(1, 26) if never_by_steps.due(s, 25)] == [25]

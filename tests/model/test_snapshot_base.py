@@ -1,6 +1,7 @@
-"""`decision snapshot --from`: any base becomes a pinned input. A folder that loads as some family's base is copied
-whole into `--out` and pinned by real DVC (`dvc add`) inside a DVC repository; a folder that is no base, one that
-does not load, or a Hub id while offline is refused in one line, exit code 2, and `--out` is left as it was."""
+"""`decision snapshot --from`: any base becomes a pinned input. A folder that loads as some family's base is
+copied whole into `--out` and pinned by real DVC (`dvc add`) inside a DVC repository; a folder that is no
+base, one that does not load, or a Hub id while offline is refused in one line, exit code 2, and `--out` is
+left as it was."""
 
 import json
 import shutil
@@ -24,8 +25,13 @@ def repo(tmp_path):
     """An empty DVC repository (no git)."""
     folder = tmp_path / "repo"
     folder.mkdir()
-    done = subprocess.run([sys.executable, "-m", "dvc", "init", "--no-scm", "-q"], cwd=folder, capture_output=True,
-                          text=True, timeout=120)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-m", "dvc", "init", "--no-scm", "-q"],
+        cwd=folder,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 0, done.stderr
     return folder
 
@@ -88,8 +94,8 @@ def test_outside_a_dvc_repository_it_is_copied_and_said_unpinned(encoder, tmp_pa
     code, printed, _ = snapshot(capsys, encoder, tmp_path / "mine")
     assert code == 0 and files(tmp_path / "mine") == files(encoder)
     assert printed.splitlines() == [
-        f"{tmp_path / 'mine'}: joint family, a plain encoder folder (ModernBertModel): the joint head on its last "
-        "hidden states, each question apart",
+        f"{tmp_path / 'mine'}: joint family, a plain encoder folder (ModernBertModel): the joint head on its "
+        "last hidden states, each question apart",
         "outside a DVC repository: not pinned",
     ]
 
@@ -151,15 +157,17 @@ def test_a_hub_id_while_offline_is_refused_saying_what_to_do(repo, capsys, monke
     code, _, err = snapshot(capsys, "answerdotai/ModernBERT-base", "data/snapshots/modernbert")
     assert code == 2
     [line] = err.strip().splitlines()
-    assert line.startswith("decision snapshot: answerdotai/ModernBERT-base: a Hugging Face Hub id, and the Hub is "
-                           "offline here")  # fmt: skip
+    assert line.startswith(
+        "decision snapshot: answerdotai/ModernBERT-base: a Hugging Face Hub id, and the Hub is offline here"
+    )
     assert "hf download answerdotai/ModernBERT-base --local-dir DIR" in line
     assert not (repo / "data").exists()
 
 
 @pytest.fixture
 def git_repo(tmp_path):
-    """A git + DVC repository whose .gitignore hides the `.dvc` pin files of data/snapshots: `dvc add` refuses."""
+    """A git + DVC repository whose .gitignore hides the `.dvc` pin files of data/snapshots: `dvc add`
+    refuses."""
     folder = tmp_path / "gitrepo"
     folder.mkdir()
     for command in (["git", "init", "-q"], [sys.executable, "-m", "dvc", "init", "-q"]):
@@ -213,8 +221,8 @@ def test_an_out_inside_the_source_is_refused(encoder, tmp_path, capsys):
 
 
 def test_a_snapshot_in_the_project_s_layout_is_one_dvc_pushes(encoder, tmp_path, capsys):
-    # With the whole of data/snapshots/ ignored but its .dvc files, DVC took the folder as ignored and never read
-    # the .dvc files in it: `dvc push` left every snapshotted base out, and a teammate could not pull it.
+    # With the whole of data/snapshots/ ignored but its .dvc files, DVC took the folder as ignored and never
+    # read the .dvc files in it: `dvc push` left every snapshotted base out, and a teammate could not pull it.
     import shutil
 
     from dvc.repo import Repo
@@ -230,6 +238,10 @@ def test_a_snapshot_in_the_project_s_layout_is_one_dvc_pushes(encoder, tmp_path,
     with Repo(str(folder)) as repo:
         read = {Path(stage.path).relative_to(folder).as_posix() for stage in repo.index.stages}
     assert read == {"data/snapshots/mine.dvc"}
-    ignored = subprocess.run(["git", "check-ignore", "data/snapshots/mine/config.json", "data/snapshots/mine.dvc"],
-                             cwd=folder, capture_output=True, text=True)  # fmt: skip
+    ignored = subprocess.run(
+        ["git", "check-ignore", "data/snapshots/mine/config.json", "data/snapshots/mine.dvc"],
+        cwd=folder,
+        capture_output=True,
+        text=True,
+    )
     assert ignored.stdout.split() == ["data/snapshots/mine/config.json"]  # the bytes DVC's, the pin git's

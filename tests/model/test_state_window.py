@@ -1,6 +1,6 @@
 """A state longer than the model's window is counted, never cut silently: each family says per row how many of
-its state's tokens it keeps (`DecisionFamily.state_cuts`), and a fit sums that into `TrainRun.states`, says it in a
-progress line, and the flow logs it to MLflow (`tracking.run_metrics`)."""
+its state's tokens it keeps (`DecisionFamily.state_cuts`), and a fit sums that into `TrainRun.states`, says it
+in a progress line, and the flow logs it to MLflow (`tracking.run_metrics`)."""
 
 from dataclasses import replace
 
@@ -19,8 +19,16 @@ from tests.results import run_result
 from tests.tiny import JOINT_HEAD, load_joint_on, synthetic_records, write_tiny_causal_lm
 
 LONG = 500  # words: far beyond every tiny model's window
-LAYA_RUN = TrainConfig(method="lora", max_steps=2, micro_batch=4, grad_accum=1, lora_r=4, lora_alpha=8,
-                       log_every=1, precision="fp32")  # fmt: skip
+LAYA_RUN = TrainConfig(
+    method="lora",
+    max_steps=2,
+    micro_batch=4,
+    grad_accum=1,
+    lora_r=4,
+    lora_alpha=8,
+    log_every=1,
+    precision="fp32",
+)
 
 
 def _rows(long_rows: int, short_rows: int) -> list:
@@ -46,8 +54,10 @@ def test_laya_counts_a_long_state_and_not_a_short_one(tiny_base):
     examples, _ = family.build_examples(loaded, records)
     long_cut, short_cut = family.state_cuts(examples)
     # laya's own measure of each question's room; the row counts the question that left it the least
-    room = min(state_room(loaded.tokenizer, internal_question(d.question), loaded.max_len, loaded.head_max_len)
-               for d in records[0].decisions)  # fmt: skip
+    room = min(
+        state_room(loaded.tokenizer, internal_question(d.question), loaded.max_len, loaded.head_max_len)
+        for d in records[0].decisions
+    )
     assert long_cut.tokens == _tokens(loaded.tokenizer, records[0].state) == LONG
     assert (long_cut.kept, long_cut.room, long_cut.dropped) == (room, room, LONG - room)
     assert short_cut.tokens == _tokens(loaded.tokenizer, records[1].state) and short_cut.dropped == 0
@@ -61,8 +71,10 @@ def test_joint_on_an_encoder_keeps_max_len_less_cls_and_sep(tiny_base):
     window = loaded.layout.max_len - 2
     assert len(cuts) == 3 and cuts[0].tokens == LONG and cuts[0].room == window
     assert cuts[0].kept == window and cuts[0].dropped == LONG - window
-    assert all(cut.dropped == 0 and cut.kept == _tokens(loaded.tokenizer, r.state)
-               for cut, r in zip(cuts[1:], records[1:]))  # fmt: skip
+    assert all(
+        cut.dropped == 0 and cut.kept == _tokens(loaded.tokenizer, r.state)
+        for cut, r in zip(cuts[1:], records[1:])
+    )
 
 
 def test_joint_on_a_causal_lm_counts_the_question_that_left_the_least(tmp_path):
@@ -81,7 +93,8 @@ def test_joint_on_a_causal_lm_counts_the_question_that_left_the_least(tmp_path):
 
 
 def _write_rows(path, long_rows: int):
-    """24 synthetic rows of short states (they fit every tiny window), the first `long_rows` made LONG words."""
+    """24 synthetic rows of short states (they fit every tiny window), the first `long_rows` made LONG
+    words."""
     rows = synthetic.generate_rows(24, 0, 0, 40)
     for row in rows[:long_rows]:
         row["state"] = " ".join(["great"] * LONG)
@@ -105,8 +118,10 @@ def test_a_fit_records_the_states_in_its_run_its_line_and_its_mlflow_metrics(
     assert states.rows == 24 and states.rows_truncated == 5 and states.longest_tokens == LONG
     assert states.tokens_dropped >= 5 * (LONG - states.widest_window) > 0 and states.truncation == "end"
     said = [line for line in lines if line.startswith("states: ")]
-    assert said == [f"states: 5 of 24 rows longer than {_window(states)}; {states.tokens_dropped:,} tokens "
-                    "dropped from their ends"]  # fmt: skip
+    assert said == [
+        f"states: 5 of 24 rows longer than {_window(states)}; {states.tokens_dropped:,} tokens "
+        "dropped from their ends"
+    ]
     described = trained.run.to_dict()  # train.json and --json
     assert described["states"]["rows_truncated"] == 5 and TrainRun.from_dict(described).states == states
     metrics = run_metrics(run_result(train=TrainRun.from_dict(described)))
@@ -116,8 +131,13 @@ def test_a_fit_records_the_states_in_its_run_its_line_and_its_mlflow_metrics(
 
 def test_short_states_are_said_to_fit(tiny_base, tmp_path):
     lines = []
-    trained = fit(TrainSource(_write_rows(tmp_path / "rows.jsonl", 0)).validated(), tiny_base, replace(LAYA_RUN, max_steps=1), "cpu",
-                  RunHooks(report=lines.append))  # fmt: skip
+    trained = fit(
+        TrainSource(_write_rows(tmp_path / "rows.jsonl", 0)).validated(),
+        tiny_base,
+        replace(LAYA_RUN, max_steps=1),
+        "cpu",
+        RunHooks(report=lines.append),
+    )
     assert trained.run.states.rows_truncated == trained.run.states.tokens_dropped == 0
     longest = trained.run.states.longest_tokens
     assert (
@@ -148,8 +168,9 @@ def test_joint_reads_a_long_state_in_windows_of_its_sequence_length(tiny_base):
     windows = [ids[start : start + width] for start in range(0, len(ids), width)]
     assert len(windows) == 3 and all(len(w) == width for w in windows)
     assert all(w[0] == tokenizer.cls_token_id and w[-1] == tokenizer.sep_token_id for w in windows)
-    assert [t for w in windows for t in w[1:-1]] == tokenizer(state_text(records[0].state),
-                                                              add_special_tokens=False)["input_ids"][: 3 * (width - 2)]  # fmt: skip
+    assert [t for w in windows for t in w[1:-1]] == tokenizer(
+        state_text(records[0].state), add_special_tokens=False
+    )["input_ids"][: 3 * (width - 2)]
     short, _ = family.build_examples(one_window, records[1:])
     assert examples[1].record == short[0].record  # a state that fits reads as it always did
 

@@ -27,8 +27,16 @@ from pipeline.training.loop import (
 )
 
 CPU = torch.device("cpu")
-FAST = TrainConfig(method="full", micro_batch=4, grad_accum=2, full_lr=1e-3, head_lr=1e-3, lora_r=4,
-                   log_every=2, precision="fp32")  # fmt: skip
+FAST = TrainConfig(
+    method="full",
+    micro_batch=4,
+    grad_accum=2,
+    full_lr=1e-3,
+    head_lr=1e-3,
+    lora_r=4,
+    log_every=2,
+    precision="fp32",
+)
 
 
 @pytest.fixture(scope="module")
@@ -200,8 +208,24 @@ def test_decision_train_cli_saves_a_fine_tune(tiny_base, synthetic_train_file, t
     params = tmp_path / "params.yaml"
     params.write_text("train:\n  micro_batch: 4\n  grad_accum: 2\n  lora_r: 4\n  precision: fp32\n")
     out = tmp_path / method
-    code = main(["train", "--data", str(synthetic_train_file), "--base", str(tiny_base), "--out", str(out),
-                 "--method", method, "--max-steps", "3", "--params", str(params), "--json"])  # fmt: skip
+    code = main(
+        [
+            "train",
+            "--data",
+            str(synthetic_train_file),
+            "--base",
+            str(tiny_base),
+            "--out",
+            str(out),
+            "--method",
+            method,
+            "--max-steps",
+            "3",
+            "--params",
+            str(params),
+            "--json",
+        ]
+    )
     assert code == 0
     run = json.loads(capsys.readouterr().out)
     assert run["steps"] == 3 and run["saved_to"] == str(out)
@@ -243,8 +267,14 @@ def test_training_compiled_on_cpu_warms_up_once_and_matches_eager(tiny_base, tin
         monkeypatch.setenv("DECISION_COMPILE", forced)
         loaded = _fresh(tiny_base, config)
         names = [n for n, _ in loaded.model.named_parameters()]
-        result = train(loaded.model, tiny_items, config, CPU, laya_batch_task(loaded.tokenizer.pad_token_id),
-                       controls=RunControls(compile=compile_config))  # fmt: skip
+        result = train(
+            loaded.model,
+            tiny_items,
+            config,
+            CPU,
+            laya_batch_task(loaded.tokenizer.pad_token_id),
+            controls=RunControls(compile=compile_config),
+        )
         losses[forced] = [loss for _, loss in result.losses]
         assert result.compile["enabled"] is (forced == "1")
         assert [n for n, _ in loaded.model.named_parameters()] == names
@@ -262,14 +292,21 @@ def test_a_failing_compile_still_trains_eagerly(tiny_base, tiny_items, monkeypat
     monkeypatch.setattr(torch.nn.Module, "compile", broken_compile)
     config = replace(FAST, max_steps=3)
     loaded = _fresh(tiny_base, config)
-    result = train(loaded.model, tiny_items, config, CPU, laya_batch_task(loaded.tokenizer.pad_token_id),
-                   controls=RunControls(compile=CompileConfig(bucket=16, max_static_len=128, backend="aot_eager")))  # fmt: skip
+    result = train(
+        loaded.model,
+        tiny_items,
+        config,
+        CPU,
+        laya_batch_task(loaded.tokenizer.pad_token_id),
+        controls=RunControls(compile=CompileConfig(bucket=16, max_static_len=128, backend="aot_eager")),
+    )
     assert result.steps == 3 and not result.compile["enabled"]
     assert "no compiler here" in result.compile["fallback_error"]
 
 
 def test_a_signal_sets_the_cancel_flag_and_the_old_handler_comes_back():
-    # In a fresh interpreter: in the whole suite's process a SIGINT crashed the interpreter (rc 139), not here.
+    # In a fresh interpreter: in the whole suite's process a SIGINT crashed the interpreter (rc 139), not
+    # here.
     import subprocess
     import sys
 

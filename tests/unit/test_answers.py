@@ -1,4 +1,5 @@
-"""Answer shaping (docs/serving.md): the Jev confidence, x_ extras, noul without confidence, 4-decimal figures."""
+"""Answer shaping (docs/serving.md): the Jev confidence, x_ extras, noul without confidence, 4-decimal
+figures."""
 
 import numpy as np
 import pytest
@@ -32,9 +33,13 @@ def test_a_near_uniform_answer_is_never_below_zero_or_above_one():
 
 def test_choice_answers_carry_the_jev_confidence_and_the_top_probability():
     answer = shape_answer(CHOICE, np.asarray([0.6, 0.3, 0.1]))
-    assert answer == {"type": "choice", "choice": "negative",
-                      "probabilities": {"negative": 0.6, "neutral": 0.3, "positive": 0.1},
-                      "confidence": 0.4, "x_top_probability": 0.6}  # fmt: skip
+    assert answer == {
+        "type": "choice",
+        "choice": "negative",
+        "probabilities": {"negative": 0.6, "neutral": 0.3, "positive": 0.1},
+        "confidence": 0.4,
+        "x_top_probability": 0.6,
+    }
     assert shape_answer(CHOICE, np.full(3, 1 / 3))["confidence"] == 0.0
 
 
@@ -52,8 +57,11 @@ def test_noul_answers_have_no_confidence_only_the_x_extra():
 
 
 def test_every_extra_starts_with_x_and_every_figure_has_four_decimals():
-    jev_fields = {"choice": {"type", "choice", "probabilities", "confidence"},
-                  "score": {"type", "score", "legend", "probabilities", "confidence"}, "noul": {"type", "noul"}}  # fmt: skip
+    jev_fields = {
+        "choice": {"type", "choice", "probabilities", "confidence"},
+        "score": {"type", "score", "legend", "probabilities", "confidence"},
+        "noul": {"type", "noul"},
+    }
     rng = np.random.default_rng(0)
     for question in (CHOICE, SCORE, NOUL):
         answer = shape_answer(question, rng.dirichlet(np.ones(len(question.options))))

@@ -132,22 +132,32 @@ def test_no_module_outside_families_imports_a_familys_modules():
     """A third family touches only `families/`: stages, serving, the CLI and the flows reach a family through
     the interface (`pipeline.families`), never through its own modules. No exception is needed."""
     modules, edges, _ = _graph()
-    reached = [f"{m} imports {t}" for m in modules if not m.startswith("pipeline.families")
-               for t in edges[m] if _family_of(t)]  # fmt: skip
+    reached = [
+        f"{m} imports {t}"
+        for m in modules
+        if not m.startswith("pipeline.families")
+        for t in edges[m]
+        if _family_of(t)
+    ]
     assert reached == []
 
 
 def test_sibling_families_do_not_import_each_other():
     """What both families read (the Laya layout, layer plans, forward-pass helpers) sits below both."""
     modules, edges, _ = _graph()
-    across = [f"{m} imports {t}" for m in modules if _family_of(m)
-              for t in edges[m] if _family_of(t) and _family_of(t) != _family_of(m)]  # fmt: skip
+    across = [
+        f"{m} imports {t}"
+        for m in modules
+        if _family_of(m)
+        for t in edges[m]
+        if _family_of(t) and _family_of(t) != _family_of(m)
+    ]
     assert across == []
 
 
 def test_the_family_packages_are_those_of_the_registered_families():
-    """The rules above guard the packages the registry's families live in: a third family is guarded once it is
-    registered, and `families/runtimes/` is not one."""
+    """The rules above guard the packages the registry's families live in: a third family is guarded once it
+    is registered, and `families/runtimes/` is not one."""
     from pipeline.families import FAMILIES
 
     packages = {type(family).__module__.rpartition(".")[0] for family in FAMILIES.values()}

@@ -31,8 +31,13 @@ def _rows(n: int, seed: int, questions=None) -> list[dict]:
     for i in range(n):
         mood = ["glad", "sad"][i % 2]
         filler = " ".join(rng.choice(["the", "day", "was", "quite", "really", "today"], size=4))
-        rows.append({"state": f"{filler} {rng.choice(WORDS[mood])} {filler}", "questions": questions or {"mood": MOOD},
-                     "gold": {"mood": mood} | ({"topic": "food"} if questions else {})})  # fmt: skip
+        rows.append(
+            {
+                "state": f"{filler} {rng.choice(WORDS[mood])} {filler}",
+                "questions": questions or {"mood": MOOD},
+                "gold": {"mood": mood} | ({"topic": "food"} if questions else {}),
+            }
+        )
     return rows
 
 
@@ -77,8 +82,12 @@ def test_states_that_share_no_counted_word_fall_back_to_the_label_frequencies(st
 
 def test_a_label_beyond_a_held_out_questions_options_is_dropped_not_an_error():
     wide = {"mood": {**MOOD, "criteria": {"glad": None, "sad": None, "calm": None}}}
-    train = _records([{**row, "gold": {"mood": "calm" if i % 3 == 0 else row["gold"]["mood"]}, "questions": wide}
-                      for i, row in enumerate(_rows(60, 0))])  # fmt: skip
+    train = _records(
+        [
+            {**row, "gold": {"mood": "calm" if i % 3 == 0 else row["gold"]["mood"]}, "questions": wide}
+            for i, row in enumerate(_rows(60, 0))
+        ]
+    )
     heldout = _records(_rows(10, 1))  # the same id asked with two options
     words = bag_of_words(train, heldout, gold_decisions(heldout), max_rows=20_000)
     assert all(len(p) == 2 and np.isclose(p.sum(), 1.0) for p in words.probabilities)
@@ -122,8 +131,13 @@ def test_long_states_are_read_up_to_a_character_budget_on_rows_spread_over_the_f
 
 def test_gold_decisions_score_a_soft_gold_against_its_distribution_and_a_hard_one_one_hot():
     level = {"type": "score", "instructions": "How urgent?", "criteria": ["low", "mid", "high"]}
-    rows = [{"state": "late parcel", "questions": {"mood": MOOD, "urgency": level},
-             "gold": {"mood": "sad", "urgency": {"label": 1, "probabilities": [0.2, 0.5, 0.3]}}}]  # fmt: skip
+    rows = [
+        {
+            "state": "late parcel",
+            "questions": {"mood": MOOD, "urgency": level},
+            "gold": {"mood": "sad", "urgency": {"label": 1, "probabilities": [0.2, 0.5, 0.3]}},
+        }
+    ]
     mood, urgency = gold_decisions(_records(rows))
     assert (mood.label, mood.target, mood.soft, mood.record) == (1, (0.0, 1.0), False, 0)
     assert (urgency.label, urgency.target, urgency.soft) == (1, (0.2, 0.5, 0.3), True)

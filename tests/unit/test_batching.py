@@ -1,4 +1,5 @@
-"""The micro-batcher: a batch that raises is run again one job at a time, so only the job that raises fails."""
+"""The micro-batcher: a batch that raises is run again one job at a time, so only the job that raises
+fails."""
 
 import asyncio
 import threading
@@ -21,8 +22,9 @@ def test_a_job_that_breaks_its_batch_fails_alone_and_its_batch_mates_are_answere
         batcher = MicroBatcher(run_batch, max_items=8, max_wait_s=0.05)
         batcher.start()
         try:
-            return await asyncio.gather(*(batcher.submit("model", p, 1) for p in ["a", "poison", "b"]),
-                                        return_exceptions=True)  # fmt: skip
+            return await asyncio.gather(
+                *(batcher.submit("model", p, 1) for p in ["a", "poison", "b"]), return_exceptions=True
+            )
         finally:
             await batcher.stop()
 
@@ -51,8 +53,8 @@ def test_a_batch_that_succeeds_runs_once(n):
 
 
 def _held_batcher(max_items: int, max_queue: int = 256):
-    """A batcher whose first batch waits for `release`, so that what is submitted meanwhile queues up; `batches`
-    records the payloads of every batch run."""
+    """A batcher whose first batch waits for `release`, so that what is submitted meanwhile queues up;
+    `batches` records the payloads of every batch run."""
     release, batches = threading.Event(), []
 
     def run_batch(key, payloads):

@@ -1,4 +1,5 @@
-"""The calibration report's bootstrap interval and classwise ECE, split-conformal sets, and the paired NLL test."""
+"""The calibration report's bootstrap interval and classwise ECE, split-conformal sets, and the paired NLL
+test."""
 
 import numpy as np
 import pytest
@@ -16,8 +17,10 @@ def _sample(rng, n, k=3, temperature=1.0, per_record=1, qtype=0):
     """Probabilities and labels drawn from softmax(z / temperature): calibrated at temperature 1."""
     logits = [rng.normal(0, 2.0, size=k) for _ in range(n)]
     labels = [int(rng.choice(k, p=softmax(z))) for z in logits]
-    decisions = [ScoredDecision(qtype, y, i // per_record, f"q{i % per_record}", tuple(np.eye(k)[y]))
-                 for i, y in enumerate(labels)]  # fmt: skip
+    decisions = [
+        ScoredDecision(qtype, y, i // per_record, f"q{i % per_record}", tuple(np.eye(k)[y]))
+        for i, y in enumerate(labels)
+    ]
     return decisions, [softmax(z, temperature) for z in logits], logits
 
 
@@ -31,9 +34,10 @@ def test_the_ece_interval_holds_the_point_and_narrows_with_more_records():
 
 
 def test_the_ece_interval_holds_the_point_on_small_well_calibrated_sets():
-    # A resample's ECE exceeds the sample's on average, most where the ECE is small: a plain percentile interval
-    # of 240 calibrated decisions lay wholly above the ECE it was printed beside ("0.0374 [0.0394, 0.1067]").
-    # The plain percentile interval missed its ECE on 3 of these 20 seeds at 240 decisions, and 3 of 20 at 120.
+    # A resample's ECE exceeds the sample's on average, most where the ECE is small: a plain percentile
+    # interval of 240 calibrated decisions lay wholly above the ECE it was printed beside ("0.0374 [0.0394,
+    # 0.1067]"). The plain percentile interval missed its ECE on 3 of these 20 seeds at 240 decisions, and 3
+    # of 20 at 120.
     for seed in range(20):
         for n, spread in ((240, 1.0), (120, 0.5)):
             rng = np.random.default_rng(seed)
@@ -109,8 +113,8 @@ def test_with_groups_the_intervals_draw_whole_groups():
 
 
 def test_a_challenger_better_on_one_group_only_is_not_promoted_when_the_rows_have_groups():
-    """The challenger gains on 1 of 20 speakers (50 of 1,000 rows): row by row that looks sure, group by group it
-    is one draw of 20."""
+    """The challenger gains on 1 of 20 speakers (50 of 1,000 rows): row by row that looks sure, group by group
+    it is one draw of 20."""
     rng = np.random.default_rng(8)
     decisions, champion, _ = _sample(rng, 1000, k=3)
     groups = [f"speaker {i // 50}" for i in range(1000)]

@@ -75,9 +75,15 @@ def test_decision_monitor_runs_the_flow_module_with_its_options(monkeypatch):
     assert main(["monitor", "--model", "tickets@champion", "--window-hours", "6", "--json", "-q"]) == 3
     [launch] = launched
     assert launch.module == "flows.monitor"
-    assert launch.parameters == {"model": "tickets@champion", "inference": None, "window_hours": 6.0,
-                                 "window_end": None, "reference": None, "params_file": "params.yaml",
-                                 "run_config": None}  # fmt: skip
+    assert launch.parameters == {
+        "model": "tickets@champion",
+        "inference": None,
+        "window_hours": 6.0,
+        "window_end": None,
+        "reference": None,
+        "params_file": "params.yaml",
+        "run_config": None,
+    }
     assert launch.env["PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL"] == "WARNING"  # --quiet
 
 
@@ -101,10 +107,14 @@ def test_the_monitor_watches_the_runs_champion_unless_told_another_model(tmp_pat
 
 
 def test_commands_that_load_the_mlflow_model_say_nothing_about_type_hints():
-    # MLflow warns at the pyfunc's class definition when `predict` has no hints, past any warnings filter; a user
-    # of `decision predict` or `decision register` would see it in yellow on every call.
-    done = subprocess.run([sys.executable, "-W", "default", "-c", "import pipeline.mlops.pyfunc"],
-                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    # MLflow warns at the pyfunc's class definition when `predict` has no hints, past any warnings filter; a
+    # user of `decision predict` or `decision register` would see it in yellow on every call.
+    done = subprocess.run(
+        [sys.executable, "-W", "default", "-c", "import pipeline.mlops.pyfunc"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 0, done.stderr
     assert "type hints" not in done.stderr, done.stderr
 
@@ -126,10 +136,23 @@ def user_files(tmp_path):
     return tmp_path
 
 
-@pytest.mark.parametrize("command", [["train", "--data", "d", "--base", "b"], ["finetune", "--data", "d", "--base", "b"],
-                                     ["export", "--adapter", "a"], ["snapshot", "--from", "s"]])  # fmt: skip
-@pytest.mark.parametrize(("out", "said"), [("rows.jsonl", "a file"), ("notes", "a folder of other files (todo.txt)"),
-                                           ("rows.jsonl/x", "is a file, so no folder can be made")])  # fmt: skip
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["train", "--data", "d", "--base", "b"],
+        ["finetune", "--data", "d", "--base", "b"],
+        ["export", "--adapter", "a"],
+        ["snapshot", "--from", "s"],
+    ],
+)
+@pytest.mark.parametrize(
+    ("out", "said"),
+    [
+        ("rows.jsonl", "a file"),
+        ("notes", "a folder of other files (todo.txt)"),
+        ("rows.jsonl/x", "is a file, so no folder can be made"),
+    ],
+)
 def test_a_model_is_never_written_over_a_user_s_file_or_folder(user_files, capsys, command, out, said):
     with pytest.raises(SystemExit) as exit_:
         main([*command, "--out", str(user_files / out)])
@@ -158,11 +181,14 @@ def test_predict_refuses_an_out_that_is_its_data_or_a_folder_before_loading_a_mo
 
 
 def test_register_refuses_a_folder_that_is_no_export_and_a_name_mlflow_cannot_take(user_files, capsys):
-    # A name with a space was registered, then needed quoting in every models:/ URI; `decision init` refused it.
-    for args, said in ((["--export", str(user_files / "notes")], "not a complete export"),
-                       (["--name", "a/b", "--export", str(user_files)], "no spaces, '/', ':' or '@'"),
-                       (["--name", "has space", "--export", str(user_files)], "no spaces, '/', ':' or '@'"),
-                       (["--name", "a@b", "--export", str(user_files)], "no spaces, '/', ':' or '@'")):  # fmt: skip
+    # A name with a space was registered, then needed quoting in every models:/ URI; `decision init` refused
+    # it.
+    for args, said in (
+        (["--export", str(user_files / "notes")], "not a complete export"),
+        (["--name", "a/b", "--export", str(user_files)], "no spaces, '/', ':' or '@'"),
+        (["--name", "has space", "--export", str(user_files)], "no spaces, '/', ':' or '@'"),
+        (["--name", "a@b", "--export", str(user_files)], "no spaces, '/', ':' or '@'"),
+    ):
         with pytest.raises(SystemExit) as exit_:
             main(["register", *args])
         assert exit_.value.code == 2 and said in capsys.readouterr().err
@@ -240,11 +266,16 @@ def test_a_missing_shadow_or_finetunes_folder_or_a_taken_port_is_refused_before_
             assert len(err) == 1 and said in err[0], (flag, err)
 
 
-@pytest.mark.parametrize("command", [["train", "--data", "d", "--base", "b", "--out", "o"],
-                                     ["finetune", "--data", "d", "--base", "b", "--out", "o"],
-                                     ["review", "--model", "m", "--out", "queue.jsonl"],
-                                     ["smoke", "--url", "http://127.0.0.1:9", "--data", "d"],
-                                     ["feedback", "import", "labels.jsonl"]])  # fmt: skip
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["train", "--data", "d", "--base", "b", "--out", "o"],
+        ["finetune", "--data", "d", "--base", "b", "--out", "o"],
+        ["review", "--model", "m", "--out", "queue.jsonl"],
+        ["smoke", "--url", "http://127.0.0.1:9", "--data", "d"],
+        ["feedback", "import", "labels.jsonl"],
+    ],
+)
 def test_a_bad_params_file_is_one_line_naming_it_and_its_key_exit_two(tmp_path, capsys, monkeypatch, command):
     from pathlib import Path
 
@@ -290,13 +321,33 @@ def test_the_comparison_table_never_cuts_a_number_short(columns, monkeypatch, ca
         monkeypatch.setenv("COLUMNS", columns)  # a narrow terminal
     else:
         monkeypatch.delenv("COLUMNS", raising=False)  # a log or a pipe: wide enough for the whole table
-    question = SimpleNamespace(question="all", decisions=239, accuracy_a=0.6234, accuracy_b=0.6820,
-                               accuracy_gain=0.0586, accuracy_gain_low=0.0123, accuracy_gain_high=0.1046,
-                               nll_a=0.7730, nll_b=0.7012, nll_gain=0.0718, nll_gain_low=0.0301,
-                               nll_gain_high=0.1190, verdict="B more accurate and better calibrated")  # fmt: skip
-    print_comparison(SimpleNamespace(confidence=0.95, a="runs/fly/1/export", b="models:/fly@champion", rows=60,
-                                     data="data/fly", records=60, questions=[question],
-                                     served_as=("fly-joint-1a2b3c4d", "fly/2")))  # fmt: skip
+    question = SimpleNamespace(
+        question="all",
+        decisions=239,
+        accuracy_a=0.6234,
+        accuracy_b=0.6820,
+        accuracy_gain=0.0586,
+        accuracy_gain_low=0.0123,
+        accuracy_gain_high=0.1046,
+        nll_a=0.7730,
+        nll_b=0.7012,
+        nll_gain=0.0718,
+        nll_gain_low=0.0301,
+        nll_gain_high=0.1190,
+        verdict="B more accurate and better calibrated",
+    )
+    print_comparison(
+        SimpleNamespace(
+            confidence=0.95,
+            a="runs/fly/1/export",
+            b="models:/fly@champion",
+            rows=60,
+            data="data/fly",
+            records=60,
+            questions=[question],
+            served_as=("fly-joint-1a2b3c4d", "fly/2"),
+        )
+    )
     printed = capsys.readouterr().out
     joined = " ".join(printed.split())
     assert (
@@ -403,7 +454,8 @@ def test_repeat_best_is_zero_or_a_number_of_seeds(capsys):
 
 
 def test_export_never_writes_over_the_base_or_the_fine_tune_it_exports(tiny_base, tmp_path, capsys):
-    # export --out BASE replaced the pinned base with the merged export, and --out ADAPTER deleted the fine-tune.
+    # export --out BASE replaced the pinned base with the merged export, and --out ADAPTER deleted the
+    # fine-tune.
     finetune, base = tmp_path / "finetune", Path(shutil.copytree(tiny_base, tmp_path / "base"))
     shutil.copytree(tiny_base, finetune)  # a Laya-layout model this project did not export (no manifest)
     before = {folder: sorted(p.name for p in folder.rglob("*")) for folder in (base, finetune)}
@@ -421,9 +473,12 @@ def test_export_never_writes_over_the_base_or_the_fine_tune_it_exports(tiny_base
 
 @pytest.mark.parametrize(
     ("run_dir", "said"),
-    [("export", "inside --out, which the export replaces whole"), ("export/run", "inside --out"),
-     ("/proc/run", "no folder can be made in /proc")],
-)  # fmt: skip
+    [
+        ("export", "inside --out, which the export replaces whole"),
+        ("export/run", "inside --out"),
+        ("/proc/run", "no folder can be made in /proc"),
+    ],
+)
 def test_finetune_refuses_a_run_folder_the_export_would_replace_or_no_place_holds(
     run_dir, said, tmp_path, capsys
 ):
@@ -444,9 +499,13 @@ def test_finetune_refuses_a_run_folder_the_export_would_replace_or_no_place_hold
 
 @pytest.mark.parametrize(
     ("flag", "value", "said"),
-    [("--plots", "a-file", "a file; the plots go into a folder"), ("--plots", "/proc/plots", "no folder can be made"),
-     ("--conformal", "0", "expected a miscoverage between 0 and 1"), ("--conformal", "nan", "expected a miscoverage")],
-)  # fmt: skip
+    [
+        ("--plots", "a-file", "a file; the plots go into a folder"),
+        ("--plots", "/proc/plots", "no folder can be made"),
+        ("--conformal", "0", "expected a miscoverage between 0 and 1"),
+        ("--conformal", "nan", "expected a miscoverage"),
+    ],
+)
 def test_evaluate_refuses_a_plots_place_or_a_miscoverage_before_scoring(flag, value, said, tmp_path, capsys):
     (tmp_path / "a-file").write_text("")
     where = str(tmp_path / value) if value == "a-file" else value
@@ -456,8 +515,9 @@ def test_evaluate_refuses_a_plots_place_or_a_miscoverage_before_scoring(flag, va
 
 
 @pytest.mark.parametrize("model", ["models:/decision-model/abc", "models:/", "nope", "a-file"])
-def test_a_model_that_is_not_there_is_exit_2_for_evaluate_as_for_predict(model, synthetic_train_file, tmp_path,
-                                                                          capsys, monkeypatch):  # fmt: skip
+def test_a_model_that_is_not_there_is_exit_2_for_evaluate_as_for_predict(
+    model, synthetic_train_file, tmp_path, capsys, monkeypatch
+):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "a-file").write_text("")
     rows = tmp_path / "rows.jsonl"
@@ -468,10 +528,13 @@ def test_a_model_that_is_not_there_is_exit_2_for_evaluate_as_for_predict(model, 
 
 
 def test_the_inference_log_must_be_a_folder_the_server_can_write_before_a_model_loads(tmp_path, capsys):
-    # A read-only place served requests and dropped every decision at each flush: feedback and harvest got none.
+    # A read-only place served requests and dropped every decision at each flush: feedback and harvest got
+    # none.
     (tmp_path / "a-file").write_text("")
-    for where, said in ((tmp_path / "a-file", "a file; the inference log is a folder"),
-                        (Path("/proc/inference"), "no folder can be made in /proc")):  # fmt: skip
+    for where, said in (
+        (tmp_path / "a-file", "a file; the inference log is a folder"),
+        (Path("/proc/inference"), "no folder can be made in /proc"),
+    ):
         assert main(["serve", "--model", str(tmp_path), "--inference-log", str(where)]) == 2
         [line] = capsys.readouterr().err.strip().splitlines()
         assert f"--inference-log {where}: {said}" in line, line
@@ -479,9 +542,12 @@ def test_the_inference_log_must_be_a_folder_the_server_can_write_before_a_model_
 
 @pytest.mark.parametrize(
     ("write", "said"),
-    [("/proc/x/rows.jsonl", "no folder can be made in /proc"), ("a-file/rows.jsonl", "is a file"),
-     (".", "a folder; give the file to write")],
-)  # fmt: skip
+    [
+        ("/proc/x/rows.jsonl", "no folder can be made in /proc"),
+        ("a-file/rows.jsonl", "is a file"),
+        (".", "a folder; give the file to write"),
+    ],
+)
 def test_map_refuses_a_write_place_that_takes_no_file_before_reading_rows(write, said, tmp_path, capsys):
     table = tmp_path / "table.csv"
     table.write_text("text,label\nhello,pos\nbad day,neg\n")

@@ -1,4 +1,5 @@
-"""A value of the wrong type in params.yaml (or a run config) is refused by `section.key` before any stage runs."""
+"""A value of the wrong type in params.yaml (or a run config) is refused by `section.key` before any stage
+runs."""
 
 import re
 
@@ -114,8 +115,11 @@ def test_the_monitor_section_ships_its_defaults_and_checks_its_ranges(project_ro
     params = load_params(project_root / "params.yaml")
     monitor = params.monitor
     assert (monitor.inference, monitor.window_hours, monitor.drift_share, monitor.min_decisions) == (
-        None, 24.0, 0.5, 100
-    )  # fmt: skip
+        None,
+        24.0,
+        0.5,
+        100,
+    )
     assert params.flywheel.inference == "inference"  # what the monitor reads when its own is null
     with pytest.raises(ConfigError, match=re.escape("monitor.drift_share: must lie in (0, 1], got 1.5")):
         section_config("monitor", {"drift_share": 1.5})

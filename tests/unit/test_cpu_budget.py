@@ -1,6 +1,6 @@
-"""torch's threads follow the CPU a process really has: its affinity mask and its cgroup's CPU quota (v2 and v1,
-read from a fake /proc/self and /sys/fs/cgroup here), one setting overrides them, and workers or ranks divide the
-budget between them."""
+"""torch's threads follow the CPU a process really has: its affinity mask and its cgroup's CPU quota (v2 and
+v1, read from a fake /proc/self and /sys/fs/cgroup here), one setting overrides them, and workers or ranks
+divide the budget between them."""
 
 import pytest
 import torch
@@ -76,8 +76,13 @@ def test_a_quota_above_the_affinity_mask_leaves_the_mask(cores, tree):
 def test_a_v1_quota_over_its_period_gives_the_threads(cores, tree):
     cores(4)
     membership = "5:memory:/docker/ab\n4:cpu,cpuacct:/docker/ab\n0::/\n"
-    files = tree(membership, {"cpu,cpuacct/docker/ab/cpu.cfs_quota_us": "200000\n",
-                              "cpu,cpuacct/docker/ab/cpu.cfs_period_us": "100000\n"})  # fmt: skip
+    files = tree(
+        membership,
+        {
+            "cpu,cpuacct/docker/ab/cpu.cfs_quota_us": "200000\n",
+            "cpu,cpuacct/docker/ab/cpu.cfs_period_us": "100000\n",
+        },
+    )
     assert usable_cpus(files) == CpuBudget(2, "cgroup v1 quota 2 cpu (affinity 4)", automatic=True)
 
 
@@ -88,7 +93,8 @@ def test_a_v1_quota_of_minus_one_is_no_limit(cores, tree):
 
 
 def test_a_container_that_mounts_only_its_own_v1_cgroup_reads_the_mount(cores, tree):
-    """/proc/self/cgroup names the host's path; the container's mount holds only its own cgroup, at the top."""
+    """/proc/self/cgroup names the host's path; the container's mount holds only its own cgroup, at the
+    top."""
     cores(4)
     files = tree(
         "3:cpu:/docker/0123abcd\n", {"cpu/cpu.cfs_quota_us": "100000\n", "cpu/cpu.cfs_period_us": "100000\n"}

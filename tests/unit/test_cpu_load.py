@@ -1,6 +1,6 @@
-"""A process whose thread budget was found (not set) runs fewer torch threads while other processes keep some of
-its cores busy, and back up when they stop: other processes' load is read from /proc/stat per core (a fake one
-here, and the real one beside a real busy process), less this process's own CPU time."""
+"""A process whose thread budget was found (not set) runs fewer torch threads while other processes keep some
+of its cores busy, and back up when they stop: other processes' load is read from /proc/stat per core (a fake
+one here, and the real one beside a real busy process), less this process's own CPU time."""
 
 import os
 import subprocess
@@ -107,8 +107,9 @@ def test_the_sampler_reads_the_stat_file_until_stopped(tmp_path, monkeypatch):
 
 def test_a_real_busy_process_on_one_of_our_cores_is_seen():
     cores = sorted(os.sched_getaffinity(0))
-    busy = subprocess.Popen([sys.executable, "-c", "while True: pass"],
-                            preexec_fn=lambda: os.sched_setaffinity(0, {cores[-1]}))  # fmt: skip
+    busy = subprocess.Popen(
+        [sys.executable, "-c", "while True: pass"], preexec_fn=lambda: os.sched_setaffinity(0, {cores[-1]})
+    )
     try:
         time.sleep(0.5)  # started
         before = read_cpu(frozenset(cores))

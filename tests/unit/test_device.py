@@ -1,6 +1,7 @@
 """Native bf16 on CUDA means bf16 in hardware (compute capability 8.0 on): a GPU that only emulates it neither
-trains nor serves in bf16 by the auto rule, and QLoRA computes in fp16 there. torch.cuda is faked (no GPU here):
-torch's own `is_bf16_supported` runs against a device of the given capability on which emulation works."""
+trains nor serves in bf16 by the auto rule, and QLoRA computes in fp16 there. torch.cuda is faked (no GPU
+here): torch's own `is_bf16_supported` runs against a device of the given capability on which emulation
+works."""
 
 from types import SimpleNamespace
 

@@ -1,6 +1,6 @@
-"""The Dockerfile of the Kubernetes flow-run image, read by a Dockerfile parser (no Docker here, nor in CI): it
-installs what it copies, copies what the stages and the flow read, and agrees with the project's pins, the base
-job template and the `retrain-k8s` deployment.
+"""The Dockerfile of the Kubernetes flow-run image, read by a Dockerfile parser (no Docker here, nor in CI):
+it installs what it copies, copies what the stages and the flow read, and agrees with the project's pins, the
+base job template and the `retrain-k8s` deployment.
 
     python -m pytest tests/unit/test_dockerfile.py -q
 """

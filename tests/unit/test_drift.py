@@ -1,5 +1,6 @@
-"""Drift and label-free monitoring (`pipeline.flywheel.drift`): per-decision frames, Evidently's verdict on a shifted
-window and on one drawn like the reference, expected against measured accuracy, and the gauges read back."""
+"""Drift and label-free monitoring (`pipeline.flywheel.drift`): per-decision frames, Evidently's verdict on a
+shifted window and on one drawn like the reference, expected against measured accuracy, and the gauges read
+back."""
 
 import datetime as dt
 import json
@@ -65,8 +66,15 @@ def test_a_frame_has_a_row_per_decision_with_state_mix_choice_and_top_probabilit
         answered(["hi", "there"], [0.2, 0.6, 0.2], 0.5),
     ]
     frame = features_frame(rows, question_columns(rows))
-    assert list(frame.columns) == ["state_chars", "state_kind", "question_mix", "chosen.tone", "confidence.tone",
-                                   "chosen.late", "confidence.late"]  # fmt: skip
+    assert list(frame.columns) == [
+        "state_chars",
+        "state_kind",
+        "question_mix",
+        "chosen.tone",
+        "confidence.tone",
+        "chosen.late",
+        "confidence.late",
+    ]
     assert frame["state_chars"].tolist() == [10, len('{"id":7}'), len('["hi","there"]')]
     assert frame["state_kind"].tolist() == ["text", "object", "list"]
     assert frame["question_mix"].tolist() == ["late:noul,tone:choice", "tone:choice", "late:noul,tone:choice"]
@@ -89,10 +97,22 @@ def test_question_columns_are_the_most_asked_ids_up_to_the_limit():
 def test_served_rows_read_the_inference_tables_json_columns(tmp_path):
     store = ParquetStore(tmp_path)
     row = answered({"order": 12, "text": "late"}, [0.1, 0.1, 0.8], 0.7, decision_id=new_decision_id())
-    store.append("decisions", [{"decision_id": row.decision_id, "time": T0, "model": "decision-model/3",
-                                "model_version": "3", "owner": None, "state": orjson.dumps(row.state).decode(),
-                                "questions": orjson.dumps(row.questions).decode(),
-                                "answers": orjson.dumps(row.answers).decode(), "latency_ms": 12.0}])  # fmt: skip
+    store.append(
+        "decisions",
+        [
+            {
+                "decision_id": row.decision_id,
+                "time": T0,
+                "model": "decision-model/3",
+                "model_version": "3",
+                "owner": None,
+                "state": orjson.dumps(row.state).decode(),
+                "questions": orjson.dumps(row.questions).decode(),
+                "answers": orjson.dumps(row.answers).decode(),
+                "latency_ms": 12.0,
+            }
+        ],
+    )
     [read] = served_rows(store.decisions())
     assert read == row
     assert features_frame([read], ["tone"])["state_kind"].tolist() == ["object"]
@@ -128,24 +148,39 @@ def test_a_window_drawn_like_the_reference_is_not_drift(reference):
 
 def test_a_question_the_window_never_asked_is_not_compared_but_the_mix_drifts(reference):
     only_tone = {"tone": QUESTIONS["tone"]}
-    rows = [answered(r.state, list(r.answers["tone"]["probabilities"].values()), 0.5, questions=only_tone)
-            for r in reference_like(150, seed=6)]  # fmt: skip
+    rows = [
+        answered(r.state, list(r.answers["tone"]["probabilities"].values()), 0.5, questions=only_tone)
+        for r in reference_like(150, seed=6)
+    ]
     result = drift_report(features_frame(rows, ["tone", "late"]), reference, drift_share=0.9)
     assert result.not_compared == ("chosen.late", "confidence.late")
     assert "question_mix" in result.drifted and len(result.columns) == 5 and not result.breached
 
 
 def test_expected_and_measured_accuracy_per_question_on_a_labelled_set(tmp_path):
-    rows = [answered("a", [0.8, 0.1, 0.1], 0.9, decision_id="d1"), answered("b", [0.2, 0.6, 0.2], 0.3, decision_id="d2"),
-            answered("c", [0.1, 0.2, 0.7], 0.6, decision_id="d3"), answered("d", [0.5, 0.4, 0.1], 0.2, decision_id="d4")]  # fmt: skip
+    rows = [
+        answered("a", [0.8, 0.1, 0.1], 0.9, decision_id="d1"),
+        answered("b", [0.2, 0.6, 0.2], 0.3, decision_id="d2"),
+        answered("c", [0.1, 0.2, 0.7], 0.6, decision_id="d3"),
+        answered("d", [0.5, 0.4, 0.1], 0.2, decision_id="d4"),
+    ]
     store = ParquetStore(tmp_path)
-    gold = [("d1", "tone", "negative"), ("d2", "tone", "positive"),  # right, wrong
-            ("d3", "tone", {"label": "positive", "probabilities": [0.1, 0.1, 0.8]}),  # right
-            ("d4", "tone", "furious"),  # not an option: not counted
-            ("d1", "late", True), ("d2", "late", "true"),  # right (0.9 > 0.5), wrong (0.3 picks false)
-            ("elsewhere", "tone", "neutral")]  # fmt: skip
-    store.append("feedback", [{"decision_id": d, "question_id": q, "gold": json.dumps(g), "labelled_by": "import",
-                               "time": T0} for d, q, g in gold])  # fmt: skip
+    gold = [
+        ("d1", "tone", "negative"),
+        ("d2", "tone", "positive"),  # right, wrong
+        ("d3", "tone", {"label": "positive", "probabilities": [0.1, 0.1, 0.8]}),  # right
+        ("d4", "tone", "furious"),  # not an option: not counted
+        ("d1", "late", True),
+        ("d2", "late", "true"),  # right (0.9 > 0.5), wrong (0.3 picks false)
+        ("elsewhere", "tone", "neutral"),
+    ]
+    store.append(
+        "feedback",
+        [
+            {"decision_id": d, "question_id": q, "gold": json.dumps(g), "labelled_by": "import", "time": T0}
+            for d, q, g in gold
+        ],
+    )
     tone, late = window_accuracy(rows, store.feedback())[::-1]  # sorted by question id: late, tone
     assert (tone.question, tone.decisions, tone.labelled) == ("tone", 4, 3)
     assert tone.expected == pytest.approx((0.8 + 0.6 + 0.7 + 0.5) / 4)
@@ -165,8 +200,9 @@ def test_the_gauges_read_back_what_was_written_with_the_reports_age(reference, t
     assert read_gauges(tmp_path) == {}
     rows = shifted(120, seed=4)
     feedback = ParquetStore(tmp_path / "none").feedback()
-    result = drift_report(features_frame(rows, ["tone", "late"]), reference, 0.5,
-                          accuracy=window_accuracy(rows, feedback))  # fmt: skip
+    result = drift_report(
+        features_frame(rows, ["tone", "late"]), reference, 0.5, accuracy=window_accuracy(rows, feedback)
+    )
     written = write_latest(tmp_path, result, "decision-model/3", T0 - dt.timedelta(hours=24), T0, now=T0)
     assert written == tmp_path / "monitor" / "latest.json"
     assert [p.name for p in written.parent.iterdir()] == ["latest.json"]  # the staged file was renamed

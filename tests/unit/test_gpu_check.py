@@ -1,6 +1,7 @@
-"""The GPU check's CPU dry run (`bash scripts/gpu_check.sh --dry-run`): every row runs on the tiny models with the
-packages the GPU machine lacks hidden, prints its table and writes its JSON; the compiled runs really compiled
-(dynamo, eager backend) and matched eager; what the CPU cannot do is skipped with its reason, never crashed."""
+"""The GPU check's CPU dry run (`bash scripts/gpu_check.sh --dry-run`): every row runs on the tiny models with
+the packages the GPU machine lacks hidden, prints its table and writes its JSON; the compiled runs really
+compiled (dynamo, eager backend) and matched eager; what the CPU cannot do is skipped with its reason, never
+crashed."""
 
 import json
 import os
@@ -20,8 +21,14 @@ STATUSES = {"pass", "fail", "skipped"}
 def dry_run(tmp_path_factory) -> tuple[subprocess.CompletedProcess, dict]:
     out = tmp_path_factory.mktemp("gpu_check") / "gpu_check.json"
     environment = {**os.environ, "GPU_CHECK_PYTHON": sys.executable, "GPU_CHECK_OUT": str(out)}
-    done = subprocess.run(["bash", "scripts/gpu_check.sh", "--dry-run"], cwd=ROOT, env=environment,
-                          capture_output=True, text=True, timeout=600)  # fmt: skip
+    done = subprocess.run(
+        ["bash", "scripts/gpu_check.sh", "--dry-run"],
+        cwd=ROOT,
+        env=environment,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     return done, json.loads(out.read_text())
 
 
@@ -76,12 +83,10 @@ def test_what_the_cpu_cannot_check_is_skipped_with_its_reason(dry_run):
 
 def test_hidden_packages_are_absent_to_finders_and_imports():
     code = (
-        "import importlib.util, sys\n"
-        "from scripts.gpu_check_absent import hide_absent\n"
-        "hide_absent(('pandera', 'mlflow'))\n"
-        "assert importlib.util.find_spec('pandera') is None and importlib.util.find_spec('json') is not None\n"
-        "try:\n    import mlflow.tracking\nexcept ModuleNotFoundError:\n    sys.exit(0)\n"
-        "sys.exit(1)\n"
+        "import importlib.util, sys\nfrom scripts.gpu_check_absent import "
+        "hide_absent\nhide_absent(('pandera', 'mlflow'))\nassert importlib.util.find_spec('pandera') is None "
+        "and importlib.util.find_spec('json') is not None\ntry:\n    import mlflow.tracking\nexcept "
+        "ModuleNotFoundError:\n    sys.exit(0)\nsys.exit(1)\n"
     )
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr

@@ -1,6 +1,6 @@
-"""The house keeps the shape its last clean-up gave it (`scripts/house_figures.py` measures it): no flow module
-reaches into the command line, every class of the project is built with its fields named past six arguments, and
-`# fmt: skip` stays on the few lines a formatter really harms."""
+"""The house keeps the shape its last clean-up gave it (`scripts/house_figures.py` measures it): no flow
+module reaches into the command line, every class of the project is built with its fields named past six
+arguments, and `# fmt: skip` stays on the few lines a formatter really harms."""
 
 from scripts.house_figures import FMT_SKIP, MAX_POSITIONAL, measure, positional_calls
 
@@ -23,7 +23,9 @@ def test_the_checker_sees_a_class_built_by_position(tmp_path, monkeypatch):
         "class Row:\n    pass\n\nRow(1, 2, 3, 4, 5, 6)\nRow(1, 2, 3, 4, 5, 6, 7)\nRow(*values, a=1)\n"
     )
     monkeypatch.setattr(figures, "ROOT", tmp_path)
-    assert positional_calls([tmp_path / "module.py"], {"Row"}) == [f"module.py:5 Row({MAX_POSITIONAL + 1} positional)"]
+    assert positional_calls([tmp_path / "module.py"], {"Row"}) == [
+        f"module.py:5 Row({MAX_POSITIONAL + 1} positional)"
+    ]
 
 
 def test_fmt_skip_stays_rare_in_the_library():

@@ -56,8 +56,9 @@ def test_every_bad_entry_is_named_in_one_error(tmp_path):
         ("alice", "list.json", "[1, 2]", "expected"),
     ],
 )
-def test_keygen_refuses_a_bad_owner_or_place_and_leaves_the_file_as_it_was(tmp_path, owner, where, content,
-                                                                           expected):  # fmt: skip
+def test_keygen_refuses_a_bad_owner_or_place_and_leaves_the_file_as_it_was(
+    tmp_path, owner, where, content, expected
+):
     path = tmp_path / where
     if content is not None:
         path.write_text(content)

@@ -1,4 +1,5 @@
-"""Layer plans as data: what a spec means on N layers, and errors that name the bad entry before any model loads."""
+"""Layer plans as data: what a spec means on N layers, and errors that name the bad entry before any model
+loads."""
 
 import argparse
 import re

@@ -8,8 +8,12 @@ from pipeline.scoring.baselines import learning_warnings
 from pipeline.scoring.decisions import ScoredDecision
 
 # Question "a": gold mostly option 0 (the prior says 0); question "b": gold alternates.
-DECISIONS = [ScoredDecision(0, label, i, qid, (1.0, 0.0)) for i, (qid, label) in
-             enumerate([("a", 0), ("a", 0), ("a", 0), ("a", 1), ("b", 0), ("b", 1), ("b", 0), ("b", 1)])]  # fmt: skip
+DECISIONS = [
+    ScoredDecision(0, label, i, qid, (1.0, 0.0))
+    for i, (qid, label) in enumerate(
+        [("a", 0), ("a", 0), ("a", 0), ("a", 1), ("b", 0), ("b", 1), ("b", 0), ("b", 1)]
+    )
+]
 MAJORITY = {"a": 0, "b": 0}
 RIGHT = [np.array([1.0, 0.0]) if d.label == 0 else np.array([0.0, 1.0]) for d in DECISIONS]
 ALWAYS_0 = [np.array([1.0, 0.0]) for _ in DECISIONS]

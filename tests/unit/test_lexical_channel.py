@@ -1,5 +1,6 @@
-"""The joint head's lexical channel as a bag of words: which token pairs it learns from the training rows, and that
-its bag weighs what it holds as scikit-learn's TF-IDF does (smooth idf, l2 norm) on rows without a repeated entry."""
+"""The joint head's lexical channel as a bag of words: which token pairs it learns from the training rows, and
+that its bag weighs what it holds as scikit-learn's TF-IDF does (smooth idf, l2 norm) on rows without a
+repeated entry."""
 
 from itertools import pairwise
 

@@ -15,8 +15,10 @@ from tests.flows.processes import record_launches, skip_input_checks
 @pytest.fixture
 def params(tmp_path):
     path = tmp_path / "params.yaml"
-    path.write_text("train:\n  micro_batch: 4\n  grad_accum: 2\n  lora_r: 4\n  precision: fp32\n"
-                    "validate:\n  holdout_max_decisions: 60\n  holdout_fraction: 0.3\n")  # fmt: skip
+    path.write_text(
+        "train:\n  micro_batch: 4\n  grad_accum: 2\n  lora_r: 4\n  precision: fp32\n"
+        "validate:\n  holdout_max_decisions: 60\n  holdout_fraction: 0.3\n"
+    )
     return path
 
 
@@ -28,16 +30,28 @@ def _one_json_object(out: str) -> dict:
 
 
 def _progress_lines(err: str) -> list[str]:
-    """stderr less the warnings and notes a two-step fine-tune may print (they are not progress, and --quiet keeps
-    them)."""
+    """stderr less the warnings and notes a two-step fine-tune may print (they are not progress, and --quiet
+    keeps them)."""
     return [line for line in err.splitlines() if line.strip() and not line.startswith(("warning:", "note:"))]
 
 
 @pytest.fixture
 def two_steps(tiny_base, synthetic_train_file, params, tmp_path):
     """The arguments of `decision COMMAND ... --json` that train the tiny model for two steps."""
-    return lambda command: [command, "--data", str(synthetic_train_file), "--base", str(tiny_base), "--out",
-                            str(tmp_path / "out"), "--max-steps", "2", "--params", str(params), "--json"]  # fmt: skip
+    return lambda command: [
+        command,
+        "--data",
+        str(synthetic_train_file),
+        "--base",
+        str(tiny_base),
+        "--out",
+        str(tmp_path / "out"),
+        "--max-steps",
+        "2",
+        "--params",
+        str(params),
+        "--json",
+    ]
 
 
 @pytest.mark.parametrize("command", ["train", "finetune"])
@@ -59,7 +73,8 @@ def test_quiet_silences_the_training_progress(command, two_steps, capsys):
 
 
 def _steps(command: str, printed: dict) -> int:
-    """The steps trained, as each command's --json says: train prints its training run, finetune the whole run."""
+    """The steps trained, as each command's --json says: train prints its training run, finetune the whole
+    run."""
     return printed["steps"] if command == "train" else printed["train"]["steps"]
 
 

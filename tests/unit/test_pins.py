@@ -1,5 +1,6 @@
-"""The pin check refuses bytes that differ from their DVC pin, naming the file and both hashes; hashes are DVC's
-own (checked against what real `dvc repro` and `dvc add` write); the strict check refuses what nothing pins."""
+"""The pin check refuses bytes that differ from their DVC pin, naming the file and both hashes; hashes are
+DVC's own (checked against what real `dvc repro` and `dvc add` write); the strict check refuses what nothing
+pins."""
 
 import json
 import shutil
@@ -25,10 +26,17 @@ def pinned_copy(tmp_path):
     folder = tmp_path / "data" / "model"
     folder.mkdir()
     (folder / "a.json").write_text("{}")
-    lock = {"schema": "2.0", "stages": {"s": {"outs": [
-        {"path": "data/rows.jsonl", "md5": current_md5(data)},
-        {"path": "data/model", "md5": current_md5(folder)},
-    ]}}}  # fmt: skip
+    lock = {
+        "schema": "2.0",
+        "stages": {
+            "s": {
+                "outs": [
+                    {"path": "data/rows.jsonl", "md5": current_md5(data)},
+                    {"path": "data/model", "md5": current_md5(folder)},
+                ]
+            }
+        },
+    }
     (tmp_path / "dvc.lock").write_text(yaml.safe_dump(lock))
     return tmp_path
 
@@ -105,8 +113,8 @@ def _dvc(repo, *args: str) -> str:
 
 @pytest.fixture(scope="module")
 def dvc_repo(tmp_path_factory):
-    """A repository pinned by real DVC: a stage writing a file and a nested folder (`dvc repro`), and a file of
-    the user's own (`dvc add`)."""
+    """A repository pinned by real DVC: a stage writing a file and a nested folder (`dvc repro`), and a file
+    of the user's own (`dvc add`)."""
     repo = tmp_path_factory.mktemp("dvc-repo")
     _dvc(repo, "init", "--no-scm", "-q")
     (repo / "build.py").write_text(BUILD)
@@ -181,7 +189,9 @@ def test_without_dvc_lock_the_strict_check_names_the_lock_and_a_stage_output_get
     shutil.copytree(dvc_repo, repo)
     (repo / "dvc.lock").unlink()
     with pytest.raises(Unpinned) as error:
-        check_pins({"data": repo / "out/rows.jsonl", "base": repo / "own.csv"}, repo / "dvc.lock", require=True)
+        check_pins(
+            {"data": repo / "out/rows.jsonl", "base": repo / "own.csv"}, repo / "dvc.lock", require=True
+        )
     message = str(error.value)
     assert "dvc.lock is missing" in message
     assert f"{repo / 'out/rows.jsonl'}: not pinned; pin it with `dvc repro build`" in message

@@ -1,4 +1,5 @@
-"""`python -m flows.server` names a Prefect database that is down (password masked) and never starts the server."""
+"""`python -m flows.server` names a Prefect database that is down (password masked) and never starts the
+server."""
 
 import os
 import subprocess
@@ -18,8 +19,14 @@ def test_a_prefect_database_that_is_down_is_named_before_the_server_starts(tmp_p
         "PREFECT_API_DATABASE_CONNECTION_URL": url,
         "PYTHONPATH": str(ROOT),
     }
-    done = subprocess.run([sys.executable, "-m", "flows.server", "--port", str(free_port()), "--no-ui"], env=env,
-                          cwd=ROOT, capture_output=True, text=True, timeout=120)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-m", "flows.server", "--port", str(free_port()), "--no-ui"],
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 2, done.stderr[-2000:]
     assert url.replace("topsecret", "***") in done.stderr and "topsecret" not in done.stderr
     assert "Prefect database (PREFECT_API_DATABASE_CONNECTION_URL)" in done.stderr

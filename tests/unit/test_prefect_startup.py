@@ -1,5 +1,5 @@
-"""The flows give Prefect's temporary API time to migrate a fresh home on a slow machine (make run on a fresh clone
-failed at Prefect's 20 s default), and a caller's own setting wins."""
+"""The flows give Prefect's temporary API time to migrate a fresh home on a slow machine (make run on a fresh
+clone failed at Prefect's 20 s default), and a caller's own setting wins."""
 
 import os
 import subprocess

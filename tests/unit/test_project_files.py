@@ -83,7 +83,8 @@ def test_pipeline_never_imports_prefect(project_root):
 
 
 def test_dvc_lock_is_in_step_with_the_code_its_stages_run(project_root):
-    """A stage whose code changed since `dvc repro` would rebuild on a fresh clone and leave dvc.lock modified."""
+    """A stage whose code changed since `dvc repro` would rebuild on a fresh clone and leave dvc.lock
+    modified."""
     from pipeline.data.pins import current_md5
 
     lock = yaml.safe_load((project_root / "dvc.lock").read_text())["stages"]
@@ -97,8 +98,9 @@ def test_dvc_lock_is_in_step_with_the_code_its_stages_run(project_root):
 
 
 def test_the_pin_files_of_a_user_s_data_and_base_can_be_committed(project_root):
-    # DVC refuses to write a .dvc file git ignores ("bad DVC file name ... is git-ignored"): a base snapshotted
-    # into data/snapshots/ could not be pinned while the folder's ignore rule covered its .dvc file.
+    # DVC refuses to write a .dvc file git ignores ("bad DVC file name ... is git-ignored"): a base
+    # snapshotted into data/snapshots/ could not be pinned while the folder's ignore rule covered its .dvc
+    # file.
     pins = ["data/snapshots/mybase.dvc", "data/own/tickets.csv.dvc", "data/own/shards.dvc"]
     ignored = subprocess.run(["git", "check-ignore", *pins], cwd=project_root, capture_output=True, text=True)
     assert ignored.stdout.split() == []

@@ -1,5 +1,5 @@
-"""The gate holds a version trained with --allow-unpinned, or less accurate than the champion on any one question,
-whatever its figures, and still gives every reason."""
+"""The gate holds a version trained with --allow-unpinned, or less accurate than the champion on any one
+question, whatever its figures, and still gives every reason."""
 
 from pipeline.config import PromoteConfig
 from pipeline.mlops.promotion import CHAMPION, UNPINNED_REASON, champion_stack, gate
@@ -7,8 +7,16 @@ from pipeline.scoring.paired import PairedComparison
 
 GOOD = {"accuracy": 0.9, "ece": 0.01}
 # The challenger far better than the champion on the same decisions: everything but the pins says promote.
-BETTER = PairedComparison(4000, champion_nll=0.9, challenger_nll=0.3, champion_accuracy=0.5, challenger_accuracy=0.9,
-                          nll_gain=0.6, nll_gain_low=0.55, confidence=0.95)  # fmt: skip
+BETTER = PairedComparison(
+    4000,
+    champion_nll=0.9,
+    challenger_nll=0.3,
+    champion_accuracy=0.5,
+    challenger_accuracy=0.9,
+    nll_gain=0.6,
+    nll_gain_low=0.55,
+    confidence=0.95,
+)
 
 
 def test_a_version_trained_on_unpinned_inputs_is_held_however_good():

@@ -2,7 +2,8 @@
 
 from pipeline.training.launch import describe_failure
 
-# torchrun's record from a CI run where rank 1 was SIGKILLed and rank 0, stopped with SIGTERM, was observed first.
+# torchrun's record from a CI run where rank 1 was SIGKILLed and rank 0, stopped with SIGTERM, was observed
+# first.
 KILLED_BUT_OBSERVED_SECOND = """\
 ============================================================
 pipeline.stages.train_ranks FAILED
@@ -73,8 +74,8 @@ def test_peers_stopped_by_torchrun_s_sigterm_are_not_blamed():
 
 
 def test_a_hung_rank_s_timeout_is_blamed_not_the_peer_torchrun_then_killed():
-    """Rank 1 stopped answering: rank 0 timed out in its all-reduce (the root cause), and torchrun, whose SIGTERM a
-    stopped process ignores, SIGKILLed rank 1 after it."""
+    """Rank 1 stopped answering: rank 0 timed out in its all-reduce (the root cause), and torchrun, whose
+    SIGTERM a stopped process ignores, SIGKILLed rank 1 after it."""
     timed_out = [
         line.replace("1 (local_rank: 1)", "0 (local_rank: 0)").replace(
             "ValueError: a shard holds no rows",

@@ -1,5 +1,5 @@
-"""The README stays a guide: its layout tree names every folder, docs/architecture.md's every module, the README stays
-short, and the docs' tables and links hold.
+"""The README stays a guide: its layout tree names every folder, docs/architecture.md's every module, the
+README stays short, and the docs' tables and links hold.
 
 A layout tree is the fenced block under a page's `## Layout` heading. Each line is an entry: a name, two or
 more spaces, and its one-line purpose. A name ending in `/` is a folder (it may span segments, `deploy/k8s/`);
@@ -60,7 +60,8 @@ def layout_paths(block: Iterable[str]) -> dict[str, str]:
 
 
 def required_paths(root: Path) -> list[str]:
-    """Every module the tree must name: each .py file but `__init__.py`, and each file of the script folders."""
+    """Every module the tree must name: each .py file but `__init__.py`, and each file of the script
+    folders."""
     required = []
     for folder in MODULE_FOLDERS:
         for path in sorted((root / folder).rglob("*")):
@@ -81,7 +82,9 @@ def missing_from_layout(root: Path, page: str) -> list[str]:
 
 def package_folders(root: Path) -> list[str]:
     """The folders the README's tree must name: each module folder, and each package inside `pipeline/`."""
-    inner = sorted(f"{p.parent.relative_to(root).as_posix()}/" for p in (root / "pipeline").glob("*/__init__.py"))
+    inner = sorted(
+        f"{p.parent.relative_to(root).as_posix()}/" for p in (root / "pipeline").glob("*/__init__.py")
+    )
     return [f"{folder}/" for folder in MODULE_FOLDERS] + inner
 
 
@@ -154,8 +157,15 @@ def test_every_layout_entry_has_a_purpose(project_root, page):
 
 
 def test_the_checker_reports_a_module_missing_from_the_tree(tmp_path):
-    for name in ("pipeline/__init__.py", "pipeline/config.py", "pipeline/data/split.py", "pipeline/data/read.py",
-                 "flows/retrain.py", "scripts/gpu_check.sh", "pipeline/__pycache__/config.cpython-311.pyc"):  # fmt: skip
+    for name in (
+        "pipeline/__init__.py",
+        "pipeline/config.py",
+        "pipeline/data/split.py",
+        "pipeline/data/read.py",
+        "flows/retrain.py",
+        "scripts/gpu_check.sh",
+        "pipeline/__pycache__/config.cpython-311.pyc",
+    ):
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / name).write_text("")
     tree = [

@@ -14,7 +14,9 @@ def summary(champion: str | None) -> RunResult:
 
 @pytest.mark.parametrize("champion", [None, "1"])
 def test_the_champion_line_and_the_next_steps_follow_the_gate(champion, capsys):
-    print_summary(RunResult.from_dict(summary(champion).to_dict()), "tickets")  # as the flow's process hands it
+    print_summary(
+        RunResult.from_dict(summary(champion).to_dict()), "tickets"
+    )  # as the flow's process hands it
     printed = " ".join(capsys.readouterr().out.split())  # rich wraps at the terminal's width
     if champion is None:
         assert "champion: none yet;" in printed and "version None" not in printed

@@ -1,5 +1,5 @@
-"""One process runs a run at a time: two retrains of one key shared its checkpoint and MLflow run, and the second
-crashed reading the checkpoint the first was writing."""
+"""One process runs a run at a time: two retrains of one key shared its checkpoint and MLflow run, and the
+second crashed reading the checkpoint the first was writing."""
 
 import pytest
 

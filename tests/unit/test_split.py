@@ -44,10 +44,16 @@ def test_rows_added_with_fewer_decisions_never_push_a_held_out_row_into_training
     config = ValidateConfig()
     rows = synthetic.generate_rows(300, seed=8)
     before = split_holdout(validate_rows(rows).records, config)
-    singles = [row | {"questions": dict(list(row["questions"].items())[:1]), "gold": dict(list(row["gold"].items())[:1])}
-               for row in synthetic.generate_rows(600, seed=9)]  # fmt: skip
-    low = [r for r, record in zip(singles, validate_rows(singles).records)
-           if hash_position(record.content_hash()) < 0.05][:20]  # fmt: skip
+    singles = [
+        row
+        | {"questions": dict(list(row["questions"].items())[:1]), "gold": dict(list(row["gold"].items())[:1])}
+        for row in synthetic.generate_rows(600, seed=9)
+    ]
+    low = [
+        r
+        for r, record in zip(singles, validate_rows(singles).records)
+        if hash_position(record.content_hash()) < 0.05
+    ][:20]
     after = split_holdout(validate_rows(rows + low).records, config)
     assert len(low) == 20 and _ids(before.heldout) <= _ids(after.heldout)
 
@@ -129,8 +135,8 @@ def _digest(records) -> str:
 
 
 def test_rows_of_distinct_states_split_exactly_as_before_the_leakage_check():
-    """Digests of the sides the split chose before states were compared (pinned from that code): where no two rows
-    share a state or a near-duplicate key, joining them changes nothing, with groups or without."""
+    """Digests of the sides the split chose before states were compared (pinned from that code): where no two
+    rows share a state or a near-duplicate key, joining them changes nothing, with groups or without."""
     rows = synthetic.generate_rows(3000, seed=21)
     config = ValidateConfig(holdout_max_decisions=600, validation_max_decisions=600)
     plain = split_holdout(validate_rows(rows).records, config)
@@ -255,8 +261,8 @@ def test_group_cells_are_keys_by_value():
 
 
 def test_a_missing_number_in_a_group_column_is_no_group(tmp_path):
-    """pandas writes a missing cell of a number column as NaN: those rows are each a group of their own, not one
-    group of every row whose group is missing."""
+    """pandas writes a missing cell of a number column as NaN: those rows are each a group of their own, not
+    one group of every row whose group is missing."""
     rows = synthetic.generate_rows(4, seed=13)
     columns = {name: [json.dumps(row[name]) for row in rows] for name in ("state", "questions", "gold")}
     groups = pa.array([3.0, float("nan"), 3.0, None], pa.float64())
@@ -283,9 +289,13 @@ def test_the_split_s_group_counts_go_to_mlflow_with_the_run():
     split = split_holdout(validate_rows(rows).records, ValidateConfig())
     metrics = run_metrics(run_result(validation=replace(validation(), split=split.summary())))
     assert {k: metrics[k] for k in ("train_groups", "validation_groups", "heldout_groups")} == {
-        side: float(len(groups)) for side, groups in
-        (("train_groups", _sides(split)["train"]), ("validation_groups", _sides(split)["validation"]),
-         ("heldout_groups", _sides(split)["heldout"]))}  # fmt: skip
+        side: float(len(groups))
+        for side, groups in (
+            ("train_groups", _sides(split)["train"]),
+            ("validation_groups", _sides(split)["validation"]),
+            ("heldout_groups", _sides(split)["heldout"]),
+        )
+    }
     assert sum(metrics[k] for k in ("train_groups", "validation_groups", "heldout_groups")) == 40
 
 

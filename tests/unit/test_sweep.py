@@ -1,5 +1,6 @@
-"""A sweep's parts without training: the search-space file (and its refusals), the Optuna study it drives (budget,
-resume after a kill, pruning), the one-driver lock, and the parent run's table, plots and noise floor."""
+"""A sweep's parts without training: the search-space file (and its refusals), the Optuna study it drives
+(budget, resume after a kill, pruning), the one-driver lock, and the parent run's table, plots and noise
+floor."""
 
 import math
 import statistics
@@ -17,8 +18,15 @@ from pipeline.rundir import RunBusy, RunFolder
 from pipeline.sweep import report, study
 from pipeline.sweep.space import apply, load_space
 
-SPACE = {"trials": 4, "space": {"train.method": ["head", "lora"], "train.head_lr": {"low": 1e-4, "high": 1e-2, "log": True},
-                                "train.epochs": {"low": 2, "high": 8}, "train.layer_plan": [None, [0, 1, 2, 3]]}}  # fmt: skip
+SPACE = {
+    "trials": 4,
+    "space": {
+        "train.method": ["head", "lora"],
+        "train.head_lr": {"low": 1e-4, "high": 1e-2, "log": True},
+        "train.epochs": {"low": 2, "high": 8},
+        "train.layer_plan": [None, [0, 1, 2, 3]],
+    },
+}
 
 
 def write(tmp_path, content) -> str:
@@ -38,8 +46,12 @@ def test_a_space_file_becomes_optuna_distributions_and_trial_settings(tmp_path):
     settings = space.overrides(
         {"train.method": "lora", "train.layer_plan": "[0, 1, 2, 3]", "train.epochs": 5}
     )
-    assert settings == {"train.early_stopping": 3, "train.method": "lora", "train.layer_plan": [0, 1, 2, 3],
-                        "train.epochs": 5}  # fmt: skip
+    assert settings == {
+        "train.early_stopping": 3,
+        "train.method": "lora",
+        "train.layer_plan": [0, 1, 2, 3],
+        "train.epochs": 5,
+    }
     train = apply(Params(), settings).train
     assert (train.method, train.layer_plan, train.epochs, train.early_stopping) == (
         "lora",
@@ -90,8 +102,10 @@ def test_a_missing_space_file_is_named(tmp_path):
 
 
 def _study(tmp_path, **changes):
-    space = load_space(write(tmp_path, {"trials": 4, "space": {"train.head_lr": {"low": 1e-4, "high": 1e-2}}} | changes),
-                       Params())  # fmt: skip
+    space = load_space(
+        write(tmp_path, {"trials": 4, "space": {"train.head_lr": {"low": 1e-4, "high": 1e-2}}} | changes),
+        Params(),
+    )
     return space, study.open_study(space, "s", study.storage_url(tmp_path))
 
 
@@ -146,8 +160,10 @@ def test_the_median_pruner_stops_a_trial_whose_curve_is_worse_than_the_earlier_o
 def test_a_diverged_trial_gets_the_worst_value_so_it_is_never_best(tmp_path):
     space, _ = _study(tmp_path)
     assert study.objective_value(space, {"validation_nll": float("nan")}) == float("inf")
-    maximize = load_space(write(tmp_path, {"trials": 1, "objective": "validation_accuracy",
-                                           "space": {"train.epochs": [2]}}), Params())  # fmt: skip
+    maximize = load_space(
+        write(tmp_path, {"trials": 1, "objective": "validation_accuracy", "space": {"train.epochs": [2]}}),
+        Params(),
+    )
     assert study.objective_value(maximize, {"validation_accuracy": float("nan")}) == float("-inf")
 
 
@@ -161,10 +177,20 @@ def test_one_process_drives_a_sweep_at_a_time(tmp_path):
 
 
 def _row(number, state="finished", accuracy=0.8, ece=0.02, ms=1.0, questions=None):
-    metrics = {"calibrated_accuracy": accuracy, "calibrated_record_accuracy": accuracy - 0.2, "calibrated_ece": ece,
-               "score_ms_per_decision": ms, "validation_nll": 1.0 - accuracy}  # fmt: skip
-    return report.TrialRow(number, state, {"train.epochs": number + 2}, metrics if state != "failed" else {},
-                           questions or {"q1": accuracy, "q2": accuracy - 0.1})  # fmt: skip
+    metrics = {
+        "calibrated_accuracy": accuracy,
+        "calibrated_record_accuracy": accuracy - 0.2,
+        "calibrated_ece": ece,
+        "score_ms_per_decision": ms,
+        "validation_nll": 1.0 - accuracy,
+    }
+    return report.TrialRow(
+        number,
+        state,
+        {"train.epochs": number + 2},
+        metrics if state != "failed" else {},
+        questions or {"q1": accuracy, "q2": accuracy - 0.1},
+    )
 
 
 def test_the_parent_summary_lists_every_trial_with_the_best_first_and_bold(tmp_path):
@@ -192,8 +218,10 @@ def test_the_summary_and_the_tradeoff_plot_show_the_bag_of_words_every_trial_sco
 
 
 def test_the_noise_floor_is_the_mean_and_sample_std_over_seeds():
-    runs = [{"calibrated_accuracy": a, "calibrated_record_accuracy": a / 2, "calibrated_ece": e}
-            for a, e in [(0.80, 0.02), (0.82, 0.03), (0.78, 0.025)]]  # fmt: skip
+    runs = [
+        {"calibrated_accuracy": a, "calibrated_record_accuracy": a / 2, "calibrated_ece": e}
+        for a, e in [(0.80, 0.02), (0.82, 0.03), (0.78, 0.025)]
+    ]
     floor = report.noise_floor(runs)
     assert floor["seeds"] == 3 and floor["accuracy_mean"] == pytest.approx(0.80)
     assert floor["accuracy_std"] == pytest.approx(statistics.stdev([0.80, 0.82, 0.78]))
@@ -214,16 +242,28 @@ def test_decision_sweep_passes_its_options_to_the_flow():
     args = build_parser().parse_args(
         ["sweep", "--space", "s.yaml", "--trials", "5", "--repeat-best", "3", "--json"]
     )
-    assert sweep_parameters(args) == {"space_file": "s.yaml", "params_file": "params.yaml", "run_config": None,
-                                      "trials": 5, "minutes": None, "parallel": None, "repeat_best": 3,
-                                      "storage": None, "allow_unpinned": False}  # fmt: skip
+    assert sweep_parameters(args) == {
+        "space_file": "s.yaml",
+        "params_file": "params.yaml",
+        "run_config": None,
+        "trials": 5,
+        "minutes": None,
+        "parallel": None,
+        "repeat_best": 3,
+        "storage": None,
+        "allow_unpinned": False,
+    }
 
 
 def test_the_first_trial_is_params_yamls_own_settings_where_the_space_holds_them(tmp_path):
     space = load_space(write(tmp_path, SPACE), Params())
     current = apply(Params(), {"train.method": "head", "train.head_lr": 0.001, "train.epochs": 4})
-    assert space.baseline(current) == {"train.method": "head", "train.head_lr": 0.001, "train.epochs": 4,
-                                       "train.layer_plan": None}  # fmt: skip
+    assert space.baseline(current) == {
+        "train.method": "head",
+        "train.head_lr": 0.001,
+        "train.epochs": 4,
+        "train.layer_plan": None,
+    }
     planned = apply(current, {"train.layer_plan": [0, 1, 2, 3]})
     assert space.baseline(planned)["train.layer_plan"] == "[0, 1, 2, 3]"  # stored as Optuna stores the choice
     assert space.baseline(apply(current, {"train.epochs": 12})) is None  # 12 epochs lie outside [2, 8]: none

@@ -1,4 +1,5 @@
-"""The training data set as an MLflow input: a run that loses the store's find-or-insert race still logs it."""
+"""The training data set as an MLflow input: a run that loses the store's find-or-insert race still logs
+it."""
 
 import mlflow
 from mlflow.exceptions import MlflowException

@@ -1,6 +1,6 @@
-"""The joint family's backbones: a causal LM (Qwen3, Llama: read for its last hidden states, never its vocabulary
-logits) or an encoder (the MiniLM of a Laya-layout base, or a plain Hugging Face encoder folder: BERT, RoBERTa,
-DeBERTa-v2, ModernBERT, ...).
+"""The joint family's backbones: a causal LM (Qwen3, Llama: read for its last hidden states, never its
+vocabulary logits) or an encoder (the MiniLM of a Laya-layout base, or a plain Hugging Face encoder folder:
+BERT, RoBERTa, DeBERTa-v2, ModernBERT, ...).
 
     lm = load_causal_lm("models/qwen3-0.6b", dtype=torch.bfloat16)
     encoder, tokenizer, max_len = encoder_from_laya_layout("data/snapshots/minilm")
@@ -28,8 +28,14 @@ LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", 
 HF_CONFIG = "config.json"
 # What a tokenizer is saved as: the fast tokenizer's one file, or a slow one's vocabulary (WordPiece, BPE,
 # SentencePiece). `tokenizer_config.json` alone names a class but holds no vocabulary.
-TOKENIZER_FILES = ("tokenizer.json", "vocab.txt", "vocab.json", "spm.model", "tokenizer.model",
-                   "sentencepiece.bpe.model")  # fmt: skip
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "vocab.txt",
+    "vocab.json",
+    "spm.model",
+    "tokenizer.model",
+    "sentencepiece.bpe.model",
+)
 
 
 def read_hf_config(path: str | Path) -> dict[str, Any] | None:
@@ -57,8 +63,8 @@ def is_causal_lm_folder(path: str | Path) -> bool:
 
 def is_encoder_folder(path: str | Path) -> bool:
     """A plain Hugging Face text encoder checkpoint: config.json whose model type transformers runs as a
-    masked-language encoder (BERT, RoBERTa, DeBERTa-v2, ModernBERT, ELECTRA, XLM-R, ...), not an encoder-decoder
-    (BART) nor a causal LM, and with no custom code (never run here)."""
+    masked-language encoder (BERT, RoBERTa, DeBERTa-v2, ModernBERT, ELECTRA, XLM-R, ...), not an
+    encoder-decoder (BART) nor a causal LM, and with no custom code (never run here)."""
     found = read_hf_config(path)
     if found is None or "auto_map" in found or is_causal_lm_folder(path):
         return False
@@ -66,7 +72,8 @@ def is_encoder_folder(path: str | Path) -> bool:
 
     if found.get("model_type") not in MODEL_FOR_MASKED_LM_MAPPING_NAMES:
         return False
-    # config.json leaves out what equals its class's default (BART's is_encoder_decoder): the full config says.
+    # config.json leaves out what equals its class's default (BART's is_encoder_decoder): the full config
+    # says.
     config = _auto_config(path)
     return config is not None and not config.is_encoder_decoder and not getattr(config, "is_decoder", False)
 
@@ -85,8 +92,12 @@ def is_laya_layout_folder(path: str | Path) -> bool:
     return (Path(path) / CONFIG_FILE).is_file()
 
 
-def load_causal_lm(folder: str | Path, dtype: torch.dtype = torch.float32, quantization: Any | None = None,
-                   device: str = "cpu") -> nn.Module:  # fmt: skip
+def load_causal_lm(
+    folder: str | Path,
+    dtype: torch.dtype = torch.float32,
+    quantization: Any | None = None,
+    device: str = "cpu",
+) -> nn.Module:
     """The causal LM in a local folder (nothing is fetched from a hub), in eval mode.
 
     `quantization` (e.g. a 4-bit `BitsAndBytesConfig` for QLoRA) loads the backbone quantised on `device`.
@@ -98,27 +109,40 @@ def load_causal_lm(folder: str | Path, dtype: torch.dtype = torch.float32, quant
         raise FileNotFoundError(f"{folder}: not a Hugging Face model folder (no config.json)")
     if quantization is None:
         with _checked_load(folder) as checked:
-            return checked(AutoModelForCausalLM.from_pretrained(str(folder), dtype=dtype, local_files_only=True,
-                                                                output_loading_info=True)).eval()  # fmt: skip
+            return checked(
+                AutoModelForCausalLM.from_pretrained(
+                    str(folder), dtype=dtype, local_files_only=True, output_loading_info=True
+                )
+            ).eval()
     compute = getattr(quantization, "bnb_4bit_compute_dtype", None) or dtype
     with _checked_load(folder) as checked:
-        lm = checked(AutoModelForCausalLM.from_pretrained(str(folder), dtype=compute, quantization_config=quantization,
-                                                          local_files_only=True, device_map={"": device},
-                                                          output_loading_info=True))  # fmt: skip
+        lm = checked(
+            AutoModelForCausalLM.from_pretrained(
+                str(folder),
+                dtype=compute,
+                quantization_config=quantization,
+                local_files_only=True,
+                device_map={"": device},
+                output_loading_info=True,
+            )
+        )
     return lm.eval()  # bitsandbytes quantises as the weights land on their device
 
 
 def load_encoder(folder: str | Path, dtype: torch.dtype = torch.float32) -> nn.Module:
     """A plain Hugging Face encoder folder, or the one a joint export saved (`backbone/`), in eval mode.
 
-    transformers picks the attention: sdpa where the architecture has it (BERT, RoBERTa, ModernBERT), eager where
-    it has not (DeBERTa-v2, which refuses an explicit sdpa).
+    transformers picks the attention: sdpa where the architecture has it (BERT, RoBERTa, ModernBERT), eager
+    where it has not (DeBERTa-v2, which refuses an explicit sdpa).
     """
     from transformers import AutoModel
 
     with _checked_load(folder) as checked:
-        return checked(AutoModel.from_pretrained(str(folder), dtype=dtype, local_files_only=True,
-                                                 output_loading_info=True)).eval()  # fmt: skip
+        return checked(
+            AutoModel.from_pretrained(
+                str(folder), dtype=dtype, local_files_only=True, output_loading_info=True
+            )
+        ).eval()
 
 
 # Tensors a checkpoint may lack without harm: the pooler, which no family reads.
@@ -127,19 +151,21 @@ UNREAD_PREFIXES = ("pooler.",)
 
 @contextmanager
 def _checked_load(folder: str | Path) -> Iterator[Callable[[tuple[nn.Module, dict]], nn.Module]]:
-    """A checker for `from_pretrained(..., output_loading_info=True)`'s result: the model, or BadBase where its
-    checkpoint lacks tensors the model reads (transformers fills them at random and only warns). transformers'
-    own load report is silenced meanwhile: a masked-LM save's head (unexpected) and pooler (missing) are no
-    problem, and what is one is said here."""
+    """A checker for `from_pretrained(..., output_loading_info=True)`'s result: the model, or BadBase where
+    its checkpoint lacks tensors the model reads (transformers fills them at random and only warns).
+    transformers' own load report is silenced meanwhile: a masked-LM save's head (unexpected) and pooler
+    (missing) are no problem, and what is one is said here."""
     from transformers.utils import logging as hf_logging
 
     def checked(loaded: tuple[nn.Module, dict]) -> nn.Module:
         model, info = loaded
         missing = sorted(k for k in info.get("missing_keys", []) if not k.startswith(UNREAD_PREFIXES))
         if missing:
-            raise BadBase(f"{folder}: its weights lack {len(missing)} of the model's tensors ({', '.join(missing[:3])}"
-                          f"{', ...' if len(missing) > 3 else ''}), which would start at random; a partial or "
-                          "mismatched checkpoint? save the whole model again (model.save_pretrained)")  # fmt: skip
+            raise BadBase(
+                f"{folder}: its weights lack {len(missing)} of the model's tensors ({', '.join(missing[:3])}"
+                f"{', ...' if len(missing) > 3 else ''}), which would start at random; a partial or "
+                "mismatched checkpoint? save the whole model again (model.save_pretrained)"
+            )
         return model
 
     verbosity = hf_logging.get_verbosity()
@@ -151,8 +177,8 @@ def _checked_load(folder: str | Path) -> Iterator[Callable[[tuple[nn.Module, dic
 
 
 def encoder_from_laya_layout(folder: str | Path) -> tuple[nn.Module, Any, int]:
-    """The pretrained encoder, tokenizer and stated sequence length (`max_len`) of a Laya-layout folder (its own
-    head is left behind)."""
+    """The pretrained encoder, tokenizer and stated sequence length (`max_len`) of a Laya-layout folder (its
+    own head is left behind)."""
     loaded = load_model(folder)
     return loaded.model.encoder.float().eval(), loaded.tokenizer, loaded.max_len
 
@@ -163,7 +189,8 @@ def is_causal(model: nn.Module) -> bool:
 
 
 def backbone_body(model: nn.Module) -> nn.Module:
-    """The module whose output is the last hidden states: a causal LM's base model (no LM head), or the encoder.
+    """The module whose output is the last hidden states: a causal LM's base model (no LM head), or the
+    encoder.
 
     `get_decoder()` comes first: on a peft-wrapped LM, `lm.model` resolves to the whole causal LM, whose
     forward would compute the vocabulary logits this family exists to avoid.
@@ -174,8 +201,9 @@ def backbone_body(model: nn.Module) -> nn.Module:
 
 
 def vocabulary_table(model: nn.Module) -> torch.Tensor:
-    """The rows the head gathers per option token (a lexical prior): a causal LM's output projection (tied to the
-    input embeddings on small Qwen and Llama models), an encoder's word embeddings. Used as a table, never a layer."""
+    """The rows the head gathers per option token (a lexical prior): a causal LM's output projection (tied to
+    the input embeddings on small Qwen and Llama models), an encoder's word embeddings. Used as a table, never
+    a layer."""
     if is_causal(model):
         return model.get_output_embeddings().weight
     return model.get_input_embeddings().weight
@@ -199,8 +227,11 @@ def lora_targets(model: nn.Module) -> list[str]:
     )
     if present:
         return present
-    return [name for name, module in model.named_modules()
-            if isinstance(module, nn.Linear) and not name.startswith("pooler")]  # fmt: skip
+    return [
+        name
+        for name, module in model.named_modules()
+        if isinstance(module, nn.Linear) and not name.startswith("pooler")
+    ]
 
 
 def qlora_config(device: torch.device):
@@ -210,5 +241,9 @@ def qlora_config(device: torch.device):
     compute = torch.bfloat16
     if device.type == "cuda" and not has_native_bf16(device):
         compute = torch.float16
-    return BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
-                              bnb_4bit_compute_dtype=compute)  # fmt: skip
+    return BitsAndBytesConfig(
+        load_in_4bit=True,
+        bnb_4bit_quant_type="nf4",
+        bnb_4bit_use_double_quant=True,
+        bnb_4bit_compute_dtype=compute,
+    )

@@ -1,8 +1,8 @@
 """The `joint` family: a row's state read once, each of its questions isolated (its own field sequences on an
-encoder, its own sequence after the state on a causal LM), and a head that pools question and option spans and lets
-each question's fields attend to the state, so one pass answers every question of a row. Its backbone is
-a causal LM (Clef-style; LoRA, full or QLoRA) or an encoder (a plain Hugging Face encoder folder, or the MiniLM of a
-Laya-layout base; LoRA or full); `head` trains the head alone on either.
+encoder, its own sequence after the state on a causal LM), and a head that pools question and option spans and
+lets each question's fields attend to the state, so one pass answers every question of a row. Its backbone is
+a causal LM (Clef-style; LoRA, full or QLoRA) or an encoder (a plain Hugging Face encoder folder, or the
+MiniLM of a Laya-layout base; LoRA or full); `head` trains the head alone on either.
 
     family = JointFamily()
     loaded = family.load("models/qwen3-0.6b", TrainConfig(method="qlora"), torch.device("cuda"))
@@ -72,8 +72,11 @@ class JointFamily(DecisionFamily):
 
     name = "joint"
     methods = ("head", "lora", "full", "qlora")
-    bases = ("a plain Hugging Face encoder folder (BERT, RoBERTa, DeBERTa-v2, ModernBERT, ...) or causal LM folder "
-             "(Qwen3, Llama, ...) with its tokenizer, a joint export; a Laya-layout folder when asked for by name")  # fmt: skip
+    bases = (
+        "a plain Hugging Face encoder folder (BERT, RoBERTa, DeBERTa-v2, ModernBERT, ...) or causal LM "
+        "folder (Qwen3, Llama, ...) with its tokenizer, a joint export; a Laya-layout folder when asked for "
+        "by name"
+    )
 
     def describe_training(self, folder: Path) -> dict[str, Any]:
         return json.loads((folder / JOINT_CONFIG).read_text()).get("training", {})
@@ -91,8 +94,10 @@ class JointFamily(DecisionFamily):
 
     def method_problem(self, base: Path, method: str) -> str | None:
         if method == "qlora" and (is_encoder_folder(base) or is_laya_layout_folder(base)):
-            return (f"train.method=qlora: {base} has an encoder backbone; QLoRA quantises causal LMs (use --method "
-                    "lora or --method full)")  # fmt: skip
+            return (
+                f"train.method=qlora: {base} has an encoder backbone; QLoRA quantises causal LMs (use "
+                "--method lora or --method full)"
+            )
         return None
 
     def is_export(self, folder: Path) -> bool:
@@ -112,8 +117,13 @@ class JointFamily(DecisionFamily):
             loaded = load_joint(folder, head_width=width, lexicon=lexicon)
             loaded.model.to(device)
         else:
-            loaded = load_joint(folder, head_width=width, quantization=qlora_config(device), device=str(device),
-                                lexicon=lexicon)  # fmt: skip
+            loaded = load_joint(
+                folder,
+                head_width=width,
+                quantization=qlora_config(device),
+                device=str(device),
+                lexicon=lexicon,
+            )
             loaded.model.head.to(device)
         if config is not None and config.layer_plan is not None:
             set_layer_plan(loaded, config.layer_plan)  # the run's plan, over the folder's own
@@ -130,30 +140,43 @@ class JointFamily(DecisionFamily):
     def state_cuts(self, examples: list[JointExample]) -> list[StateCut]:
         return state_cuts(examples)
 
-    def training_examples(self, loaded: LoadedJoint, examples: list[JointExample], config: TrainConfig,
-                          device: torch.device, report=None) -> list[JointExample]:  # fmt: skip
+    def training_examples(
+        self,
+        loaded: LoadedJoint,
+        examples: list[JointExample],
+        config: TrainConfig,
+        device: torch.device,
+        report=None,
+    ) -> list[JointExample]:
         """`head` trains on a frozen backbone: its hidden states are computed once, not once per epoch."""
         if config.method != "head":
             return examples
-        return cache_features(loaded.model.to(device), examples, loaded.tokenizer.pad_token_id, device,
-                              config.eval_batch_size, report)  # fmt: skip
+        return cache_features(
+            loaded.model.to(device),
+            examples,
+            loaded.tokenizer.pad_token_id,
+            device,
+            config.eval_batch_size,
+            report,
+        )
 
     def prepare(self, loaded: LoadedJoint, config: TrainConfig) -> None:
         prepare_joint(loaded.model, config)
 
     def training_precision(self, config: TrainConfig) -> tuple[str, str]:
-        """`head` computes in fp32 whatever `train.precision` says: the frozen backbone's features are computed once,
-        outside autocast, and the head turns autocast off inside (its many small products lose too much in bf16).
-        A GPU run found `auto` (bf16 there) and fp32 equal (docs/results.md, "The GPU check on an H200")."""
+        """`head` computes in fp32 whatever `train.precision` says: the frozen backbone's features are
+        computed once, outside autocast, and the head turns autocast off inside (its many small products lose
+        too much in bf16). A GPU run found `auto` (bf16 there) and fp32 equal (docs/results.md, "The GPU check
+        on an H200")."""
         if config.method == "head":
             return "fp32", "the head computes in fp32, on features computed once without autocast"
         return config.precision, ""
 
     def candidates(self, loaded: LoadedJoint, config: TrainConfig) -> list[Candidate]:
-        """`train.lexicon: auto` or `both` on a fresh encoder head trained alone: a `tokens` head and a `tfidf` head on
-        the same frozen features, for the validation split to choose among them and the two together (`auto`) or to
-        answer together (`both`). Anywhere else each is `tokens`: a LoRA or full run changes the backbone the second
-        head would share, and a trained head keeps its own channel."""
+        """`train.lexicon: auto` or `both` on a fresh encoder head trained alone: a `tokens` head and a
+        `tfidf` head on the same frozen features, for the validation split to choose among them and the two
+        together (`auto`) or to answer together (`both`). Anywhere else each is `tokens`: a LoRA or full run
+        changes the backbone the second head would share, and a trained head keeps its own channel."""
         if config.lexicon not in ("auto", "both"):
             return [Candidate("", config, loaded)]
         tokens = replace(config, lexicon="tokens")
@@ -161,20 +184,24 @@ class JointFamily(DecisionFamily):
         if not fresh or config.method != "head":
             return [Candidate("", tokens, loaded)]
         together = config.lexicon == "both"
-        return [Candidate("tokens", tokens, loaded, together),
-                Candidate("tfidf", replace(config, lexicon="tfidf"), with_lexicon(loaded, "tfidf"), together)]  # fmt: skip
+        return [
+            Candidate("tokens", tokens, loaded, together),
+            Candidate("tfidf", replace(config, lexicon="tfidf"), with_lexicon(loaded, "tfidf"), together),
+        ]
 
     def combined(self, trained: list[Candidate]) -> Candidate | None:
-        """`train.lexicon: both`'s (or `auto`'s) two heads answering together (`HeadEnsemble`, the mean of their probabilities) on the
-        backbone they share: no more training, and only the heads' cost again when serving."""
+        """`train.lexicon: both`'s (or `auto`'s) two heads answering together (`HeadEnsemble`, the mean of
+        their probabilities) on the backbone they share: no more training, and only the heads' cost again when
+        serving."""
         if len(trained) < 2:
             return None
         config = replace(trained[0].config, lexicon="both")
         return Candidate("ensemble", config, ensemble([c.loaded for c in trained]), trained[0].together)
 
     def learn_from_rows(self, loaded: LoadedJoint, examples: list[JointExample]) -> None:
-        """A fresh head's `tfidf` lexical channel: its pairs and word weights, from the training rows' states. A
-        trained head keeps its own: its rows were learned for them. A `tokens` channel has nothing to count."""
+        """A fresh head's `tfidf` lexical channel: its pairs and word weights, from the training rows' states.
+        A trained head keeps its own: its rows were learned for them. A `tokens` channel has nothing to
+        count."""
         if loaded.config.get("fine_tuned"):
             return
         lexical = loaded.model.head.lexical
@@ -184,15 +211,23 @@ class JointFamily(DecisionFamily):
     def batch_task(self, loaded: LoadedJoint, config: TrainConfig) -> BatchTask:
         return joint_batch_task(loaded.tokenizer.pad_token_id, config)
 
-    def score(self, loaded: LoadedJoint, examples: list[JointExample], device: torch.device, batch_size: int = 32,
-              progress: bool = False) -> tuple[list[ScoredDecision], list[np.ndarray]]:  # fmt: skip
-        # A record holds every question of its row: a quarter of the Laya family's batch is about as many tokens.
+    def score(
+        self,
+        loaded: LoadedJoint,
+        examples: list[JointExample],
+        device: torch.device,
+        batch_size: int = 32,
+        progress: bool = False,
+    ) -> tuple[list[ScoredDecision], list[np.ndarray]]:
+        # A record holds every question of its row: a quarter of the Laya family's batch is about as many
+        # tokens.
         return score_examples(
             loaded.model, examples, loaded.tokenizer.pad_token_id, device, max(1, batch_size // 4)
         )
 
-    def served_probabilities(self, loaded: LoadedJoint, decisions: list[ScoredDecision],
-                             logits: list[np.ndarray]) -> list[np.ndarray]:  # fmt: skip
+    def served_probabilities(
+        self, loaded: LoadedJoint, decisions: list[ScoredDecision], logits: list[np.ndarray]
+    ) -> list[np.ndarray]:
         calibrator = self.calibrator(loaded)
         return [calibrator.probabilities(d.qtype, d.question_id, z) for d, z in zip(decisions, logits)]
 
@@ -204,10 +239,14 @@ class JointFamily(DecisionFamily):
         )
 
     def save_finetune(self, loaded: LoadedJoint, out: Path, training: dict[str, Any]) -> Path:
-        """An export at T = 1 (merged, self-describing): calibration then re-exports it with its temperatures."""
+        """An export at T = 1 (merged, self-describing): calibration then re-exports it with its
+        temperatures."""
         # Trained, whatever the method: a head trained on a frozen backbone leaves no adapters to tell.
-        loaded.config = {**loaded.config, "fine_tuned": True,
-                         "training": {**loaded.config.get("training", {}), **training}}  # fmt: skip
+        loaded.config = {
+            **loaded.config,
+            "fine_tuned": True,
+            "training": {**loaded.config.get("training", {}), **training},
+        }
         manifest = {"family": self.name, "source_digest": training.get("source_digest")}
         return Path(export_joint(loaded, out, Calibrator(), manifest).out)
 
@@ -231,7 +270,7 @@ class JointFamily(DecisionFamily):
         return answer_joint_requests(loaded, requests, dtype=dtype, encoder=encoder)
 
     def served_encoder(self, loaded: LoadedJoint) -> torch.nn.Module | None:
-        """An encoder backbone's pass (its last hidden states, or its last `read_layers` side by side); a causal
-        LM's stays in torch."""
+        """An encoder backbone's pass (its last hidden states, or its last `read_layers` side by side); a
+        causal LM's stays in torch."""
         model = loaded.model
         return None if is_causal(model.lm) else EncoderPass(model, model.hidden_states)

@@ -1,4 +1,5 @@
-"""A server's cache of isolated field vectors: a question's (or option's) field sequence pooled once per model.
+"""A server's cache of isolated field vectors: a question's (or option's) field sequence pooled once per
+model.
 
 cache = FieldCache()
 batch["field_vectors"] = cache.fill(model, batch, distinct_field_keys(records), device)
@@ -40,7 +41,8 @@ class FieldCache:
 
     def _fill(self, model, batch: dict, keys: list[FieldKey], device: torch.device, encoder) -> torch.Tensor:
         missing = [i for i, key in enumerate(keys) if key not in self.vectors]
-        # A pass of at most PASS sequences: a request of 64 questions with 255 options each has 16,384 of them.
+        # A pass of at most PASS sequences: a request of 64 questions with 255 options each has 16,384 of
+        # them.
         for start in range(0, len(missing), PASS):
             part = missing[start : start + PASS]
             for i, vector in zip(part, self._computed(model, batch, part, device, encoder)):
@@ -55,16 +57,18 @@ class FieldCache:
 
     @staticmethod
     def _computed(model, batch: dict, rows: list[int], device: torch.device, encoder) -> torch.Tensor:
-        part = {name: batch[name][rows].to(device)
-                for name in ("field_input_ids", "field_attention_mask", "field_spans")}  # fmt: skip
+        part = {
+            name: batch[name][rows].to(device)
+            for name in ("field_input_ids", "field_attention_mask", "field_spans")
+        }
         hidden = encoder(part["field_input_ids"], part["field_attention_mask"]).to(device)
         with torch.autocast(device.type, enabled=False):  # the head's pooling in fp32, as in its forward pass
             return model.head.field_vectors(hidden, part).float().cpu()
 
     def _forget_if_changed(self, model, encoder) -> None:
         """Drop every vector when any weight changed since they were computed (an optimizer step, a load: each
-        in-place update bumps a tensor's version counter), or when another runtime computes them (a parity check
-        compares the runtimes' own vectors, never one's cached for the other)."""
+        in-place update bumps a tensor's version counter), or when another runtime computes them (a parity
+        check compares the runtimes' own vectors, never one's cached for the other)."""
         weights = (sum(p._version for p in model.parameters()), id(encoder))
         if weights != self.weights:
             self.vectors.clear()

@@ -1,10 +1,11 @@
-"""Decision head on a causal LM (the joint family): a causal LM read for its last hidden states, never for its vocabulary logits.
+"""Decision head on a causal LM (the joint family): a causal LM read for its last hidden states, never for its
+vocabulary logits.
 
 The second model family beside the Laya encoder models (`pipeline.families.laya_layout`). A batch from
-`pipeline.families.joint.records.collate_records` goes through the LM's body (`backbone_body`) only; `JointHead` turns the
-last hidden states into one logit per option. The LM's output projection is used as a table, not a layer: the
-head gathers the rows of its weight for each option's tokens (a lexical prior), so no [B, T, vocab] tensor is
-ever computed.
+`pipeline.families.joint.records.collate_records` goes through the LM's body (`backbone_body`) only;
+`JointHead` turns the last hidden states into one logit per option. The LM's output projection is used as a
+table, not a layer: the head gathers the rows of its weight for each option's tokens (a lexical prior), so no
+[B, T, vocab] tensor is ever computed.
 
     lm = load_causal_lm("models/qwen3-0.6b", dtype=torch.bfloat16)
     model = JointDecisionModel(lm)
@@ -63,8 +64,9 @@ class _FieldBlock(nn.Module):
         )
 
     def forward(self, fields, field_pad, memory, memory_pad, groups: int = 1):
-        """`groups` > 1: `fields` [B * groups, G, d] are groups that attend among themselves, and a row's groups
-        together query its memory [B, T, d] (each query on its own, so the keys are projected once per row)."""
+        """`groups` > 1: `fields` [B * groups, G, d] are groups that attend among themselves, and a row's
+        groups together query its memory [B, T, d] (each query on its own, so the keys are projected once per
+        row)."""
         x = self.self_norm(fields)
         fields = fields + self.self_attn(x, x, x, key_padding_mask=field_pad, need_weights=False)[0]
         x = self.cross_norm(fields)
@@ -90,20 +92,21 @@ def _once_per_row(values: torch.Tensor, present: torch.Tensor, bound: int) -> to
 
 
 class LexicalChannel(nn.Module):
-    """A bag of the state's tokens, and with `bigrams` of its adjacent token pairs, scored against each option's
-    final field: a word-level path beside the backbone's features, learned from the training rows alone.
+    """A bag of the state's tokens, and with `bigrams` of its adjacent token pairs, scored against each
+    option's final field: a word-level path beside the backbone's features, learned from the training rows
+    alone.
 
     A frozen sentence encoder's states keep the gist and lose the words; on State of the Union passages (who
-    said it, and when) a bag of single tokens added +0.025 accuracy on a validation split of training addresses
-    (mean of two seeds, `benchmarks/bench_head_levers.py`) and +0.027 on `bench_quality.py`'s held-out addresses.
-    With `bigrams` (`train.lexicon: tfidf`) the bag is TF-IDF's: `fit` learns the training rows' most frequent token
-    pairs (a pair they never had is left out, as TF-IDF leaves out a word it never saw) and weighs each entry by its
-    inverse document frequency. That lifted those passages from 0.663 / 0.685 to 0.703 / 0.700 (seeds 0 / 1) and
-    cost VADER 0.015 (docs/results.md). Without `fit` every token weighs 1 and no pair is known: the bag of
-    single tokens (`tokens`, the default).
+    said it, and when) a bag of single tokens added +0.025 accuracy on a validation split of training
+    addresses (mean of two seeds, `benchmarks/bench_head_levers.py`) and +0.027 on `bench_quality.py`'s
+    held-out addresses. With `bigrams` (`train.lexicon: tfidf`) the bag is TF-IDF's: `fit` learns the training
+    rows' most frequent token pairs (a pair they never had is left out, as TF-IDF leaves out a word it never
+    saw) and weighs each entry by its inverse document frequency. That lifted those passages from 0.663 /
+    0.685 to 0.703 / 0.700 (seeds 0 / 1) and cost VADER 0.015 (docs/results.md). Without `fit` every token
+    weighs 1 and no pair is known: the bag of single tokens (`tokens`, the default).
 
-    Its option projection starts at zero, so a fresh head scores as it would without it. In training, `dropout`
-    of the bag's entries are left out.
+    Its option projection starts at zero, so a fresh head scores as it would without it. In training,
+    `dropout` of the bag's entries are left out.
     """
 
     NO_PAIR = torch.iinfo(torch.int64).max  # an unused slot of `pairs`, greater than every real pair's key
@@ -117,11 +120,13 @@ class LexicalChannel(nn.Module):
         nn.init.zeros_(self.option.weight)
         nn.init.zeros_(self.option.bias)
         self.register_buffer("idf", torch.ones(vocabulary + bigrams))
-        # The known pairs' keys (first * vocabulary + second), sorted; pair i is row vocabulary + i of the table.
+        # The known pairs' keys (first * vocabulary + second), sorted; pair i is row vocabulary + i of the
+        # table.
         self.register_buffer("pairs", torch.full((bigrams,), self.NO_PAIR, dtype=torch.int64))
 
     def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
-        # A head saved before the weights had neither: every token weighs 1 and no pair is known, as it was trained.
+        # A head saved before the weights had neither: every token weighs 1 and no pair is known, as it was
+        # trained.
         state_dict.setdefault(prefix + "idf", torch.ones_like(self.idf))
         state_dict.setdefault(prefix + "pairs", self.pairs.clone())
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
@@ -129,8 +134,8 @@ class LexicalChannel(nn.Module):
     def entries(
         self, input_ids: torch.Tensor, attention_mask: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """The bag's entries [B, E] (rows of the table) and which are present [B, E]: each attended token, then
-        each pair of adjacent attended tokens that is a known pair."""
+        """The bag's entries [B, E] (rows of the table) and which are present [B, E]: each attended token,
+        then each pair of adjacent attended tokens that is a known pair."""
         ids, live = self._tokens(input_ids, attention_mask)
         if not len(self.pairs) or ids.shape[1] < 2:
             return ids, live
@@ -143,19 +148,21 @@ class LexicalChannel(nn.Module):
     def _tokens(
         self, input_ids: torch.Tensor, attention_mask: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """The ids with every token outside the bag set to 0, and which tokens are in it (attended, in vocabulary)."""
+        """The ids with every token outside the bag set to 0, and which tokens are in it (attended, in
+        vocabulary)."""
         live = attention_mask.bool() & (input_ids < self.vocabulary)
         return input_ids.masked_fill(~live, 0), live
 
     def _adjacent(self, ids: torch.Tensor, live: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Each adjacent pair's key (first * vocabulary + second) [B, T - 1], and whether both tokens are in the bag."""
+        """Each adjacent pair's key (first * vocabulary + second) [B, T - 1], and whether both tokens are in
+        the bag."""
         return ids[:, :-1] * self.vocabulary + ids[:, 1:], live[:, :-1] & live[:, 1:]
 
     @torch.no_grad()
     def fit(self, sequences: list[tuple[int, ...]]) -> None:
-        """Learn the pairs and the weights from the training rows' state token ids: the `bigrams` pairs that most
-        rows hold (of those in two rows or more), and per entry idf = ln((1 + n) / (1 + df)) + 1, scikit-learn's
-        smooth idf, or 0 for an entry no training row holds."""
+        """Learn the pairs and the weights from the training rows' state token ids: the `bigrams` pairs that
+        most rows hold (of those in two rows or more), and per entry idf = ln((1 + n) / (1 + df)) + 1,
+        scikit-learn's smooth idf, or 0 for an entry no training row holds."""
         self.pairs.fill_(self.NO_PAIR)
         if not sequences:
             return
@@ -182,15 +189,16 @@ class LexicalChannel(nn.Module):
         return torch.bincount(_once_per_row(entries, present, len(self.idf)), minlength=len(self.idf)).float()
 
     def bag(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-        """[B, dim]: the entries' rows weighed by their idf, over the root of the sum of the squared weights: TF-IDF's
-        l2 norm where no entry repeats (a repeated one adds its square once per time, the norm heads before `fit`
-        had, so they score as they did)."""
+        """[B, dim]: the entries' rows weighed by their idf, over the root of the sum of the squared weights:
+        TF-IDF's l2 norm where no entry repeats (a repeated one adds its square once per time, the norm heads
+        before `fit` had, so they score as they did)."""
         rows, present = self.entries(input_ids, attention_mask)
         weights = present.float() * self.idf[rows]
         if self.training and self.dropout:
             weights = weights * (torch.rand_like(weights) >= self.dropout)
         weights = weights / weights.square().sum(1, keepdim=True).sqrt().clamp(min=1e-12)
-        # embedding_bag sums the weighted rows without the [B, E, dim] gather a long state's thousands of entries cost
+        # embedding_bag sums the weighted rows without the [B, E, dim] gather a long state's thousands of
+        # entries cost
         return F.embedding_bag(rows, self.table.weight, per_sample_weights=weights, mode="sum")
 
     def forward(self, batch: dict, options: torch.Tensor) -> torch.Tensor:
@@ -203,20 +211,32 @@ class JointHead(nn.Module):
     """Scores every option of every question of a row jointly from the LM's last hidden states, in fp32.
 
     Fields [global, questions..., options...] are pooled from the memory (the hidden states projected to
-    `width`), then refined by `layers` blocks of self-attention among fields and cross-attention to the memory.
-    With `lexicon` (a vocabulary size; 0: none), a `LexicalChannel` on the state's tokens adds to each logit.
-    `isolated`: each question's fields (the global field, its own and its options') attend among themselves only,
-    so a question's answer depends on it and the state alone, never on the row's other questions.
+    `width`), then refined by `layers` blocks of self-attention among fields and cross-attention to the
+    memory. With `lexicon` (a vocabulary size; 0: none), a `LexicalChannel` on the state's tokens adds to each
+    logit. `isolated`: each question's fields (the global field, its own and its options') attend among
+    themselves only, so a question's answer depends on it and the state alone, never on the row's other
+    questions.
     """
 
-    def __init__(self, hidden_size: int, width: int = 256, heads: int = 4, layers: int = 2, chunk: int = 2048,
-                 dropout: float = 0.0, read_layers: int = 1, lexicon: int = 0, isolated: bool = False,
-                 bigrams: int = 0):  # fmt: skip
+    def __init__(
+        self,
+        hidden_size: int,
+        width: int = 256,
+        heads: int = 4,
+        layers: int = 2,
+        chunk: int = 2048,
+        dropout: float = 0.0,
+        read_layers: int = 1,
+        lexicon: int = 0,
+        isolated: bool = False,
+        bigrams: int = 0,
+    ):
         super().__init__()
         self.chunk, self.read_layers, self.isolated = chunk, read_layers, isolated
         self.lexical = LexicalChannel(lexicon, width, bigrams=bigrams) if lexicon else None
-        # The memory is the backbone's last `read_layers` hidden states side by side, each normalised on its own.
-        # With several, the norm has no affine of its own: the projection after it would absorb one anyway.
+        # The memory is the backbone's last `read_layers` hidden states side by side, each normalised on its
+        # own. With several, the norm has no affine of its own: the projection after it would absorb one
+        # anyway.
         self.memory_norm = nn.LayerNorm(hidden_size, elementwise_affine=read_layers == 1)
         self.memory_proj = nn.Linear(hidden_size * read_layers, width)
         self.prior_norm = nn.LayerNorm(hidden_size)
@@ -226,8 +246,13 @@ class JointHead(nn.Module):
         self.out_norm = nn.LayerNorm(width)
         self.scorer = nn.Sequential(nn.Linear(2 * width, width), nn.GELU(), nn.Linear(width, 1))
 
-    def forward(self, hidden: torch.Tensor, batch: dict, prior_weight: torch.Tensor,
-                field_hidden: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
+    def forward(
+        self,
+        hidden: torch.Tensor,
+        batch: dict,
+        prior_weight: torch.Tensor,
+        field_hidden: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         """Logits [B, Q, K] from hidden states [B, T, H] and the output-embedding weight [V, H].
 
         With the fields apart, `hidden` is the state's and `field_hidden` [U, Tq, H] holds each distinct field
@@ -268,8 +293,9 @@ class JointHead(nn.Module):
         return logits.masked_fill(~valid, PAD_LOGIT)
 
     def _isolated_logits(self, memory, global_vec, questions, options, batch: dict) -> torch.Tensor:
-        """[B, Q, K]: each question's fields [global, question, options] refined apart from every other question's,
-        each group attending to its row's memory (padded options and questions are masked keys)."""
+        """[B, Q, K]: each question's fields [global, question, options] refined apart from every other
+        question's, each group attending to its row's memory (padded options and questions are masked
+        keys)."""
         b, q, k, d = options.shape
         valid = _valid_options(batch)
         fields = torch.cat([global_vec[:, None, None].expand(b, q, 1, d), questions[:, :, None], options], 2)
@@ -292,8 +318,8 @@ class JointHead(nn.Module):
         return pooled[:, 0]
 
     def _isolated_pools(self, hidden: torch.Tensor, field_hidden: torch.Tensor | None, batch: dict):
-        """Questions isolated: the state's memory and mean; each question's and option's field from its own sequence
-        (given pooled as `field_vectors` where a cache had them)."""
+        """Questions isolated: the state's memory and mean; each question's and option's field from its own
+        sequence (given pooled as `field_vectors` where a cache had them)."""
         memory, (state_mean,) = self._pooled(hidden, batch["attention_mask"].bool(), ())
         vectors = batch.get("field_vectors")
         if vectors is None:
@@ -301,13 +327,14 @@ class JointHead(nn.Module):
         return memory, state_mean[:, 0], vectors[batch["question_field"]], vectors[batch["option_field"]]
 
     def _score(self, questions: torch.Tensor, options: torch.Tensor) -> torch.Tensor:
-        """[B, Q, K] from the final question [B, Q, d] and option [B, Q, K, d] fields: each option scored beside
-        its own question."""
+        """[B, Q, K] from the final question [B, Q, d] and option [B, Q, K, d] fields: each option scored
+        beside its own question."""
         pair = torch.cat([options, questions[:, :, None].expand(-1, -1, options.shape[2], -1)], dim=-1)
         return self.scorer(pair).squeeze(-1)
 
     def _memory_and_pools(self, hidden: torch.Tensor, batch: dict):
-        """The projected memory [B, T, d] and the global, question and option means (fields in the sequence)."""
+        """The projected memory [B, T, d] and the global, question and option means (fields in the
+        sequence)."""
         b = hidden.shape[0]
         spans = (batch["question_spans"], batch["option_spans"].flatten(1, 2))
         memory, means = self._pooled(hidden, batch["attention_mask"].bool(), spans)
@@ -329,8 +356,9 @@ class JointHead(nn.Module):
         return memory, state_mean[:, 0], questions[index], options[index].reshape(len(index), q, k, -1)
 
     def _pooled(self, hidden: torch.Tensor, attended: torch.Tensor, spans: tuple[torch.Tensor, ...]):
-        """The projected hidden states [N, T, d] and the means over all attended tokens and over each span set,
-        one chunk at a time: a running sum and count per field, so any chunk size gives the same means."""
+        """The projected hidden states [N, T, d] and the means over all attended tokens and over each span
+        set, one chunk at a time: a running sum and count per field, so any chunk size gives the same
+        means."""
         t = hidden.shape[1]
         sums, counts, pieces = [0.0] * (1 + len(spans)), [0.0] * (1 + len(spans)), []
         for start in range(0, t, self.chunk):
@@ -346,12 +374,14 @@ class JointHead(nn.Module):
     def _project_chunk(self, chunk: torch.Tensor) -> torch.Tensor:
         """[B, C, d] fp32 from a chunk of hidden states in any dtype.
 
-        Only this chunk is ever cast to fp32. When gradients flow into the backbone, the projection is recomputed
-        in the backward pass (checkpoint), so the fp32 copies and normalised activations are not kept for it either.
+        Only this chunk is ever cast to fp32. When gradients flow into the backbone, the projection is
+        recomputed in the backward pass (checkpoint), so the fp32 copies and normalised activations are not
+        kept for it either.
         """
         if torch.is_grad_enabled() and chunk.requires_grad:
             return checkpoint(self._project, chunk, use_reentrant=False)
-        # A frozen backbone's states: the projection's input is all its backward keeps, so nothing to recompute.
+        # A frozen backbone's states: the projection's input is all its backward keeps, so nothing to
+        # recompute.
         return self._project(chunk)
 
     def _project(self, chunk: torch.Tensor) -> torch.Tensor:
@@ -372,10 +402,10 @@ class HeadEnsemble(nn.Module):
     """Heads trained apart on the same backbone's hidden states, answering together: each question's
     probabilities are the mean of theirs (its logits their log, so a softmax gives that mean back).
 
-    The heads differ where training made them differ (`train.lexicon: both` trains a `tokens` and a `tfidf` head);
-    they read the same layers, so the backbone runs once for all of them and only the heads' cost is paid again. On
-    State of the Union passages from new addresses the two together scored 0.715 where the better head alone scored
-    0.703 and the other 0.663 (docs/results.md, "Two heads together").
+    The heads differ where training made them differ (`train.lexicon: both` trains a `tokens` and a `tfidf`
+    head); they read the same layers, so the backbone runs once for all of them and only the heads' cost is
+    paid again. On State of the Union passages from new addresses the two together scored 0.715 where the
+    better head alone scored 0.703 and the other 0.663 (docs/results.md, "Two heads together").
     """
 
     def __init__(self, members: list[JointHead]):
@@ -386,8 +416,13 @@ class HeadEnsemble(nn.Module):
         first = members[0]
         self.read_layers, self.isolated, self.chunk = first.read_layers, first.isolated, first.chunk
 
-    def forward(self, hidden: torch.Tensor, batch: dict, prior_weight: torch.Tensor,
-                field_hidden: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
+    def forward(
+        self,
+        hidden: torch.Tensor,
+        batch: dict,
+        prior_weight: torch.Tensor,
+        field_hidden: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         """Logits [B, Q, K]: the log of the members' mean probabilities; padded options get -1e4."""
         vectors = batch.get("field_vectors")
         parts = [None] * len(self.members) if vectors is None else vectors.split(self._widths(), -1)
@@ -399,7 +434,8 @@ class HeadEnsemble(nn.Module):
         return mean.masked_fill(~_valid_options(batch), PAD_LOGIT)
 
     def field_vectors(self, field_hidden: torch.Tensor, batch: dict) -> torch.Tensor:
-        """[U, members * d]: each member's pooled fields side by side (a server caches them per question text)."""
+        """[U, members * d]: each member's pooled fields side by side (a server caches them per question
+        text)."""
         return torch.cat([member.field_vectors(field_hidden, batch) for member in self.members], -1)
 
     def _widths(self) -> list[int]:
@@ -409,9 +445,10 @@ class HeadEnsemble(nn.Module):
 def by_windows(
     run, input_ids: torch.Tensor, attention_mask: torch.Tensor, window: int | None
 ) -> torch.Tensor:
-    """`run(ids, mask)`'s hidden states [B, T, H] of states laid out as `records.windowed_state` lays them: each
-    `window` tokens a sequence of its own, read in one pass with the other rows' windows (windows that are all
-    padding are not run), then put back side by side. `window` None, or a batch that fits one: one plain pass."""
+    """`run(ids, mask)`'s hidden states [B, T, H] of states laid out as `records.windowed_state` lays them:
+    each `window` tokens a sequence of its own, read in one pass with the other rows' windows (windows that
+    are all padding are not run), then put back side by side. `window` None, or a batch that fits one: one
+    plain pass."""
     b, t = input_ids.shape
     if window is None or t <= window:
         return run(input_ids, attention_mask)
@@ -427,8 +464,8 @@ def by_windows(
 
 
 class JointDecisionModel(nn.Module):
-    """A backbone (a causal LM, plain or peft-wrapped, or an encoder) and a `JointHead` (or a `HeadEnsemble` of them)
-    on its last hidden states.
+    """A backbone (a causal LM, plain or peft-wrapped, or an encoder) and a `JointHead` (or a `HeadEnsemble`
+    of them) on its last hidden states.
 
     `state_window`: the state's sequence is windows of this many tokens, each read on its own (`by_windows`);
     None (the default): one sequence.
@@ -467,15 +504,22 @@ class JointDecisionModel(nn.Module):
         side by side [B, T, read_layers * H]."""
         # use_cache=False: a training or scoring pass never decodes, so a KV cache is only memory.
         many = self.head.read_layers > 1
-        out = backbone_body(self.lm)(input_ids=input_ids, attention_mask=attention_mask, use_cache=False,
-                                     output_hidden_states=many)  # fmt: skip
+        out = backbone_body(self.lm)(
+            input_ids=input_ids, attention_mask=attention_mask, use_cache=False, output_hidden_states=many
+        )
         return (
             torch.cat(out.hidden_states[-self.head.read_layers :], dim=-1) if many else out.last_hidden_state
         )
 
 
-def joint_loss(logits: torch.Tensor, batch: dict, target: torch.Tensor, label_smoothing: float = 0.0,
-                 brier_weight: float = 0.0, ordinal_weight: float = 0.0) -> torch.Tensor:  # fmt: skip
+def joint_loss(
+    logits: torch.Tensor,
+    batch: dict,
+    target: torch.Tensor,
+    label_smoothing: float = 0.0,
+    brier_weight: float = 0.0,
+    ordinal_weight: float = 0.0,
+) -> torch.Tensor:
     """Soft cross-entropy over each question's own options, mean over real questions, plus optional terms.
 
     `label_smoothing` mixes the target with the uniform distribution over the question's options (for the

@@ -16,8 +16,9 @@ The joint family's layout (the Laya family's is `pipeline.families.laya_layout`)
     manifest.json         lineage, as every export's
 
 A base is a plain Hugging Face causal LM or encoder folder (BERT, RoBERTa, DeBERTa-v2, ModernBERT, ...), or a
-Laya-layout folder whose encoder carries the joint head instead of its own; each gets a fresh seeded head. Exports written before the interface (family "decoder", a
-global temperature folded into the head) load as they are.
+Laya-layout folder whose encoder carries the joint head instead of its own; each gets a fresh seeded head.
+Exports written before the interface (family "decoder", a global temperature folded into the head) load as
+they are.
 
     loaded = load_joint("models/qwen3-0.6b", max_len=2048)
     export_joint(loaded, "models/decision-qwen3", (1.3, 1.0, 0.9), manifest)
@@ -80,11 +81,12 @@ BACKBONE_DIR = "backbone"
 HEAD_DEFAULTS = {"heads": 4, "layers": 2, "chunk": 2048}
 IN_SEQUENCE, APART = "in_sequence", "apart"
 ENCODER_READ_LAYERS = 4
-# The token pairs a fresh encoder head's `tfidf` lexical channel may know (`LexicalChannel`): at most 65,536 rows of 128
-# beside the vocabulary's (32 MiB in fp32; MiniLM's 30,522 tokens get all of them), and no more than four per token.
+# The token pairs a fresh encoder head's `tfidf` lexical channel may know (`LexicalChannel`): at most 65,536
+# rows of 128 beside the vocabulary's (32 MiB in fp32; MiniLM's 30,522 tokens get all of them), and no more
+# than four per token.
 LEXICON_BIGRAMS = 65536
-# A plain encoder's sequence length unless its tokenizer states less: what BERT-sized encoders were pretrained on
-# (ModernBERT reaches 8192 positions, at a cost quadratic in the length).
+# A plain encoder's sequence length unless its tokenizer states less: what BERT-sized encoders were pretrained
+# on (ModernBERT reaches 8192 positions, at a cost quadratic in the length).
 ENCODER_MAX_LEN = 512
 
 
@@ -105,17 +107,20 @@ class LoadedJoint:
 
     @property
     def fields_max_len(self) -> int:
-        """Tokens the field sequence (the questions, fields apart) may take: what the backbone's positions reach."""
+        """Tokens the field sequence (the questions, fields apart) may take: what the backbone's positions
+        reach."""
         return int(self.config.get("fields_max_len", self.max_len))
 
     @property
     def fields_apart(self) -> bool:
-        """The questions are a field sequence of their own, not part of the state's (exports before: in it)."""
+        """The questions are a field sequence of their own, not part of the state's (exports before: in
+        it)."""
         return self.config.get("fields", IN_SEQUENCE) == APART
 
     @property
     def isolated(self) -> bool:
-        """No question sees another's text or fields, nor its id (exports before: the row's questions read jointly)."""
+        """No question sees another's text or fields, nor its id (exports before: the row's questions read
+        jointly)."""
         return bool((self.config.get("head") or {}).get("isolated", False))
 
     @property
@@ -142,23 +147,37 @@ def describe_base(path: str | Path) -> str:
     if is_joint_export(path):
         return "a joint export: its trained head and backbone, trained further"
     if is_laya_layout_folder(path):
-        return "a Laya-layout folder: the joint head on its encoder (its own head left behind), each question apart"
+        return (
+            "a Laya-layout folder: the joint head on its encoder (its own head left behind), each question "
+            "apart"
+        )
     config = read_hf_config(path) or {}
     name = ", ".join(config.get("architectures") or []) or config.get("model_type", "?")
     if is_causal_lm_folder(path):
-        return f"a causal LM folder ({name}): the joint head on its last hidden state, each question after the state"
+        return (
+            f"a causal LM folder ({name}): the joint head on its last hidden state, each question after the "
+            "state"
+        )
     return f"a plain encoder folder ({name}): the joint head on its last hidden states, each question apart"
 
 
-def load_joint(path: str | Path, max_len: int = 1024, head_width: int = 256, seed: int = 0,
-               dtype: torch.dtype = torch.float32, quantization: Any | None = None,
-               device: str = "cpu", lexicon: str = "tokens") -> LoadedJoint:  # fmt: skip
+def load_joint(
+    path: str | Path,
+    max_len: int = 1024,
+    head_width: int = 256,
+    seed: int = 0,
+    dtype: torch.dtype = torch.float32,
+    quantization: Any | None = None,
+    device: str = "cpu",
+    lexicon: str = "tokens",
+) -> LoadedJoint:
     """A joint export, or a base (causal LM, encoder, Laya-layout encoder) with a fresh head seeded by `seed`.
 
     `max_len`, `head_width` and `lexicon` (an encoder head's lexical channel: `tokens` or `tfidf`,
     `TrainConfig.lexicon`) apply to a base only (an export carries its own; a Laya-layout base's own max_len,
-    a plain encoder's `ENCODER_MAX_LEN` and an encoder's position embeddings cap `max_len`). The head is fp32 always. `quantization` (a transformers quantization config, e.g.
-    4-bit `BitsAndBytesConfig` for QLoRA) loads a causal LM quantised. The folder is only read.
+    a plain encoder's `ENCODER_MAX_LEN` and an encoder's position embeddings cap `max_len`). The head is fp32
+    always. `quantization` (a transformers quantization config, e.g. 4-bit `BitsAndBytesConfig` for QLoRA)
+    loads a causal LM quantised. The folder is only read.
     """
     path = Path(path)
     if is_joint_export(path):
@@ -178,14 +197,22 @@ def load_joint(path: str | Path, max_len: int = 1024, head_width: int = 256, see
         encoder = load_encoder(path, dtype)
         return _encoder_base(path, encoder, tokenizer, stated, max_len, head_width, seed, lexicon)
     raise ModelLayoutError(
-        f"{path}: not a joint decision model (no {HEAD_FILE} and {JOINT_CONFIG}; an unfinished export?), "
-        "nor a causal LM or encoder folder (config.json with a ...ForCausalLM architecture, or a masked-language "
-        "encoder's model_type), nor a Laya-layout folder"
+        f"{path}: not a joint decision model (no {HEAD_FILE} and {JOINT_CONFIG}; an unfinished export?), nor "
+        "a causal LM or encoder folder (config.json with a ...ForCausalLM architecture, or a "
+        "masked-language encoder's model_type), nor a Laya-layout folder"
     )
 
 
-def _encoder_base(path: Path, encoder: nn.Module, tokenizer, stated: int, max_len: int, head_width: int,
-                  seed: int, lexicon: str) -> LoadedJoint:  # fmt: skip
+def _encoder_base(
+    path: Path,
+    encoder: nn.Module,
+    tokenizer,
+    stated: int,
+    max_len: int,
+    head_width: int,
+    seed: int,
+    lexicon: str,
+) -> LoadedJoint:
     """An encoder with a fresh head: the state's sequence `stated` tokens at most, a field sequence what the
     encoder's positions reach (both within `max_len`)."""
     length = max_positions(encoder, min(max_len, stated))
@@ -213,22 +240,32 @@ def _load_export(path: Path, dtype: torch.dtype, quantization: Any | None, devic
 
 def _refuse_quantised_encoder(path: Path, quantization: Any | None) -> None:
     if quantization is not None:
-        raise ConfigError(f"train.method=qlora: {path} has an encoder backbone; QLoRA quantises causal LMs "
-                          "(use --method lora or --method full)")  # fmt: skip
+        raise ConfigError(
+            f"train.method=qlora: {path} has an encoder backbone; QLoRA quantises causal LMs "
+            "(use --method lora or --method full)"
+        )
 
 
-def _with_fresh_head(path: Path, backbone: nn.Module, tokenizer, max_len: int, head_width: int,
-                     seed: int, lexicon: str) -> LoadedJoint:  # fmt: skip
+def _with_fresh_head(
+    path: Path, backbone: nn.Module, tokenizer, max_len: int, head_width: int, seed: int, lexicon: str
+) -> LoadedJoint:
     # An encoder's head reads its last 4 layers: on VADER, a logistic regression on the frozen MiniLM's mean
-    # states scored 0.6955 from the last layer and 0.7205 from the last four side by side. A causal LM's hidden
-    # states are wide already; its head reads the last layer.
+    # states scored 0.6955 from the last layer and 0.7205 from the last four side by side. A causal LM's
+    # hidden states are wide already; its head reads the last layer.
     read_layers = 1 if is_causal(backbone) else min(ENCODER_READ_LAYERS, _layer_count(backbone))
     # An encoder's head also reads the state's words (`LexicalChannel`); a causal LM's sequence holds the
     # questions too, so a bag of it would not be the state's.
     vocabulary = 0 if is_causal(backbone) else vocabulary_table(backbone).shape[0]
-    # Every fresh head isolates its questions: an answer depends on its question and the state alone (DESIGN 5).
-    head_config = {"width": head_width, **HEAD_DEFAULTS, "read_layers": read_layers, "lexicon": vocabulary,
-                   "bigrams": _lexicon_pairs(lexicon, vocabulary), "isolated": True}  # fmt: skip
+    # Every fresh head isolates its questions: an answer depends on its question and the state alone (DESIGN
+    # 5).
+    head_config = {
+        "width": head_width,
+        **HEAD_DEFAULTS,
+        "read_layers": read_layers,
+        "lexicon": vocabulary,
+        "bigrams": _lexicon_pairs(lexicon, vocabulary),
+        "isolated": True,
+    }
     head = _seeded_head(backbone, head_config, seed)
     causal = is_causal(backbone)
     config = {
@@ -247,8 +284,9 @@ def _with_fresh_head(path: Path, backbone: nn.Module, tokenizer, max_len: int, h
 
 
 def with_lexicon(loaded: LoadedJoint, lexicon: str) -> LoadedJoint:
-    """A fresh head with `lexicon`'s channel (`tokens` or `tfidf`) on `loaded`'s backbone, which both then share, and
-    on its device; drawn from the seed its first head was. `loaded` is a base's, with a fresh encoder head."""
+    """A fresh head with `lexicon`'s channel (`tokens` or `tfidf`) on `loaded`'s backbone, which both then
+    share, and on its device; drawn from the seed its first head was. `loaded` is a base's, with a fresh
+    encoder head."""
     head_config = {
         **loaded.config["head"],
         "bigrams": _lexicon_pairs(lexicon, loaded.model.head.lexical.vocabulary),
@@ -261,8 +299,8 @@ def with_lexicon(loaded: LoadedJoint, lexicon: str) -> LoadedJoint:
 
 
 def ensemble(members: list[LoadedJoint]) -> LoadedJoint:
-    """One model answering with the mean probabilities of `members`' heads (`HeadEnsemble`), which share one backbone
-    (`with_lexicon` made them so); the first member's config otherwise."""
+    """One model answering with the mean probabilities of `members`' heads (`HeadEnsemble`), which share one
+    backbone (`with_lexicon` made them so); the first member's config otherwise."""
     if any(m.model.lm is not members[0].model.lm for m in members):
         raise ValueError("an ensemble's heads must share one backbone")
     first = members[0]
@@ -287,9 +325,17 @@ def _build_head(backbone: nn.Module, head: dict[str, Any]) -> JointHead | HeadEn
     if "members" in head:
         return HeadEnsemble([_build_head(backbone, member) for member in head["members"]])
     hidden = vocabulary_table(backbone).shape[1]
-    return JointHead(hidden, head["width"], head["heads"], head["layers"], head["chunk"],
-                     read_layers=int(head.get("read_layers", 1)), lexicon=int(head.get("lexicon", 0)),
-                     isolated=bool(head.get("isolated", False)), bigrams=int(head.get("bigrams", 0)))  # fmt: skip
+    return JointHead(
+        hidden,
+        head["width"],
+        head["heads"],
+        head["layers"],
+        head["chunk"],
+        read_layers=int(head.get("read_layers", 1)),
+        lexicon=int(head.get("lexicon", 0)),
+        isolated=bool(head.get("isolated", False)),
+        bigrams=int(head.get("bigrams", 0)),
+    )
 
 
 def _layer_count(backbone: nn.Module) -> int:
@@ -308,20 +354,22 @@ def _assemble(
 
 
 def set_state_windows(loaded: LoadedJoint, windows: int) -> None:
-    """Read a long state in up to `windows` windows of `max_len` tokens (`records.windowed_state`) and record it
-    in the config the export writes; a causal LM reads its state in its one sequence, so it keeps 1."""
+    """Read a long state in up to `windows` windows of `max_len` tokens (`records.windowed_state`) and record
+    it in the config the export writes; a causal LM reads its state in its one sequence, so it keeps 1."""
     loaded.config["state_windows"] = int(windows) if loaded.fields_apart else 1
     loaded.model.state_window = loaded.max_len if loaded.state_windows > 1 else None
 
 
 def set_layer_plan(loaded: LoadedJoint, spec) -> None:
-    """Run the backbone as `spec` says (None: natively) and record it in the config the export writes; the head
-    must still find the hidden states it reads (its last `read_layers`, embeddings included)."""
+    """Run the backbone as `spec` says (None: natively) and record it in the config the export writes; the
+    head must still find the hidden states it reads (its last `read_layers`, embeddings included)."""
     plan = configure_plan(loaded.model.lm, None, spec)
     read = loaded.model.head.read_layers
     if plan is not None and len(plan) + 1 < read:
-        raise LayerPlanError(f"train.layer_plan: the head reads the last {read} hidden states; a plan of "
-                             f"{len(plan)} visits gives {len(plan) + 1} (embeddings included)")  # fmt: skip
+        raise LayerPlanError(
+            f"train.layer_plan: the head reads the last {read} hidden states; a plan of "
+            f"{len(plan)} visits gives {len(plan) + 1} (embeddings included)"
+        )
     loaded.config = {**loaded.config, PLAN_KEY: plan}
 
 
@@ -349,8 +397,8 @@ def export_joint(
     manifest: dict[str, Any],
     files: dict[str, bytes] | None = None,
 ) -> ExportResult:
-    """Merge, check and write `loaded` to `out` crash-safe, with `files` beside it (each named in `manifest`); a
-    no-op when `out` already holds this export.
+    """Merge, check and write `loaded` to `out` crash-safe, with `files` beside it (each named in `manifest`);
+    a no-op when `out` already holds this export.
 
     The calibrator goes to `calibrator.json` (what this project's readers apply) and its type temperatures
     (choice, score, noul) into the config. The training model is left as it is (adapters included); the merge
@@ -404,8 +452,11 @@ def _checked_temperatures(temperatures) -> list[float]:
         raise JointExportError(
             f"temperatures must list 3 temperatures (choice, score, noul), got {temperatures!r}"
         )
-    problems = [f"temperatures[{i}] must be positive and finite, got {t!r}"
-                for i, t in enumerate(temperatures) if not _positive(t)]  # fmt: skip
+    problems = [
+        f"temperatures[{i}] must be positive and finite, got {t!r}"
+        for i, t in enumerate(temperatures)
+        if not _positive(t)
+    ]
     if problems:
         raise JointExportError("; ".join(problems))
     return [float(t) for t in temperatures]
@@ -421,11 +472,16 @@ def _head_config(head: JointHead | HeadEnsemble, known: dict[str, Any]) -> dict[
         members = [_head_config(member, known) for member in head.members]
         return {"members": members, "read_layers": head.read_layers, "isolated": head.isolated}
     heads = head.blocks[0].self_attn.num_heads if len(head.blocks) else known.get("heads", 4)
-    return {"width": head.memory_proj.out_features, "heads": heads, "layers": len(head.blocks),
-            "chunk": head.chunk, "read_layers": head.read_layers,
-            "lexicon": head.lexical.vocabulary if head.lexical is not None else 0,
-            "bigrams": len(head.lexical.pairs) if head.lexical is not None else 0,
-            "isolated": head.isolated}  # fmt: skip
+    return {
+        "width": head.memory_proj.out_features,
+        "heads": heads,
+        "layers": len(head.blocks),
+        "chunk": head.chunk,
+        "read_layers": head.read_layers,
+        "lexicon": head.lexical.vocabulary if head.lexical is not None else 0,
+        "bigrams": len(head.lexical.pairs) if head.lexical is not None else 0,
+        "isolated": head.isolated,
+    }
 
 
 def _export_dtype(backbone: nn.Module) -> torch.dtype:

@@ -26,8 +26,11 @@ def merged_parts(model: JointDecisionModel) -> tuple[nn.Module, JointHead]:
         lm = _merged_lm(copied.lm)
     except (ValueError, RuntimeError, NotImplementedError) as error:
         raise JointExportError(f"cannot merge the adapters into the backbone: {error}") from error
-    leftovers = [name or "the LM" for name, m in lm.named_modules()
-                 if _is_bnb_module(m) or type(m).__module__.startswith("peft.")]  # fmt: skip
+    leftovers = [
+        name or "the LM"
+        for name, m in lm.named_modules()
+        if _is_bnb_module(m) or type(m).__module__.startswith("peft.")
+    ]
     if leftovers:
         raise JointExportError(f"modules left unmerged after the merge: {', '.join(leftovers[:8])}")
     return lm, copied.head

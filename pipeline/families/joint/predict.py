@@ -1,5 +1,5 @@
-"""Answering with a joint model: a request's records (one per row, or one per question with questions isolated in
-the sequence), shared forward passes, and the isolated questions' field vectors cached per question text.
+"""Answering with a joint model: a request's records (one per row, or one per question with questions isolated
+in the sequence), shared forward passes, and the isolated questions' field vectors cached per question text.
 
 results = answer_joint_requests(load_joint("models/decision-qwen3"), [parse_request(state, questions)])
 """
@@ -25,13 +25,17 @@ from pipeline.families.joint.records import (
 from pipeline.scoring.calibrators import type_temperatures
 
 
-def answer_joint_requests(loaded: LoadedJoint, requests: list[ParsedRequest], batch_size: int = 8,
-                          dtype: torch.dtype | None = None,
-                          encoder: EncoderRun | None = None) -> list[Answered | BadQuestion]:  # fmt: skip
+def answer_joint_requests(
+    loaded: LoadedJoint,
+    requests: list[ParsedRequest],
+    batch_size: int = 8,
+    dtype: torch.dtype | None = None,
+    encoder: EncoderRun | None = None,
+) -> list[Answered | BadQuestion]:
     """Answer parsed requests in shared forward passes; a request that cannot be encoded fails alone.
 
-    A question whose options were spread over several records gets one softmax over all of them. `usage` counts
-    every token read: the state's sequences and every field sequence (cached or not).
+    A question whose options were spread over several records gets one softmax over all of them. `usage`
+    counts every token read: the state's sequences and every field sequence (cached or not).
     """
     encoded = [_encode(loaded, request) for request in requests]
     records = [record for entry in encoded if not isinstance(entry, BadQuestion) for record in entry]
@@ -67,8 +71,13 @@ def served_calibrator(loaded: LoadedJoint):
 
 
 @torch.inference_mode()
-def record_logits(loaded: LoadedJoint, records: list[EncodedRecord], batch_size: int = 8,
-                  dtype: torch.dtype | None = None, encoder: EncoderRun | None = None) -> list[list[np.ndarray]]:  # fmt: skip
+def record_logits(
+    loaded: LoadedJoint,
+    records: list[EncodedRecord],
+    batch_size: int = 8,
+    dtype: torch.dtype | None = None,
+    encoder: EncoderRun | None = None,
+) -> list[list[np.ndarray]]:
     """Per record, per question: its options' raw logits (model order).
 
     Records are grouped by length, so a pass pads little; padding is masked, so a record's answer does not

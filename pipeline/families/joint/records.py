@@ -1,8 +1,8 @@
 """Encode one decision row ("record") as a single token sequence for the joint family's head.
 
-The joint family reads every question of a row in one backbone pass (a causal LM or an encoder), then pools the hidden states
-over each question's field text and each option's id text. The layout is built from separately tokenised
-pieces whose ids are concatenated, so every recorded span is exact by construction:
+The joint family reads every question of a row in one backbone pass (a causal LM or an encoder), then pools
+the hidden states over each question's field text and each option's id text. The layout is built from
+separately tokenised pieces whose ids are concatenated, so every recorded span is exact by construction:
 
     [BOS] <SYSTEM_INSTRUCTION>\\n\\nState:\\n<state text>\\n\\nQuestions:\\n
     - <id> (<type>): <instructions>\\n  options: ["<option>",...] or {"<option>":"<description>"|null,...}\\n
@@ -10,18 +10,19 @@ pieces whose ids are concatenated, so every recorded span is exact by constructi
 The question span is the `- <id> ... options:` piece; an option's span is the tokens of its quoted id (JSON
 text, non-ASCII kept).
 
-On an encoder the questions can also be read apart from the state (`encode_record(..., fields_apart=True)`): the
-state is its own sequence `[CLS] <state text> [SEP]`, and the questions are one field sequence
-`[CLS] Questions:\n- <id> ... [SEP]` that every row with the same questions shares, so a batch encodes it once
-(and a frozen backbone once per run). The spans then index the field sequence; the head lets the question and
-option fields attend to the state's hidden states. A row then costs its state's tokens, not its questions'. The options are compact JSON: a list of ids, or an object of id to description (null
-where an option has none) when any option is described. The state gets whatever is left of `max_len` after the
-questions and keeps its first tokens when too long (`contract.STATE_TRUNCATION`; each record says how many it kept
-of how many, `state_tokens` of `state_length`).
+On an encoder the questions can also be read apart from the state (`encode_record(..., fields_apart=True)`):
+the state is its own sequence `[CLS] <state text> [SEP]`, and the questions are one field sequence `[CLS]
+Questions:\n- <id> ... [SEP]` that every row with the same questions shares, so a batch encodes it once (and a
+frozen backbone once per run). The spans then index the field sequence; the head lets the question and option
+fields attend to the state's hidden states. A row then costs its state's tokens, not its questions'. The
+options are compact JSON: a list of ids, or an object of id to description (null where an option has none)
+when any option is described. The state gets whatever is left of `max_len` after the questions and keeps its
+first tokens when too long (`contract.STATE_TRUNCATION`; each record says how many it kept of how many,
+`state_tokens` of `state_length`).
 
-Questions isolated (every fresh head since the Decision API's invariance contract, `encode_row`): no question id
-is written; on an encoder each question and each option is a field sequence of its own (`encode_isolated`), on a
-causal LM each question is a record of its own, its options spread over several where they do not fit.
+Questions isolated (every fresh head since the Decision API's invariance contract, `encode_row`): no question
+id is written; on an encoder each question and each option is a field sequence of its own (`encode_isolated`),
+on a causal LM each question is a record of its own, its options spread over several where they do not fit.
 
     record = encode_record(tokenizer, state, questions, max_len=2048)
     batch = collate_records([record, ...], pad_id=tokenizer.pad_token_id)
@@ -71,8 +72,8 @@ class EncodedRecord:
     field_ids: tuple[int, ...] | None = (
         None  # fields apart: the questions' own sequence, which the spans index
     )
-    # Questions isolated, on an encoder: per question, its own sequence then one per option; each question's span
-    # indexes its own sequence, each option's span its option's sequence.
+    # Questions isolated, on an encoder: per question, its own sequence then one per option; each question's
+    # span indexes its own sequence, each option's span its option's sequence.
     field_sequences: tuple[tuple[tuple[int, ...], ...], ...] | None = None
 
     def __len__(self) -> int:
@@ -93,16 +94,25 @@ class EncodedRecord:
         return len(self.ids) + fields
 
 
-def encode_record(tokenizer: Any, state: Any, questions: list[Question], max_len: int, min_state_tokens: int = 8,
-                  fields_apart: bool = False, fields_max_len: int | None = None,
-                  isolated: bool = False, state_windows: int = 1,
-                  cache: TokenCache | None = None) -> EncodedRecord:  # fmt: skip
+def encode_record(
+    tokenizer: Any,
+    state: Any,
+    questions: list[Question],
+    max_len: int,
+    min_state_tokens: int = 8,
+    fields_apart: bool = False,
+    fields_max_len: int | None = None,
+    isolated: bool = False,
+    state_windows: int = 1,
+    cache: TokenCache | None = None,
+) -> EncodedRecord:
     """Encode a row's state and all its questions into at most `max_len` tokens (each sequence, fields apart).
 
-    `isolated`: no question id is written (a question is its type, instructions and options); fields apart, each
-    question and each option gets a sequence of its own (`encode_isolated`); in the sequence, call it with one
-    question per record (`encode_row`). `state_windows` (fields apart only): windows of `max_len` the state may
-    fill (`windowed_state`). `cache`: the question texts' ids kept from row to row (a server's, a run's).
+    `isolated`: no question id is written (a question is its type, instructions and options); fields apart,
+    each question and each option gets a sequence of its own (`encode_isolated`); in the sequence, call it
+    with one question per record (`encode_row`). `state_windows` (fields apart only): windows of `max_len` the
+    state may fill (`windowed_state`). `cache`: the question texts' ids kept from row to row (a server's, a
+    run's).
 
     Raises RecordTooLong when the questions leave fewer than `min_state_tokens` for the state (or fewer than
     the whole state, when it is shorter), when the questions alone exceed `max_len` (fields apart), or when an
@@ -111,8 +121,9 @@ def encode_record(tokenizer: Any, state: Any, questions: list[Question], max_len
     if not questions:
         raise ValueError("a record needs at least one question")
     if fields_apart and isolated:
-        return encode_isolated(tokenizer, state, questions, max_len, fields_max_len or max_len, state_windows,
-                               cache)  # fmt: skip
+        return encode_isolated(
+            tokenizer, state, questions, max_len, fields_max_len or max_len, state_windows, cache
+        )
     if fields_apart:
         return _encode_apart(
             tokenizer, state, questions, max_len, fields_max_len or max_len, state_windows, cache
@@ -121,7 +132,8 @@ def encode_record(tokenizer: Any, state: Any, questions: list[Question], max_len
     texts = [SYSTEM_INSTRUCTION + _STATE_OPEN, state_text(state), _QUESTIONS_OPEN]
     texts += [text for question in pieces for text, _ in question]
     tokens = _tokenize(tokenizer, texts, texts[1], cache)
-    # A causal LM's sequence opens with its BOS token, an encoder's with its CLS token (what it was trained on).
+    # A causal LM's sequence opens with its BOS token, an encoder's with its CLS token (what it was trained
+    # on).
     opener = (
         tokenizer.bos_token_id
         if tokenizer.bos_token_id is not None
@@ -150,8 +162,15 @@ def encode_record(tokenizer: Any, state: Any, questions: list[Question], max_len
     )
 
 
-def _encode_apart(tokenizer: Any, state: Any, questions: list[Question], max_len: int, fields_max_len: int,
-                  state_windows: int = 1, cache: TokenCache | None = None) -> EncodedRecord:  # fmt: skip
+def _encode_apart(
+    tokenizer: Any,
+    state: Any,
+    questions: list[Question],
+    max_len: int,
+    fields_max_len: int,
+    state_windows: int = 1,
+    cache: TokenCache | None = None,
+) -> EncodedRecord:
     pieces = [_question_pieces(q) for q in questions]
     texts = [state_text(state), _QUESTIONS_OPEN.lstrip()] + [text for q in pieces for text, _ in q]
     tokens = _tokenize(tokenizer, texts, texts[0], cache)
@@ -181,13 +200,27 @@ def _encode_apart(tokenizer: Any, state: Any, questions: list[Question], max_len
     )
 
 
-def encode_row(tokenizer: Any, state: Any, questions: list[Question], layout: RecordLayout,
-               cache: TokenCache | None = None) -> list[EncodedRecord]:  # fmt: skip
-    """A row's records as `layout` reads it: one record, or one per question (isolated in the sequence: a causal
-    LM reads each question after the state alone, so no question sees another). `cache`: as `encode_record`."""
-    encode = partial(encode_record, tokenizer, state, max_len=layout.max_len, fields_apart=layout.fields_apart,
-                     fields_max_len=layout.fields_max_len, isolated=layout.isolated,
-                     state_windows=layout.state_windows, cache=cache)  # fmt: skip
+def encode_row(
+    tokenizer: Any,
+    state: Any,
+    questions: list[Question],
+    layout: RecordLayout,
+    cache: TokenCache | None = None,
+) -> list[EncodedRecord]:
+    """A row's records as `layout` reads it: one record, or one per question (isolated in the sequence: a
+    causal LM reads each question after the state alone, so no question sees another). `cache`: as
+    `encode_record`."""
+    encode = partial(
+        encode_record,
+        tokenizer,
+        state,
+        max_len=layout.max_len,
+        fields_apart=layout.fields_apart,
+        fields_max_len=layout.fields_max_len,
+        isolated=layout.isolated,
+        state_windows=layout.state_windows,
+        cache=cache,
+    )
     if layout.isolated and not layout.fields_apart:
         return [part for question in questions for part in _option_runs(encode, question)]
     return [encode(questions)]
@@ -205,15 +238,18 @@ def _option_runs(encode, question: Question) -> list[EncodedRecord]:
     half = len(question.options) // 2
     runs = []
     for part in (slice(0, half), slice(half, None)):
-        runs += _option_runs(encode, replace(question, options=question.options[part],
-                                             descriptions=question.descriptions[part]))  # fmt: skip
+        runs += _option_runs(
+            encode,
+            replace(question, options=question.options[part], descriptions=question.descriptions[part]),
+        )
     return runs
 
 
 def joined_logits(
     records: list[EncodedRecord], logits: list[list[np.ndarray]]
 ) -> dict[str, tuple[int, np.ndarray]]:
-    """Per question id: its type and its option logits, a question spread over several records joined in order."""
+    """Per question id: its type and its option logits, a question spread over several records joined in
+    order."""
     joined: dict[str, tuple[int, list[np.ndarray]]] = {}
     for record, per_question in zip(records, logits):
         for qid, qtype, z in zip(record.question_ids, record.qtypes, per_question):
@@ -223,7 +259,8 @@ def joined_logits(
 
 @dataclass(frozen=True, slots=True)
 class RecordLayout:
-    """How a joint model reads a row: the state's window, the questions apart or in the sequence, isolated or not."""
+    """How a joint model reads a row: the state's window, the questions apart or in the sequence, isolated or
+    not."""
 
     max_len: int
     fields_apart: bool = False
@@ -236,9 +273,9 @@ class RecordLayout:
 def windowed_state(state_ids: list[int], cls: list[int], sep: list[int], room: int) -> tuple[int, ...]:
     """The state's sequence: `[CLS] <room tokens> [SEP]` per window, one after another in one flat sequence.
 
-    Every window but the last is exactly `room` + 2 tokens (the layout's `max_len`), so the backbone finds them
-    again at fixed strides (`head.by_windows`) and reads each as a sequence of its own; a state that fits is one
-    window, as it always was. The head pools and attends over the windows' hidden states together.
+    Every window but the last is exactly `room` + 2 tokens (the layout's `max_len`), so the backbone finds
+    them again at fixed strides (`head.by_windows`) and reads each as a sequence of its own; a state that fits
+    is one window, as it always was. The head pools and attends over the windows' hidden states together.
     """
     if not state_ids or room <= 0:
         return tuple(cls + sep)
@@ -246,13 +283,21 @@ def windowed_state(state_ids: list[int], cls: list[int], sep: list[int], room: i
     return tuple(token for piece in pieces for token in piece)
 
 
-def encode_isolated(tokenizer: Any, state: Any, questions: list[Question], max_len: int, fields_max_len: int,
-                    state_windows: int = 1, cache: TokenCache | None = None) -> EncodedRecord:  # fmt: skip
-    """Fields apart and isolated: the state's sequence `[CLS] <state> [SEP]`; per question a sequence
-    `[CLS] (<type>): <instructions> [SEP]`, and per option `[CLS] (<type>): <instructions> option: "<id>"[:
+def encode_isolated(
+    tokenizer: Any,
+    state: Any,
+    questions: list[Question],
+    max_len: int,
+    fields_max_len: int,
+    state_windows: int = 1,
+    cache: TokenCache | None = None,
+) -> EncodedRecord:
+    """Fields apart and isolated: the state's sequence `[CLS] <state> [SEP]`; per question a sequence `[CLS]
+    (<type>): <instructions> [SEP]`, and per option `[CLS] (<type>): <instructions> option: "<id>"[:
     "<description>"] [SEP]`. A question's field depends on its own text alone and an option's on its question
     and itself, so an answer cannot move with the question's id, the other questions, their order or how many
-    options there are; each sequence is the same in every row that asks it (encoded once per batch, cacheable).
+    options there are; each sequence is the same in every row that asks it (encoded once per batch,
+    cacheable).
     """
     pieces = [_isolated_pieces(q) for q in questions]
     texts = [state_text(state)] + [t for question, options in pieces for t in (question, *_flat(options))]
@@ -287,8 +332,13 @@ def encode_isolated(tokenizer: Any, state: Any, questions: list[Question], max_l
 _OPTION_OPEN = " option: "
 
 
-def _isolated_sequences_of(question_id: str, opened: list[int], options: list[tuple[str, str]],
-                           tokens: dict[str, list[int]], sep: list[int]) -> tuple[tuple[tuple[int, ...], ...], tuple[Span, ...]]:  # fmt: skip
+def _isolated_sequences_of(
+    question_id: str,
+    opened: list[int],
+    options: list[tuple[str, str]],
+    tokens: dict[str, list[int]],
+    sep: list[int],
+) -> tuple[tuple[tuple[int, ...], ...], tuple[Span, ...]]:
     """A question's own sequence then one per option (`opened` is `[CLS]` and the question's text), and each
     option's span (its quoted id) in its sequence."""
     start = len(opened) + len(tokens[_OPTION_OPEN])
@@ -302,9 +352,12 @@ def _isolated_sequences_of(question_id: str, opened: list[int], options: list[tu
 
 
 def _isolated_pieces(question: Question) -> tuple[str, list[tuple[str, str]]]:
-    """The question's text, and per option its quoted id and the text after it (its description, or nothing)."""
-    options = [(_json(option), "" if description is None else ": " + _json(description))
-               for option, description in zip(question.options, question.descriptions)]  # fmt: skip
+    """The question's text, and per option its quoted id and the text after it (its description, or
+    nothing)."""
+    options = [
+        (_json(option), "" if description is None else ": " + _json(description))
+        for option, description in zip(question.options, question.descriptions)
+    ]
     return f"({question.type}): {question.instructions}", options
 
 
@@ -315,8 +368,10 @@ def _flat(options: list[tuple[str, str]]) -> list[str]:
 def _check_fits(question_id: str, sequences: list[tuple[int, ...]], fields_max_len: int) -> None:
     longest = max(len(s) for s in sequences)
     if longest > fields_max_len:
-        raise RecordTooLong(f"question {question_id!r}: its text and longest option need {longest} tokens, "
-                            f"more than the model's {fields_max_len}")  # fmt: skip
+        raise RecordTooLong(
+            f"question {question_id!r}: its text and longest option need {longest} tokens, "
+            f"more than the model's {fields_max_len}"
+        )
 
 
 def _encoder_bounds(tokenizer: Any) -> tuple[list[int], list[int]]:
@@ -383,7 +438,8 @@ def _append_question(
 
 
 def collate_records(records: list[EncodedRecord], pad_id: int) -> dict[str, torch.Tensor]:
-    """Right-pad records into one batch: ids, attention mask, spans, qtypes, option tokens, and their masks."""
+    """Right-pad records into one batch: ids, attention mask, spans, qtypes, option tokens, and their
+    masks."""
     n, width = len(records), max(len(r) for r in records)
     q = max(len(r.question_spans) for r in records)
     k = max(len(spans) for r in records for spans in r.option_spans)
@@ -413,8 +469,10 @@ FieldKey = tuple[tuple[int, ...], Span]  # an isolated field sequence and the sp
 
 def field_keys(record: EncodedRecord) -> list[tuple[FieldKey, list[FieldKey]]]:
     """Per question of an isolated record: its own field sequence's key, and its options' keys in order."""
-    return [((sequences[0], span), list(zip(sequences[1:], spans)))
-            for sequences, span, spans in zip(record.field_sequences, record.question_spans, record.option_spans)]  # fmt: skip
+    return [
+        ((sequences[0], span), list(zip(sequences[1:], spans)))
+        for sequences, span, spans in zip(record.field_sequences, record.question_spans, record.option_spans)
+    ]
 
 
 def distinct_field_keys(records: list[EncodedRecord]) -> list[FieldKey]:
@@ -425,7 +483,8 @@ def distinct_field_keys(records: list[EncodedRecord]) -> list[FieldKey]:
 
 def _isolated_sequences(records: list[EncodedRecord], pad_id: int, q: int, k: int) -> dict[str, np.ndarray]:
     """Questions isolated: each distinct field sequence once [U, T] with the span its field pools [U, 2], and
-    which one each question [B, Q] and each option [B, Q, K] reads (padding reads sequence 0, masked later)."""
+    which one each question [B, Q] and each option [B, Q, K] reads (padding reads sequence 0, masked
+    later)."""
     if not all(r.field_sequences is not None for r in records):
         raise ValueError("a batch mixes records with isolated questions and records without")
     where: dict[FieldKey, int] = {}
@@ -437,9 +496,13 @@ def _isolated_sequences(records: list[EncodedRecord], pad_id: int, q: int, k: in
             for oi, key in enumerate(option_keys):
                 option_field[row, qi, oi] = where.setdefault(key, len(where))
     ids, mask = _padded([sequence for sequence, _ in where], pad_id)
-    return {"field_input_ids": ids, "field_attention_mask": mask,
-            "field_spans": np.array([span for _, span in where], dtype=np.int64).reshape(-1, 2),
-            "question_field": question_field, "option_field": option_field}  # fmt: skip
+    return {
+        "field_input_ids": ids,
+        "field_attention_mask": mask,
+        "field_spans": np.array([span for _, span in where], dtype=np.int64).reshape(-1, 2),
+        "question_field": question_field,
+        "option_field": option_field,
+    }
 
 
 def _field_sequences(records: list[EncodedRecord], pad_id: int) -> dict[str, np.ndarray]:

@@ -1,13 +1,13 @@
-"""Token ids of the texts that come back row after row (a question's instructions, its options, the prompts), kept
-so that a row tokenises its state and nothing else it has seen before.
+"""Token ids of the texts that come back row after row (a question's instructions, its options, the prompts),
+kept so that a row tokenises its state and nothing else it has seen before.
 
     cache = TokenCache()
     ids = cache.tokens(tokenizer, texts, fresh=state_text)   # {text: ids}; only `fresh` and unseen texts run
 
-Tokenising is per text (no text's ids depend on another in the same call), so ids from the cache equal ids from
-one call over every text. The cost it saves is per call and per text, not per token: on the MiniLM tokenizer one
-call over a 5-question request's 20 texts took 1.2 ms, one call over its state alone 0.09 ms, against a whole
-joint-family answer of about 10 ms per request on ONNX Runtime or OpenVINO.
+Tokenising is per text (no text's ids depend on another in the same call), so ids from the cache equal ids
+from one call over every text. The cost it saves is per call and per text, not per token: on the MiniLM
+tokenizer one call over a 5-question request's 20 texts took 1.2 ms, one call over its state alone 0.09 ms,
+against a whole joint-family answer of about 10 ms per request on ONNX Runtime or OpenVINO.
 """
 
 from __future__ import annotations
@@ -20,7 +20,8 @@ from typing import Any
 def tokenize(tokenizer: Any, texts: list[str]) -> dict[str, list[int]]:
     """Token ids of each distinct text, in one batch call; special-token strings in user text stay text."""
     unique = list(dict.fromkeys(texts))
-    # verbose=False: a state longer than the model is cut into windows later, not an indexing error to warn of.
+    # verbose=False: a state longer than the model is cut into windows later, not an indexing error to warn
+    # of.
     encoded = tokenizer(unique, add_special_tokens=False, split_special_tokens=True, verbose=False)[
         "input_ids"
     ]

@@ -1,7 +1,7 @@
-"""How the joint family trains: one example per row (every question in one sequence, or the questions in a field
-sequence apart), LoRA / full / QLoRA on the backbone or the head alone on a frozen backbone (`head`: its hidden
-states computed once, `cache_features`), the head in fp32, soft cross-entropy per question (optional smoothing,
-Brier and ordinal terms).
+"""How the joint family trains: one example per row (every question in one sequence, or the questions in a
+field sequence apart), LoRA / full / QLoRA on the backbone or the head alone on a frozen backbone (`head`: its
+hidden states computed once, `cache_features`), the head in fp32, soft cross-entropy per question (optional
+smoothing, Brier and ordinal terms).
 
     examples, skipped = build_examples(records, tokenizer, max_len, fields_apart=True)
     prepare_joint(model, config)
@@ -53,14 +53,23 @@ class JointExample:
 
     def scored(self) -> list[ScoredDecision]:
         """The row's decisions as metrics and calibration see them, in question order."""
-        return [ScoredDecision(self.record.qtypes[q], self.labels[q], self.row, self.record.question_ids[q],
-                               target, self.soft[q]) for q, target in enumerate(self.targets)]  # fmt: skip
+        return [
+            ScoredDecision(
+                self.record.qtypes[q],
+                self.labels[q],
+                self.row,
+                self.record.question_ids[q],
+                target,
+                self.soft[q],
+            )
+            for q, target in enumerate(self.targets)
+        ]
 
 
 @dataclass(frozen=True, slots=True, eq=False)
 class CachedFeatures:
-    """One row's backbone hidden states, computed once: the sequence's [T, H], and the field sequence's
-    [Tq, H] (fields apart; shared by every row with the same questions), or with questions isolated each of its
+    """One row's backbone hidden states, computed once: the sequence's [T, H], and the field sequence's [Tq,
+    H] (fields apart; shared by every row with the same questions), or with questions isolated each of its
     field sequences' by key (each tensor shared by every row that asks the question)."""
 
     state: torch.Tensor
@@ -79,7 +88,8 @@ def build_examples(records, tokenizer, layout: RecordLayout) -> tuple[list[Joint
             skipped["too_long"] += len(record.decisions)
             continue
         by_id = {d.question.id: d for d in record.decisions}
-        # A question whose options were spread over several sequences is answered as one softmax, not trained on.
+        # A question whose options were spread over several sequences is answered as one softmax, not trained
+        # on.
         spread = {
             qid for qid, n in Counter(q for part in encoded for q in part.question_ids).items() if n > 1
         }
@@ -88,16 +98,27 @@ def build_examples(records, tokenizer, layout: RecordLayout) -> tuple[list[Joint
             if spread & set(part.question_ids):
                 continue
             mine = [by_id[qid] for qid in part.question_ids]
-            examples.append(JointExample(part, tuple(_target(d) for d in mine), tuple(d.gold.label for d in mine),
-                                         tuple(d.gold.probabilities is not None for d in mine), index))  # fmt: skip
+            examples.append(
+                JointExample(
+                    part,
+                    tuple(_target(d) for d in mine),
+                    tuple(d.gold.label for d in mine),
+                    tuple(d.gold.probabilities is not None for d in mine),
+                    index,
+                )
+            )
     return examples, dict(skipped)
 
 
 def state_cuts(examples: list[JointExample]) -> list[StateCut]:
-    """Per row the examples read: its state's tokens, and what its records keep of them (a causal LM reads a row in
-    one record per question, each leaving the state its own room: the fewest kept counts)."""
-    return cuts_by_row([(e.row, StateCut(e.record.state_length, e.record.state_tokens, e.record.state_room))
-                        for e in examples])  # fmt: skip
+    """Per row the examples read: its state's tokens, and what its records keep of them (a causal LM reads a
+    row in one record per question, each leaving the state its own room: the fewest kept counts)."""
+    return cuts_by_row(
+        [
+            (e.row, StateCut(e.record.state_length, e.record.state_tokens, e.record.state_room))
+            for e in examples
+        ]
+    )
 
 
 def _target(decision) -> tuple[float, ...]:
@@ -108,7 +129,8 @@ def _target(decision) -> tuple[float, ...]:
 
 
 def collate_examples(examples: list[JointExample], pad_id: int) -> dict[str, torch.Tensor]:
-    """`collate_records` plus the targets [B, Q, K], and the cached hidden states where the examples have them."""
+    """`collate_records` plus the targets [B, Q, K], and the cached hidden states where the examples have
+    them."""
     batch = collate_records([e.record for e in examples], pad_id)
     target = torch.zeros(batch["option_mask"].shape, dtype=torch.float32)
     for b, example in enumerate(examples):
@@ -120,8 +142,8 @@ def collate_examples(examples: list[JointExample], pad_id: int) -> dict[str, tor
 
 
 def _cached_hidden(examples: list[JointExample]) -> dict[str, torch.Tensor]:
-    """Cached hidden states padded as `collate_records` pads the ids (fields: each distinct sequence once, in the
-    order of its `field_index`)."""
+    """Cached hidden states padded as `collate_records` pads the ids (fields: each distinct sequence once, in
+    the order of its `field_index`)."""
     states = [e.features.state for e in examples]
     out = {"state_hidden": torch.nn.utils.rnn.pad_sequence(states, batch_first=True)}
     if examples[0].record.field_sequences is not None:
@@ -138,8 +160,14 @@ def _cached_hidden(examples: list[JointExample]) -> dict[str, torch.Tensor]:
 
 
 @torch.inference_mode()
-def cache_features(model: JointDecisionModel, examples: list[JointExample], pad_id: int, device: torch.device,
-                   batch_size: int = 64, report: Callable[[str], None] | None = None) -> list[JointExample]:  # fmt: skip
+def cache_features(
+    model: JointDecisionModel,
+    examples: list[JointExample],
+    pad_id: int,
+    device: torch.device,
+    batch_size: int = 64,
+    report: Callable[[str], None] | None = None,
+) -> list[JointExample]:
     """The examples with their frozen backbone's hidden states (fp16 on the CPU), each sequence encoded once.
 
     A field sequence that many rows share is encoded once for all of them. `report` gets a line every 30 s.
@@ -167,13 +195,15 @@ def cache_features(model: JointDecisionModel, examples: list[JointExample], pad_
     model.train(was_training)
     if report:
         report(
-            f"backbone features of {len(examples):,} rows computed once in {time.perf_counter() - started:.0f} s"
+            f"backbone features of {len(examples):,} rows computed once in "
+            f"{time.perf_counter() - started:.0f} s"
         )
     return cached
 
 
 def _own_fields(record: EncodedRecord, fields: dict):
-    """The cached field hidden states a record reads: none, its field sequence's, or its isolated sequences' by key."""
+    """The cached field hidden states a record reads: none, its field sequence's, or its isolated sequences'
+    by key."""
     if record.field_sequences is not None:
         return {key: fields[key] for key in distinct_field_keys([record])}
     return fields.get(record.field_ids) if record.fields_apart else None
@@ -196,28 +226,40 @@ def _cache_new_fields(batch: dict, records: list[EncodedRecord], fields: dict, m
         fields.setdefault(key, hidden[row, :length].to("cpu", torch.float16))
 
 
-def summed_loss(model, batch: dict[str, torch.Tensor], dtype: torch.dtype | None,
-                config: TrainConfig = TrainConfig()) -> torch.Tensor:  # fmt: skip
+def summed_loss(
+    model, batch: dict[str, torch.Tensor], dtype: torch.dtype | None, config: TrainConfig = TrainConfig()
+) -> torch.Tensor:
     """The batch's loss summed over its questions (the trainer divides by its window); the optional terms
     (label smoothing, Brier, ordinal) come from `config` and are off by default."""
     with autocast_context(batch["input_ids"].device, dtype):
         logits = model(batch)
     questions = batch["option_mask"].any(-1).sum()
-    mean = joint_loss(logits.float(), batch, batch["target"], config.label_smoothing, config.brier_weight,
-                      config.ordinal_weight)  # fmt: skip
+    mean = joint_loss(
+        logits.float(),
+        batch,
+        batch["target"],
+        config.label_smoothing,
+        config.brier_weight,
+        config.ordinal_weight,
+    )
     return mean * questions
 
 
 def prepare_joint(model: JointDecisionModel, config: TrainConfig) -> None:
-    """LoRA (also on a 4-bit backbone) on the backbone's projections, everything, or the head alone (`head`: the
-    backbone frozen); the head trains in fp32."""
+    """LoRA (also on a 4-bit backbone) on the backbone's projections, everything, or the head alone (`head`:
+    the backbone frozen); the head trains in fp32."""
     if config.method == "head":
         model.lm.requires_grad_(False)
     elif config.method in ("lora", "qlora"):
         from peft import LoraConfig, inject_adapter_in_model
 
-        lora = LoraConfig(r=config.lora_r, lora_alpha=config.lora_alpha, lora_dropout=config.lora_dropout,
-                          target_modules=lora_targets(model.lm), bias="none")  # fmt: skip
+        lora = LoraConfig(
+            r=config.lora_r,
+            lora_alpha=config.lora_alpha,
+            lora_dropout=config.lora_dropout,
+            target_modules=lora_targets(model.lm),
+            bias="none",
+        )
         inject_adapter_in_model(lora, model.lm)
         for name, parameter in model.lm.named_parameters():
             parameter.requires_grad_("lora_" in name)
@@ -234,15 +276,20 @@ def prepare_joint(model: JointDecisionModel, config: TrainConfig) -> None:
 
 def joint_batch_task(pad_id: int, config: TrainConfig) -> BatchTask:
     """Records collated with `pad_id`; the backbone (`lm.` parameters) gets the backbone learning rate."""
-    return BatchTask(collate=lambda examples: collate_examples(examples, pad_id),
-                     summed_loss=lambda model, batch, dtype: summed_loss(model, batch, dtype, config),
-                     backbone="lm.", pad_id=pad_id, layers=lambda model: model.lm,
-                     decisions=lambda example: len(example.targets))  # fmt: skip
+    return BatchTask(
+        collate=lambda examples: collate_examples(examples, pad_id),
+        summed_loss=lambda model, batch, dtype: summed_loss(model, batch, dtype, config),
+        backbone="lm.",
+        pad_id=pad_id,
+        layers=lambda model: model.lm,
+        decisions=lambda example: len(example.targets),
+    )
 
 
 @torch.inference_mode()
-def score_examples(model, examples: list[JointExample], pad_id: int, device: torch.device,
-                   batch_size: int = 8) -> tuple[list[ScoredDecision], list[np.ndarray]]:  # fmt: skip
+def score_examples(
+    model, examples: list[JointExample], pad_id: int, device: torch.device, batch_size: int = 8
+) -> tuple[list[ScoredDecision], list[np.ndarray]]:
     """Raw logits per held-out decision, in example order and question order within each example."""
     was_training = model.training
     model.eval()

@@ -32,8 +32,11 @@ def linear_targets(encoder: nn.Module, targets: str | list[str]) -> list[str]:
     """Module names LoRA wraps: every linear layer of the encoder's blocks for "all-linear", else the list."""
     if targets != "all-linear":
         return list(targets)
-    return [name for name, module in encoder.named_modules()
-            if isinstance(module, nn.Linear) and not name.startswith("pooler")]  # fmt: skip
+    return [
+        name
+        for name, module in encoder.named_modules()
+        if isinstance(module, nn.Linear) and not name.startswith("pooler")
+    ]
 
 
 def apply_lora(model: nn.Module, r: int, alpha: int, dropout: float, targets: str | list[str]) -> list[str]:
@@ -54,8 +57,11 @@ def has_lora(model: nn.Module) -> bool:
 
 def head_state(model: nn.Module) -> dict[str, torch.Tensor]:
     """The decision head's tensors (everything outside the encoder)."""
-    return {k: v.detach().float().cpu().contiguous() for k, v in model.state_dict().items()
-            if k.startswith(HEAD_PREFIXES)}  # fmt: skip
+    return {
+        k: v.detach().float().cpu().contiguous()
+        for k, v in model.state_dict().items()
+        if k.startswith(HEAD_PREFIXES)
+    }
 
 
 def save_adapter(model: nn.Module, out: str | Path, description: dict[str, Any]) -> Path:
@@ -100,8 +106,8 @@ def _peft_kwargs(saved: dict[str, Any]) -> dict[str, Any]:
 
 
 def load_for_inference(folder: str | Path) -> LoadedModel:
-    """A Laya-layout model, or a LoRA fine-tune applied to the base model its description names; either runs the
-    layer plan its config was saved with (a fine-tune; an export is materialised and has none)."""
+    """A Laya-layout model, or a LoRA fine-tune applied to the base model its description names; either runs
+    the layer plan its config was saved with (a fine-tune; an export is materialised and has none)."""
     folder = Path(folder)
     if (folder / ADAPTER_FILE).is_file():
         description = json.loads((folder / ADAPTER_FILE).read_text())

@@ -1,8 +1,10 @@
-"""The Laya family's merged export: a fine-tune becomes one self-describing Laya-layout folder, written crash-safe.
+"""The Laya family's merged export: a fine-tune becomes one self-describing Laya-layout folder, written
+crash-safe.
 
 LoRA is merged into a copy on the CPU (the training model keeps its adapters and its device memory does not
-grow); every tensor is checked finite, then written in fp16 with the temperatures in `rl_agent_config.json` and
-a `manifest.json` with lineage, `rl_agent_config.json` last (`pipeline.families.exporting` stages and swaps).
+grow); every tensor is checked finite, then written in fp16 with the temperatures in `rl_agent_config.json`
+and a `manifest.json` with lineage, `rl_agent_config.json` last (`pipeline.families.exporting` stages and
+swaps).
 
     export_model(loaded, "models/tuned", (1.2, 1.0, 0.9), manifest)
 """
@@ -32,14 +34,22 @@ from pipeline.layer_plans import KEY as PLAN_KEY
 from pipeline.scoring.calibrators import Calibrator, as_calibrator
 
 # laya.Agent reads rl_agent_config.json only: a richer calibrator is folded to its type temperatures there.
-FOLDED = "laya.Agent applies only the per-type temperatures in rl_agent_config.json (the {kind} transform is not in its format)"
+FOLDED = (
+    "laya.Agent applies only the per-type temperatures in rl_agent_config.json (the {kind} transform is not in "
+    "its format)"
+)
 SAME = "laya.Agent applies the same per-type temperatures (rl_agent_config.json)"
 
 
-def export_model(loaded: LoadedModel, out: str | Path, calibrator: Calibrator | tuple[float, ...] | list[float],
-                 manifest: dict[str, Any], files: dict[str, bytes] | None = None) -> ExportResult:  # fmt: skip
-    """Merge, check and write `loaded` to `out` crash-safe, with `files` beside it (each named in `manifest`); a
-    no-op when `out` already holds this export."""
+def export_model(
+    loaded: LoadedModel,
+    out: str | Path,
+    calibrator: Calibrator | tuple[float, ...] | list[float],
+    manifest: dict[str, Any],
+    files: dict[str, bytes] | None = None,
+) -> ExportResult:
+    """Merge, check and write `loaded` to `out` crash-safe, with `files` beside it (each named in `manifest`);
+    a no-op when `out` already holds this export."""
     out = Path(out)
     calibrator = as_calibrator(calibrator)
     config = {**loaded.config, "temperature": [float(t) for t in calibrator.temperatures], "fine_tuned": True}

@@ -1,5 +1,5 @@
-"""The `laya` family: a Laya-layout encoder, one token sequence per decision (several, under one softmax, for a
-question whose options do not fit one), exports that `laya.Agent` loads.
+"""The `laya` family: a Laya-layout encoder, one token sequence per decision (several, under one softmax, for
+a question whose options do not fit one), exports that `laya.Agent` loads.
 
 family = LayaFamily()
 loaded = family.load("data/snapshots/minilm")
@@ -42,7 +42,8 @@ from pipeline.scoring.decisions import ScoredDecision
 
 class LayaFamily(DecisionFamily):
     """One sequence per question: `[CLS] question [SEP] [MASK] option ... [SEP] state [SEP]`; a question whose
-    options do not fit one is read in several (docs/training.md, "Model families"; `sequences.question_parts`)."""
+    options do not fit one is read in several (docs/training.md, "Model families";
+    `sequences.question_parts`)."""
 
     name = "laya"
     methods = ("lora", "full")
@@ -96,14 +97,28 @@ class LayaFamily(DecisionFamily):
     def batch_task(self, loaded: LoadedModel, config: TrainConfig) -> BatchTask:
         return laya_batch_task(loaded.tokenizer.pad_token_id)
 
-    def score(self, loaded: LoadedModel, examples: list[Item], device: torch.device, batch_size: int = 32,
-              progress: bool = False) -> tuple[list[ScoredDecision], list[np.ndarray]]:  # fmt: skip
-        logits = score_items(loaded.model, examples, loaded.tokenizer.pad_token_id, device, batch_size,
-                             progress=progress, logits=True)  # fmt: skip
+    def score(
+        self,
+        loaded: LoadedModel,
+        examples: list[Item],
+        device: torch.device,
+        batch_size: int = 32,
+        progress: bool = False,
+    ) -> tuple[list[ScoredDecision], list[np.ndarray]]:
+        logits = score_items(
+            loaded.model,
+            examples,
+            loaded.tokenizer.pad_token_id,
+            device,
+            batch_size,
+            progress=progress,
+            logits=True,
+        )
         return [item.scored() for item in examples], logits
 
-    def served_probabilities(self, loaded: LoadedModel, decisions: list[ScoredDecision],
-                             logits: list[np.ndarray]) -> list[np.ndarray]:  # fmt: skip
+    def served_probabilities(
+        self, loaded: LoadedModel, decisions: list[ScoredDecision], logits: list[np.ndarray]
+    ) -> list[np.ndarray]:
         return calibrated_probabilities(loaded, decisions, logits)
 
     def temperatures(self, loaded: LoadedModel) -> Temperatures:

@@ -1,9 +1,9 @@
 """The decision forward pass used by training and scoring, and length-grouped scoring.
 
 `decision_logits` computes the same option logits per sequence as laya's `DecisionModel.forward` (a test holds
-them equal in fp32) but runs only what the loss needs: the encoder (under autocast when asked), then the head in
-fp32, and not the act head, whose output no loss here uses. `item_logits` gathers them per decision, across the
-sequences of a decision whose options did not fit one.
+them equal in fp32) but runs only what the loss needs: the encoder (under autocast when asked), then the head
+in fp32, and not the act head, whose output no loss here uses. `item_logits` gathers them per decision, across
+the sequences of a decision whose options did not fit one.
 """
 
 from __future__ import annotations
@@ -20,10 +20,14 @@ from pipeline.scoring.calibration import softmax
 MASKED_LOGIT = -1e4
 
 
-def decision_logits(model: torch.nn.Module, batch: dict[str, torch.Tensor], dtype: torch.dtype | None = None,
-                    encoder: EncoderRun | None = None):  # fmt: skip
-    """Option logits [sequences, markers] in fp32, masked options at -1e4; `encoder` (another runtime's pass of
-    `encoder_pass(model)`) in place of the model's own encoder when given."""
+def decision_logits(
+    model: torch.nn.Module,
+    batch: dict[str, torch.Tensor],
+    dtype: torch.dtype | None = None,
+    encoder: EncoderRun | None = None,
+):
+    """Option logits [sequences, markers] in fp32, masked options at -1e4; `encoder` (another runtime's pass
+    of `encoder_pass(model)`) in place of the model's own encoder when given."""
     device = batch["input_ids"].device
     attention_mask = batch["attention_mask"]
     with autocast_context(device, dtype):
@@ -57,8 +61,9 @@ def encoder_pass(model: torch.nn.Module) -> EncoderPass:
     )
 
 
-def last_layer_at(layer: torch.nn.TransformerEncoderLayer, hidden: torch.Tensor, padding: torch.Tensor,
-                  index: torch.Tensor) -> torch.Tensor:  # fmt: skip
+def last_layer_at(
+    layer: torch.nn.TransformerEncoderLayer, hidden: torch.Tensor, padding: torch.Tensor, index: torch.Tensor
+) -> torch.Tensor:
     """A pre-norm encoder layer's output at the gathered positions only (the option markers the scorer reads).
 
     Keys and values still come from every token, so this equals the full layer at those positions, but the
@@ -84,11 +89,18 @@ def soft_cross_entropy(logits: torch.Tensor, target: torch.Tensor, mask: torch.T
 
 
 @torch.no_grad()
-def score_items(model: torch.nn.Module, items: list[Item], pad_id: int, device: torch.device,
-                batch_size: int = 32, dtype: torch.dtype | None = None, progress: bool = False,
-                logits: bool = False) -> list[np.ndarray]:  # fmt: skip
-    """Option probabilities (or raw logits) for each item, in the caller's order; eager, no-grad, sequences grouped
-    by length. An item of several sequences gets one softmax over all its options."""
+def score_items(
+    model: torch.nn.Module,
+    items: list[Item],
+    pad_id: int,
+    device: torch.device,
+    batch_size: int = 32,
+    dtype: torch.dtype | None = None,
+    progress: bool = False,
+    logits: bool = False,
+) -> list[np.ndarray]:
+    """Option probabilities (or raw logits) for each item, in the caller's order; eager, no-grad, sequences
+    grouped by length. An item of several sequences gets one softmax over all its options."""
     from tqdm.auto import tqdm
 
     was_training = model.training

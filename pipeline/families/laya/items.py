@@ -1,10 +1,11 @@
 """Turn validated records into model items: one item per decision, its Laya-layout sequences tokenised once.
 
-Sequence (docs/training.md, "Model families"; laya's own sequence builder, so ours and laya's agree to the token):
-`[CLS] "<type> question: <instructions>" [SEP] [MASK] option [MASK] option ... [SEP] <state> [SEP]`. A decision
-whose options do not fit one sequence holds several, each with a consecutive run of its options
-(`sequences.question_parts`); its loss and its answer take one softmax over all of them. A decision whose options
-cannot be told apart or do not fit even so is skipped with its reason, never a crash in the middle of training.
+Sequence (docs/training.md, "Model families"; laya's own sequence builder, so ours and laya's agree to the
+token): `[CLS] "<type> question: <instructions>" [SEP] [MASK] option [MASK] option ... [SEP] <state> [SEP]`. A
+decision whose options do not fit one sequence holds several, each with a consecutive run of its options
+(`sequences.question_parts`); its loss and its answer take one softmax over all of them. A decision whose
+options cannot be told apart or do not fit even so is skipped with its reason, never a crash in the middle of
+training.
 """
 
 from __future__ import annotations
@@ -26,7 +27,8 @@ ITEM_REASONS = ("options_collapsed", "options_beyond_max_len")
 
 @dataclass(frozen=True, slots=True)
 class Item:
-    """One decision as the model sees it: its sequences, options in order across them, and its training target."""
+    """One decision as the model sees it: its sequences, options in order across them, and its training
+    target."""
 
     parts: tuple[Part, ...]  # one; several when the options do not fit one sequence
     qtype: int
@@ -78,8 +80,8 @@ def _item(decision: Decision, parts: tuple[Part, ...], record: int) -> Item:
 
 
 def state_cuts(items: list[Item]) -> list[StateCut]:
-    """Per row the items read: its state's tokens and the fewest any of its sequences keep (each question's head
-    leaves the state its own room)."""
+    """Per row the items read: its state's tokens and the fewest any of its sequences keep (each question's
+    head leaves the state its own room)."""
     return cuts_by_row([(item.record, part.state) for item in items for part in item.parts])
 
 
@@ -89,8 +91,8 @@ def item_parts(items: list[Item]) -> list[Part]:
 
 
 def join_logits(items: list[Item], part_logits: list[np.ndarray]) -> list[np.ndarray]:
-    """Each item's option logits: its sequences' logits (`part_logits`, in `item_parts` order) joined in option
-    order. An item of one sequence gets that sequence's logits as they are."""
+    """Each item's option logits: its sequences' logits (`part_logits`, in `item_parts` order) joined in
+    option order. An item of one sequence gets that sequence's logits as they are."""
     joined, start = [], 0
     for item in items:
         count = len(item.parts)
@@ -101,7 +103,8 @@ def join_logits(items: list[Item], part_logits: list[np.ndarray]) -> list[np.nda
 
 
 def collate_parts(parts: list[Part], pad_id: int, length: int | None = None) -> dict[str, torch.Tensor]:
-    """Pad sequences into one batch (to `length` when given, e.g. a compile bucket): ids, attention, markers, types."""
+    """Pad sequences into one batch (to `length` when given, e.g. a compile bucket): ids, attention, markers,
+    types."""
     n, width = len(parts), max(max(len(part) for part in parts), length or 0)
     k = max(len(part.markers) for part in parts)
     ids = np.full((n, width), pad_id, dtype=np.int64)
@@ -123,8 +126,9 @@ def collate_parts(parts: list[Part], pad_id: int, length: int | None = None) -> 
 
 
 def collate(items: list[Item], pad_id: int, length: int | None = None) -> dict[str, torch.Tensor]:
-    """A training batch: every item's sequences (`collate_parts`), and per item its target over all its options
-    and `options`, where each option's logit sits in the sequences' flattened [sequences x markers] logits."""
+    """A training batch: every item's sequences (`collate_parts`), and per item its target over all its
+    options and `options`, where each option's logit sits in the sequences' flattened [sequences x markers]
+    logits."""
     parts = item_parts(items)
     batch = collate_parts(parts, pad_id, length)
     k = batch["marker_pos"].shape[1]

@@ -6,13 +6,14 @@ pass costs what its tokens cost (12% fewer positions at concurrency 8 on the VAD
 matrix product per layer instead of one per padded batch). Only attention pads: sequences sorted by length go
 through it in chunks of similar length, each padded to its own longest. The last head layer runs at the option
 markers only, as in the padded pass. The answer equals `decision_logits` up to float rounding (tests/model/
-test_packed_forward.py), and a sequence's answer does not depend on its batch-mates (padding is never attended).
+test_packed_forward.py), and a sequence's answer does not depend on its batch-mates (padding is never
+attended).
 
     if packs(model):
         logits = packed_logits(model, parts)      # one [options] tensor per sequence, in the caller's order
 
-It covers BERT-style encoders (absolute positions, post-norm layers: MiniLM and the BERT family) under the Laya
-head; any other encoder keeps the padded pass.
+It covers BERT-style encoders (absolute positions, post-norm layers: MiniLM and the BERT family) under the
+Laya head; any other encoder keeps the padded pass.
 """
 
 from __future__ import annotations
@@ -126,8 +127,8 @@ def _chunk(group: range, lengths, starts, counts: list[int], marker_start: int, 
 def packed_logits(
     model: nn.Module, parts: list[Part], dtype: torch.dtype | None = None
 ) -> list[torch.Tensor]:
-    """Option logits (fp32) per sequence in the caller's order; the encoder under autocast when `dtype` is given,
-    the head in fp32, as `decision_logits` runs them."""
+    """Option logits (fp32) per sequence in the caller's order; the encoder under autocast when `dtype` is
+    given, the head in fp32, as `decision_logits` runs them."""
     device = next(model.parameters()).device
     batch = pack(parts, device)
     with autocast_context(device, dtype):
@@ -163,8 +164,9 @@ def encoder_states(encoder: BertModel, batch: PackedBatch) -> torch.Tensor:
     return hidden
 
 
-def head_layer(layer: nn.TransformerEncoderLayer, hidden: torch.Tensor, batch: PackedBatch,
-               at_markers: bool = False) -> torch.Tensor:  # fmt: skip
+def head_layer(
+    layer: nn.TransformerEncoderLayer, hidden: torch.Tensor, batch: PackedBatch, at_markers: bool = False
+) -> torch.Tensor:
     """A pre-norm head layer on packed tokens; with `at_markers`, its output at the option markers only (keys
     and values still from every token, so it equals the full layer there)."""
     attention, width = layer.self_attn, hidden.size(-1)
@@ -181,8 +183,8 @@ def head_layer(layer: nn.TransformerEncoderLayer, hidden: torch.Tensor, batch: P
 
 
 def attend(queries, keys, values, heads: int, batch: PackedBatch, at_markers: bool = False) -> torch.Tensor:
-    """Scaled dot-product attention of packed queries (every token's, or with `at_markers` every marker's) over
-    their own sequence's keys, one padded call per chunk; packed output in the queries' order."""
+    """Scaled dot-product attention of packed queries (every token's, or with `at_markers` every marker's)
+    over their own sequence's keys, one padded call per chunk; packed output in the queries' order."""
     out = torch.empty_like(queries)
     for chunk in batch.chunks:
         grid_keys = _grid(keys[chunk.start : chunk.end], chunk.slots, chunk.rows, chunk.width, heads)
@@ -202,7 +204,8 @@ def attend(queries, keys, values, heads: int, batch: PackedBatch, at_markers: bo
 
 
 def _grid(packed: torch.Tensor, slots: torch.Tensor, rows: int, width: int, heads: int) -> torch.Tensor:
-    """Packed [n, d] into the padded [rows, heads, width, d / heads] layout attention takes (zeros at padding)."""
+    """Packed [n, d] into the padded [rows, heads, width, d / heads] layout attention takes (zeros at
+    padding)."""
     grid = packed.new_zeros(rows * width, packed.size(-1))
     grid[slots] = packed
     return grid.view(rows, width, heads, -1).transpose(1, 2)

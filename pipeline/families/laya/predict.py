@@ -26,8 +26,8 @@ from pipeline.scoring.calibration import softmax
 
 
 def request_items(loaded: LoadedModel, state: Any, questions: list[contract.Question]) -> list[Item]:
-    """Model items for validated questions about one state (several sequences for a question whose options do not
-    fit one); BadQuestion when they do not fit even so."""
+    """Model items for validated questions about one state (several sequences for a question whose options do
+    not fit one); BadQuestion when they do not fit even so."""
     state_ids = state_token_ids(loaded, state)
     items = []
     for question in questions:
@@ -72,8 +72,8 @@ def predict_items(
     The sequences of all requests are grouped by length (little padding), so one pass serves many callers; the
     result keeps each request's own order. An item of several sequences gets its calibration applied once, to
     all its options' logits joined. Padding is masked, so a request's answer does not depend on what it was
-    batched with (beyond float rounding). With `encoder` (another runtime's encoder pass) the passes are padded
-    ones of similar lengths, the encoder run there and the head here.
+    batched with (beyond float rounding). With `encoder` (another runtime's encoder pass) the passes are
+    padded ones of similar lengths, the encoder run there and the head here.
     """
     flat = [item for items in requests for item in items]
     model = loaded.model.eval()
@@ -102,11 +102,16 @@ def packed_item_logits(
 
 
 @torch.inference_mode()
-def padded_item_logits(loaded: LoadedModel, items: list[Item], batch_size: int | None,
-                       dtype: torch.dtype | None = None, encoder: EncoderRun | None = None,
-                       max_padding: float | None = None) -> list[np.ndarray]:  # fmt: skip
-    """Every item's option logits from padded passes of similar lengths (encoders the packed pass does not cover),
-    each pass cut short where it would compute more than `max_padding` padding (`bounded_batches`)."""
+def padded_item_logits(
+    loaded: LoadedModel,
+    items: list[Item],
+    batch_size: int | None,
+    dtype: torch.dtype | None = None,
+    encoder: EncoderRun | None = None,
+    max_padding: float | None = None,
+) -> list[np.ndarray]:
+    """Every item's option logits from padded passes of similar lengths (encoders the packed pass does not
+    cover), each pass cut short where it would compute more than `max_padding` padding (`bounded_batches`)."""
     device = next(loaded.model.parameters()).device
     parts = item_parts(items)
     logits: list[np.ndarray | None] = [None] * len(parts)
@@ -123,16 +128,21 @@ def padded_item_logits(loaded: LoadedModel, items: list[Item], batch_size: int |
 
 
 def calibrated_probabilities(loaded: LoadedModel, items, logits: list[np.ndarray]) -> list[np.ndarray]:
-    """Probabilities with the model's own calibration applied, as the server answers: its calibrator.json, else
-    the config's temperatures. `items` are Items or ScoredDecisions (a type and a question id each)."""
+    """Probabilities with the model's own calibration applied, as the server answers: its calibrator.json,
+    else the config's temperatures. `items` are Items or ScoredDecisions (a type and a question id each)."""
     if loaded.calibrator is not None:
         return [loaded.calibrator.probabilities(it.qtype, it.question_id, z) for it, z in zip(items, logits)]
     return [softmax(z, temperature_for(loaded.config, it.qtype, len(z))) for it, z in zip(items, logits)]
 
 
-def answer_requests(loaded: LoadedModel, requests: list[ParsedRequest], dtype: torch.dtype | None = None,
-                    encoder: EncoderRun | None = None) -> list[Answered | BadQuestion]:  # fmt: skip
-    """Answer several parsed requests in shared forward passes; a request that cannot be encoded fails alone."""
+def answer_requests(
+    loaded: LoadedModel,
+    requests: list[ParsedRequest],
+    dtype: torch.dtype | None = None,
+    encoder: EncoderRun | None = None,
+) -> list[Answered | BadQuestion]:
+    """Answer several parsed requests in shared forward passes; a request that cannot be encoded fails
+    alone."""
     encoded: list[list[Item] | BadQuestion] = []
     for request in requests:
         try:

@@ -1,12 +1,13 @@
 """How the laya family lays a question into Laya-layout sequences: one when its options fit, else several.
 
-laya.Agent reads a question in one sequence (`laya.common.build_sequence`) whenever every option marker lands inside
-`max_len`, cutting the options to share `head_max_len` when it must (docs/training.md, "Model families"). We read
-such a question in that very sequence, token for token, so our answers are laya.Agent's. A question whose options do
-not fit one sequence (a choice among a hundred options) is read in parts: each part is an ordinary Laya-layout
-sequence with the same question and state and a consecutive run of the options, as many whole options as fit
-`head_max_len` beside the instructions. The parts' option logits are joined in option order and take one softmax
-(see `items.join_logits`), so the answer is one distribution over every option.
+laya.Agent reads a question in one sequence (`laya.common.build_sequence`) whenever every option marker lands
+inside `max_len`, cutting the options to share `head_max_len` when it must (docs/training.md, "Model
+families"). We read such a question in that very sequence, token for token, so our answers are laya.Agent's. A
+question whose options do not fit one sequence (a choice among a hundred options) is read in parts: each part
+is an ordinary Laya-layout sequence with the same question and state and a consecutive run of the options, as
+many whole options as fit `head_max_len` beside the instructions. The parts' option logits are joined in
+option order and take one softmax (see `items.join_logits`), so the answer is one distribution over every
+option.
 
     parts = question_parts(loaded, question, state_token_ids(loaded, state))
 """
@@ -21,15 +22,15 @@ from pipeline.families.base import BadQuestion, StateCut
 from pipeline.families.laya_layout import LoadedModel
 
 LAYA_CUT_BELOW = 16
-"""laya's `build_head` cuts every option short when fewer head tokens than this are left beside them: a part keeps
-at least this many for the instructions, so its options stay whole."""
+"""laya's `build_head` cuts every option short when fewer head tokens than this are left beside them: a part
+keeps at least this many for the instructions, so its options stay whole."""
 UNLIMITED = 1 << 30  # a head budget nothing reaches: `build_head` then cuts neither options nor instructions
 
 
 @dataclass(frozen=True, slots=True)
 class Part:
-    """One Laya-layout sequence: its token ids, the [MASK] position of each option it holds, the question type,
-    and what it keeps of the state (not compared: two parts of the same ids are the same sequence)."""
+    """One Laya-layout sequence: its token ids, the [MASK] position of each option it holds, the question
+    type, and what it keeps of the state (not compared: two parts of the same ids are the same sequence)."""
 
     ids: tuple[int, ...]
     markers: tuple[int, ...]
@@ -44,8 +45,8 @@ def question_parts(loaded: LoadedModel, question: Question, state_ids: list[int]
     """The sequences the model reads `question` in about one state (its `state_token_ids`), options in order.
 
     One sequence, exactly laya's, when every option marker fits `max_len`; else one per run of `option_runs`.
-    BadQuestion when a run does not fit either: the state never takes room from the options (it is cut to what the
-    question leaves), so that happens only to a model whose `max_len` barely exceeds its `head_max_len`.
+    BadQuestion when a run does not fit either: the state never takes room from the options (it is cut to what
+    the question leaves), so that happens only to a model whose `max_len` barely exceeds its `head_max_len`.
     """
     internal, qtype = internal_question(question), QUESTION_TYPE_IDS[question.type]
     whole = _sequence(loaded, internal, qtype, state_ids)
@@ -83,15 +84,24 @@ def option_runs(loaded: LoadedModel, question: dict[str, Any]) -> list[range]:
     return [*runs, range(start, len(lengths))]
 
 
-def _sequence(loaded: LoadedModel, question: dict[str, Any], qtype: int, state_ids: list[int],
-              run: range | None = None) -> Part:  # fmt: skip
+def _sequence(
+    loaded: LoadedModel, question: dict[str, Any], qtype: int, state_ids: list[int], run: range | None = None
+) -> Part:
     from laya.common import build_sequence
 
     order = None if run is None else list(run)  # None: every option, as laya.Agent asks for them
     # truncate_left=False: the state keeps its first tokens and loses its end (contract.STATE_TRUNCATION)
-    ids, markers, cut = build_sequence(loaded.tokenizer, None, question, loaded.max_len, loaded.head_max_len,
-                                       option_order=order, truncate_left=False, state_ids=state_ids,
-                                       return_truncation_stats=True)  # fmt: skip
+    ids, markers, cut = build_sequence(
+        loaded.tokenizer,
+        None,
+        question,
+        loaded.max_len,
+        loaded.head_max_len,
+        option_order=order,
+        truncate_left=False,
+        state_ids=state_ids,
+        return_truncation_stats=True,
+    )
     kept = cut["state_tokens_used"]
     # The head, the kept state and the closing [SEP] fill `ids`: the room is what the head left.
     state = StateCut(len(state_ids), kept, loaded.max_len - len(ids) + kept)
@@ -99,8 +109,8 @@ def _sequence(loaded: LoadedModel, question: dict[str, Any], qtype: int, state_i
 
 
 def option_problem(loaded: LoadedModel, question: Question) -> str | None:
-    """Why the model cannot learn from `question` (a reason of `items.ITEM_REASONS`), or None; the same for every
-    state, since the options sit before the state in every sequence."""
+    """Why the model cannot learn from `question` (a reason of `items.ITEM_REASONS`), or None; the same for
+    every state, since the options sit before the state in every sequence."""
     try:
         parts = question_parts(loaded, question, [])
     except BadQuestion:

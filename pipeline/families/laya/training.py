@@ -39,5 +39,10 @@ def summed_loss(
 
 def laya_batch_task(pad_id: int) -> BatchTask:
     """Items collated with `pad_id`; the encoder (`encoder.` parameters) gets the backbone learning rate."""
-    return BatchTask(collate=lambda items: collate(items, pad_id), summed_loss=summed_loss, backbone="encoder.",
-                     pad_id=pad_id, layers=lambda model: model.encoder)  # fmt: skip
+    return BatchTask(
+        collate=lambda items: collate(items, pad_id),
+        summed_loss=summed_loss,
+        backbone="encoder.",
+        pad_id=pad_id,
+        layers=lambda model: model.encoder,
+    )

@@ -1,9 +1,9 @@
 """Which runtime runs a served model's encoder (`decision serve --backend`): torch, ONNX Runtime or OpenVINO.
 
-A runtime is tried where it is installed, the model's family can hand its encoder over (an encoder backbone, on
-the CPU), and the exported graph answers a few built-in probe requests as torch does. `auto` (the default) then
-times each runtime that passed, and torch, on the probes and serves the fastest. The heads, calibration and
-answer shaping stay in torch either way.
+A runtime is tried where it is installed, the model's family can hand its encoder over (an encoder backbone,
+on the CPU), and the exported graph answers a few built-in probe requests as torch does. `auto` (the default)
+then times each runtime that passed, and torch, on the probes and serves the fastest. The heads, calibration
+and answer shaping stay in torch either way.
 
     choice = choose_backend(model, "auto", cache / "encoder.onnx", shipped=export / "encoder.onnx")
     model.encoder = choice.encoder                      # None: the model's own torch modules
@@ -37,7 +37,8 @@ LARGEST_DP = (
 # than twice torch's bf16 distance (at least this), and no more argmax changes.
 LARGEST_DP_BF16_FLOOR = 1e-3
 RACE_ROUNDS = 5  # `auto` times each candidate this many times on the probes, interleaved, and keeps its best
-# Answers go out rounded to 4 decimals (`answers.DECIMALS`): one step of the last decimal, as a float difference.
+# Answers go out rounded to 4 decimals (`answers.DECIMALS`): one step of the last decimal, as a float
+# difference.
 _ROUNDING = 1e-9
 
 # Built-in probes: short and long states, every question type, one question alone and five together, so the
@@ -51,17 +52,28 @@ _SCORE = {"type": "score", "instructions": "How urgent is it?", "criteria": ["lo
 _NOUL = {"type": "noul", "instructions": "The support team was kind."}
 PROBES = (
     ("Great phone.", {"tone": _TONE}),
-    ("The delivery was late but the support team was kind, and the refund came within a week of my complaint.",
-     {"tone": _TONE, "urgency": _SCORE, "kind": _NOUL}),
-    ("Terrible. " * 12, {"urgency": _SCORE, "kind": _NOUL, "tone": _TONE,
-                         "late": {"type": "noul", "instructions": "The order was late."},
-                         "pick": {"type": "choice", "instructions": "Pick one", "criteria": ["yes", "no"]}}),
-)  # fmt: skip
+    (
+        "The delivery was late but the support team was kind, and the refund came within a week of my "
+        "complaint.",
+        {"tone": _TONE, "urgency": _SCORE, "kind": _NOUL},
+    ),
+    (
+        "Terrible. " * 12,
+        {
+            "urgency": _SCORE,
+            "kind": _NOUL,
+            "tone": _TONE,
+            "late": {"type": "noul", "instructions": "The order was late."},
+            "pick": {"type": "choice", "instructions": "Pick one", "criteria": ["yes", "no"]},
+        },
+    ),
+)
 
 
 @dataclass(frozen=True)
 class Runtime:
-    """A runtime that can run an exported encoder graph: why it cannot serve at a precision, and its encoder."""
+    """A runtime that can run an exported encoder graph: why it cannot serve at a precision, and its
+    encoder."""
 
     name: str
     missing: Callable[[torch.dtype | None], str | None]
@@ -116,8 +128,8 @@ class Parity:
 
 @dataclass(frozen=True)
 class ParityBound:
-    """What a runtime must hold: the largest |Δp|, and the reference's top-two gap under which an argmax may change
-    (0: none may)."""
+    """What a runtime must hold: the largest |Δp|, and the reference's top-two gap under which an argmax may
+    change (0: none may)."""
 
     largest_dp: float
     tie: float = 0.0
@@ -148,10 +160,11 @@ class _Tried:
 def choose_backend(
     model: DecisionModel, wanted: str, graph: Path, shipped: Path | None = None
 ) -> BackendChoice:
-    """The backend for `model` (`wanted` is one of `BACKENDS`): torch when asked; else the runtime asked for, or
-    under `auto` the fastest on the probes of torch and the runtimes that can serve and hold parity. The graph is
-    `shipped` (the export's own) when it exists, else exported to `graph`. Torch with the reasons otherwise
-    (`fell_back` when a runtime was asked for, or one `auto` tried failed its export or parity check)."""
+    """The backend for `model` (`wanted` is one of `BACKENDS`): torch when asked; else the runtime asked for,
+    or under `auto` the fastest on the probes of torch and the runtimes that can serve and hold parity. The
+    graph is `shipped` (the export's own) when it exists, else exported to `graph`. Torch with the reasons
+    otherwise (`fell_back` when a runtime was asked for, or one `auto` tried failed its export or parity
+    check)."""
     if wanted not in BACKENDS:
         raise ValueError(f"--backend {wanted}: not one of {', '.join(BACKENDS)}")
     if wanted == "torch":
@@ -180,7 +193,8 @@ def choose_backend(
 
 
 class _Graphs:
-    """The graphs a runtime may take, in order: the export's own, then one exported to `graph` (once, on demand)."""
+    """The graphs a runtime may take, in order: the export's own, then one exported to `graph` (once, on
+    demand)."""
 
     def __init__(self, model: DecisionModel, graph: Path, shipped: Path | None) -> None:
         self.model, self.graph, self.shipped = model, graph, shipped
@@ -206,8 +220,10 @@ def _try(model: DecisionModel, runtime: Runtime, graphs: _Graphs, bound: ParityB
             if parity.within(bound):
                 facts = f"{parity.describe()} on {parity.questions} probe questions ({bound.describe()})"
                 return _Tried(runtime.name, encoder, "; ".join([*failures, f"{facts}, graph {path}"]))
-            failures.append(f"{runtime.name} failed the parity check against torch with {path}: "
-                            f"{parity.describe()} ({bound.describe()})")  # fmt: skip
+            failures.append(
+                f"{runtime.name} failed the parity check against torch with {path}: "
+                f"{parity.describe()} ({bound.describe()})"
+            )
     except (RuntimeError, ValueError, TypeError, OSError) as error:  # the exporter's and the runtimes' errors
         failures.append(f"the {runtime.name} graph failed: {type(error).__name__}: {error}")
     return _Tried(runtime.name, None, "; ".join(failures), failed=True)
@@ -258,7 +274,8 @@ def check_parity(model: DecisionModel, encoder: EncoderRun, probes=PROBES) -> Pa
 
 
 def measure_parity(reference: DecisionModel, candidate: DecisionModel, probes=PROBES) -> Parity:
-    """`candidate`'s answers against `reference`'s on `probes` ((state, questions) pairs), answered together."""
+    """`candidate`'s answers against `reference`'s on `probes` ((state, questions) pairs), answered
+    together."""
     requests = [parse_request(state, questions) for state, questions in probes]
     expected = reference.answer(requests)
     got = candidate.answer(requests)

@@ -61,8 +61,16 @@ def export_encoder(encoder: nn.Module, path: Path) -> Path:
             # on advanced indexing (no negative indices here): expected, and noise in a server's start-up log.
             warnings.simplefilter("ignore", torch.jit.TracerWarning)
             warnings.filterwarnings("ignore", message="Exporting aten::index operator")
-            torch.onnx.export(encoder.eval(), (ids, mask), staged, dynamo=False, input_names=list(INPUTS),
-                              output_names=[OUTPUT], dynamic_axes=axes, opset_version=OPSET)  # fmt: skip
+            torch.onnx.export(
+                encoder.eval(),
+                (ids, mask),
+                staged,
+                dynamo=False,
+                input_names=list(INPUTS),
+                output_names=[OUTPUT],
+                dynamic_axes=axes,
+                opset_version=OPSET,
+            )
         os.replace(staged, path)
     finally:
         Path(staged).unlink(missing_ok=True)
@@ -84,8 +92,8 @@ def _device_of(module: nn.Module) -> torch.device:
 
 
 class EncoderPass(nn.Module):
-    """A model's encoder pass as a module of its own: `run(input_ids, attention_mask)` on the parameters of `owner`
-    (registered, so the export holds them as the graph's weights)."""
+    """A model's encoder pass as a module of its own: `run(input_ids, attention_mask)` on the parameters of
+    `owner` (registered, so the export holds them as the graph's weights)."""
 
     def __init__(self, owner: nn.Module, run) -> None:
         super().__init__()
@@ -97,9 +105,9 @@ class EncoderPass(nn.Module):
 
 
 class SessionsByThreads(Generic[Session]):
-    """A runtime's sessions by thread count, built on first use by `build(threads)`: `current()` is the one for
-    the calling thread's torch thread count (what the governor last set), the least recently used dropped beyond
-    `SESSIONS_KEPT`."""
+    """A runtime's sessions by thread count, built on first use by `build(threads)`: `current()` is the one
+    for the calling thread's torch thread count (what the governor last set), the least recently used dropped
+    beyond `SESSIONS_KEPT`."""
 
     def __init__(self, build: Callable[[int], Session]) -> None:
         self._build = build
@@ -129,8 +137,8 @@ def feed_of(input_ids: torch.Tensor, attention_mask: torch.Tensor) -> dict:
 
 
 class OnnxEncoder:
-    """An exported encoder run by ONNX Runtime, called as the torch encoder pass is (tensors in, a CPU fp32 tensor
-    out), on as many intra-op threads as torch has on the calling thread (`SessionsByThreads`)."""
+    """An exported encoder run by ONNX Runtime, called as the torch encoder pass is (tensors in, a CPU fp32
+    tensor out), on as many intra-op threads as torch has on the calling thread (`SessionsByThreads`)."""
 
     name = "onnxruntime"
 
@@ -146,8 +154,8 @@ class OnnxEncoder:
         options = self._runtime.SessionOptions()
         options.graph_optimization_level = self._runtime.GraphOptimizationLevel.ORT_ENABLE_ALL
         options.intra_op_num_threads = threads
-        # No spinning between runs: the head runs in torch on the same cores right after each encoder pass, and
-        # a runtime thread that spins waiting for work takes a core from it (and from other processes).
+        # No spinning between runs: the head runs in torch on the same cores right after each encoder pass,
+        # and a runtime thread that spins waiting for work takes a core from it (and from other processes).
         options.add_session_config_entry("session.intra_op.allow_spinning", "0")
         return self._runtime.InferenceSession(str(self.path), options, providers=["CPUExecutionProvider"])
 

@@ -1,5 +1,6 @@
-"""A family's serving encoder compiled by OpenVINO for the CPU (the `openvino` extra), from the same ONNX graph
-ONNX Runtime runs (`onnx_encoder.export_encoder`): OpenVINO reads ONNX itself, so one exported file serves both.
+"""A family's serving encoder compiled by OpenVINO for the CPU (the `openvino` extra), from the same ONNX
+graph ONNX Runtime runs (`onnx_encoder.export_encoder`): OpenVINO reads ONNX itself, so one exported file
+serves both.
 
     encoder = OpenVinoEncoder(Path("export/encoder.onnx"))                  # fp32, the parity default
     encoder = OpenVinoEncoder(Path("export/encoder.onnx"), torch.bfloat16)  # --precision bf16 only
@@ -51,17 +52,22 @@ class OpenVinoEncoder:
         self.sessions.current()  # compiled now: a graph OpenVINO cannot take fails at start, not at a request
 
     def _compile(self, threads: int):
-        return self._core.compile_model(self._graph, "CPU", {
-            "INFERENCE_NUM_THREADS": threads,
-            "INFERENCE_PRECISION_HINT": self.precision,
-            "PERFORMANCE_HINT": "LATENCY",  # one request at a time: the server's batcher already batches
-            "NUM_STREAMS": 1,
-            # Not pinned: the machine is shared (other processes, torch's head on the same cores), and a pinned
-            # thread waits for its core when another process holds it.
-            "ENABLE_CPU_PINNING": False,
-        })  # fmt: skip
+        return self._core.compile_model(
+            self._graph,
+            "CPU",
+            {
+                "INFERENCE_NUM_THREADS": threads,
+                "INFERENCE_PRECISION_HINT": self.precision,
+                "PERFORMANCE_HINT": "LATENCY",  # one request at a time: the server's batcher already batches
+                "NUM_STREAMS": 1,
+                # Not pinned: the machine is shared (other processes, torch's head on the same cores), and a
+                # pinned thread waits for its core when another process holds it.
+                "ENABLE_CPU_PINNING": False,
+            },
+        )
 
     def __call__(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         compiled = self.sessions.current()
-        # Outputs copied out (share_outputs=False): the compiled model reuses its output tensor on its next call.
+        # Outputs copied out (share_outputs=False): the compiled model reuses its output tensor on its next
+        # call.
         return torch.from_numpy(compiled(feed_of(input_ids, attention_mask), share_outputs=False)[0])

@@ -252,6 +252,14 @@ class DecisionFamily(ABC):
         backbone's features once here); as they are by default."""
         return examples
 
+    def scoring_examples(
+        self, loaded, examples: list[Any], config: TrainConfig, device: torch.device
+    ) -> list[Any]:
+        """The examples a fit scores again and again (the held-out and validation rows: the base, each candidate,
+        the fine-tune), ready for `score`: a family whose `config.method` keeps the backbone frozen may compute
+        its features once, at full precision, so that each score runs the head alone; as they are by default."""
+        return examples
+
     @abstractmethod
     def batch_task(self, loaded, config: TrainConfig) -> BatchTask:
         """Collate and summed loss for the training loop."""

@@ -67,6 +67,21 @@ def test_cached_features_give_the_live_forward_pass(tiny_base, rows):
     torch.testing.assert_close(from_cache, live, atol=2e-2, rtol=2e-2)  # fp16 features
 
 
+def test_scoring_from_full_precision_features_scores_as_the_backbone_does(tiny_base, rows):
+    """A fit scores its held-out and validation rows for the base, each candidate and the fine-tune from features
+    computed once: the logits are the live model's."""
+    family, loaded = load_joint_on(tiny_base)
+    examples, _ = family.build_examples(loaded, rows[:12])
+    scoring = family.scoring_examples(loaded, examples, HEAD, CPU)
+    assert all(e.features is not None and e.features.state.dtype == torch.float32 for e in scoring)
+    live, from_cache = (family.score(loaded, group, CPU, 8)[1] for group in (examples, scoring))
+    assert len(live) == len(from_cache) == sum(len(e.targets) for e in examples)
+    for a, b in zip(live, from_cache):
+        torch.testing.assert_close(torch.tensor(b), torch.tensor(a), atol=1e-5, rtol=1e-5)
+    lora = replace(HEAD, method="lora")  # a backbone that trains: nothing to compute once
+    assert family.scoring_examples(loaded, examples, lora, CPU) is examples
+
+
 def test_head_trains_the_head_and_leaves_the_backbone_as_it_was(tiny_base, rows):
     family, loaded = load_joint_on(tiny_base)
     before = {n: p.clone() for n, p in loaded.model.lm.named_parameters()}

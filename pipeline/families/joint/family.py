@@ -160,6 +160,17 @@ class JointFamily(DecisionFamily):
             report,
         )
 
+    def scoring_examples(
+        self, loaded: LoadedJoint, examples: list[JointExample], config: TrainConfig, device: torch.device
+    ) -> list[JointExample]:
+        """`head`: the frozen backbone's features of rows a fit scores again and again, computed once at full
+        precision (as the model without a cache reads them), so that each score runs the head alone."""
+        if config.method != "head" or not examples:
+            return examples
+        pad = loaded.tokenizer.pad_token_id
+        model = loaded.model.to(device)
+        return cache_features(model, examples, pad, device, config.eval_batch_size, dtype=torch.float32)
+
     def prepare(self, loaded: LoadedJoint, config: TrainConfig) -> None:
         prepare_joint(loaded.model, config)
 

@@ -167,8 +167,11 @@ def cache_features(
     device: torch.device,
     batch_size: int = 64,
     report: Callable[[str], None] | None = None,
+    dtype: torch.dtype = torch.float16,
 ) -> list[JointExample]:
-    """The examples with their frozen backbone's hidden states (fp16 on the CPU), each sequence encoded once.
+    """The examples with their frozen backbone's hidden states (on the CPU, fp16 unless `dtype` says otherwise:
+    training reads half; scoring reads full precision, as the model without a cache would), each sequence encoded
+    once.
 
     A field sequence that many rows share is encoded once for all of them. `report` gets a line every 30 s.
     """
@@ -181,10 +184,10 @@ def cache_features(
     for indices in length_batches([len(e) for e in examples], batch_size):
         batch = collate_records([examples[i].record for i in indices], pad_id)
         hidden = model.state_hidden_states(batch["input_ids"].to(device), batch["attention_mask"].to(device))
-        _cache_new_fields(batch, [examples[i].record for i in indices], fields, model, device)
+        _cache_new_fields(batch, [examples[i].record for i in indices], fields, model, device, dtype)
         for row, index in enumerate(indices):
             example = examples[index]
-            state = hidden[row, : len(example)].to("cpu", torch.float16)
+            state = hidden[row, : len(example)].to("cpu", dtype)
             cached[index] = replace(
                 example, features=CachedFeatures(state, _own_fields(example.record, fields))
             )
@@ -209,7 +212,9 @@ def _own_fields(record: EncodedRecord, fields: dict):
     return fields.get(record.field_ids) if record.fields_apart else None
 
 
-def _cache_new_fields(batch: dict, records: list[EncodedRecord], fields: dict, model, device) -> None:
+def _cache_new_fields(
+    batch: dict, records: list[EncodedRecord], fields: dict, model, device, dtype: torch.dtype
+) -> None:
     """Hidden states of the batch's field sequences (`collate_records` put each distinct one in its rows, in
     first-seen order), encoded only when one of them is not cached yet."""
     if "field_input_ids" not in batch:
@@ -223,7 +228,7 @@ def _cache_new_fields(batch: dict, records: list[EncodedRecord], fields: dict, m
     )
     for row, key in enumerate(distinct):
         length = len(key[0]) if isolated else len(key)
-        fields.setdefault(key, hidden[row, :length].to("cpu", torch.float16))
+        fields.setdefault(key, hidden[row, :length].to("cpu", dtype))
 
 
 def summed_loss(

@@ -13,7 +13,7 @@ import yaml
 from pipeline.data.pins import PinMismatch, Unpinned, check_pins, current_md5
 
 
-def verify_pins(paths: list[str], root) -> dict[str, str]:
+def strictly_checked(paths: list[str], root) -> dict[str, str]:
     """The strict check of paths relative to `root`, as the retrain flow makes it: {path: md5}."""
     return check_pins({path: root / path for path in paths}, root / "dvc.lock", require=True).pins
 
@@ -42,7 +42,7 @@ def pinned_copy(tmp_path):
 
 
 def test_untouched_files_pass(pinned_copy):
-    assert set(verify_pins(["data/rows.jsonl", "data/model"], root=pinned_copy)) == {
+    assert set(strictly_checked(["data/rows.jsonl", "data/model"], root=pinned_copy)) == {
         "data/rows.jsonl",
         "data/model",
     }
@@ -52,7 +52,7 @@ def test_tampered_file_is_refused_with_both_hashes(pinned_copy):
     pinned = current_md5(pinned_copy / "data/rows.jsonl")
     (pinned_copy / "data/rows.jsonl").write_text('{"state": "tampered"}\n')
     with pytest.raises(PinMismatch) as error:
-        verify_pins(["data/rows.jsonl"], root=pinned_copy)
+        strictly_checked(["data/rows.jsonl"], root=pinned_copy)
     message = str(error.value)
     assert "data/rows.jsonl" in message and pinned in message
     assert current_md5(pinned_copy / "data/rows.jsonl") in message
@@ -62,17 +62,17 @@ def test_tampered_folder_missing_and_unpinned_files_are_all_reported(pinned_copy
     (pinned_copy / "data/model/extra.bin").write_bytes(b"x")
     (pinned_copy / "data/rows.jsonl").unlink()
     with pytest.raises(PinMismatch) as error:
-        verify_pins(["data/rows.jsonl", "data/model"], root=pinned_copy)
+        strictly_checked(["data/rows.jsonl", "data/model"], root=pinned_copy)
     message = str(error.value)
     assert "data/rows.jsonl: missing" in message
     assert "data/model: bytes differ" in message
     with pytest.raises(Unpinned, match=r"data/other\.csv: not pinned"):  # before anything is hashed
-        verify_pins(["data/rows.jsonl", "data/model", "data/other.csv"], root=pinned_copy)
+        strictly_checked(["data/rows.jsonl", "data/model", "data/other.csv"], root=pinned_copy)
 
 
 @pytest.mark.data
 def test_project_dataset_matches_its_pin_and_a_tampered_copy_does_not(project_root, tmp_path):
-    assert verify_pins(["data/processed/vader.jsonl"], root=project_root)
+    assert strictly_checked(["data/processed/vader.jsonl"], root=project_root)
     (tmp_path / "data/processed").mkdir(parents=True)
     shutil.copy(project_root / "dvc.lock", tmp_path / "dvc.lock")
     copy = tmp_path / "data/processed/vader.jsonl"
@@ -80,7 +80,7 @@ def test_project_dataset_matches_its_pin_and_a_tampered_copy_does_not(project_ro
     with copy.open("ab") as handle:
         handle.write(b"\n")
     with pytest.raises(PinMismatch, match=r"vader\.jsonl: bytes differ"):
-        verify_pins(["data/processed/vader.jsonl"], root=tmp_path)
+        strictly_checked(["data/processed/vader.jsonl"], root=tmp_path)
 
 
 def test_training_refuses_a_tampered_pinned_input_before_it_starts(pinned_copy, monkeypatch):
@@ -138,7 +138,7 @@ def test_hashes_are_the_ones_real_dvc_records_for_files_and_folders(dvc_repo):
     added = yaml.safe_load((dvc_repo / "own.csv.dvc").read_text())["outs"][0]["md5"]
     assert current_md5(dvc_repo / "own.csv") == added
     paths = ["out/model", "out/rows.jsonl", "own.csv"]
-    assert verify_pins(paths, root=dvc_repo) == {**recorded, "own.csv": added}
+    assert strictly_checked(paths, root=dvc_repo) == {**recorded, "own.csv": added}
     assert check_pins({p: dvc_repo / p for p in paths}, dvc_repo / "dvc.lock", require=True).pins
 
 

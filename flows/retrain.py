@@ -35,7 +35,7 @@ from prefect.runtime import flow_run
 
 from flows.interrupts import refused
 from flows.launched import run_launched
-from pipeline.config import load_params
+from pipeline.config import CertifyConfig, load_params
 from pipeline.data.pins import CheckedInputs, data_revision
 from pipeline.data.split import SplitData
 from pipeline.mlops import tracking
@@ -99,9 +99,11 @@ def train(
 
 
 @task(name="calibrate", **CACHED)
-def calibrate(run_dir: str, bag_of_words_rows: int) -> CalibrationResult:
+def calibrate(run_dir: str, bag_of_words_rows: int, certify: CertifyConfig) -> CalibrationResult:
     logger = get_run_logger()
-    result = calibrate_stage.calibrate_stage(run_dir, bag_of_words_rows=bag_of_words_rows, say=logger.info)
+    result = calibrate_stage.calibrate_stage(
+        run_dir, bag_of_words_rows=bag_of_words_rows, say=logger.info, certify_config=certify
+    )
     words = result.heldout.get(BAG_OF_WORDS)
     if words:
         logger.info(
@@ -218,7 +220,7 @@ def _run(start: RunStart, run: RunFolder, revision) -> RunResult:
     validated = validate(config.data, config.slice, params.validate, str(run.validation), str(run.split))
     tags = start.tags | {"idempotency_key": start.key}
     trained = train(run_dir, config.base, params.train, config.device, start.key, tags, start.checked)
-    calibration = calibrate(run_dir, params.train.bag_of_words_rows)
+    calibration = calibrate(run_dir, params.train.bag_of_words_rows, params.certify)
     export_dir = export(run_dir, config.data, config.base, params.train)
     tracked = Tracked(
         key=start.key,

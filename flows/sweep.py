@@ -108,6 +108,7 @@ def run_trial(
         bag_of_words_rows=trial_params.train.bag_of_words_rows,
         say=logger.info,
         bag_of_words_cache=Path(folder),
+        certify_config=trial_params.certify,
     )  # every trial's MLflow run shows the same bag of words (the sweep's one split), fitted by the first
     tracked = Tracked(
         key=key,

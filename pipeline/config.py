@@ -477,6 +477,73 @@ class MonitorConfig:
                 raise ConfigError(f"monitor.{name}: must be >= 1, got {getattr(self, name)}")
 
 
+CERTIFIED_TYPES = ("choice", "score", "noul")
+SCORE_ERRORS = ("exact", "off_by_more_than_one")
+QUESTION_OVERRIDES = ("target_error", "delta")
+
+
+@section("certify")
+class CertifyConfig:
+    """Which answers may be acted on without a person (`scoring.certify`, docs/serving.md, Automation): per
+    question, the lowest confidence threshold at which the error among the answers it automates is at most
+    `target_error` with probability at least 1 - `delta`, certified on rows never trained on."""
+
+    target_error: float = 0.05
+    """ε: the error allowed among automated answers."""
+    delta: float = 0.05
+    """δ: the chance allowed that a certificate's true error is above ε (Clopper-Pearson bounds, tested in a fixed
+    sequence from the most sure threshold down)."""
+    types: Listed[str] = CERTIFIED_TYPES
+    """The question types that may be automated; a question of another type is never automated."""
+    score_error: str = "exact"
+    """What counts as a score question's error: `exact` (any other level) or `off_by_more_than_one`."""
+    questions: dict[str, dict[str, float]] = field(default_factory=dict)
+    """Per-question overrides by question id: `{tone: {target_error: 0.1}}` (`target_error`, `delta`). A
+    question the data never asks is refused by name."""
+    novelty_quantile: float = 0.99
+    """A state farther from the training states than this quantile of the validation states' distances is
+    novel, and never automated (`scoring.novelty`)."""
+    out_of_fold_below: int = 1000
+    """With fewer validation decisions than this, the calibrator and the certificates are fitted on out-of-fold
+    answers of the training rows (`out_of_fold_folds` folds), where the family trains a head on frozen features;
+    0: never."""
+    out_of_fold_folds: int = 5
+
+    def __post_init__(self) -> None:
+        self._check_rates("certify", {"target_error": self.target_error, "delta": self.delta})
+        if unknown := sorted(set(self.types) - set(CERTIFIED_TYPES)):
+            raise ConfigError(f"certify.types: {unknown} are no question types (choose from {CERTIFIED_TYPES})")
+        if self.score_error not in SCORE_ERRORS:
+            raise ConfigError(f"certify.score_error: one of {SCORE_ERRORS}, got {self.score_error!r}")
+        for question, overrides in self.questions.items():
+            if unknown := sorted(set(overrides) - set(QUESTION_OVERRIDES)):
+                raise ConfigError(f"certify.questions.{question}: {unknown} unknown (give {QUESTION_OVERRIDES})")
+            self._check_rates(f"certify.questions.{question}", overrides)
+        if not 0.5 <= self.novelty_quantile < 1.0:
+            raise ConfigError(f"certify.novelty_quantile: must lie in [0.5, 1), got {self.novelty_quantile}")
+        if self.out_of_fold_below < 0 or self.out_of_fold_folds < 2:
+            raise ConfigError("certify.out_of_fold_below: >= 0, and certify.out_of_fold_folds: >= 2")
+
+    @staticmethod
+    def _check_rates(where: str, rates: dict[str, float]) -> None:
+        for name, value in rates.items():
+            if not 0.0 < value < 1.0:
+                raise ConfigError(f"{where}.{name}: must lie in (0, 1), got {value}")
+
+    def for_question(self, question_id: str) -> tuple[float, float]:
+        """(ε, δ) of one question: its override, else the section's."""
+        own = self.questions.get(question_id, {})
+        return own.get("target_error", self.target_error), own.get("delta", self.delta)
+
+    def unasked(self, question_ids: set[str]) -> None:
+        """ConfigError naming each override of a question the data never asks."""
+        if missing := sorted(set(self.questions) - question_ids):
+            raise ConfigError(
+                f"certify.questions: {', '.join(missing)}: no such question in the data (it asks "
+                f"{', '.join(sorted(question_ids)) or 'none'})"
+            )
+
+
 UNKEYED_SECTIONS = ("flywheel", "monitor")
 """Sections that change no model, left out of the idempotency key (`lineage.keyed_sections`)."""
 
@@ -493,6 +560,7 @@ class Params:
     promote: PromoteConfig = field(default_factory=PromoteConfig)
     flywheel: FlywheelConfig = field(default_factory=FlywheelConfig)
     monitor: MonitorConfig = field(default_factory=MonitorConfig)
+    certify: CertifyConfig = field(default_factory=CertifyConfig)
 
     def sections(self) -> dict[str, dict[str, Any]]:
         """{section: {key: value}}, as params.yaml spells them (MLflow params, the idempotency key)."""

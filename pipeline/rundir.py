@@ -109,6 +109,12 @@ class RunFolder:
         return self.root / "calibration_report.json"
 
     @property
+    def certificates(self) -> Path:
+        """Per question, the automation rule certified on the validation split (`scoring.certify`), as the export
+        carries it."""
+        return self.root / "certificates.json"
+
+    @property
     def result(self) -> Path:
         """The run's typed result (`stages.result.RunResult`): what a later process reads the run back
         from."""

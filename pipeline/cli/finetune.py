@@ -71,6 +71,7 @@ def handle_finetune(args: argparse.Namespace) -> int:
                 given.hooks,
                 given.controls,
                 args.run_dir,
+                given.certify,
             )
         warn_not_learned(result.train.warnings)
         for notice in result.calibration.notices if result.calibration else []:

@@ -28,7 +28,7 @@ from pipeline.cli.runner import EXIT_INTERRUPTED, EXIT_OK, refuse
 from pipeline.cli.tables import progress_outputs
 
 if TYPE_CHECKING:  # for annotations only: `decision --help` answers without torch
-    from pipeline.config import Params, TrainConfig
+    from pipeline.config import CertifyConfig, Params, TrainConfig
     from pipeline.data.split import TrainSource
     from pipeline.training.controls import RunControls, RunHooks
 
@@ -128,6 +128,7 @@ class TrainingInputs:
     config: TrainConfig
     hooks: RunHooks
     controls: RunControls
+    certify: CertifyConfig
 
 
 def training_inputs(args: argparse.Namespace, save_on_cancel: bool = False) -> TrainingInputs:
@@ -143,7 +144,8 @@ def training_inputs(args: argparse.Namespace, save_on_cancel: bool = False) -> T
     config = replace(params.train, **_overrides(args))
     bars, report = progress_outputs(args)
     controls = RunControls(progress=bars, cancel=CancelToken(), save_on_cancel=save_on_cancel)
-    return TrainingInputs(_source(args, params), config, RunHooks(report=report), controls)
+    hooks = RunHooks(report=report)
+    return TrainingInputs(_source(args, params), config, hooks, controls, params.certify)
 
 
 def training_errors() -> tuple[type[Exception], ...]:

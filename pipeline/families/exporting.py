@@ -101,8 +101,8 @@ def already_exported(
     marker: str,
     calibrator: Calibrator,
 ) -> bool:
-    """The same source (weights digest), decision config, calibrator and training states are already in place
-    at `out`.
+    """The same source (weights digest), decision config, calibrator and carried files (training states,
+    certificates, the novelty gate) are already in place at `out`.
 
     `marker` is the file written last: without it the folder is no model.
     """
@@ -112,9 +112,9 @@ def already_exported(
     digest = existing.get("source_digest")
     same_source = bool(digest) and digest == manifest.get("source_digest")
     same_calibrator = (existing.get("calibrator") or {}).get("sha256") == manifest["calibrator"]["sha256"]
-    same_states = existing.get(TRAINING_STATES) == manifest.get(TRAINING_STATES)
+    same_carried = all(existing.get(entry) == manifest.get(entry) for entry in CARRIED)
     same_config = json.loads((out / config_file).read_text()) == config
-    return same_source and same_calibrator and same_states and same_config
+    return same_source and same_calibrator and same_carried and same_config
 
 
 def read_manifest(folder: Path) -> dict[str, Any]:
@@ -167,6 +167,18 @@ def read_calibrator(folder: str | Path) -> Calibrator | None:
         raise ModelLayoutError(f"{path}: not a calibrator: {error}") from error
 
 
+CERTIFICATES = "certificates"
+"""The manifest's entry for the automation rules certified per question (`scoring.certify`), which the server
+applies (an export without one automates nothing)."""
+CERTIFICATES_FILE = "certificates.json"
+NOVELTY = "novelty"
+"""The manifest's entry for the novelty gate's reference (`scoring.novelty`): a state unlike the training
+states is never automated."""
+NOVELTY_FILE = "novelty.npz"
+CARRIED = {TRAINING_STATES: TRAINING_STATES_FILE, CERTIFICATES: CERTIFICATES_FILE, NOVELTY: NOVELTY_FILE}
+"""The files an export carries beside its model, by manifest entry: each named in the manifest with its hash."""
+
+
 def training_states_entry(fingerprints: bytes) -> dict[str, Any]:
     """The manifest's record of a training-states file (`TRAINING_STATES`): its file, count and hash."""
     return {
@@ -177,15 +189,38 @@ def training_states_entry(fingerprints: bytes) -> dict[str, Any]:
     }
 
 
-def read_training_states(folder: str | Path) -> bytes | None:
-    """The training-states file the folder's manifest names; None where it names none (an older export, a
-    base), or the file is missing or differs from its hash: nothing to check against then, never an error."""
-    entry = read_manifest(Path(folder)).get(TRAINING_STATES)
-    path = Path(folder) / (entry or {}).get("file", TRAINING_STATES_FILE)
+def read_carried(folder: str | Path, entry_name: str) -> bytes | None:
+    """The bytes of the file the folder's manifest names under `entry_name` (`CARRIED`); None where it names
+    none (an older export, a base), or the file is missing or differs from its hash: nothing to apply then,
+    never an error."""
+    entry = read_manifest(Path(folder)).get(entry_name)
+    path = Path(folder) / (entry or {}).get("file", CARRIED[entry_name])
     if not entry or not path.is_file():
         return None
     data = path.read_bytes()
     return data if hashlib.sha256(data).hexdigest() == entry.get("sha256") else None
+
+
+def read_training_states(folder: str | Path) -> bytes | None:
+    """The training-states file the folder's manifest names (`read_carried`)."""
+    return read_carried(folder, TRAINING_STATES)
+
+
+def with_carried(
+    manifest: dict[str, Any], files: dict[str, bytes], entry_name: str, data: bytes | None
+) -> tuple[dict[str, Any], dict[str, bytes]]:
+    """(`manifest` naming the carried file `data` under `entry_name`, `files` with it); without `data` the
+    manifest names none and nothing is added."""
+    manifest = {k: v for k, v in manifest.items() if k != entry_name}
+    if data is None:
+        return manifest, files
+    name = CARRIED[entry_name]
+    entry = (
+        training_states_entry(data)
+        if entry_name == TRAINING_STATES
+        else {"file": name, "sha256": hashlib.sha256(data).hexdigest()}
+    )
+    return manifest | {entry_name: entry}, files | {name: data}
 
 
 def with_training_states(
@@ -193,10 +228,7 @@ def with_training_states(
 ) -> tuple[dict[str, Any], dict[str, bytes]]:
     """(`manifest` naming the training-states file `states`, the files an export writes for it); without
     `states` the manifest names none and there is nothing to write."""
-    manifest = {k: v for k, v in manifest.items() if k != TRAINING_STATES}
-    if states is None:
-        return manifest, {}
-    return manifest | {TRAINING_STATES: training_states_entry(states)}, {TRAINING_STATES_FILE: states}
+    return with_carried(manifest, {}, TRAINING_STATES, states)
 
 
 def write_files(folder: Path, files: dict[str, bytes] | None) -> None:

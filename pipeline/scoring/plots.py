@@ -48,6 +48,33 @@ def reliability_by_type(
     return save_figure(plt, figure, out)
 
 
+def coverage_risk(
+    curves: dict[str, list[tuple[float, float, float]]],
+    certified: dict[str, tuple[float, float] | None],
+    target_error: float,
+    out: Path,
+) -> Path:
+    """Per question, the error among automated held-out answers against the share automated (the
+    coverage-risk curve), the target error as a line, and each certificate's point on it (coverage, error)."""
+    plt = pyplot()
+    figure, axis = plt.subplots(figsize=(6.5, 4.5))
+    for question, curve in sorted(curves.items()):
+        if not curve:
+            continue
+        coverage, risk = [c for _, c, _ in curve], [r for _, _, r in curve]
+        (line,) = axis.plot(coverage, risk, label=question)
+        if (point := certified.get(question)) is not None:
+            axis.scatter([point[0]], [point[1]], color=line.get_color(), marker="o", zorder=3)
+    axis.axhline(target_error, color="black", linestyle="--", linewidth=1, label=f"ε = {target_error:g}")
+    axis.set_xlabel("share of answers automated (coverage)")
+    axis.set_ylabel("error among automated answers")
+    axis.set_title("coverage and risk on the held-out rows (dots: the certified thresholds)")
+    axis.set_xlim(0, 1)
+    axis.set_ylim(0, None)
+    axis.legend(fontsize=8)
+    return save_figure(plt, figure, out)
+
+
 def _reliability_axis(axis, items: list[ScoredDecision], probabilities: list[np.ndarray], title: str) -> None:
     confidence = np.array([p.max() for p in probabilities])
     correct = np.array([int(p.argmax()) == it.label for it, p in zip(items, probabilities)], dtype=float)

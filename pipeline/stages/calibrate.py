@@ -15,14 +15,25 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
+from pipeline.config import CertifyConfig
 from pipeline.data.split import SplitData
 from pipeline.rundir import RunFolder
 from pipeline.scoring.bag_of_words import BAG_OF_WORDS, bag_of_words, behind_bag_of_words
 from pipeline.scoring.calibration import loose_temperatures, plain_probabilities, temperature_spreads
 from pipeline.scoring.calibrators import choose_calibrator
+from pipeline.scoring.certify import (
+    AutomationReport,
+    Certificate,
+    automation_report,
+    certificates_json,
+    certify,
+    uncertified,
+)
 from pipeline.scoring.heldout import HeldOut, load_heldout, save_expected
 from pipeline.scoring.metrics import detailed_metrics
-from pipeline.scoring.plots import reliability_by_type, reliability_diagram, write_plots
+from pipeline.scoring.plots import coverage_risk, reliability_by_type, reliability_diagram, write_plots
 from pipeline.scoring.report import calibration_report, report_table
 
 NO_VALIDATION = (
@@ -51,6 +62,11 @@ class CalibrationResult:
     validation: dict[str, Any] = field(default_factory=dict)
     """The validation split's figures, calibrated by cross-fitting over it (what a sweep ranks its trials by:
     no held-out label involved); empty without a validation split."""
+    certificates: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """Each question's automation rule (`scoring.certify.Certificate.to_dict`), certified on the validation split."""
+    automation: dict[str, Any] = field(default_factory=dict)
+    """What the certificates automate on the held-out rows, per question and overall, with 95% intervals
+    (`scoring.certify.AutomationReport.to_dict`)."""
     notices: list[str] = field(default_factory=list)
     """What a user should look at that is no failure: the fine-tune answering fewer held-out decisions right
     than its bag of words (`scoring.bag_of_words.behind_bag_of_words`); temperatures the validation split pins
@@ -66,6 +82,7 @@ def calibrate_stage(
     bag_of_words_rows: int = 0,
     say: Callable[[str], None] | None = None,
     bag_of_words_cache: Path | None = None,
+    certify_config: CertifyConfig = CertifyConfig(),
 ) -> CalibrationResult:
     """Calibrator, figures and report from `validation.npz` and `heldout.npz` into the run folder; plots under
     `plots/`.
@@ -79,6 +96,10 @@ def calibrate_stage(
     states it takes a minute or more). With `bag_of_words_cache` (a folder runs on one split share: a
     sweep's), its figures are kept there by the split's and the held-out decisions' digest and read back by
     every later run on them, not fitted again.
+
+    Each question's automation rule is certified (`certify_config`, `scoring.certify`) on the validation split's
+    cross-fitted calibrated answers, never on the held-out rows (without a validation split, nothing is
+    certified), and what it automates on the held-out rows is measured with intervals.
     """
     run = RunFolder(run_dir)
     held = load_heldout(run.heldout)  # with their rows' groups, as the train stage saved them
@@ -108,6 +129,8 @@ def calibrate_stage(
         "calibrated": detailed_metrics(held.items, calibrated),
         **_bag_of_words(run, held, bag_of_words_rows, say or (lambda line: None), bag_of_words_cache),
     }
+    fitted = choice.cross_fitted if validated else None  # never the held-out rows
+    certificates, automation = _certified(run, fit_on, fitted, held, served, certify_config)
     result = CalibrationResult(
         temperatures=calibrator.by_name(),
         notes=dict(calibrator.notes),
@@ -119,12 +142,48 @@ def calibrate_stage(
         },
         heldout=heldout,
         report={"overall": report["overall"], "by_type": report["by_type"]},
-        plots=_write_plots(held, calibrator.kind, served, calibrated, run.plots),
+        plots=_write_plots(held, calibrator.kind, served, calibrated, run.plots)
+        + _automation_plot(automation, certificates, certify_config, run.plots),
         validation=validation,
+        certificates={q: c.to_dict() for q, c in certificates.items()},
+        automation=automation.to_dict(),
         notices=[line for line in [behind_bag_of_words(heldout), loose_temperatures(spreads)] if line],
     )
     run.calibration.write_text(json.dumps(result.to_dict(), indent=2))
     return result
+
+
+NOT_CERTIFIED_WITHOUT_VALIDATION = (
+    "no validation split to certify on (the held-out rows measure the rule, and are never used to fit it)"
+)
+
+
+def _certified(
+    run: RunFolder,
+    fit_on: HeldOut,
+    fitted: list[np.ndarray] | None,
+    held: HeldOut,
+    served: list[np.ndarray],
+    config: CertifyConfig,
+) -> tuple[dict[str, Certificate], AutomationReport]:
+    """The certificates, fitted on `fitted` (the validation split's cross-fitted calibrated answers; None:
+    nothing certified), written to the run folder, and what they automate of the held-out answers `served`."""
+    if fitted is None:
+        certificates = uncertified(held.items, config, NOT_CERTIFIED_WITHOUT_VALIDATION)
+    else:
+        certificates = certify(fit_on.items, fitted, config)
+    run.certificates.write_text(certificates_json(certificates))
+    return certificates, automation_report(held.items, served, certificates, config.score_error)
+
+
+def _automation_plot(
+    report: AutomationReport, certificates: dict[str, Certificate], config: CertifyConfig, folder: Path
+) -> list[str]:
+    """The coverage-risk curves of the held-out rows with each certificate's point on them."""
+    points = {
+        q: (f.coverage, f.error) if f.error is not None else None for q, f in report.by_question.items()
+    }
+    return [str(coverage_risk(report.curves, points, config.target_error, folder / "coverage_risk.png"))]
 
 
 def _bag_of_words(

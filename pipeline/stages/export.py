@@ -20,7 +20,15 @@ from pipeline.data.pins import current_md5
 from pipeline.data.split import SplitData
 from pipeline.families import is_complete_export, load_decision_model, pick_family, resolve_training
 from pipeline.families.base import BadBase, ExportResult
-from pipeline.families.exporting import MANIFEST, read_manifest, read_training_states, with_training_states
+from pipeline.families.exporting import (
+    CARRIED,
+    CERTIFICATES,
+    MANIFEST,
+    read_carried,
+    read_manifest,
+    with_carried,
+    with_training_states,
+)
 from pipeline.families.runtimes.onnx_encoder import ONNX_FILE, export_encoder, onnxruntime_missing
 from pipeline.lineage import MAPPING_OPTIONS, export_manifest, options_of
 from pipeline.rundir import RunFolder
@@ -45,8 +53,10 @@ def export_folder(source: str | Path, out: str | Path) -> ExportResult:
     # `decision train` on a mapped table keeps the options in the fine-tune's training record.
     options = manifest.get(MAPPING_OPTIONS) or family.describe_training(source).get(MAPPING_OPTIONS)
     manifest |= {MAPPING_OPTIONS: options} if options else {}
-    # The source's training states carried over, where it has them (an export's; a fine-tune folder has none).
-    manifest, files = with_training_states(manifest, read_training_states(source))
+    # The files the source carries (an export's: training states, certificates, the novelty gate), carried over.
+    files: dict[str, bytes] = {}
+    for entry in CARRIED:
+        manifest, files = with_carried(manifest, files, entry, read_carried(source, entry))
     calibrator = family.calibrator(model.loaded)
     return with_encoder_graph(family.export(model.loaded, out, calibrator, manifest, files))
 
@@ -94,6 +104,8 @@ def export_stage(
         mapped_options(run),
     )
     manifest, files = with_training_states(manifest, training_states(run))
+    certificates = run.certificates.read_bytes() if run.certificates.is_file() else None
+    manifest, files = with_carried(manifest, files, CERTIFICATES, certificates)
     return with_encoder_graph(model.family.export(model.loaded, out, calibrator, manifest, files))
 
 

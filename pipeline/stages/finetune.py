@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
-from pipeline.config import ConfigError, TrainConfig
+from pipeline.config import CertifyConfig, ConfigError, TrainConfig
 from pipeline.data.leakage import overlap_warning
 from pipeline.data.pins import check_pins
 from pipeline.data.split import TrainSource
@@ -39,10 +39,12 @@ def finetune(
     hooks: RunHooks = RunHooks(),
     controls: RunControls = RunControls(),
     run_dir: str | Path | None = None,
+    certify: CertifyConfig = CertifyConfig(),
 ) -> RunResult:
     """Validate and split `source` once, then the flow's train, calibrate and export stages over `run_dir`
     (default `<out>.run`, started afresh); the export goes to `out`. A cancel during training or calibration
-    exports nothing (the result says so: `RunResult.cancelled`)."""
+    exports nothing (the result says so: `RunResult.cancelled`). `certify` says which answers the export may
+    automate (`scoring.certify`)."""
     if config.nproc > 1:  # a cancel (Ctrl-C) is this process's; the ranks' stage has no cancel to share it
         raise ConfigError(
             f"train.nproc={config.nproc}: finetune trains in one process; train data-parallel with "
@@ -65,7 +67,9 @@ def finetune(
     result = RunResult(run_dir=str(run.root), validation=validation, train=trained)
     if trained.cancelled or controls.cancelled:
         return result
-    calibration = calibrate_stage(run.root, bag_of_words_rows=config.bag_of_words_rows, say=hooks.say)
+    calibration = calibrate_stage(
+        run.root, bag_of_words_rows=config.bag_of_words_rows, say=hooks.say, certify_config=certify
+    )
     if controls.cancelled:
         return result
     exported = export_stage(run.root, out, source.data, base, config)

@@ -58,6 +58,12 @@ class Certificate:
     reason: str | None = None
     """Why nothing is automated (too few decisions, the bound never falls below ε, the type is not certified)."""
     score_error: str = "exact"
+    options: tuple[str, ...] = ()
+    """The question's options as certified (choice ids, score levels, false/true): a request asking the same
+    question id with other options is not what was certified."""
+    heldout: dict[str, Any] | None = None
+    """What the rule automated on the held-out rows (`AutomationFigures` as a dict: coverage and realised error
+    with 95% intervals), which `/v1/models` and the model card show."""
 
     @property
     def certified(self) -> bool:
@@ -76,7 +82,11 @@ class Certificate:
 
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> Certificate:
-        return cls(**values)
+        return cls(**values | {"options": tuple(values.get("options", ()))})
+
+    def matches(self, qtype: str, options: tuple[str, ...]) -> bool:
+        """Whether a question of this id asks what was certified: the same type and options."""
+        return qtype == self.qtype and tuple(options) == self.options
 
 
 def uncertified(

@@ -11,7 +11,7 @@ import hashlib
 import json
 import os
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -172,8 +172,15 @@ def _certified(
         certificates = uncertified(held.items, config, NOT_CERTIFIED_WITHOUT_VALIDATION)
     else:
         certificates = certify(fit_on.items, fitted, config)
+    report = automation_report(held.items, served, certificates, config.score_error)
+    options = held.options | fit_on.options
+    held_figures = {q: asdict(figures) for q, figures in report.by_question.items()}
+    certificates = {
+        q: replace(c, options=tuple(options.get(q, ())), heldout=held_figures.get(q))
+        for q, c in certificates.items()
+    }
     run.certificates.write_text(certificates_json(certificates))
-    return certificates, automation_report(held.items, served, certificates, config.score_error)
+    return certificates, report
 
 
 def _automation_plot(

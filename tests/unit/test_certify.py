@@ -145,6 +145,8 @@ def test_the_held_out_report_measures_coverage_and_error_with_intervals_and_take
 
 
 def test_certificates_round_trip_through_their_file():
-    certificate = Certificate("tone", "choice", 0.05, 0.05, 0.91, 1000, 300, 4, 0.031)
+    certificate = Certificate(
+        "tone", "choice", 0.05, 0.05, 0.91, fit_decisions=1000, automated=300, errors=4, error_bound=0.031
+    )
     assert read_certificates(certificates_json({"tone": certificate})) == {"tone": certificate}
     assert read_certificates(None) == {} and certificate.automates(0.95) and not certificate.automates(0.9)

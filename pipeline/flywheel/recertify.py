@@ -90,7 +90,7 @@ class CertificateCheck:
         return figures
 
     def line(self) -> str:
-        """`tone broken: 6 wrong of 40 automated with feedback (0.150), bounds 0.071-0.259 at δ 0.1 against ε
+        """`tone broken: 6 wrong of 40 automated with feedback (0.150), bounds 0.081-0.248 at δ 0.1 against ε
         0.05`."""
         if not self.labelled:
             return f"{self.question} {self.status}: none of {self.automated} automated answers has feedback"

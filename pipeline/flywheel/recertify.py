@@ -106,6 +106,7 @@ class CertificateCheck:
             "status": self.status,
             "broken": self.broken,
             "gauges": self.gauges(),
+            "line": self.line(),
         }
 
 

@@ -495,7 +495,7 @@ QUESTION_OVERRIDES = ("target_error", "delta")
 
 @section("certify")
 class CertifyConfig:
-    """Which answers may be acted on without a person (`scoring.certify`, docs/serving.md, Automation): per
+    """Which answers may be acted on without a person (`scoring.certify`, docs/automation.md): per
     question, the lowest confidence threshold at which the error among the answers it automates is at most
     `target_error` with probability at least 1 - `delta`, certified on rows never trained on."""
 

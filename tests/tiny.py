@@ -328,6 +328,7 @@ JOINT_HEAD = TrainConfig(
     epochs=30,
     log_every=5,
     precision="fp32",
+    out_of_fold_below=0,  # a test of out-of-fold answers turns them on (tests/model/test_out_of_fold.py)
 )
 
 

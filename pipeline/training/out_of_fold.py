@@ -74,8 +74,6 @@ def answer_out_of_fold(
         prepared.loaded, prepared.train_examples, config, prepared.device, hooks.report
     )
     features.setdefault("train", with_features)
-    # Answered as the fit scores (full precision), not as the head trains (half).
-    scoring = family.scoring_examples(prepared.loaded, prepared.train_examples, config, prepared.device)
     fold_of_row = folds_of_rows(prepared.data.split.train, k)
     folds = [fold_of_row[row] for row in family.example_rows(prepared.train_examples)]
     kept = {name: value.detach().clone() for name, value in prepared.loaded.model.state_dict().items()}
@@ -85,7 +83,9 @@ def answer_out_of_fold(
     try:
         for fold in range(k):
             inside = [i for i, f in enumerate(folds) if f != fold]
-            left_out = [scoring[i] for i, f in enumerate(folds) if f == fold]
+            # From the features the head trains on (half precision, where the served model reads full): a second,
+            # full-precision copy of every training row's features would double the run's memory.
+            left_out = [with_features[i] for i, f in enumerate(folds) if f == fold]
             answered = _fold_answers(prepared, config, quiet, inside, with_features, left_out)
             if answered is None:
                 return OutOfFold(summary={"skipped": "the run was cancelled"})

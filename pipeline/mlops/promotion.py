@@ -19,6 +19,7 @@ from __future__ import annotations
 import datetime as dt
 import getpass
 import json
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -104,17 +105,32 @@ def gate(
 
 
 def _calibrated(candidate: dict[str, float], max_ece: float, reasons: list[str]) -> bool:
-    """ECE above `max_ece` holds the candidate only where its interval's lower end is above it: on a few
-    hundred held-out decisions the ECE-15 of a well-calibrated model is often 0.1, its interval wide."""
-    ece, low = candidate["ece"], candidate.get("ece_low")
+    """ECE above `max_ece` holds the candidate only beyond noise: its interval's lower end above it, and the ECE
+    above what a calibrated model shows on as many decisions by chance (`ece_noise`). On a few hundred held-out
+    decisions a calibrated model's ECE-15 is often 0.1: the line then says how many decisions would tell."""
+    ece, low, noise = candidate["ece"], candidate.get("ece_low"), candidate.get("ece_noise")
     if low is None:
         calibrated = ece <= max_ece
         reasons.append(f"ECE {ece:.4f} {'<=' if calibrated else '>'} {max_ece}")
         return calibrated
-    calibrated = low <= max_ece
+    shown = f"ECE {ece:.4f}, 95% interval [{low:.4f}, {candidate['ece_high']:.4f}]"
+    if noise is None or noise <= max_ece:
+        calibrated = low <= max_ece
+        reasons.append(f"{shown}: its lower end {'<=' if calibrated else '>'} {max_ece}")
+        return calibrated
+    calibrated = low <= max_ece or ece <= noise
+    decisions = int(candidate.get("ece_decisions") or 0)
+    on = f"on {decisions:,} decisions " if decisions else ""
+    # The ECE's chance level falls as one over the square root of the decisions.
+    needed = (
+        f"; about {math.ceil(decisions * (noise / max_ece) ** 2):,} held-out decisions would tell an ECE "
+        f"above {max_ece} from chance"
+        if decisions
+        else ""
+    )
     reasons.append(
-        f"ECE {ece:.4f}, 95% interval [{low:.4f}, {candidate['ece_high']:.4f}]: its lower end "
-        f"{'<=' if calibrated else '>'} {max_ece}"
+        f"{shown}: {'not ' if calibrated else ''}above {max_ece} beyond noise (a calibrated model's ECE {on}"
+        f"reaches {noise:.4f} by chance{needed})"
     )
     return calibrated
 

@@ -147,12 +147,13 @@ def _tag_verdict(
 
 
 def candidate_figures(calibrated: dict[str, float], report: dict[str, Any]) -> dict[str, float]:
-    """A run's calibrated held-out figures as the gate reads them: the points (`calibrated`) with the 95%
-    intervals of its ECE and accuracy from the calibration report on the same decisions (`report`, its
-    `overall` block)."""
+    """A run's calibrated held-out figures as the gate reads them: the points (`calibrated`) with, from the
+    calibration report on the same decisions (`report`, its `overall` block), the 95% intervals of its ECE and
+    accuracy, the ECE a calibrated model shows on as many decisions by chance, and how many they are."""
     overall = report.get("overall", {})
-    intervals = ("ece_low", "ece_high", "accuracy_low", "accuracy_high")
-    return dict(calibrated) | {name: overall[name] for name in intervals if name in overall}
+    intervals = ("ece_low", "ece_high", "ece_noise", "accuracy_low", "accuracy_high")
+    figures = dict(calibrated) | {name: overall[name] for name in intervals if name in overall}
+    return figures | ({"ece_decisions": overall["decisions"]} if "decisions" in overall else {})
 
 
 def automation_line(certificates: dict[str, dict[str, Any]]) -> str | None:

@@ -139,6 +139,25 @@ def test_a_small_first_version_with_a_wide_ece_interval_is_promotable_and_a_clea
         not clear.promote
         and "ECE 0.1604, 95% interval [0.0660, 0.2700]: its lower end > 0.05" in clear.reasons
     )
+    # The first version: its interval above 0.05, but a calibrated model's ECE on 53 decisions reaches
+    # 0.179 by chance: not above 0.05 beyond noise, and the line says how many decisions would tell.
+    story = wide | {"ece_low": 0.066, "ece_noise": 0.179, "ece_decisions": 53}
+    promoted = gate(story, None, True, PromoteConfig())
+    assert (
+        promoted.promote
+        and (
+            "ECE 0.1604, 95% interval [0.0660, 0.2700]: not above 0.05 beyond noise (a calibrated model's ECE on 53 "
+            "decisions reaches 0.1790 by chance; about 680 held-out decisions would tell an ECE above 0.05 from "
+            "chance)"
+        )
+        in promoted.reasons
+    )
+    overconfident = gate(story | {"ece": 0.25, "ece_low": 0.12}, None, True, PromoteConfig())
+    assert not overconfident.promote and any(
+        r.endswith("by chance; about 680 held-out decisions would tell an ECE above 0.05 from chance)")
+        and ": above 0.05 beyond noise" in r
+        for r in overconfident.reasons
+    )
 
 
 def test_a_lower_accuracy_holds_only_where_the_differences_interval_lies_below_the_allowed_drop():

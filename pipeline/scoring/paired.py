@@ -1,4 +1,5 @@
-"""Champion against challenger on the same held-out decisions: a paired bootstrap of the NLL difference.
+"""Champion against challenger on the same held-out decisions: a paired bootstrap of the NLL difference (and of
+the accuracy difference, whose interval the gate reads).
 
 Both models answer the same decisions (matched by record and question id; a decision one of them skipped is
 left out of both). The NLL gain is the champion's mean NLL minus the challenger's (positive: the challenger is

@@ -103,10 +103,10 @@ def promotion_stage(
         comparison,
         smoke_passed,
         config,
-        learning_warnings,
-        unpinned,
-        worse,
-        bag_of_words,
+        learning_warnings=learning_warnings,
+        unpinned=unpinned,
+        worse_questions=worse,
+        bag_of_words=bag_of_words,
         coverage=coverage,
     )
     reasons = verdict.reasons + ([automation] if automation else [])

@@ -9,6 +9,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
+from pipeline.cli.finetune import print_finetuned
 from pipeline.cli.retrain import print_summary
 from pipeline.data.contract import QUESTION_TYPE_IDS
 from pipeline.scoring.certified_coverage import (
@@ -161,10 +162,14 @@ def test_the_model_card_and_the_summary_say_what_each_question_may_automate(caps
     assert "| a | 0.1 | 0.1 | 0.9000 | 0.2000 [0.1500, 0.2600] | 0.0300 [0.0100, 0.0800] |" in automation
     assert "| b | 0.1 | 0.1 | - | - | - |" in automation
     assert "- b automates nothing: too few decisions to certify: 40, at least 59 needed" in automation
-    print_summary(replace(result, release=release(model="tickets")), "tickets")
-    printed = " ".join(capsys.readouterr().out.split())
-    assert "Certified automation" in printed and "0.200 [0.150, 0.260]" in printed
-    assert "0.030 [0.010, 0.080]" in printed and "too few decisions" in printed
+    for show in (
+        lambda: print_summary(replace(result, release=release(model="tickets")), "tickets"),
+        lambda: print_finetuned(result),
+    ):  # make run's summary, `decision finetune`'s
+        show()
+        printed = " ".join(capsys.readouterr().out.split())
+        assert "Certified automation" in printed and "0.200 [0.150, 0.260]" in printed
+        assert "0.030 [0.010, 0.080]" in printed and "too few decisions" in printed
 
 
 def test_the_gate_reads_the_reports_intervals_and_says_what_the_certificates_automate():

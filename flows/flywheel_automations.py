@@ -1,5 +1,5 @@
-"""The flywheel's Prefect automation: a retrain starts when a harvest brings enough new rows or drift is
-detected.
+"""The flywheel's Prefect automation: a retrain starts when a harvest brings enough new rows, drift is detected
+or a certificate breaks.
 
     PREFECT_API_URL=http://127.0.0.1:4200/api python -m flows.flywheel_automations --run-config tickets
 
@@ -9,10 +9,14 @@ deployment (prefect.yaml) for that run config:
 - `decision.harvest.ready`: `flows.harvest` emits it when a harvest adds at least `flywheel.retrain_after_rows`
   rows to the run's data set (resource `decision.dataset.<retrain.data>`);
 - `decision.drift.detected`: the `monitor` flow emits it when served traffic drifts past its threshold (resource
-  `decision-model.<retrain.model_name>`).
+  `decision-model.<retrain.model_name>`);
+- `decision.certificate.broken`: the `monitor` flow emits it when the feedback on the answers the server
+  automated shows a question's error above its certificate's ε (same resource).
 
 The retrain runs with `only_new_data`, so drift with no new labelled rows since the champion's data revision
-skips with its reason instead of training the same model again. The schedule in prefect.yaml stays as it is.
+skips with its reason instead of training the same model again; its `reason` parameter, filled from the event
+("started by decision.certificate.broken: tone broken: 6 wrong of 40 ..."), is the first line of its log. The
+schedule in prefect.yaml stays as it is.
 """
 
 from __future__ import annotations
@@ -31,10 +35,13 @@ from prefect.exceptions import ObjectNotFound
 from prefect.settings import PREFECT_API_URL
 
 from flows.harvest import READY_EVENT, dataset_resource
-from flows.monitor import DRIFT_EVENT, model_resource
+from flows.monitor import CERTIFICATE_EVENT, DRIFT_EVENT, model_resource
 from pipeline.config import ConfigError, load_params
 
 DEPLOYMENT = "retrain/retrain"
+TRIGGERS = (READY_EVENT, DRIFT_EVENT, CERTIFICATE_EVENT)
+REASON = "started by {{ event.event }}{% if event.payload.reason %}: {{ event.payload.reason }}{% endif %}"
+"""The retrain's `reason`, rendered by the Prefect server from the event that started it."""
 
 
 def automation_name(run_config: str | None) -> str:
@@ -54,13 +61,13 @@ def retrain_on_new_data(
     resources = [dataset_resource(params.retrain.data), model_resource(params.retrain.model_name)]
     name = automation_name(run_config)
     deployment_id = _replace_automation(name, deployment)
-    parameters = {"params_file": params_file, "only_new_data": True} | (
+    parameters = {"params_file": params_file, "only_new_data": True, "reason": REASON} | (
         {"run_config": run_config} if run_config else {}
     )
     automation = Automation(
         name=name,
         trigger=EventTrigger(
-            expect={READY_EVENT, DRIFT_EVENT},
+            expect=set(TRIGGERS),
             match=ResourceSpecification({"prefect.resource.id": resources}),
             posture=Posture.Reactive,
             threshold=1,
@@ -115,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"flywheel automation: {error}", file=sys.stderr)
         return 2
     print(
-        f"automation {automation}: {READY_EVENT} or {DRIFT_EVENT} runs {args.deployment} "
+        f"automation {automation}: {', '.join(TRIGGERS)} runs {args.deployment} "
         f"({args.run_config or 'default'} run config, only on new data)"
     )
     return 0

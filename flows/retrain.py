@@ -189,6 +189,7 @@ def retrain(
     owner: str | None = None,
     allow_unpinned: bool = False,
     only_new_data: bool = False,
+    reason: str | None = None,
 ) -> RunResult | RunSkipped:
     """Retrain on the pinned data and base, track, register, smoke-test and (through the gate) promote.
 
@@ -196,15 +197,20 @@ def retrain(
     keys. `allow_unpinned` trains on inputs DVC does not pin (refused otherwise); the gate then holds the
     version. `only_new_data` (the scheduled deployment's setting) skips the run, with its reason, when the
     data revision is the one the champion was trained on: no new rows arrived, so there is nothing new to
-    learn.
+    learn. `reason` says why the run started (the flywheel automation fills it from its event, e.g. "started
+    by decision.certificate.broken: tone broken: 6 wrong of 40 ..."): the log's first line.
     """
+    if reason:
+        print(reason)
     start = start_run(params_file, run_config, lock, allow_unpinned, owner)
     if start.checked.unpinned:
         unpinned = ", ".join(start.checked.unpinned)
         get_run_logger().warning("--allow-unpinned: training on inputs DVC does not pin: %s", unpinned)
-    if only_new_data and (reason := unchanged_since_champion(start, run_config)):
-        print(reason)
-        return RunSkipped(skip_reason=reason, model=start.params.retrain.model_name, data_md5=start.data_md5)
+    if only_new_data and (unchanged := unchanged_since_champion(start, run_config)):
+        print(unchanged)
+        return RunSkipped(
+            skip_reason=unchanged, model=start.params.retrain.model_name, data_md5=start.data_md5
+        )
     revision = revision_of(start)
     print(revision.line())
     run = RunFolder(start.folder())

@@ -284,9 +284,20 @@ class TrainConfig:
     """The calibrate stage also fits a bag of words (TF-IDF + logistic regression per question) on up to this
     many training rows and scores it on the same held-out decisions, shown beside the fine-tune in the run's
     table and in MLflow (`pipeline.scoring.bag_of_words`); 0: none."""
+    out_of_fold_below: int = 1000
+    """With fewer validation decisions than this, the run also answers its training rows out of fold
+    (`out_of_fold_folds` folds, each model trained on the others), and the calibrator and the certificates are
+    fitted on those answers with the validation split's (`training.out_of_fold`); only where the family trains
+    cheaply (`method: head`). 0: never."""
+    out_of_fold_folds: int = 5
 
     def __post_init__(self) -> None:
         self._check_layer_plan()
+        if self.out_of_fold_below < 0 or self.out_of_fold_folds < 2:
+            raise ConfigError(
+                f"train.out_of_fold_below: >= 0 and train.out_of_fold_folds: >= 2; got "
+                f"{self.out_of_fold_below} and {self.out_of_fold_folds}"
+            )
         for name in ("label_smoothing", "brier_weight", "ordinal_weight"):
             if getattr(self, name) < 0 or (name == "label_smoothing" and self.label_smoothing >= 1):
                 raise ConfigError(
@@ -484,7 +495,7 @@ QUESTION_OVERRIDES = ("target_error", "delta")
 
 @section("certify")
 class CertifyConfig:
-    """Which answers may be acted on without a person (`scoring.certify`, docs/serving.md, Automation): per
+    """Which answers may be acted on without a person (`scoring.certify`, docs/automation.md): per
     question, the lowest confidence threshold at which the error among the answers it automates is at most
     `target_error` with probability at least 1 - `delta`, certified on rows never trained on."""
 
@@ -503,26 +514,23 @@ class CertifyConfig:
     novelty_quantile: float = 0.99
     """A state farther from the training states than this quantile of the validation states' distances is
     novel, and never automated (`scoring.novelty`)."""
-    out_of_fold_below: int = 1000
-    """With fewer validation decisions than this, the calibrator and the certificates are fitted on out-of-fold
-    answers of the training rows (`out_of_fold_folds` folds), where the family trains a head on frozen features;
-    0: never."""
-    out_of_fold_folds: int = 5
 
     def __post_init__(self) -> None:
         self._check_rates("certify", {"target_error": self.target_error, "delta": self.delta})
         if unknown := sorted(set(self.types) - set(CERTIFIED_TYPES)):
-            raise ConfigError(f"certify.types: {unknown} are no question types (choose from {CERTIFIED_TYPES})")
+            raise ConfigError(
+                f"certify.types: {unknown} are no question types (choose from {CERTIFIED_TYPES})"
+            )
         if self.score_error not in SCORE_ERRORS:
             raise ConfigError(f"certify.score_error: one of {SCORE_ERRORS}, got {self.score_error!r}")
         for question, overrides in self.questions.items():
             if unknown := sorted(set(overrides) - set(QUESTION_OVERRIDES)):
-                raise ConfigError(f"certify.questions.{question}: {unknown} unknown (give {QUESTION_OVERRIDES})")
+                raise ConfigError(
+                    f"certify.questions.{question}: {unknown} unknown (give {QUESTION_OVERRIDES})"
+                )
             self._check_rates(f"certify.questions.{question}", overrides)
         if not 0.5 <= self.novelty_quantile < 1.0:
             raise ConfigError(f"certify.novelty_quantile: must lie in [0.5, 1), got {self.novelty_quantile}")
-        if self.out_of_fold_below < 0 or self.out_of_fold_folds < 2:
-            raise ConfigError("certify.out_of_fold_below: >= 0, and certify.out_of_fold_folds: >= 2")
 
     @staticmethod
     def _check_rates(where: str, rates: dict[str, float]) -> None:

@@ -88,6 +88,12 @@ class RunFolder:
         return self.root / "validation.npz"
 
     @property
+    def out_of_fold(self) -> Path:
+        """The training rows' decisions with raw logits from fold models that never trained on them
+        (`training.out_of_fold`), where the validation split is small: fitted on with it."""
+        return self.root / "out_of_fold.npz"
+
+    @property
     def calibration(self) -> Path:
         """Temperatures, notes and the before/after held-out figures."""
         return self.root / "calibration.json"

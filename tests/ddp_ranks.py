@@ -18,8 +18,8 @@ import torch
 from pipeline.config import TrainConfig
 from pipeline.data.split import TrainSource
 from pipeline.families import resolve_training
+from pipeline.training.candidates import prepare_fit
 from pipeline.training.controls import RunControls
-from pipeline.training.fit import prepare_fit
 from pipeline.training.loop import TrainResult, accumulate_gradients, plan_windows, train
 from pipeline.training.ranks import Ranks, join_ranks, leave_ranks
 from tests.tiny import without_dropout

@@ -328,6 +328,7 @@ JOINT_HEAD = TrainConfig(
     epochs=30,
     log_every=5,
     precision="fp32",
+    out_of_fold_below=0,  # a test of out-of-fold answers turns them on (tests/model/test_out_of_fold.py)
 )
 
 
@@ -375,3 +376,47 @@ def contrary_row(row: dict[str, Any]) -> dict[str, Any]:
             "is_negative": not gold["is_negative"],
         }
     }
+
+
+TONE_OPTIONS = ("negative", "neutral", "positive")
+
+
+def tone_certificate(threshold: float | None = 0.0, options: tuple[str, ...] = TONE_OPTIONS):
+    """A certificate for the synthetic rows' tone question (ε 0.05, δ 0.1); threshold 0 automates every
+    answer, None none."""
+    from pipeline.scoring.certify import Certificate
+
+    return Certificate(
+        question_id="tone",
+        qtype="choice",
+        target_error=0.05,
+        delta=0.1,
+        threshold=threshold,
+        fit_decisions=400,
+        options=options,
+    )
+
+
+def certified_copy(source: Path, out: Path, certificates: dict | None) -> Path:
+    """A copy of the model folder `source` at `out` whose manifest carries `certificates` ({question:
+    Certificate}; None: carries none), as the export stage writes them."""
+    import json
+    import shutil
+
+    from pipeline.families.exporting import (
+        CERTIFICATES,
+        CERTIFICATES_FILE,
+        MANIFEST,
+        read_manifest,
+        with_carried,
+        write_files,
+    )
+    from pipeline.scoring.certify import certificates_json
+
+    shutil.copytree(source, out)
+    data = None if certificates is None else certificates_json(certificates).encode()
+    manifest, files = with_carried(read_manifest(out), {}, CERTIFICATES, data)
+    (out / CERTIFICATES_FILE).unlink(missing_ok=True)
+    write_files(out, files)
+    (out / MANIFEST).write_text(json.dumps(manifest, indent=2))
+    return out

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 
+from pipeline.cli.evaluate import error_text, print_automation
 from pipeline.cli.options import SCORING_DEVICE_HELP, device_option
 from pipeline.cli.runner import refuse, run_command
 from pipeline.cli.tables import console, progress_outputs
@@ -33,14 +34,29 @@ def _compared(args: argparse.Namespace):
     return compare_models(args.a, args.b, args.data, split, args.all_rows, args.confidence, args.device, say)
 
 
-TABLE_COLUMNS = 150  # what the comparison table needs; a narrower terminal gets a line per question
-COLUMNS = ("question", "decisions", "acc. A", "acc. B", "acc. gain", "NLL A", "NLL B", "NLL gain", "verdict")
+TABLE_COLUMNS = 180  # what the comparison table needs; a narrower terminal gets a line per question
+COLUMNS = (
+    "question",
+    "decisions",
+    "acc. A",
+    "acc. B",
+    "acc. gain",
+    "NLL A",
+    "NLL B",
+    "NLL gain",
+    "cov. A",
+    "cov. B",
+    "err. A",
+    "err. B",
+    "verdict",
+)
 
 
 def print_comparison(result) -> None:
-    """One row per question (all first): each model's accuracy and NLL, B's gain with its interval, a verdict;
-    in a terminal narrower than that table, the same as two lines per question (cut columns would hide the
-    gains)."""
+    """One row per question (all first): each model's accuracy and NLL, B's gain with its interval, what each
+    model's certificates automate (coverage, realised error), a verdict; in a terminal narrower than that
+    table, the same as three lines per question (cut columns would hide the gains). Then each model's
+    automation with 95% intervals."""
     from rich.table import Table
 
     out = console()
@@ -59,6 +75,9 @@ def print_comparison(result) -> None:
                 f"{q.nll_a:.4f} -> {q.nll_b:.4f}, gain {_gain(q, 'nll')}",
                 highlight=False,
             )
+            a_auto, b_auto = (_automated(result, side, q.question) for side in (0, 1))
+            out.print(f"  automated: A {a_auto}; B {b_auto}", highlight=False)
+        _print_automation(result, a, b)
         return
     table = Table(title=title)
     for column in COLUMNS:
@@ -66,8 +85,44 @@ def print_comparison(result) -> None:
     for q in result.questions:
         accuracy = (f"{q.accuracy_a:.4f}", f"{q.accuracy_b:.4f}", _gain(q, "accuracy"))
         nll = (f"{q.nll_a:.4f}", f"{q.nll_b:.4f}", _gain(q, "nll"))
-        table.add_row(q.question, f"{q.decisions:,}", *accuracy, *nll, q.verdict)
+        automated = (*_cells(result, 0, q.question), *_cells(result, 1, q.question))
+        table.add_row(
+            q.question, f"{q.decisions:,}", *accuracy, *nll, *automated[::2], *automated[1::2], q.verdict
+        )
     out.print(table)
+    _print_automation(result, a, b)
+
+
+def _figures(result, side: int, question: str) -> dict | None:
+    """One model's automation figures on a question (`all`: overall); None where not known."""
+    if result.automation is None:
+        return None
+    automation = result.automation[side]
+    if question == "all":
+        return automation["overall"] | {"certified": automation["certified"]}
+    return automation["by_question"].get(question)
+
+
+def _cells(result, side: int, question: str) -> tuple[str, str]:
+    """(coverage, realised error) of one model on a question: `not cert.` where it is not certified."""
+    figures = _figures(result, side, question)
+    if figures is None or not figures["certified"]:
+        return "not cert.", "-"
+    return f"{figures['coverage']:.3f}", "-" if figures["error"] is None else f"{figures['error']:.3f}"
+
+
+def _automated(result, side: int, question: str) -> str:
+    """`coverage 0.620, error 0.031 [0.018, 0.050]`, or `not certified`."""
+    figures = _figures(result, side, question)
+    if figures is None or not figures["certified"]:
+        return "not certified"
+    return f"coverage {figures['coverage']:.3f}, error {error_text(figures)}"
+
+
+def _print_automation(result, a: str, b: str) -> None:
+    if result.automation is not None:
+        for name, automation in zip((f"A = {a}", f"B = {b}"), result.automation):
+            print_automation(automation, f"certified automation of {name}")
 
 
 def _gain(question, measure: str) -> str:

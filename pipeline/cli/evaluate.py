@@ -26,8 +26,10 @@ DESCRIPTION = (
     "Score every usable decision of DATA with MODEL (its calibrator applied, as served): accuracy per "
     "decision and per record, ECE (15 bins, (lo, hi]), Brier, KL from soft gold, score MAE, per question "
     "type and overall; then the calibration report (NLL, ECE-15 with a 95% record-bootstrap interval, "
-    "classwise ECE, per type and per question); --plots DIR writes reliability diagrams (all, per type) and "
-    "a confusion matrix per question; --conformal ALPHA adds split-conformal prediction sets."
+    "classwise ECE, per type and per question); what its certificates automate (coverage and realised error "
+    "with 95% intervals, per question and overall; 'not certified' for a model without certificates); "
+    "--plots DIR writes reliability diagrams (all, per type) and a confusion matrix per question; "
+    "--conformal ALPHA adds split-conformal prediction sets."
 )
 
 
@@ -110,6 +112,8 @@ def print_evaluation(report: dict[str, Any]) -> None:
             "\ncalibration report (ECE-15 interval: 95% record bootstrap)\n"
             + report_table(report["calibration"])
         )
+    if report.get("automation") is not None:
+        print_automation(report["automation"], "certified automation")
     if "conformal" in report:
         print_conformal(report["conformal"])
     print("plots: " + (", ".join(report["plots"]) or "none (use --plots DIR)"))
@@ -126,3 +130,60 @@ def print_conformal(conformal: dict) -> None:
             f"  {name:7s} coverage {figures['coverage']:.4f}, mean set size {figures['mean_set_size']:.2f} "
             f"of {figures['mean_options']:.2f} options ({figures['decisions']} decisions)"
         )
+
+
+AUTOMATION_COLUMNS = (
+    "question",
+    "certified",
+    "threshold",
+    "decisions",
+    "automated",
+    "coverage [95%]",
+    "realised error [95%]",
+    "ε",
+)
+
+
+def print_automation(automation: dict[str, Any], title: str) -> None:
+    """What a model's certificates automate on the rows, per question and overall (`all`), with 95%
+    Clopper-Pearson intervals; one line for a model without certificates."""
+    from rich.table import Table
+
+    if not automation["certified"]:
+        overall = automation["overall"]
+        console().print(
+            f"{title}: not certified (no certificates in the export): coverage 0 of "
+            f"{overall['decisions']:,} decisions",
+            highlight=False,
+        )
+        return
+    table = Table(title=f"{title} (95% Clopper-Pearson intervals)")
+    for column in AUTOMATION_COLUMNS:
+        table.add_column(column, justify="left" if column in ("question", "certified") else "right")
+    rows = [*automation["by_question"].items(), ("all", automation["overall"] | {"certified": None})]
+    for question, figures in rows:
+        certified = {True: "yes", False: "not certified", None: ""}[figures["certified"]]
+        threshold = figures.get("threshold")
+        table.add_row(
+            question,
+            certified,
+            "-" if threshold is None else f"{threshold:.4f}",
+            f"{figures['decisions']:,}",
+            f"{figures['automated']:,}",
+            coverage_text(figures),
+            error_text(figures),
+            "-" if figures["target_error"] is None else f"{figures['target_error']:g}",
+        )
+    console().print(table)
+
+
+def coverage_text(figures: dict[str, Any]) -> str:
+    """`0.620 [0.571, 0.667]`: the share automated with its interval."""
+    return f"{figures['coverage']:.3f} [{figures['coverage_low']:.3f}, {figures['coverage_high']:.3f}]"
+
+
+def error_text(figures: dict[str, Any]) -> str:
+    """`0.031 [0.018, 0.050]`: the error among the automated answers with its interval; `-` with none."""
+    if figures["error"] is None:
+        return "-"
+    return f"{figures['error']:.3f} [{figures['error_low']:.3f}, {figures['error_high']:.3f}]"

@@ -119,5 +119,7 @@ def handle_monitor(args: argparse.Namespace) -> int:
         return refuse(args, error)
     launched = launch_flow("flows.monitor", monitor_parameters(args), args.quiet)
     if launched.result is not None:
-        print(to_json(launched.result) if args.json else launched.result["line"])
+        lines = [launched.result["line"]]
+        lines += [f"certificate {check['line']}" for check in launched.result.get("certificates", [])]
+        print(to_json(launched.result) if args.json else "\n".join(lines))
     return launched.code

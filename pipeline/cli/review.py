@@ -1,5 +1,6 @@
 """`decision review`: the logged decisions a model was least sure of, as a file to label (then `decision
-feedback import` it back; docs/flywheel.md).
+feedback import` it back; docs/flywheel.md). The answers the server automated that feedback says were wrong
+come first.
 
 decision review --model decision-model --top 50 --out review.csv
 decision review --model tickets/3 --order set_size --alpha 0.1 --json
@@ -23,7 +24,9 @@ from pipeline.cli.runner import EXIT_OK, refuse, run_command
 DESCRIPTION = (
     "List the answered questions of MODEL's logged decisions that have no feedback yet, least sure first: "
     "margin (top probability minus the runner-up), entropy, and the size of a split-conformal prediction "
-    "set once 30 answers are labelled. Writes JSONL, or CSV for a .csv name."
+    "set once 30 answers are labelled. First, before them: the answers the server automated whose feedback "
+    "says they were wrong (automated=true, with that feedback), to check. Writes JSONL, or CSV for a .csv "
+    "name."
 )
 
 
@@ -38,6 +41,8 @@ class ReviewQueue:
     order: str | None = None
     conformal_sets: bool | None = None
     alpha: float | None = None
+    automated_wrong: int = 0
+    """Of the answers, those the server automated that feedback says were wrong (listed first)."""
 
     def to_dict(self) -> dict:
         written = asdict(self)
@@ -119,6 +124,7 @@ def _reviewed(args: argparse.Namespace) -> ReviewQueue:
         order="margin" if no_sets and args.order == "set_size" else args.order,  # no sets to order by yet
         conformal_sets=not no_sets,
         alpha=args.alpha,
+        automated_wrong=sum(item.automated_wrong for item in items),
     )
 
 
@@ -142,8 +148,13 @@ def print_queue(queue: ReviewQueue) -> None:
     if not queue.answers:
         return  # said on stderr (`_said_if_empty`)
     sets = "conformal sets" if queue.conformal_sets else "no conformal sets (fewer than 30 labelled answers)"
+    wrong = (
+        f"first {queue.automated_wrong} automated but wrong by their feedback (check them), then "
+        if queue.automated_wrong
+        else ""
+    )
     print(
-        f"{queue.answers} answers to label in {queue.out} (least sure first by {queue.order}; {sets}); "
+        f"{queue.answers} answers to label in {queue.out} ({wrong}least sure first by {queue.order}; {sets}); "
         f"label them, then: decision feedback import {queue.out}"
     )
 

@@ -211,6 +211,16 @@ def carve_validation(split: Split, config: ValidateConfig) -> Split:
     return _carved(split, config, _Hashed.of(split.train))
 
 
+def folds_of_rows(records: list[Record], folds: int) -> list[int]:
+    """The fold (0 to `folds` - 1) of each of `records` for out-of-fold answers: rows that would go to one side
+    of a split together (a shared group, normalised state or near-duplicate; module docstring) share a fold, and
+    the units are dealt in hash order, so the folds are balanced and the same for the same rows."""
+    hashed = _Hashed.of(records)
+    units = sorted(_units(records, hashed.state), key=lambda unit: _position(unit, hashed.digest))
+    fold_by_row = {id(record): i % folds for i, unit in enumerate(units) for record in unit}
+    return [fold_by_row[id(record)] for record in records]
+
+
 @dataclass(frozen=True)
 class _Hashed:
     """Each row's content hash and state keys, by the row's id: computed once for both splits."""

@@ -214,6 +214,15 @@ class DecisionFamily(ABC):
         state's tokens the model keeps and how many it drops."""
 
     @abstractmethod
+    def example_rows(self, examples: list[Any]) -> list[int]:
+        """The row (its index in the records given to `build_examples`) each of `examples` comes from."""
+
+    def refits_cheaply(self, config: TrainConfig) -> bool:
+        """Whether `config` trains so little that a run may train it again on each of a few folds of its rows
+        (out-of-fold answers to calibrate and certify on: `training.out_of_fold`); no by default."""
+        return False
+
+    @abstractmethod
     def prepare(self, loaded, config: TrainConfig) -> None:
         """Make the trainable parameters for `config.method` (one of `methods`)."""
 

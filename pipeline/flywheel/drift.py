@@ -35,7 +35,7 @@ import pandas as pd
 import pyarrow as pa
 
 from pipeline.data.answers import answer_probabilities, chosen_option
-from pipeline.data.contract import judge_gold, parse_question, state_text
+from pipeline.data.contract import Question, judge_gold, parse_question, state_text
 from pipeline.flywheel.gauges import LATEST
 
 STATE_COLUMNS = ("state_chars", "state_kind", "question_mix")
@@ -138,6 +138,13 @@ def window_accuracy(rows: Sequence[DecisionRow], feedback: pa.Table) -> tuple[Qu
 def answered_right(qid: str, question: Any, answer: dict[str, Any], gold: str) -> bool | None:
     """Whether the answer picks the gold label (JSON text: a label, or {label, probabilities}); None when the
     gold cannot be read against the question."""
+    judged = gold_label(qid, question, gold)
+    return None if judged is None else judged[0].options[judged[1]] == chosen_option(answer)
+
+
+def gold_label(qid: str, question: Any, gold: str) -> tuple[Question, int] | None:
+    """The question as asked and the index of its gold option (`gold` JSON text: a label, or {label,
+    probabilities}); None when the gold cannot be read against the question."""
     spec = parse_question(qid, question)
     if spec.question is None:
         return None
@@ -145,7 +152,7 @@ def answered_right(qid: str, question: Any, answer: dict[str, Any], gold: str) -
         _, _, judged = judge_gold(spec, orjson.loads(gold))
     except orjson.JSONDecodeError:
         return None
-    return None if judged is None else spec.question.options[judged.label] == chosen_option(answer)
+    return None if judged is None else (spec.question, judged.label)
 
 
 def _accuracy(qid: str, tops: list[float], judged: list[tuple[float, bool]]) -> QuestionAccuracy:
@@ -347,9 +354,10 @@ def write_latest(
     window_start: dt.datetime,
     window_end: dt.datetime,
     now: dt.datetime | None = None,
+    certificates: dict[str, dict[str, Any]] | None = None,
 ) -> Path:
     """The summary at `folder/monitor/latest.json`, written beside and renamed: a reader never sees half of
-    it."""
+    it. `certificates` (per question, `CertificateCheck.to_dict()`) are kept beside the drift gauges."""
     target = Path(folder) / LATEST
     target.parent.mkdir(parents=True, exist_ok=True)
     written = (now or dt.datetime.now(dt.UTC)).isoformat()
@@ -360,6 +368,7 @@ def write_latest(
         "written_at": written,
         "gauges": result.gauges(),
         "result": result.to_dict(),
+        "certificates": certificates or {},
     }
     with tempfile.NamedTemporaryFile("w", dir=target.parent, prefix=".latest-", delete=False) as tmp:
         json.dump(summary, tmp)

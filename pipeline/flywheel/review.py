@@ -6,13 +6,18 @@ decisions of the same model that already have feedback (nonconformity 1 - P(gold
 which is valid where those labels came from ordinary traffic; with fewer than `MIN_CALIBRATION` labels there
 is no set. Ranked by margin (smallest first), ties by entropy. The file (JSONL or CSV) has one row per
 question with an empty `label` column; `decision feedback import` reads it back once labelled.
+
+Before them, first: the answers the server automated (`x_automate` true in the logged answer) whose feedback
+says they were wrong, with that feedback (`feedback`, `automated_wrong` true). Each is an error the
+certificate let through: check it, and label it again where the feedback itself was wrong (a label re-sent
+replaces the earlier one); they count towards the certificate's re-check (`recertify`).
 """
 
 from __future__ import annotations
 
 import csv
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -21,6 +26,7 @@ import orjson
 
 from pipeline.data.answers import answer_probabilities
 from pipeline.data.contract import QuestionSpec, judge_gold, parse_question
+from pipeline.flywheel.recertify import AUTOMATED
 from pipeline.flywheel.table import Store, is_model
 from pipeline.scoring.conformal import conformal_threshold, prediction_set
 
@@ -40,6 +46,14 @@ class ReviewItem:
     margin: float
     entropy: float
     set_size: int | None
+    automated: bool = False
+    """The server automated the answer (`x_automate`)."""
+    feedback: str | None = None
+    """The feedback already given (an automated-but-wrong answer's label, as text); None for the unlabelled."""
+
+    @property
+    def automated_wrong(self) -> bool:
+        return self.feedback is not None
 
     def row(self) -> dict[str, Any]:
         return {**self.__dict__, "label": ""}
@@ -69,13 +83,26 @@ def review_queue(
     answered = _answers(decisions)
     threshold = _threshold(answered, labelled, alpha)
     items = [_item(a, threshold) for a in answered if (a.row["decision_id"], a.qid) not in labelled]
+    items += [
+        replace(_item(a, threshold), feedback=gold)
+        for a in answered
+        if (gold := labelled.get((a.row["decision_id"], a.qid))) is not None and automated_wrong(a, gold)
+    ]
     if order == "set_size":
-        items.sort(key=lambda it: (-(it.set_size or 0), it.margin))
+        items.sort(key=lambda it: (not it.automated_wrong, -(it.set_size or 0), it.margin))
     elif order == "entropy":
-        items.sort(key=lambda it: (-it.entropy, it.margin))
+        items.sort(key=lambda it: (not it.automated_wrong, -it.entropy, it.margin))
     else:
-        items.sort(key=lambda it: (it.margin, -it.entropy))
+        items.sort(key=lambda it: (not it.automated_wrong, it.margin, -it.entropy))
     return items[:top]
+
+
+def automated_wrong(answer: _Answer, gold: str) -> bool:
+    """Whether the server automated `answer` and the feedback `gold` (JSON text) names another option."""
+    if answer.automated is not True:
+        return False
+    ok, _, judged = judge_gold(answer.spec, orjson.loads(gold))
+    return ok and judged is not None and judged.label != int(answer.probabilities.argmax())
 
 
 def write_queue(items: list[ReviewItem], out: str | Path) -> Path:
@@ -110,6 +137,7 @@ class _Answer(NamedTuple):
     qid: str
     spec: QuestionSpec
     probabilities: np.ndarray
+    automated: bool
 
 
 def _answers(decisions: list[dict[str, Any]]) -> list[_Answer]:
@@ -119,9 +147,9 @@ def _answers(decisions: list[dict[str, Any]]) -> list[_Answer]:
         for qid, answer in orjson.loads(row["answers"]).items():
             spec = parse_question(qid, questions.get(qid))
             if spec.question is not None:
-                answered.append(
-                    _Answer(row, state, qid, spec, np.asarray(answer_probabilities(answer), dtype=float))
-                )
+                probabilities = np.asarray(answer_probabilities(answer), dtype=float)
+                automated = answer.get(AUTOMATED) is True
+                answered.append(_Answer(row, state, qid, spec, probabilities, automated))
     return answered
 
 
@@ -140,6 +168,7 @@ def _item(answer: _Answer, threshold: float | None) -> ReviewItem:
         margin=float(top2[1] - top2[0]),
         entropy=_entropy(p),
         set_size=set_size,
+        automated=answer.automated,
     )
 
 

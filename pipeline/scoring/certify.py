@@ -128,6 +128,14 @@ def error_upper_bound(errors: int, n: int, delta: float) -> float:
     return float(beta.ppf(1.0 - delta, errors + 1, n - errors))
 
 
+def error_lower_bound(errors: int, n: int, delta: float) -> float:
+    """The one-sided Clopper-Pearson lower bound at 1 - δ on an error rate seen as `errors` in `n`: a true
+    error at or below it shows so few errors with probability at most δ (0 with no error seen)."""
+    if errors == 0:
+        return 0.0
+    return float(beta.ppf(delta, errors, n - errors + 1))
+
+
 def clopper_pearson(successes: int, n: int, confidence: float = REPORT_CONFIDENCE) -> tuple[float, float]:
     """The two-sided Clopper-Pearson interval of a rate seen as `successes` in `n` ((0, 1) when n is 0)."""
     if n == 0:

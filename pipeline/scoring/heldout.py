@@ -10,7 +10,7 @@ id (JSON) so plots can label their axes. Logits, not probabilities: calibration 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -79,6 +79,25 @@ def load_heldout(path: str | Path) -> HeldOut:
     options = {q: tuple(o) for q, o in json.loads(str(data["options"])).items()}
     base = [r[:w] for r, w in zip(data["base"], widths)] if "base" in data else None
     return HeldOut(items, base, [r[:w] for r, w in zip(data["tuned"], widths)], options)
+
+
+def pooled(sets: list[HeldOut]) -> HeldOut:
+    """Several sets of decisions as one (no base logits): each set's rows and groups numbered after the
+    previous set's, so no two rows (or groups) of different sets share a number."""
+    items: list[ScoredDecision] = []
+    logits: list[np.ndarray] = []
+    options: dict[str, tuple[str, ...]] = {}
+    rows = groups = 0
+    for part in sets:
+        items += [
+            replace(d, record=d.record + rows, group=d.group + groups if d.group >= 0 else -1)
+            for d in part.items
+        ]
+        logits += part.tuned_logits
+        options |= part.options
+        rows += 1 + max((d.record for d in part.items), default=-1)
+        groups += 1 + max((d.group for d in part.items), default=-1)
+    return HeldOut(items, None, logits, options)
 
 
 def save_expected(path: str | Path, decisions: list[ScoredDecision], probabilities: list[np.ndarray]) -> Path:

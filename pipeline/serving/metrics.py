@@ -11,6 +11,10 @@
     decision_monitor_<gauge>               the drift monitor's latest window (`flows.monitor`, docs/flywheel.md):
                                            drift_share, drifted_columns, expected_accuracy, measured_accuracy,
                                            labelled_decisions, window_decisions, report_age_seconds
+    decision_certificate_<gauge>{question} each certificate re-checked on the monitor's latest window
+                                           (`pipeline.flywheel.recertify`): target_error, automated,
+                                           automated_labelled, errors, realised_error, error_lower_bound,
+                                           error_upper_bound, broken (1 when the lower bound is above ε)
 
 Each app has its own registry, so two servers in one process (the tests) never share counts.
 """
@@ -30,7 +34,7 @@ from prometheus_client import (
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from pipeline.flywheel.gauges import read_gauges
+from pipeline.flywheel.gauges import CERTIFICATE_GAUGES, read_certificate_gauges, read_gauges
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
@@ -118,10 +122,21 @@ class MonitorGauges(Collector):
     def collect(self):
         # A summary being replaced, or unreadable: no gauges this scrape.
         try:
-            gauges = read_gauges(self.folder)
+            gauges, certificates = read_gauges(self.folder), read_certificate_gauges(self.folder)
         except (OSError, ValueError, KeyError):
-            gauges = {}
+            gauges, certificates = {}, {}
         for name, value in gauges.items():
             yield GaugeMetricFamily(
                 f"decision_monitor_{name}", f"drift monitor: {name.replace('_', ' ')}", value=value
             )
+        for name in CERTIFICATE_GAUGES:
+            family = GaugeMetricFamily(
+                f"decision_certificate_{name}",
+                f"certificate on the window: {name.replace('_', ' ')}",
+                labels=["question"],
+            )
+            for question, values in sorted(certificates.items()):
+                if name in values:
+                    family.add_metric([question], values[name])
+            if family.samples:
+                yield family

@@ -31,7 +31,7 @@ from pipeline.scoring.certify import (
     certify,
     uncertified,
 )
-from pipeline.scoring.heldout import HeldOut, load_heldout, save_expected
+from pipeline.scoring.heldout import HeldOut, load_heldout, pooled, save_expected
 from pipeline.scoring.metrics import detailed_metrics
 from pipeline.scoring.plots import coverage_risk, reliability_by_type, reliability_diagram, write_plots
 from pipeline.scoring.report import calibration_report, report_table
@@ -87,24 +87,26 @@ def calibrate_stage(
     """Calibrator, figures and report from `validation.npz` and `heldout.npz` into the run folder; plots under
     `plots/`.
 
-    The calibrator is chosen and fitted on the validation split (carved from the training rows), and the
-    held-out decisions are scored once with it: no held-out label reaches anything fitted. A run without a
-    validation split (too few training rows; `validate.validation_fraction` 0) falls back to cross-fitting on
-    the held-out rows, and `calibrator.fitted_on` says so. With `bag_of_words_rows`
+    The calibrator is chosen and fitted on the validation split (carved from the training rows), with the
+    training rows answered out of fold where the train stage answered them (`out_of_fold.npz`: a small
+    validation split), and the held-out decisions are scored once with it: no held-out label reaches anything
+    fitted. A run with neither (too few training rows; `validate.validation_fraction` 0, and no out-of-fold
+    answers) falls back to cross-fitting on the held-out rows, and `calibrator.fitted_on` says so. With `bag_of_words_rows`
     (`train.bag_of_words_rows`), a bag of words fitted on up to that many of the split's training rows is
     scored on the same held-out decisions (`say` gets a line before it starts: on tens of thousands of long
     states it takes a minute or more). With `bag_of_words_cache` (a folder runs on one split share: a
     sweep's), its figures are kept there by the split's and the held-out decisions' digest and read back by
     every later run on them, not fitted again.
 
-    Each question's automation rule is certified (`certify_config`, `scoring.certify`) on the validation split's
-    cross-fitted calibrated answers, never on the held-out rows (without a validation split, nothing is
-    certified), and what it automates on the held-out rows is measured with intervals.
+    Each question's automation rule is certified (`certify_config`, `scoring.certify`) on the same decisions'
+    cross-fitted calibrated answers, never on the held-out rows (without them, nothing is certified), and what
+    it automates on the held-out rows is measured with intervals.
     """
     run = RunFolder(run_dir)
     held = load_heldout(run.heldout)  # with their rows' groups, as the train stage saved them
-    validated = run.validation_logits.exists()
-    fit_on = load_heldout(run.validation_logits) if validated else held
+    pool, described = _fitting_pool(run)
+    validated = pool is not None
+    fit_on = pool or held
     choice = choose_calibrator(fit_on.items, fit_on.tuned_logits, soft)
     calibrator = choice.calibrator
     spreads = temperature_spreads(fit_on.items, fit_on.tuned_logits, soft)
@@ -114,7 +116,7 @@ def calibrate_stage(
     validation: dict[str, Any] = {}
     if validated:  # no held-out label reached the calibrator: what it serves is the held-out figure
         calibrated = served
-        fitted_on = f"validation split: {len(fit_on.items):,} decisions carved from the training rows"
+        fitted_on = described
         validation = {"decisions": len(fit_on.items), **detailed_metrics(fit_on.items, choice.cross_fitted)}
     else:
         calibrated = choice.cross_fitted
@@ -151,6 +153,24 @@ def calibrate_stage(
     )
     run.calibration.write_text(json.dumps(result.to_dict(), indent=2))
     return result
+
+
+def _fitting_pool(run: RunFolder) -> tuple[HeldOut | None, str]:
+    """What the calibrator and the certificates are fitted on, and its description: the validation split,
+    with the training rows answered out of fold where the train stage answered them (a small validation
+    split); None where the run has neither (the held-out rows' fallback)."""
+    parts = [
+        (load_heldout(path), name)
+        for path, name in (
+            (run.validation_logits, "validation split: {:,} decisions carved from the training rows"),
+            (run.out_of_fold, "training rows answered out of fold: {:,} decisions"),
+        )
+        if path.exists()
+    ]
+    if not parts:
+        return None, ""
+    described = "; ".join(name.format(len(part.items)) for part, name in parts)
+    return pooled([part for part, _ in parts]), described
 
 
 NOT_CERTIFIED_WITHOUT_VALIDATION = (

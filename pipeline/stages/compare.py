@@ -3,7 +3,8 @@ decision, per question, with a paired record bootstrap (`scoring.paired.per_ques
 
 A and B are export folders (a `finetune` or a run's export) or registered versions (`models:/NAME@ALIAS`,
 `models:/NAME/VERSION`). The rows are DATA's held-out split under `validate` (the rows a run of the same data
-reports on and the gate compares on) or, with `all_rows`, every usable row.
+reports on and the gate compares on) or, with `all_rows`, every usable row. Each model's certificates are
+measured on the same rows (`evaluate.automation_on`): coverage and realised error with 95% intervals.
 
     decision compare models:/decision-model@champion models:/decision-model/7 --data data/processed/vader.jsonl
 """
@@ -21,7 +22,7 @@ from pipeline.families import is_complete_export
 from pipeline.families.base import ModelLayoutError
 from pipeline.mlops.registry import RegistryError, registered_version
 from pipeline.scoring.paired import QuestionDifference, per_question_differences
-from pipeline.stages.evaluate import score_records
+from pipeline.stages.evaluate import automation_on, score_records
 from pipeline.stages.predict import model_folder
 
 
@@ -40,6 +41,8 @@ class Comparison:
     questions: list[QuestionDifference] = field(default_factory=list)
     served_as: tuple[str, str] = ("", "")
     """A's and B's names as the API serves them: NAME/VERSION for a registered version (an alias resolved)."""
+    automation: tuple[dict[str, Any], dict[str, Any]] | None = None
+    """What A's and B's certificates automate on the rows (`evaluate.automation_on`)."""
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -52,6 +55,7 @@ class Comparison:
             "records": self.records,
             "confidence": self.confidence,
             "questions": [q.to_dict() for q in self.questions],
+            "automation": None if self.automation is None else dict(zip(("a", "b"), self.automation)),
         }
 
 
@@ -100,7 +104,7 @@ def compare_models(
             f"{data}: no held-out rows to compare on ({usable} usable row(s), too few for a held-out "
             "split under validate); give --all-rows to compare on every usable row"
         )
-    scored, names = [], []
+    scored, names, automation = [], [], []
     for side, source in (("A", a), ("B", b)):
         try:
             with model_folder(source) as (name, folder):
@@ -108,6 +112,7 @@ def compare_models(
                     raise ModelLayoutError(f"{folder}: {NOT_AN_EXPORT}")
                 say(f"scoring {sum(len(r.decisions) for r in records):,} decisions with {name}")
                 decisions, _, probabilities, _ = score_records(folder, records, device)
+                automation.append(automation_on(folder, records, decisions, probabilities))
         except (RegistryError, ModelLayoutError) as error:  # which of the two could not be read
             raise type(error)(f"{side} ({source}): {error}") from error
         scored.append((decisions, probabilities))
@@ -122,4 +127,5 @@ def compare_models(
         confidence=confidence,
         questions=differences,
         served_as=(names[0], names[1]),
+        automation=(automation[0], automation[1]),
     )

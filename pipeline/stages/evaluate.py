@@ -2,7 +2,9 @@
 confusion plots; and the champion's score on a held-out split, as the promotion gate compares it.
 
 The model answers as it would when served: its calibrated temperatures are applied. A LoRA fine-tune folder
-(adapters plus head) is evaluated on top of the base it names.
+(adapters plus head) is evaluated on top of the base it names. What its certificates (`scoring.certify`, in
+the export's `certificates.json`) automate on the rows is measured too: coverage and realised error with 95%
+intervals, per question and overall (`automation_on`); a model without certificates automates nothing.
 
     decision evaluate --model runs/export --data data/processed/vader.jsonl --slice 0:2000
 """
@@ -25,7 +27,8 @@ from pipeline.data.split import refuse_unusable
 from pipeline.data.validate import validate_file
 from pipeline.device import pick_device
 from pipeline.families import load_decision_model
-from pipeline.families.exporting import read_training_states
+from pipeline.families.exporting import CERTIFICATES, read_carried, read_training_states
+from pipeline.scoring.certify import Certificate, automation_report, read_certificates
 from pipeline.scoring.conformal import conformal_report
 from pipeline.scoring.decisions import ScoredDecision, with_groups
 from pipeline.scoring.metrics import metrics_by_type
@@ -57,6 +60,8 @@ class EvaluationReport:
     training_overlap: int | None = None
     """How many of the rows have a state (normalised) the model trained on, by the fingerprints its export
     keeps (`exporting.TRAINING_STATES`); None for a model without them."""
+    automation: dict[str, Any] | None = None
+    """What the model's certificates automate on the rows (`automation_on`)."""
 
     def to_dict(self) -> dict[str, Any]:
         described = asdict(self)
@@ -93,6 +98,7 @@ def evaluate_model(
         say(f"scoring {validated.report.kept:,} decisions of {data} with {name} ({model}) on {device}")
         started = time.perf_counter()
         decisions, skipped, probabilities, family = score_records(folder, validated.records, device, progress)
+        automation = automation_on(folder, validated.records, decisions, probabilities)
     say(f"scored {len(decisions):,} decisions in {time.perf_counter() - started:.0f} s")
     evaluation = EvaluationReport(
         model=str(model),
@@ -105,6 +111,7 @@ def evaluate_model(
         metrics=metrics_by_type(decisions, probabilities),
         calibration=calibration_report(decisions, probabilities) if decisions else None,
         training_overlap=overlap,
+        automation=automation,
     )
     if conformal is not None:
         evaluation.conformal = conformal_report(decisions, probabilities, conformal)
@@ -126,6 +133,52 @@ def training_overlap(folder: str | Path, records: list[Record]) -> int | None:
     if states is None:
         return None
     return overlapping((r.state for r in records), np.frombuffer(states, dtype=FINGERPRINT))
+
+
+def automation_on(
+    folder: str | Path,
+    records: list[Record],
+    decisions: list[ScoredDecision],
+    probabilities: list[np.ndarray],
+) -> dict[str, Any]:
+    """What the certificates the export in `folder` carries automate on these scored rows: per question and
+    overall (`overall`), the decisions, how many are automated, coverage and realised error with 95%
+    Clopper-Pearson intervals, ε (`certify.automation_report`), and per question whether it is `certified`
+    and its threshold. `certified` is false for a model without certificates (coverage 0 everywhere), and a
+    question asked with other options than certified is not automated."""
+    certificates = applicable_certificates(read_certificates(read_carried(folder, CERTIFICATES)), records)
+    score_error = next((c.score_error for c in certificates.values()), "exact")
+    report = automation_report(decisions, probabilities, certificates, score_error)
+    by_question = {}
+    for question, figures in report.by_question.items():
+        certificate = certificates.get(question)
+        certified = certificate is not None and certificate.certified
+        by_question[question] = asdict(figures) | {
+            "certified": certified,
+            "threshold": certificate.threshold if certified else None,
+        }
+    return {
+        "certified": any(c.certified for c in certificates.values()),
+        "by_question": by_question,
+        "overall": asdict(report.overall),
+    }
+
+
+def applicable_certificates(
+    certificates: dict[str, Certificate], records: list[Record]
+) -> dict[str, Certificate]:
+    """The certificates whose question every row asks as certified (the same type and options)."""
+    asked: dict[str, set[tuple[str, tuple[str, ...]]]] = {}
+    for record in records:
+        for decision in record.decisions:
+            asked.setdefault(decision.question.id, set()).add(
+                (decision.question.type, tuple(decision.question.options))
+            )
+    return {
+        question: certificate
+        for question, certificate in certificates.items()
+        if all(certificate.matches(qtype, options) for qtype, options in asked.get(question, ()))
+    }
 
 
 def score_records(

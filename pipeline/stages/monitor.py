@@ -9,6 +9,11 @@ not judged. The drift report (`pipeline.flywheel.drift`) goes to the version's M
 seconds), and the summary to `monitor/latest.json` (the HTML beside it as `latest.html`) under the summary
 folder, where the server reads its gauges.
 
+The window also re-certifies the version: each certificate its export carries (`scoring.certify`) is checked
+against the feedback on the answers the server automated (`pipeline.flywheel.recertify`); the checks go in the
+outcome, the summary (the server's `decision_certificate_*` gauges) and the run's metrics
+(`certificate_<question>_<gauge>`). A model exported without certificates automates nothing, so has none.
+
     params = load_params()
     outcome = monitor_stage("decision-model@champion", params.monitor, params.validate)
 """
@@ -34,6 +39,7 @@ from pipeline.data.read import RowSlice
 from pipeline.data.split import TrainSource
 from pipeline.families import load_decision_model
 from pipeline.families.base import DecisionModel
+from pipeline.families.exporting import CERTIFICATES, read_carried
 from pipeline.flywheel.drift import (
     DecisionRow,
     DriftResult,
@@ -46,6 +52,7 @@ from pipeline.flywheel.drift import (
     write_latest,
 )
 from pipeline.flywheel.gauges import LATEST
+from pipeline.flywheel.recertify import CertificateCheck, check_certificates
 from pipeline.flywheel.table import POSTGRES_SCHEMES, missing_log, open_store
 from pipeline.mlops.promotion import CHAMPION
 from pipeline.mlops.registry import (
@@ -55,6 +62,7 @@ from pipeline.mlops.registry import (
     registered_version,
 )
 from pipeline.mlops.tracking import log_values
+from pipeline.scoring.certify import Certificate, read_certificates
 from pipeline.serving.offline import answer_rows, row_request
 from pipeline.stages.predict import model_folder
 
@@ -83,6 +91,17 @@ class MonitorOutcome:
     artifact: str | None = None
     """The HTML report's path among the run's artifacts."""
     latest: str | None = None
+    certificates: tuple[CertificateCheck, ...] = ()
+    """Each certified question of the version re-checked on the window (`recertify`), in question order."""
+
+    @property
+    def broken(self) -> tuple[CertificateCheck, ...]:
+        """The certificates the window's feedback shows broken."""
+        return tuple(check for check in self.certificates if check.broken)
+
+    def certificate_lines(self) -> list[str]:
+        """One line per certified question: its status on the window, with the realised error and bounds."""
+        return [check.line() for check in self.certificates]
 
     def line(self) -> str:
         """One line: the verdict, or why nothing was judged."""
@@ -106,6 +125,7 @@ class MonitorOutcome:
     def to_dict(self) -> dict[str, Any]:
         return asdict(self) | {
             "result": None if self.result is None else self.result.to_dict(),
+            "certificates": [check.to_dict() for check in self.certificates],
             "line": self.line(),
         }
 
@@ -157,9 +177,13 @@ def monitor_stage(
     with announced(
         report, f"answering up to {config.reference_rows:,} reference rows of {data} with {outcome.model}"
     ):
-        answered = answered_reference(outcome.model, data, split_config, row_slice, config.reference_rows)
+        answered, certificates = answered_reference(
+            outcome.model, data, split_config, row_slice, config.reference_rows
+        )
     columns = question_columns(answered, config.max_question_columns)
-    accuracy = window_accuracy(served, store.feedback())
+    feedback = store.feedback()
+    accuracy = window_accuracy(served, feedback)
+    checks = check_certificates(served, feedback, certificates)
     frames = features_frame(served, columns), features_frame(answered, columns)
     with announced(
         report,
@@ -168,17 +192,26 @@ def monitor_stage(
         result, artifact = report_on_run(
             *frames, accuracy, config.drift_share, registered.run_id, end, summary
         )
-    latest = write_latest(summary, result, outcome.model, start, end)
-    return replace(outcome, result=result, artifact=artifact, latest=str(latest))
+    record_certificates(registered.run_id, checks, end)
+    latest = write_latest(
+        summary, result, outcome.model, start, end, certificates={c.question: c.to_dict() for c in checks}
+    )
+    return replace(outcome, result=result, artifact=artifact, latest=str(latest), certificates=checks)
 
 
 def answered_reference(
     model: str, data: str, split_config: ValidateConfig, row_slice: str | None, limit: int
-) -> list[DecisionRow]:
-    """The reference rows (`reference_records`) as `model` (NAME/VERSION) answers them, its export fetched."""
+) -> tuple[list[DecisionRow], dict[str, Certificate]]:
+    """The reference rows (`reference_records`) as `model` (NAME/VERSION) answers them, its export fetched,
+    and the certificates that export carries."""
     records = reference_records(data, split_config, row_slice, limit)
     with model_folder(MODEL_URI_PREFIX + model) as (_, folder):
-        return reference_rows(records, load_decision_model(folder))
+        return reference_rows(records, load_decision_model(folder)), served_certificates(folder)
+
+
+def served_certificates(folder: str | Path) -> dict[str, Certificate]:
+    """The certificates an export carries ({} for one without: it automates nothing)."""
+    return read_certificates(read_carried(folder, CERTIFICATES))
 
 
 def report_on_run(
@@ -263,6 +296,19 @@ def record_on_run(run_id: str, result: DriftResult, html: Path, window_end: dt.d
         timestamp_ms=int(window_end.timestamp() * 1000),
     )
     return f"{MONITORING}/{html.name}"
+
+
+def record_certificates(run_id: str, checks: tuple[CertificateCheck, ...], window_end: dt.datetime) -> None:
+    """Each check's gauges as `certificate_<question>_<gauge>` metrics on the version's run, at the window end
+    (as `record_on_run` logs the drift gauges)."""
+    metrics = {f"certificate_{c.question}_{k}": v for c in checks for k, v in c.gauges().items()}
+    if metrics:
+        log_values(
+            run_id,
+            metrics=metrics,
+            step=int(window_end.timestamp()),
+            timestamp_ms=int(window_end.timestamp() * 1000),
+        )
 
 
 def reference_rows(

@@ -131,6 +131,7 @@ def train_stage(
 
     `finetune/` holds the fine-tune, `heldout.npz` the held-out decisions with base and tuned logits,
     `validation.npz` the validation split's decisions with tuned logits (what calibration fits on),
+    `out_of_fold.npz` (where the validation split is small) the training rows answered out of fold,
     `train.json` the run with its logged steps (loss, lr, s/step) and held-out checkpoints. `checkpoint.pt`
     holds the training state (every `train.checkpoint_every_steps` steps or `train.checkpoint_every_minutes`
     minutes): a run killed mid-training resumes from it, and `train.json` says from which step
@@ -178,6 +179,12 @@ def train_stage(
         save_heldout(
             run_folder.validation_logits,
             HeldOut(validation, None, trained.validation_logits, trained.options),
+        )
+    run_folder.out_of_fold.unlink(missing_ok=True)
+    if trained.out_of_fold.decisions:
+        answered = with_groups(trained.out_of_fold.decisions, [record.group for record in data.split.train])
+        save_heldout(
+            run_folder.out_of_fold, HeldOut(answered, None, trained.out_of_fold.logits, trained.options)
         )
     run_folder.train_summary.write_text(json.dumps(run.to_dict(), indent=2, default=str))
     return run

@@ -286,6 +286,57 @@ def test_the_review_queue_lists_the_least_sure_unlabelled_answers_and_reads_back
     assert item["decision_id"] == queue[0].decision_id
 
 
+def test_automated_answers_the_feedback_says_were_wrong_come_first(tmp_path, capsys):
+    """Four sure tone answers the server automated (`x_automate`): two labelled with another option come first,
+    with their feedback; one labelled right is not listed; the unlabelled one takes its place by margin. A
+    wrong answer that was not automated is not listed (labelled: nothing to do)."""
+    from pipeline.cli.main import main
+    from pipeline.flywheel.feedback import read_feedback_file
+
+    store = open_store(tmp_path / "inference")
+    ids = log_decisions(store, 10)
+    sure = [new_decision_id() for _ in range(5)]
+    questions = json.dumps({"tone": QUESTIONS["tone"], "positive": QUESTIONS["positive"]})
+    logged = []
+    for k, decision_id in enumerate(sure):
+        answers = answer(0.96)
+        answers["tone"]["x_automate"] = k < 4  # the fifth: sure, but not automated
+        logged.append(
+            {
+                "decision_id": decision_id,
+                "time": utc_now(),
+                "model": "tickets/1",
+                "model_version": "1",
+                "owner": "alice",
+                "state": json.dumps({"text": f"sure {k}"}),
+                "questions": questions,
+                "answers": json.dumps(answers),
+                "latency_ms": 3.0,
+            }
+        )
+    store.append("decisions", logged)
+    label(store, [sure[0], sure[1], sure[4]], gold="neutral")  # the model said negative: wrong
+    label(store, [sure[2]], gold="negative")  # right
+    queue = review_queue(store, "tickets", top=40)
+    assert [(it.decision_id, it.question, it.automated) for it in queue[:2]] == [
+        (sure[0], "tone", True),
+        (sure[1], "tone", True),
+    ]
+    assert queue[0].feedback == '"neutral"' and queue[0].automated_wrong and not queue[2].automated_wrong
+    listed = {(it.decision_id, it.question) for it in queue}
+    assert (sure[2], "tone") not in listed and (sure[4], "tone") not in listed and (sure[3], "tone") in listed
+    assert next(it for it in queue if it.decision_id == sure[3] and it.question == "tone").automated
+    assert len(queue) == 2 + 2 * 10 + 5 + 1  # the wrong two, every unlabelled answer
+    out = tmp_path / "review.csv"
+    inference = ["--inference", str(tmp_path / "inference")]
+    assert main(["review", "--model", "tickets", "--top", "5", "--out", str(out), *inference]) == 0
+    assert "first 2 automated but wrong by their feedback" in capsys.readouterr().out
+    assert read_feedback_file(out) == []  # their feedback is shown, not imported again unless relabelled
+    assert main(["review", "--model", "tickets", "--out", str(out), "--overwrite", *inference, "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["automated_wrong"] == 2
+    assert ids  # the ten ordinary decisions, all unlabelled
+
+
 def test_conformal_sets_appear_once_enough_answers_are_labelled(tmp_path):
     store = open_store(tmp_path / "inference")
     ids = log_decisions(store, 80)
@@ -357,6 +408,7 @@ def test_the_review_and_import_commands_round_trip_a_labelled_file(tmp_path, cap
         "order": "margin",
         "conformal_sets": False,
         "alpha": 0.1,
+        "automated_wrong": 0,
     }
     for where, said in (
         (tmp_path, "a .jsonl or .csv"),

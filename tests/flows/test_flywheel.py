@@ -147,7 +147,8 @@ def test_served_decisions_labelled_harvested_and_retrained_with_lineage(
 
 def test_the_automation_runs_the_retrain_deployment_when_a_harvest_is_ready(prefect_api, tmp_path):
     """A real server with its trigger service: a ready harvest, then drift of the run's model, each create a
-    retrain flow run of the deployment; drift of another model creates none."""
+    retrain flow run of the deployment; drift of another model creates none; a broken certificate of the run's
+    model creates one whose `reason` names the event and its reason."""
     script = f"""
 import asyncio, sys, time
 from prefect.client.orchestration import get_client
@@ -177,6 +178,10 @@ retrain_runs(2)
 emit_event("decision.drift.detected", resource={{"prefect.resource.id": "decision-model.other"}})
 time.sleep(10)
 print("RUNS", len(retrain_runs(2)))  # another model's drift starts nothing
+emit_event("decision.certificate.broken", resource={{"prefect.resource.id": "decision-model.tickets"}},
+           payload={{"reason": "tone broken: 6 wrong of 40 automated with feedback (0.150)"}})
+reasons = [r.parameters.get("reason") for r in retrain_runs(3)]
+print("REASONS", reasons)
 """
     (tmp_path / "params.yaml").write_text("retrain:\n  data: data/tickets\n  model_name: tickets\n")
     done = subprocess.run(
@@ -190,7 +195,10 @@ print("RUNS", len(retrain_runs(2)))  # another model's drift starts nothing
     assert done.returncode == 0, done.stderr[-3000:] + done.stdout[-2000:]
     parameters = done.stdout.split("PARAMETERS", 1)[1].split("RUNS")[0]
     assert "'only_new_data': True" in parameters
-    assert done.stdout.split("RUNS", 1)[1].strip() == "2"
+    assert done.stdout.split("RUNS", 1)[1].split("REASONS")[0].strip() == "2"
+    reasons = done.stdout.split("REASONS", 1)[1]
+    assert "'started by decision.certificate.broken: tone broken: 6 wrong of 40 automated" in reasons
+    assert "'started by decision.harvest.ready'" in reasons  # an event without a reason: its name
 
 
 def test_decision_harvest_runs_the_flow_in_its_own_process(prefect_api, tmp_path):

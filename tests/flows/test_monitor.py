@@ -1,6 +1,8 @@
 """The `monitor` flow on a real tiny registered model and a real inference folder: a drifted window is
 reported on the version's MLflow run and in latest.json and emits `decision.drift.detected`; a window drawn
-like the training rows is not drift, and its feedback is measured; a window too small judges nothing."""
+like the training rows is not drift, and its feedback is measured; a window too small judges nothing; a
+certified version whose automated answers the feedback shows wrong too often emits
+`decision.certificate.broken`."""
 
 import datetime as dt
 import json
@@ -21,6 +23,7 @@ from tests.flows.processes import record_launches
 pytestmark = pytest.mark.slow
 
 NAME = "tiny-model"
+CERTIFIED = "certified-model"
 END = dt.datetime(2026, 12, 3, 12, tzinfo=dt.UTC)
 
 
@@ -37,6 +40,21 @@ def registered(tiny_base, synthetic_train_file, tmp_path_factory):
         version = register_export(tiny_base, NAME, tags={"data": str(synthetic_train_file)})
         client().set_registered_model_alias(NAME, "champion", version)
         yield version
+
+
+@pytest.fixture(scope="module")
+def certified(registered, tiny_base, synthetic_train_file, tmp_path_factory):
+    """`certified-model@champion`: the tiny base exported with a certificate for tone (ε 0.05, δ 0.1, every
+    answer automated), in the module's store."""
+    from pipeline.mlops.registry import client, register_export
+    from tests.tiny import certified_copy, tone_certificate
+
+    folder = certified_copy(
+        tiny_base, tmp_path_factory.mktemp("certified") / "export", {"tone": tone_certificate(0.0)}
+    )
+    version = register_export(folder, CERTIFIED, tags={"data": str(synthetic_train_file)})
+    client().set_registered_model_alias(CERTIFIED, "champion", version)
+    return version
 
 
 @pytest.fixture(scope="module")
@@ -59,11 +77,14 @@ def params_file(folder, inference, **monitor):
     return path
 
 
-def log_window(store, model, version, rows, served_as=None):
-    """`rows` answered by the model as the server answers them, logged over the hour before END."""
+def log_window(store, model, version, rows, served_as=None, automated=()):
+    """`rows` answered by the model as the server answers them, logged over the hour before END; the
+    `automated` questions' answers marked as the server marks the answers it automated. The answers logged."""
     logged = []
     for i, row in enumerate(rows):
         [answered] = model.answer([parse_request(row["state"], row["questions"])])
+        for qid in automated:
+            answered.answers[qid]["x_automate"] = True
         logged.append(
             {
                 "decision_id": f"d{i}",
@@ -78,6 +99,7 @@ def log_window(store, model, version, rows, served_as=None):
             }
         )
     store.append("decisions", logged)
+    return [orjson.loads(row["answers"]) for row in logged]
 
 
 def new_kind_of_traffic(n):
@@ -93,8 +115,8 @@ def new_kind_of_traffic(n):
     ]
 
 
-def read_events(event_id, timeout=30.0):
-    """The drift events the Prefect API stored, once `event_id` is among them (the server writes events in
+def read_events(event_id, timeout=30.0, name="decision.drift.detected"):
+    """The events `name` the Prefect API stored, once `event_id` is among them (the server writes events in
     batches)."""
     from prefect.client.orchestration import get_client
     from prefect.events.filters import EventFilter, EventNameFilter, EventOccurredFilter
@@ -104,7 +126,7 @@ def read_events(event_id, timeout=30.0):
     with get_client(sync_client=True) as client:
         while True:
             wanted = EventFilter(
-                event=EventNameFilter(name=["decision.drift.detected"]),
+                event=EventNameFilter(name=[name]),
                 occurred=EventOccurredFilter(since=since),
             )  # `until` defaults to now: made anew
             events = client.read_events(
@@ -183,6 +205,66 @@ def test_a_window_like_the_training_rows_is_not_drift_and_its_feedback_is_measur
     tone = next(a for a in result["accuracy"] if a["question"] == "tone")
     assert tone["decisions"] == 80 and tone["labelled"] == 12 and 0 <= tone["measured"] <= 1
     assert read_gauges(inference)["labelled_decisions"] == 12
+
+
+def test_automated_answers_wrong_too_often_break_the_certificate_and_emit_the_event(
+    prefect_harness, certified, served_model, tmp_path
+):
+    """Tone certified at ε 0.05: of 60 automated tone answers, 40 get feedback, 6 of them another option than
+    the one answered. The lower bound (0.081 at δ 0.1) is above ε: broken, with its figures in the outcome, the
+    event, latest.json's gauges and the version's run."""
+    from flows.monitor import monitor
+    from pipeline.data.answers import chosen_option
+    from pipeline.flywheel.gauges import read_certificate_gauges
+    from pipeline.mlops.registry import client
+    from pipeline.scoring.certify import error_lower_bound
+
+    inference = tmp_path / "inference"
+    store = ParquetStore(inference)
+    rows = synthetic.generate_rows(60, seed=33)
+    answers = log_window(
+        store, served_model, certified, rows, served_as=f"{CERTIFIED}/{certified}", automated=("tone",)
+    )
+    options = ("negative", "neutral", "positive")
+    golds = []
+    for i in range(40):
+        chosen = chosen_option(answers[i]["tone"])
+        golds.append(next(o for o in options if o != chosen) if i < 6 else chosen)
+    store.append(
+        "feedback",
+        [
+            {
+                "decision_id": f"d{i}",
+                "question_id": "tone",
+                "gold": json.dumps(gold),
+                "labelled_by": "import",
+                "time": END,
+            }
+            for i, gold in enumerate(golds)
+        ],
+    )
+    outcome = monitor(
+        f"{CERTIFIED}@champion", window_end=END.isoformat(), params_file=str(params_file(tmp_path, inference))
+    )
+    [tone] = outcome["certificates"]
+    assert (tone["question"], tone["automated"], tone["labelled"], tone["errors"]) == ("tone", 60, 40, 6)
+    assert tone["status"] == "broken" and tone["error_lower_bound"] == pytest.approx(
+        error_lower_bound(6, 40, 0.1)
+    )
+    assert tone["error_lower_bound"] > 0.05 and tone["error_upper_bound"] > tone["realised_error"] == 0.15
+    assert outcome["certificate_event"] is not None
+    [event] = [
+        e
+        for e in read_events(outcome["certificate_event"], name="decision.certificate.broken")
+        if str(e.id) == outcome["certificate_event"]
+    ]
+    assert event.resource.id == f"decision-model.{CERTIFIED}" and event.payload["questions"] == ["tone"]
+    assert event.payload["reason"].startswith("tone broken: 6 wrong of 40 automated with feedback (0.150)")
+    gauges = read_certificate_gauges(inference)["tone"]
+    assert gauges["broken"] == 1.0 and gauges["errors"] == 6.0 and gauges["automated"] == 60.0
+    run_id = client().get_model_version(CERTIFIED, certified).run_id
+    [broken] = client().get_metric_history(run_id, "certificate_tone_broken")
+    assert broken.value == 1.0 and broken.step == int(END.timestamp())
 
 
 def test_a_window_with_too_few_decisions_judges_nothing(prefect_harness, registered, served_model, tmp_path):

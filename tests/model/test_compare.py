@@ -10,6 +10,7 @@ from pipeline.cli.main import main
 from pipeline.mlops.registry import parse_version_uri
 from pipeline.scoring.decisions import ScoredDecision
 from pipeline.scoring.paired import per_question_differences
+from tests.tiny import certified_copy, tone_certificate
 
 
 def _scored(right: list[bool], questions: list[str], confident: float = 0.9):
@@ -67,7 +68,7 @@ def test_version_uris_are_told_from_alias_uris_and_folders():
 
 
 def test_the_cli_compares_a_base_with_its_fine_tune_per_question(
-    tiny_base, synthetic_train_file, tmp_path, capsys
+    tiny_base, synthetic_train_file, tmp_path, capsys, monkeypatch
 ):
     params = tmp_path / "params.yaml"
     params.write_text(
@@ -107,6 +108,24 @@ def test_the_cli_compares_a_base_with_its_fine_tune_per_question(
     assert itself["verdict"] == "no difference beyond noise"
     assert main(["compare", str(out), str(out), "--all-rows", *common]) == 0
     assert json.loads(capsys.readouterr().out)["records"] > result["records"]
+    # What each side's certificates automate on the same rows: none for A, every tone answer for B.
+    plain = certified_copy(out, tmp_path / "plain", None)
+    certified = certified_copy(out, tmp_path / "certified", {"tone": tone_certificate(0.0)})
+    assert main(["compare", str(plain), str(certified), *common]) == 0
+    automation = json.loads(capsys.readouterr().out)["automation"]
+    assert not automation["a"]["certified"] and automation["a"]["overall"]["coverage"] == 0
+    tone = automation["b"]["by_question"]["tone"]
+    assert tone["coverage"] == 1.0 and tone["automated"] == tone["decisions"] > 0
+    assert tone["error_low"] <= tone["error"] <= tone["error_high"]
+    assert automation["b"]["by_question"]["intensity"]["certified"] is False
+    assert main(["compare", str(plain), str(certified), *common[:-2], "-q"]) == 0
+    shown = capsys.readouterr().out  # a wide table: the coverage and error columns
+    assert "cov. A" in shown and "err. B" in shown and "not cert." in shown
+    assert "certified automation of A" in shown and "not certified (no certificates in the export)" in shown
+    assert "certified automation of B" in shown and "1.000 [" in shown
+    monkeypatch.setenv("COLUMNS", "100")  # a narrow terminal: lines per question
+    assert main(["compare", str(plain), str(certified), *common[:-2], "-q"]) == 0
+    assert "  automated: A not certified; B coverage 1.000, error 0." in capsys.readouterr().out
 
 
 @pytest.mark.parametrize(

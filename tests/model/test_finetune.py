@@ -255,6 +255,43 @@ def test_evaluate_writes_metrics_and_plots(tiny_base, synthetic_train_file, tmp_
     assert all((plots / n).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for n in names)
 
 
+def test_evaluate_shows_what_the_certificates_automate_per_question_and_overall(
+    tiny_base, synthetic_train_file, tmp_path, capsys
+):
+    """A model without certificates automates nothing ('not certified'); one certified to automate every tone
+    answer covers all of them, its realised error the tone errors, with 95% intervals; a certificate for tone
+    asked with other options is not applied."""
+    from tests.tiny import certified_copy, tone_certificate
+
+    flags = ["--data", str(synthetic_train_file), "--slice", "0:60"]
+    assert main(["evaluate", "--model", str(tiny_base), *flags, "--json", "-q"]) == 0
+    plain = json.loads(capsys.readouterr().out)["automation"]
+    assert (
+        not plain["certified"] and plain["overall"]["coverage"] == 0 and plain["overall"]["decisions"] == 180
+    )
+    assert plain["by_question"]["tone"]["certified"] is False and plain["overall"]["error"] is None
+    assert main(["evaluate", "--model", str(tiny_base), *flags, "-q"]) == 0
+    assert "certified automation: not certified (no certificates in the export): coverage 0 of 180" in (
+        capsys.readouterr().out
+    )
+    certified = certified_copy(tiny_base, tmp_path / "certified", {"tone": tone_certificate(0.0)})
+    assert main(["evaluate", "--model", str(certified), *flags, "--json", "-q"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    tone, overall = report["automation"]["by_question"]["tone"], report["automation"]["overall"]
+    assert tone["certified"] and tone["threshold"] == 0.0 and tone["automated"] == tone["decisions"] == 60
+    assert tone["coverage"] == 1.0 and tone["error_low"] <= tone["error"] <= tone["error_high"]
+    assert report["automation"]["by_question"]["intensity"]["coverage"] == 0
+    assert overall["automated"] == 60 and overall["coverage"] == pytest.approx(1 / 3)
+    assert overall["coverage_low"] < 1 / 3 < overall["coverage_high"] and overall["errors"] == tone["errors"]
+    assert main(["evaluate", "--model", str(certified), *flags, "-q"]) == 0
+    table = capsys.readouterr().out
+    assert "certified automation (95% Clopper-Pearson intervals)" in table and "not certified" in table
+    assert "1.000 [0.940, 1.000]" in table  # tone: 60 of 60 automated
+    other = certified_copy(tiny_base, tmp_path / "other", {"tone": tone_certificate(0.0, ("a", "b", "c"))})
+    assert main(["evaluate", "--model", str(other), *flags, "--json", "-q"]) == 0
+    assert json.loads(capsys.readouterr().out)["automation"]["overall"]["automated"] == 0
+
+
 def test_a_cancel_during_calibration_exports_nothing(tiny_base, synthetic_train_file, tmp_path, monkeypatch):
     import pipeline.stages.finetune as stage
     from pipeline.config import TrainConfig

@@ -140,6 +140,13 @@ class JointFamily(DecisionFamily):
     def state_cuts(self, examples: list[JointExample]) -> list[StateCut]:
         return state_cuts(examples)
 
+    def example_rows(self, examples: list[JointExample]) -> list[int]:
+        return [example.row for example in examples]
+
+    def refits_cheaply(self, config: TrainConfig) -> bool:
+        """`head`: each fold trains the head alone, on the frozen backbone's features computed once."""
+        return config.method == "head"
+
     def training_examples(
         self,
         loaded: LoadedJoint,

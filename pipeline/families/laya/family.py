@@ -91,6 +91,9 @@ class LayaFamily(DecisionFamily):
     def state_cuts(self, examples: list[Item]) -> list[StateCut]:
         return state_cuts(examples)
 
+    def example_rows(self, examples: list[Item]) -> list[int]:
+        return [item.record for item in examples]
+
     def prepare(self, loaded: LoadedModel, config: TrainConfig) -> None:
         prepare_model(loaded.model, config)
 

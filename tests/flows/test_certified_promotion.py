@@ -4,35 +4,28 @@ promotes the one whose certificates automate more of the held-out decisions, and
 less, naming the question and its figures; a first run's version carries its certificates on its tags, its run
 and its model card."""
 
-import hashlib
-import json
-import shutil
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
+
+from pipeline.families.exporting import CERTIFICATES_FILE
 
 pytestmark = pytest.mark.slow
 
 
 def with_certificates(export: Path, out: Path, threshold: float | None) -> Path:
     """A copy of `export` whose certificates hold every question to ε 0.9 at `threshold` (None: automate
-    nothing), the manifest naming the new file's hash."""
-    from pipeline.families.exporting import CERTIFICATES_FILE, MANIFEST
+    nothing)."""
+    from pipeline.scoring.certify import read_certificates
+    from tests.tiny import certified_copy
 
-    shutil.copytree(export, out)
-    certificates = json.loads((export / CERTIFICATES_FILE).read_text())
-    for values in certificates.values():
-        values |= {
-            "target_error": 0.9,
-            "threshold": threshold,
-            "reason": None if threshold is not None else "test",
-        }
-    data = json.dumps(certificates, indent=2, sort_keys=True).encode()
-    (out / CERTIFICATES_FILE).write_bytes(data)
-    manifest = json.loads((out / MANIFEST).read_text())
-    manifest["certificates"] = {"file": CERTIFICATES_FILE, "sha256": hashlib.sha256(data).hexdigest()}
-    (out / MANIFEST).write_text(json.dumps(manifest, indent=2))
-    return out
+    certificates = read_certificates((export / CERTIFICATES_FILE).read_text())
+    reason = None if threshold is not None else "test: automates nothing"
+    changed = {
+        q: replace(c, target_error=0.9, threshold=threshold, reason=reason) for q, c in certificates.items()
+    }
+    return certified_copy(export, out, changed)
 
 
 def test_the_version_automating_more_at_the_same_error_is_promoted_and_the_one_automating_less_held(

@@ -119,7 +119,7 @@ def promotion_stage(
         champion=current(name, CHAMPION),
         previous_champion=champion_version,
         comparison=comparison and comparison.to_dict(),
-        questions=[q.to_dict() for q in questions[1:]],
+        questions=question_rows(questions[1:], coverage),
         coverage=[d.to_dict() for d in coverage],
     )
 
@@ -138,12 +138,44 @@ def _tag_verdict(
     tags = {GATE_TAG: "promote" if promote else "hold", GATE_REASONS_TAG: "; ".join(reasons)[:5000]}
     if comparison is not None:
         tags |= {f"gate_{k}": str(v) for k, v in comparison.to_dict().items()}
+        automated = {d.question: d for d in coverage}
         tags[GATE_QUESTIONS_TAG] = "; ".join(
-            f"{q.question}: {q.accuracy_gain:+.4f} ({q.verdict})" for q in questions[1:]
+            f"{q.question}: {q.accuracy_gain:+.4f} ({q.verdict})" + _coverage_cell(automated.get(q.question))
+            for q in questions[1:]
         )[:5000]
         tags[GATE_COVERAGE_TAG] = "; ".join(d.line() for d in coverage)[:5000]
     for key, value in tags.items():
         client().set_model_version_tag(name, version, key, value)
+
+
+def question_rows(
+    questions: list[QuestionDifference], coverage: list[CoverageDifference]
+) -> list[dict[str, Any]]:
+    """The gate's per-question table: accuracy and NLL of each model with the differences' intervals, and the
+    coverage columns (each model's certified coverage, the difference with its interval, the challenger's
+    realised error among what it automates) where the question was compared."""
+    automated = {d.question: d for d in coverage}
+    rows = []
+    for q in questions:
+        row, d = q.to_dict(), automated.get(q.question)
+        if d is not None and d.target_error is not None:
+            row |= {
+                "champion_coverage": d.champion_coverage,
+                "challenger_coverage": d.challenger_coverage,
+                "coverage_gain": d.gain,
+                "coverage_gain_low": d.gain_low,
+                "coverage_gain_high": d.gain_high,
+                "challenger_automated_error": d.challenger_error,
+                "target_error": d.target_error,
+            }
+        rows.append(row)
+    return rows
+
+
+def _coverage_cell(d: CoverageDifference | None) -> str:
+    if d is None or d.target_error is None:
+        return ""
+    return f", coverage {d.champion_coverage:.3f} -> {d.challenger_coverage:.3f} ({d.gain:+.3f})"
 
 
 def candidate_figures(calibrated: dict[str, float], report: dict[str, Any]) -> dict[str, float]:

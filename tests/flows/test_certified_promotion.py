@@ -84,6 +84,17 @@ def test_the_version_automating_more_at_the_same_error_is_promoted_and_the_one_a
     assert any(r.startswith("automates more than the champion beyond noise on ") for r in more.reasons)
     tags = client().get_model_version("tiny-model", versions["everything"]).tags
     assert tags["gate"] == "promote" and "coverage 0.000 -> 1.000" in tags["gate_coverage"]
+    # The per-question table keeps accuracy and NLL and gains the coverage columns.
+    row = next(r for r in more.questions if r["question"] in certificates)
+    assert {
+        "accuracy_gain",
+        "nll_gain",
+        "champion_coverage",
+        "challenger_coverage",
+        "coverage_gain_low",
+    } <= set(row)
+    assert (row["champion_coverage"], row["challenger_coverage"]) == (0.0, 1.0)
+    assert ", coverage 0.000 -> 1.000 (+1.000)" in tags["gate_questions"]
 
     less = promotion_stage("tiny-model", versions["nothing"], {"ece": 0.0}, True, heldout, params.promote)
     assert not less.promote and current("tiny-model", CHAMPION) == versions["everything"]

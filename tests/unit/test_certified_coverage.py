@@ -19,8 +19,9 @@ from pipeline.scoring.certified_coverage import (
 )
 from pipeline.scoring.certify import Certificate
 from pipeline.scoring.decisions import ScoredDecision
+from pipeline.scoring.paired import per_question_differences
 from pipeline.stages.card import model_card
-from pipeline.stages.promote import automation_line, candidate_figures
+from pipeline.stages.promote import automation_line, candidate_figures, question_rows
 from tests.results import calibration, release, run_result
 
 RECORDS, EPSILON = 600, 0.1
@@ -186,3 +187,20 @@ def test_the_gate_reads_the_reports_intervals_and_says_what_the_certificates_aut
         == "its certificates automate nothing: b: too few decisions to certify: 40, at least 59 needed"
     )
     assert automation_line({}) is None
+
+
+def test_the_gates_per_question_table_keeps_accuracy_and_gains_coverage_columns():
+    scored = calibrated_answers()
+    champion, challenger = {"a": certificate("a", 0.95)}, {"a": certificate("a", 0.9)}
+    questions = per_question_differences(scored, scored)[1:]
+    table = {
+        row["question"]: row
+        for row in question_rows(questions, coverage_differences(scored, champion, scored, challenger))
+    }
+    a, b = table["a"], table["b"]
+    assert (
+        a["accuracy_gain"] == 0
+        and a["coverage_gain_low"] > 0
+        and a["challenger_coverage"] > a["champion_coverage"]
+    )
+    assert "accuracy_gain" in b and "coverage_gain" not in b  # neither model certified b: nothing to compare

@@ -42,6 +42,7 @@ from pipeline.mlops import tracking
 from pipeline.mlops.registry import ensure_experiment, tracking_uri
 from pipeline.rundir import RunBusy, RunFolder
 from pipeline.scoring.bag_of_words import BAG_OF_WORDS
+from pipeline.scoring.certified_coverage import certificate_tags
 from pipeline.scoring.report import report_tags
 from pipeline.stages import calibrate as calibrate_stage
 from pipeline.stages import export as export_stage
@@ -154,20 +155,22 @@ def smoke(name: str, version: str, run_dir: str, n: int) -> SmokeResult:
 def promotion_gate(
     result: RunResult, name: str, version: str, smoke_passed: bool, config, unpinned: bool = False
 ) -> GateResult:
-    """The gate on the run's calibrated held-out figures (and its bag of words' where scored), scored against
-    the champion on the run's held-out rows."""
+    """The gate on the run's calibrated held-out figures with their intervals (and its bag of words' where
+    scored), scored against the champion on the run's held-out rows; its certificates said in a line."""
     heldout = SplitData.load(RunFolder(result.run_dir).split).split.heldout
     words = result.heldout.get(BAG_OF_WORDS, {}).get("accuracy")
+    calibration = result.calibration
     return promote_stage.promotion_stage(
         name,
         version,
-        result.heldout["calibrated"],
+        promote_stage.candidate_figures(result.heldout["calibrated"], calibration.report),
         smoke_passed,
         heldout,
         config,
         result.train.warnings,
         unpinned=unpinned,
         bag_of_words=words,
+        automation=promote_stage.automation_line(calibration.certificates),
     )
 
 
@@ -247,7 +250,12 @@ def _run(start: RunStart, run: RunFolder, revision) -> RunResult:
     )
     run_id = track(result, trained.mlflow_run_id)
     result = replace(result, tracked=replace(tracked, mlflow_run_id=run_id))
-    version_tags = {**tracked.tags, "mlflow_run_id": run_id, **report_tags(calibration.to_dict())}
+    version_tags = {
+        **tracked.tags,
+        "mlflow_run_id": run_id,
+        **report_tags(calibration.to_dict()),
+        **certificate_tags(calibration.certificates),
+    }
     version = register(export_dir, config.model_name, run_id, version_tags)
     card(result, config.model_name, version, run_id)
     smoked = smoke(config.model_name, version, run_dir, config.smoke_decisions)

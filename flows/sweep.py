@@ -44,6 +44,7 @@ from pipeline.lineage import idempotency_key, keyed_sections
 from pipeline.mlops import tracking
 from pipeline.mlops.registry import client
 from pipeline.rundir import RunBusy, RunFolder
+from pipeline.scoring.certified_coverage import certificate_tags
 from pipeline.scoring.report import report_tags
 from pipeline.stages import calibrate as calibrate_stage
 from pipeline.stages import train as train_stage
@@ -369,6 +370,7 @@ def _challenger(
         "sweep_settings": json.dumps(best.settings, sort_keys=True),
         "mlflow_run_id": best.run_id,
         **report_tags(result.calibration.to_dict()),
+        **certificate_tags(result.calibration.certificates),
     }
     # The same inputs register once (Prefect's cache): a rerun that adds --repeat-best tags that version.
     version = register(export_dir, config.model_name, best.run_id, version_tags)

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 from pipeline.cli.options import run_folder
 from pipeline.cli.runner import run_command
-from pipeline.cli.tables import print_heldout
+from pipeline.cli.tables import automation_table, console, print_heldout
 from pipeline.cli.training_flags import (
     add_training_arguments,
     run_exit_code,
@@ -93,6 +93,8 @@ def print_finetuned(result: RunResult) -> None:
         )
     )
     print_heldout(result.train, result.heldout, result.export_dir, fitted)
+    if calibration is not None and calibration.certificates:
+        console().print(automation_table(calibration.certificates))
     temperatures = calibration.temperatures if calibration else "none (not calibrated)"
     print(
         f"family: {result.train.family} ({result.train.method}); temperatures: {temperatures}; "

@@ -17,7 +17,7 @@ from typing import Any
 from pipeline.cli.launch import launch_flow
 from pipeline.cli.options import FLOW_QUIET_HELP, add_output_flags
 from pipeline.cli.runner import refuse
-from pipeline.cli.tables import console
+from pipeline.cli.tables import automation_table, console
 from pipeline.strict_json import to_json
 
 OWNER_HELP = "tag the version with its owner: the Decision API serves it by name (NAME/VERSION) to their keys"
@@ -111,6 +111,8 @@ def print_summary(result, run_config: str | None = None) -> None:
         figures = (f"{heldout[model][k]:.4f}" for k in ("accuracy", "record_accuracy", "ece", "brier"))
         table.add_row(model.replace("_", " "), *figures)
     out.print(table)
+    if result.calibration.certificates:
+        out.print(automation_table(result.calibration.certificates))
     out.print(_calibrator_line(result.calibration))
     out.print(f"{_smoke_line(release.smoke)}; gate: {'; '.join(release.gate.reasons)}")
     champion = "none yet" if release.gate.champion is None else f"version {release.gate.champion}"

@@ -1,4 +1,5 @@
-"""What several `decision` commands print with: rich's console and the held-out table (train, finetune); and
+"""What several `decision` commands print with: rich's console, the held-out table (train, finetune) and the
+certified-automation table (finetune, retrain); and
 where their progress goes (stderr: tqdm bars on a terminal, lines otherwise, nothing with --quiet). A table
 only one command prints lives in that command's module."""
 
@@ -81,3 +82,31 @@ def print_heldout(
         f"skipped: {train.skipped or 'none'}"
     )
     out.print(f"saved to {saved_to}" if saved_to else "nothing saved")
+
+
+def automation_table(certificates: dict[str, dict[str, Any]]):
+    """Per question, the certified ε and threshold and what it automated of the held-out decisions: coverage
+    and realised error with 95% intervals, or why nothing is automated (a rich Table)."""
+    from rich.table import Table
+
+    table = Table(title="Certified automation (held-out decisions)")
+    table.add_column("question")
+    for name in ("ε", "threshold", "coverage [95%]", "error [95%]"):
+        table.add_column(name, justify="right")
+    table.add_column("why none", overflow="fold")
+    for question, c in sorted(certificates.items()):
+        held = c.get("heldout") or {}
+        certified = c.get("threshold") is not None
+        table.add_row(
+            question,
+            f"{c['target_error']:g}",
+            f"{c['threshold']:.4f}" if certified else "-",
+            _with_interval(held, "coverage") if held else "-",
+            _with_interval(held, "error") if held.get("error") is not None else "-",
+            "" if certified else str(c.get("reason") or "not certified"),
+        )
+    return table
+
+
+def _with_interval(figures: dict[str, Any], name: str) -> str:
+    return f"{figures[name]:.3f} [{figures[f'{name}_low']:.3f}, {figures[f'{name}_high']:.3f}]"

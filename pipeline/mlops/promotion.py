@@ -1,9 +1,11 @@
 """Promotion to serving: the gate, the `challenger`/`champion` aliases, their history, and rollback.
 
 A new version always gets `challenger`. `champion` moves only through the gate (champion and challenger scored
-now on the same held-out decisions: the challenger's NLL lower beyond a paired record bootstrap's noise, its
-accuracy not worse than the champion's by more than `max_accuracy_drop`; its calibrated ECE at most `max_ece`;
-its smoke test passed) or by hand (`decision promote VERSION`, which still refuses a version whose smoke test
+now on the same held-out decisions, every check read by its interval: the challenger better beyond a paired
+record bootstrap's noise, by a lower NLL or by more certified coverage on some question; worse on nothing beyond
+it: accuracy not below the champion's by more than `max_accuracy_drop`, no question less accurate or automated
+less, no realised error above ε; its calibrated ECE not above `max_ece` beyond noise; its smoke test passed) or
+by hand (`decision promote VERSION`, which still refuses a version whose smoke test
 failed unless forced). Every alias move is appended to the registered model's history (who, when, from, to,
 why), so `decision rollback` moves `champion` back one step. A server following `@champion` picks each move
 up.
@@ -17,11 +19,13 @@ from __future__ import annotations
 import datetime as dt
 import getpass
 import json
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
 from pipeline.config import PromoteConfig
 from pipeline.mlops.registry import client
+from pipeline.scoring.certified_coverage import CoverageDifference
 from pipeline.scoring.paired import PairedComparison
 
 CHAMPION, CHALLENGER = "champion", "challenger"
@@ -30,6 +34,8 @@ HISTORY_KEPT = 30  # entries; a registered-model tag holds a few kB
 SMOKE_TAG, GATE_TAG, GATE_REASONS_TAG = "smoke", "gate", "gate_reasons"
 # Per question: the challenger's accuracy gain over the champion, and its verdict.
 GATE_QUESTIONS_TAG = "gate_questions"
+# Per question: each model's certified coverage on the same decisions, the difference, the challenger's error.
+GATE_COVERAGE_TAG = "gate_coverage"
 UNPINNED_TAG = "allow_unpinned"
 """Tagged `true` on the run and version of a retraining that ran with --allow-unpinned (not every input pinned
 by DVC): the gate holds such a version and `promote_version` wants force."""
@@ -59,15 +65,22 @@ def gate(
     unpinned: bool = False,
     worse_questions: list[str] | None = None,
     bag_of_words: float | None = None,
+    coverage: list[CoverageDifference] | None = None,
 ) -> Verdict:
-    """Whether the candidate may replace the champion; every reason is given, passing or not.
+    """Whether the candidate may replace the champion; every reason is given, passing or not. Every check reads
+    an interval, never a point alone: a figure holds the candidate only where its 95% interval lies wholly on
+    the wrong side.
 
-    `candidate` holds its calibrated (cross-fitted) held-out figures; `comparison` champion and candidate
-    scored now on the same decisions (None: no champion yet); `unpinned`: it was trained with
-    --allow-unpinned, so it is held whatever its figures. `worse_questions`: the questions on which the
-    champion is more accurate beyond the bootstrap noise (same decisions); any one holds the candidate,
-    however it does overall. `bag_of_words`: the held-out accuracy of the run's bag of words (None: not
-    scored), gated on with `promote.min_accuracy_over_bag_of_words`.
+    `candidate` holds its calibrated held-out figures, with `ece_low`/`ece_high` and
+    `accuracy_low`/`accuracy_high` (their 95% record-bootstrap intervals; without them the points are read);
+    `comparison` champion and candidate scored now on the same decisions (None: no champion yet); `unpinned`:
+    it was trained with --allow-unpinned, so it is held whatever its figures. `worse_questions`: the questions
+    on which the champion is more accurate beyond the bootstrap noise (same decisions); any one holds the
+    candidate, however it does overall. `bag_of_words`: the held-out accuracy of the run's bag of words (None:
+    not scored), gated on with `promote.min_accuracy_over_bag_of_words`. `coverage`: per question, what each
+    model's certificates automate of the same decisions (`scoring.certified_coverage`): a question automated
+    less beyond noise, or whose realised error is above ε beyond noise, holds the candidate; one automated
+    more makes it better than the champion even where its NLL and accuracy tie.
     """
     reasons, ok = [], True
     if unpinned:
@@ -79,18 +92,47 @@ def gate(
     if comparison is None:
         reasons.append("no champion yet")
     else:
-        ok &= _versus_champion(comparison, config, reasons)
+        ok &= _versus_champion(comparison, coverage or [], config, reasons)
     if worse_questions:
         ok = False
         reasons.append(f"less accurate than the champion beyond noise on {', '.join(worse_questions)}")
     if config.min_accuracy_over_bag_of_words is not None:
         ok &= _versus_bag_of_words(candidate, bag_of_words, config.min_accuracy_over_bag_of_words, reasons)
-    calibrated = candidate["ece"] <= config.max_ece
-    ok &= calibrated
-    reasons.append(f"ECE {candidate['ece']:.4f} {'<=' if calibrated else '>'} {config.max_ece}")
+    ok &= _calibrated(candidate, config.max_ece, reasons)
     ok &= smoke_passed
     reasons.append("smoke test passed" if smoke_passed else "smoke test failed")
     return Verdict(ok, reasons)
+
+
+def _calibrated(candidate: dict[str, float], max_ece: float, reasons: list[str]) -> bool:
+    """ECE above `max_ece` holds the candidate only beyond noise: its interval's lower end above it, and the ECE
+    above what a calibrated model shows on as many decisions by chance (`ece_noise`). On a few hundred held-out
+    decisions a calibrated model's ECE-15 is often 0.1: the line then says how many decisions would tell."""
+    ece, low, noise = candidate["ece"], candidate.get("ece_low"), candidate.get("ece_noise")
+    if low is None:
+        calibrated = ece <= max_ece
+        reasons.append(f"ECE {ece:.4f} {'<=' if calibrated else '>'} {max_ece}")
+        return calibrated
+    shown = f"ECE {ece:.4f}, 95% interval [{low:.4f}, {candidate['ece_high']:.4f}]"
+    if noise is None or noise <= max_ece:
+        calibrated = low <= max_ece
+        reasons.append(f"{shown}: its lower end {'<=' if calibrated else '>'} {max_ece}")
+        return calibrated
+    calibrated = low <= max_ece or ece <= noise
+    decisions = int(candidate.get("ece_decisions") or 0)
+    on = f"on {decisions:,} decisions " if decisions else ""
+    # The ECE's chance level falls as one over the square root of the decisions.
+    needed = (
+        f"; about {math.ceil(decisions * (noise / max_ece) ** 2):,} held-out decisions would tell an ECE "
+        f"above {max_ece} from chance"
+        if decisions
+        else ""
+    )
+    reasons.append(
+        f"{shown}: {'not ' if calibrated else ''}above {max_ece} beyond noise (a calibrated model's ECE {on}"
+        f"reaches {noise:.4f} by chance{needed})"
+    )
+    return calibrated
 
 
 def _versus_bag_of_words(
@@ -99,28 +141,58 @@ def _versus_bag_of_words(
     if words is None:
         reasons.append("no bag of words scored (train.bag_of_words_rows: 0) to gate on")
         return False
-    ahead = candidate["accuracy"] >= words + margin
-    reasons.append(
-        f"accuracy {candidate['accuracy']:.4f} {'>=' if ahead else '<'} the bag of words' {words:.4f} "
-        f"+ {margin}"
-    )
+    high = candidate.get("accuracy_high")
+    if high is None:
+        ahead = candidate["accuracy"] >= words + margin
+        shown = f"accuracy {candidate['accuracy']:.4f}"
+    else:
+        ahead = high >= words + margin
+        shown = f"accuracy {candidate['accuracy']:.4f} (its 95% interval's upper end {high:.4f})"
+    reasons.append(f"{shown} {'>=' if ahead else '<'} the bag of words' {words:.4f} + {margin}")
     return ahead
 
 
-def _versus_champion(c: PairedComparison, config: PromoteConfig, reasons: list[str]) -> bool:
-    better = c.nll_gain_low > 0
+def _versus_champion(
+    c: PairedComparison, coverage: list[CoverageDifference], config: PromoteConfig, reasons: list[str]
+) -> bool:
+    """Better than the champion beyond noise (a lower NLL, or more certified coverage on some question) and
+    worse on nothing beyond noise (accuracy, coverage, realised error)."""
+    lower_nll = c.nll_gain_low > 0
     reasons.append(
         f"NLL {c.challenger_nll:.4f} vs champion {c.champion_nll:.4f} on {c.decisions} decisions: gain "
         f"{c.nll_gain:+.4f}, its {c.confidence:.0%} lower bound {c.nll_gain_low:+.4f} "
-        f"{'>' if better else '<='} 0"
+        f"{'>' if lower_nll else '<='} 0"
     )
-    floor = c.champion_accuracy - config.max_accuracy_drop
-    not_worse = c.challenger_accuracy >= floor
+    not_worse = _accuracy_not_worse(c, config.max_accuracy_drop, reasons)
+    less = [d for d in coverage if d.automates_less]
+    above = [d for d in coverage if d.error_above_target]
+    more = [d for d in coverage if d.automates_more]
+    reasons += [f"automates less than the champion beyond noise on {d.line()}" for d in less]
+    reasons += [f"realised error above ε beyond noise on {d.line()}" for d in above]
+    reasons += [f"automates more than the champion beyond noise on {d.line()}" for d in more]
+    if not (lower_nll or more):
+        reasons.append("better than the champion on nothing beyond noise (NLL, certified coverage)")
+    return (lower_nll or bool(more)) and not_worse and not less and not above
+
+
+def _accuracy_not_worse(c: PairedComparison, max_drop: float, reasons: list[str]) -> bool:
+    """The challenger's accuracy is worse only where the difference's interval lies wholly below -`max_drop`
+    (the points, where the comparison has no interval)."""
+    if c.accuracy_gain_high is None:
+        floor = c.champion_accuracy - max_drop
+        not_worse = c.challenger_accuracy >= floor
+        reasons.append(
+            f"accuracy {c.challenger_accuracy:.4f} {'>=' if not_worse else '<'} {floor:.4f} "
+            f"(champion {c.champion_accuracy:.4f} - {max_drop})"
+        )
+        return not_worse
+    not_worse = c.accuracy_gain_high >= -max_drop
     reasons.append(
-        f"accuracy {c.challenger_accuracy:.4f} {'>=' if not_worse else '<'} {floor:.4f} "
-        f"(champion {c.champion_accuracy:.4f} - {config.max_accuracy_drop})"
+        f"accuracy {c.challenger_accuracy:.4f} vs champion {c.champion_accuracy:.4f}: difference "
+        f"{c.challenger_accuracy - c.champion_accuracy:+.4f}, 95% interval [{c.accuracy_gain_low:+.4f}, "
+        f"{c.accuracy_gain_high:+.4f}], its upper end {'>=' if not_worse else '<'} -{max_drop}"
     )
-    return better and not_worse
+    return not_worse
 
 
 def current(name: str, alias: str = CHAMPION) -> str | None:

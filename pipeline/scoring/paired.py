@@ -1,4 +1,5 @@
-"""Champion against challenger on the same held-out decisions: a paired bootstrap of the NLL difference.
+"""Champion against challenger on the same held-out decisions: a paired bootstrap of the NLL difference (and of
+the accuracy difference, whose interval the gate reads).
 
 Both models answer the same decisions (matched by record and question id; a decision one of them skipped is
 left out of both). The NLL gain is the champion's mean NLL minus the challenger's (positive: the challenger is
@@ -36,6 +37,10 @@ class PairedComparison:
     nll_gain: float  # champion NLL - challenger NLL: positive when the challenger is better
     nll_gain_low: float  # the gain's lower bound at `confidence` (one-sided, record bootstrap)
     confidence: float
+    accuracy_gain_low: float | None = None
+    """The challenger's accuracy minus the champion's: the two-sided `confidence` interval of the same draws
+    (None: not measured, and the gate reads the points)."""
+    accuracy_gain_high: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -48,7 +53,9 @@ def paired_comparison(
     _, nll, right, record_of = _matched(
         champion, challenger, "champion and challenger share no held-out decision"
     )
-    low = _gain_bound(nll[:, 0] - nll[:, 1], record_of, confidence, resamples, seed)
+    draws = record_draws(record_of, resamples, np.random.default_rng(seed))
+    low = float(np.quantile(bootstrap_means(nll[:, 0] - nll[:, 1], record_of, draws), 1 - confidence))
+    accuracy_low, accuracy_high = _interval(right[:, 1] - right[:, 0], record_of, draws, confidence)
     return PairedComparison(
         decisions=len(nll),
         champion_nll=float(nll[:, 0].mean()),
@@ -58,6 +65,8 @@ def paired_comparison(
         nll_gain=float((nll[:, 0] - nll[:, 1]).mean()),
         nll_gain_low=low,
         confidence=confidence,
+        accuracy_gain_low=accuracy_low,
+        accuracy_gain_high=accuracy_high,
     )
 
 
@@ -87,14 +96,6 @@ def _nll(decision: ScoredDecision, p: np.ndarray) -> float:
 
 def _right(decision: ScoredDecision, p: np.ndarray) -> bool:
     return int(np.argmax(p)) == decision.label
-
-
-def _gain_bound(
-    gain: np.ndarray, record_of: np.ndarray, confidence: float, resamples: int, seed: int
-) -> float:
-    """The lower `confidence` quantile of the mean gain over record-level bootstrap draws."""
-    draws = record_draws(record_of, resamples, np.random.default_rng(seed))
-    return float(np.quantile(bootstrap_means(gain, record_of, draws), 1 - confidence))
 
 
 @dataclass(frozen=True)

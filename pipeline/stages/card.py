@@ -25,7 +25,7 @@ CARD_FILE = "model_card.md"
 
 def model_card(result: RunResult, name: str, version: str) -> str:
     """The card of a tracked, calibrated run as Markdown (sections: data, training, questions, held-out
-    figures, calibration, warnings and limits, provenance)."""
+    figures, calibration, automation, warnings and limits, provenance)."""
     run = RunFolder(result.run_dir)
     report = json.loads(run.calibration_report.read_text()) if run.calibration_report.exists() else {}
     sections = [
@@ -35,6 +35,7 @@ def model_card(result: RunResult, name: str, version: str) -> str:
         _questions(run, report),
         _figures(result, report),
         _calibration(result),
+        _automation(result),
         _limits(result),
         _provenance(result),
     ]
@@ -165,6 +166,38 @@ def _calibration(result: RunResult) -> str:
             ),
         ]
     )
+
+
+def _automation(result: RunResult) -> str:
+    """Per question, the certified rule (ε, δ, threshold) and what it automated of the held-out decisions
+    (coverage and realised error with 95% intervals), or why it automates nothing."""
+    certificates = result.calibration.certificates if result.calibration else {}
+    lines = [
+        "## Automation",
+        "An answer is automated where its calibrated confidence reaches its question's certified threshold: "
+        "the error among automated answers is at most ε with probability at least 1 - δ (Learn-then-Test on "
+        "the validation split, `scoring.certify`); the held-out figures check it on rows it was not fitted on "
+        "(95% Clopper-Pearson intervals).",
+    ]
+    if not certificates:
+        return "\n".join([*lines, "", "- no certificates: this version automates nothing"])
+    lines += [
+        "",
+        "| question | ε | δ | threshold | held-out coverage [95% CI] | realised error [95% CI] |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+    why = []
+    for question, c in sorted(certificates.items()):
+        held = c.get("heldout") or {}
+        threshold = "-" if c.get("threshold") is None else f"{c['threshold']:.4f}"
+        coverage = _interval(held, "coverage") if held else "-"
+        error = _interval(held, "error") if held.get("error") is not None else "-"
+        lines.append(
+            f"| {question} | {c['target_error']:g} | {c['delta']:g} | {threshold} | {coverage} | {error} |"
+        )
+        if c.get("threshold") is None:
+            why.append(f"- {question} automates nothing: {c.get('reason') or 'not certified'}")
+    return "\n".join([*lines, *(["", *why] if why else [])])
 
 
 def _limits(result: RunResult) -> str:

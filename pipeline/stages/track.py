@@ -27,6 +27,7 @@ from pipeline.mlops.tracking import (
 )
 from pipeline.rundir import RunFolder
 from pipeline.scoring.bag_of_words import BAG_OF_WORDS
+from pipeline.scoring.certified_coverage import automation_metrics
 from pipeline.scoring.plots import loss_curve
 from pipeline.scoring.report import report_metrics
 from pipeline.stages.result import RunResult
@@ -131,13 +132,15 @@ def heldout_metrics(heldout: dict[str, Any]) -> dict[str, float]:
 
 
 def calibration_metrics(result: RunResult) -> dict[str, float]:
-    """Temperatures, the calibration report's figures, and the validation split's calibrated figures
-    (cross-fitted over it: what a sweep ranks its trials by)."""
+    """Temperatures, the calibration report's figures, what the certificates automate of the held-out
+    decisions (`coverage_<question>`, `automated_error_<question>`), and the validation split's calibrated
+    figures (cross-fitted over it: what a sweep ranks its trials by)."""
     calibration = result.calibration
     if calibration is None:
         return {}
     metrics = {f"temperature_{qtype}": float(t) for qtype, t in calibration.temperatures.items()}
     metrics |= report_metrics(calibration.report, "calibration")
+    metrics |= automation_metrics(calibration.automation)
     if calibration.validation:
         metrics |= {
             "validation_accuracy": float(calibration.validation["accuracy"]),
@@ -229,12 +232,14 @@ def _log_artifacts(result: RunResult) -> None:
     mlflow.log_dict(result.validation.to_dict(), "validation/report.json")
     if result.calibration is not None:
         mlflow.log_dict(result.calibration.to_dict(), "calibration/calibration.json")
-    # The full report (per question too), the chosen calibrator, and the trained model's calibrated answers
-    # (what the smoke test compares serving with) stay with the run.
+    # The full report (per question too), the chosen calibrator, the certificates, and the trained model's
+    # calibrated answers (what the smoke test compares serving with) stay with the run; the coverage-risk plot
+    # is among the calibration's plots.
     kept = (
         run.calibration_report,
         run.calibration_report.with_suffix(".md"),
         run.calibrator,
+        run.certificates,
         run.expected_answers,
     )
     for path in kept:

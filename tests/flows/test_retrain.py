@@ -127,6 +127,7 @@ def test_a_first_run_is_tracked_registered_smoke_tested_and_promoted(
         "## Intended use",
         "## Held-out figures",
         "## Calibration",
+        "## Automation",
         "## Warnings and known limits",
         "## Provenance",
     ):
@@ -136,6 +137,12 @@ def test_a_first_run_is_tracked_registered_smoke_tested_and_promoted(
     assert run.data.tags["calibrator_fitted_on"].startswith("validation split")  # no held-out label fitted it
     assert run.data.metrics["validation_decisions"] > 0
     assert "model_card.md" in {a.path for a in client().list_artifacts(run.info.run_id)}
+    # Its certificates travel with the version (tags), the run (metrics, the coverage-risk plot) and the card.
+    certificates = summary.calibration.certificates
+    assert certificates and version.tags["certified_questions"].endswith(f"of {len(certificates)}")
+    assert all(version.tags[f"certificate_{q}"].startswith("ε ") for q in certificates)
+    assert {f"coverage_{q}" for q in certificates} <= set(run.data.metrics)
+    assert "plots/coverage_risk.png" in artifacts and "| question | ε | δ | threshold |" in card
 
 
 def test_a_crash_after_export_resumes_without_redoing_finished_work(

@@ -48,6 +48,24 @@ def test_the_ece_interval_holds_the_point_on_small_well_calibrated_sets():
             assert 0 <= overall["ece_low"] <= overall["ece"] <= overall["ece_high"], (seed, n, overall)
 
 
+def test_a_calibrated_models_ece_is_within_its_chance_level_on_few_decisions_and_an_overconfident_ones_not():
+    # On 53 decisions the ECE-15 of a model calibrated by construction is often above 0.05, its interval too;
+    # the chance level (`ece_noise`) says so, and falls as the decisions grow.
+    within, caught, levels = [], [], {}
+    for seed in range(20):
+        for n in (53, 800):
+            rng = np.random.default_rng(seed)
+            decisions, calibrated, logits = _sample(rng, n)
+            overall = calibration_report(decisions, calibrated, resamples=200)["overall"]
+            levels.setdefault(n, []).append(overall["ece_noise"])
+            if n == 53:
+                within.append(overall["ece"] <= overall["ece_noise"])
+                sharp = calibration_report(decisions, [softmax(z, 0.3) for z in logits], resamples=200)
+                caught.append(sharp["overall"]["ece"] > sharp["overall"]["ece_noise"])
+    assert np.mean(within) >= 0.85 and np.mean(caught) >= 0.8, (np.mean(within), np.mean(caught))
+    assert np.mean(levels[53]) > 0.1 > 0.05 > np.mean(levels[800])
+
+
 def test_an_overconfident_model_is_outside_a_calibrated_models_interval():
     rng = np.random.default_rng(1)
     decisions, calibrated, logits = _sample(rng, 4000, per_record=4)

@@ -346,6 +346,7 @@ def test_the_comparison_table_never_cuts_a_number_short(columns, monkeypatch, ca
             records=60,
             questions=[question],
             served_as=("fly-joint-1a2b3c4d", "fly/2"),
+            automation=None,  # neither model certified
         )
     )
     printed = capsys.readouterr().out

@@ -20,6 +20,7 @@ from safetensors import SafetensorError
 from pipeline.config import ConfigError, TrainConfig
 from pipeline.families.base import BadBase, DecisionFamily, DecisionModel, ModelLayoutError
 from pipeline.families.base_folders import folder_problem, weights_problem
+from pipeline.families.exporting import read_automation
 from pipeline.families.joint.family import JointFamily
 from pipeline.families.laya.family import LayaFamily
 
@@ -113,7 +114,8 @@ def load_decision_model(folder: str | Path) -> DecisionModel:
     folder where its files are missing, damaged or of another shape."""
     family = pick_family(folder)
     with MODEL_BUILDS, loading(folder, ModelLayoutError, "a model", "an unfinished or damaged export?"):
-        return DecisionModel(family, family.load_trained(folder))
+        loaded = family.load_trained(folder)
+    return DecisionModel(family, loaded, automation=read_automation(folder))
 
 
 @contextmanager

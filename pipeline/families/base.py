@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -29,6 +29,7 @@ import numpy as np
 import torch
 
 from pipeline.config import TrainConfig
+from pipeline.scoring.automation import Automation
 from pipeline.scoring.calibration import Temperatures
 from pipeline.scoring.calibrators import Calibrator, type_temperatures
 from pipeline.scoring.decisions import ScoredDecision
@@ -323,6 +324,14 @@ class DecisionFamily(ABC):
         given); a request that cannot be encoded fails alone. `encoder`, when given, runs the encoder pass of
         `served_encoder` in place of the torch modules (another runtime); the head stays in torch."""
 
+    @abstractmethod
+    def state_vectors(
+        self, loaded, states: list[Any], dtype: torch.dtype | None = None, encoder: EncoderRun | None = None
+    ) -> np.ndarray:
+        """[states, width]: the model's own pooled vector of each state read alone (its first
+        `forward_passes.STATE_VECTOR_TOKENS` tokens), what the novelty gate compares with the training states'
+        (`scoring.novelty`); an empty state reads as a zero vector."""
+
     def served_encoder(self, loaded) -> torch.nn.Module | None:
         """The encoder pass that `answer` runs on padded batches, as a module `(input_ids, attention_mask) ->
         hidden states` another runtime can take over (`onnx_encoder.export_encoder`); None where the backbone
@@ -338,6 +347,8 @@ class DecisionModel:
     loaded: Any
     dtype: torch.dtype | None = None  # the serving precision's autocast dtype (None: fp32)
     encoder: EncoderRun | None = None  # another runtime's encoder pass (None: the model's own torch modules)
+    automation: Automation = field(default_factory=Automation)
+    """The export's certificates and novelty gate (`scoring.automation`): what marks each answer `x_automate`."""
 
     @property
     def backend(self) -> str:
@@ -345,7 +356,21 @@ class DecisionModel:
         return getattr(self.encoder, "name", "torch") if self.encoder is not None else "torch"
 
     def answer(self, requests: list[ParsedRequest]) -> list[Answered | BadQuestion]:
-        return self.family.answer(self.loaded, requests, self.dtype, self.encoder)
+        """The family's answers, each marked `x_automate` (and why not) by the model's `automation`; the states
+        of requests that could be automated go through the novelty gate in one pass."""
+        results = self.family.answer(self.loaded, requests, self.dtype, self.encoder)
+        answered = [(r, a) for r, a in zip(requests, results) if isinstance(a, Answered)]
+        novel = iter(self.automation.novel_states([r for r, _ in answered], self.state_vectors))
+        return [
+            replace(a, answers=self.automation.marked(r, a.answers, next(novel)))
+            if isinstance(a, Answered)
+            else a
+            for r, a in zip(requests, results)
+        ]
+
+    def state_vectors(self, states: list[Any]) -> np.ndarray:
+        """The model's pooled vector of each state (`DecisionFamily.state_vectors`), at its serving precision."""
+        return self.family.state_vectors(self.loaded, states, self.dtype, self.encoder)
 
     def to(self, device: str | torch.device, dtype: torch.dtype | None = None) -> DecisionModel:
         self.loaded.model.to(device)

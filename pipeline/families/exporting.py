@@ -22,7 +22,10 @@ from typing import Any
 import torch
 
 from pipeline.families.base import ModelLayoutError
+from pipeline.scoring.automation import Automation
 from pipeline.scoring.calibrators import CALIBRATOR_FILE, Calibrator
+from pipeline.scoring.certify import read_certificates
+from pipeline.scoring.novelty import read_novelty
 
 MANIFEST = "manifest.json"
 TRAINING_STATES = "training_states"
@@ -204,6 +207,13 @@ def read_carried(folder: str | Path, entry_name: str) -> bytes | None:
 def read_training_states(folder: str | Path) -> bytes | None:
     """The training-states file the folder's manifest names (`read_carried`)."""
     return read_carried(folder, TRAINING_STATES)
+
+
+def read_automation(folder: str | Path) -> Automation:
+    """The certificates and novelty gate the folder's manifest names (`read_carried`): none of either for an
+    export made before them (it automates nothing), a base, or a fine-tune folder."""
+    certificates = read_certificates(read_carried(folder, CERTIFICATES))
+    return Automation(certificates, read_novelty(read_carried(folder, NOVELTY)))
 
 
 def with_carried(

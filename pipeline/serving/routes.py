@@ -169,7 +169,7 @@ async def systemone(body: DecisionRequest, who: Who, request: Request, parts: Pa
     result = await _answered(parts, model, parsed, _turn_of(who, request))
     decision_id = new_decision_id()
     usage = {"input_tokens": result.input_tokens, "output_tokens": 0}
-    answer = {"model": model.name, "decision_id": decision_id, "answers": result.answers, "usage": usage}
+    answer = {"model": model.name, "x_decision_id": decision_id, "answers": result.answers, "usage": usage}
     response = _json(answer, headers={DECISION_ID_HEADER: decision_id})
     if parts.inference_log is not None:
         latency_ms = (time.perf_counter() - started) * 1000

@@ -21,6 +21,7 @@ from pydantic import (
 
 from pipeline.data.contract import QUESTION_TYPES
 from pipeline.flywheel.feedback import MAX_ITEMS
+from pipeline.scoring.automation import REASONS as AUTOMATE_REASONS
 
 JSONText = str | dict[str, Any] | list[Any] | None
 # What a question's fields may hold, as the OpenAPI schema shows it. The shape is checked by `parse_request`,
@@ -62,7 +63,22 @@ JEV_CONFIDENCE = "the Jev confidence (max p - 1/n) / (1 - 1/n) over the n option
 TOP_PROBABILITY = "max p: the chosen option's probability (not a Jev field)"
 
 
-class ChoiceAnswer(BaseModel):
+AUTOMATE = (
+    "whether this answer may be acted on without a person: its question's certificate matches the question as "
+    "asked, the confidence reaches its threshold and the state is not novel (docs/serving.md, Automation; not a "
+    "Jev field)"
+)
+AUTOMATE_REASON = "why not, when x_automate is false (not a Jev field)"
+
+
+class Automated(BaseModel):
+    """What every answer carries beyond the Jev fields: whether it is automated, and why not."""
+
+    x_automate: bool = Field(description=AUTOMATE)
+    x_automate_reason: Literal[AUTOMATE_REASONS] | None = Field(None, description=AUTOMATE_REASON)  # type: ignore[valid-type]
+
+
+class ChoiceAnswer(Automated):
     type: Literal["choice"]
     choice: str
     probabilities: dict[str, float]
@@ -70,7 +86,7 @@ class ChoiceAnswer(BaseModel):
     x_top_probability: float = Field(description=TOP_PROBABILITY)
 
 
-class ScoreAnswer(BaseModel):
+class ScoreAnswer(Automated):
     type: Literal["score"]
     score: float
     legend: dict[str, Any]
@@ -79,7 +95,7 @@ class ScoreAnswer(BaseModel):
     x_top_probability: float = Field(description=TOP_PROBABILITY.replace("option", "level"))
 
 
-class NoulAnswer(BaseModel):
+class NoulAnswer(Automated):
     """P(true), and no confidence (docs/serving.md)."""
 
     type: Literal["noul"]
@@ -110,9 +126,9 @@ class Usage(BaseModel):
 
 class DecisionResponse(BaseModel):
     model: str
-    decision_id: str = Field(
+    x_decision_id: str = Field(
         description="this decision's id (also the X-Decision-Id header): what "
-        "POST /v1/feedback labels; real Jev clients ignore it"
+        "POST /v1/feedback labels as its decision_id; not a Jev field"
     )
     answers: dict[str, Annotated[ChoiceAnswer | ScoreAnswer | NoulAnswer, Field(discriminator="type")]]
     usage: Usage

@@ -51,7 +51,7 @@ from pipeline.families.joint.layout import (
     temperature_of,
     with_lexicon,
 )
-from pipeline.families.joint.predict import answer_joint_requests
+from pipeline.families.joint.predict import answer_joint_requests, joint_state_vectors
 from pipeline.families.joint.training import (
     JointExample,
     build_examples,
@@ -286,6 +286,15 @@ class JointFamily(DecisionFamily):
         encoder: EncoderRun | None = None,
     ) -> list[Answered | BadQuestion]:
         return answer_joint_requests(loaded, requests, dtype=dtype, encoder=encoder)
+
+    def state_vectors(
+        self,
+        loaded: LoadedJoint,
+        states: list,
+        dtype: torch.dtype | None = None,
+        encoder: EncoderRun | None = None,
+    ) -> np.ndarray:
+        return joint_state_vectors(loaded, states, dtype, encoder)
 
     def served_encoder(self, loaded: LoadedJoint) -> torch.nn.Module | None:
         """An encoder backbone's pass (its last hidden states, or its last `read_layers` side by side); a

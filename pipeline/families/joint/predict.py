@@ -10,8 +10,14 @@ import numpy as np
 import torch
 
 from pipeline.data.answers import ParsedRequest, shape_answers
+from pipeline.data.contract import state_text
 from pipeline.families.base import UNENCODABLE, Answered, BadQuestion, EncoderRun
-from pipeline.families.forward_passes import autocast_context, length_batches
+from pipeline.families.forward_passes import (
+    STATE_VECTOR_TOKENS,
+    autocast_context,
+    length_batches,
+    mean_pooled,
+)
 from pipeline.families.joint.head import by_windows
 from pipeline.families.joint.layout import LoadedJoint, temperature_of
 from pipeline.families.joint.records import (
@@ -113,3 +119,22 @@ def _encoded(encoder: EncoderRun, batch: dict, window: int | None) -> dict[str, 
     if "field_input_ids" in batch and "field_vectors" not in batch:
         hidden["field_hidden"] = encoder(batch["field_input_ids"], batch["field_attention_mask"])
     return hidden
+
+
+@torch.inference_mode()
+def joint_state_vectors(
+    loaded: LoadedJoint, states: list, dtype: torch.dtype | None = None, encoder: EncoderRun | None = None
+) -> np.ndarray:
+    """Each state's vector: the backbone's hidden states as the head reads them (`hidden_states`) of the state's
+    first `STATE_VECTOR_TOKENS` tokens, mean-pooled (the state's mean the head pools); through `encoder`
+    (another runtime's pass of `hidden_states`) when given."""
+    tokenizer, model = loaded.tokenizer, loaded.model
+    if model.training:
+        model.eval()
+    length = min(STATE_VECTOR_TOKENS, loaded.max_len)
+    sequences = [
+        tokenizer(state_text(state), truncation=True, max_length=length)["input_ids"] for state in states
+    ]
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    device = next(model.parameters()).device
+    return mean_pooled(encoder or model.hidden_states, sequences, pad, device, dtype)

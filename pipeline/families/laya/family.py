@@ -30,7 +30,7 @@ from pipeline.families.laya.adapters import ADAPTER_FILE, load_for_inference, sa
 from pipeline.families.laya.export import export_model
 from pipeline.families.laya.forward import encoder_pass, score_items
 from pipeline.families.laya.items import Item, build_items, state_cuts
-from pipeline.families.laya.predict import answer_requests, calibrated_probabilities
+from pipeline.families.laya.predict import answer_requests, calibrated_probabilities, laya_state_vectors
 from pipeline.families.laya.training import laya_batch_task, prepare_model
 from pipeline.families.laya_layout import CONFIG_FILE, LoadedModel, load_model, save_model
 from pipeline.families.planned_layers import configure_plan
@@ -156,6 +156,15 @@ class LayaFamily(DecisionFamily):
         encoder: EncoderRun | None = None,
     ) -> list[Answered | BadQuestion]:
         return answer_requests(loaded, requests, dtype, encoder)
+
+    def state_vectors(
+        self,
+        loaded: LoadedModel,
+        states: list,
+        dtype: torch.dtype | None = None,
+        encoder: EncoderRun | None = None,
+    ) -> np.ndarray:
+        return laya_state_vectors(loaded, states, dtype, encoder)
 
     def served_encoder(self, loaded: LoadedModel) -> torch.nn.Module:
         return encoder_pass(loaded.model)

@@ -15,8 +15,13 @@ import torch
 from pipeline.data import contract
 from pipeline.data.answers import InvalidRequest, ParsedRequest, RequestTooLarge, parse_request, shape_answers
 from pipeline.data.contract import QUESTION_TYPE_IDS
-from pipeline.families.base import UNENCODABLE, Answered, BadQuestion, EncoderRun
-from pipeline.families.forward_passes import bounded_batches, forward_batch_size
+from pipeline.families.base import UNENCODABLE, Answered, BadQuestion, EncoderRun, cut_state
+from pipeline.families.forward_passes import (
+    STATE_VECTOR_TOKENS,
+    bounded_batches,
+    forward_batch_size,
+    mean_pooled,
+)
 from pipeline.families.laya.forward import decision_logits
 from pipeline.families.laya.items import Item, collate_parts, item_parts, join_logits
 from pipeline.families.laya.packed import PACKED_PASS, packed_logits, packs
@@ -166,3 +171,23 @@ def answer_requests(
         answers = shape_answers(request.questions, by_id, request.legends)
         results.append(Answered(answers, sum(len(item) for item in items)))
     return results
+
+
+@torch.inference_mode()
+def laya_state_vectors(
+    loaded: LoadedModel,
+    states: list[Any],
+    dtype: torch.dtype | None = None,
+    encoder: EncoderRun | None = None,
+) -> np.ndarray:
+    """Each state's vector: the encoder's hidden states of `[CLS] state [SEP]` (its first
+    `STATE_VECTOR_TOKENS`), mean-pooled; through `encoder` (another runtime's pass) when given."""
+    tokenizer, model = loaded.tokenizer, loaded.model.eval()
+    room = min(STATE_VECTOR_TOKENS, loaded.max_len) - 2
+    sequences = [
+        [tokenizer.cls_token_id, *cut_state(state_token_ids(loaded, state), room), tokenizer.sep_token_id]
+        for state in states
+    ]
+    run = encoder or (lambda ids, mask: model.encoder(input_ids=ids, attention_mask=mask).last_hidden_state)
+    device = next(model.parameters()).device
+    return mean_pooled(run, sequences, tokenizer.pad_token_id, device, dtype)

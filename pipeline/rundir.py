@@ -121,6 +121,12 @@ class RunFolder:
         return self.root / "certificates.json"
 
     @property
+    def novelty(self) -> Path:
+        """The novelty gate (`scoring.novelty`): training state vectors and the distance beyond which a state is
+        novel and never automated, as the export carries it."""
+        return self.root / "novelty.npz"
+
+    @property
     def result(self) -> Path:
         """The run's typed result (`stages.result.RunResult`): what a later process reads the run back
         from."""

@@ -33,10 +33,12 @@ from pipeline.data.answers import answer_probabilities, parse_request
 from pipeline.data.contract import canonical_json
 from pipeline.families import list_models, load_decision_model, written_last
 from pipeline.families.base import DecisionModel
-from pipeline.families.exporting import read_manifest
+from pipeline.families.exporting import CERTIFICATES, read_carried, read_manifest
 from pipeline.families.runtimes.backends import BackendChoice, choose_backend
 from pipeline.families.runtimes.onnx_encoder import ONNX_FILE
 from pipeline.mlops.registry import alias_version, client, download_version, parse_alias_uri
+from pipeline.scoring.automation import Automation
+from pipeline.scoring.certify import read_certificates
 
 log = logging.getLogger("decision.serve")
 DEFAULT_NAMES = ("default", "jev-latest", "jev-preview")
@@ -210,7 +212,12 @@ class Catalog:
             manifest = read_manifest(folder)
             self._finetunes.setdefault(
                 folder.name,
-                Finetune(folder.name, manifest.get("owner"), folder, facts=manifest_facts(manifest)),
+                Finetune(
+                    folder.name,
+                    manifest.get("owner"),
+                    folder,
+                    facts=manifest_facts(manifest) | certificate_facts(folder),
+                ),
             )
 
     def _scan_registry(self, name: str) -> None:
@@ -318,6 +325,12 @@ def manifest_facts(manifest: dict[str, Any]) -> dict[str, Any]:
     return {"family": manifest.get("family"), "calibration": calibration}
 
 
+def certificate_facts(folder: Path) -> dict[str, Any]:
+    """A fine-tune's certificates as `/v1/models` lists them, read from its folder without loading it."""
+    certificates = read_certificates(read_carried(folder, CERTIFICATES))
+    return {"certificates": Automation(certificates).listing()["certificates"]}
+
+
 def version_facts(tags: dict[str, str], version: str) -> dict[str, Any]:
     """Family, version and calibration summary of a registry version, from its tags (nothing is
     downloaded)."""
@@ -326,8 +339,11 @@ def version_facts(tags: dict[str, str], version: str) -> dict[str, Any]:
 
 
 def serving_facts(serving: ServedModel, alias: str | None) -> dict[str, Any]:
-    """The serving model's family, version and alias (when it follows one) and calibration summary."""
+    """The serving model's family, version and alias (when it follows one), calibration summary, and each
+    question's certificate with the novelty gate (`Automation.listing`: empty for an export made before
+    them)."""
     facts = manifest_facts(read_manifest(serving.folder)) | {"family": serving.model.family.name}
+    facts |= serving.model.automation.listing()
     name, _, version = serving.name.rpartition("/")
     return facts | ({"version": version, "alias": alias} if alias and name else {})
 

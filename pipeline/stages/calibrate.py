@@ -1,8 +1,9 @@
 """The calibrate stage: the calibrator chosen by cross-fitted NLL on the run's validation logits (a split of
 the training rows), the held-out figures before and after (and a bag of words' on the same decisions,
 `scoring.bag_of_words`), the calibration report, the trained model's calibrated answers for the smoke test to
-compare serving with, and the plots. Family-free: it reads logits, and the split's states for the bag of
-words.
+compare serving with, the plots, and the novelty gate (`scoring.novelty`) of the fine-tune's own state
+vectors. Family-free: it reads logits, the split's states for the bag of words, and state vectors through the
+family interface (`DecisionModel.state_vectors`).
 """
 
 from __future__ import annotations
@@ -18,7 +19,9 @@ from typing import Any
 import numpy as np
 
 from pipeline.config import CertifyConfig
+from pipeline.data.contract import state_text
 from pipeline.data.split import SplitData
+from pipeline.families import load_decision_model
 from pipeline.rundir import RunFolder
 from pipeline.scoring.bag_of_words import BAG_OF_WORDS, bag_of_words, behind_bag_of_words
 from pipeline.scoring.calibration import loose_temperatures, plain_probabilities, temperature_spreads
@@ -33,6 +36,7 @@ from pipeline.scoring.certify import (
 )
 from pipeline.scoring.heldout import HeldOut, load_heldout, pooled, save_expected
 from pipeline.scoring.metrics import detailed_metrics
+from pipeline.scoring.novelty import MAX_BANK, fit_novelty, novelty_bytes
 from pipeline.scoring.plots import coverage_risk, reliability_by_type, reliability_diagram, write_plots
 from pipeline.scoring.report import calibration_report, report_table
 
@@ -67,6 +71,9 @@ class CalibrationResult:
     automation: dict[str, Any] = field(default_factory=dict)
     """What the certificates automate on the held-out rows, per question and overall, with 95% intervals
     (`scoring.certify.AutomationReport.to_dict`)."""
+    novelty: dict[str, Any] | None = None
+    """The novelty gate fitted on the fine-tune's state vectors (`scoring.novelty.NoveltyGate.summary`); None
+    without a split or a fine-tune folder."""
     notices: list[str] = field(default_factory=list)
     """What a user should look at that is no failure: the fine-tune answering fewer held-out decisions right
     than its bag of words (`scoring.bag_of_words.behind_bag_of_words`); temperatures the validation split pins
@@ -149,6 +156,7 @@ def calibrate_stage(
         validation=validation,
         certificates={q: c.to_dict() for q, c in certificates.items()},
         automation=automation.to_dict(),
+        novelty=_novelty(run, certify_config),
         notices=[line for line in [behind_bag_of_words(heldout), loose_temperatures(spreads)] if line],
     )
     run.calibration.write_text(json.dumps(result.to_dict(), indent=2))
@@ -171,6 +179,37 @@ def _fitting_pool(run: RunFolder) -> tuple[HeldOut | None, str]:
         return None, ""
     described = "; ".join(name.format(len(part.items)) for part, name in parts)
     return pooled([part for part, _ in parts]), described
+
+
+def _novelty(run: RunFolder, config: CertifyConfig) -> dict[str, Any] | None:
+    """The novelty gate of the fine-tune's state vectors, written to the run folder (`novelty.npz`): the bank
+    from the training states, the threshold at `certify.novelty_quantile` of the validation states' distances
+    (without a validation split, of a fifth of the training states kept out of the bank). None, and no file,
+    without a saved split or a fine-tune folder."""
+    run.novelty.unlink(missing_ok=True)
+    if not run.split.is_file() or not run.finetune.is_dir():
+        return None
+    split = SplitData.load(run.split).split
+    training = _distinct_states(split.train)
+    checked = _distinct_states(split.validation)
+    if not checked:  # no validation split: states the bank never holds, from the training side
+        cut = max(1, len(training) // 5)
+        training, checked = training[cut:], training[:cut]
+    if not training or not checked:
+        return None
+    model = load_decision_model(run.finetune)
+    gate = fit_novelty(
+        model.state_vectors(training), model.state_vectors(checked[:MAX_BANK]), config.novelty_quantile
+    )
+    run.novelty.write_bytes(novelty_bytes(gate))
+    return gate.summary()
+
+
+def _distinct_states(records: list) -> list[Any]:
+    """The records' states, each distinct text once, in a fixed random order (at most `MAX_BANK` x 2)."""
+    unique = list({state_text(r.state): r.state for r in records}.values())
+    order = np.random.default_rng(0).permutation(len(unique))[: 2 * MAX_BANK]
+    return [unique[i] for i in order]
 
 
 NOT_CERTIFIED_WITHOUT_VALIDATION = (

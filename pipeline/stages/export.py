@@ -24,6 +24,7 @@ from pipeline.families.exporting import (
     CARRIED,
     CERTIFICATES,
     MANIFEST,
+    NOVELTY,
     read_carried,
     read_manifest,
     with_carried,
@@ -106,6 +107,8 @@ def export_stage(
     manifest, files = with_training_states(manifest, training_states(run))
     certificates = run.certificates.read_bytes() if run.certificates.is_file() else None
     manifest, files = with_carried(manifest, files, CERTIFICATES, certificates)
+    novelty = run.novelty.read_bytes() if run.novelty.is_file() else None
+    manifest, files = with_carried(manifest, files, NOVELTY, novelty)
     return with_encoder_graph(model.family.export(model.loaded, out, calibrator, manifest, files))
 
 

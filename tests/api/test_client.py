@@ -39,11 +39,13 @@ def test_the_typesafe_client_parses_every_answer_type(server_url):
         n = len(answer.probabilities)
         assert answer.confidence == pytest.approx((p - 1 / n) / (1 - 1 / n), abs=2e-4)
     # The decision id (body and header) is beside the answers; the SDK's strict models pass it over.
-    assert len(result.raw_http_response.json()["decision_id"]) == 32
-    assert result.raw_http_response.headers["x-decision-id"] == result.raw_http_response.json()["decision_id"]
+    assert len(result.raw_http_response.json()["x_decision_id"]) == 32
+    assert (
+        result.raw_http_response.headers["x-decision-id"] == result.raw_http_response.json()["x_decision_id"]
+    )
     raw = result.raw_http_response.json()["answers"]
     assert raw["tone"]["x_top_probability"] == max(raw["tone"]["probabilities"].values())
-    assert set(raw["late"]) == {"type", "noul", "x_confidence"}
+    assert set(raw["late"]) == {"type", "noul", "x_confidence", "x_automate", "x_automate_reason"}
 
 
 def test_large_bodies_arrive_zstd_compressed_and_are_answered(server_url):

@@ -38,7 +38,7 @@ def bearer(key):
 
 def decide(api, key="alice-key") -> str:
     response = api.post("/v1/systemone", json={"state": "late", "questions": QUESTIONS}, headers=bearer(key))
-    return response.json()["decision_id"]
+    return response.json()["x_decision_id"]
 
 
 def send(api, body, key="alice-key"):

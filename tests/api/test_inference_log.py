@@ -43,7 +43,7 @@ def test_every_answer_carries_its_id_and_is_written_with_what_was_asked_and_answ
     with TestClient(logged_app(served_folder, log)) as api:
         wait_ready(api)
         answered = [ask(api, {"text": f"order {i} was late", "n": i}) for i in range(5)]
-    ids = [r.json()["decision_id"] for r in answered]
+    ids = [r.json()["x_decision_id"] for r in answered]
     assert [r.headers["X-Decision-Id"] for r in answered] == ids and len(set(ids)) == 5
     rows = {row["decision_id"]: row for row in open_store(tmp_path / "inference").decisions().to_pylist()}
     assert set(rows) == set(ids)  # the shutdown flushed what the interval had not
@@ -61,7 +61,7 @@ def test_the_log_flushes_on_its_interval_while_serving(served_folder, tmp_path):
 
     with TestClient(logged_app(served_folder, LogConfig(str(tmp_path / "inference"), flush_s=0.1))) as api:
         wait_ready(api)
-        decision_id = ask(api, "late again").json()["decision_id"]
+        decision_id = ask(api, "late again").json()["x_decision_id"]
         deadline = time.monotonic() + 10
         while not open_store(tmp_path / "inference").decisions(ids=[decision_id]).num_rows:
             assert time.monotonic() < deadline, "not written within 10 s of a 0.1 s interval"
@@ -72,7 +72,7 @@ def test_the_log_flushes_on_its_interval_while_serving(served_folder, tmp_path):
 def test_sampling_writes_a_share_and_still_ids_every_answer(served_folder, tmp_path):
     with TestClient(logged_app(served_folder, LogConfig(str(tmp_path / "inference"), sample=0.3))) as api:
         wait_ready(api)
-        ids = [ask(api, f"state {i}").json()["decision_id"] for i in range(60)]
+        ids = [ask(api, f"state {i}").json()["x_decision_id"] for i in range(60)]
     written = open_store(tmp_path / "inference").decisions().num_rows
     assert len(set(ids)) == 60 and 5 <= written <= 35  # 0.3 of 60 = 18; binomial sd 3.5
 
@@ -101,7 +101,7 @@ def test_the_off_switch_writes_nothing_and_feedback_says_why(served_folder, tmp_
     monkeypatch.chdir(tmp_path)
     with TestClient(logged_app(served_folder, LogConfig(None))) as api:
         wait_ready(api)
-        decision_id = ask(api, "late").json()["decision_id"]
+        decision_id = ask(api, "late").json()["x_decision_id"]
         refused = api.post(
             "/v1/feedback",
             json={"decision_id": decision_id, "gold": {"tone": "negative"}},
@@ -154,7 +154,7 @@ def test_a_full_queue_drops_and_counts_instead_of_blocking(served_folder, tmp_pa
 def test_the_decision_id_is_in_the_openapi_response(served_folder):
     with TestClient(logged_app(served_folder, LogConfig(None))) as api:
         schema = api.get("/openapi.json").json()["components"]["schemas"]["DecisionResponse"]
-    assert "decision_id" in schema["properties"]
+    assert "x_decision_id" in schema["properties"] and "decision_id" not in schema["properties"]
     assert orjson.loads(orjson.dumps(schema))  # serialisable as served
 
 

@@ -52,7 +52,7 @@ def answer(url: str, n: int) -> list[str]:
     with httpx.Client(base_url=url, timeout=30) as client:
         return [
             client.post("/v1/systemone", json={"state": f"late {i}", "questions": QUESTIONS}).json()[
-                "decision_id"
+                "x_decision_id"
             ]
             for i in range(n)
         ]

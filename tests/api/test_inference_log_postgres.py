@@ -33,7 +33,7 @@ def test_a_server_logs_to_postgres_and_feedback_replaces_per_question(served_fol
         wait_ready(api)
         ids = [
             api.post("/v1/systemone", json={"state": {"text": f"late {i}"}, "questions": QUESTIONS}).json()[
-                "decision_id"
+                "x_decision_id"
             ]
             for i in range(3)
         ]

@@ -51,7 +51,8 @@ def test_answers_have_the_wire_shape_and_match_in_process_predictions(open_clien
     tone, intensity, positive = (body["answers"][q] for q in ("tone", "intensity", "positive"))
     expected = predict(load_model(served_folder), STATE, QUESTIONS)
 
-    assert set(tone) == {"type", "choice", "probabilities", "confidence", "x_top_probability"}
+    automate = {"x_automate", "x_automate_reason"}  # the tiny base has no certificates: never automated
+    assert set(tone) == {"type", "choice", "probabilities", "confidence", "x_top_probability"} | automate
     assert tone["type"] == "choice" and list(tone["probabilities"]) == ["negative", "neutral", "positive"]
     np.testing.assert_allclose(list(tone["probabilities"].values()), expected["tone"], atol=1e-4)
     assert tone["choice"] == ["negative", "neutral", "positive"][int(np.argmax(expected["tone"]))]
@@ -64,7 +65,8 @@ def test_answers_have_the_wire_shape_and_match_in_process_predictions(open_clien
     assert intensity["confidence"] == pytest.approx(jev(expected["intensity"]), abs=1e-4)
     assert intensity["x_top_probability"] == pytest.approx(float(expected["intensity"].max()), abs=1e-4)
 
-    assert set(positive) == {"type", "noul", "x_confidence"}  # no confidence on a noul answer
+    assert set(positive) == {"type", "noul", "x_confidence"} | automate  # no confidence on a noul answer
+    assert {a["x_automate_reason"] for a in (tone, intensity, positive)} == {"not_certified"}
     assert positive["noul"] == pytest.approx(float(expected["positive"][1]), abs=1e-4)
     assert positive["x_confidence"] == pytest.approx(max(positive["noul"], 1 - positive["noul"]), abs=1e-4)
     for value in (tone["confidence"], positive["noul"], intensity["score"], intensity["confidence"]):

@@ -125,8 +125,7 @@ def test_a_causal_lm_export_registers_and_answers_as_an_mlflow_model(
     import mlflow.pyfunc
 
     from pipeline.data.answers import parse_request
-    from pipeline.families.joint.layout import load_joint
-    from pipeline.families.joint.predict import answer_joint_requests
+    from pipeline.families import load_decision_model
     from pipeline.mlops.registry import register_export, use_store
 
     summary = finetune(
@@ -138,10 +137,10 @@ def test_a_causal_lm_export_registers_and_answers_as_an_mlflow_model(
     model = mlflow.pyfunc.load_model(f"models:/causal-lm-model/{version}")
     question = {"type": "noul", "instructions": "The text is positive."}
     predicted = model.predict([{"state": "it was great", "questions": {"p": question}}])
-    expected = answer_joint_requests(
-        load_joint(summary["export_dir"]), [parse_request("it was great", {"p": question})]
+    expected = load_decision_model(summary["export_dir"]).answer(
+        [parse_request("it was great", {"p": question})]
     )
-    assert predicted[0]["answers"] == expected[0].answers
+    assert predicted[0]["answers"] == expected[0].answers  # x_automate and its reason included
 
 
 def test_optional_loss_terms_come_from_the_train_config_and_are_off_by_default(causal_lm_base, learnable):

@@ -292,11 +292,13 @@ def test_the_decision_api_serves_an_export(exported):
     assert body["model"] == export_name(exported) != exported.name  # named by its manifest, not its folder
     assert body["usage"] == {"input_tokens": expected.input_tokens, "output_tokens": 0}
     tone, intensity, positive = (body["answers"][q] for q in ("tone", "intensity", "positive"))
-    assert set(tone) == {"type", "choice", "probabilities", "confidence", "x_top_probability"}
+    automate = {"x_automate", "x_automate_reason"}  # no certificates here: never automated
+    assert set(tone) == {"type", "choice", "probabilities", "confidence", "x_top_probability"} | automate
     assert list(tone["probabilities"]) == ["negative", "neutral", "positive"]
-    assert set(intensity) == {"type", "score", "legend", "probabilities", "confidence", "x_top_probability"}
+    shape = {"type", "score", "legend", "probabilities", "confidence", "x_top_probability"} | automate
+    assert set(intensity) == shape
     assert intensity["legend"] == {"0": "none", "1": "mild", "2": "strong"}
-    assert set(positive) == {"type", "noul", "x_confidence"}
+    assert set(positive) == {"type", "noul", "x_confidence"} | automate
     np.testing.assert_allclose(
         probabilities([Answered(body["answers"], 0)]), probabilities([expected]), atol=1e-4
     )

@@ -8,6 +8,7 @@ import torch
 from pipeline.cli.main import main
 from pipeline.data.leakage import overlap_warning
 from pipeline.data.pins import current_md5
+from pipeline.families import load_decision_model
 from pipeline.families.laya_layout import load_model
 from pipeline.rundir import RunFolder
 from tests.tiny import pin_inputs
@@ -363,3 +364,8 @@ def test_finetune_writes_the_flows_run_files(tiny_base, synthetic_train_file, pa
     assert (
         summary["calibration"]["heldout"]["calibrated"]["ece"] == calibration["heldout"]["calibrated"]["ece"]
     )
+    # The novelty gate of the fine-tune's state vectors, carried by the export and loaded with it.
+    assert run.novelty.is_file() and calibration["novelty"]["bank"] > 0
+    assert {"certificates", "novelty"} <= set(json.loads((out / "manifest.json").read_text()))
+    gate = load_decision_model(out).automation.gate
+    assert gate.threshold == pytest.approx(calibration["novelty"]["threshold"], abs=1e-6)

@@ -51,6 +51,8 @@ def test_every_answer_carries_its_id_and_is_written_with_what_was_asked_and_answ
     assert first["owner"] == "alice" and first["model"] == answered[0].json()["model"]
     assert json.loads(first["state"]) == {"text": "order 0 was late", "n": 0}
     assert json.loads(first["answers"]) == answered[0].json()["answers"]
+    # Each logged answer keeps its automation flag, for harvest, review and the monitor to read.
+    assert json.loads(first["answers"])["tone"]["x_automate_reason"] == "not_certified"
     assert set(json.loads(first["questions"])) == set(QUESTIONS) and first["latency_ms"] > 0
     days = os.listdir(tmp_path / "inference" / "decisions")
     assert days and all(d.startswith("day=") for d in days)  # partitioned by day, as pandas/DuckDB read it

@@ -181,20 +181,25 @@ def _fitting_pool(run: RunFolder) -> tuple[HeldOut | None, str]:
     return pooled([part for part, _ in parts]), described
 
 
+NOVELTY_FIT_STATES = 200
+"""Fewer validation states than this pin the gate's 0.99 quantile poorly: a fifth of the training states joins
+them."""
+
+
 def _novelty(run: RunFolder, config: CertifyConfig) -> dict[str, Any] | None:
     """The novelty gate of the fine-tune's state vectors, written to the run folder (`novelty.npz`): the bank
     from the training states, the threshold at `certify.novelty_quantile` of the validation states' distances
-    (without a validation split, of a fifth of the training states kept out of the bank). None, and no file,
-    without a saved split or a fine-tune folder."""
+    (with fewer than `NOVELTY_FIT_STATES` of them, also of a fifth of the training states kept out of the
+    bank). None, and no file, without a saved split or a fine-tune folder."""
     run.novelty.unlink(missing_ok=True)
     if not run.split.is_file() or not run.finetune.is_dir():
         return None
     split = SplitData.load(run.split).split
     training = _distinct_states(split.train)
     checked = _distinct_states(split.validation)
-    if not checked:  # no validation split: states the bank never holds, from the training side
+    if len(checked) < NOVELTY_FIT_STATES:  # few validation states: more the bank never holds, from training
         cut = max(1, len(training) // 5)
-        training, checked = training[cut:], training[:cut]
+        training, checked = training[cut:], checked + training[:cut]
     if not training or not checked:
         return None
     model = load_decision_model(run.finetune)

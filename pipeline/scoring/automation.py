@@ -3,7 +3,7 @@
 
 An answer is automated where the model's export holds a certificate for its question (`scoring.certify`) that
 matches the question as asked (its type and options) and is certified, the answer's confidence reaches the
-certificate's threshold, and the state is not novel (`scoring.novelty`: empty or whitespace-only, or farther
+certificate's threshold, and the state is not novel (`scoring.novelty`: no letter or digit to read, or farther
 from the training states than the gate allows). The confidence is read from the served probabilities (what
 the caller sees, rounded to 4 decimals) as `certify.confidence_and_error` reads it: a choice's or score's top
 probability, a noul's max(P(true), P(false)).
@@ -53,7 +53,7 @@ class Automation:
     def novel_states(
         self, requests: list[ParsedRequest], state_vectors: Callable[[list[Any]], np.ndarray]
     ) -> list[bool]:
-        """Per request, whether its state is novel: empty or whitespace-only, or (for a request the gate's
+        """Per request, whether its state is novel: nothing to read (`embeddable`), or (for a request the gate's
         verdict could change: one with a certified question) farther than the gate allows, the states read by
         `state_vectors` in one pass."""
         novel = [not embeddable(r.state) for r in requests]

@@ -140,7 +140,7 @@ def test_a_model_without_certificates_automates_nothing(served_folder, states):
     assert listed["certificates"] == {} and listed["novelty"] is None
 
 
-@pytest.mark.parametrize("state", ["", "   ", "\n\t "])
+@pytest.mark.parametrize("state", ["", "   ", "\n\t ", "?!", {}])
 def test_a_state_that_cannot_be_embedded_is_answered_but_never_automated(certified, state):
     tone = ask(certified, state)["tone"]
     assert tone["x_automate"] is False and tone["x_automate_reason"] == "novel_state"

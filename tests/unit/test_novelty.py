@@ -80,8 +80,9 @@ def test_the_gate_survives_its_file(world):
     assert gate.summary()["bank"] == len(gate.bank) and gate.summary()["quantile"] == 0.99
 
 
-def test_empty_and_whitespace_states_are_not_embeddable():
-    assert not embeddable("") and not embeddable("  \n\t") and embeddable("late") and embeddable({"a": 1})
+def test_states_without_a_letter_or_digit_are_not_embeddable():
+    assert not any(embeddable(state) for state in ("", "  \n\t", ".", "?!", "-", {}, []))
+    assert all(embeddable(state) for state in ("late", "5", "été", {"a": 1}, [0]))
 
 
 @pytest.mark.parametrize("bad", [0.2, 1.0, 1.5])

@@ -198,7 +198,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks/results/bench_novelty.json")
     args = parser.parse_args(argv)
     if args.smoke:
-        args.bank, args.validation, args.requests, args.rounds = 400, 200, 48, 2
+        args.bank, args.validation, args.requests, args.rounds = 300, 150, 24, 1
     return args
 
 

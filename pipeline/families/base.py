@@ -88,6 +88,9 @@ class Answered:
 
     answers: dict[str, dict[str, Any]]
     input_tokens: int
+    state_vector: np.ndarray | None = field(default=None, compare=False, repr=False)
+    """The state's vector (`DecisionFamily.state_vectors`) where the answer's own pass computed it (the joint
+    family, fields apart): the novelty gate then needs no pass of its own."""
 
 
 @dataclass(frozen=True)
@@ -360,7 +363,8 @@ class DecisionModel:
         of requests that could be automated go through the novelty gate in one pass."""
         results = self.family.answer(self.loaded, requests, self.dtype, self.encoder)
         answered = [(r, a) for r, a in zip(requests, results) if isinstance(a, Answered)]
-        novel = iter(self.automation.novel_states([r for r, _ in answered], self.state_vectors))
+        given = [a.state_vector for _, a in answered]
+        novel = iter(self.automation.novel_states([r for r, _ in answered], self.state_vectors, given))
         return [
             replace(a, answers=self.automation.marked(r, a.answers, next(novel)))
             if isinstance(a, Answered)

@@ -51,17 +51,25 @@ class Automation:
         return any(self.certificate_for(q) is not None for q in request.questions.values())
 
     def novel_states(
-        self, requests: list[ParsedRequest], state_vectors: Callable[[list[Any]], np.ndarray]
+        self,
+        requests: list[ParsedRequest],
+        state_vectors: Callable[[list[Any]], np.ndarray],
+        given: list[np.ndarray | None] | None = None,
     ) -> list[bool]:
         """Per request, whether its state is novel: nothing to read (`embeddable`), or (for a request the gate's
-        verdict could change: one with a certified question) farther than the gate allows, the states read by
-        `state_vectors` in one pass."""
+        verdict could change: one with a certified question) farther than the gate allows. A state's vector is
+        taken from `given` (the answer's own pass), else read by `state_vectors`, the missing ones in one pass."""
         novel = [not embeddable(r.state) for r in requests]
         if self.gate is None:
             return novel
         looked = [i for i, r in enumerate(requests) if not novel[i] and self.needs_state(r)]
+        vectors = list(given) if given is not None else [None] * len(requests)
+        missing = [i for i in looked if vectors[i] is None]
+        if missing:
+            for i, vector in zip(missing, state_vectors([requests[i].state for i in missing])):
+                vectors[i] = vector
         if looked:
-            flags = self.gate.novel(state_vectors([requests[i].state for i in looked]))
+            flags = self.gate.novel(np.stack([vectors[i] for i in looked]))
             for i, flag in zip(looked, flags):
                 novel[i] = bool(flag)
         return novel

@@ -194,3 +194,15 @@ def test_the_offline_path_marks_answers_as_the_server_does(certified, certified_
     scored = answer_rows(load_decision_model(certified_folder), rows, batch_size=8)
     assert scored[0].answers == ask(certified, states["heldout"][1])
     assert scored[1].answers["tone"]["x_automate_reason"] == "novel_state"
+
+
+def test_the_joint_family_hands_back_the_state_vectors_its_answer_computed(tiny_base, states):
+    from pipeline.data.answers import parse_request
+    from pipeline.families.base import DecisionModel
+    from tests.tiny import load_joint_on
+
+    model = DecisionModel(*load_joint_on(tiny_base))
+    requests = [parse_request(state, QUESTIONS) for state in states["heldout"][:6]]
+    served = np.stack([a.state_vector for a in model.family.answer(model.loaded, requests)])
+    # The gate reads a served state as the bank's states were read, and needs no pass of its own.
+    np.testing.assert_allclose(served, model.state_vectors(states["heldout"][:6]), atol=1e-5)

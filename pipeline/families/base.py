@@ -331,9 +331,11 @@ class DecisionFamily(ABC):
     def state_vectors(
         self, loaded, states: list[Any], dtype: torch.dtype | None = None, encoder: EncoderRun | None = None
     ) -> np.ndarray:
-        """[states, width]: the model's own pooled vector of each state read alone (its first
-        `forward_passes.STATE_VECTOR_TOKENS` tokens), what the novelty gate compares with the training states'
-        (`scoring.novelty`); an empty state reads as a zero vector."""
+        """[states, width]: the model's own pooled vector of each state read alone, what the novelty gate
+        compares with the training states' (`scoring.novelty`). A family whose answer pass reads the state
+        alone hands the same vectors back with its answers (`Answered.state_vector`); one that reads it again
+        for this reads its first `forward_passes.STATE_VECTOR_TOKENS` tokens. An empty state is a zero
+        vector."""
 
     def served_encoder(self, loaded) -> torch.nn.Module | None:
         """The encoder pass that `answer` runs on padded batches, as a module `(input_ids, attention_mask) ->

@@ -159,6 +159,7 @@ def run(args: argparse.Namespace) -> dict:
             model.state_vectors([r["state"] for r in bank]),
             model.state_vectors([r["state"] for r in fit]),
             args.quantile,
+            longest=max(len(state_text(r["state"])) for r in bank + fit),
         )
         fit_s = time.perf_counter() - started
         certificates = certified_everywhere({**held[0]["questions"], **QUESTION_PROBE})

@@ -56,12 +56,13 @@ class Automation:
         state_vectors: Callable[[list[Any]], np.ndarray],
         given: list[np.ndarray | None] | None = None,
     ) -> list[bool]:
-        """Per request, whether its state is novel: nothing to read (`embeddable`), or (for a request the gate's
-        verdict could change: one with a certified question) farther than the gate allows. A state's vector is
+        """Per request, whether its state is novel: nothing to read (`embeddable`), longer than the gate allows,
+        or (for a request the gate's verdict could change: one with a certified question) farther than it allows. A state's vector is
         taken from `given` (the answer's own pass), else read by `state_vectors`, the missing ones in one pass."""
         novel = [not embeddable(r.state) for r in requests]
         if self.gate is None:
             return novel
+        novel = [flag or self.gate.too_long(r.state) for flag, r in zip(novel, requests)]
         looked = [i for i, r in enumerate(requests) if not novel[i] and self.needs_state(r)]
         vectors = list(given) if given is not None else [None] * len(requests)
         missing = [i for i in looked if vectors[i] is None]

@@ -33,6 +33,11 @@ MAX_BANK = 4096
 """Training state vectors kept as the reference (a random subsample of more)."""
 NEIGHBOURS = 5
 """How many nearest training states a state's distance averages over."""
+LENGTH_FACTOR = 2
+"""A state more than this many times as long (in characters) as the longest state the gate was fitted on is
+novel, whatever its distance: a mean over many tokens drifts toward the centre of everything (measured on the
+MiniLM joint model: 5,000 characters of other domains' sentences passed the distance that one sentence of them
+failed)."""
 
 
 def normalised(vectors: np.ndarray) -> np.ndarray:
@@ -66,6 +71,12 @@ class NoveltyGate:
     k: int = NEIGHBOURS
     fit_states: int = 0
     """The validation states the threshold was fitted on."""
+    max_chars: int | None = None
+    """A state longer than this (`LENGTH_FACTOR` times the longest fitted on; None: no limit) is novel."""
+
+    def too_long(self, state: Any) -> bool:
+        """Whether the state is longer than any the gate allows (`max_chars`)."""
+        return self.max_chars is not None and len(state_text(state)) > self.max_chars
 
     def distances(self, vectors: np.ndarray) -> np.ndarray:
         """Each state's mean cosine distance to its `k` nearest bank vectors (2 for a zero vector: nothing)."""
@@ -90,6 +101,7 @@ class NoveltyGate:
             "quantile": self.quantile,
             "bank": int(self.bank.shape[0]),
             "fit_states": self.fit_states,
+            "max_chars": self.max_chars,
         }
 
 
@@ -100,10 +112,12 @@ def fit_novelty(
     k: int = NEIGHBOURS,
     max_bank: int = MAX_BANK,
     seed: int = 0,
+    longest: int | None = None,
 ) -> NoveltyGate:
     """The gate of `training` state vectors (at most `max_bank` of them, drawn at random with `seed`) with its
     threshold at `quantile` of the distances of `validation` (states never in the bank: a state's distance to
-    itself would be 0)."""
+    itself would be 0); with `longest` (the most characters of any state fitted on), states over
+    `LENGTH_FACTOR` times that are novel too."""
     bank = normalised(training)
     if len(bank) == 0 or len(validation) == 0:
         raise ValueError("the novelty gate needs training and validation state vectors")
@@ -111,7 +125,8 @@ def fit_novelty(
         bank = bank[np.sort(np.random.default_rng(seed).choice(len(bank), max_bank, replace=False))]
     unfitted = NoveltyGate(bank, np.inf, quantile, k, len(validation))
     threshold = float(np.quantile(unfitted.distances(validation), quantile))
-    return NoveltyGate(bank, threshold, quantile, k, len(validation))
+    max_chars = None if longest is None else LENGTH_FACTOR * longest
+    return NoveltyGate(bank, threshold, quantile, k, len(validation), max_chars)
 
 
 def novelty_bytes(gate: NoveltyGate) -> bytes:
@@ -124,6 +139,7 @@ def novelty_bytes(gate: NoveltyGate) -> bytes:
         quantile=np.float64(gate.quantile),
         k=np.int64(gate.k),
         fit_states=np.int64(gate.fit_states),
+        max_chars=np.int64(-1 if gate.max_chars is None else gate.max_chars),
     )
     return buffer.getvalue()
 
@@ -139,4 +155,5 @@ def read_novelty(data: bytes | None) -> NoveltyGate | None:
             quantile=float(saved["quantile"]),
             k=int(saved["k"]),
             fit_states=int(saved["fit_states"]),
+            max_chars=int(saved["max_chars"]) if int(saved.get("max_chars", -1)) >= 0 else None,
         )

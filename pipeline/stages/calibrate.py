@@ -203,8 +203,12 @@ def _novelty(run: RunFolder, config: CertifyConfig) -> dict[str, Any] | None:
     if not training or not checked:
         return None
     model = load_decision_model(run.finetune)
+    longest = max(len(state_text(state)) for state in training + checked)
     gate = fit_novelty(
-        model.state_vectors(training), model.state_vectors(checked[:MAX_BANK]), config.novelty_quantile
+        model.state_vectors(training),
+        model.state_vectors(checked[:MAX_BANK]),
+        config.novelty_quantile,
+        longest=longest,
     )
     run.novelty.write_bytes(novelty_bytes(gate))
     return gate.summary()

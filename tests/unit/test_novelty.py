@@ -80,6 +80,14 @@ def test_the_gate_survives_its_file(world):
     assert gate.summary()["bank"] == len(gate.bank) and gate.summary()["quantile"] == 0.99
 
 
+def test_a_state_far_longer_than_any_fitted_on_is_too_long(world):
+    rng, centres, gate = world
+    assert gate.max_chars is None and not gate.too_long("x" * 100_000)
+    limited = fit_novelty(clustered(rng, centres, 200), clustered(rng, centres, 100), 0.99, longest=300)
+    assert limited.max_chars == 600 and limited.too_long("x" * 601) and not limited.too_long("x" * 600)
+    assert read_novelty(novelty_bytes(limited)).max_chars == 600
+
+
 def test_states_without_a_letter_or_digit_are_not_embeddable():
     assert not any(embeddable(state) for state in ("", "  \n\t", ".", "?!", "-", {}, []))
     assert all(embeddable(state) for state in ("late", "5", "été", {"a": 1}, [0]))

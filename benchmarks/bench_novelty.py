@@ -1,16 +1,16 @@
 """The novelty gate's cost and verdicts: one model answering the same requests with and without the gate, side
 by side in one run, and the share of states it flags, in scope and planted out of scope.
 
-The model (`--family`: joint, the default family, with a fresh head on the folder's encoder, which hands the gate
-the state vectors its own pass computed; or laya, which reads each state again alone) answers as the server's
-batcher calls it (`DecisionModel.answer`, requests in batches of
-`--concurrency`), with every question certified (threshold 0), so every answered state goes through the gate:
-the most the gate can cost. Rounds alternate between the two (gate off, gate on, ...), so a drift of the
-machine falls on both; the ratio is the median over rounds of the gated requests/s over the plain of the same
-round (goal: 0.9 or more). The gate is fitted
-as the calibrate stage fits it (`scoring.novelty.fit_novelty`): a bank of `--bank` training states, the
-threshold at `--quantile` of `--validation` other states; the flagged shares are on in-scope held-out states
-(never in the bank or the threshold's fit) and on each planted kind (`planted_states`).
+The model (`--family`: joint, the default family, with a fresh head on the folder's encoder, which hands the
+gate the state vectors its own pass computed; or laya, which reads each state again alone) answers as the
+server's batcher calls it (`DecisionModel.answer`, requests in batches of `--concurrency`), with every question
+certified (threshold 0), so every answered state goes through the gate: the most the gate can cost. Rounds
+alternate between the two (gate off, gate on, ...), so a drift of the machine falls on both; the ratio is the
+median over rounds of the gated requests/s over the plain of the same round (goal: 0.9 or more). The gate is
+fitted as the calibrate stage fits it (`scoring.novelty.fit_novelty`): a bank of `--bank` training states, the
+threshold at `--quantile` of `--validation` other states, the length limit from the longest of them; the
+flagged shares are on in-scope held-out states (never in the bank or the threshold's fit) and on each planted
+kind (`planted_states`).
 
     python benchmarks/bench_novelty.py [--model data/snapshots/minilm] [--data data/processed/vader.jsonl]
     python benchmarks/bench_novelty.py --family laya

@@ -17,9 +17,12 @@ answers, and the held-out decisions' calibrated answers. Then, at each ε (`--ep
 - naive 0.9: the rule users apply by hand, a fixed 0.9 threshold on the calibrated confidence, on the same
   rows: its coverage, realised error and windows within ε.
 
-Beside it, the novelty gate (`scoring.novelty`, where the export carries one): the share of in-scope held-out
-states it flags, and of out-of-scope states of several kinds (`--novelty`); `benchmarks/bench_novelty.py`
-measures its serving cost.
+Beside it, the export as the server answers (its own certificates at params.yaml's ε, and its novelty gate,
+`scoring.novelty`): the share of in-scope held-out states the gate flags and of decisions automated, and, on
+planted out-of-scope states of several kinds (`bench_novelty.planted_states`: other domains' text, JSON records,
+random characters, empty-ish strings, very long text) asked the data set's questions, the share flagged and the
+share with no answer automated (goal: at least 95%). `benchmarks/bench_novelty.py` measures the gate's serving
+cost.
 
 It prints a table per data set and writes `benchmarks/results/bench_certify.json`.
 
@@ -42,9 +45,13 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(HERE))
 
 import numpy as np  # noqa: E402
+from bench_novelty import planted_states  # noqa: E402
 from quality_sets import DATASETS, dataset_files  # noqa: E402
 
 from pipeline.config import CertifyConfig, load_params  # noqa: E402
+from pipeline.data.answers import parse_request  # noqa: E402
+from pipeline.data.split import SplitData  # noqa: E402
+from pipeline.families import load_decision_model  # noqa: E402
 from pipeline.rundir import RunFolder  # noqa: E402
 from pipeline.scoring.calibrators import choose_calibrator  # noqa: E402
 from pipeline.scoring.certify import (  # noqa: E402
@@ -148,18 +155,58 @@ def train_run(name: str, args) -> Path:
     return Path(result.run_dir)
 
 
+def export_of(run: RunFolder) -> Path | None:
+    """The run's export: where its result says it went (`decision finetune --out`), else the flow's place."""
+    written = json.loads(run.result.read_text()).get("export_dir") if run.result.exists() else None
+    folder = Path(written) if written else run.export
+    return folder if folder.exists() else None
+
+
+def served(run: RunFolder, export: Path, limit: int) -> dict:
+    """The export as the server answers (`DecisionModel.answer`, its own certificates and novelty gate at
+    params' ε): on up to `limit` held-out rows, the share of states the gate flags and of decisions automated;
+    on each planted out-of-scope kind, asked the data set's questions, the share of states flagged and of states
+    with no answer automated."""
+    model = load_decision_model(export)
+    if not model.automation.certificates:
+        return {"skipped": f"{export} carries no certificates (an export made before them)"}
+    records = SplitData.load(run.split).split.heldout[:limit]
+    in_scope = [parse_request(r.state, r.request_questions()) for r in records]
+    questions = records[0].request_questions()
+    shares = {"in scope (held out)": _served_shares(model, in_scope)}
+    for kind, states in planted_states().items():
+        shares[kind] = _served_shares(model, [parse_request(state, questions) for state in states])
+    return {"gate": model.automation.gate.summary() if model.automation.gate else None, "shares": shares}
+
+
+def _served_shares(model, requests: list) -> dict:
+    answered = [a for a in model.answer(requests) if hasattr(a, "answers")]
+    verdicts = [[answer["x_automate"] for answer in a.answers.values()] for a in answered]
+    novel = model.automation.novel_states(requests, model.state_vectors)
+    return {
+        "states": len(requests),
+        "novel": float(np.mean(novel)),
+        "none_automated": float(np.mean([not any(v) for v in verdicts])),
+        "decisions_automated": float(np.mean([v for vs in verdicts for v in vs])),
+    }
+
+
 def run_dataset(name: str, run_dir: Path, epsilons: list[float], config: CertifyConfig, args) -> dict:
     run = RunFolder(run_dir)
     held, pool = load_heldout(run.heldout), fitting_pool(run)
     choice = choose_calibrator(pool.items, pool.tuned_logits)
-    served = choice.calibrator.apply(held.items, held.tuned_logits)
+    served_answers = choice.calibrator.apply(held.items, held.tuned_logits)
+    export = export_of(run)
     return {
+        "served": served(run, export, args.served_rows) if export else {"skipped": "no export"},
         "dataset": name,
         "run": str(run_dir),
         "fitted_on": len(pool.items),
         "out_of_fold": run.out_of_fold.exists(),
         "heldout": len(held.items),
-        "at": [figures_at(held, served, pool, choice.cross_fitted, e, config, args) for e in epsilons],
+        "at": [
+            figures_at(held, served_answers, pool, choice.cross_fitted, e, config, args) for e in epsilons
+        ],
     }
 
 
@@ -205,7 +252,23 @@ def print_table(result: dict) -> None:
         )
 
 
-def main() -> None:
+def print_served(result: dict) -> None:
+    served = result["served"]
+    if "skipped" in served:
+        print(f"  served: {served['skipped']}")
+        return
+    print(f"  served, the export's own certificates and novelty gate ({served['gate']}):")
+    print(
+        f"  {'states':<22} {'n':>5} {'flagged novel':>13} {'none automated':>14} {'decisions automated':>19}"
+    )
+    for kind, f in served["shares"].items():
+        print(
+            f"  {kind:<22} {f['states']:>5} {f['novel']:>13.3f} {f['none_automated']:>14.3f} "
+            f"{f['decisions_automated']:>19.3f}"
+        )
+
+
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--datasets", default="vader,spam,strikes", help=f"comma-separated, of {DATASETS}")
     parser.add_argument("--run", action="append", default=[], help="NAME=FOLDER: a trained run folder to use")
@@ -214,8 +277,9 @@ def main() -> None:
     parser.add_argument("--epsilons", default="0.02,0.05,0.1")
     parser.add_argument("--windows", type=int, default=50)
     parser.add_argument("--window", type=int, default=200)
+    parser.add_argument("--served-rows", type=int, default=1000, help="held-out rows the export answers")
     parser.add_argument("--out", type=Path, default=RESULTS / "bench_certify.json")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     given = dict(pair.split("=", 1) for pair in args.run)
     epsilons = [float(e) for e in args.epsilons.split(",")]
     config = load_params(ROOT / "params.yaml").certify
@@ -224,10 +288,12 @@ def main() -> None:
         run_dir = Path(given[name]) if name in given else train_run(name, args)
         results.append(run_dataset(name, run_dir, epsilons, config, args))
         print_table(results[-1])
+        print_served(results[-1])
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(results, indent=2))
     print(f"\nwrote {args.out}")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

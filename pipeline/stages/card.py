@@ -176,8 +176,10 @@ def _automation(result: RunResult) -> str:
         "## Automation",
         "An answer is automated where its calibrated confidence reaches its question's certified threshold: "
         "the error among automated answers is at most ε with probability at least 1 - δ (Learn-then-Test on "
-        "the validation split, `scoring.certify`); the held-out figures check it on rows it was not fitted on "
-        "(95% Clopper-Pearson intervals).",
+        "rows never trained on: the validation split, with the training rows answered out of fold where it is "
+        "small; `scoring.certify`); the held-out figures check it on rows it was not fitted on (95% "
+        "Clopper-Pearson intervals). Each question's coverage-risk curve, with the certified point on it: "
+        "the run's `plots/coverage_risk.png` (MLflow artifacts).",
     ]
     if not certificates:
         return "\n".join([*lines, "", "- no certificates: this version automates nothing"])

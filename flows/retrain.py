@@ -227,6 +227,7 @@ def _run(start: RunStart, run: RunFolder, revision) -> RunResult:
     params, config, run_dir = start.params, start.params.retrain, str(run.root)
     # Validated and split once: every later task reads the run's split (RunFolder.split).
     validated = validate(config.data, config.slice, params.validate, str(run.validation), str(run.split))
+    params.certify.unasked(SplitData.load(run.split).question_ids())  # refused before the training
     tags = start.tags | {"idempotency_key": start.key}
     trained = train(run_dir, config.base, params.train, config.device, start.key, tags, start.checked)
     calibration = calibrate(run_dir, params.train.bag_of_words_rows, params.certify)

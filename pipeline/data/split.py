@@ -364,6 +364,12 @@ class SplitData:
         os.replace(tmp.name, target)
         return target
 
+    def question_ids(self) -> set[str]:
+        """Every question id the split's usable decisions ask (training, validation and held-out rows)."""
+        split = self.split
+        rows = (*split.train, *split.validation, *split.heldout)
+        return {decision.question.id for row in rows for decision in row.decisions}
+
     @staticmethod
     def load(path: str | Path) -> SplitData:
         """What `save` wrote (a file of this run's own: pickle is safe to read here, never for foreign

@@ -53,6 +53,7 @@ def finetune(
     _, config = resolve_training(base, config)  # refuse a method the family lacks before validating
     checked = check_pins({"data": source.data, "base": base, "eval_data": source.eval_data})
     validated = source.validated(hooks.report)  # a source refused here leaves no run folder behind
+    certify.unasked(validated.question_ids())  # refused before the training, not after
     run = RunFolder(run_dir or default_run_dir(out))
     run.root.mkdir(parents=True, exist_ok=True)
     for checkpoint in run.root.glob(f"{run.checkpoint.stem}*{run.checkpoint.suffix}"):  # candidates' too

@@ -369,3 +369,17 @@ def test_finetune_writes_the_flows_run_files(tiny_base, synthetic_train_file, pa
     assert {"certificates", "novelty"} <= set(json.loads((out / "manifest.json").read_text()))
     gate = load_decision_model(out).automation.gate
     assert gate.threshold == pytest.approx(calibration["novelty"]["threshold"], abs=1e-6)
+
+
+def test_a_certify_override_of_a_question_the_data_never_asks_is_one_line_before_any_training(
+    tiny_base, synthetic_train_file, params, tmp_path, capsys
+):
+    params.write_text(
+        params.read_text() + "certify:\n  questions:\n    no_such_question: {target_error: 0.1}\n"
+    )
+    out = tmp_path / "export"
+    common = ["--data", str(synthetic_train_file), "--base", str(tiny_base), "--params", str(params)]
+    assert main(["finetune", *common, "--out", str(out), "--max-steps", "3"]) == 2
+    error = capsys.readouterr().err.strip().splitlines()
+    assert len(error) == 1 and "certify.questions: no_such_question: no such question in the data" in error[0]
+    assert not out.exists() and not RunFolder(f"{out}.run").train_summary.exists()  # nothing was trained

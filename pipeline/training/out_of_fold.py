@@ -82,6 +82,10 @@ def answer_out_of_fold(
     logits: list[np.ndarray] = []
     try:
         for fold in range(k):
+            # Every fold from the weights the run started with: a head trained on the folds before would have
+            # seen this fold's rows (`DecisionFamily.prepare` makes the trainable parameters, it need not reset
+            # them).
+            prepared.loaded.model.load_state_dict(kept)
             inside = [i for i, f in enumerate(folds) if f != fold]
             # From the features the head trains on (half precision, where the served model reads full): a second,
             # full-precision copy of every training row's features would double the run's memory.

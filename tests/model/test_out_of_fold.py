@@ -16,6 +16,7 @@ from pipeline.scoring.decisions import ScoredDecision
 from pipeline.scoring.heldout import HeldOut, load_heldout, pooled, save_heldout
 from pipeline.stages.calibrate import calibrate_stage
 from pipeline.stages.train import train_stage
+from pipeline.training import out_of_fold
 from pipeline.training.controls import RunHooks
 from pipeline.training.fit import fit
 from tests.tiny import JOINT_HEAD, synthetic_records, write_learnable_rows
@@ -124,3 +125,18 @@ def test_the_file_round_trips(tmp_path):
 def test_bad_settings_are_refused_by_name(values):
     with pytest.raises(ConfigError, match=r"train\.out_of_fold"):
         TrainConfig(**values)
+
+
+def test_every_fold_starts_from_the_weights_the_run_started_with(tiny_base, grouped_rows, monkeypatch):
+    # A fold that went on from the fold before would answer rows that fold trained on: out of fold no more.
+    started_from: list[list[float]] = []
+    train_best = out_of_fold.train_best
+
+    def recording(fold, *args, **kwargs):
+        started_from.append([float(v.double().sum()) for v in fold.loaded.model.state_dict().values()])
+        return train_best(fold, *args, **kwargs)
+
+    monkeypatch.setattr(out_of_fold, "train_best", recording)
+    data = TrainSource(grouped_rows, split_config=SPLIT).validated()
+    fit(data, tiny_base, FOLDS, "cpu")
+    assert len(started_from) == 3 and started_from[0] == started_from[1] == started_from[2]

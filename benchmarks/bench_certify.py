@@ -21,8 +21,9 @@ Beside it, the export as the server answers (its own certificates at params.yaml
 `scoring.novelty`): the share of in-scope held-out states the gate flags and of decisions automated, and, on
 planted out-of-scope states of several kinds (`bench_novelty.planted_states`: other domains' text, JSON records,
 random characters, empty-ish strings, very long text) asked the data set's questions, the share flagged and the
-share with no answer automated (goal: at least 95%). `benchmarks/bench_novelty.py` measures the gate's serving
-cost.
+share with no answer automated (goal: at least 95%); and the gate's serving cost: the export answering batches
+of held-out requests with its gate and with the gate taken off, side by side (goal: 0.9 of the throughput or
+more; `benchmarks/bench_novelty.py` measures it for either family on an untrained head).
 
 It prints a table per data set and writes `benchmarks/results/bench_certify.json`.
 
@@ -45,7 +46,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(HERE))
 
 import numpy as np  # noqa: E402
-from bench_novelty import planted_states  # noqa: E402
+from bench_novelty import planted_states, timed_rounds  # noqa: E402
 from quality_sets import DATASETS, dataset_files  # noqa: E402
 
 from pipeline.config import CertifyConfig, load_params  # noqa: E402
@@ -162,7 +163,7 @@ def export_of(run: RunFolder) -> Path | None:
     return folder if folder.exists() else None
 
 
-def served(run: RunFolder, export: Path, limit: int) -> dict:
+def served(run: RunFolder, export: Path, args) -> dict:
     """The export as the server answers (`DecisionModel.answer`, its own certificates and novelty gate at
     params' ε): on up to `limit` held-out rows, the share of states the gate flags and of decisions automated;
     on each planted out-of-scope kind, asked the data set's questions, the share of states flagged and of states
@@ -170,13 +171,35 @@ def served(run: RunFolder, export: Path, limit: int) -> dict:
     model = load_decision_model(export)
     if not model.automation.certificates:
         return {"skipped": f"{export} carries no certificates (an export made before them)"}
-    records = SplitData.load(run.split).split.heldout[:limit]
+    records = SplitData.load(run.split).split.heldout[: args.served_rows]
     in_scope = [parse_request(r.state, r.request_questions()) for r in records]
     questions = records[0].request_questions()
     shares = {"in scope (held out)": _served_shares(model, in_scope)}
     for kind, states in planted_states().items():
         shares[kind] = _served_shares(model, [parse_request(state, questions) for state in states])
-    return {"gate": model.automation.gate.summary() if model.automation.gate else None, "shares": shares}
+    gate = model.automation.gate
+    return {
+        "gate": gate.summary() if gate else None,
+        "shares": shares,
+        "throughput": gate_cost(model, in_scope, args) if gate else None,
+    }
+
+
+def gate_cost(model, requests: list, args) -> dict:
+    """Requests/s of the export answering batches of held-out requests with its novelty gate and without it
+    (the same model, the gate taken off), each batch by the two back to back (`bench_novelty.timed_rounds`);
+    the ratio is the median over batches of the plain time over the gated time (goal: 0.9 or more)."""
+    plain = replace(model, automation=replace(model.automation, gate=None))
+    batches = [requests[i : i + 8] for i in range(0, min(len(requests), args.throughput_requests), 8)]
+    timed_rounds(plain, model, batches[:2], 1)  # warm-up
+    rates, paired = timed_rounds(plain, model, batches, args.rounds)
+    return {
+        "requests": sum(len(b) for b in batches),
+        "rounds": args.rounds,
+        "requests_per_s": {name: [round(v, 2) for v in values] for name, values in rates.items()},
+        "ratio": float(np.median(paired)),
+        "ratio_quartiles": [float(q) for q in np.quantile(paired, [0.25, 0.75])],
+    }
 
 
 def _served_shares(model, requests: list) -> dict:
@@ -198,7 +221,7 @@ def run_dataset(name: str, run_dir: Path, epsilons: list[float], config: Certify
     served_answers = choice.calibrator.apply(held.items, held.tuned_logits)
     export = export_of(run)
     return {
-        "served": served(run, export, args.served_rows) if export else {"skipped": "no export"},
+        "served": served(run, export, args) if export else {"skipped": "no export"},
         "dataset": name,
         "run": str(run_dir),
         "fitted_on": len(pool.items),
@@ -266,6 +289,13 @@ def print_served(result: dict) -> None:
             f"  {kind:<22} {f['states']:>5} {f['novel']:>13.3f} {f['none_automated']:>14.3f} "
             f"{f['decisions_automated']:>19.3f}"
         )
+    if cost := served["throughput"]:
+        rates = ", ".join(f"{name} {max(values):.1f}" for name, values in cost["requests_per_s"].items())
+        low, high = cost["ratio_quartiles"]
+        print(
+            f"  throughput with the gate / without: {cost['ratio']:.3f} (quartiles {low:.3f}-{high:.3f}; goal "
+            f">= 0.9), best requests/s {rates}"
+        )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -278,6 +308,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--windows", type=int, default=50)
     parser.add_argument("--window", type=int, default=200)
     parser.add_argument("--served-rows", type=int, default=1000, help="held-out rows the export answers")
+    parser.add_argument("--throughput-requests", type=int, default=256, help="of them, timed with the gate")
+    parser.add_argument("--rounds", type=int, default=3, help="timed rounds with and without the gate")
     parser.add_argument("--out", type=Path, default=RESULTS / "bench_certify.json")
     args = parser.parse_args(argv)
     given = dict(pair.split("=", 1) for pair in args.run)

@@ -19,7 +19,10 @@ def test_a_run_folder_gets_its_table_and_json(tiny_base, tmp_path, capsys):
     result = finetune(TrainSource(rows, split_config=SPLIT), tiny_base, tmp_path / "export", config, "cpu")
     out = tmp_path / "bench_certify.json"
     argv = ["--datasets", "tiny", "--run", f"tiny={result.run_dir}", "--epsilons", "0.1,0.3"]
-    assert bench_certify.main([*argv, "--windows", "5", "--window", "20", "--out", str(out)]) == 0
+    assert (
+        bench_certify.main([*argv, "--windows", "5", "--window", "20", "--rounds", "1", "--out", str(out)])
+        == 0
+    )
     printed = capsys.readouterr().out
     assert (
         "with out-of-fold answers" in printed and "naive 0.9" in printed and "in scope (held out)" in printed
@@ -33,3 +36,4 @@ def test_a_run_folder_gets_its_table_and_json(tiny_base, tmp_path, capsys):
     shares = figures["served"]["shares"]
     assert set(shares) == {"in scope (held out)", *bench_certify.planted_states()}
     assert shares["empty-ish"]["novel"] == 1.0 and shares["empty-ish"]["none_automated"] == 1.0
+    assert figures["served"]["throughput"]["ratio"] > 0 and "throughput with the gate / without" in printed

@@ -157,10 +157,11 @@ def train_run(name: str, args) -> Path:
 
 
 def export_of(run: RunFolder) -> Path | None:
-    """The run's export: where its result says it went (`decision finetune --out`), else the flow's place."""
+    """The run's export: where its result says it went (`decision finetune --out`), else the flow's place in
+    the run folder."""
     written = json.loads(run.result.read_text()).get("export_dir") if run.result.exists() else None
-    folder = Path(written) if written else run.export
-    return folder if folder.exists() else None
+    places = [Path(written)] if written else []  # relative to where the run ran: the flow's is run.export
+    return next((folder for folder in [*places, run.export] if folder.exists()), None)
 
 
 def served(run: RunFolder, export: Path, args) -> dict:

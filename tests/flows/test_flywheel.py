@@ -81,7 +81,7 @@ def ask_typesafe(url: str, rows: list[dict]) -> list[str]:
                 },
             )
             assert result.choices["tone"].choice in q["tone"]["criteria"]  # the client parsed the answer
-            ids.append(result.raw_http_response.json()["decision_id"])
+            ids.append(result.raw_http_response.json()["x_decision_id"])
     return ids
 
 

@@ -90,7 +90,9 @@ def answer_out_of_fold(
             # From the features the head trains on (half precision, where the served model reads full): a second,
             # full-precision copy of every training row's features would double the run's memory.
             left_out = [with_features[i] for i, f in enumerate(folds) if f == fold]
-            answered = _fold_answers(prepared, config, quiet, inside, with_features, left_out)
+            # The fold's training lines (a line every 10 steps or 30 s), named by fold: minutes go by per fold.
+            heard = RunHooks(report=lambda line, fold=fold: hooks.say(f"fold {fold + 1}/{k}: {line}"))
+            answered = _fold_answers(prepared, config, quiet, heard, inside, with_features, left_out)
             if answered is None:
                 return OutOfFold(summary={"skipped": "the run was cancelled"})
             decisions += answered[0]
@@ -110,6 +112,7 @@ def _fold_answers(
     prepared: Prepared,
     config: TrainConfig,
     controls: RunControls,
+    hooks: RunHooks,
     inside: list[int],
     with_features: list[Any],
     left_out: list[Any],
@@ -118,7 +121,7 @@ def _fold_answers(
     cancelled."""
     fold = replace(prepared, train_examples=[prepared.train_examples[i] for i in inside])
     result, config, _ = train_best(
-        fold, config, RunHooks(), controls, None, {"train": [with_features[i] for i in inside]}
+        fold, config, hooks, controls, None, {"train": [with_features[i] for i in inside]}
     )
     if result.cancelled:
         return None

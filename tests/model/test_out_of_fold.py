@@ -61,6 +61,7 @@ def test_each_training_decision_is_answered_once_out_of_fold_and_the_run_s_model
         and with_folds.run.out_of_fold["decisions"] == train_decisions
     )
     assert sum(line.startswith("out of fold ") for line in lines) == 3
+    assert any(line.startswith("fold 2/3: train head: step") for line in lines)  # each fold's progress
     # Out of fold, the answers are better than chance (the rows are learnable) but were not trained on.
     right = np.mean([int(np.argmax(z)) == d.label for d, z in zip(answered.decisions, answered.logits)])
     assert right > 0.5

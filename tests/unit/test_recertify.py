@@ -9,26 +9,14 @@ import pytest
 
 from pipeline.flywheel.drift import DecisionRow
 from pipeline.flywheel.recertify import BROKEN, HOLDING, UNCONFIRMED, check_certificates
-from pipeline.scoring.certify import Certificate, error_lower_bound, error_upper_bound
+from pipeline.scoring.certify import error_lower_bound, error_upper_bound
+from tests.tiny import tone_certificate
 
 TONE = {
     "type": "choice",
     "instructions": "Tone?",
     "criteria": {"negative": None, "neutral": None, "positive": None},
 }
-OPTIONS = ("negative", "neutral", "positive")
-
-
-def certificate(question="tone", threshold=0.8, options=OPTIONS) -> Certificate:
-    return Certificate(
-        question_id=question,
-        qtype="choice",
-        target_error=0.05,
-        delta=0.1,
-        threshold=threshold,
-        fit_decisions=400,
-        options=options,
-    )
 
 
 def tone_answer(p_negative: float, automated: bool | None) -> dict:
@@ -61,7 +49,7 @@ def feedback(golds: dict[str, str]) -> pa.Table:
 def test_six_wrong_of_forty_automated_answers_break_a_five_percent_certificate():
     rows = window(50)
     golds = {f"d{i}": "neutral" if i < 6 else "negative" for i in range(40)}  # 10 automated, no feedback
-    [check] = check_certificates(rows, feedback(golds), {"tone": certificate()})
+    [check] = check_certificates(rows, feedback(golds), {"tone": tone_certificate(0.8)})
     assert (check.automated, check.labelled, check.errors) == (50, 40, 6)
     assert check.realised_error == pytest.approx(0.15)
     assert (
@@ -81,7 +69,7 @@ def test_few_labels_or_few_errors_do_not_break_a_certificate():
     """One error in three labels is no evidence at δ that the error is above ε (the upper bound alone would
     break it; one in two would: at ε a first error that soon is rarer than δ); none wrong in 60 holds it;
     nothing labelled leaves it unconfirmed, with no realised error."""
-    certificates = {"tone": certificate()}
+    certificates = {"tone": tone_certificate(0.8)}
     golds = {"d0": "neutral", "d1": "negative", "d2": "negative"}
     [three] = check_certificates(window(3), feedback(golds), certificates)
     assert three.error_upper_bound > 0.05 and not three.broken and three.status == UNCONFIRMED
@@ -103,10 +91,10 @@ def test_only_automated_answers_to_the_certified_question_as_certified_count():
     wrong = feedback({f"d{i}": "neutral" for i in range(40)})
     # Not automated (false, or logged before the field existed): the certificate did not answer for them.
     for flag in (False, None):
-        [check] = check_certificates(window(40, automated=flag), wrong, {"tone": certificate()})
+        [check] = check_certificates(window(40, automated=flag), wrong, {"tone": tone_certificate(0.8)})
         assert check.automated == 0 and not check.broken
     # Asked with other options than certified: another question, not counted.
-    [other] = check_certificates(window(40), wrong, {"tone": certificate(options=("a", "b", "c"))})
+    [other] = check_certificates(window(40), wrong, {"tone": tone_certificate(0.8, options=("a", "b", "c"))})
     assert other.automated == 40 and other.labelled == 0
     # A question without a certificate (threshold None) is not checked at all.
-    assert check_certificates(window(40), wrong, {"tone": certificate(threshold=None)}) == ()
+    assert check_certificates(window(40), wrong, {"tone": tone_certificate(None)}) == ()

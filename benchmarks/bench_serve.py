@@ -16,6 +16,7 @@ Goals: at concurrency 8 at least 2x the peer's throughput; at concurrency 1 a p5
     python benchmarks/bench_serve.py --bf16   # also ours (and the joint export) with --precision bf16, and its parity
     python benchmarks/bench_serve.py --backends torch onnxruntime openvino   # ours on each encoder runtime
     python benchmarks/bench_serve.py --fairness --requests 20 --rounds 2   # another caller's latency behind a flood
+    python benchmarks/bench_serve.py --int8 --joint runs/<key>/export --backends torch onnxruntime openvino
 
 With `--backends`, ours runs once per `decision serve --backend` (the first fills the main table), and a
 backend table gives each one's requests/s against laya-serve, p50, GFLOP/s against the matmul peak, parity
@@ -23,6 +24,16 @@ with the trained model (goal: |Δp| <= 1e-4, every argmax) and the backend each 
 `--joint` and `--bf16` then run per backend too (bf16: the backends that serve it). With torch among the
 backends and `--joint`, it also prints each runtime's requests/s over torch's at c=8 for both families (goal:
 the joint export's factor at least the laya family's).
+
+With `--int8`, only the precisions are measured, side by side with laya-serve in one interleaved run per family
+(`--model`, and the `--joint` export): ours at fp32 on each of `--backends`, at bf16 where the CPU runs it
+natively (torch and OpenVINO), and at int8 (the export's `encoder.int8.onnx` on ONNX Runtime); requests/s at
+each concurrency and p50, each against laya-serve's, and each column's argmax agreement with fp32 and accuracy
+and ECE change on the held-out rows (each precision calibrated as it serves: int8 by its own calibrator). Each
+model is exported and quantized into benchmarks/.cache/int8/ first, with bounds wide enough that `--precision
+int8` serves it to be timed; the verdict under params.yaml's `quantize:` bounds is printed beside it. Goals: the
+laya family at int8 at least 3x laya-serve at c=8, the joint export's int8 at least 1.5x its own fp32, each at
+agreement >= 99% and accuracy and ECE within 0.005. JSON to benchmarks/results/bench_serve_precision.json.
 """
 
 from __future__ import annotations
@@ -545,9 +556,20 @@ def main() -> int:
         "threads), in its own line and in the flood's; --requests is the second caller's",
     )
     parser.add_argument("--flood", type=int, default=32, help="the flood's client threads with --fairness")
+    parser.add_argument(
+        "--int8",
+        action="store_true",
+        help="only measure fp32, bf16 and int8 side by side with laya-serve, with each one's agreement and "
+        "accuracy change on the held-out rows (--model, and --joint)",
+    )
     args = parser.parse_args()
 
     bodies = build_requests(args.data, args.requests)
+    if args.int8:
+        result = precision_bench(args, bodies)
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.with_name("bench_serve_precision.json").write_text(json.dumps(result, indent=2))
+        return 0
     if args.fairness:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         result = fairness(args.model, bodies, args)
@@ -930,6 +952,158 @@ def workers_table(by_workers: dict[int, dict], first: int) -> list[dict]:
                 f"{row['p50_ms']:>7.0f} {row['throughput_ratio']:>8.2f}x"
             )
     return rows
+
+
+INT8_CACHE = ROOT / "benchmarks/.cache/int8"
+# Wide enough that `--precision int8` serves the model to be timed; the verdict under params.yaml's bounds is
+# printed beside the figures.
+TIMING_BOUNDS = {"int8": True, "min_agreement": 0.01, "max_accuracy_drop": 0.99, "max_ece_rise": 0.99}
+
+
+def precision_bench(args, bodies: list[dict]) -> dict:
+    """`--int8`: per family, ours at each precision and backend against laya-serve, interleaved, with each
+    precision's quality on the held-out rows (module docstring)."""
+    models = {"laya": int8_ready(args.model, args.data, "laya")}
+    if args.joint:
+        models["joint"] = int8_ready(args.joint, args.data, "joint")
+    result: dict = {"families": {}, "goals": {}}
+    peer = None
+    for family, (folder, rows) in models.items():
+        print(f"\n{family}: {folder}", flush=True)
+        starts = {
+            f"{precision} {backend}": functools.partial(start_ours, precision=precision, backend=backend)
+            for precision, backend in precision_columns(args.backends)
+        }
+        if peer is None:  # laya-serve on the laya-family model: the yardstick of both families
+            starts["laya-serve"] = start_laya
+        measured = measure_interleaved(starts, folder, bodies, args.concurrency, args.device, args.rounds)
+        peer = measured.pop("laya-serve", peer)
+        quality = precision_quality(folder, rows, {name.split()[0] for name in measured})
+        table = precision_rows(measured, peer, quality)
+        result["families"][family] = {"model": str(folder), "rows": table, "quality": quality}
+        result["goals"] |= precision_goals(family, table)
+    print("\ngoals:", ", ".join(f"{k} {'met' if v else 'NOT met'}" for k, v in result["goals"].items()))
+    return result
+
+
+def precision_columns(backends: list[str]) -> list[tuple[str, str]]:
+    """(precision, backend) of every column: fp32 on each backend, bf16 where native on the backends that serve
+    it, int8 on ONNX Runtime (its graph's runtime)."""
+    from pipeline.device import cpu_has_native_bf16
+
+    columns = [("fp32", b) for b in backends]
+    if cpu_has_native_bf16():
+        columns += [("bf16", b) for b in backends if b in BF16_BACKENDS]
+    return [*columns, ("int8", "onnxruntime")]
+
+
+def int8_ready(model: Path, data: Path, family: str) -> tuple[Path, list]:
+    """A copy of `model` exported with its int8 encoder and report (made once, in INT8_CACHE), and the held-out
+    rows its quality is measured on: an export's run folder's split where it has one, else `data`'s split."""
+    import shutil
+
+    from pipeline.config import QuantizeConfig, load_params
+    from pipeline.data.split import TrainSource
+    from pipeline.families.runtimes.quantize import INT8_REPORT
+    from pipeline.scoring.precision import verdict
+    from pipeline.stages.export import export_folder
+    from pipeline.stages.quantize import Rows, quantize_export, run_rows
+
+    params = load_params(ROOT / "params.yaml")
+    rows = run_rows(model.parent) if model.name == "export" else Rows([], [])
+    if not rows.check:
+        split = TrainSource(data, split_config=params.validate).validated().split
+        rows = Rows(split.validation, split.heldout)
+    folder = INT8_CACHE / family
+    if not (folder / INT8_REPORT).is_file():
+        shutil.rmtree(folder, ignore_errors=True)
+        folder.parent.mkdir(parents=True, exist_ok=True)
+        if (model / "manifest.json").is_file():
+            shutil.copytree(model, folder)
+        else:
+            export_folder(model, folder)
+        quantize_export(folder, rows, QuantizeConfig(**TIMING_BOUNDS), params.certify, say=print)
+    report = json.loads((folder / INT8_REPORT).read_text())
+    passes, why = verdict(report["overall"], params.quantize)
+    print(f"{family} int8 under params.yaml's bounds: {'passes' if passes else 'fails'}: {why}", flush=True)
+    return folder, rows.check
+
+
+def precision_quality(folder: Path, records: list, precisions: set[str]) -> dict[str, dict]:
+    """Each precision's answers to the held-out rows (as it serves: int8 with its own calibrator) against
+    fp32's: argmax agreement, accuracy and ECE with their changes."""
+    from pipeline.scoring.precision import compare_precisions
+    from pipeline.stages.evaluate import served_logits, served_model
+
+    answered = {}
+    for precision in sorted(precisions | {"fp32"}):
+        model, _ = served_model(folder, "cpu", precision)
+        decisions, logits = served_logits(model, records)
+        answered[precision] = (decisions, model.family.served_probabilities(model.loaded, decisions, logits))
+    decisions, reference = answered["fp32"]
+    quality = {}
+    for precision, (_, probabilities) in answered.items():
+        quality[precision] = compare_precisions(decisions, reference, probabilities)["overall"]
+        figures = quality[precision]
+        print(
+            f"  {precision}: agreement {figures['argmax_agreement']:.2%}, accuracy {figures['accuracy']:.4f} "
+            f"({figures['accuracy_change']:+.4f}), ECE {figures['ece']:.4f} ({figures['ece_change']:+.4f}) on "
+            f"{figures['decisions']:,} held-out decisions",
+            flush=True,
+        )
+    return quality
+
+
+def precision_rows(measured: dict[str, dict], peer: dict, quality: dict[str, dict]) -> list[dict]:
+    """Per column and concurrency: requests/s and p50, against laya-serve's and against fp32 on the same
+    backend, with the column's quality (printed as a table)."""
+    rows = []
+    print(
+        f"\n{'column':<22}{'c':>3}{'req/s':>8}{'vs laya':>9}{'vs fp32':>9}{'p50 ms':>8}{'agree':>8}{'Δacc':>8}{'ΔECE':>8}"
+    )
+    for name, result in measured.items():
+        precision, backend = name.split()
+        fp32 = measured.get(f"fp32 {backend}", measured[next(iter(measured))])
+        figures = quality[precision]
+        for run, theirs, own in zip(result["runs"], peer["runs"], fp32["runs"]):
+            row = {
+                "precision": precision,
+                "backend": backend,
+                "served_by": result.get("backend"),
+                "concurrency": run["concurrency"],
+                "throughput_rps": run["throughput_rps"],
+                "p50_ms": run["p50_ms"],
+                "laya_rps": theirs["throughput_rps"],
+                "vs_laya": run["throughput_rps"] / theirs["throughput_rps"],
+                "vs_fp32": run["throughput_rps"] / own["throughput_rps"],
+                **{k: figures[k] for k in ("argmax_agreement", "accuracy_change", "ece_change")},
+            }
+            rows.append(row)
+            print(
+                f"{name:<22}{row['concurrency']:>3}{row['throughput_rps']:>8.1f}{row['vs_laya']:>8.2f}x"
+                f"{row['vs_fp32']:>8.2f}x{row['p50_ms']:>8.0f}{row['argmax_agreement']:>8.2%}"
+                f"{row['accuracy_change']:>+8.4f}{row['ece_change']:>+8.4f}"
+            )
+    for run in peer["runs"]:
+        print(
+            f"{'laya-serve':<22}{run['concurrency']:>3}{run['throughput_rps']:>8.1f}{'':>26}{run['p50_ms']:>8.0f}"
+        )
+    return rows
+
+
+def precision_goals(family: str, rows: list[dict]) -> dict[str, bool]:
+    """The issue's goal figures on this family's int8 rows at c=8 (quality bounds included)."""
+    int8 = [r for r in rows if r["precision"] == "int8" and r["concurrency"] == 8]
+    if not int8:
+        return {}
+    row = int8[0]
+    quality = (
+        row["argmax_agreement"] >= 0.99 and row["accuracy_change"] >= -0.005 and row["ece_change"] <= 0.005
+    )
+    if family == "laya":
+        return {"laya_int8_c8_at_least_3x_laya": row["vs_laya"] >= 3.0 and quality}
+    fp32 = max(r["throughput_rps"] for r in rows if r["precision"] == "fp32" and r["concurrency"] == 8)
+    return {"joint_int8_c8_at_least_1.5x_its_fp32": row["throughput_rps"] / fp32 >= 1.5 and quality}
 
 
 if __name__ == "__main__":

@@ -35,7 +35,7 @@ from prefect.runtime import flow_run
 
 from flows.interrupts import refused
 from flows.launched import run_launched
-from pipeline.config import CertifyConfig, load_params
+from pipeline.config import CertifyConfig, QuantizeConfig, load_params
 from pipeline.data.pins import CheckedInputs, data_revision
 from pipeline.data.split import SplitData
 from pipeline.mlops import tracking
@@ -47,6 +47,7 @@ from pipeline.scoring.report import report_tags
 from pipeline.stages import calibrate as calibrate_stage
 from pipeline.stages import export as export_stage
 from pipeline.stages import promote as promote_stage
+from pipeline.stages import quantize as quantize_stage
 from pipeline.stages import smoke as smoke_stage
 from pipeline.stages import track as track_stage
 from pipeline.stages import train as train_stage
@@ -54,6 +55,7 @@ from pipeline.stages import validate as validate_stage
 from pipeline.stages.calibrate import CalibrationResult
 from pipeline.stages.card import attach_model_card, model_card
 from pipeline.stages.promote import GateResult
+from pipeline.stages.quantize import QuantizeResult
 from pipeline.stages.result import Release, RunResult, RunSkipped, Tracked
 from pipeline.stages.smoke import SmokeResult
 from pipeline.stages.start import REFUSED_INPUTS, RunStart, revision_of, start_run, unchanged_since_champion
@@ -121,6 +123,12 @@ def calibrate(run_dir: str, bag_of_words_rows: int, certify: CertifyConfig) -> C
 @task(name="export", **CACHED)
 def export(run_dir: str, data: str, base: str, config) -> str:
     return export_stage.export_stage(run_dir, RunFolder(run_dir).export, data, base, config).out
+
+
+@task(name="quantize", **CACHED)
+def quantize(export_dir: str, run_dir: str, config: QuantizeConfig, certify: CertifyConfig) -> QuantizeResult:
+    rows = quantize_stage.run_rows(run_dir)
+    return quantize_stage.quantize_export(export_dir, rows, config, certify, say=get_run_logger().info)
 
 
 @task(name="log-to-mlflow", **CACHED, **IO_RETRIES)
@@ -232,6 +240,7 @@ def _run(start: RunStart, run: RunFolder, revision) -> RunResult:
     trained = train(run_dir, config.base, params.train, config.device, start.key, tags, start.checked)
     calibration = calibrate(run_dir, params.train.bag_of_words_rows, params.certify)
     export_dir = export(run_dir, config.data, config.base, params.train)
+    quantized = quantize(export_dir, run_dir, params.quantize, params.certify)
     tracked = Tracked(
         key=start.key,
         params=params.sections(),
@@ -256,6 +265,7 @@ def _run(start: RunStart, run: RunFolder, revision) -> RunResult:
         "mlflow_run_id": run_id,
         **report_tags(calibration.to_dict()),
         **certificate_tags(calibration.certificates),
+        **quantized.tags(),
     }
     version = register(export_dir, config.model_name, run_id, version_tags)
     card(result, config.model_name, version, run_id)

@@ -552,6 +552,34 @@ class CertifyConfig:
             )
 
 
+SERVING_PRECISIONS = ("auto", "fp32", "bf16", "int8")
+"""What `decision serve/predict/evaluate --precision` take (`runtimes.precision`)."""
+
+
+@section("quantize")
+class QuantizeConfig:
+    """The export's int8 encoder (`decision quantize`, docs/serving.md, Precision): written with a report of its
+    answers against fp32's on held-out rows, and served under `--precision auto` only within these bounds."""
+
+    int8: bool = False
+    """Quantize the encoder of every export whose family hands it to a runtime (an encoder backbone); on in
+    params.yaml, off for a params file without the section (a test's: it answers every checking row three
+    times)."""
+    min_agreement: float = 0.99
+    """The least share of decisions whose most probable option is fp32's."""
+    max_accuracy_drop: float = 0.005
+    """The most accuracy int8 may lose against fp32 (each calibrated by its own calibrator)."""
+    max_ece_rise: float = 0.005
+    """The most calibrated ECE may rise against fp32's."""
+
+    def __post_init__(self) -> None:
+        if not 0.0 < self.min_agreement <= 1.0:
+            raise ConfigError(f"quantize.min_agreement: must lie in (0, 1], got {self.min_agreement}")
+        for name in ("max_accuracy_drop", "max_ece_rise"):
+            if not 0.0 <= getattr(self, name) < 1.0:
+                raise ConfigError(f"quantize.{name}: must lie in [0, 1), got {getattr(self, name)}")
+
+
 UNKEYED_SECTIONS = ("flywheel", "monitor")
 """Sections that change no model, left out of the idempotency key (`lineage.keyed_sections`)."""
 
@@ -569,6 +597,7 @@ class Params:
     flywheel: FlywheelConfig = field(default_factory=FlywheelConfig)
     monitor: MonitorConfig = field(default_factory=MonitorConfig)
     certify: CertifyConfig = field(default_factory=CertifyConfig)
+    quantize: QuantizeConfig = field(default_factory=QuantizeConfig)
 
     def sections(self) -> dict[str, dict[str, Any]]:
         """{section: {key: value}}, as params.yaml spells them (MLflow params, the idempotency key)."""

@@ -60,11 +60,12 @@ class PrecisionUnavailable(ValueError):
 def serving_dtype(precision: str, device: torch.device) -> torch.dtype | None:
     """The autocast dtype `decision serve --precision` asks for: fp32 (None) or bf16, which is refused where
     the device only emulates it (FACTS: ~1 GFLOP/s there against ~120 in fp32), so it can never be a silent
-    slowdown."""
-    if precision == "fp32":
+    slowdown. `int8` and `auto` run torch at fp32 (None): the int8 encoder is another runtime's
+    (`runtimes.precision`)."""
+    if precision in ("fp32", "int8", "auto"):
         return None
     if precision != "bf16":
-        raise PrecisionUnavailable(f"--precision {precision!r}: choose fp32 or bf16")
+        raise PrecisionUnavailable(f"--precision {precision!r}: choose auto, fp32, bf16 or int8")
     if not has_native_bf16(device):
         raise PrecisionUnavailable(
             f"--precision bf16: {device.type} here has no native bf16 (no AVX-512 bf16 or AMX on a CPU), so "

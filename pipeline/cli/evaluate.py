@@ -21,6 +21,7 @@ from pipeline.cli.options import (
 )
 from pipeline.cli.runner import run_command
 from pipeline.cli.tables import console, progress_outputs
+from pipeline.config import SERVING_PRECISIONS
 
 DESCRIPTION = (
     "Score every usable decision of DATA with MODEL (its calibrator applied, as served): accuracy per "
@@ -51,6 +52,13 @@ def add_evaluate(commands) -> None:
     evaluate.add_argument("--plots", metavar="DIR", type=plots_folder, help="write PNG plots here")
     evaluate.add_argument("--device", default="cpu", type=device_option, help=SCORING_DEVICE_HELP)
     evaluate.add_argument(
+        "--precision",
+        choices=SERVING_PRECISIONS,
+        default="fp32",
+        help="as decision serve --precision: fp32 (default), bf16 autocast, int8 (the export's int8 encoder "
+        "with its own calibrator and certificates; refused where its int8 report fails its bounds) or auto",
+    )
+    evaluate.add_argument(
         "--conformal",
         type=MISCOVERAGE,
         metavar="ALPHA",
@@ -80,6 +88,7 @@ def handle_evaluate(args: argparse.Namespace) -> int:
             conformal=args.conformal,
             report=say,
             mapping=mapping,
+            precision=args.precision,
         ).to_dict()
 
     # ValueError: a model's layout, a source, a slice, a mapping (exit_code: the user's input 2, else 1).

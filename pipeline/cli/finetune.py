@@ -72,6 +72,7 @@ def handle_finetune(args: argparse.Namespace) -> int:
                 given.controls,
                 args.run_dir,
                 given.certify,
+                given.quantize,
             )
         warn_not_learned(result.train.warnings)
         for notice in result.calibration.notices if result.calibration else []:

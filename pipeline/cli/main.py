@@ -28,6 +28,7 @@ from pipeline.cli.monitor import add_monitor
 from pipeline.cli.options import show_defaults
 from pipeline.cli.predict import add_predict
 from pipeline.cli.promote import add_promote
+from pipeline.cli.quantize import add_quantize
 from pipeline.cli.register import add_register
 from pipeline.cli.retrain import add_retrain
 from pipeline.cli.review import add_review
@@ -52,6 +53,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_train(commands)
     add_evaluate(commands)
     add_export(commands)
+    add_quantize(commands)
     add_finetune(commands)
     add_families(commands)
     add_snapshot(commands)

@@ -15,6 +15,7 @@ from pipeline.cli.mapping_flags import BadMappingFlags, add_mapping_arguments, l
 from pipeline.cli.options import AT_LEAST_ONE, SCORING_DEVICE_HELP, device_option, load_run_params
 from pipeline.cli.runner import EXIT_INTERRUPTED, EXIT_OK, input_errors, refuse, run_command
 from pipeline.cli.tables import progress_outputs
+from pipeline.config import SERVING_PRECISIONS
 from pipeline.interrupts import terminate_as_interrupt
 from pipeline.strict_json import to_json
 
@@ -188,9 +189,10 @@ def add_predict(commands) -> None:
     predict.add_argument("--device", default="cpu", type=device_option, help=SCORING_DEVICE_HELP)
     predict.add_argument(
         "--precision",
-        choices=["fp32", "bf16"],
+        choices=SERVING_PRECISIONS,
         default="fp32",
-        help="as decision serve --precision: fp32 (default) or bf16 autocast",
+        help="as decision serve --precision: fp32 (default), bf16 autocast, int8 (the export's int8 encoder "
+        "and its own calibrator; refused where its int8 report fails its bounds) or auto",
     )
     predict.add_argument(
         "--json",

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from pipeline.cli.options import AT_LEAST_ONE, SECONDS, device_option, load_run_params, number_option
 from pipeline.cli.runner import EXIT_OK, refuse
+from pipeline.config import SERVING_PRECISIONS
 
 DEFAULT_INFERENCE_LOG = "inference"  # outside a project folder (no params.yaml): ./inference
 DESCRIPTION = (
@@ -87,11 +88,13 @@ def _add_runtime_flags(serve: argparse.ArgumentParser) -> None:
     )
     serve.add_argument(
         "--precision",
-        choices=["fp32", "bf16"],
-        default="fp32",
-        help="fp32 (default: answers equal the trained model's within 1e-3) or bf16 autocast: 1.4x-1.7x the "
-        "requests/s on a 2-core CPU with native bf16, but answers moved by up to 8e-3 (docs/results.md, "
-        "Serving); refused where bf16 is emulated",
+        choices=SERVING_PRECISIONS,
+        default="auto",
+        help="auto (default): the export's int8 encoder where its int8 report (decision quantize) passes its "
+        "bounds on held-out rows and the CPU has VNNI, else fp32; fp32: answers equal the trained model's "
+        "within 1e-3; bf16 autocast: answers moved by up to 8e-3, refused where bf16 is emulated; int8: the "
+        "int8 encoder with its own calibrator, refused with its report's figures where they fail the bounds "
+        "(docs/serving.md, Precision)",
     )
     serve.add_argument(
         "--backend",
@@ -217,7 +220,18 @@ def _serve_problem(args: argparse.Namespace) -> str | None:
         serving_dtype(args.precision, pick_device(args.device))
     except (KeyConfigError, PrecisionUnavailable) as error:
         return str(error)
-    return _place_problem(args)
+    return _int8_problem(args) or _place_problem(args)
+
+
+def _int8_problem(args: argparse.Namespace) -> str | None:
+    """Why `--precision int8` cannot serve the model folder (no int8 report, or one outside its bounds),
+    before the server starts; a registry version is checked when it loads (its error on /healthz)."""
+    from pipeline.device import pick_device
+    from pipeline.families.runtimes.precision import int8_refusal
+
+    if args.precision != "int8" or args.model.startswith("models:/"):
+        return None
+    return int8_refusal(Path(args.model), pick_device(args.device))
 
 
 def _from_params(args: argparse.Namespace) -> None:

@@ -28,7 +28,7 @@ from pipeline.cli.runner import EXIT_INTERRUPTED, EXIT_OK, refuse
 from pipeline.cli.tables import progress_outputs
 
 if TYPE_CHECKING:  # for annotations only: `decision --help` answers without torch
-    from pipeline.config import CertifyConfig, Params, TrainConfig
+    from pipeline.config import CertifyConfig, Params, QuantizeConfig, TrainConfig
     from pipeline.data.split import TrainSource
     from pipeline.training.controls import RunControls, RunHooks
 
@@ -129,6 +129,7 @@ class TrainingInputs:
     hooks: RunHooks
     controls: RunControls
     certify: CertifyConfig
+    quantize: QuantizeConfig
 
 
 def training_inputs(args: argparse.Namespace, save_on_cancel: bool = False) -> TrainingInputs:
@@ -145,7 +146,7 @@ def training_inputs(args: argparse.Namespace, save_on_cancel: bool = False) -> T
     bars, report = progress_outputs(args)
     controls = RunControls(progress=bars, cancel=CancelToken(), save_on_cancel=save_on_cancel)
     hooks = RunHooks(report=report)
-    return TrainingInputs(_source(args, params), config, hooks, controls, params.certify)
+    return TrainingInputs(_source(args, params), config, hooks, controls, params.certify, params.quantize)
 
 
 def training_errors() -> tuple[type[Exception], ...]:

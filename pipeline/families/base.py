@@ -91,6 +91,9 @@ class Answered:
     state_vector: np.ndarray | None = field(default=None, compare=False, repr=False)
     """The state's vector (`DecisionFamily.state_vectors`) where the answer's own pass computed it (the joint
     family, fields apart): the novelty gate then needs no pass of its own."""
+    logits: dict[str, np.ndarray] = field(default_factory=dict, compare=False, repr=False)
+    """Each question's raw option logits (model order) before calibration: what a calibrator is refitted on
+    for another precision of the same model (`scoring.quantized`)."""
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,9 @@ same answers as the Decision API (the same parsing, forward pass, temperatures a
 
 The encoder runs where `decision serve --backend` would run it (`pipeline.families.runtimes.backends`): the
 model config's `backend` (logged as `auto`; `mlflow.pyfunc.load_model(uri, model_config={"backend": "torch"})`
-overrides it), with the graph the export carries, and torch where no runtime passes.
+overrides it), with the graph the export carries, and torch where no runtime passes. Its `precision` is
+`decision serve --precision`'s (`runtimes.precision`; logged as `auto`: the export's int8 encoder where its int8
+report passes, else fp32).
 """
 
 from __future__ import annotations
@@ -28,11 +30,11 @@ from pipeline.data.contract import parse_json_cell, parse_state
 from pipeline.families import load_decision_model
 from pipeline.families.runtimes.backends import BackendChoice, choose_backend
 from pipeline.families.runtimes.onnx_encoder import ONNX_FILE
+from pipeline.families.runtimes.precision import served_precision
 
 EXPORT_ARTIFACT = "decision_model"
-MODEL_CONFIG = {
-    "backend": "auto"
-}  # what a version is logged with: its encoder's runtime, chosen where it loads
+# What a version is logged with: its encoder's runtime and precision, chosen where it loads.
+MODEL_CONFIG = {"backend": "auto", "precision": "auto"}
 
 log = logging.getLogger(__name__)
 
@@ -42,8 +44,15 @@ class DecisionPyfunc(mlflow.pyfunc.PythonModel):
 
     def load_context(self, context) -> None:
         folder = Path(context.artifacts[EXPORT_ARTIFACT])
-        self._model = load_decision_model(folder)
-        wanted = {**MODEL_CONFIG, **(context.model_config or {})}["backend"]
+        config = {**MODEL_CONFIG, **(context.model_config or {})}
+        self._model, self.precision = served_precision(
+            load_decision_model(folder), config["precision"], folder
+        )
+        log.info("precision %s: %s", self.precision.name, self.precision.reason)
+        if self.precision.name == "int8":  # its encoder is the int8 graph's: no runtime race
+            self.backend = BackendChoice("onnxruntime", "int8 (precision)", self._model.encoder)
+            return
+        wanted = config["backend"]
         self._graphs = tempfile.TemporaryDirectory(
             prefix="decision-pyfunc-"
         )  # a graph exported here, if needed

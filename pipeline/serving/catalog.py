@@ -31,11 +31,13 @@ import torch
 
 from pipeline.data.answers import answer_probabilities, parse_request
 from pipeline.data.contract import canonical_json
+from pipeline.device import precision_name
 from pipeline.families import list_models, load_decision_model, written_last
 from pipeline.families.base import DecisionModel
 from pipeline.families.exporting import CERTIFICATES, read_carried, read_manifest
 from pipeline.families.runtimes.backends import BackendChoice, choose_backend
 from pipeline.families.runtimes.onnx_encoder import ONNX_FILE
+from pipeline.families.runtimes.precision import PrecisionChoice, served_precision
 from pipeline.mlops.registry import alias_version, client, download_version, parse_alias_uri
 from pipeline.scoring.automation import Automation
 from pipeline.scoring.certify import read_certificates
@@ -95,6 +97,7 @@ class Catalog:
         device: str = "cpu",
         dtype: torch.dtype | None = None,
         backend: str = "torch",
+        precision: str = "fp32",
     ) -> None:
         self.source, self.alias = source, parse_alias_uri(source)
         self.finetunes_dir = Path(finetunes_dir) if finetunes_dir else None
@@ -104,6 +107,9 @@ class Catalog:
         # `choose_backend`
         self.backend = backend
         self.backends: dict[Path, BackendChoice] = {}  # by folder: the runtime each loaded model got, and why
+        # `--precision` (auto, fp32, bf16, int8): what each loaded model asks of `served_precision`
+        self.precision = precision
+        self.precisions: dict[Path, PrecisionChoice] = {}  # by folder: the precision each model got, and why
         self.serving: ServedModel | None = None
         self.load_error: str | None = None
         self._finetunes: dict[str, Finetune] = {}
@@ -148,7 +154,7 @@ class Catalog:
         serving = self.serving
         if serving is None:
             raise ModelLoading(self.load_error or "the model is loading")
-        facts = serving_facts(serving, self.alias[1] if self.alias else None)
+        facts = serving_facts(serving, self.alias[1] if self.alias else None) | self.precision_facts(serving)
         facts["limits"] = limits | {"max_len": model_max_len(serving)}
         entries = [
             _metadata(name, f"alias of {serving.name}", serving.release_date) | facts
@@ -165,6 +171,13 @@ class Catalog:
                         | {"limits": limits | {"max_len": model_max_len(loaded)}}
                     )
         return entries
+
+    def precision_facts(self, served: ServedModel) -> dict[str, Any]:
+        """The precision a loaded model answers at, why, and its int8 report's verdict and figures."""
+        choice = self.precisions.get(served.folder)
+        if choice is None:
+            return {"precision": precision_name(served.model.dtype)}
+        return choice.facts()
 
     def _run(self) -> None:
         try:
@@ -247,7 +260,16 @@ class Catalog:
             return model
 
     def _load(self, folder: Path) -> DecisionModel:
-        model = load_decision_model(folder).to(self.device, self.dtype)
+        model, precision = served_precision(
+            load_decision_model(folder).to(self.device, self.dtype), self.precision, folder
+        )
+        (log.warning if precision.fell_back else log.info)(
+            "%s: precision %s: %s", folder, precision.name, precision.reason
+        )
+        self.precisions[folder] = precision
+        if precision.name == "int8":  # the int8 graph is ONNX Runtime's: no race against torch's fp32
+            self.backends[folder] = BackendChoice("onnxruntime", "int8 (--precision)", model.encoder)
+            return model
         # The export's own encoder graph (`decision export` writes it) when it has one; else one exported into
         # this server's cache, never into the folder (a DVC output, maybe read-only).
         graph = (

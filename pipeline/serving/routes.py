@@ -249,7 +249,7 @@ async def healthz(parts: Parts) -> Response:
         "batches": batcher.batches,
         "requests": batcher.jobs,
         "pid": os.getpid(),
-        "precision": precision_name(catalog.dtype),
+        **(catalog.precision_facts(serving) if serving else {"precision": precision_name(catalog.dtype)}),
         **_backend_facts(catalog, serving),
         **_thread_facts(parts.threads),
     }

@@ -157,7 +157,9 @@ class ServeOptions:
     finetunes: str | None = None
     poll_s: float = 5.0
     device: str = "cpu"
-    precision: str = "fp32"  # or bf16 (autocast; refused where the device only emulates it)
+    # auto (int8 where the export's int8 report passes, else fp32), fp32, bf16 (autocast; refused where the
+    # device only emulates it) or int8 (`runtimes.precision`)
+    precision: str = "auto"
     config: ServerConfig = field(default_factory=ServerConfig)
     workers: int = 1  # server processes, splitting the CPU budget between them
     shadow: str | None = None  # a challenger (folder or models:/NAME@ALIAS) scored off the hot path
@@ -206,11 +208,17 @@ def build_app(options: ServeOptions) -> FastAPI:
         device=options.device,
         dtype=dtype,
         backend=options.backend,
+        precision=options.precision,
     )
     shadow = None
     if options.shadow:
         source = Catalog(
-            options.shadow, poll_s=options.poll_s, device=options.device, dtype=dtype, backend=options.backend
+            options.shadow,
+            poll_s=options.poll_s,
+            device=options.device,
+            dtype=dtype,
+            backend=options.backend,
+            precision=options.precision,
         )
         shadow = ShadowScorer(source, options.shadow_share, on_report=record_shadow)
     return create_app(

@@ -19,18 +19,21 @@ from typing import Any
 
 import numpy as np
 
+from pipeline.data.answers import parse_request
 from pipeline.data.contract import Record
 from pipeline.data.leakage import FINGERPRINT, overlap_warning, overlapping
 from pipeline.data.mapping import Mapping
 from pipeline.data.read import RowSlice
 from pipeline.data.split import refuse_unusable
 from pipeline.data.validate import validate_file
-from pipeline.device import pick_device
+from pipeline.device import pick_device, serving_dtype
 from pipeline.families import load_decision_model
+from pipeline.families.base import Answered, DecisionModel
 from pipeline.families.exporting import CERTIFICATES, read_carried, read_training_states
+from pipeline.families.runtimes.precision import PrecisionChoice, served_precision
 from pipeline.scoring.certify import Certificate, automation_report, read_certificates
 from pipeline.scoring.conformal import conformal_report
-from pipeline.scoring.decisions import ScoredDecision, with_groups
+from pipeline.scoring.decisions import ScoredDecision, gold_decisions, with_groups
 from pipeline.scoring.metrics import metrics_by_type
 from pipeline.scoring.plots import reliability_by_type, write_plots
 from pipeline.scoring.report import calibration_report
@@ -62,6 +65,8 @@ class EvaluationReport:
     keeps (`exporting.TRAINING_STATES`); None for a model without them."""
     automation: dict[str, Any] | None = None
     """What the model's certificates automate on the rows (`automation_on`)."""
+    precision: str = "fp32"
+    """The precision that answered (`runtimes.precision`): fp32, bfloat16 or int8."""
 
     def to_dict(self) -> dict[str, Any]:
         described = asdict(self)
@@ -82,12 +87,14 @@ def evaluate_model(
     conformal: float | None = None,
     report: Callable[[str], None] | None = None,
     mapping: Mapping | None = None,
+    precision: str = "fp32",
 ) -> EvaluationReport:
     """Metrics and the calibration report of `model` (an export folder or a registered version, as `decision
     predict` takes it) on every usable decision of `data`, the PNG plots written to `plots_dir`, and with
     `conformal` (alpha) split-conformal prediction sets per type. `progress` shows a tqdm bar while scoring;
     `report` gets a line before and after it. `mapping` reads a plain table's columns as decision rows
-    (`pipeline.data.mapping`)."""
+    (`pipeline.data.mapping`). `precision` is `decision serve`'s (`runtimes.precision`): an int8 model answers
+    with its own calibrator and certificates."""
     say = report or (lambda line: None)
     validated = validate_file(data, row_slice, mapping=mapping)
     refuse_unusable(data, validated.report)  # nothing to score: exit 2 with the reasons, not a table of NaN
@@ -95,10 +102,15 @@ def evaluate_model(
         overlap = training_overlap(folder, validated.records)
         if warning := overlap_warning(overlap, len(validated.records)):
             say(warning)
-        say(f"scoring {validated.report.kept:,} decisions of {data} with {name} ({model}) on {device}")
+        served, chosen = served_model(folder, device, precision)
+        say(
+            f"scoring {validated.report.kept:,} decisions of {data} with {name} ({model}) on {device} at "
+            f"{chosen.name} ({chosen.reason})"
+        )
         started = time.perf_counter()
-        decisions, skipped, probabilities, family = score_records(folder, validated.records, device, progress)
-        automation = automation_on(folder, validated.records, decisions, probabilities)
+        decisions, skipped, probabilities, family = score_model(served, validated.records, progress)
+        certificates = served.automation.certificates
+        automation = automation_on(folder, validated.records, decisions, probabilities, certificates)
     say(f"scored {len(decisions):,} decisions in {time.perf_counter() - started:.0f} s")
     evaluation = EvaluationReport(
         model=str(model),
@@ -112,6 +124,7 @@ def evaluate_model(
         calibration=calibration_report(decisions, probabilities) if decisions else None,
         training_overlap=overlap,
         automation=automation,
+        precision=chosen.name,
     )
     if conformal is not None:
         evaluation.conformal = conformal_report(decisions, probabilities, conformal)
@@ -140,13 +153,17 @@ def automation_on(
     records: list[Record],
     decisions: list[ScoredDecision],
     probabilities: list[np.ndarray],
+    certificates: dict[str, Certificate] | None = None,
 ) -> dict[str, Any]:
-    """What the certificates the export in `folder` carries automate on these scored rows: per question and
+    """What the certificates the export in `folder` carries (or `certificates`: an int8 model's own) automate
+    on these scored rows: per question and
     overall (`overall`), the decisions, how many are automated, coverage and realised error with 95%
     Clopper-Pearson intervals, ε (`certify.automation_report`), and per question whether it is `certified`
     and its threshold. `certified` is false for a model without certificates (coverage 0 everywhere), and a
     question asked with other options than certified is not automated."""
-    certificates = applicable_certificates(read_certificates(read_carried(folder, CERTIFICATES)), records)
+    if certificates is None:
+        certificates = read_certificates(read_carried(folder, CERTIFICATES))
+    certificates = applicable_certificates(certificates, records)
     score_error = next((c.score_error for c in certificates.values()), "exact")
     report = automation_report(decisions, probabilities, certificates, score_error)
     by_question = {}
@@ -182,18 +199,70 @@ def applicable_certificates(
 
 
 def score_records(
-    model_dir: str | Path, records: list[Record], device: str = "cpu", progress: bool = False
+    model_dir: str | Path,
+    records: list[Record],
+    device: str = "cpu",
+    progress: bool = False,
+    precision: str = "fp32",
 ) -> tuple[list[ScoredDecision], dict[str, int], list[np.ndarray], str]:
-    """(decisions, skipped by reason, probabilities, family name) of `model_dir` on `records`, as served. The
+    """(decisions, skipped by reason, probabilities, family name) of `model_dir` on `records`, as served at
+    `precision` (`score_model`)."""
+    model, _ = served_model(model_dir, device, precision)
+    return score_model(model, records, progress)
+
+
+def served_model(model_dir: str | Path, device: str, precision: str) -> tuple[DecisionModel, PrecisionChoice]:
+    """The model in `model_dir` on `device` ("auto": cuda where there is one) at `precision`
+    (`runtimes.precision`), and the precision it got with why."""
+    device = pick_device(device)
+    model = load_decision_model(model_dir).to(device, serving_dtype(precision, device))
+    return served_precision(model, precision, model_dir)
+
+
+def score_model(
+    model: DecisionModel, records: list[Record], progress: bool = False
+) -> tuple[list[ScoredDecision], dict[str, int], list[np.ndarray], str]:
+    """(decisions, skipped by reason, probabilities, family name) of `model` on `records`, as served: at fp32
+    in torch through the family's scoring passes, else through the served answer path (`served_logits`). The
     decisions carry their rows' groups: intervals then draw whole groups, and conformal halves keep them
     apart."""
-    device = pick_device(device)  # "auto": cuda where there is one
-    model = load_decision_model(model_dir).to(device)
     family = model.family
-    examples, skipped = family.build_examples(model.loaded, records)
-    decisions, logits = family.score(model.loaded, examples, device, 64, progress)
+    if model.encoder is None and model.dtype is None:
+        device = next(model.loaded.model.parameters()).device
+        examples, skipped = family.build_examples(model.loaded, records)
+        decisions, logits = family.score(model.loaded, examples, device, 64, progress)
+    else:
+        decisions, logits = served_logits(model, records)
+        unanswered = len(gold_decisions(records)) - len(decisions)
+        skipped = {"the served model could not answer the row": unanswered} if unanswered else {}
     probabilities = family.served_probabilities(model.loaded, decisions, logits)
     return with_groups(decisions, [record.group for record in records]), skipped, probabilities, family.name
+
+
+REQUESTS_PER_PASS = 64  # rows answered together: the server's batches are of this order
+
+
+def served_logits(
+    model: DecisionModel, records: list[Record]
+) -> tuple[list[ScoredDecision], list[np.ndarray]]:
+    """Every usable decision of `records` with the model's raw logits for it, through the served answer path
+    (its precision, its encoder runtime), `REQUESTS_PER_PASS` rows at a time; a row the model cannot answer is
+    left out, with its decisions."""
+    by_record: dict[int, list[ScoredDecision]] = {}
+    for decision in gold_decisions(records):
+        by_record.setdefault(decision.record, []).append(decision)
+    decisions, logits = [], []
+    for start in range(0, len(records), REQUESTS_PER_PASS):
+        chunk = records[start : start + REQUESTS_PER_PASS]
+        requests = [parse_request(r.state, r.request_questions()) for r in chunk]
+        answered = model.family.answer(model.loaded, requests, model.dtype, model.encoder)
+        for offset, result in enumerate(answered):
+            if not isinstance(result, Answered):
+                continue
+            for decision in by_record.get(start + offset, []):
+                decisions.append(decision)
+                logits.append(np.asarray(result.logits[decision.question_id], dtype=np.float64))
+    return decisions, logits
 
 
 def score_heldout(

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
-from pipeline.config import CertifyConfig, ConfigError, TrainConfig
+from pipeline.config import CertifyConfig, ConfigError, QuantizeConfig, TrainConfig
 from pipeline.data.leakage import overlap_warning
 from pipeline.data.pins import check_pins
 from pipeline.data.split import TrainSource
@@ -19,6 +19,7 @@ from pipeline.families import resolve_training
 from pipeline.rundir import RunFolder
 from pipeline.stages.calibrate import calibrate_stage
 from pipeline.stages.export import export_stage
+from pipeline.stages.quantize import quantize_export, run_rows
 from pipeline.stages.result import RunResult
 from pipeline.stages.train import train_stage
 from pipeline.stages.validate import write_validated
@@ -40,11 +41,13 @@ def finetune(
     controls: RunControls = RunControls(),
     run_dir: str | Path | None = None,
     certify: CertifyConfig = CertifyConfig(),
+    quantize: QuantizeConfig = QuantizeConfig(),
 ) -> RunResult:
     """Validate and split `source` once, then the flow's train, calibrate and export stages over `run_dir`
     (default `<out>.run`, started afresh); the export goes to `out`. A cancel during training or calibration
     exports nothing (the result says so: `RunResult.cancelled`). `certify` says which answers the export may
-    automate (`scoring.certify`)."""
+    automate (`scoring.certify`); `quantize` whether the export gets an int8 encoder with its report
+    (`stages.quantize`)."""
     if config.nproc > 1:  # a cancel (Ctrl-C) is this process's; the ranks' stage has no cancel to share it
         raise ConfigError(
             f"train.nproc={config.nproc}: finetune trains in one process; train data-parallel with "
@@ -74,6 +77,7 @@ def finetune(
     if controls.cancelled:
         return result
     exported = export_stage(run.root, out, source.data, base, config)
+    quantize_export(exported.out, run_rows(run.root), quantize, certify, say=hooks.say)
     return replace(result, calibration=calibration, export_dir=exported.out).saved(run.result)
 
 

@@ -40,6 +40,7 @@ from pipeline.device import pick_device, serving_dtype
 from pipeline.families import load_decision_model
 from pipeline.families.base import DecisionModel, NoSuchModel
 from pipeline.families.exporting import read_manifest
+from pipeline.families.runtimes.precision import served_precision
 from pipeline.lineage import MAPPING_OPTIONS
 from pipeline.mlops.registry import download_version, registered_version
 from pipeline.serving.catalog import export_name
@@ -109,9 +110,13 @@ def predict_stage(
     started = time.perf_counter()
     with model_folder(model) as (name, folder):
         rows_of, questions = _row_reader(folder, name, mapping)
-        served = load_decision_model(folder).to(device, dtype)
+        served, chosen = served_precision(load_decision_model(folder).to(device, dtype), precision, folder)
         loaded = time.perf_counter()
-        _say(report, f"scoring {data} with {name} ({served.family.name} family) in batches of {batch_size}")
+        _say(
+            report,
+            f"scoring {data} with {name} ({served.family.name} family) in batches of {batch_size} at "
+            f"{chosen.name} ({chosen.reason})",
+        )
         bar = tqdm(total=count_rows(data), unit="row", desc="predict", disable=not progress, file=sys.stderr)
         with bar:
             scorer = Scorer(served, rows_of, questions, batch_size)

@@ -1,6 +1,7 @@
 """Serving precision: `decision serve --precision bf16` runs both families' backbones under bf16 autocast
 where the CPU runs bf16 natively (answers close to fp32's), and is refused by name where bf16 would be
-emulated; fp32 stays the default."""
+emulated; auto is the default, and answers at fp32 where the export has no passing int8 report
+(tests/model/test_int8.py)."""
 
 import httpx
 import numpy as np
@@ -25,10 +26,11 @@ def probabilities(model: DecisionModel) -> np.ndarray:
     return np.concatenate([answer_probabilities(r.answers[q]) for r in results for q in QUESTIONS])
 
 
-def test_fp32_is_the_default_and_unknown_precisions_are_refused():
-    assert ServeOptions("m").precision == "fp32"
-    assert serving_dtype("fp32", torch.device("cpu")) is None
-    with pytest.raises(PrecisionUnavailable, match="fp32 or bf16"):
+def test_auto_is_the_default_and_unknown_precisions_are_refused():
+    assert ServeOptions("m").precision == "auto"
+    for name in ("fp32", "auto", "int8"):  # int8's encoder is another runtime's: torch runs at fp32
+        assert serving_dtype(name, torch.device("cpu")) is None
+    with pytest.raises(PrecisionUnavailable, match="auto, fp32, bf16 or int8"):
         serving_dtype("fp16", torch.device("cpu"))
 
 

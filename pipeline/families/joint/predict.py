@@ -58,7 +58,10 @@ def answer_joint_requests(
         state_vector = read[0]
         by_id = {qid: calibrator.probabilities(qtype, qid, z) for qid, (qtype, z) in joined.items()}
         answers = shape_answers(request.questions, by_id, request.legends)
-        results.append(Answered(answers, sum(record.tokens_read for record in entry), state_vector))
+        logits_by_id = {qid: z for qid, (_, z) in joined.items()}
+        results.append(
+            Answered(answers, sum(record.tokens_read for record in entry), state_vector, logits_by_id)
+        )
     return results
 
 

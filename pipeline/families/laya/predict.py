@@ -64,7 +64,6 @@ def predict(loaded: LoadedModel, state: Any, questions: dict[str, Any]) -> dict[
     return {item.question_id: p for item, p in zip(items, predict_items(loaded, [items])[0])}
 
 
-@torch.inference_mode()
 def predict_items(
     loaded: LoadedModel,
     requests: list[list[Item]],
@@ -72,13 +71,28 @@ def predict_items(
     dtype: torch.dtype | None = None,
     encoder: EncoderRun | None = None,
 ) -> list[list[np.ndarray]]:
-    """Calibrated probabilities for the items of several requests in shared forward passes.
+    """Calibrated probabilities for the items of several requests in shared forward passes
+    (`request_item_logits`, then the model's calibration, applied once to an item's options' logits
+    joined)."""
+    logits = request_item_logits(loaded, requests, batch_size, dtype, encoder)
+    return [calibrated_probabilities(loaded, items, z) for items, z in zip(requests, logits)]
+
+
+@torch.inference_mode()
+def request_item_logits(
+    loaded: LoadedModel,
+    requests: list[list[Item]],
+    batch_size: int | None = None,
+    dtype: torch.dtype | None = None,
+    encoder: EncoderRun | None = None,
+) -> list[list[np.ndarray]]:
+    """Raw option logits for the items of several requests in shared forward passes.
 
     The sequences of all requests are grouped by length (little padding), so one pass serves many callers; the
-    result keeps each request's own order. An item of several sequences gets its calibration applied once, to
-    all its options' logits joined. Padding is masked, so a request's answer does not depend on what it was
-    batched with (beyond float rounding). With `encoder` (another runtime's encoder pass) the passes are
-    padded ones of similar lengths, the encoder run there and the head here.
+    result keeps each request's own order. An item of several sequences gets all its options' logits joined.
+    Padding is masked, so a request's answer does not depend on what it was batched with (beyond float
+    rounding). With `encoder` (another runtime's encoder pass) the passes are padded ones of similar lengths,
+    the encoder run there and the head here.
     """
     flat = [item for items in requests for item in items]
     model = loaded.model.eval()
@@ -86,10 +100,9 @@ def predict_items(
         logits = packed_item_logits(model, flat, dtype)
     else:
         logits = padded_item_logits(loaded, flat, batch_size, dtype, encoder)
-    probabilities = calibrated_probabilities(loaded, flat, logits)
     out, start = [], 0
     for items in requests:
-        out.append(probabilities[start : start + len(items)])
+        out.append(logits[start : start + len(items)])
         start += len(items)
     return out
 
@@ -161,15 +174,18 @@ def answer_requests(
                 BadQuestion(f"the tokenizer cannot encode this request: {type(error).__name__}: {error}")
             )
     good = [items for items in encoded if not isinstance(items, BadQuestion)]
-    probabilities = iter(predict_items(loaded, good, dtype=dtype, encoder=encoder))
+    logits = iter(request_item_logits(loaded, good, dtype=dtype, encoder=encoder))
     results: list[Answered | BadQuestion] = []
     for request, items in zip(requests, encoded):
         if isinstance(items, BadQuestion):
             results.append(items)
             continue
-        by_id = {item.question_id: p for item, p in zip(items, next(probabilities))}
+        raw = next(logits)
+        probabilities = calibrated_probabilities(loaded, items, raw)
+        by_id = {item.question_id: p for item, p in zip(items, probabilities)}
         answers = shape_answers(request.questions, by_id, request.legends)
-        results.append(Answered(answers, sum(len(item) for item in items)))
+        logits_by_id = {item.question_id: z for item, z in zip(items, raw)}
+        results.append(Answered(answers, sum(len(item) for item in items), logits=logits_by_id))
     return results
 
 

@@ -10,23 +10,27 @@ from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
+import pyarrow.parquet as pq
 import pytest
 from fastapi.testclient import TestClient
+from mlflow.pyfunc import PythonModelContext
 
 from pipeline.cli.main import main
 from pipeline.config import QuantizeConfig
 from pipeline.data import synthetic
-from pipeline.data.answers import parse_request
+from pipeline.data.answers import answer_probabilities, parse_request
 from pipeline.families import load_decision_model
 from pipeline.families.runtimes import precision as precision_module
 from pipeline.families.runtimes.onnx_encoder import ONNX_FILE, OnnxEncoder, onnxruntime_missing
 from pipeline.families.runtimes.precision import Int8Refused, served_precision
 from pipeline.families.runtimes.quantize import INT8_GRAPH, INT8_REPORT, QuantizationFailed, read_int8
+from pipeline.mlops.pyfunc import EXPORT_ARTIFACT, DecisionPyfunc
 from pipeline.scoring.calibrators import Calibrator, choose_calibrator
 from pipeline.serving.server import ServeOptions, build_app
 from pipeline.stages import quantize as quantize_stage
 from pipeline.stages.evaluate import evaluate_model, served_logits
 from pipeline.stages.export import export_folder, with_encoder_graph
+from pipeline.stages.predict import predict_stage
 from pipeline.stages.quantize import Rows, quantize_export
 from tests.api.conftest import wait_ready
 from tests.model.test_onnx_backend import torch_threads  # noqa: F401  (a fixture)
@@ -214,3 +218,30 @@ def test_decision_quantize_without_rows_is_one_line_and_exit_2(tiny_base, tmp_pa
     folder = exported(tiny_base, tmp_path / "export", "laya")
     assert main(["quantize", "--model", str(folder)]) == 2
     assert "give --data" in capsys.readouterr().err
+
+
+def test_the_mlflow_model_serves_the_precision_its_model_config_names(quantized):
+    pyfunc = DecisionPyfunc()
+    pyfunc.load_context(PythonModelContext({EXPORT_ARTIFACT: str(quantized)}, {"precision": "int8"}))
+    assert pyfunc.precision.name == "int8" and pyfunc.backend.name == "onnxruntime"
+    body = {"state": ROWS.check[0].state, "questions": ROWS.check[0].request_questions()}
+    [got] = pyfunc.predict(None, [body])
+    [want] = served_precision(load_decision_model(quantized), "int8", quantized)[0].answer(
+        [parse_request(body["state"], body["questions"])]
+    )
+    assert got["answers"] == want.answers
+
+
+def test_batch_predict_at_int8_answers_as_the_int8_server_does(quantized, tmp_path):
+    rows = synthetic.write_rows(synthetic.generate_rows(6, seed=2), tmp_path / "rows.jsonl")
+    result = predict_stage(str(quantized), rows, tmp_path / "scores.parquet", precision="int8")
+    assert result.scored == 6
+    served = served_precision(load_decision_model(quantized), "int8", quantized)[0]
+    first = pq.read_table(tmp_path / "scores.parquet").to_pylist()[0]
+    record = synthetic_records(6, seed=2)[0]
+    [want] = served.answer([parse_request(record.state, record.request_questions())])
+    got = json.loads(first["answers"])
+    assert got.keys() == want.answers.keys()
+    # Dynamic quantization scales a pass's activations by the whole batch: alone, a row's answer moves a little.
+    for qid, answer in want.answers.items():
+        np.testing.assert_allclose(answer_probabilities(got[qid]), answer_probabilities(answer), atol=2e-3)

@@ -2,8 +2,9 @@
 model never trained on, and refitted so that what it serves stays calibrated (any family whose encoder a runtime
 can take).
 
-The int8 model answers the fitting rows (the run's validation split) and the checking rows (its held-out
-split); its calibrator is chosen and fitted on its own logits of the fitting rows, and its certificates
+The quantization schemes (`runtimes.quantize.SCHEMES`) are tried from the fastest, and the first whose answers
+to the fitting rows (the run's validation split) agree with fp32's often enough (`quantize.min_agreement`) is
+kept, else the closest. The int8 model's calibrator is chosen and fitted on its own logits of the fitting rows, and its certificates
 (`scoring.certify`) certified on their cross-fitted answers, as the calibrate stage does for fp32. On the
 checking rows, each calibrated by its own calibrator, int8 is compared with fp32 (`scoring.precision`): argmax
 agreement, accuracy, ECE and certified coverage, per question and overall. `int8.json`, written last, holds the
@@ -37,7 +38,9 @@ from pipeline.families.base import DecisionModel
 from pipeline.families.runtimes.onnx_encoder import ONNX_FILE, OnnxEncoder
 from pipeline.families.runtimes.quantize import (
     INT8_GRAPH,
+    SCHEMES,
     QuantizationFailed,
+    Scheme,
     file_sha256,
     int8_host_problem,
     quantize_graph,
@@ -110,29 +113,57 @@ def quantize_export(
     if not rows.check:
         return _not_quantized(folder, "no rows to measure it on (no held-out split)", failed=False)
     started = time.perf_counter()
+    model = load_decision_model(folder)
+    fit = rows.fit or rows.check  # no validation split: fitted on the checking rows (the report says so)
+    say(f"int8: answering {_count(rows)} at fp32 and int8, trying {', '.join(s.name for s in SCHEMES)}")
     try:
-        quantized = quantize_graph(graph, folder / INT8_GRAPH)
-        model = load_decision_model(folder)
-        # Loaded again: its own caches (the joint family's field vectors), never filled by the fp32 passes.
-        int8 = replace(load_decision_model(folder), encoder=OnnxEncoder(quantized))
+        chosen = choose_scheme(folder, model, fit, config)
     except QuantizationFailed as error:
         return _not_quantized(folder, f"ONNX Runtime could not quantize {graph}: {error}")
     except (RuntimeError, ValueError, OSError) as error:  # onnxruntime's own errors on loading the graph
         return _not_quantized(
             folder, f"ONNX Runtime could not run {INT8_GRAPH}: {type(error).__name__}: {error}"
         )
-    say(
-        f"int8 encoder written ({quantized.stat().st_size / 1e6:.0f} MB); answering {_count(rows)} at fp32 and int8"
-    )
-    report = measure(model, int8, rows, config, certify_config)
+    report = measure(model, chosen, rows, config, certify_config)
     report |= {
         "graph": INT8_GRAPH,
-        "graph_sha256": file_sha256(quantized),
+        "graph_sha256": file_sha256(folder / INT8_GRAPH),
+        "scheme": chosen.scheme.name,
+        "schemes_tried": chosen.tried,
         "seconds": time.perf_counter() - started,
     }
     write_int8(folder, report)
-    (say if report["passes"] else log.warning)(f"int8: {report['why']}")
+    (say if report["passes"] else log.warning)(f"int8 ({chosen.scheme.name}): {report['why']}")
     return QuantizeResult(str(folder), True, report["passes"], report["why"], report["overall"])
+
+
+@dataclass(frozen=True)
+class Chosen:
+    """The int8 model of the scheme kept, its answers to the fitting rows, and every scheme's agreement there."""
+
+    scheme: Scheme
+    model: DecisionModel
+    fit: tuple[list[ScoredDecision], list[np.ndarray]]
+    tried: list[dict[str, Any]]
+
+
+def choose_scheme(folder: Path, fp32: DecisionModel, fit: list[Record], config: QuantizeConfig) -> Chosen:
+    """The first of `SCHEMES` (the fastest first) whose argmax agreement with fp32 on the fitting rows reaches
+    `config.min_agreement`, else the last (the closest): its graph at `folder/encoder.int8.onnx`."""
+    _, reference = served_logits(fp32, fit)
+    tried = []
+    for scheme in SCHEMES:
+        graph = quantize_graph(folder / ONNX_FILE, folder / INT8_GRAPH, scheme)
+        # Loaded again: its own caches (the joint family's field vectors), never filled by the fp32 passes.
+        int8 = replace(load_decision_model(folder), encoder=OnnxEncoder(graph))
+        decisions, logits = served_logits(int8, fit)
+        agreement = float(
+            np.mean([int(np.argmax(a)) == int(np.argmax(b)) for a, b in zip(reference, logits)])
+        )
+        tried.append({"scheme": scheme.name, "fit_argmax_agreement": agreement})
+        if agreement >= config.min_agreement:
+            break
+    return Chosen(scheme, int8, (decisions, logits), tried)
 
 
 def _count(rows: Rows) -> str:
@@ -147,16 +178,12 @@ def _not_quantized(folder: Path, why: str, failed: bool = True) -> QuantizeResul
 
 
 def measure(
-    fp32: DecisionModel,
-    int8: DecisionModel,
-    rows: Rows,
-    config: QuantizeConfig,
-    certify_config: CertifyConfig,
+    fp32: DecisionModel, chosen: Chosen, rows: Rows, config: QuantizeConfig, certify_config: CertifyConfig
 ) -> dict[str, Any]:
-    """The report: int8's calibrator and certificates fitted on `rows.fit`, and int8 against fp32 on
-    `rows.check` (`scoring.precision`), with the verdict."""
-    fit = rows.fit or rows.check  # no validation split: fitted on the checking rows (the report says so)
-    fit_decisions, fit_logits = served_logits(int8, fit)
+    """The report: the int8 model's calibrator and certificates fitted on its answers to the fitting rows, and
+    int8 against fp32 on `rows.check` (`scoring.precision`), with the verdict."""
+    int8, fit = chosen.model, rows.fit or rows.check
+    fit_decisions, fit_logits = chosen.fit
     choice = choose_calibrator(fit_decisions, fit_logits)  # on the gold labels, as the calibrate stage fits
     certificates = certify(fit_decisions, choice.cross_fitted, certify_config)
     checked, reference_logits = served_logits(fp32, rows.check)

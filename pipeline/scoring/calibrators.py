@@ -144,18 +144,24 @@ class Choice:
 
 
 def choose_calibrator(
-    decisions: list[ScoredDecision], logits: list[np.ndarray], soft: bool = False
+    decisions: list[ScoredDecision],
+    logits: list[np.ndarray],
+    soft: bool = False,
+    kinds: tuple[str, ...] = KINDS,
 ) -> Choice:
-    """The kind with the lowest cross-fitted NLL, refitted on all decisions; kinds that cannot fit are left
-    out."""
+    """Of `kinds`, the kind with the lowest cross-fitted NLL, refitted on all decisions; kinds that cannot fit
+    are left out (type temperatures then, which always fit)."""
     if not decisions:
         return Choice(Calibrator(notes={"chosen": "no decisions to fit on: T = 1"}), {}, [])
     kept = _kept_types(decisions, logits, soft)
     scored = {}
-    for kind in KINDS:
+    for kind in [k for k in KINDS if k in kinds] or [TYPE_TEMPERATURE]:
         probabilities = cross_fitted_probabilities(kind, decisions, logits, soft, kept)
         if probabilities is not None:
             scored[kind] = (mean_nll(decisions, probabilities), probabilities)
+    if not scored:  # none of `kinds` adds anything over type temperatures here
+        probabilities = cross_fitted_probabilities(TYPE_TEMPERATURE, decisions, logits, soft, kept)
+        scored[TYPE_TEMPERATURE] = (mean_nll(decisions, probabilities), probabilities)
     best = min(scored, key=lambda kind: (round(scored[kind][0], 6), KINDS.index(kind)))
     calibrator = fit_calibrator(best, decisions, logits, soft, kept)
     notes = {

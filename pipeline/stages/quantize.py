@@ -4,12 +4,13 @@ can take).
 
 The quantization schemes (`runtimes.quantize.SCHEMES`) are tried from the fastest, and the first whose answers
 to the fitting rows (the run's validation split) agree with fp32's often enough (`quantize.min_agreement`) is
-kept, else the closest. The int8 model's calibrator is chosen and fitted on its own logits of the fitting rows, and its certificates
-(`scoring.certify`) certified on their cross-fitted answers, as the calibrate stage does for fp32. On the
-checking rows, each calibrated by its own calibrator, int8 is compared with fp32 (`scoring.precision`): argmax
-agreement, accuracy, ECE and certified coverage, per question and overall. `int8.json`, written last, holds the
-figures, the verdict against the `quantize:` bounds, the calibrator and the certificates; a server serves the
-int8 encoder under `--precision auto` only where the verdict passes (`runtimes.precision`).
+kept, else the closest. The fp32 model's kind of calibrator is fitted on the int8 model's logits of the
+fitting rows, and its certificates (`scoring.certify`) certified on their cross-fitted answers, as the
+calibrate stage does for fp32. On the checking rows, each calibrated by its own calibrator, int8 is compared
+with fp32 (`scoring.precision`): argmax agreement, accuracy, ECE and certified coverage, per question and
+overall. `int8.json`, written last, holds the figures, the verdict against the `quantize:` bounds, the
+calibrator and the certificates; a server serves the int8 encoder under `--precision auto` only where the
+verdict passes (`runtimes.precision`).
 
     decision quantize --model runs/<key>/export          # the run folder's split beside it
     decision quantize --model models/vader --data rows.jsonl   # rows split into fitting and checking halves
@@ -184,11 +185,14 @@ def measure(
     int8 against fp32 on `rows.check` (`scoring.precision`), with the verdict."""
     int8, fit = chosen.model, rows.fit or rows.check
     fit_decisions, fit_logits = chosen.fit
-    choice = choose_calibrator(fit_decisions, fit_logits)  # on the gold labels, as the calibrate stage fits
+    # The fp32 model's kind of calibrator, refitted on int8's logits (on the gold labels, as the calibrate stage
+    # fits): a kind with per-question biases where fp32 has none would move answers int8 did not move.
+    shipped = fp32.family.calibrator(fp32.loaded)
+    choice = choose_calibrator(fit_decisions, fit_logits, kinds=(shipped.kind,))
     certificates = certify(fit_decisions, choice.cross_fitted, certify_config)
     checked, reference_logits = served_logits(fp32, rows.check)
     _, candidate_logits = served_logits(int8, rows.check)
-    reference = fp32.family.calibrator(fp32.loaded).apply(checked, reference_logits)
+    reference = shipped.apply(checked, reference_logits)
     candidate = choice.calibrator.apply(checked, candidate_logits)
     figures = compare_precisions(checked, reference, candidate)
     fp32_automation = _automation(checked, reference, fp32.automation.certificates, certify_config)

@@ -38,6 +38,9 @@ def test_a_first_run_is_tracked_registered_smoke_tested_and_promoted(
     assert version.tags["owner"] == "alice"  # the flow's `owner` parameter
     assert version.tags["data_pinned"] == "true" and "allow_unpinned" not in version.tags
     assert "no champion yet" in version.tags["gate_reasons"]
+    # The export carries its int8 encoder with a report that passes (the smoke test served fp32).
+    assert version.tags["int8"] == "passes" and 0.5 <= float(version.tags["int8_argmax_agreement"]) <= 1.0
+    assert (Path(summary.export_dir) / "int8.json").is_file()
     assert summary.tracked.revision.previous_version is None and not summary.tracked.revision.changed
     data_md5 = hashlib.md5(
         Path(yaml.safe_load(tiny_params.read_text())["retrain"]["data"]).read_bytes()

@@ -50,10 +50,16 @@ def test_a_damaged_export_is_an_error_naming_the_file(tiny_base, tmp_path, damag
         load_decision_model(folder)
 
 
-@pytest.fixture
-def registry(tmp_path, monkeypatch):
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path}/mlflow.db")
-    return tmp_path
+@pytest.fixture(scope="module")
+def registry(tiny_base, tmp_path_factory):
+    """One store for the module's tests, with the good version registered once (a registration loads the
+    model and answers with it, and a fresh store migrates its tables: seconds each): (folder, good version)."""
+    from pipeline.mlops.registry import register_export
+
+    folder = tmp_path_factory.mktemp("registry")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{folder}/mlflow.db")
+        yield folder, register_export(_export(tiny_base, folder / "good"), NAME)
 
 
 def _files_gone(version: str) -> None:
@@ -71,9 +77,9 @@ def test_a_bad_version_behind_the_alias_never_replaces_the_serving_one(registry,
     from pipeline.mlops.registry import client, register_export
     from pipeline.serving.catalog import Catalog
 
-    good = register_export(_export(tiny_base, registry / "good"), NAME)
+    folder, good = registry
     client().set_registered_model_alias(NAME, "champion", good)
-    bad_folder = _export(tiny_base, registry / "bad")
+    bad_folder = _export(tiny_base, folder / f"bad-{damage}")
     if damage != "files_gone":
         {"truncated": truncated, "calibrator_missing": calibrator_missing}[damage](bad_folder)
     bad = register_export(bad_folder, NAME)

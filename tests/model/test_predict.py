@@ -235,13 +235,30 @@ def test_a_parquet_file_without_questions_is_refused_before_the_model_loads(tiny
     assert orjson.dumps(sorted(p.name for p in tmp_path.iterdir())) == b'["table.parquet"]'
 
 
-def test_a_registry_alias_scores_as_its_version_is_served(tiny_base, tmp_path, monkeypatch):
+@pytest.fixture(scope="module")
+def store(tiny_base, tmp_path_factory):
+    """A store of the module's own where tiny_base is registered once as tiny-model, its champion (a
+    registration loads the model and answers with it, and a fresh store migrates its tables: seconds each):
+    (its URI, the version)."""
     from pipeline.mlops.registry import client, register_export
 
-    (tmp_path / "mlflow").mkdir()
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path}/mlflow/mlflow.db")
-    version = register_export(tiny_base, "tiny-model")
-    client().set_registered_model_alias("tiny-model", "champion", version)
+    uri = f"sqlite:///{tmp_path_factory.mktemp('mlflow')}/mlflow.db"
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("MLFLOW_TRACKING_URI", uri)
+        version = register_export(tiny_base, "tiny-model")
+        client().set_registered_model_alias("tiny-model", "champion", version)
+    return uri, version
+
+
+@pytest.fixture
+def champion(store, monkeypatch) -> str:
+    """The module's store as the test's tracking store: the champion's version."""
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", store[0])
+    return store[1]
+
+
+def test_a_registry_alias_scores_as_its_version_is_served(tiny_base, tmp_path, champion):
+    version = champion
     rows = unlabelled_rows(3)
     data = synthetic.write_rows(rows, tmp_path / "rows.jsonl")
     result = predict_stage("models:/tiny-model@champion", data, tmp_path / "scores.parquet")
@@ -252,15 +269,10 @@ def test_a_registry_alias_scores_as_its_version_is_served(tiny_base, tmp_path, m
 
 
 def test_evaluate_scores_a_registered_version_as_its_folder(
-    tiny_base, synthetic_train_file, tmp_path, monkeypatch, capsys
+    tiny_base, synthetic_train_file, champion, capsys
 ):
     # evaluate took a folder only, where predict and compare take models:/NAME@ALIAS too.
-    from pipeline.mlops.registry import client, register_export
-
-    (tmp_path / "mlflow").mkdir()
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path}/mlflow/mlflow.db")
-    version = register_export(tiny_base, "tiny-model")
-    client().set_registered_model_alias("tiny-model", "champion", version)
+    version = champion
     capsys.readouterr()
     reports = {}
     for model in (str(tiny_base), "models:/tiny-model@champion"):

@@ -43,6 +43,9 @@ FULL_ONLY = {
     "tests/model/test_compile.py::test_no_recompiles_after_warmup": "torch.compile on the CPU, every bucket",
     "tests/model/test_predict.py::test_a_terminated_command_exits_130": "a real `decision predict` process, "
     "stopped by SIGTERM mid-file",
+    # Duplicate: the fast test_a_causal_lm_export_registers_and_answers_as_an_mlflow_model covers the path.
+    "tests/model/test_joint_causal_lm_finetune.py::test_lora_finetune_trains_calibrates_exports_and_serves": "150 "
+    "LoRA steps on the tiny causal LM until its loss halves, then served (~18 s)",
 }
 """Test files, folders or tests (a node id's start) that run in `make test-all` only, with what makes them
 slow."""

@@ -5,11 +5,18 @@
 ranks or a browser, or kill processes and wait for them. Membership is kept here, in one table, with why.
 """
 
+import os
 from pathlib import Path
 
 import pytest
 
 from pipeline.data import synthetic
+
+# OpenMP threads waiting for work sleep, not spin: with torch's two threads on two cores another process
+# shares, spinning made tiny trainings 15-30x slower (test_loss_falls_and_parameters_stay_finite: 78 s, not
+# 2.4 s, beside one busy core). Read once, when torch loads OpenMP: so before anything here imports torch
+# (commands the tests start inherit it).
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -5,11 +5,18 @@
 ranks or a browser, or kill processes and wait for them. Membership is kept here, in one table, with why.
 """
 
+import os
 from pathlib import Path
 
 import pytest
 
 from pipeline.data import synthetic
+
+# OpenMP threads waiting for work sleep, not spin: with torch's two threads on two cores another process
+# shares, spinning made tiny trainings 15-30x slower (test_loss_falls_and_parameters_stay_finite: 78 s, not
+# 2.4 s, beside one busy core). Read once, when torch loads OpenMP: so before anything here imports torch
+# (commands the tests start inherit it).
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -43,6 +50,9 @@ FULL_ONLY = {
     "tests/model/test_compile.py::test_no_recompiles_after_warmup": "torch.compile on the CPU, every bucket",
     "tests/model/test_predict.py::test_a_terminated_command_exits_130": "a real `decision predict` process, "
     "stopped by SIGTERM mid-file",
+    # Duplicate: the fast test_a_causal_lm_export_registers_and_answers_as_an_mlflow_model covers the path.
+    "tests/model/test_joint_causal_lm_finetune.py::test_lora_finetune_trains_calibrates_exports_and_serves": "150 "
+    "LoRA steps on the tiny causal LM until its loss halves, then served (~18 s)",
 }
 """Test files, folders or tests (a node id's start) that run in `make test-all` only, with what makes them
 slow."""

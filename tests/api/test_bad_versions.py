@@ -50,10 +50,25 @@ def test_a_damaged_export_is_an_error_naming_the_file(tiny_base, tmp_path, damag
         load_decision_model(folder)
 
 
+@pytest.fixture(scope="module")
+def store(tiny_base, tmp_path_factory):
+    """One store for the module's tests, with the good version registered once (a registration loads the
+    model and answers with it, and a fresh store migrates its tables: seconds each): (its URI, that
+    version)."""
+    from pipeline.mlops.registry import register_export
+
+    folder = tmp_path_factory.mktemp("registry")
+    uri = f"sqlite:///{folder}/mlflow.db"
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("MLFLOW_TRACKING_URI", uri)
+        return uri, register_export(_export(tiny_base, folder / "good"), NAME)
+
+
 @pytest.fixture
-def registry(tmp_path, monkeypatch):
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path}/mlflow.db")
-    return tmp_path
+def registry(store, tmp_path, monkeypatch):
+    """The module's store as the test's tracking store: (a folder of the test's own, the good version)."""
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", store[0])
+    return tmp_path, store[1]
 
 
 def _files_gone(version: str) -> None:
@@ -71,9 +86,9 @@ def test_a_bad_version_behind_the_alias_never_replaces_the_serving_one(registry,
     from pipeline.mlops.registry import client, register_export
     from pipeline.serving.catalog import Catalog
 
-    good = register_export(_export(tiny_base, registry / "good"), NAME)
+    folder, good = registry
     client().set_registered_model_alias(NAME, "champion", good)
-    bad_folder = _export(tiny_base, registry / "bad")
+    bad_folder = _export(tiny_base, folder / "bad")
     if damage != "files_gone":
         {"truncated": truncated, "calibrator_missing": calibrator_missing}[damage](bad_folder)
     bad = register_export(bad_folder, NAME)

@@ -72,7 +72,7 @@ def test_the_cli_compares_a_base_with_its_fine_tune_per_question(
 ):
     params = tmp_path / "params.yaml"
     params.write_text(
-        "train:\n  micro_batch: 4\n  lora_r: 4\n  precision: fp32\n"
+        "train:\n  micro_batch: 4\n  grad_accum: 2\n  lora_r: 4\n  precision: fp32\n"
         "validate:\n  holdout_max_decisions: 120\n  holdout_fraction: 0.3\n"
     )
     out = tmp_path / "export"

@@ -20,9 +20,11 @@ from tests.tiny import contrary_row
 def params(tmp_path):
     path = tmp_path / "params.yaml"
     # One thread: the same arithmetic in both runs (a thread count the load governor changes mid-run would not
-    # be).
+    # be). Two out-of-fold folds, not five, and two micro-batches a step, not eight: every fitted part stays
+    # under the protocol's check, at a fraction of its cost.
     path.write_text(
-        "train:\n  micro_batch: 4\n  lora_r: 4\n  precision: fp32\n  threads: 1\n"
+        "train:\n  micro_batch: 4\n  grad_accum: 2\n  lora_r: 4\n  precision: fp32\n  threads: 1\n"
+        "  out_of_fold_folds: 2\n"
         "validate:\n  validation_fraction: 0.2\n  validation_min_decisions: 30\n"
     )
     return path
@@ -90,7 +92,8 @@ def test_without_a_validation_split_the_run_says_its_calibrator_saw_held_out_lab
 ):
     params = tmp_path / "params.yaml"
     params.write_text(
-        "train:\n  micro_batch: 4\n  lora_r: 4\n  precision: fp32\nvalidate:\n  validation_fraction: 0\n"
+        "train:\n  micro_batch: 4\n  grad_accum: 2\n  lora_r: 4\n  precision: fp32\n"
+        "validate:\n  validation_fraction: 0\n"
     )
     held = tmp_path / "held.jsonl"  # other rows than the training data's (the same file is refused)
     held.write_text("".join(synthetic_train_file.read_text().splitlines(keepends=True)[100:]))

@@ -1,5 +1,7 @@
 """`decision finetune` and `decision evaluate` end to end on a tiny model and synthetic rows."""
 
+import contextlib
+import io
 import json
 
 import pytest
@@ -16,38 +18,50 @@ from tests.tiny import pin_inputs
 KEYS = {"run_dir", "validation", "train", "calibration", "export_dir", "tracked", "release"}
 
 
+PARAMS = (
+    "train:\n  micro_batch: 4\n  grad_accum: 2\n  lora_r: 4\n  precision: fp32\n"
+    "validate:\n  holdout_max_decisions: 120\n  holdout_fraction: 0.3\n"
+)
+
+
 @pytest.fixture
 def params(tmp_path):
     path = tmp_path / "params.yaml"
-    path.write_text(
-        "train:\n  micro_batch: 4\n  grad_accum: 2\n  lora_r: 4\n  precision: fp32\n"
-        "validate:\n  holdout_max_decisions: 120\n  holdout_fraction: 0.3\n"
-    )
+    path.write_text(PARAMS)
     return path
 
 
-def test_finetune_json_has_the_stable_keys_and_exports_a_model(
-    tiny_base, synthetic_train_file, params, tmp_path, capsys
-):
-    out = tmp_path / "export"
-    code = main(
-        [
-            "finetune",
-            "--data",
-            str(synthetic_train_file),
-            "--base",
-            str(tiny_base),
-            "--out",
-            str(out),
-            "--max-steps",
-            "3",
-            "--params",
-            str(params),
-            "--json",
-        ]
-    )
+@pytest.fixture(scope="module")
+def finetuned(tiny_base, synthetic_train_file, tmp_path_factory):
+    """One `decision finetune --json` of three steps, for the tests that read what it prints and writes (each
+    ran the same fine-tune of its own): (the export folder, the summary it printed)."""
+    folder = tmp_path_factory.mktemp("finetuned")
+    (folder / "params.yaml").write_text(PARAMS)
+    out = folder / "export"
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        code = main(
+            [
+                "finetune",
+                "--data",
+                str(synthetic_train_file),
+                "--base",
+                str(tiny_base),
+                "--out",
+                str(out),
+                "--max-steps",
+                "3",
+                "--params",
+                str(folder / "params.yaml"),
+                "--json",
+            ]
+        )
     assert code == 0
-    summary = json.loads(capsys.readouterr().out)
+    return out, json.loads(printed.getvalue())
+
+
+def test_finetune_json_has_the_stable_keys_and_exports_a_model(finetuned):
+    out, summary = finetuned
     assert (
         set(summary) == KEYS and summary["tracked"] is None and summary["release"] is None
     )  # no flow: no MLflow
@@ -320,29 +334,11 @@ def test_a_cancel_during_calibration_exports_nothing(tiny_base, synthetic_train_
     assert not (tmp_path / "export").exists()
 
 
-def test_finetune_writes_the_flows_run_files(tiny_base, synthetic_train_file, params, tmp_path, capsys):
+def test_finetune_writes_the_flows_run_files(finetuned):
     """One chain: the run folder holds what the flow's does (calibration report, expected answers, plots)."""
-    out = tmp_path / "export"
-    code = main(
-        [
-            "finetune",
-            "--data",
-            str(synthetic_train_file),
-            "--base",
-            str(tiny_base),
-            "--out",
-            str(out),
-            "--max-steps",
-            "2",
-            "--params",
-            str(params),
-            "--json",
-        ]
-    )
-    assert code == 0
-    summary = json.loads(capsys.readouterr().out)
+    out, summary = finetuned
     run = RunFolder(summary["run_dir"])
-    assert run.root == tmp_path / "export.run"
+    assert run.root == out.parent / "export.run"
     for path in (
         run.split,
         run.train_summary,

@@ -65,6 +65,9 @@ def write_params(folder, steps: int = 10, **train):
             "log_every": 2,
             "precision": "fp32",
             "epochs": 100,
+            # No out-of-fold head trainings: what is checked here is the base, the training and the export
+            # (tests/model/test_out_of_fold.py checks the folds).
+            "out_of_fold_below": 0,
             **train,
         },
     }

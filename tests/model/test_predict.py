@@ -235,13 +235,30 @@ def test_a_parquet_file_without_questions_is_refused_before_the_model_loads(tiny
     assert orjson.dumps(sorted(p.name for p in tmp_path.iterdir())) == b'["table.parquet"]'
 
 
-def test_a_registry_alias_scores_as_its_version_is_served(tiny_base, tmp_path, monkeypatch):
+@pytest.fixture(scope="module")
+def store(tiny_base, tmp_path_factory):
+    """A store of the module's own where tiny_base is registered once as tiny-model, its champion (a
+    registration loads the model and answers with it, and a fresh store migrates its tables: seconds each):
+    (its URI, the version)."""
     from pipeline.mlops.registry import client, register_export
 
-    (tmp_path / "mlflow").mkdir()
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path}/mlflow/mlflow.db")
-    version = register_export(tiny_base, "tiny-model")
-    client().set_registered_model_alias("tiny-model", "champion", version)
+    uri = f"sqlite:///{tmp_path_factory.mktemp('mlflow')}/mlflow.db"
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("MLFLOW_TRACKING_URI", uri)
+        version = register_export(tiny_base, "tiny-model")
+        client().set_registered_model_alias("tiny-model", "champion", version)
+    return uri, version
+
+
+@pytest.fixture
+def champion(store, monkeypatch) -> str:
+    """The module's store as the test's tracking store: the champion's version."""
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", store[0])
+    return store[1]
+
+
+def test_a_registry_alias_scores_as_its_version_is_served(tiny_base, tmp_path, champion):
+    version = champion
     rows = unlabelled_rows(3)
     data = synthetic.write_rows(rows, tmp_path / "rows.jsonl")
     result = predict_stage("models:/tiny-model@champion", data, tmp_path / "scores.parquet")
@@ -252,15 +269,10 @@ def test_a_registry_alias_scores_as_its_version_is_served(tiny_base, tmp_path, m
 
 
 def test_evaluate_scores_a_registered_version_as_its_folder(
-    tiny_base, synthetic_train_file, tmp_path, monkeypatch, capsys
+    tiny_base, synthetic_train_file, champion, capsys
 ):
     # evaluate took a folder only, where predict and compare take models:/NAME@ALIAS too.
-    from pipeline.mlops.registry import client, register_export
-
-    (tmp_path / "mlflow").mkdir()
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path}/mlflow/mlflow.db")
-    version = register_export(tiny_base, "tiny-model")
-    client().set_registered_model_alias("tiny-model", "champion", version)
+    version = champion
     capsys.readouterr()
     reports = {}
     for model in (str(tiny_base), "models:/tiny-model@champion"):
@@ -339,38 +351,34 @@ def test_question_columns_come_from_the_first_readable_row_even_past_the_first_c
     assert all(r["tone.label"] is None for r in scored[:7]) and scored[7]["tone.label"] is not None
 
 
-def test_two_runs_writing_one_out_stage_apart_and_the_file_is_one_runs_whole(tiny_base, tmp_path):
+def test_two_runs_writing_one_out_stage_apart_and_the_file_is_one_runs_whole(
+    tiny_base, tmp_path, monkeypatch
+):
+    import os
     import subprocess
     import sys
 
     out = tmp_path / "scores.parquet"
     inputs = {n: synthetic.write_rows(unlabelled_rows(n), tmp_path / f"rows{n}.jsonl") for n in (60, 20)}
-    runs = [
-        subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "pipeline.cli",
-                "predict",
-                "--model",
-                str(tiny_base),
-                "--data",
-                str(data),
-                "--out",
-                str(out),
-                "-q",
-            ],
-            cwd=Path(__file__).resolve().parents[2],
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for data in inputs.values()
-    ]
-    codes = [run.wait(timeout=300) for run in runs]
-    assert codes == [0, 0], [run.stderr.read() for run in runs]
-    # Each run renamed its own complete file in: the last rename wins, whole (a shared staging file mixed
-    # them).
-    assert len(read_out(out)) in (60, 20) and not list(tmp_path.glob(".scores.parquet.*"))
+    predict = ["predict", "--model", str(tiny_base), "--out", str(out), "-q"]
+    other, rename = [], os.replace
+
+    def rename_after_another_run(source, target):
+        # This run's file is staged: another `decision predict` process writes the same OUT, start to end,
+        # before this run renames its own in (runs started side by side overlapped only by chance, and a
+        # second fresh process cost ~8 s of imports).
+        if Path(source).name.startswith(f".{out.name}.") and not other:
+            command = [sys.executable, "-m", "pipeline.cli", *predict, "--data", str(inputs[60])]
+            root = Path(__file__).resolve().parents[2]
+            other.append(subprocess.run(command, cwd=root, capture_output=True, text=True, timeout=300))
+        rename(source, target)
+
+    monkeypatch.setattr(os, "replace", rename_after_another_run)
+    codes = [main([*predict, "--data", str(inputs[20])]), other[0].returncode]
+    assert codes == [0, 0], other[0].stderr
+    # Each run renamed its own complete file in: the last rename (this run's) wins, whole (a shared staging
+    # file mixed them).
+    assert len(read_out(out)) == 20 and not list(tmp_path.glob(".scores.parquet.*"))
 
 
 @pytest.mark.parametrize("name", ["scores.csv", "scores.jsonl", "scores"])

@@ -2,18 +2,26 @@
 module reaches into the command line, every class of the project is built with its fields named past six
 arguments, and `# fmt: skip` stays on the few lines a formatter really harms."""
 
+import pytest
+
 from scripts.house_figures import FMT_SKIP, MAX_POSITIONAL, measure, positional_calls
 
 MAX_FMT_SKIP_LINES = 300
 """In pipeline/ and flows/: hand-packed code a formatter may no longer touch is the exception."""
 
 
-def test_no_flow_module_imports_the_command_line():
-    assert measure().flows_importing_cli == []
+@pytest.fixture(scope="module")
+def figures():
+    """The house's figures, measured once for the module: each measurement parses every file (seconds)."""
+    return measure()
 
 
-def test_no_class_of_the_project_is_built_with_more_than_six_positional_arguments():
-    assert measure().positional_calls == []
+def test_no_flow_module_imports_the_command_line(figures):
+    assert figures.flows_importing_cli == []
+
+
+def test_no_class_of_the_project_is_built_with_more_than_six_positional_arguments(figures):
+    assert figures.positional_calls == []
 
 
 def test_the_checker_sees_a_class_built_by_position(tmp_path, monkeypatch):
@@ -28,5 +36,5 @@ def test_the_checker_sees_a_class_built_by_position(tmp_path, monkeypatch):
     ]
 
 
-def test_fmt_skip_stays_rare_in_the_library():
-    assert measure().fmt_skip_library <= MAX_FMT_SKIP_LINES, f"lines holding {FMT_SKIP!r}"
+def test_fmt_skip_stays_rare_in_the_library(figures):
+    assert figures.fmt_skip_library <= MAX_FMT_SKIP_LINES, f"lines holding {FMT_SKIP!r}"

@@ -117,10 +117,12 @@ def settings_changed(before: dict[str, str], now: dict[str, str]) -> tuple[str, 
     tagged = {"base_md5": "base", "code_digest": "code"}
     if "code_digest" not in before:  # a version from before the digest was tagged: its commit says as much
         tagged["git_commit"] = "git commit"
+    # params.yaml's settings only (`section.name`): the MLflow model's config (`backend`, `precision`) is logged
+    # as bare run params, and is no setting of the run.
     params = [
         name
         for name in sorted(before.keys() | now.keys())
-        if name not in TAGGED_SETTINGS and before.get(name) != now.get(name)
+        if "." in name and before.get(name) != now.get(name)
     ]
     shown = [
         f"{name} {before.get(name, '(unset)')} -> {now.get(name, '(unset)')}"

@@ -61,8 +61,14 @@ def quantized_once(request, tiny_base, tmp_path_factory) -> Path:
 
 @pytest.fixture
 def quantized(quantized_once, tmp_path, monkeypatch) -> Path:
-    """A copy of `quantized_once` a test may change, served as on a host with VNNI."""
+    """A copy of `quantized_once` a test may change, served as on a host with VNNI where int8 is the fastest
+    (the race is timed; a test of the choice must not depend on this machine's load)."""
     monkeypatch.setattr(precision_module, "int8_host_problem", lambda: None)
+    monkeypatch.setattr(
+        precision_module,
+        "race",
+        lambda model, encoders: {"int8": 1.0} | dict.fromkeys(set(encoders) - {"int8"}, 2.0),
+    )
     return Path(shutil.copytree(quantized_once, tmp_path / "export"))
 
 
@@ -97,7 +103,9 @@ def test_the_int8_calibrator_is_refitted_on_the_int8_models_own_logits(quantized
     decisions, logits = served_logits(model, ROWS.fit)
     kind = load_decision_model(quantized).family.calibrator(load_decision_model(quantized).loaded).kind
     assert int8.calibrator.kind == kind  # fp32's kind of calibrator, its values fitted on int8's logits
-    assert int8.calibrator.to_json() == choose_calibrator(decisions, logits, kinds=(kind,)).calibrator.to_json()
+    assert (
+        int8.calibrator.to_json() == choose_calibrator(decisions, logits, kinds=(kind,)).calibrator.to_json()
+    )
     served, choice = served_precision(load_decision_model(quantized), "int8", quantized)
     assert choice.name == "int8" and served.loaded.calibrator == int8.calibrator
     [answered] = served.answer([parse_request(ROWS.check[0].state, ROWS.check[0].request_questions())])
@@ -119,6 +127,21 @@ def test_auto_serves_int8_where_its_report_passes_and_fp32_where_it_fails(quanti
     served, choice = served_precision(load_decision_model(failing(quantized)), "auto", quantized)
     assert choice.name == "fp32" and served.encoder is None
     assert "outside its bounds: argmax agreement 90.00%" in choice.reason
+
+
+def test_auto_keeps_fp32_where_int8_answers_the_probes_slower(quantized, monkeypatch):
+    timed = []
+
+    def int8_slowest(model, encoders):
+        timed.append(set(encoders))
+        return {"int8": 3.0} | dict.fromkeys(set(encoders) - {"int8"}, 1.0)
+
+    monkeypatch.setattr(precision_module, "race", int8_slowest)
+    served, choice = served_precision(load_decision_model(quantized), "auto", quantized)
+    assert choice.name == "fp32" and served.encoder is None and "slower than fp32" in choice.reason
+    assert timed == [{"int8", "fp32 torch", "fp32 onnxruntime"}]  # the export's fp32 graph raced too
+    served, choice = served_precision(load_decision_model(quantized), "int8", quantized)
+    assert choice.name == "int8"  # asked for by name: served, whatever its speed
 
 
 def test_int8_asked_for_is_refused_with_the_reports_figures_where_it_fails(quantized):

@@ -200,26 +200,18 @@ def build_app(options: ServeOptions) -> FastAPI:
     threads = serving_threads(options)
     apply_threads(threads)  # before the model loads: a thread keeps the pool size it first ran with
     log.info("torch threads in process %d: %s", os.getpid(), threads.describe())
-    dtype = serving_dtype(options.precision, torch.device(options.device))
-    catalog = Catalog(
-        options.model,
-        options.finetunes,
-        poll_s=options.poll_s,
-        device=options.device,
-        dtype=dtype,
-        backend=options.backend,
-        precision=options.precision,
-    )
+    # How every model of this process loads, the served one's and the shadow's alike.
+    loading = {
+        "poll_s": options.poll_s,
+        "device": options.device,
+        "dtype": serving_dtype(options.precision, torch.device(options.device)),
+        "backend": options.backend,
+        "precision": options.precision,
+    }
+    catalog = Catalog(options.model, options.finetunes, **loading)
     shadow = None
     if options.shadow:
-        source = Catalog(
-            options.shadow,
-            poll_s=options.poll_s,
-            device=options.device,
-            dtype=dtype,
-            backend=options.backend,
-            precision=options.precision,
-        )
+        source = Catalog(options.shadow, **loading)
         shadow = ShadowScorer(source, options.shadow_share, on_report=record_shadow)
     return create_app(
         catalog,
